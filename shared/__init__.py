@@ -1,0 +1,115 @@
+"""Wire models and pure primitives shared by the coordinator and the workers.
+
+Nothing here imports Celery or touches the network.
+"""
+
+from shared.actions import (
+    Allow,
+    DelegateAction,
+    Deny,
+    GateDecision,
+    Modify,
+    Observation,
+    ProposedAction,
+    RespondAction,
+    TerminateAction,
+    ToolCallAction,
+)
+from shared.conversation import Conversation, ConversationMessage, MessageRole
+from shared.durations import Duration, format_duration, parse_duration
+from shared.errors import ConfigError, OrgaError, WireFormatError
+from shared.events import (
+    JournalEntry,
+    LoopEvent,
+    ObservationsCollected,
+    PolicyEvaluated,
+    PreHydrationComplete,
+    ReasoningComplete,
+    RecoveryTriggered,
+    Started,
+    StepLimitReached,
+    Terminated,
+    ToolsDispatched,
+)
+from shared.inference import (
+    FinishReason,
+    InferenceOptions,
+    InferenceResponse,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Usage,
+)
+from shared.loop_types import (
+    CachedResult,
+    DeadLetter,
+    Escalate,
+    Fallback,
+    LlmRecovery,
+    LoopConfig,
+    LoopResult,
+    RecoveryStrategy,
+    Retry,
+    TerminationKind,
+    TerminationReason,
+)
+from shared.pre_hydration import PreHydrationConfig, ReferencePattern
+from shared.progress_tracker import LimitAction, StepDecision, StepIterationConfig
+from shared.tool_profile import ToolProfile
+
+__all__ = [
+    "Allow",
+    "CachedResult",
+    "ConfigError",
+    "Conversation",
+    "ConversationMessage",
+    "DeadLetter",
+    "DelegateAction",
+    "Deny",
+    "Duration",
+    "Escalate",
+    "Fallback",
+    "FinishReason",
+    "GateDecision",
+    "InferenceOptions",
+    "InferenceResponse",
+    "JournalEntry",
+    "LimitAction",
+    "LlmRecovery",
+    "LoopConfig",
+    "LoopEvent",
+    "LoopResult",
+    "MessageRole",
+    "Modify",
+    "Observation",
+    "ObservationsCollected",
+    "OrgaError",
+    "PolicyEvaluated",
+    "PreHydrationComplete",
+    "PreHydrationConfig",
+    "ProposedAction",
+    "ReasoningComplete",
+    "RecoveryStrategy",
+    "RecoveryTriggered",
+    "ReferencePattern",
+    "RespondAction",
+    "Retry",
+    "Started",
+    "StepDecision",
+    "StepIterationConfig",
+    "StepLimitReached",
+    "TerminateAction",
+    "Terminated",
+    "TerminationKind",
+    "TerminationReason",
+    "ToolCall",
+    "ToolCallAction",
+    "ToolChoice",
+    "ToolDefinition",
+    "ToolProfile",
+    "ToolsDispatched",
+    "Usage",
+    "WireFormatError",
+    "format_duration",
+    "parse_duration",
+]

@@ -1,0 +1,140 @@
+"""What the model proposes, what the gate decides, and what the tools observe (Symbiont §2)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Allow",
+    "DelegateAction",
+    "Deny",
+    "GateDecision",
+    "Modify",
+    "Observation",
+    "ProposedAction",
+    "RespondAction",
+    "TerminateAction",
+    "ToolCallAction",
+]
+
+
+class ToolCallAction(BaseModel):
+    """Call a tool; ``arguments`` is the JSON text the model produced."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["tool_call"] = "tool_call"
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as a dict; raises ValueError when they are not a JSON object."""
+        value = json.loads(self.arguments) if self.arguments.strip() else {}
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"tool {self.name!r} arguments must be a JSON object, got {type(value).__name__}"
+            )
+        return value
+
+
+class DelegateAction(BaseModel):
+    """Hand a sub-task to another agent."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["delegate"] = "delegate"
+    call_id: str
+    target: str
+    message: str
+
+
+class RespondAction(BaseModel):
+    """Answer with text: the final output of the loop."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["respond"] = "respond"
+    content: str
+
+
+class TerminateAction(BaseModel):
+    """Stop the loop with an output and a reason."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["terminate"] = "terminate"
+    reason: str
+    output: str = ""
+
+
+ProposedAction = Annotated[
+    ToolCallAction | DelegateAction | RespondAction | TerminateAction,
+    Field(discriminator="kind"),
+]
+
+
+class Allow(BaseModel):
+    """The gate lets the action through unchanged."""
+
+    model_config = ConfigDict(frozen=True)
+    decision: Literal["allow"] = "allow"
+
+
+class Deny(BaseModel):
+    """The gate refuses the action; the model sees ``[Policy denied] <reason>``."""
+
+    model_config = ConfigDict(frozen=True)
+    decision: Literal["deny"] = "deny"
+    reason: str
+
+
+class Modify(BaseModel):
+    """The gate replaces the action by another one."""
+
+    model_config = ConfigDict(frozen=True)
+    decision: Literal["modify"] = "modify"
+    action: ProposedAction
+    reason: str
+
+
+GateDecision = Annotated[Allow | Deny | Modify, Field(discriminator="decision")]
+
+
+class Observation(BaseModel):
+    """The result of one action, as the model will see it.
+
+    ``metadata`` carries what the stagnation detector needs (``kind``, ``path``,
+    ``content_hash``, ``before_hash``, ``after_hash``, ``exit_code``) and error types
+    (``error_type``: ``timeout``, ``circuit_open``, ``policy_denied``, ``schema``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    content: str
+    is_error: bool = False
+    call_id: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def tool_result(cls, name: str, content: str) -> Observation:
+        """A successful tool result."""
+        return cls(source=name, content=content)
+
+    @classmethod
+    def tool_error(cls, name: str, error: str) -> Observation:
+        """A failed tool call."""
+        return cls(source=name, content=error, is_error=True)
+
+    @classmethod
+    def policy_denial(cls, reason: str) -> Observation:
+        """An action refused by the policy gate."""
+        return cls(source="policy_gate", content=reason, is_error=True)
+
+    def with_call_id(self, call_id: str) -> Observation:
+        """A copy bound to the call it answers."""
+        return self.model_copy(update={"call_id": call_id})
+
+    def with_metadata(self, **values: str) -> Observation:
+        """A copy with extra metadata."""
+        return self.model_copy(update={"metadata": {**self.metadata, **values}})

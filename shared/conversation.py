@@ -1,0 +1,286 @@
+"""The conversation a reasoning loop works on, and its provider wire formats (Symbiont §6).
+
+Token estimates follow Symbiont exactly (UTF-8 byte lengths, ``max(b*10//33, 1) + 7`` per message),
+so budgets behave the same. Unlike Symbiont, ``to_anthropic_messages`` keeps *every* system message:
+they are merged, in order, into the system prompt, so knowledge and pre-hydrated context reach
+Anthropic models too.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.inference import ToolCall
+
+__all__ = [
+    "KNOWLEDGE_CONTEXT_MARKER",
+    "Conversation",
+    "ConversationMessage",
+    "MessageRole",
+    "estimate_message_tokens",
+]
+
+KNOWLEDGE_CONTEXT_MARKER = "[KNOWLEDGE_CONTEXT]"
+
+
+class MessageRole(StrEnum):
+    """Who wrote a message."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class ConversationMessage(BaseModel):
+    """One message; assistant messages may carry tool calls, tool messages answer one call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: MessageRole
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+
+    @classmethod
+    def system(cls, content: str) -> ConversationMessage:
+        """A system message."""
+        return cls(role=MessageRole.SYSTEM, content=content)
+
+    @classmethod
+    def user(cls, content: str) -> ConversationMessage:
+        """A user message."""
+        return cls(role=MessageRole.USER, content=content)
+
+    @classmethod
+    def assistant(cls, content: str) -> ConversationMessage:
+        """An assistant text message."""
+        return cls(role=MessageRole.ASSISTANT, content=content)
+
+    @classmethod
+    def assistant_tool_calls(
+        cls, tool_calls: list[ToolCall], content: str = ""
+    ) -> ConversationMessage:
+        """An assistant message requesting tool calls (with the text that came with them)."""
+        return cls(role=MessageRole.ASSISTANT, content=content, tool_calls=list(tool_calls))
+
+    @classmethod
+    def tool_result(cls, tool_call_id: str, tool_name: str, content: str) -> ConversationMessage:
+        """The result of one tool call."""
+        return cls(
+            role=MessageRole.TOOL, content=content, tool_call_id=tool_call_id, tool_name=tool_name
+        )
+
+    def estimate_tokens(self) -> int:
+        """Symbiont's estimate for this message."""
+        return estimate_message_tokens(self)
+
+
+def estimate_message_tokens(message: ConversationMessage) -> int:
+    """``max(bytes*10//33, 1) + 7``, counting tool calls and the tool_call_id as Symbiont does."""
+    chars = len(message.content.encode())
+    for call in message.tool_calls:
+        chars += len(call.name.encode()) + len(call.arguments.encode()) + len(call.id.encode()) + 30
+    if message.tool_call_id is not None:
+        chars += len(message.tool_call_id.encode()) + 20
+    return max(chars * 10 // 33, 1) + 7
+
+
+class Conversation(BaseModel):
+    """An ordered list of messages with the provider conversions and budget truncation."""
+
+    messages: list[ConversationMessage] = Field(default_factory=list)
+
+    @classmethod
+    def with_system(cls, content: str) -> Conversation:
+        """A conversation that starts with a system prompt."""
+        return cls(messages=[ConversationMessage.system(content)])
+
+    def push(self, message: ConversationMessage) -> None:
+        """Append a message."""
+        self.messages.append(message)
+
+    def pop(self) -> ConversationMessage | None:
+        """Remove and return the last message, or None when empty."""
+        return self.messages.pop() if self.messages else None
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def is_empty(self) -> bool:
+        """True when there are no messages."""
+        return not self.messages
+
+    def estimate_tokens(self) -> int:
+        """The sum of the per-message estimates."""
+        return sum(estimate_message_tokens(m) for m in self.messages)
+
+    def system_message(self) -> ConversationMessage | None:
+        """The first system message, wherever it is."""
+        return next((m for m in self.messages if m.role is MessageRole.SYSTEM), None)
+
+    def last_assistant_message(self) -> ConversationMessage | None:
+        """The most recent assistant message."""
+        return next((m for m in reversed(self.messages) if m.role is MessageRole.ASSISTANT), None)
+
+    def last_user_message(self) -> ConversationMessage | None:
+        """The most recent user message (the task input for pre-hydration)."""
+        return next((m for m in reversed(self.messages) if m.role is MessageRole.USER), None)
+
+    # -- provider formats -------------------------------------------------------------------
+
+    def to_openai_messages(self) -> list[dict[str, Any]]:
+        """OpenAI chat-completions messages; system messages stay in place."""
+        return [_openai_message(m) for m in self.messages]
+
+    def to_anthropic_messages(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """``(system, messages)`` for the Anthropic Messages API.
+
+        Every system message is kept: their contents are joined, in order, with a blank line.
+        Tool results become ``tool_result`` blocks of a user turn (``is_error`` is set when the
+        content starts with ``[Error]``); consecutive same-role turns are merged.
+        """
+        system_parts = [m.content for m in self.messages if m.role is MessageRole.SYSTEM]
+        system = "\n\n".join(p for p in system_parts if p) if system_parts else None
+        merged: list[dict[str, Any]] = []
+        for message in self.messages:
+            if message.role is MessageRole.SYSTEM:
+                continue
+            turn = _anthropic_message(message)
+            if merged and merged[-1]["role"] == turn["role"]:
+                merged[-1]["content"] = _as_blocks(merged[-1]["content"]) + _as_blocks(
+                    turn["content"]
+                )
+            else:
+                merged.append(turn)
+        return system, merged
+
+    # -- budget -----------------------------------------------------------------------------
+
+    def truncate_to_budget(self, max_tokens: int) -> None:
+        """Sliding window: keep the leading system prompt and the newest whole tool groups.
+
+        Groups keep an assistant tool-call message with all of its tool results. Newest groups
+        are accepted while they fit; at the first that does not, older ones are not tried. The
+        newest group is always kept, and leading orphan tool messages are removed.
+        """
+        if self.estimate_tokens() <= max_tokens:
+            return
+        head: list[ConversationMessage] = []
+        rest = self.messages
+        if rest and rest[0].role is MessageRole.SYSTEM:
+            head, rest = [rest[0]], rest[1:]
+        remaining = max(max_tokens - sum(estimate_message_tokens(m) for m in head), 0)
+        kept: list[list[ConversationMessage]] = []
+        used = 0
+        for group in reversed(tool_groups(rest)):
+            cost = sum(estimate_message_tokens(m) for m in group)
+            if used + cost > remaining:
+                break
+            kept.append(group)
+            used += cost
+        if not kept and rest:
+            kept.append(tool_groups(rest)[-1])
+        flat = [m for group in reversed(kept) for m in group]
+        while flat and flat[0].role is MessageRole.TOOL:
+            flat.pop(0)
+        self.messages = head + flat
+
+    def inject_knowledge_context(self, text: str) -> None:
+        """Insert or replace the ``[KNOWLEDGE_CONTEXT]`` message, just after the system prompt."""
+        message = ConversationMessage.system(f"{KNOWLEDGE_CONTEXT_MARKER}\n{text}")
+        for index, existing in enumerate(self.messages):
+            if existing.role is MessageRole.SYSTEM and existing.content.startswith(
+                KNOWLEDGE_CONTEXT_MARKER
+            ):
+                self.messages[index] = message
+                return
+        at = 1 if self.messages and self.messages[0].role is MessageRole.SYSTEM else 0
+        self.messages.insert(at, message)
+
+    def metadata(self) -> dict[str, str]:
+        """Counts as strings, as Symbiont reports them."""
+        return {
+            "message_count": str(len(self.messages)),
+            "estimated_tokens": str(self.estimate_tokens()),
+            "has_system": "true" if self.system_message() is not None else "false",
+            "tool_call_count": str(sum(len(m.tool_calls) for m in self.messages)),
+            "tool_result_count": str(sum(1 for m in self.messages if m.role is MessageRole.TOOL)),
+        }
+
+
+def tool_groups(messages: list[ConversationMessage]) -> list[list[ConversationMessage]]:
+    """Split messages into atomic units: a tool-call message stays with all its results."""
+    groups: list[list[ConversationMessage]] = []
+    current: list[ConversationMessage] = []
+    pending: set[str] = set()
+    for message in messages:
+        current.append(message)
+        pending.update(call.id for call in message.tool_calls)
+        if message.role is MessageRole.TOOL and message.tool_call_id is not None:
+            pending.discard(message.tool_call_id)
+        if not pending:
+            groups.append(current)
+            current = []
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _openai_message(message: ConversationMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role.value}
+    if message.content or message.role is not MessageRole.ASSISTANT:
+        out["content"] = message.content
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def _anthropic_message(message: ConversationMessage) -> dict[str, Any]:
+    if message.role is MessageRole.TOOL:
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id or "",
+            "content": message.content,
+        }
+        if message.content.startswith("[Error]"):
+            block["is_error"] = True
+        return {"role": "user", "content": [block]}
+    if message.role is MessageRole.ASSISTANT and message.tool_calls:
+        blocks: list[dict[str, Any]] = []
+        if message.content:
+            blocks.append({"type": "text", "text": message.content})
+        blocks.extend(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": _parse_input(call)}
+            for call in message.tool_calls
+        )
+        return {"role": "assistant", "content": blocks}
+    return {"role": message.role.value, "content": message.content}
+
+
+def _parse_input(call: ToolCall) -> dict[str, Any]:
+    try:
+        parsed = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _as_blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return content

@@ -1,0 +1,104 @@
+"""Durations on the wire: ``"15s"``, ``"5m"``, ``"1h30m"``, ``"250ms"`` or a number of seconds.
+
+Symbiont's serde shape ``{"secs": 30, "nanos": 0}`` is accepted on input too. Durations are written
+back as the shortest exact humantime-like string (``"5m"``, ``"30s"``, ``"500ms"``).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+
+__all__ = ["Duration", "format_duration", "parse_duration"]
+
+_UNIT_SECONDS = {
+    "ms": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "d": 86400.0,
+}
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
+_WHOLE = re.compile(r"^(?:\s*\d+(?:\.\d+)?\s*[a-z]+)+\s*$")
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Parse a duration given as text, seconds, a ``timedelta`` or Symbiont's ``{secs, nanos}``."""
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, bool):
+        raise ValueError(f"duration must be a number of seconds or text like '15s', got {value!r}")
+    elif isinstance(value, int | float):
+        result = timedelta(seconds=value)
+    elif isinstance(value, dict) and set(value) <= {"secs", "nanos"} and "secs" in value:
+        result = timedelta(seconds=value["secs"], microseconds=value.get("nanos", 0) / 1000)
+    elif isinstance(value, str):
+        result = _parse_text(value)
+    else:
+        raise ValueError(
+            f"duration must be a number of seconds or text like '15s' or '5m', got {value!r}"
+        )
+    if result < timedelta(0):
+        raise ValueError(f"duration must not be negative, got {value!r}")
+    return result
+
+
+def _parse_text(text: str) -> timedelta:
+    lowered = text.strip().lower()
+    try:
+        return timedelta(seconds=float(lowered))
+    except ValueError:
+        pass
+    if not _WHOLE.match(lowered):
+        raise ValueError(
+            f"invalid duration {text!r}: use a number of seconds or units ms, s, m, h, d "
+            "(e.g. '15s', '5m', '1h30m')"
+        )
+    seconds = 0.0
+    for number, unit in _PART.findall(lowered):
+        if unit not in _UNIT_SECONDS:
+            raise ValueError(
+                f"invalid duration {text!r}: unknown unit {unit!r}; use ms, s, m, h or d"
+            )
+        seconds += float(number) * _UNIT_SECONDS[unit]
+    return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    """Write a duration as the shortest exact string: ``5m``, ``30s``, ``1h30m``, ``500ms``."""
+    total_ms = round(value.total_seconds() * 1000)
+    if total_ms == 0:
+        return "0s"
+    if total_ms % 1000:
+        return f"{total_ms}ms"
+    seconds = total_ms // 1000
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": r"^(\s*\d+(\.\d+)?\s*[a-zA-Z]+)+\s*$"},
+                {"type": "number", "minimum": 0},
+            ],
+            "description": "A duration: '15s', '5m', '1h30m', '250ms' or a number of seconds.",
+        }
+    ),
+]

@@ -1,0 +1,151 @@
+"""Journal events: every phase of the loop leaves one (Symbiont's ``LoopEvent``), plus ours."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.actions import ProposedAction
+from shared.durations import Duration
+from shared.inference import Usage
+from shared.loop_types import LoopConfig, RecoveryStrategy, TerminationReason
+from shared.progress_tracker import StepDecision
+
+__all__ = [
+    "JournalEntry",
+    "LoopEvent",
+    "ObservationsCollected",
+    "PolicyEvaluated",
+    "PreHydrationComplete",
+    "ReasoningComplete",
+    "RecoveryTriggered",
+    "Started",
+    "StepLimitReached",
+    "Terminated",
+    "ToolsDispatched",
+]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Started(_Event):
+    """The loop started with this (post-tool-profile) configuration."""
+
+    type: Literal["Started"] = "Started"
+    agent_id: str
+    config: LoopConfig
+
+
+class ReasoningComplete(_Event):
+    """The model proposed these actions, using this many tokens in this step."""
+
+    type: Literal["ReasoningComplete"] = "ReasoningComplete"
+    iteration: int
+    actions: list[ProposedAction]
+    usage: Usage
+
+
+class PolicyEvaluated(_Event):
+    """The gate saw ``action_count`` actions and denied ``denied_count``."""
+
+    type: Literal["PolicyEvaluated"] = "PolicyEvaluated"
+    iteration: int
+    action_count: int
+    denied_count: int
+
+
+class ToolsDispatched(_Event):
+    """Tools ran, producing ``tool_count`` observations in ``duration``."""
+
+    type: Literal["ToolsDispatched"] = "ToolsDispatched"
+    iteration: int
+    tool_count: int
+    duration: Duration
+
+
+class ObservationsCollected(_Event):
+    """The observations of an iteration were added to the conversation."""
+
+    type: Literal["ObservationsCollected"] = "ObservationsCollected"
+    iteration: int
+    observation_count: int
+
+
+class Terminated(_Event):
+    """The loop ended; written for every termination, limits and timeouts included."""
+
+    type: Literal["Terminated"] = "Terminated"
+    reason: TerminationReason
+    iterations: int
+    total_usage: Usage
+    duration: Duration
+
+
+class RecoveryTriggered(_Event):
+    """A recovery strategy was applied to a failed tool call."""
+
+    type: Literal["RecoveryTriggered"] = "RecoveryTriggered"
+    iteration: int
+    tool_name: str
+    strategy: RecoveryStrategy
+    error: str
+
+
+class StepLimitReached(_Event):
+    """The progress tracker stopped a step."""
+
+    type: Literal["StepLimitReached"] = "StepLimitReached"
+    step_id: str
+    attempts: int
+    reason: str
+
+    @classmethod
+    def from_decision(cls, step_id: str, attempts: int, decision: StepDecision) -> StepLimitReached:
+        """Build the event from a tracker Stop; raises ValueError for a Continue."""
+        if not decision.stop or decision.reason is None:
+            raise ValueError(
+                f"StepLimitReached needs a Stop decision for step {step_id!r}, got Continue"
+            )
+        return cls(step_id=step_id, attempts=attempts, reason=decision.reason)
+
+
+class PreHydrationComplete(_Event):
+    """References from the task input were resolved before the loop."""
+
+    type: Literal["PreHydrationComplete"] = "PreHydrationComplete"
+    references_found: int
+    references_resolved: int
+    references_failed: int
+    total_tokens: int
+
+
+LoopEvent = Annotated[
+    Started
+    | ReasoningComplete
+    | PolicyEvaluated
+    | ToolsDispatched
+    | ObservationsCollected
+    | Terminated
+    | RecoveryTriggered
+    | StepLimitReached
+    | PreHydrationComplete,
+    Field(discriminator="type"),
+]
+
+
+class JournalEntry(BaseModel):
+    """One journal line: a sequence number, when, whose loop, which iteration, what happened."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sequence: int = Field(ge=0)
+    timestamp: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    agent_id: str
+    iteration: int = Field(default=0, ge=0)
+    event: LoopEvent
+    task_id: str | None = None
+    step_id: str | None = None

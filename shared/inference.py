@@ -1,0 +1,164 @@
+"""Types the inference providers and the loop agree on (Symbiont's ``inference.rs``)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "FinishReason",
+    "InferenceOptions",
+    "InferenceResponse",
+    "ResponseFormat",
+    "ResponseFormatJsonObject",
+    "ResponseFormatJsonSchema",
+    "ResponseFormatText",
+    "ToolCall",
+    "ToolChoice",
+    "ToolChoiceAny",
+    "ToolChoiceAuto",
+    "ToolChoiceTool",
+    "ToolDefinition",
+    "Usage",
+]
+
+
+class ToolDefinition(BaseModel):
+    """A tool the model may call: a name, a description and a JSON Schema for its arguments."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ToolCall(BaseModel):
+    """A tool call requested by the model; ``arguments`` is JSON text, as providers send it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class FinishReason(StrEnum):
+    """Why the model stopped producing output."""
+
+    STOP = "stop"
+    TOOL_CALLS = "tool_calls"
+    MAX_TOKENS = "max_tokens"
+    CONTENT_FILTER = "content_filter"
+    REFUSAL = "refusal"
+
+
+class Usage(BaseModel):
+    """Token counts of one call or of a whole run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+        )
+
+    def delta_since(self, earlier: Usage) -> Usage:
+        """The usage added since ``earlier`` (never negative)."""
+        return Usage(
+            prompt_tokens=max(self.prompt_tokens - earlier.prompt_tokens, 0),
+            completion_tokens=max(self.completion_tokens - earlier.completion_tokens, 0),
+            total_tokens=max(self.total_tokens - earlier.total_tokens, 0),
+        )
+
+
+class ToolChoiceAuto(BaseModel):
+    """The model decides whether to call a tool."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["auto"] = "auto"
+
+
+class ToolChoiceAny(BaseModel):
+    """The model must call some tool."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["any"] = "any"
+
+
+class ToolChoiceTool(BaseModel):
+    """The model must call the named tool."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["tool"] = "tool"
+    name: str
+
+
+ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool, Field(discriminator="type")]
+
+
+class ResponseFormatText(BaseModel):
+    """Plain text output."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["text"] = "text"
+
+
+class ResponseFormatJsonObject(BaseModel):
+    """Any JSON object."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["json_object"] = "json_object"
+
+
+class ResponseFormatJsonSchema(BaseModel):
+    """JSON matching a schema."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["json_schema"] = "json_schema"
+    schema_: dict[str, Any] = Field(alias="schema")
+    name: str | None = None
+
+
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+    Field(discriminator="type"),
+]
+
+
+class InferenceOptions(BaseModel):
+    """Options of one inference call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_tokens: int = 4096
+    temperature: float = 0.3
+    tool_definitions: list[ToolDefinition] = Field(default_factory=list)
+    tool_choice: ToolChoice | None = None
+    response_format: ResponseFormat = Field(default_factory=ResponseFormatText)
+    model: str | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class InferenceResponse(BaseModel):
+    """What a provider returns for one call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: FinishReason = FinishReason.STOP
+    usage: Usage = Field(default_factory=Usage)
+    model: str = ""
+
+    def has_tool_calls(self) -> bool:
+        """True when the model asked for at least one tool call."""
+        return bool(self.tool_calls)

@@ -1,0 +1,1 @@
+"""The orga-queue workers: execute ORGA iterations and tool calls."""
