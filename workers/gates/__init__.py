@@ -1,0 +1,1 @@
+"""Policy gates: each proposed action is allowed, denied or modified before it runs."""

@@ -1,0 +1,36 @@
+"""The policy gate seam (Symbiont's ``ReasoningPolicyGate``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.actions import GateDecision, ProposedAction
+
+__all__ = ["GateContext", "ReasoningPolicyGate"]
+
+
+class GateContext(BaseModel):
+    """What a gate may look at besides the action: who, where, and which step."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    agent_id: str
+    workspace: Path | None = None
+    task_id: str | None = None
+    step_id: str | None = None
+    iteration: int = 0
+    allowed_tools: frozenset[str] | None = None
+    attributes: Mapping[str, Any] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class ReasoningPolicyGate(Protocol):
+    """Decides, for one proposed action, Allow, Deny(reason) or Modify(action, reason)."""
+
+    async def evaluate_action(self, action: ProposedAction, context: GateContext) -> GateDecision:
+        """The decision for ``action``."""
+        ...

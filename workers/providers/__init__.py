@@ -1,0 +1,1 @@
+"""Inference providers: OpenAI-compatible, Anthropic, scripted and function providers."""

@@ -1,0 +1,54 @@
+"""The tool seam: a definition the model sees and an async ``run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.inference import ToolDefinition
+
+__all__ = ["Tool", "ToolContext", "ToolOutput"]
+
+
+class ToolContext(BaseModel):
+    """Where and under which limits a tool runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workspace: Path
+    timeout_s: float = 30.0
+    max_output_bytes: int = 64_000
+    allow_private_network: bool = False
+    agent_id: str = ""
+    task_id: str | None = None
+
+
+class ToolOutput(BaseModel):
+    """What a tool returns.
+
+    ``metadata`` carries what the stagnation detector needs, as strings: ``kind`` (``read``,
+    ``write``, ``command``, ``other``), ``path``, ``content_hash`` (reads), ``before_hash`` and
+    ``after_hash`` (writes), ``exit_code`` (commands), ``output_hash``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    content: str
+    is_error: bool = False
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A tool the agent can call."""
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """Name, description and JSON Schema of the arguments."""
+        ...
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
+        """Run with validated arguments; expected failures come back as ``is_error`` outputs."""
+        ...
