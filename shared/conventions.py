@@ -1,16 +1,37 @@
 """The knowledge store seam and directory-scoped conventions (Symbiont §8.4).
 
-Interfaces only in this revision; the in-memory store and the walk follow.
+:func:`retrieve_scoped_conventions` asks the store for ``"{language} conventions {level}"`` at
+the directory and each of its parents (:func:`directory_levels`), then for
+``"{language} conventions"``. The deepest level's items come first and win on duplicate content.
+:class:`InMemoryKnowledgeStore` is a small deterministic store for tests and demos.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import re
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["KnowledgeItem", "KnowledgeStore", "KnowledgeType"]
+__all__ = [
+    "NO_CONVENTIONS_FOUND",
+    "InMemoryKnowledgeStore",
+    "KnowledgeItem",
+    "KnowledgeStore",
+    "KnowledgeType",
+    "convention_queries",
+    "directory_levels",
+    "format_conventions",
+    "retrieve_scoped_conventions",
+]
+
+NO_CONVENTIONS_FOUND = "No relevant conventions found."
+
+_log = logging.getLogger(__name__)
 
 
 class KnowledgeType(StrEnum):
@@ -23,7 +44,7 @@ class KnowledgeType(StrEnum):
 
 
 class KnowledgeItem(BaseModel):
-    """One piece of knowledge returned by a search."""
+    """One piece of knowledge returned by a search; ``tags`` help a store find it."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -31,6 +52,7 @@ class KnowledgeItem(BaseModel):
     knowledge_type: KnowledgeType = KnowledgeType.FACT
     confidence: float = 0.8
     item_id: str | None = None
+    tags: list[str] = Field(default_factory=list)
 
 
 @runtime_checkable
@@ -44,3 +66,147 @@ class KnowledgeStore(Protocol):
     async def add_knowledge(self, agent_id: str, item: KnowledgeItem) -> str:
         """Store ``item`` and return its id."""
         ...
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+class InMemoryKnowledgeStore:
+    """A :class:`KnowledgeStore` in a dict, per agent, with word-overlap search.
+
+    An item matches a query when its content or tags share at least one word with it
+    (case-insensitive; a word is a run of letters, digits or ``_``, so ``src/api`` is two words).
+    Results are ordered by the number of shared words, then confidence, then insertion order.
+    Items without an ``item_id`` get ``knowledge-<n>``; adding an item with an existing id
+    replaces it in place.
+    """
+
+    def __init__(self, items: Mapping[str, Iterable[KnowledgeItem]] | None = None) -> None:
+        self._items: dict[str, dict[str, KnowledgeItem]] = {}
+        self._ids = itertools.count(1)
+        for agent_id, agent_items in (items or {}).items():
+            self.seed(agent_id, agent_items)
+
+    def seed(self, agent_id: str, items: Iterable[KnowledgeItem]) -> list[str]:
+        """Store ``items`` for ``agent_id`` synchronously; return their ids in order."""
+        return [self._store(agent_id, item) for item in items]
+
+    def items(self, agent_id: str) -> list[KnowledgeItem]:
+        """Every item of ``agent_id``, in insertion order, with its id set."""
+        return list(self._items.get(agent_id, {}).values())
+
+    async def search_knowledge(self, agent_id: str, query: str, limit: int) -> list[KnowledgeItem]:
+        """Up to ``limit`` items sharing words with ``query``, best first."""
+        wanted = _words(query)
+        if limit <= 0 or not wanted:
+            return []
+        scored = []
+        for position, item in enumerate(self.items(agent_id)):
+            shared = len(wanted & _words(" ".join([item.content, *item.tags])))
+            if shared:
+                scored.append((-shared, -item.confidence, position, item))
+        scored.sort(key=lambda entry: entry[:3])
+        return [entry[3] for entry in scored[:limit]]
+
+    async def add_knowledge(self, agent_id: str, item: KnowledgeItem) -> str:
+        """Store ``item`` for ``agent_id`` and return its id."""
+        return self._store(agent_id, item)
+
+    def _store(self, agent_id: str, item: KnowledgeItem) -> str:
+        item_id = item.item_id or f"knowledge-{next(self._ids)}"
+        self._items.setdefault(agent_id, {})[item_id] = item.model_copy(update={"item_id": item_id})
+        return item_id
+
+
+def _components(directory: str) -> list[str]:
+    """Path components as Rust's ``Path::components`` sees them, without the root.
+
+    Empty components (``a//b``, a trailing ``/``) are dropped, and so is every ``.`` except a
+    leading one in a relative path. A backslash is an ordinary character.
+    """
+    absolute = directory.startswith("/")
+    kept = []
+    for index, part in enumerate(directory.split("/")):
+        if part == "" or (part == "." and (index > 0 or absolute)):
+            continue
+        kept.append(part)
+    return kept
+
+
+def directory_levels(directory: str) -> list[str]:
+    """``directory`` and each of its parents, deepest first, as Rust's ``PathBuf::pop`` walks.
+
+    The first level is ``directory`` verbatim; the parents are rebuilt from the normalised
+    components. A relative path ends with ``""`` (the project root); an absolute one ends with
+    ``"/"``. Examples: ``src/api/`` gives ``src/api/``, ``src``, ``""``; ``./src`` gives
+    ``./src``, ``.``, ``""``; ``/a/b`` gives ``/a/b``, ``/a``, ``/``.
+
+    Unlike Rust, which prints a parent as a slice of the original string, a parent here never
+    keeps repeated separators or inner ``.``: ``a//b/c`` gives ``a/b`` where Rust gives ``a//b``.
+    """
+    root = "/" if directory.startswith("/") else ""
+    parts = _components(directory)
+    levels = [directory]
+    while parts:
+        parts.pop()
+        levels.append(root + "/".join(parts))
+    return levels
+
+
+def convention_queries(language: str, directory: str) -> list[str]:
+    """The search queries of the walk, in order: every directory level, then the language.
+
+    The ``""`` level gives ``"{language} conventions "`` with a trailing space, as in Symbiont.
+    """
+    levels = [f"{language} conventions {level}" for level in directory_levels(directory)]
+    return [*levels, f"{language} conventions"]
+
+
+async def retrieve_scoped_conventions(
+    store: KnowledgeStore, agent_id: str, language: str, directory: str, limit: int
+) -> list[KnowledgeItem]:
+    """Conventions for ``directory``: deepest level first, deduped by content, cut to ``limit``.
+
+    Each level asks the store for ``limit`` items. A level whose search raises is skipped (and
+    logged), never raised: conventions are a hint, not a requirement. ``limit <= 0`` gives ``[]``
+    without querying.
+    """
+    if limit <= 0:
+        return []
+    found: list[KnowledgeItem] = []
+    seen: set[str] = set()
+    for query in convention_queries(language, directory):
+        for item in await _search_or_skip(store, agent_id, query, limit):
+            if item.content not in seen:
+                seen.add(item.content)
+                found.append(item)
+    return found[:limit]
+
+
+async def _search_or_skip(
+    store: KnowledgeStore, agent_id: str, query: str, limit: int
+) -> list[KnowledgeItem]:
+    try:
+        return await store.search_knowledge(agent_id, query, limit)
+    except Exception as exc:
+        _log.warning(
+            "conventions.level_skipped agent_id=%s query=%r error=%s: %s",
+            agent_id,
+            query,
+            type(exc).__name__,
+            exc,
+        )
+        return []
+
+
+def format_conventions(items: Iterable[KnowledgeItem]) -> str:
+    """One line ``- [Fact, confidence=0.90] <content>`` per item, or the nothing-found text."""
+    lines = [
+        f"- [{item.knowledge_type.value}, confidence={item.confidence:.2f}] {item.content}"
+        for item in items
+    ]
+    return "\n".join(lines) if lines else NO_CONVENTIONS_FOUND
