@@ -1,12 +1,55 @@
-"""The in-loop context manager seam (Symbiont §7). Strategies follow in this module."""
+"""The in-loop context manager: fit a conversation into ``context_token_budget`` (Symbiont §7).
+
+Three strategies, chosen as data (a task file can carry ``{"strategy": "anchored_summary",
+"recent_count": 6}``):
+
+- ``SlidingWindow``: ``Conversation.truncate_to_budget`` (system prompt plus the newest whole
+  tool groups).
+- ``ObservationMasking``: old tool results are replaced by a placeholder (ids and names kept,
+  so pairing holds); if that is not enough, the sliding window finishes the job.
+- ``AnchoredSummary``: the leading system messages and the first user message stay, the middle
+  is replaced by one summary line, the newest ``recent_count`` messages stay; then the sliding
+  window if still over budget.
+
+Differences from Symbiont, all deliberate fixes:
+
+- ``AnchoredSummary`` moves the start of the recent window back to the start of its tool group,
+  so the window never opens with a tool result whose call was summarised away (Anthropic
+  rejects that). It may therefore keep a few more than ``recent_count`` messages.
+- ``AnchoredSummary`` anchors every leading system message plus the first user message after
+  them. Symbiont anchors a user message only at index ≤ 1, so with a knowledge or pre-hydrated
+  context message at index 1 the task statement was summarised away.
+- ``ObservationMasking`` on a conversation of three messages or fewer falls back to the sliding
+  window instead of returning over budget.
+- ``manage_context`` returns True when anything was dropped, masked or summarised, so the
+  compaction reaches the stagnation detector.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Annotated, Literal, Protocol, runtime_checkable
 
-from shared.conversation import Conversation
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-__all__ = ["ContextManager"]
+from shared.conversation import (
+    Conversation,
+    ConversationMessage,
+    MessageRole,
+    estimate_message_tokens,
+    tool_groups,
+)
+
+__all__ = [
+    "AnchoredSummary",
+    "ContextManager",
+    "ContextStrategy",
+    "DefaultContextManager",
+    "ObservationMasking",
+    "SlidingWindow",
+    "estimate_tokens",
+    "parse_context_strategy",
+]
 
 
 @runtime_checkable
@@ -21,3 +64,129 @@ class ContextManager(Protocol):
     def strategy_name(self) -> str:
         """``sliding_window``, ``observation_masking`` or ``anchored_summary``."""
         ...
+
+
+class SlidingWindow(BaseModel):
+    """Keep the system prompt and the newest whole tool groups that fit."""
+
+    model_config = ConfigDict(frozen=True)
+    strategy: Literal["sliding_window"] = "sliding_window"
+
+
+class ObservationMasking(BaseModel):
+    """Mask tool results older than the newest ``keep_recent`` messages, then slide."""
+
+    model_config = ConfigDict(frozen=True)
+    strategy: Literal["observation_masking"] = "observation_masking"
+    keep_recent: int = Field(default=6, ge=0)
+
+
+class AnchoredSummary(BaseModel):
+    """Keep the anchors and the newest ``recent_count`` messages; summarise the middle."""
+
+    model_config = ConfigDict(frozen=True)
+    strategy: Literal["anchored_summary"] = "anchored_summary"
+    recent_count: int = Field(ge=0)
+
+
+ContextStrategy = Annotated[
+    SlidingWindow | ObservationMasking | AnchoredSummary, Field(discriminator="strategy")
+]
+
+_STRATEGY_ADAPTER: TypeAdapter[ContextStrategy] = TypeAdapter(ContextStrategy)
+
+
+def parse_context_strategy(data: object) -> ContextStrategy:
+    """Validate a strategy from JSON-like data, e.g. ``{"strategy": "sliding_window"}``."""
+    return _STRATEGY_ADAPTER.validate_python(data)
+
+
+def estimate_tokens(messages: Conversation | Iterable[ConversationMessage]) -> int:
+    """Symbiont's token estimate of a conversation or of some of its messages."""
+    if isinstance(messages, Conversation):
+        messages = messages.messages
+    return sum(estimate_message_tokens(m) for m in messages)
+
+
+class DefaultContextManager:
+    """Applies one ``ContextStrategy``; the default is the sliding window."""
+
+    def __init__(self, strategy: ContextStrategy | None = None) -> None:
+        self._strategy: ContextStrategy = strategy if strategy is not None else SlidingWindow()
+
+    @property
+    def strategy(self) -> ContextStrategy:
+        """The strategy this manager applies."""
+        return self._strategy
+
+    def strategy_name(self) -> str:
+        """``sliding_window``, ``observation_masking`` or ``anchored_summary``."""
+        return self._strategy.strategy
+
+    def manage_context(self, conversation: Conversation, max_tokens: int) -> bool:
+        """Fit ``conversation`` into ``max_tokens``; True when anything was compacted."""
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}; pass the token budget")
+        if conversation.estimate_tokens() <= max_tokens:
+            return False
+        before = list(conversation.messages)
+        strategy = self._strategy
+        if isinstance(strategy, ObservationMasking):
+            conversation.messages = _masked(conversation.messages, strategy.keep_recent)
+        elif isinstance(strategy, AnchoredSummary):
+            conversation.messages = _anchored(conversation.messages, strategy.recent_count)
+        if conversation.estimate_tokens() > max_tokens:
+            conversation.truncate_to_budget(max_tokens)
+        return conversation.messages != before
+
+
+def _masked(messages: list[ConversationMessage], keep_recent: int) -> list[ConversationMessage]:
+    """Tool results before the newest ``keep_recent`` messages get a placeholder content."""
+    cut = len(messages) - min(keep_recent, len(messages))
+    return [
+        _mask(m) if i < cut and m.role is MessageRole.TOOL else m for i, m in enumerate(messages)
+    ]
+
+
+def _mask(message: ConversationMessage) -> ConversationMessage:
+    placeholder = f"[Previous {message.tool_name or 'tool'} result omitted for context management]"
+    return message.model_copy(update={"content": placeholder})
+
+
+def _anchored(messages: list[ConversationMessage], recent_count: int) -> list[ConversationMessage]:
+    """Anchors, then one summary of the middle, then the recent window aligned to tool groups."""
+    anchor_end = _anchor_end(messages)
+    keep_recent = min(recent_count, len(messages) - anchor_end)
+    recent_start = _group_start_at_or_before(messages, anchor_end, len(messages) - keep_recent)
+    middle = messages[anchor_end:recent_start]
+    summary = [_summary(middle)] if middle else []
+    return messages[:anchor_end] + summary + messages[recent_start:]
+
+
+def _anchor_end(messages: list[ConversationMessage]) -> int:
+    """One past the leading system messages and the first user message that follows them."""
+    end = 0
+    while end < len(messages) and messages[end].role is MessageRole.SYSTEM:
+        end += 1
+    if end < len(messages) and messages[end].role is MessageRole.USER:
+        end += 1
+    return end
+
+
+def _group_start_at_or_before(messages: list[ConversationMessage], first: int, index: int) -> int:
+    """The start of the tool group of ``messages[first:]`` that contains ``index``."""
+    start = first
+    for group in tool_groups(messages[first:]):
+        if start + len(group) > index:
+            return start
+        start += len(group)
+    return start
+
+
+def _summary(middle: list[ConversationMessage]) -> ConversationMessage:
+    calls = sum(1 for m in middle if m.tool_calls)
+    results = sum(1 for m in middle if m.role is MessageRole.TOOL)
+    return ConversationMessage.user(
+        f"[Context summary: {len(middle)} messages omitted ({calls} tool calls, {results} tool "
+        "results). The conversation continued with the agent working on the task.]"
+    )

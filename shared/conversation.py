@@ -22,6 +22,7 @@ __all__ = [
     "ConversationMessage",
     "MessageRole",
     "estimate_message_tokens",
+    "tool_groups",
 ]
 
 KNOWLEDGE_CONTEXT_MARKER = "[KNOWLEDGE_CONTEXT]"
@@ -146,7 +147,7 @@ class Conversation(BaseModel):
         content starts with ``[Error]``); consecutive same-role turns are merged.
         """
         system_parts = [m.content for m in self.messages if m.role is MessageRole.SYSTEM]
-        system = "\n\n".join(p for p in system_parts if p) if system_parts else None
+        system = "\n\n".join(p for p in system_parts if p) or None
         merged: list[dict[str, Any]] = []
         for message in self.messages:
             if message.role is MessageRole.SYSTEM:
@@ -162,34 +163,27 @@ class Conversation(BaseModel):
 
     # -- budget -----------------------------------------------------------------------------
 
-    def truncate_to_budget(self, max_tokens: int) -> None:
+    def truncate_to_budget(self, max_tokens: int) -> bool:
         """Sliding window: keep the leading system prompt and the newest whole tool groups.
 
         Groups keep an assistant tool-call message with all of its tool results. Newest groups
         are accepted while they fit; at the first that does not, older ones are not tried. The
-        newest group is always kept, and leading orphan tool messages are removed.
+        newest group is always kept (unless it is a stray tool result and an older group exists),
+        and leading orphan tool messages are removed. Returns True when any message was dropped.
         """
         if self.estimate_tokens() <= max_tokens:
-            return
+            return False
+        before = len(self.messages)
         head: list[ConversationMessage] = []
         rest = self.messages
         if rest and rest[0].role is MessageRole.SYSTEM:
             head, rest = [rest[0]], rest[1:]
         remaining = max(max_tokens - sum(estimate_message_tokens(m) for m in head), 0)
-        kept: list[list[ConversationMessage]] = []
-        used = 0
-        for group in reversed(tool_groups(rest)):
-            cost = sum(estimate_message_tokens(m) for m in group)
-            if used + cost > remaining:
-                break
-            kept.append(group)
-            used += cost
-        if not kept and rest:
-            kept.append(tool_groups(rest)[-1])
-        flat = [m for group in reversed(kept) for m in group]
+        flat = _newest_groups_within(tool_groups(rest), remaining)
         while flat and flat[0].role is MessageRole.TOOL:
             flat.pop(0)
         self.messages = head + flat
+        return len(self.messages) != before
 
     def inject_knowledge_context(self, text: str) -> None:
         """Insert or replace the ``[KNOWLEDGE_CONTEXT]`` message, just after the system prompt."""
@@ -230,6 +224,29 @@ def tool_groups(messages: list[ConversationMessage]) -> list[list[ConversationMe
     if current:
         groups.append(current)
     return groups
+
+
+def _newest_groups_within(
+    groups: list[list[ConversationMessage]], budget: int
+) -> list[ConversationMessage]:
+    """The newest whole groups that fit, stopping at the first that does not (at least one)."""
+    kept: list[list[ConversationMessage]] = []
+    used = 0
+    for group in reversed(groups):
+        cost = sum(estimate_message_tokens(m) for m in group)
+        if used + cost > budget:
+            break
+        kept.append(group)
+        used += cost
+    if not kept and groups:
+        kept.append(_floor_group(groups))
+    return [m for group in reversed(kept) for m in group]
+
+
+def _floor_group(groups: list[list[ConversationMessage]]) -> list[ConversationMessage]:
+    """The group kept when none fits: the newest one that is not a stray tool result."""
+    usable = [g for g in groups if g[0].role is not MessageRole.TOOL]
+    return usable[-1] if usable else groups[-1]
 
 
 def _openai_message(message: ConversationMessage) -> dict[str, Any]:
@@ -282,5 +299,6 @@ def _parse_input(call: ToolCall) -> dict[str, Any]:
 
 def _as_blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
+        # Anthropic rejects empty text blocks; an empty turn merged into another adds nothing.
+        return [{"type": "text", "text": content}] if content else []
     return content
