@@ -1,0 +1,326 @@
+"""One JSON-over-HTTP implementation for every HTTP provider: timeouts, retries, error mapping.
+
+The providers build a body and parse a reply; everything between (the client, the retry loop,
+``Retry-After``, turning statuses into the ``InferenceError`` tree) lives here, once.
+
+Status mapping after the retries:
+
+====================  ==========================================================
+429                   ``RateLimitedError`` (``retry_after_s`` = the next wait)
+5xx                   ``ProviderError``
+400, other 4xx        ``InvalidRequestError``, or ``ContextOverflowError`` when the
+                      provider's message is about the context length
+401, 403              ``InvalidRequestError``: the key was rejected, set <env var>
+404                   ``ModelUnavailableError`` naming the model and the base URL
+413                   ``ContextOverflowError``
+timeout               ``InferenceTimeoutError``: no complete answer within ``timeout_s``
+                      (a deadline per attempt); not retried, the wait was long
+connection failure    retried like a 5xx, then ``ProviderError``
+2xx, body not JSON    ``ResponseParseError``
+====================  ==========================================================
+
+The API key never reaches a message: it lives in a ``SecretStr``, the request headers are never
+quoted, and any echo of the key in a provider's error body is replaced by ``**********``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import ssl
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from workers.providers.base import (
+    ContextOverflowError,
+    InferenceError,
+    InferenceTimeoutError,
+    InvalidRequestError,
+    ModelUnavailableError,
+    ProviderError,
+    RateLimitedError,
+    ResponseParseError,
+)
+from workers.providers.retry import RetryPolicy, SleepFn, is_retryable_status
+
+__all__ = [
+    "Endpoint",
+    "JsonPoster",
+    "json_count",
+    "json_error_message",
+    "provider_error_message",
+]
+
+_log = logging.getLogger(__name__)
+
+_SNIPPET_CHARS = 500
+_REDACTED = "**********"
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "context length",
+    "context window",
+    "maximum context",
+    "prompt is too long",
+    "too many tokens",
+    "reduce the length",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Who is called: what error messages name. The key is only used to redact echoes of it."""
+
+    provider: str
+    base_url: str
+    api_key_env: str
+    api_key: SecretStr | None = None
+
+    def url(self, path: str) -> str:
+        """``base_url`` joined with ``path`` by exactly one slash."""
+        return f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
+
+    def redact(self, text: str) -> str:
+        """``text`` with every occurrence of the API key replaced."""
+        secret = self.api_key.get_secret_value() if self.api_key is not None else ""
+        return text.replace(secret, _REDACTED) if secret else text
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One POST: where, with which headers and body, for which model (named in errors)."""
+
+    url: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class _RetryableFailure:
+    """An attempt that may be retried after ``delay_s``; ``error`` is raised if it may not."""
+
+    delay_s: float
+    error: InferenceError
+
+
+class JsonPoster:
+    """POSTs a JSON body and returns the JSON object answered, with retries and clear errors.
+
+    Without ``client`` a fresh ``httpx.AsyncClient`` serves each call (safe across event loops,
+    which Celery tasks running ``asyncio.run`` need); a given ``client`` is used as is and never
+    closed. ``transport`` is the test seam (``httpx.MockTransport``) for the fresh clients.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout_s: float,
+        retry: RetryPolicy,
+        sleep: SleepFn,
+        rand: Callable[[], float] | None = None,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._endpoint = endpoint
+        self._timeout_s = timeout_s
+        self._retry = retry
+        self._sleep = sleep
+        self._rand = rand if rand is not None else random.SystemRandom().random
+        self._client = client
+        self._transport = transport
+
+    async def post(
+        self, path: str, *, headers: Mapping[str, str], body: Mapping[str, Any], model: str
+    ) -> dict[str, Any]:
+        """The JSON object answered to ``POST {base_url}/{path}``, or an ``InferenceError``."""
+        request = _Request(self._endpoint.url(path), dict(headers), dict(body), model)
+        async with self._open_client() as client:
+            for attempt in range(self._retry.max_retries + 1):
+                outcome = await self._attempt(client, request, attempt)
+                if not isinstance(outcome, _RetryableFailure):
+                    return outcome
+                if attempt == self._retry.max_retries:
+                    raise outcome.error
+                self._log_retry(request.url, attempt, outcome)
+                await self._sleep(outcome.delay_s)
+        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    @asynccontextmanager
+    async def _open_client(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._client is not None:
+            yield self._client
+            return
+        async with httpx.AsyncClient(
+            transport=self._transport, verify=_shared_ssl_context()
+        ) as client:
+            yield client
+
+    async def _attempt(
+        self, client: httpx.AsyncClient, request: _Request, attempt: int
+    ) -> dict[str, Any] | _RetryableFailure:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response = await client.post(
+                    request.url, headers=request.headers, json=request.body, timeout=self._timeout_s
+                )
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise self._timeout_error(request.url, request.model) from exc
+        except httpx.TransportError as exc:
+            delay = self._retry.backoff_delay(attempt, self._rand())
+            return _RetryableFailure(delay, self._unreachable_error(request.url, attempt + 1, exc))
+        if response.is_success:
+            return decode_json_object(response, self._endpoint, request.url)
+        if is_retryable_status(response.status_code):
+            delay = self._retry.retry_delay(response.headers, attempt, self._rand())
+            error = exhausted_error(response, self._endpoint, request.url, delay)
+            return _RetryableFailure(delay, error)
+        raise status_error(response, self._endpoint, request.url, request.model)
+
+    def _timeout_error(self, url: str, model: str) -> InferenceTimeoutError:
+        return InferenceTimeoutError(
+            f"{self._endpoint.provider} at {url} gave no answer within {self._timeout_s:g} s "
+            f"(model {model!r}); raise the timeout (ORGA_TIMEOUT_S) or use a faster model"
+        )
+
+    def _unreachable_error(
+        self, url: str, attempts: int, exc: httpx.TransportError
+    ) -> ProviderError:
+        reason = self._endpoint.redact(str(exc) or type(exc).__name__)
+        return ProviderError(
+            f"could not reach {self._endpoint.provider} at {url} after {attempts} attempt(s): "
+            f"{reason}; check the base URL (ORGA_BASE_URL) and the network"
+        )
+
+    def _log_retry(self, url: str, attempt: int, failure: _RetryableFailure) -> None:
+        _log.warning(
+            "inference.retry",
+            extra={
+                "provider": self._endpoint.provider,
+                "url": url,
+                "attempt": attempt + 1,
+                "delay_s": round(failure.delay_s, 3),
+                "error": str(failure.error),
+            },
+        )
+
+
+@functools.cache
+def _shared_ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context per process: building one costs ~30 ms, a client per call."""
+    return httpx.create_ssl_context()
+
+
+def decode_json_object(response: httpx.Response, endpoint: Endpoint, url: str) -> dict[str, Any]:
+    """The body as a JSON object, or ``ResponseParseError`` quoting the start of it."""
+    try:
+        data = response.json()
+    except ValueError:
+        kind = response.headers.get("content-type", "no content-type")
+        raise ResponseParseError(
+            f"{endpoint.provider} at {url} answered HTTP {response.status_code} with a body that "
+            f"is not JSON ({kind}): {_snippet(response.text, endpoint)!r}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ResponseParseError(
+            f"{endpoint.provider} at {url} answered a JSON {type(data).__name__}, "
+            f"expected an object: {_snippet(response.text, endpoint)!r}"
+        )
+    return data
+
+
+def exhausted_error(
+    response: httpx.Response, endpoint: Endpoint, url: str, next_delay_s: float
+) -> InferenceError:
+    """The error for a 429 or 5xx that is still there after the last retry."""
+    status = response.status_code
+    message = provider_error_message(response, endpoint)
+    if status == 429:
+        return RateLimitedError(
+            f"{endpoint.provider} at {url} is rate limiting (HTTP 429) and kept doing so through "
+            f"the retries; retry after {next_delay_s:g} s or lower the request rate: {message}",
+            retry_after_s=next_delay_s,
+        )
+    return ProviderError(
+        f"{endpoint.provider} at {url} answered HTTP {status} {response.reason_phrase} through "
+        f"the retries; the provider is failing, try again later: {message}"
+    )
+
+
+def status_error(
+    response: httpx.Response, endpoint: Endpoint, url: str, model: str
+) -> InferenceError:
+    """The error for a 4xx answer other than 429 (never retried)."""
+    status = response.status_code
+    message = provider_error_message(response, endpoint)
+    where = f"{endpoint.provider} at {url}"
+    if status in (401, 403):
+        return InvalidRequestError(
+            f"{where} rejected the API key (HTTP {status}): {message}; "
+            f"set {endpoint.api_key_env} to a valid key"
+        )
+    if status == 404:
+        return ModelUnavailableError(
+            f"model {model!r} is not available from {endpoint.provider} at {endpoint.base_url} "
+            f"(HTTP 404 for {url}): {message}; check the model (ORGA_MODEL) and the base URL "
+            "(ORGA_BASE_URL)"
+        )
+    if status == 413 or _is_context_overflow(message, response, endpoint):
+        return ContextOverflowError(
+            f"{where}: the conversation does not fit model {model!r}'s context window "
+            f"(HTTP {status}): {message}; shorten the conversation or lower the context budget"
+        )
+    return InvalidRequestError(f"{where} rejected the request (HTTP {status}): {message}")
+
+
+def provider_error_message(response: httpx.Response, endpoint: Endpoint) -> str:
+    """The provider's own explanation from an error body, or the start of the body."""
+    try:
+        data = response.json()
+    except ValueError:
+        return _snippet(response.text, endpoint) or "(empty body)"
+    found = json_error_message(data)
+    return endpoint.redact(found) if found else _snippet(response.text, endpoint)
+
+
+def json_error_message(data: Any) -> str | None:
+    """The error text of a JSON body, or None.
+
+    Shapes: ``{error: {message}}`` (OpenAI, Anthropic, OpenRouter, llama.cpp), ``{error: "..."}``
+    (Ollama), ``{message}`` (vLLM) and ``{detail}`` (FastAPI servers).
+    """
+    if not isinstance(data, dict):
+        return None
+    error = data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
+        return str(error["message"])
+    if isinstance(error, str) and error:
+        return error
+    for key in ("message", "detail"):
+        if isinstance(data.get(key), str) and data[key]:
+            return str(data[key])
+    return None
+
+
+def json_count(value: Any) -> int:
+    """A token count from a reply: a positive integer as is, anything else (null, junk) is 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _is_context_overflow(message: str, response: httpx.Response, endpoint: Endpoint) -> bool:
+    haystack = f"{message} {_snippet(response.text, endpoint)}".lower()
+    return any(marker in haystack for marker in _CONTEXT_MARKERS)
+
+
+def _snippet(text: str, endpoint: Endpoint) -> str:
+    cleaned = endpoint.redact(text.strip())
+    if len(cleaned) <= _SNIPPET_CHARS:
+        return cleaned
+    return cleaned[:_SNIPPET_CHARS] + "..."
