@@ -194,6 +194,7 @@ class RedisServer:
         self._wait_for_ping()
 
     def _wait_for_ping(self) -> None:
+        assert self.port is not None
         deadline = time.monotonic() + _START_TIMEOUT_S
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
         try:

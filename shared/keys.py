@@ -1,0 +1,134 @@
+"""Every Redis key, stream, consumer group and TTL of orga-queue, in one place.
+
+Nothing else in the project spells a Redis name: import it from here (arq keeps its names the
+same way). Units are part of the names (``_s`` seconds, ``_ms`` milliseconds). Keys that carry a
+parameter are built by a function, next to the prefix it uses. This module is pure: no Redis
+import, no I/O.
+
+Streams
+    ``orga:intake``              task submissions from upstream pipelines (``intake_stream``)
+    ``orga:rejected``            malformed submissions with their validation error
+    ``orga:observations``        observations published by workers for the coordinator
+    ``orga:events``              task lifecycle events upstream pipelines follow
+    ``orga:review``              escalations waiting for a human decision
+    ``orga:dead_letter``         poison messages and dead-lettered tool calls
+    ``orga:journal:{task_id}``   the journal of one task (``journal_stream(task_id)``)
+
+Consumer groups
+    ``orga-coordinators``        the coordinators reading the intake and observations streams
+
+Keys
+    ``orga:task:{task_id}``      hash: the persisted state of a task (``task_key``)
+    ``orga:lease:{task_id}``     string: the coordinator holding a task (``lease_key``)
+    ``orga:idem:{key}``          string: task id for an idempotency key (``idempotency_key``)
+    ``orga:knowledge:{agent_id}``  the knowledge of one agent (``knowledge_key``)
+    ``orga:breaker:{tool}``      hash: the circuit breaker of one tool, shared by every worker
+    ``orga:result:{tool}:{sha256}``  string: last successful result of a call (CachedResult)
+
+TTLs
+    ``lease_ttl_s``              a task lease not renewed within this time may be taken over
+    ``idempotency_ttl_s``        how long a resubmission with the same key returns the same task
+    ``breaker_ttl_s``            an idle breaker expires (at least twice its recovery timeout)
+    ``result_cache_ttl_s``       a cached tool result expires; caps CachedResult's max_staleness
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "breaker_key",
+    "breaker_key_prefix",
+    "breaker_ttl_s",
+    "coordinator_group",
+    "dead_letter_stream",
+    "events_stream",
+    "idempotency_key",
+    "idempotency_key_prefix",
+    "idempotency_ttl_s",
+    "intake_stream",
+    "journal_stream",
+    "journal_stream_prefix",
+    "key_prefix",
+    "knowledge_key",
+    "knowledge_key_prefix",
+    "lease_key",
+    "lease_key_prefix",
+    "lease_ttl_s",
+    "observations_stream",
+    "rejected_stream",
+    "result_cache_key",
+    "result_cache_key_prefix",
+    "result_cache_ttl_s",
+    "review_stream",
+    "task_key",
+    "task_key_prefix",
+]
+
+key_prefix: Final = "orga:"
+"""Every key and stream of the project starts with this."""
+
+# -- streams -------------------------------------------------------------------------------
+
+intake_stream: Final = "orga:intake"
+rejected_stream: Final = "orga:rejected"
+observations_stream: Final = "orga:observations"
+events_stream: Final = "orga:events"
+review_stream: Final = "orga:review"
+dead_letter_stream: Final = "orga:dead_letter"
+journal_stream_prefix: Final = "orga:journal:"
+
+# -- consumer groups -----------------------------------------------------------------------
+
+coordinator_group: Final = "orga-coordinators"
+
+# -- keys ----------------------------------------------------------------------------------
+
+task_key_prefix: Final = "orga:task:"
+lease_key_prefix: Final = "orga:lease:"
+idempotency_key_prefix: Final = "orga:idem:"
+knowledge_key_prefix: Final = "orga:knowledge:"
+breaker_key_prefix: Final = "orga:breaker:"
+result_cache_key_prefix: Final = "orga:result:"
+
+# -- TTLs ----------------------------------------------------------------------------------
+
+lease_ttl_s: Final = 30
+idempotency_ttl_s: Final = 7 * 24 * 3600
+breaker_ttl_s: Final = 24 * 3600
+result_cache_ttl_s: Final = 3600
+
+
+def journal_stream(task_id: str) -> str:
+    """The journal stream of one task: ``orga:journal:{task_id}``."""
+    return f"{journal_stream_prefix}{task_id}"
+
+
+def task_key(task_id: str) -> str:
+    """The hash holding a task's state: ``orga:task:{task_id}``."""
+    return f"{task_key_prefix}{task_id}"
+
+
+def lease_key(task_id: str) -> str:
+    """The lease of the coordinator driving a task: ``orga:lease:{task_id}``."""
+    return f"{lease_key_prefix}{task_id}"
+
+
+def idempotency_key(key: str) -> str:
+    """The task id recorded for an idempotency key: ``orga:idem:{key}``."""
+    return f"{idempotency_key_prefix}{key}"
+
+
+def knowledge_key(agent_id: str) -> str:
+    """The knowledge of one agent: ``orga:knowledge:{agent_id}``."""
+    return f"{knowledge_key_prefix}{agent_id}"
+
+
+def breaker_key(tool_name: str) -> str:
+    """The circuit breaker of one tool, shared by every worker: ``orga:breaker:{tool}``."""
+    return f"{breaker_key_prefix}{tool_name}"
+
+
+def result_cache_key(tool_name: str, arguments_digest: str) -> str:
+    """The last good result of a tool for canonical arguments: ``orga:result:{tool}:{sha256}``."""
+    return f"{result_cache_key_prefix}{tool_name}:{arguments_digest}"

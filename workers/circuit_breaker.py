@@ -1,0 +1,398 @@
+"""Circuit breakers per tool: closed, open, half-open (Symbiont §3), with shared state.
+
+The state machine is Symbiont's; the defaults are this project's (threshold 3, recovery 60 s,
+one half-open probe):
+
+* **closed** - calls pass. Each failure adds one to ``failure_count``; a success resets it, so
+  only *consecutive* failures trip the breaker. At ``failure_threshold`` it opens.
+* **open** - calls are refused with :class:`CircuitOpenError` until ``recovery_timeout`` has
+  passed since it opened; the first check after that moves it to half-open and is the first
+  probe.
+* **half-open** - at most ``half_open_max_calls`` probes pass. A success closes the breaker, a
+  failure opens it again with a fresh ``opened_at`` (the failure count is not incremented).
+
+The state lives behind :class:`BreakerStateStore`, whose operations are atomic:
+:class:`InMemoryBreakerStore` for one process (its clock is injectable), and
+:class:`RedisBreakerStore`, one Lua script per operation, so every worker process shares one
+breaker per tool. The Redis scripts read the server clock (``TIME``), so the clocks of the
+workers do not matter; an idle breaker's key expires after ``keys.breaker_ttl_s`` (and never
+before twice its recovery timeout).
+
+``check`` creates a missing breaker (closed); ``record_failure`` creates it too;
+``record_success`` on an unknown tool does nothing; ``get_state`` returns None for it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.durations import Duration
+from shared.errors import OrgaError
+
+__all__ = [
+    "BreakerState",
+    "BreakerStateStore",
+    "BreakerVerdict",
+    "CircuitBreakerConfig",
+    "CircuitBreakerRegistry",
+    "CircuitOpenError",
+    "CircuitState",
+    "InMemoryBreakerStore",
+    "RedisBreakerStore",
+    "format_remaining",
+]
+
+
+class CircuitState(StrEnum):
+    """Where a breaker is in its state machine."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreakerConfig(BaseModel):
+    """Trip after ``failure_threshold`` consecutive failures; probe after ``recovery_timeout``.
+
+    ``half_open_max_calls`` probes may run while half-open; the defaults are the production
+    values (3 failures, 60 s, 1 probe).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    failure_threshold: int = Field(default=3, ge=1)
+    recovery_timeout: Duration = timedelta(seconds=60)
+    half_open_max_calls: int = Field(default=1, ge=1)
+
+    @property
+    def recovery_timeout_s(self) -> float:
+        """The recovery timeout in seconds."""
+        return self.recovery_timeout.total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    """A snapshot of one breaker; times are seconds on the store's clock."""
+
+    state: CircuitState = CircuitState.CLOSED
+    failure_count: int = 0
+    success_count: int = 0
+    half_open_calls: int = 0
+    opened_at: float | None = None
+    last_failure: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerVerdict:
+    """The answer of a check: may the call run, and if not, how long until a probe."""
+
+    allowed: bool
+    consecutive_failures: int = 0
+    recovery_remaining_s: float = 0.0
+
+
+def format_remaining(seconds: float) -> str:
+    """``59.9s`` from one second up, ``250ms`` below, ``0s`` when due now."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    return f"{seconds:.1f}s"
+
+
+class CircuitOpenError(OrgaError):
+    """The breaker of a tool is open (or its half-open probes are taken): the call must not run."""
+
+    def __init__(self, tool: str, consecutive_failures: int, recovery_remaining_s: float) -> None:
+        self.tool = tool
+        self.consecutive_failures = consecutive_failures
+        self.recovery_remaining_s = recovery_remaining_s
+        super().__init__(
+            f"Circuit open for tool {tool!r}: {consecutive_failures} consecutive failures, "
+            f"recovery in {format_remaining(recovery_remaining_s)}"
+        )
+
+
+@runtime_checkable
+class BreakerStateStore(Protocol):
+    """Holds the breakers; every operation is atomic with respect to every other caller."""
+
+    async def check(self, tool: str, config: CircuitBreakerConfig) -> BreakerVerdict:
+        """May ``tool`` run now? Creates the breaker when missing; may move open to half-open."""
+        ...
+
+    async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
+        """A call of ``tool`` succeeded; nothing happens for an unknown tool."""
+        ...
+
+    async def record_failure(self, tool: str, config: CircuitBreakerConfig) -> None:
+        """A call of ``tool`` failed; creates the breaker when missing."""
+        ...
+
+    async def get_state(self, tool: str) -> BreakerState | None:
+        """The breaker of ``tool``, or None when there is none."""
+        ...
+
+
+# -- the state machine, as pure functions (the Lua scripts below mirror them) ---------------
+
+
+def _check(
+    state: BreakerState, now: float, config: CircuitBreakerConfig
+) -> tuple[BreakerState, BreakerVerdict]:
+    if state.state is CircuitState.CLOSED:
+        return state, BreakerVerdict(True, state.failure_count)
+    if state.state is CircuitState.OPEN:
+        elapsed = max(0.0, now - (state.opened_at if state.opened_at is not None else now))
+        if elapsed >= config.recovery_timeout_s:
+            probing = replace(state, state=CircuitState.HALF_OPEN, half_open_calls=1)
+            return probing, BreakerVerdict(True, state.failure_count)
+        remaining = config.recovery_timeout_s - elapsed
+        return state, BreakerVerdict(False, state.failure_count, remaining)
+    if state.half_open_calls < config.half_open_max_calls:
+        probing = replace(state, half_open_calls=state.half_open_calls + 1)
+        return probing, BreakerVerdict(True, state.failure_count)
+    return state, BreakerVerdict(False, state.failure_count, 0.0)
+
+
+def _on_success(state: BreakerState) -> BreakerState:
+    if state.state is CircuitState.CLOSED:
+        return replace(state, failure_count=0, success_count=state.success_count + 1)
+    if state.state is CircuitState.HALF_OPEN:
+        return replace(
+            state, state=CircuitState.CLOSED, failure_count=0, success_count=1, half_open_calls=0
+        )
+    return replace(state, state=CircuitState.CLOSED, failure_count=0)
+
+
+def _on_failure(state: BreakerState, now: float, config: CircuitBreakerConfig) -> BreakerState:
+    state = replace(state, last_failure=now)
+    if state.state is CircuitState.CLOSED:
+        failures = state.failure_count + 1
+        if failures >= config.failure_threshold:
+            return replace(state, state=CircuitState.OPEN, failure_count=failures, opened_at=now)
+        return replace(state, failure_count=failures)
+    if state.state is CircuitState.HALF_OPEN:
+        return replace(state, state=CircuitState.OPEN, opened_at=now, half_open_calls=0)
+    return replace(state, failure_count=state.failure_count + 1)
+
+
+class InMemoryBreakerStore:
+    """Breakers of one process. Atomic because no operation awaits between read and write.
+
+    ``clock`` returns seconds (``time.monotonic`` by default); tests inject a fake one.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._states: dict[str, BreakerState] = {}
+
+    async def check(self, tool: str, config: CircuitBreakerConfig) -> BreakerVerdict:
+        """May ``tool`` run now?"""
+        state, verdict = _check(self._states.get(tool, BreakerState()), self._clock(), config)
+        self._states[tool] = state
+        return verdict
+
+    async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
+        """Close or keep closed the breaker of ``tool``, if it exists."""
+        if tool in self._states:
+            self._states[tool] = _on_success(self._states[tool])
+
+    async def record_failure(self, tool: str, config: CircuitBreakerConfig) -> None:
+        """Count a failure of ``tool``."""
+        state = self._states.get(tool, BreakerState())
+        self._states[tool] = _on_failure(state, self._clock(), config)
+
+    async def get_state(self, tool: str) -> BreakerState | None:
+        """The breaker of ``tool``, or None."""
+        return self._states.get(tool)
+
+
+# -- Redis ---------------------------------------------------------------------------------
+
+# Shared prologue: KEYS[1] is the breaker hash, ARGV[1] its TTL in ms. Times are integer
+# milliseconds of the server clock (13 digits: Lua's tostring keeps them exact).
+_PROLOGUE = """
+local key = KEYS[1]
+local ttl_ms = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# ARGV[2] recovery timeout ms, ARGV[3] half-open max calls -> {allowed, failures, remaining_ms}
+_CHECK_LUA = (
+    _PROLOGUE
+    + """
+local recovery_ms = tonumber(ARGV[2])
+local half_open_max = tonumber(ARGV[3])
+local f = redis.call('HMGET', key, 'state', 'failures', 'opened_at', 'half_open_calls')
+local state = f[1]
+redis.call('HSETNX', key, 'state', 'closed')
+redis.call('PEXPIRE', key, ttl_ms)
+if (not state) or state == 'closed' then
+  return {1, tonumber(f[2] or 0), 0}
+end
+local failures = tonumber(f[2] or 0)
+if state == 'open' then
+  local elapsed = math.max(0, now - tonumber(f[3] or now))
+  if elapsed >= recovery_ms then
+    redis.call('HSET', key, 'state', 'half_open', 'half_open_calls', 1)
+    return {1, failures, 0}
+  end
+  return {0, failures, recovery_ms - elapsed}
+end
+if tonumber(f[4] or 0) < half_open_max then
+  redis.call('HINCRBY', key, 'half_open_calls', 1)
+  return {1, failures, 0}
+end
+return {0, failures, 0}
+"""
+)
+
+_SUCCESS_LUA = """
+local key = KEYS[1]
+local ttl_ms = tonumber(ARGV[1])
+local state = redis.call('HGET', key, 'state')
+if not state then
+  return 0
+end
+if state == 'closed' then
+  redis.call('HSET', key, 'failures', 0)
+  redis.call('HINCRBY', key, 'successes', 1)
+elseif state == 'half_open' then
+  redis.call('HSET', key, 'state', 'closed', 'failures', 0, 'successes', 1, 'half_open_calls', 0)
+else
+  redis.call('HSET', key, 'state', 'closed', 'failures', 0)
+end
+redis.call('PEXPIRE', key, ttl_ms)
+return 1
+"""
+
+# ARGV[2] failure threshold
+_FAILURE_LUA = (
+    _PROLOGUE
+    + """
+local threshold = tonumber(ARGV[2])
+local f = redis.call('HMGET', key, 'state', 'failures')
+local state = f[1] or 'closed'
+local failures = tonumber(f[2] or 0)
+redis.call('HSET', key, 'last_failure', now)
+if state == 'closed' then
+  failures = failures + 1
+  if failures >= threshold then
+    redis.call('HSET', key, 'state', 'open', 'failures', failures, 'opened_at', now)
+  else
+    redis.call('HSET', key, 'state', 'closed', 'failures', failures)
+  end
+elseif state == 'half_open' then
+  redis.call('HSET', key, 'state', 'open', 'opened_at', now, 'half_open_calls', 0)
+else
+  redis.call('HINCRBY', key, 'failures', 1)
+end
+redis.call('PEXPIRE', key, ttl_ms)
+return 1
+"""
+)
+
+_FIELDS = ("state", "failures", "successes", "half_open_calls", "opened_at", "last_failure")
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _seconds(value: Any) -> float | None:
+    text = _text(value)
+    return None if text is None else int(text) / 1000
+
+
+class RedisBreakerStore:
+    """Breakers in Redis hashes (``keys.breaker_key``), updated by one Lua script per operation.
+
+    Works with any ``redis.asyncio.Redis`` client, ``decode_responses`` on or off, Redis 6.2+.
+    ``ttl_s`` is how long an idle breaker lives (at least twice its recovery timeout).
+    """
+
+    def __init__(self, client: Redis, *, ttl_s: float = keys.breaker_ttl_s) -> None:
+        self._client = client
+        self._ttl_s = ttl_s
+        self._check_script = client.register_script(_CHECK_LUA)
+        self._success_script = client.register_script(_SUCCESS_LUA)
+        self._failure_script = client.register_script(_FAILURE_LUA)
+
+    def _ttl_ms(self, config: CircuitBreakerConfig) -> int:
+        return math.ceil(max(self._ttl_s, 2 * config.recovery_timeout_s) * 1000)
+
+    async def check(self, tool: str, config: CircuitBreakerConfig) -> BreakerVerdict:
+        """May ``tool`` run now? One atomic script on the server's clock."""
+        recovery_ms = math.ceil(config.recovery_timeout_s * 1000)
+        args = [self._ttl_ms(config), recovery_ms, config.half_open_max_calls]
+        allowed, failures, remaining_ms = await self._check_script(
+            keys=[keys.breaker_key(tool)], args=args
+        )
+        return BreakerVerdict(bool(allowed), int(failures), int(remaining_ms) / 1000)
+
+    async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
+        """Close or keep closed the breaker of ``tool``, if it exists."""
+        await self._success_script(keys=[keys.breaker_key(tool)], args=[self._ttl_ms(config)])
+
+    async def record_failure(self, tool: str, config: CircuitBreakerConfig) -> None:
+        """Count a failure of ``tool``."""
+        args = [self._ttl_ms(config), config.failure_threshold]
+        await self._failure_script(keys=[keys.breaker_key(tool)], args=args)
+
+    async def get_state(self, tool: str) -> BreakerState | None:
+        """The breaker of ``tool``, or None."""
+        values = await self._client.hmget(keys.breaker_key(tool), list(_FIELDS))
+        state, failures, successes, half_open, opened_at, last_failure = values
+        name = _text(state)
+        if name is None:
+            return None
+        return BreakerState(
+            state=CircuitState(name),
+            failure_count=int(_text(failures) or 0),
+            success_count=int(_text(successes) or 0),
+            half_open_calls=int(_text(half_open) or 0),
+            opened_at=_seconds(opened_at),
+            last_failure=_seconds(last_failure),
+        )
+
+
+class CircuitBreakerRegistry:
+    """One breaker per tool name, all with the same config, in a :class:`BreakerStateStore`."""
+
+    def __init__(
+        self, store: BreakerStateStore | None = None, config: CircuitBreakerConfig | None = None
+    ) -> None:
+        self.store: BreakerStateStore = store if store is not None else InMemoryBreakerStore()
+        self.config = config if config is not None else CircuitBreakerConfig()
+
+    async def check(self, tool: str) -> None:
+        """Return if ``tool`` may run now; raise :class:`CircuitOpenError` otherwise."""
+        verdict = await self.store.check(tool, self.config)
+        if not verdict.allowed:
+            raise CircuitOpenError(tool, verdict.consecutive_failures, verdict.recovery_remaining_s)
+
+    async def record_success(self, tool: str) -> None:
+        """A call of ``tool`` succeeded."""
+        await self.store.record_success(tool, self.config)
+
+    async def record_failure(self, tool: str) -> None:
+        """A call of ``tool`` failed (raised or timed out)."""
+        await self.store.record_failure(tool, self.config)
+
+    async def get_state(self, tool: str) -> BreakerState | None:
+        """The breaker of ``tool``, or None when it was never checked nor failed."""
+        return await self.store.get_state(tool)
