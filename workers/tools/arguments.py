@@ -1,0 +1,44 @@
+"""Checking a tool's arguments against its own JSON Schema.
+
+The Gate phase validates arguments before any tool runs; the built-in tools check again, so that
+they are safe to call directly (a test, a script, a third-party executor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from shared.inference import ToolDefinition
+from workers.tools.base import ToolOutput
+from workers.tools.output import error_output
+
+__all__ = ["ArgumentCheck"]
+
+
+class ArgumentCheck:
+    """Validates arguments against one tool definition's ``parameters`` (Draft 2020-12)."""
+
+    def __init__(self, definition: ToolDefinition) -> None:
+        Draft202012Validator.check_schema(definition.parameters)
+        self._name = definition.name
+        self._validator = Draft202012Validator(definition.parameters)
+
+    def failure(self, arguments: Mapping[str, Any], **metadata: str) -> ToolOutput | None:
+        """An ``is_error`` output listing every schema error, or None when the arguments fit."""
+        errors = sorted(self._validator.iter_errors(dict(arguments)), key=lambda e: list(e.path))
+        if not errors:
+            return None
+        details = "; ".join(
+            f"at '{'/'.join(str(part) for part in error.path)}': {error.message}"
+            if error.path
+            else error.message
+            for error in errors
+        )
+        return error_output(
+            f"invalid arguments for {self._name}: {details}",
+            error_type="invalid_arguments",
+            **metadata,
+        )

@@ -1,0 +1,236 @@
+"""``grep``: a regular-expression search over the workspace's text files, in pure Python.
+
+No shell and no external program: the pattern is a Python ``re`` expression, files are visited
+depth-first in sorted order (so the output is deterministic), symbolic links are never followed
+and files with a NUL byte in their first 8 KiB are skipped as binary. The search stops at
+``max_matches``; each matching line is clipped to ``MAX_LINE_CHARS`` characters.
+
+Metadata: ``kind=read``, ``path`` (the searched file or directory), ``output_hash`` (SHA-256 of
+the full result before the byte cap; also given as ``content_hash``), ``matches``,
+``files_searched``.
+
+Limit: Python's ``re`` has no time limit, so a pathological pattern (catastrophic
+backtracking) can keep the worker thread busy after the executor's timeout has answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import itertools
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from shared.inference import ToolDefinition
+from workers.tools.arguments import ArgumentCheck
+from workers.tools.base import ToolContext, ToolOutput
+from workers.tools.errors import WorkspacePathError
+from workers.tools.files import line_pieces, path_failure
+from workers.tools.output import (
+    BINARY_SNIFF_BYTES,
+    cap_text,
+    error_output,
+    looks_binary,
+    sha256_hex,
+)
+from workers.tools.workspace import (
+    display_path,
+    resolve_in_workspace,
+    walk_entries,
+    workspace_root,
+)
+
+__all__ = ["GREP_DEFINITION", "MAX_LINE_CHARS", "GrepTool"]
+
+MAX_LINE_CHARS = 400
+_DEFAULT_MAX_MATCHES = 100
+
+GREP_DEFINITION = ToolDefinition(
+    name="grep",
+    description=(
+        "Search the workspace's text files for a regular expression (Python re syntax), line "
+        "by line. Returns one 'path:line:text' line per match, files in sorted order. Binary "
+        "files and symbolic links are skipped. Use glob to restrict the files searched."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "pattern": {
+                "type": "string",
+                "minLength": 1,
+                "description": "Regular expression searched in each line (Python re syntax).",
+            },
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "description": "File or directory to search, relative to the workspace "
+                "(default '.', the whole workspace).",
+            },
+            "glob": {
+                "type": "string",
+                "minLength": 1,
+                "description": "Only search files whose name matches this glob, e.g. '*.py'; a "
+                "glob containing '/' is matched against the workspace-relative path.",
+            },
+            "max_matches": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 10_000,
+                "description": "Stop after this many matching lines (default 100).",
+            },
+            "ignore_case": {
+                "type": "boolean",
+                "description": "Match without regard to case (default false).",
+            },
+        },
+        "required": ["pattern"],
+        "additionalProperties": False,
+    },
+)
+
+
+class GrepTool:
+    """``grep``: matching lines as ``path:line:text``, bounded and deterministic."""
+
+    def __init__(self) -> None:
+        self._check = ArgumentCheck(GREP_DEFINITION)
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """Name, description and JSON Schema of ``grep``."""
+        return GREP_DEFINITION
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
+        """Search, or explain why not as an ``is_error`` output."""
+        failure = self._check.failure(arguments, kind="read")
+        if failure is not None:
+            return failure
+        return await asyncio.to_thread(_grep, arguments, context)
+
+
+def _compile(arguments: Mapping[str, Any]) -> re.Pattern[str] | ToolOutput:
+    pattern = str(arguments["pattern"])
+    flags = re.IGNORECASE if arguments.get("ignore_case", False) else 0
+    try:
+        return re.compile(pattern, flags)
+    except re.error as exc:
+        return error_output(
+            f"invalid regular expression {pattern!r}: {exc}; fix the pattern (Python re syntax)",
+            error_type="invalid_arguments",
+            kind="read",
+        )
+
+
+def _grep(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+    regex = _compile(arguments)
+    if isinstance(regex, ToolOutput):
+        return regex
+    try:
+        root = workspace_root(context.workspace)
+        start = resolve_in_workspace(context.workspace, arguments.get("path", "."))
+    except WorkspacePathError as exc:
+        return path_failure(exc, kind="read")
+    rel = display_path(root, start)
+    if not start.exists():
+        return error_output(
+            f"{rel!r} does not exist; use file_list to find the right path",
+            error_type="not_found",
+            kind="read",
+            path=rel,
+        )
+    search = _Search(regex, root)
+    files = _candidate_files(start, root, arguments.get("glob"))
+    limit = int(arguments.get("max_matches", _DEFAULT_MAX_MATCHES))
+    found = list(itertools.islice(search.matches(files), limit + 1))
+    return _grep_output(
+        regex,
+        rel,
+        found,
+        limit=limit,
+        files_searched=search.files_searched,
+        max_output_bytes=context.max_output_bytes,
+    )
+
+
+def _candidate_files(start: Path, root: Path, glob: str | None) -> Iterator[Path]:
+    """``start`` itself when it is a file, else its regular files matching ``glob``."""
+    if start.is_file():
+        yield start
+        return
+    for entry in walk_entries(start, recursive=True):
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        if glob is None or _glob_matches(glob, display_path(root, path)):
+            yield path
+
+
+def _glob_matches(glob: str, rel: str) -> bool:
+    subject = rel if "/" in glob else rel.rsplit("/", 1)[-1]
+    return fnmatch.fnmatchcase(subject, glob)
+
+
+class _Search:
+    """Matches of one pattern over a sequence of files; counts the files it opened."""
+
+    def __init__(self, regex: re.Pattern[str], root: Path) -> None:
+        self._regex = regex
+        self._root = root
+        self.files_searched = 0
+
+    def matches(self, files: Iterator[Path]) -> Iterator[str]:
+        for path in files:
+            yield from self._matches_in(path, display_path(self._root, path))
+
+    def _matches_in(self, path: Path, rel: str) -> Iterator[str]:
+        try:
+            with path.open("rb") as handle:
+                if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
+                    return
+                self.files_searched += 1
+                handle.seek(0)
+                for line_no, piece in line_pieces(handle):
+                    text = piece.decode("utf-8", errors="replace").rstrip("\r\n")
+                    if self._regex.search(text):
+                        yield f"{rel}:{line_no}:{_clip(text)}"
+        except OSError:
+            return
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_LINE_CHARS:
+        return text
+    return text[:MAX_LINE_CHARS] + f" [... {len(text) - MAX_LINE_CHARS} more characters]"
+
+
+def _grep_output(
+    regex: re.Pattern[str],
+    rel: str,
+    found: list[str],
+    *,
+    limit: int,
+    files_searched: int,
+    max_output_bytes: int,
+) -> ToolOutput:
+    if not found:
+        text = f"no match for {regex.pattern!r} in {rel} ({files_searched} files searched)"
+    elif len(found) > limit:
+        text = "\n".join(found[:limit]) + (
+            f"\n[stopped after {limit} matches; narrow the pattern, path or glob, "
+            "or raise max_matches]"
+        )
+    else:
+        text = "\n".join(found)
+    digest = sha256_hex(text.encode("utf-8"))
+    metadata = {
+        "kind": "read",
+        "path": rel,
+        "output_hash": digest,
+        "content_hash": digest,
+        "matches": str(min(len(found), limit)),
+        "files_searched": str(files_searched),
+    }
+    hint = "narrow the pattern, path or glob"
+    return ToolOutput(content=cap_text(text, max_output_bytes, hint=hint), metadata=metadata)

@@ -1,0 +1,96 @@
+"""Confining file paths to the agent's workspace.
+
+Every file tool resolves its path arguments with :func:`resolve_in_workspace`, which follows
+symbolic links the way the operating system will (``os.path.realpath``) and refuses the result
+unless it is the workspace itself or lies below it. That covers ``..`` escapes, absolute paths
+outside the workspace, symbolic links that point out (a link to a file, a linked parent
+directory, a dangling link whose target would be created outside) and NUL bytes. Absolute paths
+inside the workspace are accepted, whichever way the workspace itself is spelled.
+
+Limit: the check and the later ``open`` are two system calls, so a process that swaps a
+directory for a symbolic link in between could still redirect one call. The agent's own
+``run_command`` can do that, but it can also read any file directly: the confinement of the
+file tools keeps honest mistakes and injected paths in the workspace; the policy gate and the
+operating-system sandbox bound a hostile command.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from workers.tools.errors import PathOutsideWorkspaceError, WorkspacePathError
+
+__all__ = [
+    "display_path",
+    "resolve_in_workspace",
+    "sorted_entries",
+    "walk_entries",
+    "workspace_root",
+]
+
+
+def workspace_root(workspace: Path) -> Path:
+    """The real path of the workspace; raises WorkspacePathError when it is not a directory."""
+    root = Path(os.path.realpath(workspace))
+    if not root.is_dir():
+        raise WorkspacePathError(
+            f"workspace {str(workspace)!r} is not an existing directory; "
+            "create it before running tools in it"
+        )
+    return root
+
+
+def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
+    """The real absolute path ``user_path`` designates, guaranteed inside ``workspace``.
+
+    Relative paths are taken from the workspace. Raises PathOutsideWorkspaceError for anything
+    that resolves outside it, and WorkspacePathError for a path containing a NUL byte.
+    """
+    if "\x00" in user_path:
+        raise WorkspacePathError(
+            f"path {user_path!r} contains a NUL byte; file names cannot contain NUL"
+        )
+    root = workspace_root(workspace)
+    candidate = Path(user_path) if os.path.isabs(user_path) else root / user_path
+    resolved = Path(os.path.realpath(candidate))
+    if not resolved.is_relative_to(root):
+        raise PathOutsideWorkspaceError(_outside_message(user_path, root, candidate, resolved))
+    return resolved
+
+
+def display_path(root: Path, resolved: Path) -> str:
+    """``resolved`` relative to the workspace ``root``, with ``/`` separators (``.`` for root)."""
+    return resolved.relative_to(root).as_posix()
+
+
+def _outside_message(user_path: str, root: Path, candidate: Path, resolved: Path) -> str:
+    lexical = Path(os.path.normpath(candidate))
+    how = " through a symbolic link" if lexical.is_relative_to(root) else ""
+    return (
+        f"path {user_path!r} is outside the workspace {str(root)!r}: it resolves{how} to "
+        f"{str(resolved)!r}; use a path inside the workspace, relative to it"
+    )
+
+
+def sorted_entries(directory: Path) -> list[os.DirEntry[str]]:
+    """The entries of ``directory`` sorted by name; empty when it cannot be read."""
+    try:
+        with os.scandir(directory) as scanner:
+            return sorted(scanner, key=lambda entry: entry.name)
+    except OSError:
+        return []
+
+
+def walk_entries(directory: Path, *, recursive: bool) -> Iterator[os.DirEntry[str]]:
+    """Entries depth-first in sorted order; symbolic links are yielded but never entered."""
+    stack = [iter(sorted_entries(directory))]
+    while stack:
+        entry = next(stack[-1], None)
+        if entry is None:
+            stack.pop()
+            continue
+        yield entry
+        if recursive and entry.is_dir(follow_symlinks=False):
+            stack.append(iter(sorted_entries(Path(entry.path))))
