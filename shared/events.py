@@ -12,6 +12,12 @@ from shared.durations import Duration
 from shared.inference import Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, TerminationReason
 from shared.progress_tracker import StepDecision
+from shared.stagnation.verdict import (
+    ReasonCode,
+    StagnationKind,
+    StagnationLevel,
+    StagnationVerdict,
+)
 
 __all__ = [
     "JournalEntry",
@@ -21,6 +27,7 @@ __all__ = [
     "PreHydrationComplete",
     "ReasoningComplete",
     "RecoveryTriggered",
+    "StagnationDetected",
     "Started",
     "StepLimitReached",
     "Terminated",
@@ -123,6 +130,30 @@ class PreHydrationComplete(_Event):
     total_tokens: int
 
 
+class StagnationDetected(_Event):
+    """The stagnation detector raised its level: what kind, and the two counters."""
+
+    type: Literal["StagnationDetected"] = "StagnationDetected"
+    level: StagnationLevel
+    kind: StagnationKind | None = None
+    steps_since_milestone: int
+    new_state_changes: int
+    stale_steps: int = 0
+    reason_codes: list[ReasonCode] = Field(default_factory=list)
+
+    @classmethod
+    def from_verdict(cls, verdict: StagnationVerdict) -> StagnationDetected:
+        """The journal event for a verdict."""
+        return cls(
+            level=verdict.level,
+            kind=verdict.kind,
+            steps_since_milestone=verdict.steps_since_milestone,
+            new_state_changes=verdict.new_state_changes,
+            stale_steps=verdict.stale_steps,
+            reason_codes=list(verdict.reason_codes),
+        )
+
+
 LoopEvent = Annotated[
     Started
     | ReasoningComplete
@@ -132,7 +163,8 @@ LoopEvent = Annotated[
     | Terminated
     | RecoveryTriggered
     | StepLimitReached
-    | PreHydrationComplete,
+    | PreHydrationComplete
+    | StagnationDetected,
     Field(discriminator="type"),
 ]
 

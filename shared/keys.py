@@ -13,6 +13,7 @@ Streams
     ``orga:review``              escalations waiting for a human decision
     ``orga:dead_letter``         poison messages and dead-lettered tool calls
     ``orga:journal:{task_id}``   the journal of one task (``journal_stream(task_id)``)
+    ``orga:control``             review decisions and cancellations sent by the CLI
 
 Consumer groups
     ``orga-coordinators``        the coordinators reading the intake and observations streams
@@ -24,6 +25,15 @@ Keys
     ``orga:knowledge:{agent_id}``  the knowledge of one agent (``knowledge_key``)
     ``orga:breaker:{tool}``      hash: the circuit breaker of one tool, shared by every worker
     ``orga:result:{tool}:{sha256}``  string: last successful result of a call (CachedResult)
+    ``orga:journal_seq:{task_id}``  string: the last journal sequence of a task
+    ``orga:tasks:active``        set: tasks not yet completed, failed or aborted
+    ``orga:tasks:index``         sorted set: every task by creation time
+    ``orga:tasks:deadlines``     sorted set: active tasks by the time they must be looked at
+    ``orga:reviews:open``        hash: review id -> open escalation (JSON)
+
+Celery (the Redis broker stores each queue as a list under its name)
+    ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
+    ``orga.tools``               queue of tool calls (task ``orga.tool_call``)
 
 TTLs
     ``lease_ttl_s``              a task lease not renewed within this time may be taken over
@@ -37,16 +47,20 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "active_tasks_key",
     "breaker_key",
     "breaker_key_prefix",
     "breaker_ttl_s",
+    "control_stream",
     "coordinator_group",
     "dead_letter_stream",
+    "deadlines_key",
     "events_stream",
     "idempotency_key",
     "idempotency_key_prefix",
     "idempotency_ttl_s",
     "intake_stream",
+    "journal_sequence_key",
     "journal_stream",
     "journal_stream_prefix",
     "key_prefix",
@@ -56,13 +70,19 @@ __all__ = [
     "lease_key_prefix",
     "lease_ttl_s",
     "observations_stream",
+    "open_reviews_key",
+    "reason_task_name",
+    "reasoning_queue",
     "rejected_stream",
     "result_cache_key",
     "result_cache_key_prefix",
     "result_cache_ttl_s",
     "review_stream",
+    "task_index_key",
     "task_key",
     "task_key_prefix",
+    "tool_task_name",
+    "tools_queue",
 ]
 
 key_prefix: Final = "orga:"
@@ -77,6 +97,7 @@ events_stream: Final = "orga:events"
 review_stream: Final = "orga:review"
 dead_letter_stream: Final = "orga:dead_letter"
 journal_stream_prefix: Final = "orga:journal:"
+control_stream: Final = "orga:control"
 
 # -- consumer groups -----------------------------------------------------------------------
 
@@ -90,6 +111,19 @@ idempotency_key_prefix: Final = "orga:idem:"
 knowledge_key_prefix: Final = "orga:knowledge:"
 breaker_key_prefix: Final = "orga:breaker:"
 result_cache_key_prefix: Final = "orga:result:"
+
+journal_sequence_key_prefix: Final = "orga:journal_seq:"
+active_tasks_key: Final = "orga:tasks:active"
+task_index_key: Final = "orga:tasks:index"
+deadlines_key: Final = "orga:tasks:deadlines"
+open_reviews_key: Final = "orga:reviews:open"
+
+# -- Celery queues and task names ----------------------------------------------------------
+
+reasoning_queue: Final = "orga.reasoning"
+tools_queue: Final = "orga.tools"
+reason_task_name: Final = "orga.reason"
+tool_task_name: Final = "orga.tool_call"
 
 # -- TTLs ----------------------------------------------------------------------------------
 
@@ -132,3 +166,8 @@ def breaker_key(tool_name: str) -> str:
 def result_cache_key(tool_name: str, arguments_digest: str) -> str:
     """The last good result of a tool for canonical arguments: ``orga:result:{tool}:{sha256}``."""
     return f"{result_cache_key_prefix}{tool_name}:{arguments_digest}"
+
+
+def journal_sequence_key(task_id: str) -> str:
+    """The last journal sequence appended for a task: ``orga:journal_seq:{task_id}``."""
+    return f"{journal_sequence_key_prefix}{task_id}"

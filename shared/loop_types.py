@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -13,6 +13,7 @@ from shared.durations import Duration
 from shared.inference import ToolChoice, ToolDefinition, Usage
 from shared.pre_hydration import PreHydrationConfig
 from shared.progress_tracker import StepIterationConfig
+from shared.stagnation.config import StagnationConfig
 from shared.tool_profile import ToolProfile
 from shared.wire import OmitNoneModel
 
@@ -24,6 +25,7 @@ __all__ = [
     "LlmRecovery",
     "LoopConfig",
     "LoopResult",
+    "LoopState",
     "RecoveryStrategy",
     "Retry",
     "TerminationKind",
@@ -185,7 +187,9 @@ class LoopConfig(OmitNoneModel):
     """Limits and options of one reasoning loop; the defaults are Symbiont's."""
 
     model_config = ConfigDict(frozen=True)
-    omit_when_none = frozenset({"tool_choice", "tool_profile", "step_iteration", "pre_hydration"})
+    omit_when_none = frozenset(
+        {"tool_choice", "tool_profile", "step_iteration", "pre_hydration", "stagnation"}
+    )
 
     max_iterations: int = Field(default=25, ge=0)
     max_total_tokens: int = Field(default=100_000, ge=0)
@@ -204,10 +208,40 @@ class LoopConfig(OmitNoneModel):
     tool_profile: ToolProfile | None = None
     step_iteration: StepIterationConfig | None = None
     pre_hydration: PreHydrationConfig | None = None
+    stagnation: StagnationConfig | None = None
+
+
+class LoopState(BaseModel):
+    """The mutable state of one loop, JSON-serialisable so a coordinator can persist it.
+
+    ``metadata`` may be written by tool results (untrusted); ``trusted_context`` only by the
+    runtime.
+    """
+
+    agent_id: str
+    iteration: int = Field(default=0, ge=0)
+    total_usage: Usage = Field(default_factory=Usage)
+    conversation: Conversation = Field(default_factory=Conversation)
+    started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    current_phase: str = "initialized"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    trusted_context: dict[str, Any] = Field(default_factory=dict)
+    milestones: list[str] = Field(default_factory=list)
+
+    def add_usage(self, usage: Usage) -> None:
+        """Add one call's usage to the running total."""
+        self.total_usage = self.total_usage + usage
+
+    def elapsed(self) -> timedelta:
+        """Time since the loop started."""
+        return datetime.now(UTC) - self.started_at
 
 
 class LoopResult(BaseModel):
-    """What a run returns, whatever ended it: the output so far, usage and the conversation."""
+    """What a run returns, whatever ended it: the output so far, usage and the conversation.
+
+    ``milestones`` lists the verified milestones reached, kept whatever ended the run.
+    """
 
     output: str = ""
     iterations: int = 0
@@ -215,3 +249,4 @@ class LoopResult(BaseModel):
     termination_reason: TerminationReason
     duration: Duration = timedelta(0)
     conversation: Conversation = Field(default_factory=Conversation)
+    milestones: list[str] = Field(default_factory=list)

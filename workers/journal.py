@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from shared.events import JournalEntry
 from shared.journal import JournalReadError, JournalSequenceError, JournalWriteError
-from shared.keys import journal_stream
+from shared.keys import journal_sequence_key, journal_stream
 
 __all__ = [
     "DEFAULT_JOURNAL_MAXLEN",
@@ -41,8 +41,6 @@ __all__ = [
 
 DEFAULT_JOURNAL_MAXLEN = 10_000
 """Entries kept per task stream (approximately: ``MAXLEN ~`` trims whole stream nodes)."""
-
-_SEQUENCE_KEY_PREFIX = "orga:journal_seq:"
 
 _APPEND_SCRIPT = """
 local last = redis.call('GET', KEYS[2])
@@ -71,11 +69,6 @@ _REJECTIONS = {
     _CONFLICT: "a different entry already holds this sequence",
     _TRIMMED: "this sequence was trimmed from the stream and cannot be compared",
 }
-
-
-def journal_sequence_key(task_id: str) -> str:
-    """The companion key holding the last appended sequence: ``orga:journal_seq:{task_id}``."""
-    return f"{_SEQUENCE_KEY_PREFIX}{task_id}"
 
 
 def _stream_id(sequence: int) -> str:

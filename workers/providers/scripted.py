@@ -245,6 +245,20 @@ class ScriptedProvider:
         self._next_call_number = 1
         self._requests.clear()
 
+    def seek(self, position: int) -> None:
+        """Continue as if ``position`` replies had been used already.
+
+        A distributed run builds a fresh provider for every reasoning call; the coordinator
+        passes how many model calls the task has made, so each call gets the next reply and
+        the generated call ids stay unique.
+        """
+        replies = self._script.replies
+        used = replies[: max(position, 0)]
+        self._next_index = min(max(position, 0), len(replies))
+        self._next_call_number = 1 + sum(
+            1 for reply in used for call in reply.tool_calls if call.id is None
+        )
+
     def provider_name(self) -> str:
         """Always ``scripted``."""
         return "scripted"

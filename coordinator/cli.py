@@ -1,0 +1,369 @@
+"""The ``orga`` command line.
+
+Without ``ORGA_REDIS_URL`` every command that needs the runtime uses the embedded default (a
+private Redis in ``ORGA_HOME``, a worker subprocess and an in-process coordinator); with it,
+commands talk to that Redis and expect ``orga coordinator`` and ``orga worker`` to be running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from coordinator.client import OrgaClient, TaskNotFoundError, TaskRejectedError
+from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
+from coordinator.state import TERMINAL_STATUSES, TaskStatus
+from shared.errors import OrgaError
+from shared.settings import OrgaSettings
+from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="orga", help="Run long-running LLM agents on Celery workers.", no_args_is_help=True
+)
+review_app = typer.Typer(help="Escalations waiting for a human decision.", no_args_is_help=True)
+app.add_typer(review_app, name="review")
+out = Console()
+err = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output for pipelines.")]
+
+
+def _settings() -> OrgaSettings:
+    return OrgaSettings()
+
+
+def _home() -> Path:
+    return Path(os.environ.get("ORGA_HOME", ".orga")).resolve()
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except (TaskSpecError, TaskRejectedError) as exc:
+        err.print(f"[red]invalid task:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    except (TaskNotFoundError, EmbeddedRuntimeError, OrgaError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+
+
+def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
+    """Run ``body(client, embedded)`` against ORGA_REDIS_URL, or inside the embedded runtime."""
+    settings = _settings()
+    if settings.redis_url:
+        return body(OrgaClient(settings.redis_url), False)
+
+    async def embedded() -> Any:
+        async with EmbeddedRuntime(settings, _home()) as runtime:
+            client = OrgaClient(runtime.url)
+            return await asyncio.to_thread(body, client, True)
+
+    return asyncio.run(embedded())
+
+
+# -- run / submit ---------------------------------------------------------------------------
+
+
+@app.command()
+def run(
+    task_file: Annotated[Path, typer.Argument(help="A YAML or JSON task file.")],
+    as_json: JsonFlag = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the result.")] = 3600.0,
+) -> None:
+    """Submit a task, show its progress, print its result."""
+    with _errors():
+        spec = load_task_file(task_file)
+        result = _with_runtime(
+            lambda client, embedded: _run(client, spec, as_json, timeout, embedded)
+        )
+    _exit_for(result)
+
+
+def _run(
+    client: OrgaClient, spec: TaskSpec, as_json: bool, timeout: float, embedded: bool
+) -> dict[str, Any]:
+    task_id = client.submit(spec)
+    if not as_json:
+        out.print(f"[bold]task[/bold] {task_id}: {spec.goal}")
+    record_status = _follow(client, task_id, timeout, quiet=as_json)
+    result = client.result(task_id)
+    if record_status == TaskStatus.AWAITING_REVIEW.value:
+        result["review"] = client.status(task_id).get("review_id")
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        _print_result(client, result, embedded)
+    return result
+
+
+def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> str:
+    """Show steps and iterations until the task ends or waits for a human."""
+    deadline = time.monotonic() + timeout
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=out, disable=quiet, transient=False) as progress:
+        bar = progress.add_task("waiting", total=None, detail="")
+        while time.monotonic() < deadline:
+            try:
+                status = client.status(task_id)
+            except TaskNotFoundError:
+                time.sleep(0.05)
+                continue
+            progress.update(
+                bar,
+                description=_progress_label(status),
+                total=max(status["steps_total"], 1),
+                completed=status["steps_done"],
+                detail=f"iteration {status['iteration']}  {status['status']}",
+            )
+            if status["status"] in {s.value for s in TERMINAL_STATUSES} | {"awaiting_review"}:
+                return str(status["status"])
+            time.sleep(0.1)
+    raise OrgaError(f"task {task_id} did not finish within {timeout}s")
+
+
+def _progress_label(status: dict[str, Any]) -> str:
+    step = status["step"] or "-"
+    return f"step {step} ({status['steps_done']}/{status['steps_total']})"
+
+
+def _print_result(client: OrgaClient, result: dict[str, Any], embedded: bool) -> None:
+    table = Table(title=f"task {result['task_id']}: {result['status']}")
+    for column in ("step", "status", "verified", "iterations", "note"):
+        table.add_column(column)
+    for step in result["steps"]:
+        table.add_row(step["id"], step["status"], "yes" if step["verified"] else "no",
+                      str(step["iterations"]), (step["note"] or "")[:80])  # fmt: skip
+    out.print(table)
+    out.print(f"milestones: {', '.join(result['milestones']) or 'none'}")
+    if result.get("output"):
+        out.print(f"output: {result['output']}")
+    if result.get("error"):
+        out.print(f"[yellow]{result['error']}[/yellow]")
+    review_id = result.get("review")
+    if review_id:
+        review = client.review(review_id)
+        prefix = "" if not embedded else f"ORGA_HOME={_home()} "
+        headline = "[bold yellow]escalated to human review[/bold yellow]"
+        out.print(f"{headline} ({review.source}): {review.reason}")
+        out.print("decide it with one of:")
+        for flag in ("--retry --hint 'what to try instead'", "--skip", "--abort"):
+            out.print(f"  {prefix}orga review decide {review_id} {flag}")
+        out.print(f"  (see the context first: {prefix}orga review show {review_id})")
+
+
+def _exit_for(result: dict[str, Any]) -> None:
+    if result.get("review"):
+        raise typer.Exit(3)
+    if result["status"] != TaskStatus.COMPLETED.value:
+        raise typer.Exit(1)
+
+
+@app.command()
+def submit(task_file: Path, as_json: JsonFlag = False) -> None:
+    """Submit a task to ORGA_REDIS_URL and print its id (needs a running coordinator)."""
+    with _errors():
+        spec = load_task_file(task_file)
+        client = OrgaClient(_require_url())
+        task_id = client.submit(spec)
+    out.print_json(json.dumps({"task_id": task_id})) if as_json else out.print(task_id)
+
+
+def _require_url() -> str:
+    url = _settings().redis_url
+    if not url:
+        err.print("[red]error:[/red] set ORGA_REDIS_URL (submit needs a running deployment; "
+                  "`orga run` works without one)")  # fmt: skip
+        raise typer.Exit(2)
+    return url
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+@app.command()
+def status(
+    task_id: Annotated[str | None, typer.Argument()] = None, as_json: JsonFlag = False
+) -> None:
+    """One task's status, or the most recent tasks."""
+    with _errors():
+        data = _read(lambda client: client.status(task_id) if task_id else client.list_tasks())
+    if as_json or task_id:
+        out.print_json(json.dumps(data))
+        return
+    table = Table("task", "status")
+    for row in data:
+        table.add_row(row["task_id"], row["status"] or "?")
+    out.print(table)
+
+
+def _read(body: Callable[[OrgaClient], Any]) -> Any:
+    """A read-only command: against ORGA_REDIS_URL, or the embedded Redis without a worker."""
+    settings = _settings()
+    if settings.redis_url:
+        return body(OrgaClient(settings.redis_url))
+
+    async def embedded() -> Any:
+        async with EmbeddedRuntime(settings, _home(), start_worker=False) as runtime:
+            return await asyncio.to_thread(body, OrgaClient(runtime.url))
+
+    return asyncio.run(embedded())
+
+
+@app.command()
+def result(task_id: str, as_json: JsonFlag = False) -> None:
+    """The result of a task (a stopped task keeps its completed steps)."""
+    with _errors():
+        data = _read(lambda client: client.result(task_id))
+    out.print_json(json.dumps(data)) if as_json else out.print_json(json.dumps(data, indent=2))
+
+
+@app.command()
+def journal(
+    task_id: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new entries.")
+    ] = False,
+) -> None:
+    """A task's journal, one JSON entry per line."""
+
+    def body(client: OrgaClient) -> None:
+        entries = client.follow_journal(task_id) if follow else iter(client.journal(task_id))
+        for entry in entries:
+            sys.stdout.write(entry.model_dump_json() + "\n")
+            sys.stdout.flush()
+
+    with _errors():
+        _read(body)
+
+
+# -- reviews --------------------------------------------------------------------------------
+
+
+@review_app.command("list")
+def review_list(as_json: JsonFlag = False) -> None:
+    """Escalations waiting for a decision."""
+    with _errors():
+        items = _read(lambda client: client.reviews())
+    if as_json:
+        out.print_json(json.dumps([i.model_dump() for i in items]))
+        return
+    table = Table("review", "task", "step", "source", "reason", "default at deadline")
+    for item in items:
+        at = time.strftime("%H:%M:%S", time.localtime(item.deadline))
+        table.add_row(item.review_id, item.task_id, item.step_id, item.source, item.reason[:70],
+                      f"{item.default_decision} at {at}")  # fmt: skip
+    out.print(table)
+
+
+@review_app.command("show")
+def review_show(review_id: str) -> None:
+    """One escalation with its context snapshot."""
+    with _errors():
+        item = _read(lambda client: client.review(review_id))
+    out.print_json(item.model_dump_json())
+
+
+@review_app.command("decide")
+def review_decide(
+    review_id: str,
+    retry: Annotated[bool, typer.Option("--retry", help="Resume the step.")] = False,
+    skip: Annotated[bool, typer.Option("--skip", help="Skip the step.")] = False,
+    abort: Annotated[
+        bool, typer.Option("--abort", help="Abort the task, keeping milestones.")
+    ] = False,
+    hint: Annotated[
+        str | None, typer.Option(help="With --retry: a hint the model will read.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Decide an escalation: --retry [--hint TEXT], --skip or --abort."""
+    chosen = [name for name, flag in (("retry", retry), ("skip", skip), ("abort", abort)) if flag]
+    if len(chosen) != 1:
+        err.print("[red]error:[/red] choose exactly one of --retry, --skip, --abort")
+        raise typer.Exit(2)
+    if hint and chosen[0] != "retry":
+        err.print("[red]error:[/red] --hint goes with --retry")
+        raise typer.Exit(2)
+
+    def body(client: OrgaClient, embedded: bool) -> dict[str, Any]:
+        task_id = client.decide(review_id, chosen[0], hint=hint, by=os.environ.get("USER", "cli"))
+        out.print(f"decision {chosen[0]} applied to task {task_id}") if not as_json else None
+        if not embedded:
+            return {"task_id": task_id, "decision": chosen[0]}
+        final = _follow(client, task_id, 3600, quiet=as_json)
+        data = client.result(task_id)
+        if final == TaskStatus.AWAITING_REVIEW.value:
+            data["review"] = client.status(task_id).get("review_id")
+        if as_json:
+            out.print_json(json.dumps(data))
+        else:
+            _print_result(client, data, embedded)
+        return data
+
+    with _errors():
+        _with_runtime(body)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+@app.command()
+def coordinator() -> None:
+    """Run a coordinator against ORGA_REDIS_URL (several may run at once)."""
+    from redis.asyncio import Redis
+
+    from coordinator.dispatch import CeleryDispatcher, celery_client
+    from coordinator.service import Coordinator
+
+    url = _require_url()
+    settings = _settings()
+
+    async def main_loop() -> None:
+        client = Redis.from_url(url)
+        node = Coordinator(client, CeleryDispatcher(celery_client(settings, url)),
+                           settings=coordinator_settings(settings))  # fmt: skip
+        out.print(f"coordinator {node.name} on {url}")
+        await node.run()
+
+    asyncio.run(main_loop())
+
+
+@app.command()
+def worker(
+    queues: Annotated[str, typer.Option(help="Queues to consume.")] = "orga.reasoning,orga.tools",
+    concurrency: Annotated[int | None, typer.Option("-c", help="Worker processes.")] = None,
+) -> None:
+    """Run a Celery worker (same as `celery -A workers worker -Q ...`)."""
+    _require_url()
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
+               "--loglevel", "INFO"]  # fmt: skip
+    if concurrency:
+        command += ["-c", str(concurrency)]
+    os.execv(sys.executable, command)  # noqa: S606 - replaces this process by the worker
+
+
+@app.command()
+def schema() -> None:
+    """The JSON Schema of a task file."""
+    out.print_json(json.dumps(TaskSpec.model_json_schema()))
+
+
+def main() -> None:
+    """Entry point of the ``orga`` script."""
+    app()

@@ -1,0 +1,256 @@
+"""The Python client upstream pipelines use: submit, wait, status, journal, reviews.
+
+Synchronous on purpose (pipelines are usually plain scripts); it only talks to Redis::
+
+    client = OrgaClient("redis://127.0.0.1:6379/0")
+    task_id = client.submit(Path("task.yaml"))
+    result = client.wait(task_id, timeout_s=600)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+
+from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
+from shared import keys
+from shared.errors import OrgaError
+from shared.events import JournalEntry
+from shared.task_spec import TaskSpec, load_task_file
+
+__all__ = ["OrgaClient", "TaskNotFoundError", "TaskRejectedError", "WaitTimeoutError"]
+
+
+class TaskNotFoundError(OrgaError, LookupError):
+    """No task with that id (yet): it may still be in the intake stream."""
+
+
+class TaskRejectedError(OrgaError):
+    """The coordinator rejected the submission; the message holds the validation error."""
+
+
+class WaitTimeoutError(OrgaError, TimeoutError):
+    """The task did not finish within the time given."""
+
+
+@dataclass
+class OrgaClient:
+    """Submits tasks and reads their state, journal and reviews from Redis."""
+
+    redis_url: str
+    poll_interval_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    # -- typed access (redis-py's sync stubs are unions of sync and async results) ---------
+
+    def _hget(self, key: str, field: str) -> str | None:
+        return cast("str | None", self.redis.hget(key, field))
+
+    def _rows(self, rows: Any) -> list[tuple[str, dict[str, str]]]:
+        return [(str(i), dict(f or {})) for i, f in cast("list[tuple[Any, Any]]", rows or [])]
+
+    # -- submitting -----------------------------------------------------------------------
+
+    def submit(
+        self, task: TaskSpec | dict[str, Any] | str | Path, task_id: str | None = None
+    ) -> str:
+        """Put a task on the intake stream and return its id (validated by the coordinator)."""
+        text = _task_text(task)
+        task_id = task_id or uuid.uuid4().hex
+        self.redis.xadd(
+            keys.intake_stream, {"task_id": task_id, "task": text, "at": f"{time.time():.3f}"}
+        )
+        return task_id
+
+    def resolve(self, task_id: str) -> str:
+        """The task an id stands for: a resubmission with a used idempotency key is an alias."""
+        alias = self._hget(keys.task_key(task_id), "alias_of")
+        return str(alias) if alias else task_id
+
+    # -- reading --------------------------------------------------------------------------
+
+    def record(self, task_id: str) -> TaskRecord:
+        """The task's full state; TaskNotFoundError if it was rejected or not yet accepted."""
+        real = self.resolve(task_id)
+        state = self._hget(keys.task_key(real), "state")
+        if state is None:
+            rejection = self.rejection(task_id)
+            if rejection is not None:
+                raise TaskRejectedError(f"task {task_id} was rejected: {rejection}")
+            raise TaskNotFoundError(f"no task {task_id!r} (not accepted yet, or unknown)")
+        return TaskRecord.model_validate_json(str(state))
+
+    def status(self, task_id: str) -> dict[str, Any]:
+        """Status, current step, iteration, milestones and usage of one task."""
+        record = self.record(task_id)
+        step = record.steps[record.current].spec.id if record.steps else None
+        return {
+            "task_id": record.task_id,
+            "status": record.status.value,
+            "goal": record.spec.goal,
+            "step": step,
+            "steps_done": sum(1 for s in record.steps if s.status.value == "completed"),
+            "steps_total": len(record.steps),
+            "iteration": record.iteration,
+            "milestones": list(record.milestones),
+            "review_id": record.review.review_id if record.review else None,
+            "usage": record.usage.model_dump(),
+        }
+
+    def result(self, task_id: str) -> dict[str, Any]:
+        """What the task produced (also for a task that stopped: its completed steps)."""
+        return self.record(task_id).result()
+
+    def list_tasks(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The most recent tasks, newest first."""
+        ids = [
+            str(i)
+            for i in cast("list[Any]", self.redis.zrevrange(keys.task_index_key, 0, limit - 1))
+        ]
+        statuses = [self._hget(keys.task_key(i), "status") for i in ids]
+        return [{"task_id": i, "status": s} for i, s in zip(ids, statuses, strict=True)]
+
+    def rejection(self, task_id: str) -> str | None:
+        """The validation error of a rejected submission, if it was rejected."""
+        for _id, fields in self._rows(self.redis.xrevrange(keys.rejected_stream, count=1000)):
+            if fields.get("task_id") == task_id:
+                return str(fields.get("error"))
+        return None
+
+    def wait(self, task_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Block until the task is completed, failed or aborted; return its result."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                record = self.record(task_id)
+                if record.status in TERMINAL_STATUSES:
+                    return record.result()
+            except TaskNotFoundError:
+                pass
+            if time.monotonic() > deadline:
+                raise WaitTimeoutError(f"task {task_id} did not finish within {timeout_s}s")
+            time.sleep(self.poll_interval_s)
+
+    def journal(
+        self, task_id: str, after: int = -1, count: int | None = None
+    ) -> list[JournalEntry]:
+        """Journal entries with a sequence greater than ``after``."""
+        real = self.resolve(task_id)
+        start = f"0-{after + 2}" if after >= 0 else "-"
+        rows = self._rows(
+            self.redis.xrange(keys.journal_stream(real), min=start, max="+", count=count)
+        )
+        return [JournalEntry.model_validate_json(fields["data"]) for _id, fields in rows]
+
+    def follow_journal(
+        self, task_id: str, idle_timeout_s: float | None = None
+    ) -> Iterator[JournalEntry]:
+        """Journal entries as they are written, until the task ends (or nothing for a while)."""
+        real = self.resolve(task_id)
+        last = -1
+        quiet_since = time.monotonic()
+        while True:
+            entries = self.journal(real, after=last)
+            for entry in entries:
+                last = entry.sequence
+                yield entry
+            if entries:
+                quiet_since = time.monotonic()
+            status = self._hget(keys.task_key(real), "status")
+            if status in {s.value for s in TERMINAL_STATUSES} and not entries:
+                return
+            if idle_timeout_s is not None and time.monotonic() - quiet_since > idle_timeout_s:
+                return
+            time.sleep(self.poll_interval_s)
+
+    def events(self, after: str = "0-0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
+        """Lifecycle events after a stream id (what upstream pipelines follow)."""
+        return self._rows(
+            self.redis.xrange(keys.events_stream, min=f"({after}", max="+", count=count)
+        )
+
+    # -- reviews --------------------------------------------------------------------------
+
+    def reviews(self) -> list[ReviewItem]:
+        """Open escalations, oldest first."""
+        items = [
+            ReviewItem.model_validate_json(v)
+            for v in self.redis.hgetall(keys.open_reviews_key).values()
+        ]
+        return sorted(items, key=lambda r: r.created_at)
+
+    def review(self, review_id: str) -> ReviewItem:
+        """One open escalation."""
+        raw = self._hget(keys.open_reviews_key, review_id)
+        if raw is None:
+            raise TaskNotFoundError(f"no open review {review_id!r}; `orga review list` shows them")
+        return ReviewItem.model_validate_json(str(raw))
+
+    def decide(
+        self,
+        review_id: str,
+        decision: str,
+        hint: str | None = None,
+        by: str = "cli",
+        timeout_s: float = 30.0,
+    ) -> str:
+        """Send a decision and wait until the coordinator applied or refused it."""
+        item = self.review(review_id)
+        entry = self.redis.xadd(
+            keys.control_stream,
+            {"action": "review", "task_id": item.task_id, "review_id": review_id,
+             "decision": decision, "hint": hint or "", "by": by},
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.redis.hexists(keys.open_reviews_key, review_id):
+                return item.task_id
+            refused = self._control_refusal(str(entry))
+            if refused is not None:
+                raise OrgaError(f"decision refused: {refused}")
+            time.sleep(self.poll_interval_s)
+        raise WaitTimeoutError(
+            f"no coordinator applied the decision within {timeout_s}s; "
+            "is `orga coordinator` running?"
+        )
+
+    def _control_refusal(self, entry_id: str) -> str | None:
+        for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=200)):
+            if fields.get("event") == "control_rejected" and fields.get("entry_id") == entry_id:
+                return str(fields.get("error"))
+        return None
+
+    def cancel(self, task_id: str, reason: str = "cancelled by operator") -> None:
+        """Ask the coordinator to abort a task (its milestones are kept)."""
+        self.redis.xadd(
+            keys.control_stream,
+            {"action": "cancel", "task_id": self.resolve(task_id), "reason": reason},
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.redis.close()
+
+
+def _task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
+    if isinstance(task, TaskSpec):
+        return task.model_dump_json(exclude_none=True)
+    if isinstance(task, Path):
+        return load_task_file(task).model_dump_json(exclude_none=True)
+    if isinstance(task, dict):
+        return json.dumps(task)
+    return task
+
+
+def is_terminal(status: str) -> bool:
+    """True for completed, failed and aborted."""
+    return status in {s.value for s in TERMINAL_STATUSES}

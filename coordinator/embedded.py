@@ -1,0 +1,164 @@
+"""The embedded default: a private Redis, a Celery worker and a coordinator in one process tree.
+
+``orga run`` without ``ORGA_REDIS_URL`` uses this. It runs exactly the deployment code path (the
+same coordinator, a real ``celery worker`` subprocess, real Redis Streams), only all on this
+machine. State lives in ``ORGA_HOME`` (default ``./.orga``) with AOF on, so a later command, say
+``orga review decide``, finds the tasks where the last one left them. One command at a time
+uses a home: a lock file says which process holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from redis.asyncio import Redis
+
+from coordinator.dispatch import CeleryDispatcher, celery_client
+from coordinator.embedded_redis import EmbeddedRedis
+from coordinator.machine import MachineSettings
+from coordinator.service import Coordinator, CoordinatorSettings
+from shared import keys
+from shared.errors import OrgaError
+from shared.settings import OrgaSettings
+
+__all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings"]
+
+
+class EmbeddedRuntimeError(OrgaError):
+    """The embedded runtime could not start."""
+
+
+def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
+    """The coordinator's timings from the process settings."""
+    return CoordinatorSettings(
+        lease_ttl_s=settings.lease_ttl_s,
+        tick_interval_s=settings.tick_interval_s,
+        claim_idle_ms=settings.claim_idle_ms,
+        machine=MachineSettings(
+            observation_deadline_s=settings.observation_deadline_s,
+            max_redeliveries=settings.max_redeliveries,
+            workspace_root=settings.workspace_root,
+        ),
+    )
+
+
+@dataclass
+class EmbeddedRuntime:
+    """Start with ``async with EmbeddedRuntime(settings, home) as runtime:``."""
+
+    settings: OrgaSettings
+    home: Path
+    worker_concurrency: int = 2
+    start_worker: bool = True
+    redis: EmbeddedRedis | None = field(default=None, init=False)
+    _lock: IO[str] | None = field(default=None, init=False, repr=False)
+    _worker: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _coordinator: Coordinator | None = field(default=None, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _client: Redis | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        """The private Redis URL."""
+        assert self.redis is not None
+        return self.redis.url
+
+    @property
+    def runtime_settings(self) -> OrgaSettings:
+        """The settings with the private Redis filled in."""
+        return self.settings.model_copy(update={"redis_url": self.url})
+
+    async def __aenter__(self) -> EmbeddedRuntime:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        data = self.home / "redis"
+        data.mkdir(exist_ok=True)
+        self.redis = EmbeddedRedis(appendonly=True, directory=data).start()
+        if self.start_worker:
+            self._worker = self._spawn_worker()
+        self._client = Redis.from_url(self.url)
+        settings = self.runtime_settings
+        dispatcher = CeleryDispatcher(celery_client(settings, self.url))
+        self._coordinator = Coordinator(
+            self._client, dispatcher, settings=coordinator_settings(settings)
+        )
+        self._task = asyncio.create_task(self._coordinator.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._coordinator is not None and self._task is not None:
+            self._coordinator.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 5)
+        self._stop_worker()
+        if self._client is not None:
+            await self._client.aclose()
+        if self.redis is not None:
+            self.redis.stop()
+        self._release_lock()
+
+    def _take_lock(self) -> None:
+        lock = (self.home / "lock").open("a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise EmbeddedRuntimeError(
+                f"the embedded runtime in {self.home} is in use by pid {holder}; wait for that "
+                "command to finish, use another ORGA_HOME, or set ORGA_REDIS_URL"
+            ) from exc
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._lock = lock
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def _spawn_worker(self) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "ORGA_REDIS_URL": self.url}
+        log = (self.home / "worker.log").open("ab")
+        command = [
+            sys.executable, "-m", "celery", "-A", "workers", "worker",
+            "-Q", f"{keys.reasoning_queue},{keys.tools_queue}",
+            "-c", str(self.worker_concurrency), "--loglevel", "WARNING",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-n", f"embedded-{os.getpid()}@%h",
+        ]  # fmt: skip
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def _stop_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        worker.terminate()
+        try:
+            worker.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+    def worker_alive(self) -> bool:
+        """False when the worker subprocess has exited."""
+        return self._worker is not None and self._worker.poll() is None
+
+    def describe(self) -> dict[str, Any]:
+        """Where things are, for the CLI's first lines."""
+        return {
+            "home": str(self.home),
+            "redis": self.url,
+            "worker_log": str(self.home / "worker.log"),
+        }

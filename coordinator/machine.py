@@ -1,0 +1,818 @@
+"""The coordinator's decisions for one task, as pure transitions: no Redis, no Celery, no clock.
+
+Every entry point takes the persisted :class:`TaskRecord`, the input (an observation, a deadline,
+a review decision) and ``now``, mutates the record, and returns the :class:`Effects` the service
+must carry out *atomically with saving the record*: dispatches, journal entries, lifecycle
+events, review items and dead letters. Because the record and the effects are committed together
+and every observation is checked against the fence the task awaits, an observation delivered
+twice is applied once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from coordinator.state import (
+    Awaiting,
+    AwaitKind,
+    ReviewDecision,
+    ReviewItem,
+    ReviewSource,
+    StepRecord,
+    StepStatus,
+    TaskRecord,
+    TaskStatus,
+)
+from shared.actions import Observation, ToolCallAction
+from shared.context_manager import DefaultContextManager
+from shared.conversation import Conversation, ConversationMessage
+from shared.events import (
+    JournalEntry,
+    LoopEvent,
+    ObservationsCollected,
+    PolicyEvaluated,
+    ReasoningComplete,
+    StagnationDetected,
+    Started,
+    StepLimitReached,
+    Terminated,
+    ToolsDispatched,
+)
+from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
+from shared.pre_hydration import ExtractedReference, PreHydrationEngine, ResolutionResult
+from shared.progress_tracker import LimitAction, ProgressTracker
+from shared.protocol import (
+    Fence,
+    ReasonedMessage,
+    ReasonRequest,
+    ToolObservedMessage,
+    ToolRequest,
+    WorkerFailedMessage,
+)
+from shared.stagnation import StagnationDetector, StagnationLevel, StagnationVerdict, ToolEvent
+from shared.task_spec import StepSpec
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous software agent working in a sandboxed workspace. Work through the "
+    "current step with the tools you have; when the step is done, answer with a short summary "
+    "of what you did and why it is done."
+)
+
+PLAN_PROMPT = (
+    "Break the goal into a short list of concrete steps. Answer with JSON only: "
+    '{"steps": [{"id": "short-id", "instruction": "what to do", '
+    '"done_when": "optional shell command that exits 0 when the step is done"}]}'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MachineSettings:
+    """Deadlines and limits the coordinator applies to every task."""
+
+    observation_deadline_s: float = 120.0
+    max_redeliveries: int = 3
+    workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
+    recent_messages_in_snapshot: int = 8
+
+
+@dataclass
+class Effects:
+    """What must happen, atomically with saving the record."""
+
+    reason_dispatches: list[ReasonRequest] = field(default_factory=list)
+    tool_dispatches: list[ToolRequest] = field(default_factory=list)
+    journal: list[JournalEntry] = field(default_factory=list)
+    events: list[dict[str, str]] = field(default_factory=list)
+    reviews: list[ReviewItem] = field(default_factory=list)
+    dead_letters: list[dict[str, str]] = field(default_factory=list)
+    changed: bool = True
+
+
+class TaskMachine:
+    """Applies one input to one task record."""
+
+    def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
+        self.record = record
+        self.now = now
+        self.settings = settings
+        self.effects = Effects()
+        spec = record.spec
+        self.tracker = ProgressTracker.from_state(spec.step_iteration, record.tracker)
+        self.detector = StagnationDetector.from_state(spec.stagnation, record.detector)
+
+    # -- entry points ---------------------------------------------------------------------
+
+    def start(self) -> Effects:
+        """A new task: plan it when it has no steps, else start its first step."""
+        record = self.record
+        record.conversation = Conversation.with_system(
+            record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT
+        )
+        record.conversation.push(ConversationMessage.user(f"Goal: {record.spec.goal}"))
+        self._event("accepted", goal=record.spec.goal[:200])
+        if record.spec.steps:
+            record.steps = [StepRecord(spec=s) for s in record.spec.steps]
+            record.status = TaskStatus.RUNNING
+            self._start_step(0)
+        else:
+            record.status = TaskStatus.PLANNING
+            self._dispatch_plan()
+        return self._done()
+
+    def on_reasoned(self, message: ReasonedMessage) -> Effects:
+        """A reasoning worker answered."""
+        awaiting = self.record.awaiting
+        if awaiting is None or awaiting.kind not in (AwaitKind.REASON, AwaitKind.PLAN):
+            return self._ignored()
+        if message.fence != awaiting.fence:
+            return self._ignored()
+        self.record.model_calls += 1
+        if awaiting.kind is AwaitKind.PLAN:
+            self._apply_plan(message)
+        else:
+            self._apply_reasoning(message)
+        return self._done()
+
+    def on_tool_observed(self, message: ToolObservedMessage) -> Effects:
+        """A tool worker answered one call."""
+        awaiting = self.record.awaiting
+        call_id = message.fence.call_id
+        if awaiting is None or awaiting.kind not in _TOOL_KINDS or call_id is None:
+            return self._ignored()
+        expected = {c.call_id for c in awaiting.calls}
+        if message.fence.for_call("") != awaiting.fence.for_call("") or call_id not in expected:
+            return self._ignored()
+        if call_id in awaiting.results:
+            return self._ignored()
+        awaiting.results[call_id] = message.observation
+        self._remember_recovery(message)
+        if awaiting.missing_calls():
+            return self._done()
+        self._all_observed(awaiting)
+        return self._done()
+
+    def on_worker_failed(self, message: WorkerFailedMessage) -> Effects:
+        """A worker could not process a dispatch."""
+        awaiting = self.record.awaiting
+        if awaiting is None or message.fence.for_call("") != awaiting.fence.for_call(""):
+            return self._ignored()
+        if message.retryable and awaiting.redeliveries < self.settings.max_redeliveries:
+            self._redispatch(awaiting)
+        else:
+            self._dead_letter(awaiting, message.error)
+        return self._done()
+
+    def on_tick(self) -> Effects:
+        """Deadlines: re-dispatch late observations, apply undecided reviews' defaults."""
+        record = self.record
+        if record.terminal:
+            return self._ignored()
+        if record.status is TaskStatus.PENDING:
+            return self.start()
+        review = record.review
+        if record.status is TaskStatus.AWAITING_REVIEW and review is not None:
+            if review.deadline <= self.now:
+                self._decide(review.default_decision, None, "deadline")
+                return self._done()
+            return self._ignored()
+        awaiting = record.awaiting
+        if awaiting is None or awaiting.deadline > self.now:
+            return self._ignored()
+        if awaiting.redeliveries >= self.settings.max_redeliveries:
+            self._dead_letter(
+                awaiting,
+                f"no observation after {awaiting.redeliveries + 1} dispatches of "
+                f"{awaiting.fence.token()} (deadline {self.settings.observation_deadline_s}s each)",
+            )
+        else:
+            self._redispatch(awaiting)
+        return self._done()
+
+    def on_review_decision(
+        self, review_id: str, decision: ReviewDecision, hint: str | None, decided_by: str
+    ) -> Effects:
+        """A human decided an escalation; raises ValueError when it is not the awaited one."""
+        review = self.record.review
+        if self.record.status is not TaskStatus.AWAITING_REVIEW or review is None:
+            raise ValueError(
+                f"task {self.record.task_id} is not waiting for a review "
+                f"(status {self.record.status.value})"
+            )
+        if review.review_id != review_id:
+            raise ValueError(
+                f"review {review_id!r} is not the open review of task {self.record.task_id} "
+                f"(open: {review.review_id!r})"
+            )
+        self._decide(decision, hint, decided_by)
+        return self._done()
+
+    def cancel(self, reason: str) -> Effects:
+        """Abort the task at an operator's request, keeping its milestones."""
+        if not self.record.terminal:
+            self._finish(TaskStatus.ABORTED, f"cancelled: {reason}")
+        return self._done()
+
+    # -- planning -------------------------------------------------------------------------
+
+    def _dispatch_plan(self) -> None:
+        conversation = Conversation.with_system(PLAN_PROMPT)
+        conversation.push(ConversationMessage.user(f"Goal: {self.record.spec.goal}"))
+        fence = Fence(task_id=self.record.task_id, step_id="plan", iteration=0, attempt=0)
+        self._await(AwaitKind.PLAN, fence)
+        self.effects.reason_dispatches.append(
+            self._reason_request(fence, conversation, purpose="plan")
+        )
+
+    def _apply_plan(self, message: ReasonedMessage) -> None:
+        record = self.record
+        record.usage = record.usage + message.usage
+        steps = parse_plan(message.terminal_output or "") or [
+            StepSpec(id="main", instruction=record.spec.goal)
+        ]
+        record.steps = [StepRecord(spec=s) for s in steps]
+        record.status = TaskStatus.RUNNING
+        self._event("planned", steps=",".join(s.id for s in steps))
+        self._start_step(0)
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def _start_step(self, index: int) -> None:
+        record = self.record
+        record.current = index
+        record.iteration = 0
+        step = record.step()
+        step.status = StepStatus.RUNNING
+        step.started_at = self.now
+        self.tracker.begin_step(step.spec.id)
+        record.conversation.push(ConversationMessage.user(self._step_message(index)))
+        self._journal(Started(agent_id=record.spec.agent_id, config=self._config()))
+        self._event("step_started", step_id=step.spec.id)
+        if index == 0 and record.spec.pre_hydration is not None and self._pre_hydrate():
+            return
+        self._dispatch_reason()
+
+    def _step_message(self, index: int) -> str:
+        step = self.record.steps[index].spec
+        text = f"Step {index + 1} of {len(self.record.steps)} ({step.id}): {step.instruction}"
+        if step.done_when is not None:
+            text += (
+                f"\nThis step is verified by running `{step.done_when.command}`, which must "
+                f"exit with code {step.done_when.expect_exit_code}."
+            )
+        return text
+
+    def _complete_step(self, output: str, verified: bool) -> None:
+        record = self.record
+        step = record.step()
+        step.status = StepStatus.COMPLETED
+        step.output = output
+        step.verified = verified
+        if verified:
+            name = f"step:{step.spec.id}"
+            record.milestones.append(name)
+            self.detector.milestone(name)
+        self._end_step_loop(TerminationReason.completed())
+        self._event("step_completed", step_id=step.spec.id, verified=str(verified).lower())
+        self._next_step()
+
+    def _skip_step(self, note: str) -> None:
+        step = self.record.step()
+        step.status = StepStatus.SKIPPED
+        step.note = note
+        self._end_step_loop(TerminationReason(kind=TerminationKind.ERROR, message=note))
+        self._event("step_skipped", step_id=step.spec.id, reason=note[:300])
+        self._next_step()
+
+    def _next_step(self) -> None:
+        record = self.record
+        if record.current + 1 < len(record.steps):
+            self._start_step(record.current + 1)
+            return
+        done = [s for s in record.steps if s.status is StepStatus.COMPLETED]
+        record.output = done[-1].output if done else ""
+        self._finish(TaskStatus.COMPLETED, None)
+
+    def _end_step_loop(self, reason: TerminationReason) -> None:
+        step = self.record.step()
+        self._journal(
+            Terminated(
+                reason=reason,
+                iterations=step.iterations,
+                total_usage=step.usage,
+                duration=timedelta(seconds=max(self.now - (step.started_at or self.now), 0)),
+            )
+        )
+
+    def _finish(self, status: TaskStatus, error: str | None) -> None:
+        record = self.record
+        if record.status in (TaskStatus.RUNNING, TaskStatus.AWAITING_REVIEW) and record.steps:
+            step = record.step()
+            if step.status is StepStatus.RUNNING:
+                step.status = StepStatus.FAILED
+                step.note = error
+                kind = TerminationKind.ERROR
+                self._end_step_loop(TerminationReason(kind=kind, message=error))
+        record.status = status
+        record.error = error
+        record.awaiting = None
+        if record.review is not None and record.review.decision is None:
+            record.review = None
+        self._event(status.value, error=(error or "")[:500], milestones=",".join(record.milestones))
+
+    # -- reasoning ------------------------------------------------------------------------
+
+    def _dispatch_reason(self) -> None:
+        record = self.record
+        manager = DefaultContextManager(record.spec.context)
+        if manager.manage_context(record.conversation, record.spec.limits.context_token_budget):
+            self.detector.compacted()
+        fence = self._fence()
+        self._await(AwaitKind.REASON, fence)
+        self.effects.reason_dispatches.append(
+            self._reason_request(fence, record.conversation, purpose="act")
+        )
+
+    def _reason_request(
+        self, fence: Fence, conversation: Conversation, purpose: str
+    ) -> ReasonRequest:
+        record = self.record
+        return ReasonRequest(
+            fence=fence,
+            purpose="plan" if purpose == "plan" else "act",
+            agent_id=record.spec.agent_id,
+            conversation=conversation,
+            config=self._config(),
+            provider=record.spec.provider,
+            policy=record.spec.policy,
+            workspace=self._workspace(),
+            usage=record.step().usage if record.steps else record.usage,
+            allowed_tools=record.spec.tools,
+            model_calls=record.model_calls,
+        )
+
+    def _apply_reasoning(self, message: ReasonedMessage) -> None:
+        record = self.record
+        step = record.step()
+        for new in message.new_messages:
+            record.conversation.push(new)
+        record.usage = record.usage + message.usage
+        step.usage = step.usage + message.usage
+        if message.termination is not None:
+            self._attempt_failed(str(message.termination))
+            return
+        record.iteration += 1
+        step.iterations += 1
+        self._journal(
+            ReasoningComplete(
+                iteration=record.iteration, actions=message.actions, usage=message.usage
+            )
+        )
+        self._journal(
+            PolicyEvaluated(
+                iteration=record.iteration,
+                action_count=len(message.actions),
+                denied_count=message.denied_count,
+            )
+        )
+        if message.terminal_output is not None:
+            self._journal_empty_act()
+            self._step_answered(message.terminal_output)
+        elif message.approved_calls:
+            self._dispatch_tools(message.approved_calls, AwaitKind.TOOLS, "act")
+        else:
+            self._journal_empty_act()
+            self._next_iteration()
+
+    def _journal_empty_act(self) -> None:
+        iteration = self.record.iteration
+        zero = timedelta(0)
+        self._journal(ToolsDispatched(iteration=iteration, tool_count=0, duration=zero))
+        self._journal(ObservationsCollected(iteration=iteration, observation_count=0))
+
+    def _step_answered(self, output: str) -> None:
+        check = self.record.step().spec.done_when
+        if check is None:
+            self._complete_step(output, verified=False)
+            return
+        arguments = {"command": check.command, "timeout_s": check.timeout.total_seconds()}
+        call = ToolCallAction(
+            call_id=f"verify-{self.record.current}-{self.record.iteration}",
+            name="run_command",
+            arguments=json.dumps(arguments),
+        )
+        self._dispatch_tools([call], AwaitKind.VERIFY, "verify", terminal_output=output)
+
+    def _next_iteration(self) -> None:
+        record = self.record
+        step = record.step()
+        limit = self._config().max_iterations
+        elapsed = self.now - (step.started_at or self.now)
+        if record.iteration >= limit:
+            self._attempt_failed(
+                f"step '{step.spec.id}' used its {limit} iterations without finishing"
+            )
+        elif elapsed > record.spec.limits.step_timeout.total_seconds():
+            self._attempt_failed(
+                f"step '{step.spec.id}' exceeded its timeout of "
+                f"{record.spec.limits.step_timeout.total_seconds():.0f}s"
+            )
+        else:
+            self._dispatch_reason()
+
+    # -- tools ----------------------------------------------------------------------------
+
+    def _dispatch_tools(
+        self,
+        calls: Sequence[ToolCallAction],
+        kind: AwaitKind,
+        purpose: str,
+        terminal_output: str | None = None,
+    ) -> None:
+        fence = self._fence()
+        awaiting = self._await(kind, fence)
+        awaiting.calls = list(calls)
+        awaiting.terminal_output = terminal_output
+        for call in calls:
+            self.effects.tool_dispatches.append(self._tool_request(fence, call, purpose))
+
+    def _tool_request(self, fence: Fence, call: ToolCallAction, purpose: str) -> ToolRequest:
+        spec = self.record.spec
+        return ToolRequest(
+            fence=fence.for_call(call.call_id),
+            purpose="verify"
+            if purpose == "verify"
+            else ("prehydrate" if purpose == "prehydrate" else "act"),
+            agent_id=spec.agent_id,
+            action=call,
+            workspace=self._workspace(),
+            config=self._config(),
+            recovery=spec.tool_recovery.get(call.name, spec.recovery),
+            gated=purpose == "prehydrate",
+            policy=spec.policy,
+            allowed_tools=spec.tools,
+        )
+
+    def _remember_recovery(self, message: ToolObservedMessage) -> None:
+        awaiting = self.record.awaiting
+        assert awaiting is not None
+        for event in message.recovery_events:
+            self._journal(event.model_copy(update={"iteration": self.record.iteration}))
+        if message.escalation_reason is not None:
+            awaiting.results[_ESCALATION_KEY + (message.fence.call_id or "")] = Observation(
+                source="recovery", content=message.escalation_reason, is_error=True
+            )
+
+    def _all_observed(self, awaiting: Awaiting) -> None:
+        if awaiting.kind is AwaitKind.VERIFY:
+            self._verified(awaiting)
+        elif awaiting.kind is AwaitKind.PREHYDRATE:
+            self._pre_hydrated(awaiting)
+        else:
+            self._observe(awaiting)
+
+    def _observe(self, awaiting: Awaiting) -> None:
+        record = self.record
+        observations = [awaiting.results[c.call_id] for c in awaiting.calls]
+        for observation in observations:
+            record.conversation.push(_tool_message(observation))
+        duration = timedelta(seconds=max(self.now - (awaiting.deadline - self._deadline_s()), 0))
+        count = len(observations)
+        self._journal(
+            ToolsDispatched(iteration=record.iteration, tool_count=count, duration=duration)
+        )
+        self._journal(ObservationsCollected(iteration=record.iteration, observation_count=count))
+        record.awaiting = None
+        escalations = [
+            o.content for k, o in awaiting.results.items() if k.startswith(_ESCALATION_KEY)
+        ]
+        if escalations:
+            self._escalate("recovery", escalations[0])
+            return
+        verdict = self._consult_detector(awaiting.calls, observations)
+        if verdict is not None and self._apply_verdict(verdict):
+            return
+        self._next_iteration()
+
+    def _consult_detector(
+        self, calls: Sequence[ToolCallAction], observations: Sequence[Observation]
+    ) -> StagnationVerdict | None:
+        events = [
+            ToolEvent.from_observation(call, observation)
+            for call, observation in zip(calls, observations, strict=True)
+        ]
+        return self.detector.observe_batch(events) if events else None
+
+    def _apply_verdict(self, verdict: StagnationVerdict) -> bool:
+        """Apply a stagnation verdict; True when it ended or suspended the step."""
+        if verdict.level is StagnationLevel.NONE:
+            return False
+        if verdict.escalated:
+            self._journal(StagnationDetected.from_verdict(verdict))
+            self._event("stagnation", level=verdict.level.value, kind=str(verdict.kind or ""))
+        if verdict.level in (StagnationLevel.NUDGE, StagnationLevel.REPLAN):
+            if verdict.escalated:
+                self.record.conversation.push(ConversationMessage.user(verdict.message))
+            return False
+        if verdict.level is StagnationLevel.ASK_HUMAN:
+            self._escalate("detector", verdict.message)
+        else:
+            self._finish(
+                TaskStatus.ABORTED, f"stagnation detector aborted the task: {verdict.message}"
+            )
+        return True
+
+    def _verified(self, awaiting: Awaiting) -> None:
+        record = self.record
+        check = record.step().spec.done_when
+        assert check is not None
+        observation = awaiting.results[awaiting.calls[0].call_id]
+        record.awaiting = None
+        exit_code = observation.metadata.get("exit_code")
+        if (
+            exit_code is not None
+            and exit_code.lstrip("-").isdigit()
+            and int(exit_code) == check.expect_exit_code
+        ):
+            self._complete_step(awaiting.terminal_output or "", verified=True)
+            return
+        tail = observation.content[-1500:]
+        feedback = (
+            f"[Verification failed] `{check.command}` exited with {exit_code} "
+            f"(expected {check.expect_exit_code}):\n{tail}"
+        )
+        record.conversation.push(ConversationMessage.user(feedback))
+        self._attempt_failed(feedback)
+
+    # -- pre-hydration --------------------------------------------------------------------
+
+    def _pre_hydrate(self) -> bool:
+        """Dispatch the resolutions of the references in the goal; False when none are due."""
+        engine, references = self._references()
+        if not references:
+            return False
+        calls = [
+            ToolCallAction(call_id=call_id, name=tool, arguments=json.dumps({"input": value}))
+            for call_id, tool, value in engine.planned_calls(references)
+        ]
+        if not calls:
+            self._pre_hydrated_with({})
+            return False
+        self._dispatch_tools(calls, AwaitKind.PREHYDRATE, "prehydrate")
+        return True
+
+    def _references(self) -> tuple[PreHydrationEngine, list[ExtractedReference]]:
+        record = self.record
+        assert record.spec.pre_hydration is not None
+        engine = PreHydrationEngine(record.spec.pre_hydration)
+        text = f"{record.spec.goal}\n{record.steps[0].spec.instruction}"
+        return engine, engine.extract_references(text)
+
+    def _pre_hydrated(self, awaiting: Awaiting) -> None:
+        self.record.awaiting = None
+        self._pre_hydrated_with(awaiting.results)
+        self._dispatch_reason()
+
+    def _pre_hydrated_with(self, observations: dict[str, Observation]) -> None:
+        engine, references = self._references()
+        results = {
+            call_id: ResolutionResult(call_id=call_id, content=o.content, is_error=o.is_error)
+            for call_id, o in observations.items()
+        }
+        hydrated = engine.assemble(references, results)
+        text = engine.format_context(hydrated)
+        if text:
+            self.record.conversation.push(ConversationMessage.system(text))
+        self._journal(hydrated.completion_event())
+
+    # -- limits, reviews, redelivery ------------------------------------------------------
+
+    def _attempt_failed(self, error: str) -> None:
+        record = self.record
+        step = record.step()
+        step.attempts += 1
+        record.awaiting = None
+        decision = self.tracker.record_and_check(step.spec.id, error)
+        if not decision.stop:
+            record.iteration = 0
+            step.started_at = self.now
+            record.conversation.push(
+                ConversationMessage.user(
+                    f"[Coordinator] Attempt {step.attempts} of step '{step.spec.id}' failed: "
+                    f"{error[:1500]}\nTry a different approach."
+                )
+            )
+            self._dispatch_reason()
+            return
+        attempts = self.tracker.attempt_count(step.spec.id)
+        self._journal(StepLimitReached.from_decision(step.spec.id, attempts, decision))
+        reason = decision.reason or error
+        action = self.tracker.limit_action
+        if action is LimitAction.SKIP_STEP:
+            self._skip_step(reason)
+        elif action is LimitAction.ABORT_TASK:
+            self._finish(TaskStatus.ABORTED, reason)
+        else:
+            self._escalate("tracker", reason)
+
+    def _escalate(self, source: ReviewSource, reason: str) -> None:
+        record = self.record
+        review_spec = record.spec.review
+        item = ReviewItem(
+            review_id=uuid.uuid4().hex[:12],
+            task_id=record.task_id,
+            step_id=record.step().spec.id,
+            source=source,
+            reason=reason,
+            created_at=self.now,
+            deadline=self.now + review_spec.deadline.total_seconds(),
+            default_decision=review_spec.default_decision,
+            snapshot=self._snapshot(),
+        )
+        record.status = TaskStatus.AWAITING_REVIEW
+        record.awaiting = None
+        record.review = item
+        self.effects.reviews.append(item)
+        self._event("escalated", review_id=item.review_id, reason=reason[:500], source=source)
+
+    def _snapshot(self) -> dict[str, Any]:
+        record = self.record
+        step = record.step()
+        recent = record.conversation.messages[-self.settings.recent_messages_in_snapshot :]
+        return {
+            "goal": record.spec.goal,
+            "step": {"id": step.spec.id, "instruction": step.spec.instruction},
+            "iteration": record.iteration,
+            "attempts": step.attempts,
+            "milestones": list(record.milestones),
+            "counters": self.detector.counters(),
+            "recent": [
+                {"role": m.role.value, "content": m.content[:500], "tool": m.tool_name or ""}
+                for m in recent
+            ],
+        }
+
+    def _decide(self, decision: ReviewDecision, hint: str | None, decided_by: str) -> None:
+        record = self.record
+        review = record.review
+        assert review is not None
+        review.decision = decision
+        review.hint = hint
+        review.decided_by = decided_by
+        self._event("review_decided", review_id=review.review_id, decision=decision, by=decided_by)
+        record.review = None
+        if decision == "abort":
+            self._finish(
+                TaskStatus.ABORTED, f"aborted by review {review.review_id}: {review.reason}"
+            )
+            return
+        record.status = TaskStatus.RUNNING
+        if decision == "skip":
+            self._skip_step(f"skipped by review {review.review_id}: {review.reason}")
+            return
+        step = record.step()
+        self.tracker.begin_step(step.spec.id)
+        self.detector.reset_window()
+        record.iteration = 0
+        step.started_at = self.now
+        if hint:
+            record.conversation.push(ConversationMessage.user(f"[Human reviewer] {hint}"))
+        self._dispatch_reason()
+
+    def _redispatch(self, awaiting: Awaiting) -> None:
+        fence = awaiting.fence.model_copy(update={"attempt": awaiting.fence.attempt + 1})
+        awaiting.fence = fence
+        awaiting.redeliveries += 1
+        awaiting.deadline = self.now + self._deadline_s()
+        self._event("redispatched", fence=fence.token(), kind=awaiting.kind.value)
+        if awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN):
+            conversation = self.record.conversation
+            if awaiting.kind is AwaitKind.PLAN:
+                conversation = Conversation.with_system(PLAN_PROMPT)
+                conversation.push(ConversationMessage.user(f"Goal: {self.record.spec.goal}"))
+            self.effects.reason_dispatches.append(
+                self._reason_request(fence, conversation, purpose=awaiting.kind.value)
+            )
+            return
+        purpose = {AwaitKind.VERIFY: "verify", AwaitKind.PREHYDRATE: "prehydrate"}.get(
+            awaiting.kind, "act"
+        )
+        for call in awaiting.missing_calls():
+            self.effects.tool_dispatches.append(self._tool_request(fence, call, purpose))
+
+    def _dead_letter(self, awaiting: Awaiting, error: str) -> None:
+        self.effects.dead_letters.append(
+            {
+                "task_id": self.record.task_id,
+                "fence": awaiting.fence.token(),
+                "kind": awaiting.kind.value,
+                "error": error[:2000],
+                "at": datetime.fromtimestamp(self.now, UTC).isoformat(),
+            }
+        )
+        if awaiting.kind is AwaitKind.PLAN:
+            self.record.awaiting = None
+            self._apply_plan(ReasonedMessage(fence=awaiting.fence, terminal_output=""))
+            return
+        self._attempt_failed(f"dispatch {awaiting.fence.token()} dead-lettered: {error}")
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _config(self) -> LoopConfig:
+        record = self.record
+        step = record.step().spec if record.steps else None
+        return record.spec.loop_config(step)
+
+    def _workspace(self) -> str:
+        spec = self.record.spec
+        return spec.workspace or f"{self.settings.workspace_root}/{self.record.task_id}"
+
+    def _fence(self) -> Fence:
+        record = self.record
+        return Fence(
+            task_id=record.task_id,
+            step_id=record.step().spec.id,
+            iteration=record.iteration,
+            attempt=0,
+        )
+
+    def _deadline_s(self) -> float:
+        return self.settings.observation_deadline_s
+
+    def _await(self, kind: AwaitKind, fence: Fence) -> Awaiting:
+        awaiting = Awaiting(kind=kind, fence=fence, deadline=self.now + self._deadline_s())
+        self.record.awaiting = awaiting
+        return awaiting
+
+    def _journal(self, event: LoopEvent) -> None:
+        record = self.record
+        step_id = record.step().spec.id if record.steps else None
+        self.effects.journal.append(
+            JournalEntry(
+                sequence=record.journal_seq,
+                timestamp=datetime.fromtimestamp(self.now, UTC),
+                agent_id=record.spec.agent_id,
+                iteration=record.iteration,
+                event=event,
+                task_id=record.task_id,
+                step_id=step_id,
+            )
+        )
+        record.journal_seq += 1
+
+    def _event(self, event_name: str, **fields: str) -> None:
+        self.effects.events.append(
+            {"task_id": self.record.task_id, "event": event_name, "at": f"{self.now:.3f}", **fields}
+        )
+
+    def _ignored(self) -> Effects:
+        self.effects.changed = False
+        return self.effects
+
+    def _done(self) -> Effects:
+        record = self.record
+        record.tracker = self.tracker.to_state()
+        record.detector = self.detector.to_state()
+        record.updated_at = self.now
+        record.applied += 1
+        return self.effects
+
+
+_TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
+_ESCALATION_KEY = "__escalation__:"
+
+
+def _tool_message(observation: Observation) -> ConversationMessage:
+    content = f"[Error] {observation.content}" if observation.is_error else observation.content
+    name = observation.metadata.get("tool_name", observation.source)
+    return ConversationMessage.tool_result(observation.call_id or observation.source, name, content)
+
+
+def parse_plan(text: str) -> list[StepSpec]:
+    """Steps from a model's plan (``{"steps": [...]}`` or a bare list); [] when unusable."""
+    start, end = text.find("{"), text.rfind("}")
+    candidates = [text]
+    if start != -1 and end > start:
+        candidates.append(text[start : end + 1])
+    for candidate in candidates:
+        try:
+            data = json.loads(candidate)
+        except ValueError:
+            continue
+        items = data.get("steps") if isinstance(data, dict) else data
+        if not isinstance(items, list) or not items:
+            continue
+        try:
+            steps = [StepSpec.model_validate(item) for item in items[:20]]
+        except ValueError:
+            continue
+        if len({s.id for s in steps}) == len(steps):
+            return steps
+    return []

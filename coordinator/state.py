@@ -1,0 +1,183 @@
+"""The persisted state of a task: everything needed to resume it after a coordinator crash."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.actions import Observation, ToolCallAction
+from shared.conversation import Conversation
+from shared.inference import Usage
+from shared.protocol import Fence
+from shared.task_spec import StepSpec, TaskSpec
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "AwaitKind",
+    "Awaiting",
+    "ReviewDecision",
+    "ReviewItem",
+    "ReviewSource",
+    "StepRecord",
+    "StepStatus",
+    "TaskRecord",
+    "TaskStatus",
+]
+
+
+class TaskStatus(StrEnum):
+    """Where a task is in its life."""
+
+    PENDING = "pending"
+    PLANNING = "planning"
+    RUNNING = "running"
+    AWAITING_REVIEW = "awaiting_review"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+
+TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.ABORTED})
+
+
+class StepStatus(StrEnum):
+    """Where a step is."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+class StepRecord(BaseModel):
+    """A step and what became of it; ``verified`` means its ``done_when`` check passed."""
+
+    spec: StepSpec
+    status: StepStatus = StepStatus.PENDING
+    output: str = ""
+    verified: bool = False
+    iterations: int = 0
+    attempts: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    started_at: float | None = None
+    note: str | None = None
+
+
+class AwaitKind(StrEnum):
+    """What the task is waiting for."""
+
+    PLAN = "plan"
+    PREHYDRATE = "prehydrate"
+    REASON = "reason"
+    TOOLS = "tools"
+    VERIFY = "verify"
+
+
+class Awaiting(BaseModel):
+    """The dispatch the task waits on: only observations with this fence are applied."""
+
+    kind: AwaitKind
+    fence: Fence
+    deadline: float
+    redeliveries: int = 0
+    calls: list[ToolCallAction] = Field(default_factory=list)
+    results: dict[str, Observation] = Field(default_factory=dict)
+    terminal_output: str | None = None
+
+    def missing_calls(self) -> list[ToolCallAction]:
+        """The calls whose observation has not arrived yet."""
+        return [c for c in self.calls if c.call_id not in self.results]
+
+
+ReviewDecision = Literal["retry", "skip", "abort"]
+ReviewSource = Literal["tracker", "detector", "recovery", "operator"]
+
+
+class ReviewItem(BaseModel):
+    """An escalation waiting for a human, with the context a reviewer needs."""
+
+    review_id: str
+    task_id: str
+    step_id: str
+    source: ReviewSource
+    reason: str
+    created_at: float
+    deadline: float
+    default_decision: ReviewDecision
+    snapshot: dict[str, Any] = Field(default_factory=dict)
+    decision: ReviewDecision | None = None
+    hint: str | None = None
+    decided_by: str | None = None
+
+
+class TaskRecord(BaseModel):
+    """A task's whole state, stored as one JSON document and updated by compare-and-set."""
+
+    model_config = ConfigDict(validate_assignment=False)
+
+    task_id: str
+    spec: TaskSpec
+    status: TaskStatus = TaskStatus.PENDING
+    version: int = 0
+    created_at: float
+    updated_at: float
+    steps: list[StepRecord] = Field(default_factory=list)
+    current: int = 0
+    conversation: Conversation = Field(default_factory=Conversation)
+    usage: Usage = Field(default_factory=Usage)
+    iteration: int = 0
+    tracker: dict[str, Any] = Field(default_factory=dict)
+    detector: dict[str, Any] = Field(default_factory=dict)
+    journal_seq: int = 0
+    model_calls: int = 0
+    milestones: list[str] = Field(default_factory=list)
+    awaiting: Awaiting | None = None
+    review: ReviewItem | None = None
+    output: str = ""
+    error: str | None = None
+    applied: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        """True once the task completed, failed or was aborted."""
+        return self.status in TERMINAL_STATUSES
+
+    def next_deadline(self) -> float:
+        """When the coordinator must look at this task again without any message arriving."""
+        if self.status is TaskStatus.PENDING:
+            return self.created_at
+        if self.status is TaskStatus.AWAITING_REVIEW and self.review is not None:
+            return self.review.deadline
+        if self.awaiting is not None:
+            return self.awaiting.deadline
+        return self.updated_at + 60.0
+
+    def step(self) -> StepRecord:
+        """The current step."""
+        return self.steps[self.current]
+
+    def result(self) -> dict[str, Any]:
+        """What ``orga result`` prints: status, output, per-step results, milestones, usage."""
+        return {
+            "task_id": self.task_id,
+            "status": self.status.value,
+            "output": self.output,
+            "error": self.error,
+            "milestones": list(self.milestones),
+            "steps": [
+                {
+                    "id": s.spec.id,
+                    "status": s.status.value,
+                    "verified": s.verified,
+                    "output": s.output,
+                    "iterations": s.iterations,
+                    "attempts": s.attempts,
+                    "note": s.note,
+                }
+                for s in self.steps
+            ],
+            "usage": self.usage.model_dump(),
+        }

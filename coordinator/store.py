@@ -1,0 +1,245 @@
+"""Task state in Redis: created once, updated by compare-and-set together with its effects.
+
+``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
+state, acknowledges the stream entry that caused the change, appends the journal entries (with
+the stream id ``0-{sequence+1}``, like :class:`workers.journal.RedisStreamJournal`), the
+lifecycle events, the review items and the dead letters. A coordinator killed at any moment
+therefore leaves either the old state with the entry still pending (it is redelivered and
+applied) or the new state with the entry acknowledged: never half of it, and never twice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from coordinator.machine import Effects
+from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
+from shared import keys
+from shared.errors import OrgaError
+
+__all__ = ["CommitConflictError", "CreateOutcome", "TaskStore"]
+
+
+class CommitConflictError(OrgaError):
+    """Another coordinator changed the task first; reload and apply again."""
+
+
+_COMMIT = """
+local current = redis.call('HGET', KEYS[1], 'version')
+if (current or '') ~= ARGV[1] then return {0, current or ''} end
+redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
+if ARGV[5] ~= '' then redis.call('XACK', ARGV[6], ARGV[7], ARGV[5]) end
+local extra = cjson.decode(ARGV[8])
+for _, e in ipairs(extra.journal) do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, '0-' .. (e[1] + 1),
+             'sequence', e[1], 'data', e[2])
+  redis.call('SET', KEYS[3], e[1])
+end
+for _, ev in ipairs(extra.events) do
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(ev))
+end
+for _, r in ipairs(extra.reviews) do
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', extra.events_maxlen, '*',
+             'review_id', r[1], 'item', r[2])
+  redis.call('HSET', KEYS[6], r[1], r[2])
+end
+for _, id in ipairs(extra.closed_reviews) do redis.call('HDEL', KEYS[6], id) end
+for _, d in ipairs(extra.dead_letters) do
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
+end
+if extra.terminal then
+  redis.call('SREM', KEYS[8], extra.task_id)
+  redis.call('ZREM', KEYS[9], extra.task_id)
+else
+  redis.call('SADD', KEYS[8], extra.task_id)
+  redis.call('ZADD', KEYS[9], extra.deadline, extra.task_id)
+end
+return {1, ARGV[2]}
+"""
+
+_CREATE = """
+if ARGV[1] ~= '' then
+  local existing = redis.call('GET', KEYS[2])
+  if existing then
+    if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
+    return {0, existing}
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
+  return {0, ARGV[2]}
+end
+redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4])
+if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[5]) end
+redis.call('SADD', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[6], ARGV[2])
+redis.call('ZADD', KEYS[5], ARGV[6], ARGV[2])
+if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
+return {1, ARGV[2]}
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class CreateOutcome:
+    """``created`` is False when the idempotency key or the id named an existing task."""
+
+    created: bool
+    task_id: str
+
+
+@dataclass
+class TaskStore:
+    """Loads, creates and commits task records; holds and renews leases."""
+
+    redis: Redis
+    journal_maxlen: int = 10_000
+    events_maxlen: int = 100_000
+
+    def __post_init__(self) -> None:
+        self._commit = self.redis.register_script(_COMMIT)
+        self._create = self.redis.register_script(_CREATE)
+        self._renew = self.redis.register_script(_RENEW)
+        self._release = self.redis.register_script(_RELEASE)
+
+    async def load(self, task_id: str) -> TaskRecord | None:
+        """The stored record, or None when there is no such task."""
+        state = await self.redis.hget(keys.task_key(task_id), "state")
+        if state is None:
+            return None
+        return TaskRecord.model_validate_json(state)
+
+    async def create(
+        self, record: TaskRecord, ack: tuple[str, str, str] | None = None
+    ) -> CreateOutcome:
+        """Persist a new task (and acknowledge its intake entry) unless it already exists."""
+        idem = record.spec.idempotency_key or ""
+        stream, group, entry_id = ack or ("", "", "")
+        created, task_id = await self._create(
+            keys=[
+                keys.task_key(record.task_id),
+                keys.idempotency_key(idem) if idem else keys.idempotency_key("-"),
+                keys.active_tasks_key,
+                keys.task_index_key,
+                keys.deadlines_key,
+            ],
+            args=[
+                idem,
+                record.task_id,
+                record.model_dump_json(),
+                record.status.value,
+                keys.idempotency_ttl_s,
+                f"{record.created_at:.6f}",
+                entry_id,
+                stream,
+                group,
+            ],
+        )
+        return CreateOutcome(created=bool(int(created)), task_id=_text(task_id))
+
+    async def commit(
+        self, record: TaskRecord, effects: Effects, ack: tuple[str, str, str] | None = None
+    ) -> None:
+        """Write ``record`` (version + 1) with its effects atomically.
+
+        Raises CommitConflictError when another coordinator committed first.
+        """
+        stream, group, entry_id = ack or ("", "", "")
+        expected = str(record.version)
+        record.version += 1
+        extra = self._extra(record, effects)
+        ok, _current = await self._commit(
+            keys=[
+                keys.task_key(record.task_id),
+                keys.journal_stream(record.task_id),
+                keys.journal_sequence_key(record.task_id),
+                keys.events_stream,
+                keys.review_stream,
+                keys.open_reviews_key,
+                keys.dead_letter_stream,
+                keys.active_tasks_key,
+                keys.deadlines_key,
+            ],
+            args=[
+                expected,
+                str(record.version),
+                record.model_dump_json(),
+                record.status.value,
+                entry_id,
+                stream,
+                group,
+                json.dumps(extra),
+            ],
+        )
+        if not int(ok):
+            record.version -= 1
+            raise CommitConflictError(f"task {record.task_id} changed since version {expected}")
+
+    def _extra(self, record: TaskRecord, effects: Effects) -> dict[str, Any]:
+        closed = [e["review_id"] for e in effects.events if e.get("event") == "review_decided"]
+        return {
+            "task_id": record.task_id,
+            "terminal": record.status in TERMINAL_STATUSES,
+            "deadline": f"{record.next_deadline():.6f}",
+            "journal_maxlen": self.journal_maxlen,
+            "events_maxlen": self.events_maxlen,
+            "journal": [[e.sequence, e.model_dump_json()] for e in effects.journal],
+            "events": [_flat(e) for e in effects.events],
+            "reviews": [[r.review_id, r.model_dump_json()] for r in effects.reviews],
+            "closed_reviews": closed,
+            "dead_letters": [_flat(d) for d in effects.dead_letters],
+        }
+
+    async def active_task_ids(self) -> list[str]:
+        """Tasks that have not reached a terminal state."""
+        members = await self.redis.smembers(keys.active_tasks_key)
+        return sorted(_text(m) for m in members)
+
+    async def due_task_ids(self, now: float, limit: int) -> list[str]:
+        """Tasks whose next deadline has passed (observation, review or start), oldest first."""
+        due = await self.redis.zrangebyscore(keys.deadlines_key, "-inf", now, start=0, num=limit)
+        return [_text(d) for d in due]
+
+    async def open_reviews(self) -> list[ReviewItem]:
+        """Escalations waiting for a decision, oldest first."""
+        items = await self.redis.hgetall(keys.open_reviews_key)
+        reviews = [ReviewItem.model_validate_json(v) for v in items.values()]
+        return sorted(reviews, key=lambda r: r.created_at)
+
+    async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
+        """Take the task's lease if nobody holds it."""
+        return bool(await self.redis.set(keys.lease_key(task_id), owner, nx=True, px=ttl_ms))
+
+    async def renew_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
+        """Extend a lease we hold; False when it was lost."""
+        return bool(int(await self._renew(keys=[keys.lease_key(task_id)], args=[owner, ttl_ms])))
+
+    async def release_lease(self, task_id: str, owner: str) -> None:
+        """Give a lease back (only if we still hold it)."""
+        await self._release(keys=[keys.lease_key(task_id)], args=[owner])
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    out: list[str] = []
+    for key, value in fields.items():
+        out.extend((key, value))
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,200 @@
+"""The wire contract between the coordinator and the workers (see ``docs/protocol.md``).
+
+Every dispatch carries a :class:`Fence` (task, step, iteration, attempt). Workers echo it in the
+observation they publish on the observations stream; the coordinator applies an observation only
+when its fence is the one it is waiting for, so duplicates and stale redeliveries are ignored.
+
+Stream entries are flat: ``{"v": "1", "kind": <kind>, "body": <JSON>}``. ``decode_entry`` turns
+an entry into a model or raises :class:`~shared.errors.WireFormatError` saying what is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from shared.actions import Observation, ProposedAction, ToolCallAction
+from shared.conversation import Conversation, ConversationMessage
+from shared.errors import WireFormatError
+from shared.events import RecoveryTriggered
+from shared.inference import Usage
+from shared.loop_types import LoopConfig, RecoveryStrategy, Retry, TerminationReason
+from shared.policy import PolicySpec
+from shared.task_spec import ProviderSpec
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Fence",
+    "ReasonRequest",
+    "ReasonedMessage",
+    "StreamMessage",
+    "ToolObservedMessage",
+    "ToolRequest",
+    "WorkerFailedMessage",
+    "decode_entry",
+    "encode_entry",
+]
+
+PROTOCOL_VERSION = "1"
+
+
+class Fence(BaseModel):
+    """Identifies one dispatch: only the observation carrying the awaited fence is applied."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str = Field(min_length=1)
+    step_id: str = Field(min_length=1)
+    iteration: int = Field(ge=0)
+    attempt: int = Field(ge=0)
+    call_id: str | None = None
+
+    def token(self) -> str:
+        """A compact, printable form: ``task/step/iteration/attempt[/call]``."""
+        base = f"{self.task_id}/{self.step_id}/{self.iteration}/{self.attempt}"
+        return f"{base}/{self.call_id}" if self.call_id else base
+
+    def for_call(self, call_id: str) -> Fence:
+        """The fence of one tool call of this iteration."""
+        return self.model_copy(update={"call_id": call_id})
+
+
+class ReasonRequest(BaseModel):
+    """What a reasoning worker needs to run Reason and Gate for one iteration.
+
+    The coordinator has already fitted ``conversation`` to the context budget; ``purpose`` is
+    ``plan`` when the model is asked to break the goal into steps.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    fence: Fence
+    purpose: Literal["act", "plan"] = "act"
+    agent_id: str
+    conversation: Conversation
+    config: LoopConfig
+    provider: ProviderSpec = Field(default_factory=ProviderSpec)
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    workspace: str
+    usage: Usage = Field(default_factory=Usage)
+    allowed_tools: list[str] | None = None
+    model_calls: int = Field(default=0, ge=0)
+
+
+class ToolRequest(BaseModel):
+    """What a tool worker needs to run one tool call.
+
+    ``gated`` calls (pre-hydration resolutions) pass the schema check and the gate in the tool
+    worker; ``act`` calls were gated by the reasoning worker; ``verify`` calls are the task's
+    own ``done_when`` checks.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    fence: Fence
+    purpose: Literal["act", "prehydrate", "verify"] = "act"
+    agent_id: str
+    action: ToolCallAction
+    workspace: str
+    config: LoopConfig
+    recovery: RecoveryStrategy = Field(default_factory=Retry)
+    gated: bool = False
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    allowed_tools: list[str] | None = None
+
+
+class ReasonedMessage(BaseModel):
+    """A reasoning worker ran Reason and Gate for one iteration.
+
+    ``new_messages`` are appended to the conversation in order (the assistant turn, then the
+    feedback for denied actions). ``approved_calls`` are the tool calls to run next;
+    ``terminal_output`` is set when the model gave its answer; ``termination`` when the
+    iteration ended the loop (inference failed, refusal, limits).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["reasoned"] = "reasoned"
+    fence: Fence
+    new_messages: list[ConversationMessage] = Field(default_factory=list)
+    actions: list[ProposedAction] = Field(default_factory=list)
+    approved_calls: list[ToolCallAction] = Field(default_factory=list)
+    denied_count: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    terminal_output: str | None = None
+    termination: TerminationReason | None = None
+    duration_ms: float = 0.0
+
+
+class ToolObservedMessage(BaseModel):
+    """A tool worker ran one tool call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["tool_observed"] = "tool_observed"
+    fence: Fence
+    observation: Observation
+    recovery_events: list[RecoveryTriggered] = Field(default_factory=list)
+    escalation_reason: str | None = None
+    duration_ms: float = 0.0
+
+
+class WorkerFailedMessage(BaseModel):
+    """A worker could not process a dispatch (bad payload, crash in the library)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["worker_failed"] = "worker_failed"
+    fence: Fence
+    error: str
+    retryable: bool = True
+
+
+StreamMessage = Annotated[
+    ReasonedMessage | ToolObservedMessage | WorkerFailedMessage, Field(discriminator="kind")
+]
+
+
+_MESSAGE_ADAPTER: TypeAdapter[ReasonedMessage | ToolObservedMessage | WorkerFailedMessage] = (
+    TypeAdapter(StreamMessage)
+)
+
+
+def encode_entry(
+    message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage,
+) -> dict[str, str]:
+    """The flat stream fields for ``message``."""
+    return {"v": PROTOCOL_VERSION, "kind": message.kind, "body": message.model_dump_json()}
+
+
+def decode_entry(
+    fields: dict[Any, Any],
+) -> ReasonedMessage | ToolObservedMessage | WorkerFailedMessage:
+    """Parse stream fields; raise WireFormatError naming the version, kind or field at fault."""
+    text = {_text(k): _text(v) for k, v in fields.items()}
+    version = text.get("v")
+    if version != PROTOCOL_VERSION:
+        raise WireFormatError(
+            f"unsupported protocol version {version!r} (this coordinator speaks "
+            f"{PROTOCOL_VERSION!r}); upgrade the worker or the coordinator so they match"
+        )
+    if "body" not in text:
+        raise WireFormatError(f"stream entry has no 'body' field; fields: {sorted(text)}")
+    try:
+        return _MESSAGE_ADAPTER.validate_json(text["body"])
+    except ValidationError as exc:
+        raise WireFormatError(f"invalid {text.get('kind')!r} message: {_summary(exc)}") from exc
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _summary(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        location = ".".join(str(p) for p in error["loc"]) or "<root>"
+        parts.append(f"{location}: {error['msg']}")
+    more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    return "; ".join(parts) + more

@@ -1,0 +1,80 @@
+"""Process settings, read once from the environment (prefix ``ORGA_``) at the process edge.
+
+Library code never reads ``os.environ``: the CLI, the Celery app and the coordinator build one
+:class:`OrgaSettings` and pass it down. Defaults are the production values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared import keys
+
+__all__ = ["OrgaSettings", "celery_config"]
+
+
+class OrgaSettings(BaseSettings):
+    """Runtime settings of the coordinator, the workers and the CLI."""
+
+    model_config = SettingsConfigDict(env_prefix="ORGA_", extra="ignore")
+
+    redis_url: str | None = Field(
+        default=None,
+        description="Redis for state, streams and the Celery broker; unset: `orga run` starts "
+        "a private one",
+    )
+    workspace_root: str = Field(
+        default_factory=lambda: str(Path.home() / ".orga" / "workspaces"),
+        description="Where tasks without an explicit workspace get theirs (one folder per task)",
+    )
+    observation_deadline_s: float = Field(default=120.0, gt=0)
+    max_redeliveries: int = Field(default=3, ge=0)
+    lease_ttl_s: float = Field(default=float(keys.lease_ttl_s), gt=0)
+    tick_interval_s: float = Field(default=0.5, gt=0)
+    claim_idle_ms: int = Field(default=30_000, ge=100)
+    visibility_timeout_s: int = Field(
+        default=3600,
+        description="Celery/Redis visibility timeout: must exceed the longest iteration",
+    )
+    journal_maxlen: int = Field(default=10_000, ge=100)
+    events_maxlen: int = Field(default=100_000, ge=1000)
+    worker_concurrency: int = Field(default=2, ge=1)
+    metrics_port: int | None = Field(default=None, description="Prometheus endpoint port")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    allow_private_network: bool = Field(
+        default=False, description="Let web_fetch reach loopback and private addresses"
+    )
+
+
+def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
+    """The Celery configuration shared by the worker app and the coordinator's client app.
+
+    JSON only (never pickle), late acknowledgement with redelivery when a worker dies, one
+    message prefetched per process, separate queues for reasoning and for tools.
+    """
+    return {
+        "broker_url": broker_url,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": keys.reasoning_queue,
+        "task_routes": {
+            keys.reason_task_name: {"queue": keys.reasoning_queue},
+            keys.tool_task_name: {"queue": keys.tools_queue},
+        },
+        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        "broker_connection_retry_on_startup": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+    }

@@ -1,0 +1,237 @@
+"""The task file: what an upstream pipeline submits (YAML or JSON), validated once at intake.
+
+``orga schema`` prints the JSON Schema of :class:`TaskSpec`. Unknown fields are errors, so a typo
+is reported instead of silently ignored. Secrets never go in a task file: API keys are read from
+the environment of the worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shared.context_manager import ContextStrategy, SlidingWindow
+from shared.durations import Duration
+from shared.errors import OrgaError
+from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
+from shared.policy import PolicySpec
+from shared.pre_hydration import PreHydrationConfig
+from shared.progress_tracker import StepIterationConfig
+from shared.stagnation import StagnationConfig
+from shared.tool_profile import ToolProfile
+
+__all__ = [
+    "DoneWhen",
+    "ProviderSpec",
+    "ReviewSpec",
+    "StepSpec",
+    "TaskLimits",
+    "TaskSpec",
+    "TaskSpecError",
+    "load_task_file",
+    "parse_task",
+    "parse_task_text",
+]
+
+MAX_TASK_BYTES = 1_048_576
+"""A submitted task larger than this is rejected before parsing."""
+
+_STEP_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class TaskSpecError(OrgaError, ValueError):
+    """A task file or payload is not a valid task; the message names the field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DoneWhen(_Strict):
+    """A check that makes a step's completion a *verified milestone*: a command in the workspace.
+
+    A plain string is accepted as ``{command: <string>}``.
+    """
+
+    command: str = Field(min_length=1)
+    expect_exit_code: int = 0
+    timeout: Duration = timedelta(seconds=60)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"command": value} if isinstance(value, str) else value
+
+
+class StepSpec(_Strict):
+    """One step of a task: an instruction and, optionally, how to verify it is done."""
+
+    id: str = Field(pattern=_STEP_ID)
+    instruction: str = Field(min_length=1)
+    done_when: DoneWhen | None = None
+    max_iterations: int | None = Field(default=None, ge=1)
+
+
+class ProviderSpec(_Strict):
+    """Which model answers. API keys come from the environment, never from the task file."""
+
+    kind: Literal["scripted", "openai", "openrouter", "anthropic"] | None = None
+    model: str | None = None
+    base_url: str | None = None
+    script: str | None = None
+    replies: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            secret = next((k for k in value if "key" in k.lower() or "token" in k.lower()), None)
+            if secret is not None:
+                raise ValueError(
+                    f"provider.{secret}: secrets must not be written in a task file; set "
+                    "ORGA_API_KEY (or OPENAI_API_KEY / ANTHROPIC_API_KEY / OPENROUTER_API_KEY) "
+                    "in the environment of the workers"
+                )
+        return value
+
+
+class TaskLimits(_Strict):
+    """Per-step loop limits; the defaults are Symbiont's."""
+
+    max_iterations: int = Field(default=25, ge=1)
+    max_total_tokens: int = Field(default=100_000, ge=1)
+    step_timeout: Duration = timedelta(minutes=5)
+    tool_timeout: Duration = timedelta(seconds=30)
+    max_concurrent_tools: int = Field(default=5, ge=1)
+    context_token_budget: int = Field(default=32_000, ge=256)
+    temperature: float = Field(default=0.3, ge=0.0, le=2.0)
+    max_output_tokens: int = Field(default=16_384, ge=1)
+
+
+class ReviewSpec(_Strict):
+    """How long an escalation waits for a human, and what happens when nobody decides."""
+
+    deadline: Duration = timedelta(hours=24)
+    default_decision: Literal["retry", "skip", "abort"] = "abort"
+
+
+class TaskSpec(_Strict):
+    """A task: a goal, optional explicit steps, the model, tools, policy and limits."""
+
+    goal: str = Field(min_length=1)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    agent_id: str = Field(default="agent", min_length=1, max_length=128)
+    system_prompt: str | None = None
+    steps: list[StepSpec] = Field(default_factory=list)
+    provider: ProviderSpec = Field(default_factory=ProviderSpec)
+    tools: list[str] | None = None
+    tool_profile: ToolProfile | None = None
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    step_iteration: StepIterationConfig = Field(default_factory=StepIterationConfig)
+    pre_hydration: PreHydrationConfig | None = None
+    stagnation: StagnationConfig = Field(default_factory=StagnationConfig)
+    context: ContextStrategy = Field(default_factory=SlidingWindow)
+    recovery: RecoveryStrategy = Field(default_factory=Retry)
+    tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
+    limits: TaskLimits = Field(default_factory=TaskLimits)
+    review: ReviewSpec = Field(default_factory=ReviewSpec)
+    workspace: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("steps")
+    @classmethod
+    def _unique_step_ids(cls, steps: list[StepSpec]) -> list[StepSpec]:
+        seen: set[str] = set()
+        for step in steps:
+            if step.id in seen:
+                raise ValueError(f"step id {step.id!r} is used twice; step ids must be unique")
+            seen.add(step.id)
+        return steps
+
+    def loop_config(self, step: StepSpec | None = None) -> LoopConfig:
+        """The loop configuration of one step."""
+        limits = self.limits
+        max_iterations = step.max_iterations if step and step.max_iterations else None
+        return LoopConfig(
+            max_iterations=max_iterations or limits.max_iterations,
+            max_total_tokens=limits.max_total_tokens,
+            timeout=limits.step_timeout,
+            default_recovery=self.recovery,
+            tool_timeout=limits.tool_timeout,
+            max_concurrent_tools=limits.max_concurrent_tools,
+            context_token_budget=limits.context_token_budget,
+            temperature=limits.temperature,
+            max_output_tokens=limits.max_output_tokens,
+            tool_profile=self.tool_profile,
+            step_iteration=self.step_iteration,
+            pre_hydration=self.pre_hydration,
+        )
+
+
+def parse_task(data: Any, source: str = "task") -> TaskSpec:
+    """Validate a decoded task; raise TaskSpecError listing every field at fault."""
+    if not isinstance(data, dict):
+        raise TaskSpecError(
+            f"{source}: a task must be a mapping with at least 'goal', got {type(data).__name__}"
+        )
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as exc:
+        raise TaskSpecError(f"{source}: {describe_validation_error(exc)}") from exc
+
+
+def parse_task_text(text: str, source: str = "task") -> TaskSpec:
+    """Validate a task given as YAML or JSON text (what the intake stream carries)."""
+    size = len(text.encode("utf-8", "replace"))
+    if size > MAX_TASK_BYTES:
+        raise TaskSpecError(
+            f"{source}: the task is {size} bytes; the limit is {MAX_TASK_BYTES} bytes "
+            "(put large inputs in the workspace and reference them by path)"
+        )
+    if not text.strip():
+        raise TaskSpecError(f"{source}: the task is empty; it needs at least a 'goal'")
+    return parse_task(_decode(text, source), source)
+
+
+def load_task_file(path: str | Path) -> TaskSpec:
+    """Read a YAML or JSON task file; a relative ``workspace`` is taken from the file's folder."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TaskSpecError(f"cannot read task file {str(file)!r}: {exc.strerror}") from exc
+    data = _decode(text, str(file))
+    spec = parse_task(data, str(file))
+    if spec.workspace is not None and not Path(spec.workspace).is_absolute():
+        resolved = (file.parent / spec.workspace).resolve()
+        spec = spec.model_copy(update={"workspace": str(resolved)})
+    return spec
+
+
+def _decode(text: str, source: str) -> Any:
+    try:
+        if source.endswith(".json"):
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise TaskSpecError(f"{source}: not valid YAML or JSON: {exc}") from exc
+
+
+def describe_validation_error(exc: ValidationError, limit: int = 8) -> str:
+    """One line per error: ``field.path: message (got value)``."""
+    parts = []
+    for error in exc.errors()[:limit]:
+        location = ".".join(str(p) for p in error["loc"]) or "<root>"
+        got = error.get("input")
+        shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        parts.append(f"{location}: {error['msg']} (got {shown})")
+    if exc.error_count() > limit:
+        parts.append(f"... and {exc.error_count() - limit} more")
+    return "; ".join(parts)

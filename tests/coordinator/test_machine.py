@@ -1,0 +1,341 @@
+"""The coordinator's pure task state machine: fences, steps, verification, limits, reviews."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from coordinator.machine import Effects, MachineSettings, TaskMachine, parse_plan
+from coordinator.state import AwaitKind, StepStatus, TaskRecord, TaskStatus
+from shared.actions import Observation, RespondAction, ToolCallAction
+from shared.conversation import ConversationMessage
+from shared.inference import ToolCall, Usage
+from shared.protocol import ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
+from shared.task_spec import parse_task
+
+SETTINGS = MachineSettings(observation_deadline_s=10.0, max_redeliveries=2, workspace_root="/ws")
+
+
+def _record(**spec: Any) -> TaskRecord:
+    data: dict[str, Any] = {
+        "goal": "fix the bug",
+        "steps": [
+            {"id": "reproduce", "instruction": "run the tests", "done_when": "false"},
+            {"id": "fix", "instruction": "fix it"},
+        ],
+    }
+    data.update(spec)
+    return TaskRecord(task_id="t1", spec=parse_task(data), created_at=0.0, updated_at=0.0)
+
+
+def _apply(record: TaskRecord, now: float, step: Any) -> Effects:
+    machine = TaskMachine(record, now, SETTINGS)
+    effects: Effects = step(machine)
+    return effects
+
+
+def _start(record: TaskRecord) -> Effects:
+    return _apply(record, 1.0, lambda m: m.start())
+
+
+def _reasoned(record: TaskRecord, **fields: Any) -> ReasonedMessage:
+    assert record.awaiting is not None
+    return ReasonedMessage(fence=record.awaiting.fence, usage=Usage(total_tokens=10), **fields)
+
+
+def _call(call_id: str, name: str = "file_read", **arguments: Any) -> ToolCallAction:
+    return ToolCallAction(call_id=call_id, name=name, arguments=json.dumps(arguments))
+
+
+def _tool_turn(record: TaskRecord, *calls: ToolCallAction) -> Effects:
+    message = _reasoned(
+        record,
+        new_messages=[
+            ConversationMessage.assistant_tool_calls(
+                [ToolCall(id=c.call_id, name=c.name, arguments=c.arguments) for c in calls]
+            )
+        ],
+        actions=list(calls),
+        approved_calls=list(calls),
+    )
+    return _apply(record, 2.0, lambda m: m.on_reasoned(message))
+
+
+def _observed(
+    record: TaskRecord, call_id: str, content: str, **metadata: str
+) -> ToolObservedMessage:
+    assert record.awaiting is not None
+    observation = Observation(
+        source="tool", content=content, call_id=call_id, metadata={"tool_name": "tool", **metadata}
+    )
+    return ToolObservedMessage(fence=record.awaiting.fence.for_call(call_id), observation=observation)
+
+
+def _answer(record: TaskRecord, text: str, now: float = 3.0) -> Effects:
+    message = _reasoned(
+        record,
+        new_messages=[ConversationMessage.assistant(text)],
+        actions=[RespondAction(content=text)],
+        terminal_output=text,
+    )
+    return _apply(record, now, lambda m: m.on_reasoned(message))
+
+
+def _verify_result(record: TaskRecord, exit_code: int, now: float = 4.0) -> Effects:
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.VERIFY
+    call_id = record.awaiting.calls[0].call_id
+    message = _observed(record, call_id, f"exit code: {exit_code}", exit_code=str(exit_code))
+    return _apply(record, now, lambda m: m.on_tool_observed(message))
+
+
+def test_start_dispatches_the_first_reasoning_iteration() -> None:
+    """A new task with steps starts its first step and waits on a fenced reasoning dispatch."""
+    record = _record()
+    effects = _start(record)
+    assert record.status is TaskStatus.RUNNING
+    assert record.steps[0].status is StepStatus.RUNNING
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.REASON
+    assert [r.fence.token() for r in effects.reason_dispatches] == ["t1/reproduce/0/0"]
+    assert effects.journal[0].event.type == "Started"
+    assert record.conversation.messages[-1].content.startswith("Step 1 of 2 (reproduce)")
+
+
+def test_tool_calls_are_dispatched_and_observations_applied_once() -> None:
+    """Each approved call goes to the tools queue; a duplicate observation changes nothing."""
+    record = _record()
+    _start(record)
+    effects = _tool_turn(record, _call("c1", path="a.py"), _call("c2", path="b.py"))
+    assert [r.fence.call_id for r in effects.tool_dispatches] == ["c1", "c2"]
+    first = _observed(record, "c1", "content of a", kind="read", content_hash="h1")
+    assert _apply(record, 2.5, lambda m: m.on_tool_observed(first)).changed
+    assert not _apply(record, 2.6, lambda m: m.on_tool_observed(first)).changed
+    second = _observed(record, "c2", "content of b", kind="read", content_hash="h2")
+    effects = _apply(record, 2.7, lambda m: m.on_tool_observed(second))
+    assert [m.tool_call_id for m in record.conversation.messages[-2:]] == ["c1", "c2"]
+    assert len(effects.reason_dispatches) == 1
+    assert record.iteration == 1
+
+
+def test_stale_fence_is_ignored() -> None:
+    """An observation for another attempt or iteration is not applied."""
+    record = _record()
+    _start(record)
+    assert record.awaiting is not None
+    stale = ReasonedMessage(
+        fence=record.awaiting.fence.model_copy(update={"attempt": 7}), terminal_output="done"
+    )
+    effects = _apply(record, 2.0, lambda m: m.on_reasoned(stale))
+    assert not effects.changed
+    assert record.awaiting.kind is AwaitKind.REASON
+
+
+def test_journal_sequences_have_no_gap() -> None:
+    """Journal entries across transitions carry consecutive sequence numbers."""
+    record = _record()
+    sequences = [e.sequence for e in _start(record).journal]
+    sequences += [e.sequence for e in _tool_turn(record, _call("c1", path="a")).journal]
+    message = _observed(record, "c1", "x", kind="read", content_hash="h")
+    sequences += [e.sequence for e in _apply(record, 3, lambda m: m.on_tool_observed(message)).journal]
+    assert sequences == list(range(len(sequences)))
+    assert record.journal_seq == len(sequences)
+
+
+def test_done_when_makes_a_verified_milestone() -> None:
+    """An answer runs the step's check; exit code as expected completes the step, verified."""
+    record = _record()
+    _start(record)
+    effects = _answer(record, "reproduced")
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.VERIFY
+    check = effects.tool_dispatches[0]
+    assert check.purpose == "verify" and check.action.name == "run_command"
+    assert json.loads(check.action.arguments)["command"] == "false"
+    _verify_result(record, exit_code=0)
+    assert record.steps[0].status is StepStatus.COMPLETED and record.steps[0].verified
+    assert record.milestones == ["step:reproduce"]
+    assert record.steps[1].status is StepStatus.RUNNING
+
+
+def test_task_completes_after_the_last_step() -> None:
+    """A step without done_when completes on the answer; the task output is the last answer."""
+    record = _record()
+    _start(record)
+    _answer(record, "reproduced")
+    _verify_result(record, exit_code=0)
+    effects = _answer(record, "fixed it")
+    assert record.status is TaskStatus.COMPLETED
+    assert record.output == "fixed it"
+    assert record.steps[1].verified is False
+    assert any(e["event"] == "completed" for e in effects.events)
+    assert record.awaiting is None
+
+
+def test_failed_verification_is_fed_back_and_retried() -> None:
+    """A failing check tells the model why and counts an attempt."""
+    record = _record(step_iteration={"max_reattempts_per_step": 3})
+    _start(record)
+    _answer(record, "reproduced")
+    effects = _verify_result(record, exit_code=1)
+    assert record.steps[0].attempts == 1
+    assert "[Verification failed]" in record.conversation.messages[-2].content
+    assert len(effects.reason_dispatches) == 1
+
+
+def test_repeated_identical_failures_skip_the_step() -> None:
+    """The tracker stops a step whose consecutive errors are the same: the default skips it."""
+    record = _record(step_iteration={"max_reattempts_per_step": 10})
+    _start(record)
+    _answer(record, "reproduced")
+    _verify_result(record, exit_code=1)
+    _answer(record, "reproduced again", now=5.0)
+    effects = _verify_result(record, exit_code=1, now=6.0)
+    assert record.steps[0].status is StepStatus.SKIPPED
+    assert "appears stuck" in (record.steps[0].note or "")
+    assert any(e.event.type == "StepLimitReached" for e in effects.journal)
+    assert record.steps[1].status is StepStatus.RUNNING
+
+
+def test_limit_action_escalate_opens_a_review_and_retry_hint_reaches_the_model() -> None:
+    """on_limit_reached=escalate waits for a human; --retry with a hint resumes the step."""
+    record = _record(step_iteration={"max_reattempts_per_step": 1, "on_limit_reached": "Escalate"})
+    _start(record)
+    _answer(record, "reproduced")
+    effects = _verify_result(record, exit_code=1)
+    assert record.status is TaskStatus.AWAITING_REVIEW
+    review = effects.reviews[0]
+    assert review.source == "tracker" and review.snapshot["goal"] == "fix the bug"
+    effects = _apply(
+        record, 7.0, lambda m: m.on_review_decision(review.review_id, "retry", "try X", "alice")
+    )
+    assert record.status is TaskStatus.RUNNING
+    assert record.conversation.messages[-1].content == "[Human reviewer] try X"
+    assert len(effects.reason_dispatches) == 1
+
+
+def test_abort_decision_keeps_milestones() -> None:
+    """Aborting from review ends the task but keeps the verified milestones reached."""
+    record = _record(
+        steps=[
+            {"id": "a", "instruction": "one", "done_when": "true"},
+            {"id": "b", "instruction": "two", "done_when": "true"},
+        ],
+        step_iteration={"max_reattempts_per_step": 1, "on_limit_reached": "escalate"},
+    )
+    _start(record)
+    _answer(record, "a done")
+    _verify_result(record, exit_code=0)
+    _answer(record, "b done", now=5.0)
+    effects = _verify_result(record, exit_code=3, now=6.0)
+    review_id = effects.reviews[0].review_id
+    _apply(record, 7.0, lambda m: m.on_review_decision(review_id, "abort", None, "bob"))
+    assert record.status is TaskStatus.ABORTED
+    assert record.milestones == ["step:a"]
+    assert record.result()["steps"][0]["verified"] is True
+
+
+def test_undecided_review_takes_its_default_at_the_deadline() -> None:
+    """An escalation nobody decides takes the configured default decision."""
+    record = _record(
+        step_iteration={"max_reattempts_per_step": 1, "on_limit_reached": "escalate"},
+        review={"deadline": "30s", "default_decision": "skip"},
+    )
+    _start(record)
+    _answer(record, "reproduced")
+    _verify_result(record, exit_code=1)
+    assert not _apply(record, 20.0, lambda m: m.on_tick()).changed
+    _apply(record, 40.0, lambda m: m.on_tick())
+    assert record.steps[0].status is StepStatus.SKIPPED
+    assert record.status is TaskStatus.RUNNING
+
+
+def test_deadline_redispatches_with_a_new_attempt_then_dead_letters() -> None:
+    """A late observation is re-dispatched with attempt+1; after the limit it is dead-lettered."""
+    record = _record(step_iteration={"max_reattempts_per_step": 5})
+    _start(record)
+    effects = _apply(record, 12.0, lambda m: m.on_tick())
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [1]
+    effects = _apply(record, 23.0, lambda m: m.on_tick())
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [2]
+    effects = _apply(record, 34.0, lambda m: m.on_tick())
+    assert effects.dead_letters and "no observation after 3 dispatches" in effects.dead_letters[0]["error"]
+    assert record.steps[0].attempts == 1
+
+
+def test_worker_failure_is_redispatched() -> None:
+    """A retryable worker failure re-dispatches at once with a new attempt."""
+    record = _record()
+    _start(record)
+    assert record.awaiting is not None
+    failed = WorkerFailedMessage(fence=record.awaiting.fence, error="boom")
+    effects = _apply(record, 2.0, lambda m: m.on_worker_failed(failed))
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [1]
+
+
+def test_inference_termination_counts_as_a_failed_attempt() -> None:
+    """A reasoning iteration that ended the loop (e.g. inference failed) is a failed attempt."""
+    record = _record(step_iteration={"max_reattempts_per_step": 1})
+    _start(record)
+    message = _reasoned(record, termination={"kind": "error", "message": "Inference failed: 500"})
+    _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    assert record.steps[0].status is StepStatus.SKIPPED
+
+
+def test_wandering_escalates_to_review_through_the_detector() -> None:
+    """Reads that bring nothing new raise the detector's level until it asks a human."""
+    record = _record(
+        steps=[{"id": "explore", "instruction": "find the bug"}],
+        limits={"max_iterations": 200},
+    )
+    _start(record)
+    events: list[Effects] = []
+    for index in range(60):
+        if record.status is not TaskStatus.RUNNING:
+            break
+        call = _call(f"c{index}", path="same.py", start_line=index)
+        _tool_turn(record, call)
+        seen = _observed(record, call.call_id, "same content", kind="read", content_hash="same")
+        events.append(_apply(record, 10.0 + index, lambda m, s=seen: m.on_tool_observed(s)))
+    assert record.status is TaskStatus.AWAITING_REVIEW
+    assert record.review is not None and record.review.source == "detector"
+    kinds = [e.event.type for effects in events for e in effects.journal]
+    assert "StagnationDetected" in kinds
+    nudges = [m.content for m in record.conversation.messages if m.role.value == "user"]
+    assert any("REPLAN" in text.upper() or "plan" in text.lower() for text in nudges[2:])
+
+
+def test_planning_without_steps() -> None:
+    """A task without steps asks the model for a plan, falling back to one step."""
+    record = _record(steps=[])
+    effects = _start(record)
+    assert record.status is TaskStatus.PLANNING
+    assert effects.reason_dispatches[0].purpose == "plan"
+    plan = '{"steps": [{"id": "s1", "instruction": "do a"}, {"id": "s2", "instruction": "do b"}]}'
+    message = _reasoned(record, terminal_output=plan)
+    _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    assert [s.spec.id for s in record.steps] == ["s1", "s2"]
+    assert record.status is TaskStatus.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"steps": [{"id": "a", "instruction": "x"}]}', ["a"]),
+        ('Here is the plan: [{"id": "a", "instruction": "x"}]', []),
+        ('```json\n{"steps": [{"id": "b", "instruction": "y"}]}\n```', ["b"]),
+        ("no plan at all", []),
+        ('{"steps": [{"id": "a", "instruction": "x"}, {"id": "a", "instruction": "y"}]}', []),
+    ],
+)
+def test_parse_plan(text: str, expected: list[str]) -> None:
+    """Plans are read from JSON; anything unusable gives no steps (the caller falls back)."""
+    assert [s.id for s in parse_plan(text)] == expected
+
+
+def test_record_round_trips_through_json() -> None:
+    """The whole record (conversation, tracker and detector state) survives a JSON round trip."""
+    record = _record()
+    _start(record)
+    _tool_turn(record, _call("c1", path="a"))
+    restored = TaskRecord.model_validate_json(record.model_dump_json())
+    assert restored == record

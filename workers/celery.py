@@ -1,0 +1,50 @@
+"""The Celery application: ``celery -A workers worker -Q orga.reasoning,orga.tools``.
+
+Settings are read here, once, at the process edge. JSON is the only serializer; tasks are
+acknowledged late and rejected (requeued) when their worker process dies; each process
+prefetches one message; reasoning and tools have their own queues so each scales on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from shared.errors import ConfigError
+from shared.settings import OrgaSettings, celery_config
+
+__all__ = ["app", "create_app"]
+
+
+def create_app(settings: OrgaSettings | None = None) -> Celery:
+    """A Celery app configured from ``settings`` (read from the environment by default)."""
+    settings = settings or OrgaSettings()
+    if settings.redis_url is None:
+        raise ConfigError(
+            "ORGA_REDIS_URL is not set: the workers need the Redis that the coordinator uses "
+            "(e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0); `orga run` sets it for you"
+        )
+    celery = Celery("orga", include=["workers.tasks"])
+    celery.conf.update(celery_config(settings, settings.redis_url))
+    celery.conf.worker_concurrency = settings.worker_concurrency
+    celery.conf.orga_settings = settings
+    return celery
+
+
+app = create_app()
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _start_services(**_: Any) -> None:
+    from workers.tasks import services
+
+    services()
+
+
+@worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _stop_services(**_: Any) -> None:
+    from workers.tasks import close_services
+
+    close_services()

@@ -1,0 +1,169 @@
+"""What a worker does with one dispatch, as plain async functions (no Celery here).
+
+``run_reasoning`` runs the Reason and Gate phases of one iteration with the same phase classes as
+the in-process runner; ``run_tool_call`` runs one tool call through the same executor. The
+Celery tasks in :mod:`workers.tasks` only decode the payload, call these, and publish the result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from shared.actions import Observation, ToolCallAction
+from shared.conversation import Conversation
+from shared.inference import ToolDefinition
+from shared.loop_types import LoopConfig, LoopState
+from shared.policy import PolicySpec
+from shared.protocol import ReasonedMessage, ReasonRequest, ToolObservedMessage, ToolRequest
+from workers.gates.base import GateContext, ReasoningPolicyGate
+from workers.gates.factory import build_gate
+from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.phases import LoopTermination, Reasoning
+from workers.providers.base import InferenceProvider
+from workers.tools.base import ToolContext
+
+__all__ = ["AlreadyFitted", "WorkerServices", "prepare_tools", "run_reasoning", "run_tool_call"]
+
+
+class AlreadyFitted:
+    """The coordinator fits the conversation to the budget before it dispatches."""
+
+    def manage_context(self, conversation: Conversation, max_tokens: int) -> bool:
+        """Nothing to do: the conversation arrives within the budget."""
+        return False
+
+    def strategy_name(self) -> str:
+        """Reported in logs."""
+        return "coordinator"
+
+
+class WorkerServices(Protocol):
+    """What the handlers need from the worker process (built once per process)."""
+
+    def provider(self, request: ReasonRequest) -> InferenceProvider:
+        """The model for this request."""
+        ...
+
+    def tool_definitions(self) -> list[ToolDefinition]:
+        """Every tool this worker can run."""
+        ...
+
+    async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
+        """Run one approved tool call through the executor."""
+        ...
+
+    def allow_private_network(self) -> bool:
+        """Whether web_fetch may reach private addresses."""
+        ...
+
+
+def prepare_tools(
+    definitions: Sequence[ToolDefinition], config: LoopConfig, allowed: Sequence[str] | None
+) -> LoopConfig:
+    """Tool definitions for the model: the allow-list, then the task's tool profile."""
+    tools = list(config.tool_definitions) or list(definitions)
+    if allowed is not None:
+        tools = [t for t in tools if t.name in set(allowed)]
+    if config.tool_profile is not None:
+        tools = config.tool_profile.filter_tools(tools)
+    return config.model_copy(update={"tool_definitions": tools})
+
+
+def _gate_context(request: ReasonRequest | ToolRequest, iteration: int) -> GateContext:
+    fence = request.fence
+    return GateContext(
+        agent_id=request.agent_id,
+        workspace=Path(request.workspace),
+        task_id=fence.task_id,
+        step_id=fence.step_id,
+        iteration=iteration,
+        allowed_tools=frozenset(request.allowed_tools) if request.allowed_tools else None,
+    )
+
+
+def _gate(policy: PolicySpec) -> ReasoningPolicyGate:
+    return build_gate(policy)
+
+
+async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> ReasonedMessage:
+    """Reason and Gate for one iteration; the answer carries the new messages and calls."""
+    started = time.monotonic()
+    config = prepare_tools(services.tool_definitions(), request.config, request.allowed_tools)
+    if request.purpose == "plan":
+        config = config.model_copy(update={"tool_definitions": []})
+    state = LoopState(
+        agent_id=request.agent_id,
+        iteration=request.fence.iteration,
+        total_usage=request.usage,
+        conversation=request.conversation.model_copy(deep=True),
+    )
+    known = len(state.conversation)
+    try:
+        checking = await Reasoning(state, config).produce_output(
+            services.provider(request), AlreadyFitted()
+        )
+    except LoopTermination as stop:
+        return ReasonedMessage(
+            fence=request.fence,
+            new_messages=state.conversation.messages[known:],
+            usage=state.total_usage.delta_since(request.usage),
+            termination=stop.reason,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+    gate = _gate(request.policy)
+    dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
+    return ReasonedMessage(
+        fence=request.fence,
+        new_messages=state.conversation.messages[known:],
+        actions=checking.proposed_actions,
+        approved_calls=[a for a in dispatching.approved if isinstance(a, ToolCallAction)],
+        denied_count=dispatching.denied_count,
+        usage=checking.usage,
+        terminal_output=dispatching.terminal_output,
+        duration_ms=(time.monotonic() - started) * 1000,
+    )
+
+
+async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolObservedMessage:
+    """One tool call: gated first when it is a pre-hydration resolution."""
+    started = time.monotonic()
+    if request.gated:
+        refusal = await _refusal(request, services)
+        if refusal is not None:
+            return ToolObservedMessage(
+                fence=request.fence,
+                observation=refusal,
+                duration_ms=(time.monotonic() - started) * 1000,
+            )
+    workspace = Path(request.workspace)
+    workspace.mkdir(parents=True, exist_ok=True)
+    timeout_s = request.config.tool_timeout.total_seconds()
+    if request.purpose == "verify":
+        timeout_s = float(request.action.parsed_arguments().get("timeout_s", timeout_s))
+    context = ToolContext(
+        workspace=workspace,
+        timeout_s=timeout_s,
+        allow_private_network=services.allow_private_network(),
+        agent_id=request.agent_id,
+        task_id=request.fence.task_id,
+    )
+    message = await services.execute(request, context)
+    return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
+
+
+async def _refusal(request: ToolRequest, services: WorkerServices) -> Observation | None:
+    action = request.action
+    failure = validate_tool_arguments(action, services.tool_definitions())
+    if failure is not None:
+        content = schema_failure_message(failure)
+        return Observation.tool_error(action.name, content).with_call_id(action.call_id)
+    decision = await _gate(request.policy).evaluate_action(
+        action, _gate_context(request, request.fence.iteration)
+    )
+    if decision.decision == "deny":
+        content = denial_message(decision.reason)
+        return Observation.tool_error(action.name, content).with_call_id(action.call_id)
+    return None

@@ -1,0 +1,411 @@
+"""The four ORGA phases: one implementation each, shared by the in-process runner and Celery.
+
+Typestate, as Symbiont's ``phases.rs``: each phase is its own class and exposes only the one
+transition allowed from it::
+
+    Reasoning.produce_output()   -> PolicyCheck        (raises LoopTermination to stop)
+    PolicyCheck.check_policy()   -> ToolDispatching
+    ToolDispatching.dispatch_tools() -> Observing
+    Observing.observe_results()  -> Reasoning | LoopResult
+
+Skipping the gate, dispatching without reasoning or observing without dispatching is therefore
+an attribute error that ``mypy --strict`` rejects (see ``tests/typing/``).
+
+Differences from Symbiont, all deliberate:
+- text that comes with tool calls is kept in the assistant message instead of dropped;
+- a Modify keeps the original tool call id, so no tool_use is left without its result, and a
+  Modify into Terminate completes with the Terminate's output (Symbiont returns "");
+- a denied Respond or Terminate is fed back to the model instead of vanishing silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.actions import (
+    Allow,
+    DelegateAction,
+    Deny,
+    GateDecision,
+    Modify,
+    Observation,
+    ProposedAction,
+    RespondAction,
+    TerminateAction,
+    ToolCallAction,
+)
+from shared.context_manager import ContextManager
+from shared.conversation import ConversationMessage
+from shared.events import RecoveryTriggered
+from shared.inference import FinishReason, InferenceOptions, ToolCall, ToolDefinition, Usage
+from shared.loop_types import (
+    LoopConfig,
+    LoopResult,
+    LoopState,
+    TerminationKind,
+    TerminationReason,
+)
+from workers.gates.base import GateContext, ReasoningPolicyGate
+from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.providers.base import InferenceError, InferenceProvider
+from workers.tools.base import ToolContext
+
+__all__ = [
+    "ActionDispatcher",
+    "DispatchReport",
+    "EscalationRequest",
+    "LoopTermination",
+    "Observing",
+    "PolicyCheck",
+    "Reasoning",
+    "ToolDispatching",
+    "tool_call_to_action",
+]
+
+DELEGATION_UNAVAILABLE = "agent delegation is not available in this runner"
+
+
+class LoopTermination(Exception):  # noqa: N818 - a control signal, not an error
+    """Raised by a phase to end the loop; carries the reason the caller can act on."""
+
+    def __init__(self, reason: TerminationReason) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class EscalationRequest:
+    """A request for a human decision raised while acting (the Escalate recovery strategy)."""
+
+    queue: str
+    reason: str
+    tool_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchReport:
+    """What the Act phase produced: observations in input order, recovery events, escalation."""
+
+    observations: list[Observation]
+    recovery_events: list[RecoveryTriggered] = field(default_factory=list)
+    escalation: EscalationRequest | None = None
+
+
+class ActionDispatcher(Protocol):
+    """Runs approved tool calls (the executor, possibly wrapped by the knowledge bridge)."""
+
+    def tool_definitions(self) -> list[ToolDefinition]:
+        """The tools this dispatcher can run."""
+        ...
+
+    async def dispatch(
+        self,
+        actions: Sequence[ToolCallAction],
+        config: LoopConfig,
+        context: ToolContext,
+        iteration: int,
+    ) -> DispatchReport:
+        """Run ``actions`` and return one observation per action, in input order."""
+        ...
+
+
+def tool_call_to_action(call: ToolCall, delegation_available: bool) -> ProposedAction:
+    """A model tool call as an action; ``delegate`` with ``agent`` and ``task`` delegates."""
+    if delegation_available and call.name == "delegate":
+        try:
+            args = json.loads(call.arguments)
+        except ValueError:
+            args = None
+        if (
+            isinstance(args, dict)
+            and isinstance(args.get("agent"), str)
+            and isinstance(args.get("task"), str)
+        ):
+            return DelegateAction(call_id=call.id, target=args["agent"], message=args["task"])
+    return ToolCallAction(call_id=call.id, name=call.name, arguments=call.arguments)
+
+
+def _terminate(kind: TerminationKind, message: str | None = None) -> LoopTermination:
+    return LoopTermination(TerminationReason(kind=kind, message=message))
+
+
+# -- Reason ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Reasoning:
+    """Ready to ask the model for the next actions."""
+
+    state: LoopState
+    config: LoopConfig
+
+    async def produce_output(
+        self,
+        provider: InferenceProvider,
+        context_manager: ContextManager,
+        delegation_available: bool = False,
+    ) -> PolicyCheck:
+        """Check the limits, fit the context, call the model, record its proposal."""
+        self.state.current_phase = "reasoning"
+        self._check_limits()
+        compacted = context_manager.manage_context(
+            self.state.conversation, self.config.context_token_budget
+        )
+        try:
+            response = await provider.complete(self.state.conversation, self._options())
+        except InferenceError as exc:
+            raise _terminate(TerminationKind.ERROR, f"Inference failed: {exc}") from exc
+        self.state.add_usage(response.usage)
+        if response.finish_reason is FinishReason.REFUSAL:
+            raise _terminate(
+                TerminationKind.ERROR, "model refused the request (stop_reason=refusal)"
+            )
+        if not response.tool_calls and not response.content.strip():
+            raise _terminate(
+                TerminationKind.ERROR, "model produced no tool calls and no text (no-progress turn)"
+            )
+        actions = self._record(response.tool_calls, response.content, delegation_available)
+        self.state.iteration += 1
+        return PolicyCheck(self.state, self.config, actions, response.usage, compacted)
+
+    def _check_limits(self) -> None:
+        if self.state.iteration >= self.config.max_iterations:
+            raise _terminate(
+                TerminationKind.MAX_ITERATIONS,
+                f"reached max_iterations ({self.config.max_iterations})",
+            )
+        used = self.state.total_usage.total_tokens
+        if used >= self.config.max_total_tokens:
+            raise _terminate(
+                TerminationKind.MAX_TOKENS,
+                f"used {used} tokens of max_total_tokens ({self.config.max_total_tokens})",
+            )
+
+    def _options(self) -> InferenceOptions:
+        remaining = self.config.max_total_tokens - self.state.total_usage.total_tokens
+        return InferenceOptions(
+            max_tokens=max(min(remaining, self.config.max_output_tokens), 1),
+            temperature=self.config.temperature,
+            tool_definitions=self.config.tool_definitions,
+            tool_choice=self.config.tool_choice,
+        )
+
+    def _record(
+        self, calls: list[ToolCall], content: str, delegation_available: bool
+    ) -> list[ProposedAction]:
+        conversation = self.state.conversation
+        if calls:
+            conversation.push(ConversationMessage.assistant_tool_calls(calls, content))
+            return [tool_call_to_action(call, delegation_available) for call in calls]
+        conversation.push(ConversationMessage.assistant(content))
+        return [RespondAction(content=content)]
+
+
+# -- Gate -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PolicyCheck:
+    """The model proposed actions; each must pass the schema check and the gate."""
+
+    state: LoopState
+    config: LoopConfig
+    proposed_actions: list[ProposedAction]
+    usage: Usage
+    compacted: bool = False
+
+    async def check_policy(
+        self, gate: ReasoningPolicyGate, context: GateContext
+    ) -> ToolDispatching:
+        """Validate and gate every action; denials are fed back to the model."""
+        self.state.current_phase = "policy_check"
+        verdicts = _Verdicts()
+        for action in self.proposed_actions:
+            await self._check_one(action, gate, context, verdicts)
+        return ToolDispatching(
+            state=self.state,
+            config=self.config,
+            approved=verdicts.approved,
+            action_count=len(self.proposed_actions),
+            denials=verdicts.denials,
+            terminal_output=verdicts.terminal_output,
+        )
+
+    async def _check_one(
+        self,
+        action: ProposedAction,
+        gate: ReasoningPolicyGate,
+        context: GateContext,
+        verdicts: _Verdicts,
+    ) -> None:
+        if isinstance(action, ToolCallAction):
+            failure = validate_tool_arguments(action, self.config.tool_definitions)
+            if failure is not None:
+                self._feed_back(action, schema_failure_message(failure), verdicts, failure)
+                return
+        decision: GateDecision = await gate.evaluate_action(action, context)
+        if isinstance(decision, Allow):
+            verdicts.approve(action)
+        elif isinstance(decision, Deny):
+            self._feed_back(action, denial_message(decision.reason), verdicts, decision.reason)
+        elif isinstance(decision, Modify):
+            self._apply_modify(action, decision, verdicts)
+
+    def _feed_back(
+        self, action: ProposedAction, message: str, verdicts: _Verdicts, reason: str
+    ) -> None:
+        conversation = self.state.conversation
+        call_id = _call_id(action)
+        if call_id is not None:
+            name = _action_name(action)
+            conversation.push(ConversationMessage.tool_result(call_id, name, message))
+        else:
+            conversation.push(ConversationMessage.user(message))
+        denial = Observation.policy_denial(reason)
+        verdicts.denials.append(denial.with_call_id(call_id) if call_id else denial)
+
+    def _apply_modify(
+        self, original: ProposedAction, decision: Modify, verdicts: _Verdicts
+    ) -> None:
+        modified = decision.action
+        original_id = _call_id(original)
+        if isinstance(modified, ToolCallAction | DelegateAction):
+            if original_id is not None:
+                # Keep the pairing: the tool_use the model emitted gets this action's result.
+                modified = modified.model_copy(update={"call_id": original_id})
+            else:
+                call = _as_tool_call(modified)
+                self.state.conversation.push(ConversationMessage.assistant_tool_calls([call]))
+        elif original_id is not None:
+            # A tool call turned into an answer: close the model's tool_use with a result.
+            text = f"[Policy modified] {decision.reason}"
+            self.state.conversation.push(
+                ConversationMessage.tool_result(original_id, _action_name(original), text)
+            )
+        verdicts.approve(modified)
+
+
+def _call_id(action: ProposedAction) -> str | None:
+    return action.call_id if isinstance(action, ToolCallAction | DelegateAction) else None
+
+
+def _action_name(action: ProposedAction) -> str:
+    if isinstance(action, ToolCallAction):
+        return action.name
+    if isinstance(action, DelegateAction):
+        return f"delegate:{action.target}"
+    return action.kind
+
+
+def _as_tool_call(action: ToolCallAction | DelegateAction) -> ToolCall:
+    if isinstance(action, ToolCallAction):
+        return ToolCall(id=action.call_id, name=action.name, arguments=action.arguments)
+    arguments = json.dumps({"agent": action.target, "task": action.message})
+    return ToolCall(id=action.call_id, name="delegate", arguments=arguments)
+
+
+@dataclass(slots=True)
+class _Verdicts:
+    approved: list[ProposedAction] = field(default_factory=list)
+    denials: list[Observation] = field(default_factory=list)
+    terminal_output: str | None = None
+
+    def approve(self, action: ProposedAction) -> None:
+        self.approved.append(action)
+        if isinstance(action, RespondAction) and self.terminal_output is None:
+            self.terminal_output = action.content
+        elif isinstance(action, TerminateAction) and self.terminal_output is None:
+            self.terminal_output = action.output
+
+
+# -- Act ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ToolDispatching:
+    """Actions passed the gate; approved tool calls are ready to run."""
+
+    state: LoopState
+    config: LoopConfig
+    approved: list[ProposedAction]
+    action_count: int
+    denials: list[Observation]
+    terminal_output: str | None = None
+
+    @property
+    def denied_count(self) -> int:
+        """How many actions the schema check or the gate refused."""
+        return len(self.denials)
+
+    def policy_summary(self) -> tuple[int, int]:
+        """``(actions evaluated, actions denied)``."""
+        return self.action_count, self.denied_count
+
+    async def dispatch_tools(self, dispatcher: ActionDispatcher, context: ToolContext) -> Observing:
+        """Run the approved tool calls (nothing runs when the model gave its final answer)."""
+        self.state.current_phase = "tool_dispatching"
+        if self.terminal_output is not None:
+            return Observing(self.state, self.config, DispatchReport([]), self.terminal_output)
+        calls = [a for a in self.approved if isinstance(a, ToolCallAction)]
+        report = await dispatcher.dispatch(calls, self.config, context, self.state.iteration)
+        delegated = [
+            Observation.tool_error(f"delegate:{a.target}", DELEGATION_UNAVAILABLE).with_call_id(
+                a.call_id
+            )
+            for a in self.approved
+            if isinstance(a, DelegateAction)
+        ]
+        report = DispatchReport(
+            observations=report.observations + delegated,
+            recovery_events=report.recovery_events,
+            escalation=report.escalation,
+        )
+        for observation in report.observations:
+            self.state.conversation.push(_tool_message(observation))
+        return Observing(self.state, self.config, report, None)
+
+
+def _tool_message(observation: Observation) -> ConversationMessage:
+    content = f"[Error] {observation.content}" if observation.is_error else observation.content
+    name = observation.metadata.get("tool_name", observation.source)
+    return ConversationMessage.tool_result(observation.call_id or observation.source, name, content)
+
+
+# -- Observe --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Observing:
+    """Tools ran; their observations are in the conversation."""
+
+    state: LoopState
+    config: LoopConfig
+    report: DispatchReport
+    terminal_output: str | None
+
+    @property
+    def observations(self) -> list[Observation]:
+        """The observations of this iteration, in input order."""
+        return self.report.observations
+
+    def observation_count(self) -> int:
+        """How many observations this iteration produced."""
+        return len(self.report.observations)
+
+    def observe_results(self) -> Reasoning | LoopResult:
+        """Complete with the final answer, or go back to reasoning."""
+        self.state.current_phase = "observing"
+        if self.terminal_output is None:
+            return Reasoning(self.state, self.config)
+        return LoopResult(
+            output=self.terminal_output,
+            iterations=self.state.iteration,
+            total_usage=self.state.total_usage,
+            termination_reason=TerminationReason.completed(),
+            duration=self.state.elapsed(),
+            conversation=self.state.conversation,
+            milestones=list(self.state.milestones),
+        )

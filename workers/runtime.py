@@ -1,0 +1,170 @@
+"""One worker process's services: its event loop, Redis client, tools, executor and models.
+
+Built once per process (after Celery forks it) from the settings read at the process edge. The
+library is async, so each process keeps one event loop and runs every task on it; the Redis
+client, the shared circuit breakers and the result cache live on that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.inference import ToolDefinition
+from shared.protocol import (
+    ReasonedMessage,
+    ReasonRequest,
+    ToolObservedMessage,
+    ToolRequest,
+    WorkerFailedMessage,
+    encode_entry,
+)
+from shared.settings import OrgaSettings
+from workers.circuit_breaker import CircuitBreakerRegistry, RedisBreakerStore
+from workers.executor import ToolExecutor
+from workers.providers.base import InferenceProvider
+from workers.providers.factory import build_provider
+from workers.providers.scripted import ScriptedProvider
+from workers.providers.settings import ProviderSettings
+from workers.recovery import DeadLetterRecord
+from workers.result_cache import RedisResultCache
+from workers.tools.base import Tool, ToolContext
+from workers.tools.registry import ToolRegistry, default_registry
+
+__all__ = ["ProcessServices", "RedisDeadLetterSink"]
+
+_T = TypeVar("_T")
+
+OBSERVATIONS_MAXLEN = 100_000
+"""The observations stream is trimmed to about this many entries (acknowledged ones go first)."""
+
+
+class RedisDeadLetterSink:
+    """Dead-lettered tool calls, on the ``orga:dead_letter`` stream for operators."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def put(self, record: DeadLetterRecord) -> None:
+        """Append one record."""
+        await self._redis.xadd(
+            keys.dead_letter_stream,
+            {"kind": "tool_call", "record": record.model_dump_json()},
+            maxlen=100_000,
+            approximate=True,
+        )
+
+
+class ProcessServices:
+    """Implements :class:`workers.handlers.WorkerServices` for a worker process."""
+
+    def __init__(
+        self,
+        settings: OrgaSettings,
+        provider_settings: ProviderSettings,
+        redis_url: str,
+        registry: ToolRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.provider_settings = provider_settings
+        self.loop = asyncio.new_event_loop()
+        self.redis: Redis = Redis.from_url(redis_url)
+        self.registry = registry if registry is not None else default_registry()
+        tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
+        self.executor = ToolExecutor(
+            tools,
+            CircuitBreakerRegistry(RedisBreakerStore(self.redis)),
+            cache=RedisResultCache(self.redis),
+            dead_letter=RedisDeadLetterSink(self.redis),
+        )
+
+    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine on this process's loop."""
+        return self.loop.run_until_complete(coroutine)
+
+    def close(self) -> None:
+        """Close the Redis client and the loop."""
+        self.loop.run_until_complete(self.redis.aclose())
+        self.loop.close()
+
+    # -- WorkerServices -------------------------------------------------------------------
+
+    def provider(self, request: ReasonRequest) -> InferenceProvider:
+        """The model the task asks for; a scripted model resumes where the task left off."""
+        spec = request.provider
+        if spec.replies is not None:
+            provider: InferenceProvider = ScriptedProvider.from_replies(spec.replies)
+        else:
+            overrides = {
+                "provider": spec.kind,
+                "model": spec.model,
+                "base_url": spec.base_url,
+                "script_path": Path(spec.script) if spec.script else None,
+            }
+            update = {k: v for k, v in overrides.items() if v is not None}
+            settings = self.provider_settings.model_copy(update=update)
+            provider = build_provider(settings)
+        if isinstance(provider, ScriptedProvider):
+            provider.seek(request.model_calls)
+        return provider
+
+    def tool_definitions(self) -> list[ToolDefinition]:
+        """Every tool of the registry."""
+        return self.registry.definitions()
+
+    async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
+        """Run one call through the executor (breakers and cache shared through Redis)."""
+        report = await self.executor.execute(
+            [request.action],
+            request.config,
+            context,
+            recovery=request.recovery,
+            iteration=request.fence.iteration,
+        )
+        escalation = report.escalation
+        return ToolObservedMessage(
+            fence=request.fence,
+            observation=report.observations[0],
+            recovery_events=list(report.events),
+            escalation_reason=(
+                f"{escalation.tool_name}: {escalation.error}" if escalation is not None else None
+            ),
+        )
+
+    def allow_private_network(self) -> bool:
+        """Whether web_fetch may reach loopback and private addresses."""
+        return self.settings.allow_private_network
+
+    # -- publishing -----------------------------------------------------------------------
+
+    async def publish(
+        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+    ) -> None:
+        """Send an observation to the coordinators."""
+        await self.redis.xadd(
+            keys.observations_stream,
+            encode_entry(message),  # type: ignore[arg-type]
+            maxlen=OBSERVATIONS_MAXLEN,
+            approximate=True,
+        )
+
+    async def dead_letter_payload(self, task_name: str, payload: str, error: str) -> None:
+        """A payload that cannot even be decoded: kept for operators, never retried."""
+        await self.redis.xadd(
+            keys.dead_letter_stream,
+            {
+                "kind": "undecodable_payload",
+                "task": task_name,
+                "error": error[:2000],
+                "payload": payload[:4096],
+                "at": f"{time.time():.3f}",
+            },
+            maxlen=100_000,
+            approximate=True,
+        )

@@ -1,0 +1,95 @@
+"""The Celery tasks: thin. Decode, call the library, publish the observation, and return.
+
+A task never waits on another task's result: its answer goes to the coordinator through the
+observations stream. A payload that cannot be decoded is dead-lettered (there is no fence to
+answer to); a failure inside the library is reported as ``worker_failed`` with its fence, and
+the coordinator decides to re-dispatch or dead-letter it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from shared import keys
+from shared.protocol import ReasonRequest, ToolRequest, WorkerFailedMessage
+from shared.settings import OrgaSettings
+from workers.celery import app
+from workers.handlers import run_reasoning, run_tool_call
+from workers.providers.settings import ProviderSettings
+from workers.runtime import ProcessServices
+
+__all__ = ["close_services", "reason", "services", "tool_call"]
+
+log = logging.getLogger("orga.worker")
+_services: ProcessServices | None = None
+_Request = TypeVar("_Request", ReasonRequest, ToolRequest)
+
+
+def services() -> ProcessServices:
+    """This process's services, built on first use (after the fork)."""
+    global _services  # noqa: PLW0603 - one per worker process, by design
+    if _services is None:
+        settings: OrgaSettings = app.conf.orga_settings
+        assert settings.redis_url is not None
+        _services = ProcessServices(settings, ProviderSettings(), settings.redis_url)
+    return _services
+
+
+def close_services() -> None:
+    """Release the process's services."""
+    global _services  # noqa: PLW0603
+    if _services is not None:
+        _services.close()
+        _services = None
+
+
+def _handle(
+    name: str,
+    payload: str,
+    model: type[_Request],
+    body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel]],
+) -> None:
+    runtime = services()
+    try:
+        request = model.model_validate_json(payload)
+    except ValidationError as exc:
+        log.error("task.undecodable", extra={"task": name, "error": str(exc)[:500]})
+        runtime.run(runtime.dead_letter_payload(name, payload, str(exc)))
+        return
+    try:
+        message: Any = runtime.run(body(request, runtime))
+    except RedisConnectionError:
+        raise
+    except Exception as exc:
+        log.exception("task.failed", extra={"task": name, "fence": request.fence.token()})
+        message = WorkerFailedMessage(
+            fence=request.fence, error=f"{type(exc).__name__}: {exc}"[:2000]
+        )
+    runtime.run(runtime.publish(message))
+
+
+@app.task(  # type: ignore[untyped-decorator]
+    name=keys.reason_task_name,
+    autoretry_for=(RedisConnectionError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def reason(payload: str) -> None:
+    """Reason and Gate for one iteration; publishes a ``reasoned`` observation."""
+    _handle(keys.reason_task_name, payload, ReasonRequest, run_reasoning)
+
+
+@app.task(  # type: ignore[untyped-decorator]
+    name=keys.tool_task_name,
+    autoretry_for=(RedisConnectionError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def tool_call(payload: str) -> None:
+    """One tool call; publishes a ``tool_observed`` observation."""
+    _handle(keys.tool_task_name, payload, ToolRequest, run_tool_call)
