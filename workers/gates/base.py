@@ -14,7 +14,11 @@ __all__ = ["GateContext", "ReasoningPolicyGate"]
 
 
 class GateContext(BaseModel):
-    """What a gate may look at besides the action: who, where, and which step."""
+    """What a gate may look at besides the action: who, where, and which step.
+
+    ``delegation_depth`` is how many delegations led to this agent (0 for a top-level task);
+    gates that bound delegation compare it with their limit.
+    """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
@@ -24,6 +28,7 @@ class GateContext(BaseModel):
     step_id: str | None = None
     iteration: int = 0
     allowed_tools: frozenset[str] | None = None
+    delegation_depth: int = Field(default=0, ge=0)
     attributes: Mapping[str, Any] = Field(default_factory=dict)
 
 

@@ -1,0 +1,143 @@
+"""The schema pre-check of the Gate phase (Symbiont §1.5, step 1) and the texts the model sees.
+
+A tool call's arguments are checked before any policy gate is consulted:
+
+1. they must parse as JSON (``NaN`` and ``Infinity`` are refused, as serde refuses them);
+2. they must be a JSON object;
+3. when a tool of that name is declared, the object must satisfy its JSON Schema; every error
+   is reported, joined with ``"; "``, each prefixed ``at '<JSON pointer>': `` when it is not
+   about the root;
+4. a declared schema that is itself invalid, or whose ``$ref`` cannot be resolved, refuses
+   the call (fail closed).
+
+Improvement over Symbiont: an empty or blank argument string is read as ``{}``, as
+:meth:`shared.actions.ToolCallAction.parsed_arguments` does. OpenAI-compatible servers send
+``""`` for tools without parameters; Symbiont denied those calls as invalid JSON. A blank string
+for a tool whose schema requires properties still fails, with the schema's own message
+(``'path' is a required property``), which tells the model what to send.
+
+Schemas are compiled once per distinct schema (keyed by its canonical JSON text). The
+validator class follows the schema's ``$schema`` keyword and defaults to Draft 2020-12.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError, validators
+from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
+from referencing.exceptions import Unresolvable
+
+from shared.actions import ToolCallAction
+from shared.inference import ToolDefinition
+
+__all__ = [
+    "DENIAL_PREFIX",
+    "SCHEMA_FAILURE_PREFIX",
+    "denial_message",
+    "schema_failure_message",
+    "validate_tool_arguments",
+]
+
+DENIAL_PREFIX = "[Policy denied]"
+SCHEMA_FAILURE_PREFIX = "[Schema validation failed]"
+
+_JSON_TYPE_NAMES: dict[type, str] = {
+    type(None): "null",
+    bool: "boolean",
+    int: "number",
+    float: "number",
+    str: "string",
+    list: "array",
+}
+
+
+def denial_message(reason: str) -> str:
+    """The tool-result text the model sees for an action the gate denied."""
+    return f"{DENIAL_PREFIX} {reason}"
+
+
+def schema_failure_message(reason: str) -> str:
+    """The tool-result text the model sees for arguments that failed the schema pre-check."""
+    return f"{SCHEMA_FAILURE_PREFIX} {reason}"
+
+
+def validate_tool_arguments(
+    action: ToolCallAction, definitions: Iterable[ToolDefinition]
+) -> str | None:
+    """None when the arguments may go to the gate, otherwise the reason they may not."""
+    name = action.name
+    try:
+        arguments = _parse_json(action.arguments)
+    except ValueError as exc:
+        return f"tool '{name}' arguments are not valid JSON: {exc}"
+    if not isinstance(arguments, dict):
+        kind = _JSON_TYPE_NAMES.get(type(arguments), type(arguments).__name__)
+        return f"tool '{name}' arguments must be a JSON object, got {kind}"
+    definition = _find_definition(name, definitions)
+    if definition is None:
+        return None
+    return _check_against_schema(name, arguments, definition.parameters)
+
+
+def _parse_json(text: str) -> Any:
+    """The JSON value of ``text``; blank text is ``{}``; NaN and Infinity are refused."""
+    if not text.strip():
+        return {}
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _find_definition(name: str, definitions: Iterable[ToolDefinition]) -> ToolDefinition | None:
+    return next((d for d in definitions if d.name == name), None)
+
+
+def _check_against_schema(
+    name: str, arguments: dict[str, Any], schema: dict[str, Any]
+) -> str | None:
+    """The schema-validation reason, or the fail-closed reason for a broken schema."""
+    try:
+        validator = _compiled_validator(_canonical(schema))
+        errors = sorted(validator.iter_errors(arguments), key=_error_sort_key)
+    except SchemaError as exc:
+        return _invalid_schema(name, f"{_pointer_prefix(exc.path)}{exc.message}")
+    except Unresolvable as exc:
+        return _invalid_schema(name, f"unresolvable reference: {exc}")
+    if not errors:
+        return None
+    details = "; ".join(f"{_pointer_prefix(e.path)}{e.message}" for e in errors)
+    return f"tool '{name}' arguments failed schema validation: {details}"
+
+
+def _invalid_schema(name: str, error: str) -> str:
+    return f"tool '{name}' has an invalid declared schema (refusing to dispatch): {error}"
+
+
+def _canonical(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled_validator(schema_json: str) -> Validator:
+    """A checked validator for the schema; raises SchemaError when the schema is invalid."""
+    schema = json.loads(schema_json)
+    cls = validators.validator_for(schema, default=Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _error_sort_key(error: ValidationError) -> tuple[list[str], str]:
+    return [str(part) for part in error.path], error.message
+
+
+def _pointer_prefix(path: Iterable[str | int]) -> str:
+    """``at '/a/0': `` for a non-empty instance path (RFC 6901 escaping), else ``""``."""
+    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
+    return f"at '/{'/'.join(parts)}': " if parts else ""
