@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv test lint format typecheck unit bench run flower chaos clean
 
+# The embedded runtime keeps its private Redis and the task workspaces here.
+export ORGA_HOME ?= $(CURDIR)/.orga
+export ORGA_WORKSPACE_ROOT ?= $(ORGA_HOME)/workspaces
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -29,6 +33,19 @@ unit: $(STAMP)
 	$(VENV)/bin/pytest -q
 
 test: lint typecheck unit
+
+# The README's first command: two example tasks on the embedded runtime (private Redis, a real
+# Celery worker, the coordinator), with a scripted model. The second one ends in human review
+# (exit code 3), which is what it demonstrates.
+run: $(STAMP)
+	$(VENV)/bin/orga run examples/bugfix/task.yaml
+	$(VENV)/bin/orga run examples/wanderer/task.yaml || test $$? -eq 3
+
+# Flower against the configured broker (ORGA_REDIS_URL), with basic auth.
+flower: $(STAMP)
+	@test -n "$$ORGA_REDIS_URL" || (echo "set ORGA_REDIS_URL to the broker Flower should watch" && exit 2)
+	$(VENV)/bin/celery -A workers flower --port=$${FLOWER_PORT:-5555} \
+		--basic-auth=$${FLOWER_BASIC_AUTH:-admin:change-me}
 
 bench: $(STAMP)
 	$(PY) bench/tracker_cost.py

@@ -453,6 +453,7 @@ class TaskMachine:
             agent_id=spec.agent_id,
             action=call,
             workspace=self._workspace(),
+            workspace_template=spec.workspace_template,
             config=self._config(),
             recovery=spec.tool_recovery.get(call.name, spec.recovery),
             gated=purpose == "prehydrate",

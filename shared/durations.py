@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 __all__ = ["Duration", "format_duration", "parse_duration"]
 
 _UNIT_SECONDS = {
+    "us": 0.000001,
     "ms": 0.001,
     "s": 1.0,
     "sec": 1.0,
@@ -59,14 +60,14 @@ def _parse_text(text: str) -> timedelta:
         pass
     if not _WHOLE.match(lowered):
         raise ValueError(
-            f"invalid duration {text!r}: use a number of seconds or units ms, s, m, h, d "
+            f"invalid duration {text!r}: use a number of seconds or units us, ms, s, m, h, d "
             "(e.g. '15s', '5m', '1h30m')"
         )
     seconds = 0.0
     for number, unit in _PART.findall(lowered):
         if unit not in _UNIT_SECONDS:
             raise ValueError(
-                f"invalid duration {text!r}: unknown unit {unit!r}; use ms, s, m, h or d"
+                f"invalid duration {text!r}: unknown unit {unit!r}; use us, ms, s, m, h or d"
             )
         seconds += float(number) * _UNIT_SECONDS[unit]
     return timedelta(seconds=seconds)
@@ -74,12 +75,14 @@ def _parse_text(text: str) -> timedelta:
 
 def format_duration(value: timedelta) -> str:
     """Write a duration as the shortest exact string: ``5m``, ``30s``, ``1h30m``, ``500ms``."""
-    total_ms = round(value.total_seconds() * 1000)
-    if total_ms == 0:
+    total_us = (value.days * 86400 + value.seconds) * 1_000_000 + value.microseconds
+    if total_us == 0:
         return "0s"
-    if total_ms % 1000:
-        return f"{total_ms}ms"
-    seconds = total_ms // 1000
+    if total_us % 1000:
+        return f"{total_us}us"
+    if total_us % 1_000_000:
+        return f"{total_us // 1000}ms"
+    seconds = total_us // 1_000_000
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         count, seconds = divmod(seconds, size)

@@ -5,9 +5,9 @@ The gates themselves live in ``workers.gates``; this is the wire model both side
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["PolicySpec"]
 
@@ -28,7 +28,41 @@ class PolicySpec(BaseModel):
     allowed_tools: list[str] | None = None
     deny_patterns: list[str] = Field(default_factory=list)
     disabled_rules: list[str] = Field(default_factory=list)
+    max_delegation_depth: int = Field(default=3, ge=0)
+    extra_write_roots: list[str] = Field(default_factory=list)
     policy_files: list[str] = Field(default_factory=list)
     opa_url: str | None = None
     opa_path: str = "orga/allow"
     timeout_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _options_fit_the_kind(self) -> PolicySpec:
+        used = _OPTIONS_BY_KIND.get(self.kind, frozenset())
+        stray = sorted(
+            name for name in _ALL_KIND_OPTIONS - used if getattr(self, name) != _default(name)
+        )
+        if stray:
+            raise ValueError(
+                f"policy kind {self.kind!r} does not use {stray}; remove them or fix kind"
+            )
+        if self.kind == "tool_filter" and self.allowed_tools is None:
+            raise ValueError("policy kind 'tool_filter' needs allowed_tools: [tool, ...]")
+        if self.kind == "cedar" and not self.policy_files:
+            raise ValueError("policy kind 'cedar' needs policy_files: [path.cedar, ...]")
+        if self.kind == "opa" and not self.opa_url:
+            raise ValueError("policy kind 'opa' needs opa_url, e.g. http://opa:8181")
+        return self
+
+
+_OPTIONS_BY_KIND: dict[str, frozenset[str]] = {
+    "default": frozenset(
+        {"deny_patterns", "disabled_rules", "max_delegation_depth", "extra_write_roots"}
+    ),
+    "cedar": frozenset({"policy_files"}),
+    "opa": frozenset({"opa_url", "opa_path", "timeout_s"}),
+}
+_ALL_KIND_OPTIONS = frozenset().union(*_OPTIONS_BY_KIND.values())
+
+
+def _default(name: str) -> Any:
+    return PolicySpec.model_fields[name].get_default(call_default_factory=True)

@@ -97,6 +97,7 @@ class ToolRequest(BaseModel):
     agent_id: str
     action: ToolCallAction
     workspace: str
+    workspace_template: str | None = None
     config: LoopConfig
     recovery: RecoveryStrategy = Field(default_factory=Retry)
     gated: bool = False

@@ -141,6 +141,7 @@ class TaskSpec(_Strict):
     limits: TaskLimits = Field(default_factory=TaskLimits)
     review: ReviewSpec = Field(default_factory=ReviewSpec)
     workspace: str | None = None
+    workspace_template: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("steps")
@@ -207,10 +208,28 @@ def load_task_file(path: str | Path) -> TaskSpec:
         raise TaskSpecError(f"cannot read task file {str(file)!r}: {exc.strerror}") from exc
     data = _decode(text, str(file))
     spec = parse_task(data, str(file))
-    if spec.workspace is not None and not Path(spec.workspace).is_absolute():
-        resolved = (file.parent / spec.workspace).resolve()
-        spec = spec.model_copy(update={"workspace": str(resolved)})
-    return spec
+    return _resolve_paths(spec, file.parent)
+
+
+def _resolve_paths(spec: TaskSpec, base: Path) -> TaskSpec:
+    """Relative paths in a task file are relative to the file's folder."""
+
+    def absolute(value: str | None) -> str | None:
+        if value is None or Path(value).is_absolute():
+            return value
+        return str((base / value).resolve())
+
+    provider = spec.provider.model_copy(update={"script": absolute(spec.provider.script)})
+    files = [absolute(f) or f for f in spec.policy.policy_files]
+    policy = spec.policy.model_copy(update={"policy_files": files}) if files else spec.policy
+    return spec.model_copy(
+        update={
+            "workspace": absolute(spec.workspace),
+            "workspace_template": absolute(spec.workspace_template),
+            "provider": provider,
+            "policy": policy,
+        }
+    )
 
 
 def _decode(text: str, source: str) -> Any:

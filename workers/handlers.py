@@ -7,10 +7,14 @@ Celery tasks in :mod:`workers.tasks` only decode the payload, call these, and pu
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import Conversation
@@ -19,13 +23,20 @@ from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
 from shared.protocol import ReasonedMessage, ReasonRequest, ToolObservedMessage, ToolRequest
 from workers.gates.base import GateContext, ReasoningPolicyGate
-from workers.gates.factory import build_gate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.phases import LoopTermination, Reasoning
 from workers.providers.base import InferenceProvider
 from workers.tools.base import ToolContext
 
-__all__ = ["AlreadyFitted", "WorkerServices", "prepare_tools", "run_reasoning", "run_tool_call"]
+__all__ = [
+    "AlreadyFitted",
+    "WorkerServices",
+    "prepare_tools",
+    "prepare_workspace",
+    "resolution_arguments",
+    "run_reasoning",
+    "run_tool_call",
+]
 
 
 class AlreadyFitted:
@@ -59,6 +70,10 @@ class WorkerServices(Protocol):
         """Whether web_fetch may reach private addresses."""
         ...
 
+    def gate(self, policy: PolicySpec) -> ReasoningPolicyGate:
+        """The gate a policy spec describes (built once per spec)."""
+        ...
+
 
 def prepare_tools(
     definitions: Sequence[ToolDefinition], config: LoopConfig, allowed: Sequence[str] | None
@@ -72,6 +87,25 @@ def prepare_tools(
     return config.model_copy(update={"tool_definitions": tools})
 
 
+def prepare_workspace(workspace: Path, template: str | None) -> Path:
+    """Create the task's workspace; a template folder is copied in once, atomically."""
+    if workspace.exists():
+        return workspace
+    workspace.parent.mkdir(parents=True, exist_ok=True)
+    if template is None:
+        workspace.mkdir(exist_ok=True)
+        return workspace
+    staging = workspace.parent / f".{workspace.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    shutil.copytree(template, staging, symlinks=True)
+    try:
+        staging.rename(workspace)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not workspace.exists():
+            raise
+    return workspace
+
+
 def _gate_context(request: ReasonRequest | ToolRequest, iteration: int) -> GateContext:
     fence = request.fence
     return GateContext(
@@ -81,11 +115,33 @@ def _gate_context(request: ReasonRequest | ToolRequest, iteration: int) -> GateC
         step_id=fence.step_id,
         iteration=iteration,
         allowed_tools=frozenset(request.allowed_tools) if request.allowed_tools else None,
+        delegation_depth=request.config.delegation_depth,
     )
 
 
-def _gate(policy: PolicySpec) -> ReasoningPolicyGate:
-    return build_gate(policy)
+def resolution_arguments(
+    definitions: Sequence[ToolDefinition], tool_name: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    """Pre-hydration sends ``{"input": value}``; give it to the tool's own main parameter.
+
+    A tool whose schema has an ``input`` property gets the arguments unchanged; otherwise the
+    value goes to its first required string property (``path`` for file_read, ``url`` for
+    web_fetch).
+    """
+    if set(arguments) != {"input"}:
+        return arguments
+    definition = next((d for d in definitions if d.name == tool_name), None)
+    if definition is None:
+        return arguments
+    properties = definition.parameters.get("properties", {})
+    if "input" in properties:
+        return arguments
+    required = [p for p in definition.parameters.get("required", []) if p in properties]
+    strings = [
+        p for p, s in properties.items() if isinstance(s, dict) and s.get("type") == "string"
+    ]
+    target = next((p for p in required if p in strings), strings[0] if strings else None)
+    return {target: arguments["input"]} if target else arguments
 
 
 async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> ReasonedMessage:
@@ -113,7 +169,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             termination=stop.reason,
             duration_ms=(time.monotonic() - started) * 1000,
         )
-    gate = _gate(request.policy)
+    gate = services.gate(request.policy)
     dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     return ReasonedMessage(
         fence=request.fence,
@@ -130,6 +186,12 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
 async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolObservedMessage:
     """One tool call: gated first when it is a pre-hydration resolution."""
     started = time.monotonic()
+    if request.purpose == "prehydrate":
+        arguments = resolution_arguments(
+            services.tool_definitions(), request.action.name, request.action.parsed_arguments()
+        )
+        action = request.action.model_copy(update={"arguments": json.dumps(arguments)})
+        request = request.model_copy(update={"action": action})
     if request.gated:
         refusal = await _refusal(request, services)
         if refusal is not None:
@@ -138,8 +200,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
                 observation=refusal,
                 duration_ms=(time.monotonic() - started) * 1000,
             )
-    workspace = Path(request.workspace)
-    workspace.mkdir(parents=True, exist_ok=True)
+    workspace = prepare_workspace(Path(request.workspace), request.workspace_template)
     timeout_s = request.config.tool_timeout.total_seconds()
     if request.purpose == "verify":
         timeout_s = float(request.action.parsed_arguments().get("timeout_s", timeout_s))
@@ -160,7 +221,7 @@ async def _refusal(request: ToolRequest, services: WorkerServices) -> Observatio
     if failure is not None:
         content = schema_failure_message(failure)
         return Observation.tool_error(action.name, content).with_call_id(action.call_id)
-    decision = await _gate(request.policy).evaluate_action(
+    decision = await services.gate(request.policy).evaluate_action(
         action, _gate_context(request, request.fence.iteration)
     )
     if decision.decision == "deny":

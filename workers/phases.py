@@ -252,6 +252,13 @@ class PolicyCheck:
         elif isinstance(decision, Deny):
             self._feed_back(action, denial_message(decision.reason), verdicts, decision.reason)
         elif isinstance(decision, Modify):
+            modified = decision.action
+            if isinstance(modified, ToolCallAction):
+                failure = validate_tool_arguments(modified, self.config.tool_definitions)
+                if failure is not None:
+                    message = schema_failure_message(f"{failure} (after the gate's modification)")
+                    self._feed_back(action, message, verdicts, failure)
+                    return
             self._apply_modify(action, decision, verdicts)
 
     def _feed_back(

@@ -66,6 +66,7 @@ from workers.executor import ToolExecutor
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.default import DefaultPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.handlers import resolution_arguments
 from workers.knowledge import KnowledgeBridge
 from workers.phases import (
     ActionDispatcher,
@@ -234,6 +235,7 @@ class _GatedResolver:
         self, call_id: str, tool_name: str, arguments: dict[str, Any]
     ) -> ResolutionResult:
         """Validate, gate and run one resolution."""
+        arguments = resolution_arguments(self.definitions, tool_name, arguments)
         action = ToolCallAction(call_id=call_id, name=tool_name, arguments=json.dumps(arguments))
         failure = validate_tool_arguments(action, self.definitions)
         if failure is not None:
@@ -315,7 +317,7 @@ class ReasoningLoopRunner:
             return self.executor
         return KnowledgeAwareDispatcher(self.executor, self.knowledge, agent_id)
 
-    def gate_context(self, state: LoopState) -> GateContext:
+    def gate_context(self, state: LoopState, config: LoopConfig) -> GateContext:
         """What the gate sees besides the action."""
         return GateContext(
             agent_id=state.agent_id,
@@ -323,6 +325,7 @@ class ReasoningLoopRunner:
             task_id=self.task_id,
             step_id=self.step_id,
             iteration=state.iteration,
+            delegation_depth=config.delegation_depth,
         )
 
     def tool_context(self, state: LoopState, config: LoopConfig) -> ToolContext:
@@ -403,7 +406,9 @@ class _Run:
             state, ReasoningComplete(iteration=state.iteration, actions=actions, usage=usage)
         )
         with self._span("orga.gate"):
-            dispatching = await checking.check_policy(runner.gate, runner.gate_context(state))
+            dispatching = await checking.check_policy(
+                runner.gate, runner.gate_context(state, self.config)
+            )
         count, denied = dispatching.policy_summary()
         await runner.emit(
             state,
@@ -505,7 +510,7 @@ class _Run:
         resolver = _GatedResolver(
             runner=self.runner,
             config=self.config,
-            gate_context=self.runner.gate_context(self.state),
+            gate_context=self.runner.gate_context(self.state, self.config),
             tool_context=self.runner.tool_context(self.state, self.config),
             definitions=self.runner.executor.tool_definitions(),
         )

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.inference import ToolDefinition
+from shared.policy import PolicySpec
 from shared.protocol import (
     ReasonedMessage,
     ReasonRequest,
@@ -26,12 +27,15 @@ from shared.protocol import (
     encode_entry,
 )
 from shared.settings import OrgaSettings
+from shared.task_spec import ProviderSpec
 from workers.circuit_breaker import CircuitBreakerRegistry, RedisBreakerStore
 from workers.executor import ToolExecutor
+from workers.gates.base import ReasoningPolicyGate
+from workers.gates.factory import build_gate
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.scripted import ScriptedProvider
-from workers.providers.settings import ProviderSettings
+from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord
 from workers.result_cache import RedisResultCache
 from workers.tools.base import Tool, ToolContext
@@ -76,6 +80,7 @@ class ProcessServices:
         self.loop = asyncio.new_event_loop()
         self.redis: Redis = Redis.from_url(redis_url)
         self.registry = registry if registry is not None else default_registry()
+        self._gates: dict[str, ReasoningPolicyGate] = {}
         tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
         self.executor = ToolExecutor(
             tools,
@@ -101,18 +106,21 @@ class ProcessServices:
         if spec.replies is not None:
             provider: InferenceProvider = ScriptedProvider.from_replies(spec.replies)
         else:
-            overrides = {
-                "provider": spec.kind,
-                "model": spec.model,
-                "base_url": spec.base_url,
-                "script_path": Path(spec.script) if spec.script else None,
-            }
-            update = {k: v for k, v in overrides.items() if v is not None}
-            settings = self.provider_settings.model_copy(update=update)
-            provider = build_provider(settings)
+            provider = build_provider(self._provider_settings(spec))
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
         return provider
+
+    def _provider_settings(self, spec: ProviderSpec) -> ProviderSettings:
+        """The process's provider settings with the task's choices on top (keys stay env-only)."""
+        overrides: dict[str, Any] = {
+            "provider": ProviderKind(spec.kind) if spec.kind else None,
+            "model": spec.model,
+            "base_url": spec.base_url.rstrip("/") if spec.base_url else None,
+            "script_path": Path(spec.script) if spec.script else None,
+        }
+        update = {k: v for k, v in overrides.items() if v is not None}
+        return self.provider_settings.model_copy(update=update)
 
     def tool_definitions(self) -> list[ToolDefinition]:
         """Every tool of the registry."""
@@ -140,6 +148,14 @@ class ProcessServices:
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach loopback and private addresses."""
         return self.settings.allow_private_network
+
+    def gate(self, policy: PolicySpec) -> ReasoningPolicyGate:
+        """The gate of a policy spec, built once per distinct spec in this process."""
+        key = policy.model_dump_json()
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = build_gate(policy)
+        return gate
 
     # -- publishing -----------------------------------------------------------------------
 

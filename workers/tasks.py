@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
+from shared.errors import ConfigError
 from shared.protocol import ReasonRequest, ToolRequest, WorkerFailedMessage
 from shared.settings import OrgaSettings
 from workers.celery import app
@@ -68,7 +69,9 @@ def _handle(
     except Exception as exc:
         log.exception("task.failed", extra={"task": name, "fence": request.fence.token()})
         message = WorkerFailedMessage(
-            fence=request.fence, error=f"{type(exc).__name__}: {exc}"[:2000]
+            fence=request.fence,
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            retryable=not isinstance(exc, ConfigError),
         )
     runtime.run(runtime.publish(message))
 

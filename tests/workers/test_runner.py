@@ -363,7 +363,7 @@ def test_stagnation_stops_the_run_and_keeps_milestones(tmp_path: Path) -> None:
     (workspace / "notes.txt").write_text("nothing useful here\n" * 50)
     fix = [{"tool_calls": [{"name": "file_write", "arguments": {"path": "calc.py", "content": FIXED}}]}]
     wander = [
-        {"tool_calls": [{"name": "file_read", "arguments": {"path": "notes.txt", "start_line": i}}]}
+        {"tool_calls": [{"name": "file_read", "arguments": {"path": "notes.txt", "end_line": 50 + i}}]}
         for i in range(1, 80)
     ]
     runner = ReasoningLoopRunner(

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import httpx
 
-from shared.errors import ConfigError
 from shared.policy import PolicySpec
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.cedar import CedarGate
@@ -30,13 +29,6 @@ from workers.gates.tool_filter import ToolFilterGate
 
 __all__ = ["PolicySpec", "build_gate"]
 
-_OPTIONS_BY_KIND: dict[str, frozenset[str]] = {
-    "default": frozenset({"deny_patterns", "disabled_rules"}),
-    "cedar": frozenset({"policy_files"}),
-    "opa": frozenset({"opa_url", "opa_path", "timeout_s"}),
-}
-_ALL_KIND_OPTIONS = frozenset().union(*_OPTIONS_BY_KIND.values())
-
 
 def build_gate(
     spec: PolicySpec,
@@ -47,29 +39,13 @@ def build_gate(
     """The gate a spec describes.
 
     Relative policy files are read from ``base_dir`` (the task file's directory) when given.
-    Raises ConfigError for options the kind does not use, a missing required option, a
-    missing or unparsable Cedar file, a bad deny pattern or rule name, or a bad OPA URL or path.
+    The spec itself checks that its options fit its kind. Raises ConfigError for a missing or
+    unparsable Cedar file, a bad deny pattern or rule name, or a bad OPA URL or path.
     """
-    _check_options(spec)
     gate = _core_gate(spec, base_dir, opa_client)
     if spec.allowed_tools is None or spec.kind == "tool_filter":
         return gate
     return CompositeGate([ToolFilterGate.allow(spec.allowed_tools), gate])
-
-
-def _check_options(spec: PolicySpec) -> None:
-    used = _OPTIONS_BY_KIND.get(spec.kind, frozenset())
-    stray = sorted((spec.model_fields_set & _ALL_KIND_OPTIONS) - used)
-    if stray:
-        raise ConfigError(
-            f"policy kind {spec.kind!r} does not use {stray}; remove them or fix kind"
-        )
-    if spec.kind == "tool_filter" and spec.allowed_tools is None:
-        raise ConfigError("policy kind 'tool_filter' needs allowed_tools: [tool, ...]")
-    if spec.kind == "cedar" and not spec.policy_files:
-        raise ConfigError("policy kind 'cedar' needs policy_files: [path.cedar, ...]")
-    if spec.kind == "opa" and not spec.opa_url:
-        raise ConfigError("policy kind 'opa' needs opa_url, e.g. http://opa:8181")
 
 
 def _core_gate(
@@ -86,7 +62,10 @@ def _core_gate(
             spec.opa_url or "", spec.opa_path, timeout_s=spec.timeout_s, client=opa_client
         )
     return DefaultPolicyGate(
-        extra_deny_patterns=spec.deny_patterns, disabled_rules=spec.disabled_rules
+        extra_deny_patterns=spec.deny_patterns,
+        disabled_rules=spec.disabled_rules,
+        max_delegation_depth=spec.max_delegation_depth,
+        extra_write_roots=[Path(root) for root in spec.extra_write_roots],
     )
 
 

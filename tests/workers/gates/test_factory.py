@@ -82,21 +82,40 @@ def test_relative_policy_files_from_base_dir() -> None:
 
 
 @pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kind": "tool_filter"}, "needs allowed_tools"),
+        ({"kind": "cedar"}, "needs policy_files"),
+        ({"kind": "opa"}, "needs opa_url"),
+        ({"kind": "default", "policy_files": ["x.cedar"]}, r"does not use \['policy_files'\]"),
+        ({"kind": "cedar", "policy_files": ["x.cedar"], "opa_url": "http://o"}, r"\['opa_url'\]"),
+        ({"kind": "permissive", "deny_patterns": ["x"]}, r"\['deny_patterns'\]"),
+    ],
+)
+def test_options_that_do_not_fit_the_kind_are_refused_by_the_spec(
+    fields: dict[str, object], message: str
+) -> None:
+    """Missing or stray options are refused when the task is validated, before any worker."""
+    with pytest.raises(ValidationError, match=message):
+        PolicySpec.model_validate(fields)
+
+
+def test_a_spec_that_went_over_the_wire_still_builds() -> None:
+    """A spec re-validated from its full JSON (every field present) builds the same gate."""
+    spec = PolicySpec.model_validate_json(PolicySpec().model_dump_json())
+    assert isinstance(build_gate(spec), DefaultPolicyGate)
+
+
+@pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (PolicySpec(kind="tool_filter"), "needs allowed_tools"),
-        (PolicySpec(kind="cedar"), "needs policy_files"),
-        (PolicySpec(kind="opa"), "needs opa_url"),
-        (PolicySpec(kind="default", policy_files=["x.cedar"]), r"does not use \['policy_files'\]"),
-        (PolicySpec(kind="cedar", policy_files=["x.cedar"], opa_url="http://o"), r"\['opa_url'\]"),
-        (PolicySpec(kind="permissive", deny_patterns=["x"]), r"\['deny_patterns'\]"),
         (PolicySpec(kind="cedar", policy_files=["/nonexistent/x.cedar"]), "does not exist"),
         (PolicySpec(kind="opa", opa_url="opa:8181"), "must be http"),
         (PolicySpec(disabled_rules=["nope"]), "unknown rule name"),
     ],
 )
 def test_bad_specs_are_config_errors(spec: PolicySpec, message: str) -> None:
-    """Missing, stray or invalid options are reported at build time."""
+    """Invalid files, URLs and rule names are reported at build time."""
     with pytest.raises(ConfigError, match=message):
         build_gate(spec)
 
