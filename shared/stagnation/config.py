@@ -1,0 +1,126 @@
+"""Thresholds of the stagnation detector, as data that a task can override.
+
+Each signal has a :class:`Ladder`: the counts at which it reaches NUDGE, REPLAN, ASK_HUMAN and
+ABORT. The defaults were chosen on the replay of real agent trajectories in
+``bench/stagnation_eval.py`` (see ``docs/stagnation.md``): under 2% of the resolved Gemini-3-Pro
+SWE-bench runs reach ASK_HUMAN, and the known 53-step SWE-agent loop reaches REPLAN 5 steps after
+it starts.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+
+from shared.stagnation.verdict import StagnationLevel
+
+__all__ = ["Ladder", "StagnationConfig"]
+
+
+class Ladder(BaseModel):
+    """Counts at which a signal reaches each level; each rung at least the one below it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nudge: int = Field(ge=1)
+    replan: int = Field(ge=1)
+    ask_human: int = Field(ge=1)
+    abort: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ascending(self) -> Ladder:
+        rungs = [self.nudge, self.replan, self.ask_human, self.abort]
+        if rungs != sorted(rungs):
+            raise ValueError(
+                f"ladder rungs must not decrease (nudge <= replan <= ask_human <= abort), "
+                f"got {rungs}; reorder them"
+            )
+        return self
+
+    def rung(self, count: int) -> StagnationLevel:
+        """The highest level whose threshold ``count`` reaches (NONE below ``nudge``)."""
+        if count >= self.abort:
+            return StagnationLevel.ABORT
+        if count >= self.ask_human:
+            return StagnationLevel.ASK_HUMAN
+        if count >= self.replan:
+            return StagnationLevel.REPLAN
+        if count >= self.nudge:
+            return StagnationLevel.NUDGE
+        return StagnationLevel.NONE
+
+
+def _stale_default() -> Ladder:
+    return Ladder(nudge=8, replan=12, ask_human=20, abort=32)
+
+
+def _repeat_default() -> Ladder:
+    return Ladder(nudge=3, replan=5, ask_human=8, abort=12)
+
+
+def _cycle_default() -> Ladder:
+    return Ladder(nudge=3, replan=4, ask_human=6, abort=8)
+
+
+def _error_default() -> Ladder:
+    return Ladder(nudge=3, replan=5, ask_human=8, abort=12)
+
+
+class StagnationConfig(BaseModel):
+    """Every threshold of the detector; the defaults are the production values.
+
+    Nothing is ever flagged while ``steps_since_milestone <= min_steps`` (the step gate of the
+    composite trigger). Above it, the level climbs, one rung per stale event, to the highest
+    rung reached by any signal:
+
+    - ``stale``: informative events in a row with no new state change (the window);
+    - ``repeat``: occurrences of the same (call, result) pair since the last new state change;
+    - ``cycle``: full repetitions of a cycle of 2..``max_period`` (call, result) pairs;
+    - ``error``: occurrences of the same error text from the same tool, whatever the arguments.
+
+    ``history`` bounds the window in which repeats, cycles and errors are counted;
+    ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen
+    is forgotten first). ``acknowledgements`` are outputs (stripped, lower-cased) that count
+    neither as progress nor as a repeat. A tool in ``patient_tools`` is waiting when its result
+    does not change (polling a job): that is neutral too. ``enabled=False`` keeps counting but
+    always answers NONE.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    enabled: bool = True
+    min_steps: int = Field(default=10, ge=0)
+    stale: Ladder = Field(default_factory=_stale_default)
+    repeat: Ladder = Field(default_factory=_repeat_default)
+    cycle: Ladder = Field(default_factory=_cycle_default)
+    error: Ladder = Field(default_factory=_error_default)
+    max_period: int = Field(default=5, ge=2, le=10)
+    history: int = Field(default=30, ge=4, le=1000)
+    max_seen_hashes: int = Field(default=2048, ge=16, le=1_000_000)
+    max_paths: int = Field(default=256, ge=1, le=100_000)
+    acknowledgements: frozenset[str] = frozenset({"", "ok", "done"})
+    patient_tools: frozenset[str] = frozenset()
+
+    @field_serializer("acknowledgements", "patient_tools")
+    def _sorted(self, value: frozenset[str]) -> list[str]:
+        return sorted(value)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> StagnationConfig:
+        if self.history < self.max_period:
+            raise ValueError(
+                f"history={self.history} is shorter than max_period={self.max_period}; "
+                f"raise history to at least {self.max_period}"
+            )
+        for name, top in (("repeat", self.repeat.abort), ("error", self.error.abort)):
+            if top > self.history:
+                raise ValueError(
+                    f"{name}.abort is {top} but counts are kept over history={self.history} "
+                    f"events, so it could never be reached; raise history to at least {top}"
+                )
+        if self.cycle.abort * 2 > self.history:
+            raise ValueError(
+                f"cycle.abort is {self.cycle.abort} repetitions but history={self.history} holds "
+                f"only {self.history // 2} repetitions of a 2-cycle; raise history to at least "
+                f"{self.cycle.abort * 2}"
+            )
+        return self

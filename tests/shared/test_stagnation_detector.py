@@ -1,0 +1,415 @@
+"""The stagnation detector, rule by rule, on small hand-made trajectories."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.stagnation import (
+    ReasonCode,
+    StagnationConfig,
+    StagnationDetector,
+    StagnationKind,
+    StagnationLevel,
+    ToolEvent,
+)
+from shared.stagnation.events import ToolKind
+from tests.shared.test_stagnation_trajectories import (
+    ack,
+    command,
+    failed_write,
+    page,
+    poll,
+    read,
+    replay,
+    search,
+    sha,
+    write,
+)
+
+NO_GATE = StagnationConfig(min_steps=0)
+LEVELS = list(StagnationLevel)
+
+
+def _opening() -> list[ToolEvent]:
+    """Five reads of new content: the start of any task."""
+    return [read(f"src/{name}.py", f"def {name}(): ...") for name in "abcde"]
+
+
+def _bash_loop(count: int) -> list[ToolEvent]:
+    """The same failing ``cd``, whose error differs only by the bash line number."""
+    return [
+        ToolEvent(
+            tool_name="bash",
+            arguments={"command": "cd fastxml/ && ls -F"},
+            output=f"/bin/bash: line {334 + 18 * i}: cd: fastxml/: No such file or directory\n"
+            "fasterxml/",
+        )
+        for i in range(count)
+    ]
+
+
+# -- the counters --------------------------------------------------------------------------------
+
+
+def test_rereading_with_other_line_numbers_is_not_new() -> None:
+    """The same lines shown with other line numbers (same file state) add no new state change."""
+    first = ToolEvent(
+        tool_name="file_read",
+        arguments={"path": "a.py", "around": "parse"},
+        output="  12\tdef parse(text):\n  13\t    return text",
+        kind=ToolKind.READ,
+        path="a.py",
+        content_hash=sha("v1"),
+    )
+    again = first.model_copy(
+        update={
+            "arguments": {"path": "a.py", "around": "the parser"},
+            "output": "  40\tdef parse(text):\n  41\t    return text",
+        }
+    )
+    verdicts = replay([first, again])
+    assert [v.new_state_changes for v in verdicts] == [1, 1]
+    assert verdicts[1].stale_steps == 1
+
+
+def test_paging_through_a_long_file_is_new_each_page() -> None:
+    """Each new page of an unchanged file is new; going back to a page already read is not."""
+    words = ("parse", "render", "load", "save", "check", "merge", "split", "plan", "run", "stop")
+    lines = [f"def {verb}_{noun}(): ..." for noun in words for verb in words * 5]
+    pages = [page("big.py", lines, start, 50) for start in range(1, 501, 50)]
+    verdicts = replay([*pages, pages[3]])
+    assert [v.new_state_changes for v in verdicts] == [*range(1, 11), 10]
+
+
+def test_command_with_seen_name_exit_and_output_is_not_new() -> None:
+    """Same tool, exit code and masked output is not new; another exit code is."""
+    verdicts = replay(
+        [
+            command("pytest", "FAILED test_a - assert 2 == 3\n1 failed in 0.31s", 1),
+            command("pytest -x", "FAILED test_a - assert 2 == 3\n1 failed in 0.29s", 1),
+            command("pytest", "FAILED test_a - assert 2 == 3\n1 failed in 0.30s", 2),
+        ]
+    )
+    assert [v.new_state_changes for v in verdicts] == [1, 1, 2]
+
+
+def test_write_whose_after_equals_before_changes_nothing() -> None:
+    """A write that leaves the file as it was is no state change; a real one is."""
+    verdicts = replay([write("a.py", "x = 1", "x = 1"), write("a.py", "x = 1", "x = 2")])
+    assert [v.new_state_changes for v in verdicts] == [0, 1]
+
+
+def test_write_without_before_hash_uses_the_last_known_state() -> None:
+    """With no before-hash, the state last read or written for the path stands in for it."""
+    verdicts = replay(
+        [
+            read("a.py", "x = 2"),
+            write("a.py", None, "x = 2"),
+            write("a.py", None, "x = 3"),
+            write("a.py", None, "x = 3"),
+        ]
+    )
+    assert [v.new_state_changes for v in verdicts] == [1, 1, 2, 2]
+
+
+def test_failed_write_is_never_a_state_change() -> None:
+    """Refused writes change nothing even when every error text differs."""
+    events = [failed_write("a.py", f"v{i}", f"lint error E{i}: bad indent") for i in range(6)]
+    verdicts = replay([read("a.py", "x"), *events])
+    assert verdicts[-1].new_state_changes == 1
+    assert verdicts[-1].stale_steps == 6
+
+
+def test_creating_a_file_is_a_change() -> None:
+    """``before_hash`` "" (the file did not exist) differs from any content."""
+    created = write("new.py", None, "print()").model_copy(update={"before_hash": ""})
+    assert replay([created])[0].new_state_changes == 1
+
+
+def test_empty_acknowledgements_are_neither_progress_nor_loop() -> None:
+    """Thirty silent successes leave every counter but the step count where it was."""
+    verdicts = replay([ack(f"mkdir -p build/{i}") for i in range(30)], NO_GATE)
+    assert {v.level for v in verdicts} == {StagnationLevel.NONE}
+    assert verdicts[-1].new_state_changes == 0
+    assert verdicts[-1].stale_steps == 0
+    assert verdicts[-1].steps_since_milestone == 30
+
+
+def test_acknowledgements_do_not_break_a_repeat() -> None:
+    """Acks between three identical (call, result) pairs neither reset nor add to the count."""
+    loop = command("make", "error: missing separator", 2)
+    verdicts = replay([loop, ack("true"), loop, ack("true"), loop], NO_GATE)
+    assert verdicts[-1].level is StagnationLevel.NUDGE
+    assert verdicts[-1].kind is StagnationKind.REPEAT
+
+
+def test_silent_failure_is_not_an_acknowledgement() -> None:
+    """Exit 1 with no output is a result (grep found nothing), not an ack."""
+    verdicts = replay([command("grep foo a.py", "", 1)])
+    assert verdicts[0].new_state_changes == 1
+
+
+# -- masking -------------------------------------------------------------------------------------
+
+
+def test_outputs_differing_only_by_a_line_number_are_one_observation() -> None:
+    """The 53-step SWE-agent loop shape: REPLAN within 8 steps of the loop's start at step 6."""
+    verdicts = replay([*_opening(), read("README", "hello"), *_bash_loop(20)])
+    first_replan = next(i for i, v in enumerate(verdicts) if v.level >= StagnationLevel.REPLAN)
+    assert first_replan - 6 <= 8
+    assert verdicts[first_replan].kind is StagnationKind.REPEAT
+    assert ReasonCode.REPEATED_RESULT in verdicts[first_replan].reason_codes
+
+
+def test_numeric_only_results_are_compared_unmasked() -> None:
+    """A calculator's different answers are new; masking would have made them one."""
+    events = [
+        ToolEvent(tool_name="calculate", arguments={"expression": f"{a} + 7"}, output=f"{a + 7}")
+        for a in range(10)
+    ]
+    verdicts = replay(events, NO_GATE)
+    assert verdicts[-1].new_state_changes == 10
+    assert verdicts[-1].level is StagnationLevel.NONE
+
+
+# -- input-side signals --------------------------------------------------------------------------
+
+
+def test_short_cycle_is_detected_and_named() -> None:
+    """Three reads of unchanged files going round: a cycle of period 3, REPLAN at 4 rounds."""
+    round_trip = [read("a", "A"), read("b", "B"), read("c", "C")]
+    verdicts = replay(round_trip * 4, NO_GATE)
+    assert verdicts[8].kind is StagnationKind.CYCLE
+    assert verdicts[11].level is StagnationLevel.REPLAN
+    assert ReasonCode.CYCLE in verdicts[11].reason_codes
+
+
+def test_same_error_whatever_the_arguments() -> None:
+    """The same error from the same tool with other arguments each time is a repeat."""
+    events = [
+        command(f"javac -cp lib/{name} T.java", "bash: javac: command not found", 127)
+        for name in ("alpha", "beta", "gamma", "delta", "epsilon")
+    ]
+    verdicts = replay(events, NO_GATE)
+    assert verdicts[2].level is StagnationLevel.NUDGE
+    assert verdicts[4].level is StagnationLevel.REPLAN
+    assert verdicts[4].kind is StagnationKind.REPEAT
+    assert ReasonCode.SAME_ERROR in verdicts[4].reason_codes
+    assert ReasonCode.REPEATED_RESULT not in verdicts[4].reason_codes
+
+
+def test_identical_calls_in_one_batch_are_repeats() -> None:
+    """Three identical calls in one response count as repeats even when their outputs differ."""
+    calls = [command("mvn test", f"run {tag}: BUILD FAILURE") for tag in ("one", "two", "three")]
+    batched = StagnationDetector(NO_GATE).observe_batch(calls)
+    assert batched.level is StagnationLevel.NUDGE
+    assert ReasonCode.BATCH_DUPLICATE in batched.reason_codes
+    one_by_one = replay(calls, NO_GATE)
+    assert one_by_one[-1].level is StagnationLevel.NONE
+
+
+def test_empty_batch_returns_the_current_verdict() -> None:
+    """Observing an empty batch changes nothing."""
+    detector = StagnationDetector()
+    assert detector.observe_batch([]) == detector.verdict()
+
+
+# -- the composite trigger -----------------------------------------------------------------------
+
+
+def test_nothing_is_flagged_until_more_than_min_steps() -> None:
+    """A loop from the first step stays NONE for ``min_steps`` steps, then climbs rung by rung.
+
+    By then the loop is long enough for ASK_HUMAN, but the model still gets a NUDGE and a
+    REPLAN first: one rung per stale event.
+    """
+    verdicts = replay(_bash_loop(14), StagnationConfig(min_steps=10))
+    assert {v.level for v in verdicts[:10]} == {StagnationLevel.NONE}
+    assert [v.level for v in verdicts[10:]] == LEVELS[1:]
+
+
+def test_long_task_reaching_milestones_never_trips() -> None:
+    """1,000 steps of pure re-reading, but a milestone every 10 steps: always NONE."""
+    detector = StagnationDetector()
+    stale = read("notes.md", "same notes")
+    for step in range(1000):
+        if step % 10 == 0:
+            detector.milestone(f"m{step}")
+        assert detector.observe(stale).level is StagnationLevel.NONE
+
+
+def test_ladder_rises_in_order_and_drops_after_progress() -> None:
+    """Wandering climbs NUDGE, REPLAN, ASK_HUMAN, ABORT at 8/12/20/32; a real write resets it."""
+    wandering = [
+        read(f"src/{name}.py", f"def {name}(): ...", focus=f"{topic} of {name}")
+        for topic in ("callers", "the types", "edge cases", "error paths", "defaults", "docs", "io")
+        for name in "abcde"
+    ]
+    detector = StagnationDetector()
+    levels = [detector.observe(e).level for e in [*_opening(), *wandering[:32]]]
+    firsts = {level: levels.index(level) - 4 for level in LEVELS[1:]}
+    assert firsts == {
+        StagnationLevel.NUDGE: 8,
+        StagnationLevel.REPLAN: 12,
+        StagnationLevel.ASK_HUMAN: 20,
+        StagnationLevel.ABORT: 32,
+    }
+    assert levels == sorted(levels)
+    after_write = detector.observe(write("src/a.py", "def a(): ...", "def a(): return 1"))
+    assert after_write.level is StagnationLevel.NONE
+    assert after_write.stale_steps == 0
+    assert detector.observe(wandering[0]).level is StagnationLevel.NONE
+
+
+def test_milestone_resets_counters_and_level() -> None:
+    """After a milestone the step counter, the new changes and the level start from zero."""
+    detector = StagnationDetector(NO_GATE)
+    for event in _bash_loop(6):
+        detector.observe(event)
+    assert detector.verdict().level is StagnationLevel.REPLAN
+    detector.milestone("reproduced")
+    verdict = detector.verdict()
+    assert (verdict.level, verdict.steps_since_milestone, verdict.new_state_changes) == (
+        StagnationLevel.NONE,
+        0,
+        0,
+    )
+    assert detector.milestones == ["reproduced"]
+
+
+def test_escalated_is_set_only_when_the_level_rises() -> None:
+    """``escalated`` marks the events that raised the level, nothing else."""
+    verdicts = replay(_bash_loop(13), NO_GATE)
+    raised = [i for i, v in enumerate(verdicts) if v.escalated]
+    assert raised == [2, 4, 7, 11]
+
+
+# -- amnesia and no-gradient ---------------------------------------------------------------------
+
+
+def _rereads() -> list[ToolEvent]:
+    """Re-reading the opening files, each time for another stated reason."""
+    return [
+        read(f"src/{name}.py", f"def {name}(): ...", why=reason)
+        for reason in ("recall the api", "check naming", "look again")
+        for name in "abcde"
+    ]
+
+
+def test_rereading_after_compaction_is_amnesia() -> None:
+    """Content first seen before ``compacted()`` and read again is classified as amnesia."""
+    detector = StagnationDetector()
+    for event in _opening():
+        detector.observe(event)
+    detector.compacted()
+    verdicts = [detector.observe(e) for e in _rereads()]
+    replan = next(v for v in verdicts if v.level is StagnationLevel.REPLAN)
+    assert replan.kind is StagnationKind.AMNESIA
+    assert ReasonCode.AMNESIA_REREAD in replan.reason_codes
+    assert "compacted" in replan.message
+
+
+def test_same_rereads_without_compaction_are_no_gradient() -> None:
+    """The same trajectory with no compaction: zero gain, distinct signatures, no_gradient."""
+    verdicts = replay([*_opening(), *_rereads()])
+    replan = next(v for v in verdicts if v.level is StagnationLevel.REPLAN)
+    assert replan.kind is StagnationKind.NO_GRADIENT
+    assert replan.reason_codes == (ReasonCode.STALE_WINDOW,)
+
+
+# -- per-tool awareness and switches -------------------------------------------------------------
+
+
+def test_polling_with_changing_results_is_progress() -> None:
+    """The same status call 60 times, its result changing each time, is never flagged."""
+    stages = ("pulling", "building", "testing", "uploading")
+    parts = ("core", "api", "web", "cli", "docs")
+    events = [poll("job-7", f"{stage} {part}") for stage in stages for part in parts]
+    events += [poll("job-7", f"{pct}%") for pct in range(50, 90)]
+    assert {v.level for v in replay(events, NO_GATE)} == {StagnationLevel.NONE}
+
+
+def test_patient_tools_wait_without_pressure() -> None:
+    """An unchanged poll is neutral for a patient tool and escalates for any other tool.
+
+    "running, 57%" and "running, 58%" are the same result once numbers are masked: a poll whose
+    only change is a number needs ``patient_tools``.
+    """
+    waiting = [poll("job-7", f"running, {pct}% done") for pct in range(40)]
+    patient = StagnationConfig(min_steps=0, patient_tools=frozenset({"job_status"}))
+    assert replay(waiting, patient)[-1].level is StagnationLevel.NONE
+    assert replay(waiting, NO_GATE)[-1].level is StagnationLevel.ABORT
+
+
+def test_disabled_detector_counts_but_never_flags() -> None:
+    """``enabled=False``: counters go on, the level stays NONE."""
+    verdicts = replay(_bash_loop(40), StagnationConfig(enabled=False))
+    assert {v.level for v in verdicts} == {StagnationLevel.NONE}
+    assert verdicts[-1].stale_steps == 39
+
+
+def test_reset_window_starts_a_new_episode_but_keeps_the_step_count() -> None:
+    """A reviewer's hint clears the episode; steps since the last milestone keep counting."""
+    detector = StagnationDetector(NO_GATE)
+    for event in _bash_loop(8):
+        detector.observe(event)
+    detector.reset_window()
+    verdict = detector.verdict()
+    assert (verdict.level, verdict.stale_steps, verdict.steps_since_milestone) == (
+        StagnationLevel.NONE,
+        0,
+        8,
+    )
+
+
+def test_counters_report_the_level_and_counts() -> None:
+    """``counters()`` gives the operator the numbers behind the verdict."""
+    detector = StagnationDetector(NO_GATE)
+    detector.milestone("started")
+    for event in [*_opening(), *_bash_loop(4)]:
+        detector.observe(event)
+    detector.compacted()
+    assert detector.counters() == {
+        "level": "nudge",
+        "steps_since_milestone": 9,
+        "new_state_changes": 6,
+        "stale_steps": 3,
+        "total_steps": 9,
+        "milestones": 1,
+        "compactions": 1,
+    }
+
+
+# -- texts ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "level", "expected"),
+    [
+        (3, StagnationLevel.NUDGE, "[progress check] 3 steps since the last milestone"),
+        (5, StagnationLevel.REPLAN, "Admit this path is dead"),
+        (8, StagnationLevel.ASK_HUMAN, "last milestone: reproduced"),
+        (12, StagnationLevel.ABORT, "Milestones kept: reproduced"),
+    ],
+)
+def test_each_level_carries_its_text(steps: int, level: StagnationLevel, expected: str) -> None:
+    """NUDGE shows the counters, REPLAN forces a new plan, the operator texts name milestones."""
+    detector = StagnationDetector(NO_GATE)
+    detector.milestone("reproduced")
+    verdict = detector.verdict()
+    for event in _bash_loop(steps):
+        verdict = detector.observe(event)
+    assert verdict.level is level
+    assert expected in verdict.message
+
+
+def test_no_text_at_none() -> None:
+    """A verdict at NONE has no message, no kind and no reason codes."""
+    verdict = replay([read("a", "A")])[0]
+    assert (verdict.message, verdict.kind, verdict.reason_codes) == ("", None, ())
+
+
+def test_search_results_count_as_reads() -> None:
+    """A search returning results already seen is not new, whatever the pattern."""
+    verdicts = replay([search("foo", "a.py:3: foo()"), search("fo+", "a.py:3: foo()")])
+    assert [v.new_state_changes for v in verdicts] == [1, 1]

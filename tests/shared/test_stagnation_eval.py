@@ -1,0 +1,130 @@
+"""``bench/stagnation_eval.py`` end to end, on hand-made trajectories in the normalised schema."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+EVAL = REPO / "bench" / "stagnation_eval.py"
+
+
+def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ORGA_TRAJECTORIES": str(folder)}
+    return subprocess.run(
+        [sys.executable, str(EVAL), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def _step(i: int, action: str, observation: str) -> dict[str, Any]:
+    return {
+        "i": i,
+        "actor": "agent",
+        "tool": None,
+        "action": action,
+        "observation": observation,
+        "thought": None,
+        "state": None,
+    }
+
+
+def _trajectory(
+    dataset: str, model: str, instance: str, resolved: bool | None, steps: list[dict[str, Any]]
+) -> dict[str, Any]:
+    label = {
+        "resolved": resolved,
+        "reward": None,
+        "exit_status": "submitted" if resolved else "exit_cost",
+        "mistake_step": None,
+        "mistake_agent": None,
+        "mistake_reason": None,
+    }
+    return {
+        "dataset": dataset,
+        "run": f"run_{model}",
+        "instance_id": instance,
+        "model": model,
+        "agent": "hand-made",
+        "label": label,
+        "steps": steps,
+    }
+
+
+def _write(folder: Path, dataset: str, trajectories: list[dict[str, Any]]) -> None:
+    with gzip.open(folder / f"{dataset}.jsonl.gz", "wt", encoding="utf-8") as handle:
+        for trajectory in trajectories:
+            handle.write(json.dumps(trajectory) + "\n")
+
+
+def _swe_agent_runs() -> list[dict[str, Any]]:
+    """A made-up loop under the known loop's name, and a short resolved run with an edit."""
+    opening = [_step(i, f"ls -F dir{i}/\n", f"file{i}.txt\nsub{i}/") for i in range(6)]
+    loop = [
+        _step(
+            6 + k, "cd build/\nls -F\n", f"/bin/bash: line {300 + 17 * k}: cd: build/: No such file"
+        )
+        for k in range(20)
+    ]
+    resolved = [
+        _step(
+            0, "open src/App.java\n", "[File: /repo/src/App.java (3 lines total)]\n1:class App {}"
+        ),
+        _step(
+            1, "edit 1:1\nclass App { int x; }\nend_of_edit\n", "[File: /repo/src/App.java]\n1:x"
+        ),
+        _step(2, "submit\n", "diff --git a/src/App.java b/src/App.java"),
+    ]
+    dataset = "swe-agent-java-5models"
+    return [
+        _trajectory(
+            dataset, "deepseek-coder-v2", "fasterxml__jackson-databind-4249", False, opening + loop
+        ),
+        _trajectory(dataset, "gpt-4o", "made-up-1", True, resolved),
+    ]
+
+
+def _mini_swe_runs() -> list[dict[str, Any]]:
+    """A resolved bash-only run: a read, a heredoc write (empty ack), a test run."""
+    steps = [
+        _step(0, "cat app.py\n", "<returncode>0</returncode>\n<output>\nx = 1\n</output>"),
+        _step(
+            1,
+            "cat <<'EOF' > app.py\nx = 2\nEOF\n",
+            "<returncode>0</returncode>\n<output>\n</output>",
+        ),
+        _step(
+            2, "python -m pytest -q\n", "<returncode>0</returncode>\n<output>\n1 passed\n</output>"
+        ),
+    ]
+    return [_trajectory("mini-swe-agent-gemini3pro-verified", "gemini", "made-up-2", True, steps)]
+
+
+def test_eval_skips_cleanly_without_trajectories(tmp_path: Path) -> None:
+    """No data folder: a message and exit status 0."""
+    result = _run(tmp_path / "absent")
+    assert result.returncode == 0
+    assert "Skipping" in result.stdout
+
+
+def test_eval_reports_the_table_and_the_loop(tmp_path: Path) -> None:
+    """On hand-made data: the table, the by-exit breakdown, the loop line and the cost line."""
+    _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())
+    _write(tmp_path, "mini-swe-agent-gemini3pro-verified", _mini_swe_runs())
+    result = _run(tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "R>=REPLAN" in out
+    assert "the same action 20 times, starting at step 6" in out
+    assert "ours        REPLAN at step 11 (+5 from loop start)" in out
+    assert "openhands   never reaches REPLAN" in out
+    assert "µs per observation" in out

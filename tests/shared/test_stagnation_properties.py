@@ -1,0 +1,100 @@
+"""Properties of the stagnation detector over generated trajectories (hypothesis)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.stagnation import StagnationConfig, StagnationDetector, StagnationLevel, ToolEvent
+from tests.shared.test_stagnation_trajectories import ack, command, read, write
+
+_NEW_CONTENTS = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=4), st.text(min_size=1, max_size=30)),
+    min_size=1,
+    max_size=200,
+    unique_by=lambda item: item[1],
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    _NEW_CONTENTS,
+    st.sampled_from([None, 0, 10]),
+    st.booleans(),
+)
+def test_real_new_writes_never_reach_replan(
+    writes: list[tuple[int, str]], min_steps: int | None, hosts_report_before: bool
+) -> None:
+    """Every event a write of content never written before: the level never passes NUDGE."""
+    config = StagnationConfig() if min_steps is None else StagnationConfig(min_steps=min_steps)
+    detector = StagnationDetector(config)
+    current: dict[str, str] = {}
+    for file_no, content in writes:
+        path = f"src/m{file_no}.py"
+        before = current.get(path, "") if hosts_report_before else None
+        current[path] = content
+        verdict = detector.observe(write(path, before, content))
+        assert verdict.level < StagnationLevel.REPLAN
+
+
+_EVENTS = st.sampled_from(
+    [
+        read("a.py", "A"),
+        read("a.py", "A", why="again"),
+        read("b.py", "B"),
+        command("make", "error: missing separator", 2),
+        command("make -j4", "error: missing separator", 2),
+        command("pytest", "1 failed"),
+        ack("true"),
+        write("a.py", None, "A2"),
+        write("a.py", None, "A"),
+    ]
+)
+_ITEMS = st.lists(st.one_of(_EVENTS, st.sampled_from(["compacted", "milestone"])), max_size=120)
+
+
+def _apply(detector: StagnationDetector, item: ToolEvent | str) -> object:
+    if item == "compacted":
+        detector.compacted()
+        return "compacted"
+    if item == "milestone":
+        detector.milestone("m")
+        return "milestone"
+    assert isinstance(item, ToolEvent)
+    return detector.observe(item)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ITEMS, st.integers(min_value=0, max_value=120))
+def test_restore_at_any_point_changes_nothing(items: list[ToolEvent | str], cut: int) -> None:
+    """Saving through JSON and restoring at any step gives the same verdicts afterwards."""
+    config = StagnationConfig(min_steps=2)
+    straight = StagnationDetector(config)
+    for item in items[:cut]:
+        _apply(straight, item)
+    restored = StagnationDetector.from_state(None, json.loads(json.dumps(straight.to_state())))
+    rest = items[cut:]
+    assert [_apply(restored, i) for i in rest] == [_apply(straight, i) for i in rest]
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ITEMS)
+def test_level_never_drops_without_progress(items: list[ToolEvent | str]) -> None:
+    """The level only falls on a new state change, a milestone, or never."""
+    detector = StagnationDetector(StagnationConfig(min_steps=0))
+    previous = StagnationLevel.NONE
+    for item in items:
+        before_changes = detector.verdict().new_state_changes
+        result = _apply(detector, item)
+        if item == "milestone":
+            previous = StagnationLevel.NONE
+            continue
+        if item == "compacted":
+            continue
+        assert hasattr(result, "level")
+        level = detector.verdict().level
+        progressed = detector.verdict().new_state_changes > before_changes
+        assert progressed or level >= previous
+        previous = level
