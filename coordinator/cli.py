@@ -367,3 +367,7 @@ def schema() -> None:
 def main() -> None:
     """Entry point of the ``orga`` script."""
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -130,7 +130,6 @@ class EmbeddedRuntime:
 
     def _spawn_worker(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "ORGA_REDIS_URL": self.url}
-        log = (self.home / "worker.log").open("ab")
         command = [
             sys.executable, "-m", "celery", "-A", "workers", "worker",
             "-Q", f"{keys.reasoning_queue},{keys.tools_queue}",
@@ -138,7 +137,8 @@ class EmbeddedRuntime:
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-n", f"embedded-{os.getpid()}@%h",
         ]  # fmt: skip
-        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with (self.home / "worker.log").open("ab") as log:
+            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def _stop_worker(self) -> None:
         worker, self._worker = self._worker, None

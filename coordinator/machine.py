@@ -44,6 +44,7 @@ from shared.events import (
     Terminated,
     ToolsDispatched,
 )
+from shared.inference import Usage
 from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
 from shared.pre_hydration import ExtractedReference, PreHydrationEngine, ResolutionResult
 from shared.progress_tracker import LimitAction, ProgressTracker
@@ -349,11 +350,11 @@ class TaskMachine:
             purpose="plan" if purpose == "plan" else "act",
             agent_id=record.spec.agent_id,
             conversation=conversation,
-            config=self._config(),
+            config=self._attempt_config(),
             provider=record.spec.provider,
             policy=record.spec.policy,
             workspace=self._workspace(),
-            usage=record.step().usage if record.steps else record.usage,
+            usage=record.step().attempt_usage if record.steps else record.usage,
             allowed_tools=record.spec.tools,
             model_calls=record.model_calls,
         )
@@ -365,6 +366,7 @@ class TaskMachine:
             record.conversation.push(new)
         record.usage = record.usage + message.usage
         step.usage = step.usage + message.usage
+        step.attempt_usage = step.attempt_usage + message.usage
         if message.termination is not None:
             self._attempt_failed(str(message.termination))
             return
@@ -415,7 +417,7 @@ class TaskMachine:
         step = record.step()
         limit = self._config().max_iterations
         elapsed = self.now - (step.started_at or self.now)
-        if record.iteration >= limit:
+        if record.iteration - step.attempt_start_iteration >= limit:
             self._attempt_failed(
                 f"step '{step.spec.id}' used its {limit} iterations without finishing"
             )
@@ -602,8 +604,7 @@ class TaskMachine:
         record.awaiting = None
         decision = self.tracker.record_and_check(step.spec.id, error)
         if not decision.stop:
-            record.iteration = 0
-            step.started_at = self.now
+            self._new_attempt(step)
             record.conversation.push(
                 ConversationMessage.user(
                     f"[Coordinator] Attempt {step.attempts} of step '{step.spec.id}' failed: "
@@ -622,6 +623,13 @@ class TaskMachine:
             self._finish(TaskStatus.ABORTED, reason)
         else:
             self._escalate("tracker", reason)
+
+    def _new_attempt(self, step: StepRecord) -> None:
+        """A fresh iteration and token budget; iteration numbers keep growing within the step,
+        so a fence is never reused and a late observation of an old attempt stays stale."""
+        step.attempt_start_iteration = self.record.iteration
+        step.started_at = self.now
+        step.attempt_usage = Usage()
 
     def _escalate(self, source: ReviewSource, reason: str) -> None:
         record = self.record
@@ -681,8 +689,7 @@ class TaskMachine:
         step = record.step()
         self.tracker.begin_step(step.spec.id)
         self.detector.reset_window()
-        record.iteration = 0
-        step.started_at = self.now
+        self._new_attempt(step)
         if hint:
             record.conversation.push(ConversationMessage.user(f"[Human reviewer] {hint}"))
         self._dispatch_reason()
@@ -730,6 +737,15 @@ class TaskMachine:
         record = self.record
         step = record.step().spec if record.steps else None
         return record.spec.loop_config(step)
+
+    def _attempt_config(self) -> LoopConfig:
+        """The step's config with the iteration limit of the current attempt, in the step's
+        running iteration numbers (a worker compares it with the fence's iteration)."""
+        config = self._config()
+        if not self.record.steps:
+            return config
+        start = self.record.step().attempt_start_iteration
+        return config.model_copy(update={"max_iterations": config.max_iterations + start})
 
     def _workspace(self) -> str:
         spec = self.record.spec

@@ -62,6 +62,8 @@ class StepRecord(BaseModel):
     iterations: int = 0
     attempts: int = 0
     usage: Usage = Field(default_factory=Usage)
+    attempt_usage: Usage = Field(default_factory=Usage)
+    attempt_start_iteration: int = 0
     started_at: float | None = None
     note: str | None = None
 

@@ -84,7 +84,7 @@ class ProviderSpec(_Strict):
     model: str | None = None
     base_url: str | None = None
     script: str | None = None
-    replies: list[dict[str, Any]] | None = None
+    replies: list[dict[str, Any] | str] | None = None
 
     @model_validator(mode="before")
     @classmethod

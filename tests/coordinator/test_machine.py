@@ -70,7 +70,9 @@ def _observed(
     observation = Observation(
         source="tool", content=content, call_id=call_id, metadata={"tool_name": "tool", **metadata}
     )
-    return ToolObservedMessage(fence=record.awaiting.fence.for_call(call_id), observation=observation)
+    return ToolObservedMessage(
+        fence=record.awaiting.fence.for_call(call_id), observation=observation
+    )
 
 
 def _answer(record: TaskRecord, text: str, now: float = 3.0) -> Effects:
@@ -84,7 +86,8 @@ def _answer(record: TaskRecord, text: str, now: float = 3.0) -> Effects:
 
 
 def _verify_result(record: TaskRecord, exit_code: int, now: float = 4.0) -> Effects:
-    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.VERIFY
+    assert record.awaiting is not None
+    assert record.awaiting.kind is AwaitKind.VERIFY
     call_id = record.awaiting.calls[0].call_id
     message = _observed(record, call_id, f"exit code: {exit_code}", exit_code=str(exit_code))
     return _apply(record, now, lambda m: m.on_tool_observed(message))
@@ -96,7 +99,8 @@ def test_start_dispatches_the_first_reasoning_iteration() -> None:
     effects = _start(record)
     assert record.status is TaskStatus.RUNNING
     assert record.steps[0].status is StepStatus.RUNNING
-    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.REASON
+    assert record.awaiting is not None
+    assert record.awaiting.kind is AwaitKind.REASON
     assert [r.fence.token() for r in effects.reason_dispatches] == ["t1/reproduce/0/0"]
     assert effects.journal[0].event.type == "Started"
     assert record.conversation.messages[-1].content.startswith("Step 1 of 2 (reproduce)")
@@ -137,7 +141,9 @@ def test_journal_sequences_have_no_gap() -> None:
     sequences = [e.sequence for e in _start(record).journal]
     sequences += [e.sequence for e in _tool_turn(record, _call("c1", path="a")).journal]
     message = _observed(record, "c1", "x", kind="read", content_hash="h")
-    sequences += [e.sequence for e in _apply(record, 3, lambda m: m.on_tool_observed(message)).journal]
+    sequences += [
+        e.sequence for e in _apply(record, 3, lambda m: m.on_tool_observed(message)).journal
+    ]
     assert sequences == list(range(len(sequences)))
     assert record.journal_seq == len(sequences)
 
@@ -147,12 +153,15 @@ def test_done_when_makes_a_verified_milestone() -> None:
     record = _record()
     _start(record)
     effects = _answer(record, "reproduced")
-    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.VERIFY
+    assert record.awaiting is not None
+    assert record.awaiting.kind is AwaitKind.VERIFY
     check = effects.tool_dispatches[0]
-    assert check.purpose == "verify" and check.action.name == "run_command"
+    assert check.purpose == "verify"
+    assert check.action.name == "run_command"
     assert json.loads(check.action.arguments)["command"] == "false"
     _verify_result(record, exit_code=0)
-    assert record.steps[0].status is StepStatus.COMPLETED and record.steps[0].verified
+    assert record.steps[0].status is StepStatus.COMPLETED
+    assert record.steps[0].verified
     assert record.milestones == ["step:reproduce"]
     assert record.steps[1].status is StepStatus.RUNNING
 
@@ -204,7 +213,8 @@ def test_limit_action_escalate_opens_a_review_and_retry_hint_reaches_the_model()
     effects = _verify_result(record, exit_code=1)
     assert record.status is TaskStatus.AWAITING_REVIEW
     review = effects.reviews[0]
-    assert review.source == "tracker" and review.snapshot["goal"] == "fix the bug"
+    assert review.source == "tracker"
+    assert review.snapshot["goal"] == "fix the bug"
     effects = _apply(
         record, 7.0, lambda m: m.on_review_decision(review.review_id, "retry", "try X", "alice")
     )
@@ -258,7 +268,8 @@ def test_deadline_redispatches_with_a_new_attempt_then_dead_letters() -> None:
     effects = _apply(record, 23.0, lambda m: m.on_tick())
     assert [r.fence.attempt for r in effects.reason_dispatches] == [2]
     effects = _apply(record, 34.0, lambda m: m.on_tick())
-    assert effects.dead_letters and "no observation after 3 dispatches" in effects.dead_letters[0]["error"]
+    assert effects.dead_letters
+    assert "no observation after 3 dispatches" in effects.dead_letters[0]["error"]
     assert record.steps[0].attempts == 1
 
 
@@ -297,7 +308,8 @@ def test_wandering_escalates_to_review_through_the_detector() -> None:
         seen = _observed(record, call.call_id, "same content", kind="read", content_hash="same")
         events.append(_apply(record, 10.0 + index, lambda m, s=seen: m.on_tool_observed(s)))
     assert record.status is TaskStatus.AWAITING_REVIEW
-    assert record.review is not None and record.review.source == "detector"
+    assert record.review is not None
+    assert record.review.source == "detector"
     kinds = [e.event.type for effects in events for e in effects.journal]
     assert "StagnationDetected" in kinds
     nudges = [m.content for m in record.conversation.messages if m.role.value == "user"]

@@ -59,7 +59,9 @@ def _conversation(task: str = "Fix calc.py so that add adds.") -> Conversation:
     return conversation
 
 
-def _run(runner: ReasoningLoopRunner, config: LoopConfig | None = None, task: str | None = None) -> Any:
+def _run(
+    runner: ReasoningLoopRunner, config: LoopConfig | None = None, task: str | None = None
+) -> Any:
     conversation = _conversation(task) if task else _conversation()
     return asyncio.run(runner.run("agent-1", conversation, config or LoopConfig(max_iterations=10)))
 
@@ -69,7 +71,10 @@ def _events(journal: BufferedJournal) -> list[str]:
 
 
 BUGFIX_SCRIPT: list[Any] = [
-    {"text": "Let me look.", "tool_calls": [{"name": "file_read", "arguments": {"path": "calc.py"}}]},
+    {
+        "text": "Let me look.",
+        "tool_calls": [{"name": "file_read", "arguments": {"path": "calc.py"}}],
+    },
     {"tool_calls": [{"name": "file_write", "arguments": {"path": "calc.py", "content": FIXED}}]},
     {"tool_calls": [{"name": "run_command", "arguments": {"command": CHECK}}]},
     "add now adds; the check passes.",
@@ -94,7 +99,8 @@ def test_agent_reads_edits_and_runs_a_command(tmp_path: Path) -> None:
     tool_messages = [m for m in result.conversation.messages if m.role is MessageRole.TOOL]
     assert "exit code: 0" in tool_messages[-1].content
     events = _events(journal)
-    assert events[0] == "Started" and events[-1] == "Terminated"
+    assert events[0] == "Started"
+    assert events[-1] == "Terminated"
     assert events.count("ReasoningComplete") == 4
     sequences = [e.sequence for e in journal.entries()]
     assert sequences == list(range(len(sequences)))
@@ -104,13 +110,14 @@ def test_agent_reads_edits_and_runs_a_command(tmp_path: Path) -> None:
 def test_text_with_tool_calls_is_kept(tmp_path: Path) -> None:
     """Unlike Symbiont, the text that comes with tool calls stays in the conversation."""
     runner = ReasoningLoopRunner(
-        provider=ScriptedProvider.from_replies(BUGFIX_SCRIPT[:1] + ["done"]),
+        provider=ScriptedProvider.from_replies([*BUGFIX_SCRIPT[:1], "done"]),
         executor=local_dispatcher(),
         workspace=_workspace(tmp_path),
     )
     result = _run(runner)
     assistant = [m for m in result.conversation.messages if m.role is MessageRole.ASSISTANT]
-    assert assistant[0].content == "Let me look." and assistant[0].tool_calls
+    assert assistant[0].content == "Let me look."
+    assert assistant[0].tool_calls
 
 
 def test_simple_text_response_terminates(tmp_path: Path) -> None:
@@ -121,7 +128,8 @@ def test_simple_text_response_terminates(tmp_path: Path) -> None:
     runner = ReasoningLoopRunner(provider=provider, executor=local_dispatcher(), workspace=tmp_path)
     result = _run(runner)
     assert result.output == "The answer is 42."
-    assert result.iterations == 1 and result.total_usage.total_tokens == 30
+    assert result.iterations == 1
+    assert result.total_usage.total_tokens == 30
 
 
 @pytest.mark.parametrize(
@@ -184,11 +192,15 @@ def test_timeout_returns_partial_work(tmp_path: Path) -> None:
 
     journal = BufferedJournal()
     runner = ReasoningLoopRunner(
-        provider=FunctionProvider(slow), executor=local_dispatcher(), journal=journal, workspace=tmp_path
+        provider=FunctionProvider(slow),
+        executor=local_dispatcher(),
+        journal=journal,
+        workspace=tmp_path,
     )
     result = _run(runner, LoopConfig(timeout=0.5))
     assert result.termination_reason.kind is TerminationKind.TIMEOUT
-    assert result.iterations == 1 and result.total_usage.total_tokens == 7
+    assert result.iterations == 1
+    assert result.total_usage.total_tokens == 7
     assert len(result.conversation) > 2
     assert _events(journal)[-1] == "Terminated"
 
@@ -354,16 +366,23 @@ def test_fallback_to_an_alternative_tool(tmp_path: Path) -> None:
     )
     result = _run(runner)
     tool = next(m for m in result.conversation.messages if m.role is MessageRole.TOOL)
-    assert "backup answered" in tool.content and not tool.content.startswith("[Error]")
+    assert "backup answered" in tool.content
+    assert not tool.content.startswith("[Error]")
 
 
 def test_stagnation_stops_the_run_and_keeps_milestones(tmp_path: Path) -> None:
     """A wandering run after a verified milestone is escalated; the milestone is kept."""
     workspace = _workspace(tmp_path)
     (workspace / "notes.txt").write_text("nothing useful here\n" * 50)
-    fix = [{"tool_calls": [{"name": "file_write", "arguments": {"path": "calc.py", "content": FIXED}}]}]
+    fix = [
+        {"tool_calls": [{"name": "file_write", "arguments": {"path": "calc.py", "content": FIXED}}]}
+    ]
     wander = [
-        {"tool_calls": [{"name": "file_read", "arguments": {"path": "notes.txt", "end_line": 50 + i}}]}
+        {
+            "tool_calls": [
+                {"name": "file_read", "arguments": {"path": "notes.txt", "end_line": 50 + i}}
+            ]
+        }
         for i in range(1, 80)
     ]
     runner = ReasoningLoopRunner(
@@ -413,10 +432,13 @@ def test_openai_compatible_provider_against_fake_server(tmp_path: Path) -> None:
         _file_tool_turns(server, server.respond_tool_calls)
         server.respond_text("fixed")
         provider = OpenAICompatProvider(base_url=server.base_url, api_key="sk-test", model="gpt-4o")
-        runner = ReasoningLoopRunner(provider=provider, executor=local_dispatcher(), workspace=workspace)
+        runner = ReasoningLoopRunner(
+            provider=provider, executor=local_dispatcher(), workspace=workspace
+        )
         result = _run(runner)
         last = server.requests[-1].body
-    assert result.output == "fixed" and (workspace / "calc.py").read_text() == FIXED
+    assert result.output == "fixed"
+    assert (workspace / "calc.py").read_text() == FIXED
     assert [m["role"] for m in last["messages"]][-2:] == ["assistant", "tool"]
     assert {t["function"]["name"] for t in last["tools"]} >= {"file_read", "run_command"}
 
@@ -428,10 +450,13 @@ def test_anthropic_provider_against_fake_server(tmp_path: Path) -> None:
         _file_tool_turns(server, server.respond_tool_use)
         server.respond_text("fixed")
         provider = AnthropicProvider(base_url=server.base_url, api_key="ak-test")
-        runner = ReasoningLoopRunner(provider=provider, executor=local_dispatcher(), workspace=workspace)
+        runner = ReasoningLoopRunner(
+            provider=provider, executor=local_dispatcher(), workspace=workspace
+        )
         result = _run(runner)
         last = server.requests[-1].body
-    assert result.output == "fixed" and (workspace / "calc.py").read_text() == FIXED
+    assert result.output == "fixed"
+    assert (workspace / "calc.py").read_text() == FIXED
     assert last["messages"][-1]["content"][0]["type"] == "tool_result"
     assert "careful engineer" in json.dumps(last["system"])
 

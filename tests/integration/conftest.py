@@ -1,0 +1,43 @@
+"""Integration fixtures: one private Redis per test module, real worker and coordinator
+processes (see ``harness.py``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordinator.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from tests.integration.harness import Cluster
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A real redis-server for this module (AOF on, so a restart keeps the data)."""
+    directory = tmp_path_factory.mktemp("redis")
+    server = EmbeddedRedis(appendonly=True, directory=directory)
+    try:
+        server.start()
+    except EmbeddedRedisError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"integration tests need Redis in CI: {exc}", pytrace=False)
+        pytest.skip(f"no redis-server available: {exc}")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    private_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """One worker (3 processes) and one coordinator, shared by the tests of a module."""
+    root: Path = tmp_path_factory.mktemp("cluster")
+    running = Cluster(private_redis.url, root)
+    try:
+        running.worker()
+        running.coordinator()
+        yield running
+    finally:
+        running.stop()

@@ -1,0 +1,191 @@
+"""Real processes for integration tests: a private Redis, Celery workers and coordinators.
+
+Nothing here is mocked: the worker is ``celery -A workers worker`` and the coordinator is
+``orga coordinator``, each its own process, talking through a real ``redis-server``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator.client import OrgaClient, TaskNotFoundError
+from shared.events import JournalEntry
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAST_COORDINATOR = {
+    "ORGA_OBSERVATION_DEADLINE_S": "6",
+    "ORGA_TICK_INTERVAL_S": "0.2",
+    "ORGA_LEASE_TTL_S": "3",
+    "ORGA_CLAIM_IDLE_MS": "1500",
+    "ORGA_MAX_REDELIVERIES": "3",
+}
+
+
+def _environment(redis_url: str, workspaces: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env.update({"ORGA_REDIS_URL": redis_url, "ORGA_WORKSPACE_ROOT": str(workspaces)})
+    env.update(FAST_COORDINATOR)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Process:
+    """A child process with its output in a log file."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        with self.log.open("ab") as handle:  # the child keeps its own descriptor
+            self.popen = subprocess.Popen(
+                self.command, env=self.env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def wait_for_log(self, text: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if text in self.log.read_text(errors="replace"):
+                return
+            if self.popen is not None and self.popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name} never logged {text!r}:\n{self.tail()}")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.popen is not None and self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(15)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+    def children(self) -> list[int]:
+        """Pids of direct children (Celery's pool processes)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.pid:
+                found.append(int(stat.parent.name))
+        return sorted(found)
+
+
+@dataclass
+class Cluster:
+    """Workers and coordinators against one Redis."""
+
+    redis_url: str
+    root: Path
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def workspaces(self) -> Path:
+        return self.root / "workspaces"
+
+    def worker(self, concurrency: int = 3, name: str = "w1", **env: str) -> Process:
+        command = [
+            sys.executable, "-m", "celery", "-A", "workers", "worker",
+            "-Q", "orga.reasoning,orga.tools", "-c", str(concurrency), "--loglevel", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-n", f"{name}-{os.getpid()}@%h",
+        ]  # fmt: skip
+        process = Process(name, command, self._env(env), self.root / f"{name}.log").start()
+        process.wait_for_log("ready.")
+        self.processes.append(process)
+        return process
+
+    def coordinator(self, name: str = "c1", **env: str) -> Process:
+        command = [sys.executable, "-m", "coordinator.cli", "coordinator"]
+        process = Process(name, command, self._env(env), self.root / f"{name}.log").start()
+        process.wait_for_log("coordinator ")
+        self.processes.append(process)
+        return process
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        return _environment(self.redis_url, self.workspaces, extra)
+
+    def client(self) -> OrgaClient:
+        return OrgaClient(self.redis_url)
+
+    def orga(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run the ``orga`` CLI against this cluster."""
+        return subprocess.run(
+            [sys.executable, "-m", "coordinator.cli", *args],
+            env=self._env({}), cwd=REPO, capture_output=True, text=True,
+            timeout=timeout_s, check=False,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+    def logs(self) -> str:
+        return "\n\n".join(f"== {p.name}\n{p.tail()}" for p in self.processes)
+
+
+def assert_journal_is_clean(entries: list[JournalEntry]) -> None:
+    """No gap in the sequence, and no iteration applied twice within a step."""
+    sequences = [e.sequence for e in entries]
+    assert sequences == list(range(len(sequences))), f"journal has a gap: {sequences}"
+    seen: set[tuple[str | None, int, str]] = set()
+    for entry in entries:
+        if entry.event.type in ("ReasoningComplete", "ToolsDispatched", "ObservationsCollected"):
+            key = (entry.step_id, entry.iteration, entry.event.type)
+            assert key not in seen, f"iteration applied twice: {key}"
+            seen.add(key)
+
+
+def wait_until(predicate: object, timeout_s: float = 60.0, what: str = "condition") -> None:
+    """Poll ``predicate()`` until true."""
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def status_of(client: OrgaClient, task_id: str) -> str | None:
+    """The task's status, or None while it is still on the intake stream."""
+    try:
+        return str(client.status(task_id)["status"])
+    except TaskNotFoundError:
+        return None
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """The lines of a file, if it exists."""
+    if path.exists():
+        yield from path.read_text().splitlines()

@@ -1,0 +1,109 @@
+"""Crashes: a coordinator and a worker killed with SIGKILL mid-task; the task still completes,
+its journal has no gap and no iteration is applied twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.embedded_redis import EmbeddedRedis
+from tests.integration.harness import REPO, Cluster, assert_journal_is_clean, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _slow_task(iterations: int, sleep_s: float) -> dict[str, Any]:
+    replies: list[Any] = [
+        {
+            "tool_calls": [
+                {"name": "run_command", "arguments": {"command": f"sleep {sleep_s}; echo {i}"}}
+            ]
+        }
+        for i in range(iterations)
+    ]
+    return {
+        "goal": "survive crashes",
+        "provider": {"kind": "scripted", "replies": [*replies, "finished"]},
+        "steps": [{"id": "work", "instruction": "run the commands"}],
+        "limits": {"max_iterations": iterations + 5},
+        "stagnation": {"enabled": False},
+    }
+
+
+@pytest.fixture
+def fresh_cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster of its own for each crash test (the processes get killed)."""
+    running = Cluster(private_redis.url, tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _iterations(cluster: Cluster, task_id: str) -> int:
+    try:
+        return cluster.client().record(task_id).iteration
+    except Exception:
+        return -1
+
+
+def test_coordinator_killed_mid_task_resumes_after_restart(fresh_cluster: Cluster) -> None:
+    """SIGKILL the coordinator while a task runs; a new one takes the lease over and finishes it."""
+    fresh_cluster.worker(name="wk1")
+    first = fresh_cluster.coordinator(name="c1")
+    client = fresh_cluster.client()
+    task_id = client.submit(_slow_task(iterations=8, sleep_s=0.2))
+    wait_until(lambda: _iterations(fresh_cluster, task_id) >= 3, 60, "three iterations")
+    first.kill()
+    fresh_cluster.coordinator(name="c2")
+    result = client.wait(task_id, timeout_s=90)
+    assert result["status"] == "completed", fresh_cluster.logs()
+    assert result["output"] == "finished"
+    entries = client.journal(task_id)
+    assert_journal_is_clean(entries)
+    assert [e.iteration for e in entries if e.event.type == "ReasoningComplete"] == list(
+        range(1, 10)
+    )
+
+
+def test_worker_killed_mid_iteration_is_redelivered(fresh_cluster: Cluster) -> None:
+    """SIGKILL the pool process running a tool call; the call runs again and the task completes."""
+    worker = fresh_cluster.worker(name="wk2", concurrency=1)
+    fresh_cluster.coordinator(name="c3")
+    client = fresh_cluster.client()
+    task_id = client.submit(_slow_task(iterations=3, sleep_s=1.5))
+    wait_until(lambda: _iterations(fresh_cluster, task_id) >= 1, 60, "the first tool call")
+    wait_until(lambda: bool(worker.children()), 10, "a pool process")
+    for child in worker.children():
+        os.kill(child, signal.SIGKILL)
+    result = client.wait(task_id, timeout_s=120)
+    assert result["status"] == "completed", fresh_cluster.logs()
+    assert_journal_is_clean(client.journal(task_id))
+    events = [f["event"] for _i, f in client.events() if f.get("task_id") == task_id]
+    assert events[-1] == "completed"
+
+
+def test_make_run_example_runs_on_the_embedded_runtime(tmp_path: Path) -> None:
+    """What `make run` does: `orga run` with no ORGA_REDIS_URL starts its own Redis and worker."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env.update({"ORGA_HOME": str(tmp_path / "home"), "ORGA_WORKSPACE_ROOT": str(tmp_path / "ws")})
+    command = [sys.executable, "-m", "coordinator.cli", "run"]
+    bugfix = subprocess.run(
+        [*command, "examples/bugfix/task.yaml", "--json"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bugfix.returncode == 0, bugfix.stderr
+    assert '"step:verify"' in bugfix.stdout
+    wanderer = subprocess.run(
+        [*command, "examples/wanderer/task.yaml"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert wanderer.returncode == 3, wanderer.stdout + wanderer.stderr
+    assert "orga review decide" in wanderer.stdout

@@ -1,0 +1,149 @@
+"""The distributed runtime with real parts: Redis, Celery worker processes, the coordinator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.state import TaskStatus
+from tests.integration.harness import (
+    REPO,
+    Cluster,
+    assert_journal_is_clean,
+    status_of,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+BUGFIX = REPO / "examples" / "bugfix" / "task.yaml"
+WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
+
+
+def _task(steps: list[dict[str, Any]], replies: list[Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "goal": "integration test task",
+        "provider": {"kind": "scripted", "replies": replies},
+        "steps": steps,
+        **extra,
+    }
+
+
+def _command(command: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]}
+
+
+def test_multi_step_task_completes_with_verified_milestones(cluster: Cluster) -> None:
+    """The bugfix example runs to completion: three steps, three verified milestones."""
+    client = cluster.client()
+    task_id = client.submit(BUGFIX)
+    result = client.wait(task_id, timeout_s=90)
+    assert result["status"] == "completed", cluster.logs()
+    assert result["milestones"] == ["step:reproduce", "step:fix", "step:verify"]
+    assert all(step["verified"] for step in result["steps"])
+    assert_journal_is_clean(client.journal(task_id))
+    events = [f["event"] for _i, f in client.events() if f["task_id"] == task_id]
+    assert events[0] == "accepted"
+    assert events[-1] == "completed"
+
+
+def test_parallel_tool_calls_of_one_iteration_run_concurrently(cluster: Cluster) -> None:
+    """Two one-second commands of the same iteration take about one second, not two."""
+    replies = [
+        {
+            "tool_calls": [
+                {"name": "run_command", "arguments": {"command": "sleep 1; echo a"}},
+                {"name": "run_command", "arguments": {"command": "sleep 1; echo b"}},
+            ]
+        },
+        "both done",
+    ]
+    client = cluster.client()
+    task_id = client.submit(_task([{"id": "s", "instruction": "run both"}], replies))
+    result = client.wait(task_id, timeout_s=60)
+    assert result["status"] == "completed", cluster.logs()
+    dispatched = [e.event for e in client.journal(task_id) if e.event.type == "ToolsDispatched"]
+    first = dispatched[0]
+    assert first.tool_count == 2  # type: ignore[union-attr]
+    assert first.duration.total_seconds() < 1.8  # type: ignore[union-attr]
+
+
+def test_malformed_task_is_rejected_and_a_valid_one_beside_it_completes(cluster: Cluster) -> None:
+    """A bad submission goes to the rejected stream with its error; the next one still runs."""
+    client = cluster.client()
+    bad = client.submit("goal: [unclosed")
+    missing = client.submit({"steps": [{"id": "x", "instruction": "no goal"}]})
+    good = client.submit(_task([{"id": "s", "instruction": "say hi"}], ["hi"]))
+    assert client.wait(good, timeout_s=60)["status"] == "completed"
+    wait_until(lambda: client.rejection(missing) is not None, 10, "rejection")
+    assert "not valid YAML" in (client.rejection(bad) or "")
+    assert "goal: Field required" in (client.rejection(missing) or "")
+
+
+def test_idempotency_key_returns_the_existing_task(cluster: Cluster) -> None:
+    """A resubmission with the same idempotency key resolves to the first task."""
+    client = cluster.client()
+    task = _task([{"id": "s", "instruction": "say hi"}], ["hi"], idempotency_key="same-key-1")
+    first = client.submit(task)
+    client.wait(first, timeout_s=60)
+    second = client.submit(task)
+    wait_until(lambda: client.resolve(second) == first, 10, "alias")
+    assert client.result(second)["task_id"] == first
+
+
+def test_escalation_is_decided_from_the_cli(cluster: Cluster) -> None:
+    """The wanderer is escalated by the detector; `orga review decide --retry --hint` resumes
+    it, the hint reaches the model, and `--skip` finally skips the step."""
+    client = cluster.client()
+    task_id = client.submit(WANDERER)
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 90, "escalation")
+    review_id = client.status(task_id)["review_id"]
+    listed = cluster.orga("review", "list", "--json")
+    assert review_id in listed.stdout
+    shown = json.loads(cluster.orga("review", "show", review_id).stdout)
+    assert shown["source"] == "detector"
+    assert shown["snapshot"]["goal"].startswith("Find out")
+    retried = cluster.orga("review", "decide", review_id, "--retry", "--hint", "measure it")
+    assert retried.returncode == 0, retried.stderr
+    record = client.record(task_id)
+    assert any(m.content == "[Human reviewer] measure it" for m in record.conversation.messages)
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 90, "re-escalation")
+    second = client.status(task_id)["review_id"]
+    assert second != review_id
+    skipped = cluster.orga("review", "decide", second, "--skip")
+    assert skipped.returncode == 0, skipped.stderr
+    result = client.wait(task_id, timeout_s=30)
+    assert result["steps"][0]["status"] == "skipped"
+    assert_journal_is_clean(client.journal(task_id))
+
+
+def test_wrong_review_decision_is_refused(cluster: Cluster) -> None:
+    """Deciding a review that does not exist fails with a clear message."""
+    outcome = cluster.orga("review", "decide", "nope", "--skip")
+    assert outcome.returncode == 1
+    assert "no open review 'nope'" in outcome.stderr
+
+
+def test_orga_result_and_status_from_the_cli(cluster: Cluster) -> None:
+    """`orga status ID` and `orga result ID` print JSON for a finished task."""
+    client = cluster.client()
+    task_id = client.submit(_task([{"id": "s", "instruction": "say hi"}], ["hello"]))
+    client.wait(task_id, timeout_s=60)
+    status = json.loads(cluster.orga("status", task_id).stdout)
+    assert status["status"] == TaskStatus.COMPLETED.value
+    result = json.loads(cluster.orga("result", task_id, "--json").stdout)
+    assert result["output"] == "hello"
+    journal = cluster.orga("journal", task_id).stdout.splitlines()
+    assert json.loads(journal[0])["event"]["type"] == "Started"
+
+
+def test_run_json_against_a_deployment(cluster: Cluster, tmp_path: Path) -> None:
+    """`orga run --json` submits to ORGA_REDIS_URL and prints the result for pipelines."""
+    task = tmp_path / "task.json"
+    task.write_text(json.dumps(_task([{"id": "s", "instruction": "say hi"}], ["hello from run"])))
+    outcome = cluster.orga("run", str(task), "--json")
+    assert outcome.returncode == 0, outcome.stderr
+    assert json.loads(outcome.stdout)["output"] == "hello from run"
