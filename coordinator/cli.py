@@ -329,16 +329,24 @@ def coordinator() -> None:
     from redis.asyncio import Redis
 
     from coordinator.dispatch import CeleryDispatcher, celery_client
+    from coordinator.metrics import serve_metrics
     from coordinator.service import Coordinator
 
     url = _require_url()
     settings = _settings()
 
+    metrics = serve_metrics(settings.metrics_port, url) if settings.metrics_port else None
+
     async def main_loop() -> None:
         client = Redis.from_url(url)
-        node = Coordinator(client, CeleryDispatcher(celery_client(settings, url)),
-                           settings=coordinator_settings(settings))  # fmt: skip
-        out.print(f"coordinator {node.name} on {url}")
+        node = Coordinator(
+            client,
+            CeleryDispatcher(celery_client(settings, url)),
+            settings=coordinator_settings(settings),
+            metrics=metrics,
+        )
+        where = f", metrics on :{settings.metrics_port}/metrics" if metrics else ""
+        out.print(f"coordinator {node.name} on {url}{where}")
         await node.run()
 
     asyncio.run(main_loop())

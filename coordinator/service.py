@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.state import ReviewDecision, TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
@@ -88,7 +89,7 @@ class Coordinator:
     name: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
-    on_applied: Callable[[TaskRecord], Awaitable[None]] | None = None
+    metrics: CoordinatorMetrics | None = None
 
     def __post_init__(self) -> None:
         self.store = TaskStore(self.redis)
@@ -351,6 +352,8 @@ class Coordinator:
             machine = TaskMachine(record, time.time(), self.settings.machine)
             effects = step(machine)
             if not effects.changed:
+                if self.metrics is not None:
+                    self.metrics.ignored()
                 return False
             try:
                 await self.store.commit(machine.record, effects, ack=ack)
@@ -358,8 +361,8 @@ class Coordinator:
                 continue
             await self._dispatch(effects)
             await self._released(machine.record)
-            if self.on_applied is not None:
-                await self.on_applied(machine.record)
+            if self.metrics is not None:
+                self.metrics.record(machine.record, effects)
             return True
         raise CommitConflictError(f"task {task_id}: gave up after 20 conflicting commits")
 

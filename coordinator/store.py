@@ -31,6 +31,11 @@ class CommitConflictError(OrgaError):
 _COMMIT = """
 local current = redis.call('HGET', KEYS[1], 'version')
 if (current or '') ~= ARGV[1] then return {0, current or ''} end
+local previous = redis.call('HGET', KEYS[1], 'status')
+if previous ~= ARGV[4] then
+  if previous then redis.call('HINCRBY', KEYS[10], previous, -1) end
+  redis.call('HINCRBY', KEYS[10], ARGV[4], 1)
+end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
 if ARGV[5] ~= '' then redis.call('XACK', ARGV[6], ARGV[7], ARGV[5]) end
 local extra = cjson.decode(ARGV[8])
@@ -74,6 +79,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, ARGV[2]}
 end
 redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4])
+redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
 if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[5]) end
 redis.call('SADD', KEYS[3], ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[6], ARGV[2])
@@ -137,6 +143,7 @@ class TaskStore:
                 keys.active_tasks_key,
                 keys.task_index_key,
                 keys.deadlines_key,
+                keys.status_counts_key,
             ],
             args=[
                 idem,
@@ -174,6 +181,7 @@ class TaskStore:
                 keys.dead_letter_stream,
                 keys.active_tasks_key,
                 keys.deadlines_key,
+                keys.status_counts_key,
             ],
             args=[
                 expected,

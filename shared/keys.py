@@ -30,6 +30,7 @@ Keys
     ``orga:tasks:index``         sorted set: every task by creation time
     ``orga:tasks:deadlines``     sorted set: active tasks by the time they must be looked at
     ``orga:reviews:open``        hash: review id -> open escalation (JSON)
+    ``orga:stats:status``        hash: number of tasks in each status (kept by the commit script)
 
 Celery (the Redis broker stores each queue as a list under its name)
     ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
@@ -78,6 +79,7 @@ __all__ = [
     "result_cache_key_prefix",
     "result_cache_ttl_s",
     "review_stream",
+    "status_counts_key",
     "task_index_key",
     "task_key",
     "task_key_prefix",
@@ -117,6 +119,7 @@ active_tasks_key: Final = "orga:tasks:active"
 task_index_key: Final = "orga:tasks:index"
 deadlines_key: Final = "orga:tasks:deadlines"
 open_reviews_key: Final = "orga:reviews:open"
+status_counts_key: Final = "orga:stats:status"
 
 # -- Celery queues and task names ----------------------------------------------------------
 
