@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from shared.actions import Allow, Deny, GateDecision, ProposedAction, ToolCallAction
+from shared.conventions import InMemoryKnowledgeStore, KnowledgeItem
 from shared.conversation import Conversation, ConversationMessage, MessageRole
 from shared.events import JournalEntry
 from shared.inference import (
@@ -31,6 +32,7 @@ from workers.executor import ToolExecutor
 from workers.gates.base import GateContext
 from workers.gates.permissive import PermissiveGate
 from workers.gates.tool_filter import ToolFilterGate
+from workers.knowledge import KnowledgeBridge, KnowledgeConfig
 from workers.providers.anthropic import AnthropicProvider
 from workers.providers.function import FunctionProvider
 from workers.providers.openai_compat import OpenAICompatProvider
@@ -473,3 +475,52 @@ def test_journal_entries_serialise(tmp_path: Path) -> None:
     _run(runner)
     for entry in journal.entries():
         assert JournalEntry.model_validate_json(entry.model_dump_json()) == entry
+
+
+def _knowledge_runner(
+    tmp_path: Path, replies: list[Any], auto_persist: bool
+) -> tuple[ReasoningLoopRunner, InMemoryKnowledgeStore]:
+    store = InMemoryKnowledgeStore(
+        {
+            "agent-1": [
+                KnowledgeItem(
+                    content="calc.py follows the house style: type hints", confidence=0.9
+                ),
+                KnowledgeItem(content="python conventions src/api: return early", confidence=0.8),
+                KnowledgeItem(content="python conventions: use pathlib", confidence=0.7),
+            ]
+        }
+    )
+    runner = ReasoningLoopRunner(
+        provider=ScriptedProvider.from_replies(replies),
+        executor=local_dispatcher(),
+        knowledge=KnowledgeBridge(store, KnowledgeConfig(auto_persist=auto_persist)),
+        workspace=_workspace(tmp_path),
+    )
+    return runner, store
+
+
+def test_knowledge_is_injected_and_recall_uses_scoped_conventions(tmp_path: Path) -> None:
+    """[KNOWLEDGE_CONTEXT] reaches the model; recall_knowledge walks directory conventions."""
+    recall = {"query": "python", "directory": "src/api/handlers", "scope": "conventions"}
+    replies = [{"tool_calls": [{"name": "recall_knowledge", "arguments": recall}]}, "noted"]
+    runner, store = _knowledge_runner(tmp_path, replies, auto_persist=False)
+    result = _run(runner, task="Fix calc.py keeping the house style")
+    assert any("[KNOWLEDGE_CONTEXT]" in m.content for m in result.conversation.messages)
+    answer = next(m for m in result.conversation.messages if m.role is MessageRole.TOOL)
+    assert answer.tool_name == "recall_knowledge"
+    assert answer.content.index("return early") < answer.content.index("use pathlib")
+    assert len(store.items("agent-1")) == 3
+
+
+def test_store_knowledge_and_learnings_only_with_auto_persist(tmp_path: Path) -> None:
+    """store_knowledge adds a fact; learnings are persisted only when auto_persist is on."""
+    fact = {"subject": "calc", "predicate": "has", "object": "a bug in add"}
+    replies = [{"tool_calls": [{"name": "store_knowledge", "arguments": fact}]}, "stored"]
+    runner, store = _knowledge_runner(tmp_path, replies, auto_persist=False)
+    _run(runner)
+    assert len(store.items("agent-1")) == 4
+    (tmp_path / "again").mkdir()
+    runner, store = _knowledge_runner(tmp_path / "again", replies, auto_persist=True)
+    _run(runner)
+    assert len(store.items("agent-1")) == 5
