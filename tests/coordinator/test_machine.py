@@ -351,3 +351,37 @@ def test_record_round_trips_through_json() -> None:
     _tool_turn(record, _call("c1", path="a"))
     restored = TaskRecord.model_validate_json(record.model_dump_json())
     assert restored == record
+
+
+def test_escalate_recovery_strategy_opens_a_review() -> None:
+    """A tool call whose Escalate recovery fired turns into a review item (source recovery)."""
+    record = _record()
+    _start(record)
+    _tool_turn(record, _call("c1", name="web_fetch", url="https://example.com"))
+    message = _observed(record, "c1", "fetch failed", kind="other").model_copy(
+        update={"escalation_reason": "web_fetch: connection refused"}
+    )
+    effects = _apply(record, 3.0, lambda m: m.on_tool_observed(message))
+    assert record.status is TaskStatus.AWAITING_REVIEW
+    assert effects.reviews[0].source == "recovery"
+    assert effects.reviews[0].reason == "web_fetch: connection refused"
+
+
+def test_pre_hydration_dispatches_gated_resolutions() -> None:
+    """References in the goal are resolved through the tools queue (gated) before reasoning."""
+    record = _record(
+        goal="fix ./calc.py as described in https://example.com/issue",
+        pre_hydration={"resolution_tools": {"file": "file_read"}},
+    )
+    effects = _start(record)
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.PREHYDRATE
+    (request,) = effects.tool_dispatches
+    assert request.gated and request.purpose == "prehydrate"
+    assert json.loads(request.action.arguments) == {"input": "./calc.py"}
+    message = _observed(record, request.action.call_id, "def add(a, b): ...")
+    effects = _apply(record, 2.0, lambda m: m.on_tool_observed(message))
+    context = record.conversation.messages[-1]
+    assert context.content.startswith("[PRE_HYDRATED_CONTEXT]")
+    assert "(1 reference could not be resolved)" in context.content
+    assert [e.event.type for e in effects.journal] == ["PreHydrationComplete"]
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.REASON

@@ -107,3 +107,15 @@ def test_make_run_example_runs_on_the_embedded_runtime(tmp_path: Path) -> None:
     )  # fmt: skip
     assert wanderer.returncode == 3, wanderer.stdout + wanderer.stderr
     assert "orga review decide" in wanderer.stdout
+
+
+def test_two_coordinators_share_the_work(fresh_cluster: Cluster) -> None:
+    """Two coordinators run at once on the same streams; every task completes exactly once."""
+    fresh_cluster.worker(name="wk3")
+    fresh_cluster.coordinator(name="c4")
+    fresh_cluster.coordinator(name="c5")
+    client = fresh_cluster.client()
+    ids = [client.submit(_slow_task(iterations=4, sleep_s=0.05)) for _ in range(12)]
+    for task_id in ids:
+        assert client.wait(task_id, timeout_s=120)["status"] == "completed", fresh_cluster.logs()
+        assert_journal_is_clean(client.journal(task_id))

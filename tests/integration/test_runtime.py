@@ -24,8 +24,8 @@ WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
 
 
 def _task(steps: list[dict[str, Any]], replies: list[Any], **extra: Any) -> dict[str, Any]:
+    extra.setdefault("goal", "integration test task")
     return {
-        "goal": "integration test task",
         "provider": {"kind": "scripted", "replies": replies},
         "steps": steps,
         **extra,
@@ -147,3 +147,28 @@ def test_run_json_against_a_deployment(cluster: Cluster, tmp_path: Path) -> None
     outcome = cluster.orga("run", str(task), "--json")
     assert outcome.returncode == 0, outcome.stderr
     assert json.loads(outcome.stdout)["output"] == "hello from run"
+
+
+def test_pre_hydration_runs_on_the_workers_through_the_gate(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A file reference in the goal is read by a tool worker, gated, and reaches the model."""
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "spec.md").write_text("add must add\n")
+    task = _task(
+        [{"id": "s", "instruction": "read the spec"}],
+        ["understood"],
+        goal="implement ./spec.md and ignore ./secret.txt",
+        workspace_template=str(template),
+        pre_hydration={"resolution_tools": {"file": "file_read"}},
+    )
+    client = cluster.client()
+    task_id = client.submit(task)
+    assert client.wait(task_id, timeout_s=60)["status"] == "completed"
+    record = client.record(task_id)
+    context = next(m for m in record.conversation.messages if "[PRE_HYDRATED_CONTEXT]" in m.content)
+    assert "add must add" in context.content
+    assert "(1 reference could not be resolved)" in context.content
+    events = [e.event.type for e in client.journal(task_id)]
+    assert "PreHydrationComplete" in events
