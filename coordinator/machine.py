@@ -357,6 +357,10 @@ class TaskMachine:
             usage=record.step().attempt_usage if record.steps else record.usage,
             allowed_tools=record.spec.tools,
             model_calls=record.model_calls,
+            act_inline=record.spec.tool_dispatch == "inline",
+            workspace_template=record.spec.workspace_template,
+            recovery=record.spec.recovery,
+            tool_recovery=record.spec.tool_recovery,
         )
 
     def _apply_reasoning(self, message: ReasonedMessage) -> None:
@@ -387,11 +391,30 @@ class TaskMachine:
         if message.terminal_output is not None:
             self._journal_empty_act()
             self._step_answered(message.terminal_output)
+        elif message.approved_calls and message.acted is not None:
+            self._acted_inline(message.approved_calls, message.acted)
         elif message.approved_calls:
             self._dispatch_tools(message.approved_calls, AwaitKind.TOOLS, "act")
         else:
             self._journal_empty_act()
             self._next_iteration()
+
+    def _acted_inline(
+        self, calls: Sequence[ToolCallAction], acted: Sequence[ToolObservedMessage]
+    ) -> None:
+        """The reasoning worker ran the calls itself: observe them now."""
+        awaiting = self._await(AwaitKind.TOOLS, self._fence())
+        awaiting.calls = list(calls)
+        for outcome in acted:
+            call_id = outcome.fence.call_id
+            if call_id is not None and call_id not in awaiting.results:
+                awaiting.results[call_id] = outcome.observation
+                self._remember_recovery(outcome)
+        for call in awaiting.missing_calls():
+            awaiting.results[call.call_id] = Observation.tool_error(
+                call.name, "the reasoning worker returned no result for this call"
+            ).with_call_id(call.call_id)
+        self._all_observed(awaiting)
 
     def _journal_empty_act(self) -> None:
         iteration = self.record.iteration

@@ -80,6 +80,10 @@ class ReasonRequest(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     allowed_tools: list[str] | None = None
     model_calls: int = Field(default=0, ge=0)
+    act_inline: bool = False
+    workspace_template: str | None = None
+    recovery: RecoveryStrategy = Field(default_factory=Retry)
+    tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
 
 
 class ToolRequest(BaseModel):
@@ -105,13 +109,28 @@ class ToolRequest(BaseModel):
     allowed_tools: list[str] | None = None
 
 
+class ToolObservedMessage(BaseModel):
+    """A tool worker ran one tool call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["tool_observed"] = "tool_observed"
+    fence: Fence
+    observation: Observation
+    recovery_events: list[RecoveryTriggered] = Field(default_factory=list)
+    escalation_reason: str | None = None
+    duration_ms: float = 0.0
+
+
 class ReasonedMessage(BaseModel):
     """A reasoning worker ran Reason and Gate for one iteration.
 
     ``new_messages`` are appended to the conversation in order (the assistant turn, then the
     feedback for denied actions). ``approved_calls`` are the tool calls to run next;
     ``terminal_output`` is set when the model gave its answer; ``termination`` when the
-    iteration ended the loop (inference failed, refusal, limits).
+    iteration ended the loop (inference failed, refusal, limits). ``acted`` holds the tool
+    outcomes when the request asked the reasoning worker to run the approved calls itself
+    (``act_inline``): the whole iteration then costs one dispatch.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -125,19 +144,7 @@ class ReasonedMessage(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     terminal_output: str | None = None
     termination: TerminationReason | None = None
-    duration_ms: float = 0.0
-
-
-class ToolObservedMessage(BaseModel):
-    """A tool worker ran one tool call."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: Literal["tool_observed"] = "tool_observed"
-    fence: Fence
-    observation: Observation
-    recovery_events: list[RecoveryTriggered] = Field(default_factory=list)
-    escalation_reason: str | None = None
+    acted: list[ToolObservedMessage] | None = None
     duration_ms: float = 0.0
 
 

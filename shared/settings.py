@@ -73,8 +73,10 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
         },
         "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
         "broker_connection_retry_on_startup": True,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events cost extra broker messages per task: off by default, as in Celery;
+        # start workers with `-E` (the compose file does) for Flower's task views.
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
     }

@@ -8,6 +8,8 @@ the environment of the worker processes.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +28,9 @@ from shared.stagnation import StagnationConfig
 from shared.tool_profile import ToolProfile
 
 __all__ = [
+    "MAX_TASK_BYTES",
+    "MAX_TASK_DEPTH",
+    "MAX_TASK_VALUES",
     "DoneWhen",
     "ProviderSpec",
     "ReviewSpec",
@@ -40,6 +45,14 @@ __all__ = [
 
 MAX_TASK_BYTES = 1_048_576
 """A submitted task larger than this is rejected before parsing."""
+
+MAX_TASK_DEPTH = 32
+"""Lists and mappings nested deeper than this are rejected (the stored record must stay JSON
+that every reader can parse; pydantic's JSON parser stops at 200 levels)."""
+
+MAX_TASK_VALUES = 100_000
+"""A task holding more values than this is rejected; YAML aliases count every time they are
+used, so a few hundred bytes of anchors cannot expand into billions of values."""
 
 _STEP_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -90,7 +103,7 @@ class ProviderSpec(_Strict):
     @classmethod
     def _no_secrets(cls, value: Any) -> Any:
         if isinstance(value, dict):
-            secret = next((k for k in value if "key" in k.lower() or "token" in k.lower()), None)
+            secret = next((k for k in value if isinstance(k, str) and _names_a_secret(k)), None)
             if secret is not None:
                 raise ValueError(
                     f"provider.{secret}: secrets must not be written in a task file; set "
@@ -98,6 +111,11 @@ class ProviderSpec(_Strict):
                     "in the environment of the workers"
                 )
         return value
+
+
+def _names_a_secret(name: str) -> bool:
+    lowered = name.lower()
+    return "key" in lowered or "token" in lowered
 
 
 class TaskLimits(_Strict):
@@ -142,6 +160,7 @@ class TaskSpec(_Strict):
     review: ReviewSpec = Field(default_factory=ReviewSpec)
     workspace: str | None = None
     workspace_template: str | None = None
+    tool_dispatch: Literal["queue", "inline"] = "queue"
     metadata: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("steps")
@@ -175,15 +194,30 @@ class TaskSpec(_Strict):
 
 
 def parse_task(data: Any, source: str = "task") -> TaskSpec:
-    """Validate a decoded task; raise TaskSpecError listing every field at fault."""
+    """Validate a decoded task; raise TaskSpecError listing every field at fault.
+
+    The task must be JSON data (what YAML adds, such as binary strings, dates, sets and
+    non-string keys, is refused), at most ``MAX_TASK_DEPTH`` levels deep and ``MAX_TASK_VALUES``
+    values large; unknown fields are refused at every level.
+    """
     if not isinstance(data, dict):
         raise TaskSpecError(
             f"{source}: a task must be a mapping with at least 'goal', got {type(data).__name__}"
         )
+    problem = _json_problem(data)
+    if problem is not None:
+        raise TaskSpecError(f"{source}: {problem}")
     try:
-        return TaskSpec.model_validate(data)
+        return TaskSpec.model_validate(data, extra="forbid")
     except ValidationError as exc:
         raise TaskSpecError(f"{source}: {describe_validation_error(exc)}") from exc
+    except (ArithmeticError, TypeError, LookupError) as exc:
+        # A validator that failed outside pydantic's error types (a duration too large for a
+        # timedelta raises OverflowError): still the task's fault, so name the section.
+        raise TaskSpecError(
+            f"{source}: {_failing_section(data)}: value out of range "
+            f"({type(exc).__name__}: {exc}); use smaller numbers and durations"
+        ) from exc
 
 
 def parse_task_text(text: str, source: str = "task") -> TaskSpec:
@@ -239,6 +273,109 @@ def _decode(text: str, source: str) -> Any:
         return yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise TaskSpecError(f"{source}: not valid YAML or JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise TaskSpecError(
+            f"{source}: not valid YAML or JSON: nested too deeply to parse; a task is at most "
+            f"{MAX_TASK_DEPTH} levels deep"
+        ) from exc
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _json_problem(data: dict[str, Any]) -> str | None:
+    """Why ``data`` is not plain JSON data of a sensible size, or None."""
+    for count, (path, value, depth) in enumerate(_walk(data), start=1):
+        if count > MAX_TASK_VALUES:
+            return (
+                f"the task holds more than {MAX_TASK_VALUES} values (YAML aliases count each "
+                "time they are used); make it smaller"
+            )
+        problem = _value_problem(value, depth)
+        if problem is not None:
+            return f"{_location(path)}: {problem}"
+    return None
+
+
+def _walk(data: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], Any, int]]:
+    """``(path, value, depth)`` of every value, depth first. A mapping key that is not a string
+    comes as a value of its own, wrapped in ``_Key``. Containers at the depth limit are not
+    entered."""
+    stack: list[tuple[tuple[Any, ...], Any, int]] = [((), data, 0)]
+    while stack:
+        path, value, depth = stack.pop()
+        yield path, value, depth
+        if depth >= MAX_TASK_DEPTH:
+            continue
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    yield (*path, key), _Key(key), depth + 1
+                stack.append(((*path, key), item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend(((*path, index), item, depth + 1) for index, item in enumerate(value))
+
+
+class _Key:
+    """A mapping key that is not a string (YAML allows ``1:``, ``null:`` and ``on:``)."""
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+
+def _value_problem(value: Any, depth: int) -> str | None:
+    if isinstance(value, _Key):
+        return (
+            f"the key {_short(value.key)} is not a string ({type(value.key).__name__}); keys must be "
+            "strings (quote it)"
+        )
+    if isinstance(value, dict | list):
+        if depth >= MAX_TASK_DEPTH:
+            return f"nested more than {MAX_TASK_DEPTH} levels deep; flatten the data"
+        return None
+    return _scalar_problem(value)
+
+
+def _scalar_problem(value: Any) -> str | None:
+    if not isinstance(value, _JSON_SCALARS):
+        return (
+            f"a {type(value).__name__} value ({_short(value)}) is not JSON data; a task holds "
+            "only strings, numbers, booleans, null, lists and mappings (quote dates and such)"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a JSON number; give a finite number"
+    if isinstance(value, str) and not _is_utf8(value):
+        return f"the text {_short(value)} contains an unpaired surrogate, which is not UTF-8"
+    return None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _location(path: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in path) or "<root>"
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _failing_section(data: dict[str, Any]) -> str:
+    """The first top-level field that fails to validate on its own, or ``<root>``."""
+    for key, value in data.items():
+        try:
+            TaskSpec.model_validate({"goal": "locate", key: value}, extra="forbid")
+        except ValidationError:
+            continue
+        except (ArithmeticError, TypeError, LookupError):
+            return str(key)
+    return "<root>"
 
 
 def describe_validation_error(exc: ValidationError, limit: int = 8) -> str:

@@ -66,6 +66,12 @@ class WorkerServices(Protocol):
         """Run one approved tool call through the executor."""
         ...
 
+    async def execute_batch(
+        self, request: ReasonRequest, calls: Sequence[ToolCallAction], context: ToolContext
+    ) -> list[ToolObservedMessage]:
+        """Run the approved calls of an iteration (``act_inline``), concurrently."""
+        ...
+
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach private addresses."""
         ...
@@ -171,15 +177,31 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         )
     gate = services.gate(request.policy)
     dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
+    approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
+    acted = None
+    if request.act_inline and approved and dispatching.terminal_output is None:
+        acted = await services.execute_batch(request, approved, _tool_context(request, services))
     return ReasonedMessage(
         fence=request.fence,
         new_messages=state.conversation.messages[known:],
         actions=checking.proposed_actions,
-        approved_calls=[a for a in dispatching.approved if isinstance(a, ToolCallAction)],
+        approved_calls=approved,
         denied_count=dispatching.denied_count,
         usage=checking.usage,
         terminal_output=dispatching.terminal_output,
+        acted=acted,
         duration_ms=(time.monotonic() - started) * 1000,
+    )
+
+
+def _tool_context(request: ReasonRequest, services: WorkerServices) -> ToolContext:
+    workspace = prepare_workspace(Path(request.workspace), request.workspace_template)
+    return ToolContext(
+        workspace=workspace,
+        timeout_s=request.config.tool_timeout.total_seconds(),
+        allow_private_network=services.allow_private_network(),
+        agent_id=request.agent_id,
+        task_id=request.fence.task_id,
     )
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
 from shared import keys
+from shared.actions import ToolCallAction
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
 from shared.protocol import (
@@ -144,6 +145,30 @@ class ProcessServices:
                 f"{escalation.tool_name}: {escalation.error}" if escalation is not None else None
             ),
         )
+
+    async def execute_batch(
+        self, request: ReasonRequest, calls: Sequence[ToolCallAction], context: ToolContext
+    ) -> list[ToolObservedMessage]:
+        """Run an iteration's approved calls in one executor batch (bounded concurrency)."""
+        report = await self.executor.execute(
+            calls,
+            request.config,
+            context,
+            recovery=request.recovery,
+            tool_recovery=request.tool_recovery,
+            iteration=request.fence.iteration,
+        )
+        escalation = report.escalation
+        messages = [
+            ToolObservedMessage(fence=request.fence.for_call(call.call_id), observation=observation)
+            for call, observation in zip(calls, report.observations, strict=True)
+        ]
+        if messages:
+            reason = f"{escalation.tool_name}: {escalation.error}" if escalation else None
+            messages[0] = messages[0].model_copy(
+                update={"recovery_events": list(report.events), "escalation_reason": reason}
+            )
+        return messages
 
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach loopback and private addresses."""

@@ -23,6 +23,8 @@ from workers.celery import app
 from workers.handlers import run_reasoning, run_tool_call
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
+from workers.tools.base import Tool
+from workers.tools.registry import ToolRegistry, default_registry
 
 __all__ = ["close_services", "reason", "services", "tool_call"]
 
@@ -37,8 +39,25 @@ def services() -> ProcessServices:
     if _services is None:
         settings: OrgaSettings = app.conf.orga_settings
         assert settings.redis_url is not None
-        _services = ProcessServices(settings, ProviderSettings(), settings.redis_url)
+        _services = ProcessServices(
+            settings, ProviderSettings(), settings.redis_url, registry=_registry()
+        )
     return _services
+
+
+def _registry() -> ToolRegistry | None:
+    """The default registry plus the tools in ``app.conf.orga_extra_tools``, if any.
+
+    An application that embeds the workers (a benchmark's no-op tool, an in-house tool that is
+    not packaged as an ``orga.tools`` entry point) sets that list before the worker starts.
+    """
+    extra: list[Tool] = list(app.conf.get("orga_extra_tools") or ())
+    if not extra:
+        return None
+    registry = default_registry()
+    for tool in extra:
+        registry.register(tool)
+    return registry
 
 
 def close_services() -> None:
