@@ -385,3 +385,35 @@ def test_pre_hydration_dispatches_gated_resolutions() -> None:
     assert "(1 reference could not be resolved)" in context.content
     assert [e.event.type for e in effects.journal] == ["PreHydrationComplete"]
     assert record.awaiting is not None and record.awaiting.kind is AwaitKind.REASON
+
+
+def test_inline_act_observes_in_the_same_transition() -> None:
+    """With tool_dispatch: inline the reasoned message carries the outcomes: no tool dispatch."""
+    record = _record(tool_dispatch="inline")
+    effects = _start(record)
+    assert effects.reason_dispatches[0].act_inline
+    call = _call("c1", path="a.py")
+    acted = ToolObservedMessage(
+        fence=record.awaiting.fence.for_call("c1"),  # type: ignore[union-attr]
+        observation=Observation(source="file_read", content="x", call_id="c1"),
+    )
+    message = _reasoned(
+        record,
+        new_messages=[
+            ConversationMessage.assistant_tool_calls([ToolCall(id="c1", name="file_read")])
+        ],
+        actions=[call],
+        approved_calls=[call],
+        acted=[acted],
+    )
+    effects = _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    assert not effects.tool_dispatches
+    assert len(effects.reason_dispatches) == 1
+    assert record.conversation.messages[-1].tool_call_id == "c1"
+    kinds = [e.event.type for e in effects.journal]
+    assert kinds == [
+        "ReasoningComplete",
+        "PolicyEvaluated",
+        "ToolsDispatched",
+        "ObservationsCollected",
+    ]

@@ -172,3 +172,24 @@ def test_pre_hydration_runs_on_the_workers_through_the_gate(
     assert "(1 reference could not be resolved)" in context.content
     events = [e.event.type for e in client.journal(task_id)]
     assert "PreHydrationComplete" in events
+
+
+def test_inline_tool_dispatch_completes(cluster: Cluster) -> None:
+    """With tool_dispatch: inline the reasoning worker acts itself and the task completes."""
+    replies = [
+        {
+            "tool_calls": [
+                {"name": "run_command", "arguments": {"command": "echo one"}},
+                {"name": "file_list", "arguments": {}},
+            ]
+        },
+        "done inline",
+    ]
+    client = cluster.client()
+    task = _task([{"id": "s", "instruction": "x"}], replies, tool_dispatch="inline")
+    task_id = client.submit(task)
+    result = client.wait(task_id, timeout_s=60)
+    assert result["output"] == "done inline", cluster.logs()
+    tools = [m for m in client.record(task_id).conversation.messages if m.role.value == "tool"]
+    assert "one" in tools[0].content
+    assert_journal_is_clean(client.journal(task_id))
