@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -334,7 +335,9 @@ def coordinator() -> None:
 
     url = _require_url()
     settings = _settings()
-
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     metrics = serve_metrics(settings.metrics_port, url) if settings.metrics_port else None
 
     async def main_loop() -> None:
@@ -364,6 +367,18 @@ def worker(
     if concurrency:
         command += ["-c", str(concurrency)]
     os.execv(sys.executable, command)  # noqa: S606 - replaces this process by the worker
+
+
+@app.command()
+def cancel(
+    task_id: str,
+    reason: Annotated[str, typer.Option(help="Why, for the journal.")] = "cancelled by operator",
+) -> None:
+    """Abort a task (its verified milestones are kept)."""
+    with _errors():
+        client = OrgaClient(_require_url())
+        client.cancel(task_id, reason)
+    out.print(f"cancellation of {task_id} sent")
 
 
 @app.command()

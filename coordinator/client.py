@@ -67,7 +67,10 @@ class OrgaClient:
         text = _task_text(task)
         task_id = task_id or uuid.uuid4().hex
         self.redis.xadd(
-            keys.intake_stream, {"task_id": task_id, "task": text, "at": f"{time.time():.3f}"}
+            keys.intake_stream,
+            {"task_id": task_id, "task": text, "at": f"{time.time():.3f}"},
+            maxlen=keys.intake_maxlen,
+            approximate=True,
         )
         return task_id
 
@@ -209,6 +212,7 @@ class OrgaClient:
             keys.control_stream,
             {"action": "review", "task_id": item.task_id, "review_id": review_id,
              "decision": decision, "hint": hint or "", "by": by},
+            maxlen=keys.control_maxlen, approximate=True,
         )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -234,6 +238,8 @@ class OrgaClient:
         self.redis.xadd(
             keys.control_stream,
             {"action": "cancel", "task_id": self.resolve(task_id), "reason": reason},
+            maxlen=keys.control_maxlen,
+            approximate=True,
         )
 
     def close(self) -> None:

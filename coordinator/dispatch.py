@@ -6,7 +6,6 @@ readable summary (task, step, iteration, attempt, tool) instead of a conversatio
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from celery import Celery
@@ -53,8 +52,12 @@ class CeleryDispatcher:
         await self._send(keys.tool_task_name, keys.tools_queue, request.model_dump_json(), summary)
 
     async def _send(self, name: str, queue: str, payload: str, summary: str) -> None:
-        await asyncio.to_thread(
-            self._app.send_task,
+        # On the event loop, not in a thread: the send is one LPUSH on the broker's connection
+        # pool (~0.35 ms of CPU), the apply that calls it waits for it anyway, and a thread hop
+        # costs another ~0.15 ms of CPU in GIL hand-offs and adds a wake-up to every iteration's
+        # latency (docs/performance.md). If the broker is unreachable, kombu's publish retries
+        # (a few hundred ms at most) hold the loop, whose every other step needs Redis as well.
+        self._app.send_task(
             name,
             args=[payload],
             queue=queue,

@@ -42,10 +42,14 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
         lease_ttl_s=settings.lease_ttl_s,
         tick_interval_s=settings.tick_interval_s,
         claim_idle_ms=settings.claim_idle_ms,
+        journal_maxlen=settings.journal_maxlen,
+        events_maxlen=settings.events_maxlen,
+        retention_s=settings.retention_s,
         machine=MachineSettings(
             observation_deadline_s=settings.observation_deadline_s,
             max_redeliveries=settings.max_redeliveries,
             workspace_root=settings.workspace_root,
+            allow_inline_tools=settings.allow_inline_tools,
         ),
     )
 

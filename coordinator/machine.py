@@ -67,6 +67,9 @@ DEFAULT_SYSTEM_PROMPT = (
     "of what you did and why it is done."
 )
 
+PLAN_FENCE_STEP = "__plan__"
+"""The fence step of the planning call: not a valid step id, so it never collides with one."""
+
 PLAN_PROMPT = (
     "Break the goal into a short list of concrete steps. Answer with JSON only: "
     '{"steps": [{"id": "short-id", "instruction": "what to do", '
@@ -82,6 +85,7 @@ class MachineSettings:
     max_redeliveries: int = 3
     workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
     recent_messages_in_snapshot: int = 8
+    allow_inline_tools: bool = True
 
 
 @dataclass
@@ -156,6 +160,7 @@ class TaskMachine:
         awaiting.results[call_id] = message.observation
         self._remember_recovery(message)
         if awaiting.missing_calls():
+            self._dispatch_more(awaiting)
             return self._done()
         self._all_observed(awaiting)
         return self._done()
@@ -226,7 +231,7 @@ class TaskMachine:
     def _dispatch_plan(self) -> None:
         conversation = Conversation.with_system(PLAN_PROMPT)
         conversation.push(ConversationMessage.user(f"Goal: {self.record.spec.goal}"))
-        fence = Fence(task_id=self.record.task_id, step_id="plan", iteration=0, attempt=0)
+        fence = Fence(task_id=self.record.task_id, step_id=PLAN_FENCE_STEP, iteration=0, attempt=0)
         self._await(AwaitKind.PLAN, fence)
         self.effects.reason_dispatches.append(
             self._reason_request(fence, conversation, purpose="plan")
@@ -299,7 +304,12 @@ class TaskMachine:
             return
         done = [s for s in record.steps if s.status is StepStatus.COMPLETED]
         record.output = done[-1].output if done else ""
-        self._finish(TaskStatus.COMPLETED, None)
+        if done:
+            self._finish(TaskStatus.COMPLETED, None)
+        else:
+            self._finish(
+                TaskStatus.FAILED, f"no step completed: all {len(record.steps)} were skipped"
+            )
 
     def _end_step_loop(self, reason: TerminationReason) -> None:
         step = self.record.step()
@@ -325,6 +335,7 @@ class TaskMachine:
         record.error = error
         record.awaiting = None
         if record.review is not None and record.review.decision is None:
+            self._event("review_closed", review_id=record.review.review_id)
             record.review = None
         self._event(status.value, error=(error or "")[:500], milestones=",".join(record.milestones))
 
@@ -357,7 +368,7 @@ class TaskMachine:
             usage=record.step().attempt_usage if record.steps else record.usage,
             allowed_tools=record.spec.tools,
             model_calls=record.model_calls,
-            act_inline=record.spec.tool_dispatch == "inline",
+            act_inline=record.spec.tool_dispatch == "inline" and self.settings.allow_inline_tools,
             workspace_template=record.spec.workspace_template,
             recovery=record.spec.recovery,
             tool_recovery=record.spec.tool_recovery,
@@ -464,9 +475,24 @@ class TaskMachine:
         fence = self._fence()
         awaiting = self._await(kind, fence)
         awaiting.calls = list(calls)
+        awaiting.purpose = purpose
         awaiting.terminal_output = terminal_output
-        for call in calls:
-            self.effects.tool_dispatches.append(self._tool_request(fence, call, purpose))
+        self._dispatch_more(awaiting)
+
+    def _dispatch_more(self, awaiting: Awaiting) -> None:
+        """Dispatch waiting calls while fewer than ``max_concurrent_tools`` are in flight."""
+        limit = self._config().max_concurrent_tools
+        in_flight = [c for c in awaiting.dispatched if c not in awaiting.results]
+        for call in awaiting.calls:
+            if len(in_flight) >= limit:
+                return
+            if call.call_id in awaiting.dispatched:
+                continue
+            awaiting.deadline = self.now + self._deadline_s()
+            awaiting.dispatched.append(call.call_id)
+            in_flight.append(call.call_id)
+            request = self._tool_request(awaiting.fence, call, awaiting.purpose)
+            self.effects.tool_dispatches.append(request)
 
     def _tool_request(self, fence: Fence, call: ToolCallAction, purpose: str) -> ToolRequest:
         spec = self.record.spec
@@ -686,7 +712,12 @@ class TaskMachine:
             "milestones": list(record.milestones),
             "counters": self.detector.counters(),
             "recent": [
-                {"role": m.role.value, "content": m.content[:500], "tool": m.tool_name or ""}
+                {
+                    "role": m.role.value,
+                    "content": m.content[:500],
+                    "tool": m.tool_name or "",
+                    "tool_calls": [f"{c.name}({c.arguments[:200]})" for c in m.tool_calls],
+                }
                 for m in recent
             ],
         }
@@ -732,11 +763,8 @@ class TaskMachine:
                 self._reason_request(fence, conversation, purpose=awaiting.kind.value)
             )
             return
-        purpose = {AwaitKind.VERIFY: "verify", AwaitKind.PREHYDRATE: "prehydrate"}.get(
-            awaiting.kind, "act"
-        )
-        for call in awaiting.missing_calls():
-            self.effects.tool_dispatches.append(self._tool_request(fence, call, purpose))
+        awaiting.dispatched = [c for c in awaiting.dispatched if c in awaiting.results]
+        self._dispatch_more(awaiting)
 
     def _dead_letter(self, awaiting: Awaiting, error: str) -> None:
         self.effects.dead_letters.append(

@@ -76,6 +76,10 @@ class CoordinatorSettings:
     batch: int = 64
     claim_idle_ms: int = 30_000
     max_deliveries: int = 5
+    journal_maxlen: int = 10_000
+    events_maxlen: int = 100_000
+    retention_s: float = 7 * 24 * 3600.0
+    purge_interval_s: float = 60.0
     machine: MachineSettings = field(default_factory=MachineSettings)
 
 
@@ -92,7 +96,12 @@ class Coordinator:
     metrics: CoordinatorMetrics | None = None
 
     def __post_init__(self) -> None:
-        self.store = TaskStore(self.redis)
+        self.store = TaskStore(
+            self.redis,
+            journal_maxlen=self.settings.journal_maxlen,
+            events_maxlen=self.settings.events_maxlen,
+        )
+        self._last_purge = 0.0
         self._held: set[str] = set()
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
@@ -306,6 +315,7 @@ class Coordinator:
         await self._reclaim(keys.intake_stream, self._intake)
         await self._reclaim(keys.control_stream, self._control)
         await self._renew_leases()
+        await self._purge()
         for task_id in await self.store.due_task_ids(time.time(), self.settings.batch * 4):
             if await self._hold(task_id):
                 await self._apply(task_id, _tick)
@@ -327,9 +337,24 @@ class Coordinator:
             return
         self._last_renewal = now
         ttl_ms = int(self.settings.lease_ttl_s * 1000)
-        for task_id in list(self._held):
-            if not await self.store.renew_lease(task_id, self.name, ttl_ms):
+        held = sorted(self._held)
+        active = await self.store.still_active(held)
+        for task_id, is_active in zip(held, active, strict=True):
+            if not is_active:  # finished by another coordinator
                 self._held.discard(task_id)
+                await self.store.release_lease(task_id, self.name)
+            elif not await self.store.renew_lease(task_id, self.name, ttl_ms):
+                self._held.discard(task_id)
+
+    async def _purge(self) -> None:
+        """Delete finished tasks older than the retention (state, journal, aliases)."""
+        now = time.monotonic()
+        if now - self._last_purge < self.settings.purge_interval_s:
+            return
+        self._last_purge = now
+        purged = await self.store.purge_finished(time.time() - self.settings.retention_s)
+        if purged:
+            log.info("tasks.purged", extra={"count": purged, "coordinator": self.name})
 
     async def _released(self, record: TaskRecord) -> None:
         if record.terminal and record.task_id in self._held:

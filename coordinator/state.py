@@ -86,6 +86,8 @@ class Awaiting(BaseModel):
     deadline: float
     redeliveries: int = 0
     calls: list[ToolCallAction] = Field(default_factory=list)
+    dispatched: list[str] = Field(default_factory=list)
+    purpose: str = "act"
     results: dict[str, Observation] = Field(default_factory=dict)
     terminal_output: str | None = None
 
@@ -95,7 +97,7 @@ class Awaiting(BaseModel):
 
 
 ReviewDecision = Literal["retry", "skip", "abort"]
-ReviewSource = Literal["tracker", "detector", "recovery", "operator"]
+ReviewSource = Literal["tracker", "detector", "recovery"]
 
 
 class ReviewItem(BaseModel):

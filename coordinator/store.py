@@ -11,7 +11,8 @@ applied) or the new state with the entry acknowledged: never half of it, and nev
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
@@ -57,6 +58,7 @@ for _, d in ipairs(extra.dead_letters) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
 end
 if extra.terminal then
+  redis.call('HSET', KEYS[1], 'finished_at', extra.now)
   redis.call('SREM', KEYS[8], extra.task_id)
   redis.call('ZREM', KEYS[9], extra.task_id)
 else
@@ -88,6 +90,16 @@ if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
 return {1, ARGV[2]}
 """
 
+_PURGE = """
+local finished = redis.call('HGET', KEYS[1], 'finished_at')
+if not finished or tonumber(finished) > tonumber(ARGV[1]) then return 0 end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status then redis.call('HINCRBY', KEYS[5], status, -1) end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[2])
+return 1
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -111,24 +123,61 @@ class CreateOutcome:
 
 @dataclass
 class TaskStore:
-    """Loads, creates and commits task records; holds and renews leases."""
+    """Loads, creates and commits task records; holds and renews leases.
+
+    A record this store created or committed is kept parsed (up to ``record_cache_bytes`` of
+    JSON, least recently written evicted first; terminal records are not kept): the next ``load``
+    of the task then reads only its ``version`` and, when no one committed since, hands that
+    record back instead of reading and parsing the whole state again, which is the largest part
+    of an apply for a long conversation. A record returned by ``load`` belongs to the caller;
+    it is kept again only once committed.
+    """
 
     redis: Redis
     journal_maxlen: int = 10_000
     events_maxlen: int = 100_000
+    record_cache_bytes: int = 4 * 1024 * 1024
+    """JSON size of the records kept parsed (their parsed form takes about ten times more)."""
+    _kept: OrderedDict[str, tuple[TaskRecord, int]] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
+    _kept_bytes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
         self._create = self.redis.register_script(_CREATE)
         self._renew = self.redis.register_script(_RENEW)
+        self._purge = self.redis.register_script(_PURGE)
         self._release = self.redis.register_script(_RELEASE)
 
     async def load(self, task_id: str) -> TaskRecord | None:
         """The stored record, or None when there is no such task."""
-        state = await self.redis.hget(keys.task_key(task_id), "state")
+        key = keys.task_key(task_id)
+        kept = self._take(task_id)
+        if kept is not None:
+            version = await self.redis.hget(key, "version")
+            if version is not None and _text(version) == str(kept.version):
+                return kept
+        state = await self.redis.hget(key, "state")
         if state is None:
             return None
         return TaskRecord.model_validate_json(state)
+
+    def _take(self, task_id: str) -> TaskRecord | None:
+        kept = self._kept.pop(task_id, None)
+        if kept is None:
+            return None
+        self._kept_bytes -= kept[1]
+        return kept[0]
+
+    def _keep(self, record: TaskRecord, size: int) -> None:
+        if record.terminal or size > self.record_cache_bytes:
+            return
+        self._kept[record.task_id] = (record, size)
+        self._kept_bytes += size
+        while self._kept_bytes > self.record_cache_bytes:
+            _task_id, (_record, evicted) = self._kept.popitem(last=False)
+            self._kept_bytes -= evicted
 
     async def create(
         self, record: TaskRecord, ack: tuple[str, str, str] | None = None
@@ -136,6 +185,7 @@ class TaskStore:
         """Persist a new task (and acknowledge its intake entry) unless it already exists."""
         idem = record.spec.idempotency_key or ""
         stream, group, entry_id = ack or ("", "", "")
+        state = record.model_dump_json()
         created, task_id = await self._create(
             keys=[
                 keys.task_key(record.task_id),
@@ -148,7 +198,7 @@ class TaskStore:
             args=[
                 idem,
                 record.task_id,
-                record.model_dump_json(),
+                state,
                 record.status.value,
                 keys.idempotency_ttl_s,
                 f"{record.created_at:.6f}",
@@ -157,7 +207,11 @@ class TaskStore:
                 group,
             ],
         )
-        return CreateOutcome(created=bool(int(created)), task_id=_text(task_id))
+        outcome = CreateOutcome(created=bool(int(created)), task_id=_text(task_id))
+        if outcome.created:
+            self._take(record.task_id)
+            self._keep(record, len(state))
+        return outcome
 
     async def commit(
         self, record: TaskRecord, effects: Effects, ack: tuple[str, str, str] | None = None
@@ -168,7 +222,9 @@ class TaskStore:
         """
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
+        self._take(record.task_id)
         record.version += 1
+        state = record.model_dump_json()
         extra = self._extra(record, effects)
         ok, _current = await self._commit(
             keys=[
@@ -186,7 +242,7 @@ class TaskStore:
             args=[
                 expected,
                 str(record.version),
-                record.model_dump_json(),
+                state,
                 record.status.value,
                 entry_id,
                 stream,
@@ -197,13 +253,16 @@ class TaskStore:
         if not int(ok):
             record.version -= 1
             raise CommitConflictError(f"task {record.task_id} changed since version {expected}")
+        self._keep(record, len(state))
 
     def _extra(self, record: TaskRecord, effects: Effects) -> dict[str, Any]:
-        closed = [e["review_id"] for e in effects.events if e.get("event") == "review_decided"]
+        closing = ("review_decided", "review_closed")
+        closed = [e["review_id"] for e in effects.events if e.get("event") in closing]
         return {
             "task_id": record.task_id,
             "terminal": record.status in TERMINAL_STATUSES,
             "deadline": f"{record.next_deadline():.6f}",
+            "now": f"{record.updated_at:.6f}",
             "journal_maxlen": self.journal_maxlen,
             "events_maxlen": self.events_maxlen,
             "journal": [[e.sequence, e.model_dump_json()] for e in effects.journal],
@@ -228,6 +287,35 @@ class TaskStore:
         items = await self.redis.hgetall(keys.open_reviews_key)
         reviews = [ReviewItem.model_validate_json(v) for v in items.values()]
         return sorted(reviews, key=lambda r: r.created_at)
+
+    async def still_active(self, task_ids: list[str]) -> list[bool]:
+        """Whether each task is still active (not completed, failed or aborted)."""
+        if not task_ids:
+            return []
+        flags = await self.redis.smismember(keys.active_tasks_key, task_ids)
+        return [bool(int(f)) for f in flags]
+
+    async def purge_finished(self, finished_before: float, batch: int = 500) -> int:
+        """Delete tasks that finished before ``finished_before``; returns how many."""
+        candidates = await self.redis.zrangebyscore(
+            keys.task_index_key, "-inf", finished_before, start=0, num=batch
+        )
+        purged = 0
+        for raw in candidates:
+            task_id = _text(raw)
+            purged += int(
+                await self._purge(
+                    keys=[
+                        keys.task_key(task_id),
+                        keys.journal_stream(task_id),
+                        keys.journal_sequence_key(task_id),
+                        keys.task_index_key,
+                        keys.status_counts_key,
+                    ],
+                    args=[f"{finished_before:.6f}", task_id],
+                )
+            )
+        return purged
 
     async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the task's lease if nobody holds it."""

@@ -52,6 +52,7 @@ __all__ = [
     "breaker_key",
     "breaker_key_prefix",
     "breaker_ttl_s",
+    "control_maxlen",
     "control_stream",
     "coordinator_group",
     "dead_letter_stream",
@@ -60,6 +61,7 @@ __all__ = [
     "idempotency_key",
     "idempotency_key_prefix",
     "idempotency_ttl_s",
+    "intake_maxlen",
     "intake_stream",
     "journal_sequence_key",
     "journal_stream",
@@ -70,6 +72,7 @@ __all__ = [
     "lease_key",
     "lease_key_prefix",
     "lease_ttl_s",
+    "observations_maxlen",
     "observations_stream",
     "open_reviews_key",
     "reason_task_name",
@@ -127,6 +130,12 @@ reasoning_queue: Final = "orga.reasoning"
 tools_queue: Final = "orga.tools"
 reason_task_name: Final = "orga.reason"
 tool_task_name: Final = "orga.tool_call"
+
+# -- stream lengths (approximate trimming, MAXLEN ~) -----------------------------------------
+
+intake_maxlen: Final = 100_000
+control_maxlen: Final = 10_000
+observations_maxlen: Final = 100_000
 
 # -- TTLs ----------------------------------------------------------------------------------
 

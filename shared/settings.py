@@ -48,6 +48,21 @@ class OrgaSettings(BaseSettings):
     allow_private_network: bool = Field(
         default=False, description="Let web_fetch reach loopback and private addresses"
     )
+    allow_inline_tools: bool = Field(
+        default=True,
+        description="Honour `tool_dispatch: inline` (tools then run in the reasoning worker, "
+        "next to the model key); false sends every call to the tools queue",
+    )
+    allow_task_base_url: bool = Field(
+        default=False,
+        description="Let a task's provider.base_url replace ORGA_BASE_URL (the API key is sent "
+        "there, so only for trusted submitters)",
+    )
+    retention_s: float = Field(
+        default=7 * 24 * 3600.0,
+        ge=60,
+        description="Finished tasks (state, journal) are deleted this long after they end",
+    )
 
 
 def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:

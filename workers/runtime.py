@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.actions import ToolCallAction
+from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
 from shared.protocol import (
@@ -37,17 +38,17 @@ from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderKind, ProviderSettings
-from workers.recovery import DeadLetterRecord
+from workers.recovery import DeadLetterRecord, RecoveryLedger
 from workers.result_cache import RedisResultCache
 from workers.tools.base import Tool, ToolContext
 from workers.tools.registry import ToolRegistry, default_registry
 
-__all__ = ["ProcessServices", "RedisDeadLetterSink"]
+__all__ = ["LEDGERS_KEPT", "ProcessServices", "RedisDeadLetterSink"]
+
+LEDGERS_KEPT = 1024
+"""How many tasks' LlmRecovery counts a worker process remembers."""
 
 _T = TypeVar("_T")
-
-OBSERVATIONS_MAXLEN = 100_000
-"""The observations stream is trimmed to about this many entries (acknowledged ones go first)."""
 
 
 class RedisDeadLetterSink:
@@ -82,6 +83,7 @@ class ProcessServices:
         self.redis: Redis = Redis.from_url(redis_url)
         self.registry = registry if registry is not None else default_registry()
         self._gates: dict[str, ReasoningPolicyGate] = {}
+        self._ledgers: dict[str, RecoveryLedger] = {}
         tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
         self.executor = ToolExecutor(
             tools,
@@ -113,7 +115,20 @@ class ProcessServices:
         return provider
 
     def _provider_settings(self, spec: ProviderSpec) -> ProviderSettings:
-        """The process's provider settings with the task's choices on top (keys stay env-only)."""
+        """The process's provider settings with the task's choices on top (keys stay env-only).
+
+        A task may not send the operator's API key to a base URL of its own choosing unless
+        ``ORGA_ALLOW_TASK_BASE_URL`` is set.
+        """
+        configured = self.provider_settings.base_url
+        own_url = spec.base_url and spec.base_url.rstrip("/") != (configured or "").rstrip("/")
+        if own_url and not self.settings.allow_task_base_url:
+            raise ConfigError(
+                f"the task asks for provider.base_url {spec.base_url!r}, but this worker "
+                "only sends its API key to ORGA_BASE_URL "
+                f"({configured or 'the provider default'}); remove base_url from the task "
+                "or set ORGA_ALLOW_TASK_BASE_URL=true for trusted submitters"
+            )
         overrides: dict[str, Any] = {
             "provider": ProviderKind(spec.kind) if spec.kind else None,
             "model": spec.model,
@@ -135,6 +150,7 @@ class ProcessServices:
             context,
             recovery=request.recovery,
             iteration=request.fence.iteration,
+            ledger=self._ledger(request.fence.task_id),
         )
         escalation = report.escalation
         return ToolObservedMessage(
@@ -157,6 +173,7 @@ class ProcessServices:
             recovery=request.recovery,
             tool_recovery=request.tool_recovery,
             iteration=request.fence.iteration,
+            ledger=self._ledger(request.fence.task_id),
         )
         escalation = report.escalation
         messages = [
@@ -169,6 +186,18 @@ class ProcessServices:
                 update={"recovery_events": list(report.events), "escalation_reason": reason}
             )
         return messages
+
+    def _ledger(self, task_id: str) -> RecoveryLedger:
+        """LlmRecovery counts of one task in this process (bounded: oldest tasks forgotten).
+
+        A task's iterations may run on other workers, so the count is per task and process:
+        a lower bound of the task's attempts, never shared between tasks.
+        """
+        ledger = self._ledgers.pop(task_id, None) or RecoveryLedger()
+        self._ledgers[task_id] = ledger
+        while len(self._ledgers) > LEDGERS_KEPT:
+            self._ledgers.pop(next(iter(self._ledgers)))
+        return ledger
 
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach loopback and private addresses."""
@@ -191,7 +220,7 @@ class ProcessServices:
         await self.redis.xadd(
             keys.observations_stream,
             encode_entry(message),  # type: ignore[arg-type]
-            maxlen=OBSERVATIONS_MAXLEN,
+            maxlen=keys.observations_maxlen,
             approximate=True,
         )
 

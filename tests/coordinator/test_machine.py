@@ -417,3 +417,50 @@ def test_inline_act_observes_in_the_same_transition() -> None:
         "ToolsDispatched",
         "ObservationsCollected",
     ]
+
+
+def test_tool_dispatch_is_bounded_by_max_concurrent_tools() -> None:
+    """At most max_concurrent_tools calls are in flight; the next goes out when one answers."""
+    record = _record(limits={"max_concurrent_tools": 2})
+    _start(record)
+    calls = [_call(f"c{i}", path=f"f{i}") for i in range(5)]
+    effects = _tool_turn(record, *calls)
+    assert [r.fence.call_id for r in effects.tool_dispatches] == ["c0", "c1"]
+    first = _observed(record, "c0", "zero", kind="read", content_hash="h0")
+    effects = _apply(record, 2.5, lambda m: m.on_tool_observed(first))
+    assert [r.fence.call_id for r in effects.tool_dispatches] == ["c2"]
+
+
+def test_a_task_whose_every_step_was_skipped_failed() -> None:
+    """Skipping every step is not a success: the task ends failed, with the reason."""
+    record = _record(
+        steps=[{"id": "only", "instruction": "x", "done_when": "false"}],
+        step_iteration={"max_reattempts_per_step": 1},
+    )
+    _start(record)
+    _answer(record, "done?")
+    _verify_result(record, exit_code=1)
+    assert record.status is TaskStatus.FAILED
+    assert "all 1 were skipped" in (record.error or "")
+
+
+def test_cancel_while_waiting_for_review_closes_the_review() -> None:
+    """Cancelling an escalated task aborts it and closes its open review."""
+    record = _record(step_iteration={"max_reattempts_per_step": 1, "on_limit_reached": "escalate"})
+    _start(record)
+    _answer(record, "reproduced")
+    review_id = _verify_result(record, exit_code=1).reviews[0].review_id
+    effects = _apply(record, 9.0, lambda m: m.cancel("operator said so"))
+    assert record.status is TaskStatus.ABORTED and record.review is None
+    assert {"event": "review_closed", "review_id": review_id} == {
+        k: v for k, v in effects.events[0].items() if k in ("event", "review_id")
+    }
+
+
+def test_the_plan_fence_cannot_collide_with_a_step() -> None:
+    """The planning call's fence uses a step id no real step can have."""
+    record = _record(steps=[])
+    effects = _start(record)
+    fence_step = effects.reason_dispatches[0].fence.step_id
+    with pytest.raises(ValueError, match=r"steps\.0\.id"):
+        parse_task({"goal": "g", "steps": [{"id": fence_step, "instruction": "x"}]})

@@ -1,0 +1,105 @@
+"""The task store on a real Redis: atomic commits, conflicts, leases and retention."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from coordinator.machine import MachineSettings, TaskMachine
+from coordinator.state import TaskRecord
+from coordinator.store import CommitConflictError, TaskStore
+from shared import keys
+from shared.task_spec import parse_task
+
+
+def _record(task_id: str, idem: str | None = None) -> TaskRecord:
+    spec = parse_task(
+        {"goal": "g", "idempotency_key": idem, "steps": [{"id": "s", "instruction": "x"}]}
+    )
+    return TaskRecord(task_id=task_id, spec=spec, created_at=10.0, updated_at=10.0)
+
+
+def _machine(record: TaskRecord, now: float = 11.0) -> TaskMachine:
+    return TaskMachine(record, now, MachineSettings(workspace_root="/ws"))
+
+
+def _scenario(redis_url: str, body: Any) -> None:
+    async def run() -> None:
+        client = Redis.from_url(redis_url)
+        try:
+            await body(client, TaskStore(client))
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_create_honours_the_idempotency_key(redis_url: str, redis_client: Any) -> None:
+    """A second task with the same idempotency key is not created; the first id comes back."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        first = await store.create(_record("a", idem="k"))
+        second = await store.create(_record("b", idem="k"))
+        assert first.created and not second.created and second.task_id == "a"
+        assert await store.load("b") is None
+
+    _scenario(redis_url, body)
+
+
+def test_commit_is_compare_and_set(redis_url: str, redis_client: Any) -> None:
+    """A commit from a stale version is refused and writes nothing."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("t")
+        await store.create(record)
+        stale = record.model_copy(deep=True)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())
+        other = _machine(stale)
+        with pytest.raises(CommitConflictError):
+            await store.commit(other.record, other.start())
+        assert await client.xlen(keys.journal_stream("t")) == 1
+        loaded = await store.load("t")
+        assert loaded is not None and loaded.version == 1
+
+    _scenario(redis_url, body)
+
+
+def test_leases_are_exclusive_and_renewable(redis_url: str, redis_client: Any) -> None:
+    """Only one coordinator holds a lease; only the holder renews or releases it."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        assert await store.acquire_lease("t", "c1", 10_000)
+        assert not await store.acquire_lease("t", "c2", 10_000)
+        assert not await store.renew_lease("t", "c2", 10_000)
+        assert await store.renew_lease("t", "c1", 10_000)
+        await store.release_lease("t", "c2")
+        assert not await store.acquire_lease("t", "c2", 10_000)
+        await store.release_lease("t", "c1")
+        assert await store.acquire_lease("t", "c2", 10_000)
+
+    _scenario(redis_url, body)
+
+
+def test_finished_tasks_are_purged_after_the_retention(redis_url: str, redis_client: Any) -> None:
+    """A task that ended before the cut-off loses its state and journal; a running one stays."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        done, running = _record("done"), _record("running")
+        for record in (done, running):
+            await store.create(record)
+            machine = _machine(record)
+            await store.commit(machine.record, machine.start())
+        machine = _machine(done, now=12.0)
+        await store.commit(machine.record, machine.cancel("test"))
+        assert await store.still_active(["done", "running"]) == [False, True]
+        assert await store.purge_finished(finished_before=11.5) == 0
+        assert await store.purge_finished(finished_before=13.0) == 1
+        assert await store.load("done") is None
+        assert await client.exists(keys.journal_stream("done")) == 0
+        assert await store.load("running") is not None
+
+    _scenario(redis_url, body)
