@@ -534,7 +534,7 @@ class TaskMachine:
         record = self.record
         observations = [awaiting.results[c.call_id] for c in awaiting.calls]
         for observation in observations:
-            record.conversation.push(_tool_message(observation))
+            record.conversation.push(observation.as_tool_message())
         duration = timedelta(seconds=max(self.now - (awaiting.deadline - self._deadline_s()), 0))
         count = len(observations)
         self._journal(
@@ -855,12 +855,6 @@ class TaskMachine:
 
 _TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
 _ESCALATION_KEY = "__escalation__:"
-
-
-def _tool_message(observation: Observation) -> ConversationMessage:
-    content = f"[Error] {observation.content}" if observation.is_error else observation.content
-    name = observation.metadata.get("tool_name", observation.source)
-    return ConversationMessage.tool_result(observation.call_id or observation.source, name, content)
 
 
 def parse_plan(text: str) -> list[StepSpec]:

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.conversation import ConversationMessage
+
 __all__ = [
     "Allow",
     "DelegateAction",
@@ -138,3 +140,9 @@ class Observation(BaseModel):
     def with_metadata(self, **values: str) -> Observation:
         """A copy with extra metadata."""
         return self.model_copy(update={"metadata": {**self.metadata, **values}})
+
+    def as_tool_message(self) -> ConversationMessage:
+        """The tool message the model sees: errors prefixed ``[Error] ``, paired by call id."""
+        content = f"[Error] {self.content}" if self.is_error else self.content
+        name = self.metadata.get("tool_name", self.source)
+        return ConversationMessage.tool_result(self.call_id or self.source, name, content)

@@ -371,14 +371,8 @@ class ToolDispatching:
             escalation=report.escalation,
         )
         for observation in report.observations:
-            self.state.conversation.push(_tool_message(observation))
+            self.state.conversation.push(observation.as_tool_message())
         return Observing(self.state, self.config, report, None)
-
-
-def _tool_message(observation: Observation) -> ConversationMessage:
-    content = f"[Error] {observation.content}" if observation.is_error else observation.content
-    name = observation.metadata.get("tool_name", observation.source)
-    return ConversationMessage.tool_result(observation.call_id or observation.source, name, content)
 
 
 # -- Observe --------------------------------------------------------------------------------

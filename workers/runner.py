@@ -36,7 +36,6 @@ from shared.events import (
     LoopEvent,
     ObservationsCollected,
     PolicyEvaluated,
-    PreHydrationComplete,
     ReasoningComplete,
     StagnationDetected,
     Started,
@@ -519,15 +518,7 @@ class _Run:
         text = engine.format_context(hydrated)
         if text:
             self.state.conversation.push(ConversationMessage.system(text))
-        await self.runner.emit(
-            self.state,
-            PreHydrationComplete(
-                references_found=len(references),
-                references_resolved=len(hydrated.resolved),
-                references_failed=len(hydrated.failed),
-                total_tokens=hydrated.total_tokens,
-            ),
-        )
+        await self.runner.emit(self.state, hydrated.completion_event())
 
     async def _persist_learnings(self) -> None:
         knowledge = self.runner.knowledge
