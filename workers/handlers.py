@@ -151,20 +151,12 @@ def resolution_arguments(
 
 
 async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> ReasonedMessage:
-    """Reason and Gate for one iteration; the answer carries the new messages and calls."""
+    """Reason and Gate for one iteration (and Act when ``act_inline``)."""
     started = time.monotonic()
-    config = prepare_tools(services.tool_definitions(), request.config, request.allowed_tools)
-    if request.purpose == "plan":
-        config = config.model_copy(update={"tool_definitions": []})
-    state = LoopState(
-        agent_id=request.agent_id,
-        iteration=request.fence.iteration,
-        total_usage=request.usage,
-        conversation=request.conversation.model_copy(deep=True),
-    )
+    state = _loop_state(request)
     known = len(state.conversation)
     try:
-        checking = await Reasoning(state, config).produce_output(
+        checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
             services.provider(request), AlreadyFitted()
         )
     except LoopTermination as stop:
@@ -192,6 +184,22 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         acted=acted,
         duration_ms=(time.monotonic() - started) * 1000,
     )
+
+
+def _loop_state(request: ReasonRequest) -> LoopState:
+    return LoopState(
+        agent_id=request.agent_id,
+        iteration=request.fence.iteration,
+        total_usage=request.usage,
+        conversation=request.conversation.model_copy(deep=True),
+    )
+
+
+def _reasoning_config(request: ReasonRequest, services: WorkerServices) -> LoopConfig:
+    """The model sees the allowed tools (none when it is asked for a plan)."""
+    if request.purpose == "plan":
+        return request.config.model_copy(update={"tool_definitions": []})
+    return prepare_tools(services.tool_definitions(), request.config, request.allowed_tools)
 
 
 def _tool_context(request: ReasonRequest, services: WorkerServices) -> ToolContext:

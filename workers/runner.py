@@ -73,7 +73,9 @@ from workers.phases import (
     EscalationRequest,
     LoopTermination,
     Observing,
+    PolicyCheck,
     Reasoning,
+    ToolDispatching,
 )
 from workers.providers.base import InferenceProvider
 from workers.result_cache import InMemoryResultCache
@@ -389,30 +391,43 @@ class _Run:
         )
 
     async def _iteration(self, phase: Reasoning) -> Reasoning | LoopResult:
-        runner, state = self.runner, self.state
-        if runner.knowledge is not None:
-            await _best_effort(runner.knowledge.inject_context(state.agent_id, state.conversation))
+        if self.runner.knowledge is not None:
+            inject = self.runner.knowledge.inject_context(
+                self.state.agent_id, self.state.conversation
+            )
+            await _best_effort(inject)
+        checking = await self._reason(phase)
+        dispatching = await self._gate(checking)
+        observing = await self._act(dispatching)
+        with self._span("orga.observe"):
+            return await self._observe(observing, actions=checking.proposed_actions)
+
+    async def _reason(self, phase: Reasoning) -> PolicyCheck:
+        state = self.state
         before = state.total_usage
         with self._span("orga.reason"):
-            checking = await phase.produce_output(
-                runner.provider, runner.context_manager, delegation_available=False
-            )
+            checking = await phase.produce_output(self.runner.provider, self.runner.context_manager)
         if checking.compacted and self.detector is not None:
             self.detector.compacted()
         usage = state.total_usage.delta_since(before)
-        actions = checking.proposed_actions
-        await runner.emit(
-            state, ReasoningComplete(iteration=state.iteration, actions=actions, usage=usage)
+        event = ReasoningComplete(
+            iteration=state.iteration, actions=checking.proposed_actions, usage=usage
         )
+        await self.runner.emit(state, event)
+        return checking
+
+    async def _gate(self, checking: PolicyCheck) -> ToolDispatching:
+        state = self.state
         with self._span("orga.gate"):
-            dispatching = await checking.check_policy(
-                runner.gate, runner.gate_context(state, self.config)
-            )
+            context = self.runner.gate_context(state, self.config)
+            dispatching = await checking.check_policy(self.runner.gate, context)
         count, denied = dispatching.policy_summary()
-        await runner.emit(
-            state,
-            PolicyEvaluated(iteration=state.iteration, action_count=count, denied_count=denied),
-        )
+        event = PolicyEvaluated(iteration=state.iteration, action_count=count, denied_count=denied)
+        await self.runner.emit(state, event)
+        return dispatching
+
+    async def _act(self, dispatching: ToolDispatching) -> Observing:
+        state, runner = self.state, self.runner
         started = time.monotonic()
         with self._span("orga.act"):
             observing = await dispatching.dispatch_tools(
@@ -421,22 +436,14 @@ class _Run:
         elapsed = timedelta(seconds=time.monotonic() - started)
         for event in observing.report.recovery_events:
             await runner.emit(state, event)
+        count = observing.observation_count()
         await runner.emit(
-            state,
-            ToolsDispatched(
-                iteration=state.iteration,
-                tool_count=observing.observation_count(),
-                duration=elapsed,
-            ),
+            state, ToolsDispatched(iteration=state.iteration, tool_count=count, duration=elapsed)
         )
         await runner.emit(
-            state,
-            ObservationsCollected(
-                iteration=state.iteration, observation_count=observing.observation_count()
-            ),
+            state, ObservationsCollected(iteration=state.iteration, observation_count=count)
         )
-        with self._span("orga.observe"):
-            return await self._observe(observing, actions=checking.proposed_actions)
+        return observing
 
     async def _observe(
         self, observing: Observing, actions: Sequence[Any]
