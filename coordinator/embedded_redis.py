@@ -17,7 +17,10 @@ from pathlib import Path
 
 from shared.errors import OrgaError
 
-__all__ = ["EmbeddedRedis", "EmbeddedRedisError", "find_redis_server"]
+__all__ = ["PORT_ATTEMPTS", "EmbeddedRedis", "EmbeddedRedisError", "find_redis_server"]
+
+PORT_ATTEMPTS = 3
+"""How many free ports the first start tries."""
 
 
 class EmbeddedRedisError(OrgaError):
@@ -59,6 +62,7 @@ class EmbeddedRedis:
     startup_timeout_s: float = 10.0
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
+    _started_once: bool = field(default=False, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -71,15 +75,37 @@ class EmbeddedRedis:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> EmbeddedRedis:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers PING.
+
+        Another process may take the free port before the server binds it: the first start
+        then tries other ports; a restart keeps its port.
+        """
         if self.directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="orga-redis-")
             self.directory = Path(self._tmp.name)
+        attempts = 1 if self._started_once else PORT_ATTEMPTS
+        for attempt in range(attempts):
+            try:
+                self._launch()
+            except EmbeddedRedisError:
+                if attempt == attempts - 1:
+                    raise
+                self.port = _free_port()
+            else:
+                self._started_once = True
+                return self
+        return self
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def _launch(self) -> None:
         self._process = subprocess.Popen(
             self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         self._wait_ready()
-        return self
 
     def _command(self) -> list[str]:
         assert self.directory is not None
