@@ -273,6 +273,13 @@ def _decode(text: str, source: str) -> Any:
         return yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise TaskSpecError(f"{source}: not valid YAML or JSON: {exc}") from exc
+    except (AttributeError, TypeError, LookupError, ArithmeticError) as exc:
+        # PyYAML's constructors fail this way on some malformed tagged scalars
+        # (``!!timestamp x`` raises AttributeError).
+        raise TaskSpecError(
+            f"{source}: not valid YAML or JSON: a tagged value cannot be read "
+            f"({type(exc).__name__}: {exc}); remove the '!!' tag or fix the value"
+        ) from exc
     except RecursionError as exc:
         raise TaskSpecError(
             f"{source}: not valid YAML or JSON: nested too deeply to parse; a task is at most "
@@ -326,8 +333,8 @@ class _Key:
 def _value_problem(value: Any, depth: int) -> str | None:
     if isinstance(value, _Key):
         return (
-            f"the key {_short(value.key)} is not a string ({type(value.key).__name__}); keys must be "
-            "strings (quote it)"
+            f"the key {_short(value.key)} is not a string ({type(value.key).__name__}); "
+            "keys must be strings (quote it)"
         )
     if isinstance(value, dict | list):
         if depth >= MAX_TASK_DEPTH:
@@ -358,7 +365,14 @@ def _is_utf8(text: str) -> bool:
 
 
 def _location(path: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in path) or "<root>"
+    """``provider.replies.0.text``; a key that is empty or has dots or spaces is quoted."""
+    return ".".join(_location_part(part) for part in path) or "<root>"
+
+
+def _location_part(part: Any) -> str:
+    if isinstance(part, str) and (not part or "." in part or part.strip() != part):
+        return repr(part)
+    return str(part)
 
 
 def _short(value: Any) -> str:
@@ -382,7 +396,7 @@ def describe_validation_error(exc: ValidationError, limit: int = 8) -> str:
     """One line per error: ``field.path: message (got value)``."""
     parts = []
     for error in exc.errors()[:limit]:
-        location = ".".join(str(p) for p in error["loc"]) or "<root>"
+        location = _location(tuple(error["loc"]))
         got = error.get("input")
         shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
         if len(shown) > 80:

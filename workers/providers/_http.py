@@ -29,6 +29,7 @@ import asyncio
 import functools
 import logging
 import random
+import reprlib
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -56,11 +57,19 @@ __all__ = [
     "json_count",
     "json_error_message",
     "provider_error_message",
+    "shown",
 ]
 
 _log = logging.getLogger(__name__)
 
 _SNIPPET_CHARS = 500
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel = 3
+_SHOWN.maxdict = 6
+_SHOWN.maxlist = 6
+_SHOWN.maxstring = 120
+_SHOWN.maxother = 120
+_SHOWN.maxlong = 40
 _REDACTED = "**********"
 _CONTEXT_MARKERS = (
     "context_length_exceeded",
@@ -228,6 +237,11 @@ def decode_json_object(response: httpx.Response, endpoint: Endpoint, url: str) -
             f"{endpoint.provider} at {url} answered HTTP {response.status_code} with a body that "
             f"is not JSON ({kind}): {_snippet(response.text, endpoint)!r}"
         ) from None
+    except RecursionError:
+        raise ResponseParseError(
+            f"{endpoint.provider} at {url} answered HTTP {response.status_code} with JSON nested "
+            f"too deeply to read: {_snippet(response.text, endpoint)!r}"
+        ) from None
     if not isinstance(data, dict):
         raise ResponseParseError(
             f"{endpoint.provider} at {url} answered a JSON {type(data).__name__}, "
@@ -284,7 +298,7 @@ def provider_error_message(response: httpx.Response, endpoint: Endpoint) -> str:
     """The provider's own explanation from an error body, or the start of the body."""
     try:
         data = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return _snippet(response.text, endpoint) or "(empty body)"
     found = json_error_message(data)
     return endpoint.redact(found) if found else _snippet(response.text, endpoint)
@@ -307,6 +321,12 @@ def json_error_message(data: Any) -> str | None:
         if isinstance(data.get(key), str) and data[key]:
             return str(data[key])
     return None
+
+
+def shown(value: Any) -> str:
+    """A piece of a reply quoted in an error: a ``repr`` cut in length and depth, so a 10 MB or
+    deeply nested reply still gives a message an operator can read."""
+    return _SHOWN.repr(value)
 
 
 def json_count(value: Any) -> int:

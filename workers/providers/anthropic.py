@@ -38,7 +38,13 @@ from shared.inference import (
     ToolChoiceTool,
     Usage,
 )
-from workers.providers._http import Endpoint, JsonPoster, json_count, json_error_message
+from workers.providers._http import (
+    Endpoint,
+    JsonPoster,
+    json_count,
+    json_error_message,
+    shown,
+)
 from workers.providers.base import ProviderError, ResponseParseError
 from workers.providers.retry import RetryPolicy, SleepFn
 
@@ -230,7 +236,7 @@ def _content_blocks(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         )
     for index, block in enumerate(content):
         if not isinstance(block, dict):
-            raise ResponseParseError(f"content[{index}] must be an object, got {block!r}")
+            raise ResponseParseError(f"content[{index}] must be an object, got {shown(block)}")
     return content
 
 
@@ -243,12 +249,12 @@ def _tool_call(index: int, block: Mapping[str, Any]) -> ToolCall:
     ]
     if missing:
         raise ResponseParseError(
-            f"content[{index}] (tool_use) has no {' and no '.join(missing)}: {dict(block)!r}"
+            f"content[{index}] (tool_use) has no {' and no '.join(missing)}: {shown(dict(block))}"
         )
     tool_input = {} if tool_input is None else tool_input
     if not isinstance(tool_input, dict):
         raise ResponseParseError(
-            f"content[{index}] (tool_use) input must be an object, got {tool_input!r}"
+            f"content[{index}] (tool_use) input must be an object, got {shown(tool_input)}"
         )
     return ToolCall(id=str(call_id), name=str(name), arguments=json.dumps(tool_input))
 

@@ -35,7 +35,13 @@ from shared.inference import (
     ToolChoiceTool,
     Usage,
 )
-from workers.providers._http import Endpoint, JsonPoster, json_count, json_error_message
+from workers.providers._http import (
+    Endpoint,
+    JsonPoster,
+    json_count,
+    json_error_message,
+    shown,
+)
 from workers.providers.base import ProviderError, ResponseParseError
 from workers.providers.retry import RetryPolicy, SleepFn
 
@@ -217,7 +223,7 @@ def _message(choice: Mapping[str, Any], provider: str) -> Mapping[str, Any]:
     message = choice.get("message")
     if not isinstance(message, dict):
         raise ResponseParseError(
-            f"choices[0] of the {provider} response has no message object: {dict(choice)!r}"
+            f"choices[0] of the {provider} response has no message object: {shown(dict(choice))}"
         )
     return message
 
@@ -236,17 +242,17 @@ def _tool_calls(raw: Any) -> list[ToolCall]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise ResponseParseError(f"message.tool_calls must be a list, got {raw!r}")
+        raise ResponseParseError(f"message.tool_calls must be a list, got {shown(raw)}")
     return [_tool_call(index, entry) for index, entry in enumerate(raw)]
 
 
 def _tool_call(index: int, entry: Any) -> ToolCall:
     where = f"message.tool_calls[{index}]"
     if not isinstance(entry, dict):
-        raise ResponseParseError(f"{where} must be an object, got {entry!r}")
+        raise ResponseParseError(f"{where} must be an object, got {shown(entry)}")
     function = entry.get("function")
     if not isinstance(function, dict):
-        raise ResponseParseError(f"{where} has no 'function' object: {entry!r}")
+        raise ResponseParseError(f"{where} has no 'function' object: {shown(entry)}")
     call_id, name = entry.get("id"), function.get("name")
     missing = [
         label
@@ -254,7 +260,7 @@ def _tool_call(index: int, entry: Any) -> ToolCall:
         if not isinstance(value, str) or not value
     ]
     if missing:
-        raise ResponseParseError(f"{where} has no {' and no '.join(missing)}: {entry!r}")
+        raise ResponseParseError(f"{where} has no {' and no '.join(missing)}: {shown(entry)}")
     return ToolCall(id=call_id, name=name, arguments=_arguments(where, function.get("arguments")))
 
 
@@ -267,7 +273,7 @@ def _arguments(where: str, value: Any) -> str:
     if isinstance(value, dict):
         return json.dumps(value)
     raise ResponseParseError(
-        f"{where}.function.arguments must be JSON text or an object, got {value!r}"
+        f"{where}.function.arguments must be JSON text or an object, got {shown(value)}"
     )
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "FileReadTool",
     "FileWriteTool",
     "line_pieces",
+    "os_failure",
     "path_failure",
 ]
 
@@ -168,7 +169,8 @@ def path_failure(exc: WorkspacePathError, **metadata: str) -> ToolOutput:
     return error_output(str(exc), error_type=error_type, **metadata)
 
 
-def _os_failure(action: str, rel: str, exc: OSError, **metadata: str) -> ToolOutput:
+def os_failure(action: str, rel: str, exc: OSError, **metadata: str) -> ToolOutput:
+    """The ``is_error`` output for a file operation the operating system refused."""
     reason = exc.strerror or str(exc)
     return error_output(f"{action} {rel!r} failed: {reason}", error_type="os_error", **metadata)
 
@@ -272,13 +274,13 @@ def _read_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput
     except WorkspacePathError as exc:
         return path_failure(exc, kind="read")
     rel = display_path(root, target)
-    missing = _not_a_readable_file(target, rel)
-    if missing is not None:
-        return missing
     try:
+        missing = _not_a_readable_file(target, rel)
+        if missing is not None:
+            return missing
         scan = _scan(target, window, context.max_output_bytes)
-    except OSError as exc:
-        return _os_failure("reading", rel, exc, kind="read", path=rel)
+    except OSError as exc:  # a name too long, a permission denied on a parent...
+        return os_failure("reading", rel, exc, kind="read", path=rel)
     if scan is None:
         return error_output(
             f"{rel!r} is a binary file (it contains NUL bytes); file_read only returns text",
@@ -363,7 +365,7 @@ def _write_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutpu
     try:
         return _write_checked(target, rel, data, create_dirs=arguments.get("create_dirs", True))
     except OSError as exc:
-        return _os_failure("writing", rel, exc, kind="write", path=rel)
+        return os_failure("writing", rel, exc, kind="write", path=rel)
 
 
 def _write_checked(target: Path, rel: str, data: bytes, *, create_dirs: bool) -> ToolOutput:
@@ -455,8 +457,13 @@ def _list_directory(arguments: Mapping[str, Any], context: ToolContext) -> ToolO
     except WorkspacePathError as exc:
         return path_failure(exc, kind="read")
     rel = display_path(root, directory)
-    if not directory.is_dir():
-        what = "a file; use file_read" if directory.exists() else "missing"
+    try:
+        is_directory = directory.is_dir()
+        exists = is_directory or directory.exists()
+    except OSError as exc:  # a name too long, a permission denied on a parent...
+        return os_failure("listing", rel, exc, kind="read", path=rel)
+    if not is_directory:
+        what = "a file; use file_read" if exists else "missing"
         return error_output(
             f"{rel!r} is not a directory ({what})", error_type="not_found", kind="read", path=rel
         )

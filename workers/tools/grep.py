@@ -27,7 +27,7 @@ from shared.inference import ToolDefinition
 from workers.tools.arguments import ArgumentCheck
 from workers.tools.base import ToolContext, ToolOutput
 from workers.tools.errors import WorkspacePathError
-from workers.tools.files import line_pieces, path_failure
+from workers.tools.files import line_pieces, os_failure, path_failure
 from workers.tools.output import (
     BINARY_SNIFF_BYTES,
     cap_text,
@@ -133,7 +133,11 @@ def _grep(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
     except WorkspacePathError as exc:
         return path_failure(exc, kind="read")
     rel = display_path(root, start)
-    if not start.exists():
+    try:
+        exists = start.exists()
+    except OSError as exc:  # a name too long, a permission denied on a parent...
+        return os_failure("searching", rel, exc, kind="read", path=rel)
+    if not exists:
         return error_output(
             f"{rel!r} does not exist; use file_list to find the right path",
             error_type="not_found",

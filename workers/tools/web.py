@@ -2,12 +2,13 @@
 
 Address policy. Before any connection, the host is resolved and *every* address it resolves to
 is checked; a loopback, private, link-local, multicast, reserved, unspecified or otherwise
-non-global address refuses the whole URL (IPv4-mapped IPv6 addresses are checked as IPv4).
-The connection then goes to the address that was checked, not to a second DNS answer, so a
-rebinding DNS server cannot swap in an internal address after the check (the ``Host`` header and
-the TLS server name still carry the original host name). Redirects are followed by hand, at most
-``MAX_REDIRECTS``, and every hop goes through the same check. ``ToolContext.allow_private_network``
-lifts the address policy (for a local development server); the scheme check always applies.
+non-global address refuses the whole URL (IPv4-mapped and 6to4 IPv6 addresses are checked as
+the IPv4 address they carry; site-local ``fec0::/10`` is refused). The connection then goes to
+the address that was checked, not to a second DNS answer, so a rebinding DNS server cannot swap
+in an internal address after the check (the ``Host`` header and the TLS server name still carry
+the original host name). Redirects are followed by hand, at most ``MAX_REDIRECTS``, and every
+hop goes through the same check. ``ToolContext.allow_private_network`` lifts the address policy
+(for a local development server); the scheme check always applies.
 
 Content. Text types (``text/*``, JSON, XML, JavaScript) are returned as text; HTML is reduced to
 its text (scripts and styles dropped); anything else is refused as binary. The body is streamed
@@ -127,9 +128,18 @@ class SystemResolver:
 
 
 def blocked_address_reason(address: IPAddress) -> str | None:
-    """Why ``address`` may not be fetched (``"loopback"``, ``"private"``, ...), or None."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    """Why ``address`` may not be fetched (``"loopback"``, ``"private"``, ...), or None.
+
+    An IPv6 address that carries an IPv4 one (IPv4-mapped ``::ffff:a.b.c.d``, 6to4
+    ``2002:aabb:ccdd::``) is judged by the IPv4 address it leads to; site-local ``fec0::/10``
+    (deprecated, still routed inside some networks) is refused.
+    """
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour
+        if embedded is not None:
+            return blocked_address_reason(embedded)
+        if address.is_site_local:
+            return "site-local"
     checks = (
         ("loopback", address.is_loopback),
         ("unspecified", address.is_unspecified),

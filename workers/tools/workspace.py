@@ -1,11 +1,13 @@
 """Confining file paths to the agent's workspace.
 
 Every file tool resolves its path arguments with :func:`resolve_in_workspace`, which follows
-symbolic links the way the operating system will (``os.path.realpath``) and refuses the result
-unless it is the workspace itself or lies below it. That covers ``..`` escapes, absolute paths
-outside the workspace, symbolic links that point out (a link to a file, a linked parent
-directory, a dangling link whose target would be created outside) and NUL bytes. Absolute paths
-inside the workspace are accepted, whichever way the workspace itself is spelled.
+symbolic links the way the operating system will (``os.path.realpath``, repeated until it is
+stable, since one call stops at a link loop and leaves the links after it unresolved) and
+refuses the result unless it is the workspace itself or lies below it. That covers ``..``
+escapes, absolute paths outside the workspace, symbolic links that point out (a link to a file,
+a linked parent directory, a dangling link whose target would be created outside, a link
+hidden behind a link loop) and NUL bytes. Absolute paths inside the workspace are accepted,
+whichever way the workspace itself is spelled.
 
 Limit: the check and the later ``open`` are two system calls, so a process that swaps a
 directory for a symbolic link in between could still redirect one call. The agent's own
@@ -54,10 +56,34 @@ def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
         )
     root = workspace_root(workspace)
     candidate = Path(user_path) if os.path.isabs(user_path) else root / user_path
-    resolved = Path(os.path.realpath(candidate))
+    resolved = _real_path(candidate, user_path)
     if not resolved.is_relative_to(root):
         raise PathOutsideWorkspaceError(_outside_message(user_path, root, candidate, resolved))
     return resolved
+
+
+_MAX_RESOLUTIONS = 16
+
+
+def _real_path(candidate: Path, user_path: str) -> Path:
+    """``os.path.realpath`` repeated until it no longer changes the path.
+
+    One call is not enough: at a symbolic-link loop ``realpath`` stops resolving and returns
+    the rest of the path as written, then drops ``loop/..`` lexically, so in
+    ``loop/../link_out/secret`` the link ``link_out`` would never be resolved. The next call
+    resolves what the first left; a path that is its own ``realpath`` has no link left to
+    follow outside a loop the system itself refuses to cross.
+    """
+    current = Path(os.path.realpath(candidate))
+    for _ in range(_MAX_RESOLUTIONS):
+        again = Path(os.path.realpath(current))
+        if again == current:
+            return current
+        current = again
+    raise WorkspacePathError(
+        f"path {user_path!r} cannot be resolved: it goes through symbolic links that keep "
+        "pointing elsewhere (a loop); remove the loop or use another path"
+    )
 
 
 def display_path(root: Path, resolved: Path) -> str:

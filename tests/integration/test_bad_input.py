@@ -1,0 +1,329 @@
+"""Bad input against the real runtime: Redis, a Celery worker and the coordinator as processes.
+
+Malformed tasks, garbage stream entries, misdirected and duplicated observations, bad control
+messages and a model that answers junk are sent next to valid tasks. Each bad item ends where an
+operator can read why (``orga:rejected``, ``orga:dead_letter`` or a ``control_rejected`` event);
+the valid work completes; neither process dies; nothing stays pending in the consumer groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+import pytest
+import redis
+
+from coordinator.embedded_redis import EmbeddedRedis
+from coordinator.state import AwaitKind
+from shared import keys
+from shared.protocol import Fence, ReasonedMessage, WorkerFailedMessage, encode_entry
+from shared.task_spec import MAX_TASK_BYTES
+from tests.fakes.llm_server import FakeOpenAIServer
+from tests.integration.harness import Cluster, assert_journal_is_clean, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    private_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """One worker and one coordinator; the worker lets a task name its model's base URL (the
+    fake model of this module listens on 127.0.0.1)."""
+    running = Cluster(private_redis.url, tmp_path_factory.mktemp("cluster"))
+    try:
+        running.worker(ORGA_ALLOW_TASK_BASE_URL="true")
+        running.coordinator()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def raw(cluster: Cluster) -> Iterator[redis.Redis]:
+    """A plain client for writing garbage straight into the streams."""
+    client = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def model() -> Iterator[FakeOpenAIServer]:
+    """A local OpenAI-compatible server the worker process calls (127.0.0.1, no key)."""
+    with FakeOpenAIServer() as server:
+        yield server
+
+
+def _say(text: str, step: str = "s") -> dict[str, Any]:
+    return {
+        "goal": "answer",
+        "provider": {"kind": "scripted", "replies": [text]},
+        "steps": [{"id": step, "instruction": "say it"}],
+    }
+
+
+def _slow() -> dict[str, Any]:
+    command = {"name": "run_command", "arguments": {"command": "sleep 3; echo slept"}}
+    return {
+        "goal": "take a while",
+        "provider": {"kind": "scripted", "replies": [{"tool_calls": [command]}, "finished"]},
+        "steps": [{"id": "work", "instruction": "sleep"}],
+        "stagnation": {"enabled": False},
+    }
+
+
+def _alias_bomb() -> str:
+    anchors = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    anchors += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    return "goal: g\nprovider:\n  replies:\n    - text: hi\n" + "".join(
+        f"      {line}\n" for line in anchors
+    )
+
+
+# Each bad submission and a phrase its rejection must contain.
+BAD_TASKS: dict[str, tuple[str, str]] = {
+    "malformed-yaml": ("goal: [unclosed", "not valid YAML or JSON"),
+    "missing-goal": (json.dumps({"steps": [{"id": "x", "instruction": "y"}]}), "goal: Field"),
+    "huge": ("goal: " + "x" * (MAX_TASK_BYTES + 10), f"the limit is {MAX_TASK_BYTES} bytes"),
+    "empty": ("   \n", "the task is empty"),
+    "not-a-mapping": ("- just\n- a list\n", "a task must be a mapping"),
+    "nested-100k": ('{"goal": "g", "x": ' + "[" * 100_000, "nested too deeply"),
+    "alias-bomb": (_alias_bomb(), "more than 100000 values"),
+    "lone-surrogate": ('{"goal": "g", "metadata": {"k": "\\udc00"}}', "unpaired surrogate"),
+    "bad-tag": ("goal: !!timestamp not-a-date\n", "a tagged value cannot be read"),
+    "typo": (json.dumps({"goal": "g", "stagnation": {"enabld": False}}), "stagnation.enabld"),
+    "secret": (json.dumps({"goal": "g", "provider": {"api_key": "sk-x"}}), "secrets must not"),
+    "overflow": (json.dumps({"goal": "g", "limits": {"step_timeout": 1e300}}), "out of range"),
+}
+
+
+def _fence(task_id: str, **fields: Any) -> Fence:
+    return Fence(task_id=task_id, **{"step_id": "work", "iteration": 0, "attempt": 0, **fields})
+
+
+def _llm_task(base_url: str) -> dict[str, Any]:
+    return {
+        "goal": "survive a confused model",
+        "provider": {"kind": "openai", "base_url": base_url, "model": "gpt-test"},
+        "steps": [{"id": "s", "instruction": "look around"}],
+        "stagnation": {"enabled": False},
+    }
+
+
+def _confused_replies(model: FakeOpenAIServer) -> None:
+    """A non-JSON page, then five tool calls of which one is valid, then an answer."""
+    model.respond_raw("<html><body>502 Bad Gateway</body></html>", status=200)
+    calls = [
+        ("bad_json", "file_read", '{"path": '),
+        ("unknown", "teleport", "{}"),
+        ("not_object", "file_read", "[1, 2]"),
+        ("escape", "file_read", '{"path": "../../../../etc/passwd"}'),
+        ("good", "file_list", "{}"),
+    ]
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, n, a in calls
+        ],
+    }
+    model.respond_json({"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+    model.respond_text("done despite the bad calls")
+
+
+def _xadd(raw: redis.Redis, stream: str, fields: Mapping[str, str]) -> str:
+    """XADD with plain string fields; the entry id."""
+    return str(raw.xadd(stream, cast("Any", dict(fields))))
+
+
+def _entries(raw: redis.Redis, stream: str) -> list[tuple[str, dict[str, str]]]:
+    rows = cast("list[tuple[str, dict[str, str]]]", raw.xrange(stream))
+    return [(str(i), dict(f)) for i, f in rows]
+
+
+def _pending(raw: redis.Redis, stream: str) -> int:
+    summary: dict[str, Any] = raw.xpending(stream, keys.coordinator_group)
+    return int(summary["pending"])
+
+
+def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
+    cluster: Cluster, raw: redis.Redis, model: FakeOpenAIServer
+) -> None:
+    """Bad tasks, garbage and stale stream entries, bad control messages and a confused model,
+    all at once beside valid tasks: every bad item is recorded with a readable reason, the
+    valid tasks complete, both processes survive and no entry is left pending."""
+    client = cluster.client()
+    worker, coordinator = cluster.processes
+    good = [client.submit(_say(f"hello {i}")) for i in range(3)]
+    slow = client.submit(_slow())
+    _confused_replies(model)
+    confused = client.submit(_llm_task(model.base_url))
+    bad = {name: client.submit(text) for name, (text, _why) in BAD_TASKS.items()}
+    _xadd(raw, keys.intake_stream, {"task": "goal: [unclosed"})  # no task_id: one is made up
+    _xadd(raw, keys.intake_stream, {"task_id": "no-task-field"})
+
+    # Observations: undecodable entries go to the dead-letter stream...
+    garbage = {
+        _xadd(raw, keys.observations_stream, fields): why
+        for fields, why in [
+            ({"v": "2", "kind": "reasoned", "body": "{}"}, "unsupported protocol version '2'"),
+            ({"v": "1", "kind": "reasoned"}, "stream entry has no 'body' field"),
+            ({os.urandom(8).hex(): os.urandom(48).hex()}, "unsupported protocol version None"),
+            ({"v": "1", "kind": "worker_failed", "body": "{not json"}, "Invalid JSON"),
+            ({"v": "1", "kind": "reasoned", "body": "[" * 50_000}, "recursion limit"),
+            ({"v": "1", "kind": "bogus", "body": '{"kind": "bogus"}'}, "does not match"),
+            (
+                {"v": "1", "body": json.dumps({"kind": "worker_failed", "error": "x" * 2_000_000})},
+                "worker_failed.fence: Field required",
+            ),
+        ]
+    }
+    # ...while well-formed messages for no task are acknowledged and ignored.
+    stray = [
+        _xadd(raw, keys.observations_stream, encode_entry(message))
+        for message in (
+            WorkerFailedMessage(fence=_fence("no-such-task"), error="boom"),
+            ReasonedMessage(fence=_fence("no-such-task"), terminal_output="hijacked"),
+        )
+    ]
+
+    # Stale fences for a task that is running: the reasoning it already applied, an iteration
+    # it never reached, an attempt that was never dispatched.
+    wait_until(lambda: _awaits_tools(client, slow), 60, "the slow task to run its command")
+    for fence in [
+        _fence(slow),
+        _fence(slow, iteration=7),
+        _fence(slow, iteration=1, attempt=5, call_id="call_1"),
+        _fence(slow, step_id="other"),
+    ]:
+        stale = ReasonedMessage(fence=fence, terminal_output="stale")
+        failed = WorkerFailedMessage(fence=fence, error="x")
+        _xadd(raw, keys.observations_stream, encode_entry(stale))
+        _xadd(raw, keys.observations_stream, encode_entry(failed))
+
+    # Control messages that make no sense.
+    controls = [
+        _xadd(raw, keys.control_stream, fields)
+        for fields in [
+            {"action": "explode", "task_id": good[0]},
+            {"action": "review", "task_id": slow, "review_id": "nope", "decision": "retry"},
+            {"action": "review", "task_id": good[0], "decision": "maybe"},
+            {"action": "cancel", "task_id": "no-such-task"},
+            {os.urandom(4).hex(): os.urandom(16).hex()},
+        ]
+    ]
+
+    # The valid work completes.
+    for task_id in good:
+        assert client.wait(task_id, timeout_s=60)["status"] == "completed", cluster.logs()
+    result = client.wait(slow, timeout_s=60)
+    assert result["status"] == "completed", cluster.logs()
+    assert result["output"] == "finished"
+    assert_journal_is_clean(client.journal(slow))
+    result = client.wait(confused, timeout_s=60)
+    assert result["status"] == "completed", cluster.logs()
+    assert result["output"] == "done despite the bad calls"
+
+    # A duplicate of an observation already applied to a finished task changes nothing.
+    applied = [
+        f for _i, f in _entries(raw, keys.observations_stream) if good[0] in f.get("body", "")
+    ]
+    for fields in applied:
+        _xadd(raw, keys.observations_stream, fields)
+
+    _assert_rejections(client, bad)
+    _assert_dead_letters(raw, garbage, stray)
+    _assert_control_rejections(client, controls)
+    _assert_the_model_saw_every_refusal(client, confused, model)
+    assert client.result(good[0])["output"] == "hello 0"
+
+    for stream in (keys.intake_stream, keys.observations_stream, keys.control_stream):
+        wait_until(lambda s=stream: _pending(raw, s) == 0, 20, f"no pending entry on {stream}")
+    assert worker.popen is not None
+    assert coordinator.popen is not None
+    assert worker.popen.poll() is None, worker.tail()
+    assert coordinator.popen.poll() is None, coordinator.tail()
+    assert "loop_failed" not in coordinator.log.read_text(errors="replace"), coordinator.tail()
+
+
+def _awaits_tools(client: Any, task_id: str) -> bool:
+    try:
+        awaiting = client.record(task_id).awaiting
+    except Exception:
+        return False
+    return awaiting is not None and awaiting.kind is AwaitKind.TOOLS
+
+
+def _assert_rejections(client: Any, bad: dict[str, str]) -> None:
+    """Each bad submission is on orga:rejected with a reason naming its fault."""
+    last = bad["overflow"]
+    wait_until(lambda: client.rejection(last) is not None, 30, "the last rejection")
+    for name, task_id in bad.items():
+        reason = client.rejection(task_id)
+        assert reason is not None, name
+        assert BAD_TASKS[name][1] in reason, (name, reason)
+        assert reason.startswith("intake entry "), reason
+        assert len(reason) < 3000, (name, len(reason))
+    assert "the task is empty" in (client.rejection("no-task-field") or "")
+
+
+def _assert_dead_letters(raw: redis.Redis, garbage: dict[str, str], stray: list[str]) -> None:
+    """Each undecodable entry is dead-lettered with its error; the well-formed ones are not."""
+
+    def dead() -> dict[str, dict[str, str]]:
+        return {f["entry_id"]: f for _i, f in _entries(raw, keys.dead_letter_stream)}
+
+    wait_until(lambda: set(garbage) <= set(dead()), 30, "every garbage entry dead-lettered")
+    letters = dead()
+    for entry_id, why in garbage.items():
+        assert letters[entry_id]["stream"] == keys.observations_stream
+        assert why in letters[entry_id]["error"], (why, letters[entry_id]["error"])
+        assert all(len(value) <= 4096 for value in letters[entry_id].values())
+    assert not set(stray) & set(letters)
+    assert all(f.get("stream") != keys.observations_stream or f["entry_id"] in garbage
+               for f in letters.values())  # fmt: skip
+
+
+def _assert_control_rejections(client: Any, controls: list[str]) -> None:
+    """Each bad control message is acknowledged with a control_rejected event saying why."""
+
+    def rejected() -> dict[str, str]:
+        return {
+            f["entry_id"]: f["error"]
+            for _i, f in client.events()
+            if f.get("event") == "control_rejected"
+        }
+
+    wait_until(lambda: set(controls) <= set(rejected()), 30, "every control message refused")
+    errors = [rejected()[entry_id] for entry_id in controls]
+    assert "unknown control action 'explode'" in errors[0]
+    assert "is not waiting for a review" in errors[1]
+    assert "unknown review decision 'maybe'" in errors[2]
+    assert "unknown task 'no-such-task'" in errors[3]
+    assert "unknown control action None" in errors[4]
+
+
+def _assert_the_model_saw_every_refusal(client: Any, task_id: str, model: FakeOpenAIServer) -> None:
+    """The junk reply failed one attempt; each bad call was answered, the good one ran."""
+    record = client.record(task_id)
+    answers = {
+        m.tool_call_id: m.content for m in record.conversation.messages if m.role.value == "tool"
+    }
+    assert answers["bad_json"].startswith("[Schema validation failed] tool 'file_read' arguments")
+    assert "not valid JSON" in answers["bad_json"]
+    assert answers["not_object"].startswith("[Schema validation failed]")
+    assert "must be a JSON object, got array" in answers["not_object"]
+    assert answers["escape"].startswith("[Policy denied] rule 'workspace-paths'")
+    assert "Unknown tool 'teleport'" in answers["unknown"]
+    assert answers["good"] == "[. is empty]"  # file_list of the fresh workspace
+    failures = [m.content for m in record.conversation.messages if "[Coordinator]" in m.content]
+    assert len(failures) == 1
+    assert "not JSON" in failures[0]
+    last_request = json.dumps(model.requests[-1].body["messages"])
+    assert "[Schema validation failed]" in last_request
+    assert "[Policy denied]" in last_request
+    assert model.pending == 0
