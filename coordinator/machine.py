@@ -231,7 +231,13 @@ class TaskMachine:
     def _dispatch_plan(self) -> None:
         conversation = Conversation.with_system(PLAN_PROMPT)
         conversation.push(ConversationMessage.user(f"Goal: {self.record.spec.goal}"))
-        fence = Fence(task_id=self.record.task_id, step_id=PLAN_FENCE_STEP, iteration=0, attempt=0)
+        self.record.dispatches += 1
+        fence = Fence(
+            task_id=self.record.task_id,
+            step_id=PLAN_FENCE_STEP,
+            iteration=0,
+            attempt=self.record.dispatches,
+        )
         self._await(AwaitKind.PLAN, fence)
         self.effects.reason_dispatches.append(
             self._reason_request(fence, conversation, purpose="plan")
@@ -557,7 +563,7 @@ class TaskMachine:
         self, calls: Sequence[ToolCallAction], observations: Sequence[Observation]
     ) -> StagnationVerdict | None:
         events = [
-            ToolEvent.from_observation(call, observation)
+            ToolEvent.from_observation(call, observation, strict=False)
             for call, observation in zip(calls, observations, strict=True)
         ]
         return self.detector.observe_batch(events) if events else None
@@ -588,11 +594,7 @@ class TaskMachine:
         observation = awaiting.results[awaiting.calls[0].call_id]
         record.awaiting = None
         exit_code = observation.metadata.get("exit_code")
-        if (
-            exit_code is not None
-            and exit_code.lstrip("-").isdigit()
-            and int(exit_code) == check.expect_exit_code
-        ):
+        if _exit_code(exit_code) == check.expect_exit_code:
             self._complete_step(awaiting.terminal_output or "", verified=True)
             return
         tail = observation.content[-1500:]
@@ -749,7 +751,8 @@ class TaskMachine:
         self._dispatch_reason()
 
     def _redispatch(self, awaiting: Awaiting) -> None:
-        fence = awaiting.fence.model_copy(update={"attempt": awaiting.fence.attempt + 1})
+        self.record.dispatches += 1
+        fence = awaiting.fence.model_copy(update={"attempt": self.record.dispatches})
         awaiting.fence = fence
         awaiting.redeliveries += 1
         awaiting.deadline = self.now + self._deadline_s()
@@ -803,12 +806,14 @@ class TaskMachine:
         return spec.workspace or f"{self.settings.workspace_root}/{self.record.task_id}"
 
     def _fence(self) -> Fence:
+        """A fence no earlier dispatch of this task had: ``attempt`` counts every dispatch."""
         record = self.record
+        record.dispatches += 1
         return Fence(
             task_id=record.task_id,
             step_id=record.step().spec.id,
             iteration=record.iteration,
-            attempt=0,
+            attempt=record.dispatches,
         )
 
     def _deadline_s(self) -> float:
@@ -857,6 +862,14 @@ _TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
 _ESCALATION_KEY = "__escalation__:"
 
 
+def _exit_code(value: str | None) -> int | None:
+    """The integer exit code a tool reported, or None when absent or malformed."""
+    try:
+        return int(value.strip()) if value is not None else None
+    except ValueError:
+        return None
+
+
 def parse_plan(text: str) -> list[StepSpec]:
     """Steps from a model's plan (``{"steps": [...]}`` or a bare list); [] when unusable."""
     start, end = text.find("{"), text.rfind("}")
@@ -866,14 +879,14 @@ def parse_plan(text: str) -> list[StepSpec]:
     for candidate in candidates:
         try:
             data = json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         items = data.get("steps") if isinstance(data, dict) else data
         if not isinstance(items, list) or not items:
             continue
         try:
             steps = [StepSpec.model_validate(item) for item in items[:20]]
-        except ValueError:
+        except (ValueError, OverflowError, RecursionError):
             continue
         if len({s.id for s in steps}) == len(steps):
             return steps

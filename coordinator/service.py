@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.metrics import CoordinatorMetrics
@@ -161,7 +161,27 @@ class Coordinator:
 
     async def _intake_once(self) -> None:
         for entry_id, fields in await self._read(keys.intake_stream):
-            await self._intake(entry_id, fields)
+            await self._guarded(keys.intake_stream, entry_id, fields, self._intake)
+
+    async def _guarded(
+        self,
+        stream: str,
+        entry_id: str,
+        fields: dict[Any, Any],
+        handle: Callable[[str, dict[Any, Any]], Awaitable[None]],
+    ) -> None:
+        """Handle one entry; an unexpected error dead-letters that entry, not the batch.
+
+        Redis being unreachable is not the entry's fault: that error propagates, the entry
+        stays pending and is handled again once Redis is back.
+        """
+        try:
+            await handle(entry_id, fields)
+        except (RedisError, CommitConflictError):
+            raise
+        except Exception as exc:
+            log.exception("stream.entry_failed", extra={"stream": stream, "entry_id": entry_id})
+            await self._poison(stream, entry_id, fields, f"{type(exc).__name__}: {exc}")
 
     async def _intake(self, entry_id: str, fields: dict[Any, Any]) -> None:
         ack = (keys.intake_stream, keys.coordinator_group, entry_id)
@@ -214,7 +234,7 @@ class Coordinator:
     async def _observations_once(self) -> None:
         entries = await self._read(keys.observations_stream)
         for entry_id, fields in entries:
-            await self._observation(entry_id, fields)
+            await self._guarded(keys.observations_stream, entry_id, fields, self._observation)
 
     async def _observation(self, entry_id: str, fields: dict[Any, Any]) -> None:
         ack = (keys.observations_stream, keys.coordinator_group, entry_id)
@@ -230,11 +250,11 @@ class Coordinator:
 
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
-        raw: dict[Any, Any] = {_text(k): _text(v)[:4096] for k, v in fields.items()}
+        raw: dict[Any, Any] = {f"raw_{_text(k)}": _text(v)[:4096] for k, v in fields.items()}
         pipe = self.redis.pipeline(transaction=True)
         pipe.xadd(
             keys.dead_letter_stream,
-            {"stream": stream, "entry_id": entry_id, "error": error[:2000], **raw},
+            {**raw, "stream": stream, "entry_id": entry_id, "error": error[:2000]},
             maxlen=100_000, approximate=True,
         )  # fmt: skip
         pipe.xack(stream, keys.coordinator_group, entry_id)
@@ -251,10 +271,12 @@ class Coordinator:
             entry_id = _text(raw_id)
             if fields is None:
                 continue
-            if await self._deliveries(stream, entry_id) > self.settings.max_deliveries:
-                await self._poison(stream, entry_id, fields, "delivered too many times")
+            deliveries = await self._deliveries(stream, entry_id)
+            if deliveries > self.settings.max_deliveries:
+                error = f"delivered {deliveries} times without being applied"
+                await self._poison(stream, entry_id, fields, error)
             else:
-                await handle(entry_id, fields)
+                await self._guarded(stream, entry_id, fields, handle)
 
     async def _deliveries(self, stream: str, entry_id: str) -> int:
         pending = await self.redis.xpending_range(
@@ -266,7 +288,7 @@ class Coordinator:
 
     async def _control_once(self) -> None:
         for entry_id, fields in await self._read(keys.control_stream):
-            await self._control(entry_id, fields)
+            await self._guarded(keys.control_stream, entry_id, fields, self._control)
 
     async def _control(self, entry_id: str, fields: dict[Any, Any]) -> None:
         text = {_text(k): _text(v) for k, v in fields.items()}

@@ -137,6 +137,7 @@ class TaskRecord(BaseModel):
     detector: dict[str, Any] = Field(default_factory=dict)
     journal_seq: int = 0
     model_calls: int = 0
+    dispatches: int = 0
     milestones: list[str] = Field(default_factory=list)
     awaiting: Awaiting | None = None
     review: ReviewItem | None = None

@@ -8,24 +8,25 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 __all__ = ["Duration", "format_duration", "parse_duration"]
 
-_UNIT_SECONDS = {
-    "us": 0.000001,
-    "ms": 0.001,
-    "s": 1.0,
-    "sec": 1.0,
-    "secs": 1.0,
-    "m": 60.0,
-    "min": 60.0,
-    "mins": 60.0,
-    "h": 3600.0,
-    "hr": 3600.0,
-    "d": 86400.0,
+_UNIT_MICROSECONDS = {
+    "us": 1,
+    "ms": 1_000,
+    "s": 1_000_000,
+    "sec": 1_000_000,
+    "secs": 1_000_000,
+    "m": 60_000_000,
+    "min": 60_000_000,
+    "mins": 60_000_000,
+    "h": 3_600_000_000,
+    "hr": 3_600_000_000,
+    "d": 86_400_000_000,
 }
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
 _WHOLE = re.compile(r"^(?:\s*\d+(?:\.\d+)?\s*[a-z]+)+\s*$")
@@ -63,14 +64,19 @@ def _parse_text(text: str) -> timedelta:
             f"invalid duration {text!r}: use a number of seconds or units us, ms, s, m, h, d "
             "(e.g. '15s', '5m', '1h30m')"
         )
-    seconds = 0.0
+    microseconds = Decimal(0)
     for number, unit in _PART.findall(lowered):
-        if unit not in _UNIT_SECONDS:
+        if unit not in _UNIT_MICROSECONDS:
             raise ValueError(
                 f"invalid duration {text!r}: unknown unit {unit!r}; use us, ms, s, m, h or d"
             )
-        seconds += float(number) * _UNIT_SECONDS[unit]
-    return timedelta(seconds=seconds)
+        microseconds += Decimal(number) * _UNIT_MICROSECONDS[unit]
+    try:
+        return timedelta(microseconds=int(microseconds.to_integral_value()))
+    except OverflowError:
+        raise ValueError(
+            f"invalid duration {text!r}: too long (the limit is about 2.7 million years)"
+        ) from None
 
 
 def format_duration(value: timedelta) -> str:

@@ -482,7 +482,7 @@ class _Run:
             return None
         calls = {a.call_id: a for a in actions if isinstance(a, ToolCallAction)}
         events = [
-            ToolEvent.from_observation(calls[o.call_id], o)
+            ToolEvent.from_observation(calls[o.call_id], o, strict=False)
             for o in observations
             if o.call_id is not None and o.call_id in calls
         ]

@@ -63,6 +63,18 @@ def _parse_kind(tool: str, value: str | None) -> ToolKind:
         ) from None
 
 
+def _lenient_kind(value: str | None) -> str:
+    known = {k.value for k in ToolKind}
+    return value if value in known else ToolKind.OTHER.value
+
+
+def _lenient_exit_code(value: str | None) -> int | None:
+    try:
+        return int(value.strip()) if value is not None else None
+    except ValueError:
+        return None
+
+
 def _arguments(action: ToolCallAction) -> dict[str, Any]:
     """The parsed arguments, or the raw text under ``_raw`` when they are not a JSON object."""
     try:
@@ -94,12 +106,24 @@ class ToolEvent(BaseModel):
         return self.is_error or (self.exit_code is not None and self.exit_code != 0)
 
     @classmethod
-    def from_observation(cls, action: ToolCallAction, observation: Observation) -> ToolEvent:
+    def from_observation(
+        cls, action: ToolCallAction, observation: Observation, *, strict: bool = True
+    ) -> ToolEvent:
         """Build the event from the call and its observation, reading ``observation.metadata``.
 
         Raises ValueError when the observation answers another call, or when ``kind`` or
         ``exit_code`` in the metadata are malformed (the message names the value and the fix).
+        With ``strict=False`` (a host reading third-party tools' metadata) a malformed kind
+        reads as ``other`` and a malformed exit code as unknown instead.
         """
+        if not strict:
+            meta = observation.metadata
+            cleaned = {**meta, "kind": _lenient_kind(meta.get("kind"))}
+            if _lenient_exit_code(meta.get("exit_code")) is None:
+                cleaned.pop("exit_code", None)
+            observation = observation.model_copy(
+                update={"metadata": cleaned, "call_id": action.call_id}
+            )
         if observation.call_id is not None and observation.call_id != action.call_id:
             raise ValueError(
                 f"observation answers call {observation.call_id!r}, not {action.call_id!r}; "

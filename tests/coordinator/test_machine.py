@@ -101,7 +101,7 @@ def test_start_dispatches_the_first_reasoning_iteration() -> None:
     assert record.steps[0].status is StepStatus.RUNNING
     assert record.awaiting is not None
     assert record.awaiting.kind is AwaitKind.REASON
-    assert [r.fence.token() for r in effects.reason_dispatches] == ["t1/reproduce/0/0"]
+    assert [r.fence.token() for r in effects.reason_dispatches] == ["t1/reproduce/0/1"]
     assert effects.journal[0].event.type == "Started"
     assert record.conversation.messages[-1].content.startswith("Step 1 of 2 (reproduce)")
 
@@ -263,10 +263,11 @@ def test_deadline_redispatches_with_a_new_attempt_then_dead_letters() -> None:
     """A late observation is re-dispatched with attempt+1; after the limit it is dead-lettered."""
     record = _record(step_iteration={"max_reattempts_per_step": 5})
     _start(record)
+    first = record.awaiting.fence.attempt  # type: ignore[union-attr]
     effects = _apply(record, 12.0, lambda m: m.on_tick())
-    assert [r.fence.attempt for r in effects.reason_dispatches] == [1]
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [first + 1]
     effects = _apply(record, 23.0, lambda m: m.on_tick())
-    assert [r.fence.attempt for r in effects.reason_dispatches] == [2]
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [first + 2]
     effects = _apply(record, 34.0, lambda m: m.on_tick())
     assert effects.dead_letters
     assert "no observation after 3 dispatches" in effects.dead_letters[0]["error"]
@@ -280,7 +281,8 @@ def test_worker_failure_is_redispatched() -> None:
     assert record.awaiting is not None
     failed = WorkerFailedMessage(fence=record.awaiting.fence, error="boom")
     effects = _apply(record, 2.0, lambda m: m.on_worker_failed(failed))
-    assert [r.fence.attempt for r in effects.reason_dispatches] == [1]
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [failed.fence.attempt + 1]
+    assert not _apply(record, 2.1, lambda m: m.on_worker_failed(failed)).changed
 
 
 def test_inference_termination_counts_as_a_failed_attempt() -> None:

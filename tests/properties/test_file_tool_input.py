@@ -339,7 +339,6 @@ def test_links_inside_the_workspace_still_work(tree: Tree) -> None:
     assert "sub/code.py" in listed.content
 
 
-@pytest.mark.xfail(strict=True, reason="workers/gates/workspace_paths.py: Path.resolve at a loop")
 def test_the_default_gate_also_sees_through_a_link_loop(write_tree: Tree) -> None:
     """The gate, the first line of defence, denies ``loop1/../out_file`` as the tool does."""
     action = ToolCallAction(

@@ -475,7 +475,6 @@ def test_a_ten_megabyte_argument_is_checked_like_any_other() -> None:
     assert _tool_messages(state)["c2"].startswith(SCHEMA_FAILURE_PREFIX)
 
 
-@pytest.mark.xfail(strict=True, reason="workers/gates/schema.py quotes the whole bad value")
 def test_a_schema_failure_quotes_a_huge_value_briefly() -> None:
     """The model is told what is wrong with a 5 MB argument in a short message, not 5 MB."""
     bad = ToolCall(id="c2", name="file_read", arguments=json.dumps({"path": ["x"] * 1_000_000}))
@@ -485,9 +484,6 @@ def test_a_schema_failure_quotes_a_huge_value_briefly() -> None:
     assert len(_tool_messages(state)["c2"]) < 10_000
 
 
-@pytest.mark.xfail(
-    strict=True, raises=RecursionError, reason="workers/gates/schema.py: json.loads on depth"
-)
 def test_deeply_nested_arguments_are_a_schema_failure() -> None:
     """Arguments of 100,000 brackets are refused with a message, not a RecursionError."""
     reply = InferenceResponse(

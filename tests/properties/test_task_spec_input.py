@@ -243,8 +243,8 @@ def test_json_documents_give_a_spec_or_a_task_spec_error(value: Any) -> None:
     _assert_round_trips(spec)
 
 
-# Durations of 2**53 microseconds (285 years) and more lose precision when read back: see
-# test_huge_durations_round_trip_exactly, a known bug of shared/durations.py.
+# A float has 53 bits: durations given as float seconds beyond 2**53 microseconds (285 years)
+# cannot be exact. Text durations are (test_huge_durations_round_trip_exactly).
 _EXACT_SECONDS = 2**53 / 1e6
 
 
@@ -260,11 +260,6 @@ def test_any_duration_number_is_accepted_or_rejected_by_name(field: str, seconds
         assert "limits" in str(outcome)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shared/durations.py reads '288230376152593750us' through a float and loses 61 us; "
-    "see the bad-input report",
-)
 def test_huge_durations_round_trip_exactly() -> None:
     """A duration past 2**53 microseconds is written and read back unchanged."""
     _assert_round_trips(parse_task({"goal": "g", "limits": {"step_timeout": 288230376152.59375}}))

@@ -75,6 +75,8 @@ def validate_tool_arguments(
         arguments = _parse_json(action.arguments)
     except ValueError as exc:
         return f"tool '{name}' arguments are not valid JSON: {exc}"
+    except RecursionError:
+        return f"tool '{name}' arguments are not valid JSON: nested too deeply to parse"
     if not isinstance(arguments, dict):
         kind = _JSON_TYPE_NAMES.get(type(arguments), type(arguments).__name__)
         return f"tool '{name}' arguments must be a JSON object, got {kind}"
@@ -112,8 +114,20 @@ def _check_against_schema(
         return _invalid_schema(name, f"unresolvable reference: {exc}")
     if not errors:
         return None
-    details = "; ".join(f"{_pointer_prefix(e.path)}{e.message}" for e in errors)
+    details = "; ".join(_brief(f"{_pointer_prefix(e.path)}{e.message}") for e in errors[:10])
+    if len(errors) > 10:
+        details += f"; ... and {len(errors) - 10} more"
     return f"tool '{name}' arguments failed schema validation: {details}"
+
+
+_DETAIL_CHARS = 300
+
+
+def _brief(text: str) -> str:
+    """One error, cut so that a huge argument value is not quoted back whole to the model."""
+    if len(text) <= _DETAIL_CHARS:
+        return text
+    return f"{text[: _DETAIL_CHARS - 40]}... ({len(text)} characters)"
 
 
 def _invalid_schema(name: str, error: str) -> str:

@@ -12,6 +12,9 @@ import posixpath
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
+from workers.tools.errors import WorkspacePathError
+from workers.tools.workspace import real_path
+
 __all__ = ["WorkspaceScope"]
 
 _VIRTUAL_ROOT = Path("/<workspace>")
@@ -38,14 +41,16 @@ class WorkspaceScope:
         """
         joined = (base or self._root) / raw
         if self._real:
-            return joined.resolve()
+            # The file tools' own resolution: realpath repeated, so a symlink loop such as
+            # ``loop/../link_out`` cannot hide a link that points out of the workspace.
+            return real_path(joined, raw)
         return Path(posixpath.normpath(str(joined)))
 
     def escape(self, raw: str, base: Path | None = None) -> str | None:
         """None when ``raw`` stays inside; otherwise why it does not (for a denial reason)."""
         try:
             located = self.locate(raw, base)
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError, WorkspacePathError) as exc:
             return f"cannot be resolved ({exc})"
         if self.contains(located):
             return None

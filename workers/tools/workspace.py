@@ -26,6 +26,7 @@ from workers.tools.errors import PathOutsideWorkspaceError, WorkspacePathError
 
 __all__ = [
     "display_path",
+    "real_path",
     "resolve_in_workspace",
     "sorted_entries",
     "walk_entries",
@@ -56,7 +57,7 @@ def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
         )
     root = workspace_root(workspace)
     candidate = Path(user_path) if os.path.isabs(user_path) else root / user_path
-    resolved = _real_path(candidate, user_path)
+    resolved = real_path(candidate, user_path)
     if not resolved.is_relative_to(root):
         raise PathOutsideWorkspaceError(_outside_message(user_path, root, candidate, resolved))
     return resolved
@@ -65,7 +66,7 @@ def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
 _MAX_RESOLUTIONS = 16
 
 
-def _real_path(candidate: Path, user_path: str) -> Path:
+def real_path(candidate: Path, user_path: str) -> Path:
     """``os.path.realpath`` repeated until it no longer changes the path.
 
     One call is not enough: at a symbolic-link loop ``realpath`` stops resolving and returns
