@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ from rich.table import Table
 
 from coordinator.client import OrgaClient, TaskNotFoundError, TaskRejectedError
 from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
+from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings
@@ -335,9 +335,7 @@ def coordinator() -> None:
 
     url = _require_url()
     settings = _settings()
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(settings.log_level)
     metrics = serve_metrics(settings.metrics_port, url) if settings.metrics_port else None
 
     async def main_loop() -> None:
@@ -349,7 +347,7 @@ def coordinator() -> None:
             metrics=metrics,
         )
         where = f", metrics on :{settings.metrics_port}/metrics" if metrics else ""
-        out.print(f"coordinator {node.name} on {url}{where}")
+        out.print(f"coordinator {node.name} on {redact_url(url)}{where}")
         await node.run()
 
     asyncio.run(main_loop())

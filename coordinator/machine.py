@@ -222,8 +222,9 @@ class TaskMachine:
 
     def cancel(self, reason: str) -> Effects:
         """Abort the task at an operator's request, keeping its milestones."""
-        if not self.record.terminal:
-            self._finish(TaskStatus.ABORTED, f"cancelled: {reason}")
+        if self.record.terminal:
+            return self._ignored()
+        self._finish(TaskStatus.ABORTED, f"cancelled: {reason}")
         return self._done()
 
     # -- planning -------------------------------------------------------------------------

@@ -315,7 +315,7 @@ class Coordinator:
             else:
                 raise ValueError(f"unknown control action {action!r}")
             if not applied:
-                raise ValueError(f"unknown task {task_id!r}")
+                raise ValueError(f"task {task_id!r} is unknown or has already ended")
         except ValueError as exc:
             await self._control_rejected(entry_id, task_id, str(exc))
 

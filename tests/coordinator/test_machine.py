@@ -466,3 +466,19 @@ def test_the_plan_fence_cannot_collide_with_a_step() -> None:
     fence_step = effects.reason_dispatches[0].fence.step_id
     with pytest.raises(ValueError, match=r"steps\.0\.id"):
         parse_task({"goal": "g", "steps": [{"id": fence_step, "instruction": "x"}]})
+
+
+def test_operators_can_refuse_inline_tools() -> None:
+    """With allow_inline_tools off, a task's tool_dispatch: inline goes to the tools queue."""
+    record = _record(tool_dispatch="inline")
+    settings = MachineSettings(workspace_root="/ws", allow_inline_tools=False)
+    effects = TaskMachine(record, 1.0, settings).start()
+    assert effects.reason_dispatches[0].act_inline is False
+
+
+def test_cancelling_an_ended_task_changes_nothing() -> None:
+    """A cancel that arrives after the end is ignored (no new version, no event)."""
+    record = _record()
+    _start(record)
+    _apply(record, 2.0, lambda m: m.cancel("first"))
+    assert not _apply(record, 3.0, lambda m: m.cancel("again")).changed

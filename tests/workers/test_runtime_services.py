@@ -1,0 +1,79 @@
+"""The worker process's services: which model a task may reach, and per-task ledgers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from shared.conversation import Conversation
+from shared.errors import ConfigError
+from shared.loop_types import LoopConfig
+from shared.protocol import Fence, ReasonRequest
+from shared.settings import OrgaSettings
+from shared.task_spec import ProviderSpec
+from workers.providers.scripted import ScriptedProvider
+from workers.providers.settings import ProviderSettings
+from workers.runtime import LEDGERS_KEPT, ProcessServices
+
+_OPEN: list[ProcessServices] = []
+
+
+def _services(**settings: object) -> ProcessServices:
+    services = ProcessServices(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0", **settings),  # type: ignore[arg-type]
+        ProviderSettings(provider="openai", api_key="sk-secret", base_url="https://api.example/v1"),
+        "redis://127.0.0.1:1/0",
+    )
+    _OPEN.append(services)
+    return services
+
+
+@pytest.fixture(autouse=True)
+def _close_services() -> Iterator[None]:
+    """Each ProcessServices owns an event loop: close them after the test."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _request(provider: ProviderSpec) -> ReasonRequest:
+    return ReasonRequest(
+        fence=Fence(task_id="t", step_id="s", iteration=0, attempt=1),
+        agent_id="a",
+        conversation=Conversation(),
+        config=LoopConfig(),
+        provider=provider,
+        workspace="/tmp/ws",
+    )
+
+
+def test_a_task_cannot_send_the_key_to_its_own_base_url() -> None:
+    """provider.base_url other than ORGA_BASE_URL is refused unless the operator allows it."""
+    services = _services()
+    with pytest.raises(ConfigError, match="ORGA_ALLOW_TASK_BASE_URL"):
+        services.provider(_request(ProviderSpec(base_url="https://attacker.example/v1")))
+    allowed = _services(allow_task_base_url=True)
+    provider = allowed.provider(_request(ProviderSpec(base_url="https://own.example/v1")))
+    assert provider.provider_name() == "openai"
+
+
+def test_scripted_replies_resume_where_the_task_left_off() -> None:
+    """A fresh scripted provider per call answers the reply the task's call count points at."""
+    services = _services()
+    request = _request(ProviderSpec(kind="scripted", replies=["one", "two", "three"]))
+    provider = services.provider(request.model_copy(update={"model_calls": 2}))
+    assert isinstance(provider, ScriptedProvider)
+    assert provider.remaining == 1
+
+
+def test_ledgers_are_per_task_and_bounded() -> None:
+    """LlmRecovery counts are kept per task, for a bounded number of tasks."""
+    services = _services()
+    first = services._ledger("t1")
+    first.count_llm_attempt("tool")
+    assert services._ledger("t2").llm_attempts("tool") == 0
+    assert services._ledger("t1").llm_attempts("tool") == 1
+    for index in range(LEDGERS_KEPT + 5):
+        services._ledger(f"x{index}")
+    assert services._ledger("t1").llm_attempts("tool") == 0
