@@ -51,5 +51,10 @@ bench: $(STAMP)
 	$(PY) bench/tracker_cost.py
 	$(PY) bench/stagnation_eval.py
 
+# Fault injection under load: worker processes, the coordinator and Redis are killed while
+# 200 tasks run (docs/reliability.md). `make chaos CHAOS_ARGS="--tasks 50"` for a shorter run.
+chaos: $(STAMP)
+	$(PY) bench/chaos.py $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info

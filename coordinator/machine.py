@@ -238,6 +238,7 @@ class TaskMachine:
             step_id=PLAN_FENCE_STEP,
             iteration=0,
             attempt=self.record.dispatches,
+            nonce=uuid.uuid4().hex[:12],
         )
         self._await(AwaitKind.PLAN, fence)
         self.effects.reason_dispatches.append(
@@ -753,7 +754,9 @@ class TaskMachine:
 
     def _redispatch(self, awaiting: Awaiting) -> None:
         self.record.dispatches += 1
-        fence = awaiting.fence.model_copy(update={"attempt": self.record.dispatches})
+        fence = awaiting.fence.model_copy(
+            update={"attempt": self.record.dispatches, "nonce": uuid.uuid4().hex[:12]}
+        )
         awaiting.fence = fence
         awaiting.redeliveries += 1
         awaiting.deadline = self.now + self._deadline_s()
@@ -815,6 +818,7 @@ class TaskMachine:
             step_id=record.step().spec.id,
             iteration=record.iteration,
             attempt=record.dispatches,
+            nonce=uuid.uuid4().hex[:12],
         )
 
     def _deadline_s(self) -> float:

@@ -49,6 +49,9 @@ class Fence(BaseModel):
     iteration: int = Field(ge=0)
     attempt: int = Field(ge=0)
     call_id: str | None = None
+    nonce: str = Field(default="", max_length=64)
+    """Random per dispatch: a fence re-issued after Redis lost its last second of writes (and
+    the dispatch counter with it) still differs from the one it replaces."""
 
     def token(self) -> str:
         """A compact, printable form: ``task/step/iteration/attempt[/call]``."""

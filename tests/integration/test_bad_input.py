@@ -303,7 +303,7 @@ def _assert_control_rejections(client: Any, controls: list[str]) -> None:
     assert "unknown control action 'explode'" in errors[0]
     assert "is not waiting for a review" in errors[1]
     assert "unknown review decision 'maybe'" in errors[2]
-    assert "unknown task 'no-such-task'" in errors[3]
+    assert "task 'no-such-task' is unknown or has already ended" in errors[3]
     assert "unknown control action None" in errors[4]
 
 

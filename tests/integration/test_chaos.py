@@ -1,0 +1,71 @@
+"""Chaos, short version of ``make chaos`` (``bench/chaos.py``): while 20 tasks run on real
+workers, a pool process is SIGKILLed every two seconds, the coordinator is SIGKILLed and
+restarted, and Redis is SIGKILLed and restarted from its AOF; every task still completes once,
+with a gapless journal and no iteration applied twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import ChaosPlan, ChaosReport, run_chaos
+from coordinator.embedded_redis import EmbeddedRedis
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+SHORT = ChaosPlan(
+    tasks=20,
+    iterations=6,
+    command="sleep 0.3; echo step-{i}",
+    kill_every_s=2.0,
+    kill_from=0.05,
+    coordinator_at=0.25,
+    redis_at=0.55,
+    redis_down_s=0.5,
+    quiet_after_s=2.0,
+    duration_s=100.0,
+    observation_deadline_s=8.0,
+    visibility_timeout_s=30,
+)
+"""Light load (20 tasks, about a second of queueing), so an 8 s observation deadline never fires
+for work that is only waiting; each command takes 0.3 s so the faults land mid-iteration."""
+
+
+@pytest.fixture(scope="module")
+def report(private_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> ChaosReport:
+    """One short chaos run, shared by the assertions of this module."""
+    lines: list[str] = []
+    root = tmp_path_factory.mktemp("chaos")
+    result = run_chaos(SHORT, private_redis, Path(root), say=lines.append)
+    print("\n".join([*lines, result.table(), result.summary()]))
+    return result
+
+
+def test_every_task_completes_once_with_a_clean_journal_under_faults(report: ChaosReport) -> None:
+    """No task lost, all completed with their answer, gapless journals, nothing applied twice."""
+    assert report.statuses == {"completed": SHORT.tasks}, report.summary()
+    assert report.passed, report.summary()
+
+
+def test_each_kind_of_fault_was_injected_mid_run(report: ChaosReport) -> None:
+    """Pool processes, the coordinator (holding observations it had read) and Redis were each
+    killed while tasks were running."""
+    assert len(report.of_kind("worker")) >= 2, report.summary()
+    assert len(report.of_kind("coordinator")) == 1, report.summary()
+    assert len(report.of_kind("redis")) == 1, report.summary()
+    for fault in report.faults:
+        assert fault.first_apply_s is not None, f"nothing applied after {fault.detail}"
+    (coordinator,) = report.of_kind("coordinator")
+    assert any(d.via == "reclaim" for d in coordinator.hit), report.summary()
+
+
+def test_recovery_is_bounded_by_the_observation_deadline(report: ChaosReport) -> None:
+    """After each fault, work resumes within the deadline, and the work hit is applied in time."""
+    deadline = SHORT.observation_deadline_s
+    for fault in report.faults:
+        assert fault.first_apply_s is not None
+        assert fault.first_apply_s < deadline, report.summary()
+        for dispatch in fault.hit:
+            assert dispatch.applied_after_s is not None, report.summary()
+            assert dispatch.applied_after_s < 2 * deadline + 5, report.summary()
