@@ -6,16 +6,18 @@ they are safe to call directly (a test, a script, a third-party executor).
 
 from __future__ import annotations
 
+import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from jsonschema import Draft202012Validator
 
 from shared.inference import ToolDefinition
-from workers.tools.base import ToolOutput
+from workers.tools.base import ToolContext, ToolOutput
 from workers.tools.output import error_output
 
-__all__ = ["ArgumentCheck"]
+__all__ = ["ArgumentCheck", "BlockingTool"]
 
 
 class ArgumentCheck:
@@ -42,3 +44,34 @@ class ArgumentCheck:
             error_type="invalid_arguments",
             **metadata,
         )
+
+
+class BlockingTool(ABC):
+    """A tool whose work is a blocking function of (arguments, context): the arguments are
+    checked against the tool's own schema, then ``work`` runs in a worker thread.
+
+    Subclasses set ``DEFINITION`` and ``KIND`` (the detector's kind reported on argument
+    errors) and implement ``work``.
+    """
+
+    DEFINITION: ClassVar[ToolDefinition]
+    KIND: ClassVar[str]
+
+    @abstractmethod
+    def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """The blocking work, on arguments that fit the schema."""
+
+    def __init__(self) -> None:
+        self._check = ArgumentCheck(self.DEFINITION)
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """Name, description and JSON Schema of the tool."""
+        return self.DEFINITION
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
+        """Do the work, or explain why not as an ``is_error`` output."""
+        failure = self._check.failure(arguments, kind=self.KIND)
+        if failure is not None:
+            return failure
+        return await asyncio.to_thread(self.work, arguments, context)

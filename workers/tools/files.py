@@ -15,7 +15,6 @@ event loop. Metadata for the stagnation detector (all strings):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import os
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from shared.inference import ToolDefinition
-from workers.tools.arguments import ArgumentCheck
+from workers.tools.arguments import BlockingTool
 from workers.tools.base import ToolContext, ToolOutput
 from workers.tools.errors import PathOutsideWorkspaceError, WorkspacePathError
 from workers.tools.output import (
@@ -175,23 +174,15 @@ def os_failure(action: str, rel: str, exc: OSError, **metadata: str) -> ToolOutp
     return error_output(f"{action} {rel!r} failed: {reason}", error_type="os_error", **metadata)
 
 
-class FileReadTool:
+class FileReadTool(BlockingTool):
     """``file_read``: a text file or a range of its lines, hashed whole for the detector."""
 
-    def __init__(self) -> None:
-        self._check = ArgumentCheck(FILE_READ_DEFINITION)
+    DEFINITION = FILE_READ_DEFINITION
+    KIND = "read"
 
-    @property
-    def definition(self) -> ToolDefinition:
-        """Name, description and JSON Schema of ``file_read``."""
-        return FILE_READ_DEFINITION
-
-    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """Read the file, or explain why not as an ``is_error`` output."""
-        failure = self._check.failure(arguments, kind="read")
-        if failure is not None:
-            return failure
-        return await asyncio.to_thread(_read_file, arguments, context)
+    def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Run ``_read_file`` (in a worker thread)."""
+        return _read_file(arguments, context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,23 +326,15 @@ def _read_output(rel: str, window: _LineWindow, scan: _Scan, max_bytes: int) -> 
     return ToolOutput(content=text, metadata=metadata)
 
 
-class FileWriteTool:
+class FileWriteTool(BlockingTool):
     """``file_write``: replace a file's content atomically, reporting before and after hashes."""
 
-    def __init__(self) -> None:
-        self._check = ArgumentCheck(FILE_WRITE_DEFINITION)
+    DEFINITION = FILE_WRITE_DEFINITION
+    KIND = "write"
 
-    @property
-    def definition(self) -> ToolDefinition:
-        """Name, description and JSON Schema of ``file_write``."""
-        return FILE_WRITE_DEFINITION
-
-    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """Write the file, or explain why not as an ``is_error`` output."""
-        failure = self._check.failure(arguments, kind="write")
-        if failure is not None:
-            return failure
-        return await asyncio.to_thread(_write_file, arguments, context)
+    def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Run ``_write_file`` (in a worker thread)."""
+        return _write_file(arguments, context)
 
 
 def _write_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
@@ -424,23 +407,15 @@ def _atomic_write(target: Path, data: bytes) -> None:
         raise
 
 
-class FileListTool:
+class FileListTool(BlockingTool):
     """``file_list``: sorted directory entries, never following symbolic links."""
 
-    def __init__(self) -> None:
-        self._check = ArgumentCheck(FILE_LIST_DEFINITION)
+    DEFINITION = FILE_LIST_DEFINITION
+    KIND = "read"
 
-    @property
-    def definition(self) -> ToolDefinition:
-        """Name, description and JSON Schema of ``file_list``."""
-        return FILE_LIST_DEFINITION
-
-    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """List the directory, or explain why not as an ``is_error`` output."""
-        failure = self._check.failure(arguments, kind="read")
-        if failure is not None:
-            return failure
-        return await asyncio.to_thread(_list_directory, arguments, context)
+    def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Run ``_list_directory`` (in a worker thread)."""
+        return _list_directory(arguments, context)
 
 
 def _label(entry: os.DirEntry[str], root: Path) -> str:

@@ -15,7 +15,6 @@ backtracking) can keep the worker thread busy after the executor's timeout has a
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import itertools
 import re
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.inference import ToolDefinition
-from workers.tools.arguments import ArgumentCheck
+from workers.tools.arguments import BlockingTool
 from workers.tools.base import ToolContext, ToolOutput
 from workers.tools.errors import WorkspacePathError
 from workers.tools.files import line_pieces, os_failure, path_failure
@@ -91,23 +90,15 @@ GREP_DEFINITION = ToolDefinition(
 )
 
 
-class GrepTool:
+class GrepTool(BlockingTool):
     """``grep``: matching lines as ``path:line:text``, bounded and deterministic."""
 
-    def __init__(self) -> None:
-        self._check = ArgumentCheck(GREP_DEFINITION)
+    DEFINITION = GREP_DEFINITION
+    KIND = "read"
 
-    @property
-    def definition(self) -> ToolDefinition:
-        """Name, description and JSON Schema of ``grep``."""
-        return GREP_DEFINITION
-
-    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """Search, or explain why not as an ``is_error`` output."""
-        failure = self._check.failure(arguments, kind="read")
-        if failure is not None:
-            return failure
-        return await asyncio.to_thread(_grep, arguments, context)
+    def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        """Run ``_grep`` (in a worker thread)."""
+        return _grep(arguments, context)
 
 
 def _compile(arguments: Mapping[str, Any]) -> re.Pattern[str] | ToolOutput:
