@@ -50,6 +50,8 @@ flower: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/tracker_cost.py
 	$(PY) bench/stagnation_eval.py
+	$(PY) bench/primitives_bench.py
+	$(PY) bench/runtime_bench.py
 
 # Fault injection under load: worker processes, the coordinator and Redis are killed while
 # 200 tasks run (docs/reliability.md). `make chaos CHAOS_ARGS="--tasks 50"` for a shorter run.

@@ -14,13 +14,22 @@ from shared import keys
 from shared.protocol import ReasonRequest, ToolRequest
 from shared.settings import OrgaSettings, celery_config
 
-__all__ = ["CeleryDispatcher", "celery_client"]
+__all__ = ["PUBLISH_SOCKET_TIMEOUT_S", "CeleryDispatcher", "celery_client"]
+
+PUBLISH_SOCKET_TIMEOUT_S = 5.0
+"""A publish (or the connection it needs) that takes longer fails instead of waiting forever on
+a broker that vanished without closing the connection: the send runs on the event loop."""
 
 
 def celery_client(settings: OrgaSettings, broker_url: str) -> Any:
     """A Celery app configured like the workers', used only to send tasks."""
     app = Celery("orga-coordinator")
     app.conf.update(celery_config(settings, broker_url))
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        "socket_timeout": PUBLISH_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": PUBLISH_SOCKET_TIMEOUT_S,
+    }
     return app
 
 
@@ -55,8 +64,8 @@ class CeleryDispatcher:
         # On the event loop, not in a thread: the send is one LPUSH on the broker's connection
         # pool (~0.35 ms of CPU), the apply that calls it waits for it anyway, and a thread hop
         # costs another ~0.15 ms of CPU in GIL hand-offs and adds a wake-up to every iteration's
-        # latency (docs/performance.md). If the broker is unreachable, kombu's publish retries
-        # (a few hundred ms at most) hold the loop, whose every other step needs Redis as well.
+        # latency (docs/performance.md). A broker that is down holds the loop for kombu's publish
+        # retries (0.6 s) or PUBLISH_SOCKET_TIMEOUT_S, and every other step needs Redis too.
         self._app.send_task(
             name,
             args=[payload],

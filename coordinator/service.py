@@ -79,7 +79,7 @@ class CoordinatorSettings:
     journal_maxlen: int = 10_000
     events_maxlen: int = 100_000
     retention_s: float = 7 * 24 * 3600.0
-    purge_interval_s: float = 60.0
+    purge_interval_s: float = 1.0
     machine: MachineSettings = field(default_factory=MachineSettings)
 
 

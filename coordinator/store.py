@@ -59,6 +59,7 @@ for _, d in ipairs(extra.dead_letters) do
 end
 if extra.terminal then
   redis.call('HSET', KEYS[1], 'finished_at', extra.now)
+  redis.call('ZADD', KEYS[11], extra.now, extra.task_id)
   redis.call('SREM', KEYS[8], extra.task_id)
   redis.call('ZREM', KEYS[9], extra.task_id)
 else
@@ -91,6 +92,7 @@ return {1, ARGV[2]}
 """
 
 _PURGE = """
+redis.call('ZREM', KEYS[6], ARGV[2])
 local finished = redis.call('HGET', KEYS[1], 'finished_at')
 if not finished or tonumber(finished) > tonumber(ARGV[1]) then return 0 end
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -238,6 +240,7 @@ class TaskStore:
                 keys.active_tasks_key,
                 keys.deadlines_key,
                 keys.status_counts_key,
+                keys.finished_tasks_key,
             ],
             args=[
                 expected,
@@ -296,9 +299,13 @@ class TaskStore:
         return [bool(int(f)) for f in flags]
 
     async def purge_finished(self, finished_before: float, batch: int = 500) -> int:
-        """Delete tasks that finished before ``finished_before``; returns how many."""
+        """Delete tasks that finished before ``finished_before``; returns how many.
+
+        Candidates come from the index of finished tasks by end time, so tasks still running
+        never block the purge.
+        """
         candidates = await self.redis.zrangebyscore(
-            keys.task_index_key, "-inf", finished_before, start=0, num=batch
+            keys.finished_tasks_key, "-inf", finished_before, start=0, num=batch
         )
         purged = 0
         for raw in candidates:
@@ -311,6 +318,7 @@ class TaskStore:
                         keys.journal_sequence_key(task_id),
                         keys.task_index_key,
                         keys.status_counts_key,
+                        keys.finished_tasks_key,
                     ],
                     args=[f"{finished_before:.6f}", task_id],
                 )

@@ -29,6 +29,7 @@ Keys
     ``orga:tasks:active``        set: tasks not yet completed, failed or aborted
     ``orga:tasks:index``         sorted set: every task by creation time
     ``orga:tasks:deadlines``     sorted set: active tasks by the time they must be looked at
+    ``orga:tasks:finished``      sorted set: finished tasks by the time they ended (retention)
     ``orga:reviews:open``        hash: review id -> open escalation (JSON)
     ``orga:stats:status``        hash: number of tasks in each status (kept by the commit script)
 
@@ -58,6 +59,7 @@ __all__ = [
     "dead_letter_stream",
     "deadlines_key",
     "events_stream",
+    "finished_tasks_key",
     "idempotency_key",
     "idempotency_key_prefix",
     "idempotency_ttl_s",
@@ -121,6 +123,7 @@ journal_sequence_key_prefix: Final = "orga:journal_seq:"
 active_tasks_key: Final = "orga:tasks:active"
 task_index_key: Final = "orga:tasks:index"
 deadlines_key: Final = "orga:tasks:deadlines"
+finished_tasks_key: Final = "orga:tasks:finished"
 open_reviews_key: Final = "orga:reviews:open"
 status_counts_key: Final = "orga:stats:status"
 

@@ -64,5 +64,11 @@ _OPTIONS_BY_KIND: dict[str, frozenset[str]] = {
 _ALL_KIND_OPTIONS = frozenset().union(*_OPTIONS_BY_KIND.values())
 
 
+_DEFAULTS: dict[str, Any] = {}
+
+
 def _default(name: str) -> Any:
-    return PolicySpec.model_fields[name].get_default(call_default_factory=True)
+    """The field's default, computed once (validation runs several times per iteration)."""
+    if name not in _DEFAULTS:
+        _DEFAULTS[name] = PolicySpec.model_fields[name].get_default(call_default_factory=True)
+    return _DEFAULTS[name]

@@ -268,8 +268,12 @@ def _resolve_paths(spec: TaskSpec, base: Path) -> TaskSpec:
 
 def _decode(text: str, source: str) -> Any:
     try:
-        if source.endswith(".json"):
-            return json.loads(text)
+        if source.endswith(".json") or text.lstrip()[:1] in ("{", "["):
+            try:
+                return json.loads(text)
+            except ValueError:
+                if source.endswith(".json"):
+                    raise
         return yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise TaskSpecError(f"{source}: not valid YAML or JSON: {exc}") from exc

@@ -191,7 +191,7 @@ def _loop_state(request: ReasonRequest) -> LoopState:
         agent_id=request.agent_id,
         iteration=request.fence.iteration,
         total_usage=request.usage,
-        conversation=request.conversation.model_copy(deep=True),
+        conversation=request.conversation,  # decoded for this call alone: no copy needed
     )
 
 

@@ -271,7 +271,9 @@ class ScriptedProvider:
         self, conversation: Conversation, options: InferenceOptions
     ) -> InferenceResponse:
         """The next scripted reply (or the exhaustion behaviour)."""
-        self._requests.append(ScriptedRequest(conversation.model_copy(deep=True), options))
+        # Messages are immutable: a new list is enough to record what the model was sent.
+        snapshot = Conversation(messages=list(conversation.messages))
+        self._requests.append(ScriptedRequest(snapshot, options))
         reply = self._next_reply()
         return self._respond(reply, conversation, options.model or self._model)
 
