@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,8 @@ from workers.tools.base import ToolContext
 from workers.tools.command import RunCommandTool
 from workers.tools.registry import ToolRegistry, default_registry
 from workers.tracing import phase_span
+
+log = logging.getLogger("orga.runner")
 
 __all__ = [
     "CommandMilestones",
@@ -545,8 +548,8 @@ class _Run:
 
 
 async def _best_effort(awaitable: Any) -> None:
-    """Knowledge injection and persistence never stop the loop (Symbiont logs and goes on)."""
+    """Knowledge injection and persistence never stop the loop: the failure is logged."""
     try:
         await awaitable
     except Exception:
-        return
+        log.warning("knowledge.failed", exc_info=True)
