@@ -18,7 +18,8 @@ Per call:
   success. An error *output* (``ToolOutput.is_error``: a missing file, a non-zero exit code) is
   an answer for the model and a success for the breaker, unless the executor is built with
   ``treat_error_outputs_as_failures=True``. Tools signal an unhealthy endpoint by raising.
-* every success whose output is not an error is stored in the result cache, when one is given.
+* every success whose output is not an error is stored in the result cache, when one is given
+  and the tool's recovery strategy is CachedResult (the only reader).
 
 Exceptions of the infrastructure (the breaker store or the cache unreachable) propagate: the
 calls still running are cancelled and the caller decides (a Celery task retries).
@@ -39,7 +40,7 @@ from shared.actions import Observation, ToolCallAction
 from shared.durations import format_duration
 from shared.events import RecoveryTriggered
 from shared.inference import ToolDefinition
-from shared.loop_types import LoopConfig, RecoveryStrategy
+from shared.loop_types import CachedResult, LoopConfig, RecoveryStrategy
 from workers.circuit_breaker import CircuitBreakerRegistry, CircuitOpenError
 from workers.recovery import (
     Attempt,
@@ -296,8 +297,13 @@ class _Batch:
         await breakers.record_success(tool_name)
         self.ledger.reset(tool_name)
         observation, cache = attempt.observation, self.executor.cache
-        if cache is not None and not observation.is_error:
+        if cache is not None and not observation.is_error and self._reads_cache(tool_name):
             await cache.put(tool_name, arguments, observation.content, observation.metadata)
+
+    def _reads_cache(self, tool_name: str) -> bool:
+        """Only a tool whose recovery is CachedResult ever reads its cached results."""
+        strategy = resolve_strategy(tool_name, self.config, self.recovery, self.tool_recovery)
+        return isinstance(strategy, CachedResult)
 
     def _unknown_tool(self, tool_name: str, call_id: str) -> Observation:
         known = ", ".join(sorted(self.executor.tools)) or "(none)"

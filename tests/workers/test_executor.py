@@ -503,8 +503,8 @@ def test_tool_definitions_and_registry_objects() -> None:
     assert report.observations[1].content == "Unknown tool 'zzz'; known tools: a_tool, b_tool"
 
 
-def test_every_success_is_cached() -> None:
-    """Successful results are stored in the result cache; error outputs are not."""
+def test_successes_are_cached_for_tools_recovered_from_the_cache() -> None:
+    """With CachedResult, successful results are stored in the cache; error outputs are not."""
 
     async def maybe(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         return (
@@ -515,7 +515,8 @@ def test_every_success_is_cached() -> None:
 
     cache = InMemoryResultCache()
     runner = executor(FakeTool("t", maybe), cache=cache)
-    execute(runner, [call("t", "c1", '{"n": 1}'), call("t", "c2", '{"bad": true}')])
+    cached = config(default_recovery={"CachedResult": {"max_staleness": "1m"}})
+    execute(runner, [call("t", "c1", '{"n": 1}'), call("t", "c2", '{"bad": true}')], cached)
 
     async def lookups() -> list[str | None]:
         hits = [await cache.get("t", args, 60) for args in ({"n": 1}, {"bad": True})]
@@ -525,6 +526,14 @@ def test_every_success_is_cached() -> None:
     hit = asyncio.run(cache.get("t", {"n": 1}, 60))
     assert hit is not None
     assert dict(hit.metadata) == {"kind": "read", "tool_name": "t"}
+
+
+def test_nothing_is_cached_when_no_recovery_reads_the_cache() -> None:
+    """With the default Retry strategy no result is written to the cache (nobody reads it)."""
+    cache = InMemoryResultCache()
+    runner = executor(FakeTool("t", echo), cache=cache)
+    execute(runner, [call("t", "c1", '{"n": 1}')])
+    assert asyncio.run(cache.get("t", {"n": 1}, 60)) is None
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -604,11 +613,10 @@ def test_executor_on_redis_breakers_and_cache(redis_client: RedisClientFactory) 
                 RedisResultCache(second),
                 sleep=RecordingSleep(),
             )
-            await worker_a.execute([call("search", "a1", '{"q": "x"}')], config(), context())
+            cached_config = config(default_recovery={"CachedResult": {"max_staleness": "1m"}})
+            await worker_a.execute([call("search", "a1", '{"q": "x"}')], cached_config, context())
             cached = await worker_b.execute(
-                [call("search", "b1", '{"q": "x"}')],
-                config(default_recovery={"CachedResult": {"max_staleness": "1m"}}),
-                context(),
+                [call("search", "b1", '{"q": "x"}')], cached_config, context()
             )
             assert cached.observations[0].metadata["recovery"] == "cached_result"
             assert cached.observations[0].content.endswith('{"q": "x"}')
