@@ -57,6 +57,7 @@ class CeleryDispatcher:
             f"task={fence.task_id} step={fence.step_id} iteration={fence.iteration} "
             f"attempt={fence.attempt} tool={request.action.name} call={fence.call_id} "
             f"purpose={request.purpose}"
+            + (f" (+{len(request.also)} more calls)" if request.also else "")
         )
         await self._send(keys.tool_task_name, keys.tools_queue, request.model_dump_json(), summary)
 

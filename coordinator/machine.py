@@ -488,7 +488,14 @@ class TaskMachine:
         self._dispatch_more(awaiting)
 
     def _dispatch_more(self, awaiting: Awaiting) -> None:
-        """Dispatch waiting calls while fewer than ``max_concurrent_tools`` are in flight."""
+        """Dispatch waiting calls while fewer than ``max_concurrent_tools`` are in flight.
+
+        Pre-hydration resolutions go out together in one dispatch: one worker resolves them
+        concurrently, so the wall time is the slowest resolution, not the worker count's share.
+        """
+        if awaiting.kind is AwaitKind.PREHYDRATE:
+            self._dispatch_batch(awaiting)
+            return
         limit = self._config().max_concurrent_tools
         in_flight = [c for c in awaiting.dispatched if c not in awaiting.results]
         for call in awaiting.calls:
@@ -501,6 +508,15 @@ class TaskMachine:
             in_flight.append(call.call_id)
             request = self._tool_request(awaiting.fence, call, awaiting.purpose)
             self.effects.tool_dispatches.append(request)
+
+    def _dispatch_batch(self, awaiting: Awaiting) -> None:
+        waiting = [c for c in awaiting.calls if c.call_id not in awaiting.dispatched]
+        if not waiting:
+            return
+        awaiting.deadline = self.now + self._deadline_s()
+        awaiting.dispatched.extend(c.call_id for c in waiting)
+        request = self._tool_request(awaiting.fence, waiting[0], awaiting.purpose)
+        self.effects.tool_dispatches.append(request.model_copy(update={"also": waiting[1:]}))
 
     def _tool_request(self, fence: Fence, call: ToolCallAction, purpose: str) -> ToolRequest:
         spec = self.record.spec

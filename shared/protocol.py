@@ -110,6 +110,9 @@ class ToolRequest(BaseModel):
     gated: bool = False
     policy: PolicySpec = Field(default_factory=PolicySpec)
     allowed_tools: list[str] | None = None
+    also: list[ToolCallAction] = Field(default_factory=list)
+    """More calls of the same purpose to run concurrently in this task (pre-hydration sends
+    all of a task's resolutions in one dispatch); each answers with its own observation."""
 
 
 class ToolObservedMessage(BaseModel):

@@ -7,6 +7,7 @@ Celery tasks in :mod:`workers.tasks` only decode the payload, call these, and pu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ __all__ = [
     "resolution_arguments",
     "run_reasoning",
     "run_tool_call",
+    "run_tool_calls",
 ]
 
 
@@ -211,6 +213,20 @@ def _tool_context(request: ReasonRequest, services: WorkerServices) -> ToolConte
         agent_id=request.agent_id,
         task_id=request.fence.task_id,
     )
+
+
+async def run_tool_calls(
+    request: ToolRequest, services: WorkerServices
+) -> list[ToolObservedMessage]:
+    """The request's call and the ``also`` calls, concurrently, one observation each."""
+    calls = [request.action, *request.also]
+    single = [
+        request.model_copy(
+            update={"action": call, "fence": request.fence.for_call(call.call_id), "also": []}
+        )
+        for call in calls
+    ]
+    return list(await asyncio.gather(*(run_tool_call(r, services) for r in single)))
 
 
 async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolObservedMessage:

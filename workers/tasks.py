@@ -20,7 +20,7 @@ from shared.errors import ConfigError
 from shared.protocol import ReasonRequest, ToolRequest, WorkerFailedMessage
 from shared.settings import OrgaSettings
 from workers.celery import app
-from workers.handlers import run_reasoning, run_tool_call
+from workers.handlers import run_reasoning, run_tool_calls
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
 from workers.tools.base import Tool
@@ -72,7 +72,7 @@ def _handle(
     name: str,
     payload: str,
     model: type[_Request],
-    body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel]],
+    body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel | list[Any]]],
 ) -> None:
     runtime = services()
     try:
@@ -92,7 +92,8 @@ def _handle(
             error=f"{type(exc).__name__}: {exc}"[:2000],
             retryable=not isinstance(exc, ConfigError),
         )
-    runtime.run(runtime.publish(message))
+    for each in message if isinstance(message, list) else [message]:
+        runtime.run(runtime.publish(each))
 
 
 @app.task(  # type: ignore[untyped-decorator]
@@ -114,4 +115,4 @@ def reason(payload: str) -> None:
 )
 def tool_call(payload: str) -> None:
     """One tool call; publishes a ``tool_observed`` observation."""
-    _handle(keys.tool_task_name, payload, ToolRequest, run_tool_call)
+    _handle(keys.tool_task_name, payload, ToolRequest, run_tool_calls)

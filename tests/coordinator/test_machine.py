@@ -482,3 +482,21 @@ def test_cancelling_an_ended_task_changes_nothing() -> None:
     _start(record)
     _apply(record, 2.0, lambda m: m.cancel("first"))
     assert not _apply(record, 3.0, lambda m: m.cancel("again")).changed
+
+
+def test_pre_hydration_resolutions_go_out_in_one_dispatch() -> None:
+    """All of a task's resolutions travel together, to run concurrently in one worker."""
+    record = _record(
+        goal="see ./a.py and ./b.py",
+        pre_hydration={"resolution_tools": {"file": "file_read"}},
+    )
+    (request,) = _start(record).tool_dispatches
+    assert [request.action.call_id, *[c.call_id for c in request.also]] == [
+        "prehydrate_0",
+        "prehydrate_1",
+    ]
+    first = _observed(record, "prehydrate_0", "a")
+    assert not _apply(record, 2.0, lambda m: m.on_tool_observed(first)).tool_dispatches
+    second = _observed(record, "prehydrate_1", "b")
+    effects = _apply(record, 2.1, lambda m: m.on_tool_observed(second))
+    assert effects.reason_dispatches
