@@ -41,7 +41,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -71,6 +70,7 @@ from shared.events import (
     ToolsDispatched,
 )
 from shared.settings import OrgaSettings, celery_config
+from tests.integration.harness import Process
 
 REPO = Path(__file__).resolve().parent.parent
 ITERATION_TARGET_RATIO = 3.0
@@ -128,27 +128,8 @@ class Sizes:
 # -- processes --------------------------------------------------------------------------------
 
 
-@dataclass
-class Child:
-    """A child process writing to a log file."""
-
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Child:
-        with self.log.open("ab") as handle:
-            self.popen = subprocess.Popen(
-                self.command, env=self.env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.popen is not None
-        return self.popen.pid
+class Child(Process):
+    """A benchmark process: the integration harness's ``Process`` plus memory and CPU readings."""
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -162,20 +143,7 @@ class Child:
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) of this process and its live children (pool processes)."""
-        return sum(_cpu_of(pid) for pid in [self.pid, *_children(self.pid)])
-
-    def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(20)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        return sum(_cpu_of(pid) for pid in [self.pid, *self.children()])
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -191,17 +159,6 @@ def _cpu_of(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def _children(parent: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(_stat_fields(int(stat.parent.name))[1]) == parent:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
 
 
 @dataclass
