@@ -329,7 +329,6 @@ def coordinator() -> None:
     """Run a coordinator against ORGA_REDIS_URL (several may run at once)."""
     from redis.asyncio import Redis
 
-    from coordinator.dispatch import CeleryDispatcher, celery_client
     from coordinator.metrics import serve_metrics
     from coordinator.service import Coordinator
 
@@ -342,7 +341,6 @@ def coordinator() -> None:
         client = Redis.from_url(url)
         node = Coordinator(
             client,
-            CeleryDispatcher(celery_client(settings, url)),
             settings=coordinator_settings(settings),
             metrics=metrics,
         )

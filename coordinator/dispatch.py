@@ -1,57 +1,82 @@
-"""Sending work to the Celery workers by task name (the coordinator never imports worker code).
+"""Dispatches as Celery messages, written to the broker by the commit that expects them.
+
+The coordinator never imports worker code and does not go through ``Celery.send_task``: it
+builds each message itself, in Celery's task message protocol v2 as kombu's Redis transport
+stores it (a JSON envelope pushed on the list named after the queue), and
+:meth:`coordinator.store.TaskStore.commit` pushes it in the same Lua script that saves the state
+awaiting it. A dispatch is therefore sent exactly once per committed state: never lost between
+the commit and the send, never sent for a state that was not saved. ``send_task`` cost about
+0.8 ms of the coordinator's CPU per dispatch and one blocking round trip on the event loop
+(docs/performance.md).
 
 The whole request travels as one JSON string argument; ``argsrepr`` gives Flower a short,
 readable summary (task, step, iteration, attempt, tool) instead of a conversation dump.
+``tests/coordinator/test_dispatch.py`` compares these messages with what ``send_task`` writes
+for the installed Celery and kombu, so a change of their format fails a test.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from celery import Celery
+import base64
+import json
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from shared import keys
 from shared.protocol import ReasonRequest, ToolRequest
-from shared.settings import OrgaSettings, celery_config
 
-__all__ = ["PUBLISH_SOCKET_TIMEOUT_S", "CeleryDispatcher", "celery_client"]
-
-PUBLISH_SOCKET_TIMEOUT_S = 5.0
-"""A publish (or the connection it needs) that takes longer fails instead of waiting forever on
-a broker that vanished without closing the connection: the send runs on the event loop."""
+__all__ = ["CeleryDispatcher", "Dispatcher", "QueuedMessage"]
 
 
-def celery_client(settings: OrgaSettings, broker_url: str) -> Any:
-    """A Celery app configured like the workers', used only to send tasks."""
-    app = Celery("orga-coordinator")
-    app.conf.update(celery_config(settings, broker_url))
-    app.conf.broker_transport_options = {
-        **app.conf.broker_transport_options,
-        "socket_timeout": PUBLISH_SOCKET_TIMEOUT_S,
-        "socket_connect_timeout": PUBLISH_SOCKET_TIMEOUT_S,
-    }
-    return app
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """One broker message: ``body`` is pushed (LPUSH) on the Redis list ``queue``."""
+
+    queue: str
+    body: str
+    task_id: str
+
+
+class Dispatcher(Protocol):
+    """Turns the dispatches of a commit into broker messages (Celery's in production)."""
+
+    def messages(
+        self, reasons: Sequence[ReasonRequest], tools: Sequence[ToolRequest]
+    ) -> list[QueuedMessage]:
+        """The messages that send these requests, in order."""
+        ...
 
 
 class CeleryDispatcher:
-    """Publishes reasoning iterations and tool calls on their own queues."""
+    """Reasoning iterations on ``orga.reasoning``, tool calls on ``orga.tools``."""
 
-    def __init__(self, app: Any) -> None:
-        self._app = app
+    def __init__(self, origin: str | None = None) -> None:
+        self._origin = origin or f"orga-coordinator@{socket.gethostname()}"
 
-    async def reason(self, request: ReasonRequest) -> None:
-        """Queue Reason + Gate of one iteration on the reasoning queue."""
+    def messages(
+        self, reasons: Sequence[ReasonRequest], tools: Sequence[ToolRequest]
+    ) -> list[QueuedMessage]:
+        """Celery messages for ``orga.reason`` and ``orga.tool_call``."""
+        out = [self.reason(request) for request in reasons]
+        out.extend(self.tool(request) for request in tools)
+        return out
+
+    def reason(self, request: ReasonRequest) -> QueuedMessage:
+        """The message of one reasoning iteration (Reason + Gate, and Act when inline)."""
         fence = request.fence
         summary = (
             f"task={fence.task_id} step={fence.step_id} iteration={fence.iteration} "
             f"attempt={fence.attempt} purpose={request.purpose}"
         )
-        await self._send(
+        return self.celery_message(
             keys.reason_task_name, keys.reasoning_queue, request.model_dump_json(), summary
         )
 
-    async def tool(self, request: ToolRequest) -> None:
-        """Queue one tool call on the tools queue."""
+    def tool(self, request: ToolRequest) -> QueuedMessage:
+        """The message of one tool call (and the calls batched with it in ``also``)."""
         fence = request.fence
         summary = (
             f"task={fence.task_id} step={fence.step_id} iteration={fence.iteration} "
@@ -59,18 +84,59 @@ class CeleryDispatcher:
             f"purpose={request.purpose}"
             + (f" (+{len(request.also)} more calls)" if request.also else "")
         )
-        await self._send(keys.tool_task_name, keys.tools_queue, request.model_dump_json(), summary)
-
-    async def _send(self, name: str, queue: str, payload: str, summary: str) -> None:
-        # On the event loop, not in a thread: the send is one LPUSH on the broker's connection
-        # pool (~0.35 ms of CPU), the apply that calls it waits for it anyway, and a thread hop
-        # costs another ~0.15 ms of CPU in GIL hand-offs and adds a wake-up to every iteration's
-        # latency (docs/performance.md). A broker that is down holds the loop for kombu's publish
-        # retries (0.6 s) or PUBLISH_SOCKET_TIMEOUT_S, and every other step needs Redis too.
-        self._app.send_task(
-            name,
-            args=[payload],
-            queue=queue,
-            argsrepr=f"({summary})",
-            kwargsrepr="{}",
+        return self.celery_message(
+            keys.tool_task_name, keys.tools_queue, request.model_dump_json(), summary
         )
+
+    def celery_message(self, name: str, queue: str, payload: str, summary: str) -> QueuedMessage:
+        """Task ``name`` with the single argument ``payload``, as kombu's Redis transport stores it.
+
+        Headers and body follow Celery's message protocol v2; the envelope (base64 body,
+        ``delivery_info``, a unique ``delivery_tag``) is kombu's virtual transport's. Priority 0
+        is the list named after the queue itself.
+        """
+        task_id = str(uuid.uuid4())
+        argsrepr = f"({summary})"
+        body: list[Any] = [
+            [payload],
+            {},
+            {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+        ]
+        headers: dict[str, Any] = {
+            "lang": "py",
+            "task": name,
+            "id": task_id,
+            "shadow": None,
+            "eta": None,
+            "expires": None,
+            "group": None,
+            "group_index": None,
+            "retries": 0,
+            "timelimit": [None, None],
+            "root_id": task_id,
+            "parent_id": None,
+            "argsrepr": argsrepr,
+            "kwargsrepr": "{}",
+            "origin": self._origin,
+            "ignore_result": None,
+            "replaced_task_nesting": 0,
+            "stamped_headers": None,
+            "stamps": {},
+        }
+        envelope = {
+            "body": base64.b64encode(json.dumps(body).encode()).decode("ascii"),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "correlation_id": task_id,
+                "argsrepr": argsrepr,
+                "kwargsrepr": "{}",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+        return QueuedMessage(queue=queue, body=json.dumps(envelope), task_id=task_id)

@@ -21,7 +21,6 @@ from typing import IO, Any
 
 from redis.asyncio import Redis
 
-from coordinator.dispatch import CeleryDispatcher, celery_client
 from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
@@ -90,10 +89,7 @@ class EmbeddedRuntime:
             self._worker = self._spawn_worker()
         self._client = Redis.from_url(self.url)
         settings = self.runtime_settings
-        dispatcher = CeleryDispatcher(celery_client(settings, self.url))
-        self._coordinator = Coordinator(
-            self._client, dispatcher, settings=coordinator_settings(settings)
-        )
+        self._coordinator = Coordinator(self._client, settings=coordinator_settings(settings))
         self._task = asyncio.create_task(self._coordinator.run())
         return self
 

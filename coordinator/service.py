@@ -12,9 +12,10 @@ Four loops share one Redis connection pool:
 - **control**: review decisions and cancellations sent by the CLI.
 - **ticks**: lease renewal and takeover, observation deadlines, review deadlines.
 
-Dispatches are sent to Celery only after the state that expects them is committed, so a crash in
-between leaves a deadline that re-dispatches (at-least-once), and the fence makes the eventual
-observation apply once.
+Dispatches are Celery messages pushed by the same atomic commit that saves the state expecting
+them (:mod:`coordinator.dispatch`): a crash leaves either both or neither. A dispatch lost later
+(a worker killed mid-task past its redelivery) is re-sent at the state's deadline, and the fence
+makes the eventual observation apply once.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.state import ReviewDecision, TaskRecord
@@ -41,29 +43,15 @@ from shared import keys
 from shared.errors import WireFormatError
 from shared.protocol import (
     ReasonedMessage,
-    ReasonRequest,
     ToolObservedMessage,
-    ToolRequest,
     WorkerFailedMessage,
     decode_entry,
 )
 from shared.task_spec import TaskSpecError, parse_task_text
 
-__all__ = ["Coordinator", "CoordinatorSettings", "Dispatcher"]
+__all__ = ["Coordinator", "CoordinatorSettings"]
 
 log = logging.getLogger("orga.coordinator")
-
-
-class Dispatcher(Protocol):
-    """Sends work to the workers (Celery in production)."""
-
-    async def reason(self, request: ReasonRequest) -> None:
-        """Queue one reasoning iteration."""
-        ...
-
-    async def tool(self, request: ToolRequest) -> None:
-        """Queue one tool call."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +76,7 @@ class Coordinator:
     """One coordinator process; several may run against the same Redis."""
 
     redis: Redis
-    dispatcher: Dispatcher
+    dispatcher: Dispatcher = field(default_factory=CeleryDispatcher)
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     name: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -391,33 +379,38 @@ class Coordinator:
         step: Callable[[TaskMachine], Effects],
         ack: tuple[str, str, str] | None = None,
     ) -> bool:
-        """Load, transition, commit (retrying on conflict), then dispatch. False: no task."""
+        """Load, transition, then commit with the dispatches (retrying on conflict).
+
+        False: no such task, or the machine ignored the input. The record kept from this
+        coordinator's last commit of the task is used without asking Redis whether it is still
+        current: the commit's compare-and-set refuses it if it is not, and an input the machine
+        ignores is acknowledged only once the version it was judged against is confirmed.
+        """
         for _ in range(20):
-            record = await self.store.load(task_id)
+            record = self.store.take_kept(task_id)
+            confirmed = record is None
             if record is None:
-                return False
+                record = await self.store.load(task_id)
+                if record is None:
+                    return False
             machine = TaskMachine(record, time.time(), self.settings.machine)
             effects = step(machine)
             if not effects.changed:
+                if not confirmed and not await self.store.is_current(task_id, record.version):
+                    continue  # judged on a stale copy: judge again on the stored record
                 if self.metrics is not None:
                     self.metrics.ignored()
                 return False
+            messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
             try:
-                await self.store.commit(machine.record, effects, ack=ack)
+                await self.store.commit(machine.record, effects, ack=ack, messages=messages)
             except CommitConflictError:
                 continue
-            await self._dispatch(effects)
             await self._released(machine.record)
             if self.metrics is not None:
                 self.metrics.record(machine.record, effects)
             return True
         raise CommitConflictError(f"task {task_id}: gave up after 20 conflicting commits")
-
-    async def _dispatch(self, effects: Effects) -> None:
-        for request in effects.reason_dispatches:
-            await self.dispatcher.reason(request)
-        for tool_request in effects.tool_dispatches:
-            await self.dispatcher.tool(tool_request)
 
 
 def _decision(value: str) -> ReviewDecision:

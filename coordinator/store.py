@@ -3,20 +3,24 @@
 ``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
 state, acknowledges the stream entry that caused the change, appends the journal entries (with
 the stream id ``0-{sequence+1}``, like :class:`workers.journal.RedisStreamJournal`), the
-lifecycle events, the review items and the dead letters. A coordinator killed at any moment
-therefore leaves either the old state with the entry still pending (it is redelivered and
-applied) or the new state with the entry acknowledged: never half of it, and never twice.
+lifecycle events, the review items and the dead letters, and pushes the Celery messages of the
+dispatches the new state awaits (:mod:`coordinator.dispatch`). A coordinator killed at any
+moment therefore leaves either the old state with the entry still pending (it is redelivered and
+applied) or the new state with the entry acknowledged and its work queued: never half of it,
+and never twice.
 """
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
 
+from coordinator.dispatch import QueuedMessage
 from coordinator.machine import Effects
 from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
@@ -57,6 +61,7 @@ for _, id in ipairs(extra.closed_reviews) do redis.call('HDEL', KEYS[6], id) end
 for _, d in ipairs(extra.dead_letters) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
 end
+for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[11 + queue], ARGV[8 + i]) end
 if extra.terminal then
   redis.call('HSET', KEYS[1], 'finished_at', extra.now)
   redis.call('ZADD', KEYS[11], extra.now, extra.task_id)
@@ -165,6 +170,17 @@ class TaskStore:
             return None
         return TaskRecord.model_validate_json(state)
 
+    def take_kept(self, task_id: str) -> TaskRecord | None:
+        """The record kept from this store's last write of the task, unchecked; it is the
+        caller's now. It may be stale if another coordinator committed since: commit it (the
+        compare-and-set refuses a stale version) or confirm it with :meth:`is_current`."""
+        return self._take(task_id)
+
+    async def is_current(self, task_id: str, version: int) -> bool:
+        """Whether ``version`` is still the stored version of the task."""
+        stored = await self.redis.hget(keys.task_key(task_id), "version")
+        return stored is not None and _text(stored) == str(version)
+
     def _take(self, task_id: str) -> TaskRecord | None:
         kept = self._kept.pop(task_id, None)
         if kept is None:
@@ -216,9 +232,13 @@ class TaskStore:
         return outcome
 
     async def commit(
-        self, record: TaskRecord, effects: Effects, ack: tuple[str, str, str] | None = None
+        self,
+        record: TaskRecord,
+        effects: Effects,
+        ack: tuple[str, str, str] | None = None,
+        messages: Sequence[QueuedMessage] = (),
     ) -> None:
-        """Write ``record`` (version + 1) with its effects atomically.
+        """Write ``record`` (version + 1) with its effects and push ``messages``, atomically.
 
         Raises CommitConflictError when another coordinator committed first.
         """
@@ -228,6 +248,8 @@ class TaskStore:
         record.version += 1
         state = record.model_dump_json()
         extra = self._extra(record, effects)
+        queues = list(dict.fromkeys(m.queue for m in messages))
+        extra["dispatches"] = [queues.index(m.queue) + 1 for m in messages]
         ok, _current = await self._commit(
             keys=[
                 keys.task_key(record.task_id),
@@ -241,6 +263,7 @@ class TaskStore:
                 keys.deadlines_key,
                 keys.status_counts_key,
                 keys.finished_tasks_key,
+                *queues,
             ],
             args=[
                 expected,
@@ -251,6 +274,7 @@ class TaskStore:
                 stream,
                 group,
                 json.dumps(extra),
+                *(m.body for m in messages),
             ],
         )
         if not int(ok):
