@@ -109,9 +109,26 @@ class TaskMachine:
         self.now = now
         self.settings = settings
         self.effects = Effects()
-        spec = record.spec
-        self.tracker = ProgressTracker.from_state(spec.step_iteration, record.tracker)
-        self.detector = StagnationDetector.from_state(spec.stagnation, record.detector)
+        self._tracker: ProgressTracker | None = None
+        self._detector: StagnationDetector | None = None
+
+    @property
+    def tracker(self) -> ProgressTracker:
+        """The step's progress tracker, restored from the record on first use."""
+        if self._tracker is None:
+            spec = self.record.spec
+            self._tracker = ProgressTracker.from_state(spec.step_iteration, self.record.tracker)
+        return self._tracker
+
+    @property
+    def detector(self) -> StagnationDetector:
+        """The task's stagnation detector, restored from the record on first use (an input
+        that does not observe anything, such as a reasoning answer, neither restores nor
+        saves its state, which is the largest part of the record)."""
+        if self._detector is None:
+            spec = self.record.spec
+            self._detector = StagnationDetector.from_state(spec.stagnation, self.record.detector)
+        return self._detector
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -872,8 +889,10 @@ class TaskMachine:
 
     def _done(self) -> Effects:
         record = self.record
-        record.tracker = self.tracker.to_state()
-        record.detector = self.detector.to_state()
+        if self._tracker is not None:
+            record.tracker = self._tracker.to_state()
+        if self._detector is not None:
+            record.detector = self._detector.to_state()
         record.updated_at = self.now
         record.applied += 1
         return self.effects
