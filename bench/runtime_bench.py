@@ -17,9 +17,11 @@ machine is shared and noisy:
 2. **Iteration latency**, for each ``tool_dispatch`` mode, of one task of many iterations, each
    calling the no-op tool once, from the coordinator's own journal timestamps (taken when it
    applies an observation): an iteration is ReasoningComplete(i) to ReasoningComplete(i+1). In
-   ``queue`` mode that is two Celery round trips (tool dispatch, tool observation applied, reason
-   dispatch, reasoned applied); the tool leg alone is ToolsDispatched.duration. In ``inline``
-   mode it is one (the reasoning worker runs the call). Target: iteration p50 <= 3 x raw p50.
+   ``queue`` mode that is two Celery round trips: the reasoning worker sends the tool call on
+   to the tools queue itself (``ORGA_CHAIN_TOOLS``, on by default), the tool observation is
+   applied, the coordinator dispatches the next reasoning; the tool leg is
+   ToolsDispatched.duration (reasoned applied -> tool observation applied). In ``inline`` mode
+   it is one (the reasoning worker runs the call). Target: iteration p50 <= 3 x raw p50.
 3. **Throughput**, for each mode: concurrent tasks of 10 iterations submitted at once, from the
    first submission to the last terminal commit; iterations per second as a share of the raw
    no-op tasks per second. Target: >= 40 %. Beside it, the CPU-bound share: CPU per raw task
@@ -788,7 +790,7 @@ def latency_rows(results: Results, mode: str) -> list[Row]:
     latency = results.latency[mode]
     ratio = latency.iteration.p50_ms / base
     trips = "2 Celery round trips" if mode == "queue" else "1 Celery round trip"
-    tool_leg = "tool dispatch -> observation applied"
+    tool_leg = "reasoned applied -> tool observation applied"
     if mode == "inline":
         tool_leg += " (0: the reasoning task ran it)"
     return [

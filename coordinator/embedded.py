@@ -49,6 +49,7 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
             max_redeliveries=settings.max_redeliveries,
             workspace_root=settings.workspace_root,
             allow_inline_tools=settings.allow_inline_tools,
+            chain_tools=settings.chain_tools,
         ),
     )
 

@@ -86,6 +86,9 @@ class MachineSettings:
     workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
     recent_messages_in_snapshot: int = 8
     allow_inline_tools: bool = True
+    chain_tools: bool = True
+    """Let reasoning workers send an iteration's approved calls straight to the tool workers
+    (``ReasonRequest.chain_tools``); False: the coordinator dispatches every tool call."""
 
 
 @dataclass
@@ -167,6 +170,8 @@ class TaskMachine:
         """A tool worker answered one call."""
         awaiting = self.record.awaiting
         call_id = message.fence.call_id
+        if awaiting is not None and awaiting.kind is AwaitKind.REASON and awaiting.chained:
+            return self._observed_early(awaiting, message)
         if awaiting is None or awaiting.kind not in _TOOL_KINDS or call_id is None:
             return self._ignored()
         expected = {c.call_id for c in awaiting.calls}
@@ -182,10 +187,26 @@ class TaskMachine:
         self._all_observed(awaiting)
         return self._done()
 
+    def _observed_early(self, awaiting: Awaiting, message: ToolObservedMessage) -> Effects:
+        """A chained call answered before the ``reasoned`` message that lists it was applied
+        (another coordinator took that one): kept until it is, checked against its calls then."""
+        call_id = message.fence.call_id
+        if (
+            call_id is None
+            or message.fence.for_call("") != awaiting.fence.acting().for_call("")
+            or call_id in awaiting.results
+        ):
+            return self._ignored()
+        awaiting.results[call_id] = message.observation
+        self._remember_recovery(message)
+        return self._done()
+
     def on_worker_failed(self, message: WorkerFailedMessage) -> Effects:
         """A worker could not process a dispatch."""
         awaiting = self.record.awaiting
         if awaiting is None or message.fence.for_call("") != awaiting.fence.for_call(""):
+            # Also a chained call's worker failing before its iteration's ``reasoned`` message
+            # was applied: that call is then awaited like any other, re-dispatched at its deadline.
             return self._ignored()
         if message.retryable and awaiting.redeliveries < self.settings.max_redeliveries:
             self._redispatch(awaiting)
@@ -372,15 +393,16 @@ class TaskMachine:
         if manager.manage_context(record.conversation, record.spec.limits.context_token_budget):
             self.detector.compacted()
         fence = self._fence()
-        self._await(AwaitKind.REASON, fence)
-        self.effects.reason_dispatches.append(
-            self._reason_request(fence, record.conversation, purpose="act")
-        )
+        awaiting = self._await(AwaitKind.REASON, fence)
+        request = self._reason_request(fence, record.conversation, purpose="act")
+        awaiting.chained = request.chain_tools
+        self.effects.reason_dispatches.append(request)
 
     def _reason_request(
         self, fence: Fence, conversation: Conversation, purpose: str
     ) -> ReasonRequest:
         record = self.record
+        act_inline = record.spec.tool_dispatch == "inline" and self.settings.allow_inline_tools
         return ReasonRequest(
             fence=fence,
             purpose="plan" if purpose == "plan" else "act",
@@ -393,15 +415,18 @@ class TaskMachine:
             usage=record.step().attempt_usage if record.steps else record.usage,
             allowed_tools=record.spec.tools,
             model_calls=record.model_calls,
-            act_inline=record.spec.tool_dispatch == "inline" and self.settings.allow_inline_tools,
+            act_inline=act_inline,
             workspace_template=record.spec.workspace_template,
             recovery=record.spec.recovery,
             tool_recovery=record.spec.tool_recovery,
+            chain_tools=purpose == "act" and not act_inline and self.settings.chain_tools,
         )
 
     def _apply_reasoning(self, message: ReasonedMessage) -> None:
         record = self.record
         step = record.step()
+        asked = record.awaiting
+        assert asked is not None  # on_reasoned checked it is this message's dispatch
         for new in message.new_messages:
             record.conversation.push(new)
         record.usage = record.usage + message.usage
@@ -429,11 +454,29 @@ class TaskMachine:
             self._step_answered(message.terminal_output)
         elif message.approved_calls and message.acted is not None:
             self._acted_inline(message.approved_calls, message.acted)
+        elif message.approved_calls and message.chained and asked.chained:
+            self._chained(message.approved_calls, message.chained, asked)
         elif message.approved_calls:
             self._dispatch_tools(message.approved_calls, AwaitKind.TOOLS, "act")
         else:
             self._journal_empty_act()
             self._next_iteration()
+
+    def _chained(
+        self, calls: Sequence[ToolCallAction], chained: Sequence[str], asked: Awaiting
+    ) -> None:
+        """The reasoning worker sent ``chained`` to the tool workers under its own fence."""
+        awaiting = self._await(AwaitKind.TOOLS, asked.fence.acting())
+        awaiting.calls = list(calls)
+        known = {c.call_id for c in calls}
+        awaiting.dispatched = [c for c in chained if c in known]
+        awaiting.results = {
+            k: v for k, v in asked.results.items() if k in known or k.startswith(_ESCALATION_KEY)
+        }
+        if awaiting.missing_calls():
+            self._dispatch_more(awaiting)
+        else:
+            self._all_observed(awaiting)
 
     def _acted_inline(
         self, calls: Sequence[ToolCallAction], acted: Sequence[ToolObservedMessage]

@@ -90,6 +90,9 @@ class Awaiting(BaseModel):
     purpose: str = "act"
     results: dict[str, Observation] = Field(default_factory=dict)
     terminal_output: str | None = None
+    chained: bool = False
+    """A reasoning dispatch whose worker sends the approved calls on itself; their results
+    may arrive first and wait in ``results``."""
 
     def missing_calls(self) -> list[ToolCallAction]:
         """The calls whose observation has not arrived yet."""

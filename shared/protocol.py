@@ -62,6 +62,11 @@ class Fence(BaseModel):
         """The fence of one tool call of this iteration."""
         return self.model_copy(update={"call_id": call_id})
 
+    def acting(self) -> Fence:
+        """For a reasoning dispatch's fence: the fence its chained tool calls carry (with their
+        call ids), numbered like the iteration the reasoning opens."""
+        return self.model_copy(update={"iteration": self.iteration + 1, "call_id": None})
+
 
 class ReasonRequest(BaseModel):
     """What a reasoning worker needs to run Reason and Gate for one iteration.
@@ -87,6 +92,26 @@ class ReasonRequest(BaseModel):
     workspace_template: str | None = None
     recovery: RecoveryStrategy = Field(default_factory=Retry)
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
+    chain_tools: bool = False
+    """Send the approved calls (up to ``config.max_concurrent_tools``) straight to the tool
+    workers, each under ``fence.for_call(call_id)``, in the same Redis transaction as the
+    ``reasoned`` message that lists them in ``chained``: the coordinator is then not between
+    Gate and Act. The coordinator dispatches the rest, if any, as their results come in."""
+
+    def tool_request(self, call: ToolCallAction) -> ToolRequest:
+        """The request that runs one approved call of this iteration on a tool worker."""
+        return ToolRequest(
+            fence=self.fence.acting().for_call(call.call_id),
+            purpose="act",
+            agent_id=self.agent_id,
+            action=call,
+            workspace=self.workspace,
+            workspace_template=self.workspace_template,
+            config=self.config,
+            recovery=self.tool_recovery.get(call.name, self.recovery),
+            policy=self.policy,
+            allowed_tools=self.allowed_tools,
+        )
 
 
 class ToolRequest(BaseModel):
@@ -136,7 +161,8 @@ class ReasonedMessage(BaseModel):
     ``terminal_output`` is set when the model gave its answer; ``termination`` when the
     iteration ended the loop (inference failed, refusal, limits). ``acted`` holds the tool
     outcomes when the request asked the reasoning worker to run the approved calls itself
-    (``act_inline``): the whole iteration then costs one dispatch.
+    (``act_inline``): the whole iteration then costs one dispatch. ``chained`` lists the calls
+    the reasoning worker sent to the tool workers itself (``chain_tools``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -151,6 +177,7 @@ class ReasonedMessage(BaseModel):
     terminal_output: str | None = None
     termination: TerminationReason | None = None
     acted: list[ToolObservedMessage] | None = None
+    chained: list[str] = Field(default_factory=list)
     duration_ms: float = 0.0
 
 

@@ -53,6 +53,12 @@ class OrgaSettings(BaseSettings):
         description="Honour `tool_dispatch: inline` (tools then run in the reasoning worker, "
         "next to the model key); false sends every call to the tools queue",
     )
+    chain_tools: bool = Field(
+        default=True,
+        description="Reasoning workers send an iteration's approved calls straight to the tools "
+        "queue, with the observation that lists them (one coordinator step less per "
+        "iteration); false: the coordinator dispatches every call",
+    )
     allow_task_base_url: bool = Field(
         default=False,
         description="Let a task's provider.base_url replace ORGA_BASE_URL (the API key is sent "

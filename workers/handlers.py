@@ -32,6 +32,7 @@ from workers.tools.base import ToolContext
 __all__ = [
     "AlreadyFitted",
     "WorkerServices",
+    "chained_requests",
     "prepare_tools",
     "prepare_workspace",
     "resolution_arguments",
@@ -173,8 +174,11 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
     acted = None
+    chained: list[str] = []
     if request.act_inline and approved and dispatching.terminal_output is None:
         acted = await services.execute_batch(request, approved, _tool_context(request, services))
+    elif request.chain_tools and approved and dispatching.terminal_output is None:
+        chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
     return ReasonedMessage(
         fence=request.fence,
         new_messages=state.conversation.messages[known:],
@@ -184,8 +188,15 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         usage=checking.usage,
         terminal_output=dispatching.terminal_output,
         acted=acted,
+        chained=chained,
         duration_ms=(time.monotonic() - started) * 1000,
     )
+
+
+def chained_requests(request: ReasonRequest, message: ReasonedMessage) -> list[ToolRequest]:
+    """The tool calls a reasoning worker sends on with its ``reasoned`` message (``chained``)."""
+    chained = set(message.chained)
+    return [request.tool_request(c) for c in message.approved_calls if c.call_id in chained]
 
 
 def _loop_state(request: ReasonRequest) -> LoopState:

@@ -8,6 +8,8 @@ client, the shared circuit breakers and the result cache live on that loop.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -17,6 +19,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.actions import ToolCallAction
+from shared.celery_wire import tool_message
 from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
@@ -82,6 +85,7 @@ class ProcessServices:
         self.loop = asyncio.new_event_loop()
         self.redis: Redis = Redis.from_url(redis_url)
         self.registry = registry if registry is not None else default_registry()
+        self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
         tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
@@ -214,15 +218,31 @@ class ProcessServices:
     # -- publishing -----------------------------------------------------------------------
 
     async def publish(
-        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+        self,
+        message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage,
+        onward: Sequence[ToolRequest] = (),
     ) -> None:
-        """Send an observation to the coordinators."""
-        await self.redis.xadd(
+        """Send an observation to the coordinators, and the tool calls it lists as ``chained``
+        to the tool workers, in one transaction: both or neither."""
+        if not onward:
+            await self.redis.xadd(
+                keys.observations_stream,
+                encode_entry(message),  # type: ignore[arg-type]
+                maxlen=keys.observations_maxlen,
+                approximate=True,
+            )
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(
             keys.observations_stream,
             encode_entry(message),  # type: ignore[arg-type]
             maxlen=keys.observations_maxlen,
             approximate=True,
         )
+        for request in onward:
+            queued = tool_message(request, self.origin)
+            pipe.lpush(queued.queue, queued.body)
+        await pipe.execute()
 
     async def dead_letter_payload(self, task_name: str, payload: str, error: str) -> None:
         """A payload that cannot even be decoded: kept for operators, never retried."""

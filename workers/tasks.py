@@ -17,10 +17,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
 from shared.errors import ConfigError
-from shared.protocol import ReasonRequest, ToolRequest, WorkerFailedMessage
+from shared.protocol import ReasonedMessage, ReasonRequest, ToolRequest, WorkerFailedMessage
 from shared.settings import OrgaSettings
 from workers.celery import app
-from workers.handlers import run_reasoning, run_tool_calls
+from workers.handlers import chained_requests, run_reasoning, run_tool_calls
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
 from workers.tools.base import Tool
@@ -93,7 +93,12 @@ def _handle(
             retryable=not isinstance(exc, ConfigError),
         )
     for each in message if isinstance(message, list) else [message]:
-        runtime.run(runtime.publish(each))
+        onward: list[ToolRequest] = (
+            chained_requests(request, each)
+            if isinstance(request, ReasonRequest) and isinstance(each, ReasonedMessage)
+            else []
+        )
+        runtime.run(runtime.publish(each, onward))
 
 
 @app.task(  # type: ignore[untyped-decorator]

@@ -1,4 +1,4 @@
-"""Dispatch messages: Celery's own format, read back by kombu, pushed only by a commit that lands."""
+"""Dispatch messages: Celery's own format, read back by kombu, pushed only by a landed commit."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.state import TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
+from shared.celery_wire import celery_message
 from shared.settings import OrgaSettings, celery_config
 from shared.task_spec import parse_task
 
@@ -48,8 +49,8 @@ def _body(message: dict[str, Any]) -> Any:
 def test_messages_have_the_layout_send_task_writes(redis_url: str, redis_client: Any) -> None:
     """Same envelope, headers, properties and body as Celery's send_task (ids aside)."""
     theirs = _sent_by_celery(redis_url)
-    queued = CeleryDispatcher("orga@test").celery_message(
-        keys.reason_task_name, keys.reasoning_queue, PAYLOAD, "summary"
+    queued = celery_message(
+        keys.reason_task_name, keys.reasoning_queue, PAYLOAD, "summary", "orga@test"
     )
     ours = json.loads(queued.body)
 
@@ -73,8 +74,7 @@ def test_messages_have_the_layout_send_task_writes(redis_url: str, redis_client:
 
 def test_kombu_reads_the_message_back(redis_url: str, redis_client: Any) -> None:
     """A kombu consumer on the queue decodes the task name and the single JSON argument."""
-    dispatcher = CeleryDispatcher()
-    queued = dispatcher.celery_message(keys.tool_task_name, keys.tools_queue, PAYLOAD, "s")
+    queued = celery_message(keys.tool_task_name, keys.tools_queue, PAYLOAD, "s", "orga@test")
     with redis.Redis.from_url(redis_url) as client:
         client.lpush(queued.queue, queued.body)
     with Connection(redis_url) as connection:

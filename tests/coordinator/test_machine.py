@@ -500,3 +500,116 @@ def test_pre_hydration_resolutions_go_out_in_one_dispatch() -> None:
     second = _observed(record, "prehydrate_1", "b")
     effects = _apply(record, 2.1, lambda m: m.on_tool_observed(second))
     assert effects.reason_dispatches
+
+
+def _chained_turn(record: TaskRecord, chained: list[str], *calls: ToolCallAction) -> Effects:
+    message = _reasoned(
+        record,
+        new_messages=[
+            ConversationMessage.assistant_tool_calls(
+                [ToolCall(id=c.call_id, name=c.name, arguments=c.arguments) for c in calls]
+            )
+        ],
+        actions=list(calls),
+        approved_calls=list(calls),
+        chained=chained,
+    )
+    return _apply(record, 2.0, lambda m: m.on_reasoned(message))
+
+
+def _early(record: TaskRecord, call_id: str, content: str) -> ToolObservedMessage:
+    """What a tool worker sends for a chained call, before the ``reasoned`` message is applied."""
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.REASON
+    observation = Observation(source="tool", content=content, call_id=call_id)
+    fence = record.awaiting.fence.acting().for_call(call_id)
+    return ToolObservedMessage(fence=fence, observation=observation)
+
+
+def test_reasoning_dispatches_ask_the_worker_to_chain_the_tool_calls() -> None:
+    """In queue mode the reasoning worker sends the approved calls on; never for a plan,
+    nor inline, nor when the coordinator is configured not to."""
+    record = _record()
+    (request,) = _start(record).reason_dispatches
+    assert request.chain_tools and record.awaiting is not None and record.awaiting.chained
+    call = _call("c1", path="a.py")
+    assert request.tool_request(call).fence == request.fence.acting().for_call("c1")
+    assert request.tool_request(call).fence.iteration == request.fence.iteration + 1
+
+    inline = _record(tool_dispatch="inline")
+    (request,) = _start(inline).reason_dispatches
+    assert request.act_inline and not request.chain_tools
+
+    planned = _record(steps=[])
+    (request,) = _start(planned).reason_dispatches
+    assert request.purpose == "plan" and not request.chain_tools
+
+    off = TaskMachine(_record(), 1.0, MachineSettings(workspace_root="/ws", chain_tools=False))
+    (request,) = off.start().reason_dispatches
+    assert not request.chain_tools
+
+
+def test_chained_calls_are_not_dispatched_again_and_their_results_apply() -> None:
+    """The coordinator awaits the calls the worker sent, under the fence they carry."""
+    record = _record()
+    _start(record)
+    asked = record.awaiting
+    assert asked is not None
+    effects = _chained_turn(record, ["c1"], _call("c1", path="a.py"))
+    assert effects.tool_dispatches == []
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.TOOLS
+    assert record.awaiting.fence == asked.fence.acting()
+    assert record.awaiting.dispatched == ["c1"]
+    effects = _apply(
+        record, 2.5, lambda m: m.on_tool_observed(_observed(record, "c1", "content of a"))
+    )
+    assert len(effects.reason_dispatches) == 1
+    assert [m.content for m in record.conversation.messages if m.tool_call_id] == ["content of a"]
+
+
+def test_calls_beyond_the_concurrency_limit_are_dispatched_by_the_coordinator() -> None:
+    """The worker chains at most max_concurrent_tools; the rest follow as results come in."""
+    record = _record(limits={"max_concurrent_tools": 1})
+    _start(record)
+    calls = [_call("c1", path="a.py"), _call("c2", path="b.py")]
+    effects = _chained_turn(record, ["c1"], *calls)
+    assert effects.tool_dispatches == []
+    effects = _apply(record, 2.5, lambda m: m.on_tool_observed(_observed(record, "c1", "a")))
+    assert [r.fence.call_id for r in effects.tool_dispatches] == ["c2"]
+    assert record.awaiting is not None
+    assert effects.tool_dispatches[0].fence == record.awaiting.fence.for_call("c2")
+
+
+def test_a_result_that_overtakes_its_reasoned_message_is_kept_until_it_applies() -> None:
+    """Another coordinator may apply the tool result first: it waits, then counts."""
+    record = _record()
+    _start(record)
+    early = _early(record, "c1", "content of a")
+    effects = _apply(record, 1.5, lambda m: m.on_tool_observed(early))
+    assert effects.changed and effects.reason_dispatches == []
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.REASON
+    assert not _apply(record, 1.6, lambda m: m.on_tool_observed(early)).changed
+
+    effects = _chained_turn(record, ["c1"], _call("c1", path="a.py"))
+    assert len(effects.reason_dispatches) == 1, "all results were in: next iteration at once"
+    assert [m.content for m in record.conversation.messages if m.tool_call_id] == ["content of a"]
+
+
+def test_results_of_an_abandoned_reasoning_dispatch_are_ignored() -> None:
+    """After a re-dispatch the old chain's results no longer match the awaited fence."""
+    record = _record()
+    _start(record)
+    early = _early(record, "c1", "stale")
+    _apply(record, 20.0, lambda m: m.on_tick())  # deadline: re-dispatched under a new attempt
+    assert not _apply(record, 20.5, lambda m: m.on_tool_observed(early)).changed
+    failed = WorkerFailedMessage(fence=early.fence, error="boom")
+    assert not _apply(record, 20.6, lambda m: m.on_worker_failed(failed)).changed
+
+
+def test_a_chained_result_for_a_call_the_model_did_not_make_is_dropped() -> None:
+    """An early result is checked against the iteration's calls when they are known."""
+    record = _record()
+    _start(record)
+    _apply(record, 1.5, lambda m: m.on_tool_observed(_early(record, "zz", "forged")))
+    effects = _chained_turn(record, ["c1"], _call("c1", path="a.py"))
+    assert effects.reason_dispatches == []
+    assert record.awaiting is not None and list(record.awaiting.results) == []

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis
 
+from shared import keys
 from shared.conversation import Conversation
 from shared.errors import ConfigError
 from shared.loop_types import LoopConfig
-from shared.protocol import Fence, ReasonRequest
+from shared.protocol import Fence, ReasonRequest, ToolRequest
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
+from workers.handlers import chained_requests, run_reasoning
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderSettings
 from workers.runtime import LEDGERS_KEPT, ProcessServices
@@ -77,3 +83,35 @@ def test_ledgers_are_per_task_and_bounded() -> None:
     for index in range(LEDGERS_KEPT + 5):
         services._ledger(f"x{index}")
     assert services._ledger("t1").llm_attempts("tool") == 0
+
+
+def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_client: Any) -> None:
+    """With chain_tools the worker sends up to max_concurrent_tools approved calls to the tool
+    queue itself, in the transaction that publishes the ``reasoned`` message listing them."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    reply = {
+        "tool_calls": [
+            {"name": "file_read", "arguments": {"path": "a.py"}},
+            {"name": "file_read", "arguments": {"path": "b.py"}},
+        ]
+    }
+    request = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
+        update={"chain_tools": True, "config": LoopConfig(max_concurrent_tools=1)}
+    )
+    message = services.run(run_reasoning(request, services))
+    assert len(message.approved_calls) == 2
+    assert message.chained == [message.approved_calls[0].call_id]
+    onward = chained_requests(request, message)
+    assert [r.fence for r in onward] == [
+        request.fence.acting().for_call(message.approved_calls[0].call_id)
+    ]
+    services.run(services.publish(message, onward))
+
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.xlen(keys.observations_stream) == 1
+        (raw,) = client.lrange(keys.tools_queue, 0, -1)
+    envelope = json.loads(raw)
+    assert envelope["headers"]["task"] == keys.tool_task_name
+    (payload,), _kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
+    assert ToolRequest.model_validate_json(payload) == onward[0]

@@ -1,0 +1,108 @@
+"""Celery task messages as kombu's Redis transport stores them: a pure function, no Celery.
+
+The coordinator (its dispatches, pushed by its commit script) and the reasoning workers (the
+tool calls they send straight to the tool workers, pushed with their observation) write these
+on the broker themselves, so that a dispatch goes out in the same atomic Redis operation as the
+state or observation that accounts for it. Headers and body follow Celery's task message
+protocol v2; the envelope (base64 body, ``delivery_info``, a unique ``delivery_tag``) is
+kombu's virtual transport's; priority 0 is the list named after the queue itself.
+``tests/coordinator/test_dispatch.py`` compares these messages with what ``Celery.send_task``
+writes for the installed Celery and kombu, and has kombu read one back.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from shared import keys
+from shared.protocol import ReasonRequest, ToolRequest
+
+__all__ = ["QueuedMessage", "celery_message", "reason_message", "tool_message"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """One broker message: ``body`` is pushed (LPUSH) on the Redis list ``queue``."""
+
+    queue: str
+    body: str
+    task_id: str
+
+
+def reason_message(request: ReasonRequest, origin: str) -> QueuedMessage:
+    """The ``orga.reason`` message of one reasoning iteration, on ``orga.reasoning``."""
+    fence = request.fence
+    summary = (
+        f"task={fence.task_id} step={fence.step_id} iteration={fence.iteration} "
+        f"attempt={fence.attempt} purpose={request.purpose}"
+    )
+    return celery_message(
+        keys.reason_task_name, keys.reasoning_queue, request.model_dump_json(), summary, origin
+    )
+
+
+def tool_message(request: ToolRequest, origin: str) -> QueuedMessage:
+    """The ``orga.tool_call`` message of a tool call (and its ``also`` calls) on ``orga.tools``."""
+    fence = request.fence
+    summary = (
+        f"task={fence.task_id} step={fence.step_id} iteration={fence.iteration} "
+        f"attempt={fence.attempt} tool={request.action.name} call={fence.call_id} "
+        f"purpose={request.purpose}"
+        + (f" (+{len(request.also)} more calls)" if request.also else "")
+    )
+    return celery_message(
+        keys.tool_task_name, keys.tools_queue, request.model_dump_json(), summary, origin
+    )
+
+
+def celery_message(name: str, queue: str, payload: str, summary: str, origin: str) -> QueuedMessage:
+    """Task ``name`` with the single argument ``payload``; ``summary`` is Flower's ``argsrepr``."""
+    task_id = str(uuid.uuid4())
+    argsrepr = f"({summary})"
+    body: list[Any] = [
+        [payload],
+        {},
+        {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+    ]
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "task": name,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": task_id,
+        "parent_id": None,
+        "argsrepr": argsrepr,
+        "kwargsrepr": "{}",
+        "origin": origin,
+        "ignore_result": None,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    envelope = {
+        "body": base64.b64encode(json.dumps(body).encode()).decode("ascii"),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": {
+            "correlation_id": task_id,
+            "argsrepr": argsrepr,
+            "kwargsrepr": "{}",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return QueuedMessage(queue=queue, body=json.dumps(envelope), task_id=task_id)
