@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from decimal import Decimal
+from functools import lru_cache
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
@@ -43,7 +44,7 @@ def parse_duration(value: Any) -> timedelta:
     elif isinstance(value, dict) and set(value) <= {"secs", "nanos"} and "secs" in value:
         result = timedelta(seconds=value["secs"], microseconds=value.get("nanos", 0) / 1000)
     elif isinstance(value, str):
-        result = _parse_text(value)
+        result = _parse_text(value) if len(value) <= _CACHED_TEXT else _parse(value)
     else:
         raise ValueError(
             f"duration must be a number of seconds or text like '15s' or '5m', got {value!r}"
@@ -53,7 +54,17 @@ def parse_duration(value: Any) -> timedelta:
     return result
 
 
+_CACHED_TEXT = 64
+"""Every request a worker decodes carries the same few duration texts ("5m", "20s"): texts up to
+this length are parsed once per process (``_parse_text``, an LRU of 256); longer ones each time."""
+
+
+@lru_cache(maxsize=256)
 def _parse_text(text: str) -> timedelta:
+    return _parse(text)
+
+
+def _parse(text: str) -> timedelta:
     lowered = text.strip().lower()
     try:
         return timedelta(seconds=float(lowered))

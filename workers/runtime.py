@@ -8,6 +8,8 @@ client, the shared circuit breakers and the result cache live on that loop.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import socket
 import time
@@ -39,7 +41,7 @@ from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
-from workers.providers.scripted import ScriptedProvider
+from workers.providers.scripted import Script, ScriptedProvider, parse_script
 from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
 from workers.result_cache import RedisResultCache
@@ -49,6 +51,7 @@ from workers.tools.registry import ToolRegistry, default_registry
 __all__ = ["LEDGERS_KEPT", "ProcessServices", "RedisDeadLetterSink"]
 
 LEDGERS_KEPT = 1024
+SCRIPTS_KEPT = 64
 """How many tasks' LlmRecovery counts a worker process remembers."""
 
 _T = TypeVar("_T")
@@ -88,6 +91,7 @@ class ProcessServices:
         self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
+        self._scripts: dict[bytes, Script] = {}
         tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
         self.executor = ToolExecutor(
             tools,
@@ -111,12 +115,22 @@ class ProcessServices:
         """The model the task asks for; a scripted model resumes where the task left off."""
         spec = request.provider
         if spec.replies is not None:
-            provider: InferenceProvider = ScriptedProvider.from_replies(spec.replies)
+            provider: InferenceProvider = ScriptedProvider(self._script(spec.replies))
         else:
             provider = build_provider(self._provider_settings(spec))
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
         return provider
+
+    def _script(self, replies: list[Any]) -> Script:
+        """The task's scripted replies, validated once per process: every reasoning request
+        of the task carries the whole script, and a fresh provider seeks into it."""
+        key = hashlib.blake2b(json.dumps(replies).encode(), digest_size=16).digest()
+        script = self._scripts.pop(key, None) or parse_script(replies, source="provider.replies")
+        self._scripts[key] = script
+        while len(self._scripts) > SCRIPTS_KEPT:
+            self._scripts.pop(next(iter(self._scripts)))
+        return script
 
     def _provider_settings(self, spec: ProviderSpec) -> ProviderSettings:
         """The process's provider settings with the task's choices on top (keys stay env-only).

@@ -81,8 +81,18 @@ def _handle(
         log.error("task.undecodable", extra={"task": name, "error": str(exc)[:500]})
         runtime.run(runtime.dead_letter_payload(name, payload, str(exc)))
         return
+    runtime.run(_answer(name, request, body, runtime))
+
+
+async def _answer(
+    name: str,
+    request: _Request,
+    body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel | list[Any]]],
+    runtime: ProcessServices,
+) -> None:
+    """Run the library call and publish what it answered (one pass of the process's loop)."""
     try:
-        message: Any = runtime.run(body(request, runtime))
+        message: Any = await body(request, runtime)
     except RedisConnectionError:
         raise
     except Exception as exc:
@@ -98,7 +108,7 @@ def _handle(
             if isinstance(request, ReasonRequest) and isinstance(each, ReasonedMessage)
             else []
         )
-        runtime.run(runtime.publish(each, onward))
+        await runtime.publish(each, onward)
 
 
 @app.task(  # type: ignore[untyped-decorator]
