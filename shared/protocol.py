@@ -138,6 +138,10 @@ class ToolRequest(BaseModel):
     also: list[ToolCallAction] = Field(default_factory=list)
     """More calls of the same purpose to run concurrently in this task (pre-hydration sends
     all of a task's resolutions in one dispatch); each answers with its own observation."""
+    completes: ReasonedMessage | None = None
+    """The reasoning whose only approved call this is (``chain_tools``): the tool worker
+    answers with that ``reasoned`` message, its ``acted`` filled in, instead of a
+    ``tool_observed`` one, so the iteration costs the coordinator one observation."""
 
 
 class ToolObservedMessage(BaseModel):
@@ -239,3 +243,6 @@ def _summary(exc: ValidationError) -> str:
         parts.append(f"{location}: {error['msg']}")
     more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
     return "; ".join(parts) + more
+
+
+ToolRequest.model_rebuild()

@@ -32,7 +32,7 @@ from workers.tools.base import ToolContext
 __all__ = [
     "AlreadyFitted",
     "WorkerServices",
-    "chained_requests",
+    "onward",
     "prepare_tools",
     "prepare_workspace",
     "resolution_arguments",
@@ -193,10 +193,21 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     )
 
 
-def chained_requests(request: ReasonRequest, message: ReasonedMessage) -> list[ToolRequest]:
-    """The tool calls a reasoning worker sends on with its ``reasoned`` message (``chained``)."""
+def onward(
+    request: ReasonRequest, message: ReasonedMessage
+) -> tuple[ReasonedMessage | None, list[ToolRequest]]:
+    """What a reasoning worker sends: its ``reasoned`` message for the coordinator (None when
+    it travels with its only call) and the tool calls it chains (``chain_tools``).
+
+    A lone approved call carries the message (``ToolRequest.completes``): the tool worker
+    answers for the whole iteration. Several calls go out on their own, each to any tool
+    worker, and the message goes to the coordinator at once.
+    """
     chained = set(message.chained)
-    return [request.tool_request(c) for c in message.approved_calls if c.call_id in chained]
+    requests = [request.tool_request(c) for c in message.approved_calls if c.call_id in chained]
+    if len(requests) == 1 and len(message.approved_calls) == 1:
+        return None, [requests[0].model_copy(update={"completes": message})]
+    return message, requests
 
 
 def _loop_state(request: ReasonRequest) -> LoopState:
@@ -228,8 +239,12 @@ def _tool_context(request: ReasonRequest, services: WorkerServices) -> ToolConte
 
 async def run_tool_calls(
     request: ToolRequest, services: WorkerServices
-) -> list[ToolObservedMessage]:
-    """The request's call and the ``also`` calls, concurrently, one observation each."""
+) -> list[ToolObservedMessage] | ReasonedMessage:
+    """The request's call and the ``also`` calls, concurrently, one observation each; or, for
+    a call that ``completes`` a reasoning, that reasoning with the call's outcome in ``acted``."""
+    if request.completes is not None:
+        observed = await run_tool_call(request, services)
+        return request.completes.model_copy(update={"acted": [observed], "chained": []})
     calls = [request.action, *request.also]
     single = [
         request.model_copy(

@@ -233,26 +233,19 @@ class ProcessServices:
 
     async def publish(
         self,
-        message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage,
+        message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | None,
         onward: Sequence[ToolRequest] = (),
     ) -> None:
-        """Send an observation to the coordinators, and the tool calls it lists as ``chained``
-        to the tool workers, in one transaction: both or neither."""
-        if not onward:
-            await self.redis.xadd(
+        """Send an observation to the coordinators and the tool calls a reasoning worker
+        chains to the tool workers, in one transaction: all or nothing."""
+        pipe = self.redis.pipeline(transaction=bool(onward) and message is not None)
+        if message is not None:
+            pipe.xadd(
                 keys.observations_stream,
                 encode_entry(message),  # type: ignore[arg-type]
                 maxlen=keys.observations_maxlen,
                 approximate=True,
             )
-            return
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(
-            keys.observations_stream,
-            encode_entry(message),  # type: ignore[arg-type]
-            maxlen=keys.observations_maxlen,
-            approximate=True,
-        )
         for request in onward:
             queued = tool_message(request, self.origin)
             pipe.lpush(queued.queue, queued.body)

@@ -20,7 +20,7 @@ from shared.errors import ConfigError
 from shared.protocol import ReasonedMessage, ReasonRequest, ToolRequest, WorkerFailedMessage
 from shared.settings import OrgaSettings
 from workers.celery import app
-from workers.handlers import chained_requests, run_reasoning, run_tool_calls
+from workers.handlers import onward, run_reasoning, run_tool_calls
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
 from workers.tools.base import Tool
@@ -97,18 +97,19 @@ async def _answer(
         raise
     except Exception as exc:
         log.exception("task.failed", extra={"task": name, "fence": request.fence.token()})
+        completes = request.completes if isinstance(request, ToolRequest) else None
         message = WorkerFailedMessage(
-            fence=request.fence,
+            # A call that carries its reasoning answers for the reasoning dispatch.
+            fence=completes.fence if completes is not None else request.fence,
             error=f"{type(exc).__name__}: {exc}"[:2000],
             retryable=not isinstance(exc, ConfigError),
         )
     for each in message if isinstance(message, list) else [message]:
-        onward: list[ToolRequest] = (
-            chained_requests(request, each)
-            if isinstance(request, ReasonRequest) and isinstance(each, ReasonedMessage)
-            else []
-        )
-        await runtime.publish(each, onward)
+        if isinstance(request, ReasonRequest) and isinstance(each, ReasonedMessage):
+            observation, calls = onward(request, each)
+            await runtime.publish(observation, calls)
+        else:
+            await runtime.publish(each)
 
 
 @app.task(  # type: ignore[untyped-decorator]

@@ -613,3 +613,29 @@ def test_a_chained_result_for_a_call_the_model_did_not_make_is_dropped() -> None
     effects = _chained_turn(record, ["c1"], _call("c1", path="a.py"))
     assert effects.reason_dispatches == []
     assert record.awaiting is not None and list(record.awaiting.results) == []
+
+
+def test_a_reasoning_answered_with_its_chained_call_is_observed_at_once() -> None:
+    """A lone chained call comes back inside its ``reasoned`` message (``acted``)."""
+    record = _record()
+    _start(record)
+    assert record.awaiting is not None and record.awaiting.chained
+    call = _call("c1", path="a.py")
+    observed = ToolObservedMessage(
+        fence=record.awaiting.fence.acting().for_call("c1"),
+        observation=Observation(source="tool", content="content of a", call_id="c1"),
+    )
+    message = _reasoned(
+        record,
+        new_messages=[
+            ConversationMessage.assistant_tool_calls(
+                [ToolCall(id=call.call_id, name=call.name, arguments=call.arguments)]
+            )
+        ],
+        actions=[call],
+        approved_calls=[call],
+        acted=[observed],
+    )
+    effects = _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    assert effects.tool_dispatches == [] and len(effects.reason_dispatches) == 1
+    assert [m.content for m in record.conversation.messages if m.tool_call_id] == ["content of a"]

@@ -66,10 +66,16 @@ def _say(text: str, step: str = "s") -> dict[str, Any]:
 
 
 def _slow() -> dict[str, Any]:
+    # Two calls, so that the reasoning is applied on its own and the task then awaits its
+    # tools for 3 s (a lone call would carry its reasoning to the tool worker).
     command = {"name": "run_command", "arguments": {"command": "sleep 3; echo slept"}}
+    other = {"name": "run_command", "arguments": {"command": "echo awake"}}
     return {
         "goal": "take a while",
-        "provider": {"kind": "scripted", "replies": [{"tool_calls": [command]}, "finished"]},
+        "provider": {
+            "kind": "scripted",
+            "replies": [{"tool_calls": [command, other]}, "finished"],
+        },
         "steps": [{"id": "work", "instruction": "sleep"}],
         "stagnation": {"enabled": False},
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +15,10 @@ from shared import keys
 from shared.conversation import Conversation
 from shared.errors import ConfigError
 from shared.loop_types import LoopConfig
-from shared.protocol import Fence, ReasonRequest, ToolRequest
+from shared.protocol import Fence, ReasonedMessage, ReasonRequest, ToolRequest
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
-from workers.handlers import chained_requests, run_reasoning
+from workers.handlers import onward, run_reasoning, run_tool_calls
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderSettings
 from workers.runtime import LEDGERS_KEPT, ProcessServices
@@ -102,11 +103,12 @@ def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_cl
     message = services.run(run_reasoning(request, services))
     assert len(message.approved_calls) == 2
     assert message.chained == [message.approved_calls[0].call_id]
-    onward = chained_requests(request, message)
-    assert [r.fence for r in onward] == [
+    observation, calls = onward(request, message)
+    assert observation is message
+    assert [r.fence for r in calls] == [
         request.fence.acting().for_call(message.approved_calls[0].call_id)
     ]
-    services.run(services.publish(message, onward))
+    services.run(services.publish(observation, calls))
 
     with redis.Redis.from_url(redis_url) as client:
         assert client.xlen(keys.observations_stream) == 1
@@ -114,4 +116,31 @@ def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_cl
     envelope = json.loads(raw)
     assert envelope["headers"]["task"] == keys.tool_task_name
     (payload,), _kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
-    assert ToolRequest.model_validate_json(payload) == onward[0]
+    assert ToolRequest.model_validate_json(payload) == calls[0]
+
+
+def test_a_lone_call_carries_its_reasoning_to_the_tool_worker(
+    redis_url: str, redis_client: Any, tmp_path: Path
+) -> None:
+    """One approved call: no ``reasoned`` message of its own; the tool worker answers for the
+    iteration with the reasoning and the call's outcome in ``acted``."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    (tmp_path / "a.py").write_text("print('a')\n")
+    reply = {"tool_calls": [{"name": "file_read", "arguments": {"path": "a.py"}}]}
+    request = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
+        update={"chain_tools": True, "workspace": str(tmp_path)}
+    )
+    message = services.run(run_reasoning(request, services))
+    observation, calls = onward(request, message)
+    assert observation is None
+    (call,) = calls
+    assert call.completes == message
+
+    answer = services.run(run_tool_calls(call, services))
+    assert isinstance(answer, ReasonedMessage)
+    assert answer.fence == request.fence and answer.chained == []
+    assert answer.new_messages == message.new_messages
+    (acted,) = answer.acted or []
+    assert acted.fence == call.fence
+    assert "print('a')" in acted.observation.content
