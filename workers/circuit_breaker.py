@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from shared import keys
 from shared.durations import Duration
@@ -229,7 +230,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# ARGV[2] recovery timeout ms, ARGV[3] half-open max calls -> {allowed, failures, remaining_ms}
+# ARGV[2] recovery timeout ms, ARGV[3] half-open max calls
+#   -> {allowed, failures, remaining_ms[, clean]}; clean: 1 when closed with no failure counted
 _CHECK_LUA = (
     _PROLOGUE
     + """
@@ -240,7 +242,9 @@ local state = f[1]
 redis.call('HSETNX', key, 'state', 'closed')
 redis.call('PEXPIRE', key, ttl_ms)
 if (not state) or state == 'closed' then
-  return {1, tonumber(f[2] or 0), 0}
+  local failures = tonumber(f[2] or 0)
+  if failures == 0 then return {1, 0, 0, 1} end
+  return {1, failures, 0, 0}
 end
 local failures = tonumber(f[2] or 0)
 if state == 'open' then
@@ -323,11 +327,26 @@ class RedisBreakerStore:
 
     Works with any ``redis.asyncio.Redis`` client, ``decode_responses`` on or off, Redis 6.2+.
     ``ttl_s`` is how long an idle breaker lives (at least twice its recovery timeout).
+
+    With ``defer_clean_successes``, a success after a check that found the breaker closed with
+    no failure counted (which changes nothing but the success count and the TTL) is not written
+    at once: :meth:`flush_deferred` adds the writes to a pipeline the caller executes anyway (a
+    worker's observation publish), one round trip less per tool call. Any other success, and
+    every failure, is written at once.
     """
 
-    def __init__(self, client: Redis, *, ttl_s: float = keys.breaker_ttl_s) -> None:
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        ttl_s: float = keys.breaker_ttl_s,
+        defer_clean_successes: bool = False,
+    ) -> None:
         self._client = client
         self._ttl_s = ttl_s
+        self._defer = defer_clean_successes
+        self._clean: dict[str, int] = {}
+        self._deferred: list[tuple[str, int]] = []
         self._check_script = client.register_script(_CHECK_LUA)
         self._success_script = client.register_script(_SUCCESS_LUA)
         self._failure_script = client.register_script(_FAILURE_LUA)
@@ -339,17 +358,39 @@ class RedisBreakerStore:
         """May ``tool`` run now? One atomic script on the server's clock."""
         recovery_ms = math.ceil(config.recovery_timeout_s * 1000)
         args = [self._ttl_ms(config), recovery_ms, config.half_open_max_calls]
-        allowed, failures, remaining_ms = await self._check_script(
+        allowed, failures, remaining_ms, *clean = await self._check_script(
             keys=[keys.breaker_key(tool)], args=args
         )
+        if self._defer and clean and int(clean[0]):
+            self._clean[tool] = self._clean.get(tool, 0) + 1
         return BreakerVerdict(bool(allowed), int(failures), int(remaining_ms) / 1000)
 
     async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
         """Close or keep closed the breaker of ``tool``, if it exists."""
+        if self._take_clean(tool):
+            self._deferred.append((keys.breaker_key(tool), self._ttl_ms(config)))
+            return
         await self._success_script(keys=[keys.breaker_key(tool)], args=[self._ttl_ms(config)])
+
+    def _take_clean(self, tool: str) -> bool:
+        count = self._clean.get(tool, 0)
+        if count <= 0:
+            return False
+        if count == 1:
+            del self._clean[tool]
+        else:
+            self._clean[tool] = count - 1
+        return True
+
+    def flush_deferred(self, pipe: Pipeline) -> None:
+        """Add the deferred success writes to ``pipe`` (EVAL: no script cache needed)."""
+        for key, ttl_ms in self._deferred:
+            pipe.eval(_SUCCESS_LUA, 1, key, ttl_ms)
+        self._deferred.clear()
 
     async def record_failure(self, tool: str, config: CircuitBreakerConfig) -> None:
         """Count a failure of ``tool``."""
+        self._take_clean(tool)
         args = [self._ttl_ms(config), config.failure_threshold]
         await self._failure_script(keys=[keys.breaker_key(tool)], args=args)
 

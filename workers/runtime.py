@@ -93,9 +93,12 @@ class ProcessServices:
         self._ledgers: dict[str, RecoveryLedger] = {}
         self._scripts: dict[bytes, Script] = {}
         tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
+        # A success that changes nothing but the breaker's counters goes out with the
+        # observation (publish), not in a round trip of its own.
+        self.breaker_store = RedisBreakerStore(self.redis, defer_clean_successes=True)
         self.executor = ToolExecutor(
             tools,
-            CircuitBreakerRegistry(RedisBreakerStore(self.redis)),
+            CircuitBreakerRegistry(self.breaker_store),
             cache=RedisResultCache(self.redis),
             dead_letter=RedisDeadLetterSink(self.redis),
         )
@@ -237,8 +240,10 @@ class ProcessServices:
         onward: Sequence[ToolRequest] = (),
     ) -> None:
         """Send an observation to the coordinators and the tool calls a reasoning worker
-        chains to the tool workers, in one transaction: all or nothing."""
+        chains to the tool workers, in one transaction: all or nothing; with them, the
+        breaker successes deferred since the last publish."""
         pipe = self.redis.pipeline(transaction=bool(onward) and message is not None)
+        self.breaker_store.flush_deferred(pipe)
         if message is not None:
             pipe.xadd(
                 keys.observations_stream,

@@ -443,6 +443,39 @@ def test_redis_breaker_expires_when_idle(redis_client: RedisClientFactory) -> No
 
 
 @pytest.mark.redis
+def test_redis_breaker_defers_only_successes_that_change_nothing(
+    redis_client: RedisClientFactory,
+) -> None:
+    """After a clean check (closed, no failure counted) a success waits for the caller's next
+    pipeline; a success that resets failures, and every failure, is written at once."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            store = RedisBreakerStore(client, defer_clean_successes=True)
+            registry = CircuitBreakerRegistry(store)
+            await registry.check("t")
+            await registry.record_success("t")
+            assert (await _state(registry, "t")).success_count == 0, "deferred"
+            pipe = client.pipeline(transaction=False)
+            store.flush_deferred(pipe)
+            await pipe.execute()
+            assert (await _state(registry, "t")).success_count == 1
+
+            await registry.check("t")
+            await registry.record_failure("t")
+            assert (await _state(registry, "t")).failure_count == 1
+            await registry.check("t")  # not clean: one failure counted
+            await registry.record_success("t")
+            state = await _state(registry, "t")
+            assert (state.failure_count, state.success_count) == (0, 2), "written at once"
+            pipe = client.pipeline(transaction=False)
+            store.flush_deferred(pipe)
+            assert len(pipe) == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.redis
 def test_redis_breaker_with_decoded_responses(redis_client: RedisClientFactory) -> None:
     """The Redis store works on a client that decodes responses to str."""
 
