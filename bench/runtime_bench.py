@@ -169,12 +169,19 @@ class Stack:
 
     root: Path
     concurrency: int
+    script_files: bool = True
     redis_server: EmbeddedRedis = field(default_factory=EmbeddedRedis)
     children: list[Child] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return self.redis_server.url
+
+    @property
+    def scripts(self) -> Path | None:
+        """Where the tasks' scripted replies are written (read by the worker processes);
+        None: the replies travel inside the tasks (``--replies-in-task``)."""
+        return self.root / "scripts" if self.script_files else None
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
@@ -308,21 +315,33 @@ def _wait_for_results(client: redis.Redis, ids: list[str], timeout_s: float = 30
 # -- tasks ------------------------------------------------------------------------------------
 
 
-def iteration_task(iterations: int, dispatch: str = "queue") -> dict[str, Any]:
+def iteration_task(
+    iterations: int, dispatch: str = "queue", scripts: Path | None = None
+) -> dict[str, Any]:
     """A one-step task of ``iterations`` iterations: each calls ``noop`` once, the last answers.
 
     ``dispatch`` is the task's ``tool_dispatch``: ``queue`` runs each tool call as its own
-    Celery task (two dispatches per iteration), ``inline`` in the reasoning task (one).
+    Celery task (two Celery tasks per iteration), ``inline`` in the reasoning task (one). With
+    ``scripts``, the model's replies are a JSON file there (``provider.script``, as ``make run``
+    does), which each worker process parses once; without, they travel inside the task, and so
+    inside every reasoning request (about 100 bytes per reply).
     """
     replies: list[Any] = [
         {"tool_calls": [{"name": "noop", "arguments": {"n": n}}], "usage": USAGE}
         for n in range(iterations - 1)
     ]
     replies.append({"text": "done", "usage": USAGE})
+    provider: dict[str, Any] = {"kind": "scripted", "replies": replies}
+    if scripts is not None:
+        path = scripts / f"noop-{iterations}.json"
+        if not path.exists():
+            scripts.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"replies": replies}))
+        provider = {"kind": "scripted", "script": str(path)}
     return {
         "goal": "benchmark",
         "tool_dispatch": dispatch,
-        "provider": {"kind": "scripted", "replies": replies},
+        "provider": provider,
         "steps": [{"id": "bench", "instruction": "call noop until told otherwise"}],
         "stagnation": {"enabled": False},
         "limits": {"max_iterations": iterations},
@@ -398,9 +417,11 @@ class IterationLatency:
         )
 
 
-def iteration_latency(client: OrgaClient, iterations: int, dispatch: str) -> IterationSamples:
+def iteration_latency(
+    client: OrgaClient, iterations: int, dispatch: str, scripts: Path | None = None
+) -> IterationSamples:
     """One task, ``iterations`` sequential iterations with one no-op tool call each."""
-    task_id = client.submit(iteration_task(iterations, dispatch))
+    task_id = client.submit(iteration_task(iterations, dispatch, scripts))
     status = wait_all(client, [task_id], timeout_s=600)[task_id]
     if status != "completed":
         raise RuntimeError(f"latency task ended {status}")
@@ -452,9 +473,11 @@ class Throughput:
         return self.celery_tasks / self.seconds
 
 
-def orga_throughput(client: OrgaClient, tasks: int, iterations: int, dispatch: str) -> Throughput:
+def orga_throughput(
+    client: OrgaClient, tasks: int, iterations: int, dispatch: str, scripts: Path | None = None
+) -> Throughput:
     """``tasks`` tasks of ``iterations`` iterations submitted at once; submit to last done."""
-    spec = iteration_task(iterations, dispatch)
+    spec = iteration_task(iterations, dispatch, scripts)
     started = time.time()
     ids = [client.submit(spec) for _ in range(tasks)]
     statuses = wait_all(client, ids, timeout_s=900)
@@ -521,7 +544,7 @@ def scale(stack: Stack, client: OrgaClient, count: int) -> Scale:
     """``count`` one-iteration tasks submitted at once."""
     rss_before = stack.coordinator.status_kb("VmRSS")
     used_before = int(client.redis.info("memory")["used_memory"])
-    spec = iteration_task(1)
+    spec = iteration_task(1, scripts=stack.scripts)
     started = time.time()
     ids = [client.submit(spec) for _ in range(count)]
     statuses = wait_all(client, ids, timeout_s=1200)
@@ -588,15 +611,15 @@ def wait_ready(stack: Stack, app: Celery, client: OrgaClient) -> None:
         except Exception:
             if time.monotonic() > deadline:
                 raise
-    task_id = client.submit(iteration_task(2))
+    task_id = client.submit(iteration_task(2, scripts=stack.scripts))
     client.wait(task_id, timeout_s=60)
 
 
 @contextmanager
-def running_stack(concurrency: int) -> Iterator[Stack]:
+def running_stack(concurrency: int, script_files: bool = True) -> Iterator[Stack]:
     """The stack, stopped and removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="orga-bench-") as root:
-        stack = Stack(Path(root), concurrency)
+        stack = Stack(Path(root), concurrency, script_files)
         try:
             yield stack.start()
         finally:
@@ -684,10 +707,12 @@ class Run:
     results: Results
 
 
-def measure(sizes: Sizes, modes: Sequence[str], skip_scale: bool) -> Results:
+def measure(
+    sizes: Sizes, modes: Sequence[str], skip_scale: bool, script_files: bool = True
+) -> Results:
     """Every measurement, in order, against one stack."""
     results = Results()
-    with running_stack(sizes.worker_concurrency) as stack:
+    with running_stack(sizes.worker_concurrency, script_files) as stack:
         run = Run(stack, raw_client(stack.url), OrgaClient(stack.url), sizes, results)
         try:
             print(f"pids: {stack.describe()}", flush=True)
@@ -720,7 +745,9 @@ def measure_latency(run: Run, modes: Sequence[str]) -> None:
         for mode in modes:
             work = (sizes.latency_iterations, "iteration")
             with phase(run.stack, results, f"latency ({mode})", work):
-                samples[mode].extend(iteration_latency(run.client, work[0], mode))
+                samples[mode].extend(
+                    iteration_latency(run.client, work[0], mode, run.stack.scripts)
+                )
     results.raw_rtt = Spread.of(trips)
     print(f"   raw round trip {results.raw_rtt.text()}")
     for mode in modes:
@@ -739,7 +766,7 @@ def measure_throughput(run: Run, mode: str) -> None:
     work = sizes.tasks * sizes.iterations_per_task
     with phase(run.stack, results, f"throughput ({mode})", (work, "iteration")):
         results.throughput[mode] = tp = orga_throughput(
-            run.client, sizes.tasks, sizes.iterations_per_task, mode
+            run.client, sizes.tasks, sizes.iterations_per_task, mode, run.stack.scripts
         )
     print(f"   {tp.iterations_per_s:.0f} iterations/s")
 
@@ -941,12 +968,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, help="tasks in the throughput batch")
     parser.add_argument("--latency-iterations", type=int, help="iterations of the latency task")
     parser.add_argument("--scale-tasks", type=int, help="tasks in the scale run")
+    parser.add_argument(
+        "--replies-in-task",
+        action="store_true",
+        help="put the scripted replies inside each task (and so in every reasoning request) "
+        "instead of a script file",
+    )
     args = parser.parse_args(argv)
     sizes = parse_sizes(args)
     modes = [m for m in args.modes.split(",") if m]
     started = time.monotonic()
-    results = measure(sizes, modes, args.no_scale)
-    print(f"\nworker concurrency {sizes.worker_concurrency}, {os.cpu_count()} CPUs\n")
+    results = measure(sizes, modes, args.no_scale, not args.replies_in_task)
+    where = "inside each task" if args.replies_in_task else "in a script file"
+    print(f"\nworker concurrency {sizes.worker_concurrency}, {os.cpu_count()} CPUs, "
+          f"scripted replies {where}\n")  # fmt: skip
     print(report(results, sizes))
     print(f"\ntotal {time.monotonic() - started:.0f} s")
     return 0

@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,7 +41,7 @@ from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
-from workers.providers.scripted import Script, ScriptedProvider, parse_script
+from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
 from workers.result_cache import RedisResultCache
@@ -120,7 +120,14 @@ class ProcessServices:
         if spec.replies is not None:
             provider: InferenceProvider = ScriptedProvider(self._script(spec.replies))
         else:
-            provider = build_provider(self._provider_settings(spec))
+            settings = self._provider_settings(spec)
+            path = settings.script_path
+            if settings.provider is ProviderKind.SCRIPTED and path is not None:
+                provider = ScriptedProvider(
+                    self._script_file(path), on_exhausted=settings.script_on_exhausted
+                )
+            else:
+                provider = build_provider(settings)
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
         return provider
@@ -129,7 +136,22 @@ class ProcessServices:
         """The task's scripted replies, validated once per process: every reasoning request
         of the task carries the whole script, and a fresh provider seeks into it."""
         key = hashlib.blake2b(json.dumps(replies).encode(), digest_size=16).digest()
-        script = self._scripts.pop(key, None) or parse_script(replies, source="provider.replies")
+        return self._kept_script(key, lambda: parse_script(replies, source="provider.replies"))
+
+    def _script_file(self, path: Path) -> Script:
+        """A script file, parsed again only when its size or modification time changes."""
+        try:
+            stat = path.stat()
+        except OSError:
+            return load_script(path)  # raises the ScriptError that names the file
+        key = hashlib.blake2b(
+            f"{path.resolve()}\0{stat.st_mtime_ns}\0{stat.st_size}".encode(), digest_size=16
+        ).digest()
+        return self._kept_script(key, lambda: load_script(path))
+
+    def _kept_script(self, key: bytes, parse: Callable[[], Script]) -> Script:
+        """The script kept under ``key``, else ``parse()``'s (the last SCRIPTS_KEPT are kept)."""
+        script = self._scripts.pop(key, None) or parse()
         self._scripts[key] = script
         while len(self._scripts) > SCRIPTS_KEPT:
             self._scripts.pop(next(iter(self._scripts)))

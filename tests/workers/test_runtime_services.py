@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,3 +145,20 @@ def test_a_lone_call_carries_its_reasoning_to_the_tool_worker(
     (acted,) = answer.acted or []
     assert acted.fence == call.fence
     assert "print('a')" in acted.observation.content
+
+
+def test_a_script_file_is_parsed_again_only_when_it_changes(tmp_path: Path) -> None:
+    """Each reasoning call builds a provider; the file's script is kept until the file changes."""
+    services = _services()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(["one", "two"]))
+    request = _request(ProviderSpec(kind="scripted", script=str(script)))
+    first = services.provider(request)
+    assert isinstance(first, ScriptedProvider) and first.remaining == 2
+    assert services._script_file(script) is services._script_file(script)
+
+    script.write_text(json.dumps(["one", "two", "three"]))
+    stat = script.stat()
+    os.utime(script, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    again = services.provider(request.model_copy(update={"model_calls": 1}))
+    assert isinstance(again, ScriptedProvider) and again.remaining == 2
