@@ -865,16 +865,22 @@ def _dispatch_latencies(outcomes: Sequence[TaskOutcome]) -> dict[str, float]:
 
 
 def _duplicates(client: OrgaClient, outcomes: Sequence[TaskOutcome]) -> int:
-    """Observations published minus observations applied: the ones the fences turned away."""
-    applied = 0
-    for outcome in outcomes:
-        for entry in outcome.journal:
-            event = entry.event
-            if event.type == "ReasoningComplete":
-                applied += 1
-            elif event.type == "ObservationsCollected":
-                applied += event.observation_count
-    return int(client.redis.xlen(keys.observations_stream)) - applied
+    """Observations that answered work already answered: entries on the observations stream
+    beyond the first for the same task, step, iteration, call and kind (the fences turn them
+    away). A reasoning that carried its tool call is one entry for both."""
+    del outcomes  # the stream itself says it
+    seen: set[tuple[str, str, int, str | None, str]] = set()
+    duplicates = 0
+    for _entry_id, fields in client.redis.xrange(keys.observations_stream):
+        try:
+            message = decode_entry(fields)
+        except WireFormatError:
+            continue
+        fence = message.fence
+        key = (fence.task_id, fence.step_id, fence.iteration, fence.call_id, message.kind)
+        duplicates += key in seen
+        seen.add(key)
+    return duplicates
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -947,8 +953,8 @@ class ChaosReport:
             )
         if kind == "coordinator":
             return (
-                f"restart + claim idle {plan.claim_idle_ms / 1000:g}s + tick; lease TTL "
-                f"{plan.lease_ttl_s:g}s; a dispatch lost: {lost}"
+                f"restart + claim idle {plan.claim_idle_ms / 1000:g}s + tick; its deadline work: "
+                f"lease TTL {plan.lease_ttl_s:g}s, then {lost}"
             )
         return (
             f"down {plan.redis_down_s:g}s + reconnect (Celery retries every 2s); work lost: {lost}"
@@ -980,8 +986,9 @@ class ChaosReport:
             f"{len(self.task_ids)} tasks x {plan.iterations + 1} iterations in "
             f"{self.elapsed_s:.1f}s ({rate:.1f} iterations/s): {statuses}; "
             f"dead letters: {self.dead_letters}",
-            f"median dispatch -> observation applied: tool call {self.latencies['tool']:.2f}s, "
-            f"reasoning {self.latencies['reason']:.2f}s (queueing included); "
+            f"median per iteration, queueing included: reasoning dispatched -> reasoned applied "
+            f"{self.latencies['reason']:.2f}s (with the tool call, when it travelled with the "
+            f"reasoning), then -> tool results applied {self.latencies['tool']:.2f}s; "
             f"{self.duplicates} observations arrived for an iteration already applied (ignored)",
             f"settings: observation deadline D {plan.observation_deadline_s:g}s, visibility "
             f"timeout V {plan.visibility_timeout_s}s, lease TTL {plan.lease_ttl_s:g}s, claim "
