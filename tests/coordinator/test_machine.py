@@ -49,7 +49,7 @@ def _call(call_id: str, name: str = "file_read", **arguments: Any) -> ToolCallAc
     return ToolCallAction(call_id=call_id, name=name, arguments=json.dumps(arguments))
 
 
-def _tool_turn(record: TaskRecord, *calls: ToolCallAction) -> Effects:
+def _tool_turn(record: TaskRecord, *calls: ToolCallAction, **fields: Any) -> Effects:
     message = _reasoned(
         record,
         new_messages=[
@@ -59,6 +59,7 @@ def _tool_turn(record: TaskRecord, *calls: ToolCallAction) -> Effects:
         ],
         actions=list(calls),
         approved_calls=list(calls),
+        **fields,
     )
     return _apply(record, 2.0, lambda m: m.on_reasoned(message))
 
@@ -503,18 +504,7 @@ def test_pre_hydration_resolutions_go_out_in_one_dispatch() -> None:
 
 
 def _chained_turn(record: TaskRecord, chained: list[str], *calls: ToolCallAction) -> Effects:
-    message = _reasoned(
-        record,
-        new_messages=[
-            ConversationMessage.assistant_tool_calls(
-                [ToolCall(id=c.call_id, name=c.name, arguments=c.arguments) for c in calls]
-            )
-        ],
-        actions=list(calls),
-        approved_calls=list(calls),
-        chained=chained,
-    )
-    return _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    return _tool_turn(record, *calls, chained=chained)
 
 
 def _early(record: TaskRecord, call_id: str, content: str) -> ToolObservedMessage:
@@ -625,17 +615,6 @@ def test_a_reasoning_answered_with_its_chained_call_is_observed_at_once() -> Non
         fence=record.awaiting.fence.acting().for_call("c1"),
         observation=Observation(source="tool", content="content of a", call_id="c1"),
     )
-    message = _reasoned(
-        record,
-        new_messages=[
-            ConversationMessage.assistant_tool_calls(
-                [ToolCall(id=call.call_id, name=call.name, arguments=call.arguments)]
-            )
-        ],
-        actions=[call],
-        approved_calls=[call],
-        acted=[observed],
-    )
-    effects = _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    effects = _tool_turn(record, call, acted=[observed])
     assert effects.tool_dispatches == [] and len(effects.reason_dispatches) == 1
     assert [m.content for m in record.conversation.messages if m.tool_call_id] == ["content of a"]
