@@ -384,7 +384,8 @@ class Coordinator:
         False: no such task, or the machine ignored the input. The record kept from this
         coordinator's last commit of the task is used without asking Redis whether it is still
         current: the commit's compare-and-set refuses it if it is not, and an input the machine
-        ignores is acknowledged only once the version it was judged against is confirmed.
+        ignores or refuses (raises) is answered so only once the version it was judged against
+        is confirmed.
         """
         for _ in range(20):
             record = self.store.take_kept(task_id)
@@ -394,7 +395,12 @@ class Coordinator:
                 if record is None:
                     return False
             machine = TaskMachine(record, time.time(), self.settings.machine)
-            effects = step(machine)
+            try:
+                effects = step(machine)
+            except Exception:
+                if not confirmed and not await self.store.is_current(task_id, record.version):
+                    continue  # refused on a stale copy: judge again on the stored record
+                raise
             if not effects.changed:
                 if not confirmed and not await self.store.is_current(task_id, record.version):
                     continue  # judged on a stale copy: judge again on the stored record
