@@ -94,9 +94,11 @@ class ReasonRequest(BaseModel):
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
     chain_tools: bool = False
     """Send the approved calls (up to ``config.max_concurrent_tools``) straight to the tool
-    workers, each under ``fence.for_call(call_id)``, in the same Redis transaction as the
-    ``reasoned`` message that lists them in ``chained``: the coordinator is then not between
-    Gate and Act. The coordinator dispatches the rest, if any, as their results come in."""
+    workers, each under ``fence.acting().for_call(call_id)`` (:meth:`tool_request`), in the
+    same Redis transaction as the ``reasoned`` message that lists them in ``chained``: the
+    coordinator is then not between Gate and Act, and dispatches the rest, if any, as results
+    come in. A lone approved call carries the ``reasoned`` message instead
+    (``ToolRequest.completes``)."""
 
     def tool_request(self, call: ToolCallAction) -> ToolRequest:
         """The request that runs one approved call of this iteration on a tool worker."""
