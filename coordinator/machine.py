@@ -471,7 +471,7 @@ class TaskMachine:
         known = {c.call_id for c in calls}
         awaiting.dispatched = [c for c in chained if c in known]
         awaiting.results = {
-            k: v for k, v in asked.results.items() if k in known or k.startswith(_ESCALATION_KEY)
+            k: v for k, v in asked.results.items() if k.removeprefix(_ESCALATION_KEY) in known
         }
         if awaiting.missing_calls():
             self._dispatch_more(awaiting)
@@ -838,6 +838,7 @@ class TaskMachine:
         awaiting.deadline = self.now + self._deadline_s()
         self._event("redispatched", fence=fence.token(), kind=awaiting.kind.value)
         if awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN):
+            awaiting.results.clear()  # results of the abandoned dispatch's chained calls
             conversation = self.record.conversation
             if awaiting.kind is AwaitKind.PLAN:
                 conversation = Conversation.with_system(PLAN_PROMPT)

@@ -618,3 +618,16 @@ def test_a_reasoning_answered_with_its_chained_call_is_observed_at_once() -> Non
     effects = _tool_turn(record, call, acted=[observed])
     assert effects.tool_dispatches == [] and len(effects.reason_dispatches) == 1
     assert [m.content for m in record.conversation.messages if m.tool_call_id] == ["content of a"]
+
+
+def test_a_result_kept_for_an_abandoned_reasoning_is_dropped_with_it() -> None:
+    """A result that arrived early for a reasoning dispatch that was then re-sent does not
+    answer the new reasoning's call of the same id."""
+    record = _record()
+    _start(record)
+    _apply(record, 1.5, lambda m: m.on_tool_observed(_early(record, "c1", "stale")))
+    _apply(record, 20.0, lambda m: m.on_tick())  # deadline: the reasoning is re-sent
+    assert record.awaiting is not None and record.awaiting.results == {}
+    effects = _chained_turn(record, ["c1"], _call("c1", path="a.py"))
+    assert effects.reason_dispatches == [], "c1 is awaited, not answered by the stale result"
+    assert record.awaiting is not None and record.awaiting.missing_calls()
