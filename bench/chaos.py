@@ -396,7 +396,7 @@ class ChaosCluster:
             os.kill(old.pid, signal.SIGSTOP)
             time.sleep(freeze)
             os.kill(old.pid, signal.SIGCONT)
-            self._wait_for_a_read_batch()
+            self._stop_holding_a_read_batch(old.pid)
             fault.detail += f" frozen {freeze:g}s, then"
         fault.detail += " SIGKILL"
         fault.killed_at = time.time()
@@ -409,14 +409,22 @@ class ChaosCluster:
         fault.back_at = time.time()
         return self._record(fault)
 
-    def _wait_for_a_read_batch(self, timeout_s: float = 2.0) -> None:
-        """Return as soon as a coordinator holds observations it has read and not applied."""
+    def _stop_holding_a_read_batch(self, pid: int, timeout_s: float = 5.0) -> None:
+        """Let the coordinator run until it holds observations it has read and not applied,
+        and stop it there (SIGSTOP): it applies a batch in a few milliseconds, so a kill that
+        merely follows a poll can come too late."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            summary: Any = self.redis.xpending(keys.observations_stream, keys.coordinator_group)
-            if summary and int(summary.get("pending") or 0) > 0:
-                return
+            if self._pending_count():
+                os.kill(pid, signal.SIGSTOP)
+                if self._pending_count():
+                    return
+                os.kill(pid, signal.SIGCONT)
             time.sleep(0.001)
+
+    def _pending_count(self) -> int:
+        summary: Any = self.redis.xpending(keys.observations_stream, keys.coordinator_group)
+        return int(summary.get("pending") or 0) if summary else 0
 
     def _pending_observations(self) -> dict[str, dict[Any, Any]]:
         """The observations read by a coordinator and not acknowledged yet, by entry id."""

@@ -398,12 +398,12 @@ class Coordinator:
             try:
                 effects = step(machine)
             except Exception:
-                if not confirmed and not await self.store.is_current(task_id, record.version):
+                if await self._stale(record, confirmed):
                     continue  # refused on a stale copy: judge again on the stored record
                 raise
             if not effects.changed:
-                if not confirmed and not await self.store.is_current(task_id, record.version):
-                    continue  # judged on a stale copy: judge again on the stored record
+                if await self._stale(record, confirmed):
+                    continue  # ignored on a stale copy: judge again on the stored record
                 if self.metrics is not None:
                     self.metrics.ignored()
                 return False
@@ -417,6 +417,11 @@ class Coordinator:
                 self.metrics.record(machine.record, effects)
             return True
         raise CommitConflictError(f"task {task_id}: gave up after 20 conflicting commits")
+
+    async def _stale(self, record: TaskRecord, confirmed: bool) -> bool:
+        """Whether a kept record's verdict must be redone: it was never confirmed current and
+        Redis now holds another version."""
+        return not confirmed and not await self.store.is_current(record.task_id, record.version)
 
 
 def _decision(value: str) -> ReviewDecision:

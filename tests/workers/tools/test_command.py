@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -172,7 +171,6 @@ def test_background_processes_do_not_outlive_the_command(tmp_path: Path) -> None
     assert _wait_gone(int(output.content.splitlines()[1]))
 
 
-@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
 def test_detached_process_holding_the_output_is_abandoned(tmp_path: Path) -> None:
     """A process that escaped the group and keeps stdout open does not block the call."""
     started = time.monotonic()
