@@ -1,15 +1,22 @@
 """Which policy gate a task uses: the ``policy`` section of a task file.
 
 The gates themselves live in ``workers.gates``; this is the wire model both sides agree on.
+``deny_patterns`` come from the task, so they are RE2 patterns (:mod:`shared.safe_regex`),
+matched in linear time; one RE2 cannot take fails validation, so the task is rejected at intake.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["PolicySpec"]
+from shared.safe_regex import compile_user_pattern
+
+__all__ = ["MAX_DENY_PATTERNS", "PolicySpec"]
+
+MAX_DENY_PATTERNS = 256
+"""A policy holds at most this many ``deny_patterns``."""
 
 
 class PolicySpec(BaseModel):
@@ -26,7 +33,7 @@ class PolicySpec(BaseModel):
 
     kind: Literal["permissive", "default", "tool_filter", "cedar", "opa"] = "default"
     allowed_tools: list[str] | None = None
-    deny_patterns: list[str] = Field(default_factory=list)
+    deny_patterns: list[str] = Field(default_factory=list, max_length=MAX_DENY_PATTERNS)
     disabled_rules: list[str] = Field(default_factory=list)
     max_delegation_depth: int = Field(default=3, ge=0)
     extra_write_roots: list[str] = Field(default_factory=list)
@@ -34,6 +41,13 @@ class PolicySpec(BaseModel):
     opa_url: str | None = None
     opa_path: str = "orga/allow"
     timeout_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("deny_patterns")
+    @classmethod
+    def _deny_patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for index, pattern in enumerate(patterns):
+            compile_user_pattern(pattern, where=f"deny pattern {index}")
+        return patterns
 
     @model_validator(mode="after")
     def _options_fit_the_kind(self) -> PolicySpec:

@@ -8,9 +8,16 @@ the seam through which the coordinator routes the calls (workers, policy gate).
 Differences from Symbiont, all deliberate bug fixes:
 
 - ``max_references=0`` extracts nothing (Symbiont still returns one reference).
-- An invalid custom regex raises :class:`~shared.errors.ConfigError` at construction (Symbiont
-  drops it silently). Custom patterns use Python ``re`` syntax; as in Symbiont the whole match
-  is the value and capture groups are ignored.
+- Custom patterns come from the task, so they are RE2 patterns (:mod:`shared.safe_regex`):
+  matching takes time linear in the text, and ``(a+)+$`` cannot freeze a coordinator. One RE2
+  cannot take (a syntax error, a backreference, a lookaround) fails validation of the
+  configuration, naming the pattern and the fix, so a task holding it is rejected at intake;
+  the engine raises :class:`~shared.errors.ConfigError` for one that bypassed validation
+  (Symbiont drops it silently). As in Symbiont the whole match is the value and capture groups
+  are ignored. The built-in patterns are the project's own and stay on Python ``re``.
+- A task has at most ``MAX_CUSTOM_PATTERNS`` custom patterns, and extraction looks at the
+  first ``MAX_MATCHES_PER_PATTERN`` matches of each pattern (duplicates included), so a pattern
+  that matches everywhere in a 1 MB goal costs milliseconds, not minutes.
 - Results are paired with references by call id (``prehydrate_{i}``), never by position.
 - Every reference ends up either resolved or failed. A reference whose type has no tool in
   ``resolution_tools`` fails with ``No resolution tool configured for reference type '<t>'``
@@ -31,22 +38,25 @@ Differences from Symbiont, all deliberate bug fixes:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.durations import Duration, format_duration
-from shared.errors import ConfigError
+from shared.safe_regex import compile_user_pattern
 
 if TYPE_CHECKING:
     from shared.events import PreHydrationComplete
 
 __all__ = [
     "BUILTIN_PATTERNS",
+    "MAX_CUSTOM_PATTERNS",
+    "MAX_MATCHES_PER_PATTERN",
     "TRUNCATION_MARKER",
     "ExtractedReference",
     "FailedReference",
@@ -66,6 +76,12 @@ _CONTEXT_HEADER = "[PRE_HYDRATED_CONTEXT]"
 _CONTEXT_INTRO = "The following references were resolved from the task input:"
 _BUDGET_EXHAUSTED = "Token budget exhausted"
 
+MAX_CUSTOM_PATTERNS = 32
+"""A task's ``pre_hydration.custom_patterns`` holds at most this many patterns."""
+
+MAX_MATCHES_PER_PATTERN = 1000
+"""Extraction looks at no more than this many matches of one pattern (duplicates count)."""
+
 
 class ReferencePattern(BaseModel):
     """A custom reference type and the regex that finds it (the whole match is the value)."""
@@ -84,17 +100,31 @@ BUILTIN_PATTERNS: tuple[ReferencePattern, ...] = (
 )
 """The built-in patterns, tried in this order before the custom ones."""
 
+_BUILTIN_REGEXES = tuple((p.ref_type, re.compile(p.pattern)) for p in BUILTIN_PATTERNS)
+
+_Finder = Callable[[str], Iterator[str]]
+"""The text of each match of one pattern in a text, left to right."""
+
 
 class PreHydrationConfig(BaseModel):
     """Which references to extract, which tool resolves each type, and the budget."""
 
     model_config = ConfigDict(frozen=True)
 
-    custom_patterns: list[ReferencePattern] = Field(default_factory=list)
+    custom_patterns: list[ReferencePattern] = Field(
+        default_factory=list, max_length=MAX_CUSTOM_PATTERNS
+    )
     resolution_tools: dict[str, str] = Field(default_factory=dict)
     timeout: Duration = timedelta(seconds=15)
     max_references: int = Field(default=10, ge=0)
     max_context_tokens: int = Field(default=4000, ge=0)
+
+    @field_validator("custom_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[ReferencePattern]) -> list[ReferencePattern]:
+        for index, pattern in enumerate(patterns):
+            _custom_finder(pattern, f"pattern {index} ({pattern.ref_type!r})")
+        return patterns
 
 
 class ExtractedReference(BaseModel):
@@ -238,8 +268,13 @@ class PreHydrationEngine:
 
     def __init__(self, config: PreHydrationConfig | None = None) -> None:
         self._config = config or PreHydrationConfig()
-        patterns = (*BUILTIN_PATTERNS, *self._config.custom_patterns)
-        self._patterns = [(p.ref_type, _compile(p)) for p in patterns]
+        builtin = [(ref_type, _builtin_finder(regex)) for ref_type, regex in _BUILTIN_REGEXES]
+        prefix = "pre_hydration.custom_patterns: pattern"
+        custom = [
+            (p.ref_type, _custom_finder(p, f"{prefix} {p.ref_type!r}"))
+            for p in self._config.custom_patterns
+        ]
+        self._finders: list[tuple[str, _Finder]] = builtin + custom
 
     @property
     def config(self) -> PreHydrationConfig:
@@ -253,9 +288,9 @@ class PreHydrationEngine:
         seen: set[str] = set()
         if limit == 0:
             return found
-        for ref_type, regex in self._patterns:
-            for match in regex.finditer(text):
-                value = match.group(0).strip()
+        for ref_type, finder in self._finders:
+            for match in itertools.islice(finder(text), MAX_MATCHES_PER_PATTERN):
+                value = match.strip()
                 if not value or value in seen:
                     continue
                 seen.add(value)
@@ -387,12 +422,15 @@ async def _resolve_one(
         )
 
 
-def _compile(pattern: ReferencePattern) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern.pattern)
-    except re.error as exc:
-        raise ConfigError(
-            f"pre_hydration.custom_patterns: pattern {pattern.ref_type!r} has an invalid regex "
-            f"{pattern.pattern!r}: {exc}; fix the regex (Python `re` syntax; the whole match is "
-            "the reference value)"
-        ) from exc
+def _builtin_finder(regex: re.Pattern[str]) -> _Finder:
+    """A trusted pattern's matches (Python ``re``)."""
+
+    def find(text: str) -> Iterator[str]:
+        return (match.group(0) for match in regex.finditer(text))
+
+    return find
+
+
+def _custom_finder(pattern: ReferencePattern, where: str) -> _Finder:
+    """A task's pattern's matches (RE2); raises ConfigError naming it when RE2 refuses it."""
+    return compile_user_pattern(pattern.pattern, where=where).finditer

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.state import TaskRecord
+from shared.pre_hydration import PreHydrationEngine
 from shared.protocol import ReasonRequest, ToolRequest
 from shared.task_spec import (
     MAX_TASK_BYTES,
@@ -375,3 +376,45 @@ def test_a_task_just_under_the_size_limit_is_accepted() -> None:
     """The size limit is not off by one: a goal that fits is accepted and round-trips."""
     text = "goal: " + "x" * (MAX_TASK_BYTES - len("goal: "))
     _assert_round_trips(parse_task_text(text, source="big.yaml"))
+
+
+def _issue_task(pattern: str, goal: str = "x") -> str:
+    """The JSON task of issue 12, items 1 and 2, with one custom pre-hydration pattern."""
+    return json.dumps(
+        {
+            "goal": goal,
+            "provider": {"kind": "scripted", "replies": ["x"]},
+            "steps": [{"id": "s", "instruction": "x"}],
+            "pre_hydration": {"custom_patterns": [{"ref_type": "x", "pattern": pattern}]},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "why"),
+    [
+        ({"pre_hydration": {"custom_patterns": [{"ref_type": "x", "pattern": "(unclosed"}]}}, ""),
+        ({"policy": {"kind": "default", "deny_patterns": ["(unclosed"]}}, ""),
+        ({"pre_hydration": {"custom_patterns": [{"ref_type": "x", "pattern": "(?=a)a"}]}}, "look"),
+        ({"policy": {"deny_patterns": [r"(rm) \1"]}}, "backreference"),
+    ],
+)
+def test_patterns_that_do_not_compile_are_rejected_at_intake(
+    section: dict[str, Any], why: str
+) -> None:
+    """A task pattern RE2 cannot take (issue 12, item 2) is a TaskSpecError naming it."""
+    text = json.dumps({"goal": "x", **section})
+    with pytest.raises(TaskSpecError) as caught:
+        parse_task_text(text, source="redos-2")
+    message = str(caught.value)
+    assert message.startswith(f"redos-2: {next(iter(section))}.")
+    assert "cannot be used: it " in message
+    assert why in message
+
+
+@pytest.mark.timeout(10)
+def test_the_catastrophic_pattern_of_issue_12_is_accepted_and_harmless() -> None:
+    """``(a+)+$`` is valid RE2: the task is accepted and its goal is searched at once."""
+    spec = parse_task_text(_issue_task("(a+)+$", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!"), "redos-1")
+    engine = PreHydrationEngine(spec.pre_hydration)
+    assert engine.extract_references(spec.goal) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -11,10 +12,13 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from shared.errors import ConfigError
 from shared.events import PreHydrationComplete
 from shared.pre_hydration import (
+    MAX_CUSTOM_PATTERNS,
+    MAX_MATCHES_PER_PATTERN,
     TRUNCATION_MARKER,
     ExtractedReference,
     FailedReference,
@@ -258,16 +262,63 @@ def test_max_references_stops_after_urls_first() -> None:
     assert pairs(refs) == [("url", "https://a.io"), ("file", "./a.rs")]
 
 
-def test_invalid_custom_regex_is_a_config_error() -> None:
-    """An invalid custom regex fails construction, naming the type, the regex and the error."""
+def test_invalid_custom_regex_fails_validation() -> None:
+    """An invalid custom regex fails the config's validation, naming the type, regex and fix."""
     bad = ReferencePattern(ref_type="jira", pattern=r"JIRA-(\d+")
-    with pytest.raises(ConfigError) as caught:
-        PreHydrationEngine(PreHydrationConfig(custom_patterns=[bad]))
-    assert str(caught.value) == (
-        "pre_hydration.custom_patterns: pattern 'jira' has an invalid regex 'JIRA-(\\\\d+': "
-        "missing ), unterminated subpattern at position 5; fix the regex (Python `re` syntax; "
-        "the whole match is the reference value)"
-    )
+    with pytest.raises(ValidationError) as caught:
+        PreHydrationConfig(custom_patterns=[bad])
+    assert (
+        "pattern 0 ('jira'): the pattern 'JIRA-(\\\\d+' cannot be used: it is not valid RE2 "
+        "syntax (RE2: missing ): JIRA-(\\d+); fix the pattern"
+    ) in str(caught.value)
+
+
+def test_unvalidated_invalid_custom_regex_is_a_config_error() -> None:
+    """A config built without validation still fails engine construction with a ConfigError."""
+    bad = ReferencePattern(ref_type="jira", pattern="(unclosed")
+    config = PreHydrationConfig.model_construct(custom_patterns=[bad])
+    with pytest.raises(ConfigError, match=r"^pre_hydration.custom_patterns: pattern 'jira': the "):
+        PreHydrationEngine(config)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        (r"(?<=JIRA-)\d+", "it has a lookaround"),
+        (r"(\w)\1", "it has a backreference"),
+        (r"end\Z", "RE2 writes the end of the text as \\z"),
+    ],
+)
+def test_patterns_re2_cannot_take_are_refused(pattern: str, why: str) -> None:
+    """Python-only syntax in a custom pattern is refused with what RE2 lacks and the fix."""
+    with pytest.raises(ValidationError, match=re.escape(why)):
+        PreHydrationConfig(custom_patterns=[ReferencePattern(ref_type="x", pattern=pattern)])
+
+
+@pytest.mark.timeout(10)
+def test_catastrophic_custom_pattern_runs_in_linear_time() -> None:
+    """``(a+)+$`` against 34 a's and a '!' (issue 12, item 1) returns at once, matching nothing."""
+    engine = engine_with(custom_patterns=[ReferencePattern(ref_type="x", pattern="(a+)+$")])
+    started = time.monotonic()
+    refs = engine.extract_references("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!")
+    assert refs == []
+    assert time.monotonic() - started < 2
+    assert pairs(engine.extract_references("x aaaa")) == [("x", "aaaa")]
+
+
+def test_extraction_looks_at_a_bounded_number_of_matches() -> None:
+    """A pattern is read up to MAX_MATCHES_PER_PATTERN matches: a later new value is not seen."""
+    engine = engine_with(custom_patterns=[ReferencePattern(ref_type="x", pattern="[ab]")])
+    text = "a" * MAX_MATCHES_PER_PATTERN + "b"
+    assert pairs(engine.extract_references(text)) == [("x", "a")]
+    assert pairs(engine.extract_references(text[1:])) == [("x", "a"), ("x", "b")]
+
+
+def test_too_many_custom_patterns_fail_validation() -> None:
+    """More than MAX_CUSTOM_PATTERNS custom patterns are refused."""
+    many = [ReferencePattern(ref_type="x", pattern="a")] * (MAX_CUSTOM_PATTERNS + 1)
+    with pytest.raises(ValidationError, match=f"at most {MAX_CUSTOM_PATTERNS} items"):
+        PreHydrationConfig(custom_patterns=many)
 
 
 # ---- hydrate ---------------------------------------------------------------------------------

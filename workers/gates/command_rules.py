@@ -13,6 +13,10 @@ A rule matches a command word only where a command starts: at the beginning, aft
 ``sudo reboot`` is not. This is a guard rail against an agent's mistakes, not a sandbox: a
 determined author can always obfuscate a command (the tools' own workspace checks and the
 operator's container are the other layers).
+
+The built-in rules are the project's own Python ``re`` patterns (they need lookarounds and
+backreferences). Configured extra patterns come from a task or a policy, so they are RE2
+patterns (:mod:`shared.safe_regex`): matching them takes time linear in the command.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from shared.errors import ConfigError
+from shared.safe_regex import UserPattern, compile_user_pattern
 
 __all__ = [
     "BUILTIN_COMMAND_RULES",
@@ -37,11 +42,17 @@ class CommandRule:
 
     name: str
     description: str
-    pattern: re.Pattern[str]
+    pattern: re.Pattern[str] | UserPattern
+
+    @classmethod
+    def custom(cls, name: str, pattern: str, description: str) -> CommandRule:
+        """A rule from a configured (untrusted) pattern, compiled by RE2; ConfigError if refused."""
+        compiled = compile_user_pattern(pattern, where=f"deny pattern {name!r}")
+        return cls(name=name, description=description, pattern=compiled)
 
     @classmethod
     def compile(cls, name: str, pattern: str, description: str) -> CommandRule:
-        """A rule from regex text; raises ConfigError naming the rule when it does not compile."""
+        """A rule from trusted regex text (Python ``re``); ConfigError naming it if invalid."""
         try:
             compiled = re.compile(pattern)
         except re.error as exc:
@@ -303,6 +314,6 @@ def _extra_rules(extra_patterns: Mapping[str, str] | Iterable[str]) -> tuple[Com
     else:
         named = [(f"custom-{i}", p) for i, p in enumerate(extra_patterns, start=1)]
     return tuple(
-        CommandRule.compile(name, pattern, f"matches the configured deny pattern {pattern!r}")
+        CommandRule.custom(name, pattern, f"matches the configured deny pattern {pattern!r}")
         for name, pattern in named
     )

@@ -235,8 +235,26 @@ def test_unknown_disabled_rule_is_a_config_error() -> None:
 
 def test_invalid_extra_pattern_is_a_config_error() -> None:
     """A pattern that does not compile names the pattern and the regex error."""
-    with pytest.raises(ConfigError, match=r"deny pattern 'custom-1': '\(unclosed' is not a valid"):
+    with pytest.raises(
+        ConfigError, match=r"deny pattern 'custom-1': the pattern '\(unclosed' cannot be used: it "
+    ):
         build_command_rules(["(unclosed"])
+
+
+def test_extra_pattern_with_a_lookahead_is_refused() -> None:
+    """An extra pattern is RE2: a lookahead is refused, saying so and how to fix it."""
+    with pytest.raises(ConfigError, match=r"'no-rm': .* it has a lookaround .*; match the"):
+        build_command_rules({"no-rm": r"rm(?= -rf)"})
+
+
+@pytest.mark.timeout(10)
+def test_catastrophic_extra_pattern_runs_in_linear_time() -> None:
+    """``(a+)+$`` as a deny pattern (issue 12, item 1) misses 34 a's and a '!' at once."""
+    (rule,) = build_command_rules(["(a+)+$"])[-1:]
+    started = time.monotonic()
+    assert not rule.matches(normalise_command("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!"))
+    assert time.monotonic() - started < 2
+    assert rule.matches("echo aaaa")
 
 
 def test_rule_compile_and_match() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,6 +99,30 @@ def test_options_that_do_not_fit_the_kind_are_refused_by_the_spec(
     """Missing or stray options are refused when the task is validated, before any worker."""
     with pytest.raises(ValidationError, match=message):
         PolicySpec.model_validate(fields)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [("(unclosed", "it is not valid RE2 syntax"), (r"(\w+) \1", "it has a backreference")],
+)
+def test_deny_patterns_that_re2_refuses_fail_the_spec(pattern: str, why: str) -> None:
+    """A deny pattern RE2 cannot take fails validation, naming its index, the pattern and why."""
+    with pytest.raises(ValidationError, match=rf"deny pattern 1: the pattern .* {why}"):
+        PolicySpec(deny_patterns=["npm publish", pattern])
+
+
+@pytest.mark.timeout(10)
+def test_catastrophic_deny_pattern_runs_in_linear_time(tmp_path: Path) -> None:
+    """A task's ``(a+)+$`` deny pattern (issue 12, item 1) lets 34 a's and a '!' pass at once."""
+    gate = build_gate(PolicySpec(deny_patterns=["(a+)+$"]))
+    command = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!"
+    started = time.monotonic()
+    allowed = decide(gate, tool("run_command", {"command": command}), context(tmp_path))
+    assert isinstance(allowed, Allow)
+    assert time.monotonic() - started < 2
+    denied = decide(gate, tool("run_command", {"command": "echo aaaa"}), context(tmp_path))
+    assert isinstance(denied, Deny)
+    assert denied.reason.startswith("rule 'custom-1'")
 
 
 def test_a_spec_that_went_over_the_wire_still_builds() -> None:
