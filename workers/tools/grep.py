@@ -1,28 +1,30 @@
 """``grep``: a regular-expression search over the workspace's text files, in pure Python.
 
-No shell and no external program: the pattern is a Python ``re`` expression, files are visited
+No shell and no external program: the pattern comes from the model, so it is an RE2 pattern
+(:mod:`shared.safe_regex`: Python ``re`` syntax without backreferences or lookarounds) and each
+line is searched in time linear in its length, whatever the pattern. Files are visited
 depth-first in sorted order (so the output is deterministic), symbolic links are never followed
 and files with a NUL byte in their first 8 KiB are skipped as binary. The search stops at
-``max_matches``; each matching line is clipped to ``MAX_LINE_CHARS`` characters.
+``max_matches``, and at the context's ``timeout_s`` (so the worker thread does not outlive the
+executor's timeout); each matching line is clipped to ``MAX_LINE_CHARS`` characters.
 
 Metadata: ``kind=read``, ``path`` (the searched file or directory), ``output_hash`` (SHA-256 of
 the full result before the byte cap; also given as ``content_hash``), ``matches``,
 ``files_searched``.
-
-Limit: Python's ``re`` has no time limit, so a pathological pattern (catastrophic
-backtracking) can keep the worker thread busy after the executor's timeout has answered.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import itertools
-import re
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from shared.errors import ConfigError
 from shared.inference import ToolDefinition
+from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.tools.arguments import BlockingTool
 from workers.tools.base import ToolContext, ToolOutput
 from workers.tools.errors import WorkspacePathError
@@ -45,13 +47,15 @@ __all__ = ["GREP_DEFINITION", "MAX_LINE_CHARS", "GrepTool"]
 
 MAX_LINE_CHARS = 400
 _DEFAULT_MAX_MATCHES = 100
+_LINES_PER_CLOCK_CHECK = 1024
 
 GREP_DEFINITION = ToolDefinition(
     name="grep",
     description=(
-        "Search the workspace's text files for a regular expression (Python re syntax), line "
-        "by line. Returns one 'path:line:text' line per match, files in sorted order. Binary "
-        "files and symbolic links are skipped. Use glob to restrict the files searched."
+        "Search the workspace's text files for a regular expression (RE2 syntax: like Python "
+        "re, without backreferences or lookarounds), line by line. Returns one "
+        "'path:line:text' line per match, files in sorted order. Binary files and symbolic "
+        "links are skipped. Use glob to restrict the files searched."
     ),
     parameters={
         "type": "object",
@@ -59,7 +63,7 @@ GREP_DEFINITION = ToolDefinition(
             "pattern": {
                 "type": "string",
                 "minLength": 1,
-                "description": "Regular expression searched in each line (Python re syntax).",
+                "description": "Regular expression searched in each line (RE2 syntax).",
             },
             "path": {
                 "type": "string",
@@ -101,17 +105,15 @@ class GrepTool(BlockingTool):
         return _grep(arguments, context)
 
 
-def _compile(arguments: Mapping[str, Any]) -> re.Pattern[str] | ToolOutput:
+def _compile(arguments: Mapping[str, Any]) -> UserPattern | ToolOutput:
     pattern = str(arguments["pattern"])
-    flags = re.IGNORECASE if arguments.get("ignore_case", False) else 0
+    ignore_case = bool(arguments.get("ignore_case", False))
     try:
-        return re.compile(pattern, flags)
-    except re.error as exc:
-        return error_output(
-            f"invalid regular expression {pattern!r}: {exc}; fix the pattern (Python re syntax)",
-            error_type="invalid_arguments",
-            kind="read",
+        return compile_user_pattern(
+            pattern, where="grep: invalid regular expression", ignore_case=ignore_case
         )
+    except ConfigError as exc:
+        return error_output(str(exc), error_type="invalid_arguments", kind="read")
 
 
 def _grep(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
@@ -135,7 +137,7 @@ def _grep(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
             kind="read",
             path=rel,
         )
-    search = _Search(regex, root)
+    search = _Search(regex, root, deadline=time.monotonic() + context.timeout_s)
     files = _candidate_files(start, root, arguments.get("glob"))
     limit = int(arguments.get("max_matches", _DEFAULT_MAX_MATCHES))
     found = list(itertools.islice(search.matches(files), limit + 1))
@@ -146,6 +148,7 @@ def _grep(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
         limit=limit,
         files_searched=search.files_searched,
         max_output_bytes=context.max_output_bytes,
+        timed_out=search.timed_out,
     )
 
 
@@ -168,16 +171,24 @@ def _glob_matches(glob: str, rel: str) -> bool:
 
 
 class _Search:
-    """Matches of one pattern over a sequence of files; counts the files it opened."""
+    """Matches of one pattern over a sequence of files until a deadline; counts the files."""
 
-    def __init__(self, regex: re.Pattern[str], root: Path) -> None:
+    def __init__(self, regex: UserPattern, root: Path, *, deadline: float) -> None:
         self._regex = regex
         self._root = root
+        self._deadline = deadline
         self.files_searched = 0
+        self.timed_out = False
 
     def matches(self, files: Iterator[Path]) -> Iterator[str]:
         for path in files:
+            if self._out_of_time():
+                return
             yield from self._matches_in(path, display_path(self._root, path))
+
+    def _out_of_time(self) -> bool:
+        self.timed_out = self.timed_out or time.monotonic() > self._deadline
+        return self.timed_out
 
     def _matches_in(self, path: Path, rel: str) -> Iterator[str]:
         try:
@@ -187,8 +198,10 @@ class _Search:
                 self.files_searched += 1
                 handle.seek(0)
                 for line_no, piece in line_pieces(handle):
+                    if line_no % _LINES_PER_CLOCK_CHECK == 0 and self._out_of_time():
+                        return
                     text = piece.decode("utf-8", errors="replace").rstrip("\r\n")
-                    if self._regex.search(text):
+                    if self._regex.search(text) is not None:
                         yield f"{rel}:{line_no}:{_clip(text)}"
         except OSError:
             return
@@ -201,13 +214,14 @@ def _clip(text: str) -> str:
 
 
 def _grep_output(
-    regex: re.Pattern[str],
+    regex: UserPattern,
     rel: str,
     found: list[str],
     *,
     limit: int,
     files_searched: int,
     max_output_bytes: int,
+    timed_out: bool,
 ) -> ToolOutput:
     if not found:
         text = f"no match for {regex.pattern!r} in {rel} ({files_searched} files searched)"
@@ -218,6 +232,10 @@ def _grep_output(
         )
     else:
         text = "\n".join(found)
+    if timed_out:
+        text += (
+            f"\n[stopped at the time limit after {files_searched} files; narrow the path or glob]"
+        )
     digest = sha256_hex(text.encode("utf-8"))
     metadata = {
         "kind": "read",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,10 @@ from workers.tools.grep import MAX_LINE_CHARS
 
 
 def _grep(workspace: Path, **arguments: Any) -> ToolOutput:
-    limits = {"max_output_bytes": arguments.pop("max_output_bytes", 64_000)}
+    limits = {
+        "max_output_bytes": arguments.pop("max_output_bytes", 64_000),
+        "timeout_s": arguments.pop("timeout_s", 30.0),
+    }
     context = ToolContext(workspace=workspace, **limits)
     return asyncio.run(GrepTool().run(arguments, context))
 
@@ -94,7 +98,9 @@ def test_invalid_regex_names_the_pattern(workspace: Path) -> None:
     output = _grep(workspace, pattern="foo(")
     assert output.is_error
     assert output.metadata["error_type"] == "invalid_arguments"
-    assert "invalid regular expression 'foo('" in output.content
+    assert output.content.startswith(
+        "grep: invalid regular expression: the pattern 'foo(' cannot be used: it is not valid "
+    )
 
 
 def test_same_search_same_hash(workspace: Path) -> None:
@@ -119,3 +125,33 @@ def test_missing_path_is_an_error(workspace: Path) -> None:
     output = _grep(workspace, pattern="x", path="nope")
     assert output.is_error
     assert output.metadata["error_type"] == "not_found"
+
+
+@pytest.mark.timeout(10)
+def test_catastrophic_pattern_returns_well_within_the_tool_timeout(tmp_path: Path) -> None:
+    """``(a+)+$`` over 34 a's and a '!' (issue 12, item 1) answers at once, under a 1 s limit."""
+    (tmp_path / "redos.txt").write_text("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!\n" * 100 + "aaaa\n")
+    started = time.monotonic()
+    output = _grep(tmp_path, pattern="(a+)+$", timeout_s=1.0)
+    assert time.monotonic() - started < 1.0
+    assert not output.is_error
+    assert output.content == "redos.txt:101:aaaa"
+
+
+def test_a_pattern_re2_cannot_take_is_refused_with_the_fix(workspace: Path) -> None:
+    """A lookahead is an invalid-arguments error saying RE2 lacks it and what to do instead."""
+    output = _grep(workspace, pattern="TODO(?= list)")
+    assert output.is_error
+    assert output.metadata["error_type"] == "invalid_arguments"
+    assert "it has a lookaround" in output.content
+    assert "match the surrounding text as part of the pattern instead" in output.content
+
+
+def test_the_search_stops_at_the_time_limit(workspace: Path) -> None:
+    """Past ``timeout_s`` the search stops and says so, so the thread outlives no timeout."""
+    output = _grep(workspace, pattern="TODO", timeout_s=0.0)
+    assert not output.is_error
+    assert output.content == (
+        "no match for 'TODO' in . (0 files searched)\n"
+        "[stopped at the time limit after 0 files; narrow the path or glob]"
+    )
