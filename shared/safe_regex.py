@@ -74,6 +74,11 @@ def compile_user_pattern(
         return UserPattern(re2.compile(pattern, options))
     except re2.error as exc:
         raise ConfigError(f"{where}: {refusal(pattern, _detail(exc))}") from exc
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{where}: the pattern {pattern!r} holds an unpaired surrogate, which is not UTF-8; "
+            "remove it"
+        ) from exc
 
 
 def refusal(pattern: str, detail: str) -> str:

@@ -1,6 +1,8 @@
 """Tool profiles: glob filtering of the tools the model sees (Symbiont §9).
 
 A profile only *hides* tool definitions from the model; it is not enforcement. The policy gate is.
+The globs come from the task, so they are matched by RE2 (:mod:`shared.safe_regex`), in time
+linear in the name: ``*a*a*a*a*a*a*a*a*c`` cannot freeze the worker that filters the tools.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from shared.inference import ToolDefinition
+from shared.safe_regex import UserPattern, compile_user_pattern
 from shared.wire import OmitNoneModel
 
 __all__ = ["VERIFIED_MARKER", "ToolProfile", "glob_matches", "glob_to_regex"]
@@ -20,24 +23,24 @@ VERIFIED_MARKER = "[verified]"
 
 
 def glob_to_regex(pattern: str) -> str:
-    r"""Translate a tool glob into an anchored regex: ``*`` any run, ``?`` one character.
+    r"""Translate a tool glob into an anchored RE2 regex: ``*`` any run, ``?`` one character.
 
     Everything else is literal, including ``[`` and ``]`` (no character classes). The regex
-    is anchored with ``\A`` and ``\Z`` so that a trailing newline never matches.
+    is anchored with ``\A`` and ``\z`` so that a trailing newline never matches.
     """
     translated = {"*": ".*", "?": "."}
     body = "".join(translated.get(char) or re.escape(char) for char in pattern)
-    return r"\A" + body + r"\Z"
+    return r"\A" + body + r"\z"
 
 
 @lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(glob_to_regex(pattern))
+def _compiled(pattern: str) -> UserPattern:
+    return compile_user_pattern(glob_to_regex(pattern), where=f"tool_profile glob {pattern!r}")
 
 
 def glob_matches(pattern: str, name: str) -> bool:
     """True when the whole ``name`` matches ``pattern`` (case-sensitive, newline not matched)."""
-    return _compiled(pattern).match(name) is not None
+    return _compiled(pattern).search(name) is not None
 
 
 def _matches_any(patterns: Iterable[str], name: str) -> bool:
@@ -54,6 +57,13 @@ class ToolProfile(OmitNoneModel):
     exclude: list[str] = Field(default_factory=list)
     max_tools: int | None = Field(default=None, ge=0)
     require_verified: bool = False
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _globs_compile(cls, globs: list[str]) -> list[str]:
+        for glob in globs:
+            _compiled(glob)  # a glob too long for RE2 is refused here, not in a worker
+        return globs
 
     @classmethod
     def permissive(cls) -> ToolProfile:

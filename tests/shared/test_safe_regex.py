@@ -68,6 +68,12 @@ def test_refusals_name_the_pattern_why_and_the_fix(pattern: str, why: str, fix: 
     assert fix in message
 
 
+def test_a_pattern_with_a_lone_surrogate_is_refused() -> None:
+    """A pattern that is not UTF-8 is a ConfigError, not a UnicodeEncodeError."""
+    with pytest.raises(ConfigError, match="holds an unpaired surrogate"):
+        compile_user_pattern("a\ud800")
+
+
 def test_an_overlong_pattern_is_refused() -> None:
     """A pattern over MAX_PATTERN_CHARS is refused before RE2 sees it, giving the limit."""
     with pytest.raises(ConfigError, match=f"is {MAX_PATTERN_CHARS + 1} characters long; the "):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import time
 from functools import cache
 
 import pytest
@@ -201,7 +202,22 @@ def test_glob_is_not_fnmatch() -> None:
 
 def test_glob_to_regex_is_anchored() -> None:
     """The regex is anchored at the start and at the very end of the text."""
-    assert glob_to_regex("a*?") == r"\Aa.*.\Z"
+    assert glob_to_regex("a*?") == r"\Aa.*.\z"
+
+
+@pytest.mark.timeout(10)
+def test_a_glob_with_many_stars_is_matched_in_linear_time() -> None:
+    """``*a`` twelve times then ``*c`` against 64 a's (exponential in ``re``) answers at once."""
+    started = time.monotonic()
+    assert glob_matches("*a" * 12 + "*c", "a" * 64) is False
+    assert glob_matches("*a" * 12 + "*c", "a" * 64 + "c") is True
+    assert time.monotonic() - started < 2
+
+
+def test_a_glob_too_long_is_refused_by_the_profile() -> None:
+    """A glob RE2 would refuse fails the profile's validation, not a later filter."""
+    with pytest.raises(ValidationError, match="tool_profile glob"):
+        ToolProfile(include=["x" * 5000])
 
 
 # --- properties -------------------------------------------------------------------------
