@@ -20,6 +20,17 @@ before twice its recovery timeout).
 
 ``check`` creates a missing breaker (closed); ``record_failure`` creates it too;
 ``record_success`` on an unknown tool does nothing; ``get_state`` returns None for it.
+
+**Scope.** A breaker protects the callers from a failing dependency. For a tool that works on
+the task's own workspace (``run_command``, the file tools, ``grep``), failures say something
+about that task, not about the tool: task A's command timing out must not refuse task B's
+``done_when`` check. Such tools get one breaker **per task** (scope ``task``, the default),
+stored under the name ``{tool}:task:{task_id}``. A tool that calls an external service
+(``web_fetch``) keeps one breaker for the whole **deployment** (scope ``deployment``), under the
+tool's name, so one task's failures spare the others the dead endpoint. The scope of a tool is,
+first match wins: ``CircuitBreakerConfig.scopes`` (the operator), the tool's own
+``breaker_scope`` attribute, :data:`DEFAULT_BREAKER_SCOPES`, ``CircuitBreakerConfig.default_scope``.
+A call without a task id (an in-process run that names no task) uses the tool's breaker.
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
@@ -38,9 +49,12 @@ from redis.asyncio.client import Pipeline
 
 from shared import keys
 from shared.durations import Duration
-from shared.errors import OrgaError
+from shared.errors import ConfigError, OrgaError
 
 __all__ = [
+    "DEFAULT_BREAKER_SCOPES",
+    "Breaker",
+    "BreakerScope",
     "BreakerState",
     "BreakerStateStore",
     "BreakerVerdict",
@@ -50,8 +64,15 @@ __all__ = [
     "CircuitState",
     "InMemoryBreakerStore",
     "RedisBreakerStore",
+    "breaker_scope_of",
     "format_remaining",
 ]
+
+BreakerScope = Literal["task", "deployment"]
+"""``task``: one breaker per task and tool; ``deployment``: one per tool for every task."""
+
+DEFAULT_BREAKER_SCOPES: Final[dict[str, BreakerScope]] = {"web_fetch": "deployment"}
+"""Built-in tools that call external services: their breakers are deployment-wide."""
 
 
 class CircuitState(StrEnum):
@@ -74,6 +95,9 @@ class CircuitBreakerConfig(BaseModel):
     failure_threshold: int = Field(default=3, ge=1)
     recovery_timeout: Duration = timedelta(seconds=60)
     half_open_max_calls: int = Field(default=1, ge=1)
+    default_scope: BreakerScope = "task"
+    scopes: dict[str, BreakerScope] = Field(default_factory=dict)
+    """The operator's choice of scope for named tools; it wins over the tool's own."""
 
     @property
     def recovery_timeout_s(self) -> float:
@@ -112,16 +136,41 @@ def format_remaining(seconds: float) -> str:
 
 
 class CircuitOpenError(OrgaError):
-    """The breaker of a tool is open (or its half-open probes are taken): the call must not run."""
+    """The breaker of a tool is open (or its half-open probes are taken): the call must not run.
 
-    def __init__(self, tool: str, consecutive_failures: int, recovery_remaining_s: float) -> None:
+    ``task_id`` is set when the breaker is the task's own (scope ``task``).
+    """
+
+    def __init__(
+        self,
+        tool: str,
+        consecutive_failures: int,
+        recovery_remaining_s: float,
+        task_id: str | None = None,
+    ) -> None:
         self.tool = tool
         self.consecutive_failures = consecutive_failures
         self.recovery_remaining_s = recovery_remaining_s
+        self.task_id = task_id
+        where = "" if task_id is None else f" in task {task_id!r}"
         super().__init__(
-            f"Circuit open for tool {tool!r}: {consecutive_failures} consecutive failures, "
-            f"recovery in {format_remaining(recovery_remaining_s)}"
+            f"Circuit open for tool {tool!r}{where}: {consecutive_failures} consecutive "
+            f"failures, recovery in {format_remaining(recovery_remaining_s)}"
         )
+
+
+def breaker_scope_of(tool_name: str, tool: object) -> BreakerScope | None:
+    """The scope ``tool`` declares with a ``breaker_scope`` attribute, or None.
+
+    Raises ConfigError for a value other than ``task`` or ``deployment``.
+    """
+    declared = getattr(tool, "breaker_scope", None)
+    if declared is None or declared in get_args(BreakerScope):
+        return declared
+    raise ConfigError(
+        f"tool {tool_name!r} declares breaker_scope={declared!r}; use 'task' (its breaker "
+        "is per task) or 'deployment' (one breaker for every task)"
+    )
 
 
 @runtime_checkable
@@ -412,7 +461,11 @@ class RedisBreakerStore:
 
 
 class CircuitBreakerRegistry:
-    """One breaker per tool name, all with the same config, in a :class:`BreakerStateStore`."""
+    """Breakers with the same config in a :class:`BreakerStateStore`.
+
+    ``check``, ``record_*`` and ``get_state`` take the breaker's name: a tool name is its
+    deployment-wide breaker. :meth:`breaker` picks the breaker of one call by its scope.
+    """
 
     def __init__(
         self, store: BreakerStateStore | None = None, config: CircuitBreakerConfig | None = None
@@ -420,11 +473,25 @@ class CircuitBreakerRegistry:
         self.store: BreakerStateStore = store if store is not None else InMemoryBreakerStore()
         self.config = config if config is not None else CircuitBreakerConfig()
 
+    def scope(self, tool: str, declared: BreakerScope | None = None) -> BreakerScope:
+        """The scope of ``tool``'s breaker: the operator's, the tool's, built-in, default."""
+        if tool in self.config.scopes:
+            return self.config.scopes[tool]
+        if declared is not None:
+            return declared
+        return DEFAULT_BREAKER_SCOPES.get(tool, self.config.default_scope)
+
+    def breaker(
+        self, tool: str, task_id: str | None = None, declared: BreakerScope | None = None
+    ) -> Breaker:
+        """The breaker a call of ``tool`` in task ``task_id`` goes through."""
+        if task_id is None or self.scope(tool, declared) == "deployment":
+            return Breaker(self, tool, tool)
+        return Breaker(self, tool, f"{tool}:task:{task_id}", task_id)
+
     async def check(self, tool: str) -> None:
         """Return if ``tool`` may run now; raise :class:`CircuitOpenError` otherwise."""
-        verdict = await self.store.check(tool, self.config)
-        if not verdict.allowed:
-            raise CircuitOpenError(tool, verdict.consecutive_failures, verdict.recovery_remaining_s)
+        await Breaker(self, tool, tool).check()
 
     async def record_success(self, tool: str) -> None:
         """A call of ``tool`` succeeded."""
@@ -437,3 +504,37 @@ class CircuitBreakerRegistry:
     async def get_state(self, tool: str) -> BreakerState | None:
         """The breaker of ``tool``, or None when it was never checked nor failed."""
         return await self.store.get_state(tool)
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    """One breaker of a registry: a tool's, deployment-wide, or a tool's in one task."""
+
+    registry: CircuitBreakerRegistry
+    tool: str
+    name: str
+    """The key in the store: the tool name, or ``{tool}:task:{task_id}``."""
+    task_id: str | None = None
+
+    async def check(self) -> None:
+        """Return if the call may run now; raise :class:`CircuitOpenError` otherwise."""
+        verdict = await self.registry.store.check(self.name, self.registry.config)
+        if not verdict.allowed:
+            raise CircuitOpenError(
+                self.tool,
+                verdict.consecutive_failures,
+                verdict.recovery_remaining_s,
+                self.task_id,
+            )
+
+    async def record_success(self) -> None:
+        """The call succeeded."""
+        await self.registry.store.record_success(self.name, self.registry.config)
+
+    async def record_failure(self) -> None:
+        """The call failed (raised or timed out)."""
+        await self.registry.store.record_failure(self.name, self.registry.config)
+
+    async def get_state(self) -> BreakerState | None:
+        """This breaker's state, or None when it was never checked nor failed."""
+        return await self.registry.store.get_state(self.name)

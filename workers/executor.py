@@ -9,8 +9,10 @@ Per call:
 
 * unknown tool: an error observation listing the known tools (``error_type="unknown_tool"``);
 * arguments that are not a JSON object: an error observation (``error_type="invalid_arguments"``);
-* the tool's circuit breaker is checked right before the tool runs (so a breaker tripped by an
-  earlier call of the same batch already applies); an open circuit gives an error observation
+* the call's circuit breaker is checked right before the tool runs (so a breaker tripped by an
+  earlier call of the same batch already applies). It is the task's own breaker of the tool
+  (``context.task_id``) unless the tool's breaker scope is ``deployment`` (``web_fetch``: see
+  :mod:`workers.circuit_breaker`); an open circuit gives an error observation
   (``error_type="circuit_open"``) and, unlike Symbiont, does **not** count as another failure:
   the tool did not run, and counting rejections would keep the breaker open forever;
 * the tool raising (``error_type="exception"``) or timing out (``error_type="timeout"``,
@@ -19,7 +21,9 @@ Per call:
   an answer for the model and a success for the breaker, unless the executor is built with
   ``treat_error_outputs_as_failures=True``. Tools signal an unhealthy endpoint by raising.
 * every success whose output is not an error is stored in the result cache, when one is given
-  and the tool's recovery strategy is CachedResult (the only reader).
+  and the tool's recovery strategy is CachedResult (the only reader), under the call's scope
+  (its task and workspace, :func:`workers.result_cache.call_scope`): a task never gets a result
+  another task or workspace produced.
 
 Exceptions of the infrastructure (the breaker store or the cache unreachable) propagate: the
 calls still running are cancelled and the caller decides (a Celery task retries).
@@ -41,7 +45,12 @@ from shared.durations import format_duration
 from shared.events import RecoveryTriggered
 from shared.inference import ToolDefinition
 from shared.loop_types import CachedResult, LoopConfig, RecoveryStrategy
-from workers.circuit_breaker import CircuitBreakerRegistry, CircuitOpenError
+from workers.circuit_breaker import (
+    Breaker,
+    CircuitBreakerRegistry,
+    CircuitOpenError,
+    breaker_scope_of,
+)
 from workers.recovery import (
     Attempt,
     CallOutcome,
@@ -55,7 +64,7 @@ from workers.recovery import (
     apply_recovery,
     resolve_strategy,
 )
-from workers.result_cache import ResultCache
+from workers.result_cache import ResultCache, call_scope
 from workers.tools.base import Tool, ToolContext, ToolOutput
 
 __all__ = ["EventCallback", "ExecutionReport", "ToolExecutor", "ToolLookup"]
@@ -103,6 +112,7 @@ class ToolExecutor:
     ``ledger`` counts LlmRecovery attempts for the runs that do not pass their own to
     ``execute``: build one executor per run, or pass one ledger per run.
     ``dead_letter`` defaults to an :class:`InMemoryDeadLetterSink` (``executor.dead_letter``).
+    Raises ConfigError when a tool declares a ``breaker_scope`` other than task or deployment.
     """
 
     def __init__(
@@ -125,6 +135,13 @@ class ToolExecutor:
         )
         self.treat_error_outputs_as_failures = treat_error_outputs_as_failures
         self.ledger = ledger if ledger is not None else RecoveryLedger()
+        for name in tools:
+            breaker_scope_of(name, tools.get(name))
+
+    def breaker(self, tool_name: str, context: ToolContext) -> Breaker:
+        """The circuit breaker a call of ``tool_name`` in ``context`` goes through."""
+        declared = breaker_scope_of(tool_name, self.tools.get(tool_name))
+        return self.breakers.breaker(tool_name, context.task_id, declared)
 
     def tool_definitions(self) -> list[ToolDefinition]:
         """The definitions of every tool, for the model."""
@@ -237,13 +254,14 @@ class _Batch:
         tool = self.executor.tools.get(tool_name)
         if tool is None:
             return Attempt(self._unknown_tool(tool_name, call_id), CallOutcome.INVALID)
+        breaker = self.executor.breaker(tool_name, self.context)
         async with self.semaphore:
             try:
-                await self.executor.breakers.check(tool_name)
+                await breaker.check()
             except CircuitOpenError as error:
                 return Attempt(_circuit_open(tool_name, call_id, error), CallOutcome.REJECTED)
             attempt = await self._run_tool(tool_name, tool, call_id, arguments)
-        await self._record(tool_name, arguments, attempt)
+        await self._record(breaker, tool_name, arguments, attempt)
         return attempt
 
     async def emit(self, event: RecoveryTriggered) -> None:
@@ -289,16 +307,23 @@ class _Batch:
             )
         return Attempt(observation, CallOutcome.SUCCEEDED)
 
-    async def _record(self, tool_name: str, arguments: Mapping[str, Any], attempt: Attempt) -> None:
-        breakers = self.executor.breakers
+    async def _record(
+        self, breaker: Breaker, tool_name: str, arguments: Mapping[str, Any], attempt: Attempt
+    ) -> None:
         if attempt.outcome is CallOutcome.FAILED:
-            await breakers.record_failure(tool_name)
+            await breaker.record_failure()
             return
-        await breakers.record_success(tool_name)
+        await breaker.record_success()
         self.ledger.reset(tool_name)
         observation, cache = attempt.observation, self.executor.cache
         if cache is not None and not observation.is_error and self._reads_cache(tool_name):
-            await cache.put(tool_name, arguments, observation.content, observation.metadata)
+            await cache.put(
+                tool_name,
+                arguments,
+                observation.content,
+                observation.metadata,
+                scope=call_scope(self.context.task_id, self.context.workspace),
+            )
 
     def _reads_cache(self, tool_name: str) -> bool:
         """Only a tool whose recovery is CachedResult ever reads its cached results."""

@@ -17,7 +17,8 @@ Fallback       try ``alternatives`` in order with the same arguments; the first 
                is the observation (``metadata.answered_by``, and a first line saying which
                tool answered). One event before each alternative.
 CachedResult   answer with the last successful result of the same tool and canonical
-               arguments no older than ``max_staleness`` (``metadata.cache_age_s``); else
+               arguments, in the same task and workspace, no older than ``max_staleness``
+               (``metadata.cache_age_s``); else
                the error, saying no fresh result was cached. One event.
 LlmRecovery    the error goes back to the model (``metadata.recovery="llm"``), at most
                ``max_recovery_attempts`` times per tool in a run (a success of the tool
@@ -58,7 +59,7 @@ from shared.loop_types import (
     RecoveryStrategy,
     Retry,
 )
-from workers.result_cache import ResultCache
+from workers.result_cache import ResultCache, call_scope
 from workers.tools.base import ToolContext
 
 __all__ = [
@@ -333,7 +334,8 @@ async def _cached_result(
     max_staleness_s = strategy.max_staleness.total_seconds()
     hit = None
     if env.cache is not None:
-        hit = await env.cache.get(failed.tool_name, failed.arguments, max_staleness_s)
+        scope = call_scope(failed.context.task_id, failed.context.workspace)
+        hit = await env.cache.get(failed.tool_name, failed.arguments, max_staleness_s, scope=scope)
     if hit is None:
         why = (
             "no result cache is configured"

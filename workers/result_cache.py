@@ -1,9 +1,12 @@
 """The last successful result of each tool call, for the CachedResult recovery strategy.
 
-A call is identified by the tool name and its *canonical* arguments (JSON with sorted keys and
-no spaces, hashed with SHA-256), so ``{"a": 1, "b": 2}`` and ``{"b":2,"a":1}`` are one call. The
-executor stores every successful result; CachedResult answers with one no older than its
-``max_staleness``.
+A call is identified by the tool name, its *scope* and its *canonical* arguments (JSON with
+sorted keys and no spaces, hashed with SHA-256), so ``{"a": 1, "b": 2}`` and ``{"b":2,"a":1}``
+are one call. The scope (:func:`call_scope`) is the task id and the workspace of the call: the
+same ``file_read`` in another task or another workspace is another call, and never gets this
+one's result. The executor stores every successful result; CachedResult answers with one no
+older than its ``max_staleness``. An empty scope (the default of ``get`` and ``put``) is the
+unscoped call of a caller that has no task.
 
 Two implementations of :class:`ResultCache`: :class:`InMemoryResultCache` (bounded, least
 recently stored evicted first, injectable clock) and :class:`RedisResultCache` (one string per
@@ -21,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from redis.asyncio import Redis
@@ -33,6 +37,8 @@ __all__ = [
     "RedisResultCache",
     "ResultCache",
     "arguments_digest",
+    "call_digest",
+    "call_scope",
     "canonical_arguments",
 ]
 
@@ -45,6 +51,20 @@ def canonical_arguments(arguments: Mapping[str, Any]) -> str:
 def arguments_digest(arguments: Mapping[str, Any]) -> str:
     """SHA-256 hex digest of the canonical arguments."""
     return hashlib.sha256(canonical_arguments(arguments).encode()).hexdigest()
+
+
+def call_scope(task_id: str | None, workspace: Path | str) -> str:
+    """The scope of a call: its task and workspace, as canonical JSON."""
+    return canonical_arguments({"task_id": task_id, "workspace": str(workspace)})
+
+
+def call_digest(arguments: Mapping[str, Any], scope: str = "") -> str:
+    """SHA-256 hex digest of a call: the arguments alone when unscoped, else scope and
+    arguments together."""
+    if not scope:
+        return arguments_digest(arguments)
+    text = canonical_arguments({"arguments": arguments, "scope": scope})
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +81,14 @@ class ResultCache(Protocol):
     """Stores successful tool results and returns them while they are fresh enough."""
 
     async def get(
-        self, tool_name: str, arguments: Mapping[str, Any], max_staleness_s: float
+        self,
+        tool_name: str,
+        arguments: Mapping[str, Any],
+        max_staleness_s: float,
+        *,
+        scope: str = "",
     ) -> CachedToolResult | None:
-        """The last result of this call if it is at most ``max_staleness_s`` old, else None."""
+        """The last result of this call in ``scope`` if at most ``max_staleness_s`` old."""
         ...
 
     async def put(
@@ -72,8 +97,10 @@ class ResultCache(Protocol):
         arguments: Mapping[str, Any],
         content: str,
         metadata: Mapping[str, str],
+        *,
+        scope: str = "",
     ) -> None:
-        """Remember a successful result of this call (replacing the previous one)."""
+        """Remember a successful result of this call in ``scope`` (replacing the previous)."""
         ...
 
 
@@ -92,10 +119,15 @@ class InMemoryResultCache:
         )
 
     async def get(
-        self, tool_name: str, arguments: Mapping[str, Any], max_staleness_s: float
+        self,
+        tool_name: str,
+        arguments: Mapping[str, Any],
+        max_staleness_s: float,
+        *,
+        scope: str = "",
     ) -> CachedToolResult | None:
         """The last result of this call if fresh enough."""
-        entry = self._entries.get((tool_name, arguments_digest(arguments)))
+        entry = self._entries.get((tool_name, call_digest(arguments, scope)))
         if entry is None:
             return None
         stored_at, content, metadata = entry
@@ -110,9 +142,11 @@ class InMemoryResultCache:
         arguments: Mapping[str, Any],
         content: str,
         metadata: Mapping[str, str],
+        *,
+        scope: str = "",
     ) -> None:
         """Remember a successful result; evicts the oldest entry when full."""
-        key = (tool_name, arguments_digest(arguments))
+        key = (tool_name, call_digest(arguments, scope))
         self._entries.pop(key, None)
         self._entries[key] = (self._clock(), content, dict(metadata))
         while len(self._entries) > self._max_entries:
@@ -132,10 +166,15 @@ class RedisResultCache:
         self._ttl_ms = math.ceil(ttl_s * 1000)
 
     async def get(
-        self, tool_name: str, arguments: Mapping[str, Any], max_staleness_s: float
+        self,
+        tool_name: str,
+        arguments: Mapping[str, Any],
+        max_staleness_s: float,
+        *,
+        scope: str = "",
     ) -> CachedToolResult | None:
         """The last result of this call if fresh enough (age measured by the server)."""
-        key = keys.result_cache_key(tool_name, arguments_digest(arguments))
+        key = keys.result_cache_key(tool_name, call_digest(arguments, scope))
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.get(key)
             pipe.pttl(key)
@@ -154,8 +193,10 @@ class RedisResultCache:
         arguments: Mapping[str, Any],
         content: str,
         metadata: Mapping[str, str],
+        *,
+        scope: str = "",
     ) -> None:
         """Remember a successful result for ``ttl_s``."""
-        key = keys.result_cache_key(tool_name, arguments_digest(arguments))
+        key = keys.result_cache_key(tool_name, call_digest(arguments, scope))
         payload = {"content": content, "metadata": dict(metadata), "ttl_ms": self._ttl_ms}
         await self._client.set(key, json.dumps(payload), px=self._ttl_ms)

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared import keys
+from shared.errors import ConfigError
 from tests.redis_server import RedisClientFactory, RedisServer
 from workers.circuit_breaker import (
     BreakerState,
@@ -24,6 +25,7 @@ from workers.circuit_breaker import (
     CircuitState,
     InMemoryBreakerStore,
     RedisBreakerStore,
+    breaker_scope_of,
     format_remaining,
 )
 
@@ -404,6 +406,92 @@ def test_concurrent_probes_admit_exactly_the_limit(backend: Backend) -> None:
         assert all(isinstance(r, CircuitOpenError) for r in results if r is not None)
 
     _run(backend, body, CircuitBreakerConfig(recovery_timeout=FAST, half_open_max_calls=2))
+
+
+# -- scope: per task or for the whole deployment ------------------------------------------
+
+
+def test_task_scoped_breakers_are_separate_per_task(backend: Backend) -> None:
+    """Task A's three failures open A's breaker of the tool; task B's stays closed."""
+
+    async def body(registry: CircuitBreakerRegistry) -> None:
+        in_a, in_b = registry.breaker("run_command", "A"), registry.breaker("run_command", "B")
+        for _ in range(3):
+            await in_a.record_failure()
+        with pytest.raises(CircuitOpenError) as caught:
+            await in_a.check()
+        assert caught.value.task_id == "A"
+        assert "Circuit open for tool 'run_command' in task 'A': 3 consecutive" in str(caught.value)
+        await in_b.check()
+        state = await in_b.get_state()
+        assert state is not None
+        assert (state.state, state.failure_count) == (CircuitState.CLOSED, 0)
+        assert await registry.get_state("run_command") is None, "no deployment-wide breaker"
+
+    _run(backend, body)
+
+
+def test_deployment_scoped_breaker_is_shared_by_every_task(backend: Backend) -> None:
+    """web_fetch keeps one breaker for every task: A's failures refuse B's call."""
+
+    async def body(registry: CircuitBreakerRegistry) -> None:
+        for _ in range(3):
+            await registry.breaker("web_fetch", "A").record_failure()
+        with pytest.raises(CircuitOpenError) as caught:
+            await registry.breaker("web_fetch", "B").check()
+        assert caught.value.task_id is None
+        assert (await _state(registry, "web_fetch")).state is CircuitState.OPEN
+
+    _run(backend, body)
+
+
+def test_scope_resolution_order() -> None:
+    """The operator's scopes win over the tool's, which win over the built-ins and default."""
+    registry = CircuitBreakerRegistry(
+        config=CircuitBreakerConfig(scopes={"web_fetch": "task", "api": "deployment"})
+    )
+    assert registry.scope("web_fetch") == "task"
+    assert registry.scope("api", declared="task") == "deployment"
+    assert registry.scope("mine", declared="deployment") == "deployment"
+    assert registry.scope("run_command") == "task"
+    assert CircuitBreakerRegistry().scope("web_fetch") == "deployment"
+    shared = CircuitBreakerRegistry(config=CircuitBreakerConfig(default_scope="deployment"))
+    assert shared.scope("run_command") == "deployment"
+
+
+def test_breaker_names() -> None:
+    """A task's breaker is stored as tool:task:id; deployment-wide and task-less calls use the
+    tool's name."""
+    registry = CircuitBreakerRegistry()
+    assert registry.breaker("grep", "t-1").name == "grep:task:t-1"
+    assert registry.breaker("grep", None).name == "grep"
+    assert registry.breaker("web_fetch", "t-1").name == "web_fetch"
+    assert registry.breaker("mine", "t-1", declared="deployment").name == "mine"
+
+
+def test_invalid_declared_scope_is_a_config_error() -> None:
+    """A tool declaring a scope other than task or deployment is refused with the fix."""
+
+    class Odd:
+        breaker_scope = "global"
+
+    with pytest.raises(ConfigError, match=r"'odd' declares breaker_scope='global'; use 'task'"):
+        breaker_scope_of("odd", Odd())
+    assert breaker_scope_of("plain", object()) is None
+
+
+@pytest.mark.redis
+def test_redis_task_breakers_have_their_own_keys(redis_client: RedisClientFactory) -> None:
+    """In Redis a task's breaker lives under keys.breaker_key('tool:task:id')."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            registry = CircuitBreakerRegistry(RedisBreakerStore(client))
+            await registry.breaker("run_command", "A").record_failure()
+            assert await client.exists(keys.breaker_key("run_command:task:A")) == 1
+            assert await client.exists(keys.breaker_key("run_command")) == 0
+
+    asyncio.run(scenario())
 
 
 # -- Redis specifics -----------------------------------------------------------------------

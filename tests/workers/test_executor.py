@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from shared.actions import ToolCallAction
+from shared.errors import ConfigError
 from shared.events import RecoveryTriggered
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, Retry
+from tests.conftest import FakeRedisFactory
 from tests.redis_server import RedisClientFactory
 from workers.circuit_breaker import (
     BreakerState,
@@ -26,7 +28,12 @@ from workers.circuit_breaker import (
     RedisBreakerStore,
 )
 from workers.executor import ExecutionReport, ToolExecutor
-from workers.result_cache import InMemoryResultCache, RedisResultCache
+from workers.result_cache import (
+    InMemoryResultCache,
+    RedisResultCache,
+    ResultCache,
+    call_scope,
+)
 from workers.tools.base import Tool, ToolContext, ToolOutput
 
 NO_RECOVERY = Retry(max_attempts=0)
@@ -477,6 +484,130 @@ def test_breakers_are_per_tool() -> None:
     assert not report.observations[1].is_error
 
 
+def _in_task(task_id: str, workspace: str = "/workspace", timeout_s: float = 30.0) -> ToolContext:
+    return ToolContext(workspace=Path(workspace), timeout_s=timeout_s, task_id=task_id)
+
+
+async def _hangs_in_task_a(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    """Task A's command hangs past the timeout; any other task's answers at once."""
+    if ctx.task_id == "A":
+        await asyncio.sleep(5)
+    return ToolOutput(content="exit code: 0\n", metadata={"kind": "command", "exit_code": "0"})
+
+
+async def _breakers_per_task(registry: CircuitBreakerRegistry) -> None:
+    runner = ToolExecutor({"run_command": FakeTool("run_command", _hangs_in_task_a)}, registry)
+    for i in range(3):
+        report = await runner.execute(
+            [call("run_command", f"a{i}")], config(), _in_task("A", timeout_s=0.02)
+        )
+        assert report.observations[0].metadata["error_type"] == "timeout"
+    rejected = await runner.execute([call("run_command", "a3")], config(), _in_task("A"))
+    assert rejected.observations[0].metadata["error_type"] == "circuit_open"
+    assert "in task 'A'" in rejected.observations[0].content
+    check = await runner.execute([call("run_command", "verify-b")], config(), _in_task("B"))
+    assert not check.observations[0].is_error, check.observations[0].content
+
+
+def test_a_tasks_timeouts_do_not_open_another_tasks_breaker() -> None:
+    """Task A's command timing out three times leaves task B's done_when check running (it
+    was refused with 'Circuit open' when breakers were one per tool)."""
+    asyncio.run(_breakers_per_task(CircuitBreakerRegistry(InMemoryBreakerStore(FakeClock()))))
+
+
+@pytest.mark.redis
+def test_a_tasks_timeouts_do_not_open_another_tasks_breaker_on_redis(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The same isolation with the breakers every worker shares in Redis."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            await _breakers_per_task(CircuitBreakerRegistry(RedisBreakerStore(client)))
+
+    asyncio.run(scenario())
+
+
+@dataclass
+class SharedEndpointTool(FakeTool):
+    """A third-party tool that declares its breaker deployment-wide."""
+
+    breaker_scope: str = "deployment"
+
+
+def test_external_tools_keep_one_breaker_for_every_task() -> None:
+    """web_fetch, and a tool declaring breaker_scope='deployment', fail for every task."""
+    down = raising(ConnectionError("endpoint down"))
+    runner = executor(FakeTool("web_fetch", down), SharedEndpointTool("search_api", down))
+    for name in ("web_fetch", "search_api"):
+        for i in range(3):
+            execute(runner, [call(name, f"a{i}")], tool_context=_in_task("A"))
+        refused = execute(runner, [call(name, "b")], tool_context=_in_task("B"))
+        assert refused.observations[0].metadata["error_type"] == "circuit_open", name
+        assert "in task" not in refused.observations[0].content
+
+
+def test_operator_can_make_a_local_tool_deployment_wide() -> None:
+    """CircuitBreakerConfig.scopes overrides the default per-task scope of a tool."""
+    shared = CircuitBreakerConfig(scopes={"run_command": "deployment"})
+    runner = executor(FakeTool("run_command", raising(OSError("x"))), breaker_config=shared)
+    for i in range(3):
+        execute(runner, [call("run_command", f"a{i}")], tool_context=_in_task("A"))
+    refused = execute(runner, [call("run_command", "b")], tool_context=_in_task("B"))
+    assert refused.observations[0].metadata["error_type"] == "circuit_open"
+
+
+def test_executor_refuses_a_tool_with_an_unknown_breaker_scope() -> None:
+    """A tool declaring breaker_scope='global' is a configuration error at construction."""
+    with pytest.raises(ConfigError, match="breaker_scope='global'"):
+        executor(SharedEndpointTool("odd", echo, breaker_scope="global"))
+
+
+async def _cache_per_task_and_workspace(cache: ResultCache) -> None:
+    answers = {"/ws/a": "secret of task A"}
+
+    async def read(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        if str(ctx.workspace) in answers:
+            return ToolOutput(content=answers[str(ctx.workspace)], metadata={"kind": "read"})
+        raise ConnectionError("storage down")
+
+    runner = ToolExecutor(
+        {"file_read": FakeTool("file_read", read)}, CircuitBreakerRegistry(), cache
+    )
+    cached = config(default_recovery={"CachedResult": {"max_staleness": "1h"}})
+    first = call("file_read", "a1", '{"path": "notes.txt"}')
+    await runner.execute([first], cached, _in_task("A", "/ws/a"))
+    answers.clear()
+    for task_id, workspace in [("B", "/ws/b"), ("B", "/ws/a"), ("A", "/ws/b")]:
+        again = call("file_read", "x", '{"path": "notes.txt"}')
+        report = await runner.execute([again], cached, _in_task(task_id, workspace))
+        observation = report.observations[0]
+        assert observation.is_error, (task_id, workspace)
+        assert "secret of task A" not in observation.content
+        assert "no cached result of 'file_read'" in observation.content
+    same = await runner.execute([first], cached, _in_task("A", "/ws/a"))
+    assert same.observations[0].metadata["recovery"] == "cached_result"
+    assert same.observations[0].content.endswith("secret of task A")
+
+
+def test_cached_results_stay_in_their_task_and_workspace() -> None:
+    """A task in another workspace (or another task in the same one) never gets the first
+    task's cached result; the same task and workspace still does."""
+    asyncio.run(_cache_per_task_and_workspace(InMemoryResultCache()))
+
+
+def test_cached_results_stay_in_their_task_and_workspace_on_fakeredis(
+    fake_redis: FakeRedisFactory,
+) -> None:
+    """The same isolation with the Redis cache every worker shares."""
+
+    async def scenario() -> None:
+        async with fake_redis() as client:
+            await _cache_per_task_and_workspace(RedisResultCache(client))
+
+    asyncio.run(scenario())
+
+
 # -- tools, cache, events, infrastructure ---------------------------------------------------
 
 
@@ -518,12 +649,14 @@ def test_successes_are_cached_for_tools_recovered_from_the_cache() -> None:
     cached = config(default_recovery={"CachedResult": {"max_staleness": "1m"}})
     execute(runner, [call("t", "c1", '{"n": 1}'), call("t", "c2", '{"bad": true}')], cached)
 
+    scope = call_scope(None, Path("/workspace"))
+
     async def lookups() -> list[str | None]:
-        hits = [await cache.get("t", args, 60) for args in ({"n": 1}, {"bad": True})]
+        hits = [await cache.get("t", args, 60, scope=scope) for args in ({"n": 1}, {"bad": True})]
         return [hit.content if hit else None for hit in hits]
 
     assert asyncio.run(lookups()) == ["good", None]
-    hit = asyncio.run(cache.get("t", {"n": 1}, 60))
+    hit = asyncio.run(cache.get("t", {"n": 1}, 60, scope=scope))
     assert hit is not None
     assert dict(hit.metadata) == {"kind": "read", "tool_name": "t"}
 
@@ -533,7 +666,8 @@ def test_nothing_is_cached_when_no_recovery_reads_the_cache() -> None:
     cache = InMemoryResultCache()
     runner = executor(FakeTool("t", echo), cache=cache)
     execute(runner, [call("t", "c1", '{"n": 1}')])
-    assert asyncio.run(cache.get("t", {"n": 1}, 60)) is None
+    scope = call_scope(None, Path("/workspace"))
+    assert asyncio.run(cache.get("t", {"n": 1}, 60, scope=scope)) is None
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])

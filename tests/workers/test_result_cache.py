@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from workers.result_cache import (
     RedisResultCache,
     ResultCache,
     arguments_digest,
+    call_digest,
+    call_scope,
     canonical_arguments,
 )
 
@@ -119,6 +122,37 @@ def test_miss_for_other_tool_or_arguments(backend: Backend) -> None:
         assert await cache.get("lookup", {"q": "x"}, 60) is None
 
     _run(backend, body)
+
+
+def test_miss_for_another_task_or_workspace(backend: Backend) -> None:
+    """A result belongs to the task and workspace of its call: another task, another
+    workspace, and an unscoped lookup all miss; the same scope hits."""
+    mine = call_scope("task-a", Path("/ws/a"))
+
+    async def body(cache: ResultCache) -> None:
+        await cache.put("file_read", {"path": "notes.txt"}, "task A's notes", {}, scope=mine)
+        for other in (
+            call_scope("task-b", Path("/ws/b")),
+            call_scope("task-b", Path("/ws/a")),
+            call_scope("task-a", Path("/ws/b")),
+            "",
+        ):
+            assert await cache.get("file_read", {"path": "notes.txt"}, 60, scope=other) is None
+        hit = await cache.get("file_read", {"path": "notes.txt"}, 60, scope=mine)
+        assert hit is not None
+        assert hit.content == "task A's notes"
+
+    _run(backend, body)
+
+
+def test_call_digest_depends_on_the_scope() -> None:
+    """Unscoped, a call's digest is its arguments' digest; a scope changes it."""
+    arguments = {"q": "x"}
+    assert call_digest(arguments) == arguments_digest(arguments)
+    scoped = call_digest(arguments, call_scope("t", "/ws"))
+    assert scoped != arguments_digest(arguments)
+    assert scoped == call_digest({"q": "x"}, call_scope("t", Path("/ws")))
+    assert scoped != call_digest(arguments, call_scope("t", "/ws2"))
 
 
 def test_newer_result_replaces_older(backend: Backend) -> None:
