@@ -23,11 +23,19 @@ Differences from Symbiont, all deliberate fixes:
   window instead of returning over budget.
 - ``manage_context`` returns True when anything was dropped, masked or summarised, so the
   compaction reaches the stagnation detector.
+
+**Pinned messages** (``ConversationMessage.pinned``: the system prompt, the goal and the current
+step's instruction) are never dropped, masked, summarised or moved by any strategy: they stay
+whole and in their original order, and the budget is spent on the other messages. A pinned tool
+call or result keeps its whole tool group, so pins never orphan a result. When the pinned
+messages alone exceed the budget they are kept anyway; ``DefaultContextManager.fit`` says so
+(``ContextFit.pinned_over_budget``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Annotated, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -37,11 +45,13 @@ from shared.conversation import (
     ConversationMessage,
     MessageRole,
     estimate_message_tokens,
+    pins_group,
     tool_groups,
 )
 
 __all__ = [
     "AnchoredSummary",
+    "ContextFit",
     "ContextManager",
     "ContextStrategy",
     "DefaultContextManager",
@@ -108,6 +118,31 @@ def estimate_tokens(messages: Conversation | Iterable[ConversationMessage]) -> i
     return sum(estimate_message_tokens(m) for m in messages)
 
 
+@dataclass(frozen=True, slots=True)
+class ContextFit:
+    """What one fitting did, in estimated tokens.
+
+    ``pinned_over_budget``: the pinned messages alone cost more than ``max_tokens``; they were
+    kept anyway, so the conversation stays over the budget.
+    """
+
+    max_tokens: int
+    tokens_before: int
+    tokens_after: int
+    pinned_tokens: int
+    compacted: bool
+
+    @property
+    def over_budget(self) -> bool:
+        """The fitted conversation is still larger than the budget."""
+        return self.tokens_after > self.max_tokens
+
+    @property
+    def pinned_over_budget(self) -> bool:
+        """The pinned messages alone are larger than the budget."""
+        return self.pinned_tokens > self.max_tokens
+
+
 class DefaultContextManager:
     """Applies one ``ContextStrategy``; the default is the sliding window."""
 
@@ -125,11 +160,25 @@ class DefaultContextManager:
 
     def manage_context(self, conversation: Conversation, max_tokens: int) -> bool:
         """Fit ``conversation`` into ``max_tokens``; True when anything was compacted."""
+        return self.fit(conversation, max_tokens).compacted
+
+    def fit(self, conversation: Conversation, max_tokens: int) -> ContextFit:
+        """Fit ``conversation`` into ``max_tokens``, pinned messages kept; what it did."""
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}; pass the token budget")
-        if conversation.estimate_tokens() <= max_tokens:
-            return False
+        tokens_before = conversation.estimate_tokens()
         before = list(conversation.messages)
+        if tokens_before > max_tokens:
+            self._compact(conversation, max_tokens)
+        return ContextFit(
+            max_tokens=max_tokens,
+            tokens_before=tokens_before,
+            tokens_after=conversation.estimate_tokens(),
+            pinned_tokens=estimate_tokens(conversation.pinned_messages()),
+            compacted=conversation.messages != before,
+        )
+
+    def _compact(self, conversation: Conversation, max_tokens: int) -> None:
         strategy = self._strategy
         if isinstance(strategy, ObservationMasking):
             conversation.messages = _masked(conversation.messages, strategy.keep_recent)
@@ -137,14 +186,14 @@ class DefaultContextManager:
             conversation.messages = _anchored(conversation.messages, strategy.recent_count)
         if conversation.estimate_tokens() > max_tokens:
             conversation.truncate_to_budget(max_tokens)
-        return conversation.messages != before
 
 
 def _masked(messages: list[ConversationMessage], keep_recent: int) -> list[ConversationMessage]:
-    """Tool results before the newest ``keep_recent`` messages get a placeholder content."""
+    """Unpinned tool results before the newest ``keep_recent`` messages get a placeholder."""
     cut = len(messages) - min(keep_recent, len(messages))
     return [
-        _mask(m) if i < cut and m.role is MessageRole.TOOL else m for i, m in enumerate(messages)
+        _mask(m) if i < cut and m.role is MessageRole.TOOL and not m.pinned else m
+        for i, m in enumerate(messages)
     ]
 
 
@@ -154,13 +203,28 @@ def _mask(message: ConversationMessage) -> ConversationMessage:
 
 
 def _anchored(messages: list[ConversationMessage], recent_count: int) -> list[ConversationMessage]:
-    """Anchors, then one summary of the middle, then the recent window aligned to tool groups."""
+    """Anchors, then the middle summarised, then the recent window aligned to tool groups."""
     anchor_end = _anchor_end(messages)
     keep_recent = min(recent_count, len(messages) - anchor_end)
     recent_start = _group_start_at_or_before(messages, anchor_end, len(messages) - keep_recent)
-    middle = messages[anchor_end:recent_start]
-    summary = [_summary(middle)] if middle else []
-    return messages[:anchor_end] + summary + messages[recent_start:]
+    middle = _summarised(messages[anchor_end:recent_start])
+    return messages[:anchor_end] + middle + messages[recent_start:]
+
+
+def _summarised(middle: list[ConversationMessage]) -> list[ConversationMessage]:
+    """The pinned messages of ``middle`` (with the tool groups they pin), in order, each run
+    of unpinned messages between them replaced by one summary line."""
+    out: list[ConversationMessage] = []
+    omitted: list[ConversationMessage] = []
+    for group in tool_groups(middle):
+        pinned_whole = any(pins_group(m) for m in group)
+        stays = [m for m in group if pinned_whole or m.pinned]
+        if stays:
+            out.extend([_summary(omitted)] if omitted else [])
+            out.extend(stays)
+            omitted = []
+        omitted.extend(m for m in group if not (pinned_whole or m.pinned))
+    return out + ([_summary(omitted)] if omitted else [])
 
 
 def _anchor_end(messages: list[ConversationMessage]) -> int:

@@ -4,6 +4,11 @@ Token estimates follow Symbiont exactly (UTF-8 byte lengths, ``max(b*10//33, 1) 
 so budgets behave the same. Unlike Symbiont, ``to_anthropic_messages`` keeps *every* system message:
 they are merged, in order, into the system prompt, so knowledge and pre-hydrated context reach
 Anthropic models too.
+
+A message can be **pinned** (``pinned=True``): the system prompt, the goal and the current step's
+instruction are, so that no context strategy drops them, truncates them or moves them (see
+``shared.context_manager``). The flag is a field of the record, serialised with a default so
+records written before it load unchanged; the provider formats never carry it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ __all__ = [
     "ConversationMessage",
     "MessageRole",
     "estimate_message_tokens",
+    "pins_group",
     "tool_groups",
 ]
 
@@ -38,7 +44,11 @@ class MessageRole(StrEnum):
 
 
 class ConversationMessage(BaseModel):
-    """One message; assistant messages may carry tool calls, tool messages answer one call."""
+    """One message; assistant messages may carry tool calls, tool messages answer one call.
+
+    ``pinned`` messages survive every compaction whole and in their place (a pinned tool call
+    or result keeps its whole tool group with it).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -47,16 +57,17 @@ class ConversationMessage(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     tool_name: str | None = None
+    pinned: bool = False
 
     @classmethod
-    def system(cls, content: str) -> ConversationMessage:
-        """A system message."""
-        return cls(role=MessageRole.SYSTEM, content=content)
+    def system(cls, content: str, *, pin: bool = False) -> ConversationMessage:
+        """A system message; ``pin=True`` for the system prompt."""
+        return cls(role=MessageRole.SYSTEM, content=content, pinned=pin)
 
     @classmethod
-    def user(cls, content: str) -> ConversationMessage:
-        """A user message."""
-        return cls(role=MessageRole.USER, content=content)
+    def user(cls, content: str, *, pin: bool = False) -> ConversationMessage:
+        """A user message; ``pin=True`` for the goal and the current step's instruction."""
+        return cls(role=MessageRole.USER, content=content, pinned=pin)
 
     @classmethod
     def assistant(cls, content: str) -> ConversationMessage:
@@ -76,6 +87,14 @@ class ConversationMessage(BaseModel):
         return cls(
             role=MessageRole.TOOL, content=content, tool_call_id=tool_call_id, tool_name=tool_name
         )
+
+    def pinned_copy(self) -> ConversationMessage:
+        """This message, pinned (itself when it already is)."""
+        return self if self.pinned else self.model_copy(update={"pinned": True})
+
+    def unpinned_copy(self) -> ConversationMessage:
+        """This message, no longer pinned (itself when it is not)."""
+        return self.model_copy(update={"pinned": False}) if self.pinned else self
 
     def estimate_tokens(self) -> int:
         """Symbiont's estimate for this message."""
@@ -98,9 +117,9 @@ class Conversation(BaseModel):
     messages: list[ConversationMessage] = Field(default_factory=list)
 
     @classmethod
-    def with_system(cls, content: str) -> Conversation:
-        """A conversation that starts with a system prompt."""
-        return cls(messages=[ConversationMessage.system(content)])
+    def with_system(cls, content: str, *, pin: bool = False) -> Conversation:
+        """A conversation that starts with a system prompt (pinned with ``pin=True``)."""
+        return cls(messages=[ConversationMessage.system(content, pin=pin)])
 
     def push(self, message: ConversationMessage) -> None:
         """Append a message."""
@@ -133,6 +152,37 @@ class Conversation(BaseModel):
         """The most recent user message (the task input for pre-hydration)."""
         return next((m for m in reversed(self.messages) if m.role is MessageRole.USER), None)
 
+    # -- pins -------------------------------------------------------------------------------
+
+    def pinned_messages(self) -> list[ConversationMessage]:
+        """The pinned messages, in order."""
+        return [m for m in self.messages if m.pinned]
+
+    def pin_task(self) -> int:
+        """Pin the opening messages (every system and user message before the first assistant
+        or tool message: the system prompt and the task) unless a message is pinned already.
+
+        For callers that hand over a conversation built without pins; returns how many
+        messages it pinned.
+        """
+        if any(m.pinned for m in self.messages):
+            return 0
+        opening = 0
+        for message in self.messages:
+            if message.role not in (MessageRole.SYSTEM, MessageRole.USER):
+                break
+            opening += 1
+        self.messages[:opening] = [m.pinned_copy() for m in self.messages[:opening]]
+        return opening
+
+    def unpin(self, content: str) -> int:
+        """Unpin the pinned messages whose content is ``content`` (the previous step's
+        instruction when the next step starts); returns how many it unpinned."""
+        hits = [i for i, m in enumerate(self.messages) if m.pinned and m.content == content]
+        for index in hits:
+            self.messages[index] = self.messages[index].unpinned_copy()
+        return len(hits)
+
     # -- provider formats -------------------------------------------------------------------
 
     def to_openai_messages(self) -> list[dict[str, Any]]:
@@ -164,26 +214,26 @@ class Conversation(BaseModel):
     # -- budget -----------------------------------------------------------------------------
 
     def truncate_to_budget(self, max_tokens: int) -> bool:
-        """Sliding window: keep the leading system prompt and the newest whole tool groups.
+        """Sliding window: keep the leading system prompt, every pinned message and the newest
+        whole tool groups, in their original order.
 
-        Groups keep an assistant tool-call message with all of its tool results. Newest groups
+        Groups keep an assistant tool-call message with all of its tool results. A group with a
+        pinned call or result is kept whole; a pinned plain message inside a group stays while
+        the rest of the group is kept or dropped as one. The system prompt and the pinned
+        messages are paid for first and the rest of the budget goes to the newest groups: they
         are accepted while they fit; at the first that does not, older ones are not tried. The
         newest group is always kept (unless it is a stray tool result and an older group exists),
-        and leading orphan tool messages are removed. Returns True when any message was dropped.
+        even when the pinned messages alone exceed the budget, and unpinned tool results left
+        without their call are removed. Returns True when any message was dropped.
         """
         if self.estimate_tokens() <= max_tokens:
             return False
-        before = len(self.messages)
-        head: list[ConversationMessage] = []
-        rest = self.messages
-        if rest and rest[0].role is MessageRole.SYSTEM:
-            head, rest = [rest[0]], rest[1:]
-        remaining = max(max_tokens - sum(estimate_message_tokens(m) for m in head), 0)
-        flat = _newest_groups_within(tool_groups(rest), remaining)
-        while flat and flat[0].role is MessageRole.TOOL:
-            flat.pop(0)
-        self.messages = head + flat
-        return len(self.messages) != before
+        messages = self.messages
+        fixed, units = _window_units(messages)
+        remaining = max(max_tokens - sum(estimate_message_tokens(messages[i]) for i in fixed), 0)
+        keep = set(fixed).union(_newest_units_within(messages, units, remaining))
+        self.messages = _without_orphan_results([m for i, m in enumerate(messages) if i in keep])
+        return len(self.messages) != len(messages)
 
     def inject_knowledge_context(self, text: str) -> None:
         """Insert or replace the ``[KNOWLEDGE_CONTEXT]`` message, just after the system prompt."""
@@ -226,27 +276,60 @@ def tool_groups(messages: list[ConversationMessage]) -> list[list[ConversationMe
     return groups
 
 
-def _newest_groups_within(
-    groups: list[list[ConversationMessage]], budget: int
-) -> list[ConversationMessage]:
-    """The newest whole groups that fit, stopping at the first that does not (at least one)."""
-    kept: list[list[ConversationMessage]] = []
+def pins_group(message: ConversationMessage) -> bool:
+    """True for a pinned tool call or result: its whole tool group must stay with it."""
+    return message.pinned and (bool(message.tool_calls) or message.role is MessageRole.TOOL)
+
+
+def _window_units(messages: list[ConversationMessage]) -> tuple[list[int], list[list[int]]]:
+    """The indices the window always keeps (the leading system prompt, the pinned messages and
+    the groups they pin) and the droppable units (groups less their pinned messages), oldest
+    first."""
+    fixed: list[int] = []
+    units: list[list[int]] = []
+    start = 1 if messages and messages[0].role is MessageRole.SYSTEM else 0
+    fixed.extend(range(start))
+    for group in tool_groups(messages[start:]):
+        indices = list(range(start, start + len(group)))
+        start += len(group)
+        if any(pins_group(m) for m in group):
+            fixed.extend(indices)
+            continue
+        fixed.extend(i for i in indices if messages[i].pinned)
+        unit = [i for i in indices if not messages[i].pinned]
+        if unit:
+            units.append(unit)
+    return fixed, units
+
+
+def _newest_units_within(
+    messages: list[ConversationMessage], units: list[list[int]], budget: int
+) -> list[int]:
+    """The newest whole units that fit, stopping at the first that does not (at least one)."""
+    kept: list[int] = []
     used = 0
-    for group in reversed(groups):
-        cost = sum(estimate_message_tokens(m) for m in group)
+    for unit in reversed(units):
+        cost = sum(estimate_message_tokens(messages[i]) for i in unit)
         if used + cost > budget:
             break
-        kept.append(group)
+        kept.extend(unit)
         used += cost
-    if not kept and groups:
-        kept.append(_floor_group(groups))
-    return [m for group in reversed(kept) for m in group]
+    if not kept and units:
+        usable = [u for u in units if messages[u[0]].role is not MessageRole.TOOL]
+        kept = usable[-1] if usable else units[-1]
+    return kept
 
 
-def _floor_group(groups: list[list[ConversationMessage]]) -> list[ConversationMessage]:
-    """The group kept when none fits: the newest one that is not a stray tool result."""
-    usable = [g for g in groups if g[0].role is not MessageRole.TOOL]
-    return usable[-1] if usable else groups[-1]
+def _without_orphan_results(messages: list[ConversationMessage]) -> list[ConversationMessage]:
+    """Drop the unpinned tool results whose call is not among the messages before them."""
+    calls: set[str] = set()
+    kept: list[ConversationMessage] = []
+    for message in messages:
+        calls.update(call.id for call in message.tool_calls)
+        orphan = message.role is MessageRole.TOOL and message.tool_call_id not in calls
+        if not orphan or message.pinned:
+            kept.append(message)
+    return kept
 
 
 def _openai_message(message: ConversationMessage) -> dict[str, Any]:

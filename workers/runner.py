@@ -279,7 +279,12 @@ class ReasoningLoopRunner:
     async def run(
         self, agent_id: str, conversation: Conversation, config: LoopConfig
     ) -> LoopResult:
-        """Run until a final answer, a limit, the timeout, or a stagnation verdict."""
+        """Run until a final answer, a limit, the timeout, or a stagnation verdict.
+
+        The system prompt and the task (the opening system and user messages) are pinned, so
+        no context strategy drops them, unless the caller pinned messages itself.
+        """
+        conversation.pin_task()
         config = self._prepare_config(config)
         state = LoopState(agent_id=agent_id, conversation=conversation)
         await self.emit(state, Started(agent_id=agent_id, config=config))

@@ -274,3 +274,123 @@ def test_every_strategy_keeps_tool_pairs_and_reports_changes(
         assert conv.messages[0] == Msg.system("sys")
     if estimate_tokens(messages) <= budget:
         assert not changed
+
+
+# -- pinned messages ------------------------------------------------------------------------
+
+_ALL_STRATEGIES = [SlidingWindow(), ObservationMasking(), AnchoredSummary(recent_count=6)]
+
+
+def _pinned_fixture(*indices: int) -> Conversation:
+    """The fixture with the system prompt, question 0 (the goal) and ``indices`` pinned."""
+    conv = _long_conversation()
+    for index in (0, 1, *indices):
+        conv.messages[index] = conv.messages[index].pinned_copy()
+    return conv
+
+
+@pytest.mark.parametrize("strategy", _ALL_STRATEGIES)
+@pytest.mark.parametrize("budget", [0, 150, 300, 700, 3100])
+def test_every_strategy_keeps_the_pinned_messages(strategy: ContextStrategy, budget: int) -> None:
+    """System prompt, goal and a step instruction deep in the middle all survive, in order."""
+    conv = _pinned_fixture(41)
+    pinned = conv.pinned_messages()
+    fit = DefaultContextManager(strategy).fit(conv, budget)
+    assert fit.compacted
+    assert conv.pinned_messages() == pinned
+    assert conv.messages[:2] == pinned[:2]
+    _assert_paired(conv)
+    assert fit.tokens_after == conv.estimate_tokens() < fit.tokens_before == 3664
+    assert fit.pinned_tokens == estimate_tokens(pinned) == 86
+
+
+def test_sliding_window_spends_the_budget_on_the_rest() -> None:
+    """Budget 300: the 86 pinned tokens first, then the newest round that fits."""
+    conv = _pinned_fixture(41)
+    DefaultContextManager(SlidingWindow()).manage_context(conv, 300)
+    assert [m.pinned for m in conv.messages] == [True, True, True, False, False, False, False]
+    assert conv.messages[3].content.startswith("Research question 19 ")
+    assert conv.estimate_tokens() == 269
+
+
+def test_anchored_summary_summarises_around_a_pinned_step() -> None:
+    """The pinned step stays between two summaries, each of the messages on its side."""
+    conv = _pinned_fixture(41)
+    DefaultContextManager(AnchoredSummary(recent_count=6)).manage_context(conv, 700)
+    contents = [m.content for m in conv.messages]
+    assert contents[2].startswith("[Context summary: 39 messages omitted (10 tool calls")
+    assert contents[3].startswith("Research question 10 ")
+    assert contents[4].startswith("[Context summary: 32 messages omitted (8 tool calls")
+    assert conv.messages[3].pinned
+    _assert_paired(conv)
+
+
+def test_observation_masking_never_masks_a_pinned_result() -> None:
+    """A pinned tool result keeps its content while the results around it are masked."""
+    conv = _pinned_fixture(3)
+    result = conv.messages[3]
+    DefaultContextManager(ObservationMasking()).manage_context(conv, 3200)
+    assert conv.messages[3] == result
+    assert "omitted" in conv.messages[7].content
+
+
+@pytest.mark.parametrize("strategy", _ALL_STRATEGIES)
+def test_pinned_messages_over_the_budget_are_kept_and_reported(strategy: ContextStrategy) -> None:
+    """Pins larger than the budget stay whole; fit reports the overrun."""
+    conv = Conversation.with_system("You are careful. " * 40, pin=True)
+    conv.push(Msg.user("Goal: " + "fix everything " * 40, pin=True))
+    conv.push(Msg.assistant_tool_calls([ToolCall(id="c1", name="t")]))
+    conv.push(Msg.tool_result("c1", "t", "output " * 100))
+    conv.push(Msg.assistant("newest"))
+    pinned = conv.pinned_messages()
+    fit = DefaultContextManager(strategy).fit(conv, 100)
+    assert conv.pinned_messages() == pinned
+    assert conv.messages[-1] == Msg.assistant("newest")
+    assert (fit.compacted, fit.pinned_over_budget, fit.over_budget) == (True, True, True)
+
+
+def test_fit_within_budget_reports_nothing_done() -> None:
+    """A conversation within budget: not compacted, not over, pins counted."""
+    conv = Conversation.with_system("sys", pin=True)
+    fit = DefaultContextManager().fit(conv, 1000)
+    assert (fit.compacted, fit.over_budget, fit.pinned_over_budget) == (False, False, False)
+    assert fit.tokens_before == fit.tokens_after == fit.pinned_tokens == 8
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    rounds=_rounds,
+    with_system=st.booleans(),
+    pins=st.sets(st.integers(0, 400), max_size=6),
+    strategy=_strategies,
+    budget=st.integers(0, 300),
+)
+def test_every_strategy_keeps_every_pinned_message_in_order(
+    rounds: list[tuple[int, int, int]],
+    with_system: bool,
+    pins: set[int],
+    strategy: ContextStrategy,
+    budget: int,
+) -> None:
+    """Random conversations, random pins, small budgets: every pinned message survives whole
+    and in order, no tool result is orphaned, and fit reports the pins' cost."""
+    messages = [Msg.system("sys")] if with_system else []
+    for index, (kind, size, calls) in enumerate(rounds):
+        messages.extend(_round(kind, index, size, calls))
+    at = {p % len(messages) for p in pins} if messages else set()
+    messages = [m.pinned_copy() if i in at else m for i, m in enumerate(messages)]
+    pinned = [m for m in messages if m.pinned]
+    conv = Conversation(messages=list(messages))
+    fit = DefaultContextManager(strategy).fit(conv, budget)
+    assert conv.pinned_messages() == pinned
+    _assert_paired(conv)
+    call_ids = {c.id for m in conv.messages for c in m.tool_calls}
+    assert call_ids == {m.tool_call_id for m in conv.messages if m.role is MessageRole.TOOL}
+    assert fit.compacted is (conv.messages != messages)
+    assert fit.pinned_tokens == estimate_tokens(pinned)
+    assert fit.pinned_over_budget is (estimate_tokens(pinned) > budget)
+    assert fit.over_budget or conv.estimate_tokens() <= budget
+    if fit.pinned_over_budget:
+        assert fit.over_budget
+    if with_system and messages:
+        assert conv.messages[0] == messages[0]

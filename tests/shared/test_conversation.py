@@ -382,3 +382,120 @@ def test_pop_and_last_user_message() -> None:
     assert conv.pop() is not None
     assert conv.pop() is None
     assert conv.is_empty()
+
+
+# -- pins -----------------------------------------------------------------------------------
+
+
+def _pinned_task(*, step: str = "Step 1 of 1 (fix): fix it") -> Conversation:
+    conv = Conversation.with_system("sys", pin=True)
+    conv.push(Msg.user("Goal: the goal", pin=True))
+    conv.push(Msg.user(step, pin=True))
+    return conv
+
+
+def test_messages_are_unpinned_by_default_and_pinned_on_request() -> None:
+    """The factories pin only with pin=True; pinned_copy and unpinned_copy toggle the flag."""
+    assert not Msg.user("u").pinned
+    assert not Conversation.with_system("s").messages[0].pinned
+    assert Msg.user("u", pin=True) == Msg.user("u").pinned_copy()
+    assert Msg.system("s", pin=True).pinned
+    assert Conversation.with_system("s", pin=True).messages[0].pinned
+    pinned = Msg.user("u", pin=True)
+    assert pinned.pinned_copy() is pinned
+    assert pinned.unpinned_copy() == Msg.user("u")
+    assert Msg.user("u").unpinned_copy() == Msg.user("u")
+
+
+def test_records_without_the_pinned_field_still_load() -> None:
+    """A message written before pins existed loads unpinned; a pinned one round-trips."""
+    old = '{"messages": [{"role": "user", "content": "Goal: x", "tool_calls": [],'
+    old += ' "tool_call_id": null, "tool_name": null}]}'
+    assert Conversation.model_validate_json(old).messages == [Msg.user("Goal: x")]
+    conv = _pinned_task()
+    conv.push(Msg.assistant("working"))
+    restored = Conversation.model_validate_json(conv.model_dump_json())
+    assert restored == conv
+    assert [m.pinned for m in restored.messages] == [True, True, True, False]
+
+
+def test_provider_formats_never_carry_the_pin() -> None:
+    """The OpenAI and Anthropic bodies of a pinned conversation equal the unpinned ones."""
+    pinned = _pinned_task()
+    pinned.push(Msg.assistant_tool_calls([_call("c1", "t")]))
+    pinned.push(Msg.tool_result("c1", "t", "out").pinned_copy())
+    plain = Conversation(messages=[m.unpinned_copy() for m in pinned.messages])
+    assert pinned.to_openai_messages() == plain.to_openai_messages()
+    assert pinned.to_anthropic_messages() == plain.to_anthropic_messages()
+    assert "pinned" not in repr(pinned.to_openai_messages() + pinned.to_anthropic_messages()[1])
+
+
+def test_pin_task_pins_the_opening_messages_only_when_nothing_is_pinned() -> None:
+    """pin_task pins the system and user messages before the model first spoke."""
+    conv = Conversation.with_system("sys")
+    conv.push(Msg.user("goal"))
+    conv.push(Msg.user("step"))
+    conv.push(Msg.assistant("ok"))
+    conv.push(Msg.user("later"))
+    assert conv.pin_task() == 3
+    assert [m.content for m in conv.pinned_messages()] == ["sys", "goal", "step"]
+    assert conv.pin_task() == 0
+    chosen = Conversation(messages=[Msg.system("sys"), Msg.user("goal", pin=True)])
+    assert chosen.pin_task() == 0
+    assert [m.content for m in chosen.pinned_messages()] == ["goal"]
+
+
+def test_unpin_releases_the_previous_step() -> None:
+    """unpin(content) unpins exactly the pinned messages with that content."""
+    conv = _pinned_task(step="Step 1")
+    conv.push(Msg.user("Step 1"))
+    conv.push(Msg.user("Step 2", pin=True))
+    assert conv.unpin("Step 1") == 1
+    assert [m.content for m in conv.pinned_messages()] == ["sys", "Goal: the goal", "Step 2"]
+    assert conv.unpin("missing") == 0
+
+
+def test_truncate_keeps_pinned_messages_in_order_even_over_budget() -> None:
+    """Budget 0: the pinned messages and the newest group stay, in their original order."""
+    conv = _twenty_rounds()
+    conv.messages[5] = conv.messages[5].pinned_copy()
+    conv.messages[21] = conv.messages[21].pinned_copy()
+    pinned = conv.pinned_messages()
+    assert conv.truncate_to_budget(0) is True
+    assert conv.messages == [conv.messages[0], *pinned, Msg.assistant("Reply 19")]
+
+
+def test_truncate_spends_the_budget_on_the_rest() -> None:
+    """Budget 100, 31 of it pinned: the newest 64 tokens (rounds 18 and 19) fill the rest."""
+    conv = _twenty_rounds()
+    conv.messages[1] = conv.messages[1].pinned_copy()
+    assert conv.truncate_to_budget(100) is True
+    assert [m.content for m in conv.messages] == [
+        "sys",
+        "Message number 0 with some extra text to take up tokens",
+        "Message number 18 with some extra text to take up tokens",
+        "Reply 18",
+        "Message number 19 with some extra text to take up tokens",
+        "Reply 19",
+    ]
+    assert conv.estimate_tokens() == 95
+
+
+def test_truncate_keeps_the_whole_group_of_a_pinned_result() -> None:
+    """A pinned tool result keeps its call and the call's other results."""
+    conv = _eight_tool_rounds()
+    conv.messages[3] = conv.messages[3].pinned_copy()
+    call, result, newest = conv.messages[2], conv.messages[3], conv.messages[-1]
+    conv.truncate_to_budget(0)
+    assert conv.messages == [conv.messages[0], call, result, newest]
+    assert call.tool_calls[0].id == result.tool_call_id == "call_0"
+
+
+def test_truncate_drops_a_group_around_a_pinned_plain_message() -> None:
+    """A pinned user message between a call and its result stays; the pair goes as one."""
+    call = Msg.assistant_tool_calls([_call("c1", "t")])
+    result = Msg.tool_result("c1", "t", "r" * 300)
+    conv = Conversation(messages=[Msg.system("sys"), call, Msg.user("note", pin=True), result])
+    conv.push(Msg.assistant("newest"))
+    conv.truncate_to_budget(0)
+    assert [m.content for m in conv.messages] == ["sys", "note", "newest"]

@@ -11,6 +11,13 @@ from typing import Any
 import pytest
 
 from shared.actions import Allow, Deny, GateDecision, ProposedAction, ToolCallAction
+from shared.context_manager import (
+    AnchoredSummary,
+    ContextStrategy,
+    DefaultContextManager,
+    ObservationMasking,
+    SlidingWindow,
+)
 from shared.conventions import InMemoryKnowledgeStore, KnowledgeItem
 from shared.conversation import Conversation, ConversationMessage, MessageRole
 from shared.events import JournalEntry
@@ -524,3 +531,103 @@ def test_store_knowledge_and_learnings_only_with_auto_persist(tmp_path: Path) ->
     runner, store = _knowledge_runner(tmp_path / "again", replies, auto_persist=True)
     _run(runner)
     assert len(store.items("agent-1")) == 5
+
+
+# -- compaction keeps the task ----------------------------------------------------------------
+
+SYSTEM = "You are a careful engineer."
+GOAL = "Goal: make add() in calc.py add."
+STEP = "Step 1 of 1 (fix): read calc.py until you are sure, then fix it."
+
+
+def _task_conversation() -> Conversation:
+    """The task as the coordinator writes it, without pins: the runner pins it itself."""
+    conversation = Conversation.with_system(SYSTEM)
+    conversation.push(ConversationMessage.user(GOAL))
+    conversation.push(ConversationMessage.user(STEP))
+    return conversation
+
+
+def _assert_keeps_the_task(conversation: Conversation) -> None:
+    """The system prompt, the goal and the step lead the request, and no result is orphaned."""
+    assert [(m.role, m.content) for m in conversation.messages[:3]] == [
+        (MessageRole.SYSTEM, SYSTEM),
+        (MessageRole.USER, GOAL),
+        (MessageRole.USER, STEP),
+    ]
+    calls = {c.id for m in conversation.messages for c in m.tool_calls}
+    assert {m.tool_call_id for m in conversation.messages if m.role is MessageRole.TOOL} <= calls
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [SlidingWindow(), ObservationMasking(keep_recent=4), AnchoredSummary(recent_count=4)],
+)
+def test_a_long_run_under_a_tiny_budget_keeps_the_task_in_every_request(
+    tmp_path: Path, strategy: ContextStrategy
+) -> None:
+    """40 iterations at a 250-token budget: every model request has the system prompt, the
+    goal and the step instruction, although most of the history is compacted away."""
+    workspace = _workspace(tmp_path)
+    (workspace / "notes.txt").write_text("a note about calc.py\n" * 20)
+    reads = [
+        {"tool_calls": [{"name": "file_read", "arguments": {"path": "notes.txt"}}]}
+        for _ in range(40)
+    ]
+    provider = ScriptedProvider.from_replies([*reads, "done"])
+    runner = ReasoningLoopRunner(
+        provider=provider,
+        executor=local_dispatcher(),
+        context_manager=DefaultContextManager(strategy),
+        workspace=workspace,
+    )
+    config = LoopConfig(max_iterations=50, context_token_budget=250)
+    result = asyncio.run(runner.run("agent-1", _task_conversation(), config))
+    assert result.termination_reason.kind is TerminationKind.COMPLETED
+    assert result.iterations == 41
+    requests = provider.requests
+    assert len(requests) == 41
+    for request in requests:
+        _assert_keeps_the_task(request.conversation)
+    assert max(len(r.conversation) for r in requests) <= 12
+    assert len(result.conversation) < 40
+
+
+def test_a_caller_that_pins_chooses_what_stays(tmp_path: Path) -> None:
+    """With a pin of its own the runner pins nothing more: an unpinned step can be dropped."""
+    workspace = _workspace(tmp_path)
+    conversation = Conversation.with_system(SYSTEM, pin=True)
+    conversation.push(ConversationMessage.user(GOAL, pin=True))
+    conversation.push(ConversationMessage.user("an old note " * 40))
+    reads = [{"tool_calls": [{"name": "file_read", "arguments": {"path": "calc.py"}}]}] * 5
+    provider = ScriptedProvider.from_replies([*reads, "done"])
+    runner = ReasoningLoopRunner(
+        provider=provider, executor=local_dispatcher(), workspace=workspace
+    )
+    config = LoopConfig(max_iterations=10, context_token_budget=120)
+    asyncio.run(runner.run("agent-1", conversation, config))
+    last = provider.requests[-1].conversation
+    assert [m.content for m in last.pinned_messages()] == [SYSTEM, GOAL]
+    assert all("an old note" not in m.content for m in last.messages)
+
+
+def test_pins_never_reach_the_provider_wire(tmp_path: Path) -> None:
+    """Under a tiny budget the OpenAI bodies keep the task and carry no pinned field."""
+    workspace = _workspace(tmp_path)
+    with FakeOpenAIServer(api_key="sk-test") as server:
+        for n in range(6):
+            server.respond_tool_calls([(f"call_{n}", "file_read", {"path": "calc.py"})])
+        server.respond_text("done")
+        provider = OpenAICompatProvider(base_url=server.base_url, api_key="sk-test", model="gpt-4o")
+        runner = ReasoningLoopRunner(
+            provider=provider, executor=local_dispatcher(), workspace=workspace
+        )
+        config = LoopConfig(max_iterations=10, context_token_budget=150)
+        result = asyncio.run(runner.run("agent-1", _task_conversation(), config))
+        bodies = [r.body for r in server.requests]
+    assert result.output == "done"
+    assert len(bodies) == 7
+    for body in bodies:
+        assert [m.get("content") for m in body["messages"][:3]] == [SYSTEM, GOAL, STEP]
+        assert "pinned" not in json.dumps(body["messages"])
+    assert len(bodies[-1]["messages"]) < 3 + 2 * 6
