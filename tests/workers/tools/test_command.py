@@ -5,6 +5,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +18,7 @@ import pytest
 
 from shared.errors import ConfigError
 from workers.tools import CommandEnvironment, RunCommandTool, ToolContext, ToolOutput
+from workers.tools.command import DEFAULT_PATH, CommandLimits
 
 
 def _run(
@@ -163,25 +169,181 @@ def test_timeout_is_capped_by_the_context(tmp_path: Path) -> None:
 
 
 def test_background_processes_do_not_outlive_the_command(tmp_path: Path) -> None:
-    """A command that leaves a child behind returns at once, and the child is killed."""
+    """A command that leaves a child behind returns at once, the child is killed, and the
+    output says so."""
     started = time.monotonic()
     output = _run(tmp_path, "sleep 30 & echo $!", timeout_s=10)
     assert time.monotonic() - started < 3
     assert output.metadata["exit_code"] == "0"
-    assert _wait_gone(int(output.content.splitlines()[1]))
+    assert output.metadata["killed_processes"] == "1"
+    assert "[the command left 1 process running when it ended; it was killed]" in output.content
+    assert _wait_gone(int(output.content.splitlines()[-1]))
 
 
-def test_detached_process_holding_the_output_is_abandoned(tmp_path: Path) -> None:
-    """A process that escaped the group and keeps stdout open does not block the call."""
+def test_detached_process_holding_the_output_is_killed(tmp_path: Path) -> None:
+    """A process that left the group with setsid and keeps stdout open is killed at once:
+    the call neither waits for it nor leaves it running (it was abandoned, still running)."""
     started = time.monotonic()
     command = (
-        "setsid sh -c 'touch detached; sleep 2' & "
-        "while [ ! -e detached ]; do sleep 0.01; done; echo started"
+        "setsid sh -c 'echo $$ > detached.pid; sleep 30' & "
+        "while [ ! -s detached.pid ]; do sleep 0.01; done; echo started"
     )
     output = _run(tmp_path, command, timeout_s=10)
     assert time.monotonic() - started < 2.5
-    assert "stopped reading it" in output.content
+    assert "stopped reading it" not in output.content
     assert "started" in output.content
+    assert _is_gone(int((tmp_path / "detached.pid").read_text()))
+
+
+def _marker() -> str:
+    """A sleep duration no other test uses, to find the processes of one command."""
+    return f"{random.randint(100, 999)}.{random.randint(10**5, 10**6 - 1)}"
+
+
+def _running(marker: str) -> list[int]:
+    """Live ``sleep <marker>`` processes, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        is_sleep = argv[0].rsplit("/", 1)[-1] == "sleep" and argv[1:2] == [marker]
+        if is_sleep and not _is_gone(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_setsid_process_does_not_outlive_the_command(tmp_path: Path) -> None:
+    """``setsid sleep &`` left its own session running after the call while the output claimed
+    everything was killed; now it is killed when the command returns."""
+    marker = _marker()
+    output = _run(tmp_path, f"setsid sleep {marker} & sleep 0.2; echo done", timeout_s=10)
+    assert output.metadata["exit_code"] == "0"
+    assert "it was killed" in output.content
+    assert _running(marker) == []
+
+
+def test_double_forked_and_setsid_processes_die_at_the_timeout(tmp_path: Path) -> None:
+    """At the timeout, a double-forked orphan and a setsid'd grandchild are killed too, and
+    the output counts them."""
+    marker = _marker()
+    command = (
+        f"(sleep {marker} &) ; (setsid sh -c 'sleep {marker} & wait' &) ; "
+        f"while [ $(ps -e -o args | grep -c '^sleep {marker}') -lt 2 ]; do sleep 0.01; done; "
+        "sleep 30"
+    )
+    output = _run(tmp_path, command, arg_timeout_s=1.5, timeout_s=10)
+    assert output.metadata["exit_code"] == "124"
+    assert "[timed out after 1.5s: killed the command and the" in output.content
+    assert int(output.metadata["killed_processes"]) >= 3
+    assert _running(marker) == []
+
+
+def test_a_fork_bomb_is_bounded_by_the_process_limit(tmp_path: Path) -> None:
+    """A command that starts processes without end hits RLIMIT_NPROC long before its 5000th:
+    the fork fails, the output names the limit, and every process it started is killed.
+
+    RLIMIT_NPROC does not bind root, so as root the loop runs as ``nobody`` under the limit
+    the launcher set (the worker's tasks plus max_processes)."""
+    marker = _marker()
+    loop = f"i=0; while [ $i -lt 5000 ]; do sleep {marker} & i=$((i+1)); done; echo all started"
+    command = f"sh -c '{loop}'"
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: RLIMIT_NPROC would not apply")
+        os.chmod(tmp_path, 0o777)
+        command = f"setpriv --reuid=65534 --regid=65534 --clear-groups {command}"
+    tool = RunCommandTool(limits=CommandLimits(max_processes=20))
+    output = _run(tmp_path, command, tool=tool, timeout_s=30)
+    assert "all started" not in output.content
+    assert "Cannot fork" in output.content or "Resource temporarily unavailable" in output.content
+    assert output.metadata["limit_hit"] == "processes"
+    assert "[limit: starting a process failed; a command may start at most 20" in output.content
+    assert 1 <= int(output.metadata.get("killed_processes", "0")) < 5000
+    assert _running(marker) == []
+
+
+def test_a_file_above_the_size_limit_is_refused(tmp_path: Path) -> None:
+    """Writing past max_file_bytes stops the writer (SIGXFSZ); the file stays at the limit and
+    the output names the limit."""
+    tool = RunCommandTool(limits=CommandLimits(max_file_bytes=100_000))
+    output = _run(tmp_path, "head -c 300000 /dev/zero > big.bin", tool=tool)
+    assert output.metadata["exit_code"] == str(128 + signal.SIGXFSZ)
+    assert output.metadata["limit_hit"] == "file_size"
+    assert "larger than 100000 bytes and was refused (RLIMIT_FSIZE)" in output.content
+    assert (tmp_path / "big.bin").stat().st_size <= 100_000
+
+
+def test_cpu_seconds_are_limited(tmp_path: Path) -> None:
+    """A busy loop is stopped by SIGXCPU after max_cpu_s of CPU time, before the timeout."""
+    tool = RunCommandTool(limits=CommandLimits(max_cpu_s=1))
+    started = time.monotonic()
+    output = _run(tmp_path, "while :; do :; done", tool=tool, timeout_s=20)
+    assert time.monotonic() - started < 15
+    assert output.metadata["exit_code"] == str(128 + signal.SIGXCPU)
+    assert output.metadata["limit_hit"] == "cpu"
+    assert "used its 1 s of CPU time" in output.content
+
+
+@pytest.mark.skipif(shutil.which("python3", path=DEFAULT_PATH) is None, reason="no python3")
+def test_memory_is_limited(tmp_path: Path) -> None:
+    """An allocation above max_memory_bytes fails inside the command; the output says why."""
+    tool = RunCommandTool(limits=CommandLimits(max_memory_bytes=256 * 2**20))
+    output = _run(tmp_path, "python3 -c 'bytearray(1024 * 1024 * 1024)'", tool=tool)
+    assert output.metadata["exit_code"] == "1"
+    assert "MemoryError" in output.content
+    assert output.metadata["limit_hit"] == "memory"
+
+
+def test_the_limits_are_set_in_the_command(tmp_path: Path) -> None:
+    """The command sees the configured rlimits, and None leaves a limit unlimited."""
+    tool = RunCommandTool(
+        limits=CommandLimits(max_file_bytes=123_456, max_cpu_s=77, max_memory_bytes=None)
+    )
+    output = _run(tmp_path, "cat /proc/self/limits", tool=tool)
+    rows = {line[:26].strip(): line[26:].split() for line in output.content.splitlines()[2:]}
+    assert rows["Max file size"][:2] == ["123456", "123456"]
+    assert rows["Max cpu time"][:2] == ["77", "78"]
+    assert rows["Max core file size"][:2] == ["0", "0"]
+    assert rows["Max address space"][0] == "unlimited"
+    assert rows["Max processes"][0] != "unlimited"
+
+
+def test_limits_are_validated() -> None:
+    """A limit below its minimum is refused with the field's name."""
+    with pytest.raises(ValueError, match="max_processes"):
+        CommandLimits(max_processes=0)
+    with pytest.raises(ValueError, match="max_memory_bytes"):
+        CommandLimits(max_memory_bytes=1000)
+
+
+def test_the_command_dies_with_the_worker(tmp_path: Path) -> None:
+    """When the worker process is killed mid-command, the launcher kills the command."""
+    marker = _marker()
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from workers.tools import RunCommandTool, ToolContext\n"
+        f"command = 'setsid sleep {marker} & echo $! > bg.pid; sleep {marker}'\n"
+        "context = ToolContext(workspace=Path(sys.argv[1]), timeout_s=60)\n"
+        "asyncio.run(RunCommandTool().run({'command': command}, context))\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 10
+        while len(_running(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(_running(marker)) == 2
+    finally:
+        worker.kill()
+        worker.wait()
+    deadline = time.monotonic() + 5
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _running(marker) == []
 
 
 def test_huge_output_is_capped_with_head_and_tail(tmp_path: Path) -> None:
