@@ -1,0 +1,879 @@
+"""The runtime against a slow model: calls in flight, share of the latency limit, memory per
+in-flight run and duplicate model calls, next to LangGraph and plain asyncio (issue 10).
+
+Run: ``.venv/bin/python bench/slow_model_bench.py`` (``--quick`` for a smoke run,
+``--fairness`` for the 2,000-task fairness run, ``--help`` for the sizes). Method and results:
+``docs/performance.md``, *Slow model*.
+
+Everything is real and on this machine (127.0.0.1 only):
+
+- a fake OpenAI-compatible model server (``bench/fake_model_server.py``, its own process, one
+  asyncio loop) that answers after ``latency ± 20 %``: a ``file_read`` tool call for turns
+  ``1 .. N-1`` and a final answer at turn ``N``, counting calls in flight (peak and
+  time-weighted mean) and duplicate calls (a second request for the same task and turn);
+- the runtime with its **default commands and no tuning**: a private Redis, ``orga
+  coordinator`` and ``orga worker`` (whatever ``orga worker`` starts with no option: its
+  process tree is measured whole), configured only with ``ORGA_REDIS_URL``,
+  ``ORGA_PROVIDER=openai``, ``ORGA_BASE_URL``, ``ORGA_API_KEY``, ``ORGA_MODEL`` and
+  ``ORGA_WORKSPACE_ROOT``. Each task names a marker in its goal and reads one line of
+  ``note.txt`` in a shared workspace per turn;
+- the peers, each in a process of its own (``bench/slow_model_peers.py``): a LangGraph
+  two-node graph with its in-memory checkpointer, and plain asyncio loops, both over one
+  shared ``httpx.AsyncClient``.
+
+For each latency (1 s and 3 s by default), ``--tasks`` runs of ``--iterations`` model calls
+submitted at once, and for each system: iterations per second (distinct model calls answered
+over the wall time from the first submission to the last task finished), as a share of the
+latency limit (``tasks / latency``); peak and mean calls in flight; peak RSS of every process
+of the system (the worker trees for orga-queue, sampled every 0.5 s) and that over the peak in
+flight; CPU per model call; duplicate calls; and for orga-queue how long a reasoning request
+waits between its dispatch (the coordinator's journal) and its arrival at the model
+(schedule-to-start). Every batch is bounded in time: a batch still running at its bound is
+reported as it stands, with how many tasks finished.
+
+The fairness run submits ``--fairness-tasks`` tasks of ``--fairness-iterations`` calls at
+once (1 s latency) and reports the spread of the tasks' first model calls, and the peak RSS of
+the coordinator and the workers and Redis ``used_memory``.
+
+Headline figures are printed as ``RESULT name value`` lines; the script exits 0 either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+import psutil
+
+from bench.fake_model_server import task_marker
+from bench.runtime_bench import POLL_WINDOW, TERMINAL, Child, Stack, finished_at, percentile
+from coordinator.client import OrgaClient
+from shared import keys
+from shared.events import JournalEntry, Started, ToolsDispatched
+
+API_KEY = "bench-key"
+MODEL = "fake-model"
+NOTE_LINES = 50
+"""``note.txt`` has this many lines; turn ``t`` reads line ``t``."""
+SAMPLE_EVERY_S = 0.5
+POLL_EVERY_S = 0.2
+READY_TIMEOUT_S = 180.0
+MB = 1024 * 1024
+FAIRNESS_BOUND_S = 300.0
+"""How long the fairness batch may run (``--timeout`` overrides it)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run."""
+
+    tasks: int = 200
+    iterations: int = 5
+    latencies: tuple[float, ...] = (1.0, 3.0)
+    jitter: float = 0.2
+    peers: tuple[str, ...] = ("langgraph", "asyncio")
+    timeout_s: float | None = None
+    fairness_tasks: int = 2000
+    fairness_iterations: int = 2
+    fairness_latency: float = 1.0
+
+    def bound_s(self, latency: float, iterations: int) -> float:
+        """How long one batch may run: ``--timeout``, else ten times its ideal time (one
+        latency per iteration), at least a minute."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return max(60.0, 10.0 * iterations * latency)
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+def orga_command(*args: str) -> list[str]:
+    """The ``orga`` script of this environment (``python -m coordinator.cli`` without it)."""
+    script = Path(sys.executable).parent / "orga"
+    if script.exists():
+        return [str(script), *args]
+    return [sys.executable, "-m", "coordinator.cli", *args]
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (those still alive)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_rss_mb(pids: Sequence[int]) -> float:
+    """Resident memory of these processes and all their descendants, in MiB."""
+    seen: dict[int, int] = {}
+    for pid in pids:
+        for process in tree(pid):
+            try:
+                seen[process.pid] = process.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+    return sum(seen.values()) / MB
+
+
+def tree_cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system) of these processes and their live descendants."""
+    total = 0.0
+    for pid in pids:
+        for process in tree(pid):
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+    return total
+
+
+@dataclass
+class ModelServer:
+    """The fake model server in its own process, and an HTTP client for its counts."""
+
+    child: Child
+    url: str
+    http: httpx.Client
+
+    @classmethod
+    def start(cls, root: Path, latency: float, jitter: float, iterations: int) -> ModelServer:
+        command = [
+            sys.executable, "-m", "bench.fake_model_server", "--latency", str(latency),
+            "--jitter", str(jitter), "--iterations", str(iterations), "--api-key", API_KEY,
+        ]  # fmt: skip
+        child = Child("model-server", command, dict(os.environ), root / "model-server.log")
+        child.start()
+        child.wait_for_log("fake model server on ")
+        line = next(s for s in child.log.read_text().splitlines() if "server on " in s)
+        url = line.split("server on ", 1)[1].strip()
+        return cls(child, url, httpx.Client(base_url=url.removesuffix("/v1"), timeout=60))
+
+    def stats(self, records: bool = False) -> dict[str, Any]:
+        """``GET /stats``."""
+        response = self.http.get("/stats", params={"records": "1"} if records else None)
+        response.raise_for_status()
+        stats: dict[str, Any] = response.json()
+        return stats
+
+    def reset(self) -> None:
+        """``POST /reset``: zero the counts."""
+        self.http.post("/reset").raise_for_status()
+
+    def stop(self) -> None:
+        self.http.close()
+        self.child.stop()
+
+
+@dataclass
+class OrgaStack(Stack):
+    """A private Redis, ``orga coordinator`` and ``orga worker`` with their defaults, pointed at
+    the fake model server. (``concurrency`` of the base class is unused: no ``-c`` is given.)"""
+
+    model_url: str = ""
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+        env.update(
+            ORGA_REDIS_URL=self.url,
+            ORGA_WORKSPACE_ROOT=str(self.root / "workspaces"),
+            ORGA_PROVIDER="openai",
+            ORGA_BASE_URL=self.model_url,
+            ORGA_API_KEY=API_KEY,
+            ORGA_MODEL=MODEL,
+        )
+        return env
+
+    def start(self) -> OrgaStack:
+        self.redis_server.start()
+        self.coordinator = self._spawn("coordinator", orga_command("coordinator"))
+        self.worker = self._spawn("worker", orga_command("worker"))
+        return self
+
+    def stop(self) -> None:
+        """Stop each process as the base class does, then whatever of their trees is left."""
+        descendants = [p for c in self.children if c.alive() for p in tree(c.pid)[1:]]
+        super().stop()
+        for process in descendants:
+            if process.is_running():
+                process.terminate()
+        _, alive = psutil.wait_procs(descendants, timeout=10)
+        for process in alive:
+            process.kill()
+
+    def pids(self) -> dict[str, list[int]]:
+        """The roots of each measured group."""
+        redis_pid = self.redis_server.pid
+        return {
+            "workers": [self.worker.pid],
+            "coordinator": [self.coordinator.pid],
+            "redis": [redis_pid] if redis_pid is not None else [],
+        }
+
+
+@contextmanager
+def model_server(root: Path, plan: Plan, latency: float, iterations: int) -> Iterator[ModelServer]:
+    """The fake model server, stopped afterwards."""
+    server = ModelServer.start(root, latency, plan.jitter, iterations)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def orga_stack(root: Path, server: ModelServer) -> Iterator[OrgaStack]:
+    """The runtime's processes, stopped afterwards."""
+    root.mkdir(parents=True, exist_ok=True)
+    stack = OrgaStack(root, concurrency=0, model_url=server.url)
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
+
+
+def make_workspace(root: Path) -> Path:
+    """The shared workspace every task reads its note from."""
+    workspace = root / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    lines = (f"line {n}: nothing to see here" for n in range(1, NOTE_LINES + 1))
+    (workspace / "note.txt").write_text("\n".join(lines) + "\n")
+    return workspace
+
+
+# -- sampling ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Sampler:
+    """Peak RSS of groups of process trees (and Redis ``used_memory``), sampled now and then."""
+
+    groups: dict[str, list[int]]
+    redis_client: Any = None
+    peak_mb: dict[str, float] = field(default_factory=dict)
+    peak_sum_mb: float = 0.0
+    peak_redis_used_mb: float = 0.0
+    _last: float = 0.0
+
+    def sample(self, force: bool = False) -> None:
+        """Read the memory of every group, at most every ``SAMPLE_EVERY_S``."""
+        now = time.monotonic()
+        if not force and now - self._last < SAMPLE_EVERY_S:
+            return
+        self._last = now
+        total = 0.0
+        for name, pids in self.groups.items():
+            rss = tree_rss_mb(pids)
+            self.peak_mb[name] = max(self.peak_mb.get(name, 0.0), rss)
+            total += rss
+        self.peak_sum_mb = max(self.peak_sum_mb, total)
+        if self.redis_client is not None:
+            used = int(self.redis_client.info("memory")["used_memory"]) / MB
+            self.peak_redis_used_mb = max(self.peak_redis_used_mb, used)
+
+
+# -- the workload -----------------------------------------------------------------------------
+
+
+def task_spec(marker: str, workspace: Path) -> dict[str, Any]:
+    """One run: read ``note.txt`` a line per turn until the model answers (the fake model
+    decides: ``iterations`` calls). Nothing else is set: the runtime's defaults apply."""
+    return {
+        "goal": f"Slow-model benchmark {task_marker(marker)}: read note.txt one line per turn, "
+        "then answer.",
+        "steps": [{"id": "read", "instruction": "Read note.txt, one line per turn, then answer."}],
+        "tools": ["file_read"],
+        "workspace": str(workspace),
+    }
+
+
+def wait_terminal(
+    client: OrgaClient, ids: Sequence[str], deadline: float, tick: Callable[[], None]
+) -> dict[str, str]:
+    """Poll until every task is terminal or ``deadline`` (monotonic) passes; the terminal
+    statuses seen. Cheap on purpose, like ``runtime_bench.wait_all``."""
+    statuses: dict[str, str] = {}
+    pending = list(ids)
+    while pending and time.monotonic() < deadline:
+        window = pending[:POLL_WINDOW]
+        pipe = client.redis.pipeline(transaction=False)
+        for task_id in window:
+            pipe.hget(keys.task_key(task_id), "status")
+        for task_id, status in zip(window, pipe.execute(), strict=True):
+            if status in TERMINAL:
+                statuses[task_id] = str(status)
+        pending = [i for i in pending if i not in statuses]
+        tick()
+        time.sleep(POLL_EVERY_S)
+    return statuses
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of tasks submitted to the runtime at once, and how it ended."""
+
+    ids: list[str]
+    markers: list[str]
+    started: float
+    submitted: float
+    end: float
+    statuses: dict[str, str]
+
+    @property
+    def finished(self) -> bool:
+        return len(self.statuses) == len(self.ids)
+
+    @property
+    def completed(self) -> int:
+        return sum(1 for s in self.statuses.values() if s == "completed")
+
+
+def submit_batch(
+    client: OrgaClient, markers: list[str], workspace: Path, bound_s: float, sampler: Sampler
+) -> Batch:
+    """Submit one task per marker at once; wait for them all, at most ``bound_s``."""
+    specs = [task_spec(marker, workspace) for marker in markers]
+    started = time.time()
+    deadline = time.monotonic() + bound_s
+    ids = [client.submit(spec) for spec in specs]
+    submitted = time.time()
+    statuses = wait_terminal(client, ids, deadline, sampler.sample)
+    sampler.sample(force=True)
+    end = finished_at(client, ids) if len(statuses) == len(ids) else started + bound_s
+    return Batch(ids, markers, started, submitted, end, statuses)
+
+
+def wait_ready(stack: OrgaStack, client: OrgaClient, workspace: Path, run: str) -> float:
+    """One task through the whole stack, submitted as it starts; the seconds from its
+    submission to its end."""
+    started = time.time()
+    task_id = client.submit(task_spec(f"{run}-warmup", workspace))
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    statuses: dict[str, str] = {}
+    while not statuses and time.monotonic() < deadline:
+        stack.check_alive()
+        statuses = wait_terminal(client, [task_id], time.monotonic() + 1.0, lambda: None)
+    status = statuses.get(task_id, "not finished")
+    if status != "completed":
+        raise RuntimeError(
+            f"the warm-up task ended {status!r}; worker log:\n{stack.worker.tail()}\n"
+            f"coordinator log:\n{stack.coordinator.tail()}"
+        )
+    return finished_at(client, [task_id]) - started
+
+
+# -- measurements -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One system at one latency."""
+
+    system: str
+    key: str
+    latency_s: float
+    runs: int
+    iterations: int
+    completed: int
+    seconds: float
+    calls: int
+    total_calls: int
+    duplicates: int
+    peak_inflight: int
+    mean_inflight: float
+    peak_rss_mb: float
+    cpu_s: float
+    notes: tuple[str, ...] = ()
+    waits_s: tuple[float, ...] = ()
+    """Schedule-to-start of every reasoning request (orga-queue only)."""
+
+    @property
+    def iterations_per_s(self) -> float:
+        return self.calls / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def limit_per_s(self) -> float:
+        """Every run with one call in flight all the time: ``runs / latency``."""
+        return self.runs / self.latency_s
+
+    @property
+    def share(self) -> float:
+        return self.iterations_per_s / self.limit_per_s
+
+    @property
+    def mb_per_inflight(self) -> float:
+        return self.peak_rss_mb / self.peak_inflight if self.peak_inflight else float("inf")
+
+    @property
+    def cpu_ms_per_call(self) -> float:
+        return 1000 * self.cpu_s / self.calls if self.calls else 0.0
+
+
+def answered_calls(records: list[dict[str, Any]], until: float) -> int:
+    """Distinct (task, turn) calls answered by ``until`` (wall clock)."""
+    return len({(r["task"], r["turn"]) for r in records if 0 < r["end"] <= until + 0.5})
+
+
+def first_starts(records: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """When each (task, turn) first reached the model."""
+    starts: dict[tuple[str, int], float] = {}
+    for record in records:
+        key = (record["task"], record["turn"])
+        starts[key] = min(starts.get(key, record["start"]), record["start"])
+    return starts
+
+
+def dispatch_times(entries: Sequence[JournalEntry]) -> list[float]:
+    """When the coordinator dispatched each reasoning request of a one-step task: at Started,
+    then each time it applied an iteration's tool results (ToolsDispatched)."""
+    times = [e.timestamp.timestamp() for e in entries if isinstance(e.event, Started)][:1]
+    times += [e.timestamp.timestamp() for e in entries if isinstance(e.event, ToolsDispatched)]
+    return times
+
+
+def schedule_to_start(
+    client: OrgaClient, batch: Batch, records: list[dict[str, Any]]
+) -> list[float]:
+    """For every reasoning request of the completed tasks: its arrival at the model minus its
+    dispatch by the coordinator."""
+    starts = first_starts(records)
+    waits: list[float] = []
+    for task_id, marker in zip(batch.ids, batch.markers, strict=True):
+        if batch.statuses.get(task_id) != "completed":
+            continue
+        for turn, dispatched in enumerate(dispatch_times(client.journal(task_id)), start=1):
+            if (marker, turn) in starts:
+                waits.append(starts[(marker, turn)] - dispatched)
+    return waits
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every measurement at one latency shares."""
+
+    root: Path
+    server: ModelServer
+    plan: Plan
+    latency: float
+    workspace: Path
+
+    @property
+    def bound_s(self) -> float:
+        return self.plan.bound_s(self.latency, self.plan.iterations)
+
+
+def measure_orga(setting: Setting) -> Measurement:
+    """The workload on the runtime started with its defaults."""
+    plan, server, latency, workspace = (
+        setting.plan,
+        setting.server,
+        setting.latency,
+        setting.workspace,
+    )
+    run = uuid.uuid4().hex[:8]
+    with orga_stack(setting.root / f"orga-{latency:g}s", server) as stack:
+        client = OrgaClient(stack.url)
+        try:
+            print(f"-- orga-queue at {latency:g} s: starting ({stack.describe()})", flush=True)
+            alone_s = wait_ready(stack, client, workspace, run)
+            server.reset()
+            groups = stack.pids()
+            sampler = Sampler({"workers": groups["workers"]})
+            cpu_before = tree_cpu_s([p for pids in groups.values() for p in pids])
+            markers = [f"{run}-{n}" for n in range(plan.tasks)]
+            print(f"   ready; {plan.tasks} tasks x {plan.iterations} iterations", flush=True)
+            batch = submit_batch(client, markers, workspace, setting.bound_s, sampler)
+            cpu = tree_cpu_s([p for pids in groups.values() for p in pids]) - cpu_before
+            stats = server.stats(records=True)
+            observed = Observed(stats, sampler.peak_sum_mb, cpu)
+            waits = schedule_to_start(client, batch, stats["records"])
+        finally:
+            client.close()
+    return orga_measurement(setting, batch, observed, waits, alone_s)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the model server and the sampler saw of one system's batch."""
+
+    stats: dict[str, Any]
+    peak_rss_mb: float
+    cpu_s: float
+
+
+def orga_measurement(
+    setting: Setting, batch: Batch, observed: Observed, waits: list[float], alone_s: float
+) -> Measurement:
+    plan, stats = setting.plan, observed.stats
+    notes = [
+        f"ready {alone_s:.1f} s after start (a first task of {plan.iterations} iterations, "
+        "submitted as the processes start, completed)",
+        f"submitting took {batch.submitted - batch.started:.2f} s",
+    ]
+    if not batch.finished:
+        notes.append(
+            f"NOT FINISHED: {len(batch.statuses)} of {len(batch.ids)} tasks ended within the "
+            f"{batch.end - batch.started:.0f} s bound"
+        )
+    if batch.completed != len(batch.statuses):
+        others = sorted({s for s in batch.statuses.values() if s != "completed"})
+        notes.append(f"{len(batch.statuses) - batch.completed} tasks ended {others}")
+    return Measurement(
+        system="orga-queue, default `orga worker`",
+        key="slow_model",
+        latency_s=setting.latency,
+        runs=plan.tasks,
+        iterations=plan.iterations,
+        completed=batch.completed,
+        seconds=batch.end - batch.started,
+        calls=answered_calls(stats["records"], batch.end),
+        total_calls=int(stats["calls"]),
+        duplicates=int(stats["duplicates"]),
+        peak_inflight=int(stats["peak_inflight"]),
+        mean_inflight=float(stats["mean_inflight"]),
+        peak_rss_mb=observed.peak_rss_mb,
+        cpu_s=observed.cpu_s,
+        notes=tuple(notes),
+        waits_s=tuple(waits),
+    )
+
+
+PEER_SYSTEMS = {
+    "langgraph": "LangGraph, InMemorySaver, asyncio",
+    "asyncio": "plain asyncio, one httpx client",
+}
+
+
+def measure_peer(setting: Setting, peer: str) -> Measurement | str:
+    """One peer in a process of its own; its measurement, or why it could not run."""
+    plan, server, latency, bound_s = setting.plan, setting.server, setting.latency, setting.bound_s
+    server.reset()
+    command = [
+        sys.executable, "-m", "bench.slow_model_peers", peer, "--base-url", server.url,
+        "--api-key", API_KEY, "--model", MODEL, "--tasks", str(plan.tasks),
+        "--iterations", str(plan.iterations), "--workspace", str(setting.workspace),
+        "--run-id", f"{peer}{uuid.uuid4().hex[:6]}", "--timeout", str(bound_s),
+    ]  # fmt: skip
+    log = setting.root / f"peer-{peer}-{latency:g}s.log"
+    print(f"-- {peer} at {latency:g} s", flush=True)
+    child = Child(f"peer-{peer}", command, dict(os.environ), log)
+    child.start()
+    sampler = Sampler({"peer": [child.pid]})
+    deadline = time.monotonic() + bound_s + 60
+    while child.alive() and time.monotonic() < deadline:
+        sampler.sample()
+        time.sleep(POLL_EVERY_S)
+    child.stop()
+    outcome = _peer_outcome(log)
+    if outcome is None:
+        return f"{peer} printed no result:\n{child.tail()}"
+    if "unavailable" in outcome:
+        return str(outcome["unavailable"])
+    observed = Observed(server.stats(records=True), sampler.peak_sum_mb, float(outcome["cpu_s"]))
+    return peer_measurement(setting, peer, outcome, observed)
+
+
+def _peer_outcome(log: Path) -> dict[str, Any] | None:
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("{"):
+            outcome: dict[str, Any] = json.loads(line)
+            return outcome
+    return None
+
+
+def peer_measurement(
+    setting: Setting, peer: str, outcome: dict[str, Any], observed: Observed
+) -> Measurement:
+    plan, stats = setting.plan, observed.stats
+    notes = [f"{outcome['failed']} runs failed: {outcome['errors']}"] if outcome["failed"] else []
+    if outcome["unfinished"]:
+        notes.append(f"NOT FINISHED: {outcome['unfinished']} runs still going at the bound")
+    return Measurement(
+        system=PEER_SYSTEMS[peer],
+        key=peer,
+        latency_s=setting.latency,
+        runs=plan.tasks,
+        iterations=plan.iterations,
+        completed=int(outcome["completed"]),
+        seconds=float(outcome["finished"]) - float(outcome["started"]),
+        calls=answered_calls(stats["records"], float(outcome["finished"])),
+        total_calls=int(stats["calls"]),
+        duplicates=int(stats["duplicates"]),
+        peak_inflight=int(stats["peak_inflight"]),
+        mean_inflight=float(stats["mean_inflight"]),
+        peak_rss_mb=observed.peak_rss_mb,
+        cpu_s=observed.cpu_s,
+        notes=tuple(notes),
+    )
+
+
+def measure_latency(root: Path, plan: Plan, latency: float) -> list[Measurement | str]:
+    """orga-queue, then each peer (the runtime stopped by then), against one model server."""
+    workspace = make_workspace(root)
+    results: list[Measurement | str] = []
+    with model_server(root, plan, latency, plan.iterations) as server:
+        setting = Setting(root, server, plan, latency, workspace)
+        results.append(measure_orga(setting))
+        results.extend(measure_peer(setting, peer) for peer in plan.peers)
+    return results
+
+
+# -- fairness ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fairness:
+    """Thousands of tasks at once: how long until the last one's first model call, memory."""
+
+    tasks: int
+    iterations: int
+    started_tasks: int
+    completed: int
+    finished: bool
+    seconds: float
+    submit_s: float
+    spread_s: float
+    last_task_wait_s: float
+    peak_inflight: int
+    duplicates: int
+    peak_mb: dict[str, float]
+    peak_redis_used_mb: float
+
+    @property
+    def peak_rss_mb(self) -> float:
+        """Coordinator and workers (every process of their trees), each at its own peak."""
+        return self.peak_mb.get("coordinator", 0.0) + self.peak_mb.get("workers", 0.0)
+
+
+def measure_fairness(root: Path, plan: Plan) -> Fairness:
+    """``fairness_tasks`` tasks submitted at once against a 1 s model."""
+    latency, iterations = plan.fairness_latency, plan.fairness_iterations
+    workspace = make_workspace(root)
+    run = uuid.uuid4().hex[:8]
+    with (
+        model_server(root, plan, latency, iterations) as server,
+        orga_stack(root / "orga-fairness", server) as stack,
+    ):
+        client = OrgaClient(stack.url)
+        try:
+            print(f"-- fairness: starting ({stack.describe()})", flush=True)
+            wait_ready(stack, client, workspace, run)
+            server.reset()
+            groups = stack.pids()
+            del groups["redis"]
+            sampler = Sampler(groups, redis_client=client.redis)
+            markers = [f"{run}-{n}" for n in range(plan.fairness_tasks)]
+            print(f"   ready; {len(markers)} tasks x {iterations} iterations", flush=True)
+            bound = plan.timeout_s or FAIRNESS_BOUND_S
+            batch = submit_batch(client, markers, workspace, bound, sampler)
+            stats = server.stats(records=True)
+        finally:
+            client.close()
+    return fairness_of(plan, batch, stats, sampler)
+
+
+def fairness_of(plan: Plan, batch: Batch, stats: dict[str, Any], sampler: Sampler) -> Fairness:
+    firsts = {
+        marker: start for (marker, turn), start in first_starts(stats["records"]).items()
+        if turn == 1
+    }  # fmt: skip
+    started = [firsts[m] for m in batch.markers if m in firsts]
+    earliest = min(started) if started else batch.end
+    all_started = len(started) == len(batch.markers)
+    latest = max(started) if all_started else batch.end
+    last_marker = batch.markers[-1]
+    return Fairness(
+        tasks=len(batch.ids),
+        iterations=plan.fairness_iterations,
+        started_tasks=len(started),
+        completed=batch.completed,
+        finished=batch.finished,
+        seconds=batch.end - batch.started,
+        submit_s=batch.submitted - batch.started,
+        spread_s=latest - earliest,
+        last_task_wait_s=firsts.get(last_marker, batch.end) - batch.started,
+        peak_inflight=int(stats["peak_inflight"]),
+        duplicates=int(stats["duplicates"]),
+        peak_mb=dict(sampler.peak_mb),
+        peak_redis_used_mb=sampler.peak_redis_used_mb,
+    )
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def spread_text(values: Sequence[float]) -> str:
+    if not values:
+        return "none measured"
+    return (
+        f"p50 {statistics.median(values):.2f} s, p95 {percentile(values, 95):.2f} s, "
+        f"max {max(values):.2f} s (n={len(values)})"
+    )
+
+
+def table(measurements: Sequence[Measurement]) -> str:
+    """The comparison, as Markdown."""
+    lines = [
+        "| system | latency | iterations/s | share of the latency limit | calls in flight, "
+        "peak / mean | peak RSS | MB per in-flight run | CPU ms per call | duplicate calls "
+        "| completed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in measurements:
+        lines.append(
+            f"| {m.system} | {m.latency_s:g} s | {m.iterations_per_s:.1f} ({m.calls} in "
+            f"{m.seconds:.1f} s) | {m.share:.0%} of {m.limit_per_s:.0f}/s | {m.peak_inflight} "
+            f"/ {m.mean_inflight:.0f} | {m.peak_rss_mb:.0f} MB | {m.mb_per_inflight:.2f} | "
+            f"{m.cpu_ms_per_call:.1f} | {m.duplicates} | {m.completed} of {m.runs} |"
+        )
+    return "\n".join(lines)
+
+
+def notes(measurements: Sequence[Measurement]) -> list[str]:
+    lines = []
+    for m in measurements:
+        for note in m.notes:
+            lines.append(f"- {m.system}, {m.latency_s:g} s: {note}")
+        if m.waits_s:
+            lines.append(
+                f"- {m.system}, {m.latency_s:g} s: schedule-to-start of a reasoning request "
+                f"(coordinator dispatch -> model call): {spread_text(m.waits_s)}"
+            )
+    return lines
+
+
+def result_lines(measurements: Sequence[Measurement], unavailable: dict[str, str]) -> list[str]:
+    """The ``RESULT`` lines: per system and latency, then the runtime's headline figures."""
+    lines = []
+    for m in measurements:
+        lines.append(f"RESULT {m.key}_{m.latency_s:g}s_limit_share {m.share:.3f}")
+    for peer, why in unavailable.items():
+        lines.append(f"RESULT {peer}_1s_limit_share unavailable: {why}")
+    orga = [m for m in measurements if m.key == "slow_model"]
+    if orga:
+        first = orga[0]
+        lines.append(f"RESULT slow_model_peak_inflight {max(m.peak_inflight for m in orga)}")
+        lines.append(f"RESULT slow_model_mb_per_inflight {first.mb_per_inflight:.2f}")
+        lines.append(f"RESULT slow_model_duplicate_calls {sum(m.duplicates for m in orga)}")
+        lines.append(f"RESULT slow_model_completed {sum(m.completed for m in orga)}")
+        for m in orga:
+            if m.waits_s:
+                wait = statistics.median(m.waits_s)
+                lines.append(
+                    f"RESULT slow_model_{m.latency_s:g}s_schedule_to_start_p50_s {wait:.2f}"
+                )
+    return lines
+
+
+def fairness_report(f: Fairness) -> str:
+    bound = "" if f.started_tasks == f.tasks else " (lower bound: not every task started)"
+    rows = [
+        ("tasks x iterations submitted at once (1 s model)", f"{f.tasks} x {f.iterations}"),
+        ("submitting took", f"{f.submit_s:.1f} s"),
+        ("tasks whose first model call came", f"{f.started_tasks} of {f.tasks}"),
+        ("first task's first call -> last task's first call", f"{f.spread_s:.1f} s{bound}"),
+        ("first submission -> the last-submitted task's first call", f"{f.last_task_wait_s:.1f} s"),
+        ("completed", f"{f.completed} of {f.tasks} in {f.seconds:.1f} s"),
+        ("model calls in flight, peak", str(f.peak_inflight)),
+        ("duplicate model calls", str(f.duplicates)),
+        ("peak RSS, coordinator", f"{f.peak_mb.get('coordinator', 0.0):.0f} MB"),
+        ("peak RSS, workers (all processes)", f"{f.peak_mb.get('workers', 0.0):.0f} MB"),
+        ("peak Redis used_memory", f"{f.peak_redis_used_mb:.0f} MB"),
+    ]
+    body = "\n".join(f"| {a} | {b} |" for a, b in rows)
+    results = [
+        f"RESULT fairness_first_iteration_spread_s {f.spread_s:.1f}",
+        f"RESULT fairness_peak_rss_mb {f.peak_rss_mb:.0f}",
+        f"RESULT fairness_redis_used_memory_mb {f.peak_redis_used_mb:.0f}",
+        f"RESULT fairness_completed {f.completed}",
+        f"RESULT fairness_duplicate_calls {f.duplicates}",
+    ]
+    return "| fairness | value |\n|---|---|\n" + body + "\n\n" + "\n".join(results)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def parse_plan(args: argparse.Namespace) -> Plan:
+    plan = Plan(tasks=50, latencies=(1.0,), fairness_tasks=300) if args.quick else Plan()
+    chosen: dict[str, Any] = {
+        "tasks": args.tasks,
+        "iterations": args.iterations,
+        "timeout_s": args.timeout,
+        "fairness_tasks": args.fairness_tasks,
+        "fairness_iterations": args.fairness_iterations,
+    }
+    if args.latency:
+        chosen["latencies"] = tuple(float(v) for v in args.latency.split(",") if v)
+    if args.no_peers:
+        chosen["peers"] = ()
+    return replace(plan, **{k: v for k, v in chosen.items() if v is not None})
+
+
+def run_comparison(root: Path, plan: Plan) -> None:
+    measured: list[Measurement] = []
+    unavailable: dict[str, str] = {}
+    for latency in plan.latencies:
+        for outcome in measure_latency(root / f"{latency:g}s", plan, latency):
+            if isinstance(outcome, str):
+                peer = "langgraph" if "langgraph" in outcome else "peer"
+                unavailable[peer] = outcome.splitlines()[0]
+                print(f"   {outcome}", flush=True)
+            else:
+                measured.append(outcome)
+    print(f"\n{plan.tasks} runs x {plan.iterations} model calls, latency ±{plan.jitter:.0%}, "
+          f"{os.cpu_count()} CPUs\n")  # fmt: skip
+    print(table(measured))
+    print("\n".join(["", *notes(measured), ""]))
+    print("\n".join(result_lines(measured, unavailable)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="50 tasks, 1 s only (smoke run)")
+    parser.add_argument("--fairness", action="store_true", help="run the fairness test only")
+    parser.add_argument("--latency", help="model latencies in seconds, e.g. 1,3")
+    parser.add_argument("--tasks", type=int, help="runs submitted at once (200)")
+    parser.add_argument("--iterations", type=int, help="model calls per run (5)")
+    parser.add_argument("--timeout", type=float, help="bound of each batch in seconds")
+    parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and asyncio")
+    parser.add_argument("--fairness-tasks", type=int, help="tasks of the fairness run (2000)")
+    parser.add_argument("--fairness-iterations", type=int, help="calls per fairness task (2)")
+    parser.add_argument("--keep", action="store_true", help="keep the logs' folder")
+    args = parser.parse_args(argv)
+    plan = parse_plan(args)
+    started = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="orga-slow-model-"))
+    try:
+        if args.fairness:
+            print("\n" + fairness_report(measure_fairness(root, plan)))
+        else:
+            run_comparison(root, plan)
+    finally:
+        if args.keep:
+            print(f"logs in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\ntotal {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
