@@ -763,7 +763,9 @@ def result_lines(measurements: Sequence[Measurement], unavailable: dict[str, str
     """The ``RESULT`` lines: per system and latency, then the runtime's headline figures."""
     lines = []
     for m in measurements:
-        lines.append(f"RESULT {m.key}_{m.latency_s:g}s_limit_share {m.share:.3f}")
+        unfinished = m.completed < m.runs
+        tail = f" (not finished: {m.completed} of {m.runs} completed)" if unfinished else ""
+        lines.append(f"RESULT {m.key}_{m.latency_s:g}s_limit_share {m.share:.3f}{tail}")
     for peer, why in unavailable.items():
         lines.append(f"RESULT {peer}_1s_limit_share unavailable: {why}")
     orga = [m for m in measurements if m.key == "slow_model"]
@@ -798,8 +800,9 @@ def fairness_report(f: Fairness) -> str:
         ("peak Redis used_memory", f"{f.peak_redis_used_mb:.0f} MB"),
     ]
     body = "\n".join(f"| {a} | {b} |" for a, b in rows)
+    lower = f" (lower bound: {f.started_tasks} of {f.tasks} tasks started)" if bound else ""
     results = [
-        f"RESULT fairness_first_iteration_spread_s {f.spread_s:.1f}",
+        f"RESULT fairness_first_iteration_spread_s {f.spread_s:.1f}{lower}",
         f"RESULT fairness_peak_rss_mb {f.peak_rss_mb:.0f}",
         f"RESULT fairness_redis_used_memory_mb {f.peak_redis_used_mb:.0f}",
         f"RESULT fairness_completed {f.completed}",
