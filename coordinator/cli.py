@@ -351,17 +351,19 @@ def coordinator() -> None:
     asyncio.run(main_loop())
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(
+    ctx: typer.Context,
     queues: Annotated[str, typer.Option(help="Queues to consume.")] = "orga.reasoning,orga.tools",
     concurrency: Annotated[int | None, typer.Option("-c", help="Worker processes.")] = None,
 ) -> None:
-    """Run a Celery worker (same as `celery -A workers worker -Q ...`)."""
+    """Run a Celery worker (same as `celery -A workers worker -Q ...`; other options go to it)."""
     _require_url()
     command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
                "--loglevel", "INFO"]  # fmt: skip
     if concurrency:
         command += ["-c", str(concurrency)]
+    command += ctx.args  # Celery's own options (-E, -n NAME, --loglevel, -P, ...), unchanged
     os.execv(sys.executable, command)  # noqa: S606 - replaces this process by the worker
 
 
