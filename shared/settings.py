@@ -44,6 +44,10 @@ class OrgaSettings(BaseSettings):
     events_maxlen: int = Field(default=100_000, ge=1000)
     worker_concurrency: int = Field(default=2, ge=1)
     metrics_port: int | None = Field(default=None, description="Prometheus endpoint port")
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address the Prometheus endpoint binds (0.0.0.0: every interface)",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     allow_private_network: bool = Field(
         default=False, description="Let web_fetch reach loopback and private addresses"
