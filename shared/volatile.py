@@ -41,13 +41,23 @@ _RULES: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
     (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>", ("0x",)),
     # Hex ids of 7+ characters that contain at least one digit and one letter (git shas, ids).
     (re.compile(r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{7,}\b"), "<hex>", ()),
-    (re.compile(r"\d+(?:\.\d+)?"), "<n>", ()),
+    # Bare numbers; digits that end a name (test_case12, HAT052, py3) are part of the name.
+    (re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?"), "<n>", ()),
 )
 
 
-def normalize_volatile(text: str) -> str:
-    """Mask volatile tokens: ``line 334`` and ``line 352`` both become ``line <n>``."""
+_NUMBERS = _RULES[-1][0]
+
+
+def normalize_volatile(text: str, *, numbers: bool = True) -> str:
+    """Mask volatile tokens: ``line 334`` and ``line 352`` both become ``line <n>``.
+
+    ``numbers=False`` leaves bare numbers as they are (timestamps, UUIDs, temporary paths and
+    hex ids are still masked): for a short answer whose numbers are its content.
+    """
     for pattern, placeholder, needs in _RULES:
+        if not numbers and pattern is _NUMBERS:
+            continue
         if not needs or any(part in text for part in needs):
             text = pattern.sub(placeholder, text)
     return text

@@ -1,10 +1,10 @@
 """Thresholds of the stagnation detector, as data that a task can override.
 
 Each signal has a :class:`Ladder`: the counts at which it reaches NUDGE, REPLAN, ASK_HUMAN and
-ABORT. The defaults were chosen on the replay of real agent trajectories in
-``bench/stagnation_eval.py`` (see ``docs/stagnation.md``): under 2% of the resolved Gemini-3-Pro
-SWE-bench runs reach ASK_HUMAN, and the known 53-step SWE-agent loop reaches REPLAN 5 steps after
-it starts.
+ABORT. The defaults were chosen on the hand-labelled stuck and progressing runs scored in
+``bench/stagnation_eval.py``, checked against the resolved Gemini-3-Pro SWE-bench runs (see
+``docs/stagnation.md``): no labelled progressing run reaches REPLAN, under 2% of the resolved
+Gemini runs reach ASK_HUMAN, and most labelled stalls reach REPLAN within 8 steps of their onset.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ class Ladder(BaseModel):
 
 
 def _stale_default() -> Ladder:
-    return Ladder(nudge=8, replan=12, ask_human=20, abort=32)
+    return Ladder(nudge=4, replan=7, ask_human=12, abort=20)
 
 
 def _repeat_default() -> Ladder:
-    return Ladder(nudge=3, replan=5, ask_human=8, abort=12)
+    return Ladder(nudge=3, replan=4, ask_human=7, abort=10)
 
 
 def _cycle_default() -> Ladder:
@@ -62,33 +62,40 @@ def _cycle_default() -> Ladder:
 
 
 def _error_default() -> Ladder:
-    return Ladder(nudge=3, replan=5, ask_human=8, abort=12)
+    return Ladder(nudge=3, replan=4, ask_human=7, abort=10)
 
 
 class StagnationConfig(BaseModel):
     """Every threshold of the detector; the defaults are the production values.
 
     Nothing is ever flagged while ``steps_since_milestone <= min_steps`` (the step gate of the
-    composite trigger). Above it, the level climbs, one rung per stale event, to the highest
+    composite trigger). Above it, the level climbs, one rung per iteration, to the highest
     rung reached by any signal:
 
-    - ``stale``: informative events in a row with no new state change (the window);
-    - ``repeat``: occurrences of the same (call, result) pair since the last new state change;
+    - ``stale``: the stale run, a leaky count: each stale event adds one, each new result takes
+      ``recovery`` steps or ``recovery_share`` of the run off, whichever is more (``recovery=0``:
+      a new result ends the run at once); the episode ends when the run is empty;
+    - ``repeat``: occurrences of the same (call, result) pair in the stale run, and of the same
+      failing call failing the same way in the last ``history`` events, whatever came between;
     - ``cycle``: full repetitions of a cycle of 2..``max_period`` (call, result) pairs;
     - ``error``: occurrences of the same error text from the same tool, whatever the arguments.
 
     ``history`` bounds the window in which repeats, cycles and errors are counted;
     ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen
-    is forgotten first). ``acknowledgements`` are outputs (stripped, lower-cased) that count
-    neither as progress nor as a repeat. A tool in ``patient_tools`` is waiting when its result
-    does not change (polling a job): that is neutral too. ``enabled=False`` keeps counting but
-    always answers NONE.
+    is forgotten first). ``acknowledgements`` are outputs (stripped, lower-cased) of *other*
+    tools (neither reads nor commands nor writes) that count neither as progress nor as a
+    repeat: an empty read or search is information-free (stale), a command's silent success is
+    judged as a result, a write by its after-state. A tool in ``patient_tools`` is waiting when
+    its result does not change (polling a job): that is neutral too. ``enabled=False`` keeps
+    counting but always answers NONE.
     """
 
     model_config = ConfigDict(frozen=True)
 
     enabled: bool = True
-    min_steps: int = Field(default=10, ge=0)
+    min_steps: int = Field(default=4, ge=0)
+    recovery: int = Field(default=1, ge=0)
+    recovery_share: float = Field(default=1 / 3, ge=0.0, le=1.0)
     stale: Ladder = Field(default_factory=_stale_default)
     repeat: Ladder = Field(default_factory=_repeat_default)
     cycle: Ladder = Field(default_factory=_cycle_default)

@@ -3,23 +3,25 @@
 For each observed :class:`~shared.stagnation.events.ToolEvent` the detector decides, from digests
 of masked outputs and host-supplied content hashes only, whether the event is
 
-- **neutral**: an empty acknowledgement, or a patient tool still waiting. Neither progress nor
-  evidence of a loop; the level is held;
-- **a new state change**: a read of content not seen before, a command whose (tool, exit code,
-  output) was not seen before, a write whose after-state differs from its before-state and was
-  not reached before, a failure (other than a write) never met before. The stale run ends and
-  the level drops to NONE;
-- **stale**: anything else, including every failed write and an identical call already made in
-  the same batch.
+- **neutral**: an empty acknowledgement of an *other* tool, a patient tool still waiting, a read
+  of the content the agent itself just wrote, or a write *pending* its outcome. Neither progress
+  nor evidence of a loop; the level is held;
+- **new**: a read, a command or a failure whose (masked) result was never seen. It ends the
+  stale run, and confirms the writes pending since the last result: the level drops to NONE;
+- **stale**: anything else: a result already seen, a read or search that showed nothing, a
+  failed write, a write that left its target as it was, put back a state already seen or
+  re-applied an edit already made, and an identical call already made in the same batch. When
+  a stale result follows pending writes, they changed bytes but not the outcome: they join the
+  stale run.
 
 Stale events extend the current episode. The level follows the highest rung reached by four
-signals (see :class:`~shared.stagnation.config.StagnationConfig`), one rung per stale event at
-most, is never lowered within an episode, and never above NONE while
-``steps_since_milestone <= min_steps``: the composite trigger is
-*steps > N and no milestone since the window start and no new state change in the window*.
+signals (see :class:`~shared.stagnation.config.StagnationConfig`), one rung per iteration (one
+``observe`` or one ``observe_batch``) at most, is never lowered within an episode, and never
+above NONE while ``steps_since_milestone <= min_steps``: the composite trigger is
+*steps > N and no milestone since the window start and no new result in the window*.
 A verified milestone (:meth:`StagnationDetector.milestone`) resets the step counter and the
-episode. :meth:`StagnationDetector.compacted` opens a new epoch, so that re-reading content first
-seen before it is classified as amnesia.
+episode. A stale result first seen before the episode began, or before the last
+:meth:`StagnationDetector.compacted`, is an *amnesia* step: the agent re-learns what it knew.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 from shared.stagnation.config import StagnationConfig
 from shared.stagnation.events import ToolEvent, ToolKind
-from shared.stagnation.fingerprint import EventFingerprint, fingerprint
+from shared.stagnation.fingerprint import EventFingerprint, digest, fingerprint
 from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
 from shared.stagnation.state import (
@@ -80,6 +82,7 @@ class _Episode:
     kind: StagnationKind | None = None
     reasons: set[ReasonCode] = field(default_factory=set)
     detail: str = ""
+    started_at: int = 0  # total steps when the episode began (the last new result)
 
     def dump(self) -> EpisodeState:
         return EpisodeState(
@@ -89,6 +92,7 @@ class _Episode:
             kind=self.kind,
             reasons=sorted(self.reasons, key=_reason_order),
             detail=self.detail,
+            started_at=self.started_at,
         )
 
     @classmethod
@@ -100,6 +104,7 @@ class _Episode:
             kind=state.kind,
             reasons=set(state.reasons),
             detail=state.detail,
+            started_at=state.started_at,
         )
 
 
@@ -132,23 +137,31 @@ class StagnationDetector:
         self._epoch = 0
         self._milestones_total = 0
         self._milestones: deque[str] = deque(maxlen=MAX_MILESTONE_NAMES)
-        self._seen: BoundedLru[int] = BoundedLru(cfg.max_seen_hashes)
+        # digest -> (compaction epoch, total steps) when first seen
+        self._seen: BoundedLru[tuple[int, int]] = BoundedLru(cfg.max_seen_hashes)
+        # path -> last known state, "w:" when a write of ours produced it, "r:" when read
         self._paths: BoundedLru[str] = BoundedLru(cfg.max_paths)
         self._window = StaleWindow(cfg.history, cfg.max_period)
         self._episode = _Episode()
+        self._pending_writes = 0
+        self._climbed = False  # the level rose in the current iteration
 
     # -- public API --------------------------------------------------------------------------
 
     def observe(self, event: ToolEvent) -> StagnationVerdict:
-        """Account for one tool event and say how stagnant the run is now."""
+        """Account for one tool event, an iteration of its own, and say how stagnant the run is."""
+        self._climbed = False
         return self._observe(event, batch=None)
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
-        """Account for the events of one model response; identical calls in it are repeats.
+        """Account for the events of one model response (one iteration).
 
-        Returns the verdict of the highest level met in the batch (``escalated`` if any event
-        escalated), or the current verdict for an empty batch.
+        Identical calls in it are repeats, and the level rises at most one rung for the whole
+        batch: three parallel copies of a looping call still get a NUDGE, then a REPLAN, before
+        a human is asked. Returns the verdict of the highest level met in the batch
+        (``escalated`` if any event escalated), or the current verdict for an empty batch.
         """
+        self._climbed = False
         batch: dict[str, str] = {}
         worst: StagnationVerdict | None = None
         escalated = False
@@ -167,8 +180,9 @@ class StagnationDetector:
         self._milestones_total += 1
         self._since_milestone = 0
         self._new_changes = 0
+        self._pending_writes = 0
         self._window.clear()
-        self._episode = _Episode()
+        self._episode = _Episode(started_at=self._total_steps)
 
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
@@ -178,7 +192,8 @@ class StagnationDetector:
         this, or a loop would never escalate past them.
         """
         self._window.clear()
-        self._episode = _Episode()
+        self._pending_writes = 0
+        self._episode = _Episode(started_at=self._total_steps)
 
     def counters(self) -> dict[str, int | str]:
         """The counters and the current level, for an operator or a review screen."""
@@ -187,6 +202,7 @@ class StagnationDetector:
             "steps_since_milestone": self._since_milestone,
             "new_state_changes": self._new_changes,
             "stale_steps": self._episode.stale_steps,
+            "pending_writes": self._pending_writes,
             "total_steps": self._total_steps,
             "milestones": self._milestones_total,
             "compactions": self._epoch,
@@ -214,15 +230,26 @@ class StagnationDetector:
         duplicate = self._batch_duplicate(fp, batch)
         if duplicate is None and fp.is_ack:
             return self._verdict(escalated=False)
-        first_epoch = self._seen.remember(fp.outcome, self._epoch)
-        if duplicate is None and self._is_new_state(event, fp, first_epoch):
-            self._new_changes += 1
-            self._window.restart(fp.pair, fp.error)
-            self._episode = _Episode()
+        first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
+        self._window.note(fp.pair if event.failed else None)
+        if event.kind is ToolKind.WRITE:
+            return self._write(event, fp, first_seen, duplicate)
+        if duplicate is not None:
+            return self._stale(event, fp, first_seen, duplicate)
+        return self._result(event, fp, first_seen)
+
+    def _result(
+        self, event: ToolEvent, fp: EventFingerprint, first_seen: tuple[int, int] | None
+    ) -> StagnationVerdict:
+        """A read, a command or an other tool's answer: neutral, new or stale."""
+        if self._is_read_back(fp):
             return self._verdict(escalated=False)
-        if duplicate is None and self._is_waiting(event):
+        answers_writes = self._answers_writes(fp)
+        if (first_seen is None and not fp.info_free) or answers_writes:
+            return self._new_result(fp)
+        if self._is_waiting(event):
             return self._verdict(escalated=False)
-        return self._stale(event, fp, first_epoch, duplicate)
+        return self._stale(event, fp, first_seen, None)
 
     def _batch_duplicate(self, fp: EventFingerprint, batch: dict[str, str] | None) -> str | None:
         """The pair of the same call made earlier in this batch, or None."""
@@ -233,44 +260,151 @@ class StagnationDetector:
             batch[fp.call] = fp.pair
         return earlier
 
-    def _is_new_state(
-        self, event: ToolEvent, fp: EventFingerprint, first_epoch: int | None
-    ) -> bool:
-        if event.kind is ToolKind.WRITE:
-            # A failed write has no after-state: it changed nothing, whatever its error says.
-            return fp.after is not None and self._write_changed(fp) and first_epoch is None
-        if fp.state is not None and fp.path is not None:
-            self._paths.set(fp.path, fp.state)
-        return first_epoch is None
+    def _answers_writes(self, fp: EventFingerprint) -> bool:
+        """With writes pending: True when this call never returned this result before.
+
+        Such a result is their outcome: what they could affect came out differently (the search
+        that found one match now finds none, a new check script's first answer), even when the
+        text itself was seen elsewhere. The same result from the same call (the test after each
+        edit, failing the same way, or toggling back to a failure it already gave) says the
+        writes changed nothing. Every call's pairs are remembered, pending writes or not.
+        """
+        return not self._remembered(fp.pair) and self._pending_writes > 0
+
+    def _new_result(self, fp: EventFingerprint) -> StagnationVerdict:
+        """Something never seen came back: pending writes count as changes, the stale run drains.
+
+        The stale run is a leaky count (Magentic-One's stall counter leaks the same way): a new
+        result takes ``recovery`` steps, or ``recovery_share`` of the run if that is more, off
+        it. A stall broken by one new fact among many re-reads keeps its pressure; steady work
+        drains it. The episode, its window and its level end when the run is empty.
+        """
+        self._new_changes += 1 + self._pending_writes
+        self._pending_writes = 0
+        episode = self._episode
+        cfg = self.config
+        recovery = max(cfg.recovery, int(episode.stale_steps * cfg.recovery_share))
+        if cfg.recovery and episode.stale_steps > recovery:
+            episode.stale_steps -= recovery
+            episode.amnesia_steps = min(episode.amnesia_steps, episode.stale_steps)
+            return self._verdict(escalated=False)
+        self._window.restart(fp.pair, fp.error)
+        self._episode = _Episode(started_at=self._total_steps)
+        return self._verdict(escalated=False)
+
+    def _write(
+        self,
+        event: ToolEvent,
+        fp: EventFingerprint,
+        first_seen: tuple[int, int] | None,
+        duplicate: str | None,
+    ) -> StagnationVerdict:
+        """A write is pending until a result shows what it changed, or stale right away.
+
+        Stale right away: a failed write whose refusal was met before (it changed nothing; its
+        error is compared by its first and last lines, since a linter's message quotes the
+        rejected code in between), one that left its target as it was, one that put back a
+        state already seen, and the same edit of the same path made again (each application
+        may change the bytes, as an insertion duplicated, but not what the agent knows). A
+        refusal never met before is a new result: the world said something new.
+        """
+        if event.failed:
+            refusal = digest("refused", event.tool_name, fp.error or fp.outcome)
+            known = self._seen.remember(refusal, (self._epoch, self._total_steps))
+            if duplicate is None and known is None:
+                return self._new_result(fp)
+            return self._stale(event, fp, first_seen, duplicate)
+        reapplied = fp.write_call is not None and self._remembered(fp.write_call)
+        reverted = fp.after is not None and self._remembered(fp.after)
+        changed = fp.after is not None and self._write_changed(fp)
+        if duplicate is None and changed and not reverted and not reapplied:
+            self._pending_writes += 1
+            return self._verdict(escalated=False)
+        return self._stale(event, fp, first_seen, duplicate)
+
+    def _remembered(self, key: str) -> bool:
+        """True when ``key`` was seen before; it is remembered from now on either way."""
+        return self._seen.remember(key, (self._epoch, self._total_steps)) is not None
 
     def _write_changed(self, fp: EventFingerprint) -> bool:
         """False when the write left its target as it was (after-state equals before-state)."""
         before = fp.before
         if before is None and fp.path is not None:
-            before = self._paths.get(fp.path)
+            known = self._paths.get(fp.path)
+            before = known[2:] if known is not None else None
         if fp.path is not None and fp.after is not None:
-            self._paths.set(fp.path, fp.after)
+            self._paths.set(fp.path, "w:" + fp.after)
         return before is None or before != fp.after
+
+    def _is_read_back(self, fp: EventFingerprint) -> bool:
+        """A read of the state one of our writes left: what it shows, the agent wrote.
+
+        Otherwise a read with a whole-content state records it as the path's last known state.
+        """
+        if fp.state is None:
+            return False
+        self._remembered(fp.state)  # a later write putting this content back is a revert
+        if fp.path is None:
+            return False
+        known = self._paths.get(fp.path)
+        if known == "w:" + fp.state:
+            return True
+        self._paths.set(fp.path, "r:" + fp.state)
+        return False
 
     def _is_waiting(self, event: ToolEvent) -> bool:
         return event.tool_name in self.config.patient_tools and not event.failed
 
     def _stale(
-        self, event: ToolEvent, fp: EventFingerprint, first_epoch: int | None, duplicate: str | None
+        self,
+        event: ToolEvent,
+        fp: EventFingerprint,
+        first_seen: tuple[int, int] | None,
+        duplicate: str | None,
     ) -> StagnationVerdict:
         pair = duplicate if duplicate is not None else fp.pair
         self._window.push(pair, fp.error)
         episode = self._episode
+        if event.kind is not ToolKind.WRITE:
+            # The writes pending since the last result changed bytes, not the outcome: they are
+            # no progress (nor a loop of their own; the stale result counts).
+            self._pending_writes = 0
         episode.stale_steps += 1
-        if first_epoch is not None and first_epoch < self._epoch:
+        if self._is_amnesia(event, fp, first_seen):
             episode.amnesia_steps += 1
         signals = self._signals(event, fp, pair)
-        strongest = max(signals, key=_Signal.rank)
+        strongest = self._naming_signal(signals)
         firing = [sig for sig in signals if sig.level is not StagnationLevel.NONE]
         reasons = {reason for sig in firing for reason in sig.reasons}
         if duplicate is not None:
             reasons.add(ReasonCode.BATCH_DUPLICATE)
         return self._escalate(strongest, reasons)
+
+    def _naming_signal(self, signals: list[_Signal]) -> _Signal:
+        """The signal that drives the level: the highest rung, but when the level is to rise by
+        one rung, the most specific of the signals that reach that rung names it (a cycle says
+        more than "nothing new")."""
+        strongest = max(signals, key=_Signal.rank)
+        target = _LEVELS[min(self._episode.level.rank + 1, len(_LEVELS) - 1)]
+        reaching = [sig for sig in signals if sig.level >= target]
+        if not reaching:
+            return strongest
+        specific = max(reaching, key=lambda sig: _KIND_PRIORITY[sig.kind])
+        return _Signal(strongest.level, specific.kind, specific.reasons, specific.detail)
+
+    def _is_amnesia(
+        self, event: ToolEvent, fp: EventFingerprint, first_seen: tuple[int, int] | None
+    ) -> bool:
+        """Content (not an error, not nothing) first seen long ago, or before a compaction.
+
+        Long ago: at least twice ``max_period`` steps back, beyond what a repeat or a cycle
+        explains; the agent is re-learning what it knew before this stall began.
+        """
+        if first_seen is None or event.failed or fp.info_free:
+            return False
+        epoch, step = first_seen
+        long_ago = self._total_steps - step >= 2 * self.config.max_period
+        return epoch < self._epoch or (long_ago and step <= self._episode.started_at)
 
     # -- signals -----------------------------------------------------------------------------
 
@@ -280,6 +414,7 @@ class StagnationDetector:
             self._cycle_signal(),
             self._repeat_signal(event, pair),
             self._error_signal(event, fp),
+            self._retry_signal(event, fp),
         )
         return [self._stale_signal(), *(sig for sig in candidates if sig is not None)]
 
@@ -294,8 +429,8 @@ class StagnationDetector:
                 StagnationKind.AMNESIA,
                 reasons,
                 lambda: (
-                    f"{amnesia} of the last {stale} steps re-read content first seen before "
-                    "your context was compacted"
+                    f"{amnesia} of the last {stale} steps showed again what you had already "
+                    "seen before your last new result"
                 ),
             )
         return _Signal(
@@ -332,6 +467,28 @@ class StagnationDetector:
             ),
         )
 
+    def _retry_signal(self, event: ToolEvent, fp: EventFingerprint) -> _Signal | None:
+        """The same failing call, unchanged, failing the same way again, whatever came between.
+
+        A new result in between ends the stale run but not this count: re-issuing a call whose
+        failure the agent already has is a loop even when it learns something else meanwhile.
+        """
+        if not event.failed:
+            return None
+        count = self._window.retries(fp.pair)
+        level = self.config.repeat.rung(count)
+        if level is StagnationLevel.NONE:
+            return None
+        return _Signal(
+            level,
+            StagnationKind.REPEAT,
+            (ReasonCode.RETRIED_FAILURE,),
+            lambda: (
+                f"{event.describe()} failed the same way {count} times in the last "
+                f"{self.config.history} calls ({_first_line(event.output)!r})"
+            ),
+        )
+
     def _cycle_signal(self) -> _Signal | None:
         found = self._window.cycle()
         if found is None:
@@ -350,19 +507,20 @@ class StagnationDetector:
     def _escalate(self, signal: _Signal, reasons: set[ReasonCode]) -> StagnationVerdict:
         """Raise the episode's level toward the signal's, behind the step gate.
 
-        The level never goes down within an episode and climbs at most one rung per stale
-        event, so the model always gets a NUDGE and a REPLAN before a human is asked, even
-        when the gate opens on a loop that is already long. The kind and the detail line stay
-        those of the signal that last raised the level, so an episode does not flip between
-        kinds while it holds a rung.
+        The level never goes down within an episode and climbs at most one rung per iteration,
+        so the model always gets a NUDGE and a REPLAN before a human is asked, even when the
+        gate opens on a loop that is already long or one response holds many stale calls. The
+        kind and the detail line stay those of the signal that last raised the level, so an
+        episode does not flip between kinds while it holds a rung.
         """
         ep = self._episode
         if not self.config.enabled or self._since_milestone <= self.config.min_steps:
             return self._verdict(escalated=False)
         if signal.level is StagnationLevel.NONE:
             return self._verdict(escalated=False)
-        escalated = signal.level > ep.level
-        if escalated:  # the kind and detail are those of the signal that raised the level
+        escalated = signal.level > ep.level and not self._climbed
+        if escalated:
+            self._climbed = True  # kind and detail: those of the signal that raised the level
             ep.level, ep.kind = _LEVELS[ep.level.rank + 1], signal.kind
             ep.detail = signal.detail()[:MAX_DETAIL_CHARS]
         ep.reasons.update(reasons)
@@ -404,6 +562,7 @@ class StagnationDetector:
     def to_state(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot; :meth:`from_state` restores it exactly."""
         window, recent, runs = self._window.dump()
+        failures = self._window.dump_failures()
         state = DetectorState(
             config=self.config,
             total_steps=self._total_steps,
@@ -418,6 +577,8 @@ class StagnationDetector:
             recent_pairs=recent,
             cycle_runs=runs,
             episode=self._episode.dump(),
+            pending_writes=self._pending_writes,
+            recent_failures=failures,
         )
         return state.model_dump(mode="json")
 
@@ -444,6 +605,9 @@ class StagnationDetector:
         detector._milestones.extend(saved.milestones)
         detector._seen = BoundedLru(cfg.max_seen_hashes, saved.seen)
         detector._paths = BoundedLru(cfg.max_paths, saved.paths)
-        detector._window.load(saved.window, saved.recent_pairs, saved.cycle_runs)
+        detector._window.load(
+            saved.window, saved.recent_pairs, saved.cycle_runs, saved.recent_failures
+        )
         detector._episode = _Episode.load(saved.episode)
+        detector._pending_writes = saved.pending_writes
         return detector

@@ -12,6 +12,13 @@ tokens only (``331.0``, ``57%``) is compared unmasked (:func:`comparable`).
 Call signatures are canonical JSON (keys sorted recursively) of the arguments, masked the same
 way, so that a display counter or ``max_depth+1`` in the arguments does not make a repeated call
 look new.
+
+What is compared is what the model was shown, masked: a host's ``output_hash`` (a digest of the
+raw output, volatile tokens included) is never used, or a retried command whose traceback line
+numbers change would look new every time. Two more reductions make information-free outputs
+equal: a short output that only echoes the call's own arguments (``No matches found for "X"``,
+``X: command not found``) has them masked (:func:`without_echo`), and ``run_command``'s
+``exit code: N`` header is not content (the exit code is compared on its own).
 """
 
 from __future__ import annotations
@@ -26,10 +33,28 @@ from typing import Any
 from shared.stagnation.events import ToolEvent, ToolKind
 from shared.volatile import normalize_volatile
 
-__all__ = ["EventFingerprint", "canonical_json", "comparable", "digest", "fingerprint", "mask"]
+__all__ = [
+    "EventFingerprint",
+    "canonical_json",
+    "comparable",
+    "digest",
+    "fingerprint",
+    "mask",
+    "without_echo",
+]
 
 _TRAILING_BLANKS = re.compile(r"[ \t]+$", re.MULTILINE)
 _ERROR_LINE_CHARS = 200
+# run_command's first line; the exit code is compared on its own.
+_EXIT_HEADER = re.compile(r"\Aexit code: -?\d+[ \t]*(?:\n|\Z)")
+# An echo is looked for in short outputs only: one- to three-line messages such as "no match for
+# 'x'" or "x: command not found". In a longer output an argument is part of the content.
+_ECHO_MAX_LINES = 3
+_ECHO_MAX_CHARS = 600
+_ECHO_MIN_WORD = 3
+_WORD_SEPARATORS = re.compile(r"[\s'\"`,;|&<>()\[\]{}]+")
+_ECHO = "<arg>"
+_QUOTED = re.compile(r"(['\"])(.+?)\1")
 # normalize_volatile's placeholders, or (group 1) a letter that is not part of one
 _LETTER_OR_PLACEHOLDER = re.compile(r"<(?:ts|uuid|tmp|hex|n)>|([^\W\d_])")
 
@@ -48,23 +73,91 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def mask(text: str) -> str:
-    """Volatile tokens masked, line endings unified, trailing blanks and blank edges removed."""
-    return _whitespace(normalize_volatile(text))
+def mask(text: str, *, numbers: bool = True) -> str:
+    """Volatile tokens masked, line endings unified, trailing blanks and blank edges removed.
 
-
-def comparable(text: str) -> str:
-    """The form of an output that is compared: masked, unless masking would erase all of it.
-
-    A calculator's ``331.0``, a counter's ``42`` or a poll's ``57%`` is nothing but volatile
-    tokens; masked, every such result would look the same. Those are compared as they are
-    (whitespace-normalised); any output with words in it is compared masked.
+    ``numbers=False`` keeps bare numbers (see :func:`shared.volatile.normalize_volatile`).
     """
+    return _whitespace(normalize_volatile(text, numbers=numbers))
+
+
+def comparable(text: str, *, keep_numbers: bool = False) -> str:
+    """The form of an output that is compared: masked, unless its numbers are its content.
+
+    With ``keep_numbers`` (a short successful answer of a command or another tool: a
+    calculator's ``331.0``, ``Content-Length: 5``, ``count: 2``) bare numbers are kept. Any
+    other output is masked entirely: ``/bin/bash: line 334`` and ``line 352`` are the same
+    error, and in a file, a listing or a test report the numbers are mostly line numbers,
+    counters and timings. An output made of volatile tokens only is compared unmasked.
+    """
+    if keep_numbers and _is_short(text):
+        return mask(text, numbers=False)
     masked = mask(text)
     # Stop at the first letter outside a placeholder: one short scan for ordinary outputs.
     if any(match.group(1) for match in _LETTER_OR_PLACEHOLDER.finditer(masked)):
         return masked
     return _whitespace(text)
+
+
+def _is_short(text: str) -> bool:
+    return len(text) <= _ECHO_MAX_CHARS and text.strip().count("\n") < _ECHO_MAX_LINES
+
+
+def _argument_words(value: Any, words: set[str]) -> None:
+    """The strings of ``value`` (at any depth) that an output may echo.
+
+    Each whole string, the quoted parts of it, its first word (the program a shell line runs)
+    and its words that are not plain lower-case English (``fastjson/``, ``find.``, ``JDK``,
+    ``*.gradle``): those name things; ``for`` or ``this`` do not.
+    """
+    if isinstance(value, str):
+        words.add(value.strip())
+        words.update(match.group(2) for match in _QUOTED.finditer(value))
+        split = [word for word in _WORD_SEPARATORS.split(value) if word]
+        words.update(split[:1])
+        words.update(word for word in split if not word.isalpha() or not word.islower())
+    elif isinstance(value, dict):
+        for item in value.values():
+            _argument_words(item, words)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _argument_words(item, words)
+
+
+def without_echo(text: str, arguments: dict[str, Any], *, failed: bool = True) -> str:
+    """``text`` with the call's argument words masked, when it is a short message.
+
+    ``No matches found for "install JDK"`` and ``No matches found for "build script"`` tell the
+    same thing: nothing; so do ``cd..: command not found`` and ``find.: command not found``.
+    Only outputs of at most three lines and 600 characters are touched, and only words of at
+    least three characters, longest first. In a successful output only a quoted echo is masked:
+    a search hit that contains its own pattern (``a.py:3: foo()`` for ``foo``) is content.
+    """
+    if not _is_short(text):
+        return text
+    words: set[str] = set()
+    _argument_words(arguments, words)
+    for word in sorted(words, key=len, reverse=True):
+        if len(word) < _ECHO_MIN_WORD or word not in text:
+            continue
+        if failed:
+            text = text.replace(word, _ECHO)
+        else:
+            for quote in ('"', "'"):
+                text = text.replace(f"{quote}{word}{quote}", f"{quote}{_ECHO}{quote}")
+    return text
+
+
+def _is_empty(masked: str) -> bool:
+    """Nothing but punctuation and blanks: ``""``, ``[]``, ``{}``."""
+    return not any(char.isalnum() for char in masked)
+
+
+def _body(event: ToolEvent) -> str:
+    """The output without ``run_command``'s ``exit code: N`` header line."""
+    if event.exit_code is None:
+        return event.output
+    return _EXIT_HEADER.sub("", event.output, count=1)
 
 
 def _whitespace(text: str) -> str:
@@ -77,9 +170,10 @@ class EventFingerprint:
     """The digests of one event, computed once when it is observed.
 
     - ``call``: tool name plus masked canonical arguments;
-    - ``outcome``: what the world showed, keyed per kind: for a read, the content shown and the
-      state it was shown from; for a command, tool, exit code and output; for a write, path and
-      after-state; for a failure, tool, exit code and error text;
+    - ``outcome``: what the world showed, keyed per kind: for a read, the content shown; for a
+      command, tool, exit code and output (a silent success: the call itself, since silence
+      says something only the first time a call is made); for a write, path and after-state;
+      for a failure, tool, exit code and error text;
     - ``pair``: call and outcome together, the unit of exact repetition;
     - ``error``: tool plus the first and last lines of the masked error text, whatever the
       arguments (None when the call succeeded or the error text is empty);
@@ -87,7 +181,11 @@ class EventFingerprint:
     - ``state``: the whole-content state a read saw (from ``content_hash``), if given;
     - ``after`` / ``before``: a successful write's after-state and, if known, before-state.
       ``state``, ``after`` and ``before`` share one space, so a write that puts back what a read
-      saw is recognised.
+      saw is recognised;
+    - ``write_call``: a successful write's path and call, so that re-applying the same edit is
+      recognised even when each application changes the file (an insertion duplicated);
+    - ``is_ack``: an empty acknowledgement of a tool that is neither a read nor a command;
+    - ``info_free``: a successful read or search that showed nothing.
     """
 
     call: str
@@ -98,11 +196,9 @@ class EventFingerprint:
     state: str | None
     after: str | None
     before: str | None
+    write_call: str | None
     is_ack: bool
-
-
-def _output_digest(event: ToolEvent, masked: str) -> str:
-    return digest("out", event.output_hash) if event.output_hash else digest("text", masked)
+    info_free: bool
 
 
 def _write_after(event: ToolEvent, masked_output: str) -> str:
@@ -112,24 +208,40 @@ def _write_after(event: ToolEvent, masked_output: str) -> str:
     return digest("written", canonical_json(event.arguments), masked_output)
 
 
+def _write_call(event: ToolEvent) -> str | None:
+    """Path and exact call of a write whose after-state the host reported, else None.
+
+    Only a host's after-hash can change while the same edit is re-applied (an insertion
+    duplicated each time); an after-state derived from the call and its output changes with
+    them. The call is compared exactly: the same text inserted at line 35 and at line 46 is a
+    batch, not a repetition.
+    """
+    if event.after_hash is None:
+        return None
+    return digest("wcall", event.path or "", event.tool_name, canonical_json(event.arguments))
+
+
 def _read_state(event: ToolEvent) -> str | None:
     if event.kind is ToolKind.READ and not event.failed and event.content_hash is not None:
         return digest("state", event.content_hash)
     return None
 
 
-def _outcome(event: ToolEvent, output_digest: str, after: str | None) -> str:
+def _outcome(event: ToolEvent, masked: str, call: str, after: str | None) -> str:
+    shown = digest("text", masked)
     if event.failed:
-        return digest("error", event.tool_name, str(event.exit_code), output_digest)
+        return digest("error", event.tool_name, str(event.exit_code), shown)
     if event.kind is ToolKind.READ:
-        # What was shown, of which state: a new page of a long file is new; the same lines
-        # again (other line numbers, after masking) are not.
-        return digest("read", event.content_hash or "", output_digest)
+        # What was shown: the same lines again (other line numbers, after masking) are not new,
+        # whatever else changed in the file; a page not yet shown is.
+        return digest("read", shown)
     if event.kind is ToolKind.WRITE and after is not None:
         return digest("write", event.path or "", after)
     if event.kind is ToolKind.COMMAND:
-        return digest("command", event.tool_name, str(event.exit_code), output_digest)
-    return digest("other", event.tool_name, output_digest)
+        if not masked:
+            return digest("silent", call)
+        return digest("command", event.tool_name, str(event.exit_code), shown)
+    return digest("other", event.tool_name, shown)
 
 
 def _error_fingerprint(event: ToolEvent, masked: str) -> str | None:
@@ -146,23 +258,29 @@ def _error_fingerprint(event: ToolEvent, masked: str) -> str | None:
     return digest("fault", event.tool_name, first, last)
 
 
-def _is_ack(event: ToolEvent, acknowledgements: Collection[str]) -> bool:
-    """An empty acknowledgement ("exit 0, no output"): neither progress nor evidence of a loop."""
-    if event.failed or event.kind is ToolKind.WRITE or event.output_hash:
+def _is_ack(event: ToolEvent, body: str, acknowledgements: Collection[str]) -> bool:
+    """An empty acknowledgement of an *other* tool: neither progress nor evidence of a loop.
+
+    A read or a search that shows nothing is information-free (stale), and a command's silent
+    success is judged as a result; a write is judged by its after-state.
+    """
+    if event.failed or event.kind is not ToolKind.OTHER:
         return False
-    return event.output.strip().lower() in acknowledgements
+    return body.strip().lower() in acknowledgements
 
 
 def fingerprint(event: ToolEvent, acknowledgements: Collection[str]) -> EventFingerprint:
     """Compute every digest of ``event``: the output is masked and hashed exactly once."""
-    masked = comparable(event.output)
-    output_digest = _output_digest(event, masked)
+    body = _body(event)
+    answer = not event.failed and event.kind in (ToolKind.COMMAND, ToolKind.OTHER)
+    shown = without_echo(body, event.arguments, failed=event.failed)
+    masked = comparable(shown, keep_numbers=answer)
     is_write = event.kind is ToolKind.WRITE and not event.failed
     after = _write_after(event, masked) if is_write else None
     known_before = is_write and event.before_hash is not None  # "" is "did not exist"
     before = digest("state", event.before_hash or "") if known_before else None
     call = digest("call", event.tool_name, mask(canonical_json(event.arguments)))
-    outcome = _outcome(event, output_digest, after)
+    outcome = _outcome(event, masked, call, after)
     error = _error_fingerprint(event, masked)
     return EventFingerprint(
         call=call,
@@ -173,5 +291,7 @@ def fingerprint(event: ToolEvent, acknowledgements: Collection[str]) -> EventFin
         state=_read_state(event),
         after=after,
         before=before,
-        is_ack=_is_ack(event, acknowledgements),
+        write_call=_write_call(event) if is_write else None,
+        is_ack=_is_ack(event, body, acknowledgements),
+        info_free=event.kind is ToolKind.READ and not event.failed and _is_empty(masked),
     )

@@ -3,8 +3,9 @@
 - :class:`BoundedLru`: what was seen (digest -> compaction epoch of first sight) and the last known
   state of each path; the least recently seen entry is forgotten once ``capacity`` is reached.
 - :class:`StaleWindow`: the (call, result) pairs and error fingerprints since the last new state
-  change, at most ``history`` of them, with running counts; and the run lengths that reveal a
-  cycle of period ``p`` (how many events in a row equal the one ``p`` places earlier).
+  change, at most ``history`` of them, with running counts; the run lengths that reveal a
+  cycle of period ``p`` (how many events in a row equal the one ``p`` places earlier); and the
+  failed (call, result) pairs of the last ``history`` events, whatever came in between.
 """
 
 from __future__ import annotations
@@ -75,12 +76,17 @@ class StaleWindow:
         self._recent: deque[str] = deque(maxlen=max_period)
         # _runs[p - 1]: events in a row equal to the event p places earlier (p = 1..max_period)
         self._runs: list[int] = [0] * max_period
+        # failed pairs (None for any other event) of the last ``history`` events, new ones too
+        self._failures: deque[str | None] = deque(maxlen=history)
+        self._failure_counts: Counter[str] = Counter()
 
     def clear(self) -> None:
         """Forget everything (after a milestone or a reviewer's reset)."""
         self._clear_episode()
         self._recent.clear()
         self._runs = [0] * self.max_period
+        self._failures.clear()
+        self._failure_counts.clear()
 
     def _clear_episode(self) -> None:
         self._entries.clear()
@@ -101,6 +107,22 @@ class StaleWindow:
         self._pairs[pair] += 1
         if error is not None:
             self._errors[error] += 1
+
+    def note(self, failed_pair: str | None) -> None:
+        """Record every observed event: its pair if it failed, else None (kept across episodes)."""
+        if len(self._failures) == self.history:
+            oldest = self._failures[0]
+            if oldest is not None:
+                self._failure_counts[oldest] -= 1
+                if not self._failure_counts[oldest]:
+                    del self._failure_counts[oldest]
+        self._failures.append(failed_pair)
+        if failed_pair is not None:
+            self._failure_counts[failed_pair] += 1
+
+    def retries(self, pair: str) -> int:
+        """How often ``pair`` failed in the last ``history`` events, whatever came between."""
+        return self._failure_counts[pair]
 
     def _update_runs(self, pair: str) -> None:
         recent, size = self._recent, len(self._recent)
@@ -146,11 +168,21 @@ class StaleWindow:
         """Episode entries (oldest first), recent pairs and cycle runs, for the saved state."""
         return list(self._entries), list(self._recent), list(self._runs)
 
+    def dump_failures(self) -> list[str | None]:
+        """The failed pairs of the last events (None for the others), oldest first."""
+        return list(self._failures)
+
     def load(
-        self, entries: list[tuple[str, str | None]], recent: list[str], runs: list[int]
+        self,
+        entries: list[tuple[str, str | None]],
+        recent: list[str],
+        runs: list[int],
+        failures: list[str | None] | None = None,
     ) -> None:
-        """Restore what :meth:`dump` returned (trimmed to this window's bounds)."""
+        """Restore what :meth:`dump` and :meth:`dump_failures` returned (trimmed to bounds)."""
         self.clear()
+        for failed_pair in (failures or [])[-self.history :]:
+            self.note(failed_pair)
         for pair, error in entries[-self.history :]:
             self._entries.append((pair, error))
             self._pairs[pair] += 1

@@ -41,8 +41,8 @@ def _nudge(ctx: MessageContext) -> str:
 
 def _replan(ctx: MessageContext) -> str:
     amnesia = (
-        " You are re-reading what you already read before your context was compacted: write "
-        "down the facts you need from it once, then stop re-reading."
+        " You are re-reading and re-running what you already saw: write down the facts you "
+        "need from it once, then stop re-reading."
         if ctx.kind is StagnationKind.AMNESIA
         else ""
     )

@@ -7,9 +7,9 @@ names), so a 10,000-step run persists no more than a 100-step one.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.stagnation.config import StagnationConfig
 from shared.stagnation.verdict import ReasonCode, StagnationKind, StagnationLevel
@@ -31,14 +31,21 @@ class EpisodeState(BaseModel):
     kind: StagnationKind | None = None
     reasons: list[ReasonCode] = Field(default_factory=list)
     detail: str = Field(default="", max_length=MAX_DETAIL_CHARS)
+    started_at: int = Field(default=0, ge=0)
 
 
 class DetectorState(BaseModel):
-    """Everything a :class:`~shared.stagnation.detector.StagnationDetector` needs to resume."""
+    """Everything a :class:`~shared.stagnation.detector.StagnationDetector` needs to resume.
+
+    Version 2 keeps, for each seen digest, the step at which it was first seen (amnesia is told
+    by age), marks each path's state as written (``w:``) or read (``r:``), and counts the writes
+    pending their outcome. A version 1 state (saved by an older release) still loads: its digests
+    count as first seen at step 0 and its path states as read.
+    """
 
     model_config = ConfigDict(frozen=True)
 
-    version: Literal[1] = 1
+    version: Literal[1, 2] = 2
     config: StagnationConfig
     total_steps: int = Field(ge=0)
     steps_since_milestone: int = Field(ge=0)
@@ -46,9 +53,21 @@ class DetectorState(BaseModel):
     epoch: int = Field(ge=0)
     milestones_total: int = Field(ge=0)
     milestones: list[str] = Field(max_length=MAX_MILESTONE_NAMES)
-    seen: list[tuple[str, int]]
+    seen: list[tuple[str, tuple[int, int]]]
     paths: list[tuple[str, str]]
     window: list[tuple[str, str | None]]
     recent_pairs: list[str]
     cycle_runs: list[int]
     episode: EpisodeState
+    pending_writes: int = Field(default=0, ge=0)
+    recent_failures: list[str | None] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """Read a version 1 state as version 2 (see the class docstring)."""
+        if not isinstance(data, dict) or data.get("version", 2) != 1:
+            return data
+        seen = [(key, (epoch, 0)) for key, epoch in data.get("seen", [])]
+        paths = [(key, "r:" + value) for key, value in data.get("paths", [])]
+        return {**data, "version": 2, "seen": seen, "paths": paths}

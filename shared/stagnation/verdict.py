@@ -79,6 +79,7 @@ class ReasonCode(StrEnum):
     SAME_ERROR = "same_error"
     BATCH_DUPLICATE = "batch_duplicate"
     AMNESIA_REREAD = "amnesia_reread"
+    RETRIED_FAILURE = "retried_failure"
 
 
 class StagnationVerdict(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.stagnation import (
+    Ladder,
     ReasonCode,
     StagnationConfig,
     StagnationDetector,
@@ -17,6 +18,7 @@ from tests.shared.test_stagnation_trajectories import (
     ack,
     command,
     failed_write,
+    noted,
     page,
     poll,
     read,
@@ -43,6 +45,7 @@ def _bash_loop(count: int) -> list[ToolEvent]:
             arguments={"command": "cd fastxml/ && ls -F"},
             output=f"/bin/bash: line {334 + 18 * i}: cd: fastxml/: No such file or directory\n"
             "fasterxml/",
+            is_error=True,
         )
         for i in range(count)
     ]
@@ -94,51 +97,130 @@ def test_command_with_seen_name_exit_and_output_is_not_new() -> None:
 
 
 def test_write_whose_after_equals_before_changes_nothing() -> None:
-    """A write that leaves the file as it was is no state change; a real one is."""
-    verdicts = replay([write("a.py", "x = 1", "x = 1"), write("a.py", "x = 1", "x = 2")])
-    assert [v.new_state_changes for v in verdicts] == [0, 1]
+    """A write that leaves the file as it was is stale; a real one is pending its outcome."""
+    detector = StagnationDetector()
+    noop = detector.observe(write("a.py", "x = 1", "x = 1"))
+    assert (noop.stale_steps, detector.counters()["pending_writes"]) == (1, 0)
+    real = detector.observe(write("a.py", "x = 1", "x = 2"))
+    assert (real.stale_steps, real.new_state_changes) == (1, 0)
+    assert detector.counters()["pending_writes"] == 1
 
 
 def test_write_without_before_hash_uses_the_last_known_state() -> None:
     """With no before-hash, the state last read or written for the path stands in for it."""
-    verdicts = replay(
-        [
-            read("a.py", "x = 2"),
-            write("a.py", None, "x = 2"),
-            write("a.py", None, "x = 3"),
-            write("a.py", None, "x = 3"),
-        ]
-    )
-    assert [v.new_state_changes for v in verdicts] == [1, 1, 2, 2]
+    detector = StagnationDetector()
+    detector.observe(read("a.py", "x = 2"))
+    assert detector.observe(write("a.py", None, "x = 2")).stale_steps == 1
+    assert detector.observe(write("a.py", None, "x = 3")).stale_steps == 1
+    assert detector.observe(write("a.py", None, "x = 3")).stale_steps == 2
+    assert detector.counters()["pending_writes"] == 1
 
 
-def test_failed_write_is_never_a_state_change() -> None:
-    """Refused writes change nothing even when every error text differs."""
-    events = [failed_write("a.py", f"v{i}", f"lint error E{i}: bad indent") for i in range(6)]
+def test_writes_count_when_what_they_could_affect_comes_out_differently() -> None:
+    """A pending write is confirmed by the next result that differs; the same result drops it."""
+    detector = StagnationDetector(NO_GATE)
+    detector.observe(command("pytest -q", "FAILED test_a - KeyError\n1 failed", 1))
+    detector.observe(write("app.py", "v1", "v2"))
+    same = detector.observe(command("pytest -q", "FAILED test_a - KeyError\n1 failed", 1))
+    assert (same.new_state_changes, same.stale_steps) == (1, 1)
+    detector.observe(write("app.py", "v2", "v3"))
+    fixed = detector.observe(command("pytest -q", "1 passed", 0))
+    assert (fixed.new_state_changes, fixed.stale_steps) == (3, 0)
+
+
+def test_a_changed_answer_of_the_same_call_confirms_writes_even_if_seen_elsewhere() -> None:
+    """After writes, a call's first answer, or an answer it never gave, is their outcome."""
+    detector = StagnationDetector(NO_GATE)
+    detector.observe(search("Legacy", "no match for 'Legacy' in src (3 files searched)"))
+    detector.observe(search("OldName", "src/a.py:1: import OldName"))
+    detector.observe(write("src/a.py", "import OldName", "import NewName"))
+    done = detector.observe(search("OldName", "no match for 'OldName' in src (3 files searched)"))
+    assert (done.new_state_changes, done.stale_steps) == (4, 0)
+    # without the write, the same answer (seen for another pattern) is no news
+    again = StagnationDetector(NO_GATE)
+    again.observe(search("Legacy", "no match for 'Legacy' in src (3 files searched)"))
+    assert again.observe(search("Old", "no match for 'Old' in src (3 files searched)")).stale_steps
+
+
+def test_reverting_to_a_state_already_seen_is_not_new() -> None:
+    """Putting back content already written, or re-applying the same edit, is stale."""
+    insert = {"path": "a.py", "insert_at": 3, "text": "log()"}
+    edits = [
+        write("a.py", "v1", "v2"),
+        write("a.py", "v2", "v1"),
+        ToolEvent(
+            tool_name="insert", arguments=insert, kind=ToolKind.WRITE, path="a.py", after_hash="h1"
+        ),
+        ToolEvent(
+            tool_name="insert", arguments=insert, kind=ToolKind.WRITE, path="a.py", after_hash="h2"
+        ),
+    ]
+    verdicts = replay([read("a.py", "v1"), *edits])
+    assert [v.stale_steps for v in verdicts] == [0, 0, 1, 1, 2]
+
+
+def test_failed_write_with_a_refusal_already_met_is_stale() -> None:
+    """Refusals differing only by numbers are one refusal; a new refusal reason is news."""
+    events = [failed_write("a.py", f"v{i}", f"lint error, line {i}: bad indent") for i in range(6)]
     verdicts = replay([read("a.py", "x"), *events])
-    assert verdicts[-1].new_state_changes == 1
-    assert verdicts[-1].stale_steps == 6
+    assert (verdicts[-1].new_state_changes, verdicts[-1].stale_steps) == (2, 5)
+    other = replay([*events[:2], failed_write("a.py", "v9", "permission denied")])
+    assert other[-1].new_state_changes == 2
 
 
-def test_creating_a_file_is_a_change() -> None:
-    """``before_hash`` "" (the file did not exist) differs from any content."""
+def test_creating_a_file_is_a_change_once_its_effect_shows() -> None:
+    """``before_hash`` "" (the file did not exist) differs from any content: pending, then new."""
+    detector = StagnationDetector()
     created = write("new.py", None, "print()").model_copy(update={"before_hash": ""})
-    assert replay([created])[0].new_state_changes == 1
+    assert detector.observe(created).stale_steps == 0
+    assert detector.counters()["pending_writes"] == 1
+    assert detector.observe(command("python new.py", "", 0)).new_state_changes == 2
 
 
-def test_empty_acknowledgements_are_neither_progress_nor_loop() -> None:
-    """Thirty silent successes leave every counter but the step count where it was."""
-    verdicts = replay([ack(f"mkdir -p build/{i}") for i in range(30)], NO_GATE)
+def test_reading_back_what_was_written_is_neutral() -> None:
+    """A read of the state our own write left shows nothing new, nor is it a loop step."""
+    detector = StagnationDetector()
+    detector.observe(write("a.py", "x = 1", "x = 2"))
+    verdict = detector.observe(read("a.py", "x = 2"))
+    assert (verdict.stale_steps, verdict.new_state_changes) == (0, 0)
+    assert detector.counters()["pending_writes"] == 1
+
+
+def test_empty_acknowledgements_of_other_tools_are_neither_progress_nor_loop() -> None:
+    """Thirty "ok" answers of a note-taking tool leave every counter but the step count."""
+    verdicts = replay([noted(f"step {i}") for i in range(30)], NO_GATE)
     assert {v.level for v in verdicts} == {StagnationLevel.NONE}
-    assert verdicts[-1].new_state_changes == 0
-    assert verdicts[-1].stale_steps == 0
+    assert (verdicts[-1].new_state_changes, verdicts[-1].stale_steps) == (0, 0)
     assert verdicts[-1].steps_since_milestone == 30
+
+
+def test_empty_search_results_are_information_free() -> None:
+    """Searches that find nothing are stale from the first one, whatever they looked for."""
+    finds = [
+        ToolEvent(
+            tool_name="bash",
+            arguments={"command": f"find / -name '{name}*'"},
+            kind=ToolKind.READ,
+        )
+        for name in ("jdk", "java_home", "javac", "openjdk", "temurin", "sdkman", "jre")
+    ]
+    verdicts = replay(finds, NO_GATE)
+    assert [v.stale_steps for v in verdicts] == list(range(1, 8))
+    assert verdicts[-1].level is StagnationLevel.REPLAN
+    assert verdicts[-1].kind is StagnationKind.NO_GRADIENT
+
+
+def test_silent_success_says_something_the_first_time_a_call_is_made() -> None:
+    """A command's empty output is new once per call; the same call silent again is stale."""
+    verdicts = replay([ack("python reproduce.py"), ack("make"), ack("python reproduce.py")])
+    assert [v.new_state_changes for v in verdicts] == [1, 2, 2]
+    assert verdicts[-1].stale_steps == 1
 
 
 def test_acknowledgements_do_not_break_a_repeat() -> None:
     """Acks between three identical (call, result) pairs neither reset nor add to the count."""
     loop = command("make", "error: missing separator", 2)
-    verdicts = replay([loop, ack("true"), loop, ack("true"), loop], NO_GATE)
+    verdicts = replay([loop, noted("a"), loop, noted("b"), loop], NO_GATE)
     assert verdicts[-1].level is StagnationLevel.NUDGE
     assert verdicts[-1].kind is StagnationKind.REPEAT
 
@@ -178,10 +260,19 @@ def test_numeric_only_results_are_compared_unmasked() -> None:
 def test_short_cycle_is_detected_and_named() -> None:
     """Three reads of unchanged files going round: a cycle of period 3, REPLAN at 4 rounds."""
     round_trip = [read("a", "A"), read("b", "B"), read("c", "C")]
-    verdicts = replay(round_trip * 4, NO_GATE)
+    quiet_window = Ladder(nudge=20, replan=25, ask_human=28, abort=30)
+    verdicts = replay(round_trip * 4, StagnationConfig(min_steps=0, stale=quiet_window))
     assert verdicts[8].kind is StagnationKind.CYCLE
     assert verdicts[11].level is StagnationLevel.REPLAN
     assert ReasonCode.CYCLE in verdicts[11].reason_codes
+
+
+def test_the_most_specific_signal_names_the_rung_it_reaches() -> None:
+    """When the window and a cycle both reach the next rung, the cycle names it."""
+    round_trip = [read("a", "A"), read("b", "B")]
+    verdicts = replay(round_trip * 5, StagnationConfig(min_steps=0))
+    first_replan = next(v for v in verdicts if v.level is StagnationLevel.REPLAN)
+    assert first_replan.kind is StagnationKind.CYCLE
 
 
 def test_same_error_whatever_the_arguments() -> None:
@@ -192,10 +283,10 @@ def test_same_error_whatever_the_arguments() -> None:
     ]
     verdicts = replay(events, NO_GATE)
     assert verdicts[2].level is StagnationLevel.NUDGE
-    assert verdicts[4].level is StagnationLevel.REPLAN
-    assert verdicts[4].kind is StagnationKind.REPEAT
-    assert ReasonCode.SAME_ERROR in verdicts[4].reason_codes
-    assert ReasonCode.REPEATED_RESULT not in verdicts[4].reason_codes
+    assert verdicts[3].level is StagnationLevel.REPLAN
+    assert verdicts[3].kind is StagnationKind.REPEAT
+    assert ReasonCode.SAME_ERROR in verdicts[3].reason_codes
+    assert ReasonCode.REPEATED_RESULT not in verdicts[3].reason_codes
 
 
 def test_identical_calls_in_one_batch_are_repeats() -> None:
@@ -229,36 +320,58 @@ def test_nothing_is_flagged_until_more_than_min_steps() -> None:
 
 
 def test_long_task_reaching_milestones_never_trips() -> None:
-    """1,000 steps of pure re-reading, but a milestone every 10 steps: always NONE."""
+    """1,000 steps of pure re-reading, but a milestone every ``min_steps`` steps: always NONE."""
     detector = StagnationDetector()
     stale = read("notes.md", "same notes")
     for step in range(1000):
-        if step % 10 == 0:
+        if step % detector.config.min_steps == 0:
             detector.milestone(f"m{step}")
         assert detector.observe(stale).level is StagnationLevel.NONE
 
 
-def test_ladder_rises_in_order_and_drops_after_progress() -> None:
-    """Wandering climbs NUDGE, REPLAN, ASK_HUMAN, ABORT at 8/12/20/32; a real write resets it."""
-    wandering = [
+def _wandering() -> list[ToolEvent]:
+    return [
         read(f"src/{name}.py", f"def {name}(): ...", focus=f"{topic} of {name}")
         for topic in ("callers", "the types", "edge cases", "error paths", "defaults", "docs", "io")
         for name in "abcde"
     ]
+
+
+def test_ladder_rises_in_order_at_the_default_rungs() -> None:
+    """Wandering climbs NUDGE, REPLAN, ASK_HUMAN, ABORT at 4/7/12/20 stale steps."""
     detector = StagnationDetector()
-    levels = [detector.observe(e).level for e in [*_opening(), *wandering[:32]]]
+    levels = [detector.observe(e).level for e in [*_opening(), *_wandering()[:20]]]
     firsts = {level: levels.index(level) - 4 for level in LEVELS[1:]}
     assert firsts == {
-        StagnationLevel.NUDGE: 8,
-        StagnationLevel.REPLAN: 12,
-        StagnationLevel.ASK_HUMAN: 20,
-        StagnationLevel.ABORT: 32,
+        StagnationLevel.NUDGE: 4,
+        StagnationLevel.REPLAN: 7,
+        StagnationLevel.ASK_HUMAN: 12,
+        StagnationLevel.ABORT: 20,
     }
     assert levels == sorted(levels)
-    after_write = detector.observe(write("src/a.py", "def a(): ...", "def a(): return 1"))
-    assert after_write.level is StagnationLevel.NONE
-    assert after_write.stale_steps == 0
-    assert detector.observe(wandering[0]).level is StagnationLevel.NONE
+
+
+def test_new_results_drain_the_stale_run_one_step_each() -> None:
+    """A new result takes one step off the stale run (a leaky count); the episode, and the
+    level, end when it is empty, so an isolated new fact does not wipe a long stall."""
+    detector = StagnationDetector()
+    for event in [*_opening(), *_wandering()[:5]]:
+        detector.observe(event)
+    assert detector.verdict().level is StagnationLevel.NUDGE
+    news = [command(f"python check_{i}.py", f"answer {chr(97 + i)}") for i in range(5)]
+    drained = [detector.observe(event) for event in news]
+    assert [v.stale_steps for v in drained] == [4, 3, 2, 1, 0]
+    assert [v.level for v in drained] == [StagnationLevel.NUDGE] * 4 + [StagnationLevel.NONE]
+    assert detector.observe(_wandering()[0]).level is StagnationLevel.NONE
+
+
+def test_without_recovery_a_new_result_ends_the_stall_at_once() -> None:
+    """``recovery=0``: the first new result ends the episode."""
+    detector = StagnationDetector(StagnationConfig(recovery=0))
+    for event in [*_opening(), *_wandering()[:5]]:
+        detector.observe(event)
+    verdict = detector.observe(command("python check.py", "answer"))
+    assert (verdict.level, verdict.stale_steps) == (StagnationLevel.NONE, 0)
 
 
 def test_milestone_resets_counters_and_level() -> None:
@@ -281,7 +394,7 @@ def test_escalated_is_set_only_when_the_level_rises() -> None:
     """``escalated`` marks the events that raised the level, nothing else."""
     verdicts = replay(_bash_loop(13), NO_GATE)
     raised = [i for i, v in enumerate(verdicts) if v.escalated]
-    assert raised == [2, 4, 7, 11]
+    assert raised == [2, 3, 6, 9]
 
 
 # -- amnesia and no-gradient ---------------------------------------------------------------------
@@ -306,7 +419,7 @@ def test_rereading_after_compaction_is_amnesia() -> None:
     replan = next(v for v in verdicts if v.level is StagnationLevel.REPLAN)
     assert replan.kind is StagnationKind.AMNESIA
     assert ReasonCode.AMNESIA_REREAD in replan.reason_codes
-    assert "compacted" in replan.message
+    assert "stop re-reading" in replan.message
 
 
 def test_same_rereads_without_compaction_are_no_gradient() -> None:
@@ -330,15 +443,18 @@ def test_polling_with_changing_results_is_progress() -> None:
 
 
 def test_patient_tools_wait_without_pressure() -> None:
-    """An unchanged poll is neutral for a patient tool and escalates for any other tool.
-
-    "running, 57%" and "running, 58%" are the same result once numbers are masked: a poll whose
-    only change is a number needs ``patient_tools``.
-    """
-    waiting = [poll("job-7", f"running, {pct}% done") for pct in range(40)]
+    """An unchanged poll is neutral for a patient tool and escalates for any other tool."""
+    waiting = [poll("job-7", "running") for _ in range(40)]
     patient = StagnationConfig(min_steps=0, patient_tools=frozenset({"job_status"}))
     assert replay(waiting, patient)[-1].level is StagnationLevel.NONE
     assert replay(waiting, NO_GATE)[-1].level is StagnationLevel.ABORT
+
+
+def test_a_short_answer_keeps_its_numbers() -> None:
+    """``running, 57% done`` then ``58%``: a short answer's numbers are its content, so each
+    poll is new; a long output's numbers are masked (line numbers, timings)."""
+    polls = [poll("job-7", f"running, {pct}% done") for pct in range(40)]
+    assert {v.level for v in replay(polls, NO_GATE)} == {StagnationLevel.NONE}
 
 
 def test_disabled_detector_counts_but_never_flags() -> None:
@@ -370,10 +486,11 @@ def test_counters_report_the_level_and_counts() -> None:
         detector.observe(event)
     detector.compacted()
     assert detector.counters() == {
-        "level": "nudge",
+        "level": "replan",
         "steps_since_milestone": 9,
         "new_state_changes": 6,
         "stale_steps": 3,
+        "pending_writes": 0,
         "total_steps": 9,
         "milestones": 1,
         "compactions": 1,
@@ -387,9 +504,9 @@ def test_counters_report_the_level_and_counts() -> None:
     ("steps", "level", "expected"),
     [
         (3, StagnationLevel.NUDGE, "[progress check] 3 steps since the last milestone"),
-        (5, StagnationLevel.REPLAN, "Admit this path is dead"),
-        (8, StagnationLevel.ASK_HUMAN, "last milestone: reproduced"),
-        (12, StagnationLevel.ABORT, "Milestones kept: reproduced"),
+        (4, StagnationLevel.REPLAN, "Admit this path is dead"),
+        (7, StagnationLevel.ASK_HUMAN, "last milestone: reproduced"),
+        (10, StagnationLevel.ABORT, "Milestones kept: reproduced"),
     ],
 )
 def test_each_level_carries_its_text(steps: int, level: StagnationLevel, expected: str) -> None:

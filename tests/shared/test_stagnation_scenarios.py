@@ -127,10 +127,17 @@ def _progressing() -> Iterator[ToolEvent]:
         yield read("routes.py", "\n".join(lines[:10]))
 
 
-def test_long_progressing_trajectory_is_never_flagged_above_nudge() -> None:
-    """Hundreds of steps with real changes between re-reads never pass NUDGE."""
+def test_long_progressing_trajectory_never_reaches_a_human() -> None:
+    """Hundreds of steps with real changes between re-reads never ask a human.
+
+    Writes no longer reset the stale run (a change counts once its effect shows), and from the
+    eleventh round on more than half of each round re-observes known content (the README, git
+    status, the test re-run, a page read ten rounds before): the leaky stale run then peaks at
+    a REPLAN now and then, and drains with the next new results.
+    """
     events = list(_progressing())
     assert len(events) >= 500
     verdicts = replay(events)
-    assert max(v.level for v in verdicts) <= StagnationLevel.NUDGE
+    assert max(v.level for v in verdicts) <= StagnationLevel.REPLAN
     assert verdicts[-1].new_state_changes > 200
+    assert max(v.level for v in verdicts[:130]) <= StagnationLevel.NUDGE

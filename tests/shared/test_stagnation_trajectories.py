@@ -16,6 +16,7 @@ __all__ = [
     "ack",
     "command",
     "failed_write",
+    "noted",
     "page",
     "poll",
     "read",
@@ -82,6 +83,11 @@ def command(line: str, output: str, exit_code: int = 0) -> ToolEvent:
 def ack(line: str) -> ToolEvent:
     """A command that succeeded silently: exit 0, no output."""
     return command(line, "", 0)
+
+
+def noted(text: str) -> ToolEvent:
+    """A tool that is neither a read, a write nor a command, answering "ok" (a note taken)."""
+    return ToolEvent(tool_name="note", arguments={"text": text}, output="ok")
 
 
 def poll(job: str, status: str) -> ToolEvent:
