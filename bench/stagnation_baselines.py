@@ -13,18 +13,29 @@ detector would (no masking), and answers a :class:`StagnationLevel`:
   second needs the pattern to be re-established.
 - :class:`StepBudgetBaseline`: a bare step counter that fires at 75% of a 50-step budget (the
   38th step). It has one trigger and no notion of escalation, so it maps to both levels.
+- :class:`NaiveOutputHashBaseline`: the same digit-masked observation 3 times in a row, empty
+  acknowledgements included (the labelled set's scorer states it the same way). One trigger,
+  both levels.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
 from shared.stagnation import StagnationLevel
 
-__all__ = ["GeminiCycleBaseline", "OpenHandsBaseline", "StepBudgetBaseline"]
+__all__ = [
+    "GeminiCycleBaseline",
+    "NaiveOutputHashBaseline",
+    "OpenHandsBaseline",
+    "StepBudgetBaseline",
+]
+
+_DIGITS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
 @dataclass(slots=True)
@@ -103,3 +114,22 @@ class StepBudgetBaseline:
         self._steps += 1
         fired = self._steps >= math.ceil(self.share * self.budget)
         return StagnationLevel.ASK_HUMAN if fired else StagnationLevel.NONE
+
+
+@dataclass(slots=True)
+class NaiveOutputHashBaseline:
+    """The same digit-masked observation ``run`` times in a row; ASK_HUMAN (and REPLAN) after."""
+
+    name: str = "naive-hash"
+    run: int = 3
+    _last: deque[str] = field(default_factory=lambda: deque(maxlen=3))
+    _fired: bool = False
+
+    def observe(self, action: str, observation: str, is_error: bool) -> StagnationLevel:
+        """ASK_HUMAN from the first run of ``run`` identical masked observations on."""
+        del action, is_error
+        masked = _DIGITS.sub("#", observation).strip()
+        self._last.append(hashlib.sha256(masked.encode("utf-8", "surrogatepass")).hexdigest())
+        full = len(self._last) == self.run and len(set(self._last)) == 1
+        self._fired = self._fired or full
+        return StagnationLevel.ASK_HUMAN if self._fired else StagnationLevel.NONE

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stagnation_baselines import (  # noqa: E402
     GeminiCycleBaseline,
+    NaiveOutputHashBaseline,
     OpenHandsBaseline,
     StepBudgetBaseline,
 )
@@ -43,6 +47,7 @@ from shared.stagnation import (  # noqa: E402
     StagnationDetector,
     StagnationKind,
     StagnationLevel,
+    StagnationVerdict,
     ToolEvent,
     ToolKind,
 )
@@ -144,33 +149,43 @@ _SWE_ERROR = re.compile(
 _SWE_FILE = re.compile(r"^\[File: (\S+) \(")
 
 
-def swe_agent_steps(trajectory: dict[str, Any]) -> list[ReplayStep]:
+_WINDOW_LINE = re.compile(r"^\d+:", re.M)
+_WINDOW_HEADER = re.compile(r"^\[File: .*\]$|^\(\d+ more lines (?:above|below)\)$", re.M)
+
+
+def _window_content(observation: str) -> str:
+    """The file content an edit's window shows: line-number prefixes and headers removed."""
+    return _WINDOW_LINE.sub("", _WINDOW_HEADER.sub("", observation))
+
+
+def swe_agent_step(raw: dict[str, Any]) -> ReplayStep | None:
     """SWE-agent: shell and ACI commands; a successful edit/create shows the file afterwards."""
-    steps = []
-    for raw in trajectory["steps"]:
-        if raw["observation"] is None:
-            continue
-        action, observation = raw["action"].strip(), raw["observation"]
-        kind, path = shell_kind(action)
-        failed = bool(_SWE_ERROR.search(observation))
-        after = None
-        if kind is ToolKind.WRITE and _first_word(action) in _SWE_WRITE_COMMANDS:
-            shown = _SWE_FILE.match(observation)
-            path = shown.group(1) if shown else path
-            failed = failed or shown is None
-            after = None if failed else _sha(observation)
-        word = _first_word(action)
-        event = ToolEvent(
-            tool_name=word if word in _SWE_TOOLS else "bash",
-            arguments={"command": action},
-            output=observation,
-            kind=kind,
-            path=path,
-            after_hash=after,
-            is_error=failed,
-        )
-        steps.append(ReplayStep(raw["i"], event, action, observation))
-    return steps
+    if raw["observation"] is None:
+        return None
+    action, observation = raw["action"].strip(), raw["observation"]
+    kind, path = shell_kind(action)
+    failed = bool(_SWE_ERROR.search(observation))
+    after = content = None
+    shown = _SWE_FILE.match(observation)
+    if kind is ToolKind.WRITE and _first_word(action) in _SWE_WRITE_COMMANDS:
+        path = shown.group(1) if shown else path
+        failed = failed or shown is None
+        after = None if failed else _sha(_window_content(observation))
+    elif kind is ToolKind.READ and shown is not None and not failed:
+        # open / goto / scroll show a window of the file: its content is the state seen.
+        path, content = shown.group(1), _sha(_window_content(observation))
+    word = _first_word(action)
+    event = ToolEvent(
+        tool_name=word if word in _SWE_TOOLS else "bash",
+        arguments={"command": action},
+        output=observation,
+        kind=kind,
+        path=path,
+        content_hash=content,
+        after_hash=after,
+        is_error=failed,
+    )
+    return ReplayStep(raw["i"], event, action, observation)
 
 
 # -- mini-swe-agent (bash only) ------------------------------------------------------------------
@@ -189,26 +204,23 @@ def _mini_output(observation: str) -> tuple[int | None, str]:
     return int(match.group(1)), inner.group(1) if inner else body
 
 
-def mini_swe_steps(trajectory: dict[str, Any]) -> list[ReplayStep]:
+def mini_swe_step(raw: dict[str, Any]) -> ReplayStep | None:
     """mini-swe-agent: one bash command per step, ``<returncode>N</returncode>`` parsed."""
-    steps = []
-    for raw in trajectory["steps"]:
-        if raw["observation"] is None:
-            continue
-        action, observation = raw["action"], raw["observation"]
-        exit_code, output = _mini_output(observation)
-        kind, path = shell_kind(action) if action.strip() else (ToolKind.OTHER, None)
-        event = ToolEvent(
-            tool_name="bash",
-            arguments={"command": action},
-            output=output,
-            exit_code=exit_code,
-            kind=kind,
-            path=path,
-            is_error=observation.startswith(_RUNTIME_ERROR),
-        )
-        steps.append(ReplayStep(raw["i"], event, action, observation))
-    return steps
+    if raw["observation"] is None:
+        return None
+    action, observation = raw["action"], raw["observation"]
+    exit_code, output = _mini_output(observation)
+    kind, path = shell_kind(action) if action.strip() else (ToolKind.OTHER, None)
+    event = ToolEvent(
+        tool_name="bash",
+        arguments={"command": action},
+        output=output,
+        exit_code=exit_code,
+        kind=kind,
+        path=path,
+        is_error=observation.startswith(_RUNTIME_ERROR),
+    )
+    return ReplayStep(raw["i"], event, action, observation)
 
 
 # -- tau-bench (function calls) -----------------------------------------------------------------
@@ -220,30 +232,35 @@ def _tau_kind(tool: str) -> ToolKind:
     return ToolKind.WRITE if tool.startswith(_TAU_WRITE) else ToolKind.READ
 
 
-def tau_steps(trajectory: dict[str, Any]) -> list[ReplayStep]:
-    """tau-bench: tool calls with their outputs; a reply to the user gets the user's answer."""
-    steps = []
-    for raw in trajectory["steps"]:
-        action, observation = raw["action"], raw["observation"] or ""
-        tool = raw["tool"]
-        if tool is None:
-            event = ToolEvent(tool_name="say", arguments={"text": action[4:]}, output=observation)
-        else:
-            args = json.loads(action[len(tool) + 1 :] or "{}")
-            failed = observation.startswith("Error")
-            kind = _tau_kind(tool)
-            after = _sha(observation) if kind is ToolKind.WRITE and not failed else None
-            event = ToolEvent(
-                tool_name=tool,
-                arguments=args,
-                output=observation,
-                kind=kind,
-                path=args.get("reservation_id") or args.get("user_id"),
-                after_hash=after,
-                is_error=failed,
-            )
-        steps.append(ReplayStep(raw["i"], event, action, observation))
-    return steps
+_TAU_THINK = "think"
+
+
+def tau_step(raw: dict[str, Any]) -> ReplayStep | None:
+    """tau-bench: tool calls with their outputs; a reply to the user is not a tool event.
+
+    The detector sees tool results only, as in the runtime: the agent's messages to the
+    (simulated) user and the user's answers are conversation, skipped like the model's own
+    messages in Who&When. ``think`` records a thought and returns nothing: an *other* tool,
+    whose empty answer is an acknowledgement.
+    """
+    tool = raw["tool"]
+    if tool is None:
+        return None
+    action, observation = raw["action"], raw["observation"] or ""
+    args = json.loads(action[len(tool) + 1 :] or "{}")
+    failed = observation.startswith("Error")
+    kind = ToolKind.OTHER if tool == _TAU_THINK else _tau_kind(tool)
+    after = _sha(observation) if kind is ToolKind.WRITE and not failed else None
+    event = ToolEvent(
+        tool_name=tool,
+        arguments=args,
+        output=observation,
+        kind=kind,
+        path=args.get("reservation_id") or args.get("user_id"),
+        after_hash=after,
+        is_error=failed,
+    )
+    return ReplayStep(raw["i"], event, action, observation)
 
 
 # -- Who&When (multi-agent chat logs) -----------------------------------------------------------
@@ -253,7 +270,8 @@ _WW_READERS = ("WebSurfer", "FileSurfer")
 _WW_EXIT = re.compile(r"exitcode: (-?\d+)")
 
 
-def who_when_steps(trajectory: dict[str, Any]) -> list[ReplayStep]:
+@dataclass(slots=True)
+class WhoWhenMapper:
     """Who&When: tool agents' messages are the observations of the message that asked for them.
 
     Messages written by a model (orchestrator, experts) or the human are not tool events and
@@ -261,32 +279,42 @@ def who_when_steps(trajectory: dict[str, Any]) -> list[ReplayStep]:
     message a read. Its arguments are the last message that asked for it (the orchestrator's
     private "(thought)" messages such as "Next speaker WebSurfer" are not requests).
     """
-    steps, request = [], ""
-    for raw in trajectory["steps"]:
+
+    request: str = ""
+
+    def __call__(self, raw: dict[str, Any]) -> ReplayStep | None:
         actor, text = raw["actor"] or "", raw["action"] or ""
         if not actor.startswith(_WW_TERMINALS + _WW_READERS):
             if "(thought)" not in actor:  # "Next speaker WebSurfer" is not the request
-                request = text
-            continue
+                self.request = text
+            return None
         code = _WW_EXIT.search(text[:200])
         terminal = actor.startswith(_WW_TERMINALS)
         event = ToolEvent(
             tool_name=actor.split(" ")[0],
-            arguments={"request": request},
+            arguments={"request": self.request},
             output=text,
             exit_code=int(code.group(1)) if terminal and code else None,
             kind=ToolKind.COMMAND if terminal else ToolKind.READ,
         )
-        steps.append(ReplayStep(raw["i"], event, request, text))
-    return steps
+        return ReplayStep(raw["i"], event, self.request, text)
 
 
-MAPPERS: dict[str, Callable[[dict[str, Any]], list[ReplayStep]]] = {
-    "mini-swe-agent-gemini3pro-verified": mini_swe_steps,
-    "swe-agent-java-5models": swe_agent_steps,
-    "tau-bench-gpt4o-airline": tau_steps,
-    "who-and-when": who_when_steps,
+StepMapper = Callable[[dict[str, Any]], "ReplayStep | None"]
+
+MAPPERS: dict[str, Callable[[], StepMapper]] = {
+    "mini-swe-agent-gemini3pro-verified": lambda: mini_swe_step,
+    "swe-agent-java-5models": lambda: swe_agent_step,
+    "tau-bench-gpt4o-airline": lambda: tau_step,
+    "who-and-when": WhoWhenMapper,
 }
+"""Per dataset, a factory of step mappers: a fresh one per trajectory (Who&When keeps state)."""
+
+
+def replay_steps(dataset: str, trajectory: dict[str, Any]) -> list[ReplayStep]:
+    """Every tool step of ``trajectory`` as a :class:`ReplayStep`, in order."""
+    mapper = MAPPERS[dataset]()
+    return [step for raw in trajectory["steps"] if (step := mapper(raw)) is not None]
 
 
 # -- detectors ----------------------------------------------------------------------------------
@@ -363,6 +391,7 @@ def detector_factories(
         "openhands": OpenHandsBaseline,
         "gemini-cli": GeminiCycleBaseline,
         "step-75%": StepBudgetBaseline,
+        "naive-hash": NaiveOutputHashBaseline,
     }
 
 
@@ -434,7 +463,7 @@ def evaluate(
     results = Results()
     for dataset in datasets:
         for trajectory in load(folder, dataset):
-            steps = MAPPERS[dataset](trajectory)
+            steps = replay_steps(dataset, trajectory)
             results.steps[dataset] += len(steps)
             _replay_all(results, factories, dataset, trajectory, steps)
     return results
@@ -553,6 +582,240 @@ def print_extras(results: Results, timings: list[float], elapsed_s: float) -> No
     print(f"whole evaluation: {elapsed_s:.1f} s")
 
 
+# -- the labelled set ---------------------------------------------------------------------------
+
+LABEL_KINDS = ("exact-repeat", "cycle", "no-gradient", "amnesia")
+
+
+def labels_dir() -> Path:
+    """``$ORGA_STAGNATION_LABELS`` if set, else ``../shared/stagnation-labels``."""
+    override = os.environ.get("ORGA_STAGNATION_LABELS")
+    if override:
+        return Path(override)
+    return REPO_ROOT.parent / "shared" / "stagnation-labels"
+
+
+def load_scorer(folder: Path) -> ModuleType | None:
+    """The labelled set's own scorer, ``score_stagnation.py``, imported from ``folder``."""
+    path = folder / "score_stagnation.py"
+    if not path.exists() or not (folder / "labels.jsonl").exists():
+        return None
+    spec = importlib.util.spec_from_file_location("score_stagnation", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["score_stagnation"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(slots=True)
+class Stall:
+    """One episode of ours that reached REPLAN: where, what kind, and the first text sent."""
+
+    nudge_step: int
+    nudge_kind: StagnationKind | None
+    first_message: str
+    replan_step: int | None = None
+    replan_kind: StagnationKind | None = None
+
+
+@dataclass(slots=True)
+class OursAlarm:
+    """Our detector behind the scorer's protocol: an alarm at every step at REPLAN or above.
+
+    Each step dict is mapped to a :class:`ToolEvent` as the replay does (steps that are not
+    tool events change nothing); the escalations are kept as :class:`Stall` records.
+    """
+
+    config: StagnationConfig
+    detector: StagnationDetector = field(init=False)
+    mapper: StepMapper | None = None
+    level: StagnationLevel = StagnationLevel.NONE
+    stalls: list[Stall] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.detector = StagnationDetector(self.config)
+
+    def fire(self, step: dict[str, Any]) -> bool:
+        """True while the level is REPLAN or above after this step."""
+        if self.mapper is None:
+            self.mapper = MAPPERS[step["dataset"]]()
+        mapped = self.mapper(step)
+        if mapped is not None:
+            verdict = self.detector.observe(mapped.event)
+            self.level = verdict.level
+            if verdict.escalated:
+                self._record(step["i"], verdict)
+        return self.level >= StagnationLevel.REPLAN
+
+    def _record(self, index: int, verdict: StagnationVerdict) -> None:
+        if verdict.level is StagnationLevel.NUDGE or not self.stalls:
+            self.stalls.append(Stall(index, verdict.kind, verdict.message))
+        elif verdict.level is StagnationLevel.REPLAN:
+            self.stalls[-1].replan_step, self.stalls[-1].replan_kind = index, verdict.kind
+
+    def detected(self) -> list[Stall]:
+        """The episodes that reached REPLAN."""
+        return [stall for stall in self.stalls if stall.replan_step is not None]
+
+
+@dataclass(slots=True)
+class LabelledResults:
+    """The scorer's results per detector, and ours' stalls per labelled and unlabelled run."""
+
+    scorer: ModuleType
+    results: dict[str, dict[str, Any]]
+    labelled: list[tuple[dict[str, Any], OursAlarm]]
+    unlabelled: list[tuple[str, OursAlarm]]
+
+    @property
+    def ours(self) -> dict[str, Any]:
+        """The scorer's summary of our detector."""
+        summary: dict[str, Any] = self.results["ours"]["summary"]
+        return summary
+
+
+def evaluate_labelled(
+    scorer: ModuleType, folder: Path, config: StagnationConfig, *, unlabelled: bool = True
+) -> LabelledResults:
+    """Score ours and the scorer's four baselines on the labelled set, in one pass each."""
+    labels = scorer.load_labels(labels_dir() / "labels.jsonl")
+    keys = [scorer.label_key(label) for label in labels]
+    trajectories = scorer.load_trajectories(keys, folder)
+    alarms: list[OursAlarm] = []
+
+    def ours() -> OursAlarm:
+        alarms.append(OursAlarm(config))
+        return alarms[-1]
+
+    results = {"ours": scorer.evaluate(ours, labels, trajectories)}
+    for name, factory in scorer.BASELINES.items():
+        results[name] = scorer.evaluate(factory, labels, trajectories)
+    rest = _unlabelled_stalls(scorer, folder, config, set(keys)) if unlabelled else []
+    return LabelledResults(scorer, results, list(zip(labels, alarms, strict=True)), rest)
+
+
+def _unlabelled_stalls(
+    scorer: ModuleType, folder: Path, config: StagnationConfig, labelled: set[Any]
+) -> list[tuple[str, OursAlarm]]:
+    """Ours on every trajectory of the four datasets that is not labelled."""
+    out = []
+    for dataset in DATASETS:
+        for trajectory in load(folder, dataset):
+            if scorer.label_key(trajectory) in labelled:
+                continue
+            alarm = OursAlarm(config)
+            for raw in trajectory["steps"]:
+                alarm.fire(scorer.step_view(trajectory, raw))
+            out.append((dataset, alarm))
+    return out
+
+
+def _metrics_row(name: str, summary: dict[str, Any], stuck: int, progressing: int) -> str:
+    def share(key: str, count: int) -> str:
+        value = summary[key]
+        return "    -" if not count or math.isnan(value) else f"{100 * value:5.1f}%"
+
+    delay = summary["median_delay"]
+    delay_text = "    -" if math.isnan(delay) else f"{delay:5.1f}"
+    return (
+        f"  {name:<34} {stuck:>5} {share('recall', stuck):>7} {share('recall@8', stuck):>7} "
+        f"{delay_text:>6} {share('early_fa', stuck):>7} {share('late', stuck):>6} "
+        f"{progressing:>5} {share('false_alarm', progressing):>7}"
+    )
+
+
+def print_labelled(labelled: LabelledResults) -> None:
+    """Every detector overall, then ours and each baseline by kind and by dataset."""
+    scorer = labelled.scorer
+    print(f"labelled set: {labels_dir()}")
+    header = (
+        f"  {'detector / slice':<34} {'stuck':>5} {'recall':>7} {'rec@8':>7} {'delay':>6} "
+        f"{'early':>7} {'late':>6} {'prog':>5} {'FA':>7}"
+    )
+    print(header)
+    print("  " + "-" * (len(header) - 2))
+    for name, result in labelled.results.items():
+        summary = result["summary"]
+        print(_metrics_row(name, summary, summary["n_stuck"], summary["n_progressing"]))
+    for name, result in labelled.results.items():
+        print(f"\n  {name}, by kind and by dataset")
+        records = result["records"]
+        slices: list[tuple[str, list[dict[str, Any]]]] = [
+            (kind, [r for r in records if r.get("kind") == kind]) for kind in LABEL_KINDS
+        ]
+        slices += [(ds, [r for r in records if r["dataset"] == ds]) for ds in DATASETS]
+        for label, subset in slices:
+            stuck = sum(r["label"] == "stuck" for r in subset)
+            progressing = len(subset) - stuck
+            print(_metrics_row(label, scorer.summarize(subset), stuck, progressing))
+    print()
+
+
+def print_stalls(labelled: LabelledResults) -> None:
+    """How many detected stalls are amnesia or no-gradient, and the first text at each."""
+    print("ours: detected stalls (episodes reaching REPLAN) by kind at REPLAN")
+    groups: dict[str, list[Stall]] = {}
+    cross: Counter[tuple[str, str]] = Counter()
+    for label, alarm in labelled.labelled:
+        name = "labelled " + label["label"]
+        for stall in alarm.detected():
+            groups.setdefault(name, []).append(stall)
+            if label["label"] == "stuck":
+                cross[(label["kind"], _kind_name(stall.replan_kind))] += 1
+    for dataset, alarm in labelled.unlabelled:
+        groups.setdefault(f"unlabelled {dataset}", []).extend(alarm.detected())
+    for name, stalls in groups.items():
+        kinds = Counter(_kind_name(stall.replan_kind) for stall in stalls)
+        listed = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"
+        print(f"  {name:<46} {len(stalls):>4} stalls: {listed}")
+    print("  labelled stuck, label kind -> our kind at REPLAN (every detected episode):")
+    for (label_kind, ours_kind), count in sorted(cross.items()):
+        print(f"    {label_kind:<13} -> {ours_kind:<12} {count:>3}")
+    for kind in (StagnationKind.AMNESIA, StagnationKind.NO_GRADIENT):
+        _print_first_messages(kind, groups)
+    print()
+
+
+def _kind_name(kind: StagnationKind | None) -> str:
+    return kind.value if kind is not None else "none"
+
+
+def _print_first_messages(kind: StagnationKind, groups: dict[str, list[Stall]]) -> None:
+    """The first text the model would have got, for each stall of ``kind`` (distinct texts)."""
+    texts: Counter[str] = Counter()
+    total = 0
+    for stalls in groups.values():
+        for stall in stalls:
+            if stall.replan_kind is kind:
+                total += 1
+                texts[_message_shape(stall.first_message)] += 1
+    print(f"  first message to the model at the {total} {kind.value} stalls ({len(texts)} forms):")
+    for text, count in texts.most_common(4):
+        print(f"    {count:>3} x {text}")
+
+
+_COUNTERS = re.compile(r"\d+")
+
+
+def _message_shape(message: str) -> str:
+    """The message with its numbers masked and its call quotes shortened, to group forms."""
+    shape = _COUNTERS.sub("N", message)
+    return shape if len(shape) <= 400 else shape[:397] + "..."
+
+
+def print_results(labelled: LabelledResults | None, results: Results) -> None:
+    """The three target lines ``make bench`` prints."""
+    if labelled is not None:
+        print(f"RESULT stagnation_recall8 {labelled.ours['recall@8']:.3f}")
+        print(f"RESULT stagnation_false_alarms {labelled.ours['false_alarm']:.3f}")
+    gemini = results.tallies.get(("mini-swe-agent-gemini3pro-verified", "ours"))
+    if gemini is not None and gemini.runs["R"]:
+        share = gemini.ask["R"] / gemini.runs["R"]
+        print(f"RESULT stagnation_gemini_resolved_ask_human {share:.3f}")
+
+
 # -- threshold sweep ----------------------------------------------------------------------------
 
 
@@ -616,23 +879,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Replay agent trajectories through detectors.")
     parser.add_argument("--config", help="a StagnationConfig as JSON (default: the defaults)")
     parser.add_argument("--sweep", action="store_true", help="also vary the main thresholds")
+    parser.add_argument(
+        "--labelled-only", action="store_true", help="only the labelled set (no unlabelled rest)"
+    )
     args = parser.parse_args(argv)
     folder = trajectories_dir()
     if not folder.is_dir():
         print(f"stagnation_eval: no trajectories at {folder}; set ORGA_TRAJECTORIES. Skipping.")
         return 0
     config = _load_config(args.config)
-    timings: list[float] = []
-    started = time.perf_counter()
-    results = evaluate(folder, detector_factories(config, timings))
     print(f"trajectories: {folder}\nconfig: {config.model_dump_json()}\n")
-    print_table(results)
-    print_by_exit(results)
-    print_loop(results)
-    print_extras(results, timings, time.perf_counter() - started)
+    started = time.perf_counter()
+    scorer = load_scorer(labels_dir())
+    labelled = None
+    if scorer is None:
+        print(f"no labelled set at {labels_dir()}; set ORGA_STAGNATION_LABELS. Skipping it.\n")
+    else:
+        labelled = evaluate_labelled(scorer, folder, config, unlabelled=not args.labelled_only)
+        print_labelled(labelled)
+        print_stalls(labelled)
+    results = Results()
+    if not args.labelled_only:
+        timings: list[float] = []
+        results = evaluate(folder, detector_factories(config, timings))
+        print_table(results)
+        print_by_exit(results)
+        print_loop(results)
+        print_extras(results, timings, time.perf_counter() - started)
     if args.sweep:
         print()
         run_sweep(folder)
+    print_results(labelled, results)
     return 0
 
 

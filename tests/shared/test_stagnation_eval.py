@@ -10,12 +10,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 EVAL = REPO / "bench" / "stagnation_eval.py"
 
 
-def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ORGA_TRAJECTORIES": str(folder)}
+SCORER = REPO.parent / "shared" / "stagnation-labels" / "score_stagnation.py"
+
+
+def _run(folder: Path, *args: str, labels: Path | None = None) -> subprocess.CompletedProcess[str]:
+    labels_dir = labels if labels is not None else folder / "no-labels"
+    env = {
+        **os.environ,
+        "ORGA_TRAJECTORIES": str(folder),
+        "ORGA_STAGNATION_LABELS": str(labels_dir),
+    }
     return subprocess.run(
         [sys.executable, str(EVAL), *args],
         capture_output=True,
@@ -125,6 +135,54 @@ def test_eval_reports_the_table_and_the_loop(tmp_path: Path) -> None:
     out = result.stdout
     assert "R>=REPLAN" in out
     assert "the same action 20 times, starting at step 6" in out
-    assert "ours        REPLAN at step 11 (+5 from loop start)" in out
+    assert "ours        REPLAN at step 9 (+3 from loop start)" in out
     assert "openhands   never reaches REPLAN" in out
     assert "µs per observation" in out
+    assert "no labelled set at" in out
+    assert "RESULT stagnation_gemini_resolved_ask_human 0.000" in out
+
+
+def _labels(folder: Path) -> Path:
+    """A two-run label file for the hand-made runs, next to a link to the real scorer."""
+    labels = folder / "labels"
+    labels.mkdir()
+    (labels / "score_stagnation.py").symlink_to(SCORER)
+    rows = [
+        {
+            "dataset": "swe-agent-java-5models",
+            "run": "run_deepseek-coder-v2",
+            "instance_id": "fasterxml__jackson-databind-4249",
+            "label": "stuck",
+            "onset_step": 6,
+            "end_step": 25,
+            "kind": "exact-repeat",
+        },
+        {
+            "dataset": "mini-swe-agent-gemini3pro-verified",
+            "run": "run_gemini",
+            "instance_id": "made-up-2",
+            "label": "progressing",
+            "onset_step": None,
+            "end_step": None,
+            "kind": None,
+        },
+    ]
+    (labels / "labels.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return labels
+
+
+@pytest.mark.skipif(not SCORER.exists(), reason="the labelled set's scorer is not in ../shared")
+def test_eval_scores_the_labelled_set_with_its_own_scorer(tmp_path: Path) -> None:
+    """Labelled runs: every detector's row, the slices, the stall summary, the RESULT lines."""
+    _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())
+    _write(tmp_path, "mini-swe-agent-gemini3pro-verified", _mini_swe_runs())
+    result = _run(tmp_path, labels=_labels(tmp_path))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for name in ("ours", "openhands", "gemini-cli", "step budget", "naive output hash"):
+        assert f"  {name}" in out
+    assert "exact-repeat" in out
+    assert "ours: detected stalls (episodes reaching REPLAN)" in out
+    assert "exact-repeat  -> repeat" in out
+    assert "RESULT stagnation_recall8 1.000" in out
+    assert "RESULT stagnation_false_alarms 0.000" in out
