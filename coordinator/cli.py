@@ -335,7 +335,8 @@ def coordinator() -> None:
     url = _require_url()
     settings = _settings()
     configure_logging(settings.log_level)
-    metrics = serve_metrics(settings.metrics_port, url) if settings.metrics_port else None
+    port, host = settings.metrics_port, settings.metrics_host
+    metrics = serve_metrics(port, url, host=host) if port else None
 
     async def main_loop() -> None:
         client = Redis.from_url(url)
@@ -344,7 +345,7 @@ def coordinator() -> None:
             settings=coordinator_settings(settings),
             metrics=metrics,
         )
-        where = f", metrics on :{settings.metrics_port}/metrics" if metrics else ""
+        where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
         out.print(f"coordinator {node.name} on {redact_url(url)}{where}")
         await node.run()
 

@@ -1,37 +1,68 @@
 """Prometheus metrics of the coordinator (``ORGA_METRICS_PORT``), next to Flower's own.
 
-Two kinds of figures:
+Three kinds of figures:
 
 - **Counters of this process**, updated after each commit from the journal entries it wrote:
   iterations applied, steps by outcome, stagnation verdicts by level and kind, tokens used,
   observations applied and ignored (duplicates or stale fences). Sum them over coordinators.
+- **Latencies and provider trouble of this process**, fed by the coordinator with what it
+  already has: the ``duration_ms`` of each observation it applies (model calls, tool calls),
+  the time from a dispatch to the commit that applied its answer, the length of an iteration,
+  and the provider errors and rate-limit waits the workers report (:meth:`observed`,
+  :meth:`iteration_finished`, :meth:`provider_error`, :meth:`rate_limit_wait`).
 - **Gauges read from Redis at scrape time**, the same whichever coordinator serves them: tasks
   by status (the commit script keeps ``orga:stats:status``), escalations waiting, the
-  observation stream's pending entries and lag behind the consumer group, dead letters and
-  rejected submissions.
+  observation stream's pending entries and how far the coordinators are behind it, dead
+  letters and rejected submissions. ``orga_redis_up`` says whether Redis answered: a scrape
+  while Redis is down still answers (200) with this process's figures and ``orga_redis_up 0``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 import redis
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from coordinator.machine import Effects
 from coordinator.state import TaskRecord
 from shared import keys
+from shared.protocol import ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
 
-__all__ = ["CoordinatorMetrics", "RedisStateCollector", "serve_metrics"]
+__all__ = [
+    "DEFAULT_METRICS_HOST",
+    "CoordinatorMetrics",
+    "RedisStateCollector",
+    "observation_backlog",
+    "serve_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_HOST = "127.0.0.1"
+"""Where the endpoint binds unless told otherwise (``ORGA_METRICS_HOST``)."""
+
+MODEL_CALL_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+TOOL_CALL_BUCKETS_S = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+ITERATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+DISPATCH_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+
+Message = ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
 
 
 class CoordinatorMetrics:
-    """The counters one coordinator process updates."""
+    """The counters and histograms one coordinator process updates."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._counters(registry)
+        self._histograms(registry)
+
+    def _counters(self, registry: CollectorRegistry) -> None:
         self.iterations = Counter(
             "orga_iterations", "Reasoning iterations applied", registry=registry
         )
@@ -53,6 +84,58 @@ class CoordinatorMetrics:
             ["result"],
             registry=registry,
         )
+        self.provider_errors = Counter(
+            "orga_provider_errors",
+            "Failed model requests reported by the workers, by provider and HTTP status "
+            "(or connect, timeout)",
+            ["provider", "status"],
+            registry=registry,
+        )
+        self.rate_limit_waits = Counter(
+            "orga_rate_limit_waits",
+            "Times a worker waited for a provider's rate limit, by provider",
+            ["provider"],
+            registry=registry,
+        )
+        self.rate_limit_wait_seconds = Counter(
+            "orga_rate_limit_wait_seconds",
+            "Time workers spent waiting for a provider's rate limit, by provider",
+            ["provider"],
+            registry=registry,
+        )
+
+    def _histograms(self, registry: CollectorRegistry) -> None:
+        self.model_call_seconds = Histogram(
+            "orga_model_call_duration_seconds",
+            "Reason and Gate of one iteration in a reasoning worker: the model call with its "
+            "retries (iterations that ran their tools inline are not counted)",
+            buckets=MODEL_CALL_BUCKETS_S,
+            registry=registry,
+        )
+        self.tool_call_seconds = Histogram(
+            "orga_tool_call_duration_seconds",
+            "One tool call in a worker, by tool",
+            ["tool"],
+            buckets=TOOL_CALL_BUCKETS_S,
+            registry=registry,
+        )
+        self.iteration_seconds = Histogram(
+            "orga_iteration_duration_seconds",
+            "One iteration, from its reasoning dispatch to the commit that applied its last "
+            "tool result (or its answer)",
+            buckets=ITERATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.dispatch_seconds = Histogram(
+            "orga_dispatch_to_applied_seconds",
+            "From a dispatch to the commit that applied its answer, by message kind (queue "
+            "wait, run time, observation stream and coordinator)",
+            ["kind"],
+            buckets=DISPATCH_BUCKETS_S,
+            registry=registry,
+        )
+
+    # -- after each commit -----------------------------------------------------------------
 
     def record(self, _record: TaskRecord, effects: Effects) -> None:
         """Count what one commit did."""
@@ -75,16 +158,78 @@ class CoordinatorMetrics:
         """A message whose fence was stale or already applied."""
         self.observations.labels(result="ignored").inc()
 
+    # -- latencies -------------------------------------------------------------------------
+
+    def observed(
+        self, message: Message, dispatched_at: float | None = None, now: float | None = None
+    ) -> None:
+        """An observation this coordinator applied (its commit succeeded).
+
+        Its ``duration_ms`` feeds the model-call or tool-call histogram (with the tool calls
+        a reasoned message carries in ``acted``); ``dispatched_at`` (epoch seconds, when the
+        dispatch it answers was committed) feeds dispatch-to-applied, measured to ``now``
+        (default: the current time).
+        """
+        if isinstance(message, ReasonedMessage):
+            self._reasoned(message)
+        elif isinstance(message, ToolObservedMessage):
+            self._tool(message)
+        if dispatched_at is not None:
+            elapsed = (time.time() if now is None else now) - dispatched_at
+            self.dispatch_seconds.labels(kind=message.kind).observe(max(elapsed, 0.0))
+
+    def _reasoned(self, message: ReasonedMessage) -> None:
+        ran_inline = bool(message.acted) and not message.chained
+        if message.duration_ms > 0 and not ran_inline:
+            self.model_call_seconds.observe(message.duration_ms / 1000)
+        for acted in message.acted or ():
+            self._tool(acted)
+
+    def _tool(self, message: ToolObservedMessage) -> None:
+        if message.duration_ms > 0:
+            tool = message.observation.source or "unknown"
+            self.tool_call_seconds.labels(tool=tool).observe(message.duration_ms / 1000)
+
+    def iteration_finished(self, started_at: float, now: float | None = None) -> None:
+        """An iteration ended: ``started_at`` is when its reasoning was dispatched (epoch s)."""
+        elapsed = (time.time() if now is None else now) - started_at
+        self.iteration_seconds.observe(max(elapsed, 0.0))
+
+    # -- provider trouble reported by the workers ------------------------------------------
+
+    def provider_error(self, provider: str, status: int | str) -> None:
+        """A model request failed: ``status`` is the HTTP status, or ``connect``/``timeout``."""
+        self.provider_errors.labels(provider=provider, status=str(status)).inc()
+
+    def rate_limit_wait(self, provider: str, seconds: float) -> None:
+        """A worker waited ``seconds`` for a provider's rate limit (a 429, Retry-After)."""
+        self.rate_limit_waits.labels(provider=provider).inc()
+        self.rate_limit_wait_seconds.labels(provider=provider).inc(max(seconds, 0.0))
+
 
 class RedisStateCollector(Collector):
-    """Gauges read from Redis when Prometheus scrapes."""
+    """Gauges read from Redis when Prometheus scrapes, and ``orga_redis_up``."""
 
-    def __init__(self, redis_url: str) -> None:
-        self._redis = redis.Redis.from_url(redis_url, decode_responses=True)
+    def __init__(self, redis_url: str, timeout_s: float = 2.0) -> None:
+        self._redis = redis.Redis.from_url(
+            redis_url,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        """One scrape."""
-        client = self._redis
+        """One scrape: every gauge when Redis answers, only ``orga_redis_up 0`` when not."""
+        try:
+            gauges = list(self._gauges(self._redis))
+        except redis.RedisError as exc:
+            log.warning("metrics.redis_unavailable", extra={"error": str(exc)})
+            yield _gauge("orga_redis_up", "Whether Redis answered this scrape", 0)
+            return
+        yield _gauge("orga_redis_up", "Whether Redis answered this scrape", 1)
+        yield from gauges
+
+    def _gauges(self, client: redis.Redis) -> Iterable[GaugeMetricFamily]:
         tasks = GaugeMetricFamily("orga_tasks", "Tasks by status", labels=["status"])
         counts = cast("dict[str, str]", client.hgetall(keys.status_counts_key))
         for status, count in sorted(counts.items()):
@@ -95,14 +240,21 @@ class RedisStateCollector(Collector):
             "Reviews waiting for a human",
             client.hlen(keys.open_reviews_key),
         )
-        pending, lag = observation_backlog(client)
+        pending, undelivered, lag_s = observation_backlog(client)
         yield _gauge(
             "orga_observation_pending",
             "Observations delivered to a coordinator but not yet applied",
             pending,
         )
         yield _gauge(
-            "orga_observation_lag", "Observations not yet delivered to any coordinator", lag
+            "orga_observations_undelivered",
+            "Observations not yet delivered to any coordinator (counted up to 10,000)",
+            undelivered,
+        )
+        yield _gauge(
+            "orga_observation_lag_seconds",
+            "Age of the oldest observation not yet delivered to any coordinator (0: none)",
+            lag_s,
         )
         yield _gauge(
             "orga_dead_letters",
@@ -116,34 +268,41 @@ class RedisStateCollector(Collector):
         )
 
 
-def observation_backlog(client: redis.Redis) -> tuple[int, int]:
-    """``(pending, lag)`` of the coordinators' group on the observations stream.
+def observation_backlog(client: redis.Redis, now: float | None = None) -> tuple[int, int, float]:
+    """``(pending, undelivered, lag_s)`` of the coordinators' group on the observations stream.
 
-    Lag is counted from the group's last delivered id (Redis 6.2 has no ``lag`` field), up to
-    10,000 entries.
+    ``undelivered`` is counted from the group's last delivered id (Redis 6.2 has no ``lag``
+    field), up to 10,000 entries; ``lag_s`` is the age of the oldest of them, read from its
+    stream id (the time it was added), 0.0 when there is none.
     """
     try:
         groups: list[dict[str, Any]] = client.xinfo_groups(keys.observations_stream)
     except redis.ResponseError:
-        return 0, 0
+        return 0, 0, 0.0
     group = next((g for g in groups if g.get("name") == keys.coordinator_group), None)
     if group is None:
-        return 0, 0
+        return 0, 0, 0.0
     last = str(group.get("last-delivered-id", "0-0"))
     behind = cast(
         "list[Any]", client.xrange(keys.observations_stream, min=f"({last}", count=10_000)
     )
-    return int(group.get("pending", 0)), len(behind)
+    lag_s = 0.0
+    if behind:
+        added_ms = int(str(behind[0][0]).split("-", 1)[0])
+        lag_s = max((time.time() if now is None else now) - added_ms / 1000, 0.0)
+    return int(group.get("pending", 0)), len(behind), lag_s
 
 
 def _gauge(name: str, documentation: str, value: Any) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=float(cast("int", value)))
 
 
-def serve_metrics(port: int, redis_url: str) -> CoordinatorMetrics:
-    """Start the HTTP endpoint (a daemon thread) and return the counters to update."""
+def serve_metrics(
+    port: int, redis_url: str, host: str = DEFAULT_METRICS_HOST
+) -> CoordinatorMetrics:
+    """Start the HTTP endpoint on ``host:port`` (a daemon thread); return what to update."""
     registry = CollectorRegistry()
     registry.register(RedisStateCollector(redis_url))
     metrics = CoordinatorMetrics(registry)
-    start_http_server(port, registry=registry)
+    start_http_server(port, addr=host, registry=registry)
     return metrics

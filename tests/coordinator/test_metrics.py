@@ -4,22 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
+import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from redis.asyncio import Redis
 
 from coordinator.machine import MachineSettings, TaskMachine
-from coordinator.metrics import CoordinatorMetrics, RedisStateCollector, serve_metrics
+from coordinator.metrics import (
+    DEFAULT_METRICS_HOST,
+    CoordinatorMetrics,
+    RedisStateCollector,
+    observation_backlog,
+    serve_metrics,
+)
 from coordinator.state import TaskRecord
 from coordinator.store import TaskStore
 from shared import keys
-from shared.actions import RespondAction
+from shared.actions import Observation, RespondAction
 from shared.conversation import ConversationMessage
 from shared.inference import Usage
-from shared.protocol import ReasonedMessage
+from shared.protocol import Fence, ReasonedMessage, ToolObservedMessage
+from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
+from tests.redis_server import RedisServer
 
 
 def _record(task_id: str) -> TaskRecord:
@@ -97,15 +109,140 @@ def test_observation_lag_and_pending(redis_url: str, redis_client: Any) -> None:
     registry.register(RedisStateCollector(redis_url))
     text = generate_latest(registry).decode()
     assert _value(text, "orga_observation_pending") == 1
-    assert _value(text, "orga_observation_lag") == 2
+    assert _value(text, "orga_observations_undelivered") == 2
+    assert 0 < _value(text, "orga_observation_lag_seconds") < 60
+    assert _value(text, "orga_redis_up") == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _scrape(port: int, host: str = "127.0.0.1") -> httpx.Response:
+    return httpx.get(f"http://{host}:{port}/metrics", timeout=10)
 
 
 def test_http_endpoint_serves_the_metrics(redis_url: str, redis_client: Any) -> None:
     """``serve_metrics`` answers Prometheus scrapes on its port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     serve_metrics(port, redis_url)
-    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    response = _scrape(port)
     assert response.status_code == 200
     assert "orga_escalations_waiting" in response.text
+    assert _value(response.text, "orga_redis_up") == 1
+
+
+def test_endpoint_binds_the_configured_address_loopback_by_default(redis_url: str) -> None:
+    """The endpoint listens on ORGA_METRICS_HOST (127.0.0.1 unless set), not every interface."""
+    assert OrgaSettings().metrics_host == DEFAULT_METRICS_HOST == "127.0.0.1"
+    assert OrgaSettings(metrics_host="0.0.0.0").metrics_host == "0.0.0.0"
+    port = _free_port()
+    serve_metrics(port, redis_url)
+    assert _scrape(port).status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        _scrape(port, host="127.0.0.2")  # another loopback address: nothing listens there
+    other = _free_port()
+    serve_metrics(other, redis_url, host="127.0.0.2")
+    assert _scrape(other, host="127.0.0.2").status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        _scrape(other)
+
+
+def test_scrape_with_redis_unreachable_answers_with_redis_up_zero() -> None:
+    """Redis on a closed port: the scrape answers 200 with the counters and orga_redis_up 0."""
+    port = _free_port()
+    metrics = serve_metrics(port, f"redis://127.0.0.1:{_free_port()}/0")
+    metrics.ignored()
+    response = _scrape(port)
+    assert response.status_code == 200
+    assert _value(response.text, "orga_redis_up") == 0
+    assert _value(response.text, "orga_observations_total", result="ignored") == 1
+    assert "orga_tasks" not in response.text  # no gauge is made up while Redis is away
+
+
+def test_scrape_follows_a_redis_that_stops_and_comes_back(
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    """A real Redis stopped between scrapes: up 1, then 0 (still HTTP 200), then 1 again."""
+    server = redis_server_factory(appendonly=True)
+    with redis.Redis.from_url(server.url) as client:
+        client.hset(keys.status_counts_key, "completed", 3)
+    port = _free_port()
+    serve_metrics(port, server.url)
+    assert _value(_scrape(port).text, "orga_tasks", status="completed") == 3
+    server.stop()
+    down = _scrape(port)
+    assert down.status_code == 200
+    assert _value(down.text, "orga_redis_up") == 0
+    server.start()
+    back = _scrape(port).text
+    assert _value(back, "orga_redis_up") == 1
+    assert _value(back, "orga_tasks", status="completed") == 3
+
+
+def _fence(call_id: str | None = None) -> Fence:
+    return Fence(task_id="t", step_id="s", iteration=1, attempt=1, call_id=call_id)
+
+
+def _tool(name: str, duration_ms: float) -> ToolObservedMessage:
+    observation = Observation.tool_result(name, "ok")
+    return ToolObservedMessage(fence=_fence("c1"), observation=observation, duration_ms=duration_ms)
+
+
+def test_latency_histograms_are_fed_from_applied_observations() -> None:
+    """Model and tool durations come from the messages, dispatch-to-applied from the times."""
+    registry = CollectorRegistry()
+    metrics = CoordinatorMetrics(registry)
+    reasoned = ReasonedMessage(fence=_fence(), duration_ms=1500.0)
+    metrics.observed(reasoned, dispatched_at=100.0, now=102.0)
+    metrics.observed(_tool("run_command", 20.0), dispatched_at=102.0, now=102.5)
+    chained = ReasonedMessage(
+        fence=_fence(), duration_ms=800.0, chained=["c1"], acted=[_tool("file_read", 4.0)]
+    )
+    metrics.observed(chained)
+    inline = ReasonedMessage(fence=_fence(), duration_ms=9000.0, acted=[_tool("grep", 7.0)])
+    metrics.observed(inline)  # its duration includes the tools: not a model call
+    metrics.iteration_finished(started_at=100.0, now=103.0)
+    text = generate_latest(registry).decode()
+    assert _value(text, "orga_model_call_duration_seconds_count") == 2
+    assert _value(text, "orga_model_call_duration_seconds_sum") == pytest.approx(2.3)
+    assert _value(text, "orga_tool_call_duration_seconds_count", tool="run_command") == 1
+    assert _value(text, "orga_tool_call_duration_seconds_count", tool="file_read") == 1
+    assert _value(text, "orga_tool_call_duration_seconds_sum", tool="grep") == 0.007
+    assert _value(text, "orga_dispatch_to_applied_seconds_sum", kind="reasoned") == 2.0
+    assert _value(text, "orga_dispatch_to_applied_seconds_sum", kind="tool_observed") == 0.5
+    assert _value(text, "orga_iteration_duration_seconds_sum") == 3.0
+    assert _value(text, "orga_iteration_duration_seconds_bucket", le="5.0") == 1
+
+
+def test_provider_errors_and_rate_limit_waits_are_counted() -> None:
+    """Provider errors by provider and status; rate-limit waits as a count and a total time."""
+    registry = CollectorRegistry()
+    metrics = CoordinatorMetrics(registry)
+    metrics.provider_error("openai", 429)
+    metrics.provider_error("openai", 429)
+    metrics.provider_error("anthropic", "timeout")
+    metrics.rate_limit_wait("openai", 2.5)
+    metrics.rate_limit_wait("openai", 1.5)
+    text = generate_latest(registry).decode()
+    assert _value(text, "orga_provider_errors_total", provider="openai", status="429") == 2
+    assert _value(text, "orga_provider_errors_total", provider="anthropic", status="timeout") == 1
+    assert _value(text, "orga_rate_limit_waits_total", provider="openai") == 2
+    assert _value(text, "orga_rate_limit_wait_seconds_total", provider="openai") == 4.0
+
+
+def test_observation_lag_is_the_age_of_the_oldest_undelivered_entry(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The lag in seconds is read from the stream id of the first entry no one has read."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        client.xgroup_create(keys.observations_stream, keys.coordinator_group, mkstream=True)
+        old = int(time.time() * 1000) - 30_000
+        client.xadd(keys.observations_stream, {"n": "0"}, id=f"{old}-0")
+        client.xadd(keys.observations_stream, {"n": "1"})
+        pending, undelivered, lag_s = observation_backlog(client, now=old / 1000 + 30)
+    assert (pending, undelivered) == (0, 2)
+    assert lag_s == pytest.approx(30.0)
