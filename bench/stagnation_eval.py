@@ -51,6 +51,12 @@ from shared.stagnation import (  # noqa: E402
     ToolEvent,
     ToolKind,
 )
+from shared.stagnation.shell import (  # noqa: E402
+    SHELL_READS,
+    first_word,
+    strip_heredocs,
+)
+from shared.stagnation.shell import shell_kind as stagnation_shell_kind  # noqa: E402
 
 DATASETS = (
     "mini-swe-agent-gemini3pro-verified",
@@ -88,54 +94,24 @@ def _sha(text: str) -> str:
 
 # -- shell commands (SWE-agent and mini-swe-agent) ----------------------------------------------
 
-_HEREDOC = re.compile(r"(<<-?\s*(['\"]?)(\w+)\2[^\n]*)\n.*?\n\s*\3[ \t]*(?=\n|$)", re.S)
-_PREFIX = re.compile(r"^\s*(?:(?:cd\s+[^\s;&|]+|[A-Z_][A-Z0-9_]*=\S+)\s*(?:&&|;|\n)?\s*)+")
-_SHELL_WRITE = (
-    re.compile(r"\bsed\s+(?:-[a-zA-Z]*i\b|--in-place)"),
-    re.compile(r"(?<![0-9&<>])>{1,2}\s*(?!&|/dev/null)[^\s|;&<>]+"),
-    re.compile(r"\btee\b"),
-    re.compile(r"(?:^|&&|;|\|\||\n)\s*(?:rm|mv|cp|mkdir|touch|patch|chmod|ln|ed)\b"),
-    re.compile(r"\bgit\s+(?:apply|checkout|reset|stash|mv|rm)\b"),
-)
-_REDIRECT_TARGET = re.compile(r"(?<![0-9&<>])>{1,2}\s*(?!&|/dev/null)([^\s|;&<>]+)")
 _ACI_READS = ("open", "goto", "scroll_down", "scroll_up", "search_file", "search_dir", "find_file")
-_READ_COMMANDS = frozenset(
-    (
-        *_ACI_READS,
-        *("ls", "cat", "grep", "rg", "find", "head", "tail", "pwd", "which", "printenv", "env"),
-        *("locate", "apt-cache", "wc", "tree", "less", "more", "nl", "diff", "file", "stat"),
-        *("sed", "awk"),
-    )
-)
-_READ_GIT = re.compile(r"^git\s+(?:status|diff|log|show|grep|blame|ls-files)\b")
+_READ_COMMANDS = frozenset((*_ACI_READS, *SHELL_READS))
 _SWE_WRITE_COMMANDS = frozenset({"edit", "create"})
 _SWE_TOOLS = frozenset((*_ACI_READS, "edit", "create", "submit", "exit_cost"))
 _OTHER_COMMANDS = frozenset({"exit_cost", "submit", "exit_context", "exit_format", "exit_error"})
 
 
-def _strip_heredocs(command: str) -> str:
-    return _HEREDOC.sub(r"\1", command)
-
-
 def _first_word(command: str) -> str:
-    rest = _PREFIX.sub("", command, count=1).strip()
-    return rest.split()[0] if rest.split() else ""
+    return first_word(command)
 
 
 def shell_kind(command: str) -> tuple[ToolKind, str | None]:
-    """read / write / command / other for one shell command line, and the written path."""
-    outside = _strip_heredocs(command)
-    word = _first_word(outside)
-    if word in _SWE_WRITE_COMMANDS:
+    """read / write / command / other for one command line (SWE-agent's ``edit`` and
+    ``create`` write, its ACI commands read), and the written path; the shell rules are the
+    detector's own (:mod:`shared.stagnation.shell`)."""
+    if first_word(strip_heredocs(command)) in _SWE_WRITE_COMMANDS:
         return ToolKind.WRITE, None
-    if any(p.search(outside) for p in _SHELL_WRITE):
-        target = _REDIRECT_TARGET.search(outside)
-        return ToolKind.WRITE, target.group(1) if target else None
-    if word in _OTHER_COMMANDS or not word:
-        return ToolKind.OTHER, None
-    if word in _READ_COMMANDS or _READ_GIT.match(_PREFIX.sub("", outside, count=1).strip()):
-        return ToolKind.READ, None
-    return ToolKind.COMMAND, None
+    return stagnation_shell_kind(command, reads=_READ_COMMANDS, others=_OTHER_COMMANDS)
 
 
 # -- SWE-agent 0.x -----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from shared.stagnation.events import ToolEvent, ToolKind
 from shared.stagnation.fingerprint import EventFingerprint, digest, fingerprint
 from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
+from shared.stagnation.shell import as_shell_event
 from shared.stagnation.state import (
     MAX_DETAIL_CHARS,
     MAX_MILESTONE_NAMES,
@@ -224,6 +225,7 @@ class StagnationDetector:
     # -- one event ---------------------------------------------------------------------------
 
     def _observe(self, event: ToolEvent, batch: dict[str, str] | None) -> StagnationVerdict:
+        event = as_shell_event(event)
         fp = fingerprint(event, self.config.acknowledgements)
         self._total_steps += 1
         self._since_milestone += 1
