@@ -293,7 +293,5 @@ def fingerprint(event: ToolEvent, acknowledgements: Collection[str]) -> EventFin
         before=before,
         write_call=_write_call(event) if is_write else None,
         is_ack=_is_ack(event, body, acknowledgements),
-        info_free=event.kind in (ToolKind.READ, ToolKind.COMMAND)
-        and not event.failed
-        and _is_empty(masked),
+        info_free=event.kind is ToolKind.READ and not event.failed and _is_empty(masked),
     )
