@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.client import OrgaClient, TaskNotFoundError, TaskRejectedError
 from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
@@ -32,15 +35,57 @@ from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
 
 __all__ = ["app", "main"]
 
+# Plain help (rich_markup_mode=None): typer's rich panels show every flag as taking a <bool>.
 app = typer.Typer(
-    name="orga", help="Run long-running LLM agents on Celery workers.", no_args_is_help=True
+    name="orga",
+    help="Run long-running LLM agents on Celery workers.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-review_app = typer.Typer(help="Escalations waiting for a human decision.", no_args_is_help=True)
+review_app = typer.Typer(
+    help="Escalations waiting for a human decision.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(review_app, name="review")
 out = Console()
 err = Console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output for pipelines.")]
+TaskId = Annotated[str, typer.Argument(metavar="TASK_ID", help="A task id.")]
+ReviewId = Annotated[str, typer.Argument(metavar="REVIEW_ID", help="A review id.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"orga {version('orga-queue')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    _version_flag: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    """Run long-running LLM agents on Celery workers."""
+
+
+def _say(*parts: str | tuple[str, str], console: Console = out) -> None:
+    """Print text literally (user and model text is never Rich markup), unwrapped.
+
+    A part is a string, or ``(text, style)`` for a styled piece.
+    """
+    console.print(Text.assemble(*parts), soft_wrap=True)
+
+
+def _fail(prefix: str, message: object, code: int) -> typer.Exit:
+    _say((prefix, "red"), " ", str(message), console=err)
+    return typer.Exit(code)
 
 
 def _settings() -> OrgaSettings:
@@ -56,11 +101,9 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except (TaskSpecError, TaskRejectedError) as exc:
-        err.print(f"[red]invalid task:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        raise _fail("invalid task:", exc, 2) from exc
     except (TaskNotFoundError, EmbeddedRuntimeError, OrgaError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise _fail("error:", exc, 1) from exc
 
 
 def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
@@ -82,9 +125,11 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
 
 @app.command()
 def run(
-    task_file: Annotated[Path, typer.Argument(help="A YAML or JSON task file.")],
+    task_file: Annotated[Path, typer.Argument(metavar="TASK_FILE", help="A YAML or JSON task.")],
     as_json: JsonFlag = False,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the result.")] = 3600.0,
+    timeout: Annotated[
+        float, typer.Option(metavar="SECONDS", help="How long to wait for the result.")
+    ] = 3600.0,
 ) -> None:
     """Submit a task, show its progress, print its result."""
     with _errors():
@@ -100,7 +145,7 @@ def _run(
 ) -> dict[str, Any]:
     task_id = client.submit(spec)
     if not as_json:
-        out.print(f"[bold]task[/bold] {task_id}: {spec.goal}")
+        _say(("task", "bold"), f" {task_id}: {spec.goal}")
     record_status = _follow(client, task_id, timeout, quiet=as_json)
     result = client.result(task_id)
     if record_status == TaskStatus.AWAITING_REVIEW.value:
@@ -115,8 +160,8 @@ def _run(
 def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> str:
     """Show steps and iterations until the task ends or waits for a human."""
     deadline = time.monotonic() + timeout
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(),
+               TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=out, disable=quiet, transient=False) as progress:
         bar = progress.add_task("waiting", total=None, detail="")
         while time.monotonic() < deadline:
@@ -144,28 +189,65 @@ def _progress_label(status: dict[str, Any]) -> str:
 
 
 def _print_result(client: OrgaClient, result: dict[str, Any], embedded: bool) -> None:
-    table = Table(title=f"task {result['task_id']}: {result['status']}")
+    table = Table(title=Text(f"task {result['task_id']}: {result['status']}"))
     for column in ("step", "status", "verified", "iterations", "note"):
         table.add_column(column)
     for step in result["steps"]:
-        table.add_row(step["id"], step["status"], "yes" if step["verified"] else "no",
-                      str(step["iterations"]), (step["note"] or "")[:80])  # fmt: skip
+        cells = (step["id"], step["status"], "yes" if step["verified"] else "no",
+                 str(step["iterations"]), (step["note"] or "")[:80])  # fmt: skip
+        table.add_row(*(Text(cell) for cell in cells))
     out.print(table)
-    out.print(f"milestones: {', '.join(result['milestones']) or 'none'}")
+    _say(f"milestones: {', '.join(result['milestones']) or 'none'}")
     if result.get("output"):
-        out.print(f"output: {result['output']}")
+        _say(f"output: {result['output']}")
     if result.get("error"):
-        out.print(f"[yellow]{result['error']}[/yellow]")
+        _say((str(result["error"]), "yellow"))
     review_id = result.get("review")
     if review_id:
-        review = client.review(review_id)
-        prefix = "" if not embedded else f"ORGA_HOME={_home()} "
-        headline = "[bold yellow]escalated to human review[/bold yellow]"
-        out.print(f"{headline} ({review.source}): {review.reason}")
-        out.print("decide it with one of:")
-        for flag in ("--retry --hint 'what to try instead'", "--skip", "--abort"):
-            out.print(f"  {prefix}orga review decide {review_id} {flag}")
-        out.print(f"  (see the context first: {prefix}orga review show {review_id})")
+        _print_decide_commands(client, review_id, embedded)
+
+
+def _print_decide_commands(client: OrgaClient, review_id: str, embedded: bool) -> None:
+    """How to decide the review: whole commands that run as printed, pasted in any shell."""
+    review = client.review(review_id)
+    _say(("escalated to human review", "bold yellow"), f" ({review.source}): {review.reason}")
+    _say("decide it with one of:")
+    for flags in (["--retry", "--hint", "what to try instead"], ["--skip"], ["--abort"]):
+        _say("  ", _command_line(["review", "decide", review_id, *flags], embedded))
+    _say("see the context first with:")
+    _say("  ", _command_line(["review", "show", review_id], embedded))
+    if not embedded:
+        _say("(with ORGA_REDIS_URL set as for this command)")
+
+
+def _command_line(arguments: list[str], embedded: bool) -> str:
+    """A shell command running this same ``orga`` with ``arguments``: the executable by its
+    absolute path and, for the embedded runtime, the home and workspace root it used."""
+    words = _orga_executable() + arguments
+    env = _embedded_env() if embedded else {}
+    if env:
+        words = ["env", *(f"{name}={value}" for name, value in env.items()), *words]
+    return shlex.join(words)
+
+
+def _orga_executable() -> list[str]:
+    """The words that start the running ``orga`` from anywhere, without an active venv."""
+    invoked = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if invoked is not None and invoked.suffix != ".py" and os.access(invoked, os.X_OK):
+        return [os.path.abspath(invoked)]
+    beside = shutil.which("orga", path=str(Path(sys.executable).parent))
+    if beside:
+        return [os.path.abspath(beside)]
+    return [os.path.abspath(sys.executable), "-m", "coordinator.cli"]
+
+
+def _embedded_env() -> dict[str, str]:
+    """What a later embedded command needs to find this one's state and workspaces."""
+    env = {"ORGA_HOME": str(_home())}
+    root = os.environ.get("ORGA_WORKSPACE_ROOT")
+    if root:
+        env["ORGA_WORKSPACE_ROOT"] = os.path.abspath(os.path.expanduser(root))
+    return env
 
 
 def _exit_for(result: dict[str, Any]) -> None:
@@ -176,21 +258,23 @@ def _exit_for(result: dict[str, Any]) -> None:
 
 
 @app.command()
-def submit(task_file: Path, as_json: JsonFlag = False) -> None:
+def submit(
+    task_file: Annotated[Path, typer.Argument(metavar="TASK_FILE", help="A YAML or JSON task.")],
+    as_json: JsonFlag = False,
+) -> None:
     """Submit a task to ORGA_REDIS_URL and print its id (needs a running coordinator)."""
     with _errors():
         spec = load_task_file(task_file)
         client = OrgaClient(_require_url())
         task_id = client.submit(spec)
-    out.print_json(json.dumps({"task_id": task_id})) if as_json else out.print(task_id)
+    out.print_json(json.dumps({"task_id": task_id})) if as_json else _say(task_id)
 
 
 def _require_url() -> str:
     url = _settings().redis_url
     if not url:
-        err.print("[red]error:[/red] set ORGA_REDIS_URL (submit needs a running deployment; "
-                  "`orga run` works without one)")  # fmt: skip
-        raise typer.Exit(2)
+        needs = "this command needs a running deployment; `orga run` works without one"
+        raise _fail("error:", f"set ORGA_REDIS_URL ({needs})", 2)
     return url
 
 
@@ -199,7 +283,10 @@ def _require_url() -> str:
 
 @app.command()
 def status(
-    task_id: Annotated[str | None, typer.Argument()] = None, as_json: JsonFlag = False
+    task_id: Annotated[
+        str | None, typer.Argument(metavar="TASK_ID", help="A task id; none: the recent tasks.")
+    ] = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """One task's status, or the most recent tasks."""
     with _errors():
@@ -209,7 +296,7 @@ def status(
         return
     table = Table("task", "status")
     for row in data:
-        table.add_row(row["task_id"], row["status"] or "?")
+        table.add_row(Text(row["task_id"]), Text(row["status"] or "?"))
     out.print(table)
 
 
@@ -227,7 +314,7 @@ def _read(body: Callable[[OrgaClient], Any]) -> Any:
 
 
 @app.command()
-def result(task_id: str, as_json: JsonFlag = False) -> None:
+def result(task_id: TaskId, as_json: JsonFlag = False) -> None:
     """The result of a task (a stopped task keeps its completed steps)."""
     with _errors():
         data = _read(lambda client: client.result(task_id))
@@ -236,7 +323,7 @@ def result(task_id: str, as_json: JsonFlag = False) -> None:
 
 @app.command()
 def journal(
-    task_id: str,
+    task_id: TaskId,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new entries.")
     ] = False,
@@ -267,13 +354,14 @@ def review_list(as_json: JsonFlag = False) -> None:
     table = Table("review", "task", "step", "source", "reason", "default at deadline")
     for item in items:
         at = time.strftime("%H:%M:%S", time.localtime(item.deadline))
-        table.add_row(item.review_id, item.task_id, item.step_id, item.source, item.reason[:70],
-                      f"{item.default_decision} at {at}")  # fmt: skip
+        cells = (item.review_id, item.task_id, item.step_id, item.source, item.reason[:70],
+                 f"{item.default_decision} at {at}")  # fmt: skip
+        table.add_row(*(Text(cell) for cell in cells))
     out.print(table)
 
 
 @review_app.command("show")
-def review_show(review_id: str) -> None:
+def review_show(review_id: ReviewId) -> None:
     """One escalation with its context snapshot."""
     with _errors():
         item = _read(lambda client: client.review(review_id))
@@ -282,43 +370,66 @@ def review_show(review_id: str) -> None:
 
 @review_app.command("decide")
 def review_decide(
-    review_id: str,
+    review_id: ReviewId,
     retry: Annotated[bool, typer.Option("--retry", help="Resume the step.")] = False,
     skip: Annotated[bool, typer.Option("--skip", help="Skip the step.")] = False,
     abort: Annotated[
         bool, typer.Option("--abort", help="Abort the task, keeping milestones.")
     ] = False,
     hint: Annotated[
-        str | None, typer.Option(help="With --retry: a hint the model will read.")
+        str | None, typer.Option(metavar="TEXT", help="With --retry: a hint the model will read.")
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Decide an escalation: --retry [--hint TEXT], --skip or --abort."""
     chosen = [name for name, flag in (("retry", retry), ("skip", skip), ("abort", abort)) if flag]
     if len(chosen) != 1:
-        err.print("[red]error:[/red] choose exactly one of --retry, --skip, --abort")
-        raise typer.Exit(2)
+        raise _fail("error:", "choose exactly one of --retry, --skip, --abort", 2)
     if hint and chosen[0] != "retry":
-        err.print("[red]error:[/red] --hint goes with --retry")
-        raise typer.Exit(2)
+        raise _fail("error:", "--hint goes with --retry", 2)
+    decision = chosen[0]
 
     def body(client: OrgaClient, embedded: bool) -> dict[str, Any]:
-        task_id = client.decide(review_id, chosen[0], hint=hint, by=os.environ.get("USER", "cli"))
-        out.print(f"decision {chosen[0]} applied to task {task_id}") if not as_json else None
-        if not embedded:
-            return {"task_id": task_id, "decision": chosen[0]}
-        final = _follow(client, task_id, 3600, quiet=as_json)
-        data = client.result(task_id)
-        if final == TaskStatus.AWAITING_REVIEW.value:
-            data["review"] = client.status(task_id).get("review_id")
+        task_id = client.decide(review_id, decision, hint=hint, by=os.environ.get("USER", "cli"))
+        if not as_json:
+            _say(f"decision {decision} applied to task {task_id}")
+        if embedded:
+            return _follow_decided(client, task_id, as_json)
+        data = {"task_id": task_id, "decision": decision, **client.status(task_id)}
         if as_json:
             out.print_json(json.dumps(data))
         else:
-            _print_result(client, data, embedded)
+            _say(f"task {task_id} is now {data['status']}")
         return data
 
     with _errors():
-        _with_runtime(body)
+        data = _with_runtime(body)
+    _exit_after_decision(decision, data)
+
+
+def _follow_decided(client: OrgaClient, task_id: str, as_json: bool) -> dict[str, Any]:
+    """The embedded runtime runs the task on from the decision: follow it, print its result."""
+    final = _follow(client, task_id, 3600, quiet=as_json)
+    data = client.result(task_id)
+    if final == TaskStatus.AWAITING_REVIEW.value:
+        data["review"] = client.status(task_id).get("review_id")
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        _print_result(client, data, embedded=True)
+    return data
+
+
+def _exit_after_decision(decision: str, data: dict[str, Any]) -> None:
+    """0 when the task completed, runs on, or was aborted as decided; 1 when it failed (or
+    ended aborted after another decision); 3 when it waits for a human again."""
+    status = data.get("status")
+    if data.get("review") or status == TaskStatus.AWAITING_REVIEW.value:
+        raise typer.Exit(3)
+    if status == TaskStatus.FAILED.value:
+        raise typer.Exit(1)
+    if status == TaskStatus.ABORTED.value and decision != "abort":
+        raise typer.Exit(1)
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -346,7 +457,7 @@ def coordinator() -> None:
             metrics=metrics,
         )
         where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
-        out.print(f"coordinator {node.name} on {redact_url(url)}{where}")
+        _say(f"coordinator {node.name} on {redact_url(url)}{where}")
         await node.run()
 
     asyncio.run(main_loop())
@@ -370,14 +481,16 @@ def worker(
 
 @app.command()
 def cancel(
-    task_id: str,
-    reason: Annotated[str, typer.Option(help="Why, for the journal.")] = "cancelled by operator",
+    task_id: TaskId,
+    reason: Annotated[
+        str, typer.Option(metavar="TEXT", help="Why, for the journal.")
+    ] = "cancelled by operator",
 ) -> None:
     """Abort a task (its verified milestones are kept)."""
     with _errors():
         client = OrgaClient(_require_url())
         client.cancel(task_id, reason)
-    out.print(f"cancellation of {task_id} sent")
+    _say(f"cancellation of {task_id} sent")
 
 
 @app.command()

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import redis
 
@@ -25,7 +25,13 @@ from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.task_spec import TaskSpec, load_task_file
 
-__all__ = ["OrgaClient", "TaskNotFoundError", "TaskRejectedError", "WaitTimeoutError"]
+__all__ = [
+    "OrgaClient",
+    "TaskFinishedError",
+    "TaskNotFoundError",
+    "TaskRejectedError",
+    "WaitTimeoutError",
+]
 
 
 class TaskNotFoundError(OrgaError, LookupError):
@@ -38,6 +44,10 @@ class TaskRejectedError(OrgaError):
 
 class WaitTimeoutError(OrgaError, TimeoutError):
     """The task did not finish within the time given."""
+
+
+class TaskFinishedError(OrgaError):
+    """The task already ended: it can no longer be changed (cancelled)."""
 
 
 @dataclass
@@ -79,6 +89,23 @@ class OrgaClient:
         alias = self._hget(keys.task_key(task_id), "alias_of")
         return str(alias) if alias else task_id
 
+    def existing(self, task_id: str) -> str:
+        """The id of the stored task ``task_id`` stands for; TaskNotFoundError (or
+        TaskRejectedError) when there is none."""
+        real = self.resolve(task_id)
+        if not self.redis.hexists(keys.task_key(real), "state"):
+            self._not_found(task_id)
+        return real
+
+    def _not_found(self, task_id: str) -> NoReturn:
+        rejection = self.rejection(task_id)
+        if rejection is not None:
+            raise TaskRejectedError(f"task {task_id} was rejected: {rejection}")
+        raise TaskNotFoundError(
+            f"no task {task_id!r} (unknown, purged after its retention, or not accepted yet); "
+            "`orga status` lists the recent tasks"
+        )
+
     # -- reading --------------------------------------------------------------------------
 
     def record(self, task_id: str) -> TaskRecord:
@@ -86,10 +113,7 @@ class OrgaClient:
         real = self.resolve(task_id)
         state = self._hget(keys.task_key(real), "state")
         if state is None:
-            rejection = self.rejection(task_id)
-            if rejection is not None:
-                raise TaskRejectedError(f"task {task_id} was rejected: {rejection}")
-            raise TaskNotFoundError(f"no task {task_id!r} (not accepted yet, or unknown)")
+            self._not_found(task_id)
         return TaskRecord.model_validate_json(str(state))
 
     def status(self, task_id: str) -> dict[str, Any]:
@@ -146,8 +170,9 @@ class OrgaClient:
     def journal(
         self, task_id: str, after: int = -1, count: int | None = None
     ) -> list[JournalEntry]:
-        """Journal entries with a sequence greater than ``after``."""
-        real = self.resolve(task_id)
+        """Journal entries with a sequence greater than ``after``; TaskNotFoundError for an
+        unknown task."""
+        real = self.existing(task_id)
         start = f"0-{after + 2}" if after >= 0 else "-"
         rows = self._rows(
             self.redis.xrange(keys.journal_stream(real), min=start, max="+", count=count)
@@ -157,8 +182,11 @@ class OrgaClient:
     def follow_journal(
         self, task_id: str, idle_timeout_s: float | None = None
     ) -> Iterator[JournalEntry]:
-        """Journal entries as they are written, until the task ends (or nothing for a while)."""
-        real = self.resolve(task_id)
+        """Journal entries as they are written, until the task ends (or nothing for a while).
+
+        TaskNotFoundError at once for an unknown task, and when the task is purged meanwhile.
+        """
+        real = self.existing(task_id)
         last = -1
         quiet_since = time.monotonic()
         while True:
@@ -169,6 +197,8 @@ class OrgaClient:
             if entries:
                 quiet_since = time.monotonic()
             status = self._hget(keys.task_key(real), "status")
+            if status is None:
+                self.existing(task_id)  # purged while followed: says so
             if status in {s.value for s in TERMINAL_STATUSES} and not entries:
                 return
             if idle_timeout_s is not None and time.monotonic() - quiet_since > idle_timeout_s:
@@ -234,10 +264,19 @@ class OrgaClient:
         return None
 
     def cancel(self, task_id: str, reason: str = "cancelled by operator") -> None:
-        """Ask the coordinator to abort a task (its milestones are kept)."""
+        """Ask the coordinator to abort a task (its milestones are kept).
+
+        TaskNotFoundError for an unknown task; TaskFinishedError, sending nothing, for one
+        that already ended.
+        """
+        record = self.record(task_id)
+        if record.terminal:
+            raise TaskFinishedError(
+                f"task {task_id} already ended {record.status.value}: nothing to cancel"
+            )
         self.redis.xadd(
             keys.control_stream,
-            {"action": "cancel", "task_id": self.resolve(task_id), "reason": reason},
+            {"action": "cancel", "task_id": record.task_id, "reason": reason},
             maxlen=keys.control_maxlen,
             approximate=True,
         )

@@ -114,7 +114,8 @@ def test_escalation_is_decided_from_the_cli(cluster: Cluster) -> None:
     second = client.status(task_id)["review_id"]
     assert second != review_id
     skipped = cluster.orga("review", "decide", second, "--skip")
-    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.returncode == 1, skipped.stderr  # the task then failed: its only step skipped
+    assert "is now failed" in skipped.stdout
     result = client.wait(task_id, timeout_s=30)
     assert result["steps"][0]["status"] == "skipped"
     assert_journal_is_clean(client.journal(task_id))

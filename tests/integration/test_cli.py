@@ -1,0 +1,289 @@
+"""The ``orga`` command as a user meets it: the installed entry point, run in a subprocess.
+
+Printed commands run as printed (pasted in a shell without the virtualenv), user and model text
+prints literally, unknown ids fail with a message, help and options behave like the ecosystem's
+(``-h``, ``--version``, Celery's own options through ``orga worker``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from coordinator.embedded_redis import EmbeddedRedis
+from tests.integration.harness import REPO
+
+pytestmark = pytest.mark.integration
+
+ORGA = Path(sys.executable).with_name("orga")
+"""The console script pip installed for the project: what a user runs."""
+
+WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env["COLUMNS"] = "80"
+    env.update(extra)
+    return env
+
+
+def _orga(
+    *args: str, env: dict[str, str], cwd: Path = REPO, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    assert ORGA.exists(), f"the orga entry point is not installed at {ORGA}"
+    return subprocess.run(
+        [str(ORGA), *args], env=env, cwd=cwd, capture_output=True, text=True,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def _embedded(tmp_path: Path) -> dict[str, str]:
+    """The environment of an embedded runtime whose paths need quoting in a shell."""
+    return _env(
+        ORGA_HOME=str(tmp_path / "orga home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "work spaces")
+    )
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- help and version ----------------------------------------------------------------------
+
+
+def test_version_and_short_help() -> None:
+    """`orga --version` prints the package version; `-h` is help on every level."""
+    shown = _orga("--version", env=_env())
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == f"orga {version('orga-queue')}"
+    for args in (["-h"], ["review", "-h"], ["review", "decide", "-h"], ["worker", "-h"]):
+        helped = _orga(*args, env=_env())
+        assert helped.returncode == 0, (args, helped.stderr)
+        assert helped.stdout.startswith("Usage: orga"), helped.stdout
+
+
+def test_help_shows_flags_as_flags() -> None:
+    """A flag takes no value, and the help does not show one (no `<bool>`)."""
+    for args in (["-h"], ["run", "-h"], ["journal", "-h"], ["review", "decide", "-h"]):
+        helped = _orga(*args, env=_env())
+        assert "<bool>" not in helped.stdout, helped.stdout
+    decide = _orga("review", "decide", "-h", env=_env()).stdout
+    lines = {line.split()[0]: line for line in decide.splitlines() if line.startswith("  --")}
+    assert lines["--retry"].split()[1:3] == ["Resume", "the"]
+    assert lines["--hint"].split()[1] == "TEXT"
+
+
+# -- unknown ids ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "no-such-task"],
+        ["result", "no-such-task"],
+        ["journal", "no-such-task"],
+        ["journal", "no-such-task", "--follow"],
+        ["cancel", "no-such-task"],
+        ["review", "show", "no-such-task"],
+        ["review", "decide", "no-such-task", "--skip"],
+    ],
+)
+def test_unknown_ids_exit_non_zero_with_a_message(
+    args: list[str], private_redis: EmbeddedRedis
+) -> None:
+    """Every command given an unknown id says so on stderr and exits 1 (never hangs)."""
+    outcome = _orga(*args, env=_env(ORGA_REDIS_URL=private_redis.url), timeout_s=30)
+    assert outcome.returncode == 1, outcome.stdout + outcome.stderr
+    assert "no-such-task" in outcome.stderr
+    assert outcome.stderr.startswith("error: no "), outcome.stderr
+    assert "sent" not in outcome.stdout
+    assert outcome.stdout == ""
+
+
+def test_unknown_ids_on_the_embedded_runtime(tmp_path: Path) -> None:
+    """The same on the embedded runtime (its private Redis, no deployment)."""
+    env = _embedded(tmp_path)
+    for args in (["status", "nope"], ["journal", "nope", "-f"], ["review", "show", "nope"]):
+        outcome = _orga(*args, env=env, timeout_s=60)
+        assert outcome.returncode == 1, (args, outcome.stdout, outcome.stderr)
+        assert "'nope'" in outcome.stderr
+
+
+# -- orga worker and orga coordinator -------------------------------------------------------
+
+
+def _wait_for(process: subprocess.Popen[str], log: Path, texts: list[str], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = log.read_text(errors="replace")
+        if all(text in seen for text in texts):
+            return seen
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise AssertionError(f"never saw {texts}:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_worker_takes_celerys_own_options(tmp_path: Path, private_redis: EmbeddedRedis) -> None:
+    """`orga worker -E -n NAME --loglevel INFO -P solo` reaches celery worker as given."""
+    name = f"probe-{os.getpid()}@cli-test"
+    log = tmp_path / "worker.log"
+    command = [str(ORGA), "worker", "-E", "-n", name, "--loglevel", "INFO", "-P", "solo",
+               "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
+            stdout=handle, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        seen = _wait_for(process, log, [name, "ready."], 60)
+    finally:
+        _stop(process)
+    banner = _one_line(seen)
+    assert "task events: ON" in banner
+    assert "(solo)" in banner  # the pool asked for
+
+
+def test_worker_refuses_an_option_celery_does_not_know(private_redis: EmbeddedRedis) -> None:
+    """An unknown option goes to celery, which names it: the pass-through hides nothing."""
+    outcome = _orga("worker", "--no-such-celery-option", env=_env(ORGA_REDIS_URL=private_redis.url))
+    assert outcome.returncode == 2
+    assert "--no-such-celery-option" in outcome.stderr
+    assert "celery" in outcome.stderr.lower()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_coordinator_serves_metrics_on_the_configured_address(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """`orga coordinator` with ORGA_METRICS_PORT binds ORGA_METRICS_HOST and says where."""
+    port = _free_port()
+    log = tmp_path / "coordinator.log"
+    env = _env(
+        ORGA_REDIS_URL=private_redis.url,
+        ORGA_METRICS_PORT=str(port),
+        ORGA_METRICS_HOST="127.0.0.1",
+        ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"),
+    )
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [str(ORGA), "coordinator"], env=env, cwd=REPO, stdout=handle,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        _wait_for(process, log, [f"metrics on http://127.0.0.1:{port}/metrics"], 30)
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    finally:
+        _stop(process)
+    assert scraped.status_code == 200
+    assert "orga_redis_up 1.0" in scraped.text
+
+
+# -- the embedded runtime: printed commands and literal text -------------------------------
+
+
+def _printed_commands(stdout: str) -> dict[str, str]:
+    """The commands `orga run` printed after an escalation: retry, skip, abort and show."""
+    found: dict[str, str] = {}
+    for line in (line.strip() for line in stdout.splitlines()):
+        words = line.split()
+        if " review decide " not in line and " review show " not in line:
+            continue
+        following = words[words.index("review") + 1 :]
+        kind = following[0] if following[0] == "show" else following[2].removeprefix("--")
+        found[kind] = line
+    return found
+
+
+def _paste(line: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """Run a printed line in /bin/sh with the system's PATH only (no virtualenv)."""
+    shell_env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "COLUMNS": "80"}
+    return subprocess.run(
+        ["/bin/sh", "-c", line], env=shell_env, cwd=cwd, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_printed_decide_commands_run_as_printed_outside_the_venv(tmp_path: Path) -> None:
+    """At 80 columns, each printed command is one line that shlex parses into one command
+    starting with an executable, the orga by its absolute path; pasted into a shell without
+    the venv, in another directory, `review show` works and `--skip` decides the review (the
+    task then fails, all its steps skipped, and the command exits 1)."""
+    env = _embedded(tmp_path)
+    escalated = _orga("run", str(WANDERER), env=env)
+    assert escalated.returncode == 3, escalated.stdout + escalated.stderr
+    commands = _printed_commands(escalated.stdout)
+    assert set(commands) == {"retry", "skip", "abort", "show"}, escalated.stdout
+    for line in commands.values():
+        words = shlex.split(line)
+        assert shutil.which(words[0]) is not None, line
+        executable = next(w for w in words[1:] if "=" not in w)
+        assert Path(executable).is_absolute(), line
+        assert os.access(executable, os.X_OK), line
+        assert f"ORGA_HOME={tmp_path / 'orga home'}" in words
+        assert f"ORGA_WORKSPACE_ROOT={tmp_path / 'work spaces'}" in words
+    assert shlex.split(commands["retry"])[-3:] == ["--retry", "--hint", "what to try instead"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shown = _paste(commands["show"], elsewhere, tmp_path)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert '"source": "detector"' in shown.stdout
+    skipped = _paste(commands["skip"], elsewhere, tmp_path)
+    assert "decision skip applied" in skipped.stdout, skipped.stdout + skipped.stderr
+    assert "all 1 were skipped" in skipped.stdout
+    assert skipped.returncode == 1
+
+
+def test_goal_and_model_text_print_literally(tmp_path: Path) -> None:
+    """Rich markup in a goal, a step id's neighbours and the model's answer prints as written,
+    and `orga run` still prints the task id and exits 0."""
+    goal = "Close the tag [/red] and keep items[i] literally"
+    answer = "Done: [bold]items[i][/bold] and [/red] stay as written"
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        yaml.safe_dump(
+            {
+                "goal": goal,
+                "provider": {"kind": "scripted", "replies": [answer]},
+                "steps": [{"id": "say", "instruction": "Answer with items[i] and [/red]"}],
+            }
+        )
+    )
+    outcome = _orga("run", str(task), env=_embedded(tmp_path))
+    assert outcome.returncode == 0, outcome.stdout + outcome.stderr
+    first = outcome.stdout.splitlines()[0]
+    assert first.startswith("task ") and first.endswith(f": {goal}"), first
+    assert f"output: {answer}" in outcome.stdout
+    task_id = first.split()[1].rstrip(":")
+    shown = _orga("status", task_id, env=_embedded(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert goal in shown.stdout
