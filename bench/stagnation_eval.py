@@ -43,6 +43,7 @@ from stagnation_baselines import (  # noqa: E402
 )
 
 from shared.stagnation import (  # noqa: E402
+    Ladder,
     StagnationConfig,
     StagnationDetector,
     StagnationKind,
@@ -795,37 +796,41 @@ def print_results(labelled: LabelledResults | None, results: Results) -> None:
 # -- threshold sweep ----------------------------------------------------------------------------
 
 
+def _ladder(nudge: int, replan: int, ask_human: int, abort: int) -> Ladder:
+    return Ladder(nudge=nudge, replan=replan, ask_human=ask_human, abort=abort)
+
+
 def sweep_configs() -> dict[str, StagnationConfig]:
     """The defaults and one-at-a-time variations of the thresholds that matter most."""
     base = StagnationConfig()
-    ladder = base.stale.model_copy
     return {
         "defaults": base,
-        "stale 5/8/12/20": base.model_copy(
-            update={"stale": ladder(update={"nudge": 5, "replan": 8, "ask_human": 12, "abort": 20})}
+        "stale 3/5/9/16": base.model_copy(update={"stale": _ladder(3, 5, 9, 16)}),
+        "stale 4/6/10/16": base.model_copy(update={"stale": _ladder(4, 6, 10, 16)}),
+        "stale 5/8/12/20": base.model_copy(update={"stale": _ladder(5, 8, 12, 20)}),
+        "stale 8/12/20/32": base.model_copy(update={"stale": _ladder(8, 12, 20, 32)}),
+        "repeat+error 3/5/8/12": base.model_copy(
+            update={"repeat": _ladder(3, 5, 8, 12), "error": _ladder(3, 5, 8, 12)}
         ),
-        "stale 4/6/10/16": base.model_copy(
-            update={"stale": ladder(update={"nudge": 4, "replan": 6, "ask_human": 10, "abort": 16})}
-        ),
-        "repeat+error 3/4/6/10": base.model_copy(
-            update={
-                "repeat": base.repeat.model_copy(update={"replan": 4, "ask_human": 6, "abort": 10}),
-                "error": base.error.model_copy(update={"replan": 4, "ask_human": 6, "abort": 10}),
-            }
-        ),
-        "min_steps 5": base.model_copy(update={"min_steps": 5}),
-        "min_steps 20": base.model_copy(update={"min_steps": 20}),
+        "recovery 0 (reset)": base.model_copy(update={"recovery": 0}),
+        "recovery 2, share 0": base.model_copy(update={"recovery": 2, "recovery_share": 0.0}),
+        "min_steps 10": base.model_copy(update={"min_steps": 10}),
     }
 
 
-def run_sweep(folder: Path) -> None:
-    """Our detector alone, per config, on the two SWE datasets and the known loop."""
+def run_sweep(folder: Path, scorer: ModuleType | None) -> None:
+    """Our detector alone, per config: the labelled set, then the resolution proxies."""
     datasets = ("mini-swe-agent-gemini3pro-verified", "swe-agent-java-5models")
     print(
-        f"{'config':<22} {'gemini R>=ASK':>13} {'gemini U>=REPLAN':>16} "
+        f"{'config':<22} {'rec@8':>6} {'FA':>6} {'gemini R>=ASK':>13} {'gemini U>=REPLAN':>16} "
         f"{'java budget>=REPLAN':>19} {'java submitted>=ASK':>19} {'loop->REPLAN':>12}"
     )
     for name, config in sweep_configs().items():
+        recall8 = false_alarms = "-"
+        if scorer is not None:
+            summary = evaluate_labelled(scorer, folder, config, unlabelled=False).ours
+            recall8 = f"{100 * summary['recall@8']:5.1f}%"
+            false_alarms = f"{100 * summary['false_alarm']:5.1f}%"
         factories: dict[str, DetectorFactory] = {"ours": partial(Ours, config)}
         results = evaluate(folder, factories, datasets)
         gemini = results.tallies[(datasets[0], "ours")]
@@ -834,7 +839,8 @@ def run_sweep(folder: Path) -> None:
         start = results.loop_start or 0
         to_replan = "never" if loop is None or loop.replan is None else f"+{loop.replan - start}"
         print(
-            f"{name:<22} {_share(gemini.ask['R'], gemini.runs['R']):>13} "
+            f"{name:<22} {recall8:>6} {false_alarms:>6} "
+            f"{_share(gemini.ask['R'], gemini.runs['R']):>13} "
             f"{_share(gemini.replan['U'], gemini.runs['U']):>16} "
             f"{_share(java.replan['budget'], java.runs['budget']):>19} "
             f"{_share(java.ask['submitted'], java.runs['submitted']):>19} {to_replan:>12}"
@@ -884,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
         print_extras(results, timings, time.perf_counter() - started)
     if args.sweep:
         print()
-        run_sweep(folder)
+        run_sweep(folder, scorer)
     print_results(labelled, results)
     return 0
 
