@@ -530,3 +530,74 @@ def test_search_results_count_as_reads() -> None:
     """A search returning results already seen is not new, whatever the pattern."""
     verdicts = replay([search("foo", "a.py:3: foo()"), search("fo+", "a.py:3: foo()")])
     assert [v.new_state_changes for v in verdicts] == [1, 1]
+
+
+# -- what is compared ----------------------------------------------------------------------------
+
+
+def test_the_raw_output_hash_is_not_what_is_compared() -> None:
+    """Two runs whose raw hashes differ but whose masked text is the same are one result."""
+    runs = [
+        command("pytest", f"exit code: 1\n[12:00:0{i}] test_a.py:{40 + i}: KeyError\n", 1)
+        for i in range(2)
+    ]
+    hashed = [r.model_copy(update={"output_hash": sha(r.output)}) for r in runs]
+    assert hashed[0].output_hash != hashed[1].output_hash
+    assert replay(hashed)[1].stale_steps == 1
+
+
+def test_an_echo_of_the_arguments_is_no_information() -> None:
+    """ "No matches for X" and "X: command not found" say the same whatever X is."""
+    searches = [
+        ToolEvent(
+            tool_name="search_dir",
+            arguments={"command": f'search_dir "{q}"'},
+            output=f'No matches found for "{q}" in /repo',
+            kind=ToolKind.READ,
+        )
+        for q in ("install JDK", "build script", "JAVA_HOME setup")
+    ]
+    typos = [
+        command(line, f"/bin/sh: 1: {line.split()[0]}: not found", 127)
+        for line in ("find. -name x", "cd.. ", "mvnn compile")
+    ]
+    assert [v.stale_steps for v in replay(searches)] == [0, 1, 2]
+    assert [v.stale_steps for v in replay(typos)] == [0, 1, 2]
+
+
+def test_a_search_hit_that_contains_its_pattern_is_content() -> None:
+    """In a successful answer only a quoted echo is masked: other hits are other content."""
+    verdicts = replay(
+        [search("parse", "a.py:3: def parse():"), search("load", "a.py:9: def load():")]
+    )
+    assert [v.new_state_changes for v in verdicts] == [1, 2]
+
+
+def test_run_command_lines_are_judged_by_what_they_do() -> None:
+    """An empty ``find`` is an empty search; a heredoc into a file is a pending write."""
+    detector = StagnationDetector()
+    empty = detector.observe(command("find / -name 'jdk*' 2>/dev/null", "exit code: 0\n", 0))
+    assert empty.stale_steps == 1
+    wrote = detector.observe(command("cat <<'EOF' > fix.py\nx = 1\nEOF", "exit code: 0\n", 0))
+    assert (wrote.stale_steps, detector.counters()["pending_writes"]) == (1, 1)
+
+
+def test_a_failing_call_retried_unchanged_counts_across_new_results() -> None:
+    """The same failing call between new results: the retry count keeps going."""
+    failing = command("deploy --env prod", "error: credentials expired", 1)
+    events = []
+    for i in range(4):
+        events += [failing, read(f"docs/page{i}.md", f"page {i}")]
+    verdicts = replay(events, NO_GATE)
+    assert max(v.level for v in verdicts) >= StagnationLevel.REPLAN
+    assert ReasonCode.RETRIED_FAILURE in verdicts[-2].reason_codes
+
+
+def test_one_batch_raises_the_level_one_rung_at_most() -> None:
+    """Many stale calls in one response still give a NUDGE first, then a REPLAN next turn."""
+    detector = StagnationDetector(NO_GATE)
+    loop = _bash_loop(30)
+    first = detector.observe_batch(loop[:15])
+    second = detector.observe_batch(loop[15:])
+    assert (first.level, second.level) == (StagnationLevel.NUDGE, StagnationLevel.REPLAN)
+    assert first.escalated and second.escalated

@@ -262,3 +262,24 @@ def test_tool_event_refuses_an_observation_of_another_call() -> None:
     observation = Observation(source="run", content="", call_id="c2")
     with pytest.raises(ValueError, match="answers call 'c2', not 'c1'"):
         ToolEvent.from_observation(action, observation)
+
+
+def test_a_version_one_state_still_loads() -> None:
+    """A state saved by the previous release resumes: its digests count as first seen at step 0,
+    its path states as read."""
+    state = StagnationDetector().to_state()
+    detector = StagnationDetector()
+    detector.observe(read("a.py", "x = 1"))
+    state = detector.to_state()
+    old = {
+        **state,
+        "version": 1,
+        "seen": [[key, epoch] for key, (epoch, _step) in state["seen"]],
+        "paths": [[key, value[2:]] for key, value in state["paths"]],
+    }
+    for new_field in ("pending_writes", "recent_failures"):
+        old.pop(new_field)
+    old["episode"] = {k: v for k, v in state["episode"].items() if k != "started_at"}
+    restored = StagnationDetector.from_state(None, old)
+    assert restored.to_state()["version"] == 2
+    assert restored.observe(read("a.py", "x = 1")).stale_steps == 1
