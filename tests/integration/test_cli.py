@@ -20,9 +20,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import yaml
 
 from coordinator.embedded_redis import EmbeddedRedis
+from coordinator.state import TaskRecord, TaskStatus
+from shared import keys
+from shared.task_spec import parse_task
 from tests.integration.harness import REPO
 
 pytestmark = pytest.mark.integration
@@ -287,3 +291,35 @@ def test_goal_and_model_text_print_literally(tmp_path: Path) -> None:
     shown = _orga("status", task_id, env=_embedded(tmp_path))
     assert shown.returncode == 0, shown.stderr
     assert goal in shown.stdout
+
+
+def _stored_task(redis_url: str, task_id: str, status: TaskStatus) -> None:
+    spec = parse_task({"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]})
+    record = TaskRecord(task_id=task_id, spec=spec, status=status, created_at=0, updated_at=0)
+    with redis.Redis.from_url(redis_url) as client:
+        client.hset(
+            keys.task_key(task_id),
+            mapping={"state": record.model_dump_json(), "status": status.value},
+        )
+
+
+def _cancels(redis_url: str, task_id: str) -> int:
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        rows = client.xrange(keys.control_stream)
+    return sum(1 for _id, fields in rows if fields.get("task_id") == task_id)
+
+
+def test_cancel_sends_only_for_a_task_that_still_runs(private_redis: EmbeddedRedis) -> None:
+    """`orga cancel` sends the cancellation of a running task; a finished one is refused (exit
+    1, nothing sent), as the coordinator would ignore it."""
+    url = private_redis.url
+    _stored_task(url, "cli-running", TaskStatus.RUNNING)
+    _stored_task(url, "cli-done", TaskStatus.COMPLETED)
+    sent = _orga("cancel", "cli-running", env=_env(ORGA_REDIS_URL=url))
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.strip() == "cancellation of cli-running sent"
+    assert _cancels(url, "cli-running") == 1
+    refused = _orga("cancel", "cli-done", env=_env(ORGA_REDIS_URL=url))
+    assert refused.returncode == 1
+    assert "already ended completed: nothing to cancel" in refused.stderr
+    assert _cancels(url, "cli-done") == 0
