@@ -187,7 +187,10 @@ def mini_swe_step(raw: dict[str, Any]) -> ReplayStep | None:
         return None
     action, observation = raw["action"], raw["observation"]
     exit_code, output = _mini_output(observation)
+    refused = observation.startswith(_RUNTIME_ERROR)
     kind, path = shell_kind(action) if action.strip() else (ToolKind.OTHER, None)
+    if refused:  # the harness refused the reply: no command ran, nothing was read or written
+        kind, path = ToolKind.OTHER, None
     event = ToolEvent(
         tool_name="bash",
         arguments={"command": action},
@@ -195,7 +198,7 @@ def mini_swe_step(raw: dict[str, Any]) -> ReplayStep | None:
         exit_code=exit_code,
         kind=kind,
         path=path,
-        is_error=observation.startswith(_RUNTIME_ERROR),
+        is_error=refused,
     )
     return ReplayStep(raw["i"], event, action, observation)
 

@@ -233,7 +233,7 @@ class StagnationDetector:
         if duplicate is None and fp.is_ack:
             return self._verdict(escalated=False)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
-        self._window.note(fp.pair if event.failed else None)
+        self._window.note(self._retry_key(event, fp))
         if event.kind is ToolKind.WRITE:
             return self._write(event, fp, first_seen, duplicate)
         if duplicate is not None:
@@ -469,15 +469,27 @@ class StagnationDetector:
             ),
         )
 
+    @staticmethod
+    def _retry_key(event: ToolEvent, fp: EventFingerprint) -> str | None:
+        """What a retried failure is: the same failing (call, result) pair; for a refused write,
+        the same refusal from the same tool whatever the arguments (a booking refused for the
+        same reason again and again). None for an event that did not fail."""
+        if not event.failed:
+            return None
+        if event.kind is ToolKind.WRITE and fp.error is not None:
+            return digest("refused", event.tool_name, fp.error)
+        return fp.pair
+
     def _retry_signal(self, event: ToolEvent, fp: EventFingerprint) -> _Signal | None:
         """The same failing call, unchanged, failing the same way again, whatever came between.
 
         A new result in between ends the stale run but not this count: re-issuing a call whose
         failure the agent already has is a loop even when it learns something else meanwhile.
         """
-        if not event.failed:
+        key = self._retry_key(event, fp)
+        if key is None:
             return None
-        count = self._window.retries(fp.pair)
+        count = self._window.retries(key)
         level = self.config.repeat.rung(count)
         if level is StagnationLevel.NONE:
             return None

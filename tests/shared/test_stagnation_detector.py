@@ -601,3 +601,17 @@ def test_one_batch_raises_the_level_one_rung_at_most() -> None:
     second = detector.observe_batch(loop[15:])
     assert (first.level, second.level) == (StagnationLevel.NUDGE, StagnationLevel.REPLAN)
     assert first.escalated and second.escalated
+
+
+def test_a_write_refused_for_the_same_reason_counts_across_new_results() -> None:
+    """The same refusal of the same tool, whatever the arguments, counted across a new lookup:
+    the fourth one reaches REPLAN while the same-error count (since the lookup) is at three."""
+
+    def refused(i: int) -> ToolEvent:
+        return failed_write("r1", f"flights {i}", "Error: flight HAT030 not available")
+
+    lookup = read("search", "[flight a]")
+    events = [refused(0), lookup, refused(1), lookup, refused(2), refused(3)]
+    verdicts = replay(events, NO_GATE)
+    assert [v.level for v in verdicts[-2:]] == [StagnationLevel.NUDGE, StagnationLevel.REPLAN]
+    assert ReasonCode.RETRIED_FAILURE in verdicts[-1].reason_codes
