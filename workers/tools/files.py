@@ -11,6 +11,13 @@ event loop. Metadata for the stagnation detector (all strings):
   ``entries``.
 
 ``path`` is always the workspace-relative real path, so two spellings of one file agree.
+
+Every path is checked (``resolve_in_workspace``), then opened from the workspace root one
+component at a time without following a link, and written through the descriptor of its
+directory (:mod:`workers.tools.confined`): a link swapped in after the check cannot take a read,
+a write or a temporary file outside the workspace. A regular file with several hard links is
+not read (its other names may be outside); a path of more than 256 components or 4096 bytes is
+refused as too long.
 """
 
 from __future__ import annotations
@@ -18,17 +25,24 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 import stat
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from shared.inference import ToolDefinition
 from workers.tools.arguments import BlockingTool
 from workers.tools.base import ToolContext, ToolOutput
+from workers.tools.confined import (
+    CheckedPath,
+    attempts,
+    check_path,
+    directory_fd,
+    open_file_at,
+    walk_at,
+)
 from workers.tools.errors import PathOutsideWorkspaceError, WorkspacePathError
 from workers.tools.output import (
     BINARY_SNIFF_BYTES,
@@ -37,12 +51,6 @@ from workers.tools.output import (
     error_output,
     looks_binary,
     sha256_hex,
-)
-from workers.tools.workspace import (
-    display_path,
-    resolve_in_workspace,
-    walk_entries,
-    workspace_root,
 )
 
 __all__ = [
@@ -158,6 +166,7 @@ FILE_LIST_DEFINITION = ToolDefinition(
 
 _PIECE_BYTES = 64 * 1024
 _NEW_FILE_MODE = 0o644
+_TEMP_NAME_CHARS = 200
 _DEFAULT_MAX_ENTRIES = 500
 
 
@@ -236,22 +245,21 @@ def line_pieces(handle: BinaryIO) -> Iterator[tuple[int, bytes]]:
             line_no += 1
 
 
-def _scan(target: Path, window: _LineWindow, keep_bytes: int) -> _Scan | None:
+def _scan(handle: BinaryIO, window: _LineWindow, keep_bytes: int) -> _Scan | None:
     """Hash the whole file and keep up to ``keep_bytes`` of the window; None when binary."""
     hasher = hashlib.sha256()
     kept = bytearray()
     selected_bytes = total_lines = 0
-    with target.open("rb") as handle:
-        if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
-            return None
-        handle.seek(0)
-        for line_no, piece in line_pieces(handle):
-            hasher.update(piece)
-            total_lines = line_no
-            if window.contains(line_no):
-                selected_bytes += len(piece)
-                if len(kept) <= keep_bytes:
-                    kept += piece
+    if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
+        return None
+    handle.seek(0)
+    for line_no, piece in line_pieces(handle):
+        hasher.update(piece)
+        total_lines = line_no
+        if window.contains(line_no):
+            selected_bytes += len(piece)
+            if len(kept) <= keep_bytes:
+                kept += piece
     return _Scan(hasher.hexdigest(), total_lines, bytes(kept), selected_bytes)
 
 
@@ -260,16 +268,22 @@ def _read_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput
     if isinstance(window, str):
         return error_output(f"file_read: {window}", error_type="invalid_arguments", kind="read")
     try:
-        root = workspace_root(context.workspace)
-        target = resolve_in_workspace(context.workspace, arguments["path"])
+        return attempts(lambda: _read_once(str(arguments["path"]), window, context))
     except WorkspacePathError as exc:
         return path_failure(exc, kind="read")
-    rel = display_path(root, target)
+
+
+def _read_once(user_path: str, window: _LineWindow, context: ToolContext) -> ToolOutput:
+    target = check_path(context.workspace, user_path)
+    rel = target.rel
     try:
-        missing = _not_a_readable_file(target, rel)
-        if missing is not None:
-            return missing
-        scan = _scan(target, window, context.max_output_bytes)
+        fd = _open_for_reading(target)
+        if isinstance(fd, ToolOutput):
+            return fd
+        with os.fdopen(fd, "rb") as handle:
+            scan = _scan(handle, window, context.max_output_bytes)
+    except (FileNotFoundError, NotADirectoryError):
+        return _read_refusal(rel, "not_found")
     except OSError as exc:  # a name too long, a permission denied on a parent...
         return os_failure("reading", rel, exc, kind="read", path=rel)
     if scan is None:
@@ -282,29 +296,53 @@ def _read_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput
     return _read_output(rel, window, scan, context.max_output_bytes)
 
 
-def _not_a_readable_file(target: Path, rel: str) -> ToolOutput | None:
-    if target.is_dir():
+def _open_for_reading(target: CheckedPath) -> int | ToolOutput:
+    """A descriptor of the regular file at ``target``, or the refusal to read it."""
+    if not target.parts:
+        return _read_refusal(target.rel, "is_directory")
+    with directory_fd(target, -1) as parent:
+        name = target.parts[-1]
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            raise target.changed()
+        refusal = _refusal_for(target.rel, info)
+        if refusal is not None:
+            return refusal
+        fd = open_file_at(parent, name, os.O_RDONLY | os.O_NONBLOCK, target)
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+        os.close(fd)
+        raise target.changed()
+    return fd
+
+
+def _refusal_for(rel: str, info: os.stat_result) -> ToolOutput | None:
+    if stat.S_ISDIR(info.st_mode):
+        return _read_refusal(rel, "is_directory")
+    if not stat.S_ISREG(info.st_mode):
+        return _read_refusal(rel, "not_a_file")
+    if info.st_nlink > 1:
         return error_output(
-            f"{rel!r} is a directory; use file_list to see its entries",
-            error_type="is_directory",
-            kind="read",
-            path=rel,
-        )
-    if not target.exists():
-        return error_output(
-            f"file {rel!r} does not exist; use file_list to find the right name",
-            error_type="not_found",
-            kind="read",
-            path=rel,
-        )
-    if not target.is_file():
-        return error_output(
-            f"{rel!r} is not a regular file (a pipe, socket or device); file_read reads files",
-            error_type="not_a_file",
+            f"{rel!r} has {info.st_nlink} hard links, and the other names of a file may be "
+            "outside the workspace, so file_read refuses it; copy it (cp) instead of linking "
+            "it (ln) to read it",
+            error_type="hard_linked",
             kind="read",
             path=rel,
         )
     return None
+
+
+_READ_REFUSALS = {
+    "is_directory": "{rel!r} is a directory; use file_list to see its entries",
+    "not_found": "file {rel!r} does not exist; use file_list to find the right name",
+    "not_a_file": "{rel!r} is not a regular file (a pipe, socket or device); file_read reads files",
+}
+
+
+def _read_refusal(rel: str, error_type: str) -> ToolOutput:
+    message = _READ_REFUSALS[error_type].format(rel=rel)
+    return error_output(message, error_type=error_type, kind="read", path=rel)
 
 
 def _read_output(rel: str, window: _LineWindow, scan: _Scan, max_bytes: int) -> ToolOutput:
@@ -338,72 +376,104 @@ class FileWriteTool(BlockingTool):
 
 
 def _write_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+    data = str(arguments["content"]).encode("utf-8")
+    create_dirs = bool(arguments.get("create_dirs", True))
     try:
-        root = workspace_root(context.workspace)
-        target = resolve_in_workspace(context.workspace, arguments["path"])
+        return attempts(lambda: _write_once(str(arguments["path"]), data, context, create_dirs))
     except WorkspacePathError as exc:
         return path_failure(exc, kind="write")
-    rel = display_path(root, target)
-    data = str(arguments["content"]).encode("utf-8")
+
+
+def _write_once(user_path: str, data: bytes, context: ToolContext, create_dirs: bool) -> ToolOutput:
+    target = check_path(context.workspace, user_path)
+    rel = target.rel
+    if not target.parts:
+        return _not_a_file_to_write(rel)
     try:
-        return _write_checked(target, rel, data, create_dirs=arguments.get("create_dirs", True))
+        with directory_fd(target, -1, create=create_dirs) as parent:
+            return _write_at(parent, target, data)
+    except FileNotFoundError:
+        return _missing_parent(target, data)
     except OSError as exc:
         return os_failure("writing", rel, exc, kind="write", path=rel)
 
 
-def _write_checked(target: Path, rel: str, data: bytes, *, create_dirs: bool) -> ToolOutput:
-    if target.exists() and not target.is_file():
-        return error_output(
-            f"{rel!r} exists and is not a regular file; choose another path",
-            error_type="not_a_file",
-            kind="write",
-            path=rel,
-        )
-    before = _file_hash(target) if target.exists() else ""
-    metadata = {
+def _not_a_file_to_write(rel: str) -> ToolOutput:
+    return error_output(
+        f"{rel!r} exists and is not a regular file; choose another path",
+        error_type="not_a_file",
+        kind="write",
+        path=rel,
+    )
+
+
+def _missing_parent(target: CheckedPath, data: bytes) -> ToolOutput:
+    metadata = _write_metadata(target.rel, "", data, created=True)
+    return error_output(
+        f"directory {target.parent_rel!r} does not exist; create it or pass create_dirs=true",
+        error_type="not_found",
+        **metadata,
+    )
+
+
+def _write_metadata(rel: str, before: str, data: bytes, *, created: bool) -> dict[str, str]:
+    return {
         "kind": "write",
         "path": rel,
         "before_hash": before,
         "after_hash": sha256_hex(data),
-        "created": "false" if before else "true",
+        "created": "true" if created else "false",
     }
-    if before == metadata["after_hash"]:
+
+
+def _write_at(parent: int, target: CheckedPath, data: bytes) -> ToolOutput:
+    """Write ``data`` to the last name of ``target`` in its open directory ``parent``."""
+    rel, name = target.rel, target.parts[-1]
+    try:
+        info: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        info = None
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise target.changed()
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        return _not_a_file_to_write(rel)
+    linked = info is not None and info.st_nlink > 1
+    before = _hash_at(parent, target) if info is not None and not linked else ""
+    metadata = _write_metadata(rel, before, data, created=info is None)
+    if before and before == metadata["after_hash"]:
         return ToolOutput(
             content=f"{rel} unchanged: it already has this content", metadata=metadata
         )
-    if not target.parent.is_dir():
-        if not create_dirs:
-            parent = Path(rel).parent.as_posix()
-            return error_output(
-                f"directory {parent!r} does not exist; create it or pass create_dirs=true",
-                error_type="not_found",
-                **metadata,
-            )
-        target.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(target, data)
-    verb = "updated" if before else "created"
+    mode = stat.S_IMODE(info.st_mode) if info is not None else _NEW_FILE_MODE
+    _replace_at(parent, name, data, mode)
+    verb = "created" if info is None else "updated"
+    if linked:
+        verb = "replaced; its other hard links keep the old content"
     return ToolOutput(content=f"wrote {len(data)} bytes to {rel} ({verb})", metadata=metadata)
 
 
-def _file_hash(path: Path) -> str:
-    with path.open("rb") as handle:
+def _hash_at(parent: int, target: CheckedPath) -> str:
+    fd = open_file_at(parent, target.parts[-1], os.O_RDONLY | os.O_NONBLOCK, target)
+    with os.fdopen(fd, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _atomic_write(target: Path, data: bytes) -> None:
-    """Write to a temporary file next to ``target``, then rename it over ``target``."""
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else _NEW_FILE_MODE
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+def _replace_at(parent: int, name: str, data: bytes, mode: int) -> None:
+    """Write a temporary file in the directory open at ``parent``, then rename it over
+    ``name``; both through the descriptor, so neither can land elsewhere."""
+    temporary = f".{name[:_TEMP_NAME_CHARS]}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, 0o600, dir_fd=parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
+        os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+            os.unlink(temporary, dir_fd=parent)
         raise
 
 
@@ -418,8 +488,7 @@ class FileListTool(BlockingTool):
         return _list_directory(arguments, context)
 
 
-def _label(entry: os.DirEntry[str], root: Path) -> str:
-    rel = display_path(root, Path(entry.path))
+def _label(rel: str, entry: os.DirEntry[str]) -> str:
     if entry.is_symlink():
         return rel + "@"
     return rel + "/" if entry.is_dir(follow_symlinks=False) else rel
@@ -427,28 +496,25 @@ def _label(entry: os.DirEntry[str], root: Path) -> str:
 
 def _list_directory(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
     try:
-        root = workspace_root(context.workspace)
-        directory = resolve_in_workspace(context.workspace, arguments.get("path", "."))
+        return attempts(lambda: _list_once(arguments, context))
     except WorkspacePathError as exc:
         return path_failure(exc, kind="read")
-    rel = display_path(root, directory)
+
+
+def _list_once(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+    directory = check_path(context.workspace, str(arguments.get("path", ".")))
+    rel = directory.rel
+    limit = int(arguments.get("max_entries", _DEFAULT_MAX_ENTRIES))
+    recursive = bool(arguments.get("recursive", False))
     try:
-        is_directory = directory.is_dir()
-        exists = is_directory or directory.exists()
+        with directory_fd(directory) as fd:
+            labels = _labels(fd, rel, recursive=recursive, limit=limit)
+    except FileNotFoundError:
+        return _not_a_directory(rel, "missing")
+    except NotADirectoryError:
+        return _not_a_directory(rel, "a file; use file_read")
     except OSError as exc:  # a name too long, a permission denied on a parent...
         return os_failure("listing", rel, exc, kind="read", path=rel)
-    if not is_directory:
-        what = "a file; use file_read" if exists else "missing"
-        return error_output(
-            f"{rel!r} is not a directory ({what})", error_type="not_found", kind="read", path=rel
-        )
-    limit = int(arguments.get("max_entries", _DEFAULT_MAX_ENTRIES))
-    labels: list[str] = []
-    for entry in walk_entries(directory, recursive=bool(arguments.get("recursive", False))):
-        if len(labels) == limit:
-            labels.append(f"[listing stopped after {limit} entries; list a subdirectory]")
-            break
-        labels.append(_label(entry, root))
     listing = "\n".join(labels) if labels else f"[{rel} is empty]"
     metadata = {
         "kind": "read",
@@ -458,3 +524,19 @@ def _list_directory(arguments: Mapping[str, Any], context: ToolContext) -> ToolO
     }
     content = cap_text(listing, context.max_output_bytes, hint="list a subdirectory")
     return ToolOutput(content=content, metadata=metadata)
+
+
+def _labels(fd: int, rel: str, *, recursive: bool, limit: int) -> list[str]:
+    labels: list[str] = []
+    for entry_rel, entry in walk_at(fd, rel, recursive=recursive):
+        if len(labels) == limit:
+            labels.append(f"[listing stopped after {limit} entries; list a subdirectory]")
+            break
+        labels.append(_label(entry_rel, entry))
+    return labels
+
+
+def _not_a_directory(rel: str, what: str) -> ToolOutput:
+    return error_output(
+        f"{rel!r} is not a directory ({what})", error_type="not_found", kind="read", path=rel
+    )

@@ -4,7 +4,9 @@ No shell and no external program: the pattern comes from the model, so it is an 
 (:mod:`shared.safe_regex`: Python ``re`` syntax without backreferences or lookarounds) and each
 line is searched in time linear in its length, whatever the pattern. Files are visited
 depth-first in sorted order (so the output is deterministic), symbolic links are never followed
-and files with a NUL byte in their first 8 KiB are skipped as binary. The search stops at
+(each file is opened from the workspace root without following one), files with several hard
+links are skipped (:mod:`workers.tools.confined`), and files with a NUL byte in their first
+8 KiB are skipped as binary. The search stops at
 ``max_matches``, and at the context's ``timeout_s`` (so the worker thread does not outlive the
 executor's timeout); each matching line is clipped to ``MAX_LINE_CHARS`` characters.
 
@@ -27,6 +29,7 @@ from shared.inference import ToolDefinition
 from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.tools.arguments import BlockingTool
 from workers.tools.base import ToolContext, ToolOutput
+from workers.tools.confined import check_path, open_for_search
 from workers.tools.errors import WorkspacePathError
 from workers.tools.files import line_pieces, os_failure, path_failure
 from workers.tools.output import (
@@ -38,7 +41,6 @@ from workers.tools.output import (
 )
 from workers.tools.workspace import (
     display_path,
-    resolve_in_workspace,
     walk_entries,
     workspace_root,
 )
@@ -122,7 +124,7 @@ def _grep(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
         return regex
     try:
         root = workspace_root(context.workspace)
-        start = resolve_in_workspace(context.workspace, arguments.get("path", "."))
+        start = check_path(context.workspace, str(arguments.get("path", "."))).absolute
     except WorkspacePathError as exc:
         return path_failure(exc, kind="read")
     rel = display_path(root, start)
@@ -192,7 +194,7 @@ class _Search:
 
     def _matches_in(self, path: Path, rel: str) -> Iterator[str]:
         try:
-            with path.open("rb") as handle:
+            with open_for_search(self._root, path) as handle:
                 if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
                     return
                 self.files_searched += 1
