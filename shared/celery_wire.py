@@ -40,8 +40,14 @@ def reason_message(request: ReasonRequest, origin: str) -> QueuedMessage:
         f"task={fence.task_id} step={fence.step_id} iteration={fence.iteration} "
         f"attempt={fence.attempt} purpose={request.purpose}"
     )
+    shadow = f"reason {fence.task_id} {fence.step_id} #{fence.iteration} {request.purpose}"
     return celery_message(
-        keys.reason_task_name, keys.reasoning_queue, request.model_dump_json(), summary, origin
+        keys.reason_task_name,
+        keys.reasoning_queue,
+        request.model_dump_json(),
+        summary,
+        origin,
+        shadow=shadow,
     )
 
 
@@ -54,13 +60,26 @@ def tool_message(request: ToolRequest, origin: str) -> QueuedMessage:
         f"purpose={request.purpose}"
         + (f" (+{len(request.also)} more calls)" if request.also else "")
     )
+    shadow = (
+        f"{request.purpose} {fence.task_id} {fence.step_id} #{fence.iteration} "
+        f"{request.action.name}" + (f" +{len(request.also)}" if request.also else "")
+    )
     return celery_message(
-        keys.tool_task_name, keys.tools_queue, request.model_dump_json(), summary, origin
+        keys.tool_task_name,
+        keys.tools_queue,
+        request.model_dump_json(),
+        summary,
+        origin,
+        shadow=shadow,
     )
 
 
-def celery_message(name: str, queue: str, payload: str, summary: str, origin: str) -> QueuedMessage:
-    """Task ``name`` with the single argument ``payload``; ``summary`` is Flower's ``argsrepr``."""
+def celery_message(
+    name: str, queue: str, payload: str, summary: str, origin: str, *, shadow: str | None = None
+) -> QueuedMessage:
+    """Task ``name`` with the single argument ``payload``; ``summary`` is Flower's ``argsrepr``
+    and ``shadow`` the name Flower and the worker's logs show for it (task, step, iteration,
+    purpose) instead of the bare task name."""
     task_id = str(uuid.uuid4())
     argsrepr = f"({summary})"
     body: list[Any] = [
@@ -72,7 +91,7 @@ def celery_message(name: str, queue: str, payload: str, summary: str, origin: st
         "lang": "py",
         "task": name,
         "id": task_id,
-        "shadow": None,
+        "shadow": shadow,
         "eta": None,
         "expires": None,
         "group": None,

@@ -32,6 +32,9 @@ Keys
     ``orga:tasks:finished``      sorted set: finished tasks by the time they ended (retention)
     ``orga:reviews:open``        hash: review id -> open escalation (JSON)
     ``orga:stats:status``        hash: number of tasks in each status (kept by the commit script)
+    ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
+                                 running call), or minus its end time (answered); workers write
+    ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
 
 Celery (the Redis broker stores each queue as a list under its name)
     ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
@@ -60,6 +63,8 @@ __all__ = [
     "deadlines_key",
     "events_stream",
     "finished_tasks_key",
+    "heartbeats_key",
+    "heartbeats_retention_s",
     "idempotency_key",
     "idempotency_key_prefix",
     "idempotency_ttl_s",
@@ -77,6 +82,8 @@ __all__ = [
     "observations_maxlen",
     "observations_stream",
     "open_reviews_key",
+    "queue_started_key",
+    "queue_started_key_prefix",
     "reason_task_name",
     "reasoning_queue",
     "rejected_stream",
@@ -126,6 +133,8 @@ deadlines_key: Final = "orga:tasks:deadlines"
 finished_tasks_key: Final = "orga:tasks:finished"
 open_reviews_key: Final = "orga:reviews:open"
 status_counts_key: Final = "orga:stats:status"
+heartbeats_key: Final = "orga:heartbeats"
+queue_started_key_prefix: Final = "orga:started:"
 
 # -- Celery queues and task names ----------------------------------------------------------
 
@@ -146,6 +155,8 @@ lease_ttl_s: Final = 30
 idempotency_ttl_s: Final = 7 * 24 * 3600
 breaker_ttl_s: Final = 24 * 3600
 result_cache_ttl_s: Final = 3600
+heartbeats_retention_s: Final = 600
+"""Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
 
 def journal_stream(task_id: str) -> str:
@@ -186,3 +197,8 @@ def result_cache_key(tool_name: str, arguments_digest: str) -> str:
 def journal_sequence_key(task_id: str) -> str:
     """The last journal sequence appended for a task: ``orga:journal_seq:{task_id}``."""
     return f"{journal_sequence_key_prefix}{task_id}"
+
+
+def queue_started_key(queue: str) -> str:
+    """How many dispatches of one Celery queue workers have started: ``orga:started:{queue}``."""
+    return f"{queue_started_key_prefix}{queue}"

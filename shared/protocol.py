@@ -58,6 +58,11 @@ class Fence(BaseModel):
         base = f"{self.task_id}/{self.step_id}/{self.iteration}/{self.attempt}"
         return f"{base}/{self.call_id}" if self.call_id else base
 
+    def liveness_id(self) -> str:
+        """The member of ``orga:heartbeats`` that says whether this dispatch runs: unique per
+        dispatch (the nonce) and per call, the same for a Celery redelivery of it."""
+        return f"{self.task_id}|{self.nonce}|{self.iteration}|{self.call_id or '-'}"
+
     def for_call(self, call_id: str) -> Fence:
         """The fence of one tool call of this iteration."""
         return self.model_copy(update={"call_id": call_id})

@@ -31,7 +31,26 @@ class OrgaSettings(BaseSettings):
         default_factory=lambda: str(Path.home() / ".orga" / "workspaces"),
         description="Where tasks without an explicit workspace get theirs (one folder per task)",
     )
-    observation_deadline_s: float = Field(default=120.0, gt=0)
+    observation_deadline_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="When the coordinator first looks at an unanswered dispatch, and how often "
+        "after that: it is re-sent only when its worker stopped heartbeating, or when it never "
+        "started and is no longer queued (docs/deploy.md, Deadlines)",
+    )
+    heartbeat_interval_s: float = Field(
+        default=5.0, gt=0, description="How often a worker says the calls it runs are alive"
+    )
+    heartbeat_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A started call whose worker has been silent this long is lost and re-sent",
+    )
+    start_to_close_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="A started call still running after this long is abandoned and re-sent",
+    )
     max_redeliveries: int = Field(default=3, ge=0)
     lease_ttl_s: float = Field(default=float(keys.lease_ttl_s), gt=0)
     tick_interval_s: float = Field(default=0.5, gt=0)
@@ -42,7 +61,27 @@ class OrgaSettings(BaseSettings):
     )
     journal_maxlen: int = Field(default=10_000, ge=100)
     events_maxlen: int = Field(default=100_000, ge=1000)
-    worker_concurrency: int = Field(default=2, ge=1)
+    worker_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Overrides the concurrency of a worker of any role (`-c` wins over it)",
+    )
+    reasoning_concurrency: int = Field(
+        default=200,
+        ge=1,
+        description="Model calls one reasoning worker process holds in flight (threads feeding "
+        "one event loop; each waiting call costs a thread and its request, not a process)",
+    )
+    tool_concurrency: int = Field(
+        default=2,
+        ge=1,
+        description="Tool calls one tool worker runs at once (prefork: one process each)",
+    )
+    http_max_connections: int = Field(
+        default=512,
+        ge=1,
+        description="Connections one worker process keeps to each model endpoint",
+    )
     metrics_port: int | None = Field(default=None, description="Prometheus endpoint port")
     metrics_host: str = Field(
         default="127.0.0.1",

@@ -1,8 +1,12 @@
 """One worker process's services: its event loop, Redis client, tools, executor and models.
 
-Built once per process (after Celery forks it) from the settings read at the process edge. The
-library is async, so each process keeps one event loop and runs every task on it; the Redis
-client, the shared circuit breakers and the result cache live on that loop.
+Built once per process (after Celery forks it, or at the first task of a thread-pool worker)
+from the settings read at the process edge. The library is async: each process runs one event
+loop in a thread of its own, and every Celery task, whichever pool thread runs it, hands its
+coroutine to that loop and waits (:meth:`ProcessServices.run`). A reasoning worker with a
+thread pool of 200 thus holds 200 model calls in flight on one loop, over one pooled HTTP
+client per provider and base URL; the Redis client, the shared circuit breakers, the result
+cache and the heartbeats of running calls live on that loop too.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 from redis.asyncio import Redis
 
 from shared import keys
@@ -26,6 +32,7 @@ from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
 from shared.protocol import (
+    Fence,
     ReasonedMessage,
     ReasonRequest,
     ToolObservedMessage,
@@ -39,6 +46,7 @@ from workers.circuit_breaker import CircuitBreakerRegistry, RedisBreakerStore
 from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
+from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
@@ -86,7 +94,15 @@ class ProcessServices:
         self.settings = settings
         self.provider_settings = provider_settings
         self.loop = asyncio.new_event_loop()
-        self.redis: Redis = Redis.from_url(redis_url)
+        self._loop_thread = threading.Thread(
+            target=self.loop.run_forever, name="orga-loop", daemon=True
+        )
+        self._loop_thread.start()
+        self.redis: Redis = Redis.from_url(
+            redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
+        )
+        self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
+        self._http: dict[tuple[str, str], httpx.AsyncClient] = {}
         self.registry = registry if registry is not None else default_registry()
         self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         self._gates: dict[str, ReasoningPolicyGate] = {}
@@ -104,13 +120,37 @@ class ProcessServices:
         )
 
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        """Run a coroutine on this process's loop."""
-        return self.loop.run_until_complete(coroutine)
+        """Run a coroutine on this process's loop and wait for it (from any thread but the
+        loop's own)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def close(self) -> None:
-        """Close the Redis client and the loop."""
-        self.loop.run_until_complete(self.redis.aclose())
+        """Close the HTTP clients, the heartbeats, the Redis client, then the loop."""
+        if self.loop.is_closed():
+            return
+        self.run(self._aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=10)
         self.loop.close()
+
+    async def _aclose(self) -> None:
+        await self.liveness.close()
+        for client in self._http.values():
+            await client.aclose()
+        self._http.clear()
+        await self.redis.aclose()
+
+    def http_client(self, kind: str, base_url: str) -> httpx.AsyncClient:
+        """The process's pooled client for one provider and base URL (built on first use, on
+        the loop: call it from a coroutine)."""
+        key = (kind, base_url.rstrip("/"))
+        client = self._http.get(key)
+        if client is None:
+            limit = self.settings.http_max_connections
+            client = self._http[key] = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+            )
+        return client
 
     # -- WorkerServices -------------------------------------------------------------------
 
@@ -127,7 +167,9 @@ class ProcessServices:
                     self._script_file(path), on_exhausted=settings.script_on_exhausted
                 )
             else:
-                provider = build_provider(settings)
+                base_url = settings.resolved_base_url() or ""
+                client = self.http_client(settings.provider.value, base_url)
+                provider = build_provider(settings, client=client)
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
         return provider
@@ -260,12 +302,15 @@ class ProcessServices:
         self,
         message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | None,
         onward: Sequence[ToolRequest] = (),
+        answered: Sequence[Fence] = (),
     ) -> None:
         """Send an observation to the coordinators and the tool calls a reasoning worker
         chains to the tool workers, in one transaction: all or nothing; with them, the
-        breaker successes deferred since the last publish."""
-        pipe = self.redis.pipeline(transaction=bool(onward) and message is not None)
+        dispatches now ``answered`` (:class:`~workers.liveness.Liveness`) and the breaker
+        successes deferred since the last publish."""
+        pipe = self.redis.pipeline(transaction=True)
         self.breaker_store.flush_deferred(pipe)
+        self.liveness.answered(pipe, answered)
         if message is not None:
             pipe.xadd(
                 keys.observations_stream,

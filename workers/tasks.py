@@ -9,6 +9,7 @@ the coordinator decides to re-dispatch or dead-letter it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -17,7 +18,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
 from shared.errors import ConfigError
-from shared.protocol import ReasonedMessage, ReasonRequest, ToolRequest, WorkerFailedMessage
+from shared.protocol import (
+    Fence,
+    ReasonedMessage,
+    ReasonRequest,
+    ToolRequest,
+    WorkerFailedMessage,
+)
 from shared.settings import OrgaSettings
 from workers.celery import app
 from workers.handlers import onward, run_reasoning, run_tool_calls
@@ -26,22 +33,31 @@ from workers.runtime import ProcessServices
 from workers.tools.base import Tool
 from workers.tools.registry import ToolRegistry, default_registry
 
-__all__ = ["close_services", "reason", "services", "tool_call"]
+__all__ = ["DispatchFailedError", "close_services", "reason", "services", "tool_call"]
 
 log = logging.getLogger("orga.worker")
 _services: ProcessServices | None = None
+_services_lock = threading.Lock()
 _Request = TypeVar("_Request", ReasonRequest, ToolRequest)
 
 
+class DispatchFailedError(Exception):
+    """Raised by a Celery task after it told the coordinator its dispatch failed, so that the
+    Celery task itself ends FAILURE (Flower's Failed tab) instead of SUCCESS."""
+
+
 def services() -> ProcessServices:
-    """This process's services, built on first use (after the fork)."""
+    """This process's services, built on first use (after the fork; once for all threads of
+    a thread-pool worker)."""
     global _services  # noqa: PLW0603 - one per worker process, by design
     if _services is None:
-        settings: OrgaSettings = app.conf.orga_settings
-        assert settings.redis_url is not None
-        _services = ProcessServices(
-            settings, ProviderSettings(), settings.redis_url, registry=_registry()
-        )
+        with _services_lock:
+            if _services is None:
+                settings: OrgaSettings = app.conf.orga_settings
+                assert settings.redis_url is not None
+                _services = ProcessServices(
+                    settings, ProviderSettings(), settings.redis_url, registry=_registry()
+                )
     return _services
 
 
@@ -73,6 +89,7 @@ def _handle(
     payload: str,
     model: type[_Request],
     body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel | list[Any]]],
+    queue: str,
 ) -> None:
     runtime = services()
     try:
@@ -80,8 +97,17 @@ def _handle(
     except ValidationError as exc:
         log.error("task.undecodable", extra={"task": name, "error": str(exc)[:500]})
         runtime.run(runtime.dead_letter_payload(name, payload, str(exc)))
-        return
-    runtime.run(_answer(name, request, body, runtime))
+        raise DispatchFailedError(f"undecodable {name} payload: {str(exc)[:500]}") from exc
+    failure = runtime.run(_answer(name, request, body, runtime, queue))
+    if failure is not None:
+        raise DispatchFailedError(failure.error)
+
+
+def _live_fences(request: ReasonRequest | ToolRequest) -> list[Fence]:
+    """The dispatches this request runs for: its own, and the reasoning a lone chained call
+    answers for (``completes``)."""
+    completes = request.completes if isinstance(request, ToolRequest) else None
+    return [request.fence] if completes is None else [request.fence, completes.fence]
 
 
 async def _answer(
@@ -89,27 +115,35 @@ async def _answer(
     request: _Request,
     body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel | list[Any]]],
     runtime: ProcessServices,
-) -> None:
-    """Run the library call and publish what it answered (one pass of the process's loop)."""
+    queue: str,
+) -> WorkerFailedMessage | None:
+    """Say the dispatch started, run the library call (heartbeating it), and publish what it
+    answered with the dispatch marked answered; a failure is published as ``worker_failed``
+    at once, and returned."""
+    fences = _live_fences(request)
+    await runtime.liveness.started(fences, queue)
+    failure: WorkerFailedMessage | None = None
     try:
         message: Any = await body(request, runtime)
     except RedisConnectionError:
+        runtime.liveness.finished(fences)
         raise
     except Exception as exc:
         log.exception("task.failed", extra={"task": name, "fence": request.fence.token()})
-        completes = request.completes if isinstance(request, ToolRequest) else None
-        message = WorkerFailedMessage(
+        message = failure = WorkerFailedMessage(
             # A call that carries its reasoning answers for the reasoning dispatch.
-            fence=completes.fence if completes is not None else request.fence,
+            fence=fences[-1],
             error=f"{type(exc).__name__}: {exc}"[:2000],
             retryable=not isinstance(exc, ConfigError),
         )
+    runtime.liveness.finished(fences)
     for each in message if isinstance(message, list) else [message]:
         if isinstance(request, ReasonRequest) and isinstance(each, ReasonedMessage):
             observation, calls = onward(request, each)
-            await runtime.publish(observation, calls)
+            await runtime.publish(observation, calls, answered=fences)
         else:
-            await runtime.publish(each)
+            await runtime.publish(each, answered=fences)
+    return failure
 
 
 @app.task(  # type: ignore[untyped-decorator]
@@ -120,7 +154,7 @@ async def _answer(
 )
 def reason(payload: str) -> None:
     """Reason and Gate for one iteration; publishes a ``reasoned`` observation."""
-    _handle(keys.reason_task_name, payload, ReasonRequest, run_reasoning)
+    _handle(keys.reason_task_name, payload, ReasonRequest, run_reasoning, keys.reasoning_queue)
 
 
 @app.task(  # type: ignore[untyped-decorator]
@@ -131,4 +165,4 @@ def reason(payload: str) -> None:
 )
 def tool_call(payload: str) -> None:
     """One tool call; publishes a ``tool_observed`` observation."""
-    _handle(keys.tool_task_name, payload, ToolRequest, run_tool_calls)
+    _handle(keys.tool_task_name, payload, ToolRequest, run_tool_calls, keys.tools_queue)

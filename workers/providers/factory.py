@@ -33,11 +33,16 @@ def build_provider(
     sleep: SleepFn = asyncio.sleep,
     rand: Callable[[], float] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    client: httpx.AsyncClient | None = None,
 ) -> InferenceProvider:
-    """The provider ``settings`` describe; ``sleep``, ``rand`` and ``transport`` are test seams."""
+    """The provider ``settings`` describe; ``sleep``, ``rand`` and ``transport`` are test seams.
+
+    ``client``: a pooled client the provider uses and never closes (a worker process keeps one
+    per provider and base URL); without it each call opens its own.
+    """
     if settings.provider is ProviderKind.SCRIPTED:
         return _scripted(settings)
-    seams = _Seams(sleep=sleep, rand=rand, transport=transport)
+    seams = _Seams(sleep=sleep, rand=rand, transport=transport, client=client)
     if settings.provider is ProviderKind.ANTHROPIC:
         return _anthropic(settings, seams)
     return _openai_compat(settings, seams)
@@ -50,6 +55,7 @@ class _Seams:
     sleep: SleepFn
     rand: Callable[[], float] | None
     transport: httpx.AsyncBaseTransport | None
+    client: httpx.AsyncClient | None
 
 
 def _scripted(settings: ProviderSettings) -> ScriptedProvider:
@@ -77,6 +83,7 @@ def _anthropic(settings: ProviderSettings, seams: _Seams) -> AnthropicProvider:
         sleep=seams.sleep,
         rand=seams.rand,
         transport=seams.transport,
+        client=seams.client,
     )
 
 
@@ -99,6 +106,7 @@ def _openai_compat(settings: ProviderSettings, seams: _Seams) -> OpenAICompatPro
         sleep=seams.sleep,
         rand=seams.rand,
         transport=seams.transport,
+        client=seams.client,
     )
 
 

@@ -1,0 +1,98 @@
+"""Liveness of the dispatches a worker process runs: started, heartbeating, answered.
+
+Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
+(``orga:heartbeats``: the dispatch's liveness id scored with the time), refreshes the score of
+every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
+the dispatch answered (minus the time) in the same transaction that publishes its observation.
+The coordinator reads those scores only when a dispatch's deadline passes: a fresh heartbeat
+means the call is running (the deadline moves on), a stale one means its worker is gone (the
+call is re-sent), no entry means it has not started (still queued, or lost before it started).
+Each start also counts on ``orga:started:{queue}``, which tells the coordinator how fast a
+queue drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
+
+from shared import keys
+from shared.protocol import Fence
+
+__all__ = ["Liveness"]
+
+log = logging.getLogger("orga.worker.liveness")
+
+
+class Liveness:
+    """The dispatches one worker process runs now, kept alive in Redis while they run.
+
+    Every method runs on the process's event loop.
+    """
+
+    def __init__(self, redis: Redis, interval_s: float) -> None:
+        self._redis = redis
+        self._interval_s = interval_s
+        self._running: Counter[str] = Counter()
+        self._beating: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> int:
+        """How many dispatches (liveness ids) run in this process now."""
+        return len(self._running)
+
+    async def started(self, fences: Sequence[Fence], queue: str) -> None:
+        """Say that this process runs ``fences`` (one dispatch and what it answers for)."""
+        ids = [f.liveness_id() for f in fences]
+        self._running.update(ids)
+        self._ensure_beating()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, time.time()))
+        pipe.incr(keys.queue_started_key(queue))
+        await pipe.execute()
+
+    def answered(self, pipe: Pipeline, fences: Iterable[Fence]) -> None:
+        """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer."""
+        ids = [f.liveness_id() for f in fences]
+        if ids:
+            pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, -time.time()))
+
+    def finished(self, fences: Iterable[Fence]) -> None:
+        """Stop heartbeating ``fences`` (answered, or given up on by this process)."""
+        for fence in fences:
+            key = fence.liveness_id()
+            self._running[key] -= 1
+            if self._running[key] <= 0:
+                del self._running[key]
+
+    def _ensure_beating(self) -> None:
+        if self._beating is None or self._beating.done():
+            self._beating = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            if not self._running:
+                continue
+            try:
+                await self._redis.zadd(
+                    keys.heartbeats_key, dict.fromkeys(self._running, time.time())
+                )
+            except RedisError as exc:  # the next beat tries again; the timeout allows a few
+                log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
+
+    async def close(self) -> None:
+        """Stop the heartbeat task."""
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+            self._beating = None
