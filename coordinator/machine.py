@@ -139,9 +139,9 @@ class TaskMachine:
         """A new task: plan it when it has no steps, else start its first step."""
         record = self.record
         record.conversation = Conversation.with_system(
-            record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT
+            record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT, pin=True
         )
-        record.conversation.push(ConversationMessage.user(f"Goal: {record.spec.goal}"))
+        record.conversation.push(ConversationMessage.user(f"Goal: {record.spec.goal}", pin=True))
         self._event("accepted", goal=record.spec.goal[:200])
         if record.spec.steps:
             record.steps = [StepRecord(spec=s) for s in record.spec.steps]
@@ -304,7 +304,9 @@ class TaskMachine:
         step.status = StepStatus.RUNNING
         step.started_at = self.now
         self.tracker.begin_step(step.spec.id)
-        record.conversation.push(ConversationMessage.user(self._step_message(index)))
+        if index > 0:
+            record.conversation.unpin(self._step_message(index - 1))
+        record.conversation.push(ConversationMessage.user(self._step_message(index), pin=True))
         self._journal(Started(agent_id=record.spec.agent_id, config=self._config()))
         self._event("step_started", step_id=step.spec.id)
         if index == 0 and record.spec.pre_hydration is not None and self._pre_hydrate():
@@ -390,8 +392,15 @@ class TaskMachine:
     def _dispatch_reason(self) -> None:
         record = self.record
         manager = DefaultContextManager(record.spec.context)
-        if manager.manage_context(record.conversation, record.spec.limits.context_token_budget):
+        fit = manager.fit(record.conversation, record.spec.limits.context_token_budget)
+        if fit.compacted:
             self.detector.compacted()
+        if fit.pinned_over_budget:
+            self._event(
+                "context_over_budget",
+                pinned_tokens=str(fit.pinned_tokens),
+                budget=str(fit.max_tokens),
+            )
         fence = self._fence()
         awaiting = self._await(AwaitKind.REASON, fence)
         request = self._reason_request(fence, record.conversation, purpose="act")
@@ -428,7 +437,7 @@ class TaskMachine:
         asked = record.awaiting
         assert asked is not None  # on_reasoned checked it is this message's dispatch
         for new in message.new_messages:
-            record.conversation.push(new)
+            record.conversation.push(new.unpinned_copy())
         record.usage = record.usage + message.usage
         step.usage = step.usage + message.usage
         step.attempt_usage = step.attempt_usage + message.usage
