@@ -32,6 +32,7 @@ from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
+from workers.topology import Role, supervise, worker_commands
 
 __all__ = ["app", "main"]
 
@@ -466,17 +467,34 @@ def coordinator() -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(
     ctx: typer.Context,
-    queues: Annotated[str, typer.Option(help="Queues to consume.")] = "orga.reasoning,orga.tools",
-    concurrency: Annotated[int | None, typer.Option("-c", help="Worker processes.")] = None,
+    role: Annotated[
+        Role,
+        typer.Option(
+            help="reasoning (thread pool, many model calls in flight), tools (prefork, no "
+            "model key), or all: one of each."
+        ),
+    ] = Role.ALL,
+    concurrency: Annotated[
+        int | None,
+        typer.Option("-c", help="Threads (reasoning) or processes (tools) of each worker."),
+    ] = None,
 ) -> None:
-    """Run a Celery worker (same as `celery -A workers worker -Q ...`; other options go to it)."""
+    """Run the Celery workers (other options, e.g. -E, -n, --loglevel, go to Celery)."""
     _require_url()
-    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
-               "--loglevel", "INFO"]  # fmt: skip
+    settings = _settings()
     if concurrency:
-        command += ["-c", str(concurrency)]
-    command += ctx.args  # Celery's own options (-E, -n NAME, --loglevel, -P, ...), unchanged
-    os.execv(sys.executable, command)  # noqa: S606 - replaces this process by the worker
+        settings = settings.model_copy(update={"worker_concurrency": concurrency})
+    if role is Role.ALL and any(a == "-n" or a.startswith(("-n", "--hostname")) for a in ctx.args):
+        raise _fail(
+            "error:",
+            "-n names one worker and --role all starts two: add --role reasoning or --role tools",
+            2,
+        )
+    commands = worker_commands(role, settings, os.environ, ctx.args)
+    if len(commands) == 1:
+        command = commands[0]
+        os.execve(sys.executable, command.argv, command.env)  # noqa: S606 - becomes the worker
+    raise typer.Exit(supervise(commands))
 
 
 @app.command()

@@ -1,10 +1,11 @@
 """The embedded default: a private Redis, a Celery worker and a coordinator in one process tree.
 
 ``orga run`` without ``ORGA_REDIS_URL`` uses this. It runs exactly the deployment code path (the
-same coordinator, a real ``celery worker`` subprocess, real Redis Streams), only all on this
-machine. State lives in ``ORGA_HOME`` (default ``./.orga``) with AOF on, so a later command, say
-``orga review decide``, finds the tasks where the last one left them. One command at a time
-uses a home: a lock file says which process holds it.
+same coordinator, a reasoning and a tool ``celery worker`` subprocess as ``orga worker`` starts
+them, real Redis Streams), only all on this machine. State lives in ``ORGA_HOME`` (default
+``./.orga``) with AOF on, so a later command, say ``orga review decide``, finds the tasks where
+the last one left them. One command at a time uses a home: a lock file says which process
+holds it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import contextlib
 import fcntl
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -24,9 +24,10 @@ from redis.asyncio import Redis
 from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
-from shared import keys
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings
+from workers import topology
+from workers.topology import Role, worker_command
 
 __all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings"]
 
@@ -60,11 +61,12 @@ class EmbeddedRuntime:
 
     settings: OrgaSettings
     home: Path
-    worker_concurrency: int = 2
+    worker_concurrency: int | None = None
+    """Overrides both workers' defaults (ORGA_REASONING_CONCURRENCY, ORGA_TOOL_CONCURRENCY)."""
     start_worker: bool = True
     redis: EmbeddedRedis | None = field(default=None, init=False)
     _lock: IO[str] | None = field(default=None, init=False, repr=False)
-    _worker: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _workers: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
     _coordinator: Coordinator | None = field(default=None, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _client: Redis | None = field(default=None, init=False, repr=False)
@@ -87,7 +89,7 @@ class EmbeddedRuntime:
         data.mkdir(exist_ok=True)
         self.redis = EmbeddedRedis(appendonly=True, directory=data).start()
         if self.start_worker:
-            self._worker = self._spawn_worker()
+            self._workers = self._spawn_workers()
         self._client = Redis.from_url(self.url)
         settings = self.runtime_settings
         self._coordinator = Coordinator(self._client, settings=coordinator_settings(settings))
@@ -129,32 +131,31 @@ class EmbeddedRuntime:
             self._lock.close()
             self._lock = None
 
-    def _spawn_worker(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "ORGA_REDIS_URL": self.url}
-        command = [
-            sys.executable, "-m", "celery", "-A", "workers", "worker",
-            "-Q", f"{keys.reasoning_queue},{keys.tools_queue}",
-            "-c", str(self.worker_concurrency), "--loglevel", "WARNING",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"embedded-{os.getpid()}@%h",
-        ]  # fmt: skip
+    def _spawn_workers(self) -> list[subprocess.Popen[bytes]]:
+        """A reasoning worker and a tool worker, as a deployment runs them: the tool worker's
+        environment holds no model key (:mod:`workers.topology`)."""
+        environ = {**os.environ, "ORGA_REDIS_URL": self.url}
+        settings = self.runtime_settings
+        if self.worker_concurrency is not None:
+            settings = settings.model_copy(update={"worker_concurrency": self.worker_concurrency})
+        extra = ["--loglevel", "WARNING", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat"]  # fmt: skip
+        commands = [
+            worker_command(
+                role, settings, environ, extra, f"embedded-{role.value}-{os.getpid()}@%h"
+            )
+            for role in (Role.REASONING, Role.TOOLS)
+        ]
         with (self.home / "worker.log").open("ab") as log:
-            return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            return topology.start(commands, output=log.fileno())
 
     def _stop_worker(self) -> None:
-        worker, self._worker = self._worker, None
-        if worker is None:
-            return
-        worker.terminate()
-        try:
-            worker.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        workers, self._workers = self._workers, []
+        topology.stop(workers)
 
     def worker_alive(self) -> bool:
-        """False when the worker subprocess has exited."""
-        return self._worker is not None and self._worker.poll() is None
+        """False when a worker subprocess has exited."""
+        return bool(self._workers) and all(w.poll() is None for w in self._workers)
 
     def describe(self) -> dict[str, Any]:
         """Where things are, for the CLI's first lines."""
