@@ -22,6 +22,7 @@ from typing import IO, Any
 from redis.asyncio import Redis
 
 from coordinator.embedded_redis import EmbeddedRedis
+from coordinator.liveness import LivenessSettings
 from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
 from shared.errors import OrgaError
@@ -51,6 +52,10 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
             workspace_root=settings.workspace_root,
             allow_inline_tools=settings.allow_inline_tools,
             chain_tools=settings.chain_tools,
+            liveness=LivenessSettings(
+                heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                start_to_close_s=settings.start_to_close_s,
+            ),
         ),
     )
 

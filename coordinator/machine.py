@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from coordinator.liveness import Liveness, LivenessSettings, Verdict
 from coordinator.state import (
     Awaiting,
     AwaitKind,
@@ -29,6 +30,7 @@ from coordinator.state import (
     TaskRecord,
     TaskStatus,
 )
+from shared import keys
 from shared.actions import Observation, ToolCallAction
 from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation, ConversationMessage
@@ -81,8 +83,10 @@ PLAN_PROMPT = (
 class MachineSettings:
     """Deadlines and limits the coordinator applies to every task."""
 
-    observation_deadline_s: float = 120.0
+    observation_deadline_s: float = 30.0
+    """When a dispatch is first looked at; then as :mod:`coordinator.liveness` says."""
     max_redeliveries: int = 3
+    liveness: LivenessSettings = field(default_factory=LivenessSettings)
     workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
     recent_messages_in_snapshot: int = 8
     allow_inline_tools: bool = True
@@ -214,8 +218,29 @@ class TaskMachine:
             self._dead_letter(awaiting, message.error)
         return self._done()
 
-    def on_tick(self) -> Effects:
-        """Deadlines: re-dispatch late observations, apply undecided reviews' defaults."""
+    def liveness_ids(self) -> list[str]:
+        """The ``orga:heartbeats`` members of the dispatch the task waits on (none: it waits
+        on nothing): the reasoning's, or each dispatched call's still unanswered."""
+        awaiting = self.record.awaiting
+        if awaiting is None or self.record.terminal:
+            return []
+        if awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN):
+            return [awaiting.fence.liveness_id()]
+        return [
+            awaiting.fence.for_call(c).liveness_id()
+            for c in awaiting.dispatched
+            if c not in awaiting.results
+        ]
+
+    def awaited_queue(self) -> str:
+        """The Celery queue of the dispatch the task waits on."""
+        awaiting = self.record.awaiting
+        reasoning = awaiting is not None and awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN)
+        return keys.reasoning_queue if reasoning else keys.tools_queue
+
+    def on_tick(self, liveness: Liveness | None = None) -> Effects:
+        """Deadlines: look at a late dispatch (re-sent only when ``liveness`` says it is lost;
+        without it, always), apply undecided reviews' defaults."""
         record = self.record
         if record.terminal:
             return self._ignored()
@@ -230,6 +255,12 @@ class TaskMachine:
         awaiting = record.awaiting
         if awaiting is None or awaiting.deadline > self.now:
             return self._ignored()
+        return self._late(awaiting, liveness)
+
+    def _late(self, awaiting: Awaiting, liveness: Liveness | None) -> Effects:
+        """A dispatch past its deadline: still alive, re-sent, or (too often) dead-lettered."""
+        if liveness is not None and self._still_alive(awaiting, liveness):
+            return self._done()
         if awaiting.redeliveries >= self.settings.max_redeliveries:
             self._dead_letter(
                 awaiting,
@@ -239,6 +270,26 @@ class TaskMachine:
         else:
             self._redispatch(awaiting)
         return self._done()
+
+    def _still_alive(self, awaiting: Awaiting, liveness: Liveness) -> bool:
+        """Move a late dispatch's deadline on when it runs, is answered or is queued; False
+        when it is lost (journaled as an event either way it changes)."""
+        judgement = liveness.judge(
+            self.liveness_ids(),
+            self.now,
+            awaiting.dispatched_at,
+            awaiting.unstarted_looks,
+            self.settings.liveness,
+        )
+        if judgement.look_again_at is None:
+            self._event("dispatch_lost", fence=awaiting.fence.token(), reason=judgement.reason)
+            return False
+        if judgement.verdict is Verdict.UNSTARTED:
+            awaiting.unstarted_looks += 1
+        awaiting.deadline = judgement.look_again_at
+        if judgement.verdict is Verdict.NO_CONSUMER:
+            self._event("no_consumer", fence=awaiting.fence.token(), reason=judgement.reason)
+        return True
 
     def on_review_decision(
         self, review_id: str, decision: ReviewDecision, hint: str | None, decided_by: str
@@ -845,6 +896,8 @@ class TaskMachine:
         awaiting.fence = fence
         awaiting.redeliveries += 1
         awaiting.deadline = self.now + self._deadline_s()
+        awaiting.dispatched_at = self.now
+        awaiting.unstarted_looks = 0
         self._event("redispatched", fence=fence.token(), kind=awaiting.kind.value)
         if awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN):
             awaiting.results.clear()  # results of the abandoned dispatch's chained calls
@@ -911,7 +964,9 @@ class TaskMachine:
         return self.settings.observation_deadline_s
 
     def _await(self, kind: AwaitKind, fence: Fence) -> Awaiting:
-        awaiting = Awaiting(kind=kind, fence=fence, deadline=self.now + self._deadline_s())
+        awaiting = Awaiting(
+            kind=kind, fence=fence, deadline=self.now + self._deadline_s(), dispatched_at=self.now
+        )
         self.record.awaiting = awaiting
         return awaiting
 

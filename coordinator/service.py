@@ -35,8 +35,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
+from coordinator.liveness import Liveness
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.queues import QueueGauge
 from coordinator.state import ReviewDecision, TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
@@ -93,6 +95,7 @@ class Coordinator:
         self._held: set[str] = set()
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
+        self._queues = QueueGauge()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -326,9 +329,40 @@ class Coordinator:
         await self._reclaim(keys.control_stream, self._control)
         await self._renew_leases()
         await self._purge()
-        for task_id in await self.store.due_task_ids(time.time(), self.settings.batch * 4):
+        due = await self.store.due_task_ids(time.time(), self.settings.batch * 4)
+        if due:
+            await self._queues.sample(self.redis)
+        for task_id in due:
             if await self._hold(task_id):
-                await self._apply(task_id, _tick)
+                await self._guarded_tick(task_id)
+
+    async def _guarded_tick(self, task_id: str) -> None:
+        """One due task; its failure is logged and never stops the tick for the others."""
+        try:
+            liveness = await self._liveness(task_id)
+            await self._apply(task_id, lambda m: m.on_tick(liveness))
+        except (RedisError, CommitConflictError):
+            raise
+        except Exception:
+            log.exception("tick.task_failed", extra={"task_id": task_id})
+
+    async def _liveness(self, task_id: str) -> Liveness | None:
+        """What Redis says of the task's late dispatch (None: it waits on no dispatch)."""
+        record = self.store.peek_kept(task_id) or await self.store.load(task_id)
+        if record is None:
+            return None
+        machine = TaskMachine(record, time.time(), self.settings.machine)
+        ids = machine.liveness_ids()
+        if not ids:
+            return None
+        scores = await self.redis.zmscore(keys.heartbeats_key, ids)
+        queue = machine.awaited_queue()
+        return Liveness(
+            scores=dict(zip(ids, scores, strict=True)),
+            queue=queue,
+            queue_depth=self._queues.depth(queue),
+            drain_per_s=self._queues.drain_per_s(queue),
+        )
 
     async def _hold(self, task_id: str) -> bool:
         """True when this coordinator holds (or has just taken over) the task's lease."""
@@ -362,6 +396,8 @@ class Coordinator:
         if now - self._last_purge < self.settings.purge_interval_s:
             return
         self._last_purge = now
+        old = time.time() - keys.heartbeats_retention_s
+        await self.redis.zremrangebyscore(keys.heartbeats_key, -old, old)
         purged = await self.store.purge_finished(time.time() - self.settings.retention_s)
         if purged:
             log.info("tasks.purged", extra={"count": purged, "coordinator": self.name})
@@ -436,10 +472,6 @@ def _decision(value: str) -> ReviewDecision:
 
 def _start(machine: TaskMachine) -> Effects:
     return machine.start()
-
-
-def _tick(machine: TaskMachine) -> Effects:
-    return machine.on_tick()
 
 
 def _route(

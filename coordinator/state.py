@@ -84,6 +84,10 @@ class Awaiting(BaseModel):
     kind: AwaitKind
     fence: Fence
     deadline: float
+    dispatched_at: float | None = None
+    """When this dispatch (or its last re-send) went out: start-to-close counts from it."""
+    unstarted_looks: int = 0
+    """Deadline looks that found it not started with its queue empty (a second one: lost)."""
     redeliveries: int = 0
     calls: list[ToolCallAction] = Field(default_factory=list)
     dispatched: list[str] = Field(default_factory=list)

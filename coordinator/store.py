@@ -176,6 +176,11 @@ class TaskStore:
         compare-and-set refuses a stale version) or confirm it with :meth:`is_current`."""
         return self._take(task_id)
 
+    def peek_kept(self, task_id: str) -> TaskRecord | None:
+        """The kept record of a task, left kept (read it, do not change it)."""
+        kept = self._kept.get(task_id)
+        return kept[0] if kept is not None else None
+
     async def is_current(self, task_id: str, version: int) -> bool:
         """Whether ``version`` is still the stored version of the task."""
         stored = await self.redis.hget(keys.task_key(task_id), "version")

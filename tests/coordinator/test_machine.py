@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.liveness import Liveness
 from coordinator.machine import Effects, MachineSettings, TaskMachine, parse_plan
 from coordinator.state import AwaitKind, StepStatus, TaskRecord, TaskStatus
 from shared.actions import Observation, RespondAction, ToolCallAction
@@ -631,3 +632,45 @@ def test_a_result_kept_for_an_abandoned_reasoning_is_dropped_with_it() -> None:
     effects = _chained_turn(record, ["c1"], _call("c1", path="a.py"))
     assert effects.reason_dispatches == [], "c1 is awaited, not answered by the stale result"
     assert record.awaiting is not None and record.awaiting.missing_calls()
+
+
+def _live(record: TaskRecord, score: float | None, depth: int = 0, drain: float = 0.0) -> Liveness:
+    ids = TaskMachine(record, 0.0, SETTINGS).liveness_ids()
+    return Liveness(
+        scores=dict.fromkeys(ids, score),
+        queue="orga.reasoning",
+        queue_depth=depth,
+        drain_per_s=drain,
+    )
+
+
+def test_a_running_dispatch_is_not_re_sent_at_its_deadline() -> None:
+    """Past the deadline with a fresh heartbeat: the deadline moves on, nothing is re-sent."""
+    record = _start_and_get(_record())
+    fence = record.awaiting.fence  # type: ignore[union-attr]
+    effects = _apply(record, 12.0, lambda m: m.on_tick(_live(record, 11.0)))
+    assert effects.changed and effects.reason_dispatches == []
+    assert record.awaiting is not None and record.awaiting.fence == fence
+    assert record.awaiting.deadline == 11.0 + SETTINGS.liveness.heartbeat_timeout_s
+
+
+def test_a_queued_dispatch_is_not_re_sent_while_its_queue_drains() -> None:
+    """Not started, queue deep and moving: wait for the queue, re-send nothing."""
+    record = _start_and_get(_record())
+    effects = _apply(record, 12.0, lambda m: m.on_tick(_live(record, None, depth=500, drain=5.0)))
+    assert effects.reason_dispatches == []
+    assert record.awaiting is not None and record.awaiting.deadline == 12.0 + 200.0
+
+
+def test_a_dispatch_whose_worker_stopped_heartbeating_is_re_sent_once() -> None:
+    """A stale heartbeat: re-sent with a new attempt, and a dispatch_lost event says why."""
+    record = _start_and_get(_record())
+    first = record.awaiting.fence.attempt  # type: ignore[union-attr]
+    effects = _apply(record, 100.0, lambda m: m.on_tick(_live(record, 2.0)))
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [first + 1]
+    assert any(e["event"] == "dispatch_lost" for e in effects.events)
+
+
+def _start_and_get(record: TaskRecord) -> TaskRecord:
+    _start(record)
+    return record

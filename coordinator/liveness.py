@@ -1,0 +1,130 @@
+"""Whether an unanswered dispatch is running, answered, queued or lost: deadlines that measure
+work, not queueing.
+
+Temporal's activity timeouts are the model. Workers write, per dispatch, a heartbeat score in
+``orga:heartbeats`` (:mod:`workers.liveness`): the time of the last beat while it runs, minus the
+time it was answered once its observation is published. When a dispatch's deadline passes the
+coordinator reads those scores and the depth and drain rate of the dispatch's queue, and
+:meth:`Liveness.judge` decides:
+
+- **running** (a beat younger than the heartbeat timeout): look again one timeout after the
+  last beat, unless it has run longer than ``start_to_close_s`` (then it is lost);
+- **answered** (the observation is in the stream): look again one timeout later;
+- **stale** (beats stopped): its worker is gone, it is lost and re-sent;
+- **not started**: while its queue holds messages and drains, it is queued, and the next look
+  is when the queue should have drained (twice the depth over the drain rate); a queue that
+  holds messages and does not drain has no consumer (look again, and say so); a dispatch still
+  not started once its queue is empty, one timeout after the first such look, is lost.
+
+This module is pure (no Redis): the service reads the scores, the machine applies the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["Judgement", "Liveness", "LivenessSettings", "Verdict"]
+
+MAX_QUEUED_WAIT_S = 600.0
+"""The longest a queued dispatch waits before the coordinator looks at it again."""
+
+
+class Verdict(StrEnum):
+    """What a late dispatch is."""
+
+    RUNNING = "running"
+    ANSWERED = "answered"
+    QUEUED = "queued"
+    NO_CONSUMER = "no_consumer"
+    UNSTARTED = "unstarted"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessSettings:
+    """The timeouts the verdicts use (``ORGA_HEARTBEAT_TIMEOUT_S``, ``ORGA_START_TO_CLOSE_S``)."""
+
+    heartbeat_timeout_s: float = 30.0
+    start_to_close_s: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A verdict, why, and when to look again (None: re-send now)."""
+
+    verdict: Verdict
+    reason: str
+    look_again_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """What Redis said about one task's late dispatch."""
+
+    scores: Mapping[str, float | None]
+    """Heartbeat score of each liveness id of the dispatch (None: no entry)."""
+    queue: str
+    queue_depth: int
+    drain_per_s: float
+    """Dispatches started per second on that queue, lately (0: none started)."""
+
+    def judge(
+        self,
+        ids: Sequence[str],
+        now: float,
+        dispatched_at: float | None,
+        unstarted_looks: int,
+        settings: LivenessSettings,
+    ) -> Judgement:
+        """The verdict on the dispatch whose liveness ids are ``ids``."""
+        timeout = settings.heartbeat_timeout_s
+        scores = [s for s in (self.scores.get(i) for i in ids) if s is not None]
+        beats = [s for s in scores if s > 0]
+        if any(s < 0 for s in scores):
+            answered = -min(s for s in scores if s < 0)
+            if now - answered < 2 * timeout:
+                return Judgement(Verdict.ANSWERED, "answered; its observation is on its way",
+                                 now + timeout)  # fmt: skip
+            return Judgement(Verdict.LOST, f"answered {now - answered:.0f}s ago, never applied",
+                             None)  # fmt: skip
+        if beats:
+            return self._started(max(beats), now, dispatched_at, settings)
+        return self._unstarted(now, unstarted_looks, timeout)
+
+    @staticmethod
+    def _started(
+        beat: float, now: float, dispatched_at: float | None, settings: LivenessSettings
+    ) -> Judgement:
+        timeout = settings.heartbeat_timeout_s
+        if now - beat >= timeout:
+            return Judgement(
+                Verdict.LOST, f"its worker stopped heartbeating {now - beat:.0f}s ago", None
+            )
+        if dispatched_at is not None and now - dispatched_at > settings.start_to_close_s:
+            return Judgement(
+                Verdict.LOST,
+                f"still running after {now - dispatched_at:.0f}s "
+                f"(ORGA_START_TO_CLOSE_S={settings.start_to_close_s:g})",
+                None,
+            )
+        return Judgement(Verdict.RUNNING, "running", beat + timeout)
+
+    def _unstarted(self, now: float, unstarted_looks: int, timeout: float) -> Judgement:
+        if self.queue_depth > 0 and self.drain_per_s > 0:
+            wait = min(max(2 * self.queue_depth / self.drain_per_s, timeout), MAX_QUEUED_WAIT_S)
+            reason = (
+                f"queued behind {self.queue_depth} messages on {self.queue} "
+                f"(draining {self.drain_per_s:.1f}/s)"
+            )
+            return Judgement(Verdict.QUEUED, reason, now + wait)
+        if self.queue_depth > 0:
+            reason = (
+                f"{self.queue} holds {self.queue_depth} messages and no worker started one "
+                f"lately: start a worker for that queue (orga worker --role ...)"
+            )
+            return Judgement(Verdict.NO_CONSUMER, reason, now + timeout)
+        if unstarted_looks == 0:
+            return Judgement(Verdict.UNSTARTED, "not started; its queue is empty", now + timeout)
+        return Judgement(Verdict.LOST, "never started and no longer queued", None)

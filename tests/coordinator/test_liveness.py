@@ -1,0 +1,102 @@
+"""Deadlines that measure work, not queueing: the verdict on a late dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import pytest
+
+from coordinator.liveness import Liveness, LivenessSettings, Verdict
+from coordinator.queues import QueueGauge
+from shared import keys
+
+SETTINGS = LivenessSettings(heartbeat_timeout_s=30.0, start_to_close_s=900.0)
+NOW = 10_000.0
+
+
+def _liveness(score: float | None, depth: int = 0, drain: float = 0.0) -> Liveness:
+    return Liveness(
+        scores={"d": score}, queue="orga.reasoning", queue_depth=depth, drain_per_s=drain
+    )
+
+
+def _judge(liveness: Liveness, looks: int = 0, dispatched_at: float = NOW - 40):
+    return liveness.judge(["d"], NOW, dispatched_at, looks, SETTINGS)
+
+
+def test_a_fresh_heartbeat_moves_the_deadline_one_timeout_past_the_beat() -> None:
+    """A running call is never re-sent while its worker beats."""
+    judgement = _judge(_liveness(NOW - 4))
+    assert judgement.verdict is Verdict.RUNNING
+    assert judgement.look_again_at == NOW - 4 + 30
+
+
+def test_a_stale_heartbeat_means_the_worker_is_gone() -> None:
+    """Beats that stopped a timeout ago: lost, re-sent now."""
+    judgement = _judge(_liveness(NOW - 31))
+    assert judgement.verdict is Verdict.LOST
+    assert judgement.look_again_at is None
+    assert "stopped heartbeating" in judgement.reason
+
+
+def test_a_call_running_past_start_to_close_is_lost() -> None:
+    """Start-to-close bounds a call that beats forever."""
+    judgement = _judge(_liveness(NOW - 1), dispatched_at=NOW - 901)
+    assert judgement.verdict is Verdict.LOST
+    assert "ORGA_START_TO_CLOSE_S" in judgement.reason
+
+
+def test_an_answered_dispatch_waits_for_its_observation() -> None:
+    """Answered (negative score) recently: the observation is in the stream; wait."""
+    assert _judge(_liveness(-(NOW - 2))).verdict is Verdict.ANSWERED
+    assert _judge(_liveness(-(NOW - 61))).verdict is Verdict.LOST
+
+
+def test_a_queued_dispatch_waits_as_long_as_its_queue_takes_to_drain() -> None:
+    """Not started, 1000 messages ahead draining 10/s: look again in 200 s, not re-send."""
+    judgement = _judge(_liveness(None, depth=1000, drain=10.0))
+    assert judgement.verdict is Verdict.QUEUED
+    assert judgement.look_again_at == NOW + 200
+    assert "queued behind 1000" in judgement.reason
+
+
+def test_the_queued_wait_grows_with_the_queue_up_to_a_cap() -> None:
+    """A deeper queue means a later look, capped at ten minutes."""
+    short = _judge(_liveness(None, depth=100, drain=1.0)).look_again_at
+    long = _judge(_liveness(None, depth=200, drain=1.0)).look_again_at
+    huge = _judge(_liveness(None, depth=10**6, drain=1.0)).look_again_at
+    assert short is not None and long is not None and huge is not None
+    assert short < long <= huge == NOW + 600
+
+
+def test_a_queue_that_does_not_drain_has_no_consumer() -> None:
+    """Messages waiting and none started: not re-sent (it would only queue again); said."""
+    judgement = _judge(_liveness(None, depth=5, drain=0.0))
+    assert judgement.verdict is Verdict.NO_CONSUMER
+    assert "orga worker --role" in judgement.reason
+
+
+def test_never_started_with_an_empty_queue_is_lost_on_the_second_look() -> None:
+    """One grace look (a message between the queue and the start), then lost."""
+    first = _judge(_liveness(None), looks=0)
+    assert first.verdict is Verdict.UNSTARTED and first.look_again_at == NOW + 30
+    assert _judge(_liveness(None), looks=1).verdict is Verdict.LOST
+
+
+def test_the_queue_gauge_measures_depth_and_drain_rate() -> None:
+    """Two samples a second apart: the depth, and starts per second from the counters."""
+    redis = fakeredis.FakeAsyncRedis()
+    gauge = QueueGauge()
+
+    async def run() -> None:
+        await redis.set(keys.queue_started_key(keys.reasoning_queue), 100)
+        await redis.rpush(keys.reasoning_queue, *[b"m"] * 7)
+        await gauge.sample(redis, now=1.0)
+        await redis.set(keys.queue_started_key(keys.reasoning_queue), 150)
+        await gauge.sample(redis, now=3.0)
+
+    asyncio.run(run())
+    assert gauge.depth(keys.reasoning_queue) == 7
+    assert gauge.drain_per_s(keys.reasoning_queue) == pytest.approx(25.0)
+    assert gauge.drain_per_s(keys.tools_queue) == 0.0

@@ -1,0 +1,85 @@
+"""Workers say which dispatches they run, keep them alive, and mark them answered."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import fakeredis
+
+from shared import keys
+from shared.protocol import Fence
+from shared.settings import OrgaSettings
+from workers.liveness import Liveness
+from workers.providers.settings import ProviderSettings
+from workers.runtime import ProcessServices
+
+FENCE = Fence(task_id="t1", step_id="s", iteration=2, attempt=3, nonce="abc")
+
+
+def test_a_started_dispatch_is_scored_counted_beaten_and_answered() -> None:
+    """Start: a positive score and a start count; beats refresh it; answered: negative."""
+    redis = fakeredis.FakeAsyncRedis()
+    liveness = Liveness(redis, interval_s=0.05)
+
+    async def run() -> tuple[float, float, float, int]:
+        await liveness.started([FENCE], keys.reasoning_queue)
+        first = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
+        await asyncio.sleep(0.2)
+        beaten = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
+        liveness.finished([FENCE])
+        pipe = redis.pipeline(transaction=True)
+        liveness.answered(pipe, [FENCE])
+        await pipe.execute()
+        answered = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
+        started = int(await redis.get(keys.queue_started_key(keys.reasoning_queue)))
+        await liveness.close()
+        assert first is not None and beaten is not None and answered is not None
+        return first, beaten, answered, started
+
+    first, beaten, answered, started = asyncio.run(run())
+    assert first > 0 and beaten > first
+    assert answered < 0
+    assert started == 1
+    assert liveness.running == 0
+
+
+def test_the_liveness_id_tells_redispatches_and_calls_apart() -> None:
+    """A re-send (new nonce) and each call have their own id; a Celery redelivery shares it."""
+    assert FENCE.liveness_id() == FENCE.model_copy().liveness_id()
+    assert FENCE.liveness_id() != FENCE.model_copy(update={"nonce": "def"}).liveness_id()
+    assert FENCE.for_call("c1").liveness_id() != FENCE.for_call("c2").liveness_id()
+
+
+def test_one_process_runs_the_coroutines_of_many_pool_threads_at_once() -> None:
+    """Fifty pool threads hand their coroutines to the one loop: all fifty wait together."""
+    services = ProcessServices(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0"), ProviderSettings(), "redis://127.0.0.1:1/0"
+    )
+    in_flight = 0
+    peak = 0
+    gate = asyncio.Event()
+
+    async def call() -> str:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if peak == 50:
+            gate.set()
+        await asyncio.wait_for(gate.wait(), 10)
+        in_flight -= 1
+        return threading.current_thread().name
+
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(services.run(call()))) for _ in range(50)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+    finally:
+        services.close()
+    assert peak == 50
+    assert results == ["orga-loop"] * 50
