@@ -383,6 +383,15 @@ def wait_ready(stack: OrgaStack, client: OrgaClient, workspace: Path, run: str) 
 
 
 @dataclass(frozen=True)
+class Waits:
+    """Schedule-to-start of reasoning requests; ``unstarted`` of them never reached the model
+    before the batch ended and count with the time they had waited by then (a lower bound)."""
+
+    seconds: tuple[float, ...] = ()
+    unstarted: int = 0
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One system at one latency."""
 
@@ -401,8 +410,8 @@ class Measurement:
     peak_rss_mb: float
     cpu_s: float
     notes: tuple[str, ...] = ()
-    waits_s: tuple[float, ...] = ()
-    """Schedule-to-start of every reasoning request (orga-queue only)."""
+    waits: Waits = field(default_factory=Waits)
+    """Schedule-to-start of the reasoning requests (orga-queue only)."""
 
     @property
     def iterations_per_s(self) -> float:
@@ -448,20 +457,21 @@ def dispatch_times(entries: Sequence[JournalEntry]) -> list[float]:
     return times
 
 
-def schedule_to_start(
-    client: OrgaClient, batch: Batch, records: list[dict[str, Any]]
-) -> list[float]:
-    """For every reasoning request of the completed tasks: its arrival at the model minus its
-    dispatch by the coordinator."""
+def schedule_to_start(client: OrgaClient, batch: Batch, records: list[dict[str, Any]]) -> Waits:
+    """For every reasoning request the coordinator dispatched: its arrival at the model minus
+    its dispatch (the coordinator's journal)."""
     starts = first_starts(records)
     waits: list[float] = []
+    unstarted = 0
     for task_id, marker in zip(batch.ids, batch.markers, strict=True):
-        if batch.statuses.get(task_id) != "completed":
-            continue
-        for turn, dispatched in enumerate(dispatch_times(client.journal(task_id)), start=1):
-            if (marker, turn) in starts:
-                waits.append(starts[(marker, turn)] - dispatched)
-    return waits
+        dispatched = dispatch_times(client.journal(task_id))
+        if task_id in batch.statuses:
+            dispatched = dispatched[:-1]  # after the final answer nothing is dispatched
+        for turn, at in enumerate(dispatched, start=1):
+            start = starts.get((marker, turn))
+            waits.append((batch.end if start is None else start) - at)
+            unstarted += start is None
+    return Waits(tuple(waits), unstarted)
 
 
 @dataclass(frozen=True)
@@ -519,7 +529,7 @@ class Observed:
 
 
 def orga_measurement(
-    setting: Setting, batch: Batch, observed: Observed, waits: list[float], alone_s: float
+    setting: Setting, batch: Batch, observed: Observed, waits: Waits, alone_s: float
 ) -> Measurement:
     plan, stats = setting.plan, observed.stats
     notes = [
@@ -551,7 +561,7 @@ def orga_measurement(
         peak_rss_mb=observed.peak_rss_mb,
         cpu_s=observed.cpu_s,
         notes=tuple(notes),
-        waits_s=tuple(waits),
+        waits=waits,
     )
 
 
@@ -751,10 +761,16 @@ def notes(measurements: Sequence[Measurement]) -> list[str]:
     for m in measurements:
         for note in m.notes:
             lines.append(f"- {m.system}, {m.latency_s:g} s: {note}")
-        if m.waits_s:
+        if m.waits.seconds:
+            unstarted = (
+                f"; {m.waits.unstarted} never started (counted with their wait so far)"
+                if m.waits.unstarted
+                else ""
+            )
             lines.append(
                 f"- {m.system}, {m.latency_s:g} s: schedule-to-start of a reasoning request "
-                f"(coordinator dispatch -> model call): {spread_text(m.waits_s)}"
+                f"(coordinator dispatch -> model call): {spread_text(m.waits.seconds)}"
+                f"{unstarted}"
             )
     return lines
 
@@ -776,10 +792,11 @@ def result_lines(measurements: Sequence[Measurement], unavailable: dict[str, str
         lines.append(f"RESULT slow_model_duplicate_calls {sum(m.duplicates for m in orga)}")
         lines.append(f"RESULT slow_model_completed {sum(m.completed for m in orga)}")
         for m in orga:
-            if m.waits_s:
-                wait = statistics.median(m.waits_s)
+            if m.waits.seconds:
+                wait = statistics.median(m.waits.seconds)
+                lower = " (lower bound)" if m.waits.unstarted else ""
                 lines.append(
-                    f"RESULT slow_model_{m.latency_s:g}s_schedule_to_start_p50_s {wait:.2f}"
+                    f"RESULT slow_model_{m.latency_s:g}s_schedule_to_start_p50_s {wait:.2f}{lower}"
                 )
     return lines
 
