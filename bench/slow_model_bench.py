@@ -120,8 +120,9 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def tree_rss_mb(pids: Sequence[int]) -> float:
-    """Resident memory of these processes and all their descendants, in MiB."""
+def tree_rss(pids: Sequence[int]) -> tuple[float, int]:
+    """Resident memory of these processes and all their descendants, in MiB, and how many
+    processes that is."""
     seen: dict[int, int] = {}
     for pid in pids:
         for process in tree(pid):
@@ -129,7 +130,7 @@ def tree_rss_mb(pids: Sequence[int]) -> float:
                 seen[process.pid] = process.memory_info().rss
             except psutil.NoSuchProcess:
                 continue
-    return sum(seen.values()) / MB
+    return sum(seen.values()) / MB, len(seen)
 
 
 def tree_cpu_s(pids: Sequence[int]) -> float:
@@ -268,6 +269,7 @@ class Sampler:
     groups: dict[str, list[int]]
     redis_client: Any = None
     peak_mb: dict[str, float] = field(default_factory=dict)
+    processes: dict[str, int] = field(default_factory=dict)
     peak_sum_mb: float = 0.0
     peak_redis_used_mb: float = 0.0
     _last: float = 0.0
@@ -280,8 +282,9 @@ class Sampler:
         self._last = now
         total = 0.0
         for name, pids in self.groups.items():
-            rss = tree_rss_mb(pids)
+            rss, count = tree_rss(pids)
             self.peak_mb[name] = max(self.peak_mb.get(name, 0.0), rss)
+            self.processes[name] = max(self.processes.get(name, 0), count)
             total += rss
         self.peak_sum_mb = max(self.peak_sum_mb, total)
         if self.redis_client is not None:
@@ -512,7 +515,7 @@ def measure_orga(setting: Setting) -> Measurement:
             batch = submit_batch(client, markers, workspace, setting.bound_s, sampler)
             cpu = tree_cpu_s([p for pids in groups.values() for p in pids]) - cpu_before
             stats = server.stats(records=True)
-            observed = Observed(stats, sampler.peak_sum_mb, cpu)
+            observed = Observed(stats, sampler.peak_sum_mb, cpu, sampler.processes["workers"])
             waits = schedule_to_start(client, batch, stats["records"])
         finally:
             client.close()
@@ -526,6 +529,7 @@ class Observed:
     stats: dict[str, Any]
     peak_rss_mb: float
     cpu_s: float
+    processes: int = 1
 
 
 def orga_measurement(
@@ -536,6 +540,7 @@ def orga_measurement(
         f"ready {alone_s:.1f} s after start (a first task of {plan.iterations} iterations, "
         "submitted as the processes start, completed)",
         f"submitting took {batch.submitted - batch.started:.2f} s",
+        f"the worker trees had {observed.processes} processes at most (peak RSS of all)",
     ]
     if not batch.finished:
         notes.append(
