@@ -152,11 +152,12 @@ def _stop(process: subprocess.Popen[str]) -> None:
 
 
 def test_worker_takes_celerys_own_options(tmp_path: Path, private_redis: EmbeddedRedis) -> None:
-    """`orga worker -E -n NAME --loglevel INFO -P solo` reaches celery worker as given."""
+    """`orga worker --role reasoning -E -n NAME --loglevel INFO -P solo` reaches celery worker
+    as given."""
     name = f"probe-{os.getpid()}@cli-test"
     log = tmp_path / "worker.log"
-    command = [str(ORGA), "worker", "-E", "-n", name, "--loglevel", "INFO", "-P", "solo",
-               "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    command = [str(ORGA), "worker", "--role", "reasoning", "-E", "-n", name,
+               "--loglevel", "INFO", "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     with log.open("w") as handle:
         process = subprocess.Popen(
             command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
@@ -169,6 +170,13 @@ def test_worker_takes_celerys_own_options(tmp_path: Path, private_redis: Embedde
     banner = _one_line(seen)
     assert "task events: ON" in banner
     assert "(solo)" in banner  # the pool asked for
+
+
+def test_worker_refuses_a_name_for_two_workers(private_redis: EmbeddedRedis) -> None:
+    """`-n` names one worker: with the default --role all (two workers) it is refused."""
+    outcome = _orga("worker", "-n", "x@h", env=_env(ORGA_REDIS_URL=private_redis.url))
+    assert outcome.returncode == 2
+    assert "--role reasoning" in outcome.stderr
 
 
 def test_worker_refuses_an_option_celery_does_not_know(private_redis: EmbeddedRedis) -> None:
