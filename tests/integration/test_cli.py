@@ -157,7 +157,8 @@ def test_worker_takes_celerys_own_options(tmp_path: Path, private_redis: Embedde
     name = f"probe-{os.getpid()}@cli-test"
     log = tmp_path / "worker.log"
     command = [str(ORGA), "worker", "--role", "reasoning", "-E", "-n", name,
-               "--loglevel", "INFO", "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+               "--loglevel", "INFO", "-P", "solo",
+               "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     with log.open("w") as handle:
         process = subprocess.Popen(
             command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
