@@ -137,6 +137,9 @@ class ChaosPlan:
                 "ORGA_REDIS_URL": redis_url,
                 "ORGA_WORKSPACE_ROOT": str(workspaces),
                 "ORGA_OBSERVATION_DEADLINE_S": str(self.observation_deadline_s),
+                # A killed worker's calls are found by their stopped heartbeats: scaled to D.
+                "ORGA_HEARTBEAT_TIMEOUT_S": str(self.observation_deadline_s / 2),
+                "ORGA_HEARTBEAT_INTERVAL_S": str(self.observation_deadline_s / 8),
                 "ORGA_TICK_INTERVAL_S": str(self.tick_interval_s),
                 "ORGA_LEASE_TTL_S": str(self.lease_ttl_s),
                 "ORGA_CLAIM_IDLE_MS": str(self.claim_idle_ms),
