@@ -56,15 +56,23 @@ class UserPattern:
         for match in self._regexp.finditer(_encodable(text)):
             yield str(match.group(0))
 
+    def sub(self, replacement: str, text: str) -> str:
+        """``text`` with every non-overlapping match replaced by ``replacement`` (taken as is)."""
+        return str(self._regexp.sub(lambda _: replacement, _encodable(text)))
+
 
 def compile_user_pattern(
-    pattern: str, *, where: str = "pattern", ignore_case: bool = False
+    pattern: str,
+    *,
+    where: str = "pattern",
+    ignore_case: bool = False,
+    max_chars: int = MAX_PATTERN_CHARS,
 ) -> UserPattern:
     """Compile an untrusted pattern with RE2; raise ConfigError naming ``where`` and the fix."""
-    if len(pattern) > MAX_PATTERN_CHARS:
+    if len(pattern) > max_chars:
         raise ConfigError(
             f"{where}: the pattern {pattern[:60]!r}... is {len(pattern)} characters long; the "
-            f"limit is {MAX_PATTERN_CHARS}; use a shorter pattern"
+            f"limit is {max_chars}; use a shorter pattern"
         )
     options = re2.Options()
     options.log_errors = False  # the refusal is raised, not written to stderr

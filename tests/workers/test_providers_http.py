@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from shared.conversation import Conversation, ConversationMessage
 from shared.inference import InferenceOptions, InferenceResponse
@@ -37,6 +39,7 @@ from workers.providers import (
     ResponseParseError,
     RetryPolicy,
 )
+from workers.providers._http import Endpoint
 
 KEY = "sk-secret-test-key-9f8e7d6c5b4a"
 
@@ -259,6 +262,78 @@ def test_an_echoed_key_is_redacted(harness: Harness) -> None:
     harness.server.respond_error(400, f"bad request for key {KEY}")
     error = failure(harness.provider(), InvalidRequestError)
     assert "key **********" in str(error)
+
+
+ESCAPED_KEY = 'sk-or/v1+ab"cd\\ef=='
+"""A key holding the characters JSON escapes: a slash (optionally), a quote and a backslash."""
+
+
+@pytest.fixture(params=sorted(WIRES))
+def escaping_harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """Each HTTP provider with its fake server, whose key is ESCAPED_KEY."""
+    server_class, build, success_fixture = WIRES[request.param]
+    with server_class(api_key=ESCAPED_KEY) as server:
+        yield Harness(request.param, server, RecordingSleep(), build, success_fixture)
+    assert not server.errors, server.errors
+
+
+def _escaped_failure(harness: Harness, body: str) -> str:
+    """The message of the InvalidRequestError a 400 with ``body`` gives; no piece of the key."""
+    harness.server.respond_raw(body, status=400)
+    with pytest.raises(InvalidRequestError) as caught:
+        complete(harness.provider(api_key=ESCAPED_KEY))
+    message = str(caught.value)
+    for piece in ("sk-or", "v1+ab", "cd", "ef=="):
+        assert piece not in message, message
+    assert "**********" in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # PHP and Java encoders escape '/': the echo sits in a field the provider does not read.
+        r'{"errors": [{"reason": "invalid key sk-or\/v1+ab\"cd\\ef=="}]}',
+        # Every character as \u, upper-case hex, in a body cut short (not JSON).
+        r'{"detail": "key \u0073\u006B\u002D\u006F\u0072\u002F\u0076\u0031\u002B\u0061\u0062'
+        r"\u0022\u0063\u0064\u005C\u0065\u0066\u003D\u003D is not valid",
+        # JSON inside the provider's own message: escaped once more after decoding.
+        json.dumps({"error": {"message": json.dumps({"key": ESCAPED_KEY}).replace("/", r"\/")}}),
+    ],
+)
+def test_a_json_escaped_echo_of_the_key_is_redacted(escaping_harness: Harness, body: str) -> None:
+    """A key echoed JSON-escaped (issue 12, item 17), at any nesting, never reaches a message."""
+    _escaped_failure(escaping_harness, body)
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        json.dumps("sk-é😀/x"),  # ensure_ascii: \u00e9 and a surrogate pair
+        r"sk-\u00E9\uD83D\uDE00\/x",  # upper-case hex, an escaped slash
+        json.dumps("sk-é😀/x", ensure_ascii=False),
+        json.dumps(json.dumps("sk-é😀/x")),
+        "sk-%C3%A9%F0%9F%98%80%2Fx",  # percent-encoded in a quoted URL
+    ],
+)
+def test_every_escaped_form_of_a_unicode_key_is_redacted(echo: str) -> None:
+    """JSON escapes (either hex case, surrogate pairs, nested) and URL encoding are redacted."""
+    endpoint = Endpoint("fake", "http://fake", "ORGA_API_KEY", SecretStr("sk-é😀/x"))
+    redacted = endpoint.redact(f"bad key {echo}!")
+    assert "é" not in redacted
+    assert "00e9" not in redacted.lower()
+    assert "C3" not in redacted
+    assert "**********" in redacted
+
+
+@pytest.mark.timeout(10)
+def test_redaction_is_linear_on_a_hostile_body() -> None:
+    """A body of 200 000 backslashes and near-misses is redacted at once (RE2, no backtracking)."""
+    endpoint = Endpoint("fake", "http://fake", "ORGA_API_KEY", SecretStr(ESCAPED_KEY))
+    body = "\\" * 200_000 + r"sk-or\/v1+ab" * 20_000
+    started = time.monotonic()
+    assert endpoint.redact(body) == body
+    assert time.monotonic() - started < 2
 
 
 def test_a_404_names_the_model_and_base_url(harness: Harness) -> None:

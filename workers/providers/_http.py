@@ -20,7 +20,10 @@ connection failure    retried like a 5xx, then ``ProviderError``
 ====================  ==========================================================
 
 The API key never reaches a message: it lives in a ``SecretStr``, the request headers are never
-quoted, and any echo of the key in a provider's error body is replaced by ``**********``.
+quoted, and any echo of the key in a provider's error body is replaced by ``**********``: as
+written, and as JSON may escape it at any depth of nesting (``\\/``, ``\\"``, ``\\\\``,
+``\\u00e9`` in either case of hex, surrogate pairs, JSON inside a JSON string) or as a URL
+percent-encodes it. The pattern of those echoes is matched by RE2, in time linear in the body.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import asyncio
 import functools
 import logging
 import random
+import re
 import reprlib
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -39,6 +43,8 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from shared.errors import ConfigError
+from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.providers.base import (
     ContextOverflowError,
     InferenceError,
@@ -96,9 +102,57 @@ class Endpoint:
         return f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
 
     def redact(self, text: str) -> str:
-        """``text`` with every occurrence of the API key replaced."""
+        """``text`` with every occurrence of the API key, plain or escaped, replaced."""
         secret = self.api_key.get_secret_value() if self.api_key is not None else ""
-        return text.replace(secret, _REDACTED) if secret else text
+        if not secret:
+            return text
+        text = text.replace(secret, _REDACTED)
+        echoes = _echoes_of(secret)
+        return echoes.sub(_REDACTED, text) if echoes is not None else text
+
+
+_JSON_SHORT_ESCAPES = {'"': '"', "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+_URL_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_ESCAPE = r"\\+"  # one backslash per level of JSON nesting: \u00e9, \\\u00e9, ...
+"""RE2 text of the backslashes that introduce a JSON escape, at any depth of nesting."""
+
+
+@functools.lru_cache(maxsize=8)
+def _echoes_of(secret: str) -> UserPattern | None:
+    """An RE2 pattern of the key as an error body may echo it (escaped), or None.
+
+    None when RE2 refuses the pattern (a very long key): plain echoes are still redacted. The
+    refusal is dropped unread, since its message would quote the key.
+    """
+    pattern = "".join(_char_forms(char) for char in secret)
+    try:
+        return compile_user_pattern(pattern, where="api key", max_chars=len(pattern))
+    except ConfigError:
+        return None
+
+
+def _char_forms(char: str) -> str:
+    """RE2 alternatives for one character of the key: as is, JSON-escaped or percent-encoded."""
+    literal = _ESCAPE if char == "\\" else re.escape(char)  # a backslash doubles per level
+    utf16 = char.encode("utf-16-be", "surrogatepass")
+    units = [utf16[i : i + 2].hex() for i in range(0, len(utf16), 2)]  # two for a surrogate pair
+    forms = [literal, "".join(f"{_ESCAPE}u{_any_case(unit)}" for unit in units)]
+    if char in _JSON_SHORT_ESCAPES:
+        forms.append(_ESCAPE + re.escape(_JSON_SHORT_ESCAPES[char]))
+    if char not in _URL_UNRESERVED:
+        forms.append("".join(f"%{_any_case(f'{byte:02x}')}" for byte in _utf8(char)))
+    return "(?:" + "|".join(forms) + ")"
+
+
+def _utf8(char: str) -> bytes:
+    """The UTF-8 bytes of ``char``; a lone surrogate (a key read from a non-UTF-8 environment)
+    is kept, and the pattern holding it is then refused, leaving the plain redaction."""
+    return char.encode("utf-8", "surrogatepass")
+
+
+def _any_case(hex_digits: str) -> str:
+    """RE2 text matching ``hex_digits`` in upper or lower case."""
+    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in hex_digits)
 
 
 @dataclass(frozen=True, slots=True)
