@@ -256,6 +256,34 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     assert "loop_failed" not in coordinator.log.read_text(errors="replace"), coordinator.tail()
 
 
+def _with_pattern(task: dict[str, Any], pattern: str) -> dict[str, Any]:
+    return {**task, "pre_hydration": {"custom_patterns": [{"ref_type": "x", "pattern": pattern}]}}
+
+
+def test_task_patterns_can_neither_freeze_nor_wedge_the_coordinator(cluster: Cluster) -> None:
+    """Issue 12, items 1 and 2 as submitted: ``(a+)+$`` against its goal runs and completes,
+    ``(unclosed`` and a backreference in a deny pattern are on orga:rejected naming the
+    pattern, and a valid task submitted after them completes."""
+    client = cluster.client()
+    redos = client.submit(
+        _with_pattern({**_say("x"), "goal": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!"}, "(a+)+$"),
+        task_id="redos-1",
+    )
+    unclosed = client.submit(_with_pattern(_say("x"), "(unclosed"))
+    backreference = client.submit({**_say("x"), "policy": {"deny_patterns": [r"(rm) \1"]}})
+    valid = client.submit(_say("still served"))
+
+    assert client.wait(valid, timeout_s=60)["output"] == "still served", cluster.logs()
+    assert client.wait(redos, timeout_s=60)["status"] == "completed", cluster.logs()
+    wait_until(lambda: client.rejection(backreference) is not None, 30, "the rejections")
+    reason = client.rejection(unclosed) or ""
+    assert "pre_hydration.custom_patterns" in reason, reason
+    assert "the pattern '(unclosed' cannot be used: it is not valid RE2 syntax" in reason, reason
+    reason = client.rejection(backreference) or ""
+    assert "policy.deny_patterns" in reason, reason
+    assert "it has a backreference" in reason, reason
+
+
 def _awaits_tools(client: Any, task_id: str) -> bool:
     try:
         awaiting = client.record(task_id).awaiting
