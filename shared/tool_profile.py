@@ -39,7 +39,11 @@ def _compiled(pattern: str) -> UserPattern:
 
 
 def glob_matches(pattern: str, name: str) -> bool:
-    """True when the whole ``name`` matches ``pattern`` (case-sensitive, newline not matched)."""
+    """True when the whole ``name`` matches ``pattern`` (case-sensitive, newline not matched).
+
+    Raises ConfigError for a glob RE2 cannot take: one of thousands of characters, or holding a
+    lone surrogate (neither passes a ``ToolProfile``'s validation).
+    """
     return _compiled(pattern).search(name) is not None
 
 

@@ -85,3 +85,8 @@ def test_refusals_are_not_logged(capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError):
         compile_user_pattern("(unclosed")
     assert capfd.readouterr().err == ""
+
+
+def test_sub_replaces_every_match_as_is() -> None:
+    """``sub`` replaces each match with the replacement text, backslashes and all."""
+    assert compile_user_pattern(r"k\d").sub(r"\1*", "k1 and k2, not k") == r"\1* and \1*, not k"
