@@ -82,6 +82,13 @@ class OrgaSettings(BaseSettings):
         ge=1,
         description="Connections one worker process keeps to each model endpoint",
     )
+    http_connections_per_pool: int = Field(
+        default=20,
+        ge=1,
+        description="Connections per pool: an endpoint's connections are split into pools of "
+        "this size, each request going to the least busy one (a large pool costs CPU per "
+        "request to pick a connection)",
+    )
     metrics_port: int | None = Field(default=None, description="Prometheus endpoint port")
     metrics_host: str = Field(
         default="127.0.0.1",

@@ -46,6 +46,7 @@ from workers.circuit_breaker import CircuitBreakerRegistry, RedisBreakerStore
 from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
+from workers.http_pool import pooled_client
 from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
@@ -146,9 +147,8 @@ class ProcessServices:
         key = (kind, base_url.rstrip("/"))
         client = self._http.get(key)
         if client is None:
-            limit = self.settings.http_max_connections
-            client = self._http[key] = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+            client = self._http[key] = pooled_client(
+                self.settings.http_max_connections, self.settings.http_connections_per_pool
             )
         return client
 
