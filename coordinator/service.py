@@ -362,6 +362,7 @@ class Coordinator:
             queue=queue,
             queue_depth=self._queues.depth(queue),
             drain_per_s=self._queues.drain_per_s(queue),
+            observations_backlog=self._queues.observations_backlog,
         )
 
     async def _hold(self, task_id: str) -> bool:
