@@ -290,15 +290,30 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """One task's status, or the most recent tasks."""
+    timeout_s = _settings().heartbeat_timeout_s
     with _errors():
-        data = _read(lambda client: client.status(task_id) if task_id else client.list_tasks())
+        if task_id:
+            data = _read(lambda client: client.status(task_id))
+        else:
+            data, load = _read(lambda client: (client.list_tasks(), client.load(timeout_s)))
     if as_json or task_id:
         out.print_json(json.dumps(data))
         return
-    table = Table("task", "status")
+    table = Table("task", "status", "waits on")
     for row in data:
-        table.add_row(Text(row["task_id"]), Text(row["status"] or "?"))
+        table.add_row(Text(row["task_id"]), Text(row["status"] or "?"), Text(_waits_on(row)))
     out.print(table)
+    queued = ", ".join(f"{queue} {n}" for queue, n in load["queued"].items())
+    _say(f"queued: {queued}; running: {load['running']}")
+
+
+def _waits_on(row: dict[str, Any]) -> str:
+    """``reason: 1 running`` for a task waiting on a model call (``act``: its tool calls)."""
+    dispatch = row.get("dispatch")
+    if not dispatch:
+        return ""
+    parts = [f"{dispatch[k]} {k}" for k in ("queued", "running", "answered") if dispatch[k]]
+    return f"{dispatch['kind']}: {', '.join(parts) or 'nothing yet'}"
 
 
 def _read(body: Callable[[OrgaClient], Any]) -> Any:

@@ -220,23 +220,16 @@ class TaskMachine:
 
     def liveness_ids(self) -> list[str]:
         """The ``orga:heartbeats`` members of the dispatch the task waits on (none: it waits
-        on nothing): the reasoning's, or each dispatched call's still unanswered."""
+        on nothing)."""
         awaiting = self.record.awaiting
         if awaiting is None or self.record.terminal:
             return []
-        if awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN):
-            return [awaiting.fence.liveness_id()]
-        return [
-            awaiting.fence.for_call(c).liveness_id()
-            for c in awaiting.dispatched
-            if c not in awaiting.results
-        ]
+        return awaiting.liveness_ids()
 
     def awaited_queue(self) -> str:
         """The Celery queue of the dispatch the task waits on."""
         awaiting = self.record.awaiting
-        reasoning = awaiting is not None and awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN)
-        return keys.reasoning_queue if reasoning else keys.tools_queue
+        return awaiting.queue if awaiting is not None else keys.tools_queue
 
     def on_tick(self, liveness: Liveness | None = None) -> Effects:
         """Deadlines: look at a late dispatch (re-sent only when ``liveness`` says it is lost;
