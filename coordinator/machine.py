@@ -156,6 +156,16 @@ class TaskMachine:
             self._dispatch_plan()
         return self._done()
 
+    def on_answer(
+        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+    ) -> Effects:
+        """Any answer of a worker, routed by its kind."""
+        if isinstance(message, ReasonedMessage):
+            return self.on_reasoned(message)
+        if isinstance(message, ToolObservedMessage):
+            return self.on_tool_observed(message)
+        return self.on_worker_failed(message)
+
     def on_reasoned(self, message: ReasonedMessage) -> Effects:
         """A reasoning worker answered."""
         awaiting = self.record.awaiting

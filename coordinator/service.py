@@ -44,9 +44,6 @@ from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
 from shared.errors import WireFormatError
 from shared.protocol import (
-    ReasonedMessage,
-    ToolObservedMessage,
-    WorkerFailedMessage,
     decode_entry,
 )
 from shared.task_spec import TaskSpecError, parse_task_text
@@ -235,7 +232,7 @@ class Coordinator:
             await self._poison(keys.observations_stream, entry_id, fields, str(exc))
             return
         task_id = message.fence.task_id
-        applied = await self._apply(task_id, lambda m: _route(m, message), ack=ack)
+        applied = await self._apply(task_id, lambda m: m.on_answer(message), ack=ack)
         if not applied:
             await self.redis.xack(keys.observations_stream, keys.coordinator_group, entry_id)
 
@@ -473,16 +470,6 @@ def _decision(value: str) -> ReviewDecision:
 
 def _start(machine: TaskMachine) -> Effects:
     return machine.start()
-
-
-def _route(
-    machine: TaskMachine, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
-) -> Effects:
-    if isinstance(message, ReasonedMessage):
-        return machine.on_reasoned(message)
-    if isinstance(message, ToolObservedMessage):
-        return machine.on_tool_observed(message)
-    return machine.on_worker_failed(message)
 
 
 def _text(value: Any) -> str:

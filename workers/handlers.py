@@ -1,8 +1,10 @@
 """What a worker does with one dispatch, as plain async functions (no Celery here).
 
-``run_reasoning`` runs the Reason and Gate phases of one iteration with the same phase classes as
-the in-process runner; ``run_tool_call`` runs one tool call through the same executor. The
-Celery tasks in :mod:`workers.tasks` only decode the payload, call these, and publish the result.
+``run_reasoning`` runs the Reason and Gate phases of one iteration; ``run_tool_call`` runs one
+tool call through the executor; :func:`run_dispatch` runs either and says what to send on: the
+observations for the coordinator and the tool calls a reasoning chains. Both drivers of the
+loop use :func:`run_dispatch`: the Celery tasks in :mod:`workers.tasks` (which only decode the
+payload, heartbeat and publish) and the in-process driver (:mod:`coordinator.inprocess`).
 """
 
 from __future__ import annotations
@@ -14,15 +16,24 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import Conversation
+from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
-from shared.protocol import ReasonedMessage, ReasonRequest, ToolObservedMessage, ToolRequest
+from shared.protocol import (
+    Fence,
+    ReasonedMessage,
+    ReasonRequest,
+    ToolObservedMessage,
+    ToolRequest,
+    WorkerFailedMessage,
+)
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.phases import LoopTermination, Reasoning
@@ -31,11 +42,15 @@ from workers.tools.base import ToolContext
 
 __all__ = [
     "AlreadyFitted",
+    "Answer",
+    "DispatchOutcome",
     "WorkerServices",
+    "live_fences",
     "onward",
     "prepare_tools",
     "prepare_workspace",
     "resolution_arguments",
+    "run_dispatch",
     "run_reasoning",
     "run_tool_call",
     "run_tool_calls",
@@ -208,6 +223,54 @@ def onward(
     if len(requests) == 1 and len(message.approved_calls) == 1:
         return None, [requests[0].model_copy(update={"completes": message})]
     return message, requests
+
+
+Answer = ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+"""What a dispatch answers the coordinator with."""
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchOutcome:
+    """What one dispatch sends on, together: observations for the coordinator, and the tool
+    calls a reasoning chains straight to the tool workers; ``failure`` when it failed."""
+
+    answers: list[Answer]
+    chained: list[ToolRequest] = field(default_factory=list)
+    failure: WorkerFailedMessage | None = None
+
+
+def live_fences(request: ReasonRequest | ToolRequest) -> list[Fence]:
+    """The dispatches this request runs for: its own, and the reasoning a lone chained call
+    answers for (``completes``)."""
+    completes = request.completes if isinstance(request, ToolRequest) else None
+    return [request.fence] if completes is None else [request.fence, completes.fence]
+
+
+async def run_dispatch(
+    request: ReasonRequest | ToolRequest,
+    services: WorkerServices,
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> DispatchOutcome:
+    """Run one dispatch. An exception (but those in ``passthrough``, which the caller retries
+    itself) becomes a ``worker_failed`` answer for the dispatch it answers for: retryable
+    unless it is a configuration error."""
+    try:
+        if isinstance(request, ReasonRequest):
+            message = await run_reasoning(request, services)
+            observation, chained = onward(request, message)
+            return DispatchOutcome([observation] if observation else [], chained)
+        observed = await run_tool_calls(request, services)
+        answers: list[Answer] = [*observed] if isinstance(observed, list) else [observed]
+        return DispatchOutcome(answers)
+    except passthrough:
+        raise
+    except Exception as exc:
+        failure = WorkerFailedMessage(
+            fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            retryable=not isinstance(exc, ConfigError),
+        )
+        return DispatchOutcome([failure], failure=failure)
 
 
 def _loop_state(request: ReasonRequest) -> LoopState:

@@ -42,7 +42,11 @@ from shared.protocol import (
 )
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
-from workers.circuit_breaker import CircuitBreakerRegistry, RedisBreakerStore
+from workers.circuit_breaker import (
+    CircuitBreakerRegistry,
+    InMemoryBreakerStore,
+    RedisBreakerStore,
+)
 from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
@@ -53,11 +57,11 @@ from workers.providers.factory import build_provider
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
-from workers.result_cache import RedisResultCache
+from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext
 from workers.tools.registry import ToolRegistry, default_registry
 
-__all__ = ["LEDGERS_KEPT", "ProcessServices", "RedisDeadLetterSink"]
+__all__ = ["LEDGERS_KEPT", "ProcessServices", "RedisDeadLetterSink", "WorkerCore", "local_core"]
 
 LEDGERS_KEPT = 1024
 SCRIPTS_KEPT = 64
@@ -82,64 +86,35 @@ class RedisDeadLetterSink:
         )
 
 
-class ProcessServices:
-    """Implements :class:`workers.handlers.WorkerServices` for a worker process."""
+class WorkerCore:
+    """Implements :class:`workers.handlers.WorkerServices`: models, tools, gates, the executor.
+
+    No Redis and no thread of its own: :class:`ProcessServices` adds those for a worker
+    process, and the in-process driver (:mod:`coordinator.inprocess`) uses a core with
+    in-memory breakers, cache and knowledge (:func:`local_core`).
+    """
 
     def __init__(
         self,
         settings: OrgaSettings,
         provider_settings: ProviderSettings,
-        redis_url: str,
-        registry: ToolRegistry | None = None,
+        executor: ToolExecutor,
+        registry: ToolRegistry,
     ) -> None:
         self.settings = settings
         self.provider_settings = provider_settings
-        self.loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(
-            target=self.loop.run_forever, name="orga-loop", daemon=True
-        )
-        self._loop_thread.start()
-        self.redis: Redis = Redis.from_url(
-            redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
-        )
-        self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
+        self.registry = registry
+        self.executor = executor
         self._http: dict[tuple[str, str], httpx.AsyncClient] = {}
-        self.registry = registry if registry is not None else default_registry()
-        self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
         self._scripts: dict[bytes, Script] = {}
-        tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
-        # A success that changes nothing but the breaker's counters goes out with the
-        # observation (publish), not in a round trip of its own.
-        self.breaker_store = RedisBreakerStore(self.redis, defer_clean_successes=True)
-        self.executor = ToolExecutor(
-            tools,
-            CircuitBreakerRegistry(self.breaker_store),
-            cache=RedisResultCache(self.redis),
-            dead_letter=RedisDeadLetterSink(self.redis),
-        )
 
-    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        """Run a coroutine on this process's loop and wait for it (from any thread but the
-        loop's own)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def close(self) -> None:
-        """Close the HTTP clients, the heartbeats, the Redis client, then the loop."""
-        if self.loop.is_closed():
-            return
-        self.run(self._aclose())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._loop_thread.join(timeout=10)
-        self.loop.close()
-
-    async def _aclose(self) -> None:
-        await self.liveness.close()
+    async def aclose(self) -> None:
+        """Close the HTTP clients."""
         for client in self._http.values():
             await client.aclose()
         self._http.clear()
-        await self.redis.aclose()
 
     def http_client(self, kind: str, base_url: str) -> httpx.AsyncClient:
         """The process's pooled client for one provider and base URL (built on first use, on
@@ -296,6 +271,60 @@ class ProcessServices:
             gate = self._gates[key] = build_gate(policy)
         return gate
 
+
+class ProcessServices(WorkerCore):
+    """A worker process's services: a :class:`WorkerCore` on Redis-backed breakers, cache and
+    knowledge, with the process's event loop thread, heartbeats and publishing."""
+
+    def __init__(
+        self,
+        settings: OrgaSettings,
+        provider_settings: ProviderSettings,
+        redis_url: str,
+        registry: ToolRegistry | None = None,
+    ) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self.loop.run_forever, name="orga-loop", daemon=True
+        )
+        self._loop_thread.start()
+        self.redis: Redis = Redis.from_url(
+            redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
+        )
+        self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
+        registry = registry if registry is not None else default_registry()
+        self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
+        tools: dict[str, Tool] = {t.definition.name: t for t in registry}
+        # A success that changes nothing but the breaker's counters goes out with the
+        # observation (publish), not in a round trip of its own.
+        self.breaker_store = RedisBreakerStore(self.redis, defer_clean_successes=True)
+        executor = ToolExecutor(
+            tools,
+            CircuitBreakerRegistry(self.breaker_store),
+            cache=RedisResultCache(self.redis),
+            dead_letter=RedisDeadLetterSink(self.redis),
+        )
+        super().__init__(settings, provider_settings, executor, registry)
+
+    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine on this process's loop and wait for it (from any thread but the
+        loop's own)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        """Close the HTTP clients, the heartbeats, the Redis client, then the loop."""
+        if self.loop.is_closed():
+            return
+        self.run(self._aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=10)
+        self.loop.close()
+
+    async def _aclose(self) -> None:
+        await self.liveness.close()
+        await self.aclose()
+        await self.redis.aclose()
+
     # -- publishing -----------------------------------------------------------------------
 
     async def publish(
@@ -337,3 +366,20 @@ class ProcessServices:
             maxlen=100_000,
             approximate=True,
         )
+
+
+def local_core(
+    settings: OrgaSettings | None = None,
+    provider_settings: ProviderSettings | None = None,
+    registry: ToolRegistry | None = None,
+) -> WorkerCore:
+    """A :class:`WorkerCore` for one process: in-memory breakers and result cache."""
+    registry = registry if registry is not None else default_registry()
+    executor = ToolExecutor(
+        {t.definition.name: t for t in registry},
+        CircuitBreakerRegistry(InMemoryBreakerStore()),
+        cache=InMemoryResultCache(),
+    )
+    return WorkerCore(
+        settings or OrgaSettings(), provider_settings or ProviderSettings(), executor, registry
+    )
