@@ -536,6 +536,7 @@ class TaskMachine:
         awaiting.results = {
             k: v for k, v in asked.results.items() if k.removeprefix(_ESCALATION_KEY) in known
         }
+        awaiting.tool_ms = asked.tool_ms
         if awaiting.missing_calls():
             self._dispatch_more(awaiting)
         else:
@@ -664,6 +665,8 @@ class TaskMachine:
         assert awaiting is not None
         for event in message.recovery_events:
             self._journal(event.model_copy(update={"iteration": self.record.iteration}))
+        # The calls of an iteration run concurrently: the batch took as long as its longest.
+        awaiting.tool_ms = max(awaiting.tool_ms, message.duration_ms)
         if message.escalation_reason is not None:
             awaiting.results[_ESCALATION_KEY + (message.fence.call_id or "")] = Observation(
                 source="recovery", content=message.escalation_reason, is_error=True
@@ -682,7 +685,7 @@ class TaskMachine:
         observations = [awaiting.results[c.call_id] for c in awaiting.calls]
         for observation in observations:
             record.conversation.push(observation.as_tool_message())
-        duration = timedelta(seconds=max(self.now - (awaiting.deadline - self._deadline_s()), 0))
+        duration = timedelta(milliseconds=awaiting.tool_ms)
         count = len(observations)
         self._journal(
             ToolsDispatched(iteration=record.iteration, tool_count=count, duration=duration)
@@ -780,8 +783,10 @@ class TaskMachine:
         results = {
             call_id: ResolutionResult(call_id=call_id, content=o.content, is_error=o.is_error)
             for call_id, o in observations.items()
+            if o.metadata.get("timed_out") != "true"
         }
-        hydrated = engine.assemble(references, results)
+        timed_out = [k for k, o in observations.items() if o.metadata.get("timed_out") == "true"]
+        hydrated = engine.assemble(references, results, timed_out)
         text = engine.format_context(hydrated)
         if text:
             self.record.conversation.push(ConversationMessage.system(text))

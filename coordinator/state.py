@@ -95,6 +95,8 @@ class Awaiting(BaseModel):
     purpose: str = "act"
     results: dict[str, Observation] = Field(default_factory=dict)
     terminal_output: str | None = None
+    tool_ms: float = 0.0
+    """How long the longest of the calls observed so far ran on its worker."""
     chained: bool = False
     """A reasoning dispatch whose worker sends the approved calls on itself; their results
     may arrive first and wait in ``results``."""

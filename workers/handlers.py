@@ -17,11 +17,13 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import Conversation
+from shared.durations import format_duration
 from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
@@ -304,7 +306,11 @@ async def run_tool_calls(
     request: ToolRequest, services: WorkerServices
 ) -> list[ToolObservedMessage] | ReasonedMessage:
     """The request's call and the ``also`` calls, concurrently, one observation each; or, for
-    a call that ``completes`` a reasoning, that reasoning with the call's outcome in ``acted``."""
+    a call that ``completes`` a reasoning, that reasoning with the call's outcome in ``acted``.
+
+    Pre-hydration resolutions share the task's ``pre_hydration.timeout``: the ones still
+    running then are cancelled and answered as timed out (``timed_out`` in the metadata), the
+    ones done are kept."""
     if request.completes is not None:
         observed = await run_tool_call(request, services)
         return request.completes.model_copy(update={"acted": [observed], "chained": []})
@@ -315,7 +321,34 @@ async def run_tool_calls(
         )
         for call in calls
     ]
-    return list(await asyncio.gather(*(run_tool_call(r, services) for r in single)))
+    settings = request.config.pre_hydration
+    if request.purpose != "prehydrate" or settings is None:
+        return list(await asyncio.gather(*(run_tool_call(r, services) for r in single)))
+    return await _within(settings.timeout.total_seconds(), single, services)
+
+
+async def _within(
+    timeout_s: float, requests: Sequence[ToolRequest], services: WorkerServices
+) -> list[ToolObservedMessage]:
+    """Run ``requests`` concurrently for at most ``timeout_s``; late ones time out."""
+    tasks = [asyncio.create_task(run_tool_call(r, services)) for r in requests]
+    _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    text = f"Resolution timed out after {format_duration(timedelta(seconds=timeout_s))}"
+    return [
+        task.result()
+        if task not in pending
+        else ToolObservedMessage(
+            fence=request.fence,
+            observation=Observation.tool_error(request.action.name, text)
+            .with_call_id(request.action.call_id)
+            .with_metadata(timed_out="true"),
+            duration_ms=timeout_s * 1000,
+        )
+        for task, request in zip(tasks, requests, strict=True)
+    ]
 
 
 async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolObservedMessage:
@@ -328,13 +361,14 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         action = request.action.model_copy(update={"arguments": json.dumps(arguments)})
         request = request.model_copy(update={"action": action})
     if request.gated:
-        refusal = await _refusal(request, services)
+        refusal, action = await _gated(request, services)
         if refusal is not None:
             return ToolObservedMessage(
                 fence=request.fence,
                 observation=refusal,
                 duration_ms=(time.monotonic() - started) * 1000,
             )
+        request = request.model_copy(update={"action": action})
     workspace = prepare_workspace(Path(request.workspace), request.workspace_template)
     timeout_s = request.config.tool_timeout.total_seconds()
     if request.purpose == "verify":
@@ -350,16 +384,22 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
 
 
-async def _refusal(request: ToolRequest, services: WorkerServices) -> Observation | None:
+async def _gated(
+    request: ToolRequest, services: WorkerServices
+) -> tuple[Observation | None, ToolCallAction]:
+    """The schema check and the gate for a call no reasoning worker gated: a refusal, or the
+    action to run (the gate's modified one when it modifies)."""
     action = request.action
     failure = validate_tool_arguments(action, services.tool_definitions())
     if failure is not None:
         content = schema_failure_message(failure)
-        return Observation.tool_error(action.name, content).with_call_id(action.call_id)
+        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
     decision = await services.gate(request.policy).evaluate_action(
         action, _gate_context(request, request.fence.iteration)
     )
     if decision.decision == "deny":
         content = denial_message(decision.reason)
-        return Observation.tool_error(action.name, content).with_call_id(action.call_id)
-    return None
+        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
+    if decision.decision == "modify" and isinstance(decision.action, ToolCallAction):
+        return None, decision.action.model_copy(update={"call_id": action.call_id})
+    return None, action
