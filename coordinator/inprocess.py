@@ -186,6 +186,8 @@ class _Run:
                 await writer.append(entry)
 
     def _start(self, request: ReasonRequest | ToolRequest) -> None:
+        # Through JSON, as on the wire: the worker's copy shares nothing with the record.
+        request = type(request).model_validate_json(request.model_dump_json())
         running = asyncio.get_running_loop().create_task(self._dispatch(request))
         self.in_flight.add(running)
         running.add_done_callback(self.in_flight.discard)

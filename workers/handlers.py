@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from shared.actions import Observation, ToolCallAction
+from shared.conventions import KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation
 from shared.durations import format_duration
 from shared.errors import ConfigError
@@ -38,9 +40,12 @@ from shared.protocol import (
 )
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
 from workers.phases import LoopTermination, Reasoning
 from workers.providers.base import InferenceProvider
 from workers.tools.base import ToolContext
+
+log = logging.getLogger("orga.worker.handlers")
 
 __all__ = [
     "AlreadyFitted",
@@ -100,12 +105,23 @@ class WorkerServices(Protocol):
         """The gate a policy spec describes (built once per spec)."""
         ...
 
+    def knowledge(self) -> KnowledgeStore:
+        """The agents' knowledge store (the one ``recall_knowledge`` searches)."""
+        ...
+
+    async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
+        """Add a task's seeded knowledge to the agent's store (once per process and seed)."""
+        ...
+
 
 def prepare_tools(
     definitions: Sequence[ToolDefinition], config: LoopConfig, allowed: Sequence[str] | None
 ) -> LoopConfig:
-    """Tool definitions for the model: the allow-list, then the task's tool profile."""
+    """Tool definitions for the model: the knowledge tools only in tasks with a knowledge
+    block, then the allow-list, then the task's tool profile."""
     tools = list(config.tool_definitions) or list(definitions)
+    if config.knowledge is None:
+        tools = [t for t in tools if not is_knowledge_tool(t.name)]
     if allowed is not None:
         tools = [t for t in tools if t.name in set(allowed)]
     if config.tool_profile is not None:
@@ -174,6 +190,9 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     """Reason and Gate for one iteration (and Act when ``act_inline``)."""
     started = time.monotonic()
     state = _loop_state(request)
+    knowledge = request.config.knowledge
+    if knowledge is not None and request.purpose == "act":
+        await _inject_knowledge(request, services, state.conversation, knowledge)
     known = len(state.conversation)
     try:
         checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
@@ -196,6 +215,8 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         acted = await services.execute_batch(request, approved, _tool_context(request, services))
     elif request.chain_tools and approved and dispatching.terminal_output is None:
         chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
+    if knowledge is not None and dispatching.terminal_output is not None:
+        await _persist_learnings(request, services, state.conversation, knowledge)
     return ReasonedMessage(
         fence=request.fence,
         new_messages=state.conversation.messages[known:],
@@ -208,6 +229,39 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         chained=chained,
         duration_ms=(time.monotonic() - started) * 1000,
     )
+
+
+async def _inject_knowledge(
+    request: ReasonRequest,
+    services: WorkerServices,
+    conversation: Conversation,
+    spec: KnowledgeSpec,
+) -> None:
+    """Seed the agent's store, then put what it knows of the newest messages in the
+    ``[KNOWLEDGE_CONTEXT]`` message of this request (searched again every iteration, never
+    stored in the task's conversation). A failing store never stops the loop."""
+    try:
+        await services.seed_knowledge(request.agent_id, spec)
+        bridge = KnowledgeBridge(services.knowledge(), bridge_config(spec))
+        await bridge.inject_context(request.agent_id, conversation)
+    except Exception as exc:
+        log.warning("knowledge.inject_failed", extra={"task_id": request.fence.task_id,
+                                                      "error": str(exc)[:300]})  # fmt: skip
+
+
+async def _persist_learnings(
+    request: ReasonRequest,
+    services: WorkerServices,
+    conversation: Conversation,
+    spec: KnowledgeSpec,
+) -> None:
+    """A final answer: store a summary of the assistant's answers (``auto_persist``)."""
+    try:
+        bridge = KnowledgeBridge(services.knowledge(), bridge_config(spec))
+        await bridge.persist_learnings(request.agent_id, conversation)
+    except Exception as exc:
+        log.warning("knowledge.persist_failed", extra={"task_id": request.fence.task_id,
+                                                       "error": str(exc)[:300]})  # fmt: skip
 
 
 def onward(

@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.actions import ToolCallAction
 from shared.celery_wire import tool_message
+from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
 from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
@@ -51,6 +52,7 @@ from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
 from workers.http_pool import pooled_client
+from workers.knowledge import RedisKnowledgeStore, knowledge_tools
 from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
@@ -61,7 +63,14 @@ from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext
 from workers.tools.registry import ToolRegistry, default_registry
 
-__all__ = ["LEDGERS_KEPT", "ProcessServices", "RedisDeadLetterSink", "WorkerCore", "local_core"]
+__all__ = [
+    "LEDGERS_KEPT",
+    "ProcessServices",
+    "RedisDeadLetterSink",
+    "WorkerCore",
+    "local_core",
+    "with_knowledge",
+]
 
 LEDGERS_KEPT = 1024
 SCRIPTS_KEPT = 64
@@ -100,11 +109,14 @@ class WorkerCore:
         provider_settings: ProviderSettings,
         executor: ToolExecutor,
         registry: ToolRegistry,
+        knowledge: KnowledgeStore,
     ) -> None:
         self.settings = settings
         self.provider_settings = provider_settings
         self.registry = registry
         self.executor = executor
+        self._knowledge = knowledge
+        self._seeded: dict[tuple[str, bytes], None] = {}
         self._http: dict[tuple[str, str], httpx.AsyncClient] = {}
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
@@ -263,6 +275,26 @@ class WorkerCore:
         """Whether web_fetch may reach loopback and private addresses."""
         return self.settings.allow_private_network
 
+    def knowledge(self) -> KnowledgeStore:
+        """The agents' knowledge store."""
+        return self._knowledge
+
+    async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
+        """Add a task's seeded items to the agent's store, once per process and seed (the
+        items' ids come from their content, so another process seeding again changes
+        nothing)."""
+        items = spec.seed_items()
+        digest = hashlib.blake2b(
+            "\0".join(i.item_id or "" for i in items).encode(), digest_size=16
+        ).digest()
+        if not items or (agent_id, digest) in self._seeded:
+            return
+        for item in items:
+            await self._knowledge.add_knowledge(agent_id, item)
+        self._seeded[(agent_id, digest)] = None
+        while len(self._seeded) > SCRIPTS_KEPT:
+            self._seeded.pop(next(iter(self._seeded)))
+
     def gate(self, policy: PolicySpec) -> ReasoningPolicyGate:
         """The gate of a policy spec, built once per distinct spec in this process."""
         key = policy.model_dump_json()
@@ -292,7 +324,8 @@ class ProcessServices(WorkerCore):
             redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
         )
         self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
-        registry = registry if registry is not None else default_registry()
+        knowledge = RedisKnowledgeStore(self.redis)
+        registry = with_knowledge(registry or default_registry(), knowledge)
         self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         tools: dict[str, Tool] = {t.definition.name: t for t in registry}
         # A success that changes nothing but the breaker's counters goes out with the
@@ -304,7 +337,7 @@ class ProcessServices(WorkerCore):
             cache=RedisResultCache(self.redis),
             dead_letter=RedisDeadLetterSink(self.redis),
         )
-        super().__init__(settings, provider_settings, executor, registry)
+        super().__init__(settings, provider_settings, executor, registry, knowledge)
 
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on this process's loop and wait for it (from any thread but the
@@ -372,14 +405,30 @@ def local_core(
     settings: OrgaSettings | None = None,
     provider_settings: ProviderSettings | None = None,
     registry: ToolRegistry | None = None,
+    knowledge: KnowledgeStore | None = None,
 ) -> WorkerCore:
-    """A :class:`WorkerCore` for one process: in-memory breakers and result cache."""
-    registry = registry if registry is not None else default_registry()
+    """A :class:`WorkerCore` for one process: in-memory breakers, result cache and (unless
+    given) knowledge store."""
+    store = knowledge if knowledge is not None else InMemoryKnowledgeStore()
+    registry = with_knowledge(registry or default_registry(), store)
     executor = ToolExecutor(
         {t.definition.name: t for t in registry},
         CircuitBreakerRegistry(InMemoryBreakerStore()),
         cache=InMemoryResultCache(),
     )
     return WorkerCore(
-        settings or OrgaSettings(), provider_settings or ProviderSettings(), executor, registry
+        settings or OrgaSettings(),
+        provider_settings or ProviderSettings(),
+        executor,
+        registry,
+        store,
     )
+
+
+def with_knowledge(registry: ToolRegistry, store: KnowledgeStore) -> ToolRegistry:
+    """``registry`` with ``recall_knowledge`` and ``store_knowledge`` on ``store`` (the model
+    sees them only in tasks with a ``knowledge`` block)."""
+    for tool in knowledge_tools(store):
+        if tool.definition.name not in registry:
+            registry.register(tool)
+    return registry
