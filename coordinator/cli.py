@@ -30,8 +30,9 @@ from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordina
 from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from shared.errors import OrgaError
-from shared.settings import OrgaSettings
+from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
+from workers.telemetry import configure_tracing
 from workers.topology import Role, supervise, worker_commands
 
 __all__ = ["app", "main"]
@@ -112,6 +113,9 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     settings = _settings()
     if settings.redis_url:
         return body(OrgaClient(settings.redis_url), False)
+
+    # The coordinator runs in this process: its spans go to stderr, stdout is the result's.
+    configure_tracing(TelemetrySettings(), "orga-coordinator", out=sys.stderr)
 
     async def embedded() -> Any:
         async with EmbeddedRuntime(settings, _home()) as runtime:
@@ -462,6 +466,7 @@ def coordinator() -> None:
     url = _require_url()
     settings = _settings()
     configure_logging(settings.log_level)
+    configure_tracing(TelemetrySettings(), "orga-coordinator")
     port, host = settings.metrics_port, settings.metrics_host
     metrics = serve_metrics(port, url, host=host) if port else None
 

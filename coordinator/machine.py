@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -60,8 +60,9 @@ from shared.protocol import (
 )
 from shared.stagnation import StagnationDetector, StagnationLevel, StagnationVerdict, ToolEvent
 from shared.task_spec import StepSpec
+from shared.tracing import phase_span, task_context, traceparent
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine", "decide"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous software agent working in a sandboxed workspace. Work through the "
@@ -106,6 +107,14 @@ class Effects:
     reviews: list[ReviewItem] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     changed: bool = True
+
+    def traced(self, parent: str | None) -> None:
+        """Every dispatch carries ``parent``, the ``traceparent`` of the span that decided it."""
+        if parent is None:
+            return
+        update = {"trace_parent": parent}
+        self.reason_dispatches = [r.model_copy(update=update) for r in self.reason_dispatches]
+        self.tool_dispatches = [t.model_copy(update=update) for t in self.tool_dispatches]
 
 
 class TaskMachine:
@@ -1016,6 +1025,23 @@ class TaskMachine:
 
 _TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
 _ESCALATION_KEY = "__escalation__:"
+
+
+def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:
+    """Apply one input in the task's trace: an ``orga.decide`` span, and every dispatch it
+    sends carries that span's ``traceparent`` (both drivers apply inputs through this)."""
+    record = machine.record
+    with phase_span(
+        "decide",
+        task_id=record.task_id,
+        step_id=record.step().spec.id if record.steps else None,
+        iteration=record.iteration,
+        agent_id=record.spec.agent_id,
+        parent=task_context(record.task_id),
+    ) as span:
+        effects = step(machine)
+        effects.traced(traceparent(span))
+    return effects
 
 
 def _exit_code(value: str | None) -> int | None:

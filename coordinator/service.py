@@ -36,7 +36,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
-from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.state import ReviewDecision, TaskRecord
@@ -430,7 +430,7 @@ class Coordinator:
                     return False
             machine = TaskMachine(record, time.time(), self.settings.machine)
             try:
-                effects = step(machine)
+                effects = decide(machine, step)
             except Exception:
                 if await self._stale(record, confirmed):
                     continue  # refused on a stale copy: judge again on the stored record

@@ -17,10 +17,13 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
+
+from opentelemetry import trace
 
 from shared.actions import Observation, ToolCallAction
 from shared.conventions import KnowledgeSpec, KnowledgeStore
@@ -38,6 +41,7 @@ from shared.protocol import (
     ToolRequest,
     WorkerFailedMessage,
 )
+from shared.tracing import Phase, context_of, phase_span, traceparent
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
@@ -207,12 +211,15 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             duration_ms=(time.monotonic() - started) * 1000,
         )
     gate = services.gate(request.policy)
-    dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
+    with phase_span("gate", task_id=request.fence.task_id, iteration=state.iteration):
+        dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
     acted = None
     chained: list[str] = []
     if request.act_inline and approved and dispatching.terminal_output is None:
-        acted = await services.execute_batch(request, approved, _tool_context(request, services))
+        with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
+            context = _tool_context(request, services)
+            acted = await services.execute_batch(request, approved, context)
     elif request.chain_tools and approved and dispatching.terminal_output is None:
         chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
     if knowledge is not None and dispatching.terminal_output is not None:
@@ -311,13 +318,16 @@ async def run_dispatch(
     itself) becomes a ``worker_failed`` answer for the dispatch it answers for: retryable
     unless it is a configuration error."""
     try:
-        if isinstance(request, ReasonRequest):
-            message = await run_reasoning(request, services)
-            observation, chained = onward(request, message)
-            return DispatchOutcome([observation] if observation else [], chained)
-        observed = await run_tool_calls(request, services)
-        answers: list[Answer] = [*observed] if isinstance(observed, list) else [observed]
-        return DispatchOutcome(answers)
+        with _span(request) as span:
+            if isinstance(request, ReasonRequest):
+                message = await run_reasoning(request, services)
+                observation, chained = onward(request, message)
+                parent = {"trace_parent": traceparent(span) or request.trace_parent}
+                chained = [c.model_copy(update=parent) for c in chained]
+                return DispatchOutcome([observation] if observation else [], chained)
+            observed = await run_tool_calls(request, services)
+            answers: list[Answer] = [*observed] if isinstance(observed, list) else [observed]
+            return DispatchOutcome(answers)
     except passthrough:
         raise
     except Exception as exc:
@@ -327,6 +337,22 @@ async def run_dispatch(
             retryable=not isinstance(exc, ConfigError),
         )
         return DispatchOutcome([failure], failure=failure)
+
+
+_TOOL_PHASES: dict[str, Phase] = {"act": "act", "prehydrate": "pre_hydrate", "verify": "verify"}
+
+
+def _span(request: ReasonRequest | ToolRequest) -> AbstractContextManager[trace.Span]:
+    """The span of one dispatch, in the task's trace, a child of the span that sent it."""
+    reasoning = isinstance(request, ReasonRequest)
+    return phase_span(
+        "reason" if reasoning else _TOOL_PHASES[request.purpose],
+        task_id=request.fence.task_id,
+        step_id=request.fence.step_id,
+        iteration=request.fence.iteration,
+        agent_id=request.agent_id,
+        parent=context_of(request.trace_parent, request.fence.task_id),
+    )
 
 
 def _loop_state(request: ReasonRequest) -> LoopState:
