@@ -35,6 +35,8 @@ from shared.actions import Observation, ToolCallAction
 from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation, ConversationMessage
 from shared.events import (
+    AttemptFailed,
+    DispatchFailed,
     JournalEntry,
     LoopEvent,
     ObservationsCollected,
@@ -45,6 +47,7 @@ from shared.events import (
     StepLimitReached,
     Terminated,
     ToolsDispatched,
+    VerificationRun,
 )
 from shared.inference import Usage
 from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
@@ -231,7 +234,11 @@ class TaskMachine:
             # Also a chained call's worker failing before its iteration's ``reasoned`` message
             # was applied: that call is then awaited like any other, re-dispatched at its deadline.
             return self._ignored()
-        if message.retryable and awaiting.redeliveries < self.settings.max_redeliveries:
+        retried = message.retryable and awaiting.redeliveries < self.settings.max_redeliveries
+        self._journal(
+            DispatchFailed(fence=message.fence.token(), error=message.error[:2000], retried=retried)
+        )
+        if retried:
             self._redispatch(awaiting)
         else:
             self._dead_letter(awaiting, message.error)
@@ -747,7 +754,17 @@ class TaskMachine:
         observation = awaiting.results[awaiting.calls[0].call_id]
         record.awaiting = None
         exit_code = observation.metadata.get("exit_code")
-        if _exit_code(exit_code) == check.expect_exit_code:
+        passed = _exit_code(exit_code) == check.expect_exit_code
+        self._journal(
+            VerificationRun(
+                step_id=record.step().spec.id,
+                command=check.command,
+                exit_code=_exit_code(exit_code),
+                expected=check.expect_exit_code,
+                passed=passed,
+            )
+        )
+        if passed:
             self._complete_step(awaiting.terminal_output or "", verified=True)
             return
         tail = observation.content[-1500:]
@@ -808,6 +825,9 @@ class TaskMachine:
         step = record.step()
         step.attempts += 1
         record.awaiting = None
+        self._journal(
+            AttemptFailed(step_id=step.spec.id, attempt=step.attempts, error=error[:2000])
+        )
         decision = self.tracker.record_and_check(step.spec.id, error)
         if not decision.stop:
             self._new_attempt(step)
