@@ -22,6 +22,7 @@ import redis
 
 from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
+from shared.conversation import Conversation, ConversationMessage
 from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.task_spec import TaskSpec, load_task_file
@@ -115,7 +116,12 @@ class OrgaClient:
         state = self._hget(keys.task_key(real), "state")
         if state is None:
             self._not_found(task_id)
-        return TaskRecord.model_validate_json(str(state))
+        record = TaskRecord.model_validate_json(str(state))
+        stored = cast("list[str]", self.redis.lrange(keys.conversation_key(real), 0, -1))
+        record.conversation = Conversation(
+            messages=[ConversationMessage.model_validate_json(m) for m in stored]
+        )
+        return record
 
     def status(self, task_id: str) -> dict[str, Any]:
         """Status, current step, iteration, milestones and usage of one task."""

@@ -54,6 +54,7 @@ from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
 from shared.pre_hydration import ExtractedReference, PreHydrationEngine, ResolutionResult
 from shared.progress_tracker import LimitAction, ProgressTracker
 from shared.protocol import (
+    ConversationRef,
     Fence,
     ReasonedMessage,
     ReasonRequest,
@@ -94,6 +95,10 @@ class MachineSettings:
     workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
     recent_messages_in_snapshot: int = 8
     allow_inline_tools: bool = True
+    conversation_by_reference: bool = False
+    """Reasoning requests carry a reference to the stored conversation, not its messages
+    (the coordinator service, whose store keeps it in Redis); False: the messages travel in
+    the request (the in-process driver)."""
     chain_tools: bool = True
     """Let reasoning workers send an iteration's approved calls straight to the tool workers
     (``ReasonRequest.chain_tools``); False: the coordinator dispatches every tool call."""
@@ -110,6 +115,14 @@ class Effects:
     reviews: list[ReviewItem] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     changed: bool = True
+
+    def stamped(self, epoch: int) -> None:
+        """Reasoning requests by reference read the stored conversation of ``epoch``."""
+        self.reason_dispatches = [
+            r.model_copy(update={"conversation_ref": r.conversation_ref.model_copy(
+                update={"epoch": epoch})}) if r.conversation_ref is not None else r
+            for r in self.reason_dispatches
+        ]  # fmt: skip
 
     def traced(self, parent: str | None) -> None:
         """Every dispatch carries ``parent``, the ``traceparent`` of the span that decided it."""
@@ -482,11 +495,13 @@ class TaskMachine:
     ) -> ReasonRequest:
         record = self.record
         act_inline = record.spec.tool_dispatch == "inline" and self.settings.allow_inline_tools
+        by_reference = self.settings.conversation_by_reference and purpose != "plan"
         return ReasonRequest(
             fence=fence,
             purpose="plan" if purpose == "plan" else "act",
             agent_id=record.spec.agent_id,
-            conversation=conversation,
+            conversation=Conversation() if by_reference else conversation,
+            conversation_ref=ConversationRef(length=len(conversation)) if by_reference else None,
             config=self._attempt_config(),
             provider=record.spec.provider,
             policy=record.spec.policy,

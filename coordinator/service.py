@@ -28,7 +28,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -83,6 +83,9 @@ class Coordinator:
     metrics: CoordinatorMetrics | None = None
 
     def __post_init__(self) -> None:
+        # This store keeps each conversation in Redis: reasoning requests carry a reference.
+        machine = replace(self.settings.machine, conversation_by_reference=True)
+        self.settings = replace(self.settings, machine=machine)
         self.store = TaskStore(
             self.redis,
             journal_maxlen=self.settings.journal_maxlen,
@@ -233,8 +236,11 @@ class Coordinator:
             return
         task_id = message.fence.task_id
         applied = await self._apply(task_id, lambda m: m.on_answer(message), ack=ack)
-        if not applied:
-            await self.redis.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+        if not applied:  # a stale or duplicate answer: nothing keeps it
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+            pipe.xdel(keys.observations_stream, entry_id)
+            await pipe.execute()
 
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
@@ -441,9 +447,13 @@ class Coordinator:
                 if self.metrics is not None:
                     self.metrics.ignored()
                 return False
+            delta = self.store.conversation_delta(machine.record)
+            effects.stamped(machine.record.conversation_epoch)
             messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
             try:
-                await self.store.commit(machine.record, effects, ack=ack, messages=messages)
+                await self.store.commit(
+                    machine.record, effects, ack=ack, messages=messages, delta=delta
+                )
             except CommitConflictError:
                 continue
             await self._released(machine.record)

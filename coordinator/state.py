@@ -159,7 +159,11 @@ class TaskRecord(BaseModel):
     updated_at: float
     steps: list[StepRecord] = Field(default_factory=list)
     current: int = 0
-    conversation: Conversation = Field(default_factory=Conversation)
+    conversation: Conversation = Field(default_factory=Conversation, exclude=True)
+    """Kept apart from the state, append-only, in ``orga:conversation:{task_id}``
+    (:class:`coordinator.store.TaskStore`): a commit writes the new messages, not the whole."""
+    conversation_epoch: int = 0
+    """Bumped when a compaction rewrote the stored conversation instead of appending to it."""
     usage: Usage = Field(default_factory=Usage)
     iteration: int = 0
     tracker: dict[str, Any] = Field(default_factory=dict)

@@ -103,7 +103,10 @@ class ConversationMessage(BaseModel):
 
 def estimate_message_tokens(message: ConversationMessage) -> int:
     """``max(bytes*10//33, 1) + 7``, counting tool calls and the tool_call_id as Symbiont does."""
-    chars = len(message.content.encode())
+    content = message.content
+    # len() is the byte count of an ASCII string, and isascii() is O(1): no 20 KB encode of
+    # every message at every iteration.
+    chars = len(content) if content.isascii() else len(content.encode())
     for call in message.tool_calls:
         chars += len(call.name.encode()) + len(call.arguments.encode()) + len(call.id.encode()) + 30
     if message.tool_call_id is not None:

@@ -71,6 +71,8 @@ __all__ = [
     "intake_maxlen",
     "intake_stream",
     "journal_sequence_key",
+    "conversation_key",
+    "conversation_key_prefix",
     "journal_stream",
     "journal_stream_prefix",
     "key_prefix",
@@ -111,6 +113,7 @@ events_stream: Final = "orga:events"
 review_stream: Final = "orga:review"
 dead_letter_stream: Final = "orga:dead_letter"
 journal_stream_prefix: Final = "orga:journal:"
+conversation_key_prefix: Final = "orga:conversation:"
 control_stream: Final = "orga:control"
 
 # -- consumer groups -----------------------------------------------------------------------
@@ -162,6 +165,12 @@ heartbeats_retention_s: Final = 600
 def journal_stream(task_id: str) -> str:
     """The journal stream of one task: ``orga:journal:{task_id}``."""
     return f"{journal_stream_prefix}{task_id}"
+
+
+def conversation_key(task_id: str) -> str:
+    """A task's conversation, append-only (rewritten only by a compaction): a list of message
+    JSON, ``orga:conversation:{task_id}``."""
+    return f"{conversation_key_prefix}{task_id}"
 
 
 def task_key(task_id: str) -> str:
