@@ -13,6 +13,7 @@ and never twice.
 from __future__ import annotations
 
 import json
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -213,7 +214,7 @@ class TaskStore:
         appended = (
             stored is not None
             and len(messages) >= len(stored)
-            and all(new is old for new, old in zip(messages, stored, strict=False))
+            and all(map(operator.is_, messages, stored))  # C-speed: no Python loop per message
         )
         if not appended:
             record.conversation_epoch += 1
