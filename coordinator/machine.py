@@ -564,9 +564,8 @@ class TaskMachine:
         awaiting.calls = list(calls)
         known = {c.call_id for c in calls}
         awaiting.dispatched = [c for c in chained if c in known]
-        awaiting.results = {
-            k: v for k, v in asked.results.items() if k.removeprefix(_ESCALATION_KEY) in known
-        }
+        awaiting.results = {k: v for k, v in asked.results.items() if k in known}
+        awaiting.escalations = {k: v for k, v in asked.escalations.items() if k in known}
         awaiting.tool_ms = asked.tool_ms
         if awaiting.missing_calls():
             self._dispatch_more(awaiting)
@@ -699,9 +698,7 @@ class TaskMachine:
         # The calls of an iteration run concurrently: the batch took as long as its longest.
         awaiting.tool_ms = max(awaiting.tool_ms, message.duration_ms)
         if message.escalation_reason is not None:
-            awaiting.results[_ESCALATION_KEY + (message.fence.call_id or "")] = Observation(
-                source="recovery", content=message.escalation_reason, is_error=True
-            )
+            awaiting.escalations[message.fence.call_id or ""] = message.escalation_reason
 
     def _all_observed(self, awaiting: Awaiting) -> None:
         if awaiting.kind is AwaitKind.VERIFY:
@@ -723,11 +720,8 @@ class TaskMachine:
         )
         self._journal(ObservationsCollected(iteration=record.iteration, observation_count=count))
         record.awaiting = None
-        escalations = [
-            o.content for k, o in awaiting.results.items() if k.startswith(_ESCALATION_KEY)
-        ]
-        if escalations:
-            self._escalate("recovery", escalations[0])
+        if awaiting.escalations:
+            self._escalate("recovery", next(iter(awaiting.escalations.values())))
             return
         verdict = self._consult_detector(awaiting.calls, observations)
         if verdict is not None and self._apply_verdict(verdict):
@@ -1059,7 +1053,6 @@ class TaskMachine:
 
 
 _TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
-_ESCALATION_KEY = "__escalation__:"
 
 
 def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:
