@@ -229,3 +229,47 @@ def test_a_reviewer_decides_an_escalation_in_the_browser(
 def _png_size(path: Path) -> tuple[int, int]:
     header = path.read_bytes()[16:24]
     return int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+
+
+# -- the embedded runtime ----------------------------------------------------------------------
+
+
+def test_inbox_on_the_embedded_runtime_resumes_what_orga_run_escalated(tmp_path: Path) -> None:
+    """Without ORGA_REDIS_URL, `orga inbox` holds the embedded runtime that `orga run` left the
+    wanderer in: a retry decided on the page resumes the task, and SIGTERM stops it all."""
+    env = _env(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "spaces"),
+               ORGA_INBOX_BASIC_AUTH="sam:pw1,tess:pw2")  # fmt: skip
+    ran = subprocess.run([str(ORGA), "run", str(WANDERER)], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    review_id = re.findall(r"review decide (\w+) --skip", ran.stdout)[0]
+    port = _free_port()
+    process = Process("inbox", [str(ORGA), "inbox", "--port", str(port)], env,
+                      tmp_path / "inbox.log").start()  # fmt: skip
+    try:
+        process.wait_for_log(f"review inbox on http://127.0.0.1:{port}/ (tasks of the embedded")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", auth=("tess", "pw2"),
+                          timeout=60) as reviewer:  # fmt: skip
+            inbox = reviewer.get("/")
+            assert f'id="review-{review_id}"' in inbox.text
+            csrf = re.search(r'name="csrftoken" value="([^"]+)"', inbox.text)
+            assert csrf
+            form = {"csrftoken": csrf.group(1), "review_id": review_id, "decision": "retry",
+                    "hint": "time the first call"}  # fmt: skip
+            decided = reviewer.post("/decide", data=form, follow_redirects=True)
+            assert "retry applied to task" in decided.text, decided.text
+            task_id = decided.url.path.removeprefix("/tasks/")
+
+            def resumed() -> bool:  # escalated again: it ran on from the decision
+                page = reviewer.get(f"/tasks/{task_id}/live").text
+                return "awaiting_review" in page and review_id not in page
+
+            wait_until(resumed, 120, "the wanderer to run on and escalate again")
+    finally:
+        process.stop()
+    assert process.popen is not None
+    assert process.popen.returncode == 0, process.tail()
+    shown = subprocess.run([str(ORGA), "review", "list", "--json"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr  # the home's lock was released on SIGTERM
+    assert review_id not in shown.stdout
