@@ -227,6 +227,10 @@ class OrgaClient:
         ]
         return sorted(items, key=lambda r: r.created_at)
 
+    def open_review_count(self) -> int:
+        """How many escalations wait for a decision."""
+        return int(self.redis.hlen(keys.open_reviews_key))
+
     def review(self, review_id: str) -> ReviewItem:
         """One open escalation."""
         raw = self._hget(keys.open_reviews_key, review_id)

@@ -58,8 +58,10 @@ class InboxApp:
     def page(self, request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
         """Render a template with the reviewer, the flash messages and the CSRF token."""
         fragment = name.startswith("_")  # a live refresh leaves the messages to the page
+        reviewer = getattr(request.state, "reviewer", None)
         context |= {
-            "reviewer": getattr(request.state, "reviewer", None),
+            "reviewer": reviewer,
+            "open_reviews": self.client.open_review_count() if reviewer and not fragment else 0,
             "flashes": [] if fragment else request.session.pop("flashes", []),
             "csrftoken": request.scope["csrftoken"](),
             "token_login": bool(self.auth.token),
@@ -71,6 +73,10 @@ class InboxApp:
     def reviews(self, request: Request) -> Response:
         """Open reviews, newest first, each with its context and the three decisions."""
         return self.page(request, "reviews.html", cards=review_cards(self.client.reviews()))
+
+    def review_count(self, request: Request) -> Response:
+        """How many reviews are open, for the live badge in the navigation."""
+        return PlainTextResponse(str(self.client.open_review_count()))
 
     async def decide(self, request: Request) -> Response:
         """Send a decision through the client; redirect to the task, or back with the error."""
@@ -210,6 +216,7 @@ def create_app(
     inbox = InboxApp(client, auth, _templates(), decide_timeout_s)
     routes = [
         Route("/", inbox.reviews),
+        Route("/reviews/count", inbox.review_count),
         Route("/decide", inbox.decide, methods=["POST"]),
         Route("/tasks", inbox.tasks),
         Route("/tasks/rows", inbox.task_rows),

@@ -111,7 +111,9 @@ def test_a_malformed_account_is_refused_without_echoing_it() -> None:
     assert "hunter2" not in str(raised.value)
 
 
-@pytest.mark.parametrize("path", ["/", "/tasks", "/tasks/t1", "/tasks/rows", "/tasks/t1/live"])
+@pytest.mark.parametrize(
+    "path", ["/", "/tasks", "/tasks/t1", "/tasks/rows", "/tasks/t1/live", "/reviews/count"]
+)
 def test_every_page_needs_the_token(orga: OrgaClient, path: str) -> None:
     """Without credentials a page redirects to the login form and shows no task data."""
     app = create_app(orga, ReviewerAuth(token=TOKEN))
@@ -234,6 +236,15 @@ def test_pages_carry_a_content_security_policy(browser: TestClient) -> None:
     headers = browser.get("/").headers
     assert "default-src 'self'" in headers["content-security-policy"]
     assert "frame-ancestors 'none'" in headers["content-security-policy"]
+
+
+def test_the_open_review_count_is_live(orga: OrgaClient, browser: TestClient) -> None:
+    """The navigation's badge counts the open reviews; its fragment follows new escalations."""
+    assert '<span class="count" id="open-reviews" data-refresh="/reviews/count">1</span>' in (
+        browser.get("/tasks").text
+    )
+    _escalated(orga, task_id="t2", review_id="r2")
+    assert browser.get("/reviews/count").text == "2"
 
 
 def test_an_unknown_task_page_says_so(browser: TestClient) -> None:
