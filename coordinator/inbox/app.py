@@ -121,12 +121,11 @@ class InboxApp:
     def _task_page(self, request: Request, template: str) -> Response:
         task_id = str(request.path_params["task_id"])
         try:
-            row = task_row(self.client, task_id)
             record = self.client.record(task_id)
         except OrgaError as exc:
             return self.page(request, "missing.html", status_code=404, message=str(exc))
         return self.page(
-            request, template, row=row, record=record, result=record.result(),
+            request, template, row=task_row(record), result=record.result(),
             journal=journal_rows(self.client, record.task_id, record.journal_seq),
             updated=utc(record.updated_at),
         )  # fmt: skip
@@ -157,7 +156,7 @@ class InboxApp:
 
 
 def _decision(form: FormData) -> tuple[str, str, str]:
-    hint = " ".join(str(form.get("hint") or "").split()) if form.get("hint") else ""
+    hint = str(form.get("hint") or "").replace("\r\n", "\n").strip()  # as typed, as on the CLI
     return str(form.get("review_id") or ""), str(form.get("decision") or ""), hint
 
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coordinator.client import OrgaClient, TaskNotFoundError
-from coordinator.state import ReviewItem
+from coordinator.state import ReviewItem, StepStatus, TaskRecord
 from shared.events import JournalEntry
 
 __all__ = [
@@ -122,24 +122,23 @@ def task_rows(client: OrgaClient, limit: int = 50) -> list[TaskRow]:
     rows = []
     for listed in client.list_tasks(limit):
         try:
-            rows.append(task_row(client, listed["task_id"]))
+            rows.append(task_row(client.record(listed["task_id"])))
         except TaskNotFoundError:
             continue
     return rows
 
 
-def task_row(client: OrgaClient, task_id: str) -> TaskRow:
-    """One task's status; TaskNotFoundError for an unknown one."""
-    status = client.status(task_id)
+def task_row(record: TaskRecord) -> TaskRow:
+    """A task's status and progress, as ``orga status ID`` shows them."""
     return TaskRow(
-        task_id=status["task_id"],
-        status=status["status"],
-        goal=status["goal"],
-        step=status["step"] or "",
-        steps_done=status["steps_done"],
-        steps_total=status["steps_total"],
-        iteration=status["iteration"],
-        review_id=status["review_id"],
+        task_id=record.task_id,
+        status=record.status.value,
+        goal=record.spec.goal,
+        step=record.steps[record.current].spec.id if record.steps else "",
+        steps_done=sum(1 for s in record.steps if s.status is StepStatus.COMPLETED),
+        steps_total=len(record.steps),
+        iteration=record.iteration,
+        review_id=record.review.review_id if record.review else None,
     )
 
 

@@ -281,13 +281,13 @@ def test_a_decision_goes_through_the_client(browser: TestClient, orga: OrgaClien
     by the logged-in reviewer; with no coordinator running the page says none applied it."""
     token = _csrf(browser.get("/").text)
     form = {"csrftoken": token, "review_id": "r1", "decision": "retry",
-            "hint": "measure  it\nfirst"}  # fmt: skip
+            "hint": " measure  it\r\nfirst "}  # fmt: skip
     response = browser.post("/decide", data=form)
     assert response.status_code == 200
     assert "no coordinator applied the decision" in response.text
     [(_id, fields)] = orga.redis.xrange(keys.control_stream)
     assert fields == {"action": "review", "task_id": "t1", "review_id": "r1", "decision": "retry",
-                      "hint": "measure it first", "by": "inbox:alice"}  # fmt: skip
+                      "hint": "measure  it\nfirst", "by": "inbox:alice"}  # fmt: skip
 
 
 def test_a_decision_applied_redirects_to_the_task(browser: TestClient, orga: OrgaClient) -> None:
