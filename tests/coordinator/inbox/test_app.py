@@ -20,6 +20,8 @@ from coordinator.client import OrgaClient
 from coordinator.inbox import InboxConfigError, ReviewerAuth, create_app
 from coordinator.state import ReviewItem, StepRecord, TaskRecord, TaskStatus
 from shared import keys
+from shared.events import JournalEntry, Started
+from shared.loop_types import LoopConfig
 from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
 
@@ -245,6 +247,25 @@ def test_the_open_review_count_is_live(orga: OrgaClient, browser: TestClient) ->
     )
     _escalated(orga, task_id="t2", review_id="r2")
     assert browser.get("/reviews/count").text == "2"
+
+
+def test_a_task_page_shows_the_last_200_journal_entries(
+    orga: OrgaClient, browser: TestClient
+) -> None:
+    """Of a long journal the task page shows the last 200 entries, newest first."""
+    started = Started(agent_id="a", config=LoopConfig())
+    for sequence in range(250):  # as the store writes them: stream id 0-(sequence + 1)
+        entry = JournalEntry(sequence=sequence, agent_id="a", event=started, task_id="t1")
+        orga.redis.xadd(
+            keys.journal_stream("t1"), {"data": entry.model_dump_json()}, id=f"0-{sequence + 1}"
+        )
+    state = TaskRecord.model_validate_json(str(orga.redis.hget(keys.task_key("t1"), "state")))
+    state.journal_seq = 250
+    orga.redis.hset(keys.task_key("t1"), "state", state.model_dump_json())
+    page = browser.get("/tasks/t1").text
+    sequences = [int(n) for n in re.findall(r"<tr><td>(\d+)</td><td>\d\d:\d\d", page)]
+    assert sequences == list(range(249, 49, -1))
+    assert "last 200 entries, newest first" in page
 
 
 def test_an_unknown_task_page_says_so(browser: TestClient) -> None:
