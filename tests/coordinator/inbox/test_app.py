@@ -105,6 +105,15 @@ def test_no_credentials_configured_is_refused() -> None:
         ReviewerAuth.from_settings(OrgaSettings(inbox_token=None, inbox_basic_auth=None))
 
 
+def test_empty_settings_count_as_unset() -> None:
+    """Compose passes unset variables as empty strings: an empty account list is no account, and
+    both empty is refused like both unset."""
+    settings = OrgaSettings(inbox_token="tok", inbox_basic_auth="")  # type: ignore[arg-type]
+    assert ReviewerAuth.from_settings(settings).accounts == {}
+    with pytest.raises(InboxConfigError, match="ORGA_INBOX_TOKEN"):
+        ReviewerAuth.from_settings(OrgaSettings(inbox_token="", inbox_basic_auth=""))  # type: ignore[arg-type]
+
+
 def test_a_malformed_account_is_refused_without_echoing_it() -> None:
     """ORGA_INBOX_BASIC_AUTH entries must be user:password; the error names the entry, not it."""
     settings = OrgaSettings(inbox_basic_auth="alice:pw,bob-hunter2")  # type: ignore[arg-type]
