@@ -26,6 +26,8 @@ from shared.settings import OrgaSettings
 __all__ = ["InboxConfigError", "ReviewerAuth", "ReviewerGate"]
 
 PUBLIC_PATHS = ("/login", "/static/")
+MIN_TOKEN_LENGTH = 16
+HOW_TO_DRAW_ONE = "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
 
 
 class InboxConfigError(OrgaError):
@@ -43,8 +45,14 @@ class ReviewerAuth:
         if not self.token and not self.accounts:
             raise InboxConfigError(
                 "the inbox serves nothing without reviewer authentication: set ORGA_INBOX_TOKEN "
-                "(a long random secret, e.g. `python3 -c 'import secrets; "
-                "print(secrets.token_urlsafe(32))'`) or ORGA_INBOX_BASIC_AUTH=user:password"
+                f"(a long random secret, e.g. {HOW_TO_DRAW_ONE}) "
+                "or ORGA_INBOX_BASIC_AUTH=user:password"
+            )
+        if self.token and len(self.token) < MIN_TOKEN_LENGTH:
+            raise InboxConfigError(
+                f"ORGA_INBOX_TOKEN is {len(self.token)} characters: anyone who guesses it decides "
+                f"reviews, so use at least {MIN_TOKEN_LENGTH} random ones, "
+                f"e.g. {HOW_TO_DRAW_ONE}"
             )
 
     @classmethod

@@ -108,10 +108,17 @@ def test_no_credentials_configured_is_refused() -> None:
 def test_empty_settings_count_as_unset() -> None:
     """Compose passes unset variables as empty strings: an empty account list is no account, and
     both empty is refused like both unset."""
-    settings = OrgaSettings(inbox_token="tok", inbox_basic_auth="")  # type: ignore[arg-type]
+    settings = OrgaSettings(inbox_token=TOKEN, inbox_basic_auth="")  # type: ignore[arg-type]
     assert ReviewerAuth.from_settings(settings).accounts == {}
     with pytest.raises(InboxConfigError, match="ORGA_INBOX_TOKEN"):
         ReviewerAuth.from_settings(OrgaSettings(inbox_token="", inbox_basic_auth=""))  # type: ignore[arg-type]
+
+
+def test_a_short_token_is_refused_without_echoing_it() -> None:
+    """A token shorter than 16 characters is refused, saying its length and how to make one."""
+    with pytest.raises(InboxConfigError, match=r"is 7 characters.*at least 16") as raised:
+        ReviewerAuth(token="letmein")
+    assert "letmein" not in str(raised.value)
 
 
 def test_a_malformed_account_is_refused_without_echoing_it() -> None:
@@ -173,12 +180,14 @@ def test_basic_auth_challenges_and_admits_an_account(orga: OrgaClient) -> None:
 
 def test_a_session_from_an_old_token_is_refused(orga: OrgaClient) -> None:
     """A login made with a token that was since changed no longer opens the inbox."""
-    old = create_app(orga, ReviewerAuth(token="old-token"), secret="same-secret")
+    old = create_app(orga, ReviewerAuth(token="old-token-0123456789"), secret="same-secret")
     with TestClient(old) as client:
         token = _csrf(client.get("/login").text)
-        client.post("/login", data={"csrftoken": token, "token": "old-token", "name": "dan"})
+        client.post(
+            "/login", data={"csrftoken": token, "token": "old-token-0123456789", "name": "dan"}
+        )
         cookies = dict(client.cookies)
-    new = create_app(orga, ReviewerAuth(token="new-token"), secret="same-secret")
+    new = create_app(orga, ReviewerAuth(token="new-token-0123456789"), secret="same-secret")
     with TestClient(new, cookies=cookies) as client:
         assert client.get("/", follow_redirects=False).status_code == 303
 
