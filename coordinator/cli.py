@@ -532,6 +532,23 @@ def cancel(
 
 
 @app.command()
+def inbox(
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Address to bind (beyond this host: behind TLS).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8765,
+) -> None:
+    """Serve the review inbox on the web (needs ORGA_INBOX_TOKEN or ORGA_INBOX_BASIC_AUTH)."""
+    from coordinator.inbox import InboxConfigError, run_inbox
+
+    with _errors():
+        try:
+            run_inbox(_settings(), _home(), host, port, announce=_say)
+        except InboxConfigError as exc:  # a missing or invalid setting: exit 2, as bad input
+            raise _fail("error:", exc, 2) from exc
+
+
+@app.command()
 def schema() -> None:
     """The JSON Schema of a task file."""
     out.print_json(json.dumps(TaskSpec.model_json_schema()))
