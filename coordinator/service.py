@@ -42,6 +42,7 @@ from coordinator.queues import QueueGauge
 from coordinator.state import ReviewDecision, TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
+from shared.celery_wire import check_versions
 from shared.errors import WireFormatError
 from shared.protocol import (
     decode_entry,
@@ -83,6 +84,7 @@ class Coordinator:
     metrics: CoordinatorMetrics | None = None
 
     def __post_init__(self) -> None:
+        check_versions()  # the commit script writes Celery messages in kombu's layout
         # This store keeps each conversation in Redis: reasoning requests carry a reference.
         machine = replace(self.settings.machine, conversation_by_reference=True)
         self.settings = replace(self.settings, machine=machine)
