@@ -556,7 +556,8 @@ def orga_measurement(
         f"ready {alone_s:.1f} s after start (a first task of {plan.iterations} iterations, "
         "submitted as the processes start, completed)",
         f"submitting took {batch.submitted - batch.started:.2f} s",
-        f"the worker trees had {observed.processes} processes at most (peak RSS summed, and PSS: shared pages split between the processes sharing them)",
+        f"the worker trees had {observed.processes} processes at most (RSS summed; PSS "
+        "splits each shared page between the processes sharing it)",
     ]
     if not batch.finished:
         notes.append(
