@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import typer
@@ -25,6 +26,8 @@ from shared.schedule import Schedule
 from shared.task_spec import TaskSpecError, describe_validation_error, load_task_file
 
 __all__ = ["schedule_app"]
+
+T = TypeVar("T")
 
 schedule_app = typer.Typer(
     help="Tasks submitted on a cron schedule by the coordinators.",
@@ -128,7 +131,7 @@ def schedule_run(name: ScheduleName) -> None:
     say(task_id)
 
 
-def _edit(body: Any) -> Any:
+def _edit(body: Callable[[ScheduleBook], T]) -> T:
     try:
         return with_redis(lambda r: body(ScheduleBook(r)))
     except ScheduleNotFoundError as exc:

@@ -136,8 +136,7 @@ async def _intake(client: Redis) -> list[dict[str, Any]]:
 
 
 def test_two_schedulers_submit_one_fire_under_one_key(redis_client: RedisClientFactory) -> None:
-    """Two coordinators looking at once submit the same fire (same key and task id) and the
-    schedule moves on once."""
+    """Two schedulers looking at once submit one fire under one key and move the schedule once."""
     due = _at("2026-12-03T10:08:00")
     clock = Clock(due + 0.5)
 
@@ -161,8 +160,7 @@ def test_two_schedulers_submit_one_fire_under_one_key(redis_client: RedisClientF
 def test_a_fire_interrupted_before_the_advance_is_submitted_again_under_its_key(
     redis_client: RedisClientFactory,
 ) -> None:
-    """A coordinator that died after submitting leaves the schedule due; the next look submits
-    the same key, which the intake turns into the same task."""
+    """A fire resubmitted after a crash before the advance carries the same key and task id."""
     due = _at("2026-12-03T10:08:00")
     clock = Clock(due + 1)
 

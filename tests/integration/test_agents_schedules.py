@@ -52,8 +52,7 @@ def _one_line(text: str) -> str:
 
 
 def test_a_registered_agent_runs_a_task_that_names_it(cluster: Cluster, tmp_path: Path) -> None:
-    """`orga agents add` registers the example profile; the example task naming it completes
-    with the profile's model, prompt and limits and its own override."""
+    """A task naming a registered agent completes with the profile's fields and its override."""
     assert "agent calculator-fixer registered" in _ok(_orga(cluster, "agents", "add", str(AGENT)))
     listed = json.loads(_ok(_orga(cluster, "agents", "list", "--json")))
     assert [a["name"] for a in listed] == ["calculator-fixer"]
@@ -109,8 +108,7 @@ def test_agent_file_typos_and_unknown_names_are_refused(cluster: Cluster, tmp_pa
 
 
 def test_schedule_commands_add_list_pause_resume_run_remove(cluster: Cluster) -> None:
-    """Every `orga schedule` command works as the README shows; `run` submits a task that
-    completes."""
+    """Every `orga schedule` command works as the README shows; `run` submits a task that runs."""
     added = _ok(
         _orga(cluster, "schedule", "add", "cli-demo", "--cron", "*/15 * * * *",
               "--timezone", "Europe/Lisbon", "--catch-up", "once", str(SCHEDULED_TASK))
@@ -161,8 +159,7 @@ def _scheduled_tasks(client: OrgaClient, name: str) -> dict[str, list[str]]:
 
 
 def test_two_coordinator_processes_fire_a_due_schedule_once(cluster: Cluster) -> None:
-    """With two `orga coordinator` processes running, a schedule that comes due is submitted
-    and run once per fire."""
+    """Two `orga coordinator` processes make one task of a schedule's due fire."""
     cluster.coordinator(name="c2")
     _ok(_orga(cluster, "schedule", "add", "every-minute", "--cron", "* * * * *",
               str(SCHEDULED_TASK)))  # fmt: skip
@@ -185,8 +182,7 @@ def test_two_coordinator_processes_fire_a_due_schedule_once(cluster: Cluster) ->
 
 
 def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> None:
-    """Two schedulers with an injected clock both submit one fire; the coordinators' intake
-    keeps one task, which completes, and says the other submission was a duplicate."""
+    """One fire submitted by two clock-driven schedulers is one task at the real intake."""
     schedule = Schedule.model_validate(
         {"name": "clocked", "cron": "0 * * * *", "task": json.loads(SCHEDULED_TASK_JSON)}
     )
