@@ -223,3 +223,27 @@ SCHEDULED_TASK_JSON = json.dumps(
     {"goal": "clocked fire", "provider": {"kind": "scripted", "replies": ["fired"]},
      "steps": [{"id": "s", "instruction": "answer"}]}
 )  # fmt: skip
+
+
+# -- the embedded runtime ------------------------------------------------------------------
+
+
+def _embedded(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env.update(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"))
+    return subprocess.run(
+        [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=180,
+        check=False,
+    )  # fmt: skip
+
+
+def test_agents_and_schedules_work_on_the_embedded_runtime(tmp_path: Path) -> None:
+    """Without ORGA_REDIS_URL, agents and schedules persist in ORGA_HOME; `orga run` uses them."""
+    _ok(_embedded(tmp_path, "agents", "add", str(AGENT)))
+    result = json.loads(_ok(_embedded(tmp_path, "run", str(AGENT_TASK), "--json")))
+    assert result["status"] == "completed"
+    assert len(result["milestones"]) == 3
+    _ok(_embedded(tmp_path, "schedule", "add", "every-minute", "--cron", "* * * * *",
+                  str(SCHEDULED_TASK)))  # fmt: skip
+    (row,) = json.loads(_ok(_embedded(tmp_path, "schedule", "list", "--json")))
+    assert row["name"] == "every-minute" and row["goal"] == "Record the time of this fire."
