@@ -11,6 +11,7 @@ whole, so options of another kind never leak in. This module is pure: the regist
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ from shared.task_spec import (
     AGENT_NAME_PATTERN,
     ProviderSpec,
     TaskLimits,
+    TaskSpec,
     TaskSpecError,
     decode_task_text,
     describe_validation_error,
+    parse_task,
 )
 from shared.tool_profile import ToolProfile
 
@@ -34,6 +37,7 @@ __all__ = [
     "apply_agent",
     "load_agent_file",
     "parse_agent",
+    "resolve_agent",
     "unknown_agent",
 ]
 
@@ -117,6 +121,18 @@ def _resolve_paths(profile: AgentProfile, base: Path) -> AgentProfile:
 def apply_agent(task: dict[str, Any], profile: AgentProfile) -> dict[str, Any]:
     """The task's data with the profile's fields under it (the task's own values win)."""
     return _merge(profile.task_defaults(), task)
+
+
+def resolve_agent(data: Any, profiles: Mapping[str, AgentProfile], source: str) -> TaskSpec:
+    """Validate decoded task data merged first with the profile it names, if any, from
+    ``profiles``; TaskSpecError naming the agent and the known ones when it is not there."""
+    name = data.get("agent") if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        return parse_task(data, source)
+    profile = profiles.get(name)
+    if profile is None:
+        raise unknown_agent(source, name, list(profiles))
+    return parse_task(apply_agent(data, profile), source)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
