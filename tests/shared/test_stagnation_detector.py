@@ -159,6 +159,47 @@ def test_reverting_to_a_state_already_seen_is_not_new() -> None:
     assert [v.stale_steps for v in verdicts] == [0, 0, 1, 1, 2]
 
 
+def test_the_same_edit_at_shifting_line_ranges_is_reapplied() -> None:
+    """Delete line N and rewrite the block below, N down by one each round: stale from round 2."""
+    block = "    {\n        ArrayList<JavaType> types = new ArrayList<>();\n    }"
+    events = []
+    for round_, line in enumerate(range(72, 68, -1)):
+        delete = {"command": f"edit {line}:{line}\nend_of_edit"}
+        rewrite = {"command": f"edit {line}:{line + 11}\n{block}\nend_of_edit"}
+        events += [
+            ToolEvent(
+                tool_name="edit",
+                arguments=delete,
+                kind=ToolKind.WRITE,
+                path="T.java",
+                after_hash=f"deleted{round_}",
+            ),
+            ToolEvent(
+                tool_name="edit",
+                arguments=rewrite,
+                kind=ToolKind.WRITE,
+                path="T.java",
+                after_hash=f"rewritten{round_}",
+            ),
+        ]
+    verdicts = replay(events, NO_GATE)
+    assert [v.stale_steps for v in verdicts] == [0, 0, 1, 2, 3, 4, 5, 6]
+    # the same edit in other files is a batch; other numbers written are another edit
+    batch = [
+        ToolEvent(
+            tool_name="edit",
+            arguments={"command": "edit 3:3\nimport x\nend_of_edit"},
+            kind=ToolKind.WRITE,
+            path=f"m{i}.py",
+            after_hash=f"h{i}",
+        )
+        for i in range(5)
+    ]
+    tuned = [write("a.py", f"x = {i}", f"x = {i + 1}") for i in range(5)]
+    for events in (batch, tuned):
+        assert {v.stale_steps for v in replay(events, NO_GATE)} == {0}
+
+
 def test_failed_write_with_a_refusal_already_met_is_stale() -> None:
     """Refusals differing only by numbers are one refusal; a new refusal reason is news."""
     events = [failed_write("a.py", f"v{i}", f"lint error, line {i}: bad indent") for i in range(6)]
