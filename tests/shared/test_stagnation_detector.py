@@ -316,6 +316,27 @@ def test_the_most_specific_signal_names_the_rung_it_reaches() -> None:
     assert first_replan.kind is StagnationKind.CYCLE
 
 
+def test_an_other_tools_errors_add_up_within_the_episode_only() -> None:
+    """The world's errors count across new results; a fetch's (an *other* tool's) do not."""
+
+    def fetch(url: str) -> ToolEvent:
+        return ToolEvent(
+            tool_name="web_fetch", arguments={"url": url}, output="HTTP 404", is_error=True
+        )
+
+    def missing(name: str) -> ToolEvent:
+        return command(f"{name} -version", f"bash: {name}: command not found", 127)
+
+    opening = [read(f"src/{name}.py", f"def {name}(): ...") for name in "abcde"]
+    for failing, expected in ((fetch, StagnationLevel.NONE), (missing, StagnationLevel.NUDGE)):
+        events = list(opening)
+        for i, name in enumerate(("javac", "mvn", "ant")):
+            events += [failing(name), read(f"docs/{i}.md", f"note {name}")]
+        verdicts = replay([*events, failing("gradle")], NO_GATE)
+        assert verdicts[-1].level is expected
+        assert verdicts[-1].stale_steps == 1
+
+
 def test_same_error_whatever_the_arguments() -> None:
     """The same error from the same tool with other arguments each time is a repeat."""
     events = [
