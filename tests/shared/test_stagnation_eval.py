@@ -184,5 +184,6 @@ def test_eval_scores_the_labelled_set_with_its_own_scorer(tmp_path: Path) -> Non
     assert "exact-repeat" in out
     assert "ours: detected stalls (episodes reaching REPLAN)" in out
     assert "exact-repeat  -> repeat" in out
+    assert "ours: labelled stalls missed within 8 steps of onset: 0" in out
     assert "RESULT stagnation_recall8 1.000" in out
     assert "RESULT stagnation_false_alarms 0.000" in out
