@@ -470,7 +470,8 @@ def coordinator() -> None:
     url = _require_url()
     settings = _settings()
     configure_logging(settings.log_level)
-    configure_tracing(TelemetrySettings(), "orga-coordinator")
+    with _errors():
+        configure_tracing(TelemetrySettings(), "orga-coordinator")
     port, host = settings.metrics_port, settings.metrics_host
     metrics = serve_metrics(port, url, host=host) if port else None
 

@@ -141,6 +141,9 @@ class _Run:
                         return self.out
                     continue
                 answer = await self._next_answer()
+                if answer is None:  # nothing answered within start-to-close: as a lost dispatch
+                    await self._apply(partial(TaskMachine.on_tick, liveness=None))
+                    continue
                 await self._apply(partial(TaskMachine.on_answer, message=answer))
             raise LoopStalledError(
                 f"task {self.out.record.task_id}: more than {MAX_INPUTS} inputs; giving up"
@@ -150,14 +153,23 @@ class _Run:
                 running.cancel()
             await asyncio.gather(*self.in_flight, return_exceptions=True)
 
-    async def _next_answer(self) -> Answer:
+    async def _next_answer(self) -> Answer | None:
+        """The next answer; None when none came within start-to-close (the dispatches in
+        flight are then cancelled, as a coordinator gives up on a call past that bound)."""
         if self.inbox.empty() and not self.in_flight:
             awaiting = self.out.record.awaiting
             raise LoopStalledError(
                 f"task {self.out.record.task_id} waits on "
                 f"{awaiting.fence.token() if awaiting else 'nothing'} and nothing runs"
             )
-        return await self.inbox.get()
+        bound = self.driver.settings.liveness.start_to_close_s
+        try:
+            return await asyncio.wait_for(self.inbox.get(), timeout=bound)
+        except TimeoutError:
+            for running in self.in_flight:
+                running.cancel()
+            await asyncio.gather(*self.in_flight, return_exceptions=True)
+            return None
 
     async def _review(self) -> bool:
         """Ask the reviewer about the open review; False when nobody decides it here."""

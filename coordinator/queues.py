@@ -63,6 +63,9 @@ class QueueGauge:
         pipe.xinfo_groups(keys.observations_stream)
         pipe.xpending(keys.observations_stream, keys.coordinator_group)
         replies = await pipe.execute(raise_on_error=False)
+        failed = [r for r in replies[: 2 * len(QUEUES)] if isinstance(r, Exception)]
+        if failed:  # only the stream's replies may fail (no stream or group yet)
+            raise failed[0]
         elapsed = now - self._sampled_at if self._sampled_at else 0.0
         self._sampled_at = now
         for index, queue in enumerate(QUEUES):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ def check_versions(installed: Callable[[str], str] = version) -> dict[str, str]:
         except PackageNotFoundError as exc:
             raise ConfigError(f"{package} is not installed; install orga-queue's dependencies "
                               "(pip install -e .)") from exc  # fmt: skip
-        numbers = tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+        numbers = tuple(int(n) for n in re.findall(r"\d+", text)[:2])  # 5.5rc1 is (5, 5)
         if len(numbers) < 2 or numbers < oldest or numbers[0] != major:
             raise ConfigError(
                 f"{package} {text} is installed, but orga-queue writes {package}'s Redis "

@@ -14,7 +14,8 @@ from celery.signals import worker_process_init, worker_process_shutdown
 
 from shared.celery_wire import check_versions
 from shared.errors import ConfigError
-from shared.settings import OrgaSettings, celery_config
+from shared.settings import OrgaSettings, TelemetrySettings, celery_config
+from workers.telemetry import check_exporters
 
 __all__ = ["app", "create_app"]
 
@@ -23,6 +24,7 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
     """A Celery app configured from ``settings`` (read from the environment by default)."""
     settings = settings or OrgaSettings()
     check_versions()
+    check_exporters(TelemetrySettings())  # a typo stops the worker now, not each dispatch
     if settings.redis_url is None:
         raise ConfigError(
             "ORGA_REDIS_URL is not set: the workers need the Redis that the coordinator uses "

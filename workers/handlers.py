@@ -229,7 +229,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             acted = await services.execute_batch(request, approved, context)
     elif request.chain_tools and approved and dispatching.terminal_output is None:
         chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
-    if knowledge is not None and dispatching.terminal_output is not None:
+    if knowledge is not None and request.purpose == "act" and dispatching.terminal_output:
         await _persist_learnings(request, services, state.conversation, knowledge)
     return ReasonedMessage(
         fence=request.fence,
@@ -338,6 +338,7 @@ async def run_dispatch(
     except passthrough:
         raise
     except Exception as exc:
+        log.exception("dispatch.failed", extra={"fence": request.fence.token()})
         failure = WorkerFailedMessage(
             fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
             error=f"{type(exc).__name__}: {exc}"[:2000],
@@ -488,5 +489,10 @@ async def _gated(
         content = denial_message(decision.reason)
         return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
     if decision.decision == "modify" and isinstance(decision.action, ToolCallAction):
-        return None, decision.action.model_copy(update={"call_id": action.call_id})
+        modified = decision.action.model_copy(update={"call_id": action.call_id})
+        failure = validate_tool_arguments(modified, services.tool_definitions())
+        if failure is not None:  # as the reasoning path checks a modified call again
+            content = schema_failure_message(failure)
+            return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
+        return None, modified
     return None, action

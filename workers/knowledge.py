@@ -433,7 +433,8 @@ if excess <= 0 then return 0 end
 local flat = redis.call('HGETALL', KEYS[1])
 local others = {}
 for i = 1, #flat, 2 do
-  if flat[i] ~= ARGV[1] then
+  -- A task's seeds ('seed-' ids) are never evicted: a later run relies on them.
+  if flat[i] ~= ARGV[1] and string.sub(flat[i], 1, 5) ~= 'seed-' then
     local ok, record = pcall(cjson.decode, flat[i + 1])
     local at = 0
     if ok and type(record) == 'table' and type(record['stored_at_us']) == 'number' then
@@ -446,7 +447,7 @@ table.sort(others, function(a, b)
   if a[2] == b[2] then return a[1] < b[1] end
   return a[2] < b[2]
 end)
-for i = 1, excess do redis.call('HDEL', KEYS[1], others[i][1]) end
+for i = 1, math.min(excess, #others) do redis.call('HDEL', KEYS[1], others[i][1]) end
 return excess
 """
 

@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export import (
 from shared.errors import ConfigError
 from shared.settings import TelemetrySettings
 
-__all__ = ["EXPORTERS", "configure_tracing", "flush_tracing"]
+__all__ = ["EXPORTERS", "check_exporters", "configure_tracing", "flush_tracing"]
 
 EXPORTERS = ("console", "otlp")
 
@@ -43,13 +43,7 @@ def configure_tracing(
     """Install the SDK's tracer provider with the configured exporters (once per process;
     None when no exporter is configured). An unknown exporter is a ConfigError naming it."""
     global _provider  # noqa: PLW0603
-    names = settings.exporters()
-    unknown = [n for n in names if n not in EXPORTERS]
-    if unknown:
-        raise ConfigError(
-            f"OTEL_TRACES_EXPORTER={settings.traces_exporter!r}: unknown exporter "
-            f"{unknown[0]!r}; orga-queue exports to {', '.join(EXPORTERS)} or none"
-        )
+    names = check_exporters(settings)
     with _lock:
         if _provider is not None or not names:
             return _provider
@@ -60,6 +54,19 @@ def configure_tracing(
         trace.set_tracer_provider(provider)
         _provider = provider
         return provider
+
+
+def check_exporters(settings: TelemetrySettings) -> list[str]:
+    """The exporters ``settings`` ask for; a ConfigError naming an unknown one (checked when a
+    process starts, before it takes any work)."""
+    names = settings.exporters()
+    unknown = [n for n in names if n not in EXPORTERS]
+    if unknown:
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER={settings.traces_exporter!r}: unknown exporter "
+            f"{unknown[0]!r}; orga-queue exports to {', '.join(EXPORTERS)} or none"
+        )
+    return names
 
 
 def flush_tracing() -> None:
