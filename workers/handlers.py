@@ -280,7 +280,9 @@ def _loop_state(request: ReasonRequest) -> LoopState:
         agent_id=request.agent_id,
         iteration=request.fence.iteration,
         total_usage=request.usage,
-        conversation=request.conversation,  # decoded for this call alone: no copy needed
+        # A list of its own: the in-process driver hands over the coordinator's conversation
+        # itself, which the Reason phase must not append to (its messages are frozen).
+        conversation=Conversation(messages=list(request.conversation.messages)),
     )
 
 

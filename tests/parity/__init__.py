@@ -1,0 +1,1 @@
+"""The parity suite: every loop scenario through both drivers, with identical journals."""

@@ -1,0 +1,282 @@
+"""Every loop scenario through both drivers: the journal, the result, the conversation and the
+lifecycle events of a distributed run (coordinator and Celery worker processes over Redis) equal
+those of an in-process run of the same task (:func:`tests.parity.drivers.comparable`).
+
+On the in-process driver the comparison is with a second in-process run: the loop is
+deterministic, which parity presupposes. Each scenario also checks what it is about on its own
+driver's run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.events import StagnationDetected
+from shared.stagnation import StagnationLevel
+from tests.fakes.opa_server import FakeOpaServer
+from tests.parity.drivers import Decision, LoopDriver, Outcome, comparable
+
+SPEC = "the spec says: add must add"
+REDACTED = "the redacted spec: nothing to see"
+HINT = "stop running check.py; answer that the configuration is fixed"
+
+
+@dataclass(frozen=True)
+class Given:
+    """What a scenario's task may refer to: the OPA server and a template workspace."""
+
+    opa_url: str
+    template: str
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A task, the reviewer's decisions, and what the run must show on either driver."""
+
+    id: str
+    task: Callable[[Given], dict[str, Any]]
+    check: Callable[[Outcome], None]
+    decisions: tuple[Decision, ...] = field(default=())
+
+
+def _task(replies: list[Any], **spec: Any) -> dict[str, Any]:
+    spec.setdefault("steps", [{"id": "work", "instruction": "do the work"}])
+    return {"goal": "finish the work", "provider": {"kind": "scripted", "replies": replies}, **spec}
+
+
+def _calls(*calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"tool_calls": [{"name": name, "arguments": args} for name, args in calls]}
+
+
+WRITE = ("file_write", {"path": "a.txt", "content": "hello"})
+READ = ("file_read", {"path": "a.txt"})
+OTHER_WRITE = ("file_write", {"path": "b.txt", "content": "world"})
+CHECK_FAILS = ("file_write", {"path": "check.py", "content": "print('E: no config')\nexit(1)\n"})
+RUN_CHECK = ("run_command", {"command": "python3 check.py"})
+
+
+def _tool_texts(outcome: Outcome) -> list[str]:
+    return [m.content for m in outcome.record.conversation.messages if m.role.value == "tool"]
+
+
+# -- the scenarios' checks ------------------------------------------------------------------
+
+
+def _answered(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert outcome.result["output"] == "forty-two"
+    assert outcome.messages().count("forty-two") == 1
+    assert [e.event.type for e in outcome.journal][-1] == "Terminated"
+
+
+def _wrote_then_read(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert _tool_texts(outcome)[-1] == "hello"
+    assert [e.tool_count for e in outcome.events_of("ToolsDispatched")] == [1, 1, 0]
+
+
+def _two_calls(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert _tool_texts(outcome)[:2] == [
+        "wrote 5 bytes to a.txt (created)", "wrote 5 bytes to b.txt (created)"
+    ]  # fmt: skip
+    assert [e.tool_count for e in outcome.events_of("ToolsDispatched")] == [2, 1, 0]
+
+
+def _verified(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert outcome.record.milestones == ["step:work"]
+    assert outcome.result["steps"][0]["verified"] is True
+
+
+def _verified_on_second_try(outcome: Outcome) -> None:
+    _verified(outcome)
+    assert any(m.startswith("[Verification failed] `test -f a.txt`") for m in outcome.messages())
+    assert outcome.result["steps"][0]["attempts"] == 1
+
+
+def _denied(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert _tool_texts(outcome)[0].startswith("[Policy denied]")
+    assert [e.denied_count for e in outcome.events_of("PolicyEvaluated")] == [1, 0]
+
+
+def _out_of_iterations(outcome: Outcome) -> None:
+    assert outcome.status == "failed"
+    assert outcome.result["steps"][0]["status"] == "skipped"
+    limit = "step 'work' used its 2 iterations without finishing"
+    assert any(m.startswith("[Coordinator] Attempt 1") and limit in m for m in outcome.messages())
+    assert len(outcome.events_of("StepLimitReached")) == 1
+
+
+def _levels(outcome: Outcome) -> list[StagnationLevel]:
+    return [e.level for e in outcome.events_of("StagnationDetected")
+            if isinstance(e, StagnationDetected)]  # fmt: skip
+
+
+def _escalated(outcome: Outcome) -> None:
+    assert outcome.status == "awaiting_review"
+    assert _levels(outcome) == [
+        StagnationLevel.NUDGE, StagnationLevel.REPLAN, StagnationLevel.ASK_HUMAN
+    ]  # fmt: skip
+    assert outcome.record.review is not None
+    assert outcome.record.review.source == "detector"
+
+
+def _retried_with_hint(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert f"[Human reviewer] {HINT}" in outcome.messages()
+    assert outcome.result["output"] == "the configuration is fixed"
+    assert StagnationLevel.ASK_HUMAN in _levels(outcome)
+
+
+def _aborted(outcome: Outcome) -> None:
+    assert outcome.status == "aborted"
+    assert (outcome.result["error"] or "").startswith(f"aborted by review {outcome.review_ids[0]}")
+
+
+def _modified_resolution(outcome: Outcome) -> None:
+    context = next(m for m in outcome.messages() if "[PRE_HYDRATED_CONTEXT]" in m)
+    assert REDACTED in context
+    assert SPEC not in context
+    assert outcome.status == "completed"
+
+
+def _resolution_timed_out(outcome: Outcome) -> None:
+    context = next(m for m in outcome.messages() if "[PRE_HYDRATED_CONTEXT]" in m)
+    assert SPEC in context
+    assert "(1 reference could not be resolved)" in context
+    event = outcome.events_of("PreHydrationComplete")[0]
+    assert (event.references_resolved, event.references_failed) == (1, 1)
+    assert outcome.elapsed_s < 10, f"a 1 s timeout on a 30 s resolution took {outcome.elapsed_s}"
+
+
+def _tool_took_its_time(outcome: Outcome) -> None:
+    durations = [e.duration for e in outcome.events_of("ToolsDispatched")]
+    assert durations[0] >= timedelta(seconds=0.2)
+
+
+# -- the scenarios --------------------------------------------------------------------------
+
+
+def _opa_task(given: Given) -> dict[str, Any]:
+    policy = {"kind": "opa", "opa_url": given.opa_url, "opa_path": "parity/decision"}
+    return _task(
+        ["I read the spec"],
+        goal="Do what ./spec.md says",
+        workspace_template=given.template,
+        policy=policy,
+        pre_hydration={"resolution_tools": {"file": "file_read"}},
+    )
+
+
+def _slow_resolution_task(given: Given) -> dict[str, Any]:
+    hydration = {
+        "custom_patterns": [{"ref_type": "slow", "pattern": "sleep [0-9]+"}],
+        "resolution_tools": {"file": "file_read", "slow": "run_command"},
+        "timeout": "1s",
+    }
+    return _task(
+        ["done waiting"],
+        goal="Read ./spec.md, then sleep 30",
+        workspace_template=given.template,
+        pre_hydration=hydration,
+    )
+
+
+STUCK = [_calls(CHECK_FAILS), *(_calls(RUN_CHECK) for _ in range(8))]
+"""A model that runs the same failing check again and again: nudged, asked to re-plan, then
+escalated on its 8th run."""
+
+SCENARIOS = [
+    Scenario("plain-answer", lambda _g: _task(["forty-two"]), _answered),
+    Scenario(
+        "write-then-read", lambda _g: _task([_calls(WRITE), _calls(READ), "done"]), _wrote_then_read
+    ),
+    Scenario(
+        "two-calls-in-one-iteration",
+        lambda _g: _task([_calls(WRITE, OTHER_WRITE), _calls(READ), "done"]),
+        _two_calls,
+    ),
+    Scenario(
+        "verified-milestone",
+        lambda _g: _task(
+            [_calls(WRITE), "written"],
+            steps=[{"id": "work", "instruction": "write a.txt", "done_when": "test -f a.txt"}],
+        ),
+        _verified,
+    ),
+    Scenario(
+        "verification-fails-then-passes",
+        lambda _g: _task(
+            ["already done", _calls(WRITE), "written now"],
+            steps=[{"id": "work", "instruction": "write a.txt", "done_when": "test -f a.txt"}],
+        ),
+        _verified_on_second_try,
+    ),
+    Scenario(
+        "policy-denial-fed-back",
+        lambda _g: _task([_calls(("run_command", {"command": "rm -rf /"})), "I will not"]),
+        _denied,
+    ),
+    Scenario(
+        "max-iterations",
+        lambda _g: _task(
+            [_calls(("file_list", {})), _calls(WRITE), _calls(READ)] * 3,
+            limits={"max_iterations": 2},
+        ),
+        _out_of_iterations,
+    ),
+    Scenario("stagnation-escalates", lambda _g: _task(STUCK), _escalated),
+    Scenario(
+        "stagnation-retried-with-hint",
+        lambda _g: _task([*STUCK, "the configuration is fixed"]),
+        _retried_with_hint,
+        (Decision("retry", HINT),),
+    ),
+    Scenario("stagnation-aborted", lambda _g: _task(STUCK), _aborted, (Decision("abort"),)),
+    Scenario("prehydration-gate-modifies", _opa_task, _modified_resolution),
+    Scenario("prehydration-timeout", _slow_resolution_task, _resolution_timed_out),
+    Scenario(
+        "tool-duration-journaled",
+        lambda _g: _task([_calls(("run_command", {"command": "sleep 0.2"})), "slept"]),
+        _tool_took_its_time,
+    ),
+]
+
+
+def _redact(document: Any) -> Any:
+    """The OPA decision: a file_read of ./spec.md reads redacted.md instead; all else allowed."""
+    arguments = document.get("arguments") or {}
+    if document.get("tool_name") == "file_read" and arguments.get("path") == "./spec.md":
+        return {"allow": True, "modified_arguments": {"path": "redacted.md"}}
+    return {"allow": True}
+
+
+@pytest.fixture
+def given(opa: FakeOpaServer, tmp_path: Path) -> Given:
+    """A template workspace with the spec and its redacted copy; OPA redacting the spec."""
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "spec.md").write_text(SPEC)
+    (template / "redacted.md").write_text(REDACTED)
+    opa.set_decision("parity/decision", _redact)
+    return Given(opa_url=opa.url, template=str(template))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
+def test_the_loop_runs_alike_on_both_drivers(
+    driver: LoopDriver, reference: LoopDriver, given: Given, scenario: Scenario
+) -> None:
+    """A scenario ends as it should on the driver, with the in-process run's journal, result,
+    conversation and lifecycle events."""
+    outcome = driver.run(scenario.task(given), scenario.decisions)
+    scenario.check(outcome)
+    expected = reference.run(scenario.task(given), scenario.decisions)
+    assert comparable(outcome) == comparable(expected)
