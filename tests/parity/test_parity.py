@@ -12,17 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shared.events import StagnationDetected
+from shared.events import JournalEntry, StagnationDetected
 from shared.stagnation import StagnationLevel
 from tests.fakes.opa_server import FakeOpaServer
 from tests.parity.drivers import Decision, LoopDriver, Outcome, comparable
 
 SPEC = "the spec says: add must add"
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+ADDS = "python3 -c 'from calc import add; assert add(2, 3) == 5'"
 REDACTED = "the redacted spec: nothing to see"
 HINT = "stop running check.py; answer that the configuration is fixed"
 
@@ -59,6 +63,7 @@ READ = ("file_read", {"path": "a.txt"})
 OTHER_WRITE = ("file_write", {"path": "b.txt", "content": "world"})
 CHECK_FAILS = ("file_write", {"path": "check.py", "content": "print('E: no config')\nexit(1)\n"})
 RUN_CHECK = ("run_command", {"command": "python3 check.py"})
+FIX = ("file_write", {"path": "calc.py", "content": FIXED})
 
 
 def _tool_texts(outcome: Outcome) -> list[str]:
@@ -87,6 +92,27 @@ def _two_calls(outcome: Outcome) -> None:
         "wrote 5 bytes to a.txt (created)", "wrote 5 bytes to b.txt (created)"
     ]  # fmt: skip
     assert [e.tool_count for e in outcome.events_of("ToolsDispatched")] == [2, 1, 0]
+
+
+def _fixed_the_bug(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert outcome.record.milestones == ["step:fix"]
+    assert _tool_texts(outcome)[0] == BUGGY
+    assert "exit code: 0" in _tool_texts(outcome)[-1]
+    said = next(m for m in outcome.record.conversation.messages if m.content == "Let me look.")
+    assert said.role.value == "assistant" and said.tool_calls  # text with tool calls is kept
+
+
+def _schema_refused(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert _tool_texts(outcome)[0].startswith("[Schema validation failed] tool 'file_read'")
+
+
+def _failed_attempts(outcome: Outcome, reason: str) -> None:
+    assert outcome.status == "failed"
+    assert outcome.result["steps"][0]["status"] == "skipped"
+    failures = [m for m in outcome.messages() if m.startswith("[Coordinator] Attempt 1")]
+    assert len(failures) == 1 and reason in failures[0], failures
 
 
 def _verified(outcome: Outcome) -> None:
@@ -141,6 +167,29 @@ def _aborted(outcome: Outcome) -> None:
     assert (outcome.result["error"] or "").startswith(f"aborted by review {outcome.review_ids[0]}")
 
 
+def _milestone_kept(outcome: Outcome) -> None:
+    assert outcome.status == "aborted"
+    assert outcome.record.milestones == ["step:fix"]
+    assert outcome.result["steps"][0]["verified"] is True
+    assert outcome.result["steps"][1]["status"] == "failed"
+    assert _levels(outcome)[-1] is StagnationLevel.ASK_HUMAN
+
+
+def _resolution_denied(outcome: Outcome) -> None:
+    context = next(m for m in outcome.messages() if "[PRE_HYDRATED_CONTEXT]" in m)
+    assert SPEC in context
+    assert "(1 reference could not be resolved)" in context
+    event = outcome.events_of("PreHydrationComplete")[0]
+    assert (event.references_resolved, event.references_failed) == (1, 1)
+
+
+def _compacted(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert outcome.result["steps"][0]["iterations"] == 16
+    assert outcome.events.count("context_over_budget") == 0
+    assert "[Previous file_read result omitted for context management]" in outcome.messages()
+
+
 def _modified_resolution(outcome: Outcome) -> None:
     context = next(m for m in outcome.messages() if "[PRE_HYDRATED_CONTEXT]" in m)
     assert REDACTED in context
@@ -190,12 +239,55 @@ def _slow_resolution_task(given: Given) -> dict[str, Any]:
     )
 
 
+def _bugfix_task(given: Given) -> dict[str, Any]:
+    replies = [
+        {"text": "Let me look.", **_calls(("file_read", {"path": "calc.py"}))},
+        _calls(FIX),
+        _calls(("run_command", {"command": ADDS})),
+        "add now adds; the check passes.",
+    ]
+    steps = [{"id": "fix", "instruction": "make add add", "done_when": ADDS}]
+    return _task(replies, steps=steps, workspace_template=given.template)
+
+
+def _milestone_then_stuck(given: Given) -> dict[str, Any]:
+    steps = [
+        {"id": "fix", "instruction": "make add add", "done_when": ADDS},
+        {"id": "polish", "instruction": "make the configuration load"},
+    ]
+    replies = [_calls(FIX), "fixed", *STUCK]
+    return _task(replies, steps=steps, workspace_template=given.template)
+
+
+def _prehydration_denied_task(given: Given) -> dict[str, Any]:
+    hydration = {"resolution_tools": {"file": "file_read", "url": "web_fetch"}}
+    return _task(
+        ["read it"],
+        goal="Use ./spec.md and https://example.com/ref.html",
+        workspace_template=given.template,
+        policy={"kind": "tool_filter", "allowed_tools": ["file_read"]},
+        pre_hydration=hydration,
+    )
+
+
+def _compaction_task(given: Given) -> dict[str, Any]:
+    reads = [_calls(("file_read", {"path": "notes.txt"})) for _ in range(15)]
+    return _task(
+        [*reads, "done"],
+        workspace_template=given.template,
+        context={"strategy": "observation_masking", "keep_recent": 4},
+        limits={"context_token_budget": 600, "max_iterations": 20},
+        stagnation={"enabled": False},
+    )
+
+
 STUCK = [_calls(CHECK_FAILS), *(_calls(RUN_CHECK) for _ in range(8))]
 """A model that runs the same failing check again and again: nudged, asked to re-plan, then
 escalated on its 8th run."""
 
 SCENARIOS = [
     Scenario("plain-answer", lambda _g: _task(["forty-two"]), _answered),
+    Scenario("bugfix", _bugfix_task, _fixed_the_bug),
     Scenario(
         "write-then-read", lambda _g: _task([_calls(WRITE), _calls(READ), "done"]), _wrote_then_read
     ),
@@ -233,6 +325,31 @@ SCENARIOS = [
         ),
         _out_of_iterations,
     ),
+    Scenario(
+        "schema-failure-fed-back",
+        lambda _g: _task([_calls(("file_read", {"nope": 1})), "I will read better"]),
+        _schema_refused,
+    ),
+    Scenario(
+        "refusal-fails-the-attempt",
+        lambda _g: _task([{"text": "", "finish_reason": "refusal"}] * 3),
+        partial(_failed_attempts, reason="refused"),
+    ),
+    Scenario(
+        "token-limit",
+        lambda _g: _task([_calls(("file_list", {}))] * 9, limits={"max_total_tokens": 300}),
+        partial(_failed_attempts, reason="of max_total_tokens (300)"),
+    ),
+    Scenario(
+        "step-timeout",
+        lambda _g: _task(
+            [_calls(("run_command", {"command": "sleep 1.1"}))] * 3,
+            limits={"step_timeout": "1s"},
+            stagnation={"enabled": False},
+        ),
+        partial(_failed_attempts, reason="exceeded its timeout of 1s"),
+    ),
+    Scenario("compaction-under-a-small-budget", _compaction_task, _compacted),
     Scenario("stagnation-escalates", lambda _g: _task(STUCK), _escalated),
     Scenario(
         "stagnation-retried-with-hint",
@@ -241,6 +358,13 @@ SCENARIOS = [
         (Decision("retry", HINT),),
     ),
     Scenario("stagnation-aborted", lambda _g: _task(STUCK), _aborted, (Decision("abort"),)),
+    Scenario(
+        "stagnation-keeps-the-milestone",
+        _milestone_then_stuck,
+        _milestone_kept,
+        (Decision("abort"),),
+    ),
+    Scenario("prehydration-gate-denies", _prehydration_denied_task, _resolution_denied),
     Scenario("prehydration-gate-modifies", _opa_task, _modified_resolution),
     Scenario("prehydration-timeout", _slow_resolution_task, _resolution_timed_out),
     Scenario(
@@ -266,6 +390,8 @@ def given(opa: FakeOpaServer, tmp_path: Path) -> Given:
     template.mkdir()
     (template / "spec.md").write_text(SPEC)
     (template / "redacted.md").write_text(REDACTED)
+    (template / "calc.py").write_text(BUGGY)
+    (template / "notes.txt").write_text("a note about calc.py\n" * 20)
     opa.set_decision("parity/decision", _redact)
     return Given(opa_url=opa.url, template=str(template))
 
@@ -278,5 +404,7 @@ def test_the_loop_runs_alike_on_both_drivers(
     conversation and lifecycle events."""
     outcome = driver.run(scenario.task(given), scenario.decisions)
     scenario.check(outcome)
+    for entry in outcome.journal:
+        assert JournalEntry.model_validate_json(entry.model_dump_json()) == entry
     expected = reference.run(scenario.task(given), scenario.decisions)
     assert comparable(outcome) == comparable(expected)
