@@ -9,6 +9,7 @@ driver's run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -115,6 +116,26 @@ def _failed_attempts(outcome: Outcome, reason: str) -> None:
     assert len(failures) == 1 and reason in failures[0], failures
 
 
+def _planned(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert [step["id"] for step in outcome.result["steps"]] == ["write", "read"]
+    assert outcome.events[:3] == ["accepted", "planned", "step_started"]
+    assert outcome.record.milestones == ["step:write"]
+
+
+def _two_steps(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert outcome.record.milestones == ["step:write", "step:read"]
+    started = [e for e in outcome.journal if e.event.type == "Started"]
+    assert [e.step_id for e in started] == ["write", "read"]
+
+
+def _one_call_at_a_time(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    assert [e.tool_count for e in outcome.events_of("ToolsDispatched")] == [3, 0]
+    assert _tool_texts(outcome) == [f"wrote 1 bytes to {n}.txt (created)" for n in "abc"]
+
+
 def _verified(outcome: Outcome) -> None:
     assert outcome.status == "completed"
     assert outcome.record.milestones == ["step:work"]
@@ -160,6 +181,14 @@ def _retried_with_hint(outcome: Outcome) -> None:
     assert f"[Human reviewer] {HINT}" in outcome.messages()
     assert outcome.result["output"] == "the configuration is fixed"
     assert StagnationLevel.ASK_HUMAN in _levels(outcome)
+
+
+def _skipped(outcome: Outcome) -> None:
+    assert outcome.status == "failed"
+    assert outcome.result["steps"][0]["status"] == "skipped"
+    assert (outcome.result["steps"][0]["note"] or "").startswith(
+        f"skipped by review {outcome.review_ids[0]}"
+    )
 
 
 def _aborted(outcome: Outcome) -> None:
@@ -281,6 +310,27 @@ def _compaction_task(given: Given) -> dict[str, Any]:
     )
 
 
+PLAN = {
+    "steps": [
+        {"id": "write", "instruction": "write a.txt", "done_when": "test -f a.txt"},
+        {"id": "read", "instruction": "read a.txt"},
+    ]
+}
+
+
+def _two_steps_task(_given: Given) -> dict[str, Any]:
+    steps = [
+        {"id": "write", "instruction": "write a.txt", "done_when": "test -f a.txt"},
+        {"id": "read", "instruction": "read a.txt", "done_when": "grep -q hello a.txt"},
+    ]
+    return _task([_calls(WRITE), "written", _calls(READ), "read"], steps=steps)
+
+
+def _bounded_task(_given: Given) -> dict[str, Any]:
+    writes = [("file_write", {"path": f"{n}.txt", "content": n}) for n in "abc"]
+    return _task([_calls(*writes), "three files"], limits={"max_concurrent_tools": 1})
+
+
 STUCK = [_calls(CHECK_FAILS), *(_calls(RUN_CHECK) for _ in range(8))]
 """A model that runs the same failing check again and again: nudged, asked to re-plan, then
 escalated on its 8th run."""
@@ -296,6 +346,26 @@ SCENARIOS = [
         lambda _g: _task([_calls(WRITE, OTHER_WRITE), _calls(READ), "done"]),
         _two_calls,
     ),
+    Scenario(
+        "two-calls-acted-inline",
+        lambda _g: _task(
+            [_calls(WRITE, OTHER_WRITE), _calls(READ), "done"], tool_dispatch="inline"
+        ),
+        _two_calls,
+    ),
+    Scenario("one-call-at-a-time", _bounded_task, _one_call_at_a_time),
+    Scenario(
+        "planned-task",
+        lambda _g: {
+            "goal": "write a.txt, then read it",
+            "provider": {
+                "kind": "scripted",
+                "replies": [json.dumps(PLAN), _calls(WRITE), "written", _calls(READ), "read"],
+            },
+        },
+        _planned,
+    ),
+    Scenario("two-steps", _two_steps_task, _two_steps),
     Scenario(
         "verified-milestone",
         lambda _g: _task(
@@ -331,6 +401,11 @@ SCENARIOS = [
         _schema_refused,
     ),
     Scenario(
+        "empty-turn-fails-the-attempt",
+        lambda _g: _task(["  "] * 3),
+        partial(_failed_attempts, reason="no-progress turn"),
+    ),
+    Scenario(
         "refusal-fails-the-attempt",
         lambda _g: _task([{"text": "", "finish_reason": "refusal"}] * 3),
         partial(_failed_attempts, reason="refused"),
@@ -358,6 +433,7 @@ SCENARIOS = [
         (Decision("retry", HINT),),
     ),
     Scenario("stagnation-aborted", lambda _g: _task(STUCK), _aborted, (Decision("abort"),)),
+    Scenario("stagnation-skipped", lambda _g: _task(STUCK), _skipped, (Decision("skip"),)),
     Scenario(
         "stagnation-keeps-the-milestone",
         _milestone_then_stuck,
