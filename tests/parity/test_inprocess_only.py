@@ -155,9 +155,7 @@ STEP = "read notes.txt until you are sure, then fix calc.py."
 def test_a_long_run_under_a_small_budget_keeps_the_task_in_every_request(
     tmp_path: Path, strategy: dict[str, Any]
 ) -> None:
-    """40 iterations at a 256-token budget: every model request starts with the system prompt,
-    the goal and the step instruction, and no tool result in it lacks its call, although most
-    of the history is compacted away."""
+    """Under a 256-token budget every one of 41 model requests starts with the task's pins."""
     template = tmp_path / "template"
     template.mkdir()
     (template / "notes.txt").write_text("a note about calc.py\n" * 20)
@@ -205,8 +203,7 @@ def _served_core(kind: ProviderKind, base_url: str, api_key: str) -> WorkerCore:
 
 
 def test_openai_wire_keeps_the_task_and_carries_no_pin(tmp_path: Path) -> None:
-    """Against an OpenAI-compatible server the loop fixes the file; under a small budget every
-    body starts with the system prompt, the goal and the step, with no ``pinned`` field."""
+    """On the OpenAI wire the loop fixes the file; every body keeps the task and no pin field."""
     with FakeOpenAIServer(api_key="sk-test") as server:
         server.respond_tool_calls([("call_1", "file_read", {"path": "calc.py"})])
         server.respond_tool_calls([("call_2", "file_write", {"path": "calc.py", "content": FIXED})])
@@ -228,8 +225,7 @@ def test_openai_wire_keeps_the_task_and_carries_no_pin(tmp_path: Path) -> None:
 
 
 def test_anthropic_wire_runs_the_loop(tmp_path: Path) -> None:
-    """Against an Anthropic Messages server the loop fixes the file; tool results go back as
-    ``tool_result`` blocks and the system prompt travels as ``system``."""
+    """On the Anthropic wire the loop fixes the file, with tool_result blocks and the system."""
     with FakeAnthropicServer(api_key="ak-test") as server:
         server.respond_tool_use([("call_1", "file_read", {"path": "calc.py"})])
         server.respond_tool_use([("call_2", "file_write", {"path": "calc.py", "content": FIXED})])
