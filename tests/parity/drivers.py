@@ -2,8 +2,9 @@
 
 ``inprocess`` steps :class:`~coordinator.inprocess.InProcessDriver` over a
 :func:`~workers.runtime.local_core`; ``distributed`` submits to a real coordinator process and a
-real Celery worker process through :class:`~coordinator.client.OrgaClient`. Both answer a
-:class:`Run` with an :class:`Outcome`; :func:`comparable` keeps what must be identical.
+real Celery worker process through :class:`~coordinator.client.OrgaClient`. Both implement
+:class:`LoopDriver` and answer a run with an :class:`Outcome`; :func:`comparable` keeps what
+must be identical between two runs of one task.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ MEASURED = frozenset({"timestamp", "duration", "duration_ms"})
 """Fields that measure time: never equal between two runs."""
 
 WAIT_S = 60.0
+"""How long a distributed run may take to end or escalate."""
 
 
 @dataclass(frozen=True, slots=True)
