@@ -30,8 +30,9 @@ from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordina
 from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from shared.errors import OrgaError
-from shared.settings import OrgaSettings
+from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
+from workers.telemetry import configure_tracing
 from workers.topology import Role, supervise, worker_commands
 
 __all__ = ["app", "main"]
@@ -112,6 +113,9 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     settings = _settings()
     if settings.redis_url:
         return body(OrgaClient(settings.redis_url), False)
+
+    # The coordinator runs in this process: its spans go to stderr, stdout is the result's.
+    configure_tracing(TelemetrySettings(), "orga-coordinator", out=sys.stderr)
 
     async def embedded() -> Any:
         async with EmbeddedRuntime(settings, _home()) as runtime:
@@ -462,6 +466,7 @@ def coordinator() -> None:
     url = _require_url()
     settings = _settings()
     configure_logging(settings.log_level)
+    configure_tracing(TelemetrySettings(), "orga-coordinator")
     port, host = settings.metrics_port, settings.metrics_host
     metrics = serve_metrics(port, url, host=host) if port else None
 
@@ -524,6 +529,23 @@ def cancel(
         client = OrgaClient(_require_url())
         client.cancel(task_id, reason)
     _say(f"cancellation of {task_id} sent")
+
+
+@app.command()
+def inbox(
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Address to bind (beyond this host: behind TLS).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8765,
+) -> None:
+    """Serve the review inbox on the web (needs ORGA_INBOX_TOKEN or ORGA_INBOX_BASIC_AUTH)."""
+    from coordinator.inbox import InboxConfigError, run_inbox
+
+    with _errors():
+        try:
+            run_inbox(_settings(), _home(), host, port, announce=_say)
+        except InboxConfigError as exc:  # a missing or invalid setting: exit 2, as bad input
+            raise _fail("error:", exc, 2) from exc
 
 
 @app.command()

@@ -22,12 +22,14 @@ import redis
 
 from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
+from shared.conversation import Conversation, ConversationMessage
 from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.task_spec import TaskSpec, load_task_file
 
 __all__ = [
     "OrgaClient",
+    "ReviewClosedError",
     "TaskFinishedError",
     "TaskNotFoundError",
     "TaskRejectedError",
@@ -49,6 +51,11 @@ class WaitTimeoutError(OrgaError, TimeoutError):
 
 class TaskFinishedError(OrgaError):
     """The task already ended: it can no longer be changed (cancelled)."""
+
+
+class ReviewClosedError(OrgaError):
+    """Another decision (a second reviewer's, the deadline's default) or the task's end closed
+    the review first: this one was not applied."""
 
 
 @dataclass
@@ -115,7 +122,12 @@ class OrgaClient:
         state = self._hget(keys.task_key(real), "state")
         if state is None:
             self._not_found(task_id)
-        return TaskRecord.model_validate_json(str(state))
+        record = TaskRecord.model_validate_json(str(state))
+        stored = cast("list[str]", self.redis.lrange(keys.conversation_key(real), 0, -1))
+        record.conversation = Conversation(
+            messages=[ConversationMessage.model_validate_json(m) for m in stored]
+        )
+        return record
 
     def status(self, task_id: str) -> dict[str, Any]:
         """Status, current step, iteration, milestones and usage of one task."""
@@ -254,6 +266,10 @@ class OrgaClient:
         ]
         return sorted(items, key=lambda r: r.created_at)
 
+    def open_review_count(self) -> int:
+        """How many escalations wait for a decision."""
+        return int(self.redis.hlen(keys.open_reviews_key))
+
     def review(self, review_id: str) -> ReviewItem:
         """One open escalation."""
         raw = self._hget(keys.open_reviews_key, review_id)
@@ -269,8 +285,18 @@ class OrgaClient:
         by: str = "cli",
         timeout_s: float = 30.0,
     ) -> str:
-        """Send a decision and wait until the coordinator applied or refused it."""
-        item = self.review(review_id)
+        """Send a decision and wait until the coordinator applied or refused it.
+
+        ReviewClosedError when another decision (or the task's end) closed the review first:
+        of two reviewers deciding at once, one is applied and the other is told by whom.
+        """
+        try:
+            item = self.review(review_id)
+        except TaskNotFoundError:
+            closing = self._closing_event(review_id)
+            if closing is not None:
+                raise _closed_error(review_id, decision, closing) from None
+            raise
         entry = self.redis.xadd(
             keys.control_stream,
             {"action": "review", "task_id": item.task_id, "review_id": review_id,
@@ -280,6 +306,9 @@ class OrgaClient:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.redis.hexists(keys.open_reviews_key, review_id):
+                closing = self._closing_event(review_id) or {"decision": decision, "by": by}
+                if (closing.get("decision"), closing.get("by")) != (decision, by):
+                    raise _closed_error(review_id, decision, closing)
                 return item.task_id
             refused = self._control_refusal(str(entry))
             if refused is not None:
@@ -289,6 +318,16 @@ class OrgaClient:
             f"no coordinator applied the decision within {timeout_s}s; "
             "is `orga coordinator` running?"
         )
+
+    def _closing_event(self, review_id: str) -> dict[str, str] | None:
+        """The event that closed a review (``review_decided`` or ``review_closed``), if recent.
+
+        It is committed together with the review's removal from the open set."""
+        for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=5000)):
+            closing = fields.get("event") in ("review_decided", "review_closed")
+            if closing and fields.get("review_id") == review_id:
+                return fields
+        return None
 
     def _control_refusal(self, entry_id: str) -> str | None:
         for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=200)):
@@ -327,6 +366,18 @@ def _task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
     if isinstance(task, dict):
         return json.dumps(task)
     return task
+
+
+def _closed_error(review_id: str, decision: str, closing: dict[str, str]) -> ReviewClosedError:
+    if closing.get("event") == "review_decided":
+        return ReviewClosedError(
+            f"review {review_id} was already decided {closing.get('decision')} by "
+            f"{closing.get('by')}: your {decision} was not applied"
+        )
+    return ReviewClosedError(
+        f"review {review_id} closed before your {decision} was applied (the task ended); "
+        "`orga status` shows it"
+    )
 
 
 def is_terminal(status: str) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
 from coordinator.state import ReviewDecision, ReviewItem, TaskRecord, TaskStatus
 from shared.errors import OrgaError
 from shared.events import JournalEntry
@@ -164,7 +164,7 @@ class _Run:
 
     async def _apply(self, step: Callable[[TaskMachine], Effects]) -> None:
         machine = TaskMachine(self.out.record, self.driver.clock(), self.driver.settings)
-        effects = step(machine)
+        effects = decide(machine, step)
         if not effects.changed:
             return
         machine.record.version += 1
@@ -186,6 +186,8 @@ class _Run:
                 await writer.append(entry)
 
     def _start(self, request: ReasonRequest | ToolRequest) -> None:
+        # Through JSON, as on the wire: the worker's copy shares nothing with the record.
+        request = type(request).model_validate_json(request.model_dump_json())
         running = asyncio.get_running_loop().create_task(self._dispatch(request))
         self.in_flight.add(running)
         running.add_done_callback(self.in_flight.discard)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,6 +35,8 @@ from shared.actions import Observation, ToolCallAction
 from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation, ConversationMessage
 from shared.events import (
+    AttemptFailed,
+    DispatchFailed,
     JournalEntry,
     LoopEvent,
     ObservationsCollected,
@@ -45,12 +47,14 @@ from shared.events import (
     StepLimitReached,
     Terminated,
     ToolsDispatched,
+    VerificationRun,
 )
 from shared.inference import Usage
 from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
 from shared.pre_hydration import ExtractedReference, PreHydrationEngine, ResolutionResult
 from shared.progress_tracker import LimitAction, ProgressTracker
 from shared.protocol import (
+    ConversationRef,
     Fence,
     ReasonedMessage,
     ReasonRequest,
@@ -60,8 +64,9 @@ from shared.protocol import (
 )
 from shared.stagnation import StagnationDetector, StagnationLevel, StagnationVerdict, ToolEvent
 from shared.task_spec import StepSpec
+from shared.tracing import phase_span, task_context, traceparent
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine", "decide"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous software agent working in a sandboxed workspace. Work through the "
@@ -90,6 +95,10 @@ class MachineSettings:
     workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
     recent_messages_in_snapshot: int = 8
     allow_inline_tools: bool = True
+    conversation_by_reference: bool = False
+    """Reasoning requests carry a reference to the stored conversation, not its messages
+    (the coordinator service, whose store keeps it in Redis); False: the messages travel in
+    the request (the in-process driver)."""
     chain_tools: bool = True
     """Let reasoning workers send an iteration's approved calls straight to the tool workers
     (``ReasonRequest.chain_tools``); False: the coordinator dispatches every tool call."""
@@ -106,6 +115,22 @@ class Effects:
     reviews: list[ReviewItem] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     changed: bool = True
+
+    def stamped(self, epoch: int) -> None:
+        """Reasoning requests by reference read the stored conversation of ``epoch``."""
+        self.reason_dispatches = [
+            r.model_copy(update={"conversation_ref": r.conversation_ref.model_copy(
+                update={"epoch": epoch})}) if r.conversation_ref is not None else r
+            for r in self.reason_dispatches
+        ]  # fmt: skip
+
+    def traced(self, parent: str | None) -> None:
+        """Every dispatch carries ``parent``, the ``traceparent`` of the span that decided it."""
+        if parent is None:
+            return
+        update = {"trace_parent": parent}
+        self.reason_dispatches = [r.model_copy(update=update) for r in self.reason_dispatches]
+        self.tool_dispatches = [t.model_copy(update=update) for t in self.tool_dispatches]
 
 
 class TaskMachine:
@@ -222,7 +247,11 @@ class TaskMachine:
             # Also a chained call's worker failing before its iteration's ``reasoned`` message
             # was applied: that call is then awaited like any other, re-dispatched at its deadline.
             return self._ignored()
-        if message.retryable and awaiting.redeliveries < self.settings.max_redeliveries:
+        retried = message.retryable and awaiting.redeliveries < self.settings.max_redeliveries
+        self._journal(
+            DispatchFailed(fence=message.fence.token(), error=message.error[:2000], retried=retried)
+        )
+        if retried:
             self._redispatch(awaiting)
         else:
             self._dead_letter(awaiting, message.error)
@@ -466,11 +495,13 @@ class TaskMachine:
     ) -> ReasonRequest:
         record = self.record
         act_inline = record.spec.tool_dispatch == "inline" and self.settings.allow_inline_tools
+        by_reference = self.settings.conversation_by_reference and purpose != "plan"
         return ReasonRequest(
             fence=fence,
             purpose="plan" if purpose == "plan" else "act",
             agent_id=record.spec.agent_id,
-            conversation=conversation,
+            conversation=Conversation() if by_reference else conversation,
+            conversation_ref=ConversationRef(length=len(conversation)) if by_reference else None,
             config=self._attempt_config(),
             provider=record.spec.provider,
             policy=record.spec.policy,
@@ -533,9 +564,8 @@ class TaskMachine:
         awaiting.calls = list(calls)
         known = {c.call_id for c in calls}
         awaiting.dispatched = [c for c in chained if c in known]
-        awaiting.results = {
-            k: v for k, v in asked.results.items() if k.removeprefix(_ESCALATION_KEY) in known
-        }
+        awaiting.results = {k: v for k, v in asked.results.items() if k in known}
+        awaiting.escalations = {k: v for k, v in asked.escalations.items() if k in known}
         awaiting.tool_ms = asked.tool_ms
         if awaiting.missing_calls():
             self._dispatch_more(awaiting)
@@ -668,9 +698,7 @@ class TaskMachine:
         # The calls of an iteration run concurrently: the batch took as long as its longest.
         awaiting.tool_ms = max(awaiting.tool_ms, message.duration_ms)
         if message.escalation_reason is not None:
-            awaiting.results[_ESCALATION_KEY + (message.fence.call_id or "")] = Observation(
-                source="recovery", content=message.escalation_reason, is_error=True
-            )
+            awaiting.escalations[message.fence.call_id or ""] = message.escalation_reason
 
     def _all_observed(self, awaiting: Awaiting) -> None:
         if awaiting.kind is AwaitKind.VERIFY:
@@ -692,11 +720,8 @@ class TaskMachine:
         )
         self._journal(ObservationsCollected(iteration=record.iteration, observation_count=count))
         record.awaiting = None
-        escalations = [
-            o.content for k, o in awaiting.results.items() if k.startswith(_ESCALATION_KEY)
-        ]
-        if escalations:
-            self._escalate("recovery", escalations[0])
+        if awaiting.escalations:
+            self._escalate("recovery", next(iter(awaiting.escalations.values())))
             return
         verdict = self._consult_detector(awaiting.calls, observations)
         if verdict is not None and self._apply_verdict(verdict):
@@ -738,7 +763,17 @@ class TaskMachine:
         observation = awaiting.results[awaiting.calls[0].call_id]
         record.awaiting = None
         exit_code = observation.metadata.get("exit_code")
-        if _exit_code(exit_code) == check.expect_exit_code:
+        passed = _exit_code(exit_code) == check.expect_exit_code
+        self._journal(
+            VerificationRun(
+                step_id=record.step().spec.id,
+                command=check.command,
+                exit_code=_exit_code(exit_code),
+                expected=check.expect_exit_code,
+                passed=passed,
+            )
+        )
+        if passed:
             self._complete_step(awaiting.terminal_output or "", verified=True)
             return
         tail = observation.content[-1500:]
@@ -799,6 +834,9 @@ class TaskMachine:
         step = record.step()
         step.attempts += 1
         record.awaiting = None
+        self._journal(
+            AttemptFailed(step_id=step.spec.id, attempt=step.attempts, error=error[:2000])
+        )
         decision = self.tracker.record_and_check(step.spec.id, error)
         if not decision.stop:
             self._new_attempt(step)
@@ -1015,7 +1053,23 @@ class TaskMachine:
 
 
 _TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
-_ESCALATION_KEY = "__escalation__:"
+
+
+def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:
+    """Apply one input in the task's trace: an ``orga.decide`` span, and every dispatch it
+    sends carries that span's ``traceparent`` (both drivers apply inputs through this)."""
+    record = machine.record
+    with phase_span(
+        "decide",
+        task_id=record.task_id,
+        step_id=record.step().spec.id if record.steps else None,
+        iteration=record.iteration,
+        agent_id=record.spec.agent_id,
+        parent=task_context(record.task_id),
+    ) as span:
+        effects = step(machine)
+        effects.traced(traceparent(span))
+    return effects
 
 
 def _exit_code(value: str | None) -> int | None:

@@ -28,7 +28,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -36,12 +36,13 @@ from redis.exceptions import RedisError, ResponseError
 
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
-from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.state import ReviewDecision, TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
+from shared.celery_wire import check_versions
 from shared.errors import WireFormatError
 from shared.protocol import (
     decode_entry,
@@ -83,6 +84,10 @@ class Coordinator:
     metrics: CoordinatorMetrics | None = None
 
     def __post_init__(self) -> None:
+        check_versions()  # the commit script writes Celery messages in kombu's layout
+        # This store keeps each conversation in Redis: reasoning requests carry a reference.
+        machine = replace(self.settings.machine, conversation_by_reference=True)
+        self.settings = replace(self.settings, machine=machine)
         self.store = TaskStore(
             self.redis,
             journal_maxlen=self.settings.journal_maxlen,
@@ -233,8 +238,11 @@ class Coordinator:
             return
         task_id = message.fence.task_id
         applied = await self._apply(task_id, lambda m: m.on_answer(message), ack=ack)
-        if not applied:
-            await self.redis.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+        if not applied:  # a stale or duplicate answer: nothing keeps it
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+            pipe.xdel(keys.observations_stream, entry_id)
+            await pipe.execute()
 
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
@@ -430,7 +438,7 @@ class Coordinator:
                     return False
             machine = TaskMachine(record, time.time(), self.settings.machine)
             try:
-                effects = step(machine)
+                effects = decide(machine, step)
             except Exception:
                 if await self._stale(record, confirmed):
                     continue  # refused on a stale copy: judge again on the stored record
@@ -441,9 +449,13 @@ class Coordinator:
                 if self.metrics is not None:
                     self.metrics.ignored()
                 return False
+            delta = self.store.conversation_delta(machine.record)
+            effects.stamped(machine.record.conversation_epoch)
             messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
             try:
-                await self.store.commit(machine.record, effects, ack=ack, messages=messages)
+                await self.store.commit(
+                    machine.record, effects, ack=ack, messages=messages, delta=delta
+                )
             except CommitConflictError:
                 continue
             await self._released(machine.record)

@@ -58,6 +58,8 @@ __all__ = [
     "breaker_ttl_s",
     "control_maxlen",
     "control_stream",
+    "conversation_key",
+    "conversation_key_prefix",
     "coordinator_group",
     "dead_letter_stream",
     "deadlines_key",
@@ -111,6 +113,7 @@ events_stream: Final = "orga:events"
 review_stream: Final = "orga:review"
 dead_letter_stream: Final = "orga:dead_letter"
 journal_stream_prefix: Final = "orga:journal:"
+conversation_key_prefix: Final = "orga:conversation:"
 control_stream: Final = "orga:control"
 
 # -- consumer groups -----------------------------------------------------------------------
@@ -162,6 +165,12 @@ heartbeats_retention_s: Final = 600
 def journal_stream(task_id: str) -> str:
     """The journal stream of one task: ``orga:journal:{task_id}``."""
     return f"{journal_stream_prefix}{task_id}"
+
+
+def conversation_key(task_id: str) -> str:
+    """A task's conversation, append-only (rewritten only by a compaction): a list of message
+    JSON, ``orga:conversation:{task_id}``."""
+    return f"{conversation_key_prefix}{task_id}"
 
 
 def task_key(task_id: str) -> str:

@@ -25,6 +25,7 @@ from shared.task_spec import ProviderSpec
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "ConversationRef",
     "Fence",
     "ReasonRequest",
     "ReasonedMessage",
@@ -73,6 +74,18 @@ class Fence(BaseModel):
         return self.model_copy(update={"iteration": self.iteration + 1, "call_id": None})
 
 
+class ConversationRef(BaseModel):
+    """Where a worker reads the conversation of a reasoning request: the first ``length``
+    messages of ``orga:conversation:{task_id}``, as of the coordinator's ``epoch`` (bumped
+    whenever a compaction rewrote it, so a worker's cached prefix of an older epoch is not
+    reused)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    length: int = Field(ge=0)
+    epoch: int = Field(default=0, ge=0)
+
+
 class ReasonRequest(BaseModel):
     """What a reasoning worker needs to run Reason and Gate for one iteration.
 
@@ -85,7 +98,10 @@ class ReasonRequest(BaseModel):
     fence: Fence
     purpose: Literal["act", "plan"] = "act"
     agent_id: str
-    conversation: Conversation
+    conversation: Conversation = Field(default_factory=Conversation)
+    conversation_ref: ConversationRef | None = None
+    """Set by the coordinators: the conversation is not in the request but in Redis, and the
+    worker reads what it lacks (the request stays the same size however long the task runs)."""
     config: LoopConfig
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
@@ -97,6 +113,8 @@ class ReasonRequest(BaseModel):
     workspace_template: str | None = None
     recovery: RecoveryStrategy = Field(default_factory=Retry)
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
+    trace_parent: str | None = None
+    """The W3C ``traceparent`` of the coordinator's span that sent this dispatch."""
     chain_tools: bool = False
     """Send the approved calls (up to ``config.max_concurrent_tools``) straight to the tool
     workers, each under ``fence.acting().for_call(call_id)`` (:meth:`tool_request`), in the
@@ -118,6 +136,7 @@ class ReasonRequest(BaseModel):
             recovery=self.tool_recovery.get(call.name, self.recovery),
             policy=self.policy,
             allowed_tools=self.allowed_tools,
+            trace_parent=self.trace_parent,
         )
 
 
@@ -145,6 +164,9 @@ class ToolRequest(BaseModel):
     also: list[ToolCallAction] = Field(default_factory=list)
     """More calls of the same purpose to run concurrently in this task (pre-hydration sends
     all of a task's resolutions in one dispatch); each answers with its own observation."""
+    trace_parent: str | None = None
+    """The W3C ``traceparent`` of the span that sent this call (a coordinator's, or the
+    reasoning worker's that chained it)."""
     completes: ReasonedMessage | None = None
     """The reasoning whose only approved call this is (``chain_tools``): the tool worker
     answers with that ``reasoned`` message, its ``acted`` filled in, instead of a

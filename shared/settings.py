@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
 
-__all__ = ["OrgaSettings", "celery_config"]
+__all__ = ["OrgaSettings", "TelemetrySettings", "celery_config"]
 
 
 class OrgaSettings(BaseSettings):
@@ -119,6 +119,50 @@ class OrgaSettings(BaseSettings):
         ge=60,
         description="Finished tasks (state, journal) are deleted this long after they end",
     )
+    inbox_token: SecretStr | None = Field(
+        default=None,
+        description="`orga inbox`: reviewers log in with this token (or send it as "
+        "`Authorization: Bearer TOKEN`); the inbox refuses to start without it or "
+        "ORGA_INBOX_BASIC_AUTH",
+    )
+    inbox_basic_auth: SecretStr | None = Field(
+        default=None,
+        description="`orga inbox`: HTTP basic auth accounts, `user:password` separated by commas; "
+        "the user name is recorded as who decided a review",
+    )
+    inbox_secret: SecretStr | None = Field(
+        default=None,
+        description="`orga inbox`: signs its session and CSRF cookies; unset: a random one per "
+        "process (reviewers log in again after a restart; set it when several inbox processes "
+        "serve one address)",
+    )
+
+
+class TelemetrySettings(BaseSettings):
+    """OpenTelemetry's standard variables, read at the process edge (``OTEL_*``).
+
+    ``OTEL_TRACES_EXPORTER`` lists the exporters (``console``, ``otlp``, ``none``); without it
+    spans go to OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its traces variant) is set,
+    and nowhere otherwise. The OTLP exporter reads its own variables (headers, timeout).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OTEL_", extra="ignore")
+
+    traces_exporter: str | None = None
+    exporter_otlp_endpoint: str | None = None
+    exporter_otlp_traces_endpoint: str | None = None
+    service_name: str | None = None
+    sdk_disabled: bool = False
+
+    def exporters(self) -> list[str]:
+        """The exporters to build, in order (empty: tracing stays a no-op)."""
+        if self.sdk_disabled:
+            return []
+        if self.traces_exporter is not None:
+            names = [n.strip().lower() for n in self.traces_exporter.split(",") if n.strip()]
+            return [n for n in names if n != "none"]
+        endpoint = self.exporter_otlp_traces_endpoint or self.exporter_otlp_endpoint
+        return ["otlp"] if endpoint else []
 
 
 def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+from opentelemetry import trace
+
 from shared.actions import Observation, ToolCallAction
+from shared.conventions import KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation
 from shared.durations import format_duration
 from shared.errors import ConfigError
@@ -36,11 +41,15 @@ from shared.protocol import (
     ToolRequest,
     WorkerFailedMessage,
 )
+from shared.tracing import Phase, context_of, phase_span, traceparent
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
 from workers.phases import LoopTermination, Reasoning
 from workers.providers.base import InferenceProvider
 from workers.tools.base import ToolContext
+
+log = logging.getLogger("orga.worker.handlers")
 
 __all__ = [
     "AlreadyFitted",
@@ -100,12 +109,27 @@ class WorkerServices(Protocol):
         """The gate a policy spec describes (built once per spec)."""
         ...
 
+    def knowledge(self) -> KnowledgeStore:
+        """The agents' knowledge store (the one ``recall_knowledge`` searches)."""
+        ...
+
+    async def conversation(self, request: ReasonRequest) -> Conversation:
+        """The request's conversation: its own, or the stored one it refers to."""
+        ...
+
+    async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
+        """Add a task's seeded knowledge to the agent's store (once per process and seed)."""
+        ...
+
 
 def prepare_tools(
     definitions: Sequence[ToolDefinition], config: LoopConfig, allowed: Sequence[str] | None
 ) -> LoopConfig:
-    """Tool definitions for the model: the allow-list, then the task's tool profile."""
+    """Tool definitions for the model: the knowledge tools only in tasks with a knowledge
+    block, then the allow-list, then the task's tool profile."""
     tools = list(config.tool_definitions) or list(definitions)
+    if config.knowledge is None:
+        tools = [t for t in tools if not is_knowledge_tool(t.name)]
     if allowed is not None:
         tools = [t for t in tools if t.name in set(allowed)]
     if config.tool_profile is not None:
@@ -173,7 +197,10 @@ def resolution_arguments(
 async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> ReasonedMessage:
     """Reason and Gate for one iteration (and Act when ``act_inline``)."""
     started = time.monotonic()
-    state = _loop_state(request)
+    state = _loop_state(request, await services.conversation(request))
+    knowledge = request.config.knowledge
+    if knowledge is not None and request.purpose == "act":
+        await _inject_knowledge(request, services, state.conversation, knowledge)
     known = len(state.conversation)
     try:
         checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
@@ -188,14 +215,19 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             duration_ms=(time.monotonic() - started) * 1000,
         )
     gate = services.gate(request.policy)
-    dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
+    with phase_span("gate", task_id=request.fence.task_id, iteration=state.iteration):
+        dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
     acted = None
     chained: list[str] = []
     if request.act_inline and approved and dispatching.terminal_output is None:
-        acted = await services.execute_batch(request, approved, _tool_context(request, services))
+        with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
+            context = _tool_context(request, services)
+            acted = await services.execute_batch(request, approved, context)
     elif request.chain_tools and approved and dispatching.terminal_output is None:
         chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
+    if knowledge is not None and dispatching.terminal_output is not None:
+        await _persist_learnings(request, services, state.conversation, knowledge)
     return ReasonedMessage(
         fence=request.fence,
         new_messages=state.conversation.messages[known:],
@@ -208,6 +240,39 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         chained=chained,
         duration_ms=(time.monotonic() - started) * 1000,
     )
+
+
+async def _inject_knowledge(
+    request: ReasonRequest,
+    services: WorkerServices,
+    conversation: Conversation,
+    spec: KnowledgeSpec,
+) -> None:
+    """Seed the agent's store, then put what it knows of the newest messages in the
+    ``[KNOWLEDGE_CONTEXT]`` message of this request (searched again every iteration, never
+    stored in the task's conversation). A failing store never stops the loop."""
+    try:
+        await services.seed_knowledge(request.agent_id, spec)
+        bridge = KnowledgeBridge(services.knowledge(), bridge_config(spec))
+        await bridge.inject_context(request.agent_id, conversation)
+    except Exception as exc:
+        log.warning("knowledge.inject_failed", extra={"task_id": request.fence.task_id,
+                                                      "error": str(exc)[:300]})  # fmt: skip
+
+
+async def _persist_learnings(
+    request: ReasonRequest,
+    services: WorkerServices,
+    conversation: Conversation,
+    spec: KnowledgeSpec,
+) -> None:
+    """A final answer: store a summary of the assistant's answers (``auto_persist``)."""
+    try:
+        bridge = KnowledgeBridge(services.knowledge(), bridge_config(spec))
+        await bridge.persist_learnings(request.agent_id, conversation)
+    except Exception as exc:
+        log.warning("knowledge.persist_failed", extra={"task_id": request.fence.task_id,
+                                                       "error": str(exc)[:300]})  # fmt: skip
 
 
 def onward(
@@ -257,13 +322,16 @@ async def run_dispatch(
     itself) becomes a ``worker_failed`` answer for the dispatch it answers for: retryable
     unless it is a configuration error."""
     try:
-        if isinstance(request, ReasonRequest):
-            message = await run_reasoning(request, services)
-            observation, chained = onward(request, message)
-            return DispatchOutcome([observation] if observation else [], chained)
-        observed = await run_tool_calls(request, services)
-        answers: list[Answer] = [*observed] if isinstance(observed, list) else [observed]
-        return DispatchOutcome(answers)
+        with _span(request) as span:
+            if isinstance(request, ReasonRequest):
+                message = await run_reasoning(request, services)
+                observation, chained = onward(request, message)
+                parent = {"trace_parent": traceparent(span) or request.trace_parent}
+                chained = [c.model_copy(update=parent) for c in chained]
+                return DispatchOutcome([observation] if observation else [], chained)
+            observed = await run_tool_calls(request, services)
+            answers: list[Answer] = [*observed] if isinstance(observed, list) else [observed]
+            return DispatchOutcome(answers)
     except passthrough:
         raise
     except Exception as exc:
@@ -275,14 +343,28 @@ async def run_dispatch(
         return DispatchOutcome([failure], failure=failure)
 
 
-def _loop_state(request: ReasonRequest) -> LoopState:
+_TOOL_PHASES: dict[str, Phase] = {"act": "act", "prehydrate": "pre_hydrate", "verify": "verify"}
+
+
+def _span(request: ReasonRequest | ToolRequest) -> AbstractContextManager[trace.Span]:
+    """The span of one dispatch, in the task's trace, a child of the span that sent it."""
+    reasoning = isinstance(request, ReasonRequest)
+    return phase_span(
+        "reason" if reasoning else _TOOL_PHASES[request.purpose],
+        task_id=request.fence.task_id,
+        step_id=request.fence.step_id,
+        iteration=request.fence.iteration,
+        agent_id=request.agent_id,
+        parent=context_of(request.trace_parent, request.fence.task_id),
+    )
+
+
+def _loop_state(request: ReasonRequest, conversation: Conversation) -> LoopState:
     return LoopState(
         agent_id=request.agent_id,
         iteration=request.fence.iteration,
         total_usage=request.usage,
-        # A list of its own: the in-process driver hands over the coordinator's conversation
-        # itself, which the Reason phase must not append to (its messages are frozen).
-        conversation=Conversation(messages=list(request.conversation.messages)),
+        conversation=conversation,  # decoded or read for this call alone: no copy needed
     )
 
 

@@ -28,7 +28,9 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.actions import ToolCallAction
 from shared.celery_wire import tool_message
-from shared.errors import ConfigError
+from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
+from shared.conversation import Conversation, ConversationMessage
+from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
 from shared.protocol import (
@@ -51,6 +53,7 @@ from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
 from workers.http_pool import pooled_client
+from workers.knowledge import RedisKnowledgeStore, knowledge_tools
 from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
@@ -61,13 +64,26 @@ from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext
 from workers.tools.registry import ToolRegistry, default_registry
 
-__all__ = ["LEDGERS_KEPT", "ProcessServices", "RedisDeadLetterSink", "WorkerCore", "local_core"]
+__all__ = [
+    "LEDGERS_KEPT",
+    "ProcessServices",
+    "RedisDeadLetterSink",
+    "WorkerCore",
+    "local_core",
+    "with_knowledge",
+]
 
 LEDGERS_KEPT = 1024
+CONVERSATIONS_KEPT = 512
+"""How many tasks' conversations a worker process keeps, to read only what it lacks."""
 SCRIPTS_KEPT = 64
 """How many tasks' LlmRecovery counts a worker process remembers."""
 
 _T = TypeVar("_T")
+
+
+class StaleConversationError(OrgaError):
+    """A request's stored conversation was rewritten since it was sent (a stale dispatch)."""
 
 
 class RedisDeadLetterSink:
@@ -100,11 +116,14 @@ class WorkerCore:
         provider_settings: ProviderSettings,
         executor: ToolExecutor,
         registry: ToolRegistry,
+        knowledge: KnowledgeStore,
     ) -> None:
         self.settings = settings
         self.provider_settings = provider_settings
         self.registry = registry
         self.executor = executor
+        self._knowledge = knowledge
+        self._seeded: dict[tuple[str, bytes], None] = {}
         self._http: dict[tuple[str, str], httpx.AsyncClient] = {}
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
@@ -263,6 +282,35 @@ class WorkerCore:
         """Whether web_fetch may reach loopback and private addresses."""
         return self.settings.allow_private_network
 
+    def knowledge(self) -> KnowledgeStore:
+        """The agents' knowledge store."""
+        return self._knowledge
+
+    async def conversation(self, request: ReasonRequest) -> Conversation:
+        """The request's own conversation (this core has no store to read a reference in)."""
+        if request.conversation_ref is not None:
+            raise ConfigError(
+                f"reasoning request {request.fence.token()} refers to a stored conversation, "
+                "but this worker has no Redis to read it from; run it on a worker process"
+            )
+        return request.conversation
+
+    async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
+        """Add a task's seeded items to the agent's store, once per process and seed (the
+        items' ids come from their content, so another process seeding again changes
+        nothing)."""
+        items = spec.seed_items()
+        digest = hashlib.blake2b(
+            "\0".join(i.item_id or "" for i in items).encode(), digest_size=16
+        ).digest()
+        if not items or (agent_id, digest) in self._seeded:
+            return
+        for item in items:
+            await self._knowledge.add_knowledge(agent_id, item)
+        self._seeded[(agent_id, digest)] = None
+        while len(self._seeded) > SCRIPTS_KEPT:
+            self._seeded.pop(next(iter(self._seeded)))
+
     def gate(self, policy: PolicySpec) -> ReasoningPolicyGate:
         """The gate of a policy spec, built once per distinct spec in this process."""
         key = policy.model_dump_json()
@@ -292,7 +340,8 @@ class ProcessServices(WorkerCore):
             redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
         )
         self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
-        registry = registry if registry is not None else default_registry()
+        knowledge = RedisKnowledgeStore(self.redis)
+        registry = with_knowledge(registry or default_registry(), knowledge)
         self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         tools: dict[str, Tool] = {t.definition.name: t for t in registry}
         # A success that changes nothing but the breaker's counters goes out with the
@@ -304,7 +353,32 @@ class ProcessServices(WorkerCore):
             cache=RedisResultCache(self.redis),
             dead_letter=RedisDeadLetterSink(self.redis),
         )
-        super().__init__(settings, provider_settings, executor, registry)
+        super().__init__(settings, provider_settings, executor, registry, knowledge)
+        self._conversations: dict[str, tuple[int, list[ConversationMessage]]] = {}
+
+    async def conversation(self, request: ReasonRequest) -> Conversation:
+        """The stored conversation a request refers to: what this process read of the task
+        before (same epoch), plus the messages it lacks, read from Redis."""
+        ref = request.conversation_ref
+        if ref is None:
+            return request.conversation
+        task_id = request.fence.task_id
+        epoch, cached = self._conversations.pop(task_id, (-1, []))
+        known = cached if epoch == ref.epoch and len(cached) <= ref.length else []
+        if len(known) < ref.length:
+            key = keys.conversation_key(task_id)
+            raw = await self.redis.lrange(key, len(known), ref.length - 1)
+            known = known + [ConversationMessage.model_validate_json(m) for m in raw]
+        if len(known) < ref.length:
+            raise StaleConversationError(
+                f"task {task_id}: its stored conversation has {len(known)} messages, the "
+                f"request {request.fence.token()} expects {ref.length} (epoch {ref.epoch}); "
+                "it was rewritten since: the coordinator will re-send a current request"
+            )
+        self._conversations[task_id] = (ref.epoch, known[: ref.length])
+        while len(self._conversations) > CONVERSATIONS_KEPT:
+            self._conversations.pop(next(iter(self._conversations)))
+        return Conversation(messages=list(known[: ref.length]))
 
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on this process's loop and wait for it (from any thread but the
@@ -372,14 +446,30 @@ def local_core(
     settings: OrgaSettings | None = None,
     provider_settings: ProviderSettings | None = None,
     registry: ToolRegistry | None = None,
+    knowledge: KnowledgeStore | None = None,
 ) -> WorkerCore:
-    """A :class:`WorkerCore` for one process: in-memory breakers and result cache."""
-    registry = registry if registry is not None else default_registry()
+    """A :class:`WorkerCore` for one process: in-memory breakers, result cache and (unless
+    given) knowledge store."""
+    store = knowledge if knowledge is not None else InMemoryKnowledgeStore()
+    registry = with_knowledge(registry or default_registry(), store)
     executor = ToolExecutor(
         {t.definition.name: t for t in registry},
         CircuitBreakerRegistry(InMemoryBreakerStore()),
         cache=InMemoryResultCache(),
     )
     return WorkerCore(
-        settings or OrgaSettings(), provider_settings or ProviderSettings(), executor, registry
+        settings or OrgaSettings(),
+        provider_settings or ProviderSettings(),
+        executor,
+        registry,
+        store,
     )
+
+
+def with_knowledge(registry: ToolRegistry, store: KnowledgeStore) -> ToolRegistry:
+    """``registry`` with ``recall_knowledge`` and ``store_knowledge`` on ``store`` (the model
+    sees them only in tasks with a ``knowledge`` block)."""
+    for tool in knowledge_tools(store):
+        if tool.definition.name not in registry:
+            registry.register(tool)
+    return registry

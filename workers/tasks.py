@@ -9,6 +9,7 @@ the coordinator decides to re-dispatch or dead-letter it.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import TypeVar
 
@@ -21,11 +22,12 @@ from shared.protocol import (
     ToolRequest,
     WorkerFailedMessage,
 )
-from shared.settings import OrgaSettings
+from shared.settings import OrgaSettings, TelemetrySettings
 from workers.celery import app
 from workers.handlers import live_fences, run_dispatch
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
+from workers.telemetry import configure_tracing, flush_tracing
 from workers.tools.base import Tool
 from workers.tools.registry import ToolRegistry, default_registry
 
@@ -51,6 +53,7 @@ def services() -> ProcessServices:
             if _services is None:
                 settings: OrgaSettings = app.conf.orga_settings
                 assert settings.redis_url is not None
+                configure_tracing(TelemetrySettings(), "orga-worker", out=sys.__stdout__)
                 _services = ProcessServices(
                     settings, ProviderSettings(), settings.redis_url, registry=_registry()
                 )
@@ -78,6 +81,7 @@ def close_services() -> None:
     if _services is not None:
         _services.close()
         _services = None
+    flush_tracing()
 
 
 def _handle(name: str, payload: str, model: type[_Request], queue: str) -> None:

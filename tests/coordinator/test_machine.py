@@ -191,6 +191,11 @@ def test_failed_verification_is_fed_back_and_retried() -> None:
     assert record.steps[0].attempts == 1
     assert "[Verification failed]" in record.conversation.messages[-2].content
     assert len(effects.reason_dispatches) == 1
+    events = [e.event for e in effects.journal]
+    assert [e.type for e in events] == ["VerificationRun", "AttemptFailed"]
+    run, failed = events
+    assert (run.command, run.exit_code, run.expected, run.passed) == ("false", 1, 0, False)  # type: ignore[union-attr]
+    assert failed.attempt == 1 and "exited with 1" in failed.error  # type: ignore[union-attr]
 
 
 def test_repeated_identical_failures_skip_the_step() -> None:
@@ -284,6 +289,9 @@ def test_worker_failure_is_redispatched() -> None:
     failed = WorkerFailedMessage(fence=record.awaiting.fence, error="boom")
     effects = _apply(record, 2.0, lambda m: m.on_worker_failed(failed))
     assert [r.fence.attempt for r in effects.reason_dispatches] == [failed.fence.attempt + 1]
+    journaled = effects.journal[0].event
+    assert journaled.type == "DispatchFailed" and journaled.retried  # type: ignore[union-attr]
+    assert journaled.error == "boom"  # type: ignore[union-attr]
     assert not _apply(record, 2.1, lambda m: m.on_worker_failed(failed)).changed
 
 
@@ -292,8 +300,10 @@ def test_inference_termination_counts_as_a_failed_attempt() -> None:
     record = _record(step_iteration={"max_reattempts_per_step": 1})
     _start(record)
     message = _reasoned(record, termination={"kind": "error", "message": "Inference failed: 500"})
-    _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    effects = _apply(record, 2.0, lambda m: m.on_reasoned(message))
     assert record.steps[0].status is StepStatus.SKIPPED
+    failed = next(e.event for e in effects.journal if e.event.type == "AttemptFailed")
+    assert "Inference failed: 500" in failed.error  # type: ignore[union-attr]
 
 
 def test_wandering_escalates_to_review_through_the_detector() -> None:
@@ -349,11 +359,14 @@ def test_parse_plan(text: str, expected: list[str]) -> None:
 
 
 def test_record_round_trips_through_json() -> None:
-    """The whole record (conversation, tracker and detector state) survives a JSON round trip."""
+    """The record (tracker and detector state) survives a JSON round trip; its conversation
+    is not in it (the store keeps it apart, append-only)."""
     record = _record()
     _start(record)
     _tool_turn(record, _call("c1", path="a"))
     restored = TaskRecord.model_validate_json(record.model_dump_json())
+    assert len(restored.conversation) == 0 < len(record.conversation)
+    restored.conversation = record.conversation
     assert restored == record
 
 
@@ -674,3 +687,21 @@ def test_a_dispatch_whose_worker_stopped_heartbeating_is_re_sent_once() -> None:
 def _start_and_get(record: TaskRecord) -> TaskRecord:
     _start(record)
     return record
+
+
+def test_a_record_of_the_old_escalation_layout_still_loads() -> None:
+    """An awaited dispatch stored with its escalation inside ``results`` keeps it, typed."""
+    from coordinator.state import Awaiting
+
+    old = {
+        "kind": "tools",
+        "fence": {"task_id": "t", "step_id": "s", "iteration": 1, "attempt": 1},
+        "deadline": 1.0,
+        "results": {
+            "c1": {"source": "file_read", "content": "ok"},
+            "__escalation__:c1": {"source": "recovery", "content": "disk full", "is_error": True},
+        },
+    }
+    awaiting = Awaiting.model_validate(old)
+    assert list(awaiting.results) == ["c1"]
+    assert awaiting.escalations == {"c1": "disk full"}

@@ -1,6 +1,6 @@
 """Loop behaviour only the in-process driver can show: tools registered by the embedding
-process (breakers, retry, fallback), every request the model received (compaction keeps the
-task), and the providers' HTTP wire against local fake servers configured in this process.
+process (breakers, retry, fallback), and the providers' HTTP wire against local fake servers
+configured in this process (compaction keeps the task in every request on it).
 
 These were the in-process runner's scenarios (``workers/runner.py``, retired): they now run the
 one loop core, :class:`~coordinator.inprocess.InProcessDriver` over a :class:`WorkerCore`.
@@ -17,11 +17,9 @@ import pytest
 
 from coordinator.inprocess import InProcessDriver, InProcessRun
 from coordinator.machine import MachineSettings
-from shared.conversation import Conversation, MessageRole
+from shared.conversation import MessageRole
 from shared.inference import ToolDefinition
-from shared.protocol import ReasonRequest
 from tests.fakes.llm_server import FakeAnthropicServer, FakeOpenAIServer
-from workers.providers.base import InferenceProvider
 from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.runtime import WorkerCore, local_core
 from workers.tools.base import ToolContext, ToolOutput
@@ -52,18 +50,6 @@ class _ScriptedTool:
         if behaviour == "sleep":
             await asyncio.sleep(5)
         return ToolOutput(content=f"{self._definition.name} answered call {self.calls}")
-
-
-class _RecordingCore(WorkerCore):
-    """A local core that keeps the conversation of every model request, as sent."""
-
-    def __init__(self, core: WorkerCore) -> None:
-        super().__init__(core.settings, core.provider_settings, core.executor, core.registry)
-        self.requests: list[Conversation] = []
-
-    def provider(self, request: ReasonRequest) -> InferenceProvider:
-        self.requests.append(Conversation(messages=list(request.conversation.messages)))
-        return super().provider(request)
 
 
 def _run(core: WorkerCore, root: Path, task: dict[str, Any]) -> InProcessRun:
@@ -156,34 +142,35 @@ def test_a_long_run_under_a_small_budget_keeps_the_task_in_every_request(
     tmp_path: Path, strategy: dict[str, Any]
 ) -> None:
     """Under a 256-token budget every one of 41 model requests starts with the task's pins."""
-    template = tmp_path / "template"
-    template.mkdir()
-    (template / "notes.txt").write_text("a note about calc.py\n" * 20)
-    reads = [{"tool_calls": [{"name": "file_read", "arguments": {"path": "notes.txt"}}]}] * 40
+    (tmp_path / "notes.txt").write_text("a note about calc.py\n" * 20)
     task = {
         "goal": GOAL,
         "system_prompt": "You are a careful engineer.",
-        "provider": {"kind": "scripted", "replies": [*reads, "done"]},
+        "provider": {"kind": "openai"},
         "steps": [{"id": "fix", "instruction": STEP}],
-        "workspace_template": str(template),
+        "workspace": str(tmp_path),
         "context": strategy,
         "limits": {"max_iterations": 50, "context_token_budget": 256},
         "stagnation": {"enabled": False},
     }
-    core = _RecordingCore(local_core())
-    run = _run(core, tmp_path / "workspaces", task)
+    with FakeOpenAIServer(api_key="sk-test") as server:
+        for n in range(40):
+            server.respond_tool_calls([(f"call_{n}", "file_read", {"path": "notes.txt"})])
+        server.respond_text("done")
+        core = _served_core(ProviderKind.OPENAI, server.base_url, "sk-test")
+        run = _run(core, tmp_path, task)
+        bodies = [r.body["messages"] for r in server.requests]
     assert run.status.value == "completed"
-    assert len(core.requests) == 41
-    for conversation in core.requests:
-        assert [(m.role, m.content) for m in conversation.messages[:3]] == [
-            (MessageRole.SYSTEM, "You are a careful engineer."),
-            (MessageRole.USER, f"Goal: {GOAL}"),
-            (MessageRole.USER, f"Step 1 of 1 (fix): {STEP}"),
+    assert len(bodies) == 41
+    for messages in bodies:
+        assert [(m["role"], m["content"]) for m in messages[:3]] == [
+            ("system", "You are a careful engineer."),
+            ("user", f"Goal: {GOAL}"),
+            ("user", f"Step 1 of 1 (fix): {STEP}"),
         ]
-        calls = {c.id for m in conversation.messages for c in m.tool_calls}
-        results = {m.tool_call_id for m in conversation.messages if m.role is MessageRole.TOOL}
-        assert results <= calls
-    assert max(len(c) for c in core.requests) <= 12
+        calls = {c["id"] for m in messages for c in m.get("tool_calls") or []}
+        assert {m["tool_call_id"] for m in messages if m["role"] == "tool"} <= calls
+    assert max(len(m) for m in bodies) <= 12
 
 
 def _bugfix_task(workspace: Path) -> dict[str, Any]:
