@@ -25,6 +25,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from coordinator.cli_agents import agents_app
+from coordinator.cli_schedules import schedule_app
 from coordinator.client import OrgaClient, TaskNotFoundError, TaskRejectedError
 from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
 from coordinator.logs import configure_logging, redact_url
@@ -49,6 +51,8 @@ review_app = typer.Typer(
     help="Escalations waiting for a human decision.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(review_app, name="review")
+app.add_typer(agents_app, name="agents")
+app.add_typer(schedule_app, name="schedule")
 out = Console()
 err = Console(stderr=True)
 

@@ -34,6 +34,7 @@ __all__ = [
     "TaskNotFoundError",
     "TaskRejectedError",
     "WaitTimeoutError",
+    "task_text",
 ]
 
 
@@ -82,7 +83,7 @@ class OrgaClient:
         self, task: TaskSpec | dict[str, Any] | str | Path, task_id: str | None = None
     ) -> str:
         """Put a task on the intake stream and return its id (validated by the coordinator)."""
-        text = _task_text(task)
+        text = task_text(task)
         task_id = task_id or uuid.uuid4().hex
         self.redis.xadd(
             keys.intake_stream,
@@ -358,11 +359,13 @@ class OrgaClient:
         self.redis.close()
 
 
-def _task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
-    if isinstance(task, TaskSpec):
-        return task.model_dump_json(exclude_none=True)
+def task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
+    """The text of a task as it goes on the intake stream (JSON, or the text given)."""
     if isinstance(task, Path):
-        return load_task_file(task).model_dump_json(exclude_none=True)
+        task = load_task_file(task)
+    if isinstance(task, TaskSpec):
+        # A task naming an agent carries only the fields it sets: the profile's fill the rest.
+        return task.model_dump_json(exclude_none=True, exclude_unset=task.agent is not None)
     if isinstance(task, dict):
         return json.dumps(task)
     return task

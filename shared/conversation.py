@@ -122,6 +122,14 @@ class Conversation(BaseModel):
 
     messages: list[ConversationMessage] = Field(default_factory=list)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal messages make equal conversations (the estimate cache is not compared)."""
+        if not isinstance(other, Conversation):
+            return NotImplemented
+        return self.messages == other.messages
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic's own models
+
     @classmethod
     def with_system(cls, content: str, *, pin: bool = False) -> Conversation:
         """A conversation that starts with a system prompt (pinned with ``pin=True``)."""

@@ -35,6 +35,10 @@ Keys
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write
     ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
+    ``orga:agents``              hash: agent name -> registered agent profile (JSON)
+    ``orga:schedules``           hash: schedule name -> schedule (JSON)
+    ``orga:schedules:due``       sorted set: active schedule name -> its next fire time
+    ``orga:schedules:fired``     hash: schedule name -> its last fire (JSON: time, task id)
 
 Celery (the Redis broker stores each queue as a list under its name)
     ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
@@ -53,6 +57,7 @@ from typing import Final
 
 __all__ = [
     "active_tasks_key",
+    "agents_key",
     "breaker_key",
     "breaker_key_prefix",
     "breaker_ttl_s",
@@ -93,6 +98,9 @@ __all__ = [
     "result_cache_key_prefix",
     "result_cache_ttl_s",
     "review_stream",
+    "schedule_fires_key",
+    "schedules_due_key",
+    "schedules_key",
     "status_counts_key",
     "task_index_key",
     "task_key",
@@ -138,6 +146,10 @@ open_reviews_key: Final = "orga:reviews:open"
 status_counts_key: Final = "orga:stats:status"
 heartbeats_key: Final = "orga:heartbeats"
 queue_started_key_prefix: Final = "orga:started:"
+agents_key: Final = "orga:agents"
+schedules_key: Final = "orga:schedules"
+schedules_due_key: Final = "orga:schedules:due"
+schedule_fires_key: Final = "orga:schedules:fired"
 
 # -- Celery queues and task names ----------------------------------------------------------
 
