@@ -10,6 +10,7 @@ must be identical between two runs of one task.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ __all__ = [
 
 TRANSPORT_EVENTS = frozenset({"redispatched", "dispatch_lost", "no_consumer"})
 """Lifecycle events about the transport, not the loop: only the distributed driver has them."""
+
+STORED_ID = re.compile(r"^Stored fact: .* \(id: ([^)\s]+)\)$", re.S)
+"""A knowledge item's id in ``store_knowledge``'s answer: each store draws its own (a uuid in
+Redis, a counter in memory), as each run draws its task id."""
 
 MEASURED = frozenset({"timestamp", "duration", "duration_ms"})
 """Fields that measure time: never equal between two runs."""
@@ -78,6 +83,11 @@ class Outcome:
     def events_of(self, kind: str) -> list[Any]:
         """The journal's events of one type, in order."""
         return [e.event for e in self.journal if e.event.type == kind]
+
+    def drawn_ids(self) -> list[str]:
+        """Ids the run drew at random, in order: its reviews', then its stored items'."""
+        stored = [STORED_ID.match(m) for m in self.messages()]
+        return [*self.review_ids, *(m.group(1) for m in stored if m)]
 
     def messages(self) -> list[str]:
         """The text of every conversation message, in order."""
@@ -206,8 +216,9 @@ def _events(client: OrgaClient, task_id: str) -> list[str]:
 
 def comparable(outcome: Outcome) -> dict[str, Any]:
     """The run without what differs by nature between two runs: timestamps, measured
-    durations, ids and the workspace root (each replaced by a placeholder), and the lifecycle
-    events about the transport. Sequence, step, iteration and every event field are kept."""
+    durations, drawn ids and the workspace root (each replaced by a placeholder), and the
+    lifecycle events about the transport. Sequence, step, iteration and every event field are
+    kept."""
     journal = [_unmeasured(entry.model_dump(mode="json")) for entry in outcome.journal]
     document = {
         "status": outcome.status,
@@ -237,6 +248,6 @@ def _without_ids(value: Any, outcome: Outcome) -> Any:
     if not isinstance(value, str):
         return value
     text = value.replace(outcome.workspace_root, "<root>").replace(outcome.task_id, "<task>")
-    for number, review_id in enumerate(outcome.review_ids):
-        text = text.replace(review_id, f"<review {number}>")
+    for number, drawn in enumerate(outcome.drawn_ids()):
+        text = text.replace(drawn, f"<id {number}>")
     return text

@@ -1,6 +1,7 @@
 """Loop behaviour only the in-process driver can show: tools registered by the embedding
-process (breakers, retry, fallback), and the providers' HTTP wire against local fake servers
-configured in this process (compaction keeps the task in every request on it).
+process (breakers, retry, fallback), the providers' HTTP wire against local fake servers
+configured in this process (compaction keeps the task in every request on it), and the
+knowledge store the embedding process hands in (``auto_persist``).
 
 These were the in-process runner's scenarios (``workers/runner.py``, retired): they now run the
 one loop core, :class:`~coordinator.inprocess.InProcessDriver` over a :class:`WorkerCore`.
@@ -17,6 +18,7 @@ import pytest
 
 from coordinator.inprocess import InProcessDriver, InProcessRun
 from coordinator.machine import MachineSettings
+from shared.conventions import InMemoryKnowledgeStore
 from shared.conversation import MessageRole
 from shared.inference import ToolDefinition
 from tests.fakes.llm_server import FakeAnthropicServer, FakeOpenAIServer
@@ -225,3 +227,28 @@ def test_anthropic_wire_runs_the_loop(tmp_path: Path) -> None:
     assert (tmp_path / "calc.py").read_text() == FIXED
     assert last["messages"][-1]["content"][0]["type"] == "tool_result"
     assert "autonomous software agent" in json.dumps(last["system"])
+
+
+@pytest.mark.parametrize(("auto_persist", "kept"), [(False, 2), (True, 3)])
+def test_learnings_are_persisted_only_with_auto_persist(
+    tmp_path: Path, auto_persist: bool, kept: int
+) -> None:
+    """A seeded fact and a stored one stay; the run's summary is added only with auto_persist."""
+    store = InMemoryKnowledgeStore()
+    fact = {"subject": "calc", "predicate": "has", "object": "a bug in add"}
+    task = {
+        "goal": "remember what is wrong with calc",
+        "agent_id": "keeper",
+        "provider": {
+            "kind": "scripted",
+            "replies": [{"tool_calls": [{"name": "store_knowledge", "arguments": fact}]}, "ok"],
+        },
+        "steps": [{"id": "work", "instruction": "store the fact"}],
+        "knowledge": {
+            "facts": [{"subject": "calc", "predicate": "is", "object": "small"}],
+            "auto_persist": auto_persist,
+        },
+    }
+    run = _run(local_core(knowledge=store), tmp_path, task)
+    assert run.status.value == "completed"
+    assert len(store.items("keeper")) == kept

@@ -10,6 +10,7 @@ driver's run.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -34,10 +35,12 @@ HINT = "stop running check.py; answer that the configuration is fixed"
 
 @dataclass(frozen=True)
 class Given:
-    """What a scenario's task may refer to: the OPA server and a template workspace."""
+    """What a scenario's task may refer to: the OPA server, a template workspace, and an agent
+    id of this test alone (the distributed knowledge store is per agent and outlives tasks)."""
 
     opa_url: str
     template: str
+    agent_id: str
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,18 @@ def _compacted(outcome: Outcome) -> None:
     assert "[Previous file_read result omitted for context management]" in outcome.messages()
 
 
+def _recalled_by_directory(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    [answer] = _tool_texts(outcome)
+    assert answer.index("return early after checks") < answer.index("type-hint every public")
+
+
+def _stored_and_recalled(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    stored, recalled = _tool_texts(outcome)
+    assert "a bug in add" in recalled, (stored, recalled)
+
+
 def _modified_resolution(outcome: Outcome) -> None:
     context = next(m for m in outcome.messages() if "[PRE_HYDRATED_CONTEXT]" in m)
     assert REDACTED in context
@@ -333,6 +348,38 @@ def _bounded_task(_given: Given) -> dict[str, Any]:
     return _task([_calls(*writes), "three files"], limits={"max_concurrent_tools": 1})
 
 
+CONVENTIONS = {
+    "conventions": [
+        {"language": "python", "directory": "src/api", "content": "return early after checks"},
+        {"language": "python", "content": "type-hint every public function"},
+    ],
+    "facts": [{"subject": "calc.py", "predicate": "is owned by", "object": "the API team"}],
+}
+
+
+def _recall_task(given: Given) -> dict[str, Any]:
+    recall = {"query": "python", "directory": "src/api/handlers", "scope": "conventions"}
+    return _task(
+        [_calls(("recall_knowledge", recall)), "noted"],
+        goal="Refactor calc.py to the python house style of src/api",
+        agent_id=given.agent_id,
+        knowledge=CONVENTIONS | {"auto_persist": False},
+    )
+
+
+def _store_task(given: Given) -> dict[str, Any]:
+    fact = {"subject": "calc", "predicate": "has", "object": "a bug in add"}
+    recall = {"query": "calc bug"}
+    # Usage stated: the token estimate of a conversation would count the stored item's id.
+    usage = {"usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}
+    replies = [_calls(("store_knowledge", fact)), _calls(("recall_knowledge", recall))]
+    return _task(
+        [*(r | usage for r in replies), {"text": "stored"} | usage],
+        agent_id=given.agent_id,
+        knowledge={"auto_persist": True},
+    )
+
+
 STUCK = [_calls(CHECK_FAILS), *(_calls(RUN_CHECK) for _ in range(7))]
 """A model that runs the same failing check again and again: nudged at its 4th run, asked to
 re-plan at its 5th, escalated at its 7th (the last reply here)."""
@@ -442,6 +489,8 @@ SCENARIOS = [
         _milestone_kept,
         (Decision("abort"),),
     ),
+    Scenario("knowledge-recalled-by-directory", _recall_task, _recalled_by_directory),
+    Scenario("knowledge-stored-then-recalled", _store_task, _stored_and_recalled),
     Scenario("prehydration-gate-denies", _prehydration_denied_task, _resolution_denied),
     Scenario("prehydration-gate-modifies", _opa_task, _modified_resolution),
     Scenario("prehydration-timeout", _slow_resolution_task, _resolution_timed_out),
@@ -471,7 +520,7 @@ def given(opa: FakeOpaServer, tmp_path: Path) -> Given:
     (template / "calc.py").write_text(BUGGY)
     (template / "notes.txt").write_text("a note about calc.py\n" * 20)
     opa.set_decision("parity/decision", _redact)
-    return Given(opa_url=opa.url, template=str(template))
+    return Given(opa_url=opa.url, template=str(template), agent_id=f"parity-{uuid.uuid4().hex}")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
