@@ -22,7 +22,6 @@ import redis
 
 from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
-from shared.conversation import Conversation, ConversationMessage
 from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.task_spec import TaskSpec, load_task_file
@@ -120,14 +119,14 @@ class OrgaClient:
     def record(self, task_id: str) -> TaskRecord:
         """The task's full state; TaskNotFoundError if it was rejected or not yet accepted."""
         real = self.resolve(task_id)
-        state = self._hget(keys.task_key(real), "state")
+        pipe = self.redis.pipeline(transaction=True)  # the state and its conversation, together
+        pipe.hget(keys.task_key(real), "state")
+        pipe.lrange(keys.conversation_key(real), 0, -1)
+        state, stored = pipe.execute()
         if state is None:
             self._not_found(task_id)
         record = TaskRecord.model_validate_json(str(state))
-        stored = cast("list[str]", self.redis.lrange(keys.conversation_key(real), 0, -1))
-        record.conversation = Conversation(
-            messages=[ConversationMessage.model_validate_json(m) for m in stored]
-        )
+        record.restore_conversation(stored)
         return record
 
     def status(self, task_id: str) -> dict[str, Any]:

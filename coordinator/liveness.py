@@ -9,10 +9,12 @@ coordinator reads those scores and the depth and drain rate of the dispatch's qu
 
 - **running** (a beat younger than the heartbeat timeout): look again one timeout after the
   last beat, unless it has run longer than ``start_to_close_s`` (then it is lost);
-- **answered** (the observation is in the stream): look again one timeout later; while the
-  coordinators have observations left to read or apply (a backlog), an answered dispatch is
-  never re-sent: on a saturated coordinator an observation can wait longer than any fixed
-  grace, and re-sending would pay for the model call twice;
+- **answered** (the observation is in the stream): look again one timeout later. While the
+  coordinators may not have read or applied it yet (their group has not been delivered entries
+  that new, or still has one that old pending), it is never re-sent: on a saturated
+  coordinator an observation can wait longer than any fixed grace, and re-sending would pay for
+  the model call twice. It is lost once it must have been read and was not applied (two
+  timeouts after the answer), and in any case past ``start_to_close_s``;
 - **stale** (beats stopped): its worker is gone, it is lost and re-sent;
 - **not started**: while its queue holds messages and drains, it is queued, and the next look
   is when the queue should have drained (twice the depth over the drain rate); a queue that
@@ -28,7 +30,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Judgement", "Liveness", "LivenessSettings", "Verdict"]
+__all__ = [
+    "UNKNOWN_PROGRESS",
+    "Judgement",
+    "Liveness",
+    "LivenessSettings",
+    "StreamProgress",
+    "Verdict",
+]
+
+ANSWER_SLACK_MS = 5000
+"""How far a worker's clock (the answer's time) may be from Redis's (the entry's id)."""
 
 MAX_QUEUED_WAIT_S = 600.0
 """The longest a queued dispatch waits before the coordinator looks at it again."""
@@ -54,6 +66,30 @@ class LivenessSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamProgress:
+    """Where the coordinators' group stands on a stream, as stream-id milliseconds (Redis
+    server time): the newest entry delivered to one of them, and the oldest delivered but not
+    yet acknowledged (None: unknown, or nothing pending)."""
+
+    delivered_ms: int | None = None
+    oldest_pending_ms: int | None = None
+
+    def may_hold(self, at_ms: int, slack_ms: int) -> bool:
+        """Whether an entry written at ``at_ms`` may still be unread or unapplied: not yet
+        delivered, or delivered no earlier than the oldest entry still pending. ``slack_ms``
+        covers the difference between the writer's clock and Redis's."""
+        if self.delivered_ms is None:
+            return False
+        unread = self.delivered_ms < at_ms + slack_ms
+        pending = self.oldest_pending_ms is not None and self.oldest_pending_ms <= at_ms + slack_ms
+        return unread or pending
+
+
+UNKNOWN_PROGRESS = StreamProgress()
+"""No group seen (yet): an answer is judged by its age alone."""
+
+
+@dataclass(frozen=True, slots=True)
 class Judgement:
     """A verdict, why, and when to look again (None: re-send now)."""
 
@@ -72,8 +108,8 @@ class Liveness:
     queue_depth: int
     drain_per_s: float
     """Dispatches started per second on that queue, lately (0: none started)."""
-    observations_backlog: int = 0
-    """Observations not yet read, or read and not yet applied, by the coordinators."""
+    observations: StreamProgress = UNKNOWN_PROGRESS
+    """How far the coordinators have read and applied the observations stream."""
 
     def judge(
         self,
@@ -88,15 +124,19 @@ class Liveness:
         scores = [s for s in (self.scores.get(i) for i in ids) if s is not None]
         beats = [s for s in scores if s > 0]
         if any(s < 0 for s in scores):
-            answered = -min(s for s in scores if s < 0)
-            if now - answered < 2 * timeout or self.observations_backlog > 0:
-                return Judgement(Verdict.ANSWERED, "answered; its observation is on its way",
-                                 now + timeout)  # fmt: skip
-            return Judgement(Verdict.LOST, f"answered {now - answered:.0f}s ago, never applied "
-                             "and no observation is left to read", None)  # fmt: skip
+            return self._answered(-min(s for s in scores if s < 0), now, settings)
         if beats:
             return self._started(max(beats), now, dispatched_at, settings)
         return self._unstarted(now, unstarted_looks, timeout)
+
+    def _answered(self, answered: float, now: float, settings: LivenessSettings) -> Judgement:
+        timeout = settings.heartbeat_timeout_s
+        age = now - answered
+        queued = self.observations.may_hold(int(answered * 1000), ANSWER_SLACK_MS)
+        if age < settings.start_to_close_s and (age < 2 * timeout or queued):
+            return Judgement(Verdict.ANSWERED, "answered; its observation is on its way",
+                             now + timeout)  # fmt: skip
+        return Judgement(Verdict.LOST, f"answered {age:.0f}s ago and never applied", None)
 
     @staticmethod
     def _started(

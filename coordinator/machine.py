@@ -501,7 +501,11 @@ class TaskMachine:
             purpose="plan" if purpose == "plan" else "act",
             agent_id=record.spec.agent_id,
             conversation=Conversation() if by_reference else conversation,
-            conversation_ref=ConversationRef(length=len(conversation)) if by_reference else None,
+            conversation_ref=(
+                ConversationRef(length=len(conversation), created_at=record.created_at)
+                if by_reference
+                else None
+            ),
             config=self._attempt_config(),
             provider=record.spec.provider,
             policy=record.spec.policy,

@@ -283,7 +283,8 @@ class Coordinator:
         )  # fmt: skip
         for raw_id, fields in entries:
             entry_id = _text(raw_id)
-            if fields is None:
+            if fields is None:  # deleted while pending (Redis 6.2 keeps it pending): forget it
+                await self.redis.xack(stream, keys.coordinator_group, entry_id)
                 continue
             deliveries = await self._deliveries(stream, entry_id)
             if deliveries > self.settings.max_deliveries:
@@ -385,7 +386,7 @@ class Coordinator:
             queue=queue,
             queue_depth=self._queues.depth(queue),
             drain_per_s=self._queues.drain_per_s(queue),
-            observations_backlog=self._queues.observations_backlog,
+            observations=self._queues.observations,
         )
 
     async def _hold(self, task_id: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared import keys
 from shared.actions import Observation, ToolCallAction
-from shared.conversation import Conversation
+from shared.conversation import Conversation, ConversationMessage
 from shared.inference import Usage
 from shared.protocol import Fence
 from shared.task_spec import StepSpec, TaskSpec
@@ -199,6 +200,18 @@ class TaskRecord(BaseModel):
     output: str = ""
     error: str | None = None
     applied: int = 0
+
+    def restore_conversation(self, stored: Sequence[str | bytes]) -> bool:
+        """Put the conversation read from ``orga:conversation:{task_id}`` in place. False when
+        nothing is stored there and the state itself holds the conversation (a record written
+        before conversations were stored apart): that one is kept, and the next commit writes
+        it whole."""
+        if not stored and self.conversation.messages:
+            return False
+        self.conversation = Conversation(
+            messages=[ConversationMessage.model_validate_json(m) for m in stored]
+        )
+        return True
 
     @property
     def terminal(self) -> bool:

@@ -25,7 +25,7 @@ from coordinator.dispatch import QueuedMessage
 from coordinator.machine import Effects
 from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
-from shared.conversation import Conversation, ConversationMessage
+from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
 
 __all__ = ["CommitConflictError", "ConversationDelta", "CreateOutcome", "TaskStore"]
@@ -199,10 +199,8 @@ class TaskStore:
         if state is None:
             return None
         record = TaskRecord.model_validate_json(state)
-        record.conversation = Conversation(
-            messages=[ConversationMessage.model_validate_json(m) for m in stored]
-        )
-        self._remember(record)
+        if record.restore_conversation(stored):
+            self._remember(record)
         return record
 
     def conversation_delta(self, record: TaskRecord) -> ConversationDelta:

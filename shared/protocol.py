@@ -84,6 +84,8 @@ class ConversationRef(BaseModel):
 
     length: int = Field(ge=0)
     epoch: int = Field(default=0, ge=0)
+    created_at: float = 0.0
+    """When the task was created: a task id reused after a purge is another conversation."""
 
 
 class ReasonRequest(BaseModel):

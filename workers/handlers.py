@@ -43,6 +43,7 @@ from shared.protocol import (
 )
 from shared.tracing import Phase, context_of, phase_span, traceparent
 from workers.gates.base import GateContext, ReasoningPolicyGate
+from workers.gates.offered import OfferedToolsGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
 from workers.phases import LoopTermination, Reasoning
@@ -214,7 +215,9 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             termination=stop.reason,
             duration_ms=(time.monotonic() - started) * 1000,
         )
-    gate = services.gate(request.policy)
+    offered = [t.name for t in checking.config.tool_definitions]
+    registered = [t.name for t in services.tool_definitions()]
+    gate = OfferedToolsGate(services.gate(request.policy), offered, registered)
     with phase_span("gate", task_id=request.fence.task_id, iteration=state.iteration):
         dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]

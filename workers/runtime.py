@@ -354,7 +354,8 @@ class ProcessServices(WorkerCore):
             dead_letter=RedisDeadLetterSink(self.redis),
         )
         super().__init__(settings, provider_settings, executor, registry, knowledge)
-        self._conversations: dict[str, tuple[int, list[ConversationMessage]]] = {}
+        self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}
+        """Task id → ((created_at, epoch), the messages of its conversation read so far)."""
 
     async def conversation(self, request: ReasonRequest) -> Conversation:
         """The stored conversation a request refers to: what this process read of the task
@@ -363,8 +364,9 @@ class ProcessServices(WorkerCore):
         if ref is None:
             return request.conversation
         task_id = request.fence.task_id
-        epoch, cached = self._conversations.pop(task_id, (-1, []))
-        known = cached if epoch == ref.epoch and len(cached) <= ref.length else []
+        version, cached = self._conversations.pop(task_id, ((-1.0, -1), []))
+        same = version == (ref.created_at, ref.epoch)
+        known = cached if same and len(cached) <= ref.length else []
         if len(known) < ref.length:
             key = keys.conversation_key(task_id)
             raw = await self.redis.lrange(key, len(known), ref.length - 1)
@@ -375,7 +377,7 @@ class ProcessServices(WorkerCore):
                 f"request {request.fence.token()} expects {ref.length} (epoch {ref.epoch}); "
                 "it was rewritten since: the coordinator will re-send a current request"
             )
-        self._conversations[task_id] = (ref.epoch, known[: ref.length])
+        self._conversations[task_id] = ((ref.created_at, ref.epoch), known[: ref.length])
         while len(self._conversations) > CONVERSATIONS_KEPT:
             self._conversations.pop(next(iter(self._conversations)))
         return Conversation(messages=list(known[: ref.length]))

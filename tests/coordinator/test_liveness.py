@@ -7,7 +7,7 @@ import asyncio
 import fakeredis
 import pytest
 
-from coordinator.liveness import Liveness, LivenessSettings, Verdict
+from coordinator.liveness import Liveness, LivenessSettings, StreamProgress, Verdict
 from coordinator.queues import QueueGauge
 from shared import keys
 from tests.redis_server import RedisClientFactory
@@ -54,18 +54,26 @@ def test_an_answered_dispatch_waits_for_its_observation() -> None:
     assert _judge(_liveness(-(NOW - 61))).verdict is Verdict.LOST
 
 
-def test_an_answered_dispatch_is_never_resent_while_observations_wait() -> None:
-    """Answered long ago but the coordinators are behind: wait, do not pay for the call twice."""
-    behind = Liveness(
-        scores={"d": -(NOW - 300)},
-        queue="orga.reasoning",
-        queue_depth=0,
-        drain_per_s=0.0,
-        observations_backlog=1500,
-    )
-    judgement = _judge(behind)
-    assert judgement.verdict is Verdict.ANSWERED
-    assert judgement.look_again_at == NOW + 30
+def test_an_answered_dispatch_waits_while_its_observation_may_be_unapplied() -> None:
+    """Answered 300 s ago: not re-sent while the coordinators have not read that far, or
+    still have an entry that old pending; lost once they have read past it, or past
+    start-to-close whatever they say."""
+
+    def judged(progress: StreamProgress, age: float = 300) -> Verdict:
+        live = Liveness(
+            scores={"d": -(NOW - age)}, queue="orga.reasoning", queue_depth=0, drain_per_s=0.0,
+            observations=progress,
+        )  # fmt: skip
+        return _judge(live).verdict
+
+    answered_ms = int((NOW - 300) * 1000)
+    assert judged(StreamProgress(delivered_ms=answered_ms - 60_000)) is Verdict.ANSWERED
+    behind = StreamProgress(delivered_ms=answered_ms + 60_000, oldest_pending_ms=answered_ms)
+    assert judged(behind) is Verdict.ANSWERED
+    applied = StreamProgress(delivered_ms=answered_ms + 60_000, oldest_pending_ms=None)
+    assert judged(applied) is Verdict.LOST
+    stuck = StreamProgress(delivered_ms=answered_ms + 60_000, oldest_pending_ms=answered_ms - 1)
+    assert judged(stuck, age=901) is Verdict.LOST
 
 
 def test_a_queued_dispatch_waits_as_long_as_its_queue_takes_to_drain() -> None:
@@ -117,31 +125,32 @@ def test_the_queue_gauge_measures_depth_and_drain_rate() -> None:
     assert gauge.drain_per_s(keys.tools_queue) == 0.0
 
 
-def test_the_queue_gauge_counts_the_observations_backlog(redis_client: RedisClientFactory) -> None:
-    """Unread and unacknowledged observations are the backlog; none once all are applied."""
+def test_the_queue_gauge_reads_how_far_the_coordinators_got(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The group's newest delivered id and oldest pending id, as stream milliseconds."""
 
-    async def run() -> list[int]:
+    async def run() -> list[StreamProgress]:
         seen = []
         async with redis_client() as redis:
             stream, group = keys.observations_stream, keys.coordinator_group
             gauge = QueueGauge()
             await gauge.sample(redis, now=1.0)
-            seen.append(gauge.observations_backlog)
+            seen.append(gauge.observations)
             await redis.xgroup_create(stream, group, id="0", mkstream=True)
-            for n in range(3):
-                await redis.xadd(stream, {"n": n})
+            ids = [await redis.xadd(stream, {"n": n}, id=f"{1000 + n}-0") for n in range(3)]
             await gauge.sample(redis, now=3.0)
-            seen.append(gauge.observations_backlog)
-            read = await redis.xreadgroup(group, "c1", {stream: ">"}, count=3)
+            seen.append(gauge.observations)
+            await redis.xreadgroup(group, "c1", {stream: ">"}, count=3)
             await gauge.sample(redis, now=5.0)
-            seen.append(gauge.observations_backlog)
-            await redis.xack(stream, group, *[entry for entry, _ in read[0][1]])
+            seen.append(gauge.observations)
+            await redis.xack(stream, group, *ids)
             await gauge.sample(redis, now=7.0)
-            seen.append(gauge.observations_backlog)
+            seen.append(gauge.observations)
         return seen
 
-    none_yet, unread, pending, applied = asyncio.run(run())
-    assert none_yet == 0
-    assert unread >= 1
-    assert pending == 3
-    assert applied == 0
+    unknown, unread, pending, applied = asyncio.run(run())
+    assert unknown == StreamProgress()
+    assert unread == StreamProgress(delivered_ms=0, oldest_pending_ms=None)
+    assert pending == StreamProgress(delivered_ms=1002, oldest_pending_ms=1000)
+    assert applied == StreamProgress(delivered_ms=1002, oldest_pending_ms=None)

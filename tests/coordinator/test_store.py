@@ -139,3 +139,26 @@ def test_the_conversation_is_stored_append_only_and_rewritten_after_compaction(
         assert b"one more" not in await client.hget(keys.task_key("conv"), "state")
 
     _scenario(redis_url, body)
+
+
+def test_a_record_written_before_conversations_were_stored_apart_keeps_its_conversation(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Upgrading: a state that holds the conversation itself loads with it, and the next
+    commit stores it whole in the list."""
+    import json as json_
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("old")
+        _machine(record).start()
+        state = json_.loads(record.model_dump_json())
+        state["conversation"] = json_.loads(record.conversation.model_dump_json())
+        await client.hset(
+            keys.task_key("old"), mapping={"version": "0", "state": json_.dumps(state)}
+        )
+        loaded = await TaskStore(client).load("old")
+        assert loaded is not None and len(loaded.conversation) == len(record.conversation) > 0
+        await store.commit(loaded, _machine(loaded).effects)
+        assert await client.llen(keys.conversation_key("old")) == len(record.conversation)
+
+    _scenario(redis_url, body)

@@ -166,7 +166,8 @@ def test_a_script_file_is_parsed_again_only_when_it_changes(tmp_path: Path) -> N
 
 def test_a_worker_reads_only_the_messages_it_lacks(redis_url: str, redis_client: Any) -> None:
     """By reference: the first read takes the whole list, the next only the new tail; another
-    epoch is read again from the start, and a list shorter than the reference is refused."""
+    epoch, or a task id reused by a newer task, is read again from the start, and a list
+    shorter than the reference is refused."""
     from shared.conversation import ConversationMessage
     from shared.protocol import ConversationRef
     from workers.runtime import StaleConversationError
@@ -177,8 +178,8 @@ def test_a_worker_reads_only_the_messages_it_lacks(redis_url: str, redis_client:
     services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
     _OPEN.append(services)
 
-    def read(length: int, epoch: int = 1) -> list[str]:
-        ref = ConversationRef(length=length, epoch=epoch)
+    def read(length: int, epoch: int = 1, created_at: float = 1.0) -> list[str]:
+        ref = ConversationRef(length=length, epoch=epoch, created_at=created_at)
         request = _request(ProviderSpec()).model_copy(update={"conversation_ref": ref})
         return [m.content for m in services.run(services.conversation(request)).messages]
 
@@ -187,6 +188,9 @@ def test_a_worker_reads_only_the_messages_it_lacks(redis_url: str, redis_client:
     plain.lset(key, 0, ConversationMessage.user("changed").model_dump_json())
     assert read(4) == ["m0", "m1", "m2", "m3"]  # the cached prefix, plus the tail it lacked
     assert read(4, epoch=2) == ["changed", "m1", "m2", "m3"]  # a new epoch: read again
+    plain.lset(key, 1, ConversationMessage.user("reused").model_dump_json())
+    # The same id and epoch, but another task (created again after a purge): read again.
+    assert read(4, epoch=2, created_at=2.0) == ["changed", "reused", "m2", "m3"]
     with pytest.raises(StaleConversationError, match="expects 9"):
         read(9, epoch=3)
     plain.close()
