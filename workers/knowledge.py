@@ -271,7 +271,7 @@ def _parse(model: type[_Arguments], arguments: object) -> _Arguments:
 
 
 class KnowledgeBridge:
-    """Connects a ``KnowledgeStore`` to a reasoning loop (opt-in, one per runner)."""
+    """Connects a ``KnowledgeStore`` to a reasoning loop (opt-in, one per loop)."""
 
     def __init__(self, store: KnowledgeStore, config: KnowledgeConfig | None = None) -> None:
         self._store = store

@@ -1,4 +1,4 @@
-"""The four ORGA phases: one implementation each, shared by the in-process runner and Celery.
+"""The four ORGA phases as a typestate: Reason and Gate run here for both drivers of the loop.
 
 Typestate, as Symbiont's ``phases.rs``: each phase is its own class and exposes only the one
 transition allowed from it::
