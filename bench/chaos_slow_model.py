@@ -1,0 +1,600 @@
+"""Chaos with a slow model: reasoning workers SIGKILLed while their model calls are in flight.
+
+Run: ``.venv/bin/python bench/chaos_slow_model.py`` (``make chaos`` runs it after
+``bench/chaos.py``); ``--tasks 10 --kills 1`` for a short run.
+
+Everything is real and on this machine: a private Redis, the fake OpenAI-compatible model
+server (``bench/fake_model_server.py``, its own process) answering each call after 1 to 3 s
+(``--latency 2 --jitter 0.5``), one ``orga worker --role reasoning`` (Celery's thread pool, one
+event loop holding every model call of the process), one ``orga worker --role tools`` and one
+``orga coordinator``. ``--tasks`` tasks are submitted at once; each names a marker in its goal
+(``SMB-TASK-<run>-<index>``) and reads one line of a note per turn until the model answers at
+turn ``--iterations``.
+
+Every ``--kill-every`` seconds (``--kills`` times), once the model server has calls in flight,
+the reasoning worker is killed with SIGKILL, and a new one is started ``--restart-after``
+seconds later, as a supervisor would. A worker that exits on its own is restarted too and
+reported as an UNEXPECTED EXIT.
+
+The fake server records every request (marker, turn, arrival, reply). A marker and a turn
+identify one iteration of one task (the task has one step; the reasoning dispatch of iteration
+``i`` carries ``i`` tool results, so it is turn ``i + 1``): that is the fence whose model calls
+are counted. Checked at the end (exit code 1 when one fails):
+
+- **each lost call is re-sent once, after its heartbeat stops**: a call the killed worker had
+  in flight (arrived before the kill, answered after it) is followed by exactly one call for
+  the same fence, which arrives no sooner than ``heartbeat timeout - heartbeat interval`` after
+  the kill (the last beat is at most one interval old when the worker dies, and the coordinator
+  re-sends a started call only once its beat is a timeout old), with the coordinator's
+  ``dispatch_lost`` event saying the worker stopped heartbeating;
+- **no duplicate model call**: every call after the first for a fence is explained by a kill
+  that hit the call before it (in flight, or answered less than ``GRACE_S`` before the kill, when
+  the answer may not have been published yet); any other is a duplicate;
+- **no iteration applied twice**: every journal contiguous from sequence 0, with
+  ``ReasoningComplete``, ``ToolsDispatched`` and ``ObservationsCollected`` once per step and
+  iteration (``bench/chaos.py``'s check);
+- **no task lost**: every task completed with the model's answer and one terminal event.
+
+Headline figures are printed as ``RESULT name value`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.chaos import TaskOutcome, _all_events, _collect, _journal_violations
+from bench.slow_model_bench import (
+    API_KEY,
+    MODEL,
+    ModelServer,
+    make_workspace,
+    orga_command,
+    task_spec,
+)
+from coordinator.client import OrgaClient
+from coordinator.embedded_redis import EmbeddedRedis
+from coordinator.state import TERMINAL_STATUSES
+from shared import keys
+from tests.integration.harness import Process
+
+__all__ = [
+    "Call",
+    "Kill",
+    "SlowChaosPlan",
+    "SlowChaosReport",
+    "main",
+    "run_slow_chaos",
+]
+
+GRACE_S = 1.0
+"""A call answered this long before a kill may still be unpublished when the worker dies."""
+SLACK_S = 0.25
+"""Clock and scheduling slack on the earliest re-send time."""
+ENDED = frozenset({*(s.value for s in TERMINAL_STATUSES), "awaiting_review"})
+"""Statuses after which a task makes no progress on its own."""
+
+
+@dataclass(frozen=True)
+class SlowChaosPlan:
+    """The load, the kills and the liveness timings of one run.
+
+    The heartbeat timings are short so that a lost call is re-sent within seconds; the
+    observation deadline exceeds the longest model call (``latency × (1 + jitter)``), and the
+    visibility timeout exceeds the run, so the coordinator's heartbeats, not the broker, decide
+    what is re-sent.
+    """
+
+    tasks: int = 100
+    iterations: int = 8
+    latency_s: float = 2.0
+    jitter: float = 0.5
+    kills: int = 4
+    kill_every_s: float = 8.0
+    first_kill_s: float = 5.0
+    restart_after_s: float = 1.0
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    observation_deadline_s: float = 6.0
+    tick_interval_s: float = 0.2
+    visibility_timeout_s: int = 900
+    duration_s: float = 300.0
+
+    def environment(self, redis_url: str, model_url: str, root: Path) -> dict[str, str]:
+        """The environment of every process started: this Redis, this model, these timings."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+        env.update(
+            ORGA_REDIS_URL=redis_url,
+            ORGA_WORKSPACE_ROOT=str(root / "workspaces"),
+            ORGA_PROVIDER="openai",
+            ORGA_BASE_URL=model_url,
+            ORGA_API_KEY=API_KEY,
+            ORGA_MODEL=MODEL,
+            ORGA_HEARTBEAT_INTERVAL_S=str(self.heartbeat_interval_s),
+            ORGA_HEARTBEAT_TIMEOUT_S=str(self.heartbeat_timeout_s),
+            ORGA_OBSERVATION_DEADLINE_S=str(self.observation_deadline_s),
+            ORGA_TICK_INTERVAL_S=str(self.tick_interval_s),
+            ORGA_VISIBILITY_TIMEOUT_S=str(self.visibility_timeout_s),
+        )
+        return env
+
+    def task(self, marker: str, workspace: Path) -> dict[str, Any]:
+        """The slow-model benchmark's task (one line of the note per turn), with the
+        stagnation detector off as in ``bench/chaos.py``: the answers it reads are alike,
+        and a task escalated to review would stop the run."""
+        spec = task_spec(marker, workspace)
+        spec["stagnation"] = {"enabled": False}
+        spec["limits"] = {"max_iterations": self.iterations + 5}
+        return spec
+
+    @property
+    def earliest_resend_s(self) -> float:
+        """How soon after a kill a lost call may be re-sent: its heartbeat a timeout old."""
+        return self.heartbeat_timeout_s - self.heartbeat_interval_s - SLACK_S
+
+
+# -- the processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Kill:
+    """One SIGKILL of the reasoning worker, and when its replacement was ready."""
+
+    at: float
+    pid: int
+    back_at: float | None = None
+
+
+@dataclass
+class SlowCluster:
+    """The workers and the coordinator, the kills injected, and a supervisor."""
+
+    plan: SlowChaosPlan
+    env: dict[str, str]
+    root: Path
+    say: Callable[[str], None]
+    reasoning: Process | None = None
+    others: list[Process] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
+    exits: list[str] = field(default_factory=list)
+    _started: int = 0
+    _roles: dict[str, tuple[str, tuple[str, ...], str]] = field(default_factory=dict)
+
+    def start(self) -> None:
+        """The tool worker, the reasoning worker, then the coordinator."""
+        self.others.append(self._spawn("tools", ("worker", "--role", "tools")))
+        self.reasoning = self._reasoning()
+        self.others.append(self._spawn("coordinator", ("coordinator",), ready="coordinator "))
+
+    def stop(self) -> None:
+        """Stop every process still running."""
+        for process in self._processes():
+            process.stop()
+
+    def _processes(self) -> list[Process]:
+        return [*self.others, *([self.reasoning] if self.reasoning else [])]
+
+    def _reasoning(self) -> Process:
+        name = f"reasoning-{self._started + 1}-{os.getpid()}@%h"
+        return self._spawn("reasoning", ("worker", "--role", "reasoning", "-n", name))
+
+    def _spawn(self, label: str, args: tuple[str, ...], ready: str = "ready.") -> Process:
+        """Start ``orga ARGS`` and wait until it logs ``ready``."""
+        self._started += 1
+        name = f"{label}-{self._started}"
+        command = orga_command(*args)
+        if args[0] == "worker":
+            command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+        process = Process(name, command, self.env, self.root / f"{name}.log").start()
+        self._roles[process.name] = (label, args, ready)
+        process.wait_for_log(ready, timeout_s=90)
+        return process
+
+    def kill_reasoning(self) -> Kill:
+        """SIGKILL the reasoning worker (every call it holds dies with it), then start a new
+        one after ``restart_after_s``."""
+        assert self.reasoning is not None
+        old = self.reasoning
+        kill = Kill(time.time(), old.pid)
+        os.kill(old.pid, signal.SIGKILL)
+        assert old.popen is not None
+        old.popen.wait(10)
+        self.kills.append(kill)
+        self.say(f"  {_clock(kill.at)} kill:  {old.name} pid {old.pid} SIGKILL")
+        time.sleep(self.plan.restart_after_s)
+        self.reasoning = self._reasoning()
+        kill.back_at = time.time()
+        self.say(f"  {_clock(kill.back_at)} back:  {self.reasoning.name} ready")
+        return kill
+
+    def supervise(self) -> None:
+        """Restart a process that exited on its own, and say so."""
+        for process in self._processes():
+            if process.popen is None or process.popen.poll() is None:
+                continue
+            self.exits.append(f"{process.name} exited on its own: {process.tail(3)}")
+            self.say(f"  exit:  {self.exits[-1]}; restarting it")
+            if process is self.reasoning:
+                self.reasoning = self._reasoning()
+            else:
+                self.others.remove(process)
+                label, args, ready = self._roles[process.name]
+                self.others.append(self._spawn(label, args, ready))
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f"{at % 1:.3f}"[1:]
+
+
+@dataclass
+class KillSchedule:
+    """When the next kill is due: every ``kill_every_s`` from ``first_kill_s``, ``kills``
+    times, and only while the model has calls in flight."""
+
+    plan: SlowChaosPlan
+    started: float
+    server: ModelServer
+    cluster: SlowCluster
+
+    def tick(self) -> None:
+        """Called between polls: supervise, and kill when due."""
+        self.cluster.supervise()
+        done = len(self.cluster.kills)
+        if done >= self.plan.kills:
+            return
+        due = self.started + self.plan.first_kill_s + done * self.plan.kill_every_s
+        if done:
+            due = max(due, (self.cluster.kills[-1].back_at or 0.0) + self.plan.kill_every_s / 2)
+        if time.time() >= due and self.server.stats()["inflight"] > 0:
+            self.cluster.kill_reasoning()
+
+
+def wait_ended(
+    client: OrgaClient,
+    task_ids: Sequence[str],
+    until: float,
+    tick: Callable[[], None],
+    say: Callable[[str], None],
+) -> None:
+    """Poll until every task has ended (or waits for a review) or ``until`` (wall clock)
+    passes, calling ``tick`` between polls and saying how far it got every 10 s."""
+    started, last_report = time.time(), time.time()
+    while time.time() < until:
+        pipe = client.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hget(keys.task_key(task_id), "status")
+        ended = sum(1 for status in pipe.execute() if status in ENDED)
+        if ended == len(task_ids):
+            return
+        tick()
+        if time.time() - last_report >= 10:
+            last_report = time.time()
+            say(f"  t={last_report - started:5.1f}s {ended}/{len(task_ids)} tasks ended")
+        time.sleep(0.2)
+
+
+# -- what the model server saw ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request the model server received: its fence (task index, turn) and its times."""
+
+    task: int
+    turn: int
+    start: float
+    end: float
+
+    def hit_by(self, kill: Kill, grace_s: float = 0.0) -> bool:
+        """Whether this call was in flight when ``kill`` happened (or answered less than
+        ``grace_s`` before it)."""
+        return self.start < kill.at <= self.end + grace_s
+
+
+def calls_by_fence(
+    records: Sequence[dict[str, Any]], run: str
+) -> dict[tuple[int, int], list[Call]]:
+    """The server's records of this run, by (task index, turn), oldest first."""
+    fences: dict[tuple[int, int], list[Call]] = defaultdict(list)
+    prefix = f"{run}-"
+    for record in records:
+        marker = record.get("task") or ""
+        if not marker.startswith(prefix):
+            continue
+        call = Call(int(marker[len(prefix) :]), int(record["turn"]), record["start"], record["end"])
+        fences[(call.task, call.turn)].append(call)
+    for calls in fences.values():
+        calls.sort(key=lambda c: c.start)
+    return dict(fences)
+
+
+@dataclass
+class CallAudit:
+    """Model calls per fence, checked against the kills."""
+
+    lost: int = 0
+    resent: int = 0
+    duplicates: int = 0
+    resend_delays: list[float] = field(default_factory=list)
+    resent_fences: set[tuple[int, int]] = field(default_factory=set)
+    violations: list[str] = field(default_factory=list)
+
+    def check(self, fence: tuple[int, int], calls: Sequence[Call], kills: Sequence[Kill],
+              plan: SlowChaosPlan) -> None:  # fmt: skip
+        """One fence: each lost call re-sent once after its heartbeat stopped, no other
+        call made twice."""
+        for before, after in itertools.pairwise(calls):
+            self._successor(fence, before, after, kills, plan)
+        for call in calls:
+            if any(call.hit_by(k) for k in kills):
+                self.lost += 1
+        last = calls[-1]
+        if any(last.hit_by(k) for k in kills):
+            self.violations.append(f"task {fence[0]} turn {fence[1]}: lost call never re-sent")
+
+    def _successor(self, fence: tuple[int, int], before: Call, after: Call,
+                   kills: Sequence[Kill], plan: SlowChaosPlan) -> None:  # fmt: skip
+        cause = next((k for k in kills if before.hit_by(k, GRACE_S) and after.start > k.at), None)
+        where = f"task {fence[0]} turn {fence[1]}"
+        if cause is None:
+            self.duplicates += 1
+            self.violations.append(
+                f"{where}: model called twice without a kill between (calls at "
+                f"{_clock(before.start)} and {_clock(after.start)})"
+            )
+            return
+        self.resent += 1
+        self.resent_fences.add(fence)
+        delay = after.start - cause.at
+        self.resend_delays.append(delay)
+        if delay < plan.earliest_resend_s:
+            self.violations.append(
+                f"{where}: re-sent {delay:.2f}s after the kill, before its heartbeat could be "
+                f"stale (timeout {plan.heartbeat_timeout_s:g}s, interval "
+                f"{plan.heartbeat_interval_s:g}s)"
+            )
+
+
+def audit_calls(
+    fences: dict[tuple[int, int], list[Call]], kills: Sequence[Kill], plan: SlowChaosPlan
+) -> CallAudit:
+    """Check every fence's model calls against the kills."""
+    audit = CallAudit()
+    for fence, calls in sorted(fences.items()):
+        audit.check(fence, calls, kills, plan)
+    return audit
+
+
+def heartbeat_losses(
+    events: Sequence[dict[str, str]], task_ids: Sequence[str]
+) -> set[tuple[int, int]]:
+    """The fences (task index, turn) the coordinator declared lost because their worker
+    stopped heartbeating (``dispatch_lost`` events of reasoning dispatches)."""
+    index = {task_id: i for i, task_id in enumerate(task_ids)}
+    found: set[tuple[int, int]] = set()
+    for event in events:
+        if event.get("event") != "dispatch_lost" or "heartbeating" not in event.get("reason", ""):
+            continue
+        task_id, _step, iteration = event.get("fence", "").split("/")[:3]
+        if task_id in index:
+            found.add((index[task_id], int(iteration) + 1))
+    return found
+
+
+# -- what the tasks left ----------------------------------------------------------------------
+
+
+def task_violations(outcome: TaskOutcome, iterations: int) -> list[str]:
+    """Completed with the model's answer, one terminal event, a gapless journal with each
+    iteration applied once."""
+    task_id, record = outcome.task_id, outcome.record
+    if record is None:
+        return [f"{task_id}: lost (no record)"]
+    problems = []
+    if record.status.value != "completed":
+        problems.append(f"{task_id}: ended {record.status.value}: {record.error}")
+    elif record.output != f"Done after {iterations} turns.":
+        problems.append(f"{task_id}: completed with {record.output!r}, not the model's answer")
+    if outcome.terminal_events != 1:
+        problems.append(f"{task_id}: {outcome.terminal_events} terminal events (want 1)")
+    return problems + _journal_violations(task_id, outcome.journal)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+@dataclass
+class SlowChaosReport:
+    """The outcome of one run: violations (empty means pass), the kills and the call counts."""
+
+    plan: SlowChaosPlan
+    elapsed_s: float
+    statuses: dict[str, int]
+    kills: list[Kill]
+    audit: CallAudit
+    calls: int
+    applied_twice: int
+    violations: list[str]
+    exits: list[str]
+
+    @property
+    def passed(self) -> bool:
+        """Every criterion held."""
+        return not self.violations
+
+    @property
+    def lost_tasks(self) -> int:
+        """Tasks that did not complete."""
+        return sum(n for status, n in self.statuses.items() if status != "completed")
+
+    def result_lines(self) -> list[str]:
+        """The headline figures, one ``RESULT name value`` line each."""
+        return [
+            f"RESULT chaos_slow_resent_calls {self.audit.resent}",
+            f"RESULT chaos_slow_duplicate_calls {self.audit.duplicates}",
+            f"RESULT chaos_slow_lost_calls {self.audit.lost}",
+            f"RESULT chaos_slow_iterations_applied_twice {self.applied_twice}",
+            f"RESULT chaos_slow_lost_tasks {self.lost_tasks}",
+        ]
+
+    def summary(self) -> str:
+        """The run, the kills, the re-sends and the verdict."""
+        plan, audit = self.plan, self.audit
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
+        delays = audit.resend_delays
+        spread = (
+            f"median {statistics.median(delays):.2f}s, min {min(delays):.2f}s, "
+            f"max {max(delays):.2f}s"
+            if delays
+            else "none"
+        )
+        lines = [
+            f"{plan.tasks} tasks x {plan.iterations} model calls "
+            f"({plan.latency_s:g}s ± {plan.jitter:.0%}) in {self.elapsed_s:.1f}s: {statuses}",
+            f"{len(self.kills)} reasoning worker kills; {self.calls} model calls, "
+            f"{audit.lost} in flight at a kill, {audit.resent} re-sent, "
+            f"{audit.duplicates} duplicates",
+            f"re-sent after the kill: {spread} (heartbeat interval "
+            f"{plan.heartbeat_interval_s:g}s, timeout {plan.heartbeat_timeout_s:g}s, "
+            f"observation deadline {plan.observation_deadline_s:g}s)",
+            *(f"UNEXPECTED EXIT {line}" for line in self.exits),
+            *(f"VIOLATION {v}" for v in self.violations[:50]),
+            "PASS" if self.passed else f"FAIL: {len(self.violations)} violations",
+        ]
+        return "\n".join(lines)
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+def run_slow_chaos(
+    plan: SlowChaosPlan, server: EmbeddedRedis, root: Path, say: Callable[[str], None] = print
+) -> SlowChaosReport:
+    """Run the plan against a started Redis; logs go under ``root``."""
+    model = ModelServer.start(root, plan.latency_s, plan.jitter, plan.iterations)
+    cluster = SlowCluster(plan, plan.environment(server.url, model.url, root), root, say)
+    client = OrgaClient(server.url)
+    run = uuid.uuid4().hex[:8]
+    try:
+        cluster.start()
+        workspace = make_workspace(root)
+        started = time.time()
+        task_ids = [client.submit(plan.task(f"{run}-{i}", workspace)) for i in range(plan.tasks)]
+        say(f"  submitted {len(task_ids)} tasks")
+        schedule = KillSchedule(plan, started, model, cluster)
+        wait_ended(client, task_ids, started + plan.duration_s, schedule.tick, say)
+        elapsed = time.time() - started
+        records = model.stats(records=True)["records"]
+    finally:
+        cluster.stop()
+        model.stop()
+    try:
+        return _report(
+            plan,
+            client=client,
+            cluster=cluster,
+            task_ids=task_ids,
+            records=records,
+            run=run,
+            elapsed_s=elapsed,
+        )
+    finally:
+        client.close()
+
+
+def _report(
+    plan: SlowChaosPlan,
+    *,
+    client: OrgaClient,
+    cluster: SlowCluster,
+    task_ids: list[str],
+    records: list[dict[str, Any]],
+    run: str,
+    elapsed_s: float,
+) -> SlowChaosReport:
+    events = _all_events(client)
+    outcomes = _collect(client, task_ids, events)
+    fences = calls_by_fence(records, run)
+    audit = audit_calls(fences, cluster.kills, plan)
+    missing = audit.resent_fences - heartbeat_losses(events, task_ids)
+    violations = [v for o in outcomes for v in task_violations(o, plan.iterations)]
+    violations += audit.violations
+    violations += [f"task {t} turn {n}: re-sent without a heartbeat loss" for t, n in missing]
+    statuses: dict[str, int] = defaultdict(int)
+    for outcome in outcomes:
+        statuses[outcome.record.status.value if outcome.record else "lost"] += 1
+    return SlowChaosReport(
+        plan=plan,
+        elapsed_s=elapsed_s,
+        statuses=dict(statuses),
+        kills=cluster.kills,
+        audit=audit,
+        calls=sum(len(c) for c in fences.values()),
+        applied_twice=sum(1 for v in violations if "applied twice" in v),
+        violations=violations,
+        exits=cluster.exits,
+    )
+
+
+def _arguments(argv: Sequence[str] | None) -> SlowChaosPlan:
+    defaults = SlowChaosPlan()
+    parser = argparse.ArgumentParser(description="Chaos with a slow model (see the module).")
+    add = parser.add_argument
+    add("--tasks", type=int, default=defaults.tasks, help="tasks submitted at once")
+    add("--iterations", type=int, default=defaults.iterations, help="model calls per task")
+    add("--latency", type=float, default=defaults.latency_s, help="seconds per model call")
+    add("--jitter", type=float, default=defaults.jitter, help="± share of the latency")
+    add("--kills", type=int, default=defaults.kills, help="reasoning worker kills")
+    add("--kill-every", type=float, default=defaults.kill_every_s, help="seconds between kills")
+    add("--duration", type=float, default=defaults.duration_s, help="bound of the run")
+    args = parser.parse_args(argv)
+    return SlowChaosPlan(
+        tasks=args.tasks,
+        iterations=args.iterations,
+        latency_s=args.latency,
+        jitter=args.jitter,
+        kills=args.kills,
+        kill_every_s=args.kill_every,
+        duration_s=args.duration,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the slow-model chaos benchmark; 0 when every criterion held."""
+    plan = _arguments(argv)
+    root = Path(tempfile.mkdtemp(prefix="orga-chaos-slow-"))
+    print(
+        f"chaos (slow model): {plan.tasks} tasks x {plan.iterations} model calls, "
+        f"{plan.kills} reasoning worker kills; logs in {root}"
+    )
+    server = EmbeddedRedis(directory=root / "redis").start()
+    try:
+        report = run_slow_chaos(plan, server, root)
+    finally:
+        server.stop()
+    print(f"\n{report.summary()}")
+    print("\n".join(report.result_lines()))
+    if report.passed:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"logs kept in {root}")
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
