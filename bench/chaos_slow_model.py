@@ -94,10 +94,13 @@ ENDED = frozenset({*(s.value for s in TERMINAL_STATUSES), "awaiting_review"})
 class SlowChaosPlan:
     """The load, the kills and the liveness timings of one run.
 
-    The heartbeat timings are short so that a lost call is re-sent within seconds; the
-    observation deadline exceeds the longest model call (``latency × (1 + jitter)``), and the
-    visibility timeout exceeds the run, so the coordinator's heartbeats, not the broker, decide
-    what is re-sent.
+    The heartbeat timings are short so that a lost call is re-sent within seconds, with one
+    rule: the timeout must exceed the longest stretch a live worker goes without a beat. A
+    reasoning worker just started wrote none for 3.4 to 4.9 s around its first calls here
+    (2 cores under load), so 2.5 s made those calls look lost and paid them twice
+    (``--heartbeat-timeout 2.5`` shows it); 10 s leaves twice that. The observation deadline
+    exceeds the longest model call (``latency × (1 + jitter)``), and the visibility timeout
+    exceeds the run, so the coordinator's heartbeats, not the broker, decide what is re-sent.
     """
 
     tasks: int = 100
@@ -109,7 +112,7 @@ class SlowChaosPlan:
     first_kill_s: float = 5.0
     restart_after_s: float = 1.0
     heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 5.0
+    heartbeat_timeout_s: float = 10.0
     observation_deadline_s: float = 6.0
     tick_interval_s: float = 0.2
     visibility_timeout_s: int = 900
@@ -324,22 +327,36 @@ def calls_by_fence(
 
 
 @dataclass
+class Resend:
+    """A lost call sent to the model again: its fence, the kill that lost it, when the
+    coordinator declared it lost (its ``dispatch_lost`` event) and when the new call reached
+    the model."""
+
+    fence: tuple[int, int]
+    killed_at: float
+    arrived_at: float
+    declared_at: float | None = None
+
+
+@dataclass
 class CallAudit:
     """Model calls per fence, checked against the kills."""
 
     lost: int = 0
-    resent: int = 0
     duplicates: int = 0
-    resend_delays: list[float] = field(default_factory=list)
-    resent_fences: set[tuple[int, int]] = field(default_factory=set)
+    resends: list[Resend] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
-    def check(self, fence: tuple[int, int], calls: Sequence[Call], kills: Sequence[Kill],
-              plan: SlowChaosPlan) -> None:  # fmt: skip
+    @property
+    def resent(self) -> int:
+        """Calls made again because a kill lost the one before."""
+        return len(self.resends)
+
+    def check(self, fence: tuple[int, int], calls: Sequence[Call], kills: Sequence[Kill]) -> None:
         """One fence: each lost call re-sent once after its heartbeat stopped, no other
         call made twice."""
         for before, after in itertools.pairwise(calls):
-            self._successor(fence, before, after, kills, plan)
+            self._successor(fence, before, after, kills)
         for call in calls:
             if any(call.hit_by(k) for k in kills):
                 self.lost += 1
@@ -347,53 +364,61 @@ class CallAudit:
         if any(last.hit_by(k) for k in kills):
             self.violations.append(f"task {fence[0]} turn {fence[1]}: lost call never re-sent")
 
-    def _successor(self, fence: tuple[int, int], before: Call, after: Call,
-                   kills: Sequence[Kill], plan: SlowChaosPlan) -> None:  # fmt: skip
+    def _successor(
+        self, fence: tuple[int, int], before: Call, after: Call, kills: Sequence[Kill]
+    ) -> None:
         cause = next((k for k in kills if before.hit_by(k, GRACE_S) and after.start > k.at), None)
-        where = f"task {fence[0]} turn {fence[1]}"
         if cause is None:
             self.duplicates += 1
             self.violations.append(
-                f"{where}: model called twice without a kill between (calls at "
-                f"{_clock(before.start)} and {_clock(after.start)})"
+                f"task {fence[0]} turn {fence[1]}: model called twice without a kill between "
+                f"(calls at {_clock(before.start)} and {_clock(after.start)})"
             )
             return
-        self.resent += 1
-        self.resent_fences.add(fence)
-        delay = after.start - cause.at
-        self.resend_delays.append(delay)
-        if delay < plan.earliest_resend_s:
-            self.violations.append(
-                f"{where}: re-sent {delay:.2f}s after the kill, before its heartbeat could be "
-                f"stale (timeout {plan.heartbeat_timeout_s:g}s, interval "
-                f"{plan.heartbeat_interval_s:g}s)"
-            )
+        self.resends.append(Resend(fence, cause.at, after.start))
+
+    def declare(self, losses: dict[tuple[int, int], list[float]], plan: SlowChaosPlan) -> None:
+        """Pair each re-send with the coordinator's first heartbeat loss of its fence after
+        the kill; a re-send without one, or declared before the heartbeat could be a timeout
+        old, is a violation."""
+        for resend in self.resends:
+            where = f"task {resend.fence[0]} turn {resend.fence[1]}"
+            after = [at for at in losses.get(resend.fence, []) if at > resend.killed_at]
+            if not after:
+                self.violations.append(f"{where}: re-sent without a heartbeat loss")
+                continue
+            resend.declared_at = min(after)
+            delay = resend.declared_at - resend.killed_at
+            if delay < plan.earliest_resend_s:
+                self.violations.append(
+                    f"{where}: declared lost {delay:.2f}s after the kill, before its heartbeat "
+                    f"could be stale (timeout {plan.heartbeat_timeout_s:g}s, interval "
+                    f"{plan.heartbeat_interval_s:g}s)"
+                )
 
 
-def audit_calls(
-    fences: dict[tuple[int, int], list[Call]], kills: Sequence[Kill], plan: SlowChaosPlan
-) -> CallAudit:
+def audit_calls(fences: dict[tuple[int, int], list[Call]], kills: Sequence[Kill]) -> CallAudit:
     """Check every fence's model calls against the kills."""
     audit = CallAudit()
     for fence, calls in sorted(fences.items()):
-        audit.check(fence, calls, kills, plan)
+        audit.check(fence, calls, kills)
     return audit
 
 
 def heartbeat_losses(
     events: Sequence[dict[str, str]], task_ids: Sequence[str]
-) -> set[tuple[int, int]]:
-    """The fences (task index, turn) the coordinator declared lost because their worker
+) -> dict[tuple[int, int], list[float]]:
+    """When the coordinator declared each fence (task index, turn) lost because its worker
     stopped heartbeating (``dispatch_lost`` events of reasoning dispatches)."""
     index = {task_id: i for i, task_id in enumerate(task_ids)}
-    found: set[tuple[int, int]] = set()
+    found: dict[tuple[int, int], list[float]] = defaultdict(list)
     for event in events:
         if event.get("event") != "dispatch_lost" or "heartbeating" not in event.get("reason", ""):
             continue
         task_id, _step, iteration = event.get("fence", "").split("/")[:3]
         if task_id in index:
-            found.add((index[task_id], int(iteration) + 1))
-    return found
+            found[(index[task_id], int(iteration) + 1)].append(float(event.get("at", 0)))
+    return dict(found)
 
 
 # -- what the tasks left ----------------------------------------------------------------------
@@ -456,20 +481,16 @@ class SlowChaosReport:
         """The run, the kills, the re-sends and the verdict."""
         plan, audit = self.plan, self.audit
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
-        delays = audit.resend_delays
-        spread = (
-            f"median {statistics.median(delays):.2f}s, min {min(delays):.2f}s, "
-            f"max {max(delays):.2f}s"
-            if delays
-            else "none"
-        )
+        declared = [r.declared_at - r.killed_at for r in audit.resends if r.declared_at]
+        arrived = [r.arrived_at - r.killed_at for r in audit.resends]
         lines = [
             f"{plan.tasks} tasks x {plan.iterations} model calls "
             f"({plan.latency_s:g}s ± {plan.jitter:.0%}) in {self.elapsed_s:.1f}s: {statuses}",
             f"{len(self.kills)} reasoning worker kills; {self.calls} model calls, "
             f"{audit.lost} in flight at a kill, {audit.resent} re-sent, "
             f"{audit.duplicates} duplicates",
-            f"re-sent after the kill: {spread} (heartbeat interval "
+            f"after the kill, declared lost (heartbeat stale): {_spread(declared)}; the new "
+            f"call at the model: {_spread(arrived)} (heartbeat interval "
             f"{plan.heartbeat_interval_s:g}s, timeout {plan.heartbeat_timeout_s:g}s, "
             f"observation deadline {plan.observation_deadline_s:g}s)",
             *(f"UNEXPECTED EXIT {line}" for line in self.exits),
@@ -477,6 +498,14 @@ class SlowChaosReport:
             "PASS" if self.passed else f"FAIL: {len(self.violations)} violations",
         ]
         return "\n".join(lines)
+
+
+def _spread(values: Sequence[float]) -> str:
+    if not values:
+        return "none"
+    return (
+        f"median {statistics.median(values):.2f}s, min {min(values):.2f}s, max {max(values):.2f}s"
+    )
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -530,11 +559,10 @@ def _report(
     events = _all_events(client)
     outcomes = _collect(client, task_ids, events)
     fences = calls_by_fence(records, run)
-    audit = audit_calls(fences, cluster.kills, plan)
-    missing = audit.resent_fences - heartbeat_losses(events, task_ids)
+    audit = audit_calls(fences, cluster.kills)
+    audit.declare(heartbeat_losses(events, task_ids), plan)
     violations = [v for o in outcomes for v in task_violations(o, plan.iterations)]
     violations += audit.violations
-    violations += [f"task {t} turn {n}: re-sent without a heartbeat loss" for t, n in missing]
     statuses: dict[str, int] = defaultdict(int)
     for outcome in outcomes:
         statuses[outcome.record.status.value if outcome.record else "lost"] += 1
@@ -562,6 +590,12 @@ def _arguments(argv: Sequence[str] | None) -> SlowChaosPlan:
     add("--kills", type=int, default=defaults.kills, help="reasoning worker kills")
     add("--kill-every", type=float, default=defaults.kill_every_s, help="seconds between kills")
     add("--duration", type=float, default=defaults.duration_s, help="bound of the run")
+    add("--heartbeat-interval", type=float, default=defaults.heartbeat_interval_s,
+        help="ORGA_HEARTBEAT_INTERVAL_S of the workers")  # fmt: skip
+    add("--heartbeat-timeout", type=float, default=defaults.heartbeat_timeout_s,
+        help="ORGA_HEARTBEAT_TIMEOUT_S of the coordinator")  # fmt: skip
+    add("--deadline", type=float, default=defaults.observation_deadline_s,
+        help="ORGA_OBSERVATION_DEADLINE_S of the coordinator")  # fmt: skip
     args = parser.parse_args(argv)
     return SlowChaosPlan(
         tasks=args.tasks,
@@ -571,6 +605,9 @@ def _arguments(argv: Sequence[str] | None) -> SlowChaosPlan:
         kills=args.kills,
         kill_every_s=args.kill_every,
         duration_s=args.duration,
+        heartbeat_interval_s=args.heartbeat_interval,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        observation_deadline_s=args.deadline,
     )
 
 
