@@ -12,7 +12,7 @@ import pytest
 from bench.chaos_slow_model import SlowChaosPlan, SlowChaosReport, run_slow_chaos
 from coordinator.embedded_redis import EmbeddedRedis
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 SHORT = SlowChaosPlan(
     tasks=5,
@@ -22,7 +22,7 @@ SHORT = SlowChaosPlan(
     kills=1,
     first_kill_s=2.5,
     heartbeat_interval_s=1.0,
-    heartbeat_timeout_s=8.0,
+    heartbeat_timeout_s=15.0,
     observation_deadline_s=3.0,
     duration_s=120.0,
 )
