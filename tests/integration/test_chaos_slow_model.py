@@ -28,7 +28,7 @@ SHORT = SlowChaosPlan(
 )
 """Five tasks of four model calls (0.7 to 1.3 s each), one kill once calls are in flight. The
 heartbeat timeout stays above the few seconds a just-started worker goes without a beat around
-its first calls (docs/reliability.md §3.6)."""
+its first calls (docs/reliability.md §6.3)."""
 
 
 @pytest.fixture(scope="module")
