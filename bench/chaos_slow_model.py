@@ -22,11 +22,11 @@ identify one iteration of one task (the task has one step; the reasoning dispatc
 are counted. Checked at the end (exit code 1 when one fails):
 
 - **each lost call is re-sent once, after its heartbeat stops**: a call the killed worker had
-  in flight (arrived before the kill, answered after it) is followed by exactly one call for
-  the same fence, which arrives no sooner than ``heartbeat timeout - heartbeat interval`` after
-  the kill (the last beat is at most one interval old when the worker dies, and the coordinator
-  re-sends a started call only once its beat is a timeout old), with the coordinator's
-  ``dispatch_lost`` event saying the worker stopped heartbeating;
+  in flight (arrived before the process was gone, answered after the kill) is followed by
+  exactly one call for the same fence; the coordinator's ``dispatch_lost`` event ("its worker
+  stopped heartbeating") for that fence comes after the kill and at least a heartbeat timeout
+  after the last beat the lost dispatch left in ``orga:heartbeats``. How long before the kill
+  that beat was (a worker whose loop is starved beats late) is reported, not judged;
 - **no duplicate model call**: every call after the first for a fence is explained by a kill
   that hit the call before it (in flight, or answered less than ``GRACE_S`` before the kill, when
   the answer may not have been published yet); any other is a duplicate;
@@ -82,10 +82,12 @@ __all__ = [
     "run_slow_chaos",
 ]
 
+Beats = dict[tuple[int, int], list[float]]
+"""Times (heartbeats, losses) by fence: (task index, turn)."""
 GRACE_S = 1.0
 """A call answered this long before a kill may still be unpublished when the worker dies."""
 SLACK_S = 0.25
-"""Clock and scheduling slack on the earliest re-send time."""
+"""Clock slack on the heartbeat's age when the coordinator declares a call lost."""
 ENDED = frozenset({*(s.value for s in TERMINAL_STATUSES), "awaiting_review"})
 """Statuses after which a task makes no progress on its own."""
 
@@ -147,9 +149,9 @@ class SlowChaosPlan:
         return spec
 
     @property
-    def earliest_resend_s(self) -> float:
-        """How soon after a kill a lost call may be re-sent: its heartbeat a timeout old."""
-        return self.heartbeat_timeout_s - self.heartbeat_interval_s - SLACK_S
+    def stale_after_s(self) -> float:
+        """How old a call's last heartbeat must be before the coordinator may re-send it."""
+        return self.heartbeat_timeout_s - SLACK_S
 
 
 # -- the processes ----------------------------------------------------------------------------
@@ -332,14 +334,16 @@ def calls_by_fence(
 
 @dataclass
 class Resend:
-    """A lost call sent to the model again: its fence, the kill that lost it, when the
-    coordinator declared it lost (its ``dispatch_lost`` event) and when the new call reached
-    the model."""
+    """A lost call sent to the model again: its fence, the kill that lost it, the last
+    heartbeat of the lost dispatch, when the coordinator declared it lost (its
+    ``dispatch_lost`` event) and when the new call reached the model."""
 
     fence: tuple[int, int]
     killed_at: float
+    dead_at: float
     arrived_at: float
     declared_at: float | None = None
+    last_beat: float | None = None
 
 
 @dataclass
@@ -381,25 +385,26 @@ class CallAudit:
                 f"(calls at {_clock(before.start)} and {_clock(after.start)})"
             )
             return
-        self.resends.append(Resend(fence, cause.at, after.start))
+        self.resends.append(Resend(fence, cause.at, cause.dead_at, after.start))
 
-    def declare(self, losses: dict[tuple[int, int], list[float]], plan: SlowChaosPlan) -> None:
-        """Pair each re-send with the coordinator's first heartbeat loss of its fence after
-        the kill; a re-send without one, or declared before the heartbeat could be a timeout
-        old, is a violation."""
+    def declare(self, losses: Beats, beats: Beats, plan: SlowChaosPlan) -> None:
+        """Pair each re-send with the last heartbeat of the dispatch the kill lost and with the
+        coordinator's first heartbeat loss of its fence after the kill. A re-send without
+        either, or declared before that beat was a heartbeat timeout old, is a violation."""
         for resend in self.resends:
             where = f"task {resend.fence[0]} turn {resend.fence[1]}"
             after = [at for at in losses.get(resend.fence, []) if at > resend.killed_at]
-            if not after:
-                self.violations.append(f"{where}: re-sent without a heartbeat loss")
+            before = [at for at in beats.get(resend.fence, []) if at <= resend.dead_at]
+            if not after or not before:
+                what = "a heartbeat loss" if not after else "a heartbeat of the lost dispatch"
+                self.violations.append(f"{where}: re-sent without {what}")
                 continue
-            resend.declared_at = min(after)
-            delay = resend.declared_at - resend.killed_at
-            if delay < plan.earliest_resend_s:
+            resend.declared_at, resend.last_beat = min(after), max(before)
+            age = resend.declared_at - resend.last_beat
+            if age < plan.stale_after_s:
                 self.violations.append(
-                    f"{where}: declared lost {delay:.2f}s after the kill, before its heartbeat "
-                    f"could be stale (timeout {plan.heartbeat_timeout_s:g}s, interval "
-                    f"{plan.heartbeat_interval_s:g}s)"
+                    f"{where}: declared lost {age:.2f}s after its last heartbeat, before it was "
+                    f"stale (timeout {plan.heartbeat_timeout_s:g}s)"
                 )
 
 
@@ -411,19 +416,30 @@ def audit_calls(fences: dict[tuple[int, int], list[Call]], kills: Sequence[Kill]
     return audit
 
 
-def heartbeat_losses(
-    events: Sequence[dict[str, str]], task_ids: Sequence[str]
-) -> dict[tuple[int, int], list[float]]:
+def heartbeat_losses(events: Sequence[dict[str, str]], task_ids: Sequence[str]) -> Beats:
     """When the coordinator declared each fence (task index, turn) lost because its worker
     stopped heartbeating (``dispatch_lost`` events of reasoning dispatches)."""
     index = {task_id: i for i, task_id in enumerate(task_ids)}
-    found: dict[tuple[int, int], list[float]] = defaultdict(list)
+    found: Beats = defaultdict(list)
     for event in events:
         if event.get("event") != "dispatch_lost" or "heartbeating" not in event.get("reason", ""):
             continue
         task_id, _step, iteration = event.get("fence", "").split("/")[:3]
         if task_id in index:
             found[(index[task_id], int(iteration) + 1)].append(float(event.get("at", 0)))
+    return dict(found)
+
+
+def last_beats(redis: Any, task_ids: Sequence[str]) -> Beats:
+    """The last heartbeat of every reasoning dispatch that was never answered (a positive
+    score left in ``orga:heartbeats``), by fence (task index, turn)."""
+    index = {task_id: i for i, task_id in enumerate(task_ids)}
+    found: Beats = defaultdict(list)
+    for member, score in redis.zscan_iter(keys.heartbeats_key):
+        text = member.decode() if isinstance(member, bytes) else str(member)
+        task_id, _nonce, iteration, call = text.split("|")
+        if call == "-" and score > 0 and task_id in index:
+            found[(index[task_id], int(iteration) + 1)].append(float(score))
     return dict(found)
 
 
@@ -488,6 +504,7 @@ class SlowChaosReport:
         plan, audit = self.plan, self.audit
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
         declared = [r.declared_at - r.killed_at for r in audit.resends if r.declared_at]
+        silent = [r.killed_at - r.last_beat for r in audit.resends if r.last_beat]
         arrived = [r.arrived_at - r.killed_at for r in audit.resends]
         lines = [
             f"{plan.tasks} tasks x {plan.iterations} model calls "
@@ -495,6 +512,7 @@ class SlowChaosReport:
             f"{len(self.kills)} reasoning worker kills; {self.calls} model calls, "
             f"{audit.lost} in flight at a kill, {audit.resent} re-sent, "
             f"{audit.duplicates} duplicates",
+            f"last heartbeat of a lost call before its kill: {_spread(silent)}",
             f"after the kill, declared lost (heartbeat stale): {_spread(declared)}; the new "
             f"call at the model: {_spread(arrived)} (heartbeat interval "
             f"{plan.heartbeat_interval_s:g}s, timeout {plan.heartbeat_timeout_s:g}s, "
@@ -566,7 +584,7 @@ def _report(
     outcomes = _collect(client, task_ids, events)
     fences = calls_by_fence(records, run)
     audit = audit_calls(fences, cluster.kills)
-    audit.declare(heartbeat_losses(events, task_ids), plan)
+    audit.declare(heartbeat_losses(events, task_ids), last_beats(client.redis, task_ids), plan)
     violations = [v for o in outcomes for v in task_violations(o, plan.iterations)]
     violations += audit.violations
     statuses: dict[str, int] = defaultdict(int)

@@ -51,12 +51,14 @@ def test_every_task_completes_once_with_a_clean_journal(report: SlowChaosReport)
 
 
 def test_the_kill_hit_calls_in_flight_and_each_was_resent_once(report: SlowChaosReport) -> None:
-    """The reasoning worker died holding model calls; each was re-sent exactly once, no sooner
-    than its heartbeat could go stale, and no other call was made twice."""
+    """The reasoning worker died holding model calls; each was re-sent exactly once, after the
+    kill and once its last heartbeat was a timeout old, and no other call was made twice."""
     assert len(report.kills) == 1, report.summary()
     assert report.audit.lost >= 1, report.summary()
     assert report.audit.resent == report.audit.lost, report.summary()
     assert report.audit.duplicates == 0, report.summary()
     for resend in report.audit.resends:
         assert resend.declared_at is not None, report.summary()
-        assert resend.declared_at - resend.killed_at >= SHORT.earliest_resend_s, report.summary()
+        assert resend.last_beat is not None, report.summary()
+        assert resend.declared_at > resend.killed_at, report.summary()
+        assert resend.declared_at - resend.last_beat >= SHORT.stale_after_s, report.summary()
