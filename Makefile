@@ -65,8 +65,13 @@ bench: $(STAMP) $(BENCH_STAMP)
 
 # Fault injection under load: worker processes, the coordinator and Redis are killed while
 # 200 tasks run (docs/reliability.md). `make chaos CHAOS_ARGS="--tasks 50"` for a shorter run.
+# Then the slow-model variant: the reasoning worker is killed while model calls are in flight
+# (`CHAOS_SLOW_ARGS="--tasks 20"` for a shorter one). Both run; the target fails if either does.
 chaos: $(STAMP)
-	$(PY) bench/chaos.py $(CHAOS_ARGS)
+	status=0; \
+	$(PY) bench/chaos.py $(CHAOS_ARGS) || status=1; \
+	$(PY) bench/chaos_slow_model.py $(CHAOS_SLOW_ARGS) || status=1; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
