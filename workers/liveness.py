@@ -38,9 +38,10 @@ class Liveness:
     Every method runs on the process's event loop.
     """
 
-    def __init__(self, redis: Redis, interval_s: float) -> None:
+    def __init__(self, redis: Redis, interval_s: float, timeout_s: float = 30.0) -> None:
         self._redis = redis
         self._interval_s = interval_s
+        self._timeout_s = timeout_s
         self._running: Counter[str] = Counter()
         self._beating: asyncio.Task[None] | None = None
 
@@ -54,9 +55,15 @@ class Liveness:
         ids = [f.liveness_id() for f in fences]
         self._running.update(ids)
         self._ensure_beating()
+        now = time.time()
         pipe = self._redis.pipeline(transaction=False)
-        pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, time.time()))
+        pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, now))
         pipe.incr(keys.queue_started_key(queue))
+        # A dispatch that waited in a long queue has its next look far ahead: bring it to one
+        # heartbeat timeout from now, so that a death from here on is noticed in time (XX: a
+        # task no longer due is not added; LT: an earlier look is kept).
+        due = {f.task_id: now + self._timeout_s for f in fences}
+        pipe.zadd(keys.deadlines_key, due, xx=True, lt=True)
         await pipe.execute()
 
     def answered(self, pipe: Pipeline, fences: Iterable[Fence]) -> None:

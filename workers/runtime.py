@@ -339,7 +339,9 @@ class ProcessServices(WorkerCore):
         self.redis: Redis = Redis.from_url(
             redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
         )
-        self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
+        self.liveness = Liveness(
+            self.redis, settings.heartbeat_interval_s, settings.heartbeat_timeout_s
+        )
         knowledge = RedisKnowledgeStore(self.redis)
         registry = with_knowledge(registry or default_registry(), knowledge)
         self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import fakeredis
 
@@ -83,3 +84,29 @@ def test_one_process_runs_the_coroutines_of_many_pool_threads_at_once() -> None:
         services.close()
     assert peak == 50
     assert results == ["orga-loop"] * 50
+
+
+def test_a_start_brings_a_far_look_at_its_task_to_one_timeout(
+    redis_url: str, redis_client: object
+) -> None:
+    """A queued dispatch's task, due in 10 minutes, is due one heartbeat timeout after the
+    start; a sooner look is kept, and a task no longer due is not added."""
+    from redis.asyncio import Redis
+
+    async def run() -> dict[str, float | None]:
+        redis = Redis.from_url(redis_url)
+        liveness = Liveness(redis, interval_s=5.0, timeout_s=30.0)
+        now = time.time()
+        await redis.zadd(keys.deadlines_key, {"far": now + 600, "soon": now + 5})
+        fences = [FENCE.model_copy(update={"task_id": t}) for t in ("far", "soon", "ended")]
+        for fence in fences:
+            await liveness.started([fence], keys.reasoning_queue)
+        scores = {t: await redis.zscore(keys.deadlines_key, t) for t in ("far", "soon", "ended")}
+        await liveness.close()
+        await redis.aclose()
+        return {t: (s - now if s is not None else None) for t, s in scores.items()}
+
+    due = asyncio.run(run())
+    assert due["far"] is not None and 29 < due["far"] < 35
+    assert due["soon"] is not None and due["soon"] < 6
+    assert due["ended"] is None
