@@ -23,7 +23,7 @@ from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
 from shared.errors import OrgaError
 from shared.events import JournalEntry
-from shared.task_spec import TaskSpec, load_task_file
+from shared.task_spec import TaskSpec, check_task_id, load_task_file
 
 __all__ = [
     "OrgaClient",
@@ -75,7 +75,7 @@ class OrgaClient:
     ) -> str:
         """Put a task on the intake stream and return its id (validated by the coordinator)."""
         text = _task_text(task)
-        task_id = task_id or uuid.uuid4().hex
+        task_id = check_task_id(task_id) if task_id is not None else uuid.uuid4().hex
         self.redis.xadd(
             keys.intake_stream,
             {"task_id": task_id, "task": text, "at": f"{time.time():.3f}"},

@@ -59,7 +59,7 @@ from shared.protocol import (
     WorkerFailedMessage,
 )
 from shared.stagnation import StagnationDetector, StagnationLevel, StagnationVerdict, ToolEvent
-from shared.task_spec import StepSpec
+from shared.task_spec import StepSpec, task_workspace
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine"]
 
@@ -946,7 +946,7 @@ class TaskMachine:
 
     def _workspace(self) -> str:
         spec = self.record.spec
-        return spec.workspace or f"{self.settings.workspace_root}/{self.record.task_id}"
+        return spec.workspace or task_workspace(self.settings.workspace_root, self.record.task_id)
 
     def _fence(self) -> Fence:
         """A fence no earlier dispatch of this task had: ``attempt`` counts every dispatch."""

@@ -49,7 +49,7 @@ from shared.protocol import (
     WorkerFailedMessage,
     decode_entry,
 )
-from shared.task_spec import TaskSpecError, parse_task_text
+from shared.task_spec import MAX_TASK_ID_CHARS, TaskSpecError, check_task_id, parse_task_text
 
 __all__ = ["Coordinator", "CoordinatorSettings"]
 
@@ -178,6 +178,11 @@ class Coordinator:
         ack = (keys.intake_stream, keys.coordinator_group, entry_id)
         text = {_text(k): _text(v) for k, v in fields.items()}
         task_id = text.get("task_id") or uuid.uuid4().hex
+        try:
+            check_task_id(task_id)
+        except TaskSpecError as exc:
+            await self._reject(entry_id, task_id[:MAX_TASK_ID_CHARS], text, str(exc))
+            return
         try:
             spec = parse_task_text(text.get("task", ""), source=f"intake entry {entry_id}")
         except TaskSpecError as exc:
