@@ -140,8 +140,11 @@ class TaskMachine:
     # -- entry points ---------------------------------------------------------------------
 
     def start(self) -> Effects:
-        """A new task: plan it when it has no steps, else start its first step."""
+        """A new task: plan it when it has no steps, else start its first step (ignored when
+        it has started already: a task is started once, whoever applies it)."""
         record = self.record
+        if record.status is not TaskStatus.PENDING:
+            return self._ignored()
         record.conversation = Conversation.with_system(
             record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT, pin=True
         )

@@ -194,8 +194,8 @@ class Coordinator:
         if not outcome.created:
             await self._duplicate(task_id, outcome.task_id)
             return
-        await self._hold(task_id)
-        await self._apply(task_id, _start)
+        if await self._hold(task_id):  # else its holder starts it: it is due at once
+            await self._apply(task_id, _start)
 
     async def _reject(self, entry_id: str, task_id: str, text: dict[str, str], error: str) -> None:
         log.warning("task.rejected", extra={"task_id": task_id, "error": error})

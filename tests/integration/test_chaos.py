@@ -48,6 +48,11 @@ def test_every_task_completes_once_with_a_clean_journal_under_faults(report: Cha
     assert report.passed, report.summary()
 
 
+def test_no_task_is_started_twice(report: ChaosReport) -> None:
+    """One ``accepted`` event per task and one ``Started`` journal entry per step."""
+    assert report.duplicate_starts == 0, report.summary()
+
+
 def test_each_kind_of_fault_was_injected_mid_run(report: ChaosReport) -> None:
     """Pool processes, the coordinator (holding observations it had read) and Redis were each
     killed while tasks were running."""
