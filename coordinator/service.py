@@ -191,13 +191,29 @@ class Coordinator:
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
         outcome = await self.store.create(record, ack=ack)
+        if outcome.conflict:
+            error = (
+                f"task id {task_id!r} is already a task, and idempotency key "
+                f"{spec.idempotency_key!r} belongs to task {outcome.task_id!r}: resubmit with "
+                f"the id {outcome.task_id!r}, a new id or no id (or with another key)"
+            )
+            # not "rejected": task ``task_id`` itself lives on, untouched
+            await self._reject(entry_id, task_id, text, error, event="resubmission_rejected")
+            return
         if not outcome.created:
             await self._duplicate(task_id, outcome.task_id)
             return
         if await self._hold(task_id):  # else its holder starts it: it is due at once
             await self._apply(task_id, _start)
 
-    async def _reject(self, entry_id: str, task_id: str, text: dict[str, str], error: str) -> None:
+    async def _reject(
+        self,
+        entry_id: str,
+        task_id: str,
+        text: dict[str, str],
+        error: str,
+        event: str = "rejected",
+    ) -> None:
         log.warning("task.rejected", extra={"task_id": task_id, "error": error})
         pipe = self.redis.pipeline(transaction=True)
         pipe.xadd(
@@ -208,7 +224,7 @@ class Coordinator:
         )  # fmt: skip
         pipe.xadd(
             keys.events_stream,
-            {"task_id": task_id, "event": "rejected", "error": error[:2000],
+            {"task_id": task_id, "event": event, "error": error[:2000],
              "at": f"{time.time():.3f}"},
             maxlen=100_000, approximate=True,
         )  # fmt: skip
@@ -216,8 +232,6 @@ class Coordinator:
         await pipe.execute()
 
     async def _duplicate(self, task_id: str, existing: str) -> None:
-        if existing != task_id:
-            await self.redis.hset(keys.task_key(task_id), mapping={"alias_of": existing})
         await self.redis.xadd(
             keys.events_stream,
             {"task_id": task_id, "event": "duplicate", "existing_task_id": existing,

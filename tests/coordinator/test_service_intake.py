@@ -119,3 +119,56 @@ def test_intake_leaves_the_start_to_the_lease_holder(redis_client: RedisClientFa
         assert await client.llen(keys.reasoning_queue) == 1
 
     _scenario(redis_client, body)
+
+
+def _keyed(key: str) -> dict[str, Any]:
+    return {**TASK, "idempotency_key": key}
+
+
+def test_a_live_task_id_with_another_tasks_key_is_rejected_naming_both(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Resubmitting live task ``a``'s id with task ``b``'s idempotency key never makes ``a`` an
+    alias of ``b``: the entry is on orga:rejected naming both ids, and ``a`` is untouched."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _submit(client, "a", _keyed("key-a"))
+        await _submit(client, "b", _keyed("key-b"))
+        await mine._intake_once()
+        before = await client.hgetall(keys.task_key("a"))
+        await _submit(client, "a", _keyed("key-b"))
+        await mine._intake_once()
+        assert await client.hgetall(keys.task_key("a")) == before
+        assert "alias_of" not in before
+        (rejected,) = [f for _i, f in await client.xrange(keys.rejected_stream)]
+        assert rejected["task_id"] == "a"
+        assert "task id 'a' is already a task" in rejected["error"]
+        assert "belongs to task 'b'" in rejected["error"]
+        events = [e["event"] for e in await _events(client, "resubmission_rejected")]
+        assert events == ["resubmission_rejected"]
+        assert await _events(client, "rejected") == []
+        summary = await client.xpending(keys.intake_stream, keys.coordinator_group)
+        assert summary["pending"] == 0
+
+    _scenario(redis_client, body)
+
+
+def test_a_new_id_with_a_used_key_becomes_an_expiring_alias(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A new id resubmitted with a used key is an alias of the key's task (expiring with the
+    key), and the same resubmission again is a plain duplicate, not a rejection."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _submit(client, "b", _keyed("key-b"))
+        await mine._intake_once()
+        for _ in range(2):
+            await _submit(client, "c", _keyed("key-b"))
+            await mine._intake_once()
+        assert await client.hgetall(keys.task_key("c")) == {"alias_of": "b"}
+        assert 0 < await client.ttl(keys.task_key("c")) <= keys.idempotency_ttl_s
+        assert await client.xlen(keys.rejected_stream) == 0
+        assert len(await _events(client, "duplicate")) == 2
+        assert len(await _events(client, "accepted")) == 1
+
+    _scenario(redis_client, body)
