@@ -39,7 +39,7 @@ from coordinator.liveness import Liveness
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
-from coordinator.state import ReviewDecision, TaskRecord
+from coordinator.state import ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
 from shared.errors import WireFormatError
@@ -308,13 +308,14 @@ class Coordinator:
         try:
             if action == "review":
                 decision = _decision(text.get("decision", ""))
+                by = check_reviewer(text.get("by", "cli"))
                 applied = await self._apply(
                     task_id,
-                    lambda m: m.on_review_decision(
-                        text.get("review_id", ""),
-                        decision,
-                        text.get("hint") or None,
-                        text.get("by", "cli"),
+                    lambda m: _from_entry(
+                        m.on_review_decision(
+                            text.get("review_id", ""), decision, text.get("hint") or None, by
+                        ),
+                        entry_id,
                     ),
                     ack=ack,
                 )
@@ -487,6 +488,15 @@ def _decision(value: str) -> ReviewDecision:
     if value == "abort":
         return "abort"
     raise ValueError(f"unknown review decision {value!r}; use retry, skip or abort")
+
+
+def _from_entry(effects: Effects, entry_id: str) -> Effects:
+    """Name the control entry in the ``review_decided`` event, so its sender knows it was its
+    decision that was applied."""
+    for event in effects.events:
+        if event.get("event") == "review_decided":
+            event["entry_id"] = entry_id
+    return effects
 
 
 def _start(machine: TaskMachine) -> Effects:

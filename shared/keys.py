@@ -31,6 +31,8 @@ Keys
     ``orga:tasks:deadlines``     sorted set: active tasks by the time they must be looked at
     ``orga:tasks:finished``      sorted set: finished tasks by the time they ended (retention)
     ``orga:reviews:open``        hash: review id -> open escalation (JSON)
+    ``orga:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
+                                 decision, entry_id), set with the control entry by one script
     ``orga:stats:status``        hash: number of tasks in each status (kept by the commit script)
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write
@@ -45,6 +47,7 @@ TTLs
     ``idempotency_ttl_s``        how long a resubmission with the same key returns the same task
     ``breaker_ttl_s``            an idle breaker expires (at least twice its recovery timeout)
     ``result_cache_ttl_s``       a cached tool result expires; caps CachedResult's max_staleness
+    ``review_claim_ttl_s``       a review's decision claim expires
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ __all__ = [
     "result_cache_key",
     "result_cache_key_prefix",
     "result_cache_ttl_s",
+    "review_claim_key",
+    "review_claim_key_prefix",
+    "review_claim_ttl_s",
     "review_stream",
     "status_counts_key",
     "task_index_key",
@@ -125,6 +131,7 @@ idempotency_key_prefix: Final = "orga:idem:"
 knowledge_key_prefix: Final = "orga:knowledge:"
 breaker_key_prefix: Final = "orga:breaker:"
 result_cache_key_prefix: Final = "orga:result:"
+review_claim_key_prefix: Final = "orga:review_claim:"
 
 journal_sequence_key_prefix: Final = "orga:journal_seq:"
 active_tasks_key: Final = "orga:tasks:active"
@@ -156,6 +163,8 @@ idempotency_ttl_s: Final = 7 * 24 * 3600
 breaker_ttl_s: Final = 24 * 3600
 result_cache_ttl_s: Final = 3600
 heartbeats_retention_s: Final = 600
+review_claim_ttl_s: Final = 7 * 24 * 3600
+"""How long the claim of a decided review is kept (a late second decision is refused by it)."""
 """Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
 
@@ -197,6 +206,11 @@ def result_cache_key(tool_name: str, arguments_digest: str) -> str:
 def journal_sequence_key(task_id: str) -> str:
     """The last journal sequence appended for a task: ``orga:journal_seq:{task_id}``."""
     return f"{journal_sequence_key_prefix}{task_id}"
+
+
+def review_claim_key(review_id: str) -> str:
+    """The one decision sent for a review: ``orga:review_claim:{review_id}``."""
+    return f"{review_claim_key_prefix}{review_id}"
 
 
 def queue_started_key(queue: str) -> str:
