@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -32,7 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
@@ -51,9 +63,33 @@ from shared.protocol import (
 )
 from shared.task_spec import MAX_TASK_ID_CHARS, TaskSpecError, check_task_id, parse_task_text
 
-__all__ = ["Coordinator", "CoordinatorSettings"]
+__all__ = ["Coordinator", "CoordinatorSettings", "is_transient"]
 
 log = logging.getLogger("orga.coordinator")
+
+_TRANSIENT_TYPES = (
+    RedisConnectionError,  # also BusyLoadingError (LOADING)
+    RedisTimeoutError,
+    BusyLoadingError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    TryAgainError,
+    MasterDownError,
+    ClusterDownError,
+)
+_TRANSIENT_REPLY = re.compile(
+    r"(?:^|caused error: )(?:OOM|BUSY|LOADING|MASTERDOWN|READONLY|TRYAGAIN|MISCONF|CLUSTERDOWN"
+    r"|NOREPLICAS)\b"
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a Redis error says nothing about the entry being handled: Redis unreachable,
+    loading, out of memory (``maxmemory``), busy with a script, read-only or failing to persist.
+    Such an entry is retried, never counted towards poison."""
+    if isinstance(exc, _TRANSIENT_TYPES):
+        return True
+    return isinstance(exc, ResponseError) and bool(_TRANSIENT_REPLY.search(str(exc)))
 
 
 @dataclass(frozen=True)
@@ -66,6 +102,10 @@ class CoordinatorSettings:
     batch: int = 64
     claim_idle_ms: int = 30_000
     max_deliveries: int = 5
+    transient_backoff_ms: int = 1000
+    """An entry whose handling Redis refused (see :func:`is_transient`) gets its delivery back
+    and may be claimed again this long after, instead of after ``claim_idle_ms``."""
+    max_loop_backoff_s: float = 8.0
     journal_maxlen: int = 10_000
     events_maxlen: int = 100_000
     retention_s: float = 7 * 24 * 3600.0
@@ -115,14 +155,25 @@ class Coordinator:
         self._stopping.set()
 
     async def _loop(self, body: Callable[[], Awaitable[None]], pause_s: float = 0.0) -> None:
+        failures = 0
         while not self._stopping.is_set():
             try:
                 await body()
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("coordinator.loop_failed", extra={"coordinator": self.name})
-                await asyncio.sleep(0.5)
+            except Exception as exc:
+                failures += 1
+                delay_s = min(0.5 * 2 ** min(failures - 1, 10), self.settings.max_loop_backoff_s)
+                if is_transient(exc):
+                    log.warning(
+                        "coordinator.redis_unavailable",
+                        extra={"coordinator": self.name, "error": str(exc)[:300],
+                               "retry_in_s": delay_s},
+                    )  # fmt: skip
+                else:
+                    log.exception("coordinator.loop_failed", extra={"coordinator": self.name})
+                await asyncio.sleep(delay_s)
             if pause_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), pause_s)
@@ -151,8 +202,37 @@ class Coordinator:
     # -- intake ---------------------------------------------------------------------------
 
     async def _intake_once(self) -> None:
-        for entry_id, fields in await self._read(keys.intake_stream):
-            await self._guarded(keys.intake_stream, entry_id, fields, self._intake)
+        await self._handle_all(
+            keys.intake_stream, await self._read(keys.intake_stream), self._intake
+        )
+
+    async def _handle_all(
+        self,
+        stream: str,
+        entries: list[tuple[str, dict[Any, Any]]],
+        handle: Callable[[str, dict[Any, Any]], Awaitable[None]],
+    ) -> None:
+        """Handle a batch in order. When Redis refuses (a transient error), the entries not
+        handled get their delivery back and the error propagates: the loop backs off."""
+        for index, (entry_id, fields) in enumerate(entries):
+            try:
+                await self._guarded(stream, entry_id, fields, handle)
+            except RedisError as exc:
+                if is_transient(exc):
+                    await self._give_back(stream, [e for e, _f in entries[index:]])
+                raise
+
+    async def _give_back(self, stream: str, entry_ids: list[str]) -> None:
+        """Undo the delivery of entries Redis refused to let us handle (XCLAIM RETRYCOUNT, which
+        Redis allows even out of memory), claimable again after ``transient_backoff_ms``."""
+        idle_ms = max(self.settings.claim_idle_ms - self.settings.transient_backoff_ms, 0)
+        with contextlib.suppress(RedisError):  # still unreachable: the count stays one higher
+            for entry_id in entry_ids:
+                deliveries = await self._deliveries(stream, entry_id)
+                await self.redis.xclaim(
+                    stream, keys.coordinator_group, self.name, 0, [entry_id],
+                    idle=idle_ms, retrycount=max(deliveries - 1, 0), justid=True,
+                )  # fmt: skip
 
     async def _guarded(
         self,
@@ -243,8 +323,7 @@ class Coordinator:
 
     async def _observations_once(self) -> None:
         entries = await self._read(keys.observations_stream)
-        for entry_id, fields in entries:
-            await self._guarded(keys.observations_stream, entry_id, fields, self._observation)
+        await self._handle_all(keys.observations_stream, entries, self._observation)
 
     async def _observation(self, entry_id: str, fields: dict[Any, Any]) -> None:
         ack = (keys.observations_stream, keys.coordinator_group, entry_id)
@@ -277,16 +356,17 @@ class Coordinator:
             stream, keys.coordinator_group, self.name,
             min_idle_time=self.settings.claim_idle_ms, start_id="0-0", count=self.settings.batch,
         )  # fmt: skip
-        for raw_id, fields in entries:
-            entry_id = _text(raw_id)
-            if fields is None:
-                continue
+
+        async def poison_or_handle(entry_id: str, fields: dict[Any, Any]) -> None:
             deliveries = await self._deliveries(stream, entry_id)
             if deliveries > self.settings.max_deliveries:
                 error = f"delivered {deliveries} times without being applied"
                 await self._poison(stream, entry_id, fields, error)
             else:
-                await self._guarded(stream, entry_id, fields, handle)
+                await handle(entry_id, fields)
+
+        claimed = [(_text(i), f) for i, f in entries if f is not None]
+        await self._handle_all(stream, claimed, poison_or_handle)
 
     async def _deliveries(self, stream: str, entry_id: str) -> int:
         pending = await self.redis.xpending_range(
@@ -297,8 +377,9 @@ class Coordinator:
     # -- control --------------------------------------------------------------------------
 
     async def _control_once(self) -> None:
-        for entry_id, fields in await self._read(keys.control_stream):
-            await self._guarded(keys.control_stream, entry_id, fields, self._control)
+        await self._handle_all(
+            keys.control_stream, await self._read(keys.control_stream), self._control
+        )
 
     async def _control(self, entry_id: str, fields: dict[Any, Any]) -> None:
         text = {_text(k): _text(v) for k, v in fields.items()}
