@@ -91,6 +91,12 @@ class CoordinatorMetrics:
             ["provider", "status"],
             registry=registry,
         )
+        self.state_losses = Counter(
+            "orga_state_lost",
+            "Times this coordinator found Redis without its consumer groups (data lost) and "
+            "recreated them",
+            registry=registry,
+        )
         self.rate_limit_waits = Counter(
             "orga_rate_limit_waits",
             "Times a worker waited for a provider's rate limit, by provider",
@@ -153,6 +159,10 @@ class CoordinatorMetrics:
             name = fields.get("event", "")
             if name.startswith("step_") and name != "step_started":
                 self.steps.labels(outcome=name.removeprefix("step_")).inc()
+
+    def state_lost(self) -> None:
+        """Redis lost its data; this coordinator recreated the consumer groups."""
+        self.state_losses.inc()
 
     def ignored(self) -> None:
         """A message whose fence was stale or already applied."""

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import (
@@ -165,7 +165,9 @@ class Coordinator:
             except Exception as exc:
                 failures += 1
                 delay_s = min(0.5 * 2 ** min(failures - 1, 10), self.settings.max_loop_backoff_s)
-                if is_transient(exc):
+                if _lost_groups(exc):
+                    await self._state_lost(exc)
+                elif is_transient(exc):
                     log.warning(
                         "coordinator.redis_unavailable",
                         extra={"coordinator": self.name, "error": str(exc)[:300],
@@ -178,15 +180,42 @@ class Coordinator:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), pause_s)
 
-    async def _ensure_groups(self) -> None:
+    async def _ensure_groups(self) -> int:
+        """Create the consumer groups that do not exist yet; how many were created."""
+        created = 0
         for stream in (keys.intake_stream, keys.observations_stream, keys.control_stream):
             try:
                 await self.redis.xgroup_create(
                     stream, keys.coordinator_group, id="0", mkstream=True
                 )
+                created += 1
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+        return created
+
+    async def _state_lost(self, exc: ResponseError) -> None:
+        """Redis answered NOGROUP: it lost its data (restarted empty, flushed). Recreate the
+        groups from the start of each stream, so what was sent since is served, forget what
+        this process kept, and say loudly that the state before is gone."""
+        self._held.clear()
+        self.store.forget_kept()
+        with contextlib.suppress(RedisError):  # unreachable again: the next loop retries
+            if not await self._ensure_groups():
+                return  # another loop or coordinator recreated them and said so
+            log.error(
+                "coordinator.state_lost",
+                extra={"coordinator": self.name, "error": str(exc)[:300],
+                       "detail": "consumer groups recreated; earlier tasks and entries are gone"},
+            )  # fmt: skip
+            await self.redis.xadd(
+                keys.events_stream,
+                {"task_id": "", "event": "state_lost", "coordinator": self.name,
+                 "error": str(exc)[:300], "at": f"{time.time():.3f}"},
+                maxlen=100_000, approximate=True,
+            )  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.state_lost()
 
     async def _read(self, stream: str) -> list[tuple[str, dict[Any, Any]]]:
         response = await self.redis.xreadgroup(
@@ -559,6 +588,11 @@ class Coordinator:
         """Whether a kept record's verdict must be redone: it was never confirmed current and
         Redis now holds another version."""
         return not confirmed and not await self.store.is_current(record.task_id, record.version)
+
+
+def _lost_groups(exc: BaseException) -> TypeGuard[ResponseError]:
+    """Redis no longer has the coordinators' consumer group (or its stream)."""
+    return isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP")
 
 
 def _decision(value: str) -> ReviewDecision:

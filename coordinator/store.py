@@ -182,6 +182,11 @@ class TaskStore:
             return None
         return TaskRecord.model_validate_json(state)
 
+    def forget_kept(self) -> None:
+        """Drop every kept record (Redis lost its data: none of them is current any more)."""
+        self._kept.clear()
+        self._kept_bytes = 0
+
     def take_kept(self, task_id: str) -> TaskRecord | None:
         """The record kept from this store's last write of the task, unchecked; it is the
         caller's now. It may be stale if another coordinator committed since: commit it (the
