@@ -48,7 +48,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
-from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.logs import RateGate
+from coordinator.machine import PLAN_FENCE_STEP, Effects, MachineSettings, TaskMachine
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.state import ReviewDecision, TaskRecord, check_reviewer
@@ -56,6 +57,7 @@ from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
 from shared.errors import WireFormatError
 from shared.protocol import (
+    Fence,
     ReasonedMessage,
     ToolObservedMessage,
     WorkerFailedMessage,
@@ -106,6 +108,9 @@ class CoordinatorSettings:
     """An entry whose handling Redis refused (see :func:`is_transient`) gets its delivery back
     and may be claimed again this long after, instead of after ``claim_idle_ms``."""
     max_loop_backoff_s: float = 8.0
+    refusal_log_interval_s: float = 60.0
+    """A wrong observation is logged and written as an event at most once per task and reason
+    in this time (all of them are counted in ``orga_observations_refused``)."""
     journal_maxlen: int = 10_000
     events_maxlen: int = 100_000
     retention_s: float = 7 * 24 * 3600.0
@@ -136,6 +141,7 @@ class Coordinator:
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
         self._queues = QueueGauge()
+        self._refusals = RateGate(self.settings.refusal_log_interval_s)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -362,9 +368,40 @@ class Coordinator:
             await self._poison(keys.observations_stream, entry_id, fields, str(exc))
             return
         task_id = message.fence.task_id
-        applied = await self._apply(task_id, lambda m: _route(m, message), ack=ack)
+        wrong: list[str | None] = ["unknown_task"]  # what the last look at the record said
+
+        def route(machine: TaskMachine) -> Effects:
+            effects = _route(machine, message)
+            wrong[0] = None if effects.changed else _wrong(machine.record, message.fence)
+            return effects
+
+        applied = await self._apply(task_id, route, ack=ack)
         if not applied:
             await self.redis.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+            if wrong[0] is not None:
+                await self._refused(message, wrong[0])
+
+    async def _refused(
+        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage, reason: str
+    ) -> None:
+        """Count a wrong observation; log it and write an ``observation_refused`` event, at
+        most once per task and reason every ``refusal_log_interval_s``."""
+        if self.metrics is not None:
+            self.metrics.refused(reason)
+        fence = message.fence
+        task_id = fence.task_id[:128]
+        held = self._refusals.admit(f"{task_id}|{reason}", time.monotonic())
+        if held is None:
+            return
+        fields = {"task_id": task_id, "reason": reason, "fence": fence.token()[:300],
+                  "kind": message.kind, "held_back": str(held)}  # fmt: skip
+        log.warning("observation.refused", extra=fields)
+        event: dict[Any, Any] = {
+            **fields,
+            "event": "observation_refused",
+            "at": f"{time.time():.3f}",
+        }
+        await self.redis.xadd(keys.events_stream, event, maxlen=100_000, approximate=True)
 
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
@@ -588,6 +625,21 @@ class Coordinator:
         """Whether a kept record's verdict must be redone: it was never confirmed current and
         Redis now holds another version."""
         return not confirmed and not await self.store.is_current(record.task_id, record.version)
+
+
+def _wrong(record: TaskRecord, fence: Fence) -> str | None:
+    """Why an observation the task ignored could not come from any of its dispatches (None:
+    it may be a late or duplicate answer to one, which is normal)."""
+    steps = {s.spec.id for s in record.steps} | {PLAN_FENCE_STEP}
+    if fence.step_id not in steps:
+        return "unknown_step"
+    if fence.attempt > record.dispatches:
+        return "never_dispatched"
+    awaiting = record.awaiting
+    same_attempt = awaiting is not None and fence.attempt == awaiting.fence.attempt
+    if same_attempt and awaiting is not None and fence.nonce != awaiting.fence.nonce:
+        return "nonce_mismatch"
+    return None
 
 
 def _lost_groups(exc: BaseException) -> TypeGuard[ResponseError]:
