@@ -66,6 +66,70 @@ def test_a_task_cannot_send_the_key_to_its_own_base_url() -> None:
     assert provider.provider_name() == "openai"
 
 
+def _keyed(**keys: str) -> ProcessServices:
+    """A worker configured for openai at api.example with ORGA_API_KEY, plus ``keys``."""
+    services = ProcessServices(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0"),
+        ProviderSettings(
+            provider="openai", api_key="sk-orga", base_url="https://api.example/v1", **keys
+        ),  # type: ignore[arg-type]
+        "redis://127.0.0.1:1/0",
+    )
+    _OPEN.append(services)
+    return services
+
+
+def _sent(provider: object) -> tuple[str, str | None]:
+    """Where a provider sends its requests and the key it sends (read from its endpoint)."""
+    endpoint = provider._endpoint  # type: ignore[attr-defined]
+    key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
+    return endpoint.base_url, key
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openrouter"])
+def test_a_task_switching_provider_never_gets_orga_api_key(kind: str) -> None:
+    """ORGA_API_KEY is bound to ORGA_PROVIDER: a task naming another provider is refused,
+    saying which variable would allow it, and the key appears nowhere in the message."""
+    services = _keyed()
+    with pytest.raises(ConfigError, match=f"switches provider.kind to '{kind}'") as caught:
+        services.provider(_request(ProviderSpec(kind=kind)))  # type: ignore[arg-type]
+    assert f"set {kind.upper()}_API_KEY on the workers" in str(caught.value)
+    assert "sk-orga" not in str(caught.value)
+
+
+def test_a_switched_provider_gets_its_own_key_at_its_own_default_url() -> None:
+    """With ANTHROPIC_API_KEY set, a task naming anthropic sends that key to Anthropic's
+    default URL, not ORGA_API_KEY and not ORGA_BASE_URL (which belong to openai here)."""
+    services = _keyed(anthropic_api_key="sk-ant")
+    provider = services.provider(_request(ProviderSpec(kind="anthropic")))
+    assert provider.provider_name() == "anthropic"
+    assert _sent(provider) == ("https://api.anthropic.com/v1", "sk-ant")
+
+
+def test_the_configured_provider_keeps_its_key_and_url() -> None:
+    """A task that names the deployment's own provider (or none) gets ORGA_API_KEY at
+    ORGA_BASE_URL, as before."""
+    services = _keyed()
+    for spec in (ProviderSpec(), ProviderSpec(kind="openai")):
+        assert _sent(services.provider(_request(spec))) == ("https://api.example/v1", "sk-orga")
+
+
+def test_a_switched_provider_at_a_task_url_needs_the_operators_consent() -> None:
+    """Another provider at the task's own URL is refused without ORGA_ALLOW_TASK_BASE_URL; with
+    it, that provider's own key goes there, never ORGA_API_KEY."""
+    services = _keyed(anthropic_api_key="sk-ant")
+    spec = ProviderSpec(kind="anthropic", base_url="https://proxy.example")
+    with pytest.raises(ConfigError, match="ORGA_ALLOW_TASK_BASE_URL"):
+        services.provider(_request(spec))
+    allowed = ProcessServices(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0", allow_task_base_url=True),
+        services.provider_settings,
+        "redis://127.0.0.1:1/0",
+    )
+    _OPEN.append(allowed)
+    assert _sent(allowed.provider(_request(spec))) == ("https://proxy.example", "sk-ant")
+
+
 def test_scripted_replies_resume_where_the_task_left_off() -> None:
     """A fresh scripted provider per call answers the reply the task's call count points at."""
     services = _services()
