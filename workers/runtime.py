@@ -42,6 +42,7 @@ from shared.protocol import (
 )
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
+from workers.applied_calls import RedisAppliedCalls
 from workers.circuit_breaker import CircuitBreakerRegistry, RedisBreakerStore
 from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
@@ -117,6 +118,7 @@ class ProcessServices:
             CircuitBreakerRegistry(self.breaker_store),
             cache=RedisResultCache(self.redis),
             dead_letter=RedisDeadLetterSink(self.redis),
+            applied=RedisAppliedCalls(self.redis),
         )
 
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:

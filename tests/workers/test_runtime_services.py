@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from shared import keys
+from shared.actions import ToolCallAction
 from shared.conversation import Conversation
 from shared.errors import ConfigError
 from shared.loop_types import LoopConfig
@@ -226,3 +227,49 @@ def test_a_script_file_is_parsed_again_only_when_it_changes(tmp_path: Path) -> N
     os.utime(script, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     again = services.provider(request.model_copy(update={"model_calls": 1}))
     assert isinstance(again, ScriptedProvider) and again.remaining == 2
+
+
+def _write(
+    tmp_path: Path, content: str, *, iteration: int, attempt: int, nonce: str
+) -> ToolRequest:
+    fence = Fence(
+        task_id="t", step_id="s", iteration=iteration, attempt=attempt, nonce=nonce, call_id="c1"
+    )
+    arguments = json.dumps({"path": "notes.txt", "content": content})
+    return ToolRequest(
+        fence=fence,
+        agent_id="a",
+        action=ToolCallAction(call_id="c1", name="file_write", arguments=arguments),
+        workspace=str(tmp_path),
+        config=LoopConfig(),
+    )
+
+
+def test_a_write_delivered_again_after_the_task_moved_on_changes_nothing(
+    redis_url: str, redis_client: Any, tmp_path: Path
+) -> None:
+    """A file_write re-delivered (a new attempt and nonce: a re-dispatch) after a later
+    iteration rewrote the file is answered with its first result, marked replayed, and the
+    file keeps the later content; another call under the same id with other content runs."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    first = _write(tmp_path, "v1", iteration=1, attempt=3, nonce="aaa")
+    services.run(run_tool_calls(first, services))
+    services.run(
+        run_tool_calls(_write(tmp_path, "v2", iteration=2, attempt=4, nonce="bbb"), services)
+    )
+    again = first.model_copy(
+        update={"fence": first.fence.model_copy(update={"attempt": 5, "nonce": "ccc"})}
+    )
+    (replayed,) = services.run(run_tool_calls(again, services))
+    assert (tmp_path / "notes.txt").read_text() == "v2"
+    assert replayed.observation.metadata["replayed"] == "true"
+    assert not replayed.observation.is_error
+    other = _write(tmp_path, "v3", iteration=1, attempt=6, nonce="ddd")
+    (ran,) = services.run(run_tool_calls(other, services))
+    assert "replayed" not in ran.observation.metadata
+    assert (tmp_path / "notes.txt").read_text() == "v3"
+    with redis.Redis.from_url(redis_url) as client:
+        stored = list(client.scan_iter(f"{keys.applied_call_key_prefix}*"))
+        assert len(stored) == 3
+        assert 0 < client.ttl(stored[0]) <= keys.applied_call_ttl_s
