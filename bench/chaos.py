@@ -88,6 +88,11 @@ FaultKind = Literal["worker", "coordinator", "redis"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("worker", "coordinator", "redis")
 APPLIED_EVENTS = ("ReasoningComplete", "ObservationsCollected")
 """Journal events that mark an observation applied (a reasoning answer, a tool batch)."""
+EFFECTS_FILE = "effects.log"
+SIDE_EFFECT = f"echo step-{{i}} >> {EFFECTS_FILE}; echo step-{{i}}"
+"""What each chaos command does besides answering: one line appended to the task's workspace,
+so a command that ran twice leaves its line twice (``duplicate_side_effects``)."""
+
 ONCE_PER_ITERATION = ("ReasoningComplete", "ToolsDispatched", "ObservationsCollected")
 RECOVERED_SHARE = 0.8
 PRE_FAULT_WINDOW_S = 5.0
@@ -108,7 +113,7 @@ class ChaosPlan:
 
     tasks: int = 200
     iterations: int = 8
-    command: str = "sleep 0.05; echo step-{i}"
+    command: str = f"sleep 0.05; {SIDE_EFFECT}"
     concurrency: int = 2
     coordinators: int = 1
     """Coordinators running at once (several share the tasks through their leases)."""
@@ -899,6 +904,19 @@ def _dispatch_latencies(outcomes: Sequence[TaskOutcome]) -> dict[str, float]:
     }
 
 
+def _side_effects(workspaces: Path, task_ids: Sequence[str], iterations: int) -> tuple[int, int]:
+    """Lines appended more than once to the tasks' effects files (commands that ran twice),
+    and the commands whose line is missing."""
+    duplicates = missing = 0
+    expected = {f"step-{i}" for i in range(iterations)}
+    for task_id in task_ids:
+        effects = workspaces / task_id / EFFECTS_FILE
+        lines = effects.read_text().splitlines() if effects.exists() else []
+        duplicates += len(lines) - len(set(lines))
+        missing += len(expected - set(lines))
+    return duplicates, missing
+
+
 def _duplicates(client: OrgaClient, outcomes: Sequence[TaskOutcome]) -> int:
     """Observations that answered work already answered: entries on the observations stream
     beyond the first for the same task, step, iteration, call and kind (the fences turn them
@@ -937,6 +955,8 @@ class ChaosReport:
     latencies: dict[str, float]
     duplicates: int
     duplicate_starts: int
+    duplicate_side_effects: int
+    missing_side_effects: int
     controls: list[Fault] = field(default_factory=list)
     exits: list[str] = field(default_factory=list)
 
@@ -1028,6 +1048,10 @@ class ChaosReport:
             f"{self.duplicates} observations arrived for an iteration already applied (ignored)",
             f"duplicate starts: {self.duplicate_starts} (accepted events beyond one per task, "
             "Started journal entries beyond one per step)",
+            f"duplicate side effects: {self.duplicate_side_effects} command lines appended "
+            f"more than once to a task's {EFFECTS_FILE} (run_command is not idempotent: a "
+            "call redelivered or re-dispatched after it ran runs again; file_write applies "
+            f"once per call); {self.missing_side_effects} missing",
             f"settings: observation deadline D {plan.observation_deadline_s:g}s, visibility "
             f"timeout V {plan.visibility_timeout_s}s, lease TTL {plan.lease_ttl_s:g}s, claim "
             f"idle {plan.claim_idle_ms}ms, tick {plan.tick_interval_s:g}s; Redis "
@@ -1122,6 +1146,7 @@ def _report(
 ) -> ChaosReport:
     events = _all_events(client)
     outcomes = _collect(client, task_ids, events)
+    duplicated, missing = _side_effects(cluster.root / "workspaces", task_ids, plan.iterations)
     _measure(plan, cluster.faults, outcomes, celery_events, events)
     statuses: dict[str, int] = {}
     for outcome in outcomes:
@@ -1142,6 +1167,8 @@ def _report(
         latencies=_dispatch_latencies(outcomes),
         duplicates=_duplicates(client, outcomes),
         duplicate_starts=sum(o.duplicate_starts for o in outcomes),
+        duplicate_side_effects=duplicated,
+        missing_side_effects=missing,
         controls=_control(cluster.faults, outcomes, plan.kill_every_s),
         exits=cluster.exits,
     )
