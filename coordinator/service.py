@@ -12,6 +12,10 @@ Four loops share one Redis connection pool:
 - **control**: review decisions and cancellations sent by the CLI.
 - **ticks**: lease renewal and takeover, observation deadlines, review deadlines.
 
+Redis refusing writes or unreachable (:func:`is_transient`) never makes an entry poison: the
+entries not handled get their delivery back and the loops back off. Redis answering NOGROUP
+(restarted empty) makes the coordinator recreate its groups and write a ``state_lost`` event.
+
 Dispatches are Celery messages pushed by the same atomic commit that saves the state expecting
 them (:mod:`coordinator.dispatch`): a crash leaves either both or neither. A dispatch lost later
 (a worker killed mid-task past its redelivery) is re-sent at the state's deadline, and the fence
@@ -635,9 +639,8 @@ def _wrong(record: TaskRecord, fence: Fence) -> str | None:
         return "unknown_step"
     if fence.attempt > record.dispatches:
         return "never_dispatched"
-    awaiting = record.awaiting
-    same_attempt = awaiting is not None and fence.attempt == awaiting.fence.attempt
-    if same_attempt and awaiting is not None and fence.nonce != awaiting.fence.nonce:
+    awaited = record.awaiting.fence if record.awaiting is not None else None
+    if awaited is not None and fence.attempt == awaited.attempt and fence.nonce != awaited.nonce:
         return "nonce_mismatch"
     return None
 
