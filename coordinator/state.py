@@ -115,7 +115,7 @@ RESERVED_REVIEWERS = frozenset({"deadline", "coordinator", "system"})
 """Names the runtime records decisions under (``deadline``: a review's default applied at its
 deadline); no human decision is recorded under them."""
 
-_REVIEWER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+_REVIEWER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}")
 
 
 class ReviewerError(OrgaError, ValueError):
@@ -131,7 +131,7 @@ def check_reviewer(by: str) -> str:
         )
     if not _REVIEWER.fullmatch(by):
         raise ReviewerError(
-            f"reviewer name {by[:64]!r} is not valid: use 1 to 64 letters, digits, '.', '_', "
+            f"reviewer name {by[:64]!r} is not valid: use 1 to 64 letters, digits, '.', '_', ':', "
             "'@' or '-', starting with a letter or digit"
         )
     return by

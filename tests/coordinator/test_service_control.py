@@ -24,7 +24,9 @@ def test_reserved_and_malformed_reviewer_names_are_refused(by: str) -> None:
         check_reviewer(by)
 
 
-@pytest.mark.parametrize("by", ["alice", "bob.smith", "ops@example.org", "cli", "u-1_2"])
+@pytest.mark.parametrize(
+    "by", ["alice", "bob.smith", "ops@example.org", "cli", "u-1_2", "inbox:alice"]
+)
 def test_a_person_or_account_name_is_a_reviewer(by: str) -> None:
     """User names, e-mail addresses and the CLI's fallback are accepted as they are."""
     assert check_reviewer(by) == by
