@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.protocol import Fence
+from workers.broker import TRANSIENT_WRITE_ERRORS
 
 __all__ = ["Liveness"]
 
@@ -57,7 +58,10 @@ class Liveness:
         pipe = self._redis.pipeline(transaction=False)
         pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, time.time()))
         pipe.incr(keys.queue_started_key(queue))
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except TRANSIENT_WRITE_ERRORS as exc:  # Redis out of memory: run the call anyway
+            log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
 
     def answered(self, pipe: Pipeline, fences: Iterable[Fence]) -> None:
         """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer."""

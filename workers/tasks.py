@@ -8,9 +8,11 @@ the coordinator decides to re-dispatch or dead-letter it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -26,6 +28,7 @@ from shared.protocol import (
     WorkerFailedMessage,
 )
 from shared.settings import OrgaSettings
+from workers.broker import TRANSIENT_WRITE_ERRORS
 from workers.celery import app
 from workers.handlers import onward, run_reasoning, run_tool_calls
 from workers.providers.settings import ProviderSettings
@@ -36,6 +39,9 @@ from workers.tools.registry import ToolRegistry, default_registry
 __all__ = ["DispatchFailedError", "close_services", "reason", "services", "tool_call"]
 
 log = logging.getLogger("orga.worker")
+
+PUBLISH_PATIENCE_S = 120.0
+"""How long a worker keeps trying to publish an answer while Redis refuses writes."""
 _services: ProcessServices | None = None
 _services_lock = threading.Lock()
 _Request = TypeVar("_Request", ReasonRequest, ToolRequest)
@@ -140,10 +146,33 @@ async def _answer(
     for each in message if isinstance(message, list) else [message]:
         if isinstance(request, ReasonRequest) and isinstance(each, ReasonedMessage):
             observation, calls = onward(request, each)
-            await runtime.publish(observation, calls, answered=fences)
+            await _publish(runtime, observation, calls, fences)
         else:
-            await runtime.publish(each, answered=fences)
+            await _publish(runtime, each, (), fences)
     return failure
+
+
+async def _publish(
+    runtime: ProcessServices,
+    message: Any,
+    calls: Sequence[ToolRequest],
+    fences: Sequence[Fence],
+    give_up_after_s: float = PUBLISH_PATIENCE_S,
+) -> None:
+    """Publish the answer; while Redis refuses writes (out of memory), try again with back-off
+    for up to ``give_up_after_s``, so a dispatch that ran is not lost to a short episode."""
+    deadline = time.monotonic() + give_up_after_s
+    delay_s = 0.25
+    while True:
+        try:
+            await runtime.publish(message, calls, answered=fences)
+            return
+        except TRANSIENT_WRITE_ERRORS as exc:
+            if time.monotonic() + delay_s > deadline:
+                raise
+            log.warning("publish.refused", extra={"error": str(exc)[:300], "retry_in_s": delay_s})
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
 
 
 @app.task(  # type: ignore[untyped-decorator]
