@@ -88,6 +88,11 @@ FaultKind = Literal["worker", "coordinator", "redis"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("worker", "coordinator", "redis")
 APPLIED_EVENTS = ("ReasoningComplete", "ObservationsCollected")
 """Journal events that mark an observation applied (a reasoning answer, a tool batch)."""
+EFFECTS_FILE = "effects.log"
+SIDE_EFFECT = f"echo step-{{i}} >> {EFFECTS_FILE}; echo step-{{i}}"
+"""What each chaos command does besides answering: one line appended to the task's workspace,
+so a command that ran twice leaves its line twice (``duplicate_side_effects``)."""
+
 ONCE_PER_ITERATION = ("ReasoningComplete", "ToolsDispatched", "ObservationsCollected")
 RECOVERED_SHARE = 0.8
 PRE_FAULT_WINDOW_S = 5.0
@@ -108,8 +113,10 @@ class ChaosPlan:
 
     tasks: int = 200
     iterations: int = 8
-    command: str = "sleep 0.05; echo step-{i}"
+    command: str = f"sleep 0.05; {SIDE_EFFECT}"
     concurrency: int = 2
+    coordinators: int = 1
+    """Coordinators running at once (several share the tasks through their leases)."""
     kill_every_s: float = 3.0
     kill_from: float = 0.1
     kill_until: float = 0.9
@@ -328,7 +335,7 @@ class ChaosCluster:
     def start(self) -> None:
         """Both workers, then the coordinator."""
         self.workers += [self._worker(q) for q in (keys.reasoning_queue, keys.tools_queue)]
-        self.coordinators.append(self._coordinator())
+        self.coordinators += [self._coordinator() for _ in range(self.plan.coordinators)]
 
     def stop(self) -> None:
         """Stop every process still running."""
@@ -642,6 +649,14 @@ class TaskOutcome:
     record: TaskRecord | None
     journal: list[JournalEntry]
     terminal_events: int
+    accepted_events: int = 1
+
+    @property
+    def duplicate_starts(self) -> int:
+        """Starts beyond the first: ``accepted`` events beyond one, ``Started`` journal entries
+        beyond one per step."""
+        steps = [e.step_id for e in self.journal if e.event.type == "Started"]
+        return max(self.accepted_events - 1, 0) + len(steps) - len(set(steps))
 
 
 def _all_events(client: OrgaClient) -> list[dict[str, str]]:
@@ -658,9 +673,13 @@ def _collect(
 ) -> list[TaskOutcome]:
     terminal_names = {s.value for s in TERMINAL_STATUSES}
     counts: dict[str, int] = {}
+    accepted: dict[str, int] = {}
     for event in events:
+        task_id = event.get("task_id", "")
         if event.get("event") in terminal_names:
-            counts[event.get("task_id", "")] = counts.get(event.get("task_id", ""), 0) + 1
+            counts[task_id] = counts.get(task_id, 0) + 1
+        elif event.get("event") == "accepted":
+            accepted[task_id] = accepted.get(task_id, 0) + 1
     outcomes = []
     for index, task_id in enumerate(task_ids):
         try:
@@ -668,7 +687,11 @@ def _collect(
         except Exception:  # a lost task is what this looks for
             record = None
         journal = client.journal(task_id) if record is not None else []
-        outcomes.append(TaskOutcome(index, task_id, record, journal, counts.get(task_id, 0)))
+        outcomes.append(
+            TaskOutcome(
+                index, task_id, record, journal, counts.get(task_id, 0), accepted.get(task_id, 0)
+            )
+        )
     return outcomes
 
 
@@ -685,6 +708,8 @@ def task_violations(outcome: TaskOutcome, plan: ChaosPlan) -> list[str]:
         problems.append(f"{task_id}: completed without the model's answer ({notes})")
     if outcome.terminal_events != 1:
         problems.append(f"{task_id}: {outcome.terminal_events} terminal events (want 1)")
+    if outcome.accepted_events != 1:
+        problems.append(f"{task_id}: {outcome.accepted_events} accepted events (want 1)")
     problems += _journal_violations(task_id, outcome.journal)
     problems += _conversation_violations(task_id, record, plan)
     return problems
@@ -697,7 +722,11 @@ def _journal_violations(task_id: str, journal: list[JournalEntry]) -> list[str]:
         problems.append(f"{task_id}: journal gap or disorder: {sequences}")
     seen: set[tuple[str | None, int, str]] = set()
     for entry in journal:
-        if entry.event.type in ONCE_PER_ITERATION:
+        if entry.event.type == "Started":
+            if (entry.step_id, 0, "Started") in seen:
+                problems.append(f"{task_id}: step {entry.step_id} started twice")
+            seen.add((entry.step_id, 0, "Started"))
+        elif entry.event.type in ONCE_PER_ITERATION:
             key = (entry.step_id, entry.iteration, entry.event.type)
             if key in seen:
                 problems.append(f"{task_id}: iteration applied twice: {key}")
@@ -875,6 +904,19 @@ def _dispatch_latencies(outcomes: Sequence[TaskOutcome]) -> dict[str, float]:
     }
 
 
+def _side_effects(workspaces: Path, task_ids: Sequence[str], iterations: int) -> tuple[int, int]:
+    """Lines appended more than once to the tasks' effects files (commands that ran twice),
+    and the commands whose line is missing."""
+    duplicates = missing = 0
+    expected = {f"step-{i}" for i in range(iterations)}
+    for task_id in task_ids:
+        effects = workspaces / task_id / EFFECTS_FILE
+        lines = effects.read_text().splitlines() if effects.exists() else []
+        duplicates += len(lines) - len(set(lines))
+        missing += len(expected - set(lines))
+    return duplicates, missing
+
+
 def _duplicates(client: OrgaClient, outcomes: Sequence[TaskOutcome]) -> int:
     """Observations that answered work already answered: entries on the observations stream
     beyond the first for the same task, step, iteration, call and kind (the fences turn them
@@ -912,6 +954,9 @@ class ChaosReport:
     dead_letters: int
     latencies: dict[str, float]
     duplicates: int
+    duplicate_starts: int
+    duplicate_side_effects: int
+    missing_side_effects: int
     controls: list[Fault] = field(default_factory=list)
     exits: list[str] = field(default_factory=list)
 
@@ -1001,6 +1046,12 @@ class ChaosReport:
             f"{self.latencies['reason']:.2f}s (with the tool call, when it travelled with the "
             f"reasoning), then -> tool results applied {self.latencies['tool']:.2f}s; "
             f"{self.duplicates} observations arrived for an iteration already applied (ignored)",
+            f"duplicate starts: {self.duplicate_starts} (accepted events beyond one per task, "
+            "Started journal entries beyond one per step)",
+            f"duplicate side effects: {self.duplicate_side_effects} command lines appended "
+            f"more than once to a task's {EFFECTS_FILE} (run_command is not idempotent: a "
+            "call redelivered or re-dispatched after it ran runs again; file_write applies "
+            f"once per call); {self.missing_side_effects} missing",
             f"settings: observation deadline D {plan.observation_deadline_s:g}s, visibility "
             f"timeout V {plan.visibility_timeout_s}s, lease TTL {plan.lease_ttl_s:g}s, claim "
             f"idle {plan.claim_idle_ms}ms, tick {plan.tick_interval_s:g}s; Redis "
@@ -1095,6 +1146,7 @@ def _report(
 ) -> ChaosReport:
     events = _all_events(client)
     outcomes = _collect(client, task_ids, events)
+    duplicated, missing = _side_effects(cluster.root / "workspaces", task_ids, plan.iterations)
     _measure(plan, cluster.faults, outcomes, celery_events, events)
     statuses: dict[str, int] = {}
     for outcome in outcomes:
@@ -1114,6 +1166,9 @@ def _report(
         dead_letters=int(client.redis.xlen(keys.dead_letter_stream)),
         latencies=_dispatch_latencies(outcomes),
         duplicates=_duplicates(client, outcomes),
+        duplicate_starts=sum(o.duplicate_starts for o in outcomes),
+        duplicate_side_effects=duplicated,
+        missing_side_effects=missing,
         controls=_control(cluster.faults, outcomes, plan.kill_every_s),
         exits=cluster.exits,
     )
@@ -1127,6 +1182,8 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--iterations", type=int, default=defaults.iterations, help="tool calls per task")
     add("--duration", type=float, default=defaults.duration_s,
         help="seconds the run may take; tasks still running then fail it")  # fmt: skip
+    add("--coordinators", type=int, default=defaults.coordinators,
+        help="coordinators running at once (the last one started is the one killed)")  # fmt: skip
     add("--kill-every", type=float, default=defaults.kill_every_s,
         help="seconds between pool-process kills")  # fmt: skip
     add("--coordinator-at", type=float, default=defaults.coordinator_at,
@@ -1153,6 +1210,7 @@ def _plan(args: argparse.Namespace) -> ChaosPlan:
     return ChaosPlan(
         tasks=args.tasks,
         iterations=args.iterations,
+        coordinators=args.coordinators,
         duration_s=args.duration,
         kill_every_s=args.kill_every,
         coordinator_at=args.coordinator_at,

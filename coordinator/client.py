@@ -20,15 +20,15 @@ from typing import Any, NoReturn, cast
 
 import redis
 
-from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
+from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord, check_reviewer
 from shared import keys
 from shared.errors import OrgaError
 from shared.events import JournalEntry
-from shared.task_spec import TaskSpec, load_task_file
+from shared.task_spec import TaskSpec, check_task_id, load_task_file
 
 __all__ = [
     "OrgaClient",
-    "ReviewClosedError",
+    "ReviewDecidedError",
     "TaskFinishedError",
     "TaskNotFoundError",
     "TaskRejectedError",
@@ -53,9 +53,22 @@ class TaskFinishedError(OrgaError):
     """The task already ended: it can no longer be changed (cancelled)."""
 
 
-class ReviewClosedError(OrgaError):
-    """Another decision (a second reviewer's, the deadline's default) or the task's end closed
-    the review first: this one was not applied."""
+class ReviewDecidedError(OrgaError):
+    """Another decision (an operator's, or the default at the deadline) was taken first."""
+
+
+_CLAIM = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {0, ''} end
+local claimed = redis.call('GET', KEYS[2])
+if claimed then return {1, claimed} end
+local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'action', 'review',
+  'task_id', ARGV[4], 'review_id', ARGV[1], 'decision', ARGV[5], 'hint', ARGV[6], 'by', ARGV[7])
+local claim = cjson.encode({by = ARGV[7], decision = ARGV[5], entry_id = entry})
+redis.call('SET', KEYS[2], claim, 'EX', ARGV[3])
+return {2, entry}
+"""
+"""Send a review's decision only when the review is open and no decision was sent for it yet:
+the claim and the control entry are written together, so two operators never both send one."""
 
 
 @dataclass
@@ -83,7 +96,7 @@ class OrgaClient:
     ) -> str:
         """Put a task on the intake stream and return its id (validated by the coordinator)."""
         text = task_text(task)
-        task_id = task_id or uuid.uuid4().hex
+        task_id = check_task_id(task_id) if task_id is not None else uuid.uuid4().hex
         self.redis.xadd(
             keys.intake_stream,
             {"task_id": task_id, "task": text, "at": f"{time.time():.3f}"},
@@ -287,45 +300,68 @@ class OrgaClient:
     ) -> str:
         """Send a decision and wait until the coordinator applied or refused it.
 
-        ReviewClosedError when another decision (or the task's end) closed the review first:
-        of two reviewers deciding at once, one is applied and the other is told by whom.
+        ReviewDecidedError when another decision was sent first or applied first (the default
+        at the review's deadline); ReviewerError for a reserved or malformed ``by``.
         """
+        check_reviewer(by)
         try:
             item = self.review(review_id)
         except TaskNotFoundError:
-            closing = self._closing_event(review_id)
-            if closing is not None:
-                raise _closed_error(review_id, decision, closing) from None
+            claim = cast("str | None", self.redis.get(keys.review_claim_key(review_id)))
+            self._refuse_claimed(review_id, claim)
             raise
-        entry = self.redis.xadd(
-            keys.control_stream,
-            {"action": "review", "task_id": item.task_id, "review_id": review_id,
-             "decision": decision, "hint": hint or "", "by": by},
-            maxlen=keys.control_maxlen, approximate=True,
-        )  # fmt: skip
+        entry = self._claim(item, decision, hint or "", by)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.redis.hexists(keys.open_reviews_key, review_id):
-                closing = self._closing_event(review_id) or {"decision": decision, "by": by}
-                if (closing.get("decision"), closing.get("by")) != (decision, by):
-                    raise _closed_error(review_id, decision, closing)
-                return item.task_id
-            refused = self._control_refusal(str(entry))
+            refused = self._control_refusal(entry)
             if refused is not None:
-                raise OrgaError(f"decision refused: {refused}")
+                raise ReviewDecidedError(f"decision refused: {refused}")
+            decided = self._decided(review_id)
+            if decided is not None and decided.get("entry_id") == entry:
+                return item.task_id
+            if decided is not None:
+                raise ReviewDecidedError(
+                    f"decision refused: review {review_id} was decided first by "
+                    f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was applied"
+                )
             time.sleep(self.poll_interval_s)
         raise WaitTimeoutError(
             f"no coordinator applied the decision within {timeout_s}s; "
             "is `orga coordinator` running?"
         )
 
-    def _closing_event(self, review_id: str) -> dict[str, str] | None:
-        """The event that closed a review (``review_decided`` or ``review_closed``), if recent.
+    def _claim(self, item: ReviewItem, decision: str, hint: str, by: str) -> str:
+        """Send the decision, claiming the review; ReviewDecidedError when already claimed."""
+        script = self.redis.register_script(_CLAIM)
+        review_id = item.review_id
+        code, value = cast(
+            "list[Any]",
+            script(
+                keys=[keys.open_reviews_key, keys.review_claim_key(review_id), keys.control_stream],
+                args=[review_id, keys.control_maxlen, keys.review_claim_ttl_s, item.task_id,
+                      decision, hint, by],
+            ),
+        )  # fmt: skip
+        if int(code) == 0:
+            raise TaskNotFoundError(f"no open review {review_id!r}; `orga review list` shows them")
+        if int(code) == 1:
+            self._refuse_claimed(review_id, str(value))
+        return str(value)
 
-        It is committed together with the review's removal from the open set."""
-        for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=5000)):
-            closing = fields.get("event") in ("review_decided", "review_closed")
-            if closing and fields.get("review_id") == review_id:
+    def _refuse_claimed(self, review_id: str, claim: str | None) -> None:
+        """ReviewDecidedError naming who decided, when a decision was sent for the review."""
+        if claim is None:
+            return
+        sent = json.loads(claim)
+        raise ReviewDecidedError(
+            f"decision refused: review {review_id} was already decided by "
+            f"{sent.get('by')!r} ({sent.get('decision')}); nothing else was sent"
+        )
+
+    def _decided(self, review_id: str) -> dict[str, str] | None:
+        """The ``review_decided`` event of a review, if it was applied."""
+        for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=500)):
+            if fields.get("event") == "review_decided" and fields.get("review_id") == review_id:
                 return fields
         return None
 
@@ -368,18 +404,6 @@ def task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
     if isinstance(task, dict):
         return json.dumps(task)
     return task
-
-
-def _closed_error(review_id: str, decision: str, closing: dict[str, str]) -> ReviewClosedError:
-    if closing.get("event") == "review_decided":
-        return ReviewClosedError(
-            f"review {review_id} was already decided {closing.get('decision')} by "
-            f"{closing.get('by')}: your {decision} was not applied"
-        )
-    return ReviewClosedError(
-        f"review {review_id} closed before your {decision} was applied (the task ended); "
-        "`orga status` shows it"
-    )
 
 
 def is_terminal(status: str) -> bool:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["EventFormatter", "configure_logging", "redact_url"]
+__all__ = ["EventFormatter", "RateGate", "configure_logging", "redact_url"]
 
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -19,6 +20,28 @@ class EventFormatter(logging.Formatter):
         if fields:
             line += " " + " ".join(f"{k}={v!r}" for k, v in sorted(fields.items()))
         return line
+
+
+@dataclass
+class RateGate:
+    """Lets one event per key through every ``interval_s`` and counts the ones held back, so
+    a flood (forged messages) costs one log line per key and minute, not one per message."""
+
+    interval_s: float = 60.0
+    max_keys: int = 10_000
+    _seen: dict[str, tuple[float, int]] = field(default_factory=dict, init=False, repr=False)
+
+    def admit(self, key: str, now: float) -> int | None:
+        """How many were held back since the last one let through, when this one goes through;
+        None when it is held back."""
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.interval_s:
+            self._seen[key] = (last[0], last[1] + 1)
+            return None
+        if last is None and len(self._seen) >= self.max_keys:
+            self._seen.clear()  # forget old keys rather than grow without bound
+        self._seen[key] = (now, 0)
+        return last[1] if last is not None else 0
 
 
 def configure_logging(level: str) -> None:

@@ -63,7 +63,7 @@ from shared.protocol import (
     WorkerFailedMessage,
 )
 from shared.stagnation import StagnationDetector, StagnationLevel, StagnationVerdict, ToolEvent
-from shared.task_spec import StepSpec
+from shared.task_spec import StepSpec, task_workspace
 from shared.tracing import phase_span, task_context, traceparent
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine", "decide"]
@@ -165,8 +165,11 @@ class TaskMachine:
     # -- entry points ---------------------------------------------------------------------
 
     def start(self) -> Effects:
-        """A new task: plan it when it has no steps, else start its first step."""
+        """A new task: plan it when it has no steps, else start its first step (ignored when
+        it has started already: a task is started once, whoever applies it)."""
         record = self.record
+        if record.status is not TaskStatus.PENDING:
+            return self._ignored()
         record.conversation = Conversation.with_system(
             record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT, pin=True
         )
@@ -996,7 +999,7 @@ class TaskMachine:
 
     def _workspace(self) -> str:
         spec = self.record.spec
-        return spec.workspace or f"{self.settings.workspace_root}/{self.record.task_id}"
+        return spec.workspace or task_workspace(self.settings.workspace_root, self.record.task_id)
 
     def _fence(self) -> Fence:
         """A fence no earlier dispatch of this task had: ``attempt`` counts every dispatch."""

@@ -91,6 +91,19 @@ class CoordinatorMetrics:
             ["provider", "status"],
             registry=registry,
         )
+        self.refused_observations = Counter(
+            "orga_observations_refused",
+            "Well-formed observations that no dispatch of their task could have sent, by reason "
+            "(unknown_task, unknown_step, never_dispatched, nonce_mismatch)",
+            ["reason"],
+            registry=registry,
+        )
+        self.state_losses = Counter(
+            "orga_state_lost",
+            "Times this coordinator found Redis without its consumer groups (data lost) and "
+            "recreated them",
+            registry=registry,
+        )
         self.rate_limit_waits = Counter(
             "orga_rate_limit_waits",
             "Times a worker waited for a provider's rate limit, by provider",
@@ -153,6 +166,14 @@ class CoordinatorMetrics:
             name = fields.get("event", "")
             if name.startswith("step_") and name != "step_started":
                 self.steps.labels(outcome=name.removeprefix("step_")).inc()
+
+    def refused(self, reason: str) -> None:
+        """An observation that is wrong, not merely late (see ``orga_observations_refused``)."""
+        self.refused_observations.labels(reason=reason).inc()
+
+    def state_lost(self) -> None:
+        """Redis lost its data; this coordinator recreated the consumer groups."""
+        self.state_losses.inc()
 
     def ignored(self) -> None:
         """A message whose fence was stale or already applied."""

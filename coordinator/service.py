@@ -16,6 +16,10 @@ Five loops share one Redis connection pool:
 A task naming an agent (``agent: NAME``) is merged with the registered profile before it is
 validated (:mod:`coordinator.agents`).
 
+Redis refusing writes or unreachable (:func:`is_transient`) never makes an entry poison: the
+entries not handled get their delivery back and the loops back off. Redis answering NOGROUP
+(restarted empty) makes the coordinator recreate its groups and write a ``state_lost`` event.
+
 Dispatches are Celery messages pushed by the same atomic commit that saves the state expecting
 them (:mod:`coordinator.dispatch`): a crash leaves either both or neither. A dispatch lost later
 (a worker killed mid-task past its redelivery) is re-sent at the state's deadline, and the fence
@@ -28,36 +32,77 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coordinator.agents import resolve_task_text
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
-from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
+from coordinator.logs import RateGate
+from coordinator.machine import PLAN_FENCE_STEP, Effects, MachineSettings, TaskMachine, decide
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.schedules import Scheduler
-from coordinator.state import ReviewDecision, TaskRecord
+from coordinator.state import ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
 from shared.celery_wire import check_versions
 from shared.errors import WireFormatError
 from shared.protocol import (
+    Fence,
+    ReasonedMessage,
+    ToolObservedMessage,
+    WorkerFailedMessage,
     decode_entry,
 )
-from shared.task_spec import TaskSpecError
+from shared.task_spec import MAX_TASK_ID_CHARS, TaskSpecError, check_task_id
 
-__all__ = ["Coordinator", "CoordinatorSettings"]
+__all__ = ["Coordinator", "CoordinatorSettings", "is_transient"]
 
 log = logging.getLogger("orga.coordinator")
+
+_TRANSIENT_TYPES = (
+    RedisConnectionError,  # also BusyLoadingError (LOADING)
+    RedisTimeoutError,
+    BusyLoadingError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    TryAgainError,
+    MasterDownError,
+    ClusterDownError,
+)
+_TRANSIENT_REPLY = re.compile(
+    r"(?:^|caused error: )(?:OOM|BUSY|LOADING|MASTERDOWN|READONLY|TRYAGAIN|MISCONF|CLUSTERDOWN"
+    r"|NOREPLICAS)\b"
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a Redis error says nothing about the entry being handled: Redis unreachable,
+    loading, out of memory (``maxmemory``), busy with a script, read-only or failing to persist.
+    Such an entry is retried, never counted towards poison."""
+    if isinstance(exc, _TRANSIENT_TYPES):
+        return True
+    return isinstance(exc, ResponseError) and bool(_TRANSIENT_REPLY.search(str(exc)))
 
 
 @dataclass(frozen=True)
@@ -70,6 +115,13 @@ class CoordinatorSettings:
     batch: int = 64
     claim_idle_ms: int = 30_000
     max_deliveries: int = 5
+    transient_backoff_ms: int = 1000
+    """An entry whose handling Redis refused (see :func:`is_transient`) gets its delivery back
+    and may be claimed again this long after, instead of after ``claim_idle_ms``."""
+    max_loop_backoff_s: float = 8.0
+    refusal_log_interval_s: float = 60.0
+    """A wrong observation is logged and written as an event at most once per task and reason
+    in this time (all of them are counted in ``orga_observations_refused``)."""
     journal_maxlen: int = 10_000
     events_maxlen: int = 100_000
     retention_s: float = 7 * 24 * 3600.0
@@ -109,6 +161,7 @@ class Coordinator:
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
         self._queues = QueueGauge()
+        self._refusals = RateGate(self.settings.refusal_log_interval_s)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -129,14 +182,27 @@ class Coordinator:
         self._stopping.set()
 
     async def _loop(self, body: Callable[[], Awaitable[None]], pause_s: float = 0.0) -> None:
+        failures = 0
         while not self._stopping.is_set():
             try:
                 await body()
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("coordinator.loop_failed", extra={"coordinator": self.name})
-                await asyncio.sleep(0.5)
+            except Exception as exc:
+                failures += 1
+                delay_s = min(0.5 * 2 ** min(failures - 1, 10), self.settings.max_loop_backoff_s)
+                if _lost_groups(exc):
+                    await self._state_lost(exc)
+                elif is_transient(exc):
+                    log.warning(
+                        "coordinator.redis_unavailable",
+                        extra={"coordinator": self.name, "error": str(exc)[:300],
+                               "retry_in_s": delay_s},
+                    )  # fmt: skip
+                else:
+                    log.exception("coordinator.loop_failed", extra={"coordinator": self.name})
+                await asyncio.sleep(delay_s)
             if pause_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), pause_s)
@@ -145,15 +211,42 @@ class Coordinator:
         assert self.scheduler is not None
         await self.scheduler.fire_due()
 
-    async def _ensure_groups(self) -> None:
+    async def _ensure_groups(self) -> int:
+        """Create the consumer groups that do not exist yet; how many were created."""
+        created = 0
         for stream in (keys.intake_stream, keys.observations_stream, keys.control_stream):
             try:
                 await self.redis.xgroup_create(
                     stream, keys.coordinator_group, id="0", mkstream=True
                 )
+                created += 1
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+        return created
+
+    async def _state_lost(self, exc: ResponseError) -> None:
+        """Redis answered NOGROUP: it lost its data (restarted empty, flushed). Recreate the
+        groups from the start of each stream, so what was sent since is served, forget what
+        this process kept, and say loudly that the state before is gone."""
+        self._held.clear()
+        self.store.forget_kept()
+        with contextlib.suppress(RedisError):  # unreachable again: the next loop retries
+            if not await self._ensure_groups():
+                return  # another loop or coordinator recreated them and said so
+            log.error(
+                "coordinator.state_lost",
+                extra={"coordinator": self.name, "error": str(exc)[:300],
+                       "detail": "consumer groups recreated; earlier tasks and entries are gone"},
+            )  # fmt: skip
+            await self.redis.xadd(
+                keys.events_stream,
+                {"task_id": "", "event": "state_lost", "coordinator": self.name,
+                 "error": str(exc)[:300], "at": f"{time.time():.3f}"},
+                maxlen=100_000, approximate=True,
+            )  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.state_lost()
 
     async def _read(self, stream: str) -> list[tuple[str, dict[Any, Any]]]:
         response = await self.redis.xreadgroup(
@@ -169,8 +262,37 @@ class Coordinator:
     # -- intake ---------------------------------------------------------------------------
 
     async def _intake_once(self) -> None:
-        for entry_id, fields in await self._read(keys.intake_stream):
-            await self._guarded(keys.intake_stream, entry_id, fields, self._intake)
+        await self._handle_all(
+            keys.intake_stream, await self._read(keys.intake_stream), self._intake
+        )
+
+    async def _handle_all(
+        self,
+        stream: str,
+        entries: list[tuple[str, dict[Any, Any]]],
+        handle: Callable[[str, dict[Any, Any]], Awaitable[None]],
+    ) -> None:
+        """Handle a batch in order. When Redis refuses (a transient error), the entries not
+        handled get their delivery back and the error propagates: the loop backs off."""
+        for index, (entry_id, fields) in enumerate(entries):
+            try:
+                await self._guarded(stream, entry_id, fields, handle)
+            except RedisError as exc:
+                if is_transient(exc):
+                    await self._give_back(stream, [e for e, _f in entries[index:]])
+                raise
+
+    async def _give_back(self, stream: str, entry_ids: list[str]) -> None:
+        """Undo the delivery of entries Redis refused to let us handle (XCLAIM RETRYCOUNT, which
+        Redis allows even out of memory), claimable again after ``transient_backoff_ms``."""
+        idle_ms = max(self.settings.claim_idle_ms - self.settings.transient_backoff_ms, 0)
+        with contextlib.suppress(RedisError):  # still unreachable: the count stays one higher
+            for entry_id in entry_ids:
+                deliveries = await self._deliveries(stream, entry_id)
+                await self.redis.xclaim(
+                    stream, keys.coordinator_group, self.name, 0, [entry_id],
+                    idle=idle_ms, retrycount=max(deliveries - 1, 0), justid=True,
+                )  # fmt: skip
 
     async def _guarded(
         self,
@@ -197,6 +319,11 @@ class Coordinator:
         text = {_text(k): _text(v) for k, v in fields.items()}
         task_id = text.get("task_id") or uuid.uuid4().hex
         try:
+            check_task_id(task_id)
+        except TaskSpecError as exc:
+            await self._reject(entry_id, task_id[:MAX_TASK_ID_CHARS], text, str(exc))
+            return
+        try:
             spec = await resolve_task_text(
                 self.redis, text.get("task", ""), source=f"intake entry {entry_id}"
             )
@@ -206,13 +333,29 @@ class Coordinator:
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
         outcome = await self.store.create(record, ack=ack)
+        if outcome.conflict:
+            error = (
+                f"task id {task_id!r} is already a task, and idempotency key "
+                f"{spec.idempotency_key!r} belongs to task {outcome.task_id!r}: resubmit with "
+                f"the id {outcome.task_id!r}, a new id or no id (or with another key)"
+            )
+            # not "rejected": task ``task_id`` itself lives on, untouched
+            await self._reject(entry_id, task_id, text, error, event="resubmission_rejected")
+            return
         if not outcome.created:
             await self._duplicate(task_id, outcome.task_id)
             return
-        await self._hold(task_id)
-        await self._apply(task_id, _start)
+        if await self._hold(task_id):  # else its holder starts it: it is due at once
+            await self._apply(task_id, _start)
 
-    async def _reject(self, entry_id: str, task_id: str, text: dict[str, str], error: str) -> None:
+    async def _reject(
+        self,
+        entry_id: str,
+        task_id: str,
+        text: dict[str, str],
+        error: str,
+        event: str = "rejected",
+    ) -> None:
         log.warning("task.rejected", extra={"task_id": task_id, "error": error})
         pipe = self.redis.pipeline(transaction=True)
         pipe.xadd(
@@ -223,7 +366,7 @@ class Coordinator:
         )  # fmt: skip
         pipe.xadd(
             keys.events_stream,
-            {"task_id": task_id, "event": "rejected", "error": error[:2000],
+            {"task_id": task_id, "event": event, "error": error[:2000],
              "at": f"{time.time():.3f}"},
             maxlen=100_000, approximate=True,
         )  # fmt: skip
@@ -231,8 +374,6 @@ class Coordinator:
         await pipe.execute()
 
     async def _duplicate(self, task_id: str, existing: str) -> None:
-        if existing != task_id:
-            await self.redis.hset(keys.task_key(task_id), mapping={"alias_of": existing})
         await self.redis.xadd(
             keys.events_stream,
             {"task_id": task_id, "event": "duplicate", "existing_task_id": existing,
@@ -244,8 +385,7 @@ class Coordinator:
 
     async def _observations_once(self) -> None:
         entries = await self._read(keys.observations_stream)
-        for entry_id, fields in entries:
-            await self._guarded(keys.observations_stream, entry_id, fields, self._observation)
+        await self._handle_all(keys.observations_stream, entries, self._observation)
 
     async def _observation(self, entry_id: str, fields: dict[Any, Any]) -> None:
         ack = (keys.observations_stream, keys.coordinator_group, entry_id)
@@ -255,12 +395,43 @@ class Coordinator:
             await self._poison(keys.observations_stream, entry_id, fields, str(exc))
             return
         task_id = message.fence.task_id
-        applied = await self._apply(task_id, lambda m: m.on_answer(message), ack=ack)
+        wrong: list[str | None] = ["unknown_task"]  # what the last look at the record said
+
+        def route(machine: TaskMachine) -> Effects:
+            effects = machine.on_answer(message)
+            wrong[0] = None if effects.changed else _wrong(machine.record, message.fence)
+            return effects
+
+        applied = await self._apply(task_id, route, ack=ack)
         if not applied:  # a stale or duplicate answer: nothing keeps it
             pipe = self.redis.pipeline(transaction=True)
             pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)
             pipe.xdel(keys.observations_stream, entry_id)
             await pipe.execute()
+            if wrong[0] is not None:
+                await self._refused(message, wrong[0])
+
+    async def _refused(
+        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage, reason: str
+    ) -> None:
+        """Count a wrong observation; log it and write an ``observation_refused`` event, at
+        most once per task and reason every ``refusal_log_interval_s``."""
+        if self.metrics is not None:
+            self.metrics.refused(reason)
+        fence = message.fence
+        task_id = fence.task_id[:128]
+        held = self._refusals.admit(f"{task_id}|{reason}", time.monotonic())
+        if held is None:
+            return
+        fields = {"task_id": task_id, "reason": reason, "fence": fence.token()[:300],
+                  "kind": message.kind, "held_back": str(held)}  # fmt: skip
+        log.warning("observation.refused", extra=fields)
+        event: dict[Any, Any] = {
+            **fields,
+            "event": "observation_refused",
+            "at": f"{time.time():.3f}",
+        }
+        await self.redis.xadd(keys.events_stream, event, maxlen=100_000, approximate=True)
 
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
@@ -281,17 +452,20 @@ class Coordinator:
             stream, keys.coordinator_group, self.name,
             min_idle_time=self.settings.claim_idle_ms, start_id="0-0", count=self.settings.batch,
         )  # fmt: skip
-        for raw_id, fields in entries:
-            entry_id = _text(raw_id)
-            if fields is None:  # deleted while pending (Redis 6.2 keeps it pending): forget it
-                await self.redis.xack(stream, keys.coordinator_group, entry_id)
-                continue
+
+        async def poison_or_handle(entry_id: str, fields: dict[Any, Any]) -> None:
             deliveries = await self._deliveries(stream, entry_id)
             if deliveries > self.settings.max_deliveries:
                 error = f"delivered {deliveries} times without being applied"
                 await self._poison(stream, entry_id, fields, error)
             else:
-                await self._guarded(stream, entry_id, fields, handle)
+                await handle(entry_id, fields)
+
+        for raw_id, fields in entries:  # deleted while pending (Redis 6.2 keeps it): forget it
+            if fields is None:
+                await self.redis.xack(stream, keys.coordinator_group, _text(raw_id))
+        claimed = [(_text(i), f) for i, f in entries if f is not None]
+        await self._handle_all(stream, claimed, poison_or_handle)
 
     async def _deliveries(self, stream: str, entry_id: str) -> int:
         pending = await self.redis.xpending_range(
@@ -302,8 +476,9 @@ class Coordinator:
     # -- control --------------------------------------------------------------------------
 
     async def _control_once(self) -> None:
-        for entry_id, fields in await self._read(keys.control_stream):
-            await self._guarded(keys.control_stream, entry_id, fields, self._control)
+        await self._handle_all(
+            keys.control_stream, await self._read(keys.control_stream), self._control
+        )
 
     async def _control(self, entry_id: str, fields: dict[Any, Any]) -> None:
         text = {_text(k): _text(v) for k, v in fields.items()}
@@ -313,13 +488,14 @@ class Coordinator:
         try:
             if action == "review":
                 decision = _decision(text.get("decision", ""))
+                by = check_reviewer(text.get("by", "cli"))
                 applied = await self._apply(
                     task_id,
-                    lambda m: m.on_review_decision(
-                        text.get("review_id", ""),
-                        decision,
-                        text.get("hint") or None,
-                        text.get("by", "cli"),
+                    lambda m: _from_entry(
+                        m.on_review_decision(
+                            text.get("review_id", ""), decision, text.get("hint") or None, by
+                        ),
+                        entry_id,
                     ),
                     ack=ack,
                 )
@@ -489,6 +665,25 @@ class Coordinator:
         return not confirmed and not await self.store.is_current(record.task_id, record.version)
 
 
+def _wrong(record: TaskRecord, fence: Fence) -> str | None:
+    """Why an observation the task ignored could not come from any of its dispatches (None:
+    it may be a late or duplicate answer to one, which is normal)."""
+    steps = {s.spec.id for s in record.steps} | {PLAN_FENCE_STEP}
+    if fence.step_id not in steps:
+        return "unknown_step"
+    if fence.attempt > record.dispatches:
+        return "never_dispatched"
+    awaited = record.awaiting.fence if record.awaiting is not None else None
+    if awaited is not None and fence.attempt == awaited.attempt and fence.nonce != awaited.nonce:
+        return "nonce_mismatch"
+    return None
+
+
+def _lost_groups(exc: BaseException) -> TypeGuard[ResponseError]:
+    """Redis no longer has the coordinators' consumer group (or its stream)."""
+    return isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP")
+
+
 def _decision(value: str) -> ReviewDecision:
     if value == "retry":
         return "retry"
@@ -497,6 +692,15 @@ def _decision(value: str) -> ReviewDecision:
     if value == "abort":
         return "abort"
     raise ValueError(f"unknown review decision {value!r}; use retry, skip or abort")
+
+
+def _from_entry(effects: Effects, entry_id: str) -> Effects:
+    """Name the control entry in the ``review_decided`` event, so its sender knows it was its
+    decision that was applied."""
+    for event in effects.events:
+        if event.get("event") == "review_decided":
+            event["entry_id"] = entry_id
+    return effects
 
 
 def _start(machine: TaskMachine) -> Effects:

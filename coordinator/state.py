@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Literal
@@ -11,21 +12,25 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shared import keys
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import Conversation, ConversationMessage
+from shared.errors import OrgaError
 from shared.inference import Usage
 from shared.protocol import Fence
 from shared.task_spec import StepSpec, TaskSpec
 
 __all__ = [
+    "RESERVED_REVIEWERS",
     "TERMINAL_STATUSES",
     "AwaitKind",
     "Awaiting",
     "ReviewDecision",
     "ReviewItem",
     "ReviewSource",
+    "ReviewerError",
     "StepRecord",
     "StepStatus",
     "TaskRecord",
     "TaskStatus",
+    "check_reviewer",
 ]
 
 
@@ -150,6 +155,31 @@ class Awaiting(BaseModel):
 
 ReviewDecision = Literal["retry", "skip", "abort"]
 ReviewSource = Literal["tracker", "detector", "recovery"]
+
+RESERVED_REVIEWERS = frozenset({"deadline", "coordinator", "system"})
+"""Names the runtime records decisions under (``deadline``: a review's default applied at its
+deadline); no human decision is recorded under them."""
+
+_REVIEWER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]{0,63}")
+
+
+class ReviewerError(OrgaError, ValueError):
+    """A decision names its reviewer with a reserved or malformed name."""
+
+
+def check_reviewer(by: str) -> str:
+    """``by`` when it can name the human who decided a review; ReviewerError otherwise."""
+    if by.lower() in RESERVED_REVIEWERS:
+        raise ReviewerError(
+            f"reviewer name {by!r} is reserved for decisions the runtime makes; "
+            "decide under your own name (USER)"
+        )
+    if not _REVIEWER.fullmatch(by):
+        raise ReviewerError(
+            f"reviewer name {by[:64]!r} is not valid: use 1 to 64 letters, digits, '.', '_', ':', "
+            "'@' or '-', starting with a letter or digit"
+        )
+    return by
 
 
 class ReviewItem(BaseModel):

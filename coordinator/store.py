@@ -88,6 +88,11 @@ _CREATE = """
 if ARGV[1] ~= '' then
   local existing = redis.call('GET', KEYS[2])
   if existing then
+    if existing ~= ARGV[2] and redis.call('HGET', KEYS[1], 'alias_of') ~= existing then
+      if redis.call('EXISTS', KEYS[1]) == 1 then return {2, existing} end
+      redis.call('HSET', KEYS[1], 'alias_of', existing)
+      redis.call('EXPIRE', KEYS[1], ARGV[5])
+    end
     if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
     return {0, existing}
   end
@@ -146,10 +151,17 @@ class ConversationDelta:
 
 @dataclass(frozen=True, slots=True)
 class CreateOutcome:
-    """``created`` is False when the idempotency key or the id named an existing task."""
+    """``created`` is False when the idempotency key or the id named an existing task.
+
+    ``conflict``: the idempotency key names task ``task_id`` while the submitted id is another
+    task (or another key's alias); nothing was written and the intake entry is still pending.
+    Otherwise a new id resubmitted with a used key is stored as an alias of the key's task
+    (``alias_of``, expiring with the key).
+    """
 
     created: bool
     task_id: str
+    conflict: bool = False
 
 
 @dataclass
@@ -231,6 +243,11 @@ class TaskStore:
         while len(self._stored) > STORED_CONVERSATIONS_KEPT:
             self._stored.popitem(last=False)
 
+    def forget_kept(self) -> None:
+        """Drop every kept record (Redis lost its data: none of them is current any more)."""
+        self._kept.clear()
+        self._kept_bytes = 0
+
     def take_kept(self, task_id: str) -> TaskRecord | None:
         """The record kept from this store's last write of the task, unchecked; it is the
         caller's now. It may be stale if another coordinator committed since: commit it (the
@@ -291,7 +308,8 @@ class TaskStore:
                 group,
             ],
         )
-        outcome = CreateOutcome(created=bool(int(created)), task_id=_text(task_id))
+        code = int(created)
+        outcome = CreateOutcome(created=code == 1, task_id=_text(task_id), conflict=code == 2)
         if outcome.created:
             self._take(record.task_id)
             self._keep(record, len(state))

@@ -31,6 +31,10 @@ Keys
     ``orga:tasks:deadlines``     sorted set: active tasks by the time they must be looked at
     ``orga:tasks:finished``      sorted set: finished tasks by the time they ended (retention)
     ``orga:reviews:open``        hash: review id -> open escalation (JSON)
+    ``orga:applied:{sha256}``    string: the result of a writing tool call applied once, by its
+                                 idempotency key (``applied_call_key``)
+    ``orga:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
+                                 decision, entry_id), set with the control entry by one script
     ``orga:stats:status``        hash: number of tasks in each status (kept by the commit script)
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write
@@ -49,6 +53,8 @@ TTLs
     ``idempotency_ttl_s``        how long a resubmission with the same key returns the same task
     ``breaker_ttl_s``            an idle breaker expires (at least twice its recovery timeout)
     ``result_cache_ttl_s``       a cached tool result expires; caps CachedResult's max_staleness
+    ``review_claim_ttl_s``       a review's decision claim expires
+    ``applied_call_ttl_s``       the kept result of a call applied once expires
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ from typing import Final
 __all__ = [
     "active_tasks_key",
     "agents_key",
+    "applied_call_key",
+    "applied_call_key_prefix",
+    "applied_call_ttl_s",
     "breaker_key",
     "breaker_key_prefix",
     "breaker_ttl_s",
@@ -97,6 +106,9 @@ __all__ = [
     "result_cache_key",
     "result_cache_key_prefix",
     "result_cache_ttl_s",
+    "review_claim_key",
+    "review_claim_key_prefix",
+    "review_claim_ttl_s",
     "review_stream",
     "schedule_fires_key",
     "schedules_due_key",
@@ -136,6 +148,8 @@ idempotency_key_prefix: Final = "orga:idem:"
 knowledge_key_prefix: Final = "orga:knowledge:"
 breaker_key_prefix: Final = "orga:breaker:"
 result_cache_key_prefix: Final = "orga:result:"
+review_claim_key_prefix: Final = "orga:review_claim:"
+applied_call_key_prefix: Final = "orga:applied:"
 
 journal_sequence_key_prefix: Final = "orga:journal_seq:"
 active_tasks_key: Final = "orga:tasks:active"
@@ -171,6 +185,10 @@ idempotency_ttl_s: Final = 7 * 24 * 3600
 breaker_ttl_s: Final = 24 * 3600
 result_cache_ttl_s: Final = 3600
 heartbeats_retention_s: Final = 600
+review_claim_ttl_s: Final = 7 * 24 * 3600
+applied_call_ttl_s: Final = 24 * 3600
+"""How long the result of a call applied once is kept (a duplicate later than this runs again)."""
+"""How long the claim of a decided review is kept (a late second decision is refused by it)."""
 """Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
 
@@ -218,6 +236,16 @@ def result_cache_key(tool_name: str, arguments_digest: str) -> str:
 def journal_sequence_key(task_id: str) -> str:
     """The last journal sequence appended for a task: ``orga:journal_seq:{task_id}``."""
     return f"{journal_sequence_key_prefix}{task_id}"
+
+
+def applied_call_key(digest: str) -> str:
+    """The result of a call applied once, by its key's digest: ``orga:applied:{sha256}``."""
+    return f"{applied_call_key_prefix}{digest}"
+
+
+def review_claim_key(review_id: str) -> str:
+    """The one decision sent for a review: ``orga:review_claim:{review_id}``."""
+    return f"{review_claim_key_prefix}{review_id}"
 
 
 def queue_started_key(queue: str) -> str:

@@ -64,6 +64,11 @@ class Fence(BaseModel):
         dispatch (the nonce) and per call, the same for a Celery redelivery of it."""
         return f"{self.task_id}|{self.nonce}|{self.iteration}|{self.call_id or '-'}"
 
+    def call_key(self) -> str:
+        """What stays the same for every delivery of this fence's call, re-dispatches (a new
+        attempt and nonce) included: ``task/step/iteration/call``."""
+        return f"{self.task_id}/{self.step_id}/{self.iteration}/{self.call_id or '-'}"
+
     def for_call(self, call_id: str) -> Fence:
         """The fence of one tool call of this iteration."""
         return self.model_copy(update={"call_id": call_id})

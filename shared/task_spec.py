@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,9 @@ __all__ = [
     "AGENT_NAME_PATTERN",
     "MAX_TASK_BYTES",
     "MAX_TASK_DEPTH",
+    "MAX_TASK_ID_CHARS",
     "MAX_TASK_VALUES",
+    "TASK_ID_PATTERN",
     "DoneWhen",
     "ProviderSpec",
     "ReviewSpec",
@@ -40,10 +43,12 @@ __all__ = [
     "TaskLimits",
     "TaskSpec",
     "TaskSpecError",
+    "check_task_id",
     "decode_task_text",
     "load_task_file",
     "parse_task",
     "parse_task_text",
+    "task_workspace",
 ]
 
 MAX_TASK_BYTES = 1_048_576
@@ -61,6 +66,13 @@ _STEP_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 """A registered agent's name (``agent: NAME`` in a task; :mod:`shared.agent_profile`)."""
+MAX_TASK_ID_CHARS = 128
+"""A task id is at most this long (it names Redis keys, a workspace folder and every event)."""
+
+TASK_ID_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_TASK_ID_CHARS - 1}}}")
+"""A task id: a letter or digit, then letters, digits, ``.``, ``_`` or ``-``. So never ``.``,
+``..``, a path separator, whitespace or control characters: the id is one folder name under
+``ORGA_WORKSPACE_ROOT``."""
 
 
 class TaskSpecError(OrgaError, ValueError):
@@ -228,6 +240,32 @@ def parse_task(data: Any, source: str = "task") -> TaskSpec:
             f"{source}: {_failing_section(data)}: value out of range "
             f"({type(exc).__name__}: {exc}); use smaller numbers and durations"
         ) from exc
+
+
+def check_task_id(task_id: str) -> str:
+    """``task_id`` when it matches :data:`TASK_ID_PATTERN`; TaskSpecError naming it otherwise."""
+    if TASK_ID_PATTERN.fullmatch(task_id):
+        return task_id
+    shown = repr(task_id[:64]) + (f"... ({len(task_id)} characters)" if len(task_id) > 64 else "")
+    raise TaskSpecError(
+        f"task id {shown} is not valid: use 1 to {MAX_TASK_ID_CHARS} letters, digits, '.', '_' "
+        "or '-', starting with a letter or digit (no path separators, no '.' or '..'), or "
+        "leave it out to get a generated one"
+    )
+
+
+def task_workspace(root: str, task_id: str) -> str:
+    """The workspace folder of a task without an explicit one: ``{root}/{task_id}``, checked
+    to be a folder strictly under ``root`` (a second line of defence behind :func:`check_task_id`).
+    """
+    base = Path(root).absolute()
+    folder = base / check_task_id(task_id)
+    if folder.parent != base or folder.name in ("", ".", ".."):
+        raise TaskSpecError(
+            f"task id {task_id!r} would put its workspace at {str(folder)!r}, outside "
+            f"ORGA_WORKSPACE_ROOT {str(base)!r}; use a plain task id"
+        )
+    return f"{root}/{task_id}"
 
 
 def parse_task_text(text: str, source: str = "task") -> TaskSpec:

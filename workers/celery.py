@@ -32,6 +32,7 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
         )
     celery = Celery("orga", include=["workers.tasks"])
     celery.conf.update(celery_config(settings, settings.redis_url))
+    celery.conf.broker_transport = "workers.broker:Transport"  # survives Redis out of memory
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
     return celery

@@ -45,6 +45,7 @@ from shared.durations import format_duration
 from shared.events import RecoveryTriggered
 from shared.inference import ToolDefinition
 from shared.loop_types import CachedResult, LoopConfig, RecoveryStrategy
+from workers.applied_calls import AppliedCalls, applies_once, call_key
 from workers.circuit_breaker import (
     Breaker,
     CircuitBreakerRegistry,
@@ -125,6 +126,7 @@ class ToolExecutor:
         *,
         treat_error_outputs_as_failures: bool = False,
         ledger: RecoveryLedger | None = None,
+        applied: AppliedCalls | None = None,
     ) -> None:
         self.tools = tools
         self.breakers = breakers
@@ -135,6 +137,9 @@ class ToolExecutor:
         )
         self.treat_error_outputs_as_failures = treat_error_outputs_as_failures
         self.ledger = ledger if ledger is not None else RecoveryLedger()
+        self.applied = applied
+        """Where a tool that ``applies_once`` keeps its results by idempotency key (None: such
+        tools run on every delivery)."""
         for name in tools:
             breaker_scope_of(name, tools.get(name))
 
@@ -279,10 +284,35 @@ class _Batch:
     async def _run_tool(
         self, tool_name: str, tool: Tool, call_id: str, arguments: Mapping[str, Any]
     ) -> Attempt:
+        """Run the tool; one that ``applies_once`` runs once per idempotency key."""
+        context = self.context
+        if context.idempotency_key is not None:
+            full = call_key(context.idempotency_key, tool_name, arguments)
+            context = context.model_copy(update={"idempotency_key": full})
+        key, applied = context.idempotency_key, self.executor.applied
+        if key is None or applied is None or not applies_once(tool):
+            return await self._run_in(tool_name, tool, call_id, arguments, context)
+        kept = await applied.get(key)
+        if kept is not None:
+            replayed = kept.model_copy(update={"metadata": {**kept.metadata, "replayed": "true"}})
+            return self._answered(tool_name, call_id, replayed)
+        attempt = await self._run_in(tool_name, tool, call_id, arguments, context)
+        if attempt.outcome is CallOutcome.SUCCEEDED and not attempt.observation.is_error:
+            await applied.put(key, _output_of(attempt.observation))
+        return attempt
+
+    async def _run_in(
+        self,
+        tool_name: str,
+        tool: Tool,
+        call_id: str,
+        arguments: Mapping[str, Any],
+        context: ToolContext,
+    ) -> Attempt:
         scope = asyncio.timeout(self.timeout_s)
         try:
             async with scope:
-                output = await tool.run(dict(arguments), self.context)
+                output = await tool.run(dict(arguments), context)
         except TimeoutError as error:
             if scope.expired():
                 return Attempt(_timed_out(tool_name, call_id, self.timeout_s), CallOutcome.FAILED)
@@ -334,6 +364,12 @@ class _Batch:
         known = ", ".join(sorted(self.executor.tools)) or "(none)"
         content = f"Unknown tool {tool_name!r}; known tools: {known}"
         return _error(tool_name, call_id, content, "unknown_tool")
+
+
+def _output_of(observation: Observation) -> ToolOutput:
+    """What a tool returned, from its observation (without the executor's ``tool_name``)."""
+    metadata = {k: v for k, v in observation.metadata.items() if k != "tool_name"}
+    return ToolOutput(content=observation.content, is_error=observation.is_error, metadata=metadata)
 
 
 def _error(tool_name: str, call_id: str, content: str, error_type: str) -> Observation:

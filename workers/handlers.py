@@ -467,6 +467,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         allow_private_network=services.allow_private_network(),
         agent_id=request.agent_id,
         task_id=request.fence.task_id,
+        idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
     )
     message = await services.execute(request, context)
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})

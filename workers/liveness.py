@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.protocol import Fence
+from workers.broker import TRANSIENT_WRITE_ERRORS
 
 __all__ = ["Liveness"]
 
@@ -64,7 +65,10 @@ class Liveness:
         # task no longer due is not added; LT: an earlier look is kept).
         due = {f.task_id: now + self._timeout_s for f in fences}
         pipe.zadd(keys.deadlines_key, due, xx=True, lt=True)
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except TRANSIENT_WRITE_ERRORS as exc:  # Redis out of memory: run the call anyway
+            log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
 
     def answered(self, pipe: Pipeline, fences: Iterable[Fence]) -> None:
         """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer."""

@@ -44,6 +44,7 @@ from shared.protocol import (
 )
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
+from workers.applied_calls import RedisAppliedCalls
 from workers.circuit_breaker import (
     CircuitBreakerRegistry,
     InMemoryBreakerStore,
@@ -58,7 +59,7 @@ from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
-from workers.providers.settings import ProviderKind, ProviderSettings
+from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext
@@ -163,7 +164,7 @@ class WorkerCore:
             else:
                 base_url = settings.resolved_base_url() or ""
                 client = self.http_client(settings.provider.value, base_url)
-                provider = build_provider(settings, client=client)
+                provider = self._build(settings, client)
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
         return provider
@@ -193,13 +194,35 @@ class WorkerCore:
             self._scripts.pop(next(iter(self._scripts)))
         return script
 
+    def _build(self, settings: ProviderSettings, client: httpx.AsyncClient) -> InferenceProvider:
+        """The provider; a task that switched provider without a key bound to it is told so."""
+        try:
+            return build_provider(settings, client=client)
+        except ConfigError as exc:
+            deployment = self.provider_settings
+            defaults = PROVIDER_DEFAULTS.get(settings.provider)
+            if settings.provider is deployment.provider or defaults is None:
+                raise
+            raise ConfigError(
+                f"the task switches provider.kind to {settings.provider.value!r}, but this "
+                f"worker's ORGA_API_KEY is bound to ORGA_PROVIDER={deployment.provider.value} "
+                f"and no {defaults.api_key_env} is set; set {defaults.api_key_env} on the "
+                f"workers to let tasks use {settings.provider.value}, or remove provider.kind "
+                "from the task"
+            ) from exc
+
     def _provider_settings(self, spec: ProviderSpec) -> ProviderSettings:
         """The process's provider settings with the task's choices on top (keys stay env-only).
 
-        A task may not send the operator's API key to a base URL of its own choosing unless
-        ``ORGA_ALLOW_TASK_BASE_URL`` is set.
+        A key is bound to its provider and base URL: ``ORGA_API_KEY`` and ``ORGA_BASE_URL`` to
+        ``ORGA_PROVIDER``; ``OPENAI_API_KEY`` / ``OPENROUTER_API_KEY`` / ``ANTHROPIC_API_KEY``
+        to their provider. A task naming another ``provider.kind`` gets that provider's own
+        key (if set) at that provider's default URL, never ``ORGA_API_KEY``. A task may not
+        send a key to a base URL of its own choosing unless ``ORGA_ALLOW_TASK_BASE_URL`` is set.
         """
-        configured = self.provider_settings.base_url
+        deployment = self.provider_settings
+        switched = spec.kind is not None and ProviderKind(spec.kind) is not deployment.provider
+        configured = None if switched else deployment.base_url
         own_url = spec.base_url and spec.base_url.rstrip("/") != (configured or "").rstrip("/")
         if own_url and not self.settings.allow_task_base_url:
             raise ConfigError(
@@ -215,7 +238,9 @@ class WorkerCore:
             "script_path": Path(spec.script) if spec.script else None,
         }
         update = {k: v for k, v in overrides.items() if v is not None}
-        return self.provider_settings.model_copy(update=update)
+        if switched:  # ORGA_API_KEY and ORGA_BASE_URL belong to ORGA_PROVIDER
+            update = {"api_key": None, "base_url": overrides["base_url"], **update}
+        return deployment.model_copy(update=update)
 
     def tool_definitions(self) -> list[ToolDefinition]:
         """Every tool of the registry."""
@@ -354,6 +379,7 @@ class ProcessServices(WorkerCore):
             CircuitBreakerRegistry(self.breaker_store),
             cache=RedisResultCache(self.redis),
             dead_letter=RedisDeadLetterSink(self.redis),
+            applied=RedisAppliedCalls(self.redis),
         )
         super().__init__(settings, provider_settings, executor, registry, knowledge)
         self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}

@@ -8,21 +8,26 @@ the coordinator decides to re-dispatch or dead-letter it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import threading
-from typing import TypeVar
+import time
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
 from shared.protocol import (
+    Fence,
     ReasonRequest,
     ToolRequest,
     WorkerFailedMessage,
 )
 from shared.settings import OrgaSettings, TelemetrySettings
+from workers.broker import TRANSIENT_WRITE_ERRORS
 from workers.celery import app
 from workers.handlers import live_fences, run_dispatch
 from workers.providers.settings import ProviderSettings
@@ -34,6 +39,9 @@ from workers.tools.registry import ToolRegistry, default_registry
 __all__ = ["DispatchFailedError", "close_services", "reason", "services", "tool_call"]
 
 log = logging.getLogger("orga.worker")
+
+PUBLISH_PATIENCE_S = 120.0
+"""How long a worker keeps trying to publish an answer while Redis refuses writes."""
 _services: ProcessServices | None = None
 _services_lock = threading.Lock()
 _Request = TypeVar("_Request", ReasonRequest, ToolRequest)
@@ -118,11 +126,34 @@ async def _answer(
             extra={"task": name, "fence": request.fence.token(), "error": outcome.failure.error},
         )
     if not outcome.answers:
-        await runtime.publish(None, outcome.chained, answered=fences)
+        await _publish(runtime, None, outcome.chained, fences)
     for index, each in enumerate(outcome.answers):
         chained = outcome.chained if index == 0 else ()
-        await runtime.publish(each, chained, answered=fences)
+        await _publish(runtime, each, chained, fences)
     return outcome.failure
+
+
+async def _publish(
+    runtime: ProcessServices,
+    message: Any,
+    calls: Sequence[ToolRequest],
+    fences: Sequence[Fence],
+    give_up_after_s: float = PUBLISH_PATIENCE_S,
+) -> None:
+    """Publish the answer; while Redis refuses writes (out of memory), try again with back-off
+    for up to ``give_up_after_s``, so a dispatch that ran is not lost to a short episode."""
+    deadline = time.monotonic() + give_up_after_s
+    delay_s = 0.25
+    while True:
+        try:
+            await runtime.publish(message, calls, answered=fences)
+            return
+        except TRANSIENT_WRITE_ERRORS as exc:
+            if time.monotonic() + delay_s > deadline:
+                raise
+            log.warning("publish.refused", extra={"error": str(exc)[:300], "retry_in_s": delay_s})
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
 
 
 @app.task(  # type: ignore[untyped-decorator]

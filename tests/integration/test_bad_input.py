@@ -243,6 +243,7 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
 
     _assert_rejections(client, bad)
     _assert_dead_letters(raw, garbage, stray)
+    _assert_wrong_observations_recorded(client, slow)
     _assert_control_rejections(client, controls)
     _assert_the_model_saw_every_refusal(client, confused, model)
     assert client.result(good[0])["output"] == "hello 0"
@@ -320,6 +321,17 @@ def _assert_dead_letters(raw: redis.Redis, garbage: dict[str, str], stray: list[
     assert not set(stray) & set(letters)
     assert all(f.get("stream") != keys.observations_stream or f["entry_id"] in garbage
                for f in letters.values())  # fmt: skip
+
+
+def _assert_wrong_observations_recorded(client: Any, slow: str) -> None:
+    """Observations for no task and for a step the task does not have are recorded as
+    ``observation_refused`` events with their reason (stale ones are not)."""
+    refused = {
+        (f["task_id"], f["reason"])
+        for _i, f in client.events(count=100_000)
+        if f.get("event") == "observation_refused"
+    }
+    assert {("no-such-task", "unknown_task"), (slow, "unknown_step")} <= refused, refused
 
 
 def _assert_control_rejections(client: Any, controls: list[str]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import ChaosPlan, ChaosReport, run_chaos
+from bench.chaos import SIDE_EFFECT, ChaosPlan, ChaosReport, run_chaos
 from coordinator.embedded_redis import EmbeddedRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 SHORT = ChaosPlan(
     tasks=20,
     iterations=6,
-    command="sleep 0.3; echo step-{i}",
+    command=f"sleep 0.3; {SIDE_EFFECT}",
     kill_every_s=2.0,
     kill_from=0.05,
     coordinator_at=0.25,
@@ -46,6 +46,18 @@ def test_every_task_completes_once_with_a_clean_journal_under_faults(report: Cha
     """No task lost, all completed with their answer, gapless journals, nothing applied twice."""
     assert report.statuses == {"completed": SHORT.tasks}, report.summary()
     assert report.passed, report.summary()
+
+
+def test_no_task_is_started_twice(report: ChaosReport) -> None:
+    """One ``accepted`` event per task and one ``Started`` journal entry per step."""
+    assert report.duplicate_starts == 0, report.summary()
+
+
+def test_side_effects_are_counted(report: ChaosReport) -> None:
+    """Every command appended its line at least once; the lines appended twice are reported
+    (commands are not idempotent: a call run again after a fault appends again)."""
+    assert report.missing_side_effects == 0, report.summary()
+    assert f"duplicate side effects: {report.duplicate_side_effects} " in report.summary()
 
 
 def test_each_kind_of_fault_was_injected_mid_run(report: ChaosReport) -> None:

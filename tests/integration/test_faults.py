@@ -7,14 +7,23 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from coordinator.embedded_redis import EmbeddedRedis
-from tests.integration.harness import REPO, Cluster, assert_journal_is_clean, wait_until
+from shared import keys
+from tests.integration.harness import (
+    REPO,
+    Cluster,
+    assert_journal_is_clean,
+    status_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -119,3 +128,42 @@ def test_two_coordinators_share_the_work(fresh_cluster: Cluster) -> None:
     for task_id in ids:
         assert client.wait(task_id, timeout_s=120)["status"] == "completed", fresh_cluster.logs()
         assert_journal_is_clean(client.journal(task_id))
+
+
+@pytest.mark.timeout(300)
+def test_an_out_of_memory_redis_loses_no_submission_and_no_process(
+    fresh_cluster: Cluster,
+) -> None:
+    """Redis refusing every write (maxmemory 1) for 12 s while tasks run and five fresh
+    submissions wait to be read: afterwards every task completes, nothing is dead-lettered or
+    rejected, and the coordinator and the worker are still the processes started. (Dispatches
+    whose worker could not report during the episode are re-sent once their heartbeats say
+    they are lost: a 3 s heartbeat timeout keeps that short.)"""
+    worker = fresh_cluster.worker(name="wk1", ORGA_HEARTBEAT_INTERVAL_S="0.5")
+    coordinator = fresh_cluster.coordinator(name="c1", ORGA_HEARTBEAT_TIMEOUT_S="3")
+    client = fresh_cluster.client()
+    running = [client.submit(_slow_task(iterations=6, sleep_s=0.3)) for _ in range(2)]
+    wait_until(lambda: all(_iterations(fresh_cluster, t) >= 1 for t in running), 60, "started")
+    fresh = [client.submit(_slow_task(iterations=2, sleep_s=0.1)) for _ in range(5)]
+    raw = redis.Redis.from_url(fresh_cluster.redis_url)
+    raw.config_set("maxmemory", 1)
+    try:
+        time.sleep(12)
+    finally:
+        raw.config_set("maxmemory", 0)
+    for task_id in [*running, *fresh]:
+        try:
+            wait_until(
+                lambda t=task_id: status_of(client, t) in ("completed", "failed", "aborted"),
+                90,
+                f"task {task_id} to end",
+            )
+        except AssertionError as exc:
+            events = [f for _i, f in client.events(count=100_000) if f.get("task_id") == task_id]
+            raise AssertionError(f"{exc}: {client.status(task_id)} {events}") from exc
+        assert client.result(task_id)["status"] == "completed", fresh_cluster.logs()
+    assert raw.xlen(keys.dead_letter_stream) == 0
+    assert raw.xlen(keys.rejected_stream) == 0
+    raw.close()
+    assert worker.popen is not None and worker.popen.poll() is None, worker.tail()
+    assert coordinator.popen is not None and coordinator.popen.poll() is None, coordinator.tail()

@@ -127,7 +127,8 @@ def test_two_reviewers_race_and_one_decision_wins(cluster: Cluster, inbox_url: s
     winner = decided[0]["by"].removeprefix("inbox:")
     loser = "ben" if winner == "ann" else "ann"
     assert f"applied to task {task_id}" in answers[winner].text
-    assert f"was already decided {decided[0]['decision']} by inbox:{winner}" in answers[loser].text
+    refusal = answers[loser].text
+    assert "was already decided by" in refusal and f"inbox:{winner}" in refusal, refusal
     assert client.wait(task_id, timeout_s=60)["status"] in {"aborted", "failed"}
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +121,75 @@ def test_escalation_is_decided_from_the_cli(cluster: Cluster) -> None:
     result = client.wait(task_id, timeout_s=30)
     assert result["steps"][0]["status"] == "skipped"
     assert_journal_is_clean(client.journal(task_id))
+
+
+def _escalating() -> dict[str, Any]:
+    """A step whose check always fails, escalated by the tracker after its second attempt."""
+    return _task(
+        [{"id": "s", "instruction": "try", "done_when": "false"}],
+        ["done", "done again", "done after review"],
+        step_iteration={"max_reattempts_per_step": 1, "on_limit_reached": "escalate"},
+        review={"deadline": "1h", "default_decision": "abort"},
+    )
+
+
+def _decide(cluster: Cluster, review_id: str, flag: str, user: str) -> subprocess.Popen[str]:
+    env = {**cluster._env({}), "USER": user}
+    command = [sys.executable, "-m", "coordinator.cli", "review", "decide", review_id, flag]
+    return subprocess.Popen(
+        command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=60)
+    return process.returncode, out, err
+
+
+def test_two_operators_deciding_one_review_one_is_applied(cluster: Cluster) -> None:
+    """Two `orga review decide` processes at once on one review: exactly one decision is
+    applied and exits 0 (aborted as decided); the other exits 1 saying who decided first,
+    and the task shows one `review_decided` event."""
+    client = cluster.client()
+    task_id = client.submit(_escalating())
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 60, "escalation")
+    review_id = client.status(task_id)["review_id"]
+    racing = [
+        _decide(cluster, review_id, "--abort", "alice"),
+        _decide(cluster, review_id, "--abort", "bob"),
+    ]
+    outcomes = [_finished(p) for p in racing]
+    codes = sorted(code for code, _out, _err in outcomes)
+    assert codes == [0, 1], outcomes
+    (loser,) = [err for code, _out, err in outcomes if code == 1]
+    assert f"review {review_id} was already decided by" in loser, loser
+    decided = [
+        f
+        for _i, f in client.events()
+        if f.get("event") == "review_decided" and f.get("review_id") == review_id
+    ]
+    assert len(decided) == 1, decided
+    assert decided[0]["decision"] == "abort"
+    assert decided[0]["by"] in ("alice", "bob")
+    assert f"by '{decided[0]['by']}' (abort)" in loser
+
+
+def test_a_human_decision_cannot_be_recorded_as_the_deadline(cluster: Cluster) -> None:
+    """`by` is not free text: deciding as USER=deadline is refused (exit 1), nothing is sent,
+    and the review stays open for a real reviewer."""
+    client = cluster.client()
+    task_id = client.submit(_escalating())
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 60, "escalation")
+    review_id = client.status(task_id)["review_id"]
+    forged = _decide(cluster, review_id, "--abort", "deadline")
+    code, _out, err = _finished(forged)
+    assert code == 1, err
+    assert "reviewer name 'deadline' is reserved" in err
+    assert client.review(review_id).review_id == review_id
+    assert status_of(client, task_id) == "awaiting_review"
+    honest = _finished(_decide(cluster, review_id, "--abort", "carol"))
+    assert honest[0] == 0, honest
+    assert status_of(client, task_id) == "aborted"
 
 
 def test_wrong_review_decision_is_refused(cluster: Cluster) -> None:

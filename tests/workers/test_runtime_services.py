@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from shared import keys
+from shared.actions import ToolCallAction
 from shared.conversation import Conversation
 from shared.errors import ConfigError
 from shared.loop_types import LoopConfig
@@ -64,6 +65,70 @@ def test_a_task_cannot_send_the_key_to_its_own_base_url() -> None:
     allowed = _services(allow_task_base_url=True)
     provider = allowed.provider(_request(ProviderSpec(base_url="https://own.example/v1")))
     assert provider.provider_name() == "openai"
+
+
+def _keyed(**keys: str) -> ProcessServices:
+    """A worker configured for openai at api.example with ORGA_API_KEY, plus ``keys``."""
+    services = ProcessServices(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0"),
+        ProviderSettings(
+            provider="openai", api_key="sk-orga", base_url="https://api.example/v1", **keys
+        ),  # type: ignore[arg-type]
+        "redis://127.0.0.1:1/0",
+    )
+    _OPEN.append(services)
+    return services
+
+
+def _sent(provider: object) -> tuple[str, str | None]:
+    """Where a provider sends its requests and the key it sends (read from its endpoint)."""
+    endpoint = provider._endpoint  # type: ignore[attr-defined]
+    key = endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
+    return endpoint.base_url, key
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openrouter"])
+def test_a_task_switching_provider_never_gets_orga_api_key(kind: str) -> None:
+    """ORGA_API_KEY is bound to ORGA_PROVIDER: a task naming another provider is refused,
+    saying which variable would allow it, and the key appears nowhere in the message."""
+    services = _keyed()
+    with pytest.raises(ConfigError, match=f"switches provider.kind to '{kind}'") as caught:
+        services.provider(_request(ProviderSpec(kind=kind)))  # type: ignore[arg-type]
+    assert f"set {kind.upper()}_API_KEY on the workers" in str(caught.value)
+    assert "sk-orga" not in str(caught.value)
+
+
+def test_a_switched_provider_gets_its_own_key_at_its_own_default_url() -> None:
+    """With ANTHROPIC_API_KEY set, a task naming anthropic sends that key to Anthropic's
+    default URL, not ORGA_API_KEY and not ORGA_BASE_URL (which belong to openai here)."""
+    services = _keyed(anthropic_api_key="sk-ant")
+    provider = services.provider(_request(ProviderSpec(kind="anthropic")))
+    assert provider.provider_name() == "anthropic"
+    assert _sent(provider) == ("https://api.anthropic.com/v1", "sk-ant")
+
+
+def test_the_configured_provider_keeps_its_key_and_url() -> None:
+    """A task that names the deployment's own provider (or none) gets ORGA_API_KEY at
+    ORGA_BASE_URL, as before."""
+    services = _keyed()
+    for spec in (ProviderSpec(), ProviderSpec(kind="openai")):
+        assert _sent(services.provider(_request(spec))) == ("https://api.example/v1", "sk-orga")
+
+
+def test_a_switched_provider_at_a_task_url_needs_the_operators_consent() -> None:
+    """Another provider at the task's own URL is refused without ORGA_ALLOW_TASK_BASE_URL; with
+    it, that provider's own key goes there, never ORGA_API_KEY."""
+    services = _keyed(anthropic_api_key="sk-ant")
+    spec = ProviderSpec(kind="anthropic", base_url="https://proxy.example")
+    with pytest.raises(ConfigError, match="ORGA_ALLOW_TASK_BASE_URL"):
+        services.provider(_request(spec))
+    allowed = ProcessServices(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0", allow_task_base_url=True),
+        services.provider_settings,
+        "redis://127.0.0.1:1/0",
+    )
+    _OPEN.append(allowed)
+    assert _sent(allowed.provider(_request(spec))) == ("https://proxy.example", "sk-ant")
 
 
 def test_scripted_replies_resume_where_the_task_left_off() -> None:
@@ -194,3 +259,49 @@ def test_a_worker_reads_only_the_messages_it_lacks(redis_url: str, redis_client:
     with pytest.raises(StaleConversationError, match="expects 9"):
         read(9, epoch=3)
     plain.close()
+
+
+def _write(
+    tmp_path: Path, content: str, *, iteration: int, attempt: int, nonce: str
+) -> ToolRequest:
+    fence = Fence(
+        task_id="t", step_id="s", iteration=iteration, attempt=attempt, nonce=nonce, call_id="c1"
+    )
+    arguments = json.dumps({"path": "notes.txt", "content": content})
+    return ToolRequest(
+        fence=fence,
+        agent_id="a",
+        action=ToolCallAction(call_id="c1", name="file_write", arguments=arguments),
+        workspace=str(tmp_path),
+        config=LoopConfig(),
+    )
+
+
+def test_a_write_delivered_again_after_the_task_moved_on_changes_nothing(
+    redis_url: str, redis_client: Any, tmp_path: Path
+) -> None:
+    """A file_write re-delivered (a new attempt and nonce: a re-dispatch) after a later
+    iteration rewrote the file is answered with its first result, marked replayed, and the
+    file keeps the later content; another call under the same id with other content runs."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    first = _write(tmp_path, "v1", iteration=1, attempt=3, nonce="aaa")
+    services.run(run_tool_calls(first, services))
+    services.run(
+        run_tool_calls(_write(tmp_path, "v2", iteration=2, attempt=4, nonce="bbb"), services)
+    )
+    again = first.model_copy(
+        update={"fence": first.fence.model_copy(update={"attempt": 5, "nonce": "ccc"})}
+    )
+    (replayed,) = services.run(run_tool_calls(again, services))
+    assert (tmp_path / "notes.txt").read_text() == "v2"
+    assert replayed.observation.metadata["replayed"] == "true"
+    assert not replayed.observation.is_error
+    other = _write(tmp_path, "v3", iteration=1, attempt=6, nonce="ddd")
+    (ran,) = services.run(run_tool_calls(other, services))
+    assert "replayed" not in ran.observation.metadata
+    assert (tmp_path / "notes.txt").read_text() == "v3"
+    with redis.Redis.from_url(redis_url) as client:
+        stored = list(client.scan_iter(f"{keys.applied_call_key_prefix}*"))
+        assert len(stored) == 3
+        assert 0 < client.ttl(stored[0]) <= keys.applied_call_ttl_s

@@ -23,6 +23,9 @@ class ToolContext(BaseModel):
     allow_private_network: bool = False
     agent_id: str = ""
     task_id: str | None = None
+    idempotency_key: str | None = None
+    """The same for every delivery of this call, re-dispatches included (its fence without the
+    attempt and nonce, with the tool and a digest of its arguments); None outside a task."""
 
 
 class ToolOutput(BaseModel):

@@ -369,6 +369,9 @@ class FileWriteTool(BlockingTool):
 
     DEFINITION = FILE_WRITE_DEFINITION
     KIND = "write"
+    applies_once = True
+    """A second delivery of the same call (same idempotency key) is answered with the first
+    result and writes nothing (``workers.applied_calls``)."""
 
     def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
         """Run ``_write_file`` (in a worker thread)."""

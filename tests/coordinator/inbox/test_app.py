@@ -333,9 +333,13 @@ def test_a_decision_applied_redirects_to_the_task(browser: TestClient, orga: Org
     """Once the review is closed (as the coordinator does) the reviewer lands on the task page."""
     token = _csrf(browser.get("/").text)
 
-    def close_when_sent() -> None:  # the coordinator's part: the review leaves the open set
+    def close_when_sent() -> None:  # the coordinator's part: applied, named by its entry
         while not orga.redis.xlen(keys.control_stream):
             time.sleep(0.01)
+        [(entry_id, _fields)] = orga.redis.xrange(keys.control_stream)
+        orga.redis.xadd(keys.events_stream, {"event": "review_decided", "review_id": "r1",
+                                             "entry_id": entry_id, "decision": "skip",
+                                             "by": "inbox:alice"})  # fmt: skip
         orga.redis.hdel(keys.open_reviews_key, "r1")
 
     closer = threading.Thread(target=close_when_sent)

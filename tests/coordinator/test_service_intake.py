@@ -1,0 +1,174 @@
+"""Coordinator intake on a real Redis: ids checked, every task started once, aliases kept apart.
+
+Issue 12, items 7 (task ids), 10 (a task started twice by two coordinators) and 6 (a
+resubmission naming a live task's id and another task's idempotency key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis.asyncio import Redis
+
+from coordinator.machine import MachineSettings
+from coordinator.service import Coordinator, CoordinatorSettings
+from coordinator.state import TaskRecord
+from shared import keys
+from shared.task_spec import parse_task
+from tests.redis_server import RedisClientFactory
+
+SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"), block_ms=10)
+TASK = {"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]}
+
+
+def _scenario(
+    redis_client: RedisClientFactory,
+    body: Callable[[Redis, Coordinator, Coordinator], Awaitable[None]],
+) -> None:
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            mine = Coordinator(client, settings=SETTINGS, name="mine")
+            theirs = Coordinator(client, settings=SETTINGS, name="theirs")
+            await mine._ensure_groups()
+            await body(client, mine, theirs)
+
+    asyncio.run(run())
+
+
+async def _submit(client: Redis, task_id: str, task: dict[str, Any] | None = None) -> None:
+    await client.xadd(keys.intake_stream, {"task_id": task_id, "task": json.dumps(task or TASK)})
+
+
+async def _events(client: Redis, name: str) -> list[dict[str, str]]:
+    return [f for _i, f in await client.xrange(keys.events_stream) if f.get("event") == name]
+
+
+BAD_IDS = {
+    "../escape": "path separators",
+    ".": "'.' or '..'",
+    "..": "'.' or '..'",
+    "a/b": "path separators",
+    "-leading-dash": "starting with a letter or digit",
+    "x" * 1_000_000: "1000000 characters",
+    "tab\there": "letters, digits",
+}
+
+
+def test_bad_task_ids_are_rejected_at_intake_with_the_reason(
+    redis_client: RedisClientFactory,
+) -> None:
+    """An id that is not one plain folder name (or is huge) is on orga:rejected, saying why and
+    how to fix it, and creates nothing; a valid id beside them is accepted and started."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        for task_id in BAD_IDS:
+            await _submit(client, task_id)
+        await _submit(client, "good-1.a_b")
+        await mine._intake_once()
+        rejected = [f for _i, f in await client.xrange(keys.rejected_stream)]
+        assert len(rejected) == len(BAD_IDS)
+        for fields, (task_id, why) in zip(rejected, BAD_IDS.items(), strict=True):
+            assert why in fields["error"], fields["error"]
+            assert "is not valid" in fields["error"]
+            assert fields["task_id"] == task_id[:128]
+            assert len(fields["error"]) < 1000
+        assert [k async for k in client.scan_iter(f"{keys.task_key_prefix}*")] == [
+            keys.task_key("good-1.a_b")
+        ]
+        assert [e["task_id"] for e in await _events(client, "accepted")] == ["good-1.a_b"]
+        summary = await client.xpending(keys.intake_stream, keys.coordinator_group)
+        assert summary["pending"] == 0
+
+    _scenario(redis_client, body)
+
+
+def test_a_task_is_started_once_when_two_coordinators_apply_its_start(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The coordinator whose kept copy is still pending loses the compare-and-set, sees the
+    task running and does not start it again: one ``accepted`` event, one dispatch."""
+
+    async def body(client: Redis, mine: Coordinator, theirs: Coordinator) -> None:
+        spec = parse_task(TASK)
+        await mine.store.create(TaskRecord(task_id="t", spec=spec, created_at=0, updated_at=0))
+        assert await theirs._apply("t", lambda m: m.start())
+        assert not await mine._apply("t", lambda m: m.start())  # its kept copy says pending
+        assert len(await _events(client, "accepted")) == 1
+        assert await client.llen(keys.reasoning_queue) == 1
+
+    _scenario(redis_client, body)
+
+
+def test_intake_leaves_the_start_to_the_lease_holder(redis_client: RedisClientFactory) -> None:
+    """A coordinator that cannot take a new task's lease stores it but does not start it; the
+    holder's next tick starts it, once."""
+
+    async def body(client: Redis, mine: Coordinator, theirs: Coordinator) -> None:
+        assert await theirs._hold("t")
+        await _submit(client, "t")
+        await mine._intake_once()
+        record = await mine.store.load("t")
+        assert record is not None and record.status.value == "pending"
+        assert await _events(client, "accepted") == []
+        await theirs._tick_once()
+        await mine._tick_once()
+        assert len(await _events(client, "accepted")) == 1
+        assert await client.llen(keys.reasoning_queue) == 1
+
+    _scenario(redis_client, body)
+
+
+def _keyed(key: str) -> dict[str, Any]:
+    return {**TASK, "idempotency_key": key}
+
+
+def test_a_live_task_id_with_another_tasks_key_is_rejected_naming_both(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Resubmitting live task ``a``'s id with task ``b``'s idempotency key never makes ``a`` an
+    alias of ``b``: the entry is on orga:rejected naming both ids, and ``a`` is untouched."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _submit(client, "a", _keyed("key-a"))
+        await _submit(client, "b", _keyed("key-b"))
+        await mine._intake_once()
+        before = await client.hgetall(keys.task_key("a"))
+        await _submit(client, "a", _keyed("key-b"))
+        await mine._intake_once()
+        assert await client.hgetall(keys.task_key("a")) == before
+        assert "alias_of" not in before
+        (rejected,) = [f for _i, f in await client.xrange(keys.rejected_stream)]
+        assert rejected["task_id"] == "a"
+        assert "task id 'a' is already a task" in rejected["error"]
+        assert "belongs to task 'b'" in rejected["error"]
+        events = [e["event"] for e in await _events(client, "resubmission_rejected")]
+        assert events == ["resubmission_rejected"]
+        assert await _events(client, "rejected") == []
+        summary = await client.xpending(keys.intake_stream, keys.coordinator_group)
+        assert summary["pending"] == 0
+
+    _scenario(redis_client, body)
+
+
+def test_a_new_id_with_a_used_key_becomes_an_expiring_alias(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A new id resubmitted with a used key is an alias of the key's task (expiring with the
+    key), and the same resubmission again is a plain duplicate, not a rejection."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _submit(client, "b", _keyed("key-b"))
+        await mine._intake_once()
+        for _ in range(2):
+            await _submit(client, "c", _keyed("key-b"))
+            await mine._intake_once()
+        assert await client.hgetall(keys.task_key("c")) == {"alias_of": "b"}
+        assert 0 < await client.ttl(keys.task_key("c")) <= keys.idempotency_ttl_s
+        assert await client.xlen(keys.rejected_stream) == 0
+        assert len(await _events(client, "duplicate")) == 2
+        assert len(await _events(client, "accepted")) == 1
+
+    _scenario(redis_client, body)
