@@ -212,7 +212,9 @@ class TaskMachine:
             # Also a chained call's worker failing before its iteration's ``reasoned`` message
             # was applied: that call is then awaited like any other, re-dispatched at its deadline.
             return self._ignored()
-        if message.retryable and awaiting.redeliveries < self.settings.max_redeliveries:
+        if message.error_kind == "config":
+            self._config_failure(awaiting, message.error)
+        elif message.retryable and awaiting.redeliveries < self.settings.max_redeliveries:
             self._redispatch(awaiting)
         else:
             self._dead_letter(awaiting, message.error)
@@ -911,6 +913,12 @@ class TaskMachine:
             return
         awaiting.dispatched = [c for c in awaiting.dispatched if c in awaiting.results]
         self._dispatch_more(awaiting)
+
+    def _config_failure(self, awaiting: Awaiting, error: str) -> None:
+        """A worker said the task or the deployment is misconfigured: no attempt can succeed,
+        so the task fails at once with the worker's own message (no retry, no review)."""
+        self._event("config_error", fence=awaiting.fence.token(), error=error[:500])
+        self._finish(TaskStatus.FAILED, f"configuration error: {error}")
 
     def _dead_letter(self, awaiting: Awaiting, error: str) -> None:
         self.effects.dead_letters.append(

@@ -25,6 +25,7 @@ from shared.task_spec import ProviderSpec
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "ErrorKind",
     "Fence",
     "ReasonRequest",
     "ReasonedMessage",
@@ -37,6 +38,17 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = "1"
+
+ErrorKind = Literal["config", "transient", "internal"]
+"""What a worker failure is, so that the coordinator never matches strings:
+
+- ``config``: the deployment or the task is wrong (a missing script file or template, a missing
+  or rejected API key, a refused ``base_url``, an unknown model); trying again cannot help, so
+  the task fails at once with the worker's message;
+- ``transient``: the provider or the network failed for now (429, 5xx, a timeout) past the
+  worker's retry deadline; the dispatch may be tried again;
+- ``internal``: anything else (a bug, a crash in the library); retried, then dead-lettered.
+"""
 
 
 class Fence(BaseModel):
@@ -201,6 +213,8 @@ class WorkerFailedMessage(BaseModel):
     fence: Fence
     error: str
     retryable: bool = True
+    error_kind: ErrorKind = "internal"
+    """What the failure is (:data:`ErrorKind`); a ``config`` failure fails the task at once."""
 
 
 StreamMessage = Annotated[

@@ -19,19 +19,33 @@ from typing import Any, Protocol
 
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import Conversation
+from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
-from shared.protocol import ReasonedMessage, ReasonRequest, ToolObservedMessage, ToolRequest
+from shared.protocol import (
+    ErrorKind,
+    ReasonedMessage,
+    ReasonRequest,
+    ToolObservedMessage,
+    ToolRequest,
+)
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.phases import LoopTermination, Reasoning
-from workers.providers.base import InferenceProvider
+from workers.providers.base import (
+    InferenceError,
+    InferenceProvider,
+    InferenceTimeoutError,
+    ProviderError,
+    RateLimitedError,
+)
 from workers.tools.base import ToolContext
 
 __all__ = [
     "AlreadyFitted",
     "WorkerServices",
+    "failure_kind",
     "onward",
     "prepare_tools",
     "prepare_workspace",
@@ -96,10 +110,28 @@ def prepare_tools(
     return config.model_copy(update={"tool_definitions": tools})
 
 
+def failure_kind(exc: BaseException) -> ErrorKind:
+    """What a failure in a worker is, for the coordinator (``WorkerFailedMessage.error_kind``):
+    a configuration error fails the task at once, a transient one may be tried again."""
+    if isinstance(exc, ConfigError):
+        return "config"
+    if isinstance(exc, RateLimitedError | ProviderError | InferenceTimeoutError | TimeoutError):
+        return "transient"
+    return "internal"
+
+
 def prepare_workspace(workspace: Path, template: str | None) -> Path:
-    """Create the task's workspace; a template folder is copied in once, atomically."""
+    """Create the task's workspace; a template folder is copied in once, atomically.
+
+    A template that is not a folder is a configuration error (the task names it).
+    """
     if workspace.exists():
         return workspace
+    if template is not None and not Path(template).is_dir():
+        raise ConfigError(
+            f"workspace_template {template!r} is not a folder on this worker; give the path of "
+            "an existing folder (absolute, or relative to the task file) or remove it"
+        )
     workspace.parent.mkdir(parents=True, exist_ok=True)
     if template is None:
         workspace.mkdir(exist_ok=True)
@@ -163,6 +195,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             services.provider(request), AlreadyFitted()
         )
     except LoopTermination as stop:
+        _raise_config_error(stop)
         return ReasonedMessage(
             fence=request.fence,
             new_messages=state.conversation.messages[known:],
@@ -191,6 +224,14 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         chained=chained,
         duration_ms=(time.monotonic() - started) * 1000,
     )
+
+
+def _raise_config_error(stop: LoopTermination) -> None:
+    """A model call that failed because of the configuration (a rejected key, an unknown
+    model) is not an attempt that failed: it is raised for the worker to report as such."""
+    cause = stop.__cause__
+    if isinstance(cause, InferenceError) and isinstance(cause, ConfigError):
+        raise cause
 
 
 def onward(

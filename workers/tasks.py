@@ -27,7 +27,7 @@ from shared.protocol import (
 )
 from shared.settings import OrgaSettings
 from workers.celery import app
-from workers.handlers import onward, run_reasoning, run_tool_calls
+from workers.handlers import failure_kind, onward, run_reasoning, run_tool_calls
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
 from workers.tools.base import Tool
@@ -129,12 +129,17 @@ async def _answer(
         runtime.liveness.finished(fences)
         raise
     except Exception as exc:
-        log.exception("task.failed", extra={"task": name, "fence": request.fence.token()})
+        kind = failure_kind(exc)
+        log.exception(
+            "task.failed",
+            extra={"task": name, "fence": request.fence.token(), "error_kind": kind},
+        )
         message = failure = WorkerFailedMessage(
             # A call that carries its reasoning answers for the reasoning dispatch.
             fence=fences[-1],
             error=f"{type(exc).__name__}: {exc}"[:2000],
             retryable=not isinstance(exc, ConfigError),
+            error_kind=kind,
         )
     runtime.liveness.finished(fences)
     for each in message if isinstance(message, list) else [message]:

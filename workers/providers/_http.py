@@ -10,7 +10,7 @@ Status mapping after the retries:
 5xx                   ``ProviderError``
 400, other 4xx        ``InvalidRequestError``, or ``ContextOverflowError`` when the
                       provider's message is about the context length
-401, 403              ``InvalidRequestError``: the key was rejected, set <env var>
+401, 403              ``AuthenticationError``: the key was rejected, set <env var>
 404                   ``ModelUnavailableError`` naming the model and the base URL
 413                   ``ContextOverflowError``
 timeout               ``InferenceTimeoutError``: no complete answer within ``timeout_s``
@@ -46,6 +46,7 @@ from pydantic import SecretStr
 from shared.errors import ConfigError
 from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.providers.base import (
+    AuthenticationError,
     ContextOverflowError,
     InferenceError,
     InferenceTimeoutError,
@@ -330,7 +331,7 @@ def status_error(
     message = provider_error_message(response, endpoint)
     where = f"{endpoint.provider} at {url}"
     if status in (401, 403):
-        return InvalidRequestError(
+        return AuthenticationError(
             f"{where} rejected the API key (HTTP {status}): {message}; "
             f"set {endpoint.api_key_env} to a valid key"
         )

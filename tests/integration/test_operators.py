@@ -1,0 +1,129 @@
+"""What an operator meets, through the real `orga` entry point in a subprocess on the embedded
+runtime (a private Redis, real Celery workers): configuration errors that say what they are,
+rate limits that wait instead of burning attempts, and reviews that resume in the task's own
+workspace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fakes.llm_server import FakeOpenAIServer
+from tests.integration.harness import REPO
+
+pytestmark = pytest.mark.integration
+
+ORGA = Path(sys.executable).with_name("orga")
+"""The console script pip installed for the project: what a user runs."""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env.pop("OPENAI_API_KEY", None)
+    env.update(
+        COLUMNS="200",
+        ORGA_HOME=str(tmp_path / "home"),
+        ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"),
+    )
+    env.update(extra)
+    return env
+
+
+def _orga(
+    *args: str, env: dict[str, str], timeout_s: float = 180.0
+) -> subprocess.CompletedProcess[str]:
+    assert ORGA.exists(), f"the orga entry point is not installed at {ORGA}"
+    return subprocess.run(
+        [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def _task_file(tmp_path: Path, task: dict[str, Any], name: str = "task.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(task))
+    return path
+
+
+def _task_id(run_output: str) -> str:
+    first = run_output.splitlines()[0]
+    assert first.startswith("task "), run_output
+    return first.split()[1].rstrip(":")
+
+
+def _llm_task(**provider: str) -> dict[str, Any]:
+    return {
+        "goal": "answer the question",
+        "provider": {"kind": "openai", "model": "gpt-test", **provider},
+        "steps": [{"id": "answer", "instruction": "answer it"}],
+        "step_iteration": {"max_reattempts_per_step": 3},
+    }
+
+
+# -- item 2: every failure says what it is ---------------------------------------------------
+
+
+def test_missing_template_and_script_are_refused_at_intake(tmp_path: Path) -> None:
+    """A task file naming a template and a script that do not exist is refused by `orga run`
+    before anything is submitted: exit 2, both paths named."""
+    task = {
+        "goal": "g",
+        "workspace_template": "./no-such-template",
+        "provider": {"kind": "scripted", "script": "./no-such-script.yaml"},
+        "steps": [{"id": "s", "instruction": "i"}],
+    }
+    outcome = _orga("run", str(_task_file(tmp_path, task)), env=_env(tmp_path))
+    assert outcome.returncode == 2, outcome.stdout + outcome.stderr
+    assert "no-such-template" in outcome.stderr and "is not a folder" in outcome.stderr
+    assert "no-such-script.yaml" in outcome.stderr and "is not a file" in outcome.stderr
+    assert "task " not in outcome.stdout
+
+
+CONFIG_CASES = {
+    "rejected key": ({"ORGA_API_KEY": "sk-wrong"}, {}, "rejected the API key (HTTP 401)"),
+    "unknown model": ({"ORGA_API_KEY": "sk-right"}, {"model": "no-such-model"}, "HTTP 404"),
+    "missing key": ({}, {}, "OPENAI_API_KEY"),
+    "refused base_url": (
+        {"ORGA_API_KEY": "sk-right"},
+        {"base_url": "http://127.0.0.1:9/v1"},
+        "ORGA_ALLOW_TASK_BASE_URL",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_a_configuration_error_fails_the_task_at_once_with_its_message(
+    case: str, tmp_path: Path
+) -> None:
+    """A rejected or missing API key, an unknown model or a refused base_url fails the task at
+    the first call, with the provider's own message in `orga run`, `orga status`, `orga result`
+    and the journal, and exit code 1; no attempt is retried and nothing says "% similar"."""
+    env_extra, provider, expected = CONFIG_CASES[case]
+    with FakeOpenAIServer(api_key="sk-right") as model:
+        if case == "unknown model":
+            model.respond_error(404, "The model `no-such-model` does not exist")
+        model.respond_text("42")
+        env = _env(tmp_path, ORGA_BASE_URL=model.base_url, ORGA_PROVIDER="openai", **env_extra)
+        run = _orga("run", str(_task_file(tmp_path, _llm_task(**provider))), env=env)
+        requests = len(model.requests)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert expected in run.stdout, run.stdout
+    assert requests <= 1, f"{requests} model calls for a configuration error"
+    task_id = _task_id(run.stdout)
+    status = _orga("status", task_id, env=env)
+    assert "failed" in status.stdout and expected in " ".join(status.stdout.split()), status.stdout
+    result = json.loads(_orga("result", task_id, env=env).stdout)
+    assert result["status"] == "failed"
+    assert result["error"].startswith("configuration error: ") and expected in result["error"]
+    assert result["steps"][0]["attempts"] == 0
+    journal = _orga("journal", task_id, env=env).stdout
+    assert expected in journal
+    for text in (run.stdout, status.stdout, journal, json.dumps(result)):
+        assert "% similar" not in text
