@@ -39,6 +39,7 @@ from shared.events import (
     LoopEvent,
     ObservationsCollected,
     PolicyEvaluated,
+    ProviderWaited,
     ReasoningComplete,
     StagnationDetected,
     Started,
@@ -164,6 +165,8 @@ class TaskMachine:
         if message.fence != awaiting.fence:
             return self._ignored()
         self.record.model_calls += 1
+        if message.provider_waits:
+            self._journal_waits(message)
         if awaiting.kind is AwaitKind.PLAN:
             self._apply_plan(message)
         else:
@@ -556,6 +559,15 @@ class TaskMachine:
                 call.name, "the reasoning worker returned no result for this call"
             ).with_call_id(call.call_id)
         self._all_observed(awaiting)
+
+    def _journal_waits(self, message: ReasonedMessage) -> None:
+        """The model call waited out rate limits or provider errors: journaled, and not a
+        failed attempt (the worker retried within its deadline)."""
+        waits = message.provider_waits
+        total = round(sum(w.wait_s for w in waits), 3)
+        self._journal(
+            ProviderWaited(iteration=self.record.iteration, waits=waits, total_wait_s=total)
+        )
 
     def _journal_empty_act(self) -> None:
         iteration = self.record.iteration

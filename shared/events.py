@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.actions import ProposedAction
 from shared.durations import Duration
-from shared.inference import Usage
+from shared.inference import ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, TerminationReason
 from shared.progress_tracker import StepDecision
 from shared.stagnation.verdict import (
@@ -25,6 +25,7 @@ __all__ = [
     "ObservationsCollected",
     "PolicyEvaluated",
     "PreHydrationComplete",
+    "ProviderWaited",
     "ReasoningComplete",
     "RecoveryTriggered",
     "StagnationDetected",
@@ -120,6 +121,16 @@ class StepLimitReached(_Event):
         return cls(step_id=step_id, attempts=attempts, reason=decision.reason)
 
 
+class ProviderWaited(_Event):
+    """The model call of an iteration waited out transient provider errors (429, 5xx, a
+    timeout) or the deployment's shared rate limit, without failing an attempt."""
+
+    type: Literal["ProviderWaited"] = "ProviderWaited"
+    iteration: int
+    waits: list[ProviderWait]
+    total_wait_s: float
+
+
 class PreHydrationComplete(_Event):
     """References from the task input were resolved before the loop."""
 
@@ -164,7 +175,8 @@ LoopEvent = Annotated[
     | RecoveryTriggered
     | StepLimitReached
     | PreHydrationComplete
-    | StagnationDetected,
+    | StagnationDetected
+    | ProviderWaited,
     Field(discriminator="type"),
 ]
 

@@ -18,7 +18,7 @@ from shared.actions import Observation, ProposedAction, ToolCallAction
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import WireFormatError
 from shared.events import RecoveryTriggered
-from shared.inference import Usage
+from shared.inference import ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry, TerminationReason
 from shared.policy import PolicySpec
 from shared.task_spec import ProviderSpec
@@ -202,6 +202,9 @@ class ReasonedMessage(BaseModel):
     acted: list[ToolObservedMessage] | None = None
     chained: list[str] = Field(default_factory=list)
     duration_ms: float = 0.0
+    provider_waits: list[ProviderWait] = Field(default_factory=list)
+    """Transient provider errors and shared rate-limit holds the model call waited out (the
+    coordinator journals them; they are not failed attempts)."""
 
 
 class WorkerFailedMessage(BaseModel):

@@ -40,6 +40,7 @@ from workers.providers.base import (
     ProviderError,
     RateLimitedError,
 )
+from workers.providers.rate_limit import recording_waits
 from workers.tools.base import ToolContext
 
 __all__ = [
@@ -190,19 +191,21 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     started = time.monotonic()
     state = _loop_state(request)
     known = len(state.conversation)
-    try:
-        checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
-            services.provider(request), AlreadyFitted()
-        )
-    except LoopTermination as stop:
-        _raise_config_error(stop)
-        return ReasonedMessage(
-            fence=request.fence,
-            new_messages=state.conversation.messages[known:],
-            usage=state.total_usage.delta_since(request.usage),
-            termination=stop.reason,
-            duration_ms=(time.monotonic() - started) * 1000,
-        )
+    with recording_waits() as waits:
+        try:
+            checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
+                services.provider(request), AlreadyFitted()
+            )
+        except LoopTermination as stop:
+            _raise_config_error(stop)
+            return ReasonedMessage(
+                fence=request.fence,
+                new_messages=state.conversation.messages[known:],
+                usage=state.total_usage.delta_since(request.usage),
+                termination=stop.reason,
+                duration_ms=(time.monotonic() - started) * 1000,
+                provider_waits=waits,
+            )
     gate = services.gate(request.policy)
     dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
@@ -223,6 +226,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         acted=acted,
         chained=chained,
         duration_ms=(time.monotonic() - started) * 1000,
+        provider_waits=waits,
     )
 
 

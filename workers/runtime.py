@@ -49,6 +49,7 @@ from workers.gates.factory import build_gate
 from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
+from workers.providers.rate_limit import RedisThrottle, key_digest
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
@@ -169,10 +170,18 @@ class ProcessServices:
             else:
                 base_url = settings.resolved_base_url() or ""
                 client = self.http_client(settings.provider.value, base_url)
-                provider = build_provider(settings, client=client)
+                provider = build_provider(
+                    settings, client=client, throttle=self._throttle(settings, base_url)
+                )
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
         return provider
+
+    def _throttle(self, settings: ProviderSettings, base_url: str) -> RedisThrottle:
+        """The rate limit every worker shares for this provider and key (a hash names it)."""
+        key = settings.resolved_api_key()
+        digest = key_digest(base_url, key.get_secret_value() if key is not None else "")
+        return RedisThrottle(self.redis, keys.provider_limit_key(settings.provider.value, digest))
 
     def _script(self, replies: list[Any]) -> Script:
         """The task's scripted replies, validated once per process: every reasoning request

@@ -127,3 +127,42 @@ def test_a_configuration_error_fails_the_task_at_once_with_its_message(
     assert expected in journal
     for text in (run.stdout, status.stdout, journal, json.dumps(result)):
         assert "% similar" not in text
+
+
+# -- item 3: rate limits do not burn attempts ------------------------------------------------
+
+
+def test_a_rate_limited_model_is_waited_out_without_using_an_attempt(tmp_path: Path) -> None:
+    """The model answers 429 with Retry-After: 1 four times, more than ORGA_MAX_RETRIES: the
+    worker waits each out within ORGA_PROVIDER_RETRY_DEADLINE_S, the task completes with no
+    attempt used, and the journal records the four waits (ProviderWaited)."""
+    with FakeOpenAIServer(api_key="sk-right") as model:
+        for _ in range(4):
+            model.respond_rate_limited(retry_after="1")
+        model.respond_text("the answer is 42")
+        env = _env(
+            tmp_path,
+            ORGA_BASE_URL=model.base_url,
+            ORGA_PROVIDER="openai",
+            ORGA_API_KEY="sk-right",
+            ORGA_MAX_RETRIES="1",
+            ORGA_PROVIDER_RETRY_DEADLINE_S="60",
+        )
+        task = _llm_task()
+        task["step_iteration"] = {"max_reattempts_per_step": 1}
+        run = _orga("run", str(_task_file(tmp_path, task)), env=env)
+        requests = len(model.requests)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert requests == 5
+    task_id = _task_id(run.stdout)
+    result = json.loads(_orga("result", task_id, env=env).stdout)
+    assert result["status"] == "completed" and result["output"] == "the answer is 42"
+    assert result["steps"][0]["attempts"] == 0
+    entries = [json.loads(line) for line in _orga("journal", task_id, env=env).stdout.splitlines()]
+    waited = [e["event"] for e in entries if e["event"]["type"] == "ProviderWaited"]
+    assert len(waited) == 1, entries
+    assert [(w["status"], w["wait_s"], w["retry_after"]) for w in waited[0]["waits"]] == [
+        (429, 1.0, True)
+    ] * 4
+    assert waited[0]["total_wait_s"] == 4.0
+    assert "sk-right" not in json.dumps(entries)
