@@ -131,6 +131,7 @@ class OrgaClient:
             "milestones": list(record.milestones),
             "review_id": record.review.review_id if record.review else None,
             "error": record.error,
+            "workspace": record.workspace,
             "usage": record.usage.model_dump(),
         }
 

@@ -35,12 +35,14 @@ from shared.actions import Observation, ToolCallAction
 from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation, ConversationMessage
 from shared.events import (
+    Escalated,
     JournalEntry,
     LoopEvent,
     ObservationsCollected,
     PolicyEvaluated,
     ProviderWaited,
     ReasoningComplete,
+    ReviewDecided,
     StagnationDetected,
     Started,
     StepLimitReached,
@@ -143,6 +145,7 @@ class TaskMachine:
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step."""
         record = self.record
+        self._workspace()  # fixed now, with the task
         record.conversation = Conversation.with_system(
             record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT, pin=True
         )
@@ -818,7 +821,9 @@ class TaskMachine:
             return
         attempts = self.tracker.attempt_count(step.spec.id)
         self._journal(StepLimitReached.from_decision(step.spec.id, attempts, decision))
-        reason = decision.reason or error
+        # The tracker says why it stopped; the last error says what failed (the review's
+        # context, the skip note, the abort error all show it).
+        reason = f"{decision.reason}; last error: {error[:500]}" if decision.reason else error
         action = self.tracker.limit_action
         if action is LimitAction.SKIP_STEP:
             self._skip_step(reason)
@@ -852,6 +857,15 @@ class TaskMachine:
         record.awaiting = None
         record.review = item
         self.effects.reviews.append(item)
+        self._journal(
+            Escalated(
+                review_id=item.review_id,
+                source=source,
+                reason=reason,
+                deadline=datetime.fromtimestamp(item.deadline, UTC),
+                default_decision=item.default_decision,
+            )
+        )
         self._event("escalated", review_id=item.review_id, reason=reason[:500], source=source)
 
     def _snapshot(self) -> dict[str, Any]:
@@ -884,6 +898,11 @@ class TaskMachine:
         review.hint = hint
         review.decided_by = decided_by
         self._event("review_decided", review_id=review.review_id, decision=decision, by=decided_by)
+        self._journal(
+            ReviewDecided(
+                review_id=review.review_id, decision=decision, decided_by=decided_by, hint=hint
+            )
+        )
         record.review = None
         if decision == "abort":
             self._finish(
@@ -965,8 +984,14 @@ class TaskMachine:
         return config.model_copy(update={"max_iterations": config.max_iterations + start})
 
     def _workspace(self) -> str:
-        spec = self.record.spec
-        return spec.workspace or f"{self.settings.workspace_root}/{self.record.task_id}"
+        """The task's workspace, fixed the first time it is asked for (at the start) and kept
+        in the record: a later decision taken under another ``ORGA_WORKSPACE_ROOT`` (or none)
+        resumes in the same folder."""
+        record = self.record
+        if record.workspace is None:
+            root = self.settings.workspace_root
+            record.workspace = record.spec.workspace or f"{root}/{record.task_id}"
+        return record.workspace
 
     def _fence(self) -> Fence:
         """A fence no earlier dispatch of this task had: ``attempt`` counts every dispatch."""

@@ -20,6 +20,7 @@ from shared.stagnation.verdict import (
 )
 
 __all__ = [
+    "Escalated",
     "JournalEntry",
     "LoopEvent",
     "ObservationsCollected",
@@ -28,6 +29,7 @@ __all__ = [
     "ProviderWaited",
     "ReasoningComplete",
     "RecoveryTriggered",
+    "ReviewDecided",
     "StagnationDetected",
     "Started",
     "StepLimitReached",
@@ -131,6 +133,29 @@ class ProviderWaited(_Event):
     total_wait_s: float
 
 
+class Escalated(_Event):
+    """The task now waits for a human: which review, what raised it and why."""
+
+    type: Literal["Escalated"] = "Escalated"
+    review_id: str
+    source: str
+    """``tracker`` (the step's attempts), ``detector`` (stagnation) or ``recovery``."""
+    reason: str
+    deadline: datetime
+    default_decision: str
+
+
+class ReviewDecided(_Event):
+    """A review was decided: by whom (an operator's name, or ``deadline`` for the default),
+    what (``retry``, ``skip``, ``abort``) and the hint given to the model on a retry."""
+
+    type: Literal["ReviewDecided"] = "ReviewDecided"
+    review_id: str
+    decision: str
+    decided_by: str
+    hint: str | None = None
+
+
 class PreHydrationComplete(_Event):
     """References from the task input were resolved before the loop."""
 
@@ -176,7 +201,9 @@ LoopEvent = Annotated[
     | StepLimitReached
     | PreHydrationComplete
     | StagnationDetected
-    | ProviderWaited,
+    | ProviderWaited
+    | Escalated
+    | ReviewDecided,
     Field(discriminator="type"),
 ]
 

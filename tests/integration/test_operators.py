@@ -166,3 +166,67 @@ def test_a_rate_limited_model_is_waited_out_without_using_an_attempt(tmp_path: P
     ] * 4
     assert waited[0]["total_wait_s"] == 4.0
     assert "sk-right" not in json.dumps(entries)
+
+
+# -- items 1 and 9: a review resumes in the task's own workspace, and is journaled ----------
+
+
+def _write(path: str, content: str) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "file_write", "arguments": {"path": path, "content": content}}]}
+
+
+def test_a_retry_from_another_workspace_root_resumes_in_the_tasks_workspace(
+    tmp_path: Path,
+) -> None:
+    """A task writes notes.txt, fails its check and escalates; `orga review decide --retry`
+    run with another ORGA_WORKSPACE_ROOT resumes in the workspace the task was
+    created with (not a fresh copy under the other root): notes.txt is still there and the
+    task completes. The journal holds the escalation and the decision (who, what, the hint)."""
+    task = {
+        "goal": "keep notes",
+        "provider": {
+            "kind": "scripted",
+            "replies": [
+                _write("notes.txt", "first finding"),
+                "done",
+                _write("second.txt", "x"),
+                "done",
+            ],
+        },
+        "steps": [
+            {
+                "id": "notes",
+                "instruction": "write notes.txt and second.txt",
+                "done_when": "test -f notes.txt && test -f second.txt",
+            }
+        ],
+        "step_iteration": {"max_reattempts_per_step": 1, "on_limit_reached": "escalate"},
+        "stagnation": {"enabled": False},
+    }
+    env = _env(tmp_path)
+    run = _orga("run", str(_task_file(tmp_path, task)), env=env)
+    assert run.returncode == 3, run.stdout + run.stderr
+    task_id = _task_id(run.stdout)
+    workspace = tmp_path / "workspaces" / task_id
+    assert (workspace / "notes.txt").read_text() == "first finding"
+    status = json.loads(_orga("status", task_id, "--json", env=env).stdout)
+    assert status["workspace"] == str(workspace)
+    review_id = status["review_id"]
+    other = _env(tmp_path, ORGA_WORKSPACE_ROOT=str(tmp_path / "other-root"))
+    decided = _orga("review", "decide", review_id, "--retry", "--hint", "keep going", env=other)
+    assert decided.returncode == 0, decided.stdout + decided.stderr
+    assert (workspace / "notes.txt").read_text() == "first finding"
+    assert (workspace / "second.txt").exists()
+    assert not (tmp_path / "other-root").exists()
+    result = json.loads(_orga("result", task_id, env=env).stdout)
+    assert result["status"] == "completed"
+    assert result["milestones"] == ["step:notes"]
+    entries = [json.loads(line) for line in _orga("journal", task_id, env=env).stdout.splitlines()]
+    events = [e["event"] for e in entries]
+    escalated = [e for e in events if e["type"] == "Escalated"]
+    decided_entries = [e for e in events if e["type"] == "ReviewDecided"]
+    assert [(e["review_id"], e["source"]) for e in escalated] == [(review_id, "tracker")]
+    assert [(e["review_id"], e["decision"], e["hint"]) for e in decided_entries] == [
+        (review_id, "retry", "keep going")
+    ]
+    assert decided_entries[0]["decided_by"]
