@@ -30,8 +30,9 @@ from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordina
 from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from shared.errors import OrgaError
-from shared.settings import OrgaSettings
+from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
+from workers.telemetry import configure_tracing
 from workers.topology import Role, supervise, worker_commands
 
 __all__ = ["app", "main"]
@@ -112,6 +113,9 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     settings = _settings()
     if settings.redis_url:
         return body(OrgaClient(settings.redis_url), False)
+
+    # The coordinator runs in this process: its spans go to stderr, stdout is the result's.
+    configure_tracing(TelemetrySettings(), "orga-coordinator", out=sys.stderr)
 
     async def embedded() -> Any:
         async with EmbeddedRuntime(settings, _home()) as runtime:
@@ -290,15 +294,30 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """One task's status, or the most recent tasks."""
+    timeout_s = _settings().heartbeat_timeout_s
     with _errors():
-        data = _read(lambda client: client.status(task_id) if task_id else client.list_tasks())
+        if task_id:
+            data = _read(lambda client: client.status(task_id))
+        else:
+            data, load = _read(lambda client: (client.list_tasks(), client.load(timeout_s)))
     if as_json or task_id:
         out.print_json(json.dumps(data))
         return
-    table = Table("task", "status")
+    table = Table("task", "status", "waits on")
     for row in data:
-        table.add_row(Text(row["task_id"]), Text(row["status"] or "?"))
+        table.add_row(Text(row["task_id"]), Text(row["status"] or "?"), Text(_waits_on(row)))
     out.print(table)
+    queued = ", ".join(f"{queue} {n}" for queue, n in load["queued"].items())
+    _say(f"queued: {queued}; running: {load['running']}")
+
+
+def _waits_on(row: dict[str, Any]) -> str:
+    """``reason: 1 running`` for a task waiting on a model call (``act``: its tool calls)."""
+    dispatch = row.get("dispatch")
+    if not dispatch:
+        return ""
+    parts = [f"{dispatch[k]} {k}" for k in ("queued", "running", "answered") if dispatch[k]]
+    return f"{dispatch['kind']}: {', '.join(parts) or 'nothing yet'}"
 
 
 def _read(body: Callable[[OrgaClient], Any]) -> Any:
@@ -447,6 +466,7 @@ def coordinator() -> None:
     url = _require_url()
     settings = _settings()
     configure_logging(settings.log_level)
+    configure_tracing(TelemetrySettings(), "orga-coordinator")
     port, host = settings.metrics_port, settings.metrics_host
     metrics = serve_metrics(port, url, host=host) if port else None
 

@@ -9,6 +9,7 @@ Synchronous on purpose (pipelines are usually plain scripts); it only talks to R
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -133,7 +134,32 @@ class OrgaClient:
             "error": record.error,
             "workspace": record.workspace,
             "usage": record.usage.model_dump(),
+            "dispatch": self.dispatch(record),
         }
+
+    def dispatch(self, record: TaskRecord) -> dict[str, Any] | None:
+        """What the task waits on: its queue, and how many of its calls are queued (not
+        started), running (heartbeating) or answered (observation not yet applied)."""
+        awaiting = record.awaiting
+        if awaiting is None or record.terminal:
+            return None
+        ids = awaiting.liveness_ids()
+        scores: list[float | None] = self.redis.zmscore(keys.heartbeats_key, ids) if ids else []
+        counts = {"queued": 0, "running": 0, "answered": 0}
+        for score in scores:
+            counts["queued" if score is None else "running" if score > 0 else "answered"] += 1
+        return {"kind": awaiting.kind.value, "queue": awaiting.queue, **counts}
+
+    def load(self, heartbeat_timeout_s: float = 30.0) -> dict[str, Any]:
+        """The deployment's work now: messages waiting in each queue, dispatches running
+        (a heartbeat younger than ``heartbeat_timeout_s``), and observations not yet applied."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in (keys.reasoning_queue, keys.tools_queue):
+            pipe.llen(queue)
+        pipe.zcount(keys.heartbeats_key, time.time() - heartbeat_timeout_s, "+inf")
+        reasoning, tools, running = cast("list[int]", pipe.execute())
+        return {"queued": {keys.reasoning_queue: reasoning, keys.tools_queue: tools},
+                "running": running}  # fmt: skip
 
     def result(self, task_id: str) -> dict[str, Any]:
         """What the task produced (also for a task that stopped: its completed steps)."""
@@ -145,8 +171,15 @@ class OrgaClient:
             str(i)
             for i in cast("list[Any]", self.redis.zrevrange(keys.task_index_key, 0, limit - 1))
         ]
-        statuses = [self._hget(keys.task_key(i), "status") for i in ids]
-        return [{"task_id": i, "status": s} for i, s in zip(ids, statuses, strict=True)]
+        rows = []
+        for task_id in ids:
+            status = self._hget(keys.task_key(task_id), "status")
+            row: dict[str, Any] = {"task_id": task_id, "status": status, "dispatch": None}
+            if status not in (None, *(s.value for s in TERMINAL_STATUSES)):
+                with contextlib.suppress(TaskNotFoundError, ValueError):
+                    row["dispatch"] = self.dispatch(self.record(task_id))
+            rows.append(row)
+        return rows
 
     def rejection(self, task_id: str) -> str | None:
         """The validation error of a rejected submission, if it was rejected."""

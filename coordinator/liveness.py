@@ -9,7 +9,10 @@ coordinator reads those scores and the depth and drain rate of the dispatch's qu
 
 - **running** (a beat younger than the heartbeat timeout): look again one timeout after the
   last beat, unless it has run longer than ``start_to_close_s`` (then it is lost);
-- **answered** (the observation is in the stream): look again one timeout later;
+- **answered** (the observation is in the stream): look again one timeout later; while the
+  coordinators have observations left to read or apply (a backlog), an answered dispatch is
+  never re-sent: on a saturated coordinator an observation can wait longer than any fixed
+  grace, and re-sending would pay for the model call twice;
 - **stale** (beats stopped): its worker is gone, it is lost and re-sent;
 - **not started**: while its queue holds messages and drains, it is queued, and the next look
   is when the queue should have drained (twice the depth over the drain rate); a queue that
@@ -71,6 +74,8 @@ class Liveness:
     queue_depth: int
     drain_per_s: float
     """Dispatches started per second on that queue, lately (0: none started)."""
+    observations_backlog: int = 0
+    """Observations not yet read, or read and not yet applied, by the coordinators."""
 
     def judge(
         self,
@@ -86,11 +91,11 @@ class Liveness:
         beats = [s for s in scores if s > 0]
         if any(s < 0 for s in scores):
             answered = -min(s for s in scores if s < 0)
-            if now - answered < 2 * timeout:
+            if now - answered < 2 * timeout or self.observations_backlog > 0:
                 return Judgement(Verdict.ANSWERED, "answered; its observation is on its way",
                                  now + timeout)  # fmt: skip
-            return Judgement(Verdict.LOST, f"answered {now - answered:.0f}s ago, never applied",
-                             None)  # fmt: skip
+            return Judgement(Verdict.LOST, f"answered {now - answered:.0f}s ago, never applied "
+                             "and no observation is left to read", None)  # fmt: skip
         if beats:
             return self._started(max(beats), now, dispatched_at, settings)
         return self._unstarted(now, unstarted_looks, timeout)

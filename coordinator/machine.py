@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,6 +35,8 @@ from shared.actions import Observation, ToolCallAction
 from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation, ConversationMessage
 from shared.events import (
+    AttemptFailed,
+    DispatchFailed,
     Escalated,
     JournalEntry,
     LoopEvent,
@@ -48,6 +50,7 @@ from shared.events import (
     StepLimitReached,
     Terminated,
     ToolsDispatched,
+    VerificationRun,
 )
 from shared.inference import Usage
 from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
@@ -63,8 +66,9 @@ from shared.protocol import (
 )
 from shared.stagnation import StagnationDetector, StagnationLevel, StagnationVerdict, ToolEvent
 from shared.task_spec import StepSpec
+from shared.tracing import phase_span, task_context, traceparent
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Effects", "MachineSettings", "TaskMachine", "decide"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous software agent working in a sandboxed workspace. Work through the "
@@ -109,6 +113,14 @@ class Effects:
     reviews: list[ReviewItem] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     changed: bool = True
+
+    def traced(self, parent: str | None) -> None:
+        """Every dispatch carries ``parent``, the ``traceparent`` of the span that decided it."""
+        if parent is None:
+            return
+        update = {"trace_parent": parent}
+        self.reason_dispatches = [r.model_copy(update=update) for r in self.reason_dispatches]
+        self.tool_dispatches = [t.model_copy(update=update) for t in self.tool_dispatches]
 
 
 class TaskMachine:
@@ -159,6 +171,16 @@ class TaskMachine:
             record.status = TaskStatus.PLANNING
             self._dispatch_plan()
         return self._done()
+
+    def on_answer(
+        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+    ) -> Effects:
+        """Any answer of a worker, routed by its kind."""
+        if isinstance(message, ReasonedMessage):
+            return self.on_reasoned(message)
+        if isinstance(message, ToolObservedMessage):
+            return self.on_tool_observed(message)
+        return self.on_worker_failed(message)
 
     def on_reasoned(self, message: ReasonedMessage) -> Effects:
         """A reasoning worker answered."""
@@ -218,9 +240,23 @@ class TaskMachine:
             # Also a chained call's worker failing before its iteration's ``reasoned`` message
             # was applied: that call is then awaited like any other, re-dispatched at its deadline.
             return self._ignored()
-        if message.error_kind == "config":
+        config = message.error_kind == "config"
+        retried = (
+            not config
+            and message.retryable
+            and awaiting.redeliveries < self.settings.max_redeliveries
+        )
+        self._journal(
+            DispatchFailed(
+                fence=message.fence.token(),
+                error=message.error[:2000],
+                retried=retried,
+                error_kind=message.error_kind,
+            )
+        )
+        if config:
             self._config_failure(awaiting, message.error)
-        elif message.retryable and awaiting.redeliveries < self.settings.max_redeliveries:
+        elif retried:
             self._redispatch(awaiting)
         else:
             self._dead_letter(awaiting, message.error)
@@ -228,23 +264,16 @@ class TaskMachine:
 
     def liveness_ids(self) -> list[str]:
         """The ``orga:heartbeats`` members of the dispatch the task waits on (none: it waits
-        on nothing): the reasoning's, or each dispatched call's still unanswered."""
+        on nothing)."""
         awaiting = self.record.awaiting
         if awaiting is None or self.record.terminal:
             return []
-        if awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN):
-            return [awaiting.fence.liveness_id()]
-        return [
-            awaiting.fence.for_call(c).liveness_id()
-            for c in awaiting.dispatched
-            if c not in awaiting.results
-        ]
+        return awaiting.liveness_ids()
 
     def awaited_queue(self) -> str:
         """The Celery queue of the dispatch the task waits on."""
         awaiting = self.record.awaiting
-        reasoning = awaiting is not None and awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN)
-        return keys.reasoning_queue if reasoning else keys.tools_queue
+        return awaiting.queue if awaiting is not None else keys.tools_queue
 
     def on_tick(self, liveness: Liveness | None = None) -> Effects:
         """Deadlines: look at a late dispatch (re-sent only when ``liveness`` says it is lost;
@@ -541,6 +570,7 @@ class TaskMachine:
         awaiting.results = {
             k: v for k, v in asked.results.items() if k.removeprefix(_ESCALATION_KEY) in known
         }
+        awaiting.tool_ms = asked.tool_ms
         if awaiting.missing_calls():
             self._dispatch_more(awaiting)
         else:
@@ -678,6 +708,8 @@ class TaskMachine:
         assert awaiting is not None
         for event in message.recovery_events:
             self._journal(event.model_copy(update={"iteration": self.record.iteration}))
+        # The calls of an iteration run concurrently: the batch took as long as its longest.
+        awaiting.tool_ms = max(awaiting.tool_ms, message.duration_ms)
         if message.escalation_reason is not None:
             awaiting.results[_ESCALATION_KEY + (message.fence.call_id or "")] = Observation(
                 source="recovery", content=message.escalation_reason, is_error=True
@@ -696,7 +728,7 @@ class TaskMachine:
         observations = [awaiting.results[c.call_id] for c in awaiting.calls]
         for observation in observations:
             record.conversation.push(observation.as_tool_message())
-        duration = timedelta(seconds=max(self.now - (awaiting.deadline - self._deadline_s()), 0))
+        duration = timedelta(milliseconds=awaiting.tool_ms)
         count = len(observations)
         self._journal(
             ToolsDispatched(iteration=record.iteration, tool_count=count, duration=duration)
@@ -749,7 +781,17 @@ class TaskMachine:
         observation = awaiting.results[awaiting.calls[0].call_id]
         record.awaiting = None
         exit_code = observation.metadata.get("exit_code")
-        if _exit_code(exit_code) == check.expect_exit_code:
+        passed = _exit_code(exit_code) == check.expect_exit_code
+        self._journal(
+            VerificationRun(
+                step_id=record.step().spec.id,
+                command=check.command,
+                exit_code=_exit_code(exit_code),
+                expected=check.expect_exit_code,
+                passed=passed,
+            )
+        )
+        if passed:
             self._complete_step(awaiting.terminal_output or "", verified=True)
             return
         tail = observation.content[-1500:]
@@ -794,8 +836,10 @@ class TaskMachine:
         results = {
             call_id: ResolutionResult(call_id=call_id, content=o.content, is_error=o.is_error)
             for call_id, o in observations.items()
+            if o.metadata.get("timed_out") != "true"
         }
-        hydrated = engine.assemble(references, results)
+        timed_out = [k for k, o in observations.items() if o.metadata.get("timed_out") == "true"]
+        hydrated = engine.assemble(references, results, timed_out)
         text = engine.format_context(hydrated)
         if text:
             self.record.conversation.push(ConversationMessage.system(text))
@@ -808,6 +852,9 @@ class TaskMachine:
         step = record.step()
         step.attempts += 1
         record.awaiting = None
+        self._journal(
+            AttemptFailed(step_id=step.spec.id, attempt=step.attempts, error=error[:2000])
+        )
         decision = self.tracker.record_and_check(step.spec.id, error)
         if not decision.stop:
             self._new_attempt(step)
@@ -1053,6 +1100,23 @@ class TaskMachine:
 
 _TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
 _ESCALATION_KEY = "__escalation__:"
+
+
+def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:
+    """Apply one input in the task's trace: an ``orga.decide`` span, and every dispatch it
+    sends carries that span's ``traceparent`` (both drivers apply inputs through this)."""
+    record = machine.record
+    with phase_span(
+        "decide",
+        task_id=record.task_id,
+        step_id=record.step().spec.id if record.steps else None,
+        iteration=record.iteration,
+        agent_id=record.spec.agent_id,
+        parent=task_context(record.task_id),
+    ) as span:
+        effects = step(machine)
+        effects.traced(traceparent(span))
+    return effects
 
 
 def _exit_code(value: str | None) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -38,6 +39,8 @@ class QueueGauge:
     _started: dict[str, int] = field(default_factory=dict)
     _sampled_at: float = 0.0
     _warned_at: dict[str, float] = field(default_factory=dict)
+    observations_backlog: int = 0
+    """Observations the coordinators have not yet read, or read and not yet applied."""
 
     def depth(self, queue: str) -> int:
         """Messages waiting in ``queue`` at the last sample."""
@@ -56,12 +59,15 @@ class QueueGauge:
         for queue in QUEUES:
             pipe.llen(queue)
             pipe.get(keys.queue_started_key(queue))
-        replies = await pipe.execute()
+        pipe.xinfo_stream(keys.observations_stream)
+        pipe.xinfo_groups(keys.observations_stream)
+        replies = await pipe.execute(raise_on_error=False)
         elapsed = now - self._sampled_at if self._sampled_at else 0.0
         self._sampled_at = now
         for index, queue in enumerate(QUEUES):
             depth, started = int(replies[2 * index]), int(replies[2 * index + 1] or 0)
             self._update(queue, depth, started, elapsed, now)
+        self.observations_backlog = _backlog(*replies[2 * len(QUEUES) :])
 
     def _update(self, queue: str, depth: int, started: int, elapsed: float, now: float) -> None:
         previous = self._started.get(queue)
@@ -79,3 +85,25 @@ class QueueGauge:
                 "queue.no_consumer",
                 extra={"queue": queue, "depth": depth, "fix": f"orga worker --role {role}"},
             )
+
+
+def _backlog(stream: Any, groups: Any) -> int:
+    """Entries of the coordinators' group still to apply: pending ones, plus the unread ones
+    (``lag`` on Redis 7; on 6.2, at least one when the group has not reached the stream's end).
+    A stream or group that does not exist yet holds nothing."""
+    if isinstance(stream, Exception) or isinstance(groups, Exception):
+        return 0
+    for group in groups:
+        if _text(group.get("name")) != keys.coordinator_group:
+            continue
+        pending = int(group.get("pending") or 0)
+        lag = group.get("lag")
+        if lag is not None:
+            return pending + int(lag)
+        unread = _text(group.get("last-delivered-id")) != _text(stream.get("last-generated-id"))
+        return pending + int(unread)
+    return 0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

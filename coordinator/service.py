@@ -36,7 +36,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
-from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.state import ReviewDecision, TaskRecord
@@ -44,9 +44,6 @@ from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
 from shared.errors import WireFormatError
 from shared.protocol import (
-    ReasonedMessage,
-    ToolObservedMessage,
-    WorkerFailedMessage,
     decode_entry,
 )
 from shared.task_spec import TaskSpecError, parse_task_text
@@ -235,7 +232,7 @@ class Coordinator:
             await self._poison(keys.observations_stream, entry_id, fields, str(exc))
             return
         task_id = message.fence.task_id
-        applied = await self._apply(task_id, lambda m: _route(m, message), ack=ack)
+        applied = await self._apply(task_id, lambda m: m.on_answer(message), ack=ack)
         if not applied:
             await self.redis.xack(keys.observations_stream, keys.coordinator_group, entry_id)
 
@@ -362,6 +359,7 @@ class Coordinator:
             queue=queue,
             queue_depth=self._queues.depth(queue),
             drain_per_s=self._queues.drain_per_s(queue),
+            observations_backlog=self._queues.observations_backlog,
         )
 
     async def _hold(self, task_id: str) -> bool:
@@ -432,7 +430,7 @@ class Coordinator:
                     return False
             machine = TaskMachine(record, time.time(), self.settings.machine)
             try:
-                effects = step(machine)
+                effects = decide(machine, step)
             except Exception:
                 if await self._stale(record, confirmed):
                     continue  # refused on a stale copy: judge again on the stored record
@@ -472,16 +470,6 @@ def _decision(value: str) -> ReviewDecision:
 
 def _start(machine: TaskMachine) -> Effects:
     return machine.start()
-
-
-def _route(
-    machine: TaskMachine, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
-) -> Effects:
-    if isinstance(message, ReasonedMessage):
-        return machine.on_reasoned(message)
-    if isinstance(message, ToolObservedMessage):
-        return machine.on_tool_observed(message)
-    return machine.on_worker_failed(message)
 
 
 def _text(value: Any) -> str:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared import keys
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import Conversation
 from shared.inference import Usage
@@ -94,6 +95,8 @@ class Awaiting(BaseModel):
     purpose: str = "act"
     results: dict[str, Observation] = Field(default_factory=dict)
     terminal_output: str | None = None
+    tool_ms: float = 0.0
+    """How long the longest of the calls observed so far ran on its worker."""
     chained: bool = False
     """A reasoning dispatch whose worker sends the approved calls on itself; their results
     may arrive first and wait in ``results``."""
@@ -101,6 +104,25 @@ class Awaiting(BaseModel):
     def missing_calls(self) -> list[ToolCallAction]:
         """The calls whose observation has not arrived yet."""
         return [c for c in self.calls if c.call_id not in self.results]
+
+    @property
+    def reasoning(self) -> bool:
+        """A model call (reasoning or planning), rather than tool calls."""
+        return self.kind in (AwaitKind.REASON, AwaitKind.PLAN)
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue this dispatch went to."""
+        return keys.reasoning_queue if self.reasoning else keys.tools_queue
+
+    def liveness_ids(self) -> list[str]:
+        """The ``orga:heartbeats`` members of this dispatch: the model call's, or each
+        dispatched tool call's still unanswered."""
+        if self.reasoning:
+            return [self.fence.liveness_id()]
+        return [
+            self.fence.for_call(c).liveness_id() for c in self.dispatched if c not in self.results
+        ]
 
 
 ReviewDecision = Literal["retry", "skip", "abort"]

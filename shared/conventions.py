@@ -8,6 +8,7 @@ the directory and each of its parents (:func:`directory_levels`), then for
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import re
@@ -19,8 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "NO_CONVENTIONS_FOUND",
+    "ConventionSeed",
+    "FactSeed",
     "InMemoryKnowledgeStore",
     "KnowledgeItem",
+    "KnowledgeSpec",
     "KnowledgeStore",
     "KnowledgeType",
     "convention_queries",
@@ -210,3 +214,66 @@ def format_conventions(items: Iterable[KnowledgeItem]) -> str:
         for item in items
     ]
     return "\n".join(lines) if lines else NO_CONVENTIONS_FOUND
+
+
+# -- what a task says about knowledge ---------------------------------------------------------
+
+
+class _Seed(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ConventionSeed(_Seed):
+    """A coding convention for one language, scoped to a directory (``""``: the project)."""
+
+    language: str = Field(min_length=1, max_length=64)
+    directory: str = Field(default="", max_length=1024)
+    content: str = Field(min_length=1, max_length=4000)
+
+    def item(self) -> KnowledgeItem:
+        """The item ``recall_knowledge(scope="conventions")`` finds walking up to it."""
+        scope = f"{self.language} conventions {self.directory}".rstrip()
+        return _seeded(f"{scope}: {self.content}", KnowledgeType.PATTERN, 0.9,
+                       [self.language, "conventions", self.directory])  # fmt: skip
+
+
+class FactSeed(_Seed):
+    """A fact, as ``store_knowledge`` stores one: subject, predicate, object."""
+
+    subject: str = Field(min_length=1, max_length=512)
+    predicate: str = Field(min_length=1, max_length=512)
+    object: str = Field(min_length=1, max_length=2000)
+    confidence: float = Field(default=0.8, ge=0.0, le=1.0)
+
+    def item(self) -> KnowledgeItem:
+        """The fact as a knowledge item."""
+        content = f"{self.subject} {self.predicate} {self.object}"
+        return _seeded(content, KnowledgeType.FACT, self.confidence, [])
+
+
+class KnowledgeSpec(_Seed):
+    """A task's ``knowledge`` block: it turns the knowledge bridge on for the task (context
+    injection, ``recall_knowledge``, ``store_knowledge``, learnings persisted at the end when
+    ``auto_persist``) and seeds the agent's store, so that a run is reproducible::
+
+        knowledge:
+          conventions: [{language: python, directory: src/api, content: "return early"}]
+          facts: [{subject: calc.py, predicate: uses, object: "type hints"}]
+    """
+
+    conventions: list[ConventionSeed] = Field(default_factory=list, max_length=200)
+    facts: list[FactSeed] = Field(default_factory=list, max_length=500)
+    max_context_items: int = Field(default=5, ge=0, le=50)
+    relevance_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
+    auto_persist: bool = True
+
+    def seed_items(self) -> list[KnowledgeItem]:
+        """Every seeded item, each with an id made of its content (seeding twice is seeding
+        once)."""
+        return [c.item() for c in self.conventions] + [f.item() for f in self.facts]
+
+
+def _seeded(content: str, kind: KnowledgeType, confidence: float, tags: list[str]) -> KnowledgeItem:
+    digest = hashlib.blake2b(f"{kind.value}\0{content}".encode(), digest_size=8).hexdigest()
+    return KnowledgeItem(content=content, knowledge_type=kind, confidence=confidence,
+                         item_id=f"seed-{digest}", tags=[t for t in tags if t])  # fmt: skip

@@ -20,6 +20,8 @@ from shared.stagnation.verdict import (
 )
 
 __all__ = [
+    "AttemptFailed",
+    "DispatchFailed",
     "Escalated",
     "JournalEntry",
     "LoopEvent",
@@ -35,6 +37,7 @@ __all__ = [
     "StepLimitReached",
     "Terminated",
     "ToolsDispatched",
+    "VerificationRun",
 ]
 
 
@@ -190,6 +193,38 @@ class StagnationDetected(_Event):
         )
 
 
+class AttemptFailed(_Event):
+    """An attempt of a step failed (a failed check, a limit, a provider error, a dead-lettered
+    dispatch): what the progress tracker was told."""
+
+    type: Literal["AttemptFailed"] = "AttemptFailed"
+    step_id: str
+    attempt: int
+    error: str
+
+
+class DispatchFailed(_Event):
+    """A worker could not run a dispatch (a provider error, a crash): re-sent or given up."""
+
+    type: Literal["DispatchFailed"] = "DispatchFailed"
+    fence: str
+    error: str
+    retried: bool
+    error_kind: str = "internal"
+    """The worker's ``error_kind``: ``config`` fails the task at once."""
+
+
+class VerificationRun(_Event):
+    """A step's ``done_when`` check ran: its command, exit code, and whether it passed."""
+
+    type: Literal["VerificationRun"] = "VerificationRun"
+    step_id: str
+    command: str
+    exit_code: int | None
+    expected: int
+    passed: bool
+
+
 LoopEvent = Annotated[
     Started
     | ReasoningComplete
@@ -201,6 +236,9 @@ LoopEvent = Annotated[
     | StepLimitReached
     | PreHydrationComplete
     | StagnationDetected
+    | AttemptFailed
+    | DispatchFailed
+    | VerificationRun
     | ProviderWaited
     | Escalated
     | ReviewDecided,

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from shared.conventions import KnowledgeSpec
 from shared.conversation import Conversation
 from shared.durations import Duration
 from shared.inference import ToolChoice, ToolDefinition, Usage
@@ -188,7 +189,14 @@ class LoopConfig(OmitNoneModel):
 
     model_config = ConfigDict(frozen=True)
     omit_when_none = frozenset(
-        {"tool_choice", "tool_profile", "step_iteration", "pre_hydration", "stagnation"}
+        {
+            "tool_choice",
+            "tool_profile",
+            "step_iteration",
+            "pre_hydration",
+            "stagnation",
+            "knowledge",
+        }
     )
 
     max_iterations: int = Field(default=25, ge=0)
@@ -209,6 +217,8 @@ class LoopConfig(OmitNoneModel):
     step_iteration: StepIterationConfig | None = None
     pre_hydration: PreHydrationConfig | None = None
     stagnation: StagnationConfig | None = None
+    knowledge: KnowledgeSpec | None = None
+    """The task's knowledge block: the bridge is on for the task when set."""
 
 
 class LoopState(BaseModel):

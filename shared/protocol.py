@@ -109,6 +109,8 @@ class ReasonRequest(BaseModel):
     workspace_template: str | None = None
     recovery: RecoveryStrategy = Field(default_factory=Retry)
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
+    trace_parent: str | None = None
+    """The W3C ``traceparent`` of the coordinator's span that sent this dispatch."""
     chain_tools: bool = False
     """Send the approved calls (up to ``config.max_concurrent_tools``) straight to the tool
     workers, each under ``fence.acting().for_call(call_id)`` (:meth:`tool_request`), in the
@@ -130,6 +132,7 @@ class ReasonRequest(BaseModel):
             recovery=self.tool_recovery.get(call.name, self.recovery),
             policy=self.policy,
             allowed_tools=self.allowed_tools,
+            trace_parent=self.trace_parent,
         )
 
 
@@ -157,6 +160,9 @@ class ToolRequest(BaseModel):
     also: list[ToolCallAction] = Field(default_factory=list)
     """More calls of the same purpose to run concurrently in this task (pre-hydration sends
     all of a task's resolutions in one dispatch); each answers with its own observation."""
+    trace_parent: str | None = None
+    """The W3C ``traceparent`` of the span that sent this call (a coordinator's, or the
+    reasoning worker's that chained it)."""
     completes: ReasonedMessage | None = None
     """The reasoning whose only approved call this is (``chain_tools``): the tool worker
     answers with that ``reasoned`` message, its ``acted`` filled in, instead of a

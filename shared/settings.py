@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
 
-__all__ = ["OrgaSettings", "celery_config"]
+__all__ = ["OrgaSettings", "TelemetrySettings", "celery_config"]
 
 
 class OrgaSettings(BaseSettings):
@@ -82,6 +82,13 @@ class OrgaSettings(BaseSettings):
         ge=1,
         description="Connections one worker process keeps to each model endpoint",
     )
+    http_connections_per_pool: int = Field(
+        default=20,
+        ge=1,
+        description="Connections per pool: an endpoint's connections are split into pools of "
+        "this size, each request going to the least busy one (a large pool costs CPU per "
+        "request to pick a connection)",
+    )
     metrics_port: int | None = Field(default=None, description="Prometheus endpoint port")
     metrics_host: str = Field(
         default="127.0.0.1",
@@ -112,6 +119,33 @@ class OrgaSettings(BaseSettings):
         ge=60,
         description="Finished tasks (state, journal) are deleted this long after they end",
     )
+
+
+class TelemetrySettings(BaseSettings):
+    """OpenTelemetry's standard variables, read at the process edge (``OTEL_*``).
+
+    ``OTEL_TRACES_EXPORTER`` lists the exporters (``console``, ``otlp``, ``none``); without it
+    spans go to OTLP/HTTP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its traces variant) is set,
+    and nowhere otherwise. The OTLP exporter reads its own variables (headers, timeout).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OTEL_", extra="ignore")
+
+    traces_exporter: str | None = None
+    exporter_otlp_endpoint: str | None = None
+    exporter_otlp_traces_endpoint: str | None = None
+    service_name: str | None = None
+    sdk_disabled: bool = False
+
+    def exporters(self) -> list[str]:
+        """The exporters to build, in order (empty: tracing stays a no-op)."""
+        if self.sdk_disabled:
+            return []
+        if self.traces_exporter is not None:
+            names = [n.strip().lower() for n in self.traces_exporter.split(",") if n.strip()]
+            return [n for n in names if n != "none"]
+        endpoint = self.exporter_otlp_traces_endpoint or self.exporter_otlp_endpoint
+        return ["otlp"] if endpoint else []
 
 
 def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shared.context_manager import ContextStrategy, SlidingWindow
+from shared.conventions import KnowledgeSpec
 from shared.durations import Duration
 from shared.errors import OrgaError
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
@@ -152,6 +153,7 @@ class TaskSpec(_Strict):
     policy: PolicySpec = Field(default_factory=PolicySpec)
     step_iteration: StepIterationConfig = Field(default_factory=StepIterationConfig)
     pre_hydration: PreHydrationConfig | None = None
+    knowledge: KnowledgeSpec | None = None
     stagnation: StagnationConfig = Field(default_factory=StagnationConfig)
     context: ContextStrategy = Field(default_factory=SlidingWindow)
     recovery: RecoveryStrategy = Field(default_factory=Retry)
@@ -190,6 +192,7 @@ class TaskSpec(_Strict):
             tool_profile=self.tool_profile,
             step_iteration=self.step_iteration,
             pre_hydration=self.pre_hydration,
+            knowledge=self.knowledge,
         )
 
 

@@ -1,37 +1,51 @@
 """What a worker does with one dispatch, as plain async functions (no Celery here).
 
-``run_reasoning`` runs the Reason and Gate phases of one iteration with the same phase classes as
-the in-process runner; ``run_tool_call`` runs one tool call through the same executor. The
-Celery tasks in :mod:`workers.tasks` only decode the payload, call these, and publish the result.
+``run_reasoning`` runs the Reason and Gate phases of one iteration; ``run_tool_call`` runs one
+tool call through the executor; :func:`run_dispatch` runs either and says what to send on: the
+observations for the coordinator and the tool calls a reasoning chains. Both drivers of the
+loop use :func:`run_dispatch`: the Celery tasks in :mod:`workers.tasks` (which only decode the
+payload, heartbeat and publish) and the in-process driver (:mod:`coordinator.inprocess`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+from opentelemetry import trace
+
 from shared.actions import Observation, ToolCallAction
+from shared.conventions import KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation
+from shared.durations import format_duration
 from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
 from shared.protocol import (
     ErrorKind,
+    Fence,
     ReasonedMessage,
     ReasonRequest,
     ToolObservedMessage,
     ToolRequest,
+    WorkerFailedMessage,
 )
+from shared.tracing import Phase, context_of, phase_span, traceparent
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
 from workers.phases import LoopTermination, Reasoning
 from workers.providers.base import (
     InferenceError,
@@ -43,14 +57,20 @@ from workers.providers.base import (
 from workers.providers.rate_limit import recording_waits
 from workers.tools.base import ToolContext
 
+log = logging.getLogger("orga.worker.handlers")
+
 __all__ = [
     "AlreadyFitted",
+    "Answer",
+    "DispatchOutcome",
     "WorkerServices",
     "failure_kind",
+    "live_fences",
     "onward",
     "prepare_tools",
     "prepare_workspace",
     "resolution_arguments",
+    "run_dispatch",
     "run_reasoning",
     "run_tool_call",
     "run_tool_calls",
@@ -98,12 +118,23 @@ class WorkerServices(Protocol):
         """The gate a policy spec describes (built once per spec)."""
         ...
 
+    def knowledge(self) -> KnowledgeStore:
+        """The agents' knowledge store (the one ``recall_knowledge`` searches)."""
+        ...
+
+    async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
+        """Add a task's seeded knowledge to the agent's store (once per process and seed)."""
+        ...
+
 
 def prepare_tools(
     definitions: Sequence[ToolDefinition], config: LoopConfig, allowed: Sequence[str] | None
 ) -> LoopConfig:
-    """Tool definitions for the model: the allow-list, then the task's tool profile."""
+    """Tool definitions for the model: the knowledge tools only in tasks with a knowledge
+    block, then the allow-list, then the task's tool profile."""
     tools = list(config.tool_definitions) or list(definitions)
+    if config.knowledge is None:
+        tools = [t for t in tools if not is_knowledge_tool(t.name)]
     if allowed is not None:
         tools = [t for t in tools if t.name in set(allowed)]
     if config.tool_profile is not None:
@@ -190,6 +221,9 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     """Reason and Gate for one iteration (and Act when ``act_inline``)."""
     started = time.monotonic()
     state = _loop_state(request)
+    knowledge = request.config.knowledge
+    if knowledge is not None and request.purpose == "act":
+        await _inject_knowledge(request, services, state.conversation, knowledge)
     known = len(state.conversation)
     with recording_waits() as waits:
         try:
@@ -207,14 +241,19 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
                 provider_waits=waits,
             )
     gate = services.gate(request.policy)
-    dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
+    with phase_span("gate", task_id=request.fence.task_id, iteration=state.iteration):
+        dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
     acted = None
     chained: list[str] = []
     if request.act_inline and approved and dispatching.terminal_output is None:
-        acted = await services.execute_batch(request, approved, _tool_context(request, services))
+        with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
+            context = _tool_context(request, services)
+            acted = await services.execute_batch(request, approved, context)
     elif request.chain_tools and approved and dispatching.terminal_output is None:
         chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
+    if knowledge is not None and dispatching.terminal_output is not None:
+        await _persist_learnings(request, services, state.conversation, knowledge)
     return ReasonedMessage(
         fence=request.fence,
         new_messages=state.conversation.messages[known:],
@@ -238,6 +277,39 @@ def _raise_config_error(stop: LoopTermination) -> None:
         raise cause
 
 
+async def _inject_knowledge(
+    request: ReasonRequest,
+    services: WorkerServices,
+    conversation: Conversation,
+    spec: KnowledgeSpec,
+) -> None:
+    """Seed the agent's store, then put what it knows of the newest messages in the
+    ``[KNOWLEDGE_CONTEXT]`` message of this request (searched again every iteration, never
+    stored in the task's conversation). A failing store never stops the loop."""
+    try:
+        await services.seed_knowledge(request.agent_id, spec)
+        bridge = KnowledgeBridge(services.knowledge(), bridge_config(spec))
+        await bridge.inject_context(request.agent_id, conversation)
+    except Exception as exc:
+        log.warning("knowledge.inject_failed", extra={"task_id": request.fence.task_id,
+                                                      "error": str(exc)[:300]})  # fmt: skip
+
+
+async def _persist_learnings(
+    request: ReasonRequest,
+    services: WorkerServices,
+    conversation: Conversation,
+    spec: KnowledgeSpec,
+) -> None:
+    """A final answer: store a summary of the assistant's answers (``auto_persist``)."""
+    try:
+        bridge = KnowledgeBridge(services.knowledge(), bridge_config(spec))
+        await bridge.persist_learnings(request.agent_id, conversation)
+    except Exception as exc:
+        log.warning("knowledge.persist_failed", extra={"task_id": request.fence.task_id,
+                                                       "error": str(exc)[:300]})  # fmt: skip
+
+
 def onward(
     request: ReasonRequest, message: ReasonedMessage
 ) -> tuple[ReasonedMessage | None, list[ToolRequest]]:
@@ -253,6 +325,74 @@ def onward(
     if len(requests) == 1 and len(message.approved_calls) == 1:
         return None, [requests[0].model_copy(update={"completes": message})]
     return message, requests
+
+
+Answer = ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+"""What a dispatch answers the coordinator with."""
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchOutcome:
+    """What one dispatch sends on, together: observations for the coordinator, and the tool
+    calls a reasoning chains straight to the tool workers; ``failure`` when it failed."""
+
+    answers: list[Answer]
+    chained: list[ToolRequest] = field(default_factory=list)
+    failure: WorkerFailedMessage | None = None
+
+
+def live_fences(request: ReasonRequest | ToolRequest) -> list[Fence]:
+    """The dispatches this request runs for: its own, and the reasoning a lone chained call
+    answers for (``completes``)."""
+    completes = request.completes if isinstance(request, ToolRequest) else None
+    return [request.fence] if completes is None else [request.fence, completes.fence]
+
+
+async def run_dispatch(
+    request: ReasonRequest | ToolRequest,
+    services: WorkerServices,
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> DispatchOutcome:
+    """Run one dispatch. An exception (but those in ``passthrough``, which the caller retries
+    itself) becomes a ``worker_failed`` answer for the dispatch it answers for, with its
+    ``error_kind`` (:func:`failure_kind`): retryable unless it is a configuration error."""
+    try:
+        with _span(request) as span:
+            if isinstance(request, ReasonRequest):
+                message = await run_reasoning(request, services)
+                observation, chained = onward(request, message)
+                parent = {"trace_parent": traceparent(span) or request.trace_parent}
+                chained = [c.model_copy(update=parent) for c in chained]
+                return DispatchOutcome([observation] if observation else [], chained)
+            observed = await run_tool_calls(request, services)
+            answers: list[Answer] = [*observed] if isinstance(observed, list) else [observed]
+            return DispatchOutcome(answers)
+    except passthrough:
+        raise
+    except Exception as exc:
+        failure = WorkerFailedMessage(
+            fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            retryable=not isinstance(exc, ConfigError),
+            error_kind=failure_kind(exc),
+        )
+        return DispatchOutcome([failure], failure=failure)
+
+
+_TOOL_PHASES: dict[str, Phase] = {"act": "act", "prehydrate": "pre_hydrate", "verify": "verify"}
+
+
+def _span(request: ReasonRequest | ToolRequest) -> AbstractContextManager[trace.Span]:
+    """The span of one dispatch, in the task's trace, a child of the span that sent it."""
+    reasoning = isinstance(request, ReasonRequest)
+    return phase_span(
+        "reason" if reasoning else _TOOL_PHASES[request.purpose],
+        task_id=request.fence.task_id,
+        step_id=request.fence.step_id,
+        iteration=request.fence.iteration,
+        agent_id=request.agent_id,
+        parent=context_of(request.trace_parent, request.fence.task_id),
+    )
 
 
 def _loop_state(request: ReasonRequest) -> LoopState:
@@ -286,7 +426,11 @@ async def run_tool_calls(
     request: ToolRequest, services: WorkerServices
 ) -> list[ToolObservedMessage] | ReasonedMessage:
     """The request's call and the ``also`` calls, concurrently, one observation each; or, for
-    a call that ``completes`` a reasoning, that reasoning with the call's outcome in ``acted``."""
+    a call that ``completes`` a reasoning, that reasoning with the call's outcome in ``acted``.
+
+    Pre-hydration resolutions share the task's ``pre_hydration.timeout``: the ones still
+    running then are cancelled and answered as timed out (``timed_out`` in the metadata), the
+    ones done are kept."""
     if request.completes is not None:
         observed = await run_tool_call(request, services)
         return request.completes.model_copy(update={"acted": [observed], "chained": []})
@@ -297,7 +441,34 @@ async def run_tool_calls(
         )
         for call in calls
     ]
-    return list(await asyncio.gather(*(run_tool_call(r, services) for r in single)))
+    settings = request.config.pre_hydration
+    if request.purpose != "prehydrate" or settings is None:
+        return list(await asyncio.gather(*(run_tool_call(r, services) for r in single)))
+    return await _within(settings.timeout.total_seconds(), single, services)
+
+
+async def _within(
+    timeout_s: float, requests: Sequence[ToolRequest], services: WorkerServices
+) -> list[ToolObservedMessage]:
+    """Run ``requests`` concurrently for at most ``timeout_s``; late ones time out."""
+    tasks = [asyncio.create_task(run_tool_call(r, services)) for r in requests]
+    _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    text = f"Resolution timed out after {format_duration(timedelta(seconds=timeout_s))}"
+    return [
+        task.result()
+        if task not in pending
+        else ToolObservedMessage(
+            fence=request.fence,
+            observation=Observation.tool_error(request.action.name, text)
+            .with_call_id(request.action.call_id)
+            .with_metadata(timed_out="true"),
+            duration_ms=timeout_s * 1000,
+        )
+        for task, request in zip(tasks, requests, strict=True)
+    ]
 
 
 async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolObservedMessage:
@@ -310,13 +481,14 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         action = request.action.model_copy(update={"arguments": json.dumps(arguments)})
         request = request.model_copy(update={"action": action})
     if request.gated:
-        refusal = await _refusal(request, services)
+        refusal, action = await _gated(request, services)
         if refusal is not None:
             return ToolObservedMessage(
                 fence=request.fence,
                 observation=refusal,
                 duration_ms=(time.monotonic() - started) * 1000,
             )
+        request = request.model_copy(update={"action": action})
     workspace = prepare_workspace(Path(request.workspace), request.workspace_template)
     timeout_s = request.config.tool_timeout.total_seconds()
     if request.purpose == "verify":
@@ -332,16 +504,22 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
 
 
-async def _refusal(request: ToolRequest, services: WorkerServices) -> Observation | None:
+async def _gated(
+    request: ToolRequest, services: WorkerServices
+) -> tuple[Observation | None, ToolCallAction]:
+    """The schema check and the gate for a call no reasoning worker gated: a refusal, or the
+    action to run (the gate's modified one when it modifies)."""
     action = request.action
     failure = validate_tool_arguments(action, services.tool_definitions())
     if failure is not None:
         content = schema_failure_message(failure)
-        return Observation.tool_error(action.name, content).with_call_id(action.call_id)
+        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
     decision = await services.gate(request.policy).evaluate_action(
         action, _gate_context(request, request.fence.iteration)
     )
     if decision.decision == "deny":
         content = denial_message(decision.reason)
-        return Observation.tool_error(action.name, content).with_call_id(action.call_id)
-    return None
+        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
+    if decision.decision == "modify" and isinstance(decision.action, ToolCallAction):
+        return None, decision.action.model_copy(update={"call_id": action.call_id})
+    return None, action

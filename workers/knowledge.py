@@ -38,6 +38,7 @@ from redis.asyncio import Redis
 
 from shared.conventions import (
     KnowledgeItem,
+    KnowledgeSpec,
     KnowledgeStore,
     KnowledgeType,
     format_conventions,
@@ -47,6 +48,7 @@ from shared.conversation import Conversation, MessageRole
 from shared.errors import OrgaError
 from shared.inference import ToolDefinition
 from shared.keys import knowledge_key
+from workers.tools.base import ToolContext, ToolOutput
 
 __all__ = [
     "DEFAULT_MAX_ITEMS",
@@ -58,10 +60,13 @@ __all__ = [
     "KnowledgeBridge",
     "KnowledgeConfig",
     "KnowledgeError",
+    "KnowledgeTool",
     "KnowledgeToolError",
     "RedisKnowledgeStore",
+    "bridge_config",
     "extract_search_terms",
     "is_knowledge_tool",
+    "knowledge_tools",
     "summarize_assistant_messages",
 ]
 
@@ -369,6 +374,52 @@ class KnowledgeBridge:
         except Exception as exc:
             raise KnowledgeToolError(f"Failed to store knowledge: {exc}") from exc
         return f"Stored fact: {args.subject} {args.predicate} {args.object} (id: {item_id})"
+
+
+# -- the tools, as the executor runs them ---------------------------------------------------
+
+
+class KnowledgeTool:
+    """``recall_knowledge`` or ``store_knowledge`` as a tool of a worker's registry: the
+    executor runs it like any other tool (timeouts, breakers, recovery), on the agent's store
+    (``context.agent_id``). The model sees it only in tasks with a ``knowledge`` block."""
+
+    def __init__(self, name: str, store: KnowledgeStore) -> None:
+        if name not in KNOWLEDGE_TOOL_NAMES:
+            raise KnowledgeError(
+                f"unknown knowledge tool {name!r}; use one of {sorted(KNOWLEDGE_TOOL_NAMES)}"
+            )
+        self._name = name
+        self._bridge = KnowledgeBridge(store)
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """The tool's definition, as Symbiont's bridge gives it."""
+        return _RECALL_DEFINITION if self._name == RECALL_KNOWLEDGE else _STORE_DEFINITION
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
+        """Search or add to the agent's store; a failure is an error the model reads."""
+        metadata = {"kind": "read" if self._name == RECALL_KNOWLEDGE else "other",
+                    "tool_name": self._name}  # fmt: skip
+        try:
+            content = await self._bridge.handle_tool_call(context.agent_id, self._name, arguments)
+        except KnowledgeToolError as exc:
+            return ToolOutput(content=str(exc), is_error=True, metadata=metadata)
+        return ToolOutput(content=content, metadata=metadata)
+
+
+def knowledge_tools(store: KnowledgeStore) -> list[KnowledgeTool]:
+    """``recall_knowledge`` and ``store_knowledge`` on ``store``."""
+    return [KnowledgeTool(RECALL_KNOWLEDGE, store), KnowledgeTool(STORE_KNOWLEDGE, store)]
+
+
+def bridge_config(spec: KnowledgeSpec) -> KnowledgeConfig:
+    """The bridge's settings from a task's ``knowledge`` block."""
+    return KnowledgeConfig(
+        max_context_items=spec.max_context_items,
+        relevance_threshold=spec.relevance_threshold,
+        auto_persist=spec.auto_persist,
+    )
 
 
 # -- the Redis store ------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from shared.stagnation import (
     StagnationVerdict,
     ToolEvent,
 )
+from shared.tracing import phase_span
 from workers.circuit_breaker import CircuitBreakerRegistry, InMemoryBreakerStore
 from workers.executor import ToolExecutor
 from workers.gates.base import GateContext, ReasoningPolicyGate
@@ -83,7 +84,6 @@ from workers.result_cache import InMemoryResultCache
 from workers.tools.base import ToolContext
 from workers.tools.command import RunCommandTool
 from workers.tools.registry import ToolRegistry, default_registry
-from workers.tracing import phase_span
 
 log = logging.getLogger("orga.runner")
 

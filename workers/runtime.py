@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.actions import ToolCallAction
 from shared.celery_wire import tool_message
+from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
 from shared.errors import ConfigError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
@@ -42,22 +43,35 @@ from shared.protocol import (
 )
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
-from workers.circuit_breaker import CircuitBreakerRegistry, RedisBreakerStore
+from workers.circuit_breaker import (
+    CircuitBreakerRegistry,
+    InMemoryBreakerStore,
+    RedisBreakerStore,
+)
 from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
+from workers.http_pool import pooled_client
+from workers.knowledge import RedisKnowledgeStore, knowledge_tools
 from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
-from workers.providers.rate_limit import RedisThrottle, key_digest
+from workers.providers.rate_limit import NoThrottle, ProviderThrottle, RedisThrottle, key_digest
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
-from workers.result_cache import RedisResultCache
+from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext
 from workers.tools.registry import ToolRegistry, default_registry
 
-__all__ = ["LEDGERS_KEPT", "ProcessServices", "RedisDeadLetterSink"]
+__all__ = [
+    "LEDGERS_KEPT",
+    "ProcessServices",
+    "RedisDeadLetterSink",
+    "WorkerCore",
+    "local_core",
+    "with_knowledge",
+]
 
 LEDGERS_KEPT = 1024
 SCRIPTS_KEPT = 64
@@ -82,64 +96,38 @@ class RedisDeadLetterSink:
         )
 
 
-class ProcessServices:
-    """Implements :class:`workers.handlers.WorkerServices` for a worker process."""
+class WorkerCore:
+    """Implements :class:`workers.handlers.WorkerServices`: models, tools, gates, the executor.
+
+    No Redis and no thread of its own: :class:`ProcessServices` adds those for a worker
+    process, and the in-process driver (:mod:`coordinator.inprocess`) uses a core with
+    in-memory breakers, cache and knowledge (:func:`local_core`).
+    """
 
     def __init__(
         self,
         settings: OrgaSettings,
         provider_settings: ProviderSettings,
-        redis_url: str,
-        registry: ToolRegistry | None = None,
+        executor: ToolExecutor,
+        registry: ToolRegistry,
+        knowledge: KnowledgeStore,
     ) -> None:
         self.settings = settings
         self.provider_settings = provider_settings
-        self.loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(
-            target=self.loop.run_forever, name="orga-loop", daemon=True
-        )
-        self._loop_thread.start()
-        self.redis: Redis = Redis.from_url(
-            redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
-        )
-        self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
+        self.registry = registry
+        self.executor = executor
+        self._knowledge = knowledge
+        self._seeded: dict[tuple[str, bytes], None] = {}
         self._http: dict[tuple[str, str], httpx.AsyncClient] = {}
-        self.registry = registry if registry is not None else default_registry()
-        self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
         self._scripts: dict[bytes, Script] = {}
-        tools: dict[str, Tool] = {t.definition.name: t for t in self.registry}
-        # A success that changes nothing but the breaker's counters goes out with the
-        # observation (publish), not in a round trip of its own.
-        self.breaker_store = RedisBreakerStore(self.redis, defer_clean_successes=True)
-        self.executor = ToolExecutor(
-            tools,
-            CircuitBreakerRegistry(self.breaker_store),
-            cache=RedisResultCache(self.redis),
-            dead_letter=RedisDeadLetterSink(self.redis),
-        )
 
-    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        """Run a coroutine on this process's loop and wait for it (from any thread but the
-        loop's own)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def close(self) -> None:
-        """Close the HTTP clients, the heartbeats, the Redis client, then the loop."""
-        if self.loop.is_closed():
-            return
-        self.run(self._aclose())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._loop_thread.join(timeout=10)
-        self.loop.close()
-
-    async def _aclose(self) -> None:
-        await self.liveness.close()
+    async def aclose(self) -> None:
+        """Close the HTTP clients."""
         for client in self._http.values():
             await client.aclose()
         self._http.clear()
-        await self.redis.aclose()
 
     def http_client(self, kind: str, base_url: str) -> httpx.AsyncClient:
         """The process's pooled client for one provider and base URL (built on first use, on
@@ -147,9 +135,8 @@ class ProcessServices:
         key = (kind, base_url.rstrip("/"))
         client = self._http.get(key)
         if client is None:
-            limit = self.settings.http_max_connections
-            client = self._http[key] = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+            client = self._http[key] = pooled_client(
+                self.settings.http_max_connections, self.settings.http_connections_per_pool
             )
         return client
 
@@ -177,11 +164,16 @@ class ProcessServices:
             provider.seek(request.model_calls)
         return provider
 
-    def _throttle(self, settings: ProviderSettings, base_url: str) -> RedisThrottle:
-        """The rate limit every worker shares for this provider and key (a hash names it)."""
+    def _throttle(self, settings: ProviderSettings, base_url: str) -> ProviderThrottle:
         key = settings.resolved_api_key()
         digest = key_digest(base_url, key.get_secret_value() if key is not None else "")
-        return RedisThrottle(self.redis, keys.provider_limit_key(settings.provider.value, digest))
+        return self.throttle(settings.provider.value, digest)
+
+    def throttle(self, provider: str, digest: str) -> ProviderThrottle:
+        """The rate limit shared by every caller of one provider and key (``digest``, a hash
+        of the base URL and key): none in a core of its own; a worker process shares one
+        through Redis (:class:`ProcessServices`)."""
+        return NoThrottle()
 
     def _script(self, replies: list[Any]) -> Script:
         """The task's scripted replies, validated once per process: every reasoning request
@@ -297,6 +289,26 @@ class ProcessServices:
         """Whether web_fetch may reach loopback and private addresses."""
         return self.settings.allow_private_network
 
+    def knowledge(self) -> KnowledgeStore:
+        """The agents' knowledge store."""
+        return self._knowledge
+
+    async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
+        """Add a task's seeded items to the agent's store, once per process and seed (the
+        items' ids come from their content, so another process seeding again changes
+        nothing)."""
+        items = spec.seed_items()
+        digest = hashlib.blake2b(
+            "\0".join(i.item_id or "" for i in items).encode(), digest_size=16
+        ).digest()
+        if not items or (agent_id, digest) in self._seeded:
+            return
+        for item in items:
+            await self._knowledge.add_knowledge(agent_id, item)
+        self._seeded[(agent_id, digest)] = None
+        while len(self._seeded) > SCRIPTS_KEPT:
+            self._seeded.pop(next(iter(self._seeded)))
+
     def gate(self, policy: PolicySpec) -> ReasoningPolicyGate:
         """The gate of a policy spec, built once per distinct spec in this process."""
         key = policy.model_dump_json()
@@ -304,6 +316,66 @@ class ProcessServices:
         if gate is None:
             gate = self._gates[key] = build_gate(policy)
         return gate
+
+
+class ProcessServices(WorkerCore):
+    """A worker process's services: a :class:`WorkerCore` on Redis-backed breakers, cache and
+    knowledge, with the process's event loop thread, heartbeats and publishing."""
+
+    def __init__(
+        self,
+        settings: OrgaSettings,
+        provider_settings: ProviderSettings,
+        redis_url: str,
+        registry: ToolRegistry | None = None,
+    ) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self.loop.run_forever, name="orga-loop", daemon=True
+        )
+        self._loop_thread.start()
+        self.redis: Redis = Redis.from_url(
+            redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
+        )
+        self.liveness = Liveness(self.redis, settings.heartbeat_interval_s)
+        knowledge = RedisKnowledgeStore(self.redis)
+        registry = with_knowledge(registry or default_registry(), knowledge)
+        self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
+        tools: dict[str, Tool] = {t.definition.name: t for t in registry}
+        # A success that changes nothing but the breaker's counters goes out with the
+        # observation (publish), not in a round trip of its own.
+        self.breaker_store = RedisBreakerStore(self.redis, defer_clean_successes=True)
+        executor = ToolExecutor(
+            tools,
+            CircuitBreakerRegistry(self.breaker_store),
+            cache=RedisResultCache(self.redis),
+            dead_letter=RedisDeadLetterSink(self.redis),
+        )
+        super().__init__(settings, provider_settings, executor, registry, knowledge)
+
+    def throttle(self, provider: str, digest: str) -> ProviderThrottle:
+        """Every worker of the deployment holds off together: one Redis key per provider and
+        key (:mod:`workers.providers.rate_limit`)."""
+        return RedisThrottle(self.redis, keys.provider_limit_key(provider, digest))
+
+    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine on this process's loop and wait for it (from any thread but the
+        loop's own)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        """Close the HTTP clients, the heartbeats, the Redis client, then the loop."""
+        if self.loop.is_closed():
+            return
+        self.run(self._aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=10)
+        self.loop.close()
+
+    async def _aclose(self) -> None:
+        await self.liveness.close()
+        await self.aclose()
+        await self.redis.aclose()
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -346,3 +418,36 @@ class ProcessServices:
             maxlen=100_000,
             approximate=True,
         )
+
+
+def local_core(
+    settings: OrgaSettings | None = None,
+    provider_settings: ProviderSettings | None = None,
+    registry: ToolRegistry | None = None,
+    knowledge: KnowledgeStore | None = None,
+) -> WorkerCore:
+    """A :class:`WorkerCore` for one process: in-memory breakers, result cache and (unless
+    given) knowledge store."""
+    store = knowledge if knowledge is not None else InMemoryKnowledgeStore()
+    registry = with_knowledge(registry or default_registry(), store)
+    executor = ToolExecutor(
+        {t.definition.name: t for t in registry},
+        CircuitBreakerRegistry(InMemoryBreakerStore()),
+        cache=InMemoryResultCache(),
+    )
+    return WorkerCore(
+        settings or OrgaSettings(),
+        provider_settings or ProviderSettings(),
+        executor,
+        registry,
+        store,
+    )
+
+
+def with_knowledge(registry: ToolRegistry, store: KnowledgeStore) -> ToolRegistry:
+    """``registry`` with ``recall_knowledge`` and ``store_knowledge`` on ``store`` (the model
+    sees them only in tasks with a ``knowledge`` block)."""
+    for tool in knowledge_tools(store):
+        if tool.definition.name not in registry:
+            registry.register(tool)
+    return registry

@@ -9,27 +9,25 @@ the coordinator decides to re-dispatch or dead-letter it.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
-from shared.errors import ConfigError
 from shared.protocol import (
-    Fence,
-    ReasonedMessage,
     ReasonRequest,
     ToolRequest,
     WorkerFailedMessage,
 )
-from shared.settings import OrgaSettings
+from shared.settings import OrgaSettings, TelemetrySettings
 from workers.celery import app
-from workers.handlers import failure_kind, onward, run_reasoning, run_tool_calls
+from workers.handlers import live_fences, run_dispatch
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
+from workers.telemetry import configure_tracing, flush_tracing
 from workers.tools.base import Tool
 from workers.tools.registry import ToolRegistry, default_registry
 
@@ -55,6 +53,7 @@ def services() -> ProcessServices:
             if _services is None:
                 settings: OrgaSettings = app.conf.orga_settings
                 assert settings.redis_url is not None
+                configure_tracing(TelemetrySettings(), "orga-worker", out=sys.__stdout__)
                 _services = ProcessServices(
                     settings, ProviderSettings(), settings.redis_url, registry=_registry()
                 )
@@ -82,15 +81,10 @@ def close_services() -> None:
     if _services is not None:
         _services.close()
         _services = None
+    flush_tracing()
 
 
-def _handle(
-    name: str,
-    payload: str,
-    model: type[_Request],
-    body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel | list[Any]]],
-    queue: str,
-) -> None:
+def _handle(name: str, payload: str, model: type[_Request], queue: str) -> None:
     runtime = services()
     try:
         request = model.model_validate_json(payload)
@@ -98,57 +92,42 @@ def _handle(
         log.error("task.undecodable", extra={"task": name, "error": str(exc)[:500]})
         runtime.run(runtime.dead_letter_payload(name, payload, str(exc)))
         raise DispatchFailedError(f"undecodable {name} payload: {str(exc)[:500]}") from exc
-    failure = runtime.run(_answer(name, request, body, runtime, queue))
+    failure = runtime.run(_answer(name, request, runtime, queue))
     if failure is not None:
         raise DispatchFailedError(failure.error)
-
-
-def _live_fences(request: ReasonRequest | ToolRequest) -> list[Fence]:
-    """The dispatches this request runs for: its own, and the reasoning a lone chained call
-    answers for (``completes``)."""
-    completes = request.completes if isinstance(request, ToolRequest) else None
-    return [request.fence] if completes is None else [request.fence, completes.fence]
 
 
 async def _answer(
     name: str,
     request: _Request,
-    body: Callable[[_Request, ProcessServices], Coroutine[Any, Any, BaseModel | list[Any]]],
     runtime: ProcessServices,
     queue: str,
 ) -> WorkerFailedMessage | None:
-    """Say the dispatch started, run the library call (heartbeating it), and publish what it
-    answered with the dispatch marked answered; a failure is published as ``worker_failed``
-    at once, and returned."""
-    fences = _live_fences(request)
+    """Say the dispatch started, run it (heartbeating it), and publish what it answered with
+    the dispatch marked answered, in one transaction; a failure is published as
+    ``worker_failed`` at once, and returned."""
+    fences = live_fences(request)
     await runtime.liveness.started(fences, queue)
-    failure: WorkerFailedMessage | None = None
     try:
-        message: Any = await body(request, runtime)
-    except RedisConnectionError:
+        outcome = await run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
+    finally:
         runtime.liveness.finished(fences)
-        raise
-    except Exception as exc:
-        kind = failure_kind(exc)
-        log.exception(
+    if outcome.failure is not None:
+        log.error(
             "task.failed",
-            extra={"task": name, "fence": request.fence.token(), "error_kind": kind},
+            extra={
+                "task": name,
+                "fence": request.fence.token(),
+                "error_kind": outcome.failure.error_kind,
+                "error": outcome.failure.error,
+            },
         )
-        message = failure = WorkerFailedMessage(
-            # A call that carries its reasoning answers for the reasoning dispatch.
-            fence=fences[-1],
-            error=f"{type(exc).__name__}: {exc}"[:2000],
-            retryable=not isinstance(exc, ConfigError),
-            error_kind=kind,
-        )
-    runtime.liveness.finished(fences)
-    for each in message if isinstance(message, list) else [message]:
-        if isinstance(request, ReasonRequest) and isinstance(each, ReasonedMessage):
-            observation, calls = onward(request, each)
-            await runtime.publish(observation, calls, answered=fences)
-        else:
-            await runtime.publish(each, answered=fences)
-    return failure
+    if not outcome.answers:
+        await runtime.publish(None, outcome.chained, answered=fences)
+    for index, each in enumerate(outcome.answers):
+        chained = outcome.chained if index == 0 else ()
+        await runtime.publish(each, chained, answered=fences)
+    return outcome.failure
 
 
 @app.task(  # type: ignore[untyped-decorator]
@@ -159,7 +138,7 @@ async def _answer(
 )
 def reason(payload: str) -> None:
     """Reason and Gate for one iteration; publishes a ``reasoned`` observation."""
-    _handle(keys.reason_task_name, payload, ReasonRequest, run_reasoning, keys.reasoning_queue)
+    _handle(keys.reason_task_name, payload, ReasonRequest, keys.reasoning_queue)
 
 
 @app.task(  # type: ignore[untyped-decorator]
@@ -170,4 +149,4 @@ def reason(payload: str) -> None:
 )
 def tool_call(payload: str) -> None:
     """One tool call; publishes a ``tool_observed`` observation."""
-    _handle(keys.tool_task_name, payload, ToolRequest, run_tool_calls, keys.tools_queue)
+    _handle(keys.tool_task_name, payload, ToolRequest, keys.tools_queue)

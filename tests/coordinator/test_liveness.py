@@ -10,6 +10,7 @@ import pytest
 from coordinator.liveness import Liveness, LivenessSettings, Verdict
 from coordinator.queues import QueueGauge
 from shared import keys
+from tests.redis_server import RedisClientFactory
 
 SETTINGS = LivenessSettings(heartbeat_timeout_s=30.0, start_to_close_s=900.0)
 NOW = 10_000.0
@@ -51,6 +52,20 @@ def test_an_answered_dispatch_waits_for_its_observation() -> None:
     """Answered (negative score) recently: the observation is in the stream; wait."""
     assert _judge(_liveness(-(NOW - 2))).verdict is Verdict.ANSWERED
     assert _judge(_liveness(-(NOW - 61))).verdict is Verdict.LOST
+
+
+def test_an_answered_dispatch_is_never_resent_while_observations_wait() -> None:
+    """Answered long ago but the coordinators are behind: wait, do not pay for the call twice."""
+    behind = Liveness(
+        scores={"d": -(NOW - 300)},
+        queue="orga.reasoning",
+        queue_depth=0,
+        drain_per_s=0.0,
+        observations_backlog=1500,
+    )
+    judgement = _judge(behind)
+    assert judgement.verdict is Verdict.ANSWERED
+    assert judgement.look_again_at == NOW + 30
 
 
 def test_a_queued_dispatch_waits_as_long_as_its_queue_takes_to_drain() -> None:
@@ -100,3 +115,33 @@ def test_the_queue_gauge_measures_depth_and_drain_rate() -> None:
     assert gauge.depth(keys.reasoning_queue) == 7
     assert gauge.drain_per_s(keys.reasoning_queue) == pytest.approx(25.0)
     assert gauge.drain_per_s(keys.tools_queue) == 0.0
+
+
+def test_the_queue_gauge_counts_the_observations_backlog(redis_client: RedisClientFactory) -> None:
+    """Unread and unacknowledged observations are the backlog; none once all are applied."""
+
+    async def run() -> list[int]:
+        seen = []
+        async with redis_client() as redis:
+            stream, group = keys.observations_stream, keys.coordinator_group
+            gauge = QueueGauge()
+            await gauge.sample(redis, now=1.0)
+            seen.append(gauge.observations_backlog)
+            await redis.xgroup_create(stream, group, id="0", mkstream=True)
+            for n in range(3):
+                await redis.xadd(stream, {"n": n})
+            await gauge.sample(redis, now=3.0)
+            seen.append(gauge.observations_backlog)
+            read = await redis.xreadgroup(group, "c1", {stream: ">"}, count=3)
+            await gauge.sample(redis, now=5.0)
+            seen.append(gauge.observations_backlog)
+            await redis.xack(stream, group, *[entry for entry, _ in read[0][1]])
+            await gauge.sample(redis, now=7.0)
+            seen.append(gauge.observations_backlog)
+        return seen
+
+    none_yet, unread, pending, applied = asyncio.run(run())
+    assert none_yet == 0
+    assert unread >= 1
+    assert pending == 3
+    assert applied == 0

@@ -191,6 +191,11 @@ def test_failed_verification_is_fed_back_and_retried() -> None:
     assert record.steps[0].attempts == 1
     assert "[Verification failed]" in record.conversation.messages[-2].content
     assert len(effects.reason_dispatches) == 1
+    events = [e.event for e in effects.journal]
+    assert [e.type for e in events] == ["VerificationRun", "AttemptFailed"]
+    run, failed = events
+    assert (run.command, run.exit_code, run.expected, run.passed) == ("false", 1, 0, False)  # type: ignore[union-attr]
+    assert failed.attempt == 1 and "exited with 1" in failed.error  # type: ignore[union-attr]
 
 
 def test_repeated_identical_failures_skip_the_step() -> None:
@@ -284,6 +289,9 @@ def test_worker_failure_is_redispatched() -> None:
     failed = WorkerFailedMessage(fence=record.awaiting.fence, error="boom")
     effects = _apply(record, 2.0, lambda m: m.on_worker_failed(failed))
     assert [r.fence.attempt for r in effects.reason_dispatches] == [failed.fence.attempt + 1]
+    journaled = effects.journal[0].event
+    assert journaled.type == "DispatchFailed" and journaled.retried  # type: ignore[union-attr]
+    assert journaled.error == "boom"  # type: ignore[union-attr]
     assert not _apply(record, 2.1, lambda m: m.on_worker_failed(failed)).changed
 
 
@@ -292,8 +300,10 @@ def test_inference_termination_counts_as_a_failed_attempt() -> None:
     record = _record(step_iteration={"max_reattempts_per_step": 1})
     _start(record)
     message = _reasoned(record, termination={"kind": "error", "message": "Inference failed: 500"})
-    _apply(record, 2.0, lambda m: m.on_reasoned(message))
+    effects = _apply(record, 2.0, lambda m: m.on_reasoned(message))
     assert record.steps[0].status is StepStatus.SKIPPED
+    failed = next(e.event for e in effects.journal if e.event.type == "AttemptFailed")
+    assert "Inference failed: 500" in failed.error  # type: ignore[union-attr]
 
 
 def test_wandering_escalates_to_review_through_the_detector() -> None:

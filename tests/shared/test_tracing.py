@@ -10,7 +10,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.util.types import Attributes
 
-from workers.tracing import PHASES, TRACER_NAME, phase_attributes, phase_span, span_name
+from shared.tracing import PHASES, TRACER_NAME, phase_attributes, phase_span, span_name
 
 
 class _RecordingTracer(trace.Tracer):
@@ -66,8 +66,8 @@ def test_span_names(phase: str) -> None:
 
 
 def test_span_names_cover_the_orga_phases() -> None:
-    """The phases are reason, gate, act, observe and pre_hydrate."""
-    assert set(PHASES) == {"reason", "gate", "act", "observe", "pre_hydrate"}
+    """The phases: the loop's own, the verification check, and the coordinator's decision."""
+    assert set(PHASES) == {"reason", "gate", "act", "observe", "pre_hydrate", "verify", "decide"}
 
 
 def test_unknown_phase_is_refused() -> None:
@@ -116,3 +116,23 @@ def test_phase_span_opens_a_named_span_with_attributes() -> None:
             },
         )
     ]
+
+
+def test_a_task_has_one_trace_id_everywhere_and_a_traceparent_round_trips() -> None:
+    """The task's trace id is a function of its id; a dispatch's traceparent is its parent."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from shared.tracing import context_of, task_context, task_trace_id, traceparent
+
+    assert task_trace_id("t-1") == task_trace_id("t-1") != task_trace_id("t-2")
+    root = trace.get_current_span(task_context("t-1")).get_span_context()
+    assert root.trace_id == task_trace_id("t-1") and root.is_remote
+    provider = TracerProvider()
+    with phase_span("decide", tracer_provider=provider, parent=task_context("t-1")) as span:
+        parent = traceparent(span)
+    assert parent is not None and f"{task_trace_id('t-1'):032x}" in parent
+    child = trace.get_current_span(context_of(parent, "t-1")).get_span_context()
+    assert child.span_id == span.get_span_context().span_id
+    fallback = trace.get_current_span(context_of("garbage", "t-1")).get_span_context()
+    assert fallback.trace_id == task_trace_id("t-1")

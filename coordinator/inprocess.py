@@ -1,0 +1,201 @@
+"""The in-process driver: one task run to its end in this process, on the same loop core.
+
+The loop has one implementation. :class:`~coordinator.machine.TaskMachine` decides (steps,
+limits, the progress tracker, the stagnation detector, milestones, pre-hydration, reviews,
+journaling) and :func:`workers.handlers.run_dispatch` executes (Reason, Gate, Act, knowledge).
+The product steps them with the coordinator service and Celery workers over Redis; this
+driver steps them with no Redis and no Celery, the way arq's burst mode or dramatiq's
+``StubBroker`` run a queue in a test::
+
+    driver = InProcessDriver(local_core())
+    run = await driver.run({"goal": "...", "steps": [...], "provider": {...}})
+    run.record.status, run.journal
+
+Each dispatch runs as an asyncio task, so the calls of one iteration run concurrently, as they
+do across tool workers; their answers are applied one at a time, in arrival order, as the
+coordinator applies them from its stream. An escalation asks the :class:`Reviewer`, if there
+is one; without one (or when it leaves the review open) the run returns waiting for review.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
+from coordinator.state import ReviewDecision, ReviewItem, TaskRecord, TaskStatus
+from shared.errors import OrgaError
+from shared.events import JournalEntry
+from shared.journal import JournalWriter
+from shared.protocol import ReasonRequest, ToolRequest
+from shared.task_spec import TaskSpec, parse_task, parse_task_text
+from workers.handlers import Answer, WorkerServices, run_dispatch
+
+__all__ = ["InProcessDriver", "InProcessRun", "LoopStalledError", "ReviewVerdict", "Reviewer"]
+
+MAX_INPUTS = 100_000
+"""Inputs one run may apply before the driver gives up on it (a runaway guard)."""
+
+
+class LoopStalledError(OrgaError):
+    """The task waits on nothing that can answer: a bug in the loop, never a user mistake."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewVerdict:
+    """A reviewer's decision on an escalation."""
+
+    decision: ReviewDecision
+    hint: str | None = None
+    decided_by: str = "reviewer"
+
+
+class Reviewer(Protocol):
+    """Decides escalations for the in-process driver (a person at a prompt, or a test)."""
+
+    async def decide(self, review: ReviewItem) -> ReviewVerdict | None:
+        """The decision, or None to leave the review open (the run then returns)."""
+        ...
+
+
+@dataclass
+class InProcessRun:
+    """What one run produced: the final record and everything the service would have
+    written beside it."""
+
+    record: TaskRecord
+    journal: list[JournalEntry] = field(default_factory=list)
+    events: list[dict[str, str]] = field(default_factory=list)
+    reviews: list[ReviewItem] = field(default_factory=list)
+    dead_letters: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def status(self) -> TaskStatus:
+        """The task's status when the run returned."""
+        return self.record.status
+
+    def result(self) -> dict[str, Any]:
+        """What ``orga result`` prints for this task."""
+        return self.record.result()
+
+
+@dataclass
+class InProcessDriver:
+    """Runs tasks through :class:`TaskMachine` and :func:`run_dispatch` in this process."""
+
+    services: WorkerServices
+    settings: MachineSettings = field(default_factory=MachineSettings)
+    reviewer: Reviewer | None = None
+    journal_writer: JournalWriter | None = None
+    clock: Callable[[], float] = time.time
+
+    async def run(
+        self, task: TaskSpec | dict[str, Any] | str, task_id: str | None = None
+    ) -> InProcessRun:
+        """Run ``task`` until it ends, or waits for a review nobody here decides."""
+        if isinstance(task, str):
+            spec = parse_task_text(task, source="in-process task")
+        else:
+            spec = task if isinstance(task, TaskSpec) else parse_task(task, source="task")
+        now = self.clock()
+        record = TaskRecord(
+            task_id=task_id or uuid.uuid4().hex, spec=spec, created_at=now, updated_at=now
+        )
+        return await _Run(self, InProcessRun(record)).execute()
+
+
+@dataclass
+class _Run:
+    """One run's moving parts: the dispatches in flight and the answers waiting."""
+
+    driver: InProcessDriver
+    out: InProcessRun
+    inbox: asyncio.Queue[Answer] = field(default_factory=asyncio.Queue)
+    in_flight: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def execute(self) -> InProcessRun:
+        try:
+            await self._apply(lambda machine: machine.start())
+            for _ in range(MAX_INPUTS):
+                record = self.out.record
+                if record.terminal:
+                    return self.out
+                if record.status is TaskStatus.AWAITING_REVIEW:
+                    if not await self._review():
+                        return self.out
+                    continue
+                answer = await self._next_answer()
+                await self._apply(partial(TaskMachine.on_answer, message=answer))
+            raise LoopStalledError(
+                f"task {self.out.record.task_id}: more than {MAX_INPUTS} inputs; giving up"
+            )
+        finally:
+            for running in self.in_flight:
+                running.cancel()
+            await asyncio.gather(*self.in_flight, return_exceptions=True)
+
+    async def _next_answer(self) -> Answer:
+        if self.inbox.empty() and not self.in_flight:
+            awaiting = self.out.record.awaiting
+            raise LoopStalledError(
+                f"task {self.out.record.task_id} waits on "
+                f"{awaiting.fence.token() if awaiting else 'nothing'} and nothing runs"
+            )
+        return await self.inbox.get()
+
+    async def _review(self) -> bool:
+        """Ask the reviewer about the open review; False when nobody decides it here."""
+        review = self.out.record.review
+        reviewer = self.driver.reviewer
+        verdict = await reviewer.decide(review) if reviewer and review else None
+        if verdict is None or review is None:
+            return False
+        await self._apply(
+            lambda machine: machine.on_review_decision(
+                review.review_id, verdict.decision, verdict.hint, verdict.decided_by
+            )
+        )
+        return True
+
+    async def _apply(self, step: Callable[[TaskMachine], Effects]) -> None:
+        machine = TaskMachine(self.out.record, self.driver.clock(), self.driver.settings)
+        effects = decide(machine, step)
+        if not effects.changed:
+            return
+        machine.record.version += 1
+        self.out.record = machine.record
+        await self._record(effects)
+        for reason in effects.reason_dispatches:
+            self._start(reason)
+        for tool in effects.tool_dispatches:
+            self._start(tool)
+
+    async def _record(self, effects: Effects) -> None:
+        self.out.journal.extend(effects.journal)
+        self.out.events.extend(effects.events)
+        self.out.reviews.extend(effects.reviews)
+        self.out.dead_letters.extend(effects.dead_letters)
+        writer = self.driver.journal_writer
+        if writer is not None:
+            for entry in effects.journal:
+                await writer.append(entry)
+
+    def _start(self, request: ReasonRequest | ToolRequest) -> None:
+        # Through JSON, as on the wire: the worker's copy shares nothing with the record.
+        request = type(request).model_validate_json(request.model_dump_json())
+        running = asyncio.get_running_loop().create_task(self._dispatch(request))
+        self.in_flight.add(running)
+        running.add_done_callback(self.in_flight.discard)
+
+    async def _dispatch(self, request: ReasonRequest | ToolRequest) -> None:
+        """Run one dispatch as a worker would; what it chains runs as dispatches of its own."""
+        outcome = await run_dispatch(request, self.driver.services)
+        for chained in outcome.chained:
+            self._start(chained)
+        for answer in outcome.answers:
+            self.inbox.put_nowait(answer)
