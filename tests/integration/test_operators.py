@@ -1,7 +1,8 @@
 """What an operator meets, through the real `orga` entry point in a subprocess on the embedded
 runtime (a private Redis, real Celery workers): configuration errors that say what they are,
 rate limits that wait instead of burning attempts, and reviews that resume in the task's own
-workspace."""
+workspace. The shared rate limit is checked on a deployment of two worker processes and a
+coordinator (tests/integration/harness.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from coordinator.embedded_redis import EmbeddedRedis
+from shared.events import ProviderWaited
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import REPO
+from tests.integration.harness import REPO, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -230,3 +234,47 @@ def test_a_retry_from_another_workspace_root_resumes_in_the_tasks_workspace(
         (review_id, "retry", "keep going")
     ]
     assert decided_entries[0]["decided_by"]
+
+
+def test_a_429_holds_off_every_worker_calling_the_same_key(
+    private_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """Two workers, one key: task A's call gets a 429 with Retry-After: 8; task B, submitted
+    then and served by the other worker, does not call the model before the hold ends (no
+    second request within 7 s of the 429) and journals a shared wait; both complete without a
+    failed attempt."""
+    with FakeOpenAIServer(api_key="sk-right") as model:
+        model.respond_rate_limited(retry_after="8")
+        model.respond_text("done")
+        model.respond_text("done")
+        cluster = Cluster(private_redis.url, tmp_path)
+        provider_env = {
+            "ORGA_PROVIDER": "openai",
+            "ORGA_BASE_URL": model.base_url,
+            "ORGA_API_KEY": "sk-right",
+            "ORGA_PROVIDER_RETRY_DEADLINE_S": "120",
+        }
+        try:
+            cluster.worker(concurrency=1, name="wa", **provider_env)
+            cluster.worker(concurrency=1, name="wb", **provider_env)
+            cluster.coordinator()
+            client = cluster.client()
+            first = client.submit(_llm_task())
+            wait_until(lambda: len(model.requests) >= 1, timeout_s=60, what="the first call")
+            limited_at = time.monotonic()
+            second = client.submit(_llm_task())
+            wait_until(lambda: len(model.requests) >= 2, timeout_s=60, what="a second call")
+            held_s = time.monotonic() - limited_at
+            results = [client.wait(t, timeout_s=120) for t in (first, second)]
+            journals = [client.journal(t) for t in (first, second)]
+        finally:
+            cluster.stop()
+    assert held_s >= 7.0, f"a call reached the model {held_s:.1f} s after the 429"
+    assert [r["status"] for r in results] == ["completed", "completed"], cluster.logs()
+    assert [r["steps"][0]["attempts"] for r in results] == [0, 0]
+    waits = [
+        [w for e in journal if isinstance(e.event, ProviderWaited) for w in e.event.waits]
+        for journal in journals
+    ]
+    assert [(w.status, w.wait_s, w.shared) for w in waits[0]] == [(429, 8.0, False)]
+    assert [w.shared for w in waits[1]] == [True] and waits[1][0].wait_s > 1.0
