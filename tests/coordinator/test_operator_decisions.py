@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.state import StepStatus, TaskRecord, TaskStatus
 from shared.loop_types import TerminationReason
@@ -87,14 +89,20 @@ def _escalated(record: TaskRecord) -> Effects:
 ESCALATING = {"step_iteration": {"max_reattempts_per_step": 1, "on_limit_reached": "escalate"}}
 
 
-def test_the_workspace_is_fixed_at_the_start_and_kept_by_a_later_decision() -> None:
+@pytest.mark.parametrize(
+    "elsewhere",
+    [MachineSettings(workspace_root="/elsewhere"), MachineSettings()],
+    ids=["another root", "the default root"],
+)
+def test_the_workspace_is_fixed_at_the_start_and_kept_by_a_later_decision(
+    elsewhere: MachineSettings,
+) -> None:
     """The workspace is recorded when the task starts; a retry decided by a coordinator with
     another workspace root (or the default one) dispatches to the recorded folder."""
     record = _record(**ESCALATING)
     _escalated(record)
     assert record.workspace == "/ws/t1"
     assert record.review is not None
-    elsewhere = MachineSettings(workspace_root="/elsewhere")
     effects = _apply(
         record,
         3.0,
