@@ -34,7 +34,10 @@ NOOP_DEFINITION = ToolDefinition(
     description="Does nothing and answers 'ok' (benchmarks only).",
     parameters={
         "type": "object",
-        "properties": {"n": {"type": "integer", "description": "any number, echoed back"}},
+        "properties": {
+            "n": {"type": "integer", "description": "any number, echoed back"},
+            "bytes": {"type": "integer", "minimum": 0, "description": "pad the answer to this"},
+        },
         "additionalProperties": False,
     },
 )
@@ -49,9 +52,10 @@ class NoopTool:
         return NOOP_DEFINITION
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """``ok``, with the call's ``n`` as the output hash."""
+        """``ok``, with the call's ``n`` as the output hash (padded to ``bytes``, if given)."""
         n = str(arguments.get("n", 0))
-        return ToolOutput(content=f"ok {n}", metadata={"kind": "other", "output_hash": n})
+        content = f"ok {n}".ljust(int(arguments.get("bytes", 0)), ".")
+        return ToolOutput(content=content, metadata={"kind": "other", "output_hash": n})
 
 
 SLOW_TOOL_S = 0.2

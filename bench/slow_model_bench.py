@@ -120,17 +120,21 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def tree_rss(pids: Sequence[int]) -> tuple[float, int]:
-    """Resident memory of these processes and all their descendants, in MiB, and how many
-    processes that is."""
-    seen: dict[int, int] = {}
+def tree_rss(pids: Sequence[int]) -> tuple[float, float, int]:
+    """Memory of these processes and all their descendants, in MiB: the sum of their RSS
+    (a page shared by forked processes counted in each), the sum of their PSS (each shared
+    page split between the processes that share it: what the tree costs the machine), and how
+    many processes that is."""
+    seen: dict[int, tuple[int, int]] = {}
     for pid in pids:
         for process in tree(pid):
             try:
-                seen[process.pid] = process.memory_info().rss
-            except psutil.NoSuchProcess:
+                full = process.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-    return sum(seen.values()) / MB, len(seen)
+            seen[process.pid] = (full.rss, getattr(full, "pss", full.rss))
+    rss = sum(r for r, _ in seen.values()) / MB
+    return rss, sum(p for _, p in seen.values()) / MB, len(seen)
 
 
 def tree_cpu_s(pids: Sequence[int]) -> float:
@@ -271,6 +275,7 @@ class Sampler:
     peak_mb: dict[str, float] = field(default_factory=dict)
     processes: dict[str, int] = field(default_factory=dict)
     peak_sum_mb: float = 0.0
+    peak_pss_sum_mb: float = 0.0
     peak_redis_used_mb: float = 0.0
     _last: float = 0.0
 
@@ -280,13 +285,15 @@ class Sampler:
         if not force and now - self._last < SAMPLE_EVERY_S:
             return
         self._last = now
-        total = 0.0
+        total = total_pss = 0.0
         for name, pids in self.groups.items():
-            rss, count = tree_rss(pids)
+            rss, pss, count = tree_rss(pids)
             self.peak_mb[name] = max(self.peak_mb.get(name, 0.0), rss)
             self.processes[name] = max(self.processes.get(name, 0), count)
             total += rss
+            total_pss += pss
         self.peak_sum_mb = max(self.peak_sum_mb, total)
+        self.peak_pss_sum_mb = max(self.peak_pss_sum_mb, total_pss)
         if self.redis_client is not None:
             used = int(self.redis_client.info("memory")["used_memory"]) / MB
             self.peak_redis_used_mb = max(self.peak_redis_used_mb, used)
@@ -413,6 +420,8 @@ class Measurement:
     peak_rss_mb: float
     cpu_s: float
     notes: tuple[str, ...] = ()
+    peak_pss_mb: float = 0.0
+    """The processes' PSS: shared pages split between the processes that share them."""
     waits: Waits = field(default_factory=Waits)
     """Schedule-to-start of the reasoning requests (orga-queue only)."""
 
@@ -431,7 +440,10 @@ class Measurement:
 
     @property
     def mb_per_inflight(self) -> float:
-        return self.peak_rss_mb / self.peak_inflight if self.peak_inflight else float("inf")
+        """Memory per run in flight: PSS (the machine's cost of the process trees, a page
+        shared by forked workers counted once), RSS where PSS cannot be read."""
+        memory = self.peak_pss_mb or self.peak_rss_mb
+        return memory / self.peak_inflight if self.peak_inflight else float("inf")
 
     @property
     def cpu_ms_per_call(self) -> float:
@@ -515,7 +527,10 @@ def measure_orga(setting: Setting) -> Measurement:
             batch = submit_batch(client, markers, workspace, setting.bound_s, sampler)
             cpu = tree_cpu_s([p for pids in groups.values() for p in pids]) - cpu_before
             stats = server.stats(records=True)
-            observed = Observed(stats, sampler.peak_sum_mb, cpu, sampler.processes["workers"])
+            observed = Observed(
+                stats, sampler.peak_sum_mb, cpu, sampler.processes["workers"],
+                sampler.peak_pss_sum_mb,
+            )  # fmt: skip
             waits = schedule_to_start(client, batch, stats["records"])
         finally:
             client.close()
@@ -530,6 +545,7 @@ class Observed:
     peak_rss_mb: float
     cpu_s: float
     processes: int = 1
+    peak_pss_mb: float = 0.0
 
 
 def orga_measurement(
@@ -540,7 +556,8 @@ def orga_measurement(
         f"ready {alone_s:.1f} s after start (a first task of {plan.iterations} iterations, "
         "submitted as the processes start, completed)",
         f"submitting took {batch.submitted - batch.started:.2f} s",
-        f"the worker trees had {observed.processes} processes at most (peak RSS of all)",
+        f"the worker trees had {observed.processes} processes at most (RSS summed; PSS "
+        "splits each shared page between the processes sharing it)",
     ]
     if not batch.finished:
         notes.append(
@@ -564,6 +581,7 @@ def orga_measurement(
         peak_inflight=int(stats["peak_inflight"]),
         mean_inflight=float(stats["mean_inflight"]),
         peak_rss_mb=observed.peak_rss_mb,
+        peak_pss_mb=observed.peak_pss_mb,
         cpu_s=observed.cpu_s,
         notes=tuple(notes),
         waits=waits,
@@ -601,7 +619,10 @@ def measure_peer(setting: Setting, peer: str) -> Measurement | str:
         return f"{peer} printed no result:\n{child.tail()}"
     if "unavailable" in outcome:
         return str(outcome["unavailable"])
-    observed = Observed(server.stats(records=True), sampler.peak_sum_mb, float(outcome["cpu_s"]))
+    observed = Observed(
+        server.stats(records=True), sampler.peak_sum_mb, float(outcome["cpu_s"]),
+        peak_pss_mb=sampler.peak_pss_sum_mb,
+    )  # fmt: skip
     return peer_measurement(setting, peer, outcome, observed)
 
 
@@ -634,6 +655,7 @@ def peer_measurement(
         peak_inflight=int(stats["peak_inflight"]),
         mean_inflight=float(stats["mean_inflight"]),
         peak_rss_mb=observed.peak_rss_mb,
+        peak_pss_mb=observed.peak_pss_mb,
         cpu_s=observed.cpu_s,
         notes=tuple(notes),
     )
@@ -747,15 +769,16 @@ def table(measurements: Sequence[Measurement]) -> str:
     """The comparison, as Markdown."""
     lines = [
         "| system | latency | iterations/s | share of the latency limit | calls in flight, "
-        "peak / mean | peak RSS | MB per in-flight run | CPU ms per call | duplicate calls "
-        "| completed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "peak / mean | peak RSS (sum) | peak PSS | MB per in-flight run (PSS) | CPU ms per "
+        "call | duplicate calls | completed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in measurements:
         lines.append(
             f"| {m.system} | {m.latency_s:g} s | {m.iterations_per_s:.1f} ({m.calls} in "
             f"{m.seconds:.1f} s) | {m.share:.0%} of {m.limit_per_s:.0f}/s | {m.peak_inflight} "
-            f"/ {m.mean_inflight:.0f} | {m.peak_rss_mb:.0f} MB | {m.mb_per_inflight:.2f} | "
+            f"/ {m.mean_inflight:.0f} | {m.peak_rss_mb:.0f} MB | {m.peak_pss_mb:.0f} MB | "
+            f"{m.mb_per_inflight:.2f} | "
             f"{m.cpu_ms_per_call:.1f} | {m.duplicates} | {m.completed} of {m.runs} |"
         )
     return "\n".join(lines)

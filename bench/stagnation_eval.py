@@ -613,6 +613,7 @@ class OursAlarm:
     mapper: StepMapper | None = None
     level: StagnationLevel = StagnationLevel.NONE
     stalls: list[Stall] = field(default_factory=list)
+    tool_steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.detector = StagnationDetector(self.config)
@@ -623,6 +624,7 @@ class OursAlarm:
             self.mapper = MAPPERS[step["dataset"]]()
         mapped = self.mapper(step)
         if mapped is not None:
+            self.tool_steps.append(step["i"])
             verdict = self.detector.observe(mapped.event)
             self.level = verdict.level
             if verdict.escalated:
@@ -758,6 +760,35 @@ def print_stalls(labelled: LabelledResults) -> None:
     print()
 
 
+WINDOW_STEPS = 8
+"""Recall within 8 steps: a fire in [onset, onset + 8] (the scorer's ``recall@8``)."""
+
+
+def print_misses(labelled: LabelledResults) -> None:
+    """Every labelled stall ours misses within 8 steps of onset: where it fires instead, and how
+    many tool results the 8-step window holds (an output-side detector sees nothing else)."""
+    records = {tuple(r["key"]): r for r in labelled.results["ours"]["records"]}
+    missed = []
+    for label, alarm in labelled.labelled:
+        record = records[labelled.scorer.label_key(label)]
+        if label["label"] != "stuck" or record["detected8"]:
+            continue
+        onset, end = label["onset_step"], label["end_step"]
+        window = [i for i in alarm.tool_steps if onset <= i <= min(end + 2, onset + WINDOW_STEPS)]
+        inside = [f for f in record["fires"] if onset <= f <= end + 2]
+        first = f"+{inside[0] - onset}" if inside else "never"
+        missed.append((label, len(window), first))
+    print(f"ours: labelled stalls missed within {WINDOW_STEPS} steps of onset: {len(missed)}")
+    for label, results, first in missed:
+        who = f"{label['dataset']} {label['run']} {label['instance_id']}"
+        print(
+            f"  {who:<92} {label['kind']:<12} onset {label['onset_step']:>3}  "
+            f"first REPLAN {first:>5}  tool results in window {results}"
+        )
+    few = sum(results <= 2 for _, results, _ in missed)
+    print(f"  {few} of them have at most 2 tool results in the window\n")
+
+
 def _kind_name(kind: StagnationKind | None) -> str:
     return kind.value if kind is not None else "none"
 
@@ -882,6 +913,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         labelled = evaluate_labelled(scorer, folder, config, unlabelled=not args.labelled_only)
         print_labelled(labelled)
+        print_misses(labelled)
         print_stalls(labelled)
     results = Results()
     if not args.labelled_only:

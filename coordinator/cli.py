@@ -25,6 +25,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from coordinator.cli_agents import agents_app
+from coordinator.cli_schedules import schedule_app
 from coordinator.client import OrgaClient, TaskNotFoundError, TaskRejectedError
 from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
 from coordinator.logs import configure_logging, redact_url
@@ -49,6 +51,8 @@ review_app = typer.Typer(
     help="Escalations waiting for a human decision.", no_args_is_help=True, rich_markup_mode=None
 )
 app.add_typer(review_app, name="review")
+app.add_typer(agents_app, name="agents")
+app.add_typer(schedule_app, name="schedule")
 out = Console()
 err = Console(stderr=True)
 
@@ -529,6 +533,23 @@ def cancel(
         client = OrgaClient(_require_url())
         client.cancel(task_id, reason)
     _say(f"cancellation of {task_id} sent")
+
+
+@app.command()
+def inbox(
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Address to bind (beyond this host: behind TLS).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8765,
+) -> None:
+    """Serve the review inbox on the web (needs ORGA_INBOX_TOKEN or ORGA_INBOX_BASIC_AUTH)."""
+    from coordinator.inbox import InboxConfigError, run_inbox
+
+    with _errors():
+        try:
+            run_inbox(_settings(), _home(), host, port, announce=_say)
+        except InboxConfigError as exc:  # a missing or invalid setting: exit 2, as bad input
+            raise _fail("error:", exc, 2) from exc
 
 
 @app.command()

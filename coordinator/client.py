@@ -28,10 +28,12 @@ from shared.task_spec import TaskSpec, load_task_file
 
 __all__ = [
     "OrgaClient",
+    "ReviewClosedError",
     "TaskFinishedError",
     "TaskNotFoundError",
     "TaskRejectedError",
     "WaitTimeoutError",
+    "task_text",
 ]
 
 
@@ -49,6 +51,11 @@ class WaitTimeoutError(OrgaError, TimeoutError):
 
 class TaskFinishedError(OrgaError):
     """The task already ended: it can no longer be changed (cancelled)."""
+
+
+class ReviewClosedError(OrgaError):
+    """Another decision (a second reviewer's, the deadline's default) or the task's end closed
+    the review first: this one was not applied."""
 
 
 @dataclass
@@ -75,7 +82,7 @@ class OrgaClient:
         self, task: TaskSpec | dict[str, Any] | str | Path, task_id: str | None = None
     ) -> str:
         """Put a task on the intake stream and return its id (validated by the coordinator)."""
-        text = _task_text(task)
+        text = task_text(task)
         task_id = task_id or uuid.uuid4().hex
         self.redis.xadd(
             keys.intake_stream,
@@ -112,10 +119,15 @@ class OrgaClient:
     def record(self, task_id: str) -> TaskRecord:
         """The task's full state; TaskNotFoundError if it was rejected or not yet accepted."""
         real = self.resolve(task_id)
-        state = self._hget(keys.task_key(real), "state")
+        pipe = self.redis.pipeline(transaction=True)  # the state and its conversation, together
+        pipe.hget(keys.task_key(real), "state")
+        pipe.lrange(keys.conversation_key(real), 0, -1)
+        state, stored = pipe.execute()
         if state is None:
             self._not_found(task_id)
-        return TaskRecord.model_validate_json(str(state))
+        record = TaskRecord.model_validate_json(str(state))
+        record.restore_conversation(stored)
+        return record
 
     def status(self, task_id: str) -> dict[str, Any]:
         """Status, current step, iteration, milestones, usage and, once it failed, the error."""
@@ -256,6 +268,10 @@ class OrgaClient:
         ]
         return sorted(items, key=lambda r: r.created_at)
 
+    def open_review_count(self) -> int:
+        """How many escalations wait for a decision."""
+        return int(self.redis.hlen(keys.open_reviews_key))
+
     def review(self, review_id: str) -> ReviewItem:
         """One open escalation."""
         raw = self._hget(keys.open_reviews_key, review_id)
@@ -271,8 +287,18 @@ class OrgaClient:
         by: str = "cli",
         timeout_s: float = 30.0,
     ) -> str:
-        """Send a decision and wait until the coordinator applied or refused it."""
-        item = self.review(review_id)
+        """Send a decision and wait until the coordinator applied or refused it.
+
+        ReviewClosedError when another decision (or the task's end) closed the review first:
+        of two reviewers deciding at once, one is applied and the other is told by whom.
+        """
+        try:
+            item = self.review(review_id)
+        except TaskNotFoundError:
+            closing = self._closing_event(review_id)
+            if closing is not None:
+                raise _closed_error(review_id, decision, closing) from None
+            raise
         entry = self.redis.xadd(
             keys.control_stream,
             {"action": "review", "task_id": item.task_id, "review_id": review_id,
@@ -282,6 +308,9 @@ class OrgaClient:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.redis.hexists(keys.open_reviews_key, review_id):
+                closing = self._closing_event(review_id) or {"decision": decision, "by": by}
+                if (closing.get("decision"), closing.get("by")) != (decision, by):
+                    raise _closed_error(review_id, decision, closing)
                 return item.task_id
             refused = self._control_refusal(str(entry))
             if refused is not None:
@@ -291,6 +320,16 @@ class OrgaClient:
             f"no coordinator applied the decision within {timeout_s}s; "
             "is `orga coordinator` running?"
         )
+
+    def _closing_event(self, review_id: str) -> dict[str, str] | None:
+        """The event that closed a review (``review_decided`` or ``review_closed``), if recent.
+
+        It is committed together with the review's removal from the open set."""
+        for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=5000)):
+            closing = fields.get("event") in ("review_decided", "review_closed")
+            if closing and fields.get("review_id") == review_id:
+                return fields
+        return None
 
     def _control_refusal(self, entry_id: str) -> str | None:
         for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=200)):
@@ -321,14 +360,28 @@ class OrgaClient:
         self.redis.close()
 
 
-def _task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
-    if isinstance(task, TaskSpec):
-        return task.model_dump_json(exclude_none=True)
+def task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
+    """The text of a task as it goes on the intake stream (JSON, or the text given)."""
     if isinstance(task, Path):
-        return load_task_file(task).model_dump_json(exclude_none=True)
+        task = load_task_file(task)
+    if isinstance(task, TaskSpec):
+        # A task naming an agent carries only the fields it sets: the profile's fill the rest.
+        return task.model_dump_json(exclude_none=True, exclude_unset=task.agent is not None)
     if isinstance(task, dict):
         return json.dumps(task)
     return task
+
+
+def _closed_error(review_id: str, decision: str, closing: dict[str, str]) -> ReviewClosedError:
+    if closing.get("event") == "review_decided":
+        return ReviewClosedError(
+            f"review {review_id} was already decided {closing.get('decision')} by "
+            f"{closing.get('by')}: your {decision} was not applied"
+        )
+    return ReviewClosedError(
+        f"review {review_id} closed before your {decision} was applied (the task ended); "
+        "`orga status` shows it"
+    )
 
 
 def is_terminal(status: str) -> bool:

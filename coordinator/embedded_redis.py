@@ -272,8 +272,13 @@ class EmbeddedRedis:
         return self._process is not None and self._process.poll() is None
 
     def _launch(self) -> None:
+        # Its own session: a Ctrl-C in the terminal (SIGINT to the whole foreground process
+        # group) reaches the orga command, which stops this server last, after its coordinator.
         self._process = subprocess.Popen(
-            self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            self._command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         self._wait_ready()
 

@@ -22,18 +22,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
 from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
 from coordinator.state import ReviewDecision, ReviewItem, TaskRecord, TaskStatus
+from shared.agent_profile import AgentProfile, resolve_agent
 from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.journal import JournalWriter
 from shared.protocol import ReasonRequest, ToolRequest
-from shared.task_spec import TaskSpec, parse_task, parse_task_text
+from shared.task_spec import TaskSpec, decode_task_text
 from workers.handlers import Answer, WorkerServices, run_dispatch
 
 __all__ = ["InProcessDriver", "InProcessRun", "LoopStalledError", "ReviewVerdict", "Reviewer"]
@@ -93,15 +94,25 @@ class InProcessDriver:
     reviewer: Reviewer | None = None
     journal_writer: JournalWriter | None = None
     clock: Callable[[], float] = time.time
+    agents: Mapping[str, AgentProfile] = field(default_factory=dict)
+    """The agents a task may name (``agent: NAME``), as the registry in Redis holds them."""
 
     async def run(
         self, task: TaskSpec | dict[str, Any] | str, task_id: str | None = None
     ) -> InProcessRun:
         """Run ``task`` until it ends, or waits for a review nobody here decides."""
         if isinstance(task, str):
-            spec = parse_task_text(task, source="in-process task")
+            data = decode_task_text(task, source="in-process task")
+            spec = resolve_agent(data, self.agents, source="in-process task")
+        elif isinstance(task, TaskSpec) and task.agent is None:
+            spec = task
         else:
-            spec = task if isinstance(task, TaskSpec) else parse_task(task, source="task")
+            data = (
+                task.model_dump(mode="json", exclude_unset=True)
+                if isinstance(task, TaskSpec)
+                else task
+            )
+            spec = resolve_agent(data, self.agents, source="task")
         now = self.clock()
         record = TaskRecord(
             task_id=task_id or uuid.uuid4().hex, spec=spec, created_at=now, updated_at=now

@@ -57,6 +57,7 @@ from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
 from shared.pre_hydration import ExtractedReference, PreHydrationEngine, ResolutionResult
 from shared.progress_tracker import LimitAction, ProgressTracker
 from shared.protocol import (
+    ConversationRef,
     Fence,
     ReasonedMessage,
     ReasonRequest,
@@ -97,6 +98,10 @@ class MachineSettings:
     workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
     recent_messages_in_snapshot: int = 8
     allow_inline_tools: bool = True
+    conversation_by_reference: bool = False
+    """Reasoning requests carry a reference to the stored conversation, not its messages
+    (the coordinator service, whose store keeps it in Redis); False: the messages travel in
+    the request (the in-process driver)."""
     chain_tools: bool = True
     """Let reasoning workers send an iteration's approved calls straight to the tool workers
     (``ReasonRequest.chain_tools``); False: the coordinator dispatches every tool call."""
@@ -113,6 +118,14 @@ class Effects:
     reviews: list[ReviewItem] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     changed: bool = True
+
+    def stamped(self, epoch: int) -> None:
+        """Reasoning requests by reference read the stored conversation of ``epoch``."""
+        self.reason_dispatches = [
+            r.model_copy(update={"conversation_ref": r.conversation_ref.model_copy(
+                update={"epoch": epoch})}) if r.conversation_ref is not None else r
+            for r in self.reason_dispatches
+        ]  # fmt: skip
 
     def traced(self, parent: str | None) -> None:
         """Every dispatch carries ``parent``, the ``traceparent`` of the span that decided it."""
@@ -500,11 +513,17 @@ class TaskMachine:
     ) -> ReasonRequest:
         record = self.record
         act_inline = record.spec.tool_dispatch == "inline" and self.settings.allow_inline_tools
+        by_reference = self.settings.conversation_by_reference and purpose != "plan"
         return ReasonRequest(
             fence=fence,
             purpose="plan" if purpose == "plan" else "act",
             agent_id=record.spec.agent_id,
-            conversation=conversation,
+            conversation=Conversation() if by_reference else conversation,
+            conversation_ref=(
+                ConversationRef(length=len(conversation), created_at=record.created_at)
+                if by_reference
+                else None
+            ),
             config=self._attempt_config(),
             provider=record.spec.provider,
             policy=record.spec.policy,
@@ -567,9 +586,8 @@ class TaskMachine:
         awaiting.calls = list(calls)
         known = {c.call_id for c in calls}
         awaiting.dispatched = [c for c in chained if c in known]
-        awaiting.results = {
-            k: v for k, v in asked.results.items() if k.removeprefix(_ESCALATION_KEY) in known
-        }
+        awaiting.results = {k: v for k, v in asked.results.items() if k in known}
+        awaiting.escalations = {k: v for k, v in asked.escalations.items() if k in known}
         awaiting.tool_ms = asked.tool_ms
         if awaiting.missing_calls():
             self._dispatch_more(awaiting)
@@ -711,9 +729,7 @@ class TaskMachine:
         # The calls of an iteration run concurrently: the batch took as long as its longest.
         awaiting.tool_ms = max(awaiting.tool_ms, message.duration_ms)
         if message.escalation_reason is not None:
-            awaiting.results[_ESCALATION_KEY + (message.fence.call_id or "")] = Observation(
-                source="recovery", content=message.escalation_reason, is_error=True
-            )
+            awaiting.escalations[message.fence.call_id or ""] = message.escalation_reason
 
     def _all_observed(self, awaiting: Awaiting) -> None:
         if awaiting.kind is AwaitKind.VERIFY:
@@ -735,11 +751,8 @@ class TaskMachine:
         )
         self._journal(ObservationsCollected(iteration=record.iteration, observation_count=count))
         record.awaiting = None
-        escalations = [
-            o.content for k, o in awaiting.results.items() if k.startswith(_ESCALATION_KEY)
-        ]
-        if escalations:
-            self._escalate("recovery", escalations[0])
+        if awaiting.escalations:
+            self._escalate("recovery", next(iter(awaiting.escalations.values())))
             return
         verdict = self._consult_detector(awaiting.calls, observations)
         if verdict is not None and self._apply_verdict(verdict):
@@ -1099,7 +1112,6 @@ class TaskMachine:
 
 
 _TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
-_ESCALATION_KEY = "__escalation__:"
 
 
 def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:

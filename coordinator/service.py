@@ -1,6 +1,6 @@
 """The coordinator process: intake, observations, control, deadlines and leases.
 
-Four loops share one Redis connection pool:
+Five loops share one Redis connection pool:
 
 - **intake**: ``XREADGROUP`` on ``orga:intake``; a malformed task goes to ``orga:rejected`` with
   its validation error and is acknowledged; a valid one is persisted (idempotency key honoured)
@@ -11,6 +11,10 @@ Four loops share one Redis connection pool:
   ``XAUTOCLAIM``; an entry delivered too many times is dead-lettered.
 - **control**: review decisions and cancellations sent by the CLI.
 - **ticks**: lease renewal and takeover, observation deadlines, review deadlines.
+- **schedules**: due schedules are submitted to the intake (:mod:`coordinator.schedules`).
+
+A task naming an agent (``agent: NAME``) is merged with the registered profile before it is
+validated (:mod:`coordinator.agents`).
 
 Dispatches are Celery messages pushed by the same atomic commit that saves the state expecting
 them (:mod:`coordinator.dispatch`): a crash leaves either both or neither. A dispatch lost later
@@ -28,25 +32,28 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from coordinator.agents import resolve_task_text
 from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
 from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
+from coordinator.schedules import Scheduler
 from coordinator.state import ReviewDecision, TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
+from shared.celery_wire import check_versions
 from shared.errors import WireFormatError
 from shared.protocol import (
     decode_entry,
 )
-from shared.task_spec import TaskSpecError, parse_task_text
+from shared.task_spec import TaskSpecError
 
 __all__ = ["Coordinator", "CoordinatorSettings"]
 
@@ -67,6 +74,7 @@ class CoordinatorSettings:
     events_maxlen: int = 100_000
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 1.0
+    schedule_interval_s: float = 1.0
     machine: MachineSettings = field(default_factory=MachineSettings)
 
 
@@ -81,8 +89,16 @@ class Coordinator:
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
     metrics: CoordinatorMetrics | None = None
+    scheduler: Scheduler | None = None
+    """Fires due schedules (:mod:`coordinator.schedules`); None: one on the real clock."""
 
     def __post_init__(self) -> None:
+        check_versions()  # the commit script writes Celery messages in kombu's layout
+        # This store keeps each conversation in Redis: reasoning requests carry a reference.
+        machine = replace(self.settings.machine, conversation_by_reference=True)
+        self.settings = replace(self.settings, machine=machine)
+        if self.scheduler is None:
+            self.scheduler = Scheduler(self.redis)
         self.store = TaskStore(
             self.redis,
             journal_maxlen=self.settings.journal_maxlen,
@@ -104,6 +120,7 @@ class Coordinator:
             self._loop(self._observations_once),
             self._loop(self._control_once),
             self._loop(self._tick_once, self.settings.tick_interval_s),
+            self._loop(self._schedules_once, self.settings.schedule_interval_s),
         ]
         await asyncio.gather(*loops)
 
@@ -123,6 +140,10 @@ class Coordinator:
             if pause_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), pause_s)
+
+    async def _schedules_once(self) -> None:
+        assert self.scheduler is not None
+        await self.scheduler.fire_due()
 
     async def _ensure_groups(self) -> None:
         for stream in (keys.intake_stream, keys.observations_stream, keys.control_stream):
@@ -176,7 +197,9 @@ class Coordinator:
         text = {_text(k): _text(v) for k, v in fields.items()}
         task_id = text.get("task_id") or uuid.uuid4().hex
         try:
-            spec = parse_task_text(text.get("task", ""), source=f"intake entry {entry_id}")
+            spec = await resolve_task_text(
+                self.redis, text.get("task", ""), source=f"intake entry {entry_id}"
+            )
         except TaskSpecError as exc:
             await self._reject(entry_id, task_id, text, str(exc))
             return
@@ -233,8 +256,11 @@ class Coordinator:
             return
         task_id = message.fence.task_id
         applied = await self._apply(task_id, lambda m: m.on_answer(message), ack=ack)
-        if not applied:
-            await self.redis.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+        if not applied:  # a stale or duplicate answer: nothing keeps it
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+            pipe.xdel(keys.observations_stream, entry_id)
+            await pipe.execute()
 
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
@@ -441,9 +467,13 @@ class Coordinator:
                 if self.metrics is not None:
                     self.metrics.ignored()
                 return False
+            delta = self.store.conversation_delta(machine.record)
+            effects.stamped(machine.record.conversation_epoch)
             messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
             try:
-                await self.store.commit(machine.record, effects, ack=ack, messages=messages)
+                await self.store.commit(
+                    machine.record, effects, ack=ack, messages=messages, delta=delta
+                )
             except CommitConflictError:
                 continue
             await self._released(machine.record)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared import keys
 from shared.actions import Observation, ToolCallAction
-from shared.conversation import Conversation
+from shared.conversation import Conversation, ConversationMessage
 from shared.inference import Usage
 from shared.protocol import Fence
 from shared.task_spec import StepSpec, TaskSpec
@@ -79,6 +80,9 @@ class AwaitKind(StrEnum):
     VERIFY = "verify"
 
 
+_OLD_ESCALATION_KEY = "__escalation__:"
+
+
 class Awaiting(BaseModel):
     """The dispatch the task waits on: only observations with this fence are applied."""
 
@@ -95,11 +99,30 @@ class Awaiting(BaseModel):
     purpose: str = "act"
     results: dict[str, Observation] = Field(default_factory=dict)
     terminal_output: str | None = None
+    escalations: dict[str, str] = Field(default_factory=dict)
+    """Call id → reason, for the calls whose recovery strategy escalated (``Escalate``)."""
     tool_ms: float = 0.0
     """How long the longest of the calls observed so far ran on its worker."""
     chained: bool = False
     """A reasoning dispatch whose worker sends the approved calls on itself; their results
     may arrive first and wait in ``results``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _escalations_apart(cls, data: Any) -> Any:
+        """A record written before escalations had their field kept them in ``results``."""
+        results = data.get("results") if isinstance(data, dict) else None
+        if not isinstance(results, dict):
+            return data
+        old = {k: v for k, v in results.items() if k.startswith(_OLD_ESCALATION_KEY)}
+        if not old:
+            return data
+        kept = {k: v for k, v in results.items() if k not in old}
+        escalations = {
+            k.removeprefix(_OLD_ESCALATION_KEY): v.get("content", "") if isinstance(v, dict) else ""
+            for k, v in old.items()
+        }
+        return {**data, "results": kept, "escalations": escalations}
 
     def missing_calls(self) -> list[ToolCallAction]:
         """The calls whose observation has not arrived yet."""
@@ -159,7 +182,11 @@ class TaskRecord(BaseModel):
     updated_at: float
     steps: list[StepRecord] = Field(default_factory=list)
     current: int = 0
-    conversation: Conversation = Field(default_factory=Conversation)
+    conversation: Conversation = Field(default_factory=Conversation, exclude=True)
+    """Kept apart from the state, append-only, in ``orga:conversation:{task_id}``
+    (:class:`coordinator.store.TaskStore`): a commit writes the new messages, not the whole."""
+    conversation_epoch: int = 0
+    """Bumped when a compaction rewrote the stored conversation instead of appending to it."""
     usage: Usage = Field(default_factory=Usage)
     iteration: int = 0
     tracker: dict[str, Any] = Field(default_factory=dict)
@@ -177,6 +204,18 @@ class TaskRecord(BaseModel):
     """The task's workspace folder, fixed when the task starts (its ``workspace``, else
     ``{ORGA_WORKSPACE_ROOT}/{task_id}`` of the coordinator that started it) and used by every
     later dispatch, whichever coordinator or CLI makes it."""
+
+    def restore_conversation(self, stored: Sequence[str | bytes]) -> bool:
+        """Put the conversation read from ``orga:conversation:{task_id}`` in place. False when
+        nothing is stored there and the state itself holds the conversation (a record written
+        before conversations were stored apart): that one is kept, and the next commit writes
+        it whole."""
+        if not stored and self.conversation.messages:
+            return False
+        self.conversation = Conversation(
+            messages=[ConversationMessage.model_validate_json(m) for m in stored]
+        )
+        return True
 
     @property
     def terminal(self) -> bool:

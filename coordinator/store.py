@@ -13,6 +13,7 @@ and never twice.
 from __future__ import annotations
 
 import json
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,9 +25,10 @@ from coordinator.dispatch import QueuedMessage
 from coordinator.machine import Effects
 from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
+from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
 
-__all__ = ["CommitConflictError", "CreateOutcome", "TaskStore"]
+__all__ = ["CommitConflictError", "ConversationDelta", "CreateOutcome", "TaskStore"]
 
 
 class CommitConflictError(OrgaError):
@@ -42,8 +44,12 @@ if previous ~= ARGV[4] then
   redis.call('HINCRBY', KEYS[10], ARGV[4], 1)
 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
-if ARGV[5] ~= '' then redis.call('XACK', ARGV[6], ARGV[7], ARGV[5]) end
 local extra = cjson.decode(ARGV[8])
+if ARGV[5] ~= '' then
+  redis.call('XACK', ARGV[6], ARGV[7], ARGV[5])
+  -- An applied observation (a tool output, maybe large) is in the conversation now.
+  if extra.delete_acked then redis.call('XDEL', ARGV[6], ARGV[5]) end
+end
 for _, e in ipairs(extra.journal) do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, '0-' .. (e[1] + 1),
              'sequence', e[1], 'data', e[2])
@@ -61,7 +67,11 @@ for _, id in ipairs(extra.closed_reviews) do redis.call('HDEL', KEYS[6], id) end
 for _, d in ipairs(extra.dead_letters) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
 end
-for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[11 + queue], ARGV[8 + i]) end
+for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[12 + queue], ARGV[8 + i]) end
+local conversation = extra.conversation
+if conversation.rewrite then redis.call('DEL', KEYS[12]) end
+local first = 8 + #extra.dispatches
+for j = 1, conversation.count do redis.call('RPUSH', KEYS[12], ARGV[first + j]) end
 if extra.terminal then
   redis.call('HSET', KEYS[1], 'finished_at', extra.now)
   redis.call('ZADD', KEYS[11], extra.now, extra.task_id)
@@ -102,7 +112,7 @@ local finished = redis.call('HGET', KEYS[1], 'finished_at')
 if not finished or tonumber(finished) > tonumber(ARGV[1]) then return 0 end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status then redis.call('HINCRBY', KEYS[5], status, -1) end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[7])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
@@ -118,6 +128,20 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+STORED_CONVERSATIONS_KEPT = 20_000
+"""Tasks whose stored conversation a store remembers (by reference: no copy of a message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationDelta:
+    """The part of a conversation one commit writes: appended ``messages`` (JSON), or all
+    of them after a ``rewrite``; ``size`` in bytes."""
+
+    rewrite: bool
+    messages: list[str]
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +173,9 @@ class TaskStore:
         default_factory=OrderedDict, init=False, repr=False
     )
     _kept_bytes: int = field(default=0, init=False, repr=False)
+    _stored: OrderedDict[str, list[ConversationMessage]] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
@@ -165,10 +192,44 @@ class TaskStore:
             version = await self.redis.hget(key, "version")
             if version is not None and _text(version) == str(kept.version):
                 return kept
-        state = await self.redis.hget(key, "state")
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(key, "state")
+        pipe.lrange(keys.conversation_key(task_id), 0, -1)
+        state, stored = await pipe.execute()
         if state is None:
             return None
-        return TaskRecord.model_validate_json(state)
+        record = TaskRecord.model_validate_json(state)
+        if record.restore_conversation(stored):
+            self._remember(record)
+        return record
+
+    def conversation_delta(self, record: TaskRecord) -> ConversationDelta:
+        """What the next commit writes of the conversation: the messages added since the last
+        load or commit, or (after a compaction, or for a record this store has not seen) the
+        whole conversation, with ``conversation_epoch`` bumped."""
+        messages = record.conversation.messages
+        stored = self._stored.get(record.task_id)
+        appended = (
+            stored is not None
+            and len(messages) >= len(stored)
+            and all(map(operator.is_, messages, stored))  # C-speed: no Python loop per message
+        )
+        if not appended:
+            record.conversation_epoch += 1
+        fresh = messages[len(stored) :] if appended and stored is not None else messages
+        encoded = [m.model_dump_json() for m in fresh]
+        return ConversationDelta(
+            rewrite=not appended, messages=encoded, size=sum(len(e) for e in encoded)
+        )
+
+    def _remember(self, record: TaskRecord) -> None:
+        """The stored conversation is now the record's (kept by identity of its messages)."""
+        self._stored.pop(record.task_id, None)
+        if record.terminal:
+            return
+        self._stored[record.task_id] = list(record.conversation.messages)
+        while len(self._stored) > STORED_CONVERSATIONS_KEPT:
+            self._stored.popitem(last=False)
 
     def take_kept(self, task_id: str) -> TaskRecord | None:
         """The record kept from this store's last write of the task, unchecked; it is the
@@ -242,19 +303,24 @@ class TaskStore:
         effects: Effects,
         ack: tuple[str, str, str] | None = None,
         messages: Sequence[QueuedMessage] = (),
+        delta: ConversationDelta | None = None,
     ) -> None:
-        """Write ``record`` (version + 1) with its effects and push ``messages``, atomically.
+        """Write ``record`` (version + 1) with its effects and push ``messages``, atomically,
+        with the conversation's new messages (``delta``, else :meth:`conversation_delta`).
 
         Raises CommitConflictError when another coordinator committed first.
         """
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
+        delta = delta or self.conversation_delta(record)
         self._take(record.task_id)
         record.version += 1
         state = record.model_dump_json()
         extra = self._extra(record, effects)
         queues = list(dict.fromkeys(m.queue for m in messages))
         extra["dispatches"] = [queues.index(m.queue) + 1 for m in messages]
+        extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
+        extra["delete_acked"] = stream == keys.observations_stream
         ok, _current = await self._commit(
             keys=[
                 keys.task_key(record.task_id),
@@ -268,6 +334,7 @@ class TaskStore:
                 keys.deadlines_key,
                 keys.status_counts_key,
                 keys.finished_tasks_key,
+                keys.conversation_key(record.task_id),
                 *queues,
             ],
             args=[
@@ -280,12 +347,15 @@ class TaskStore:
                 group,
                 json.dumps(extra),
                 *(m.body for m in messages),
+                *delta.messages,
             ],
         )
         if not int(ok):
             record.version -= 1
+            self._stored.pop(record.task_id, None)
             raise CommitConflictError(f"task {record.task_id} changed since version {expected}")
-        self._keep(record, len(state))
+        self._remember(record)
+        self._keep(record, len(state) + delta.size)
 
     def _extra(self, record: TaskRecord, effects: Effects) -> dict[str, Any]:
         closing = ("review_decided", "review_closed")
@@ -348,6 +418,7 @@ class TaskStore:
                         keys.task_index_key,
                         keys.status_counts_key,
                         keys.finished_tasks_key,
+                        keys.conversation_key(task_id),
                     ],
                     args=[f"{finished_before:.6f}", task_id],
                 )

@@ -7,7 +7,9 @@ state or observation that accounts for it. Headers and body follow Celery's task
 protocol v2; the envelope (base64 body, ``delivery_info``, a unique ``delivery_tag``) is
 kombu's virtual transport's; priority 0 is the list named after the queue itself.
 ``tests/coordinator/test_dispatch.py`` compares these messages with what ``Celery.send_task``
-writes for the installed Celery and kombu, and has kombu read one back.
+writes for the installed Celery and kombu, and has kombu read one back. Since the layout is
+theirs, every process that writes or reads it checks at start-up that the installed versions
+are ones that layout was checked against (:func:`check_versions`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,49 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from shared import keys
+from shared.errors import ConfigError
 from shared.protocol import ReasonRequest, ToolRequest
 
-__all__ = ["QueuedMessage", "celery_message", "reason_message", "tool_message"]
+__all__ = [
+    "SUPPORTED",
+    "QueuedMessage",
+    "celery_message",
+    "check_versions",
+    "reason_message",
+    "tool_message",
+]
+
+SUPPORTED: dict[str, tuple[tuple[int, int], int]] = {"celery": ((5, 3), 5), "kombu": ((5, 3), 5)}
+"""Per package: the oldest (major, minor) whose message layout this module writes, and the
+major version it is checked against (a new major may change the layout)."""
+
+
+def check_versions(installed: Callable[[str], str] = version) -> dict[str, str]:
+    """The installed Celery and kombu versions; a ConfigError naming them when this module's
+    message layout was not checked against them."""
+    found: dict[str, str] = {}
+    for package, (oldest, major) in SUPPORTED.items():
+        try:
+            text = installed(package)
+        except PackageNotFoundError as exc:
+            raise ConfigError(f"{package} is not installed; install orga-queue's dependencies "
+                              "(pip install -e .)") from exc  # fmt: skip
+        numbers = tuple(int(p) for p in text.split(".")[:2] if p.isdigit())
+        if len(numbers) < 2 or numbers < oldest or numbers[0] != major:
+            raise ConfigError(
+                f"{package} {text} is installed, but orga-queue writes {package}'s Redis "
+                f"messages itself and was checked against {package} "
+                f"{oldest[0]}.{oldest[1]} to {major}.x; install a {package} {major}.x "
+                f"(>= {oldest[0]}.{oldest[1]})"
+            )
+        found[package] = text
+    return found
 
 
 @dataclass(frozen=True, slots=True)

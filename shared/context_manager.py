@@ -167,14 +167,16 @@ class DefaultContextManager:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}; pass the token budget")
         tokens_before = conversation.estimate_tokens()
+        pinned_tokens = estimate_tokens(conversation.pinned_messages())
+        if tokens_before <= max_tokens:  # the common case: nothing to do, nothing to count again
+            return ContextFit(max_tokens, tokens_before, tokens_before, pinned_tokens, False)
         before = list(conversation.messages)
-        if tokens_before > max_tokens:
-            self._compact(conversation, max_tokens)
+        self._compact(conversation, max_tokens)
         return ContextFit(
             max_tokens=max_tokens,
             tokens_before=tokens_before,
             tokens_after=conversation.estimate_tokens(),
-            pinned_tokens=estimate_tokens(conversation.pinned_messages()),
+            pinned_tokens=pinned_tokens,
             compacted=conversation.messages != before,
         )
 

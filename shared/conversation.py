@@ -17,7 +17,7 @@ import json
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from shared.inference import ToolCall
 
@@ -103,7 +103,10 @@ class ConversationMessage(BaseModel):
 
 def estimate_message_tokens(message: ConversationMessage) -> int:
     """``max(bytes*10//33, 1) + 7``, counting tool calls and the tool_call_id as Symbiont does."""
-    chars = len(message.content.encode())
+    content = message.content
+    # len() is the byte count of an ASCII string, and isascii() is O(1): no 20 KB encode of
+    # every message at every iteration.
+    chars = len(content) if content.isascii() else len(content.encode())
     for call in message.tool_calls:
         chars += len(call.name.encode()) + len(call.arguments.encode()) + len(call.id.encode()) + 30
     if message.tool_call_id is not None:
@@ -114,7 +117,18 @@ def estimate_message_tokens(message: ConversationMessage) -> int:
 class Conversation(BaseModel):
     """An ordered list of messages with the provider conversions and budget truncation."""
 
+    _token_cache: dict[int, tuple[ConversationMessage, int]] = PrivateAttr(default_factory=dict)
+    """Estimates by message identity (the message is held, so its id is not reused)."""
+
     messages: list[ConversationMessage] = Field(default_factory=list)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal messages make equal conversations (the estimate cache is not compared)."""
+        if not isinstance(other, Conversation):
+            return NotImplemented
+        return self.messages == other.messages
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic's own models
 
     @classmethod
     def with_system(cls, content: str, *, pin: bool = False) -> Conversation:
@@ -137,8 +151,19 @@ class Conversation(BaseModel):
         return not self.messages
 
     def estimate_tokens(self) -> int:
-        """The sum of the per-message estimates."""
-        return sum(estimate_message_tokens(m) for m in self.messages)
+        """The sum of the per-message estimates (each message's estimated once: a context fit
+        counts the whole conversation at every iteration)."""
+        cache = self._token_cache
+        total = 0
+        for message in self.messages:
+            entry = cache.get(id(message))
+            if entry is None or entry[0] is not message:
+                entry = cache[id(message)] = (message, estimate_message_tokens(message))
+            total += entry[1]
+        if len(cache) > 2 * len(self.messages) + 16:  # forget messages no longer here
+            live = {id(m) for m in self.messages}
+            self._token_cache = {k: v for k, v in cache.items() if k in live}
+        return total
 
     def system_message(self) -> ConversationMessage | None:
         """The first system message, wherever it is."""

@@ -35,6 +35,10 @@ Keys
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write
     ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
+    ``orga:agents``              hash: agent name -> registered agent profile (JSON)
+    ``orga:schedules``           hash: schedule name -> schedule (JSON)
+    ``orga:schedules:due``       sorted set: active schedule name -> its next fire time
+    ``orga:schedules:fired``     hash: schedule name -> its last fire (JSON: time, task id)
     ``orga:ratelimit:{provider}:{digest}``  string: until when (unix ms) every worker holds off
                                  calling one provider with one key (``provider_limit_key``;
                                  the digest is a hash of the base URL and key, never the key)
@@ -56,11 +60,14 @@ from typing import Final
 
 __all__ = [
     "active_tasks_key",
+    "agents_key",
     "breaker_key",
     "breaker_key_prefix",
     "breaker_ttl_s",
     "control_maxlen",
     "control_stream",
+    "conversation_key",
+    "conversation_key_prefix",
     "coordinator_group",
     "dead_letter_stream",
     "deadlines_key",
@@ -96,6 +103,9 @@ __all__ = [
     "result_cache_key_prefix",
     "result_cache_ttl_s",
     "review_stream",
+    "schedule_fires_key",
+    "schedules_due_key",
+    "schedules_key",
     "status_counts_key",
     "task_index_key",
     "task_key",
@@ -116,6 +126,7 @@ events_stream: Final = "orga:events"
 review_stream: Final = "orga:review"
 dead_letter_stream: Final = "orga:dead_letter"
 journal_stream_prefix: Final = "orga:journal:"
+conversation_key_prefix: Final = "orga:conversation:"
 control_stream: Final = "orga:control"
 
 # -- consumer groups -----------------------------------------------------------------------
@@ -141,6 +152,10 @@ open_reviews_key: Final = "orga:reviews:open"
 status_counts_key: Final = "orga:stats:status"
 heartbeats_key: Final = "orga:heartbeats"
 queue_started_key_prefix: Final = "orga:started:"
+agents_key: Final = "orga:agents"
+schedules_key: Final = "orga:schedules"
+schedules_due_key: Final = "orga:schedules:due"
+schedule_fires_key: Final = "orga:schedules:fired"
 
 # -- Celery queues and task names ----------------------------------------------------------
 
@@ -168,6 +183,12 @@ heartbeats_retention_s: Final = 600
 def journal_stream(task_id: str) -> str:
     """The journal stream of one task: ``orga:journal:{task_id}``."""
     return f"{journal_stream_prefix}{task_id}"
+
+
+def conversation_key(task_id: str) -> str:
+    """A task's conversation, append-only (rewritten only by a compaction): a list of message
+    JSON, ``orga:conversation:{task_id}``."""
+    return f"{conversation_key_prefix}{task_id}"
 
 
 def task_key(task_id: str) -> str:

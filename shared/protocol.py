@@ -25,6 +25,7 @@ from shared.task_spec import ProviderSpec
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "ConversationRef",
     "ErrorKind",
     "Fence",
     "ReasonRequest",
@@ -85,6 +86,20 @@ class Fence(BaseModel):
         return self.model_copy(update={"iteration": self.iteration + 1, "call_id": None})
 
 
+class ConversationRef(BaseModel):
+    """Where a worker reads the conversation of a reasoning request: the first ``length``
+    messages of ``orga:conversation:{task_id}``, as of the coordinator's ``epoch`` (bumped
+    whenever a compaction rewrote it, so a worker's cached prefix of an older epoch is not
+    reused)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    length: int = Field(ge=0)
+    epoch: int = Field(default=0, ge=0)
+    created_at: float = 0.0
+    """When the task was created: a task id reused after a purge is another conversation."""
+
+
 class ReasonRequest(BaseModel):
     """What a reasoning worker needs to run Reason and Gate for one iteration.
 
@@ -97,7 +112,10 @@ class ReasonRequest(BaseModel):
     fence: Fence
     purpose: Literal["act", "plan"] = "act"
     agent_id: str
-    conversation: Conversation
+    conversation: Conversation = Field(default_factory=Conversation)
+    conversation_ref: ConversationRef | None = None
+    """Set by the coordinators: the conversation is not in the request but in Redis, and the
+    worker reads what it lacks (the request stays the same size however long the task runs)."""
     config: LoopConfig
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)

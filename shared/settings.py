@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
@@ -118,6 +118,23 @@ class OrgaSettings(BaseSettings):
         default=7 * 24 * 3600.0,
         ge=60,
         description="Finished tasks (state, journal) are deleted this long after they end",
+    )
+    inbox_token: SecretStr | None = Field(
+        default=None,
+        description="`orga inbox`: reviewers log in with this token (or send it as "
+        "`Authorization: Bearer TOKEN`); the inbox refuses to start without it or "
+        "ORGA_INBOX_BASIC_AUTH",
+    )
+    inbox_basic_auth: SecretStr | None = Field(
+        default=None,
+        description="`orga inbox`: HTTP basic auth accounts, `user:password` separated by commas; "
+        "the user name is recorded as who decided a review",
+    )
+    inbox_secret: SecretStr | None = Field(
+        default=None,
+        description="`orga inbox`: signs its session and CSRF cookies; unset: a random one per "
+        "process (reviewers log in again after a restart; set it when several inbox processes "
+        "serve one address)",
     )
 
 

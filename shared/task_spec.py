@@ -29,6 +29,7 @@ from shared.stagnation import StagnationConfig
 from shared.tool_profile import ToolProfile
 
 __all__ = [
+    "AGENT_NAME_PATTERN",
     "MAX_TASK_BYTES",
     "MAX_TASK_DEPTH",
     "MAX_TASK_VALUES",
@@ -39,6 +40,7 @@ __all__ = [
     "TaskLimits",
     "TaskSpec",
     "TaskSpecError",
+    "decode_task_text",
     "load_task_file",
     "parse_task",
     "parse_task_text",
@@ -56,6 +58,9 @@ MAX_TASK_VALUES = 100_000
 used, so a few hundred bytes of anchors cannot expand into billions of values."""
 
 _STEP_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""A registered agent's name (``agent: NAME`` in a task; :mod:`shared.agent_profile`)."""
 
 
 class TaskSpecError(OrgaError, ValueError):
@@ -143,6 +148,8 @@ class TaskSpec(_Strict):
     """A task: a goal, optional explicit steps, the model, tools, policy and limits."""
 
     goal: str = Field(min_length=1)
+    agent: str | None = Field(default=None, pattern=AGENT_NAME_PATTERN)
+    """A registered agent profile whose fields this task starts from (resolved at intake)."""
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     agent_id: str = Field(default="agent", min_length=1, max_length=128)
     system_prompt: str | None = None
@@ -225,6 +232,12 @@ def parse_task(data: Any, source: str = "task") -> TaskSpec:
 
 def parse_task_text(text: str, source: str = "task") -> TaskSpec:
     """Validate a task given as YAML or JSON text (what the intake stream carries)."""
+    return parse_task(decode_task_text(text, source), source)
+
+
+def decode_task_text(text: str, source: str = "task") -> Any:
+    """The data of a task given as YAML or JSON text, not yet validated; too large or empty
+    text is refused."""
     size = len(text.encode("utf-8", "replace"))
     if size > MAX_TASK_BYTES:
         raise TaskSpecError(
@@ -233,7 +246,7 @@ def parse_task_text(text: str, source: str = "task") -> TaskSpec:
         )
     if not text.strip():
         raise TaskSpecError(f"{source}: the task is empty; it needs at least a 'goal'")
-    return parse_task(_decode(text, source), source)
+    return _decode(text, source)
 
 
 def load_task_file(path: str | Path) -> TaskSpec:

@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
 
+from shared.celery_wire import check_versions
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, celery_config
 
@@ -22,6 +23,7 @@ __all__ = ["app", "create_app"]
 def create_app(settings: OrgaSettings | None = None) -> Celery:
     """A Celery app configured from ``settings`` (read from the environment by default)."""
     settings = settings or OrgaSettings()
+    check_versions()
     if settings.redis_url is None:
         raise ConfigError(
             "ORGA_REDIS_URL is not set: the workers need the Redis that the coordinator uses "

@@ -122,6 +122,10 @@ class WorkerServices(Protocol):
         """The agents' knowledge store (the one ``recall_knowledge`` searches)."""
         ...
 
+    async def conversation(self, request: ReasonRequest) -> Conversation:
+        """The request's conversation: its own, or the stored one it refers to."""
+        ...
+
     async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
         """Add a task's seeded knowledge to the agent's store (once per process and seed)."""
         ...
@@ -220,7 +224,7 @@ def resolution_arguments(
 async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> ReasonedMessage:
     """Reason and Gate for one iteration (and Act when ``act_inline``)."""
     started = time.monotonic()
-    state = _loop_state(request)
+    state = _loop_state(request, await services.conversation(request))
     knowledge = request.config.knowledge
     if knowledge is not None and request.purpose == "act":
         await _inject_knowledge(request, services, state.conversation, knowledge)
@@ -395,12 +399,12 @@ def _span(request: ReasonRequest | ToolRequest) -> AbstractContextManager[trace.
     )
 
 
-def _loop_state(request: ReasonRequest) -> LoopState:
+def _loop_state(request: ReasonRequest, conversation: Conversation) -> LoopState:
     return LoopState(
         agent_id=request.agent_id,
         iteration=request.fence.iteration,
         total_usage=request.usage,
-        conversation=request.conversation,  # decoded for this call alone: no copy needed
+        conversation=conversation,  # decoded or read for this call alone: no copy needed
     )
 
 

@@ -29,7 +29,8 @@ from shared import keys
 from shared.actions import ToolCallAction
 from shared.celery_wire import tool_message
 from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
-from shared.errors import ConfigError
+from shared.conversation import Conversation, ConversationMessage
+from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
 from shared.protocol import (
@@ -74,10 +75,16 @@ __all__ = [
 ]
 
 LEDGERS_KEPT = 1024
+CONVERSATIONS_KEPT = 512
+"""How many tasks' conversations a worker process keeps, to read only what it lacks."""
 SCRIPTS_KEPT = 64
 """How many tasks' LlmRecovery counts a worker process remembers."""
 
 _T = TypeVar("_T")
+
+
+class StaleConversationError(OrgaError):
+    """A request's stored conversation was rewritten since it was sent (a stale dispatch)."""
 
 
 class RedisDeadLetterSink:
@@ -293,6 +300,15 @@ class WorkerCore:
         """The agents' knowledge store."""
         return self._knowledge
 
+    async def conversation(self, request: ReasonRequest) -> Conversation:
+        """The request's own conversation (this core has no store to read a reference in)."""
+        if request.conversation_ref is not None:
+            raise ConfigError(
+                f"reasoning request {request.fence.token()} refers to a stored conversation, "
+                "but this worker has no Redis to read it from; run it on a worker process"
+            )
+        return request.conversation
+
     async def seed_knowledge(self, agent_id: str, spec: KnowledgeSpec) -> None:
         """Add a task's seeded items to the agent's store, once per process and seed (the
         items' ids come from their content, so another process seeding again changes
@@ -352,6 +368,33 @@ class ProcessServices(WorkerCore):
             dead_letter=RedisDeadLetterSink(self.redis),
         )
         super().__init__(settings, provider_settings, executor, registry, knowledge)
+        self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}
+        """Task id → ((created_at, epoch), the messages of its conversation read so far)."""
+
+    async def conversation(self, request: ReasonRequest) -> Conversation:
+        """The stored conversation a request refers to: what this process read of the task
+        before (same epoch), plus the messages it lacks, read from Redis."""
+        ref = request.conversation_ref
+        if ref is None:
+            return request.conversation
+        task_id = request.fence.task_id
+        version, cached = self._conversations.pop(task_id, ((-1.0, -1), []))
+        same = version == (ref.created_at, ref.epoch)
+        known = cached if same and len(cached) <= ref.length else []
+        if len(known) < ref.length:
+            key = keys.conversation_key(task_id)
+            raw = await self.redis.lrange(key, len(known), ref.length - 1)
+            known = known + [ConversationMessage.model_validate_json(m) for m in raw]
+        if len(known) < ref.length:
+            raise StaleConversationError(
+                f"task {task_id}: its stored conversation has {len(known)} messages, the "
+                f"request {request.fence.token()} expects {ref.length} (epoch {ref.epoch}); "
+                "it was rewritten since: the coordinator will re-send a current request"
+            )
+        self._conversations[task_id] = ((ref.created_at, ref.epoch), known[: ref.length])
+        while len(self._conversations) > CONVERSATIONS_KEPT:
+            self._conversations.pop(next(iter(self._conversations)))
+        return Conversation(messages=list(known[: ref.length]))
 
     def throttle(self, provider: str, digest: str) -> ProviderThrottle:
         """Every worker of the deployment holds off together: one Redis key per provider and

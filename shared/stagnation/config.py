@@ -76,9 +76,12 @@ class StagnationConfig(BaseModel):
       ``recovery`` steps or ``recovery_share`` of the run off, whichever is more (``recovery=0``:
       a new result ends the run at once); the episode ends when the run is empty;
     - ``repeat``: occurrences of the same (call, result) pair in the stale run, and of the same
-      failing call failing the same way in the last ``history`` events, whatever came between;
+      call answering or failing the same way in the last ``history`` events, whatever came
+      between (an answer going round a cycle is the cycle's);
     - ``cycle``: full repetitions of a cycle of 2..``max_period`` (call, result) pairs;
-    - ``error``: occurrences of the same error text from the same tool, whatever the arguments.
+    - ``error``: occurrences of the same error text from the same tool, whatever the arguments,
+      in the stale run, and, for a read, a command or a write (the world's errors, not an
+      *other* tool's), in the last ``history`` events whatever came between.
 
     ``history`` bounds the window in which repeats, cycles and errors are counted;
     ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen

@@ -233,7 +233,7 @@ class StagnationDetector:
         if duplicate is None and fp.is_ack:
             return self._verdict(escalated=False)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
-        self._window.note(self._retry_key(event, fp))
+        self._window.note(self._recurrence_key(event, fp), self._world_error(event, fp))
         if event.kind is ToolKind.WRITE:
             return self._write(event, fp, first_seen, duplicate)
         if duplicate is not None:
@@ -414,7 +414,7 @@ class StagnationDetector:
         """The stale-window signal and whichever input-side signals reach a rung."""
         candidates = (
             self._cycle_signal(),
-            self._repeat_signal(event, pair),
+            self._repeat_signal(event, fp, pair),
             self._error_signal(event, fp),
             self._retry_signal(event, fp),
         )
@@ -442,8 +442,14 @@ class StagnationDetector:
             lambda: f"the last {stale} steps returned nothing you had not already seen",
         )
 
-    def _repeat_signal(self, event: ToolEvent, pair: str) -> _Signal | None:
+    def _repeat_signal(self, event: ToolEvent, fp: EventFingerprint, pair: str) -> _Signal | None:
+        """The same (call, result) pair in the episode, or an answer (not a failure: that is
+        :meth:`_retry_signal`) that came back in the last ``history`` events, whatever came
+        between: the same check run after every edit, answering the same each time although
+        a search found something new between two runs (gpt-4o-mini ``databind-4249``)."""
         count = self._window.count(pair)
+        if not event.failed and event.kind is not ToolKind.WRITE:
+            count = max(count, self._recurrences(fp.pair))
         level = self.config.repeat.rung(count)
         if level is StagnationLevel.NONE:
             return None
@@ -454,8 +460,22 @@ class StagnationDetector:
             lambda: f"{event.describe()} returned the same result {count} times",
         )
 
+    def _recurrences(self, pair: str) -> int:
+        """How often an answer came back in the last ``history`` events, unless a cycle going
+        round explains it: an answer in a cycle comes back once per round, one round before
+        the cycle has come round in full; the cycle is the more specific name for that."""
+        recurrences = self._window.retries(pair)
+        cycle = self._window.cycle()
+        return recurrences if cycle is None or recurrences > cycle[1] + 1 else 0
+
     def _error_signal(self, event: ToolEvent, fp: EventFingerprint) -> _Signal | None:
+        """The same error in the episode, or the same error from the world (:meth:`_world_error`)
+        in the last ``history`` events, whatever the arguments and whatever came between:
+        ``javac: command not found``, ``find.: command not found``, ``mvn: command not found``
+        among a few new reads (doubao ``xml-531``)."""
         count = self._window.error_count(fp.error)
+        if self._world_error(event, fp) is not None:
+            count = max(count, self._window.recent_errors(fp.error))
         level = self.config.error.rung(count)
         if level is StagnationLevel.NONE:
             return None
@@ -470,15 +490,33 @@ class StagnationDetector:
         )
 
     @staticmethod
-    def _retry_key(event: ToolEvent, fp: EventFingerprint) -> str | None:
-        """What a retried failure is: the same failing (call, result) pair; for a refused write,
-        the same refusal from the same tool whatever the arguments (a booking refused for the
-        same reason again and again). None for an event that did not fail."""
+    def _recurrence_key(event: ToolEvent, fp: EventFingerprint) -> str | None:
+        """What counts as the same result coming back, whatever came between: the same (call,
+        result) pair; for a refused write, the same refusal from the same tool whatever the
+        arguments (a booking refused for the same reason again and again). None for a
+        successful write, which is judged by the state it leaves."""
         if not event.failed:
-            return None
+            return None if event.kind is ToolKind.WRITE else fp.pair
         if event.kind is ToolKind.WRITE and fp.error is not None:
             return digest("refused", event.tool_name, fp.error)
         return fp.pair
+
+    @classmethod
+    def _retry_key(cls, event: ToolEvent, fp: EventFingerprint) -> str | None:
+        """What a retried failure is (:meth:`_recurrence_key`); None for an event that did
+        not fail."""
+        return cls._recurrence_key(event, fp) if event.failed else None
+
+    @staticmethod
+    def _world_error(event: ToolEvent, fp: EventFingerprint) -> str | None:
+        """The error a read, a command or a write met, counted across new results.
+
+        An *other* tool's error (a web page that failed to load, a harness refusing the
+        model's reply) is counted within the episode only: an agent at work meets those now
+        and then, and fourteen isolated format errors in a 145-step run are no loop (Gemini
+        ``django-14351``).
+        """
+        return fp.error if event.kind is not ToolKind.OTHER else None
 
     def _retry_signal(self, event: ToolEvent, fp: EventFingerprint) -> _Signal | None:
         """The same failing call, unchanged, failing the same way again, whatever came between.
@@ -576,7 +614,7 @@ class StagnationDetector:
     def to_state(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot; :meth:`from_state` restores it exactly."""
         window, recent, runs = self._window.dump()
-        failures = self._window.dump_failures()
+        failures, errors = self._window.dump_failures(), self._window.dump_errors()
         state = DetectorState(
             config=self.config,
             total_steps=self._total_steps,
@@ -593,6 +631,7 @@ class StagnationDetector:
             episode=self._episode.dump(),
             pending_writes=self._pending_writes,
             recent_failures=failures,
+            recent_errors=errors,
         )
         return state.model_dump(mode="json")
 
@@ -620,7 +659,11 @@ class StagnationDetector:
         detector._seen = BoundedLru(cfg.max_seen_hashes, saved.seen)
         detector._paths = BoundedLru(cfg.max_paths, saved.paths)
         detector._window.load(
-            saved.window, saved.recent_pairs, saved.cycle_runs, saved.recent_failures
+            saved.window,
+            saved.recent_pairs,
+            saved.cycle_runs,
+            saved.recent_failures,
+            saved.recent_errors,
         )
         detector._episode = _Episode.load(saved.episode)
         detector._pending_writes = saved.pending_writes

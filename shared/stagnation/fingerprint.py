@@ -56,6 +56,8 @@ _WORD_SEPARATORS = re.compile(r"[\s'\"`,;|&<>()\[\]{}]+")
 _ECHO = "<arg>"
 _QUOTED = re.compile(r"(['\"])(.+?)\1")
 # normalize_volatile's placeholders, or (group 1) a letter that is not part of one
+# A line range in an edit's call: ``edit 72:83``, ``sed -i '72,83d'``.
+_LINE_RANGE = re.compile(r"(?<![\w.\[,])\d+[:,]\d+(?![.\],])")
 _LETTER_OR_PLACEHOLDER = re.compile(r"<(?:ts|uuid|tmp|hex|n)>|([^\W\d_])")
 
 
@@ -182,8 +184,9 @@ class EventFingerprint:
     - ``after`` / ``before``: a successful write's after-state and, if known, before-state.
       ``state``, ``after`` and ``before`` share one space, so a write that puts back what a read
       saw is recognised;
-    - ``write_call``: a successful write's path and call, so that re-applying the same edit is
-      recognised even when each application changes the file (an insertion duplicated);
+    - ``write_call``: a successful write's path and call (line ranges masked), so that
+      re-applying the same edit is recognised even when each application changes the file (an
+      insertion duplicated) or shifts its lines;
     - ``is_ack``: an empty acknowledgement of a tool that is neither a read nor a command;
     - ``info_free``: a successful read or search that showed nothing.
     """
@@ -209,16 +212,19 @@ def _write_after(event: ToolEvent, masked_output: str) -> str:
 
 
 def _write_call(event: ToolEvent) -> str | None:
-    """Path and exact call of a write whose after-state the host reported, else None.
+    """Path and call of a write whose after-state the host reported, else None.
 
     Only a host's after-hash can change while the same edit is re-applied (an insertion
     duplicated each time); an after-state derived from the call and its output changes with
-    them. The call is compared exactly: the same text inserted at line 35 and at line 46 is a
-    batch, not a repetition.
+    them. The call is compared exactly but for its line ranges (``edit 72:83``, ``sed
+    '72,83d'``): deleting line 72 and writing the block back, then 71, then 70 (deepseek-coder
+    ``databind-4013``), is one edit re-applied as the lines shift. The same text put at
+    another single line (``insert_at``), or with other numbers in it, is another edit.
     """
     if event.after_hash is None:
         return None
-    return digest("wcall", event.path or "", event.tool_name, canonical_json(event.arguments))
+    call = _LINE_RANGE.sub("<n>:<n>", canonical_json(event.arguments))
+    return digest("wcall", event.path or "", event.tool_name, call)
 
 
 def _read_state(event: ToolEvent) -> str | None:

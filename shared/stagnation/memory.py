@@ -2,10 +2,12 @@
 
 - :class:`BoundedLru`: what was seen (digest -> compaction epoch of first sight) and the last known
   state of each path; the least recently seen entry is forgotten once ``capacity`` is reached.
+- :class:`RecentCounts`: one key (or None) per event over the last ``n`` events, with counts.
 - :class:`StaleWindow`: the (call, result) pairs and error fingerprints since the last new state
   change, at most ``history`` of them, with running counts; the run lengths that reveal a
-  cycle of period ``p`` (how many events in a row equal the one ``p`` places earlier); and the
-  failed (call, result) pairs of the last ``history`` events, whatever came in between.
+  cycle of period ``p`` (how many events in a row equal the one ``p`` places earlier); and, over
+  the last ``history`` events whatever came in between, the results (a failure, a refusal or an
+  answer) and the errors the world gave.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, deque
 from typing import Generic, TypeVar
 
-__all__ = ["BoundedLru", "StaleWindow"]
+__all__ = ["BoundedLru", "RecentCounts", "StaleWindow"]
 
 V = TypeVar("V")
 
@@ -58,6 +60,46 @@ class BoundedLru(Generic[V]):
         return len(self._data)
 
 
+class RecentCounts:
+    """One key (or None) per event over the last ``size`` events, with O(1) counts."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: deque[str | None] = deque(maxlen=size)
+        self._counts: Counter[str] = Counter()
+
+    def add(self, key: str | None) -> None:
+        """Record the next event's key, forgetting the oldest beyond ``size``."""
+        if len(self._keys) == self.size:
+            oldest = self._keys[0]
+            if oldest is not None:
+                self._counts[oldest] -= 1
+                if not self._counts[oldest]:
+                    del self._counts[oldest]
+        self._keys.append(key)
+        if key is not None:
+            self._counts[key] += 1
+
+    def count(self, key: str | None) -> int:
+        """How often ``key`` occurs in the last ``size`` events (0 for None)."""
+        return self._counts[key] if key is not None else 0
+
+    def clear(self) -> None:
+        """Forget every event."""
+        self._keys.clear()
+        self._counts.clear()
+
+    def dump(self) -> list[str | None]:
+        """The keys, oldest first."""
+        return list(self._keys)
+
+    def load(self, keys: list[str | None]) -> None:
+        """Restore what :meth:`dump` returned (trimmed to ``size``)."""
+        self.clear()
+        for key in keys[-self.size :]:
+            self.add(key)
+
+
 class StaleWindow:
     """The pairs and errors since the last new state change, with O(1) counts.
 
@@ -76,17 +118,18 @@ class StaleWindow:
         self._recent: deque[str] = deque(maxlen=max_period)
         # _runs[p - 1]: events in a row equal to the event p places earlier (p = 1..max_period)
         self._runs: list[int] = [0] * max_period
-        # failed pairs (None for any other event) of the last ``history`` events, new ones too
-        self._failures: deque[str | None] = deque(maxlen=history)
-        self._failure_counts: Counter[str] = Counter()
+        # per event of the last ``history``, new ones too: its recurrence key (a failure's pair,
+        # a refusal, an answer's pair; None for a successful write) and the world's error
+        self._results = RecentCounts(history)
+        self._world_errors = RecentCounts(history)
 
     def clear(self) -> None:
         """Forget everything (after a milestone or a reviewer's reset)."""
         self._clear_episode()
         self._recent.clear()
         self._runs = [0] * self.max_period
-        self._failures.clear()
-        self._failure_counts.clear()
+        self._results.clear()
+        self._world_errors.clear()
 
     def _clear_episode(self) -> None:
         self._entries.clear()
@@ -108,21 +151,19 @@ class StaleWindow:
         if error is not None:
             self._errors[error] += 1
 
-    def note(self, failed_pair: str | None) -> None:
-        """Record every observed event: its pair if it failed, else None (kept across episodes)."""
-        if len(self._failures) == self.history:
-            oldest = self._failures[0]
-            if oldest is not None:
-                self._failure_counts[oldest] -= 1
-                if not self._failure_counts[oldest]:
-                    del self._failure_counts[oldest]
-        self._failures.append(failed_pair)
-        if failed_pair is not None:
-            self._failure_counts[failed_pair] += 1
+    def note(self, result: str | None, world_error: str | None = None) -> None:
+        """Record every observed event (kept across episodes): its recurrence key and the error
+        the world gave (None: none, or a harness's refusal of the model's reply)."""
+        self._results.add(result)
+        self._world_errors.add(world_error)
 
-    def retries(self, pair: str) -> int:
-        """How often ``pair`` failed in the last ``history`` events, whatever came between."""
-        return self._failure_counts[pair]
+    def retries(self, result: str) -> int:
+        """How often ``result`` came back in the last ``history`` events, whatever came between."""
+        return self._results.count(result)
+
+    def recent_errors(self, error: str | None) -> int:
+        """How often the world gave ``error`` in the last ``history`` events, across episodes."""
+        return self._world_errors.count(error)
 
     def _update_runs(self, pair: str) -> None:
         recent, size = self._recent, len(self._recent)
@@ -169,8 +210,12 @@ class StaleWindow:
         return list(self._entries), list(self._recent), list(self._runs)
 
     def dump_failures(self) -> list[str | None]:
-        """The failed pairs of the last events (None for the others), oldest first."""
-        return list(self._failures)
+        """The recurrence keys of the last events (None for successful writes), oldest first."""
+        return self._results.dump()
+
+    def dump_errors(self) -> list[str | None]:
+        """The world's errors of the last events (None for the others), oldest first."""
+        return self._world_errors.dump()
 
     def load(
         self,
@@ -178,11 +223,13 @@ class StaleWindow:
         recent: list[str],
         runs: list[int],
         failures: list[str | None] | None = None,
+        errors: list[str | None] | None = None,
     ) -> None:
-        """Restore what :meth:`dump` and :meth:`dump_failures` returned (trimmed to bounds)."""
+        """Restore what :meth:`dump`, :meth:`dump_failures` and :meth:`dump_errors` returned
+        (trimmed to bounds)."""
         self.clear()
-        for failed_pair in (failures or [])[-self.history :]:
-            self.note(failed_pair)
+        self._results.load(failures or [])
+        self._world_errors.load(errors or [])
         for pair, error in entries[-self.history :]:
             self._entries.append((pair, error))
             self._pairs[pair] += 1

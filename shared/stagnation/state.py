@@ -60,7 +60,10 @@ class DetectorState(BaseModel):
     cycle_runs: list[int]
     episode: EpisodeState
     pending_writes: int = Field(default=0, ge=0)
+    # per event of the last ``history``: its recurrence key (a failure, a refusal, an answer)
+    # and the error the world gave; the name is the first release's, which kept failures only
     recent_failures: list[str | None] = Field(default_factory=list)
+    recent_errors: list[str | None] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

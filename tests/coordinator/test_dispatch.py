@@ -118,3 +118,17 @@ def test_a_refused_commit_pushes_nothing(redis_url: str, redis_client: Any) -> N
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_the_installed_celery_and_kombu_are_checked_at_start_up() -> None:
+    """The versions the message layout was checked against pass; another major is refused."""
+    import pytest
+
+    from shared.celery_wire import check_versions
+    from shared.errors import ConfigError
+
+    assert set(check_versions()) == {"celery", "kombu"}
+    with pytest.raises(ConfigError, match=r"kombu 6\.0\.0 is installed.*install a kombu 5\.x"):
+        check_versions(lambda package: "6.0.0" if package == "kombu" else "5.4.0")
+    with pytest.raises(ConfigError, match=r"celery 5\.2\.7 is installed"):
+        check_versions(lambda package: "5.2.7")

@@ -359,11 +359,14 @@ def test_parse_plan(text: str, expected: list[str]) -> None:
 
 
 def test_record_round_trips_through_json() -> None:
-    """The whole record (conversation, tracker and detector state) survives a JSON round trip."""
+    """The record (tracker and detector state) survives a JSON round trip; its conversation
+    is not in it (the store keeps it apart, append-only)."""
     record = _record()
     _start(record)
     _tool_turn(record, _call("c1", path="a"))
     restored = TaskRecord.model_validate_json(record.model_dump_json())
+    assert len(restored.conversation) == 0 < len(record.conversation)
+    restored.conversation = record.conversation
     assert restored == record
 
 
@@ -684,3 +687,21 @@ def test_a_dispatch_whose_worker_stopped_heartbeating_is_re_sent_once() -> None:
 def _start_and_get(record: TaskRecord) -> TaskRecord:
     _start(record)
     return record
+
+
+def test_a_record_of_the_old_escalation_layout_still_loads() -> None:
+    """An awaited dispatch stored with its escalation inside ``results`` keeps it, typed."""
+    from coordinator.state import Awaiting
+
+    old = {
+        "kind": "tools",
+        "fence": {"task_id": "t", "step_id": "s", "iteration": 1, "attempt": 1},
+        "deadline": 1.0,
+        "results": {
+            "c1": {"source": "file_read", "content": "ok"},
+            "__escalation__:c1": {"source": "recovery", "content": "disk full", "is_error": True},
+        },
+    }
+    awaiting = Awaiting.model_validate(old)
+    assert list(awaiting.results) == ["c1"]
+    assert awaiting.escalations == {"c1": "disk full"}

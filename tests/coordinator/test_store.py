@@ -103,3 +103,62 @@ def test_finished_tasks_are_purged_after_the_retention(redis_url: str, redis_cli
         assert await store.load("running") is not None
 
     _scenario(redis_url, body)
+
+
+def test_the_conversation_is_stored_append_only_and_rewritten_after_compaction(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A commit writes only the new messages; a rewrite bumps the epoch; load restores it."""
+    from shared.conversation import ConversationMessage
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("conv")
+        await store.create(record)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())
+        key = keys.conversation_key("conv")
+        first = await client.lrange(key, 0, -1)
+        assert len(first) == len(record.conversation) == 3
+        assert record.conversation_epoch == 1  # the first write is a whole one
+        record.conversation.push(ConversationMessage.user("one more"))
+        delta = store.conversation_delta(record)
+        assert not delta.rewrite and len(delta.messages) == 1
+        await store.commit(record, _machine(record).effects, delta=delta)
+        assert await client.lrange(key, 0, 2) == first  # untouched, one appended
+        assert await client.llen(key) == 4 and record.conversation_epoch == 1
+        record.conversation.messages[3] = ConversationMessage.user("masked")  # a compaction
+        await store.commit(record, _machine(record).effects)
+        assert record.conversation_epoch == 2
+        assert b"masked" in (await client.lrange(key, 3, 3))[0]
+        fresh = TaskStore(client)
+        loaded = await fresh.load("conv")
+        assert loaded is not None
+        assert [m.content for m in loaded.conversation.messages] == [
+            m.content for m in record.conversation.messages
+        ]
+        assert b"one more" not in await client.hget(keys.task_key("conv"), "state")
+
+    _scenario(redis_url, body)
+
+
+def test_a_record_written_before_conversations_were_stored_apart_keeps_its_conversation(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Upgrading: a state that holds the conversation itself loads with it, and the next
+    commit stores it whole in the list."""
+    import json as json_
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("old")
+        _machine(record).start()
+        state = json_.loads(record.model_dump_json())
+        state["conversation"] = json_.loads(record.conversation.model_dump_json())
+        await client.hset(
+            keys.task_key("old"), mapping={"version": "0", "state": json_.dumps(state)}
+        )
+        loaded = await TaskStore(client).load("old")
+        assert loaded is not None and len(loaded.conversation) == len(record.conversation) > 0
+        await store.commit(loaded, _machine(loaded).effects)
+        assert await client.llen(keys.conversation_key("old")) == len(record.conversation)
+
+    _scenario(redis_url, body)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.state import TaskRecord
+from shared.conversation import Conversation, ConversationMessage
 from shared.pre_hydration import PreHydrationEngine
 from shared.protocol import ReasonRequest, ToolRequest
 from shared.task_spec import (
@@ -148,12 +149,20 @@ def _outcome(data: Any, source: str = "task") -> TaskSpec | TaskSpecError:
 
 
 def _assert_round_trips(spec: TaskSpec) -> None:
-    """The spec, the record holding it and the first dispatch all survive JSON."""
+    """The spec, the record holding it (its conversation is stored apart, message by message)
+    and the first dispatch all survive JSON."""
     assert TaskSpec.model_validate_json(spec.model_dump_json()) == spec
     assert parse_task(json.loads(spec.model_dump_json())) == spec
     record = TaskRecord(task_id="t1", spec=spec, created_at=0.0, updated_at=0.0)
     effects = TaskMachine(record, 1.0, SETTINGS).start()
-    assert TaskRecord.model_validate_json(record.model_dump_json()) == record
+    restored = TaskRecord.model_validate_json(record.model_dump_json())
+    restored.conversation = Conversation(
+        messages=[
+            ConversationMessage.model_validate_json(m.model_dump_json())
+            for m in record.conversation.messages
+        ]
+    )
+    assert restored == record
     for request in effects.reason_dispatches:
         assert ReasonRequest.model_validate_json(request.model_dump_json()) == request
     for tool in effects.tool_dispatches:

@@ -159,6 +159,47 @@ def test_reverting_to_a_state_already_seen_is_not_new() -> None:
     assert [v.stale_steps for v in verdicts] == [0, 0, 1, 1, 2]
 
 
+def test_the_same_edit_at_shifting_line_ranges_is_reapplied() -> None:
+    """Delete line N and rewrite the block below, N down by one each round: stale from round 2."""
+    block = "    {\n        ArrayList<JavaType> types = new ArrayList<>();\n    }"
+    events = []
+    for round_, line in enumerate(range(72, 68, -1)):
+        delete = {"command": f"edit {line}:{line}\nend_of_edit"}
+        rewrite = {"command": f"edit {line}:{line + 11}\n{block}\nend_of_edit"}
+        events += [
+            ToolEvent(
+                tool_name="edit",
+                arguments=delete,
+                kind=ToolKind.WRITE,
+                path="T.java",
+                after_hash=f"deleted{round_}",
+            ),
+            ToolEvent(
+                tool_name="edit",
+                arguments=rewrite,
+                kind=ToolKind.WRITE,
+                path="T.java",
+                after_hash=f"rewritten{round_}",
+            ),
+        ]
+    verdicts = replay(events, NO_GATE)
+    assert [v.stale_steps for v in verdicts] == [0, 0, 1, 2, 3, 4, 5, 6]
+    # the same edit in other files is a batch; other numbers written are another edit
+    batch = [
+        ToolEvent(
+            tool_name="edit",
+            arguments={"command": "edit 3:3\nimport x\nend_of_edit"},
+            kind=ToolKind.WRITE,
+            path=f"m{i}.py",
+            after_hash=f"h{i}",
+        )
+        for i in range(5)
+    ]
+    tuned = [write("a.py", f"x = {i}", f"x = {i + 1}") for i in range(5)]
+    for events in (batch, tuned):
+        assert {v.stale_steps for v in replay(events, NO_GATE)} == {0}
+
+
 def test_failed_write_with_a_refusal_already_met_is_stale() -> None:
     """Refusals differing only by numbers are one refusal; a new refusal reason is news."""
     events = [failed_write("a.py", f"v{i}", f"lint error, line {i}: bad indent") for i in range(6)]
@@ -273,6 +314,27 @@ def test_the_most_specific_signal_names_the_rung_it_reaches() -> None:
     verdicts = replay(round_trip * 5, StagnationConfig(min_steps=0))
     first_replan = next(v for v in verdicts if v.level is StagnationLevel.REPLAN)
     assert first_replan.kind is StagnationKind.CYCLE
+
+
+def test_an_other_tools_errors_add_up_within_the_episode_only() -> None:
+    """The world's errors count across new results; a fetch's (an *other* tool's) do not."""
+
+    def fetch(url: str) -> ToolEvent:
+        return ToolEvent(
+            tool_name="web_fetch", arguments={"url": url}, output="HTTP 404", is_error=True
+        )
+
+    def missing(name: str) -> ToolEvent:
+        return command(f"{name} -version", f"bash: {name}: command not found", 127)
+
+    opening = [read(f"src/{name}.py", f"def {name}(): ...") for name in "abcde"]
+    for failing, expected in ((fetch, StagnationLevel.NONE), (missing, StagnationLevel.NUDGE)):
+        events = list(opening)
+        for i, name in enumerate(("javac", "mvn", "ant")):
+            events += [failing(name), read(f"docs/{i}.md", f"note {name}")]
+        verdicts = replay([*events, failing("gradle")], NO_GATE)
+        assert verdicts[-1].level is expected
+        assert verdicts[-1].stale_steps == 1
 
 
 def test_same_error_whatever_the_arguments() -> None:

@@ -142,8 +142,9 @@ def test_eval_reports_the_table_and_the_loop(tmp_path: Path) -> None:
     assert "RESULT stagnation_gemini_resolved_ask_human 0.000" in out
 
 
-def _labels(folder: Path) -> Path:
-    """A two-run label file for the hand-made runs, next to a link to the real scorer."""
+def _labels(folder: Path, extra: list[dict[str, Any]] | None = None) -> Path:
+    """A two-run label file for the hand-made runs (plus ``extra`` rows), next to a link to the
+    real scorer."""
     labels = folder / "labels"
     labels.mkdir()
     (labels / "score_stagnation.py").symlink_to(SCORER)
@@ -166,6 +167,7 @@ def _labels(folder: Path) -> Path:
             "end_step": None,
             "kind": None,
         },
+        *(extra or []),
     ]
     (labels / "labels.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return labels
@@ -184,5 +186,30 @@ def test_eval_scores_the_labelled_set_with_its_own_scorer(tmp_path: Path) -> Non
     assert "exact-repeat" in out
     assert "ours: detected stalls (episodes reaching REPLAN)" in out
     assert "exact-repeat  -> repeat" in out
+    assert "ours: labelled stalls missed within 8 steps of onset: 0" in out
     assert "RESULT stagnation_recall8 1.000" in out
     assert "RESULT stagnation_false_alarms 0.000" in out
+
+
+@pytest.mark.skipif(not SCORER.exists(), reason="the labelled set's scorer is not in ../shared")
+def test_eval_lists_the_stalls_ours_misses(tmp_path: Path) -> None:
+    """A stall ours never flags is listed with its onset and the tool results in its window."""
+    _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())
+    _write(tmp_path, "mini-swe-agent-gemini3pro-verified", _mini_swe_runs())
+    quiet = {
+        "dataset": "swe-agent-java-5models",
+        "run": "run_gpt-4o",
+        "instance_id": "made-up-1",
+        "label": "stuck",
+        "onset_step": 0,
+        "end_step": 2,
+        "kind": "no-gradient",
+    }
+    result = _run(tmp_path, "--labelled-only", labels=_labels(tmp_path, [quiet]))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "ours: labelled stalls missed within 8 steps of onset: 1" in out
+    listed = next(line for line in out.splitlines() if "made-up-1" in line and "onset" in line)
+    assert "first REPLAN never" in listed
+    assert listed.endswith("tool results in window 3")
+    assert "RESULT stagnation_recall8 0.500" in out

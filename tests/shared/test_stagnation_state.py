@@ -277,7 +277,7 @@ def test_a_version_one_state_still_loads() -> None:
         "seen": [[key, epoch] for key, (epoch, _step) in state["seen"]],
         "paths": [[key, value[2:]] for key, value in state["paths"]],
     }
-    for new_field in ("pending_writes", "recent_failures"):
+    for new_field in ("pending_writes", "recent_failures", "recent_errors"):
         old.pop(new_field)
     old["episode"] = {k: v for k, v in state["episode"].items() if k != "started_at"}
     restored = StagnationDetector.from_state(None, old)

@@ -162,3 +162,35 @@ def test_a_script_file_is_parsed_again_only_when_it_changes(tmp_path: Path) -> N
     os.utime(script, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     again = services.provider(request.model_copy(update={"model_calls": 1}))
     assert isinstance(again, ScriptedProvider) and again.remaining == 2
+
+
+def test_a_worker_reads_only_the_messages_it_lacks(redis_url: str, redis_client: Any) -> None:
+    """By reference: the first read takes the whole list, the next only the new tail; another
+    epoch, or a task id reused by a newer task, is read again from the start, and a list
+    shorter than the reference is refused."""
+    from shared.conversation import ConversationMessage
+    from shared.protocol import ConversationRef
+    from workers.runtime import StaleConversationError
+
+    plain = redis.Redis.from_url(redis_url)
+    key = keys.conversation_key("t")
+    plain.rpush(key, *[ConversationMessage.user(f"m{i}").model_dump_json() for i in range(3)])
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+
+    def read(length: int, epoch: int = 1, created_at: float = 1.0) -> list[str]:
+        ref = ConversationRef(length=length, epoch=epoch, created_at=created_at)
+        request = _request(ProviderSpec()).model_copy(update={"conversation_ref": ref})
+        return [m.content for m in services.run(services.conversation(request)).messages]
+
+    assert read(3) == ["m0", "m1", "m2"]
+    plain.rpush(key, ConversationMessage.user("m3").model_dump_json())
+    plain.lset(key, 0, ConversationMessage.user("changed").model_dump_json())
+    assert read(4) == ["m0", "m1", "m2", "m3"]  # the cached prefix, plus the tail it lacked
+    assert read(4, epoch=2) == ["changed", "m1", "m2", "m3"]  # a new epoch: read again
+    plain.lset(key, 1, ConversationMessage.user("reused").model_dump_json())
+    # The same id and epoch, but another task (created again after a purge): read again.
+    assert read(4, epoch=2, created_at=2.0) == ["changed", "reused", "m2", "m3"]
+    with pytest.raises(StaleConversationError, match="expects 9"):
+        read(9, epoch=3)
+    plain.close()

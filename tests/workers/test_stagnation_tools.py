@@ -18,6 +18,7 @@ from typing import Any
 from shared.actions import ToolCallAction
 from shared.loop_types import LoopConfig, Retry
 from shared.stagnation import (
+    ReasonCode,
     StagnationConfig,
     StagnationDetector,
     StagnationKind,
@@ -185,3 +186,66 @@ def test_parallel_identical_calls_climb_one_rung_per_turn(tmp_path: Path) -> Non
         StagnationLevel.ASK_HUMAN,
         StagnationLevel.ABORT,
     ]
+
+
+UNRELATED_CHECK = """\
+print("Exception occurred: Cause cannot be null")
+print("Script completed successfully, no errors.")
+"""
+
+
+def test_the_same_answer_counts_across_new_results(tmp_path: Path) -> None:
+    """A check answering the same after every re-applied edit, a new search hit between: REPLAN
+    at its fourth answer.
+
+    Each new hit drains the stale run (the first one ends the episode), yet the check's answer
+    is the one it gave three times before, whatever came between (gpt-4o-mini
+    ``databind-4249``: an unrelated script run after each edit, a search between).
+    """
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "Deser.java").write_text("class Deser {}\n")
+    (tmp_path / "src" / "Notes.java").write_text("// alpha\n// beta\n// gamma\n")
+    session = Session(tmp_path)
+    edit = ("file_write", {"path": "src/Deser.java", "content": "class Deser { int a; }\n"})
+    session.turn(("file_write", {"path": "check.py", "content": UNRELATED_CHECK}))
+    session.turn(edit)
+    first = session.turn(_python("check.py"))
+    checks = []
+    for word in ("alpha", "beta", "gamma"):
+        session.turn(edit)
+        session.turn(("grep", {"pattern": word, "path": "src"}))
+        checks.append(session.turn(_python("check.py")))
+    assert first.stale_steps == 0
+    assert [v.stale_steps for v in checks] == [1, 2, 3]
+    assert [v.level for v in checks] == [
+        StagnationLevel.NONE,
+        StagnationLevel.NUDGE,
+        StagnationLevel.REPLAN,
+    ]
+    assert checks[-1].kind is StagnationKind.REPEAT
+    assert ReasonCode.REPEATED_RESULT in checks[-1].reason_codes
+
+
+def test_the_same_error_counts_across_new_results(tmp_path: Path) -> None:
+    """Missing programs under other names, a new read between: REPLAN at the fourth.
+
+    ``command not found`` twice, a read that shows something new (the stall's pressure is
+    gone), then twice more: the error is the same one the world gave four times (doubao
+    ``xml-531``), not two in a fresh episode.
+    """
+    (tmp_path / "README.md").write_text("build with mvnw\n")
+    (tmp_path / "pom.xml").write_text("<project/>\n")
+    (tmp_path / "mvnw").write_text("#!/bin/sh\necho JAVA_HOME is not set\n")
+    session = Session(tmp_path)
+    session.turn(("file_read", {"path": "README.md"}))
+    session.turn(("file_read", {"path": "pom.xml"}))
+    missing = [
+        _command(f"orga_missing_{name} -version") for name in ("javac", "mvn", "gradle", "ant")
+    ]
+    opening = [session.turn(missing[0]), session.turn(missing[1])]
+    news = session.turn(("file_read", {"path": "mvnw"}))
+    later = [session.turn(missing[2]), session.turn(missing[3])]
+    assert session.observations[2]["exit_code"] == "127"
+    assert [v.stale_steps for v in (*opening, news, *later)] == [0, 1, 0, 1, 2]
+    assert [v.level for v in later] == [StagnationLevel.NUDGE, StagnationLevel.REPLAN]
+    assert ReasonCode.SAME_ERROR in later[-1].reason_codes

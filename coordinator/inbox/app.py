@@ -1,0 +1,241 @@
+"""The inbox's web application: pages, the decide form, login, live fragments.
+
+Decisions go through :meth:`OrgaClient.decide`, the same control path as ``orga review decide``:
+the coordinator applies or refuses them, so the deadline default, the two-reviewer race and
+the audit trail (``by``: ``inbox:<reviewer>``) behave as from the CLI.
+
+Middleware, outermost first: security headers, the signed session, :class:`ReviewerGate`
+(authentication), asgi-csrf (a signed double-submit cookie checked against every form's
+``csrftoken`` field), then the routes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, cast
+
+from asgi_csrf import asgi_csrf
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from coordinator.client import OrgaClient
+from coordinator.inbox.auth import ReviewerAuth, ReviewerGate
+from coordinator.inbox.views import journal_rows, review_cards, task_row, task_rows, utc
+from shared.errors import OrgaError
+
+__all__ = ["DECISIONS", "InboxApp", "create_app"]
+
+DECISIONS = ("retry", "skip", "abort")
+PROTECTED_FORMS = frozenset({"/decide", "/login", "/logout"})
+"""Checked by asgi-csrf even on a request without cookies (basic auth sends none)."""
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class InboxApp:
+    """The routes' shared state: the client, the credentials, the templates."""
+
+    client: OrgaClient
+    auth: ReviewerAuth
+    templates: Jinja2Templates
+    decide_timeout_s: float = 30.0
+
+    def page(self, request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+        """Render a template with the reviewer, the flash messages and the CSRF token."""
+        fragment = name.startswith("_")  # a live refresh leaves the messages to the page
+        reviewer = getattr(request.state, "reviewer", None)
+        context |= {
+            "reviewer": reviewer,
+            "open_reviews": self.client.open_review_count() if reviewer and not fragment else 0,
+            "flashes": [] if fragment else request.session.pop("flashes", []),
+            "csrftoken": request.scope["csrftoken"](),
+            "token_login": bool(self.auth.token),
+        }
+        return self.templates.TemplateResponse(request, name, context, status_code=status_code)
+
+    # -- reviews ----------------------------------------------------------------------------
+
+    def reviews(self, request: Request) -> Response:
+        """Open reviews, newest first, each with its context and the three decisions."""
+        return self.page(request, "reviews.html", cards=review_cards(self.client.reviews()))
+
+    def review_count(self, request: Request) -> Response:
+        """How many reviews are open, for the live badge in the navigation."""
+        return PlainTextResponse(str(self.client.open_review_count()))
+
+    async def decide(self, request: Request) -> Response:
+        """Send a decision through the client; redirect to the task, or back with the error."""
+        form = await request.form()
+        review_id, decision, hint = _decision(form)
+        if decision not in DECISIONS or not review_id:
+            return PlainTextResponse(
+                f"decision {decision!r} for review {review_id!r} is not valid: choose one of "
+                f"{', '.join(DECISIONS)} on the inbox page",
+                status_code=400,
+            )
+        by = f"inbox:{request.state.reviewer}"
+        try:
+            task_id = await run_in_threadpool(
+                self.client.decide, review_id, decision, hint if decision == "retry" else None,
+                by, self.decide_timeout_s,
+            )  # fmt: skip
+        except OrgaError as exc:
+            _flash(request, "error", f"review {review_id}: {exc}")
+            return RedirectResponse("/", status_code=303)
+        _flash(request, "ok", f"{decision} applied to task {task_id} (review {review_id})")
+        return RedirectResponse(f"/tasks/{task_id}", status_code=303)
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def tasks(self, request: Request) -> Response:
+        """The recent tasks with live status and progress."""
+        return self.page(request, "tasks.html", rows=task_rows(self.client))
+
+    def task_rows(self, request: Request) -> Response:
+        """The tasks table's rows alone, for the live refresh."""
+        return self.page(request, "_task_rows.html", rows=task_rows(self.client))
+
+    def task(self, request: Request) -> Response:
+        """One task: status, steps, milestones and its journal."""
+        return self._task_page(request, "task.html")
+
+    def task_live(self, request: Request) -> Response:
+        """The live part of a task's page, for the refresh."""
+        return self._task_page(request, "_task_live.html")
+
+    def _task_page(self, request: Request, template: str) -> Response:
+        task_id = str(request.path_params["task_id"])
+        try:
+            record = self.client.record(task_id)
+        except OrgaError as exc:
+            return self.page(request, "missing.html", status_code=404, message=str(exc))
+        return self.page(
+            request, template, row=task_row(record), result=record.result(),
+            journal=journal_rows(self.client, record.task_id, record.journal_seq),
+            updated=utc(record.updated_at),
+        )  # fmt: skip
+
+    # -- login ------------------------------------------------------------------------------
+
+    def login_form(self, request: Request) -> Response:
+        """The token login form (basic auth needs none: the browser asks)."""
+        return self.page(request, "login.html", next=_safe_next(request.query_params.get("next")))
+
+    async def login(self, request: Request) -> Response:
+        """Check the token; on success the signed session remembers the reviewer."""
+        form = await request.form()
+        target = _safe_next(str(form.get("next") or "/"))
+        if not self.auth.token_matches(str(form.get("token") or "")):
+            return self.page(
+                request, "login.html", status_code=401, next=target,
+                error="that token is not the inbox's token (ORGA_INBOX_TOKEN); try again",
+            )  # fmt: skip
+        name = " ".join(str(form.get("name") or "").split())[:64] or "reviewer"
+        request.session.update({"auth": self.auth.fingerprint, "reviewer": name})
+        return RedirectResponse(target, status_code=303)
+
+    async def logout(self, request: Request) -> Response:
+        """Forget the session's login."""
+        request.session.clear()
+        return RedirectResponse("/login", status_code=303)
+
+
+def _decision(form: FormData) -> tuple[str, str, str]:
+    hint = str(form.get("hint") or "").replace("\r\n", "\n").strip()  # as typed, as on the CLI
+    return str(form.get("review_id") or ""), str(form.get("decision") or ""), hint
+
+
+def _flash(request: Request, kind: str, text: str) -> None:
+    request.session.setdefault("flashes", []).append([kind, text])
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site (never ``//host`` or a URL) is a place to go after login."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def _templates() -> Jinja2Templates:
+    environment = Environment(
+        loader=PackageLoader("coordinator.inbox", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    return Jinja2Templates(env=environment)
+
+
+def _security_headers(app: ASGIApp) -> ASGIApp:
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await app(scope, receive, send_with_headers)
+
+    return wrapped
+
+
+async def _csrf_failed(scope: Scope, send: Send, message_id: object) -> None:
+    response = PlainTextResponse(
+        "CSRF check failed: the form's csrftoken field does not match this browser's csrftoken "
+        "cookie (a form from another site, or an old page): reload the page and submit again",
+        status_code=403,
+    )
+    await response(scope, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def create_app(
+    client: OrgaClient,
+    auth: ReviewerAuth,
+    secret: str | None = None,
+    decide_timeout_s: float = 30.0,
+) -> Starlette:
+    """The inbox as an ASGI app; ``secret`` signs the cookies (random when None)."""
+    secret = secret or secrets.token_urlsafe(32)
+    inbox = InboxApp(client, auth, _templates(), decide_timeout_s)
+    routes = [
+        Route("/", inbox.reviews),
+        Route("/reviews/count", inbox.review_count),
+        Route("/decide", inbox.decide, methods=["POST"]),
+        Route("/tasks", inbox.tasks),
+        Route("/tasks/rows", inbox.task_rows),
+        Route("/tasks/{task_id}", inbox.task),
+        Route("/tasks/{task_id}/live", inbox.task_live),
+        Route("/login", inbox.login_form),
+        Route("/login", inbox.login, methods=["POST"]),
+        Route("/logout", inbox.logout, methods=["POST"]),
+        Mount("/static", StaticFiles(packages=[("coordinator.inbox", "static")]), name="static"),
+    ]
+    csrf_options = {"signing_secret": secret, "always_protect": PROTECTED_FORMS,
+                    "send_csrf_failed": _csrf_failed}  # fmt: skip
+    middleware = [
+        Middleware(cast("Any", _security_headers)),
+        Middleware(
+            SessionMiddleware, secret_key=secret, session_cookie="orga_inbox", same_site="lax"
+        ),
+        Middleware(ReviewerGate, auth=auth),
+        Middleware(cast("Any", asgi_csrf), **csrf_options),
+    ]
+    app = Starlette(routes=routes, middleware=middleware)
+    app.state.inbox = inbox
+    return app

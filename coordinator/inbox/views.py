@@ -1,0 +1,173 @@
+"""What the inbox's pages show, read through :class:`OrgaClient` and shaped for the templates.
+
+Plain frozen records; the templates escape every string in them (Jinja2 autoescape).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from coordinator.client import OrgaClient, TaskNotFoundError
+from coordinator.state import ReviewItem, StepStatus, TaskRecord
+from shared.events import JournalEntry
+
+__all__ = [
+    "JournalRow",
+    "RecentMessage",
+    "ReviewCard",
+    "TaskRow",
+    "journal_rows",
+    "review_cards",
+    "task_rows",
+    "utc",
+]
+
+JOURNAL_TAIL = 200
+"""How many of a task's last journal entries its page shows."""
+
+
+def utc(timestamp: float) -> str:
+    """A Unix time as ``2026-12-03 07:30:12 UTC``."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True, slots=True)
+class RecentMessage:
+    """One of the last messages before the escalation: an action, a result or a reply."""
+
+    role: str
+    content: str
+    tool: str
+    tool_calls: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewCard:
+    """An open review with the context a reviewer decides on."""
+
+    review_id: str
+    task_id: str
+    step_id: str
+    source: str
+    reason: str
+    created: str
+    deadline: str
+    default_decision: str
+    goal: str
+    instruction: str
+    iteration: int
+    attempts: int
+    counters: tuple[tuple[str, str], ...]
+    last_milestone: str | None
+    recent: tuple[RecentMessage, ...]
+
+
+def review_cards(items: list[ReviewItem]) -> list[ReviewCard]:
+    """Open reviews, newest first, with their snapshot unpacked."""
+    return [_card(item) for item in sorted(items, key=lambda r: r.created_at, reverse=True)]
+
+
+def _card(item: ReviewItem) -> ReviewCard:
+    snapshot = item.snapshot
+    step: dict[str, Any] = snapshot.get("step") or {}
+    milestones = list(snapshot.get("milestones") or [])
+    counters: dict[str, Any] = snapshot.get("counters") or {}
+    return ReviewCard(
+        review_id=item.review_id,
+        task_id=item.task_id,
+        step_id=item.step_id,
+        source=item.source,
+        reason=item.reason,
+        created=utc(item.created_at),
+        deadline=utc(item.deadline),
+        default_decision=item.default_decision,
+        goal=str(snapshot.get("goal", "")),
+        instruction=str(step.get("instruction", "")),
+        iteration=int(snapshot.get("iteration", 0)),
+        attempts=int(snapshot.get("attempts", 0)),
+        counters=tuple((str(k), str(v)) for k, v in counters.items()),
+        last_milestone=str(milestones[-1]) if milestones else None,
+        recent=tuple(_recent(m) for m in snapshot.get("recent") or []),
+    )
+
+
+def _recent(message: dict[str, Any]) -> RecentMessage:
+    return RecentMessage(
+        role=str(message.get("role", "")),
+        content=str(message.get("content", "")),
+        tool=str(message.get("tool", "")),
+        tool_calls=tuple(str(c) for c in message.get("tool_calls") or []),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A task's live status and progress."""
+
+    task_id: str
+    status: str
+    goal: str
+    step: str
+    steps_done: int
+    steps_total: int
+    iteration: int
+    review_id: str | None
+
+
+def task_rows(client: OrgaClient, limit: int = 50) -> list[TaskRow]:
+    """The most recent tasks, newest first (one purged meanwhile is left out)."""
+    rows = []
+    for listed in client.list_tasks(limit):
+        try:
+            rows.append(task_row(client.record(listed["task_id"])))
+        except TaskNotFoundError:
+            continue
+    return rows
+
+
+def task_row(record: TaskRecord) -> TaskRow:
+    """A task's status and progress, as ``orga status ID`` shows them."""
+    return TaskRow(
+        task_id=record.task_id,
+        status=record.status.value,
+        goal=record.spec.goal,
+        step=record.steps[record.current].spec.id if record.steps else "",
+        steps_done=sum(1 for s in record.steps if s.status is StepStatus.COMPLETED),
+        steps_total=len(record.steps),
+        iteration=record.iteration,
+        review_id=record.review.review_id if record.review else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRow:
+    """A journal entry as one table row."""
+
+    sequence: int
+    time: str
+    step: str
+    iteration: int
+    event: str
+    detail: str
+
+
+def journal_rows(client: OrgaClient, task_id: str, journal_seq: int) -> list[JournalRow]:
+    """The task's last :data:`JOURNAL_TAIL` journal entries, oldest first."""
+    after = max(-1, journal_seq - JOURNAL_TAIL - 1)
+    return [_journal_row(entry) for entry in client.journal(task_id, after=after)]
+
+
+def _journal_row(entry: JournalEntry) -> JournalRow:
+    fields = entry.event.model_dump(mode="json", exclude={"type"})
+    detail = json.dumps(fields, ensure_ascii=False)
+    return JournalRow(
+        sequence=entry.sequence,
+        time=entry.timestamp.strftime("%H:%M:%S"),
+        step=entry.step_id or "",
+        iteration=entry.iteration,
+        event=entry.event.type,
+        detail=detail if len(detail) <= 400 else detail[:399] + "…",
+    )

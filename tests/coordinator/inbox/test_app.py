@@ -1,0 +1,379 @@
+"""The inbox's web application through Starlette's TestClient, on fakeredis.
+
+No coordinator runs here: a decision is checked where the client puts it (the control stream,
+exactly as ``orga review decide`` writes it); applying it is the integration tests' part.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+from starlette.testclient import TestClient
+
+from coordinator.client import OrgaClient
+from coordinator.inbox import InboxConfigError, ReviewerAuth, create_app
+from coordinator.state import ReviewItem, StepRecord, TaskRecord, TaskStatus
+from shared import keys
+from shared.events import JournalEntry, Started
+from shared.loop_types import LoopConfig
+from shared.settings import OrgaSettings
+from shared.task_spec import parse_task
+
+TOKEN = "s3cret-token-for-tests"
+EVIL = "<script>alert('goal')</script>"
+
+
+def _client() -> OrgaClient:
+    client = OrgaClient("redis://fake.invalid:6379/0")
+    client.redis = fakeredis.FakeRedis(decode_responses=True)
+    return client
+
+
+def _escalated(client: OrgaClient, task_id: str = "t1", review_id: str = "r1") -> ReviewItem:
+    """Store a task waiting for a review, as the coordinator leaves it."""
+    spec = parse_task({"goal": EVIL, "steps": [{"id": "look", "instruction": "look <b>here</b>"}]})
+    now = time.time()
+    review = ReviewItem(
+        review_id=review_id, task_id=task_id, step_id="look", source="detector",
+        reason="no new state for 12 steps <img src=x onerror=alert(1)>", created_at=now,
+        deadline=now + 3600, default_decision="abort",
+        snapshot={
+            "goal": EVIL, "step": {"id": "look", "instruction": "look <b>here</b>"},
+            "iteration": 14, "attempts": 1, "milestones": ["reproduced"],
+            "counters": {"level": "ask_human", "steps_since_milestone": 12},
+            "recent": [{"role": "assistant", "content": "", "tool": "",
+                        "tool_calls": ["file_read({\"path\": \"a.py\"})"]},
+                       {"role": "tool", "content": "</pre><script>x()</script>",
+                        "tool": "file_read", "tool_calls": []}],
+        },
+    )  # fmt: skip
+    record = TaskRecord(
+        task_id=task_id, spec=spec, status=TaskStatus.AWAITING_REVIEW, created_at=now,
+        updated_at=now, steps=[StepRecord(spec=spec.steps[0])], iteration=14,
+        milestones=["reproduced"], review=review,
+    )  # fmt: skip
+    client.redis.hset(
+        keys.task_key(task_id),
+        mapping={"state": record.model_dump_json(), "status": "awaiting_review"},
+    )
+    client.redis.zadd(keys.task_index_key, {task_id: now})
+    client.redis.hset(keys.open_reviews_key, review_id, review.model_dump_json())
+    return review
+
+
+@pytest.fixture
+def orga() -> OrgaClient:
+    """An OrgaClient on a fresh fake Redis holding one escalated task."""
+    client = _client()
+    _escalated(client)
+    return client
+
+
+@pytest.fixture
+def browser(orga: OrgaClient) -> Iterator[TestClient]:
+    """A TestClient on an inbox with a token, logged in as alice."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), secret="test-secret", decide_timeout_s=0.3)
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        form = client.get("/login")
+        client.post("/login", data={"csrftoken": _csrf(form.text), "name": "alice",
+                                    "token": TOKEN, "next": "/"})  # fmt: skip
+        yield client
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrftoken" value="([^"]+)"', html)
+    assert found, html
+    return found.group(1)
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+# -- authentication ----------------------------------------------------------------------------
+
+
+def test_no_credentials_configured_is_refused() -> None:
+    """Without a token or an account the inbox cannot be built, and the error says what to set."""
+    with pytest.raises(InboxConfigError, match="ORGA_INBOX_TOKEN"):
+        ReviewerAuth.from_settings(OrgaSettings(inbox_token=None, inbox_basic_auth=None))
+
+
+def test_empty_settings_count_as_unset() -> None:
+    """Compose passes unset variables as empty strings: an empty account list is no account, and
+    both empty is refused like both unset."""
+    settings = OrgaSettings(inbox_token=TOKEN, inbox_basic_auth="")  # type: ignore[arg-type]
+    assert ReviewerAuth.from_settings(settings).accounts == {}
+    with pytest.raises(InboxConfigError, match="ORGA_INBOX_TOKEN"):
+        ReviewerAuth.from_settings(OrgaSettings(inbox_token="", inbox_basic_auth=""))  # type: ignore[arg-type]
+
+
+def test_a_short_token_is_refused_without_echoing_it() -> None:
+    """A token shorter than 16 characters is refused, saying its length and how to make one."""
+    with pytest.raises(InboxConfigError, match=r"is 7 characters.*at least 16") as raised:
+        ReviewerAuth(token="letmein")
+    assert "letmein" not in str(raised.value)
+
+
+def test_a_malformed_account_is_refused_without_echoing_it() -> None:
+    """ORGA_INBOX_BASIC_AUTH entries must be user:password; the error names the entry, not it."""
+    settings = OrgaSettings(inbox_basic_auth="alice:pw,bob-hunter2")  # type: ignore[arg-type]
+    with pytest.raises(InboxConfigError, match="entry 2") as raised:
+        ReviewerAuth.from_settings(settings)
+    assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/tasks", "/tasks/t1", "/tasks/rows", "/tasks/t1/live", "/reviews/count"]
+)
+def test_every_page_needs_the_token(orga: OrgaClient, path: str) -> None:
+    """Without credentials a page redirects to the login form and shows no task data."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN))
+    with TestClient(app) as client:
+        response = client.get(path, follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/login?next=")
+    assert "alert" not in response.text
+
+
+def test_a_wrong_token_is_refused_and_a_right_one_logs_in(orga: OrgaClient) -> None:
+    """The login form refuses a wrong token (401) and lets the right one in as the named user."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN))
+    with TestClient(app) as client:
+        token = _csrf(client.get("/login").text)
+        wrong = client.post("/login", data={"csrftoken": token, "token": "nope", "name": "eve"})
+        assert wrong.status_code == 401
+        assert "not the inbox&#39;s token" in wrong.text
+        assert client.get("/", follow_redirects=False).status_code == 303
+        right = client.post("/login", data={"csrftoken": token, "token": TOKEN, "name": "bob"})
+        assert right.status_code == 200
+        assert '<b id="reviewer">bob</b>' in right.text
+
+
+def test_bearer_token_reads_without_a_session(orga: OrgaClient) -> None:
+    """`Authorization: Bearer TOKEN` reads a page; a wrong bearer token is refused."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN))
+    with TestClient(app) as client:
+        assert client.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        refused = client.get("/", headers={"Authorization": "Bearer x"}, follow_redirects=False)
+        assert refused.status_code == 303
+
+
+def test_basic_auth_challenges_and_admits_an_account(orga: OrgaClient) -> None:
+    """With accounts, a request without them gets a 401 challenge; a right password passes."""
+    app = create_app(orga, ReviewerAuth(accounts={"carol": "pw"}))
+    with TestClient(app) as client:
+        challenged = client.get("/")
+        assert challenged.status_code == 401
+        assert challenged.headers["www-authenticate"].startswith("Basic ")
+        assert client.get("/", headers=_basic("carol", "wrong")).status_code == 401
+        page = client.get("/", headers=_basic("carol", "pw"))
+    assert page.status_code == 200
+    assert '<b id="reviewer">carol</b>' in page.text
+
+
+def test_a_session_from_an_old_token_is_refused(orga: OrgaClient) -> None:
+    """A login made with a token that was since changed no longer opens the inbox."""
+    old = create_app(orga, ReviewerAuth(token="old-token-0123456789"), secret="same-secret")
+    with TestClient(old) as client:
+        token = _csrf(client.get("/login").text)
+        client.post(
+            "/login", data={"csrftoken": token, "token": "old-token-0123456789", "name": "dan"}
+        )
+        cookies = dict(client.cookies)
+    new = create_app(orga, ReviewerAuth(token="new-token-0123456789"), secret="same-secret")
+    with TestClient(new, cookies=cookies) as client:
+        assert client.get("/", follow_redirects=False).status_code == 303
+
+
+# -- CSRF --------------------------------------------------------------------------------------
+
+
+def test_a_decision_without_the_csrf_token_is_refused(
+    browser: TestClient, orga: OrgaClient
+) -> None:
+    """A decide form without (or with a forged) csrftoken is refused with 403 and sends nothing."""
+    for extra in ({}, {"csrftoken": "forged"}):
+        refused = browser.post("/decide", data={"review_id": "r1", "decision": "abort", **extra})
+        assert refused.status_code == 403
+        assert "CSRF check failed" in refused.text
+    assert orga.redis.xlen(keys.control_stream) == 0
+
+
+def test_basic_auth_without_cookies_is_still_csrf_checked(orga: OrgaClient) -> None:
+    """Basic auth is sent by the browser unasked: a cookieless cross-site form is refused."""
+    app = create_app(orga, ReviewerAuth(accounts={"carol": "pw"}))
+    with TestClient(app) as client:
+        refused = client.post(
+            "/decide", data={"review_id": "r1", "decision": "abort"}, headers=_basic("carol", "pw")
+        )
+    assert refused.status_code == 403
+    assert orga.redis.xlen(keys.control_stream) == 0
+
+
+# -- pages -------------------------------------------------------------------------------------
+
+
+def test_user_and_model_text_is_escaped(browser: TestClient) -> None:
+    """A `<script>` in the goal, the reason or a tool result is shown as text, never as markup."""
+    for path in ("/", "/tasks", "/tasks/t1"):
+        page = browser.get(path)
+        assert page.status_code == 200, path
+        assert "<script>alert" not in page.text, path
+        assert "&lt;script&gt;alert(&#39;goal&#39;)&lt;/script&gt;" in page.text, path
+    inbox = browser.get("/").text
+    assert "<img src=x" not in inbox
+    assert "&lt;/pre&gt;&lt;script&gt;x()&lt;/script&gt;" in inbox
+    assert "look &lt;b&gt;here&lt;/b&gt;" in inbox
+
+
+def test_the_inbox_shows_the_review_context(browser: TestClient) -> None:
+    """Each review shows its step, reason, counters, last milestone, recent calls and the forms."""
+    page = browser.get("/").text
+    for expected in ("Review r1", "iteration 14", "reproduced", "steps since milestone",
+                     "ask_human", "file_read({&#34;path&#34;: &#34;a.py&#34;})",
+                     'value="retry"', 'value="skip"', 'value="abort"',
+                     "abort</b> by default"):  # fmt: skip
+        assert expected in page, expected
+
+
+def test_reviews_are_listed_newest_first(orga: OrgaClient, browser: TestClient) -> None:
+    """A later escalation comes before an earlier one."""
+    time.sleep(0.01)
+    _escalated(orga, task_id="t2", review_id="r2")
+    page = browser.get("/").text
+    assert page.index("Review r2") < page.index("Review r1")
+
+
+def test_pages_carry_a_content_security_policy(browser: TestClient) -> None:
+    """Every page forbids inline and foreign scripts and framing."""
+    headers = browser.get("/").headers
+    assert "default-src 'self'" in headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+
+
+def test_the_open_review_count_is_live(orga: OrgaClient, browser: TestClient) -> None:
+    """The navigation's badge counts the open reviews; its fragment follows new escalations."""
+    assert '<span class="count" id="open-reviews" data-refresh="/reviews/count">1</span>' in (
+        browser.get("/tasks").text
+    )
+    _escalated(orga, task_id="t2", review_id="r2")
+    assert browser.get("/reviews/count").text == "2"
+
+
+def test_a_task_page_shows_the_last_200_journal_entries(
+    orga: OrgaClient, browser: TestClient
+) -> None:
+    """Of a long journal the task page shows the last 200 entries, newest first."""
+    started = Started(agent_id="a", config=LoopConfig())
+    for sequence in range(250):  # as the store writes them: stream id 0-(sequence + 1)
+        entry = JournalEntry(sequence=sequence, agent_id="a", event=started, task_id="t1")
+        orga.redis.xadd(
+            keys.journal_stream("t1"), {"data": entry.model_dump_json()}, id=f"0-{sequence + 1}"
+        )
+    state = TaskRecord.model_validate_json(str(orga.redis.hget(keys.task_key("t1"), "state")))
+    state.journal_seq = 250
+    orga.redis.hset(keys.task_key("t1"), "state", state.model_dump_json())
+    page = browser.get("/tasks/t1").text
+    sequences = [int(n) for n in re.findall(r"<tr><td>(\d+)</td><td>\d\d:\d\d", page)]
+    assert sequences == list(range(249, 49, -1))
+    assert "last 200 entries, newest first" in page
+
+
+def test_an_unknown_task_page_says_so(browser: TestClient) -> None:
+    """A task page for an unknown id answers 404 with the client's message."""
+    page = browser.get("/tasks/nope")
+    assert page.status_code == 404
+    assert "no task &#39;nope&#39;" in page.text
+
+
+def test_the_live_fragments_are_bare_rows(browser: TestClient) -> None:
+    """The live refresh gets the rows alone, with the task's status and iteration."""
+    rows = browser.get("/tasks/rows").text
+    assert rows.lstrip().startswith("<tr")
+    assert "awaiting_review" in rows
+    live = browser.get("/tasks/t1/live").text
+    assert '<b id="task-iteration">14</b>' in live
+    assert "<html" not in live
+
+
+def test_static_files_are_shipped_in_the_package(orga: OrgaClient) -> None:
+    """The stylesheet and the live-update script are served (without login, as the login page)."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN))
+    with TestClient(app) as client:
+        assert client.get("/static/inbox.js").status_code == 200
+        assert "data-refresh" in client.get("/static/inbox.js").text
+        assert client.get("/static/inbox.css").status_code == 200
+
+
+# -- deciding ----------------------------------------------------------------------------------
+
+
+def test_a_decision_goes_through_the_client(browser: TestClient, orga: OrgaClient) -> None:
+    """Retry with a hint is written to the control stream as `orga review decide` writes it,
+    by the logged-in reviewer; with no coordinator running the page says none applied it."""
+    token = _csrf(browser.get("/").text)
+    form = {"csrftoken": token, "review_id": "r1", "decision": "retry",
+            "hint": " measure  it\r\nfirst "}  # fmt: skip
+    response = browser.post("/decide", data=form)
+    assert response.status_code == 200
+    assert "no coordinator applied the decision" in response.text
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    assert fields == {"action": "review", "task_id": "t1", "review_id": "r1", "decision": "retry",
+                      "hint": "measure  it\nfirst", "by": "inbox:alice"}  # fmt: skip
+
+
+def test_a_decision_applied_redirects_to_the_task(browser: TestClient, orga: OrgaClient) -> None:
+    """Once the review is closed (as the coordinator does) the reviewer lands on the task page."""
+    token = _csrf(browser.get("/").text)
+
+    def close_when_sent() -> None:  # the coordinator's part: the review leaves the open set
+        while not orga.redis.xlen(keys.control_stream):
+            time.sleep(0.01)
+        orga.redis.hdel(keys.open_reviews_key, "r1")
+
+    closer = threading.Thread(target=close_when_sent)
+    closer.start()
+    response = browser.post("/decide", data={"csrftoken": token, "review_id": "r1",
+                                             "decision": "skip", "hint": "ignored"})  # fmt: skip
+    closer.join()
+    assert response.url.path == "/tasks/t1"
+    assert "skip applied to task t1 (review r1)" in response.text
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    assert fields["hint"] == ""  # a hint goes with retry only, as on the CLI
+
+
+def test_deciding_a_closed_review_says_so(browser: TestClient, orga: OrgaClient) -> None:
+    """A second reviewer deciding a review already closed sees the client's error, not a crash."""
+    token = _csrf(browser.get("/").text)
+    orga.redis.hdel(keys.open_reviews_key, "r1")
+    response = browser.post("/decide", data={"csrftoken": token, "review_id": "r1",
+                                             "decision": "abort"})  # fmt: skip
+    assert response.url.path == "/"
+    assert "no open review &#39;r1&#39;" in response.text
+
+
+def test_an_invalid_decision_is_refused(browser: TestClient, orga: OrgaClient) -> None:
+    """A decision other than retry, skip or abort is a 400 naming the choices."""
+    token = _csrf(browser.get("/").text)
+    response = browser.post("/decide", data={"csrftoken": token, "review_id": "r1",
+                                             "decision": "approve"})  # fmt: skip
+    assert response.status_code == 400
+    assert "retry, skip, abort" in response.text
+    assert orga.redis.xlen(keys.control_stream) == 0
+
+
+def test_login_redirects_only_within_the_site(orga: OrgaClient) -> None:
+    """After login `next` may be a path here, never another site."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN))
+    with TestClient(app) as client:
+        token = _csrf(client.get("/login").text)
+        response = client.post("/login", follow_redirects=False, data={
+            "csrftoken": token, "token": TOKEN, "next": "//evil.example/x"})  # fmt: skip
+    assert response.headers["location"] == "/"

@@ -1,0 +1,78 @@
+"""A long task costs the same per iteration: its conversation is stored append-only apart from
+its state, reasoning requests carry a reference, applied tool outputs leave the observations
+stream, and everything goes with the task when it is purged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.asyncio import Redis as AsyncRedis
+
+from coordinator.embedded_redis import EmbeddedRedis
+from coordinator.store import TaskStore
+from shared import keys
+from tests.integration.harness import Cluster, status_of, wait_until
+
+pytestmark = pytest.mark.integration
+
+BIG = "python3 -c \"print('x' * 20000)\""
+
+
+@pytest.fixture
+def cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
+    """A worker and a coordinator."""
+    running = Cluster(private_redis.url, tmp_path)
+    try:
+        running.worker()
+        running.coordinator()
+        yield running
+    finally:
+        running.stop()
+
+
+def test_outputs_are_stored_once_and_purged_with_the_task(cluster: Cluster) -> None:
+    """Four 20 KB outputs: the state stays small, requests stay small, the stream is emptied."""
+    client = cluster.client()
+    raw = redis.Redis.from_url(cluster.redis_url)
+    seen_requests: list[int] = []
+    call = {"name": "run_command", "arguments": {"command": BIG}}
+    task_id = client.submit(
+        {
+            "goal": "print a lot",
+            "provider": {"kind": "scripted", "replies": [{"tool_calls": [call]}] * 4 + ["done"]},
+            "steps": [{"id": "s", "instruction": "print"}],
+            "stagnation": {"enabled": False},
+        }
+    )
+
+    def finished() -> bool:
+        for body in raw.lrange(keys.reasoning_queue, 0, -1):
+            seen_requests.append(len(body))
+        return status_of(client, task_id) == "completed"
+
+    wait_until(finished, timeout_s=60, what="the task to complete")
+    conversation = raw.lrange(keys.conversation_key(task_id), 0, -1)
+    outputs = [m for m in conversation if json.loads(m)["role"] == "tool"]
+    assert len(outputs) == 4 and all(len(m) > 20_000 for m in outputs)
+    assert len(raw.hget(keys.task_key(task_id), "state") or b"") < 20_000
+    assert all(size < 20_000 for size in seen_requests), seen_requests
+    assert raw.xlen(keys.observations_stream) == 0
+    assert asyncio.run(_purge(cluster.redis_url)) >= 1
+    assert not raw.exists(keys.task_key(task_id))
+    assert not raw.exists(keys.conversation_key(task_id))
+    raw.close()
+
+
+async def _purge(url: str) -> int:
+    """What the coordinators do once a finished task is past its retention."""
+    client = AsyncRedis.from_url(url)
+    try:
+        return await TaskStore(client).purge_finished(time.time() + 1)
+    finally:
+        await client.aclose()

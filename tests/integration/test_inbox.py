@@ -1,0 +1,275 @@
+"""`orga inbox` as reviewers meet it: the installed entry point serving a real deployment (a real
+Redis, real Celery worker processes and a coordinator process), read and decided over HTTP and
+in a real browser (Debian's Chromium driven by Playwright, no browser download).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.harness import REPO, Cluster, Process, status_of, wait_until
+
+pytestmark = pytest.mark.integration
+
+ORGA = Path(sys.executable).with_name("orga")
+WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
+TOKEN = "inbox-test-token-0123456789"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def inbox_url(cluster: Cluster) -> Iterator[str]:
+    """`orga inbox` (the console script) serving the cluster, with a token."""
+    port = _free_port()
+    env = _env(ORGA_REDIS_URL=cluster.redis_url, ORGA_INBOX_TOKEN=TOKEN)
+    command = [str(ORGA), "inbox", "--host", "127.0.0.1", "--port", str(port)]
+    process = Process("inbox", command, env, cluster.root / "inbox.log").start()
+    try:
+        process.wait_for_log(f"review inbox on http://127.0.0.1:{port}/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.stop()
+
+
+def _escalated_wanderer(cluster: Cluster) -> tuple[str, str]:
+    """Submit examples/wanderer and wait until the detector escalates it: (task, review)."""
+    client = cluster.client()
+    task_id = client.submit(WANDERER)
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 120, "escalation")
+    return task_id, str(client.status(task_id)["review_id"])
+
+
+def _logged_in(base_url: str, name: str) -> httpx.Client:
+    session = httpx.Client(base_url=base_url, timeout=60)
+    page = session.get("/login")
+    csrf = re.search(r'name="csrftoken" value="([^"]+)"', page.text)
+    assert csrf, page.text
+    response = session.post(
+        "/login", data={"csrftoken": csrf.group(1), "token": TOKEN, "name": name}
+    )
+    assert response.status_code == 303, response.text
+    return session
+
+
+def _csrf_of(session: httpx.Client) -> str:
+    found = re.search(r'name="csrftoken" value="([^"]+)"', session.get("/").text)
+    assert found
+    return found.group(1)
+
+
+def test_inbox_refuses_to_start_without_credentials() -> None:
+    """`orga inbox` with neither ORGA_INBOX_TOKEN nor ORGA_INBOX_BASIC_AUTH exits 2 and says so."""
+    outcome = subprocess.run(
+        [str(ORGA), "inbox", "--port", str(_free_port())], env=_env(ORGA_REDIS_URL="redis://x"),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert outcome.returncode == 2, outcome.stdout + outcome.stderr
+    assert outcome.stderr.startswith("error: the inbox serves nothing without reviewer auth")
+    assert "ORGA_INBOX_TOKEN" in outcome.stderr
+    assert outcome.stdout == ""
+
+
+def test_nothing_is_served_without_the_token(inbox_url: str) -> None:
+    """The running inbox answers pages only to a logged-in reviewer."""
+    with httpx.Client(base_url=inbox_url) as anonymous:
+        for path in ("/", "/tasks", "/tasks/rows"):
+            assert anonymous.get(path).status_code == 303, path
+        assert anonymous.post("/decide", data={"review_id": "x"}).status_code == 401
+
+
+def test_two_reviewers_race_and_one_decision_wins(cluster: Cluster, inbox_url: str) -> None:
+    """Two reviewers decide one review at once: the coordinator applies one, the other reviewer
+    is told whose decision won, and the audit trail names the winner."""
+    task_id, review_id = _escalated_wanderer(cluster)
+    sessions = {name: _logged_in(inbox_url, name) for name in ("ann", "ben")}
+    forms = {
+        name: {"review_id": review_id, "decision": decision, "csrftoken": _csrf_of(sessions[name])}
+        for name, decision in (("ann", "abort"), ("ben", "skip"))
+    }
+
+    def decide(name: str) -> httpx.Response:
+        return sessions[name].post("/decide", data=forms[name], follow_redirects=True)
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            answers = dict(zip(forms, pool.map(decide, forms), strict=True))
+    finally:
+        for session in sessions.values():
+            session.close()
+    client = cluster.client()
+    decided = [f for _i, f in client.events() if f.get("event") == "review_decided"
+               and f.get("review_id") == review_id]  # fmt: skip
+    assert len(decided) == 1, decided
+    winner = decided[0]["by"].removeprefix("inbox:")
+    loser = "ben" if winner == "ann" else "ann"
+    assert f"applied to task {task_id}" in answers[winner].text
+    assert f"was already decided {decided[0]['decision']} by inbox:{winner}" in answers[loser].text
+    assert client.wait(task_id, timeout_s=60)["status"] in {"aborted", "failed"}
+
+
+# -- the browser -------------------------------------------------------------------------------
+
+
+def _chromium() -> str:
+    """Debian's Chromium, or a skip (a failure in CI) saying how to install it."""
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    message = (
+        "no Chromium found for the inbox's browser tests: install Debian's package with "
+        "`sudo apt-get update && sudo apt-get install -y chromium` (Playwright drives it through "
+        "executable_path; no browser download)"
+    )
+    if os.environ.get("CI") == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """A headless Chromium (Debian's) driven by Playwright."""
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def test_a_reviewer_decides_an_escalation_in_the_browser(
+    cluster: Cluster, inbox_url: str, chromium: Any, tmp_path: Path
+) -> None:
+    """A reviewer logs in, reads the wanderer's escalation with its context, retries it with a
+    hint, lands on the task page and sees the task resume; a screenshot of each page is kept."""
+    from playwright.sync_api import expect
+
+    task_id, review_id = _escalated_wanderer(cluster)
+    context = chromium.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    shots = tmp_path / "screenshots"
+
+    page.goto(f"{inbox_url}/")
+    assert page.url.startswith(f"{inbox_url}/login")
+    page.fill("input[name=name]", "rita")
+    page.fill("input[name=token]", TOKEN)
+    page.screenshot(path=str(shots / "login.png"))
+    page.click("button[type=submit]")
+
+    card = page.locator(f"#review-{review_id}")
+    expect(card).to_be_visible()
+    expect(card.locator(".goal")).to_have_text(re.compile(r"^Find out why the first request"))
+    expect(card.locator(".reason")).not_to_be_empty()
+    expect(card).to_contain_text("steps since milestone")
+    expect(card).to_contain_text("file_read(")
+    page.screenshot(path=str(shots / "reviews.png"), full_page=False)
+    escalated_at = cluster.client().status(task_id)["iteration"]
+
+    card.locator("textarea[name=hint]").fill("measure the first request <b>first</b>")
+    card.locator("button[value=retry]").click()
+
+    page.wait_for_url(f"{inbox_url}/tasks/{task_id}")
+    expect(page.locator(".flash.ok")).to_contain_text(f"retry applied to task {task_id}")
+    # the live refresh shows the task running on: its iteration grows past the escalation's
+    page.wait_for_function(
+        "n => Number(document.getElementById('task-iteration').textContent) > n", arg=escalated_at
+    )
+    expect(page.locator("table.journal")).to_contain_text("ReasoningComplete")
+    page.screenshot(path=str(shots / "task.png"))
+
+    page.click("nav a[href='/tasks']")
+    expect(page.locator(f"tr[data-task='{task_id}']")).to_be_visible()
+    page.screenshot(path=str(shots / "tasks.png"))
+    context.close()
+
+    record = cluster.client().record(task_id)
+    hints = [m.content for m in record.conversation.messages if "[Human reviewer]" in m.content]
+    assert hints == ["[Human reviewer] measure the first request <b>first</b>"]
+    decided = [f for _i, f in cluster.client().events() if f.get("event") == "review_decided"
+               and f.get("review_id") == review_id]  # fmt: skip
+    assert [(f["decision"], f["by"]) for f in decided] == [("retry", "inbox:rita")]
+    for name in ("login", "reviews", "task", "tasks"):
+        shot = shots / f"{name}.png"
+        assert shot.stat().st_size > 10_000, shot
+        assert _png_size(shot) == (1280, 800), shot
+    if not cluster.client().record(task_id).terminal:
+        cluster.client().cancel(task_id)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[16:24]
+    return int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")
+
+
+# -- the embedded runtime ----------------------------------------------------------------------
+
+
+def test_inbox_on_the_embedded_runtime_resumes_what_orga_run_escalated(tmp_path: Path) -> None:
+    """Without ORGA_REDIS_URL, `orga inbox` holds the embedded runtime that `orga run` left the
+    wanderer in: a retry decided on the page resumes the task, and SIGTERM stops it all."""
+    env = _env(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "spaces"),
+               ORGA_INBOX_BASIC_AUTH="sam:pw1,tess:pw2")  # fmt: skip
+    ran = subprocess.run([str(ORGA), "run", str(WANDERER)], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    review_id = re.findall(r"review decide (\w+) --skip", ran.stdout)[0]
+    port = _free_port()
+    process = Process("inbox", [str(ORGA), "inbox", "--port", str(port)], env,
+                      tmp_path / "inbox.log").start()  # fmt: skip
+    try:
+        process.wait_for_log(f"review inbox on http://127.0.0.1:{port}/ (tasks of the embedded")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", auth=("tess", "pw2"),
+                          timeout=60) as reviewer:  # fmt: skip
+            inbox = reviewer.get("/")
+            assert f'id="review-{review_id}"' in inbox.text
+            csrf = re.search(r'name="csrftoken" value="([^"]+)"', inbox.text)
+            assert csrf
+            form = {"csrftoken": csrf.group(1), "review_id": review_id, "decision": "retry",
+                    "hint": "time the first call"}  # fmt: skip
+            decided = reviewer.post("/decide", data=form, follow_redirects=True)
+            assert "retry applied to task" in decided.text, decided.text
+            task_id = decided.url.path.removeprefix("/tasks/")
+
+            def resumed() -> bool:  # escalated again: it ran on from the decision
+                page = reviewer.get(f"/tasks/{task_id}/live").text
+                return "awaiting_review" in page and review_id not in page
+
+            wait_until(resumed, 120, "the wanderer to run on and escalate again")
+    finally:
+        process.stop()
+    assert process.popen is not None
+    assert process.popen.returncode == 0, process.tail()
+    shown = subprocess.run([str(ORGA), "review", "list", "--json"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr  # the home's lock was released on SIGTERM
+    assert review_id not in shown.stdout
