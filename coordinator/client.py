@@ -143,7 +143,7 @@ class OrgaClient:
         return record
 
     def status(self, task_id: str) -> dict[str, Any]:
-        """Status, current step, iteration, milestones and usage of one task."""
+        """Status, current step, iteration, milestones, usage and, once it failed, the error."""
         record = self.record(task_id)
         step = record.steps[record.current].spec.id if record.steps else None
         return {
@@ -156,6 +156,8 @@ class OrgaClient:
             "iteration": record.iteration,
             "milestones": list(record.milestones),
             "review_id": record.review.review_id if record.review else None,
+            "error": record.error,
+            "workspace": record.workspace,
             "usage": record.usage.model_dump(),
             "dispatch": self.dispatch(record),
         }

@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from shared import keys
+
 __all__ = [
     "UNKNOWN_PROGRESS",
     "Judgement",
@@ -165,9 +167,11 @@ class Liveness:
             )
             return Judgement(Verdict.QUEUED, reason, now + wait)
         if self.queue_depth > 0:
+            role = "reasoning" if self.queue == keys.reasoning_queue else "tools"
             reason = (
                 f"{self.queue} holds {self.queue_depth} messages and no worker started one "
-                f"lately: start a worker for that queue (orga worker --role ...)"
+                f"lately: start a worker for that queue (orga worker --role {role}, or "
+                f"celery -A workers worker -Q {self.queue})"
             )
             return Judgement(Verdict.NO_CONSUMER, reason, now + timeout)
         if unstarted_looks == 0:

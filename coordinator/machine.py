@@ -37,11 +37,14 @@ from shared.conversation import Conversation, ConversationMessage
 from shared.events import (
     AttemptFailed,
     DispatchFailed,
+    Escalated,
     JournalEntry,
     LoopEvent,
     ObservationsCollected,
     PolicyEvaluated,
+    ProviderWaited,
     ReasoningComplete,
+    ReviewDecided,
     StagnationDetected,
     Started,
     StepLimitReached,
@@ -170,6 +173,7 @@ class TaskMachine:
         record = self.record
         if record.status is not TaskStatus.PENDING:
             return self._ignored()
+        self._workspace()  # fixed now, with the task
         record.conversation = Conversation.with_system(
             record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT, pin=True
         )
@@ -202,6 +206,8 @@ class TaskMachine:
         if message.fence != awaiting.fence:
             return self._ignored()
         self.record.model_calls += 1
+        if message.provider_waits:
+            self._journal_waits(message)
         if awaiting.kind is AwaitKind.PLAN:
             self._apply_plan(message)
         else:
@@ -250,11 +256,23 @@ class TaskMachine:
             # Also a chained call's worker failing before its iteration's ``reasoned`` message
             # was applied: that call is then awaited like any other, re-dispatched at its deadline.
             return self._ignored()
-        retried = message.retryable and awaiting.redeliveries < self.settings.max_redeliveries
-        self._journal(
-            DispatchFailed(fence=message.fence.token(), error=message.error[:2000], retried=retried)
+        config = message.error_kind == "config"
+        retried = (
+            not config
+            and message.retryable
+            and awaiting.redeliveries < self.settings.max_redeliveries
         )
-        if retried:
+        self._journal(
+            DispatchFailed(
+                fence=message.fence.token(),
+                error=message.error[:2000],
+                retried=retried,
+                error_kind=message.error_kind,
+            )
+        )
+        if config:
+            self._config_failure(awaiting, message.error)
+        elif retried:
             self._redispatch(awaiting)
         else:
             self._dead_letter(awaiting, message.error)
@@ -596,6 +614,15 @@ class TaskMachine:
             ).with_call_id(call.call_id)
         self._all_observed(awaiting)
 
+    def _journal_waits(self, message: ReasonedMessage) -> None:
+        """The model call waited out rate limits or provider errors: journaled, and not a
+        failed attempt (the worker retried within its deadline)."""
+        waits = message.provider_waits
+        total = round(sum(w.wait_s for w in waits), 3)
+        self._journal(
+            ProviderWaited(iteration=self.record.iteration, waits=waits, total_wait_s=total)
+        )
+
     def _journal_empty_act(self) -> None:
         iteration = self.record.iteration
         zero = timedelta(0)
@@ -857,7 +884,9 @@ class TaskMachine:
             return
         attempts = self.tracker.attempt_count(step.spec.id)
         self._journal(StepLimitReached.from_decision(step.spec.id, attempts, decision))
-        reason = decision.reason or error
+        # The tracker says why it stopped; the last error says what failed (the review's
+        # context, the skip note, the abort error all show it).
+        reason = f"{decision.reason}; last error: {error[:500]}" if decision.reason else error
         action = self.tracker.limit_action
         if action is LimitAction.SKIP_STEP:
             self._skip_step(reason)
@@ -891,6 +920,15 @@ class TaskMachine:
         record.awaiting = None
         record.review = item
         self.effects.reviews.append(item)
+        self._journal(
+            Escalated(
+                review_id=item.review_id,
+                source=source,
+                reason=reason,
+                deadline=datetime.fromtimestamp(item.deadline, UTC),
+                default_decision=item.default_decision,
+            )
+        )
         self._event("escalated", review_id=item.review_id, reason=reason[:500], source=source)
 
     def _snapshot(self) -> dict[str, Any]:
@@ -923,6 +961,11 @@ class TaskMachine:
         review.hint = hint
         review.decided_by = decided_by
         self._event("review_decided", review_id=review.review_id, decision=decision, by=decided_by)
+        self._journal(
+            ReviewDecided(
+                review_id=review.review_id, decision=decision, decided_by=decided_by, hint=hint
+            )
+        )
         record.review = None
         if decision == "abort":
             self._finish(
@@ -965,6 +1008,12 @@ class TaskMachine:
         awaiting.dispatched = [c for c in awaiting.dispatched if c in awaiting.results]
         self._dispatch_more(awaiting)
 
+    def _config_failure(self, awaiting: Awaiting, error: str) -> None:
+        """A worker said the task or the deployment is misconfigured: no attempt can succeed,
+        so the task fails at once with the worker's own message (no retry, no review)."""
+        self._event("config_error", fence=awaiting.fence.token(), error=error[:500])
+        self._finish(TaskStatus.FAILED, f"configuration error: {error}")
+
     def _dead_letter(self, awaiting: Awaiting, error: str) -> None:
         self.effects.dead_letters.append(
             {
@@ -998,8 +1047,14 @@ class TaskMachine:
         return config.model_copy(update={"max_iterations": config.max_iterations + start})
 
     def _workspace(self) -> str:
-        spec = self.record.spec
-        return spec.workspace or task_workspace(self.settings.workspace_root, self.record.task_id)
+        """The task's workspace, fixed the first time it is asked for (at the start) and kept
+        in the record: a later decision taken under another ``ORGA_WORKSPACE_ROOT`` (or none)
+        resumes in the same folder."""
+        record = self.record
+        if record.workspace is None:
+            root = self.settings.workspace_root
+            record.workspace = record.spec.workspace or task_workspace(root, record.task_id)
+        return record.workspace
 
     def _fence(self) -> Fence:
         """A fence no earlier dispatch of this task had: ``attempt`` counts every dispatch."""

@@ -230,6 +230,10 @@ class TaskRecord(BaseModel):
     output: str = ""
     error: str | None = None
     applied: int = 0
+    workspace: str | None = None
+    """The task's workspace folder, fixed when the task starts (its ``workspace``, else
+    ``{ORGA_WORKSPACE_ROOT}/{task_id}`` of the coordinator that started it) and used by every
+    later dispatch, whichever coordinator or CLI makes it."""
 
     def restore_conversation(self, stored: Sequence[str | bytes]) -> bool:
         """Put the conversation read from ``orga:conversation:{task_id}`` in place. False when

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.actions import ProposedAction
 from shared.durations import Duration
-from shared.inference import Usage
+from shared.inference import ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, TerminationReason
 from shared.progress_tracker import StepDecision
 from shared.stagnation.verdict import (
@@ -22,13 +22,16 @@ from shared.stagnation.verdict import (
 __all__ = [
     "AttemptFailed",
     "DispatchFailed",
+    "Escalated",
     "JournalEntry",
     "LoopEvent",
     "ObservationsCollected",
     "PolicyEvaluated",
     "PreHydrationComplete",
+    "ProviderWaited",
     "ReasoningComplete",
     "RecoveryTriggered",
+    "ReviewDecided",
     "StagnationDetected",
     "Started",
     "StepLimitReached",
@@ -123,6 +126,39 @@ class StepLimitReached(_Event):
         return cls(step_id=step_id, attempts=attempts, reason=decision.reason)
 
 
+class ProviderWaited(_Event):
+    """The model call of an iteration waited out transient provider errors (429, 5xx, a
+    timeout) or the deployment's shared rate limit, without failing an attempt."""
+
+    type: Literal["ProviderWaited"] = "ProviderWaited"
+    iteration: int
+    waits: list[ProviderWait]
+    total_wait_s: float
+
+
+class Escalated(_Event):
+    """The task now waits for a human: which review, what raised it and why."""
+
+    type: Literal["Escalated"] = "Escalated"
+    review_id: str
+    source: str
+    """``tracker`` (the step's attempts), ``detector`` (stagnation) or ``recovery``."""
+    reason: str
+    deadline: datetime
+    default_decision: str
+
+
+class ReviewDecided(_Event):
+    """A review was decided: by whom (an operator's name, or ``deadline`` for the default),
+    what (``retry``, ``skip``, ``abort``) and the hint given to the model on a retry."""
+
+    type: Literal["ReviewDecided"] = "ReviewDecided"
+    review_id: str
+    decision: str
+    decided_by: str
+    hint: str | None = None
+
+
 class PreHydrationComplete(_Event):
     """References from the task input were resolved before the loop."""
 
@@ -174,6 +210,8 @@ class DispatchFailed(_Event):
     fence: str
     error: str
     retried: bool
+    error_kind: str = "internal"
+    """The worker's ``error_kind``: ``config`` fails the task at once."""
 
 
 class VerificationRun(_Event):
@@ -200,7 +238,10 @@ LoopEvent = Annotated[
     | StagnationDetected
     | AttemptFailed
     | DispatchFailed
-    | VerificationRun,
+    | VerificationRun
+    | ProviderWaited
+    | Escalated
+    | ReviewDecided,
     Field(discriminator="type"),
 ]
 

@@ -11,6 +11,7 @@ __all__ = [
     "FinishReason",
     "InferenceOptions",
     "InferenceResponse",
+    "ProviderWait",
     "ResponseFormat",
     "ResponseFormatJsonObject",
     "ResponseFormatJsonSchema",
@@ -78,6 +79,23 @@ class Usage(BaseModel):
             completion_tokens=max(self.completion_tokens - earlier.completion_tokens, 0),
             total_tokens=max(self.total_tokens - earlier.total_tokens, 0),
         )
+
+
+class ProviderWait(BaseModel):
+    """A wait before a model call: the provider answered a transient error (``status`` 429,
+    5xx; 0 for a timeout or an unreachable server) and asked for or earned ``wait_s`` seconds,
+    or (``shared``) another worker's 429 on the same provider and key made this call wait.
+    Waits do not count as failed attempts; the journal records them (``ProviderWaited``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider: str
+    status: int = Field(default=0, ge=0)
+    wait_s: float = Field(ge=0)
+    retry_after: bool = False
+    """The wait is the server's ``Retry-After`` (else a backoff)."""
+    shared: bool = False
+    """The wait was set by another call's 429 (the deployment-wide limiter)."""
 
 
 class ToolChoiceAuto(BaseModel):

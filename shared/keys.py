@@ -43,6 +43,9 @@ Keys
     ``orga:schedules``           hash: schedule name -> schedule (JSON)
     ``orga:schedules:due``       sorted set: active schedule name -> its next fire time
     ``orga:schedules:fired``     hash: schedule name -> its last fire (JSON: time, task id)
+    ``orga:ratelimit:{provider}:{digest}``  string: until when (unix ms) every worker holds off
+                                 calling one provider with one key (``provider_limit_key``;
+                                 the digest is a hash of the base URL and key, never the key)
 
 Celery (the Redis broker stores each queue as a list under its name)
     ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
@@ -98,6 +101,8 @@ __all__ = [
     "observations_maxlen",
     "observations_stream",
     "open_reviews_key",
+    "provider_limit_key",
+    "provider_limit_key_prefix",
     "queue_started_key",
     "queue_started_key_prefix",
     "reason_task_name",
@@ -150,6 +155,7 @@ breaker_key_prefix: Final = "orga:breaker:"
 result_cache_key_prefix: Final = "orga:result:"
 review_claim_key_prefix: Final = "orga:review_claim:"
 applied_call_key_prefix: Final = "orga:applied:"
+provider_limit_key_prefix: Final = "orga:ratelimit:"
 
 journal_sequence_key_prefix: Final = "orga:journal_seq:"
 active_tasks_key: Final = "orga:tasks:active"
@@ -251,3 +257,9 @@ def review_claim_key(review_id: str) -> str:
 def queue_started_key(queue: str) -> str:
     """How many dispatches of one Celery queue workers have started: ``orga:started:{queue}``."""
     return f"{queue_started_key_prefix}{queue}"
+
+
+def provider_limit_key(provider: str, key_digest: str) -> str:
+    """Until when every worker holds off one provider and key (a 429's Retry-After):
+    ``orga:ratelimit:{provider}:{digest}``; ``key_digest`` is a hash, never the key."""
+    return f"{provider_limit_key_prefix}{provider}:{key_digest}"

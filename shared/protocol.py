@@ -18,7 +18,7 @@ from shared.actions import Observation, ProposedAction, ToolCallAction
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import WireFormatError
 from shared.events import RecoveryTriggered
-from shared.inference import Usage
+from shared.inference import ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry, TerminationReason
 from shared.policy import PolicySpec
 from shared.task_spec import ProviderSpec
@@ -26,6 +26,7 @@ from shared.task_spec import ProviderSpec
 __all__ = [
     "PROTOCOL_VERSION",
     "ConversationRef",
+    "ErrorKind",
     "Fence",
     "ReasonRequest",
     "ReasonedMessage",
@@ -38,6 +39,17 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = "1"
+
+ErrorKind = Literal["config", "transient", "internal"]
+"""What a worker failure is, so that the coordinator never matches strings:
+
+- ``config``: the deployment or the task is wrong (a missing script file or template, a missing
+  or rejected API key, a refused ``base_url``, an unknown model); trying again cannot help, so
+  the task fails at once with the worker's message;
+- ``transient``: the provider or the network failed for now (429, 5xx, a timeout) past the
+  worker's retry deadline; the dispatch may be tried again;
+- ``internal``: anything else (a bug, a crash in the library); retried, then dead-lettered.
+"""
 
 
 class Fence(BaseModel):
@@ -219,6 +231,9 @@ class ReasonedMessage(BaseModel):
     acted: list[ToolObservedMessage] | None = None
     chained: list[str] = Field(default_factory=list)
     duration_ms: float = 0.0
+    provider_waits: list[ProviderWait] = Field(default_factory=list)
+    """Transient provider errors and shared rate-limit holds the model call waited out (the
+    coordinator journals them; they are not failed attempts)."""
 
 
 class WorkerFailedMessage(BaseModel):
@@ -230,6 +245,8 @@ class WorkerFailedMessage(BaseModel):
     fence: Fence
     error: str
     retryable: bool = True
+    error_kind: ErrorKind = "internal"
+    """What the failure is (:data:`ErrorKind`); a ``config`` failure fails the task at once."""
 
 
 StreamMessage = Annotated[

@@ -169,7 +169,8 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
     """The Celery configuration shared by the worker app and the coordinator's client app.
 
     JSON only (never pickle), late acknowledgement with redelivery when a worker dies, one
-    message prefetched per process, separate queues for reasoning and for tools.
+    message prefetched per process, separate queues for reasoning and for tools (a worker
+    without ``-Q`` serves both).
     """
     return {
         "broker_url": broker_url,
@@ -182,6 +183,12 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_default_queue": keys.reasoning_queue,
+        # Declared, so that a worker started without -Q (`celery -A workers worker`) consumes
+        # both; -Q picks some of them. (A dict: Celery builds the kombu queues from it.)
+        "task_queues": {
+            queue: {"exchange": queue, "routing_key": queue}
+            for queue in (keys.reasoning_queue, keys.tools_queue)
+        },
         "task_routes": {
             keys.reason_task_name: {"queue": keys.reasoning_queue},
             keys.tool_task_name: {"queue": keys.tools_queue},

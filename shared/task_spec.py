@@ -296,7 +296,24 @@ def load_task_file(path: str | Path) -> TaskSpec:
         raise TaskSpecError(f"cannot read task file {str(file)!r}: {exc.strerror}") from exc
     data = _decode(text, str(file))
     spec = parse_task(data, str(file))
-    return _resolve_paths(spec, file.parent)
+    resolved = _resolve_paths(spec, file.parent)
+    _check_files(resolved, str(file))
+    return resolved
+
+
+def _check_files(spec: TaskSpec, source: str) -> None:
+    """The files a task file names must exist when it is read (on the machine that reads it):
+    a missing template or script is refused here, not found out by a worker later."""
+    missing = []
+    if spec.workspace_template is not None and not Path(spec.workspace_template).is_dir():
+        missing.append(f"workspace_template: {spec.workspace_template!r} is not a folder")
+    if spec.provider.script is not None and not Path(spec.provider.script).is_file():
+        missing.append(f"provider.script: {spec.provider.script!r} is not a file")
+    if missing:
+        raise TaskSpecError(
+            f"{source}: " + "; ".join(missing) + " (relative paths are taken from the task "
+            "file's folder); fix the path or create it"
+        )
 
 
 def _resolve_paths(spec: TaskSpec, base: Path) -> TaskSpec:

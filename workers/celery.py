@@ -1,4 +1,5 @@
-"""The Celery application: ``celery -A workers worker -Q orga.reasoning,orga.tools``.
+"""The Celery application: ``celery -A workers worker`` (both queues; ``-Q orga.reasoning`` or
+``-Q orga.tools`` for one).
 
 Settings are read here, once, at the process edge. JSON is the only serializer; tasks are
 acknowledged late and rejected (requeued) when their worker process dies; each process

@@ -34,6 +34,7 @@ from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
 from shared.protocol import (
+    ErrorKind,
     Fence,
     ReasonedMessage,
     ReasonRequest,
@@ -47,7 +48,14 @@ from workers.gates.offered import OfferedToolsGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
 from workers.phases import LoopTermination, Reasoning
-from workers.providers.base import InferenceProvider
+from workers.providers.base import (
+    InferenceError,
+    InferenceProvider,
+    InferenceTimeoutError,
+    ProviderError,
+    RateLimitedError,
+)
+from workers.providers.rate_limit import recording_waits
 from workers.tools.base import ToolContext
 
 log = logging.getLogger("orga.worker.handlers")
@@ -57,6 +65,7 @@ __all__ = [
     "Answer",
     "DispatchOutcome",
     "WorkerServices",
+    "failure_kind",
     "live_fences",
     "onward",
     "prepare_tools",
@@ -138,10 +147,28 @@ def prepare_tools(
     return config.model_copy(update={"tool_definitions": tools})
 
 
+def failure_kind(exc: BaseException) -> ErrorKind:
+    """What a failure in a worker is, for the coordinator (``WorkerFailedMessage.error_kind``):
+    a configuration error fails the task at once, a transient one may be tried again."""
+    if isinstance(exc, ConfigError):
+        return "config"
+    if isinstance(exc, RateLimitedError | ProviderError | InferenceTimeoutError | TimeoutError):
+        return "transient"
+    return "internal"
+
+
 def prepare_workspace(workspace: Path, template: str | None) -> Path:
-    """Create the task's workspace; a template folder is copied in once, atomically."""
+    """Create the task's workspace; a template folder is copied in once, atomically.
+
+    A template that is not a folder is a configuration error (the task names it).
+    """
     if workspace.exists():
         return workspace
+    if template is not None and not Path(template).is_dir():
+        raise ConfigError(
+            f"workspace_template {template!r} is not a folder on this worker; give the path of "
+            "an existing folder (absolute, or relative to the task file) or remove it"
+        )
     workspace.parent.mkdir(parents=True, exist_ok=True)
     if template is None:
         workspace.mkdir(exist_ok=True)
@@ -203,18 +230,21 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     if knowledge is not None and request.purpose == "act":
         await _inject_knowledge(request, services, state.conversation, knowledge)
     known = len(state.conversation)
-    try:
-        checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
-            services.provider(request), AlreadyFitted()
-        )
-    except LoopTermination as stop:
-        return ReasonedMessage(
-            fence=request.fence,
-            new_messages=state.conversation.messages[known:],
-            usage=state.total_usage.delta_since(request.usage),
-            termination=stop.reason,
-            duration_ms=(time.monotonic() - started) * 1000,
-        )
+    with recording_waits() as waits:
+        try:
+            checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
+                services.provider(request), AlreadyFitted()
+            )
+        except LoopTermination as stop:
+            _raise_config_error(stop)
+            return ReasonedMessage(
+                fence=request.fence,
+                new_messages=state.conversation.messages[known:],
+                usage=state.total_usage.delta_since(request.usage),
+                termination=stop.reason,
+                duration_ms=(time.monotonic() - started) * 1000,
+                provider_waits=waits,
+            )
     offered = [t.name for t in checking.config.tool_definitions]
     registered = [t.name for t in services.tool_definitions()]
     gate = OfferedToolsGate(services.gate(request.policy), offered, registered)
@@ -242,7 +272,16 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         acted=acted,
         chained=chained,
         duration_ms=(time.monotonic() - started) * 1000,
+        provider_waits=waits,
     )
+
+
+def _raise_config_error(stop: LoopTermination) -> None:
+    """A model call that failed because of the configuration (a rejected key, an unknown
+    model) is not an attempt that failed: it is raised for the worker to report as such."""
+    cause = stop.__cause__
+    if isinstance(cause, InferenceError) and isinstance(cause, ConfigError):
+        raise cause
 
 
 async def _inject_knowledge(
@@ -322,8 +361,8 @@ async def run_dispatch(
     passthrough: tuple[type[BaseException], ...] = (),
 ) -> DispatchOutcome:
     """Run one dispatch. An exception (but those in ``passthrough``, which the caller retries
-    itself) becomes a ``worker_failed`` answer for the dispatch it answers for: retryable
-    unless it is a configuration error."""
+    itself) becomes a ``worker_failed`` answer for the dispatch it answers for, with its
+    ``error_kind`` (:func:`failure_kind`): retryable unless it is a configuration error."""
     try:
         with _span(request) as span:
             if isinstance(request, ReasonRequest):
@@ -343,6 +382,7 @@ async def run_dispatch(
             fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
             error=f"{type(exc).__name__}: {exc}"[:2000],
             retryable=not isinstance(exc, ConfigError),
+            error_kind=failure_kind(exc),
         )
         return DispatchOutcome([failure], failure=failure)
 

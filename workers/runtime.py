@@ -58,6 +58,7 @@ from workers.knowledge import RedisKnowledgeStore, knowledge_tools
 from workers.liveness import Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
+from workers.providers.rate_limit import NoThrottle, ProviderThrottle, RedisThrottle, key_digest
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
@@ -164,10 +165,21 @@ class WorkerCore:
             else:
                 base_url = settings.resolved_base_url() or ""
                 client = self.http_client(settings.provider.value, base_url)
-                provider = self._build(settings, client)
+                provider = self._build(settings, client, self._throttle(settings, base_url))
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
         return provider
+
+    def _throttle(self, settings: ProviderSettings, base_url: str) -> ProviderThrottle:
+        key = settings.resolved_api_key()
+        digest = key_digest(base_url, key.get_secret_value() if key is not None else "")
+        return self.throttle(settings.provider.value, digest)
+
+    def throttle(self, provider: str, digest: str) -> ProviderThrottle:
+        """The rate limit shared by every caller of one provider and key (``digest``, a hash
+        of the base URL and key): none in a core of its own; a worker process shares one
+        through Redis (:class:`ProcessServices`)."""
+        return NoThrottle()
 
     def _script(self, replies: list[Any]) -> Script:
         """The task's scripted replies, validated once per process: every reasoning request
@@ -194,10 +206,12 @@ class WorkerCore:
             self._scripts.pop(next(iter(self._scripts)))
         return script
 
-    def _build(self, settings: ProviderSettings, client: httpx.AsyncClient) -> InferenceProvider:
+    def _build(
+        self, settings: ProviderSettings, client: httpx.AsyncClient, throttle: ProviderThrottle
+    ) -> InferenceProvider:
         """The provider; a task that switched provider without a key bound to it is told so."""
         try:
-            return build_provider(settings, client=client)
+            return build_provider(settings, client=client, throttle=throttle)
         except ConfigError as exc:
             deployment = self.provider_settings
             defaults = PROVIDER_DEFAULTS.get(settings.provider)
@@ -409,6 +423,11 @@ class ProcessServices(WorkerCore):
         while len(self._conversations) > CONVERSATIONS_KEPT:
             self._conversations.pop(next(iter(self._conversations)))
         return Conversation(messages=list(known[: ref.length]))
+
+    def throttle(self, provider: str, digest: str) -> ProviderThrottle:
+        """Every worker of the deployment holds off together: one Redis key per provider and
+        key (:mod:`workers.providers.rate_limit`)."""
+        return RedisThrottle(self.redis, keys.provider_limit_key(provider, digest))
 
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on this process's loop and wait for it (from any thread but the

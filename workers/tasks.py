@@ -123,7 +123,12 @@ async def _answer(
     if outcome.failure is not None:
         log.error(
             "task.failed",
-            extra={"task": name, "fence": request.fence.token(), "error": outcome.failure.error},
+            extra={
+                "task": name,
+                "fence": request.fence.token(),
+                "error_kind": outcome.failure.error_kind,
+                "error": outcome.failure.error,
+            },
         )
     if not outcome.answers:
         await _publish(runtime, None, outcome.chained, fences)

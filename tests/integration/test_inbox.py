@@ -261,11 +261,14 @@ def test_inbox_on_the_embedded_runtime_resumes_what_orga_run_escalated(tmp_path:
             assert "retry applied to task" in decided.text, decided.text
             task_id = decided.url.path.removeprefix("/tasks/")
 
-            def resumed() -> bool:  # escalated again: it ran on from the decision
+            def resumed() -> bool:  # escalated again, under a new review: it ran on
                 page = reviewer.get(f"/tasks/{task_id}/live").text
-                return "awaiting_review" in page and review_id not in page
+                current = re.findall(r"decide review (\w+)", page)
+                return "awaiting_review" in page and bool(current) and review_id not in current
 
             wait_until(resumed, 120, "the wanderer to run on and escalate again")
+            page = reviewer.get(f"/tasks/{task_id}/live").text  # the journal keeps the decision
+            assert "ReviewDecided" in page and "time the first call" in page
     finally:
         process.stop()
     assert process.popen is not None

@@ -42,8 +42,8 @@ STORED_ID = re.compile(r"^Stored fact: .* \(id: ([^)\s]+)\)$", re.S)
 """A knowledge item's id in ``store_knowledge``'s answer: each store draws its own (a uuid in
 Redis, a counter in memory), as each run draws its task id."""
 
-MEASURED = frozenset({"timestamp", "duration", "duration_ms"})
-"""Fields that measure time: never equal between two runs."""
+MEASURED = frozenset({"timestamp", "duration", "duration_ms", "deadline"})
+"""Fields that measure or depend on the clock (a review's deadline): never equal in two runs."""
 
 WAIT_S = 60.0
 """How long a distributed run may take to end or escalate."""

@@ -262,11 +262,13 @@ def test_anthropic_is_built_from_settings(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_timeout_and_retries_reach_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ORGA_MAX_RETRIES=1 means two attempts; the injected sleep records the one wait."""
+    """Without a retry deadline (ORGA_PROVIDER_RETRY_DEADLINE_S=0), ORGA_MAX_RETRIES=1 means
+    two attempts; the injected sleep records the one wait."""
     with FakeOpenAIServer(api_key=KEY) as server:
         for _ in range(2):
             server.respond_error(503, "busy")
         monkeypatch.setenv("ORGA_MAX_RETRIES", "1")
+        monkeypatch.setenv("ORGA_PROVIDER_RETRY_DEADLINE_S", "0")
         settings = ProviderSettings(provider="openai", base_url=server.base_url, api_key=KEY)
         sleep = RecordingSleep()
         provider = build_provider(settings, sleep=sleep, rand=lambda: 0.0)

@@ -6,6 +6,7 @@ classes can also be built directly. Every provider implements ``InferenceProvide
 
 from workers.providers.anthropic import AnthropicProvider
 from workers.providers.base import (
+    AuthenticationError,
     ContextOverflowError,
     InferenceError,
     InferenceProvider,
@@ -38,6 +39,7 @@ __all__ = [
     "PROVIDER_DEFAULTS",
     "SCRIPT_EXHAUSTED_TEXT",
     "AnthropicProvider",
+    "AuthenticationError",
     "ContextOverflowError",
     "FunctionProvider",
     "InferenceError",

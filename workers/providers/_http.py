@@ -10,7 +10,7 @@ Status mapping after the retries:
 5xx                   ``ProviderError``
 400, other 4xx        ``InvalidRequestError``, or ``ContextOverflowError`` when the
                       provider's message is about the context length
-401, 403              ``InvalidRequestError``: the key was rejected, set <env var>
+401, 403              ``AuthenticationError``: the key was rejected, set <env var>
 404                   ``ModelUnavailableError`` naming the model and the base URL
 413                   ``ContextOverflowError``
 timeout               ``InferenceTimeoutError``: no complete answer within ``timeout_s``
@@ -35,6 +35,7 @@ import random
 import re
 import reprlib
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,8 +45,10 @@ import httpx
 from pydantic import SecretStr
 
 from shared.errors import ConfigError
+from shared.inference import ProviderWait
 from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.providers.base import (
+    AuthenticationError,
     ContextOverflowError,
     InferenceError,
     InferenceTimeoutError,
@@ -55,7 +58,13 @@ from workers.providers.base import (
     RateLimitedError,
     ResponseParseError,
 )
-from workers.providers.retry import RetryPolicy, SleepFn, is_retryable_status
+from workers.providers.rate_limit import NoThrottle, ProviderThrottle, record_wait
+from workers.providers.retry import (
+    RetryPolicy,
+    SleepFn,
+    is_retryable_status,
+    parse_retry_after,
+)
 
 __all__ = [
     "Endpoint",
@@ -167,10 +176,13 @@ class _Request:
 
 @dataclass(frozen=True, slots=True)
 class _RetryableFailure:
-    """An attempt that may be retried after ``delay_s``; ``error`` is raised if it may not."""
+    """An attempt that may be retried after ``delay_s``; ``error`` is raised if it may not.
+    ``status`` is the HTTP status (0: no answer); ``retry_after``: the server set the delay."""
 
     delay_s: float
     error: InferenceError
+    status: int = 0
+    retry_after: bool = False
 
 
 class JsonPoster:
@@ -179,6 +191,8 @@ class JsonPoster:
     Without ``client`` a fresh ``httpx.AsyncClient`` serves each call (safe across event loops,
     which Celery tasks running ``asyncio.run`` need); a given ``client`` is used as is and never
     closed. ``transport`` is the test seam (``httpx.MockTransport``) for the fresh clients.
+    ``throttle`` is the rate limit shared with every caller of the same provider and key
+    (:mod:`workers.providers.rate_limit`): each try waits for it, and a 429 extends it.
     """
 
     def __init__(
@@ -191,7 +205,11 @@ class JsonPoster:
         rand: Callable[[], float] | None = None,
         client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        throttle: ProviderThrottle | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._throttle: ProviderThrottle = throttle if throttle is not None else NoThrottle()
+        self._clock = clock
         self._endpoint = endpoint
         self._timeout_s = timeout_s
         self._retry = retry
@@ -205,16 +223,47 @@ class JsonPoster:
     ) -> dict[str, Any]:
         """The JSON object answered to ``POST {base_url}/{path}``, or an ``InferenceError``."""
         request = _Request(self._endpoint.url(path), dict(headers), dict(body), model)
+        started = self._clock()
         async with self._open_client() as client:
-            for attempt in range(self._retry.max_retries + 1):
+            attempt = 0
+            while True:
+                await self._wait_turn(started)
                 outcome = await self._attempt(client, request, attempt)
                 if not isinstance(outcome, _RetryableFailure):
                     return outcome
-                if attempt == self._retry.max_retries:
+                if not self._retry.allows(attempt, self._clock() - started, outcome.delay_s):
                     raise outcome.error
-                self._log_retry(request.url, attempt, outcome)
-                await self._sleep(outcome.delay_s)
-        raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+                await self._back_off(request.url, attempt, outcome)
+                attempt += 1
+
+    async def _wait_turn(self, started: float) -> None:
+        """Wait while the deployment holds this provider and key off (another call's 429),
+        at most until the retry deadline."""
+        blocked_s = await self._throttle.blocked_for_s()
+        if blocked_s <= 0:
+            return
+        if self._retry.deadline_s > 0:
+            left_s = self._retry.deadline_s - (self._clock() - started)
+            blocked_s = min(blocked_s, left_s)
+            if blocked_s <= 0:
+                return
+        record_wait(ProviderWait(provider=self._endpoint.provider, wait_s=blocked_s, shared=True))
+        await self._sleep(blocked_s)
+
+    async def _back_off(self, url: str, attempt: int, failure: _RetryableFailure) -> None:
+        """Wait before the next try; a 429 holds every caller of this key off as long."""
+        if failure.status == 429:
+            await self._throttle.block(failure.delay_s)
+        record_wait(
+            ProviderWait(
+                provider=self._endpoint.provider,
+                status=failure.status,
+                wait_s=failure.delay_s,
+                retry_after=failure.retry_after,
+            )
+        )
+        self._log_retry(url, attempt, failure)
+        await self._sleep(failure.delay_s)
 
     @asynccontextmanager
     async def _open_client(self) -> AsyncIterator[httpx.AsyncClient]:
@@ -235,7 +284,10 @@ class JsonPoster:
                     request.url, headers=request.headers, json=request.body, timeout=self._timeout_s
                 )
         except (httpx.TimeoutException, TimeoutError) as exc:
-            raise self._timeout_error(request.url, request.model) from exc
+            timed_out = self._timeout_error(request.url, request.model)
+            if self._retry.deadline_s <= 0:
+                raise timed_out from exc
+            return _RetryableFailure(self._retry.backoff_delay(attempt, self._rand()), timed_out)
         except httpx.TransportError as exc:
             delay = self._retry.backoff_delay(attempt, self._rand())
             return _RetryableFailure(delay, self._unreachable_error(request.url, attempt + 1, exc))
@@ -244,7 +296,8 @@ class JsonPoster:
         if is_retryable_status(response.status_code):
             delay = self._retry.retry_delay(response.headers, attempt, self._rand())
             error = exhausted_error(response, self._endpoint, request.url, delay)
-            return _RetryableFailure(delay, error)
+            hinted = parse_retry_after(response.headers) is not None
+            return _RetryableFailure(delay, error, response.status_code, hinted)
         raise status_error(response, self._endpoint, request.url, request.model)
 
     def _timeout_error(self, url: str, model: str) -> InferenceTimeoutError:
@@ -330,7 +383,7 @@ def status_error(
     message = provider_error_message(response, endpoint)
     where = f"{endpoint.provider} at {url}"
     if status in (401, 403):
-        return InvalidRequestError(
+        return AuthenticationError(
             f"{where} rejected the API key (HTTP {status}): {message}; "
             f"set {endpoint.api_key_env} to a valid key"
         )

@@ -46,6 +46,7 @@ from workers.providers._http import (
     shown,
 )
 from workers.providers.base import ProviderError, ResponseParseError
+from workers.providers.rate_limit import ProviderThrottle
 from workers.providers.retry import RetryPolicy, SleepFn
 
 __all__ = [
@@ -89,6 +90,7 @@ class AnthropicProvider:
         rand: Callable[[], float] | None = None,
         client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        throttle: ProviderThrottle | None = None,
     ) -> None:
         self._model = model
         self._api_key = SecretStr(api_key) if isinstance(api_key, str) else api_key
@@ -103,6 +105,7 @@ class AnthropicProvider:
             rand=rand,
             client=client,
             transport=transport,
+            throttle=throttle,
         )
 
     def __repr__(self) -> str:

@@ -4,10 +4,15 @@ InferenceError
  +-- ProviderError           non-2xx answer or transport failure
  +-- RateLimitedError        429 after the retries; carries retry_after_s
  +-- ContextOverflowError    the prompt does not fit the model's window
- +-- ModelUnavailableError   the model is unknown or not served
+ +-- ModelUnavailableError   the model is unknown or not served (also a ConfigError)
  +-- InvalidRequestError     4xx: the request itself is wrong (the message says what)
+ |    +-- AuthenticationError  401/403: the key was rejected (also a ConfigError)
  +-- InferenceTimeoutError   no answer within the timeout
  +-- ResponseParseError      the reply is not the wire format it should be
+
+The errors that are also :class:`~shared.errors.ConfigError` are the deployment's fault, not the
+moment's: the worker reports them as ``error_kind: config`` and the coordinator fails the task
+at once instead of trying again.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from shared.conversation import Conversation
-from shared.errors import OrgaError
+from shared.errors import ConfigError, OrgaError
 from shared.inference import InferenceOptions, InferenceResponse
 
 __all__ = [
+    "AuthenticationError",
     "ContextOverflowError",
     "InferenceError",
     "InferenceProvider",
@@ -51,12 +57,16 @@ class ContextOverflowError(InferenceError):
     """The conversation is larger than the model's context window."""
 
 
-class ModelUnavailableError(InferenceError):
-    """The model is not available from this provider."""
+class ModelUnavailableError(InferenceError, ConfigError):
+    """The model is not available from this provider (a configuration error)."""
 
 
 class InvalidRequestError(InferenceError):
     """The provider rejected the request as invalid (a 4xx other than 429)."""
+
+
+class AuthenticationError(InvalidRequestError, ConfigError):
+    """The provider rejected the API key (HTTP 401 or 403): a configuration error."""
 
 
 class InferenceTimeoutError(InferenceError):

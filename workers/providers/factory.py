@@ -20,6 +20,7 @@ from shared.errors import ConfigError
 from workers.providers.anthropic import AnthropicProvider
 from workers.providers.base import InferenceProvider
 from workers.providers.openai_compat import OpenAICompatProvider
+from workers.providers.rate_limit import ProviderThrottle
 from workers.providers.retry import RetryPolicy, SleepFn
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderKind, ProviderSettings
@@ -34,15 +35,17 @@ def build_provider(
     rand: Callable[[], float] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     client: httpx.AsyncClient | None = None,
+    throttle: ProviderThrottle | None = None,
 ) -> InferenceProvider:
     """The provider ``settings`` describe; ``sleep``, ``rand`` and ``transport`` are test seams.
 
     ``client``: a pooled client the provider uses and never closes (a worker process keeps one
-    per provider and base URL); without it each call opens its own.
+    per provider and base URL); without it each call opens its own. ``throttle``: the rate
+    limit shared by every worker calling this provider with this key (none: not shared).
     """
     if settings.provider is ProviderKind.SCRIPTED:
         return _scripted(settings)
-    seams = _Seams(sleep=sleep, rand=rand, transport=transport, client=client)
+    seams = _Seams(sleep=sleep, rand=rand, transport=transport, client=client, throttle=throttle)
     if settings.provider is ProviderKind.ANTHROPIC:
         return _anthropic(settings, seams)
     return _openai_compat(settings, seams)
@@ -56,6 +59,7 @@ class _Seams:
     rand: Callable[[], float] | None
     transport: httpx.AsyncBaseTransport | None
     client: httpx.AsyncClient | None
+    throttle: ProviderThrottle | None
 
 
 def _scripted(settings: ProviderSettings) -> ScriptedProvider:
@@ -84,6 +88,7 @@ def _anthropic(settings: ProviderSettings, seams: _Seams) -> AnthropicProvider:
         rand=seams.rand,
         transport=seams.transport,
         client=seams.client,
+        throttle=seams.throttle,
     )
 
 
@@ -107,6 +112,7 @@ def _openai_compat(settings: ProviderSettings, seams: _Seams) -> OpenAICompatPro
         rand=seams.rand,
         transport=seams.transport,
         client=seams.client,
+        throttle=seams.throttle,
     )
 
 
@@ -147,7 +153,9 @@ def _model(settings: ProviderSettings) -> str:
 
 def _retry(settings: ProviderSettings) -> RetryPolicy:
     return RetryPolicy(
-        max_retries=settings.max_retries, retry_after_cap_s=settings.retry_after_cap_s
+        max_retries=settings.max_retries,
+        retry_after_cap_s=settings.retry_after_cap_s,
+        deadline_s=settings.provider_retry_deadline_s,
     )
 
 

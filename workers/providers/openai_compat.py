@@ -43,6 +43,7 @@ from workers.providers._http import (
     shown,
 )
 from workers.providers.base import ProviderError, ResponseParseError
+from workers.providers.rate_limit import ProviderThrottle
 from workers.providers.retry import RetryPolicy, SleepFn
 
 __all__ = [
@@ -87,6 +88,7 @@ class OpenAICompatProvider:
         rand: Callable[[], float] | None = None,
         client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        throttle: ProviderThrottle | None = None,
     ) -> None:
         self._model = model
         self._name = name
@@ -101,6 +103,7 @@ class OpenAICompatProvider:
             rand=rand,
             client=client,
             transport=transport,
+            throttle=throttle,
         )
 
     def __repr__(self) -> str:

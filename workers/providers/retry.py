@@ -6,6 +6,11 @@ fractional seconds, or an HTTP date; OpenAI's ``retry-after-ms`` first), capped 
 ``retry_after_cap_s``; without the header it is the exponential backoff
 ``min(backoff_base_s * 2**attempt, backoff_max_s)`` plus a random jitter in ``[0, jitter_s)``.
 A missing header therefore never means a long wait (Symbiont's default turned it into 1,000 s).
+
+With ``deadline_s`` above 0 (a worker's ``ORGA_PROVIDER_RETRY_DEADLINE_S``), the count no longer
+applies: 429, 5xx, unreachable servers and timeouts are retried for as long as the next try
+starts within ``deadline_s`` of the first, so a burst of rate limiting is waited out instead of
+failing the step's attempt.
 """
 
 from __future__ import annotations
@@ -38,6 +43,16 @@ class RetryPolicy(BaseModel):
     backoff_max_s: float = Field(default=8.0, ge=0)
     jitter_s: float = Field(default=0.5, ge=0)
     retry_after_cap_s: float = Field(default=60.0, ge=0)
+    deadline_s: float = Field(default=0.0, ge=0)
+    """Retry transient failures (timeouts included) until this many seconds after the first
+    try, whatever their number; 0: ``max_retries`` retries of 429/5xx, timeouts not retried."""
+
+    def allows(self, attempt: int, elapsed_s: float, delay_s: float) -> bool:
+        """Whether failed try ``attempt`` (0-based), ``elapsed_s`` after the first began, may
+        be followed by another after ``delay_s``."""
+        if self.deadline_s > 0:
+            return elapsed_s + delay_s <= self.deadline_s
+        return attempt < self.max_retries
 
     def backoff_delay(self, attempt: int, rand: float) -> float:
         """The wait after failed attempt ``attempt`` (0-based) with no Retry-After header.

@@ -9,6 +9,9 @@
 ``ORGA_TIMEOUT_S``                120
 ``ORGA_MAX_RETRIES``              3 (429 and 5xx)
 ``ORGA_RETRY_AFTER_CAP_S``        60 (the longest ``Retry-After`` honoured)
+``ORGA_PROVIDER_RETRY_DEADLINE_S``  300: 429, 5xx, timeouts are retried (Retry-After honoured)
+                                  until this long after a call's first try, without failing
+                                  the step's attempt; 0: ``ORGA_MAX_RETRIES`` tries instead
 ``ORGA_SCRIPT_PATH``              the YAML/JSON script of the scripted provider
 ``ORGA_SCRIPT_ON_EXHAUSTED``      ``final_answer`` (default), ``repeat_last``, ``raise``
 ``ORGA_OPENROUTER_REFERER``       sent as ``HTTP-Referer`` to OpenRouter
@@ -84,6 +87,7 @@ class ProviderSettings(BaseSettings):
     timeout_s: float = Field(default=120.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     retry_after_cap_s: float = Field(default=60.0, ge=0)
+    provider_retry_deadline_s: float = Field(default=300.0, ge=0)
     script_path: Path | None = None
     script_on_exhausted: OnExhausted = OnExhausted.FINAL_ANSWER
     openrouter_referer: str | None = None

@@ -1,0 +1,96 @@
+"""Which queues a worker serves: `celery -A workers worker` without -Q serves both, as the README
+says, and a coordinator says so when a queue it dispatches to has no consumer. Real processes
+against a private Redis."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from coordinator.embedded_redis import EmbeddedRedis
+from shared import keys
+from tests.integration.harness import Cluster, Process, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
+    """A coordinator and no worker yet; the Redis is emptied first (one per module)."""
+    with redis.Redis.from_url(private_redis.url) as raw:
+        raw.flushdb()
+    running = Cluster(private_redis.url, tmp_path)
+    try:
+        running.coordinator()
+        yield running
+    finally:
+        running.stop()
+
+
+def _worker(cluster: Cluster, *queue_options: str, name: str = "any") -> Process:
+    """`celery -A workers worker` with only the given queue options."""
+    command = [
+        sys.executable, "-m", "celery", "-A", "workers", "worker", *queue_options,
+        "-c", "2", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+        "--without-heartbeat", "-n", f"{name}-{os.getpid()}@%h",
+    ]  # fmt: skip
+    log = cluster.root / f"worker-{name}.log"
+    process = Process(name, command, cluster._env({}), log).start()
+    process.wait_for_log("ready.")
+    cluster.processes.append(process)
+    return process
+
+
+def _tool_task() -> dict[str, Any]:
+    """Two tool calls (so they go to orga.tools on their own), then an answer."""
+    calls = [
+        {"name": "run_command", "arguments": {"command": "echo one"}},
+        {"name": "run_command", "arguments": {"command": "echo two"}},
+    ]
+    return {
+        "goal": "use the tools",
+        "provider": {"kind": "scripted", "replies": [{"tool_calls": calls}, "done"]},
+        "steps": [{"id": "s", "instruction": "run them"}],
+        "stagnation": {"enabled": False},
+    }
+
+
+def test_a_worker_without_queue_options_serves_both_queues(cluster: Cluster) -> None:
+    """`celery -A workers worker` (no -Q) lists and consumes orga.reasoning and orga.tools: a
+    task with tool calls completes."""
+    worker = _worker(cluster)
+    banner = worker.log.read_text()
+    assert keys.reasoning_queue in banner and keys.tools_queue in banner, worker.tail()
+    client = cluster.client()
+    task_id = client.submit(_tool_task())
+    result = client.wait(task_id, timeout_s=120)
+    assert result["status"] == "completed", cluster.logs()
+    assert result["output"] == "done"
+
+
+def test_a_queue_without_consumer_is_reported(cluster: Cluster) -> None:
+    """With only a reasoning worker, the tool calls wait in orga.tools: the coordinator puts a
+    `no_consumer` event on orga:events naming the queue and the worker to start; a tool worker
+    started then lets the task complete."""
+    _worker(cluster, "-Q", keys.reasoning_queue, name="reasoning")
+    client = cluster.client()
+    task_id = client.submit(_tool_task())
+
+    def reports() -> list[dict[str, str]]:
+        return [
+            fields
+            for _id, fields in client.events()
+            if fields.get("event") == "no_consumer" and fields.get("task_id") == task_id
+        ]
+
+    wait_until(reports, timeout_s=90, what="a no_consumer event")
+    reason = reports()[0]["reason"]
+    assert keys.tools_queue in reason and "orga worker --role tools" in reason, reason
+    _worker(cluster, "-Q", keys.tools_queue, name="tools")
+    assert client.wait(task_id, timeout_s=120)["status"] == "completed", cluster.logs()

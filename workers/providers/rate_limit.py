@@ -1,0 +1,120 @@
+"""The rate limit a deployment shares per provider and key, and the record of waits.
+
+When a provider answers 429, every worker calling it with the same key should hold off, not
+only the one that was told: otherwise 200 tasks stampede a limited key. The hold is one Redis
+string per provider and key, ``orga:ratelimit:{provider}:{digest}`` (``shared.keys``): the
+time, in unix milliseconds, until which callers wait. A 429's ``Retry-After`` (or the backoff
+when it sends none) moves it later, never earlier, in one Lua script; every call first waits
+until then. The digest is a hash of the base URL and the key, never the key.
+
+A "blocked until" key fits ``Retry-After`` exactly (the provider says when, not a rate), so no
+token bucket is needed; it costs one ``GET`` per model call and one script run per 429.
+
+Waits are reported with the iteration (``ReasonedMessage.provider_waits``) and journaled by
+the coordinator: :func:`recording_waits` collects those of the model calls made inside it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from redis.asyncio import Redis
+
+from shared.inference import ProviderWait
+
+__all__ = [
+    "NoThrottle",
+    "ProviderThrottle",
+    "RedisThrottle",
+    "key_digest",
+    "record_wait",
+    "recording_waits",
+]
+
+_HOLD_SCRIPT = """
+local until_ms = tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if until_ms > current then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return until_ms
+end
+return current
+"""
+
+_waits: contextvars.ContextVar[list[ProviderWait] | None] = contextvars.ContextVar(
+    "orga_provider_waits", default=None
+)
+
+
+class ProviderThrottle(Protocol):
+    """Holds every caller of one provider and key off while it rate-limits."""
+
+    async def blocked_for_s(self) -> float:
+        """Seconds callers must still wait before the next call (0: go)."""
+        ...
+
+    async def block(self, delay_s: float) -> None:
+        """Make every caller wait ``delay_s`` seconds from now (a 429 said so)."""
+        ...
+
+
+class NoThrottle:
+    """No shared limit: each call only honours its own answers (tests, the in-process runner)."""
+
+    async def blocked_for_s(self) -> float:
+        """Never blocked."""
+        return 0.0
+
+    async def block(self, delay_s: float) -> None:
+        """Nothing to share."""
+
+
+class RedisThrottle:
+    """The shared hold of one provider and key, in Redis (see the module docstring)."""
+
+    def __init__(self, redis: Redis, key: str, clock: Callable[[], float] = time.time) -> None:
+        self._redis = redis
+        self._key = key
+        self._clock = clock
+        self._hold = redis.register_script(_HOLD_SCRIPT)
+
+    async def blocked_for_s(self) -> float:
+        """Seconds until the hold set by the latest 429 ends."""
+        raw = await self._redis.get(self._key)
+        until_ms = int(raw) if raw is not None else 0
+        return max(until_ms / 1000 - self._clock(), 0.0)
+
+    async def block(self, delay_s: float) -> None:
+        """Move the hold to ``now + delay_s`` unless it already ends later."""
+        until_ms = int((self._clock() + delay_s) * 1000)
+        ttl_ms = int(delay_s * 1000) + 1000
+        await self._hold(keys=[self._key], args=[until_ms, ttl_ms])
+
+
+def key_digest(base_url: str, api_key: str) -> str:
+    """What names a provider key in Redis: a hash of the base URL and the key (never the key)."""
+    material = f"{base_url.rstrip('/')}\0{api_key}".encode()
+    return hashlib.sha256(material).hexdigest()[:24]
+
+
+@contextmanager
+def recording_waits() -> Iterator[list[ProviderWait]]:
+    """Collect the waits of the model calls made inside (in this task's context)."""
+    waits: list[ProviderWait] = []
+    token = _waits.set(waits)
+    try:
+        yield waits
+    finally:
+        _waits.reset(token)
+
+
+def record_wait(wait: ProviderWait) -> None:
+    """Add a wait to the innermost :func:`recording_waits`, if any."""
+    waits = _waits.get()
+    if waits is not None:
+        waits.append(wait)
