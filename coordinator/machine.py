@@ -507,6 +507,7 @@ class TaskMachine:
             )
         fence = self._fence()
         awaiting = self._await(AwaitKind.REASON, fence)
+        record.iteration_started_at = self.now
         request = self._reason_request(fence, record.conversation, purpose="act")
         awaiting.chained = request.chain_tools
         self.effects.reason_dispatches.append(request)

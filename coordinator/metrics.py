@@ -150,12 +150,22 @@ class CoordinatorMetrics:
 
     # -- after each commit -----------------------------------------------------------------
 
-    def record(self, _record: TaskRecord, effects: Effects) -> None:
-        """Count what one commit did."""
+    def record(self, record: TaskRecord, effects: Effects) -> None:
+        """Count what one commit did: iterations, tokens, stagnation, steps; an iteration's
+        time when its observations are collected; the provider's waits and failures."""
         self.observations.labels(result="applied").inc()
+        provider = record.spec.provider.kind or "default"
         for entry in effects.journal:
             event = entry.event
-            if event.type == "ReasoningComplete":
+            if event.type == "ObservationsCollected" and record.iteration_started_at:
+                self.iteration_finished(record.iteration_started_at, record.updated_at)
+            elif event.type == "ProviderWaited":
+                for wait in event.waits:
+                    self._waited(wait.provider, wait.status, wait.wait_s, wait.shared)
+            elif event.type == "DispatchFailed" and event.fence.count("/") == 3:
+                # task/step/iteration/attempt: a reasoning dispatch (a call adds its id)
+                self.provider_error(provider, event.error_kind)
+            elif event.type == "ReasoningComplete":
                 self.iterations.inc()
                 self.tokens.labels(kind="prompt").inc(event.usage.prompt_tokens)
                 self.tokens.labels(kind="completion").inc(event.usage.completion_tokens)
@@ -221,6 +231,14 @@ class CoordinatorMetrics:
     def provider_error(self, provider: str, status: int | str) -> None:
         """A model request failed: ``status`` is the HTTP status, or ``connect``/``timeout``."""
         self.provider_errors.labels(provider=provider, status=str(status)).inc()
+
+    def _waited(self, provider: str, status: int, seconds: float, shared: bool) -> None:
+        """A model call waited: a provider error it rode out (``status``; 0 a timeout), a
+        rate limit (429, or another call's 429 on the same key)."""
+        if not shared:
+            self.provider_error(provider, status or "timeout")
+        if shared or status == 429:
+            self.rate_limit_wait(provider, seconds)
 
     def rate_limit_wait(self, provider: str, seconds: float) -> None:
         """A worker waited ``seconds`` for a provider's rate limit (a 429, Retry-After)."""

@@ -396,13 +396,18 @@ class Coordinator:
             return
         task_id = message.fence.task_id
         wrong: list[str | None] = ["unknown_task"]  # what the last look at the record said
+        dispatched_at: list[float | None] = [None]  # when the dispatch it answers went out
 
         def route(machine: TaskMachine) -> Effects:
+            awaiting = machine.record.awaiting
+            dispatched_at[0] = awaiting.dispatched_at if awaiting is not None else None
             effects = machine.on_answer(message)
             wrong[0] = None if effects.changed else _wrong(machine.record, message.fence)
             return effects
 
         applied = await self._apply(task_id, route, ack=ack)
+        if applied and self.metrics is not None:
+            self.metrics.observed(message, dispatched_at[0])
         if not applied:  # a stale or duplicate answer: nothing keeps it
             pipe = self.redis.pipeline(transaction=True)
             pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)

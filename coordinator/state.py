@@ -215,6 +215,8 @@ class TaskRecord(BaseModel):
     conversation: Conversation = Field(default_factory=Conversation, exclude=True)
     """Kept apart from the state, append-only, in ``orga:conversation:{task_id}``
     (:class:`coordinator.store.TaskStore`): a commit writes the new messages, not the whole."""
+    iteration_started_at: float | None = None
+    """When the current iteration's reasoning was dispatched (the iteration-time metric)."""
     conversation_epoch: int = 0
     """Bumped when a compaction rewrote the stored conversation instead of appending to it."""
     usage: Usage = Field(default_factory=Usage)
