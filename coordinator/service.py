@@ -239,11 +239,9 @@ class Coordinator:
                 extra={"coordinator": self.name, "error": str(exc)[:300],
                        "detail": "consumer groups recreated; earlier tasks and entries are gone"},
             )  # fmt: skip
-            await self.redis.xadd(
-                keys.events_stream,
+            await self.store.event(
                 {"task_id": "", "event": "state_lost", "coordinator": self.name,
-                 "error": str(exc)[:300], "at": f"{time.time():.3f}"},
-                maxlen=100_000, approximate=True,
+                 "error": str(exc)[:300]}
             )  # fmt: skip
             if self.metrics is not None:
                 self.metrics.state_lost()
@@ -357,29 +355,12 @@ class Coordinator:
         event: str = "rejected",
     ) -> None:
         log.warning("task.rejected", extra={"task_id": task_id, "error": error})
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(
-            keys.rejected_stream,
-            {"task_id": task_id, "entry_id": entry_id, "error": error,
-             "task": text.get("task", "")[:4096]},
-            maxlen=10_000, approximate=True,
-        )  # fmt: skip
-        pipe.xadd(
-            keys.events_stream,
-            {"task_id": task_id, "event": event, "error": error[:2000],
-             "at": f"{time.time():.3f}"},
-            maxlen=100_000, approximate=True,
-        )  # fmt: skip
-        pipe.xack(keys.intake_stream, keys.coordinator_group, entry_id)
-        await pipe.execute()
+        await self.store.reject_submission(entry_id, task_id, text.get("task", ""), error, event)
 
     async def _duplicate(self, task_id: str, existing: str) -> None:
-        await self.redis.xadd(
-            keys.events_stream,
-            {"task_id": task_id, "event": "duplicate", "existing_task_id": existing,
-             "at": f"{time.time():.3f}"},
-            maxlen=100_000, approximate=True,
-        )  # fmt: skip
+        await self.store.event(
+            {"task_id": task_id, "event": "duplicate", "existing_task_id": existing}
+        )
 
     # -- observations ---------------------------------------------------------------------
 
@@ -409,10 +390,7 @@ class Coordinator:
         if applied and self.metrics is not None:
             self.metrics.observed(message, dispatched_at[0])
         if not applied:  # a stale or duplicate answer: nothing keeps it
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)
-            pipe.xdel(keys.observations_stream, entry_id)
-            await pipe.execute()
+            await self.store.drop_observation(entry_id)
             if wrong[0] is not None:
                 await self._refused(message, wrong[0])
 
@@ -431,24 +409,12 @@ class Coordinator:
         fields = {"task_id": task_id, "reason": reason, "fence": fence.token()[:300],
                   "kind": message.kind, "held_back": str(held)}  # fmt: skip
         log.warning("observation.refused", extra=fields)
-        event: dict[Any, Any] = {
-            **fields,
-            "event": "observation_refused",
-            "at": f"{time.time():.3f}",
-        }
-        await self.redis.xadd(keys.events_stream, event, maxlen=100_000, approximate=True)
+        await self.store.event({**fields, "event": "observation_refused"})
 
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
-        raw: dict[Any, Any] = {f"raw_{_text(k)}": _text(v)[:4096] for k, v in fields.items()}
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(
-            keys.dead_letter_stream,
-            {**raw, "stream": stream, "entry_id": entry_id, "error": error[:2000]},
-            maxlen=100_000, approximate=True,
-        )  # fmt: skip
-        pipe.xack(stream, keys.coordinator_group, entry_id)
-        await pipe.execute()
+        raw = {_text(k): _text(v) for k, v in fields.items()}
+        await self.store.dead_letter_entry(stream, entry_id, raw, error)
 
     async def _reclaim(
         self, stream: str, handle: Callable[[str, dict[Any, Any]], Awaitable[None]]
@@ -516,15 +482,7 @@ class Coordinator:
             await self._control_rejected(entry_id, task_id, str(exc))
 
     async def _control_rejected(self, entry_id: str, task_id: str, error: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(
-            keys.events_stream,
-            {"task_id": task_id, "event": "control_rejected", "entry_id": entry_id,
-             "error": error[:2000], "at": f"{time.time():.3f}"},
-            maxlen=100_000, approximate=True,
-        )  # fmt: skip
-        pipe.xack(keys.control_stream, keys.coordinator_group, entry_id)
-        await pipe.execute()
+        await self.store.refuse_control(entry_id, task_id, error)
 
     # -- ticks ----------------------------------------------------------------------------
 
@@ -602,8 +560,7 @@ class Coordinator:
         if now - self._last_purge < self.settings.purge_interval_s:
             return
         self._last_purge = now
-        old = time.time() - keys.heartbeats_retention_s
-        await self.redis.zremrangebyscore(keys.heartbeats_key, -old, old)
+        await self.store.forget_heartbeats(time.time() - keys.heartbeats_retention_s)
         purged = await self.store.purge_finished(time.time() - self.settings.retention_s)
         if purged:
             log.info("tasks.purged", extra={"count": purged, "coordinator": self.name})

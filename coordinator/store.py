@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import operator
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -442,6 +443,73 @@ class TaskStore:
                 )
             )
         return purged
+
+    # -- entries that change no task ------------------------------------------------------
+
+    async def event(self, fields: Mapping[str, str]) -> None:
+        """A lifecycle event that belongs to no commit (a state loss, a refused observation)."""
+        entry: dict[Any, Any] = {**fields, "at": fields.get("at") or f"{time.time():.3f}"}
+        await self.redis.xadd(
+            keys.events_stream, entry, maxlen=self.events_maxlen, approximate=True
+        )
+
+    async def reject_submission(
+        self, entry_id: str, task_id: str, task_text: str, error: str, event: str = "rejected"
+    ) -> None:
+        """An intake entry that makes no task: on ``orga:rejected`` with the reason, an event,
+        and acknowledged, together."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(
+            keys.rejected_stream,
+            {"task_id": task_id, "entry_id": entry_id, "error": error, "task": task_text[:4096]},
+            maxlen=keys.rejected_maxlen, approximate=True,
+        )  # fmt: skip
+        pipe.xadd(
+            keys.events_stream,
+            {"task_id": task_id, "event": event, "error": error[:2000], "at": f"{time.time():.3f}"},
+            maxlen=self.events_maxlen, approximate=True,
+        )  # fmt: skip
+        pipe.xack(keys.intake_stream, keys.coordinator_group, entry_id)
+        await pipe.execute()
+
+    async def dead_letter_entry(
+        self, stream: str, entry_id: str, fields: Mapping[str, str], error: str
+    ) -> None:
+        """A stream entry no coordinator can apply: kept on ``orga:dead_letter`` with its raw
+        fields and the reason, and acknowledged, together."""
+        raw: dict[Any, Any] = {f"raw_{k}": v[:4096] for k, v in fields.items()}
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(
+            keys.dead_letter_stream,
+            {**raw, "stream": stream, "entry_id": entry_id, "error": error[:2000]},
+            maxlen=keys.dead_letter_maxlen, approximate=True,
+        )  # fmt: skip
+        pipe.xack(stream, keys.coordinator_group, entry_id)
+        await pipe.execute()
+
+    async def refuse_control(self, entry_id: str, task_id: str, error: str) -> None:
+        """A control entry that cannot be applied: a ``control_rejected`` event naming the
+        entry (the CLI waits for it), and acknowledged, together."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(
+            keys.events_stream,
+            {"task_id": task_id, "event": "control_rejected", "entry_id": entry_id,
+             "error": error[:2000], "at": f"{time.time():.3f}"},
+            maxlen=self.events_maxlen, approximate=True,
+        )  # fmt: skip
+        pipe.xack(keys.control_stream, keys.coordinator_group, entry_id)
+        await pipe.execute()
+
+    async def drop_observation(self, entry_id: str) -> None:
+        """A stale or duplicate answer: acknowledged and deleted (nothing keeps its output)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)
+        pipe.xdel(keys.observations_stream, entry_id)
+        await pipe.execute()
+
+    async def forget_heartbeats(self, older_than: float) -> None:
+        """Heartbeat scores (running or answered) older than ``older_than`` (epoch seconds)."""
+        await self.redis.zremrangebyscore(keys.heartbeats_key, -older_than, older_than)
 
     async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the task's lease if nobody holds it."""

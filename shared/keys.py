@@ -78,6 +78,7 @@ __all__ = [
     "conversation_key",
     "conversation_key_prefix",
     "coordinator_group",
+    "dead_letter_maxlen",
     "dead_letter_stream",
     "deadlines_key",
     "events_stream",
@@ -107,6 +108,7 @@ __all__ = [
     "queue_started_key_prefix",
     "reason_task_name",
     "reasoning_queue",
+    "rejected_maxlen",
     "rejected_stream",
     "result_cache_key",
     "result_cache_key_prefix",
@@ -183,6 +185,8 @@ tool_task_name: Final = "orga.tool_call"
 intake_maxlen: Final = 100_000
 control_maxlen: Final = 10_000
 observations_maxlen: Final = 100_000
+rejected_maxlen: Final = 10_000
+dead_letter_maxlen: Final = 100_000
 
 # -- TTLs ----------------------------------------------------------------------------------
 

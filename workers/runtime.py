@@ -99,7 +99,7 @@ class RedisDeadLetterSink:
         await self._redis.xadd(
             keys.dead_letter_stream,
             {"kind": "tool_call", "record": record.model_dump_json()},
-            maxlen=100_000,
+            maxlen=keys.dead_letter_maxlen,
             approximate=True,
         )
 
@@ -486,7 +486,7 @@ class ProcessServices(WorkerCore):
                 "payload": payload[:4096],
                 "at": f"{time.time():.3f}",
             },
-            maxlen=100_000,
+            maxlen=keys.dead_letter_maxlen,
             approximate=True,
         )
 
