@@ -105,12 +105,6 @@ class WorkerServices(Protocol):
         """Run one approved tool call through the executor."""
         ...
 
-    async def execute_batch(
-        self, request: ReasonRequest, calls: Sequence[ToolCallAction], context: ToolContext
-    ) -> list[ToolObservedMessage]:
-        """Run the approved calls of an iteration (``act_inline``), concurrently."""
-        ...
-
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach private addresses."""
         ...
@@ -255,8 +249,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     chained: list[str] = []
     if request.act_inline and approved and dispatching.terminal_output is None:
         with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
-            context = _tool_context(request, services)
-            acted = await services.execute_batch(request, approved, context)
+            acted = await _act_inline(request, approved, services)
     elif request.chain_tools and approved and dispatching.terminal_output is None:
         chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
     if knowledge is not None and request.purpose == "act" and dispatching.terminal_output:
@@ -419,15 +412,19 @@ def _reasoning_config(request: ReasonRequest, services: WorkerServices) -> LoopC
     return prepare_tools(services.tool_definitions(), request.config, request.allowed_tools)
 
 
-def _tool_context(request: ReasonRequest, services: WorkerServices) -> ToolContext:
-    workspace = prepare_workspace(Path(request.workspace), request.workspace_template)
-    return ToolContext(
-        workspace=workspace,
-        timeout_s=request.config.tool_timeout.total_seconds(),
-        allow_private_network=services.allow_private_network(),
-        agent_id=request.agent_id,
-        task_id=request.fence.task_id,
-    )
+async def _act_inline(
+    request: ReasonRequest, calls: Sequence[ToolCallAction], services: WorkerServices
+) -> list[ToolObservedMessage]:
+    """Act in the reasoning worker (``act_inline``): each call as the same ``ToolRequest`` a
+    tool worker would run, through the same :func:`run_tool_call`, at most
+    ``max_concurrent_tools`` at a time."""
+    limit = asyncio.Semaphore(request.config.max_concurrent_tools)
+
+    async def one(call: ToolCallAction) -> ToolObservedMessage:
+        async with limit:
+            return await run_tool_call(request.tool_request(call), services)
+
+    return list(await asyncio.gather(*(one(call) for call in calls)))
 
 
 async def run_tool_calls(

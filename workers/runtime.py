@@ -26,7 +26,6 @@ import httpx
 from redis.asyncio import Redis
 
 from shared import keys
-from shared.actions import ToolCallAction
 from shared.celery_wire import tool_message
 from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation, ConversationMessage
@@ -279,31 +278,6 @@ class WorkerCore:
                 f"{escalation.tool_name}: {escalation.error}" if escalation is not None else None
             ),
         )
-
-    async def execute_batch(
-        self, request: ReasonRequest, calls: Sequence[ToolCallAction], context: ToolContext
-    ) -> list[ToolObservedMessage]:
-        """Run an iteration's approved calls in one executor batch (bounded concurrency)."""
-        report = await self.executor.execute(
-            calls,
-            request.config,
-            context,
-            recovery=request.recovery,
-            tool_recovery=request.tool_recovery,
-            iteration=request.fence.iteration,
-            ledger=self._ledger(request.fence.task_id),
-        )
-        escalation = report.escalation
-        messages = [
-            ToolObservedMessage(fence=request.fence.for_call(call.call_id), observation=observation)
-            for call, observation in zip(calls, report.observations, strict=True)
-        ]
-        if messages:
-            reason = f"{escalation.tool_name}: {escalation.error}" if escalation else None
-            messages[0] = messages[0].model_copy(
-                update={"recovery_events": list(report.events), "escalation_reason": reason}
-            )
-        return messages
 
     def _ledger(self, task_id: str) -> RecoveryLedger:
         """LlmRecovery counts of one task in this process (bounded: oldest tasks forgotten).
