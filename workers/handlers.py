@@ -370,13 +370,17 @@ async def run_dispatch(
     except passthrough:
         raise
     except Exception as exc:
-        log.exception("dispatch.failed", extra={"fence": request.fence.token()})
         failure = WorkerFailedMessage(
             fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
             error=f"{type(exc).__name__}: {exc}"[:2000],
             retryable=not isinstance(exc, ConfigError),
             error_kind=failure_kind(exc),
         )
+        log.exception(
+            "dispatch.failed",
+            extra={"fence": request.fence.token(), "error_kind": failure.error_kind,
+                   "error": failure.error},
+        )  # fmt: skip
         return DispatchOutcome([failure], failure=failure)
 
 

@@ -100,13 +100,12 @@ def _handle(name: str, payload: str, model: type[_Request], queue: str) -> None:
         log.error("task.undecodable", extra={"task": name, "error": str(exc)[:500]})
         runtime.run(runtime.dead_letter_payload(name, payload, str(exc)))
         raise DispatchFailedError(f"undecodable {name} payload: {str(exc)[:500]}") from exc
-    failure = runtime.run(_answer(name, request, runtime, queue))
+    failure = runtime.run(_answer(request, runtime, queue))
     if failure is not None:
         raise DispatchFailedError(failure.error)
 
 
 async def _answer(
-    name: str,
     request: _Request,
     runtime: ProcessServices,
     queue: str,
@@ -120,16 +119,6 @@ async def _answer(
         outcome = await run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
     finally:
         runtime.liveness.finished(fences)
-    if outcome.failure is not None:
-        log.error(
-            "task.failed",
-            extra={
-                "task": name,
-                "fence": request.fence.token(),
-                "error_kind": outcome.failure.error_kind,
-                "error": outcome.failure.error,
-            },
-        )
     if not outcome.answers:
         await _publish(runtime, None, outcome.chained, fences)
     for index, each in enumerate(outcome.answers):

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from coordinator.embedded_redis import EmbeddedRedis, EmbeddedRedisError
-from tests.integration.harness import Cluster
+from tests.integration.harness import Cluster, running_cluster
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +32,5 @@ def cluster(
     private_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     """One worker (3 processes) and one coordinator, shared by the tests of a module."""
-    root: Path = tmp_path_factory.mktemp("cluster")
-    running = Cluster(private_redis.url, root)
-    try:
-        running.worker()
-        running.coordinator()
+    with running_cluster(private_redis.url, tmp_path_factory.mktemp("cluster")) as running:
         yield running
-    finally:
-        running.stop()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,21 @@ from coordinator.client import OrgaClient, TaskNotFoundError
 from shared.events import JournalEntry
 
 REPO = Path(__file__).resolve().parents[2]
+
+ORGA = Path(sys.executable).with_name("orga")
+"""The console script pip installed for the project: what a user runs."""
+
+
+def run_orga(
+    *args: str, env: dict[str, str], cwd: Path = REPO, timeout_s: float = 180.0
+) -> subprocess.CompletedProcess[str]:
+    """The installed ``orga`` entry point in a subprocess, as a user runs it."""
+    assert ORGA.exists(), f"the orga entry point is not installed at {ORGA}"
+    return subprocess.run(
+        [str(ORGA), *args], env=env, cwd=cwd, capture_output=True, text=True,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+
 
 FAST_COORDINATOR = {
     "ORGA_OBSERVATION_DEADLINE_S": "6",
@@ -189,3 +205,20 @@ def iter_lines(path: Path) -> Iterator[str]:
     """The lines of a file, if it exists."""
     if path.exists():
         yield from path.read_text().splitlines()
+
+
+@contextmanager
+def running_cluster(
+    redis_url: str,
+    root: Path,
+    worker_env: dict[str, str] | None = None,
+    coordinator_env: dict[str, str] | None = None,
+) -> Iterator[Cluster]:
+    """One worker and one coordinator (each with its extra environment), stopped afterwards."""
+    running = Cluster(redis_url, root)
+    try:
+        running.worker(**(worker_env or {}))
+        running.coordinator(**(coordinator_env or {}))
+        yield running
+    finally:
+        running.stop()

@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -27,12 +26,10 @@ from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import TaskRecord, TaskStatus
 from shared import keys
 from shared.task_spec import parse_task
-from tests.integration.harness import REPO
+from tests.integration.harness import ORGA, REPO, run_orga
 
 pytestmark = pytest.mark.integration
 
-ORGA = Path(sys.executable).with_name("orga")
-"""The console script pip installed for the project: what a user runs."""
 
 WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
 
@@ -42,16 +39,6 @@ def _env(**extra: str) -> dict[str, str]:
     env["COLUMNS"] = "80"
     env.update(extra)
     return env
-
-
-def _orga(
-    *args: str, env: dict[str, str], cwd: Path = REPO, timeout_s: float = 120.0
-) -> subprocess.CompletedProcess[str]:
-    assert ORGA.exists(), f"the orga entry point is not installed at {ORGA}"
-    return subprocess.run(
-        [str(ORGA), *args], env=env, cwd=cwd, capture_output=True, text=True,
-        timeout=timeout_s, check=False,
-    )  # fmt: skip
 
 
 def _embedded(tmp_path: Path) -> dict[str, str]:
@@ -70,11 +57,11 @@ def _one_line(text: str) -> str:
 
 def test_version_and_short_help() -> None:
     """`orga --version` prints the package version; `-h` is help on every level."""
-    shown = _orga("--version", env=_env())
+    shown = run_orga("--version", env=_env())
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == f"orga {version('orga-queue')}"
     for args in (["-h"], ["review", "-h"], ["review", "decide", "-h"], ["worker", "-h"]):
-        helped = _orga(*args, env=_env())
+        helped = run_orga(*args, env=_env())
         assert helped.returncode == 0, (args, helped.stderr)
         assert helped.stdout.startswith("Usage: orga"), helped.stdout
 
@@ -82,9 +69,9 @@ def test_version_and_short_help() -> None:
 def test_help_shows_flags_as_flags() -> None:
     """A flag takes no value, and the help does not show one (no `<bool>`)."""
     for args in (["-h"], ["run", "-h"], ["journal", "-h"], ["review", "decide", "-h"]):
-        helped = _orga(*args, env=_env())
+        helped = run_orga(*args, env=_env())
         assert "<bool>" not in helped.stdout, helped.stdout
-    decide = _orga("review", "decide", "-h", env=_env()).stdout
+    decide = run_orga("review", "decide", "-h", env=_env()).stdout
     lines = {line.split()[0]: line for line in decide.splitlines() if line.startswith("  --")}
     assert lines["--retry"].split()[1:3] == ["Resume", "the"]
     assert lines["--hint"].split()[1] == "TEXT"
@@ -109,7 +96,7 @@ def test_unknown_ids_exit_non_zero_with_a_message(
     args: list[str], private_redis: EmbeddedRedis
 ) -> None:
     """Every command given an unknown id says so on stderr and exits 1 (never hangs)."""
-    outcome = _orga(*args, env=_env(ORGA_REDIS_URL=private_redis.url), timeout_s=30)
+    outcome = run_orga(*args, env=_env(ORGA_REDIS_URL=private_redis.url), timeout_s=30)
     assert outcome.returncode == 1, outcome.stdout + outcome.stderr
     assert "no-such-task" in outcome.stderr
     assert outcome.stderr.startswith("error: no "), outcome.stderr
@@ -121,7 +108,7 @@ def test_unknown_ids_on_the_embedded_runtime(tmp_path: Path) -> None:
     """The same on the embedded runtime (its private Redis, no deployment)."""
     env = _embedded(tmp_path)
     for args in (["status", "nope"], ["journal", "nope", "-f"], ["review", "show", "nope"]):
-        outcome = _orga(*args, env=env, timeout_s=60)
+        outcome = run_orga(*args, env=env, timeout_s=60)
         assert outcome.returncode == 1, (args, outcome.stdout, outcome.stderr)
         assert "'nope'" in outcome.stderr
 
@@ -175,14 +162,16 @@ def test_worker_takes_celerys_own_options(tmp_path: Path, private_redis: Embedde
 
 def test_worker_refuses_a_name_for_two_workers(private_redis: EmbeddedRedis) -> None:
     """`-n` names one worker: with the default --role all (two workers) it is refused."""
-    outcome = _orga("worker", "-n", "x@h", env=_env(ORGA_REDIS_URL=private_redis.url))
+    outcome = run_orga("worker", "-n", "x@h", env=_env(ORGA_REDIS_URL=private_redis.url))
     assert outcome.returncode == 2
     assert "--role reasoning" in outcome.stderr
 
 
 def test_worker_refuses_an_option_celery_does_not_know(private_redis: EmbeddedRedis) -> None:
     """An unknown option goes to celery, which names it: the pass-through hides nothing."""
-    outcome = _orga("worker", "--no-such-celery-option", env=_env(ORGA_REDIS_URL=private_redis.url))
+    outcome = run_orga(
+        "worker", "--no-such-celery-option", env=_env(ORGA_REDIS_URL=private_redis.url)
+    )
     assert outcome.returncode == 2
     assert "--no-such-celery-option" in outcome.stderr
     assert "celery" in outcome.stderr.lower()
@@ -252,7 +241,7 @@ def test_printed_decide_commands_run_as_printed_outside_the_venv(tmp_path: Path)
     the venv, in another directory, `review show` works and `--skip` decides the review (the
     task then fails, all its steps skipped, and the command exits 1)."""
     env = _embedded(tmp_path)
-    escalated = _orga("run", str(WANDERER), env=env)
+    escalated = run_orga("run", str(WANDERER), env=env)
     assert escalated.returncode == 3, escalated.stdout + escalated.stderr
     commands = _printed_commands(escalated.stdout)
     assert set(commands) == {"retry", "skip", "abort", "show"}, escalated.stdout
@@ -291,13 +280,13 @@ def test_goal_and_model_text_print_literally(tmp_path: Path) -> None:
             }
         )
     )
-    outcome = _orga("run", str(task), env=_embedded(tmp_path))
+    outcome = run_orga("run", str(task), env=_embedded(tmp_path))
     assert outcome.returncode == 0, outcome.stdout + outcome.stderr
     first = outcome.stdout.splitlines()[0]
     assert first.startswith("task ") and first.endswith(f": {goal}"), first
     assert f"output: {answer}" in outcome.stdout
     task_id = first.split()[1].rstrip(":")
-    shown = _orga("status", task_id, env=_embedded(tmp_path))
+    shown = run_orga("status", task_id, env=_embedded(tmp_path))
     assert shown.returncode == 0, shown.stderr
     assert goal in shown.stdout
 
@@ -324,11 +313,11 @@ def test_cancel_sends_only_for_a_task_that_still_runs(private_redis: EmbeddedRed
     url = private_redis.url
     _stored_task(url, "cli-running", TaskStatus.RUNNING)
     _stored_task(url, "cli-done", TaskStatus.COMPLETED)
-    sent = _orga("cancel", "cli-running", env=_env(ORGA_REDIS_URL=url))
+    sent = run_orga("cancel", "cli-running", env=_env(ORGA_REDIS_URL=url))
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout.strip() == "cancellation of cli-running sent"
     assert _cancels(url, "cli-running") == 1
-    refused = _orga("cancel", "cli-done", env=_env(ORGA_REDIS_URL=url))
+    refused = run_orga("cancel", "cli-done", env=_env(ORGA_REDIS_URL=url))
     assert refused.returncode == 1
     assert "already ended completed: nothing to cancel" in refused.stderr
     assert _cancels(url, "cli-done") == 0

@@ -7,14 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.store import TaskStore
 from shared import keys
 from tests.integration.harness import Cluster, status_of, wait_until
@@ -22,18 +19,6 @@ from tests.integration.harness import Cluster, status_of, wait_until
 pytestmark = pytest.mark.integration
 
 BIG = "python3 -c \"print('x' * 20000)\""
-
-
-@pytest.fixture
-def cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
-    """A worker and a coordinator."""
-    running = Cluster(private_redis.url, tmp_path)
-    try:
-        running.worker()
-        running.coordinator()
-        yield running
-    finally:
-        running.stop()
 
 
 def test_outputs_are_stored_once_and_purged_with_the_task(cluster: Cluster) -> None:

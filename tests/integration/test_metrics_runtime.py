@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from coordinator.embedded_redis import EmbeddedRedis
-from tests.integration.harness import Cluster, status_of, wait_until
+from tests.integration.harness import Cluster, running_cluster, status_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +32,9 @@ def metrics_port() -> int:
 @pytest.fixture
 def cluster(private_redis: EmbeddedRedis, tmp_path: Path, metrics_port: int) -> Iterator[Cluster]:
     """A worker and a coordinator serving its metrics."""
-    running = Cluster(private_redis.url, tmp_path)
-    try:
-        running.worker()
-        running.coordinator(ORGA_METRICS_PORT=str(metrics_port))
+    coordinator = {"ORGA_METRICS_PORT": str(metrics_port)}
+    with running_cluster(private_redis.url, tmp_path, coordinator_env=coordinator) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _count(text: str, name: str) -> float:

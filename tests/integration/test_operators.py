@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,12 +18,9 @@ import yaml
 from coordinator.embedded_redis import EmbeddedRedis
 from shared.events import ProviderWaited
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import REPO, Cluster, wait_until
+from tests.integration.harness import Cluster, run_orga, wait_until
 
 pytestmark = pytest.mark.integration
-
-ORGA = Path(sys.executable).with_name("orga")
-"""The console script pip installed for the project: what a user runs."""
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -38,16 +33,6 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
-
-
-def _orga(
-    *args: str, env: dict[str, str], timeout_s: float = 180.0
-) -> subprocess.CompletedProcess[str]:
-    assert ORGA.exists(), f"the orga entry point is not installed at {ORGA}"
-    return subprocess.run(
-        [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True,
-        timeout=timeout_s, check=False,
-    )  # fmt: skip
 
 
 def _task_file(tmp_path: Path, task: dict[str, Any], name: str = "task.yaml") -> Path:
@@ -83,7 +68,7 @@ def test_missing_template_and_script_are_refused_at_intake(tmp_path: Path) -> No
         "provider": {"kind": "scripted", "script": "./no-such-script.yaml"},
         "steps": [{"id": "s", "instruction": "i"}],
     }
-    outcome = _orga("run", str(_task_file(tmp_path, task)), env=_env(tmp_path))
+    outcome = run_orga("run", str(_task_file(tmp_path, task)), env=_env(tmp_path))
     assert outcome.returncode == 2, outcome.stdout + outcome.stderr
     assert "no-such-template" in outcome.stderr and "is not a folder" in outcome.stderr
     assert "no-such-script.yaml" in outcome.stderr and "is not a file" in outcome.stderr
@@ -115,19 +100,19 @@ def test_a_configuration_error_fails_the_task_at_once_with_its_message(
             model.respond_error(404, "The model `no-such-model` does not exist")
         model.respond_text("42")
         env = _env(tmp_path, ORGA_BASE_URL=model.base_url, ORGA_PROVIDER="openai", **env_extra)
-        run = _orga("run", str(_task_file(tmp_path, _llm_task(**provider))), env=env)
+        run = run_orga("run", str(_task_file(tmp_path, _llm_task(**provider))), env=env)
         requests = len(model.requests)
     assert run.returncode == 1, run.stdout + run.stderr
     assert expected in run.stdout, run.stdout
     assert requests <= 1, f"{requests} model calls for a configuration error"
     task_id = _task_id(run.stdout)
-    status = _orga("status", task_id, env=env)
+    status = run_orga("status", task_id, env=env)
     assert "failed" in status.stdout and expected in " ".join(status.stdout.split()), status.stdout
-    result = json.loads(_orga("result", task_id, env=env).stdout)
+    result = json.loads(run_orga("result", task_id, env=env).stdout)
     assert result["status"] == "failed"
     assert result["error"].startswith("configuration error: ") and expected in result["error"]
     assert result["steps"][0]["attempts"] == 0
-    journal = _orga("journal", task_id, env=env).stdout
+    journal = run_orga("journal", task_id, env=env).stdout
     assert expected in journal
     for text in (run.stdout, status.stdout, journal, json.dumps(result)):
         assert "% similar" not in text
@@ -154,15 +139,17 @@ def test_a_rate_limited_model_is_waited_out_without_using_an_attempt(tmp_path: P
         )
         task = _llm_task()
         task["step_iteration"] = {"max_reattempts_per_step": 1}
-        run = _orga("run", str(_task_file(tmp_path, task)), env=env)
+        run = run_orga("run", str(_task_file(tmp_path, task)), env=env)
         requests = len(model.requests)
     assert run.returncode == 0, run.stdout + run.stderr
     assert requests == 5
     task_id = _task_id(run.stdout)
-    result = json.loads(_orga("result", task_id, env=env).stdout)
+    result = json.loads(run_orga("result", task_id, env=env).stdout)
     assert result["status"] == "completed" and result["output"] == "the answer is 42"
     assert result["steps"][0]["attempts"] == 0
-    entries = [json.loads(line) for line in _orga("journal", task_id, env=env).stdout.splitlines()]
+    entries = [
+        json.loads(line) for line in run_orga("journal", task_id, env=env).stdout.splitlines()
+    ]
     waited = [e["event"] for e in entries if e["event"]["type"] == "ProviderWaited"]
     assert len(waited) == 1, entries
     assert [(w["status"], w["wait_s"], w["retry_after"]) for w in waited[0]["waits"]] == [
@@ -208,24 +195,26 @@ def test_a_retry_from_another_workspace_root_resumes_in_the_tasks_workspace(
         "stagnation": {"enabled": False},
     }
     env = _env(tmp_path)
-    run = _orga("run", str(_task_file(tmp_path, task)), env=env)
+    run = run_orga("run", str(_task_file(tmp_path, task)), env=env)
     assert run.returncode == 3, run.stdout + run.stderr
     task_id = _task_id(run.stdout)
     workspace = tmp_path / "workspaces" / task_id
     assert (workspace / "notes.txt").read_text() == "first finding"
-    status = json.loads(_orga("status", task_id, "--json", env=env).stdout)
+    status = json.loads(run_orga("status", task_id, "--json", env=env).stdout)
     assert status["workspace"] == str(workspace)
     review_id = status["review_id"]
     other = _env(tmp_path, ORGA_WORKSPACE_ROOT=str(tmp_path / "other-root"))
-    decided = _orga("review", "decide", review_id, "--retry", "--hint", "keep going", env=other)
+    decided = run_orga("review", "decide", review_id, "--retry", "--hint", "keep going", env=other)
     assert decided.returncode == 0, decided.stdout + decided.stderr
     assert (workspace / "notes.txt").read_text() == "first finding"
     assert (workspace / "second.txt").exists()
     assert not (tmp_path / "other-root").exists()
-    result = json.loads(_orga("result", task_id, env=env).stdout)
+    result = json.loads(run_orga("result", task_id, env=env).stdout)
     assert result["status"] == "completed"
     assert result["milestones"] == ["step:notes"]
-    entries = [json.loads(line) for line in _orga("journal", task_id, env=env).stdout.splitlines()]
+    entries = [
+        json.loads(line) for line in run_orga("journal", task_id, env=env).stdout.splitlines()
+    ]
     events = [e["event"] for e in entries]
     escalated = [e for e in events if e["type"] == "Escalated"]
     decided_entries = [e for e in events if e["type"] == "ReviewDecided"]

@@ -14,7 +14,7 @@ import pytest
 
 from coordinator.embedded_redis import EmbeddedRedis
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import Cluster, status_of, wait_until
+from tests.integration.harness import Cluster, running_cluster, status_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -22,13 +22,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
     """One worker (that may call the local model) and one coordinator."""
-    running = Cluster(private_redis.url, tmp_path)
-    try:
-        running.worker(ORGA_ALLOW_TASK_BASE_URL="true")
-        running.coordinator()
+    worker = {"ORGA_ALLOW_TASK_BASE_URL": "true"}
+    with running_cluster(private_redis.url, tmp_path, worker_env=worker) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def test_status_shows_a_slow_model_call_running_then_the_task_done(cluster: Cluster) -> None:

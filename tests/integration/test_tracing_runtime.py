@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.embedded_redis import EmbeddedRedis
 from shared.tracing import task_trace_id
-from tests.integration.harness import Cluster, status_of, wait_until
+from tests.integration.harness import Cluster, running_cluster, status_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -20,13 +20,10 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
     """A worker and a coordinator that export their spans to standard output."""
-    running = Cluster(private_redis.url, tmp_path)
-    try:
-        running.worker(OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="test-worker")
-        running.coordinator(OTEL_TRACES_EXPORTER="console")
+    worker = {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "test-worker"}
+    coordinator = {"OTEL_TRACES_EXPORTER": "console"}
+    with running_cluster(private_redis.url, tmp_path, worker, coordinator) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _spans(*logs: Path) -> list[dict[str, Any]]:
