@@ -139,15 +139,53 @@ def tree_rss(pids: Sequence[int]) -> tuple[float, float, int]:
 
 def tree_cpu_s(pids: Sequence[int]) -> float:
     """CPU seconds (user + system) of these processes and their live descendants."""
-    total = 0.0
-    for pid in pids:
-        for process in tree(pid):
-            try:
-                times = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-    return total
+    return sum(cpu_by_process({"all": list(pids)}).values())
+
+
+def process_role(group: str, process: psutil.Process) -> str:
+    """What a process of a measured group is: the group, and for a Celery worker its queue
+    and whether it is the worker's main process or one of its pool's children."""
+    try:
+        argv = process.cmdline()
+    except psutil.Error:
+        return group
+    if "celery" not in " ".join(argv):
+        return group
+    queue = argv[argv.index("-Q") + 1] if "-Q" in argv[:-1] else "all queues"
+    try:
+        parent = process.parent()
+        parent_argv = parent.cmdline() if parent is not None else []
+    except psutil.Error:
+        parent_argv = []
+    child = "celery" in " ".join(parent_argv)
+    return f"worker {queue}{' (pool process)' if child else ''}"
+
+
+def cpu_by_process(groups: dict[str, list[int]]) -> dict[tuple[str, int], float]:
+    """CPU seconds (user + system) of every live process of these groups' trees, by (role,
+    pid): the role as :func:`process_role` names it."""
+    seen: dict[tuple[str, int], float] = {}
+    for group, pids in groups.items():
+        for pid in pids:
+            for process in tree(pid):
+                try:
+                    times = process.cpu_times()
+                except psutil.NoSuchProcess:
+                    continue
+                seen[(process_role(group, process), process.pid)] = times.user + times.system
+    return seen
+
+
+def cpu_spent(
+    before: dict[tuple[str, int], float], after: dict[tuple[str, int], float]
+) -> dict[str, float]:
+    """CPU seconds each role spent between two readings (a process born in between counts
+    whole; one that died in between is lost, as ``/proc`` forgets it)."""
+    spent: dict[str, float] = {}
+    for key, cpu in after.items():
+        role = key[0]
+        spent[role] = spent.get(role, 0.0) + cpu - before.get(key, 0.0)
+    return spent
 
 
 @dataclass
@@ -424,6 +462,8 @@ class Measurement:
     """The processes' PSS: shared pages split between the processes that share them."""
     waits: Waits = field(default_factory=Waits)
     """Schedule-to-start of the reasoning requests (orga-queue only)."""
+    cpu_by_role: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by process role (orga-queue only)."""
 
     @property
     def iterations_per_s(self) -> float:
@@ -448,6 +488,13 @@ class Measurement:
     @property
     def cpu_ms_per_call(self) -> float:
         return 1000 * self.cpu_s / self.calls if self.calls else 0.0
+
+    def cpu_ms_per_call_by_role(self) -> dict[str, float]:
+        """CPU ms per model call of each process role, largest first."""
+        if not self.calls:
+            return {}
+        ranked = sorted(self.cpu_by_role.items(), key=lambda item: -item[1])
+        return {role: 1000 * cpu / self.calls for role, cpu in ranked}
 
 
 def answered_calls(records: list[dict[str, Any]], until: float) -> int:
@@ -521,15 +568,15 @@ def measure_orga(setting: Setting) -> Measurement:
             server.reset()
             groups = stack.pids()
             sampler = Sampler({"workers": groups["workers"]})
-            cpu_before = tree_cpu_s([p for pids in groups.values() for p in pids])
+            cpu_before = cpu_by_process(groups)
             markers = [f"{run}-{n}" for n in range(plan.tasks)]
             print(f"   ready; {plan.tasks} tasks x {plan.iterations} iterations", flush=True)
             batch = submit_batch(client, markers, workspace, setting.bound_s, sampler)
-            cpu = tree_cpu_s([p for pids in groups.values() for p in pids]) - cpu_before
+            cpu = cpu_spent(cpu_before, cpu_by_process(groups))
             stats = server.stats(records=True)
             observed = Observed(
-                stats, sampler.peak_sum_mb, cpu, sampler.processes["workers"],
-                sampler.peak_pss_sum_mb,
+                stats, sampler.peak_sum_mb, sum(cpu.values()), sampler.processes["workers"],
+                sampler.peak_pss_sum_mb, cpu_by_role=cpu,
             )  # fmt: skip
             waits = schedule_to_start(client, batch, stats["records"])
         finally:
@@ -546,6 +593,8 @@ class Observed:
     cpu_s: float
     processes: int = 1
     peak_pss_mb: float = 0.0
+    cpu_by_role: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by process role (orga-queue: coordinator, redis, each worker)."""
 
 
 def orga_measurement(
@@ -585,6 +634,7 @@ def orga_measurement(
         cpu_s=observed.cpu_s,
         notes=tuple(notes),
         waits=waits,
+        cpu_by_role=observed.cpu_by_role,
     )
 
 
@@ -789,6 +839,13 @@ def notes(measurements: Sequence[Measurement]) -> list[str]:
     for m in measurements:
         for note in m.notes:
             lines.append(f"- {m.system}, {m.latency_s:g} s: {note}")
+        if m.cpu_by_role:
+            split = ", ".join(
+                f"{role} {ms:.2f}" for role, ms in m.cpu_ms_per_call_by_role().items()
+            )
+            lines.append(
+                f"- {m.system}, {m.latency_s:g} s: CPU ms per model call by process: {split}"
+            )
         if m.waits.seconds:
             unstarted = (
                 f"; {m.waits.unstarted} never started (counted with their wait so far)"
@@ -817,6 +874,11 @@ def result_lines(measurements: Sequence[Measurement], unavailable: dict[str, str
         first = orga[0]
         lines.append(f"RESULT slow_model_peak_inflight {max(m.peak_inflight for m in orga)}")
         lines.append(f"RESULT slow_model_mb_per_inflight {first.mb_per_inflight:.2f}")
+        lines.append(f"RESULT slow_model_cpu_ms_per_call {first.cpu_ms_per_call:.2f}")
+        for m in orga[1:]:
+            lines.append(
+                f"RESULT slow_model_{m.latency_s:g}s_cpu_ms_per_call {m.cpu_ms_per_call:.2f}"
+            )
         lines.append(f"RESULT slow_model_duplicate_calls {sum(m.duplicates for m in orga)}")
         lines.append(f"RESULT slow_model_completed {sum(m.completed for m in orga)}")
         for m in orga:
