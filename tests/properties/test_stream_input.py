@@ -521,7 +521,7 @@ def _answers(record: TaskRecord, serial: int) -> list[Message]:
     return [ReasonedMessage(fence=awaiting.fence, actions=calls, approved_calls=calls)]
 
 
-# -- bugs found here and fixed in coordinator/machine.py -------------------------------------
+# -- bugs found here and fixed in coordinator/machine/ -------------------------------------
 
 
 def test_verify_exit_code_with_two_minus_signs_does_not_crash_the_machine() -> None:
