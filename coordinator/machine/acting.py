@@ -1,0 +1,91 @@
+"""Act: send approved tool calls to the tool workers, at most ``max_concurrent_tools`` at once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coordinator.machine.core import Section
+from coordinator.state import Awaiting, AwaitKind
+from shared.actions import ToolCallAction
+from shared.protocol import Fence, RunEach, ToolObservedMessage, ToolRequest
+
+__all__ = ["Acting"]
+
+
+class Acting(Section):
+    """Tool dispatches of one iteration (or of pre-hydration, or of a ``done_when`` check)."""
+
+    def dispatch(
+        self,
+        calls: Sequence[ToolCallAction],
+        kind: AwaitKind,
+        purpose: str,
+        terminal_output: str | None = None,
+    ) -> None:
+        awaiting = self.m.await_(kind, self.m.fence())
+        awaiting.calls = list(calls)
+        awaiting.purpose = purpose
+        awaiting.terminal_output = terminal_output
+        self.dispatch_more(awaiting)
+
+    def dispatch_more(self, awaiting: Awaiting) -> None:
+        """Dispatch waiting calls while fewer than ``max_concurrent_tools`` are in flight.
+
+        Pre-hydration resolutions go out together in one dispatch: one worker resolves them
+        concurrently, so the wall time is the slowest resolution, not the worker count's share.
+        """
+        if awaiting.kind is AwaitKind.PREHYDRATE:
+            self.dispatch_batch(awaiting)
+            return
+        m = self.m
+        limit = m.config().max_concurrent_tools
+        in_flight = [c for c in awaiting.dispatched if c not in awaiting.results]
+        for call in awaiting.calls:
+            if len(in_flight) >= limit:
+                return
+            if call.call_id in awaiting.dispatched:
+                continue
+            awaiting.deadline = m.now + m.deadline_s()
+            awaiting.dispatched.append(call.call_id)
+            in_flight.append(call.call_id)
+            m.effects.tool_dispatches.append(self.request(awaiting.fence, call, awaiting.purpose))
+
+    def dispatch_batch(self, awaiting: Awaiting) -> None:
+        waiting = [c for c in awaiting.calls if c.call_id not in awaiting.dispatched]
+        if not waiting:
+            return
+        m = self.m
+        awaiting.deadline = m.now + m.deadline_s()
+        awaiting.dispatched.extend(c.call_id for c in waiting)
+        request = self.request(awaiting.fence, waiting[0], awaiting.purpose)
+        m.effects.tool_dispatches.append(
+            request.model_copy(update={"answer": RunEach(also=waiting[1:])})
+        )
+
+    def request(self, fence: Fence, call: ToolCallAction, purpose: str) -> ToolRequest:
+        spec = self.record.spec
+        return ToolRequest(
+            fence=fence.for_call(call.call_id),
+            purpose="verify"
+            if purpose == "verify"
+            else ("prehydrate" if purpose == "prehydrate" else "act"),
+            agent_id=spec.agent_id,
+            action=call,
+            workspace=self.m.workspace(),
+            workspace_template=spec.workspace_template,
+            config=self.m.config(),
+            recovery=spec.tool_recovery.get(call.name, spec.recovery),
+            policy=spec.policy,
+            allowed_tools=spec.tools,
+        )
+
+    def remember_recovery(self, message: ToolObservedMessage) -> None:
+        """Journal a call's recovery events; keep its duration and its escalation, if any."""
+        awaiting = self.record.awaiting
+        assert awaiting is not None
+        for event in message.recovery_events:
+            self.m.journal(event.model_copy(update={"iteration": self.record.iteration}))
+        # The calls of an iteration run concurrently: the batch took as long as its longest.
+        awaiting.tool_ms = max(awaiting.tool_ms, message.duration_ms)
+        if message.escalation_reason is not None:
+            awaiting.escalations[message.fence.call_id or ""] = message.escalation_reason

@@ -1,0 +1,201 @@
+"""What every section of the machine shares: the settings, the effects, and the record's helpers.
+
+:class:`MachineCore` holds the one input being applied (the record, ``now``, the settings) and
+the :class:`Effects` it produces, restores the progress tracker and the stagnation detector on
+first use, and gives every section the same fence, deadline, journal and event helpers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coordinator.liveness import LivenessSettings
+from coordinator.state import Awaiting, AwaitKind, ReviewItem, TaskRecord
+from shared.events import JournalEntry, LoopEvent
+from shared.loop_types import LoopConfig
+from shared.progress_tracker import ProgressTracker
+from shared.protocol import Fence, ReasonRequest, ToolRequest
+from shared.stagnation import StagnationDetector
+from shared.task_spec import task_workspace
+
+if TYPE_CHECKING:
+    from coordinator.machine.task import TaskMachine
+
+__all__ = ["Effects", "MachineCore", "MachineSettings", "Section"]
+
+
+@dataclass(frozen=True, slots=True)
+class MachineSettings:
+    """Deadlines and limits the coordinator applies to every task."""
+
+    observation_deadline_s: float = 30.0
+    """When a dispatch is first looked at; then as :mod:`coordinator.liveness` says."""
+    max_redeliveries: int = 3
+    liveness: LivenessSettings = field(default_factory=LivenessSettings)
+    workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
+    recent_messages_in_snapshot: int = 8
+    allow_inline_tools: bool = True
+    conversation_by_reference: bool = False
+    """Reasoning requests carry a reference to the stored conversation, not its messages
+    (the coordinator service, whose store keeps it in Redis); False: the messages travel in
+    the request (the in-process driver)."""
+    chain_tools: bool = True
+    """Let reasoning workers send an iteration's approved calls straight to the tool workers
+    (``ActMode.CHAIN``); False: the coordinator dispatches every tool call."""
+
+
+@dataclass
+class Effects:
+    """What must happen, atomically with saving the record."""
+
+    reason_dispatches: list[ReasonRequest] = field(default_factory=list)
+    tool_dispatches: list[ToolRequest] = field(default_factory=list)
+    journal: list[JournalEntry] = field(default_factory=list)
+    events: list[dict[str, str]] = field(default_factory=list)
+    reviews: list[ReviewItem] = field(default_factory=list)
+    dead_letters: list[dict[str, str]] = field(default_factory=list)
+    changed: bool = True
+
+    def stamped(self, epoch: int) -> None:
+        """Reasoning requests by reference read the stored conversation of ``epoch``."""
+        self.reason_dispatches = [
+            r.model_copy(update={"conversation_ref": r.conversation_ref.model_copy(
+                update={"epoch": epoch})}) if r.conversation_ref is not None else r
+            for r in self.reason_dispatches
+        ]  # fmt: skip
+
+    def traced(self, parent: str | None) -> None:
+        """Every dispatch carries ``parent``, the ``traceparent`` of the span that decided it."""
+        if parent is None:
+            return
+        update = {"trace_parent": parent}
+        self.reason_dispatches = [r.model_copy(update=update) for r in self.reason_dispatches]
+        self.tool_dispatches = [t.model_copy(update=update) for t in self.tool_dispatches]
+
+
+class MachineCore:
+    """One input applied to one task record: its state, its effects and the shared helpers."""
+
+    def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
+        self.record = record
+        self.now = now
+        self.settings = settings
+        self.effects = Effects()
+        self._tracker: ProgressTracker | None = None
+        self._detector: StagnationDetector | None = None
+
+    @property
+    def tracker(self) -> ProgressTracker:
+        """The step's progress tracker, restored from the record on first use."""
+        if self._tracker is None:
+            spec = self.record.spec
+            self._tracker = ProgressTracker.from_state(spec.step_iteration, self.record.tracker)
+        return self._tracker
+
+    @property
+    def detector(self) -> StagnationDetector:
+        """The task's stagnation detector, restored from the record on first use (an input
+        that does not observe anything, such as a reasoning answer, neither restores nor
+        saves its state, which is the largest part of the record)."""
+        if self._detector is None:
+            spec = self.record.spec
+            self._detector = StagnationDetector.from_state(spec.stagnation, self.record.detector)
+        return self._detector
+
+    def config(self) -> LoopConfig:
+        record = self.record
+        step = record.step().spec if record.steps else None
+        return record.spec.loop_config(step)
+
+    def attempt_config(self) -> LoopConfig:
+        """The step's config with the iteration limit of the current attempt, in the step's
+        running iteration numbers (a worker compares it with the fence's iteration)."""
+        config = self.config()
+        if not self.record.steps:
+            return config
+        start = self.record.step().attempt_start_iteration
+        return config.model_copy(update={"max_iterations": config.max_iterations + start})
+
+    def workspace(self) -> str:
+        """The task's workspace, fixed the first time it is asked for (at the start) and kept
+        in the record: a later decision taken under another ``ORGA_WORKSPACE_ROOT`` (or none)
+        resumes in the same folder."""
+        record = self.record
+        if record.workspace is None:
+            root = self.settings.workspace_root
+            record.workspace = record.spec.workspace or task_workspace(root, record.task_id)
+        return record.workspace
+
+    def fence(self) -> Fence:
+        """A fence no earlier dispatch of this task had: ``attempt`` counts every dispatch."""
+        record = self.record
+        record.dispatches += 1
+        return Fence(
+            task_id=record.task_id,
+            step_id=record.step().spec.id,
+            iteration=record.iteration,
+            attempt=record.dispatches,
+            nonce=uuid.uuid4().hex[:12],
+        )
+
+    def deadline_s(self) -> float:
+        return self.settings.observation_deadline_s
+
+    def await_(self, kind: AwaitKind, fence: Fence) -> Awaiting:
+        """The task now waits on the dispatch under ``fence``."""
+        awaiting = Awaiting(
+            kind=kind, fence=fence, deadline=self.now + self.deadline_s(), dispatched_at=self.now
+        )
+        self.record.awaiting = awaiting
+        return awaiting
+
+    def journal(self, event: LoopEvent) -> None:
+        record = self.record
+        step_id = record.step().spec.id if record.steps else None
+        self.effects.journal.append(
+            JournalEntry(
+                sequence=record.journal_seq,
+                timestamp=datetime.fromtimestamp(self.now, UTC),
+                agent_id=record.spec.agent_id,
+                iteration=record.iteration,
+                event=event,
+                task_id=record.task_id,
+                step_id=step_id,
+            )
+        )
+        record.journal_seq += 1
+
+    def event(self, event_name: str, **fields: str) -> None:
+        self.effects.events.append(
+            {"task_id": self.record.task_id, "event": event_name, "at": f"{self.now:.3f}", **fields}
+        )
+
+    def ignored(self) -> Effects:
+        self.effects.changed = False
+        return self.effects
+
+    def done(self) -> Effects:
+        record = self.record
+        if self._tracker is not None:
+            record.tracker = self._tracker.to_state()
+        if self._detector is not None:
+            record.detector = self._detector.to_state()
+        record.updated_at = self.now
+        record.applied += 1
+        return self.effects
+
+
+class Section:
+    """One section of the machine's decisions, applied to the machine's record and effects;
+    sections call each other through the machine (``self.m.steps``, ``self.m.tools``...)."""
+
+    def __init__(self, machine: TaskMachine) -> None:
+        self.m = machine
+
+    @property
+    def record(self) -> TaskRecord:
+        return self.m.record

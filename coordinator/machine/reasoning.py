@@ -1,0 +1,212 @@
+"""Reason: ask a reasoning worker for the next iteration, and apply its answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+
+from coordinator.machine.core import Section
+from coordinator.state import Awaiting, AwaitKind
+from shared.actions import Observation, ToolCallAction
+from shared.context_manager import DefaultContextManager
+from shared.conversation import Conversation
+from shared.events import (
+    ObservationsCollected,
+    PolicyEvaluated,
+    ProviderWaited,
+    ReasoningComplete,
+    ToolsDispatched,
+)
+from shared.protocol import (
+    ActMode,
+    ConversationRef,
+    Fence,
+    ReasonedMessage,
+    ReasonRequest,
+    ToolObservedMessage,
+)
+
+__all__ = ["Reasoning"]
+
+
+class Reasoning(Section):
+    """One iteration's Reason and Gate, sent to a reasoning worker; its answer applied."""
+
+    def dispatch(self) -> None:
+        m, record = self.m, self.record
+        manager = DefaultContextManager(record.spec.context)
+        fit = manager.fit(record.conversation, record.spec.limits.context_token_budget)
+        if fit.compacted:
+            m.detector.compacted()
+        if fit.pinned_over_budget:
+            m.event(
+                "context_over_budget",
+                pinned_tokens=str(fit.pinned_tokens),
+                budget=str(fit.max_tokens),
+            )
+        fence = m.fence()
+        awaiting = m.await_(AwaitKind.REASON, fence)
+        record.iteration_started_at = m.now
+        request = self.request(fence, record.conversation, purpose="act")
+        awaiting.chained = request.act is ActMode.CHAIN
+        m.effects.reason_dispatches.append(request)
+
+    def request(self, fence: Fence, conversation: Conversation, purpose: str) -> ReasonRequest:
+        m, record = self.m, self.record
+        by_reference = m.settings.conversation_by_reference and purpose != "plan"
+        return ReasonRequest(
+            fence=fence,
+            purpose="plan" if purpose == "plan" else "act",
+            agent_id=record.spec.agent_id,
+            conversation=Conversation() if by_reference else conversation,
+            conversation_ref=(
+                ConversationRef(length=len(conversation), created_at=record.created_at)
+                if by_reference
+                else None
+            ),
+            config=m.attempt_config(),
+            provider=record.spec.provider,
+            policy=record.spec.policy,
+            workspace=m.workspace(),
+            usage=record.step().attempt_usage if record.steps else record.usage,
+            allowed_tools=record.spec.tools,
+            model_calls=record.model_calls,
+            workspace_template=record.spec.workspace_template,
+            recovery=record.spec.recovery,
+            tool_recovery=record.spec.tool_recovery,
+            act=self.act_mode(purpose),
+        )
+
+    def act_mode(self, purpose: str) -> ActMode:
+        """Who runs the calls the iteration approves: the reasoning worker itself
+        (``tool_dispatch: inline``, when the deployment allows it), the tool workers it chains
+        them to, or the coordinator (a plan has no calls)."""
+        settings = self.m.settings
+        if self.record.spec.tool_dispatch == "inline" and settings.allow_inline_tools:
+            return ActMode.INLINE
+        if purpose == "act" and settings.chain_tools:
+            return ActMode.CHAIN
+        return ActMode.COORDINATOR
+
+    def apply(self, message: ReasonedMessage) -> None:
+        m, record = self.m, self.record
+        step = record.step()
+        asked = record.awaiting
+        assert asked is not None  # on_reasoned checked it is this message's dispatch
+        for new in message.new_messages:
+            record.conversation.push(new.unpinned_copy())
+        record.usage = record.usage + message.usage
+        step.usage = step.usage + message.usage
+        step.attempt_usage = step.attempt_usage + message.usage
+        if message.termination is not None:
+            m.limits.attempt_failed(str(message.termination))
+            return
+        record.iteration += 1
+        step.iterations += 1
+        m.journal(
+            ReasoningComplete(
+                iteration=record.iteration, actions=message.actions, usage=message.usage
+            )
+        )
+        m.journal(
+            PolicyEvaluated(
+                iteration=record.iteration,
+                action_count=len(message.actions),
+                denied_count=message.denied_count,
+            )
+        )
+        if message.terminal_output is not None:
+            self.journal_empty_act()
+            self.answered(message.terminal_output)
+        elif message.approved_calls and message.acted is not None:
+            self.acted_inline(message.approved_calls, message.acted)
+        elif message.approved_calls and message.chained and asked.chained:
+            self.chained(message.approved_calls, message.chained, asked)
+        elif message.approved_calls:
+            m.acting.dispatch(message.approved_calls, AwaitKind.TOOLS, "act")
+        else:
+            self.journal_empty_act()
+            self.next_iteration()
+
+    def chained(
+        self, calls: Sequence[ToolCallAction], chained: Sequence[str], asked: Awaiting
+    ) -> None:
+        """The reasoning worker sent ``chained`` to the tool workers under its own fence."""
+        awaiting = self.m.await_(AwaitKind.TOOLS, asked.fence.acting())
+        awaiting.calls = list(calls)
+        known = {c.call_id for c in calls}
+        awaiting.dispatched = [c for c in chained if c in known]
+        awaiting.results = {k: v for k, v in asked.results.items() if k in known}
+        awaiting.escalations = {k: v for k, v in asked.escalations.items() if k in known}
+        awaiting.tool_ms = asked.tool_ms
+        if awaiting.missing_calls():
+            self.m.acting.dispatch_more(awaiting)
+        else:
+            self.m.observing.all_observed(awaiting)
+
+    def acted_inline(
+        self, calls: Sequence[ToolCallAction], acted: Sequence[ToolObservedMessage]
+    ) -> None:
+        """The reasoning worker ran the calls itself: observe them now."""
+        m = self.m
+        awaiting = m.await_(AwaitKind.TOOLS, m.fence())
+        awaiting.calls = list(calls)
+        for outcome in acted:
+            call_id = outcome.fence.call_id
+            if call_id is not None and call_id not in awaiting.results:
+                awaiting.results[call_id] = outcome.observation
+                m.acting.remember_recovery(outcome)
+        for call in awaiting.missing_calls():
+            awaiting.results[call.call_id] = Observation.tool_error(
+                call.name, "the reasoning worker returned no result for this call"
+            ).with_call_id(call.call_id)
+        m.observing.all_observed(awaiting)
+
+    def journal_waits(self, message: ReasonedMessage) -> None:
+        """The model call waited out rate limits or provider errors: journaled, and not a
+        failed attempt (the worker retried within its deadline)."""
+        waits = message.provider_waits
+        total = round(sum(w.wait_s for w in waits), 3)
+        self.m.journal(
+            ProviderWaited(iteration=self.record.iteration, waits=waits, total_wait_s=total)
+        )
+
+    def journal_empty_act(self) -> None:
+        iteration = self.record.iteration
+        zero = timedelta(0)
+        self.m.journal(ToolsDispatched(iteration=iteration, tool_count=0, duration=zero))
+        self.m.journal(ObservationsCollected(iteration=iteration, observation_count=0))
+
+    def answered(self, output: str) -> None:
+        """The model says the step is done: verify it (``done_when``) or complete it."""
+        record = self.record
+        check = record.step().spec.done_when
+        if check is None:
+            self.m.steps.complete(output, verified=False)
+            return
+        arguments = {"command": check.command, "timeout_s": check.timeout.total_seconds()}
+        call = ToolCallAction(
+            call_id=f"verify-{record.current}-{record.iteration}",
+            name="run_command",
+            arguments=json.dumps(arguments),
+        )
+        self.m.acting.dispatch([call], AwaitKind.VERIFY, "verify", terminal_output=output)
+
+    def next_iteration(self) -> None:
+        """Reason again, unless the attempt is out of iterations or time."""
+        m, record = self.m, self.record
+        step = record.step()
+        limit = m.config().max_iterations
+        elapsed = m.now - (step.started_at or m.now)
+        if record.iteration - step.attempt_start_iteration >= limit:
+            m.limits.attempt_failed(
+                f"step '{step.spec.id}' used its {limit} iterations without finishing"
+            )
+        elif elapsed > record.spec.limits.step_timeout.total_seconds():
+            m.limits.attempt_failed(
+                f"step '{step.spec.id}' exceeded its timeout of "
+                f"{record.spec.limits.step_timeout.total_seconds():.0f}s"
+            )
+        else:
+            self.dispatch()

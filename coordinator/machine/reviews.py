@@ -1,0 +1,101 @@
+"""Reviews: escalate to a human with the context they need, and apply their decision."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from coordinator.machine.core import Section
+from coordinator.state import ReviewDecision, ReviewItem, ReviewSource, TaskStatus
+from shared.conversation import ConversationMessage
+from shared.events import Escalated, ReviewDecided
+
+__all__ = ["Reviews"]
+
+
+class Reviews(Section):
+    """The human-review queue's side of the machine."""
+
+    def escalate(self, source: ReviewSource, reason: str) -> None:
+        m, record = self.m, self.record
+        review_spec = record.spec.review
+        item = ReviewItem(
+            review_id=uuid.uuid4().hex[:12],
+            task_id=record.task_id,
+            step_id=record.step().spec.id,
+            source=source,
+            reason=reason,
+            created_at=m.now,
+            deadline=m.now + review_spec.deadline.total_seconds(),
+            default_decision=review_spec.default_decision,
+            snapshot=self.snapshot(),
+        )
+        record.status = TaskStatus.AWAITING_REVIEW
+        record.awaiting = None
+        record.review = item
+        m.effects.reviews.append(item)
+        m.journal(
+            Escalated(
+                review_id=item.review_id,
+                source=source,
+                reason=reason,
+                deadline=datetime.fromtimestamp(item.deadline, UTC),
+                default_decision=item.default_decision,
+            )
+        )
+        m.event("escalated", review_id=item.review_id, reason=reason[:500], source=source)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a reviewer sees: the goal, the step, recent turns, milestones and counters."""
+        record = self.record
+        step = record.step()
+        recent = record.conversation.messages[-self.m.settings.recent_messages_in_snapshot :]
+        return {
+            "goal": record.spec.goal,
+            "step": {"id": step.spec.id, "instruction": step.spec.instruction},
+            "iteration": record.iteration,
+            "attempts": step.attempts,
+            "milestones": list(record.milestones),
+            "counters": self.m.detector.counters(),
+            "recent": [
+                {
+                    "role": msg.role.value,
+                    "content": msg.content[:500],
+                    "tool": msg.tool_name or "",
+                    "tool_calls": [f"{c.name}({c.arguments[:200]})" for c in msg.tool_calls],
+                }
+                for msg in recent
+            ],
+        }
+
+    def decide(self, decision: ReviewDecision, hint: str | None, decided_by: str) -> None:
+        m, record = self.m, self.record
+        review = record.review
+        assert review is not None
+        review.decision = decision
+        review.hint = hint
+        review.decided_by = decided_by
+        m.event("review_decided", review_id=review.review_id, decision=decision, by=decided_by)
+        m.journal(
+            ReviewDecided(
+                review_id=review.review_id, decision=decision, decided_by=decided_by, hint=hint
+            )
+        )
+        record.review = None
+        if decision == "abort":
+            m.steps.finish(
+                TaskStatus.ABORTED, f"aborted by review {review.review_id}: {review.reason}"
+            )
+            return
+        record.status = TaskStatus.RUNNING
+        if decision == "skip":
+            m.steps.skip(f"skipped by review {review.review_id}: {review.reason}")
+            return
+        step = record.step()
+        m.tracker.begin_step(step.spec.id)
+        m.detector.reset_window()
+        m.limits.new_attempt(step)
+        if hint:
+            record.conversation.push(ConversationMessage.user(f"[Human reviewer] {hint}"))
+        m.reasoning.dispatch()

@@ -1,0 +1,230 @@
+"""The machine's entry points: one input (a start, a worker's answer, a tick, a review decision,
+a cancel) applied to one task record, by the sections it is made of."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from coordinator.liveness import Liveness
+from coordinator.machine.acting import Acting
+from coordinator.machine.core import Effects, MachineCore, MachineSettings
+from coordinator.machine.limits import Limits
+from coordinator.machine.observing import Observing
+from coordinator.machine.planning import Planning
+from coordinator.machine.prehydration import PreHydration
+from coordinator.machine.reasoning import Reasoning
+from coordinator.machine.redelivery import Redelivery
+from coordinator.machine.reviews import Reviews
+from coordinator.machine.steps import Steps
+from coordinator.state import (
+    Awaiting,
+    AwaitKind,
+    ReviewDecision,
+    StepRecord,
+    TaskRecord,
+    TaskStatus,
+)
+from shared import keys
+from shared.conversation import Conversation, ConversationMessage
+from shared.protocol import ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
+from shared.tracing import phase_span, task_context, traceparent
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "TaskMachine", "decide"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous software agent working in a sandboxed workspace. Work through the "
+    "current step with the tools you have; when the step is done, answer with a short summary "
+    "of what you did and why it is done."
+)
+
+_TOOL_KINDS = (AwaitKind.TOOLS, AwaitKind.VERIFY, AwaitKind.PREHYDRATE)
+
+
+class TaskMachine(MachineCore):
+    """Applies one input to one task record.
+
+    Each entry point checks the input against what the task awaits (its fence), then hands it
+    to the section that decides: :class:`Planning`, :class:`Steps`, :class:`Reasoning` (Reason
+    and Gate), :class:`Acting` (Act), :class:`Observing` (Observe, ``done_when``, the
+    stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews` and
+    :class:`Redelivery`.
+    """
+
+    def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
+        super().__init__(record, now, settings)
+        self.planning = Planning(self)
+        self.steps = Steps(self)
+        self.reasoning = Reasoning(self)
+        self.acting = Acting(self)
+        self.observing = Observing(self)
+        self.prehydration = PreHydration(self)
+        self.limits = Limits(self)
+        self.reviews = Reviews(self)
+        self.redelivery = Redelivery(self)
+
+    def start(self) -> Effects:
+        """A new task: plan it when it has no steps, else start its first step (ignored when
+        it has started already: a task is started once, whoever applies it)."""
+        record = self.record
+        if record.status is not TaskStatus.PENDING:
+            return self.ignored()
+        self.workspace()  # fixed now, with the task
+        record.conversation = Conversation.with_system(
+            record.spec.system_prompt or DEFAULT_SYSTEM_PROMPT, pin=True
+        )
+        record.conversation.push(ConversationMessage.user(f"Goal: {record.spec.goal}", pin=True))
+        self.event("accepted", goal=record.spec.goal[:200])
+        if record.spec.steps:
+            record.steps = [StepRecord(spec=s) for s in record.spec.steps]
+            record.status = TaskStatus.RUNNING
+            self.steps.start(0)
+        else:
+            record.status = TaskStatus.PLANNING
+            self.planning.dispatch()
+        return self.done()
+
+    def on_answer(
+        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+    ) -> Effects:
+        """Any answer of a worker, routed by its kind."""
+        if isinstance(message, ReasonedMessage):
+            return self.on_reasoned(message)
+        if isinstance(message, ToolObservedMessage):
+            return self.on_tool_observed(message)
+        return self.on_worker_failed(message)
+
+    def on_reasoned(self, message: ReasonedMessage) -> Effects:
+        """A reasoning worker answered."""
+        awaiting = self.record.awaiting
+        if awaiting is None or awaiting.kind not in (AwaitKind.REASON, AwaitKind.PLAN):
+            return self.ignored()
+        if message.fence != awaiting.fence:
+            return self.ignored()
+        self.record.model_calls += 1
+        if message.provider_waits:
+            self.reasoning.journal_waits(message)
+        if awaiting.kind is AwaitKind.PLAN:
+            self.planning.apply(message)
+        else:
+            self.reasoning.apply(message)
+        return self.done()
+
+    def on_tool_observed(self, message: ToolObservedMessage) -> Effects:
+        """A tool worker answered one call."""
+        awaiting = self.record.awaiting
+        call_id = message.fence.call_id
+        if awaiting is not None and awaiting.kind is AwaitKind.REASON and awaiting.chained:
+            return self._observed_early(awaiting, message)
+        if awaiting is None or awaiting.kind not in _TOOL_KINDS or call_id is None:
+            return self.ignored()
+        expected = {c.call_id for c in awaiting.calls}
+        if message.fence.for_call("") != awaiting.fence.for_call("") or call_id not in expected:
+            return self.ignored()
+        if call_id in awaiting.results:
+            return self.ignored()
+        awaiting.results[call_id] = message.observation
+        self.acting.remember_recovery(message)
+        if awaiting.missing_calls():
+            self.acting.dispatch_more(awaiting)
+        else:
+            self.observing.all_observed(awaiting)
+        return self.done()
+
+    def _observed_early(self, awaiting: Awaiting, message: ToolObservedMessage) -> Effects:
+        """A chained call answered before the ``reasoned`` message that lists it was applied
+        (another coordinator took that one): kept until it is, checked against its calls then."""
+        call_id = message.fence.call_id
+        if (
+            call_id is None
+            or message.fence.for_call("") != awaiting.fence.acting().for_call("")
+            or call_id in awaiting.results
+        ):
+            return self.ignored()
+        awaiting.results[call_id] = message.observation
+        self.acting.remember_recovery(message)
+        return self.done()
+
+    def on_worker_failed(self, message: WorkerFailedMessage) -> Effects:
+        """A worker could not process a dispatch."""
+        awaiting = self.record.awaiting
+        if awaiting is None or message.fence.for_call("") != awaiting.fence.for_call(""):
+            # Also a chained call's worker failing before its iteration's ``reasoned`` message
+            # was applied: that call is then awaited like any other, re-dispatched at its deadline.
+            return self.ignored()
+        self.redelivery.worker_failed(awaiting, message)
+        return self.done()
+
+    def liveness_ids(self) -> list[str]:
+        """The ``orga:heartbeats`` members of the dispatch the task waits on (none: it waits
+        on nothing)."""
+        awaiting = self.record.awaiting
+        if awaiting is None or self.record.terminal:
+            return []
+        return awaiting.liveness_ids()
+
+    def awaited_queue(self) -> str:
+        """The Celery queue of the dispatch the task waits on."""
+        awaiting = self.record.awaiting
+        return awaiting.queue if awaiting is not None else keys.tools_queue
+
+    def on_tick(self, liveness: Liveness | None = None) -> Effects:
+        """Deadlines: look at a late dispatch (re-sent only when ``liveness`` says it is lost;
+        without it, always), apply undecided reviews' defaults."""
+        record = self.record
+        if record.terminal:
+            return self.ignored()
+        if record.status is TaskStatus.PENDING:
+            return self.start()
+        review = record.review
+        if record.status is TaskStatus.AWAITING_REVIEW and review is not None:
+            if review.deadline <= self.now:
+                self.reviews.decide(review.default_decision, None, "deadline")
+                return self.done()
+            return self.ignored()
+        awaiting = record.awaiting
+        if awaiting is None or awaiting.deadline > self.now:
+            return self.ignored()
+        self.redelivery.late(awaiting, liveness)
+        return self.done()
+
+    def on_review_decision(
+        self, review_id: str, decision: ReviewDecision, hint: str | None, decided_by: str
+    ) -> Effects:
+        """A human decided an escalation; raises ValueError when it is not the awaited one."""
+        review = self.record.review
+        if self.record.status is not TaskStatus.AWAITING_REVIEW or review is None:
+            raise ValueError(
+                f"task {self.record.task_id} is not waiting for a review "
+                f"(status {self.record.status.value})"
+            )
+        if review.review_id != review_id:
+            raise ValueError(
+                f"review {review_id!r} is not the open review of task {self.record.task_id} "
+                f"(open: {review.review_id!r})"
+            )
+        self.reviews.decide(decision, hint, decided_by)
+        return self.done()
+
+    def cancel(self, reason: str) -> Effects:
+        """Abort the task at an operator's request, keeping its milestones."""
+        if self.record.terminal:
+            return self.ignored()
+        self.steps.finish(TaskStatus.ABORTED, f"cancelled: {reason}")
+        return self.done()
+
+
+def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:
+    """Apply one input in the task's trace: an ``orga.decide`` span, and every dispatch it
+    sends carries that span's ``traceparent`` (both drivers apply inputs through this)."""
+    record = machine.record
+    with phase_span(
+        "decide",
+        task_id=record.task_id,
+        step_id=record.step().spec.id if record.steps else None,
+        iteration=record.iteration,
+        agent_id=record.spec.agent_id,
+        parent=task_context(record.task_id),
+    ) as span:
+        effects = step(machine)
+        effects.traced(traceparent(span))
+    return effects
