@@ -8,17 +8,22 @@ prefetches one message; reasoning and tools have their own queues so each scales
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
 
 from shared.celery_wire import check_versions
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, TelemetrySettings, celery_config
 from workers.telemetry import check_exporters
 
-__all__ = ["app", "create_app"]
+__all__ = ["PER_TASK_LOGGERS", "app", "create_app", "quiet_per_task_loggers"]
+
+PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "httpx")
+"""Loggers that write a line at INFO for every task (received; succeeded or retried) or model
+request: quiet unless ``ORGA_LOG_EACH_TASK`` is set."""
 
 
 def create_app(settings: OrgaSettings | None = None) -> Celery:
@@ -40,6 +45,19 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
 
 
 app = create_app()
+
+
+def quiet_per_task_loggers(settings: OrgaSettings) -> None:
+    """Unless ``settings.log_each_task``, the :data:`PER_TASK_LOGGERS` log warnings and errors
+    only (a failed task is still logged, by ``celery.app.trace`` at ERROR)."""
+    level = logging.NOTSET if settings.log_each_task else logging.WARNING
+    for name in PER_TASK_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+@after_setup_logger.connect  # type: ignore[untyped-decorator]
+def _quiet_per_task_lines(**_: Any) -> None:
+    quiet_per_task_loggers(app.conf.orga_settings)
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]

@@ -33,13 +33,18 @@ def cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
         running.stop()
 
 
-def _worker(cluster: Cluster, *queue_options: str, name: str = "any") -> Process:
-    """`celery -A workers worker` with only the given queue options."""
-    command = [
+def _worker_command(name: str, *queue_options: str) -> list[str]:
+    """`celery -A workers worker` with only the given queue options, at INFO."""
+    return [
         sys.executable, "-m", "celery", "-A", "workers", "worker", *queue_options,
         "-c", "2", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
         "--without-heartbeat", "-n", f"{name}-{os.getpid()}@%h",
     ]  # fmt: skip
+
+
+def _worker(cluster: Cluster, *queue_options: str, name: str = "any") -> Process:
+    """`celery -A workers worker` with only the given queue options."""
+    command = _worker_command(name, *queue_options)
     log = cluster.root / f"worker-{name}.log"
     process = Process(name, command, cluster._env({}), log).start()
     process.wait_for_log("ready.")
@@ -94,3 +99,27 @@ def test_a_queue_without_consumer_is_reported(cluster: Cluster) -> None:
     assert keys.tools_queue in reason and "orga worker --role tools" in reason, reason
     _worker(cluster, "-Q", keys.tools_queue, name="tools")
     assert client.wait(task_id, timeout_s=120)["status"] == "completed", cluster.logs()
+
+
+def test_a_worker_logs_each_task_only_when_told(cluster: Cluster) -> None:
+    """By default a worker logs no line per task (Celery's `received` and `succeeded`), only
+    its start; with ORGA_LOG_EACH_TASK=true it logs both for every task it runs."""
+    quiet = _worker(cluster, name="quiet")
+    client = cluster.client()
+    result = client.wait(client.submit(_tool_task()), timeout_s=120)
+    assert result["status"] == "completed", cluster.logs()
+    text = quiet.log.read_text()
+    assert "ready." in text
+    assert " received" not in text and " succeeded in " not in text, quiet.tail()
+    quiet.stop()
+    cluster.processes.remove(quiet)
+
+    command = _worker_command("chatty")
+    env = cluster._env({"ORGA_LOG_EACH_TASK": "true"})
+    chatty = Process("chatty", command, env, cluster.root / "worker-chatty.log").start()
+    chatty.wait_for_log("ready.")
+    cluster.processes.append(chatty)
+    result = client.wait(client.submit(_tool_task()), timeout_s=120)
+    assert result["status"] == "completed", cluster.logs()
+    text = chatty.log.read_text()
+    assert text.count(" received") >= 3 and text.count(" succeeded in ") >= 3, chatty.tail()
