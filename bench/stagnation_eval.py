@@ -44,6 +44,7 @@ from stagnation_baselines import (  # noqa: E402
 
 from shared.stagnation import (  # noqa: E402
     Ladder,
+    ModelTurn,
     StagnationConfig,
     StagnationDetector,
     StagnationKind,
@@ -52,6 +53,7 @@ from shared.stagnation import (  # noqa: E402
     ToolEvent,
     ToolKind,
 )
+from shared.stagnation.plans import self_report  # noqa: E402
 from shared.stagnation.shell import (  # noqa: E402
     SHELL_READS,
     first_word,
@@ -81,12 +83,15 @@ def trajectories_dir() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class ReplayStep:
-    """One tool step: the index in the trajectory, our event, and the raw text for baselines."""
+    """One step: the index in the trajectory, the model's turn (its message and proposed
+    calls) and our tool event, either of which may be absent, and the raw text for baselines.
+    The baselines see the steps with a tool event only."""
 
     index: int
-    event: ToolEvent
+    event: ToolEvent | None
     action: str
     observation: str
+    turn: ModelTurn | None = None
 
 
 def _sha(text: str) -> str:
@@ -152,8 +157,9 @@ def swe_agent_step(raw: dict[str, Any]) -> ReplayStep | None:
         # open / goto / scroll show a window of the file: its content is the state seen.
         path, content = shown.group(1), _sha(_window_content(observation))
     word = _first_word(action)
+    tool = word if word in _SWE_TOOLS else "bash"
     event = ToolEvent(
-        tool_name=word if word in _SWE_TOOLS else "bash",
+        tool_name=tool,
         arguments={"command": action},
         output=observation,
         kind=kind,
@@ -162,7 +168,8 @@ def swe_agent_step(raw: dict[str, Any]) -> ReplayStep | None:
         after_hash=after,
         is_error=failed,
     )
-    return ReplayStep(raw["i"], event, action, observation)
+    turn = ModelTurn.from_message(raw["thought"] or "", [(tool, json.dumps({"command": action}))])
+    return ReplayStep(raw["i"], event, action, observation, turn)
 
 
 # -- mini-swe-agent (bash only) ------------------------------------------------------------------
@@ -200,7 +207,9 @@ def mini_swe_step(raw: dict[str, Any]) -> ReplayStep | None:
         path=path,
         is_error=refused,
     )
-    return ReplayStep(raw["i"], event, action, observation)
+    # the thought is the whole assistant message, its command block included
+    turn = ModelTurn.from_message(raw["thought"] or action)
+    return ReplayStep(raw["i"], event, action, observation, turn)
 
 
 # -- tau-bench (function calls) -----------------------------------------------------------------
@@ -215,19 +224,28 @@ def _tau_kind(tool: str) -> ToolKind:
 _TAU_THINK = "think"
 
 
-def tau_step(raw: dict[str, Any]) -> ReplayStep | None:
-    """tau-bench: tool calls with their outputs; a reply to the user is not a tool event.
+_TAU_SAY = "say "
 
-    The detector sees tool results only, as in the runtime: the agent's messages to the
-    (simulated) user and the user's answers are conversation, skipped like the model's own
-    messages in Who&When. ``think`` records a thought and returns nothing: an *other* tool,
-    whose empty answer is an acknowledgement.
+
+def tau_step(raw: dict[str, Any]) -> ReplayStep | None:
+    """tau-bench: tool calls with their outputs; a reply to the user is a turn, no tool event.
+
+    The agent's messages to the (simulated) user are the model's turns; the user's answers are
+    conversation, not tool results (they differ every time and say nothing about the tools).
+    A tool call is a turn (its thought, if any, and the call) and a tool event. ``think``
+    records a thought and returns nothing: an *other* tool, whose empty answer is an
+    acknowledgement.
     """
     tool = raw["tool"]
+    action = raw["action"] or ""
     if tool is None:
-        return None
-    action, observation = raw["action"], raw["observation"] or ""
-    args = json.loads(action[len(tool) + 1 :] or "{}")
+        if not action.startswith(_TAU_SAY):
+            return None
+        turn = ModelTurn.from_message(action[len(_TAU_SAY) :])
+        return ReplayStep(raw["i"], None, action, raw["observation"] or "", turn)
+    observation = raw["observation"] or ""
+    args_text = action[len(tool) + 1 :] or "{}"
+    args = json.loads(args_text)
     failed = observation.startswith("Error")
     kind = ToolKind.OTHER if tool == _TAU_THINK else _tau_kind(tool)
     after = _sha(observation) if kind is ToolKind.WRITE and not failed else None
@@ -240,7 +258,8 @@ def tau_step(raw: dict[str, Any]) -> ReplayStep | None:
         after_hash=after,
         is_error=failed,
     )
-    return ReplayStep(raw["i"], event, action, observation)
+    turn = ModelTurn.from_message(raw["thought"] or "", [(tool, args_text)])
+    return ReplayStep(raw["i"], event, action, observation, turn)
 
 
 # -- Who&When (multi-agent chat logs) -----------------------------------------------------------
@@ -250,14 +269,34 @@ _WW_READERS = ("WebSurfer", "FileSurfer")
 _WW_EXIT = re.compile(r"exitcode: (-?\d+)")
 
 
+_WW_LEDGER = "Updated Ledger"
+_WW_HUMAN = "human"
+_WW_BROADCAST = "Orchestrator (->"
+
+
+def _ledger_turn(text: str) -> ModelTurn:
+    """An orchestrator's progress ledger as a turn: its instruction, and its self-assessment."""
+    body = text[len(_WW_LEDGER) :].lstrip(": \n")
+    try:
+        ledger = json.loads(body)
+        instruction = str(ledger["instruction_or_question"]["answer"])
+    except (ValueError, KeyError, TypeError):
+        instruction = body
+    return ModelTurn(text=instruction, stuck=self_report(text))
+
+
 @dataclass(slots=True)
 class WhoWhenMapper:
     """Who&When: tool agents' messages are the observations of the message that asked for them.
 
-    Messages written by a model (orchestrator, experts) or the human are not tool events and
-    are skipped; a terminal message becomes a command (exit code parsed), a web or file surfer
-    message a read. Its arguments are the last message that asked for it (the orchestrator's
-    private "(thought)" messages such as "Next speaker WebSurfer" are not requests).
+    A terminal message becomes a command (exit code parsed), a web or file surfer message a
+    read; its arguments are the last message that asked for it. A message written by a model
+    is a turn: an expert's or the assistant's message, and the orchestrator's progress ledger
+    (one model call that answers ``is_in_loop`` and ``is_progress_being_made`` and writes the
+    next instruction, the turn's text). The orchestrator's "-> WebSurfer" message only
+    broadcasts that instruction (it is the request, not another turn); its other "(thought)"
+    messages are not turns: "Next speaker WebSurfer", the plans it fills into a template, and
+    its host's "Stalled.... Replanning...".
     """
 
     request: str = ""
@@ -265,9 +304,7 @@ class WhoWhenMapper:
     def __call__(self, raw: dict[str, Any]) -> ReplayStep | None:
         actor, text = raw["actor"] or "", raw["action"] or ""
         if not actor.startswith(_WW_TERMINALS + _WW_READERS):
-            if "(thought)" not in actor:  # "Next speaker WebSurfer" is not the request
-                self.request = text
-            return None
+            return self._model(raw["i"], actor, text)
         code = _WW_EXIT.search(text[:200])
         terminal = actor.startswith(_WW_TERMINALS)
         event = ToolEvent(
@@ -278,6 +315,18 @@ class WhoWhenMapper:
             kind=ToolKind.COMMAND if terminal else ToolKind.READ,
         )
         return ReplayStep(raw["i"], event, self.request, text)
+
+    def _model(self, index: int, actor: str, text: str) -> ReplayStep | None:
+        if "(thought)" in actor:
+            if not text.startswith(_WW_LEDGER):
+                return None
+            return ReplayStep(index, None, text, "", _ledger_turn(text))
+        if actor == _WW_HUMAN:
+            return None
+        self.request = text
+        if actor.startswith(_WW_BROADCAST):
+            return None
+        return ReplayStep(index, None, text, "", ModelTurn.from_message(text))
 
 
 StepMapper = Callable[[dict[str, Any]], "ReplayStep | None"]
@@ -316,6 +365,7 @@ class Ours:
 
     config: StagnationConfig
     timings: list[float] = field(default_factory=list)
+    turn_timings: list[float] = field(default_factory=list)
     name: str = "ours"
     detector: StagnationDetector = field(init=False)
     replan_kind: StagnationKind | None = None
@@ -323,11 +373,18 @@ class Ours:
     def __post_init__(self) -> None:
         self.detector = StagnationDetector(self.config)
 
-    def observe_event(self, event: ToolEvent) -> StagnationLevel:
-        """Observe one event, recording its cost; the level after it."""
-        started = time.perf_counter()
-        verdict = self.detector.observe(event)
-        self.timings.append(time.perf_counter() - started)
+    def observe_step(self, step: ReplayStep) -> StagnationLevel:
+        """Observe one step (the turn, then the tool event), recording the cost of each call;
+        the level after it."""
+        verdict = self.detector.verdict()
+        if step.turn is not None:
+            started = time.perf_counter()
+            verdict = self.detector.observe_turn(step.turn)
+            self.turn_timings.append(time.perf_counter() - started)
+        if step.event is not None:
+            started = time.perf_counter()
+            verdict = self.detector.observe(step.event)
+            self.timings.append(time.perf_counter() - started)
         if verdict.level >= StagnationLevel.REPLAN and self.replan_kind is None:
             self.replan_kind = verdict.kind
         return verdict.level
@@ -347,7 +404,9 @@ def replay(detector: Ours | Replayable, steps: list[ReplayStep]) -> RunOutcome:
     replan = ask = None
     for step in steps:
         if isinstance(detector, Ours):
-            level = detector.observe_event(step.event)
+            level = detector.observe_step(step)
+        elif step.event is None:
+            continue
         else:
             level = detector.observe(step.action, step.observation, step.event.failed)
         if replan is None and level >= StagnationLevel.REPLAN:
@@ -623,13 +682,17 @@ class OursAlarm:
         if self.mapper is None:
             self.mapper = MAPPERS[step["dataset"]]()
         mapped = self.mapper(step)
-        if mapped is not None:
+        if mapped is not None and mapped.turn is not None:
+            self._apply(step["i"], self.detector.observe_turn(mapped.turn))
+        if mapped is not None and mapped.event is not None:
             self.tool_steps.append(step["i"])
-            verdict = self.detector.observe(mapped.event)
-            self.level = verdict.level
-            if verdict.escalated:
-                self._record(step["i"], verdict)
+            self._apply(step["i"], self.detector.observe(mapped.event))
         return self.level >= StagnationLevel.REPLAN
+
+    def _apply(self, index: int, verdict: StagnationVerdict) -> None:
+        self.level = verdict.level
+        if verdict.escalated:
+            self._record(index, verdict)
 
     def _record(self, index: int, verdict: StagnationVerdict) -> None:
         if verdict.level is StagnationLevel.NUDGE or not self.stalls:

@@ -36,6 +36,7 @@ from shared.stagnation.events import ToolEvent, ToolKind
 from shared.stagnation.fingerprint import EventFingerprint, digest, fingerprint
 from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
+from shared.stagnation.plans import ModelTurn, PlanMemory, plan_of
 from shared.stagnation.shell import as_shell_event
 from shared.stagnation.state import (
     MAX_DETAIL_CHARS,
@@ -145,14 +146,48 @@ class StagnationDetector:
         self._window = StaleWindow(cfg.history, cfg.max_period)
         self._episode = _Episode()
         self._pending_writes = 0
+        # the model's side: recent plans, the leaky count of stale turns and what named it
+        self._plans = PlanMemory(cfg.plan_memory)
+        self._plan_stale = 0
+        self._plan_kind: StagnationKind | None = None
+        self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
 
     # -- public API --------------------------------------------------------------------------
 
     def observe(self, event: ToolEvent) -> StagnationVerdict:
-        """Account for one tool event, an iteration of its own, and say how stagnant the run is."""
-        self._climbed = False
+        """Account for one tool event, an iteration of its own (or of the turn observed just
+        before it), and say how stagnant the run is."""
+        self._start_iteration()
         return self._observe(event, batch=None)
+
+    def observe_turn(self, turn: ModelTurn) -> StagnationVerdict:
+        """Account for one assistant message; it opens an iteration, which the results of the
+        calls it proposed (the next :meth:`observe` or :meth:`observe_batch`) continue.
+
+        A turn is **stale** when it re-issues one of the last ``plan_memory`` plans,
+        near-identical (masked, similarity at least ``plan_similarity``), with nothing new come
+        back since (no new result, no confirmed change), or when the model says it is stuck
+        (:attr:`ModelTurn.stuck`); it adds one to the leaky count of stale turns, which feeds
+        the ``plan`` ladder. Any other turn takes one off. New tool results do not: an
+        orchestrator that sends the same instruction again while every page it gets back
+        differs by OCR noise is not learning from those pages.
+        """
+        self._climbed = False
+        self._turn_open = True
+        self._since_milestone += 1
+        cfg = self.config
+        plan = plan_of(turn)
+        substantial = len(plan[0]) + sum(len(call) for call in turn.calls) >= cfg.plan_min_chars
+        reissued = substantial and self._plans.reissue(plan, cfg.plan_similarity)
+        if not reissued and turn.stuck is not True:
+            self._plan_stale = max(0, self._plan_stale - 1)
+            return self._verdict(escalated=False)
+        self._plan_stale += 1
+        self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
+        signal = self._plan_signal()
+        reasons = set(signal.reasons) if signal is not None else set()
+        return self._escalate(signal, reasons) if signal is not None else self._verdict(False)
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -162,7 +197,7 @@ class StagnationDetector:
         a human is asked. Returns the verdict of the highest level met in the batch
         (``escalated`` if any event escalated), or the current verdict for an empty batch.
         """
-        self._climbed = False
+        self._start_iteration()
         batch: dict[str, str] = {}
         worst: StagnationVerdict | None = None
         escalated = False
@@ -175,6 +210,12 @@ class StagnationDetector:
             return self.verdict()
         return worst.model_copy(update={"escalated": escalated})
 
+    def _start_iteration(self) -> None:
+        """Tool results open an iteration of their own unless a turn opened it."""
+        if not self._turn_open:
+            self._climbed = False
+        self._turn_open = False
+
     def milestone(self, name: str) -> None:
         """A verified milestone was reached: the step counter and the episode start again."""
         self._milestones.append(name)
@@ -183,7 +224,13 @@ class StagnationDetector:
         self._new_changes = 0
         self._pending_writes = 0
         self._window.clear()
+        self._forget_plans()
         self._episode = _Episode(started_at=self._total_steps)
+
+    def _forget_plans(self) -> None:
+        self._plans.clear()
+        self._plan_stale = 0
+        self._plan_kind = None
 
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
@@ -194,6 +241,7 @@ class StagnationDetector:
         """
         self._window.clear()
         self._pending_writes = 0
+        self._forget_plans()
         self._episode = _Episode(started_at=self._total_steps)
 
     def counters(self) -> dict[str, int | str]:
@@ -204,6 +252,7 @@ class StagnationDetector:
             "new_state_changes": self._new_changes,
             "stale_steps": self._episode.stale_steps,
             "pending_writes": self._pending_writes,
+            "stale_turns": self._plan_stale,
             "total_steps": self._total_steps,
             "milestones": self._milestones_total,
             "compactions": self._epoch,
@@ -283,12 +332,16 @@ class StagnationDetector:
         """
         self._new_changes += 1 + self._pending_writes
         self._pending_writes = 0
+        self._plans.result(fp.gist, self.config.plan_similarity)
         episode = self._episode
         cfg = self.config
         recovery = max(cfg.recovery, int(episode.stale_steps * cfg.recovery_share))
         if cfg.recovery and episode.stale_steps > recovery:
             episode.stale_steps -= recovery
             episode.amnesia_steps = min(episode.amnesia_steps, episode.stale_steps)
+            return self._verdict(escalated=False)
+        if self._plan_stale:  # the model's side still stalls: the episode goes on
+            episode.stale_steps = episode.amnesia_steps = 0
             return self._verdict(escalated=False)
         self._window.restart(fp.pair, fp.error)
         self._episode = _Episode(started_at=self._total_steps)
@@ -321,6 +374,7 @@ class StagnationDetector:
         changed = fp.after is not None and self._write_changed(fp)
         if duplicate is None and changed and not reverted and not reapplied:
             self._pending_writes += 1
+            self._plans.changed()
             return self._verdict(escalated=False)
         return self._stale(event, fp, first_seen, duplicate)
 
@@ -417,6 +471,7 @@ class StagnationDetector:
             self._repeat_signal(event, fp, pair),
             self._error_signal(event, fp),
             self._retry_signal(event, fp),
+            self._plan_signal(),
         )
         return [self._stale_signal(), *(sig for sig in candidates if sig is not None)]
 
@@ -541,6 +596,29 @@ class StagnationDetector:
             ),
         )
 
+    def _plan_signal(self) -> _Signal | None:
+        """The model's stale turns: plans re-issued with nothing new since, self-reports."""
+        count = self._plan_stale
+        level = self.config.plan.rung(count)
+        if level is StagnationLevel.NONE or self._plan_kind is None:
+            return None
+        if self._plan_kind is StagnationKind.REPEAT:
+            return _Signal(
+                level,
+                StagnationKind.REPEAT,
+                (ReasonCode.REISSUED_PLAN,),
+                lambda: (
+                    f"{count} of your recent messages repeated an earlier plan or request "
+                    "almost word for word, with nothing new come back in between"
+                ),
+            )
+        return _Signal(
+            level,
+            StagnationKind.NO_GRADIENT,
+            (ReasonCode.SELF_REPORTED_STALL,),
+            lambda: f"{count} of your recent messages said you are stuck or not progressing",
+        )
+
     def _cycle_signal(self) -> _Signal | None:
         found = self._window.cycle()
         if found is None:
@@ -615,6 +693,7 @@ class StagnationDetector:
         """A JSON-serialisable snapshot; :meth:`from_state` restores it exactly."""
         window, recent, runs = self._window.dump()
         failures, errors = self._window.dump_failures(), self._window.dump_errors()
+        plans, gists, mark = self._plans.dump()
         state = DetectorState(
             config=self.config,
             total_steps=self._total_steps,
@@ -632,6 +711,13 @@ class StagnationDetector:
             pending_writes=self._pending_writes,
             recent_failures=failures,
             recent_errors=errors,
+            plans=plans,
+            result_gists=gists,
+            plan_mark=mark,
+            plan_stale=self._plan_stale,
+            plan_kind=self._plan_kind,
+            turn_open=self._turn_open,
+            climbed=self._climbed,
         )
         return state.model_dump(mode="json")
 
@@ -667,4 +753,11 @@ class StagnationDetector:
         )
         detector._episode = _Episode.load(saved.episode)
         detector._pending_writes = saved.pending_writes
+        detector._plans = PlanMemory(
+            cfg.plan_memory, saved.plans, saved.result_gists, saved.plan_mark
+        )
+        detector._plan_stale = saved.plan_stale
+        detector._plan_kind = saved.plan_kind
+        detector._turn_open = saved.turn_open
+        detector._climbed = saved.climbed
         return detector
