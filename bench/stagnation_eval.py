@@ -422,11 +422,11 @@ DetectorFactory = Callable[[], "Ours | Replayable"]
 
 
 def detector_factories(
-    config: StagnationConfig, timings: list[float]
+    config: StagnationConfig, timings: list[float], turn_timings: list[float]
 ) -> dict[str, DetectorFactory]:
-    """Fresh detectors per run: ours (sharing one list of timings) and the three baselines."""
+    """Fresh detectors per run: ours (sharing the lists of timings) and the four baselines."""
     return {
-        "ours": lambda: Ours(config, timings),
+        "ours": lambda: Ours(config, timings, turn_timings),
         "openhands": OpenHandsBaseline,
         "gemini-cli": GeminiCycleBaseline,
         "step-75%": StepBudgetBaseline,
@@ -493,6 +493,7 @@ class Results:
     loop_start: int | None = None
     loop_length: int = 0
     steps: Counter[str] = field(default_factory=Counter)
+    turns: Counter[str] = field(default_factory=Counter)
 
 
 def evaluate(
@@ -503,7 +504,8 @@ def evaluate(
     for dataset in datasets:
         for trajectory in load(folder, dataset):
             steps = replay_steps(dataset, trajectory)
-            results.steps[dataset] += len(steps)
+            results.steps[dataset] += sum(step.event is not None for step in steps)
+            results.turns[dataset] += sum(step.turn is not None for step in steps)
             _replay_all(results, factories, dataset, trajectory, steps)
     return results
 
@@ -603,21 +605,29 @@ def print_loop(results: Results) -> None:
     print()
 
 
-def print_extras(results: Results, timings: list[float], elapsed_s: float) -> None:
+def _cost(timings: list[float], unit: str) -> str:
+    ordered = sorted(timings)
+    mean = 1e6 * sum(ordered) / len(ordered)
+    median = 1e6 * ordered[len(ordered) // 2]
+    p99 = 1e6 * ordered[int(len(ordered) * 0.99)]
+    return f"{mean:.0f} µs per {unit} on average (median {median:.0f} µs, p99 {p99:.0f} µs)"
+
+
+def print_extras(
+    results: Results, timings: list[float], turn_timings: list[float], elapsed_s: float
+) -> None:
     """Kinds at first REPLAN, and costs."""
     for (dataset, name), tally in results.tallies.items():
         if name == "ours" and tally.kinds:
             kinds = ", ".join(f"{k} {v}" for k, v in tally.kinds.most_common())
             print(f"ours, kind at first REPLAN, {dataset}: {kinds}")
-    ordered = sorted(timings)
-    if ordered:
-        mean = 1e6 * sum(ordered) / len(ordered)
-        median = 1e6 * ordered[len(ordered) // 2]
-        p99 = 1e6 * ordered[int(len(ordered) * 0.99)]
+    if timings:
         print(
-            f"\n{sum(results.steps.values())} tool steps replayed; ours: {mean:.0f} µs per "
-            f"observation on average (median {median:.0f} µs, p99 {p99:.0f} µs)"
+            f"\n{sum(results.steps.values())} tool steps replayed; ours: "
+            f"{_cost(timings, 'observation')}"
         )
+    if turn_timings:
+        print(f"{sum(results.turns.values())} model turns; ours: {_cost(turn_timings, 'turn')}")
     print(f"whole evaluation: {elapsed_s:.1f} s")
 
 
@@ -690,9 +700,10 @@ class OursAlarm:
         return self.level >= StagnationLevel.REPLAN
 
     def _apply(self, index: int, verdict: StagnationVerdict) -> None:
-        self.level = verdict.level
-        if verdict.escalated:
+        # a tool result continuing the turn's iteration repeats the turn's escalation
+        if verdict.escalated and verdict.level > self.level:
             self._record(index, verdict)
+        self.level = verdict.level
 
     def _record(self, index: int, verdict: StagnationVerdict) -> None:
         if verdict.level is StagnationLevel.NUDGE or not self.stalls:
@@ -912,6 +923,11 @@ def sweep_configs() -> dict[str, StagnationConfig]:
         "recovery 0 (reset)": base.model_copy(update={"recovery": 0}),
         "recovery 2, share 0": base.model_copy(update={"recovery": 2, "recovery_share": 0.0}),
         "min_steps 10": base.model_copy(update={"min_steps": 10}),
+        "plan 2/4/6/9": base.model_copy(update={"plan": _ladder(2, 4, 6, 9)}),
+        "plan 1/3/5/8": base.model_copy(update={"plan": _ladder(1, 3, 5, 8)}),
+        "plan_similarity 0.8": base.model_copy(update={"plan_similarity": 0.8}),
+        "plan_similarity 0.95": base.model_copy(update={"plan_similarity": 0.95}),
+        "model side off": base.model_copy(update={"plan": _ladder(*[10**6] * 4)}),
     }
 
 
@@ -981,11 +997,12 @@ def main(argv: list[str] | None = None) -> int:
     results = Results()
     if not args.labelled_only:
         timings: list[float] = []
-        results = evaluate(folder, detector_factories(config, timings))
+        turn_timings: list[float] = []
+        results = evaluate(folder, detector_factories(config, timings, turn_timings))
         print_table(results)
         print_by_exit(results)
         print_loop(results)
-        print_extras(results, timings, time.perf_counter() - started)
+        print_extras(results, timings, turn_timings, time.perf_counter() - started)
     if args.sweep:
         print()
         run_sweep(folder, scorer)

@@ -158,8 +158,9 @@ class StagnationDetector:
     def observe(self, event: ToolEvent) -> StagnationVerdict:
         """Account for one tool event, an iteration of its own (or of the turn observed just
         before it), and say how stagnant the run is."""
-        self._start_iteration()
-        return self._observe(event, batch=None)
+        carried = self._start_iteration()
+        verdict = self._observe(event, batch=None)
+        return verdict.model_copy(update={"escalated": True}) if carried else verdict
 
     def observe_turn(self, turn: ModelTurn) -> StagnationVerdict:
         """Account for one assistant message; it opens an iteration, which the results of the
@@ -178,16 +179,19 @@ class StagnationDetector:
         self._since_milestone += 1
         cfg = self.config
         plan = plan_of(turn)
-        substantial = len(plan[0]) + sum(len(call) for call in turn.calls) >= cfg.plan_min_chars
-        reissued = substantial and self._plans.reissue(plan, cfg.plan_similarity)
+        # a turn of calls alone is the output side's to judge (the same call, the same result)
+        reissued = len(plan[0]) >= cfg.plan_min_chars and self._plans.reissue(
+            plan, cfg.plan_similarity
+        )
         if not reissued and turn.stuck is not True:
             self._plan_stale = max(0, self._plan_stale - 1)
             return self._verdict(escalated=False)
         self._plan_stale += 1
         self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
         signal = self._plan_signal()
-        reasons = set(signal.reasons) if signal is not None else set()
-        return self._escalate(signal, reasons) if signal is not None else self._verdict(False)
+        if signal is None:
+            return self._verdict(escalated=False)
+        return self._escalate(signal, set(signal.reasons))
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -197,24 +201,28 @@ class StagnationDetector:
         a human is asked. Returns the verdict of the highest level met in the batch
         (``escalated`` if any event escalated), or the current verdict for an empty batch.
         """
-        self._start_iteration()
+        carried = self._start_iteration()
         batch: dict[str, str] = {}
         worst: StagnationVerdict | None = None
-        escalated = False
+        escalated = carried
         for event in events:
             verdict = self._observe(event, batch=batch)
             escalated = escalated or verdict.escalated
             if worst is None or verdict.level >= worst.level:
                 worst = verdict
         if worst is None:
-            return self.verdict()
+            return self._verdict(escalated=escalated)
         return worst.model_copy(update={"escalated": escalated})
 
-    def _start_iteration(self) -> None:
-        """Tool results open an iteration of their own unless a turn opened it."""
+    def _start_iteration(self) -> bool:
+        """Tool results open an iteration of their own unless a turn opened it; True when that
+        turn raised the level (the results' verdict then says ``escalated``, so a host that
+        holds the text of a turn with calls until their results are in injects it once)."""
+        carried = self._turn_open and self._climbed
         if not self._turn_open:
             self._climbed = False
         self._turn_open = False
+        return carried
 
     def milestone(self, name: str) -> None:
         """A verified milestone was reached: the step counter and the episode start again."""

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz.distance import Indel
 
+from shared.conversation import ConversationMessage, MessageRole
 from shared.stagnation.fingerprint import canonical_json, digest, mask
 
 __all__ = ["MAX_PLAN_CHARS", "ModelTurn", "Plan", "PlanMemory", "plan_of", "self_report"]
@@ -63,6 +64,16 @@ class ModelTurn(BaseModel):
         calls; the self-assessment is read from the text (:func:`self_report`)."""
         signatures = tuple(_call_signature(name, arguments) for name, arguments in calls)
         return cls(text=text, calls=signatures, stuck=self_report(text))
+
+    @classmethod
+    def from_conversation(cls, messages: Iterable[ConversationMessage]) -> ModelTurn | None:
+        """The turn of the first assistant message among ``messages`` (what one model response
+        appended to the conversation), or None when there is none."""
+        for message in messages:
+            if message.role is MessageRole.ASSISTANT:
+                calls = [(call.name, call.arguments) for call in message.tool_calls]
+                return cls.from_message(message.content, calls)
+        return None
 
 
 def _call_signature(name: str, arguments: str) -> str:
