@@ -34,13 +34,27 @@ _LEDGER_LOOP = re.compile(r'"is_in_loop"\s*:\s*\{[^{}]*?"answer"\s*:\s*(true|fal
 _LEDGER_PROGRESS = re.compile(
     r'"is_progress_being_made"\s*:\s*\{[^{}]*?"answer"\s*:\s*(true|false)', re.S
 )
-# A plain first-person statement of being stuck; what a model says about the *user* or the
-# code ("the test is stuck", "a stuck process") is not a self-report.
+# A plain first-person statement of being stuck, ending its clause: "So, I am stuck.", "we are
+# going round in circles". What a model says about the code ("the test is stuck"), a topic
+# ("I am stuck on why it passed before", "stuck with this API") or a condition ("if I cannot
+# change the test, I am stuck") is not a self-report.
 _STUCK = re.compile(
     r"\b(?:i am|i'm|we are|we're|i seem to be|we seem to be)\s+(?:still\s+|clearly\s+)?"
-    r"(?:stuck|going (?:a)?round in circles|in a loop|looping)\b",
-    re.I,
+    r"(?:stuck|going (?:a)?round in circles|in a loop|looping)(?=\s*(?:[.!;:,)]|$))",
+    re.IGNORECASE | re.MULTILINE,
 )
+_CLAUSE_START = re.compile(r"[.!?\n][^.!?\n]*\Z")
+_CONDITIONAL = re.compile(r"\b(?:if|unless|otherwise|would|then|when)\b", re.IGNORECASE)
+
+
+def _says_stuck(text: str) -> bool:
+    for match in _STUCK.finditer(text):
+        before = text[: match.start()]
+        clause = _CLAUSE_START.search(before)
+        sentence = before[clause.start() + 1 :] if clause else before
+        if not _CONDITIONAL.search(sentence):
+            return True
+    return False
 
 
 class ModelTurn(BaseModel):
@@ -89,7 +103,8 @@ def self_report(text: str) -> bool | None:
 
     A progress ledger answers both questions: looping (``is_in_loop``) or not progressing
     (``is_progress_being_made`` false) is stuck. Otherwise a first-person "I am stuck", "we
-    are going round in circles", "I'm in a loop" is; anything else says nothing (None).
+    are going round in circles", "I'm in a loop" is, unless it is a condition ("if I cannot
+    change the test, I am stuck"); anything else says nothing (None).
     """
     loop = _LEDGER_LOOP.search(text)
     progress = _LEDGER_PROGRESS.search(text)
@@ -97,7 +112,7 @@ def self_report(text: str) -> bool | None:
         looping = loop is not None and loop.group(1) == "true"
         stalled = progress is not None and progress.group(1) == "false"
         return looping or stalled
-    return True if _STUCK.search(text) else None
+    return True if _says_stuck(text) else None
 
 
 Plan = tuple[str, str]

@@ -64,8 +64,12 @@ def _ledger(looping: bool, progressing: bool) -> str:
         (_ledger(looping=False, progressing=False), True),
         (_ledger(looping=False, progressing=True), False),
         ("I'm stuck: every build fails the same way.", True),
-        ("We are going round in circles with this form.", True),
+        ("We are going round in circles: the form never changes.", True),
         ("The test process is stuck on a lock; I will kill it.", None),
+        ("So, I am stuck.\nLet me re-read the issue.", True),
+        ("If I cannot modify the tests, I am stuck.", None),
+        ("I am stuck on why it worked before.", None),
+        ("So we are stuck with `pk_val` being set.", None),
         ("Let me read the parser next.", None),
     ],
 )
