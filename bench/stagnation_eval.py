@@ -723,7 +723,9 @@ class LabelledResults:
     scorer: ModuleType
     results: dict[str, dict[str, Any]]
     labelled: list[tuple[dict[str, Any], OursAlarm]]
-    unlabelled: list[tuple[str, OursAlarm]]
+    unlabelled: list[tuple[str, OursAlarm, bool]]
+    host: dict[str, Any] | None = None
+    """Magentic-One's own replans scored on the labelled Who&When runs (None: none labelled)."""
 
     @property
     def ours(self) -> dict[str, Any]:
@@ -749,13 +751,35 @@ def evaluate_labelled(
     for name, factory in scorer.BASELINES.items():
         results[name] = scorer.evaluate(factory, labels, trajectories)
     rest = _unlabelled_stalls(scorer, folder, config, set(keys)) if unlabelled else []
-    return LabelledResults(scorer, results, list(zip(labels, alarms, strict=True)), rest)
+    ww = [label for label in labels if label["dataset"] == "who-and-when"]
+    host = scorer.evaluate(MagenticOneReplans, ww, trajectories) if ww else None
+    paired = list(zip(labels, alarms, strict=True))
+    return LabelledResults(scorer, results, paired, rest, host)
+
+
+_WW_STALLED = "Stalled"
+
+
+class MagenticOneReplans:
+    """Who&When's own detector, as recorded: Magentic-One's orchestrator replans ("Stalled....
+    Replanning...") when its ledger's stall counter (looping or not progressing, a leaky count)
+    passes its limit. A reference for the model side, read from the log; ours never sees it."""
+
+    def fire(self, step: dict[str, Any]) -> bool:
+        """True at the orchestrator's replan message."""
+        return _is_host_replan(step)
+
+
+def _is_host_replan(step: dict[str, Any]) -> bool:
+    actor, text = step.get("actor") or "", step.get("action") or ""
+    return actor.startswith("Orchestrator") and text.startswith(_WW_STALLED)
 
 
 def _unlabelled_stalls(
     scorer: ModuleType, folder: Path, config: StagnationConfig, labelled: set[Any]
-) -> list[tuple[str, OursAlarm]]:
-    """Ours on every trajectory of the four datasets that is not labelled."""
+) -> list[tuple[str, OursAlarm, bool]]:
+    """Ours on every trajectory of the four datasets that is not labelled, and whether the
+    run's own host replanned (Magentic-One's "Stalled", Who&When only)."""
     out = []
     for dataset in DATASETS:
         for trajectory in load(folder, dataset):
@@ -764,7 +788,8 @@ def _unlabelled_stalls(
             alarm = OursAlarm(config)
             for raw in trajectory["steps"]:
                 alarm.fire(scorer.step_view(trajectory, raw))
-            out.append((dataset, alarm))
+            host = any(_is_host_replan(raw) for raw in trajectory["steps"])
+            out.append((dataset, alarm, host))
     return out
 
 
@@ -820,7 +845,7 @@ def print_stalls(labelled: LabelledResults) -> None:
             groups.setdefault(name, []).append(stall)
             if label["label"] == "stuck":
                 cross[(label["kind"], _kind_name(stall.replan_kind))] += 1
-    for dataset, alarm in labelled.unlabelled:
+    for dataset, alarm, _ in labelled.unlabelled:
         groups.setdefault(f"unlabelled {dataset}", []).extend(alarm.detected())
     for name, stalls in groups.items():
         kinds = Counter(_kind_name(stall.replan_kind) for stall in stalls)
@@ -861,6 +886,39 @@ def print_misses(labelled: LabelledResults) -> None:
         )
     few = sum(results <= 2 for _, results, _ in missed)
     print(f"  {few} of them have at most 2 tool results in the window\n")
+
+
+def print_host_replans(labelled: LabelledResults) -> None:
+    """Who&When: Magentic-One's own replans next to ours, on the labelled and unlabelled runs."""
+    if labelled.host is None:
+        return
+    ours = {tuple(r["key"]): r for r in labelled.results["ours"]["records"]}
+    host = labelled.host["records"]
+    stuck = [r for r in host if r["label"] == "stuck"]
+    progressing = [r for r in host if r["label"] != "stuck"]
+    both = sum(r["detected8"] and ours[tuple(r["key"])]["detected8"] for r in stuck)
+    print(
+        "Who&When: Magentic-One's own replans (its ledger's stall counter, as logged) and ours\n"
+        f"  labelled stalls caught within {WINDOW_STEPS} steps of onset: magentic-one "
+        f"{sum(r['detected8'] for r in stuck)} of {len(stuck)}, ours "
+        f"{sum(ours[tuple(r['key'])]['detected8'] for r in stuck)} of {len(stuck)} "
+        f"(both: {both})\n"
+        f"  labelled progressing runs with an alarm: magentic-one "
+        f"{sum(r['false_alarm'] for r in progressing)} of {len(progressing)}, ours "
+        f"{sum(ours[tuple(r['key'])]['false_alarm'] for r in progressing)} of {len(progressing)}"
+    )
+    runs = [
+        (alarm, replanned) for ds, alarm, replanned in labelled.unlabelled if ds == "who-and-when"
+    ]
+    if runs:
+        mine = [bool(alarm.detected()) for alarm, _ in runs]
+        theirs = [replanned for _, replanned in runs]
+        agree = sum(a and b for a, b in zip(mine, theirs, strict=True))
+        print(
+            f"  unlabelled runs: {len(runs)}; magentic-one replans in {sum(theirs)}, ours reaches "
+            f"REPLAN in {sum(mine)}, both in {agree}"
+        )
+    print()
 
 
 def _kind_name(kind: StagnationKind | None) -> str:
@@ -993,6 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
         labelled = evaluate_labelled(scorer, folder, config, unlabelled=not args.labelled_only)
         print_labelled(labelled)
         print_misses(labelled)
+        print_host_replans(labelled)
         print_stalls(labelled)
     results = Results()
     if not args.labelled_only:
