@@ -150,6 +150,7 @@ class StagnationDetector:
         self._plans = PlanMemory(cfg.plan_memory)
         self._plan_stale = 0
         self._plan_kind: StagnationKind | None = None
+        self._turns_since_milestone = 0
         self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
 
@@ -176,7 +177,7 @@ class StagnationDetector:
         """
         self._climbed = False
         self._turn_open = True
-        self._since_milestone += 1
+        self._turns_since_milestone += 1
         cfg = self.config
         plan = plan_of(turn)
         # a turn of calls alone is the output side's to judge (the same call, the same result)
@@ -229,6 +230,7 @@ class StagnationDetector:
         self._milestones.append(name)
         self._milestones_total += 1
         self._since_milestone = 0
+        self._turns_since_milestone = 0
         self._new_changes = 0
         self._pending_writes = 0
         self._window.clear()
@@ -642,6 +644,12 @@ class StagnationDetector:
             lambda: f"the same {period} calls with the same results came round {repetitions} times",
         )
 
+    def _gate_open(self) -> bool:
+        """More than ``min_steps`` tool events, or model turns, since the last milestone (a
+        conversation that stalls may call no tool at all)."""
+        gate = self.config.min_steps
+        return self._since_milestone > gate or self._turns_since_milestone > gate
+
     def _escalate(self, signal: _Signal, reasons: set[ReasonCode]) -> StagnationVerdict:
         """Raise the episode's level toward the signal's, behind the step gate.
 
@@ -652,7 +660,7 @@ class StagnationDetector:
         episode does not flip between kinds while it holds a rung.
         """
         ep = self._episode
-        if not self.config.enabled or self._since_milestone <= self.config.min_steps:
+        if not self.config.enabled or not self._gate_open():
             return self._verdict(escalated=False)
         if signal.level is StagnationLevel.NONE:
             return self._verdict(escalated=False)
@@ -724,6 +732,7 @@ class StagnationDetector:
             plan_mark=mark,
             plan_stale=self._plan_stale,
             plan_kind=self._plan_kind,
+            turns_since_milestone=self._turns_since_milestone,
             turn_open=self._turn_open,
             climbed=self._climbed,
         )
@@ -766,6 +775,7 @@ class StagnationDetector:
         )
         detector._plan_stale = saved.plan_stale
         detector._plan_kind = saved.plan_kind
+        detector._turns_since_milestone = saved.turns_since_milestone
         detector._turn_open = saved.turn_open
         detector._climbed = saved.climbed
         return detector

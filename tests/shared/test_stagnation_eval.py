@@ -258,7 +258,7 @@ def test_eval_feeds_the_models_messages(tmp_path: Path) -> None:
         "run": "Hand-Crafted",
         "instance_id": "1",
         "label": "stuck",
-        "onset_step": 7,
+        "onset_step": 10,
         "end_step": 24,
         "kind": "no-gradient",
     }

@@ -199,3 +199,19 @@ def test_a_turn_is_read_from_the_assistant_message() -> None:
         True,
     )
     assert ModelTurn.from_conversation([ConversationMessage.user("hi")]) is None
+
+
+def test_a_conversation_stall_opens_the_gate_by_its_turns() -> None:
+    """No tool at all: replies asking the user again for what they asked already still pass the
+    step gate (more than ``min_steps`` turns) and reach REPLAN."""
+    detector = StagnationDetector()
+    asks = (
+        "To calculate the amount charged to your card, please give me the total cost and the "
+        "gift card amounts.",
+        "To calculate the amount charged to your card, please give me the total cost and the "
+        "gift cards' amounts.",
+    )
+    levels = [detector.observe_turn(ModelTurn(text=asks[k % 2])).level for k in range(6)]
+    assert levels[:4] == [StagnationLevel.NONE] * 4
+    assert levels[-1] is StagnationLevel.REPLAN
+    assert detector.verdict().steps_since_milestone == 0
