@@ -180,12 +180,13 @@ class StagnationDetector:
         self._turns_since_milestone += 1
         cfg = self.config
         plan = plan_of(turn)
-        # a turn of calls alone is the output side's to judge (the same call, the same result)
-        reissued = len(plan[0]) >= cfg.plan_min_chars and self._plans.reissue(
-            plan, cfg.plan_similarity
-        )
+        # a turn of calls alone, or a word ("TERMINATE"), is too short to say anything as a
+        # plan: the output side judges its calls, and it neither adds nor takes off
+        comparable = len(plan[0]) >= cfg.plan_min_chars
+        reissued = comparable and self._plans.reissue(plan, cfg.plan_similarity)
         if not reissued and turn.stuck is not True:
-            self._plan_stale = max(0, self._plan_stale - 1)
+            if comparable:
+                self._plan_stale = max(0, self._plan_stale - 1)
             return self._verdict(escalated=False)
         self._plan_stale += 1
         self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT

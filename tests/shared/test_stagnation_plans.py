@@ -124,7 +124,8 @@ def test_a_batch_of_lookups_in_the_same_words_is_not_a_reissue() -> None:
 
 
 def test_self_reports_feed_the_ladder_and_fresh_plans_drain_it() -> None:
-    """Three "we are looping" ledgers reach REPLAN; a fresh plan takes one off the count."""
+    """Three "we are looping" ledgers reach REPLAN; a fresh plan takes one off the count, a
+    word too short to compare neither adds nor takes off."""
     detector = StagnationDetector(NO_GATE)
     for k in range(3):
         verdict = detector.observe_turn(
@@ -133,6 +134,8 @@ def test_self_reports_feed_the_ladder_and_fresh_plans_drain_it() -> None:
     assert verdict.level is StagnationLevel.REPLAN
     assert verdict.reason_codes == (ReasonCode.SELF_REPORTED_STALL,)
     assert verdict.kind is StagnationKind.NO_GRADIENT
+    detector.observe_turn(ModelTurn(text="TERMINATE"))
+    assert detector.counters()["stale_turns"] == 3, "a word is too short to judge as a plan"
     detector.observe_turn(ModelTurn(text="Write to the agency and ask for the ridership data."))
     assert detector.counters()["stale_turns"] == 2
 
