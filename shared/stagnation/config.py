@@ -89,8 +89,9 @@ class StagnationConfig(BaseModel):
     - ``plan``: the model's stale turns (:meth:`StagnationDetector.observe_turn`), a leaky
       count: a turn that re-issues one of the last ``plan_memory`` plans (similarity at least
       ``plan_similarity`` on the masked text, plans of ``plan_min_chars`` or more) with nothing
-      new since, or that says the model is stuck, adds one; any other turn takes one off. New
-      tool results do not drain it (they are the output side's); a milestone resets it.
+      new since, or that says the model is stuck, adds one; any other turn of at least
+      ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
+      side's); a milestone resets it.
 
     ``history`` bounds the window in which repeats, cycles and errors are counted;
     ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen
