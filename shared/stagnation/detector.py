@@ -14,11 +14,17 @@ of masked outputs and host-supplied content hashes only, whether the event is
   a stale result follows pending writes, they changed bytes but not the outcome: they join the
   stale run.
 
-Stale events extend the current episode. The level follows the highest rung reached by four
-signals (see :class:`~shared.stagnation.config.StagnationConfig`), one rung per iteration (one
-``observe`` or one ``observe_batch``) at most, is never lowered within an episode, and never
-above NONE while ``steps_since_milestone <= min_steps``: the composite trigger is
-*steps > N and no milestone since the window start and no new result in the window*.
+For each :class:`~shared.stagnation.plans.ModelTurn` (an assistant message) it decides whether
+the model re-issued a plan with nothing new since, or said it is stuck: a *stale turn*, counted
+on a leaky count of its own that new tool results do not drain (:meth:`observe_turn`).
+
+Stale events and stale turns extend the current episode. The level follows the highest rung
+reached by the signals (see :class:`~shared.stagnation.config.StagnationConfig`), one rung per
+iteration (a turn with the results of its calls, one ``observe`` or one ``observe_batch``) at
+most, is never lowered within an episode, and never above NONE while no more than
+``min_steps`` tool events and turns have passed since the last milestone: the composite
+trigger is *steps > N and no milestone since the window start and no new result in the window*
+(or stale turns on the model's side).
 A verified milestone (:meth:`StagnationDetector.milestone`) resets the step counter and the
 episode. A stale result first seen before the episode began, or before the last
 :meth:`StagnationDetector.compacted`, is an *amnesia* step: the agent re-learns what it knew.
@@ -168,12 +174,13 @@ class StagnationDetector:
         calls it proposed (the next :meth:`observe` or :meth:`observe_batch`) continue.
 
         A turn is **stale** when it re-issues one of the last ``plan_memory`` plans,
-        near-identical (masked, similarity at least ``plan_similarity``), with nothing new come
-        back since (no new result, no confirmed change), or when the model says it is stuck
-        (:attr:`ModelTurn.stuck`); it adds one to the leaky count of stale turns, which feeds
-        the ``plan`` ladder. Any other turn takes one off. New tool results do not: an
-        orchestrator that sends the same instruction again while every page it gets back
-        differs by OCR noise is not learning from those pages.
+        near-identical (masked, the same calls, the text at least ``plan_similarity`` alike),
+        with nothing new come back since (no new result that is not a near-duplicate, no
+        write), or when the model says it is stuck (:attr:`ModelTurn.stuck`); it adds one to
+        the leaky count of stale turns, which feeds the ``plan`` ladder. Any other turn of at
+        least ``plan_min_chars`` takes one off. New tool results do not: an orchestrator that
+        sends the same instruction again while every page it gets back differs by OCR noise is
+        not learning from those pages.
         """
         self._climbed = False
         self._turn_open = True

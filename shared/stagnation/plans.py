@@ -123,7 +123,8 @@ Plan = tuple[str, str]
 def plan_of(turn: ModelTurn) -> Plan:
     """The turn's :data:`Plan`: near-identical texts proposing the same calls are one plan;
     the same words proposing other calls (a batch of lookups) are not."""
-    text = " ".join(mask(turn.text).lower().split())[:MAX_PLAN_CHARS]
+    # masked from a prefix: a long message costs what its first lines cost
+    text = " ".join(mask(turn.text[: MAX_PLAN_CHARS * 4]).lower().split())[:MAX_PLAN_CHARS]
     return text, digest("calls", *(mask(call) for call in turn.calls))
 
 
