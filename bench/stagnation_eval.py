@@ -44,6 +44,7 @@ from stagnation_baselines import (  # noqa: E402
 
 from shared.stagnation import (  # noqa: E402
     Ladder,
+    ModelTurn,
     StagnationConfig,
     StagnationDetector,
     StagnationKind,
@@ -52,6 +53,7 @@ from shared.stagnation import (  # noqa: E402
     ToolEvent,
     ToolKind,
 )
+from shared.stagnation.plans import self_report  # noqa: E402
 from shared.stagnation.shell import (  # noqa: E402
     SHELL_READS,
     first_word,
@@ -81,12 +83,15 @@ def trajectories_dir() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class ReplayStep:
-    """One tool step: the index in the trajectory, our event, and the raw text for baselines."""
+    """One step: the index in the trajectory, the model's turn (its message and proposed
+    calls) and our tool event, either of which may be absent, and the raw text for baselines.
+    The baselines see the steps with a tool event only."""
 
     index: int
-    event: ToolEvent
+    event: ToolEvent | None
     action: str
     observation: str
+    turn: ModelTurn | None = None
 
 
 def _sha(text: str) -> str:
@@ -152,8 +157,9 @@ def swe_agent_step(raw: dict[str, Any]) -> ReplayStep | None:
         # open / goto / scroll show a window of the file: its content is the state seen.
         path, content = shown.group(1), _sha(_window_content(observation))
     word = _first_word(action)
+    tool = word if word in _SWE_TOOLS else "bash"
     event = ToolEvent(
-        tool_name=word if word in _SWE_TOOLS else "bash",
+        tool_name=tool,
         arguments={"command": action},
         output=observation,
         kind=kind,
@@ -162,7 +168,8 @@ def swe_agent_step(raw: dict[str, Any]) -> ReplayStep | None:
         after_hash=after,
         is_error=failed,
     )
-    return ReplayStep(raw["i"], event, action, observation)
+    turn = ModelTurn.from_message(raw["thought"] or "", [(tool, json.dumps({"command": action}))])
+    return ReplayStep(raw["i"], event, action, observation, turn)
 
 
 # -- mini-swe-agent (bash only) ------------------------------------------------------------------
@@ -200,7 +207,9 @@ def mini_swe_step(raw: dict[str, Any]) -> ReplayStep | None:
         path=path,
         is_error=refused,
     )
-    return ReplayStep(raw["i"], event, action, observation)
+    # the thought is the whole assistant message, its command block included
+    turn = ModelTurn.from_message(raw["thought"] or action)
+    return ReplayStep(raw["i"], event, action, observation, turn)
 
 
 # -- tau-bench (function calls) -----------------------------------------------------------------
@@ -215,19 +224,28 @@ def _tau_kind(tool: str) -> ToolKind:
 _TAU_THINK = "think"
 
 
-def tau_step(raw: dict[str, Any]) -> ReplayStep | None:
-    """tau-bench: tool calls with their outputs; a reply to the user is not a tool event.
+_TAU_SAY = "say "
 
-    The detector sees tool results only, as in the runtime: the agent's messages to the
-    (simulated) user and the user's answers are conversation, skipped like the model's own
-    messages in Who&When. ``think`` records a thought and returns nothing: an *other* tool,
-    whose empty answer is an acknowledgement.
+
+def tau_step(raw: dict[str, Any]) -> ReplayStep | None:
+    """tau-bench: tool calls with their outputs; a reply to the user is a turn, no tool event.
+
+    The agent's messages to the (simulated) user are the model's turns; the user's answers are
+    conversation, not tool results (they differ every time and say nothing about the tools).
+    A tool call is a turn (its thought, if any, and the call) and a tool event. ``think``
+    records a thought and returns nothing: an *other* tool, whose empty answer is an
+    acknowledgement.
     """
     tool = raw["tool"]
+    action = raw["action"] or ""
     if tool is None:
-        return None
-    action, observation = raw["action"], raw["observation"] or ""
-    args = json.loads(action[len(tool) + 1 :] or "{}")
+        if not action.startswith(_TAU_SAY):
+            return None
+        turn = ModelTurn.from_message(action[len(_TAU_SAY) :])
+        return ReplayStep(raw["i"], None, action, raw["observation"] or "", turn)
+    observation = raw["observation"] or ""
+    args_text = action[len(tool) + 1 :] or "{}"
+    args = json.loads(args_text)
     failed = observation.startswith("Error")
     kind = ToolKind.OTHER if tool == _TAU_THINK else _tau_kind(tool)
     after = _sha(observation) if kind is ToolKind.WRITE and not failed else None
@@ -240,7 +258,8 @@ def tau_step(raw: dict[str, Any]) -> ReplayStep | None:
         after_hash=after,
         is_error=failed,
     )
-    return ReplayStep(raw["i"], event, action, observation)
+    turn = ModelTurn.from_message(raw["thought"] or "", [(tool, args_text)])
+    return ReplayStep(raw["i"], event, action, observation, turn)
 
 
 # -- Who&When (multi-agent chat logs) -----------------------------------------------------------
@@ -250,14 +269,34 @@ _WW_READERS = ("WebSurfer", "FileSurfer")
 _WW_EXIT = re.compile(r"exitcode: (-?\d+)")
 
 
+_WW_LEDGER = "Updated Ledger"
+_WW_HUMAN = "human"
+_WW_BROADCAST = "Orchestrator (->"
+
+
+def _ledger_turn(text: str) -> ModelTurn:
+    """An orchestrator's progress ledger as a turn: its instruction, and its self-assessment."""
+    body = text[len(_WW_LEDGER) :].lstrip(": \n")
+    try:
+        ledger = json.loads(body)
+        instruction = str(ledger["instruction_or_question"]["answer"])
+    except (ValueError, KeyError, TypeError):
+        instruction = body
+    return ModelTurn(text=instruction, stuck=self_report(text))
+
+
 @dataclass(slots=True)
 class WhoWhenMapper:
     """Who&When: tool agents' messages are the observations of the message that asked for them.
 
-    Messages written by a model (orchestrator, experts) or the human are not tool events and
-    are skipped; a terminal message becomes a command (exit code parsed), a web or file surfer
-    message a read. Its arguments are the last message that asked for it (the orchestrator's
-    private "(thought)" messages such as "Next speaker WebSurfer" are not requests).
+    A terminal message becomes a command (exit code parsed), a web or file surfer message a
+    read; its arguments are the last message that asked for it. A message written by a model
+    is a turn: an expert's or the assistant's message, and the orchestrator's progress ledger
+    (one model call that answers ``is_in_loop`` and ``is_progress_being_made`` and writes the
+    next instruction, the turn's text). The orchestrator's "-> WebSurfer" message only
+    broadcasts that instruction (it is the request, not another turn); its other "(thought)"
+    messages are not turns: "Next speaker WebSurfer", the plans it fills into a template, and
+    its host's "Stalled.... Replanning...".
     """
 
     request: str = ""
@@ -265,9 +304,7 @@ class WhoWhenMapper:
     def __call__(self, raw: dict[str, Any]) -> ReplayStep | None:
         actor, text = raw["actor"] or "", raw["action"] or ""
         if not actor.startswith(_WW_TERMINALS + _WW_READERS):
-            if "(thought)" not in actor:  # "Next speaker WebSurfer" is not the request
-                self.request = text
-            return None
+            return self._model(raw["i"], actor, text)
         code = _WW_EXIT.search(text[:200])
         terminal = actor.startswith(_WW_TERMINALS)
         event = ToolEvent(
@@ -278,6 +315,18 @@ class WhoWhenMapper:
             kind=ToolKind.COMMAND if terminal else ToolKind.READ,
         )
         return ReplayStep(raw["i"], event, self.request, text)
+
+    def _model(self, index: int, actor: str, text: str) -> ReplayStep | None:
+        if "(thought)" in actor:
+            if not text.startswith(_WW_LEDGER):
+                return None
+            return ReplayStep(index, None, text, "", _ledger_turn(text))
+        if actor == _WW_HUMAN:
+            return None
+        self.request = text
+        if actor.startswith(_WW_BROADCAST):
+            return None
+        return ReplayStep(index, None, text, "", ModelTurn.from_message(text))
 
 
 StepMapper = Callable[[dict[str, Any]], "ReplayStep | None"]
@@ -316,6 +365,7 @@ class Ours:
 
     config: StagnationConfig
     timings: list[float] = field(default_factory=list)
+    turn_timings: list[float] = field(default_factory=list)
     name: str = "ours"
     detector: StagnationDetector = field(init=False)
     replan_kind: StagnationKind | None = None
@@ -323,11 +373,18 @@ class Ours:
     def __post_init__(self) -> None:
         self.detector = StagnationDetector(self.config)
 
-    def observe_event(self, event: ToolEvent) -> StagnationLevel:
-        """Observe one event, recording its cost; the level after it."""
-        started = time.perf_counter()
-        verdict = self.detector.observe(event)
-        self.timings.append(time.perf_counter() - started)
+    def observe_step(self, step: ReplayStep) -> StagnationLevel:
+        """Observe one step (the turn, then the tool event), recording the cost of each call;
+        the level after it."""
+        verdict = self.detector.verdict()
+        if step.turn is not None:
+            started = time.perf_counter()
+            verdict = self.detector.observe_turn(step.turn)
+            self.turn_timings.append(time.perf_counter() - started)
+        if step.event is not None:
+            started = time.perf_counter()
+            verdict = self.detector.observe(step.event)
+            self.timings.append(time.perf_counter() - started)
         if verdict.level >= StagnationLevel.REPLAN and self.replan_kind is None:
             self.replan_kind = verdict.kind
         return verdict.level
@@ -347,7 +404,9 @@ def replay(detector: Ours | Replayable, steps: list[ReplayStep]) -> RunOutcome:
     replan = ask = None
     for step in steps:
         if isinstance(detector, Ours):
-            level = detector.observe_event(step.event)
+            level = detector.observe_step(step)
+        elif step.event is None:
+            continue
         else:
             level = detector.observe(step.action, step.observation, step.event.failed)
         if replan is None and level >= StagnationLevel.REPLAN:
@@ -363,11 +422,11 @@ DetectorFactory = Callable[[], "Ours | Replayable"]
 
 
 def detector_factories(
-    config: StagnationConfig, timings: list[float]
+    config: StagnationConfig, timings: list[float], turn_timings: list[float]
 ) -> dict[str, DetectorFactory]:
-    """Fresh detectors per run: ours (sharing one list of timings) and the three baselines."""
+    """Fresh detectors per run: ours (sharing the lists of timings) and the four baselines."""
     return {
-        "ours": lambda: Ours(config, timings),
+        "ours": lambda: Ours(config, timings, turn_timings),
         "openhands": OpenHandsBaseline,
         "gemini-cli": GeminiCycleBaseline,
         "step-75%": StepBudgetBaseline,
@@ -434,6 +493,7 @@ class Results:
     loop_start: int | None = None
     loop_length: int = 0
     steps: Counter[str] = field(default_factory=Counter)
+    turns: Counter[str] = field(default_factory=Counter)
 
 
 def evaluate(
@@ -444,7 +504,8 @@ def evaluate(
     for dataset in datasets:
         for trajectory in load(folder, dataset):
             steps = replay_steps(dataset, trajectory)
-            results.steps[dataset] += len(steps)
+            results.steps[dataset] += sum(step.event is not None for step in steps)
+            results.turns[dataset] += sum(step.turn is not None for step in steps)
             _replay_all(results, factories, dataset, trajectory, steps)
     return results
 
@@ -544,21 +605,29 @@ def print_loop(results: Results) -> None:
     print()
 
 
-def print_extras(results: Results, timings: list[float], elapsed_s: float) -> None:
+def _cost(timings: list[float], unit: str) -> str:
+    ordered = sorted(timings)
+    mean = 1e6 * sum(ordered) / len(ordered)
+    median = 1e6 * ordered[len(ordered) // 2]
+    p99 = 1e6 * ordered[int(len(ordered) * 0.99)]
+    return f"{mean:.0f} µs per {unit} on average (median {median:.0f} µs, p99 {p99:.0f} µs)"
+
+
+def print_extras(
+    results: Results, timings: list[float], turn_timings: list[float], elapsed_s: float
+) -> None:
     """Kinds at first REPLAN, and costs."""
     for (dataset, name), tally in results.tallies.items():
         if name == "ours" and tally.kinds:
             kinds = ", ".join(f"{k} {v}" for k, v in tally.kinds.most_common())
             print(f"ours, kind at first REPLAN, {dataset}: {kinds}")
-    ordered = sorted(timings)
-    if ordered:
-        mean = 1e6 * sum(ordered) / len(ordered)
-        median = 1e6 * ordered[len(ordered) // 2]
-        p99 = 1e6 * ordered[int(len(ordered) * 0.99)]
+    if timings:
         print(
-            f"\n{sum(results.steps.values())} tool steps replayed; ours: {mean:.0f} µs per "
-            f"observation on average (median {median:.0f} µs, p99 {p99:.0f} µs)"
+            f"\n{sum(results.steps.values())} tool steps replayed; ours: "
+            f"{_cost(timings, 'observation')}"
         )
+    if turn_timings:
+        print(f"{sum(results.turns.values())} model turns; ours: {_cost(turn_timings, 'turn')}")
     print(f"whole evaluation: {elapsed_s:.1f} s")
 
 
@@ -623,13 +692,18 @@ class OursAlarm:
         if self.mapper is None:
             self.mapper = MAPPERS[step["dataset"]]()
         mapped = self.mapper(step)
-        if mapped is not None:
+        if mapped is not None and mapped.turn is not None:
+            self._apply(step["i"], self.detector.observe_turn(mapped.turn))
+        if mapped is not None and mapped.event is not None:
             self.tool_steps.append(step["i"])
-            verdict = self.detector.observe(mapped.event)
-            self.level = verdict.level
-            if verdict.escalated:
-                self._record(step["i"], verdict)
+            self._apply(step["i"], self.detector.observe(mapped.event))
         return self.level >= StagnationLevel.REPLAN
+
+    def _apply(self, index: int, verdict: StagnationVerdict) -> None:
+        # a tool result continuing the turn's iteration repeats the turn's escalation
+        if verdict.escalated and verdict.level > self.level:
+            self._record(index, verdict)
+        self.level = verdict.level
 
     def _record(self, index: int, verdict: StagnationVerdict) -> None:
         if verdict.level is StagnationLevel.NUDGE or not self.stalls:
@@ -649,7 +723,9 @@ class LabelledResults:
     scorer: ModuleType
     results: dict[str, dict[str, Any]]
     labelled: list[tuple[dict[str, Any], OursAlarm]]
-    unlabelled: list[tuple[str, OursAlarm]]
+    unlabelled: list[tuple[str, OursAlarm, bool]]
+    host: dict[str, Any] | None = None
+    """Magentic-One's own replans scored on the labelled Who&When runs (None: none labelled)."""
 
     @property
     def ours(self) -> dict[str, Any]:
@@ -675,13 +751,35 @@ def evaluate_labelled(
     for name, factory in scorer.BASELINES.items():
         results[name] = scorer.evaluate(factory, labels, trajectories)
     rest = _unlabelled_stalls(scorer, folder, config, set(keys)) if unlabelled else []
-    return LabelledResults(scorer, results, list(zip(labels, alarms, strict=True)), rest)
+    ww = [label for label in labels if label["dataset"] == "who-and-when"]
+    host = scorer.evaluate(MagenticOneReplans, ww, trajectories) if ww else None
+    paired = list(zip(labels, alarms, strict=True))
+    return LabelledResults(scorer, results, paired, rest, host)
+
+
+_WW_STALLED = "Stalled"
+
+
+class MagenticOneReplans:
+    """Who&When's own detector, as recorded: Magentic-One's orchestrator replans ("Stalled....
+    Replanning...") when its ledger's stall counter (looping or not progressing, a leaky count)
+    passes its limit. A reference for the model side, read from the log; ours never sees it."""
+
+    def fire(self, step: dict[str, Any]) -> bool:
+        """True at the orchestrator's replan message."""
+        return _is_host_replan(step)
+
+
+def _is_host_replan(step: dict[str, Any]) -> bool:
+    actor, text = step.get("actor") or "", step.get("action") or ""
+    return actor.startswith("Orchestrator") and text.startswith(_WW_STALLED)
 
 
 def _unlabelled_stalls(
     scorer: ModuleType, folder: Path, config: StagnationConfig, labelled: set[Any]
-) -> list[tuple[str, OursAlarm]]:
-    """Ours on every trajectory of the four datasets that is not labelled."""
+) -> list[tuple[str, OursAlarm, bool]]:
+    """Ours on every trajectory of the four datasets that is not labelled, and whether the
+    run's own host replanned (Magentic-One's "Stalled", Who&When only)."""
     out = []
     for dataset in DATASETS:
         for trajectory in load(folder, dataset):
@@ -690,7 +788,8 @@ def _unlabelled_stalls(
             alarm = OursAlarm(config)
             for raw in trajectory["steps"]:
                 alarm.fire(scorer.step_view(trajectory, raw))
-            out.append((dataset, alarm))
+            host = any(_is_host_replan(raw) for raw in trajectory["steps"])
+            out.append((dataset, alarm, host))
     return out
 
 
@@ -746,7 +845,7 @@ def print_stalls(labelled: LabelledResults) -> None:
             groups.setdefault(name, []).append(stall)
             if label["label"] == "stuck":
                 cross[(label["kind"], _kind_name(stall.replan_kind))] += 1
-    for dataset, alarm in labelled.unlabelled:
+    for dataset, alarm, _ in labelled.unlabelled:
         groups.setdefault(f"unlabelled {dataset}", []).extend(alarm.detected())
     for name, stalls in groups.items():
         kinds = Counter(_kind_name(stall.replan_kind) for stall in stalls)
@@ -787,6 +886,39 @@ def print_misses(labelled: LabelledResults) -> None:
         )
     few = sum(results <= 2 for _, results, _ in missed)
     print(f"  {few} of them have at most 2 tool results in the window\n")
+
+
+def print_host_replans(labelled: LabelledResults) -> None:
+    """Who&When: Magentic-One's own replans next to ours, on the labelled and unlabelled runs."""
+    if labelled.host is None:
+        return
+    ours = {tuple(r["key"]): r for r in labelled.results["ours"]["records"]}
+    host = labelled.host["records"]
+    stuck = [r for r in host if r["label"] == "stuck"]
+    progressing = [r for r in host if r["label"] != "stuck"]
+    both = sum(r["detected8"] and ours[tuple(r["key"])]["detected8"] for r in stuck)
+    print(
+        "Who&When: Magentic-One's own replans (its ledger's stall counter, as logged) and ours\n"
+        f"  labelled stalls caught within {WINDOW_STEPS} steps of onset: magentic-one "
+        f"{sum(r['detected8'] for r in stuck)} of {len(stuck)}, ours "
+        f"{sum(ours[tuple(r['key'])]['detected8'] for r in stuck)} of {len(stuck)} "
+        f"(both: {both})\n"
+        f"  labelled progressing runs with an alarm: magentic-one "
+        f"{sum(r['false_alarm'] for r in progressing)} of {len(progressing)}, ours "
+        f"{sum(ours[tuple(r['key'])]['false_alarm'] for r in progressing)} of {len(progressing)}"
+    )
+    runs = [
+        (alarm, replanned) for ds, alarm, replanned in labelled.unlabelled if ds == "who-and-when"
+    ]
+    if runs:
+        mine = [bool(alarm.detected()) for alarm, _ in runs]
+        theirs = [replanned for _, replanned in runs]
+        agree = sum(a and b for a, b in zip(mine, theirs, strict=True))
+        print(
+            f"  unlabelled runs: {len(runs)}; magentic-one replans in {sum(theirs)}, ours reaches "
+            f"REPLAN in {sum(mine)}, both in {agree}"
+        )
+    print()
 
 
 def _kind_name(kind: StagnationKind | None) -> str:
@@ -849,6 +981,11 @@ def sweep_configs() -> dict[str, StagnationConfig]:
         "recovery 0 (reset)": base.model_copy(update={"recovery": 0}),
         "recovery 2, share 0": base.model_copy(update={"recovery": 2, "recovery_share": 0.0}),
         "min_steps 10": base.model_copy(update={"min_steps": 10}),
+        "plan 2/4/6/9": base.model_copy(update={"plan": _ladder(2, 4, 6, 9)}),
+        "plan 1/3/5/8": base.model_copy(update={"plan": _ladder(1, 3, 5, 8)}),
+        "plan_similarity 0.8": base.model_copy(update={"plan_similarity": 0.8}),
+        "plan_similarity 0.95": base.model_copy(update={"plan_similarity": 0.95}),
+        "model side off": base.model_copy(update={"plan": _ladder(*[10**6] * 4)}),
     }
 
 
@@ -914,15 +1051,17 @@ def main(argv: list[str] | None = None) -> int:
         labelled = evaluate_labelled(scorer, folder, config, unlabelled=not args.labelled_only)
         print_labelled(labelled)
         print_misses(labelled)
+        print_host_replans(labelled)
         print_stalls(labelled)
     results = Results()
     if not args.labelled_only:
         timings: list[float] = []
-        results = evaluate(folder, detector_factories(config, timings))
+        turn_timings: list[float] = []
+        results = evaluate(folder, detector_factories(config, timings, turn_timings))
         print_table(results)
         print_by_exit(results)
         print_loop(results)
-        print_extras(results, timings, time.perf_counter() - started)
+        print_extras(results, timings, turn_timings, time.perf_counter() - started)
     if args.sweep:
         print()
         run_sweep(folder, scorer)

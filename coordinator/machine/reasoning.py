@@ -26,6 +26,7 @@ from shared.protocol import (
     ReasonRequest,
     ToolObservedMessage,
 )
+from shared.stagnation import ModelTurn
 
 __all__ = ["Reasoning"]
 
@@ -116,6 +117,8 @@ class Reasoning(Section):
                 denied_count=message.denied_count,
             )
         )
+        if self.observe_turn(message):
+            return
         if message.terminal_output is not None:
             self.journal_empty_act()
             self.answered(message.terminal_output)
@@ -128,6 +131,22 @@ class Reasoning(Section):
         else:
             self.journal_empty_act()
             self.next_iteration()
+
+    def observe_turn(self, message: ReasonedMessage) -> bool:
+        """Show the model's turn (its message and proposed calls) to the stagnation detector;
+        True when the verdict ended or suspended the step.
+
+        The turn opens the detector's iteration. When calls are to run, their results continue
+        it and that verdict is applied (a text injected now would split the assistant's tool
+        calls from their results); otherwise this one is applied now.
+        """
+        turn = ModelTurn.from_conversation(message.new_messages)
+        if turn is None:
+            return False
+        verdict = self.m.detector.observe_turn(turn)
+        if message.approved_calls and message.terminal_output is None:
+            return False
+        return self.m.observing.apply_verdict(verdict)
 
     def chained(
         self, calls: Sequence[ToolCallAction], chained: Sequence[str], asked: Awaiting

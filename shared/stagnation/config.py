@@ -65,6 +65,10 @@ def _error_default() -> Ladder:
     return Ladder(nudge=3, replan=4, ask_human=7, abort=10)
 
 
+def _plan_default() -> Ladder:
+    return Ladder(nudge=2, replan=3, ask_human=5, abort=8)
+
+
 class StagnationConfig(BaseModel):
     """Every threshold of the detector; the defaults are the production values.
 
@@ -81,7 +85,13 @@ class StagnationConfig(BaseModel):
     - ``cycle``: full repetitions of a cycle of 2..``max_period`` (call, result) pairs;
     - ``error``: occurrences of the same error text from the same tool, whatever the arguments,
       in the stale run, and, for a read, a command or a write (the world's errors, not an
-      *other* tool's), in the last ``history`` events whatever came between.
+      *other* tool's), in the last ``history`` events whatever came between;
+    - ``plan``: the model's stale turns (:meth:`StagnationDetector.observe_turn`), a leaky
+      count: a turn that re-issues one of the last ``plan_memory`` plans (similarity at least
+      ``plan_similarity`` on the masked text, plans of ``plan_min_chars`` or more) with nothing
+      new since, or that says the model is stuck, adds one; any other turn of at least
+      ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
+      side's); a milestone resets it.
 
     ``history`` bounds the window in which repeats, cycles and errors are counted;
     ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen
@@ -103,6 +113,10 @@ class StagnationConfig(BaseModel):
     repeat: Ladder = Field(default_factory=_repeat_default)
     cycle: Ladder = Field(default_factory=_cycle_default)
     error: Ladder = Field(default_factory=_error_default)
+    plan: Ladder = Field(default_factory=_plan_default)
+    plan_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
+    plan_memory: int = Field(default=16, ge=1, le=256)
+    plan_min_chars: int = Field(default=40, ge=1)
     max_period: int = Field(default=5, ge=2, le=10)
     history: int = Field(default=30, ge=4, le=1000)
     max_seen_hashes: int = Field(default=2048, ge=16, le=1_000_000)

@@ -14,11 +14,17 @@ of masked outputs and host-supplied content hashes only, whether the event is
   a stale result follows pending writes, they changed bytes but not the outcome: they join the
   stale run.
 
-Stale events extend the current episode. The level follows the highest rung reached by four
-signals (see :class:`~shared.stagnation.config.StagnationConfig`), one rung per iteration (one
-``observe`` or one ``observe_batch``) at most, is never lowered within an episode, and never
-above NONE while ``steps_since_milestone <= min_steps``: the composite trigger is
-*steps > N and no milestone since the window start and no new result in the window*.
+For each :class:`~shared.stagnation.plans.ModelTurn` (an assistant message) it decides whether
+the model re-issued a plan with nothing new since, or said it is stuck: a *stale turn*, counted
+on a leaky count of its own that new tool results do not drain (:meth:`observe_turn`).
+
+Stale events and stale turns extend the current episode. The level follows the highest rung
+reached by the signals (see :class:`~shared.stagnation.config.StagnationConfig`), one rung per
+iteration (a turn with the results of its calls, one ``observe`` or one ``observe_batch``) at
+most, is never lowered within an episode, and never above NONE while no more than
+``min_steps`` tool events and turns have passed since the last milestone: the composite
+trigger is *steps > N and no milestone since the window start and no new result in the window*
+(or stale turns on the model's side).
 A verified milestone (:meth:`StagnationDetector.milestone`) resets the step counter and the
 episode. A stale result first seen before the episode began, or before the last
 :meth:`StagnationDetector.compacted`, is an *amnesia* step: the agent re-learns what it knew.
@@ -36,6 +42,7 @@ from shared.stagnation.events import ToolEvent, ToolKind
 from shared.stagnation.fingerprint import EventFingerprint, digest, fingerprint
 from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
+from shared.stagnation.plans import ModelTurn, PlanMemory, plan_of
 from shared.stagnation.shell import as_shell_event
 from shared.stagnation.state import (
     MAX_DETAIL_CHARS,
@@ -145,14 +152,55 @@ class StagnationDetector:
         self._window = StaleWindow(cfg.history, cfg.max_period)
         self._episode = _Episode()
         self._pending_writes = 0
+        # the model's side: recent plans, the leaky count of stale turns and what named it
+        self._plans = PlanMemory(cfg.plan_memory)
+        self._plan_stale = 0
+        self._plan_kind: StagnationKind | None = None
+        self._turns_since_milestone = 0
+        self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
 
     # -- public API --------------------------------------------------------------------------
 
     def observe(self, event: ToolEvent) -> StagnationVerdict:
-        """Account for one tool event, an iteration of its own, and say how stagnant the run is."""
+        """Account for one tool event, an iteration of its own (or of the turn observed just
+        before it), and say how stagnant the run is."""
+        carried = self._start_iteration()
+        verdict = self._observe(event, batch=None)
+        return verdict.model_copy(update={"escalated": True}) if carried else verdict
+
+    def observe_turn(self, turn: ModelTurn) -> StagnationVerdict:
+        """Account for one assistant message; it opens an iteration, which the results of the
+        calls it proposed (the next :meth:`observe` or :meth:`observe_batch`) continue.
+
+        A turn is **stale** when it re-issues one of the last ``plan_memory`` plans,
+        near-identical (masked, the same calls, the text at least ``plan_similarity`` alike),
+        with nothing new come back since (no new result that is not a near-duplicate, no
+        write), or when the model says it is stuck (:attr:`ModelTurn.stuck`); it adds one to
+        the leaky count of stale turns, which feeds the ``plan`` ladder. Any other turn of at
+        least ``plan_min_chars`` takes one off. New tool results do not: an orchestrator that
+        sends the same instruction again while every page it gets back differs by OCR noise is
+        not learning from those pages.
+        """
         self._climbed = False
-        return self._observe(event, batch=None)
+        self._turn_open = True
+        self._turns_since_milestone += 1
+        cfg = self.config
+        plan = plan_of(turn)
+        # a turn of calls alone, or a word ("TERMINATE"), is too short to say anything as a
+        # plan: the output side judges its calls, and it neither adds nor takes off
+        comparable = len(plan[0]) >= cfg.plan_min_chars
+        reissued = comparable and self._plans.reissue(plan, cfg.plan_similarity)
+        if not reissued and turn.stuck is not True:
+            if comparable:
+                self._plan_stale = max(0, self._plan_stale - 1)
+            return self._verdict(escalated=False)
+        self._plan_stale += 1
+        self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
+        signal = self._plan_signal()
+        if signal is None:
+            return self._verdict(escalated=False)
+        return self._escalate(signal, set(signal.reasons))
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -162,28 +210,45 @@ class StagnationDetector:
         a human is asked. Returns the verdict of the highest level met in the batch
         (``escalated`` if any event escalated), or the current verdict for an empty batch.
         """
-        self._climbed = False
+        carried = self._start_iteration()
         batch: dict[str, str] = {}
         worst: StagnationVerdict | None = None
-        escalated = False
+        escalated = carried
         for event in events:
             verdict = self._observe(event, batch=batch)
             escalated = escalated or verdict.escalated
             if worst is None or verdict.level >= worst.level:
                 worst = verdict
         if worst is None:
-            return self.verdict()
+            return self._verdict(escalated=escalated)
         return worst.model_copy(update={"escalated": escalated})
+
+    def _start_iteration(self) -> bool:
+        """Tool results open an iteration of their own unless a turn opened it; True when that
+        turn raised the level (the results' verdict then says ``escalated``, so a host that
+        holds the text of a turn with calls until their results are in injects it once)."""
+        carried = self._turn_open and self._climbed
+        if not self._turn_open:
+            self._climbed = False
+        self._turn_open = False
+        return carried
 
     def milestone(self, name: str) -> None:
         """A verified milestone was reached: the step counter and the episode start again."""
         self._milestones.append(name)
         self._milestones_total += 1
         self._since_milestone = 0
+        self._turns_since_milestone = 0
         self._new_changes = 0
         self._pending_writes = 0
         self._window.clear()
+        self._forget_plans()
         self._episode = _Episode(started_at=self._total_steps)
+
+    def _forget_plans(self) -> None:
+        self._plans.clear()
+        self._plan_stale = 0
+        self._plan_kind = None
 
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
@@ -194,6 +259,7 @@ class StagnationDetector:
         """
         self._window.clear()
         self._pending_writes = 0
+        self._forget_plans()
         self._episode = _Episode(started_at=self._total_steps)
 
     def counters(self) -> dict[str, int | str]:
@@ -204,6 +270,7 @@ class StagnationDetector:
             "new_state_changes": self._new_changes,
             "stale_steps": self._episode.stale_steps,
             "pending_writes": self._pending_writes,
+            "stale_turns": self._plan_stale,
             "total_steps": self._total_steps,
             "milestones": self._milestones_total,
             "compactions": self._epoch,
@@ -283,12 +350,16 @@ class StagnationDetector:
         """
         self._new_changes += 1 + self._pending_writes
         self._pending_writes = 0
+        self._plans.result(fp.gist, self.config.plan_similarity)
         episode = self._episode
         cfg = self.config
         recovery = max(cfg.recovery, int(episode.stale_steps * cfg.recovery_share))
         if cfg.recovery and episode.stale_steps > recovery:
             episode.stale_steps -= recovery
             episode.amnesia_steps = min(episode.amnesia_steps, episode.stale_steps)
+            return self._verdict(escalated=False)
+        if self._plan_stale:  # the model's side still stalls: the episode goes on
+            episode.stale_steps = episode.amnesia_steps = 0
             return self._verdict(escalated=False)
         self._window.restart(fp.pair, fp.error)
         self._episode = _Episode(started_at=self._total_steps)
@@ -321,6 +392,7 @@ class StagnationDetector:
         changed = fp.after is not None and self._write_changed(fp)
         if duplicate is None and changed and not reverted and not reapplied:
             self._pending_writes += 1
+            self._plans.changed()
             return self._verdict(escalated=False)
         return self._stale(event, fp, first_seen, duplicate)
 
@@ -417,6 +489,7 @@ class StagnationDetector:
             self._repeat_signal(event, fp, pair),
             self._error_signal(event, fp),
             self._retry_signal(event, fp),
+            self._plan_signal(),
         )
         return [self._stale_signal(), *(sig for sig in candidates if sig is not None)]
 
@@ -541,6 +614,29 @@ class StagnationDetector:
             ),
         )
 
+    def _plan_signal(self) -> _Signal | None:
+        """The model's stale turns: plans re-issued with nothing new since, self-reports."""
+        count = self._plan_stale
+        level = self.config.plan.rung(count)
+        if level is StagnationLevel.NONE or self._plan_kind is None:
+            return None
+        if self._plan_kind is StagnationKind.REPEAT:
+            return _Signal(
+                level,
+                StagnationKind.REPEAT,
+                (ReasonCode.REISSUED_PLAN,),
+                lambda: (
+                    f"{count} of your recent messages repeated an earlier plan or request "
+                    "almost word for word, with nothing new come back in between"
+                ),
+            )
+        return _Signal(
+            level,
+            StagnationKind.NO_GRADIENT,
+            (ReasonCode.SELF_REPORTED_STALL,),
+            lambda: f"{count} of your recent messages said you are stuck or not progressing",
+        )
+
     def _cycle_signal(self) -> _Signal | None:
         found = self._window.cycle()
         if found is None:
@@ -556,6 +652,12 @@ class StagnationDetector:
             lambda: f"the same {period} calls with the same results came round {repetitions} times",
         )
 
+    def _gate_open(self) -> bool:
+        """More than ``min_steps`` tool events, or model turns, since the last milestone (a
+        conversation that stalls may call no tool at all)."""
+        gate = self.config.min_steps
+        return self._since_milestone > gate or self._turns_since_milestone > gate
+
     def _escalate(self, signal: _Signal, reasons: set[ReasonCode]) -> StagnationVerdict:
         """Raise the episode's level toward the signal's, behind the step gate.
 
@@ -566,7 +668,7 @@ class StagnationDetector:
         episode does not flip between kinds while it holds a rung.
         """
         ep = self._episode
-        if not self.config.enabled or self._since_milestone <= self.config.min_steps:
+        if not self.config.enabled or not self._gate_open():
             return self._verdict(escalated=False)
         if signal.level is StagnationLevel.NONE:
             return self._verdict(escalated=False)
@@ -615,6 +717,7 @@ class StagnationDetector:
         """A JSON-serialisable snapshot; :meth:`from_state` restores it exactly."""
         window, recent, runs = self._window.dump()
         failures, errors = self._window.dump_failures(), self._window.dump_errors()
+        plans, gists, mark = self._plans.dump()
         state = DetectorState(
             config=self.config,
             total_steps=self._total_steps,
@@ -632,6 +735,14 @@ class StagnationDetector:
             pending_writes=self._pending_writes,
             recent_failures=failures,
             recent_errors=errors,
+            plans=plans,
+            result_gists=gists,
+            plan_mark=mark,
+            plan_stale=self._plan_stale,
+            plan_kind=self._plan_kind,
+            turns_since_milestone=self._turns_since_milestone,
+            turn_open=self._turn_open,
+            climbed=self._climbed,
         )
         return state.model_dump(mode="json")
 
@@ -667,4 +778,12 @@ class StagnationDetector:
         )
         detector._episode = _Episode.load(saved.episode)
         detector._pending_writes = saved.pending_writes
+        detector._plans = PlanMemory(
+            cfg.plan_memory, saved.plans, saved.result_gists, saved.plan_mark
+        )
+        detector._plan_stale = saved.plan_stale
+        detector._plan_kind = saved.plan_kind
+        detector._turns_since_milestone = saved.turns_since_milestone
+        detector._turn_open = saved.turn_open
+        detector._climbed = saved.climbed
         return detector

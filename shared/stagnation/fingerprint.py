@@ -34,6 +34,7 @@ from shared.stagnation.events import ToolEvent, ToolKind
 from shared.volatile import normalize_volatile
 
 __all__ = [
+    "GIST_CHARS",
     "EventFingerprint",
     "canonical_json",
     "comparable",
@@ -42,6 +43,9 @@ __all__ = [
     "mask",
     "without_echo",
 ]
+
+GIST_CHARS = 600
+"""How much of a masked output tells a near-duplicate result from new information."""
 
 _TRAILING_BLANKS = re.compile(r"[ \t]+$", re.MULTILINE)
 _ERROR_LINE_CHARS = 200
@@ -188,7 +192,9 @@ class EventFingerprint:
       re-applying the same edit is recognised even when each application changes the file (an
       insertion duplicated) or shifts its lines;
     - ``is_ack``: an empty acknowledgement of a tool that is neither a read nor a command;
-    - ``info_free``: a successful read or search that showed nothing.
+    - ``info_free``: a successful read or search that showed nothing;
+    - ``gist``: the first :data:`GIST_CHARS` characters of the masked output, lower-cased, to
+      tell a near-duplicate result (the same page with OCR noise) from new information.
     """
 
     call: str
@@ -202,6 +208,7 @@ class EventFingerprint:
     write_call: str | None
     is_ack: bool
     info_free: bool
+    gist: str = ""
 
 
 def _write_after(event: ToolEvent, masked_output: str) -> str:
@@ -300,4 +307,5 @@ def fingerprint(event: ToolEvent, acknowledgements: Collection[str]) -> EventFin
         write_call=_write_call(event) if is_write else None,
         is_ack=_is_ack(event, body, acknowledgements),
         info_free=event.kind is ToolKind.READ and not event.failed and _is_empty(masked),
+        gist=" ".join(masked[: GIST_CHARS * 2].lower().split())[:GIST_CHARS],
     )

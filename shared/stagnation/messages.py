@@ -25,10 +25,11 @@ class MessageContext:
 
 
 def _counters(ctx: MessageContext) -> str:
+    # a stall on the model's side alone has no stale tool steps to quote
+    recent = f", none in the last {ctx.stale_steps} steps" if ctx.stale_steps else ""
     return (
         f"{ctx.steps_since_milestone} steps since the last milestone, "
-        f"{ctx.new_state_changes} new state changes since then, "
-        f"none in the last {ctx.stale_steps} steps"
+        f"{ctx.new_state_changes} new state changes since then{recent}"
     )
 
 

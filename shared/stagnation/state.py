@@ -64,6 +64,17 @@ class DetectorState(BaseModel):
     # and the error the world gave; the name is the first release's, which kept failures only
     recent_failures: list[str | None] = Field(default_factory=list)
     recent_errors: list[str | None] = Field(default_factory=list)
+    # the model's side (observe_turn): the last plans with the count of new results when each
+    # was issued, the leaky count of stale turns, and whether the iteration a turn opened is
+    # still open (its calls' results belong to it) and has already climbed a rung
+    plans: list[tuple[str, str, int]] = Field(default_factory=list)
+    result_gists: list[str] = Field(default_factory=list)
+    plan_mark: int = Field(default=0, ge=0)
+    plan_stale: int = Field(default=0, ge=0)
+    plan_kind: StagnationKind | None = None
+    turns_since_milestone: int = Field(default=0, ge=0)
+    turn_open: bool = False
+    climbed: bool = False
 
     @model_validator(mode="before")
     @classmethod

@@ -80,6 +80,8 @@ class ReasonCode(StrEnum):
     BATCH_DUPLICATE = "batch_duplicate"
     AMNESIA_REREAD = "amnesia_reread"
     RETRIED_FAILURE = "retried_failure"
+    REISSUED_PLAN = "reissued_plan"
+    SELF_REPORTED_STALL = "self_reported_stall"
 
 
 class StagnationVerdict(BaseModel):

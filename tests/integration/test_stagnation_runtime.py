@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shared.events import JournalEntry, StagnationDetected
-from shared.stagnation import StagnationLevel
+from shared.stagnation import ReasonCode, StagnationLevel
 from tests.integration.harness import REPO, Cluster, assert_journal_is_clean, status_of, wait_until
 
 pytestmark = pytest.mark.integration
@@ -87,3 +87,49 @@ def test_the_wanderer_is_escalated_rung_by_rung(cluster: Cluster) -> None:
     entries = _escalated_to_review(cluster, task_id)
     levels = _stagnation_levels(entries)
     assert levels == [StagnationLevel.NUDGE, StagnationLevel.REPLAN, StagnationLevel.ASK_HUMAN]
+
+
+# A web form that comes back with a different word of OCR noise every time: new text to an
+# output-side comparison, no news to the model (Who&When's FedEx form, clicked three times).
+NOISY_FORM = """\
+import random
+import string
+print("Calculate Shipping Rates | FedEx Brazil")
+print("From: Rio de Janeiro, Brazil    To: New York, NY, USA")
+print("Package: envelope    Service: International Economy (about one week)")
+print("Please review the shipment details, then press CONTINUE to see the rates.")
+print("OCR:", "".join(random.choices(string.ascii_lowercase, k=8)))
+print("[ CONTINUE ]")
+"""
+
+OPEN_FORM = {"name": "run_command", "arguments": {"command": "python3 form.py"}}
+# The orchestrator's instruction, re-issued near word for word every time.
+INSTRUCTIONS = (
+    "Please press CONTINUE on the FedEx rate form to get the price of the envelope to New York.",
+    "Please press CONTINUE on the FedEx rate form to get the price for the envelope to New York.",
+    "Please press CONTINUE on the FedEx rate form and get the price of the envelope to New York.",
+)
+
+
+def test_reissued_plans_with_no_news_climb_the_ladder(cluster: Cluster) -> None:
+    """A model re-issuing a near-identical plan while the page it gets back differs only by
+    noise is nudged, asked to re-plan, then handed to a human, from its own messages: every
+    result is new text, so no output-side signal fires."""
+    write = {"name": "file_write", "arguments": {"path": "form.py", "content": NOISY_FORM}}
+    replies: list[Any] = [{"text": "I will write the form page.", "tool_calls": [write]}]
+    replies += [
+        {"text": INSTRUCTIONS[i % len(INSTRUCTIONS)], "tool_calls": [OPEN_FORM]} for i in range(20)
+    ]
+    task_id = cluster.client().submit(_task([*replies, "done"]))
+    entries = _escalated_to_review(cluster, task_id)
+    detected = [e for e in entries if isinstance(e.event, StagnationDetected)]
+    assert [e.event.level for e in detected] == [
+        StagnationLevel.NUDGE,
+        StagnationLevel.REPLAN,
+        StagnationLevel.ASK_HUMAN,
+    ]
+    assert [e.event.reason_codes for e in detected] == [[ReasonCode.REISSUED_PLAN]] * 3
+    assert len({e.iteration for e in detected}) == 3, "two rungs in one iteration"
+    calls = [e for e in entries if e.event.type == "ToolsDispatched"]
+    assert len(calls) <= 10, f"escalated only after {len(calls)} iterations"
+    assert_journal_is_clean(entries)

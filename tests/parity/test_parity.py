@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from shared.events import JournalEntry, StagnationDetected
-from shared.stagnation import StagnationLevel
+from shared.stagnation import ReasonCode, StagnationLevel
 from tests.fakes.opa_server import FakeOpaServer
 from tests.parity.drivers import Decision, LoopDriver, Outcome, comparable
 
@@ -177,6 +177,13 @@ def _escalated(outcome: Outcome) -> None:
     ]  # fmt: skip
     assert outcome.record.review is not None
     assert outcome.record.review.source == "detector"
+
+
+def _escalated_by_reissued_plans(outcome: Outcome) -> None:
+    _escalated(outcome)
+    reasons = [e.reason_codes for e in outcome.events_of("StagnationDetected")
+               if isinstance(e, StagnationDetected)]  # fmt: skip
+    assert reasons == [[ReasonCode.REISSUED_PLAN]] * 3
 
 
 def _retried_with_hint(outcome: Outcome) -> None:
@@ -384,6 +391,29 @@ STUCK = [_calls(CHECK_FAILS), *(_calls(RUN_CHECK) for _ in range(7))]
 """A model that runs the same failing check again and again: nudged at its 4th run, asked to
 re-plan at its 5th, escalated at its 7th (the last reply here)."""
 
+NOISY_FORM = (
+    "import pathlib\n"
+    "seen = pathlib.Path('renders.txt')\n"
+    "n = len(seen.read_text()) if seen.exists() else 0\n"
+    "seen.write_text('x' * (n + 1))\n"
+    "print('Calculate Shipping Rates: Rio de Janeiro to New York, envelope, one week')\n"
+    "print('Review the shipment details, then press CONTINUE to see the rates.')\n"
+    "print('OCR:', 'abcdefghijklmnopqrstuvwxyz'[n % 26] * 8)\n"
+)
+REISSUING = [
+    _calls(("file_write", {"path": "form.py", "content": NOISY_FORM})),
+    *(
+        {
+            "text": "Please press CONTINUE on the rate form to get the price of the envelope.",
+            "tool_calls": [{"name": "run_command", "arguments": {"command": "python3 form.py"}}],
+        }
+        for _ in range(9)
+    ),
+]
+"""A model that re-issues the same plan while the page it runs differs by noise only (one OCR
+word, the same on both drivers): every result is new text, so only the model's side climbs
+(NUDGE, REPLAN, ASK_HUMAN)."""
+
 SCENARIOS = [
     Scenario("plain-answer", lambda _g: _task(["forty-two"]), _answered),
     Scenario("bugfix", _bugfix_task, _fixed_the_bug),
@@ -475,6 +505,11 @@ SCENARIOS = [
     ),
     Scenario("compaction-under-a-small-budget", _compaction_task, _compacted),
     Scenario("stagnation-escalates", lambda _g: _task(STUCK), _escalated),
+    Scenario(
+        "stagnation-from-reissued-plans",
+        lambda _g: _task(REISSUING),
+        _escalated_by_reissued_plans,
+    ),
     Scenario(
         "stagnation-retried-with-hint",
         lambda _g: _task([*STUCK, "the configuration is fixed"]),

@@ -553,6 +553,7 @@ def test_counters_report_the_level_and_counts() -> None:
         "new_state_changes": 6,
         "stale_steps": 3,
         "pending_writes": 0,
+        "stale_turns": 0,
         "total_steps": 9,
         "milestones": 1,
         "compactions": 1,

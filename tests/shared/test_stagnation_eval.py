@@ -213,3 +213,57 @@ def test_eval_lists_the_stalls_ours_misses(tmp_path: Path) -> None:
     assert "first REPLAN never" in listed
     assert listed.endswith("tool results in window 3")
     assert "RESULT stagnation_recall8 0.500" in out
+
+
+def _who_and_when_run() -> dict[str, Any]:
+    """A Magentic-One run whose orchestrator says it is looping while every page is new text."""
+    steps: list[dict[str, Any]] = [
+        {**_step(0, "Find the FedEx price of an envelope to New York.", ""), "actor": "human"}
+    ]
+    for k in range(8):
+        ledger = {
+            "is_request_satisfied": {"reason": "no price yet", "answer": False},
+            "is_in_loop": {"reason": "the same form again", "answer": k >= 2},
+            "is_progress_being_made": {"reason": "-", "answer": k < 2},
+            "next_speaker": {"reason": "-", "answer": "WebSurfer"},
+            "instruction_or_question": {"reason": "-", "answer": f"Open result {k} of the search."},
+        }
+        steps += [
+            {
+                **_step(0, "Updated Ledger:\n" + json.dumps(ledger), ""),
+                "actor": "Orchestrator (thought)",
+            },
+            {
+                **_step(0, f"Open result {k} of the search.", ""),
+                "actor": "Orchestrator (-> WebSurfer)",
+            },
+            {
+                **_step(0, f"I clicked result {'abcdefgh'[k]}: page {'qrstuvwx'[k]}", ""),
+                "actor": "WebSurfer",
+            },
+        ]
+    steps = [{**step, "i": i, "observation": None} for i, step in enumerate(steps)]
+    return {**_trajectory("who-and-when", "gpt-4o", "1", False, steps), "run": "Hand-Crafted"}
+
+
+@pytest.mark.skipif(not SCORER.exists(), reason="the labelled set's scorer is not in ../shared")
+def test_eval_feeds_the_models_messages(tmp_path: Path) -> None:
+    """Who&When: the orchestrator's ledger reaches the detector as a turn; its self-reports
+    raise the ladder although every tool result is new."""
+    _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())
+    _write(tmp_path, "mini-swe-agent-gemini3pro-verified", _mini_swe_runs())
+    _write(tmp_path, "who-and-when", [_who_and_when_run()])
+    stuck = {
+        "dataset": "who-and-when",
+        "run": "Hand-Crafted",
+        "instance_id": "1",
+        "label": "stuck",
+        "onset_step": 10,
+        "end_step": 24,
+        "kind": "no-gradient",
+    }
+    result = _run(tmp_path, "--labelled-only", labels=_labels(tmp_path, [stuck]))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "ours: labelled stalls missed within 8 steps of onset: 0" in out
+    assert "said you are stuck or not progressing" in out

@@ -7,7 +7,13 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.stagnation import StagnationConfig, StagnationDetector, StagnationLevel, ToolEvent
+from shared.stagnation import (
+    ModelTurn,
+    StagnationConfig,
+    StagnationDetector,
+    StagnationLevel,
+    ToolEvent,
+)
 from tests.shared.test_stagnation_trajectories import ack, command, read, write
 
 _NEW_CONTENTS = st.lists(
@@ -52,23 +58,38 @@ _EVENTS = st.sampled_from(
         write("a.py", None, "A"),
     ]
 )
-_ITEMS = st.lists(st.one_of(_EVENTS, st.sampled_from(["compacted", "milestone"])), max_size=120)
+_TURNS = st.sampled_from(
+    [
+        ModelTurn(text="Please press CONTINUE on the rate form to get the price of the envelope."),
+        ModelTurn(text="Please press CONTINUE on the rate form to get the price for the envelope."),
+        ModelTurn(text="Let me read b.py next, to see how the parser is called."),
+        ModelTurn(text="I am stuck: nothing I try changes the error."),
+        ModelTurn(text="Run the tests once more.", calls=("run_command({})",)),
+    ]
+)
+_ITEMS = st.lists(
+    st.one_of(_EVENTS, _TURNS, st.sampled_from(["compacted", "milestone"])), max_size=120
+)
 
 
-def _apply(detector: StagnationDetector, item: ToolEvent | str) -> object:
+def _apply(detector: StagnationDetector, item: ToolEvent | ModelTurn | str) -> object:
     if item == "compacted":
         detector.compacted()
         return "compacted"
     if item == "milestone":
         detector.milestone("m")
         return "milestone"
+    if isinstance(item, ModelTurn):
+        return detector.observe_turn(item)
     assert isinstance(item, ToolEvent)
     return detector.observe(item)
 
 
 @settings(max_examples=100, deadline=None)
 @given(_ITEMS, st.integers(min_value=0, max_value=120))
-def test_restore_at_any_point_changes_nothing(items: list[ToolEvent | str], cut: int) -> None:
+def test_restore_at_any_point_changes_nothing(
+    items: list[ToolEvent | ModelTurn | str], cut: int
+) -> None:
     """Saving through JSON and restoring at any step gives the same verdicts afterwards."""
     config = StagnationConfig(min_steps=2)
     straight = StagnationDetector(config)
@@ -81,7 +102,7 @@ def test_restore_at_any_point_changes_nothing(items: list[ToolEvent | str], cut:
 
 @settings(max_examples=100, deadline=None)
 @given(_ITEMS)
-def test_level_never_drops_without_progress(items: list[ToolEvent | str]) -> None:
+def test_level_never_drops_without_progress(items: list[ToolEvent | ModelTurn | str]) -> None:
     """The level only falls on a new state change, a milestone, or never."""
     detector = StagnationDetector(StagnationConfig(min_steps=0))
     previous = StagnationLevel.NONE
