@@ -106,6 +106,21 @@ class InProcessDriver:
     clock: Callable[[], float] = time.time
     agents: Mapping[str, AgentProfile] = field(default_factory=dict)
     """The agents a task may name (``agent: NAME``), as the registry in Redis holds them."""
+    _running: dict[str, _Run] = field(default_factory=dict, init=False, repr=False)
+
+    def cancel(self, task_id: str, reason: str = "cancelled by operator") -> bool:
+        """Abort a task running in this driver (``orga cancel``): its children are cancelled
+        with it and every milestone is kept. False when no such task runs here."""
+        running = self._running.get(task_id)
+        if running is None:
+            return False
+        running.inbox.put_nowait(_Cancel(reason))
+        return True
+
+    def live(self, task_id: str) -> InProcessRun | None:
+        """What a task running in this driver (a sub-agent's too) has done so far."""
+        running = self._running.get(task_id)
+        return running.out if running is not None else None
 
     async def run(
         self, task: TaskSpec | dict[str, Any] | str, task_id: str | None = None
@@ -162,6 +177,7 @@ class _Run:
     child_error: BaseException | None = None
 
     async def execute(self) -> InProcessRun:
+        self.driver._running[self.out.record.task_id] = self
         try:
             await self._apply(lambda machine: machine.start())
             for _ in range(MAX_INPUTS):
@@ -187,6 +203,7 @@ class _Run:
                 f"task {self.out.record.task_id}: more than {MAX_INPUTS} inputs; giving up"
             )
         finally:
+            self.driver._running.pop(self.out.record.task_id, None)
             for running in (*self.in_flight, *self.child_tasks):
                 running.cancel()
             await asyncio.gather(*self.in_flight, *self.child_tasks, return_exceptions=True)
