@@ -155,7 +155,10 @@ class ParentLink(_Strict):
     depth: int = Field(default=1, ge=1)
     """The child's depth: 1 for a task's own children, 2 for their children..."""
     workspace: str = ""
-    """The parent's workspace, which the child's is made from."""
+    """The parent's workspace: a ``subfolder`` child works under it."""
+    copy_from: str | None = None
+    """What a ``copy`` child's workspace starts from: the parent's workspace once a tool has
+    used it, else the parent's own template (None: an empty folder)."""
     max_iterations: int | None = Field(default=None, ge=0)
     max_total_tokens: int | None = Field(default=None, ge=0)
     """The child's per-step limits are capped by these: what the parent's step had left

@@ -165,8 +165,8 @@ class MachineCore:
         spec = self.record.spec
         link = spec.delegation
         copied = spec.delegated_workspace == "copy" and spec.workspace is None
-        if spec.workspace_template is None and link is not None and link.workspace and copied:
-            return link.workspace
+        if spec.workspace_template is None and link is not None and copied:
+            return link.copy_from
         return spec.workspace_template
 
     def fence(self) -> Fence:

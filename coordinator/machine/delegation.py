@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from coordinator.machine.core import ChildSubmission, Section
 from coordinator.state import Awaiting, AwaitKind, ChildRef, TaskRecord, TaskStatus
 from shared.actions import Observation, ToolCallAction
+from shared.conversation import MessageRole
 from shared.delegation import (
     DELEGATE_TOOL,
     DelegateArguments,
@@ -124,6 +125,7 @@ class Delegation(Section):
             step_instruction=step.spec.instruction,
             depth=(record.spec.delegation.depth if record.spec.delegation else 0) + 1,
             workspace=m.workspace(),
+            copy_from=m.workspace() if self.workspace_used() else m.workspace_template(),
             max_iterations=min(budget.iterations or iterations, iterations)
             if budget
             else iterations,
@@ -151,6 +153,13 @@ class Delegation(Section):
             )
         )
         m.event("delegated", child_task_id=task_id, agent=arguments.agent, call_id=call.call_id)
+
+    def workspace_used(self) -> bool:
+        """Whether a tool has run in this task's workspace (which exists from then on)."""
+        return any(
+            m.role is MessageRole.TOOL and m.tool_name != DELEGATE_TOOL
+            for m in self.record.conversation.messages
+        )
 
     def refuse(self, awaiting: Awaiting, call: ToolCallAction, reason: str) -> None:
         error = Observation.tool_error(DELEGATE_TOOL, reason).with_call_id(call.call_id)

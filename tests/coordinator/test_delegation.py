@@ -232,13 +232,22 @@ def test_a_childs_escalation_shows_its_parents_goal_and_step() -> None:
 
 def test_a_subagent_works_in_a_subfolder_or_a_copy_of_its_parents_workspace() -> None:
     """The profile's ``delegated_workspace`` says where the child works."""
-    link = {"task_id": "p", "step_id": "s", "iteration": 1, "call_id": "c", "workspace": "/ws/p"}
+    link = {"task_id": "p", "step_id": "s", "iteration": 1, "call_id": "c", "workspace": "/ws/p",
+            "copy_from": "/ws/p"}  # fmt: skip
     sub = _started(delegation=link)
     assert sub.workspace == "/ws/p/subagents/p"
     copy = _record(task_id="p.1", delegation=link, delegated_workspace="copy")
     machine = TaskMachine(copy, 1.0, SETTINGS)
     assert machine.workspace() == "/ws/p.1"
     assert machine.workspace_template() == "/ws/p"
+
+
+def test_a_copy_starts_from_the_parents_template_until_a_tool_used_its_workspace() -> None:
+    """A parent that delegates first has no workspace yet: its children copy its template."""
+    record = _started(workspace_template="/templates/release")
+    effects = _turn(record, _delegate("c1"))
+    link = ParentLink.model_validate(json.loads(effects.children[0].task)["delegation"])
+    assert (link.workspace, link.copy_from) == ("/ws/p", "/templates/release")
 
 
 # -- the in-process driver: parents and children run for real ----------------------------------

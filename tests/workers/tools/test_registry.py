@@ -190,11 +190,17 @@ GOOD_AND_BAD_ARGUMENTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any
     "delegate": (
         [
             {"agent": "alpha", "goal": "say 1"},
-            {"agent": "alpha", "goal": "g", "steps": [{"id": "a", "instruction": "do"}],
-             "budget": {"iterations": 3, "tokens": 1000}},
+            {
+                "agent": "alpha",
+                "goal": "g",
+                "steps": [{"id": "a", "instruction": "do"}],
+                "budget": {"iterations": 3, "tokens": 1000},
+            },
         ],
         [
-            {"goal": "g"}, {"agent": "alpha", "goal": ""}, {"agent": "bad name", "goal": "g"},
+            {"goal": "g"},
+            {"agent": "alpha", "goal": ""},
+            {"agent": "bad name", "goal": "g"},
             {"agent": "a", "goal": "g", "budget": {"iterations": 0}},
             {"agent": "a", "goal": "g", "steps": [{"id": "a"}]},
         ],
