@@ -128,11 +128,16 @@ class InProcessDriver:
         """Run ``task`` until it ends, or waits for a review nobody here decides."""
         return await _Run(self, InProcessRun(self.record(task, task_id))).execute()
 
-    def record(self, task: TaskSpec | dict[str, Any] | str, task_id: str | None) -> TaskRecord:
+    def record(
+        self,
+        task: TaskSpec | dict[str, Any] | str,
+        task_id: str | None,
+        source: str = "in-process task",
+    ) -> TaskRecord:
         """A new task's record, its agent merged as the intake merges it (TaskSpecError)."""
         if isinstance(task, str):
-            data = decode_task_text(task, source="in-process task")
-            spec = resolve_agent(data, self.agents, source="in-process task")
+            data = decode_task_text(task, source=source)
+            spec = resolve_agent(data, self.agents, source=source)
         elif isinstance(task, TaskSpec) and task.agent is None:
             spec = task
         else:
@@ -266,7 +271,8 @@ class _Run:
     def _start_child(self, child: ChildSubmission) -> None:
         """A sub-agent's task, resolved as the intake would, run beside this one."""
         try:
-            record = self.driver.record(child.task, child.task_id)
+            source = f"sub-agent task {child.task_id}"  # as the intake names it
+            record = self.driver.record(child.task, child.task_id, source)
         except TaskSpecError as exc:
             link = parent_link(child.task)
             if link is not None:

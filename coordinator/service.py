@@ -322,10 +322,11 @@ class Coordinator:
         except TaskSpecError as exc:
             await self._reject(entry_id, task_id[:MAX_TASK_ID_CHARS], text, str(exc))
             return
+        # A sub-agent's task is named as such (its parent's model reads the refusal).
+        child = parent_link(text.get("task", "")) is not None
+        source = f"sub-agent task {task_id}" if child else f"intake entry {entry_id}"
         try:
-            spec = await resolve_task_text(
-                self.redis, text.get("task", ""), source=f"intake entry {entry_id}"
-            )
+            spec = await resolve_task_text(self.redis, text.get("task", ""), source=source)
         except TaskSpecError as exc:
             await self._tell_parent(task_id, text.get("task", ""), str(exc))
             await self._reject(entry_id, task_id, text, str(exc))

@@ -263,7 +263,7 @@ def rejected_child(task_id: str, link: ParentLink, error: str) -> ChildFinishedM
     """What the intake tells a parent whose child it refused (an unknown agent, a bad step)."""
     observation = Observation(
         source=DELEGATE_TOOL,
-        content=f"sub-agent task {task_id} was not created: {error}",
+        content=f"the sub-agent was not created: {error}",
         is_error=True,
         call_id=link.call_id,
         metadata={"kind": "other", "child_task_id": task_id, "child_status": "rejected"},

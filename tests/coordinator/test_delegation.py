@@ -318,7 +318,7 @@ def test_an_unknown_agent_is_an_error_result_not_a_hang(tmp_path: Path) -> None:
     run = asyncio.run(driver.run(_parent(_delegating("nobody"), "gave up"), "p"))
     assert run.status is TaskStatus.COMPLETED
     result = next(m for m in run.record.conversation.messages if m.role.value == "tool")
-    assert "sub-agent task p.1 was not created" in result.content
+    assert "the sub-agent was not created: sub-agent task p.1: agent:" in result.content
     assert "'nobody' is not a registered agent; known agents: 'alpha'" in result.content
     assert run.record.children[0].status == "rejected"
 

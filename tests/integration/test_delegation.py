@@ -136,7 +136,7 @@ def test_an_unknown_agent_comes_back_as_an_error_result(cluster: Cluster) -> Non
     wait_until(lambda: status_of(client, task_id) == "completed", 60, "parent completed")
     record = client.record(task_id)
     result = next(m for m in record.conversation.messages if m.role.value == "tool")
-    assert "was not created" in result.content
+    assert f"the sub-agent was not created: sub-agent task {task_id}.1: " in result.content
     assert "'nobody-here' is not a registered agent" in result.content
     assert record.children[0].status == "rejected"
 
