@@ -52,8 +52,8 @@ class TaskMachine(MachineCore):
     Each entry point checks the input against what the task awaits (its fence), then hands it
     to the section that decides: :class:`Planning`, :class:`Steps`, :class:`Reasoning` (Reason
     and Gate), :class:`Acting` (Act), :class:`Observing` (Observe, ``done_when``, the
-    stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews` and
-    :class:`Redelivery`.
+    stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews`,
+    :class:`Redelivery` and :class:`Delegation` (sub-agents).
     """
 
     def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
