@@ -67,7 +67,7 @@ from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, che
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
 from shared.celery_wire import check_versions
-from shared.delegation import parent_link
+from shared.delegation import ParentLink, parent_link
 from shared.errors import WireFormatError
 from shared.protocol import (
     AnyMessage,
@@ -322,13 +322,21 @@ class Coordinator:
         except TaskSpecError as exc:
             await self._reject(entry_id, task_id[:MAX_TASK_ID_CHARS], text, str(exc))
             return
+        link = parent_link(text.get("task", ""))
+        if link is not None and not await self._recorded_child(task_id, link):
+            error = (
+                f"task {task_id!r} names task {link.task_id!r} as its parent (delegation), "
+                "which did not create it: that field is set by the runtime; remove it"
+            )
+            await self._reject(entry_id, task_id, text, error)
+            return
         # A sub-agent's task is named as such (its parent's model reads the refusal).
-        child = parent_link(text.get("task", "")) is not None
-        source = f"sub-agent task {task_id}" if child else f"intake entry {entry_id}"
+        source = f"sub-agent task {task_id}" if link else f"intake entry {entry_id}"
         try:
             spec = await resolve_task_text(self.redis, text.get("task", ""), source=source)
         except TaskSpecError as exc:
-            await self._tell_parent(task_id, text.get("task", ""), str(exc))
+            if link is not None:
+                await self._tell_parent(task_id, link, str(exc))
             await self._reject(entry_id, task_id, text, str(exc))
             return
         now = time.time()
@@ -362,12 +370,18 @@ class Coordinator:
             return f"its parent task {link.task_id} ended before it started"
         return None
 
-    async def _tell_parent(self, task_id: str, task_text: str, error: str) -> None:
+    async def _recorded_child(self, task_id: str, link: ParentLink) -> bool:
+        """Whether the parent a submitted task names recorded it as the child of that call
+        (a parent records its child in the commit that submits it, so it is there first)."""
+        state = await self.redis.hget(keys.task_key(link.task_id), "state")
+        if state is None:
+            return False
+        parent = TaskRecord.model_validate_json(state)
+        return any(c.task_id == task_id and c.call_id == link.call_id for c in parent.children)
+
+    async def _tell_parent(self, task_id: str, link: ParentLink, error: str) -> None:
         """A sub-agent's task the intake refuses: the parent's ``delegate`` call gets the error
         as its result (sent before the refusal is acknowledged: at least once, applied once)."""
-        link = parent_link(task_text)
-        if link is None:
-            return
         message = rejected_child(task_id, link, error)
         await self.redis.xadd(
             keys.observations_stream, encode_entry(message),  # type: ignore[arg-type]

@@ -143,7 +143,8 @@ def delegate_tool_definition() -> ToolDefinition:
 class ParentLink(_Strict):
     """Set by the runtime on a child task: the parent's call it answers, and what a reviewer
     of the child sees of its parent. A submitted task cannot claim a parent it was not created
-    by: the parent only takes the result of the child id it recorded for that call."""
+    by: the intake refuses a task whose parent did not record it for that call, and the parent
+    only takes the result of the child id it recorded for that call."""
 
     task_id: str = Field(min_length=1)
     step_id: str = Field(min_length=1)

@@ -188,3 +188,19 @@ def test_child_submissions_and_results_are_on_the_streams_once(cluster: Cluster)
     assert len(submitted) == 1
     events = [f for _i, f in plain.xrange(keys.events_stream) if f.get("task_id") == task_id]
     assert [e["event"] for e in events].count("child_finished") == 1
+
+
+def test_a_submitted_task_cannot_claim_a_parent(cluster: Cluster) -> None:
+    """A task submitted with a forged ``delegation`` naming a live parent is rejected, and the
+    parent gets nothing from it."""
+    client = cluster.client()
+    parent = client.submit(_parent("nobody-at-all"), task_id="deleg-victim")
+    wait_until(lambda: status_of(client, parent) == "completed", 60, "parent completed")
+    forged = {
+        "goal": "pretend", "steps": [{"id": "x", "instruction": "x"}],
+        "delegation": {"task_id": parent, "step_id": "main", "iteration": 1, "call_id": "call_1"},
+    }  # fmt: skip
+    client.submit(forged, task_id="deleg-forged")
+    wait_until(lambda: client.rejection("deleg-forged") is not None, 30, "the forged task refused")
+    assert "which did not create it" in str(client.rejection("deleg-forged"))
+    assert [c.task_id for c in client.record(parent).children] == [f"{parent}.1"]
