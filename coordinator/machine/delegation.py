@@ -204,6 +204,19 @@ class Delegation(Section):
         """A task waiting only on its children is not late: nothing is re-sent."""
         awaiting.deadline = self.m.now + CHILD_LOOK_S
 
+    def abandon(self, awaiting: Awaiting) -> None:
+        """The iteration waiting on children is given up (a sibling call was dead-lettered):
+        its children still running are cancelled, as nothing will read their results."""
+        record = self.record
+        for ref in record.children:
+            if not ref.finished and self.awaits(awaiting, ref):
+                self.cancel(ref, f"the iteration of task {record.task_id} that created it failed")
+
+    def cancel(self, ref: ChildRef, reason: str) -> None:
+        self.m.effects.cancels.append(
+            {"action": "cancel", "task_id": ref.task_id, "reason": reason}
+        )
+
     # -- this task's end ------------------------------------------------------------------
 
     def ended(self, status: TaskStatus, error: str | None) -> None:
@@ -211,13 +224,7 @@ class Delegation(Section):
         m, record = self.m, self.record
         for ref in record.children:
             if not ref.finished:
-                m.effects.cancels.append(
-                    {
-                        "action": "cancel",
-                        "task_id": ref.task_id,
-                        "reason": f"its parent task {record.task_id} ended ({status.value})",
-                    }
-                )
+                self.cancel(ref, f"its parent task {record.task_id} ended ({status.value})")
         if record.spec.delegation is not None:
             m.effects.child_results.append(child_result(record.task_id, record, status, error))
 

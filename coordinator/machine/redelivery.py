@@ -127,4 +127,5 @@ class Redelivery(Section):
             record.awaiting = None
             m.planning.apply(ReasonedMessage(fence=awaiting.fence, terminal_output=""))
             return
+        m.delegation.abandon(awaiting)
         m.limits.attempt_failed(f"dispatch {awaiting.fence.token()} dead-lettered: {error}")

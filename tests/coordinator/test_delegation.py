@@ -381,3 +381,18 @@ def test_a_parent_that_ends_cancels_its_children_keeping_their_milestones(
     assert child.status is TaskStatus.ABORTED
     assert child.record.milestones == ["step:one"]
     assert "its parent task p ended (aborted)" in (child.record.error or "")
+
+
+def test_children_of_an_iteration_given_up_are_cancelled() -> None:
+    """A sibling call dead-lettered fails the attempt: the children it waited on are cancelled."""
+    record = _started()
+    read = ToolCallAction(call_id="r1", name="file_read", arguments='{"path": "a"}')
+    _turn(record, read, _delegate("c1"))
+    effects = Effects()
+    for now in (50.0, 100.0, 150.0, 200.0):  # re-sent until max_redeliveries, then dead
+        effects = _apply(record, lambda m: m.on_tick(None), now=now)
+        if effects.dead_letters:
+            break
+    assert effects.dead_letters
+    assert [c["task_id"] for c in effects.cancels] == ["p.1"]
+    assert "the iteration of task p that created it failed" in effects.cancels[0]["reason"]
