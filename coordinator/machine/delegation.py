@@ -109,35 +109,17 @@ class Delegation(Section):
     def submit(
         self, awaiting: Awaiting, call: ToolCallAction, arguments: DelegateArguments
     ) -> None:
+        """The child task, to the intake in this commit, and its record in the parent's."""
         m, record = self.m, self.record
-        step = record.step()
         fence = awaiting.fence.for_call(call.call_id)
         task_id = child_task_id(record.task_id, len(record.children) + 1)
-        iterations, tokens = self.remaining()
-        budget = arguments.budget
-        link = ParentLink(
-            task_id=record.task_id,
-            step_id=fence.step_id,
-            iteration=fence.iteration,
-            call_id=call.call_id,
-            attempt=fence.attempt,
-            goal=record.spec.goal,
-            step_instruction=step.spec.instruction,
-            depth=(record.spec.delegation.depth if record.spec.delegation else 0) + 1,
-            workspace=m.workspace(),
-            copy_from=m.workspace() if self.workspace_used() else m.workspace_template(),
-            max_iterations=min(budget.iterations or iterations, iterations)
-            if budget
-            else iterations,
-            max_total_tokens=min(budget.tokens or tokens, tokens) if budget else tokens,
-        )
         task: dict[str, object] = {
             "goal": arguments.goal,
             "agent": arguments.agent,
             "idempotency_key": child_idempotency_key(
                 record.task_id, fence.step_id, fence.iteration, call.call_id
             ),
-            "delegation": link.model_dump(mode="json"),
+            "delegation": self.link(fence, arguments).model_dump(mode="json"),
         }
         if arguments.steps:
             task["steps"] = [s.model_dump(mode="json", exclude_none=True) for s in arguments.steps]
@@ -153,6 +135,32 @@ class Delegation(Section):
             )
         )
         m.event("delegated", child_task_id=task_id, agent=arguments.agent, call_id=call.call_id)
+
+    def link(self, fence: Fence, arguments: DelegateArguments) -> ParentLink:
+        """What the child keeps of this task: the call it answers, the context its reviewers
+        see, its depth, its workspace's origin and its budget (capped by what is left)."""
+        m, record = self.m, self.record
+        iterations, tokens = self.remaining()
+        if arguments.budget is not None:  # asked for less: capped by what is left all the same
+            iterations = min(arguments.budget.iterations or iterations, iterations)
+            tokens = min(arguments.budget.tokens or tokens, tokens)
+        parent = record.spec.delegation
+        return ParentLink(
+            task_id=record.task_id,
+            step_id=fence.step_id,
+            iteration=fence.iteration,
+            call_id=fence.call_id or "",
+            attempt=fence.attempt,
+            goal=record.spec.goal,
+            step_instruction=record.step().spec.instruction,
+            depth=(parent.depth if parent is not None else 0) + 1,
+            workspace=m.workspace(),
+            copy_from=m.workspace() if self.workspace_used() else m.workspace_template(),
+            max_iterations=min(budget.iterations or iterations, iterations)
+            if budget
+            else iterations,
+            max_total_tokens=min(budget.tokens or tokens, tokens) if budget else tokens,
+        )
 
     def workspace_used(self) -> bool:
         """Whether a tool has run in this task's workspace (which exists from then on)."""
