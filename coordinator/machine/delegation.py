@@ -156,10 +156,8 @@ class Delegation(Section):
             depth=(parent.depth if parent is not None else 0) + 1,
             workspace=m.workspace(),
             copy_from=m.workspace() if self.workspace_used() else m.workspace_template(),
-            max_iterations=min(budget.iterations or iterations, iterations)
-            if budget
-            else iterations,
-            max_total_tokens=min(budget.tokens or tokens, tokens) if budget else tokens,
+            max_iterations=iterations,
+            max_total_tokens=tokens,
         )
 
     def workspace_used(self) -> bool:
