@@ -188,9 +188,11 @@ def child_task_id(parent_task_id: str, number: int) -> str:
 def parent_link(task_text: str) -> ParentLink | None:
     """The parent link of a submitted task's text, when it has a valid one (read even when the
     task itself is invalid, so that the intake can tell the parent why its child was refused)."""
+    if '"delegation"' not in task_text:  # the runtime writes children as JSON
+        return None
     try:
         data = json.loads(task_text)
         raw = data.get("delegation") if isinstance(data, dict) else None
         return ParentLink.model_validate(raw) if isinstance(raw, dict) else None
-    except ValueError:  # not JSON, or not a link (pydantic's ValidationError is a ValueError)
+    except (ValueError, RecursionError):  # not JSON (or nested too deeply), or not a link
         return None

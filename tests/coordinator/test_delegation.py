@@ -18,7 +18,7 @@ from coordinator.state import AwaitKind, TaskRecord, TaskStatus
 from shared.actions import ToolCallAction
 from shared.agent_profile import AgentProfile, parse_agent
 from shared.conversation import ConversationMessage
-from shared.delegation import ParentLink
+from shared.delegation import ParentLink, parent_link
 from shared.inference import ToolCall, Usage
 from shared.protocol import ChildFinishedMessage, ReasonedMessage
 from shared.task_spec import parse_task
@@ -396,3 +396,12 @@ def test_children_of_an_iteration_given_up_are_cancelled() -> None:
     assert effects.dead_letters
     assert [c["task_id"] for c in effects.cancels] == ["p.1"]
     assert "the iteration of task p that created it failed" in effects.cancels[0]["reason"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"goal": "g", "x": ' + "[" * 100_000, '{"delegation": ' + "[" * 100_000, "goal: g", "{"],
+)
+def test_reading_a_parent_link_never_fails_on_bad_input(text: str) -> None:
+    """The intake looks for a parent link before validating: bad text has none, never raises."""
+    assert parent_link(text) is None
