@@ -405,3 +405,24 @@ def test_children_of_an_iteration_given_up_are_cancelled() -> None:
 def test_reading_a_parent_link_never_fails_on_bad_input(text: str) -> None:
     """The intake looks for a parent link before validating: bad text has none, never raises."""
     assert parent_link(text) is None
+
+
+def test_a_child_left_waiting_for_a_review_makes_its_parents_run_return(tmp_path: Path) -> None:
+    """In process, with nobody to decide: the child waits for review, and the parent's run
+    returns still waiting on it (as the parent run itself would for its own review)."""
+    wanderer = Path(__file__).resolve().parents[2] / "examples" / "wanderer"
+    profile = parse_agent({"name": "wanderer", "delegated_workspace": "copy",
+                           "provider": {"kind": "scripted",
+                                        "script": str(wanderer / "script.yaml")},
+                           "limits": {"max_iterations": 60}})  # fmt: skip
+    task = _parent({"tool_calls": [{"name": "delegate", "arguments": {
+        "agent": "wanderer", "goal": "find the latency bug",
+        "steps": [{"id": "investigate", "instruction": "write FINDINGS.md",
+                   "done_when": "test -s FINDINGS.md"}]}}]})  # fmt: skip
+    task["workspace_template"] = str(wanderer / "workspace")
+    run = asyncio.run(asyncio.wait_for(_driver(tmp_path, profile).run(task, "p"), 60))
+    assert run.status is TaskStatus.RUNNING
+    child = run.children["p.1"]
+    assert child.status is TaskStatus.AWAITING_REVIEW
+    assert child.record.review is not None
+    assert child.record.review.snapshot["parent"]["goal"] == "combine two answers"
