@@ -66,11 +66,14 @@ bench: $(STAMP) $(BENCH_STAMP)
 # Fault injection under load: worker processes, the coordinator and Redis are killed while
 # 200 tasks run (docs/reliability.md). `make chaos CHAOS_ARGS="--tasks 50"` for a shorter run.
 # Then the slow-model variant: the reasoning worker is killed while model calls are in flight
-# (`CHAOS_SLOW_ARGS="--tasks 20"` for a shorter one). Both run; the target fails if either does.
+# (`CHAOS_SLOW_ARGS="--tasks 20"` for a shorter one). Then the delegation case: the coordinator
+# killed while parents wait on their two sub-agents (`CHAOS_DELEGATION_ARGS="--parents 4"`).
+# All run; the target fails if any does.
 chaos: $(STAMP)
 	status=0; \
 	$(PY) bench/chaos.py $(CHAOS_ARGS) || status=1; \
 	$(PY) bench/chaos_slow_model.py $(CHAOS_SLOW_ARGS) || status=1; \
+	$(PY) bench/chaos_delegation.py $(CHAOS_DELEGATION_ARGS) || status=1; \
 	exit $$status
 
 clean:

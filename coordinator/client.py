@@ -160,7 +160,33 @@ class OrgaClient:
             "workspace": record.workspace,
             "usage": record.usage.model_dump(),
             "dispatch": self.dispatch(record),
+            "parent": record.spec.delegation.task_id if record.spec.delegation else None,
+            "children": self.children(record),
         }
+
+    def children(self, record: TaskRecord, depth: int = 0) -> list[dict[str, Any]]:
+        """The sub-agent tree under ``record``: each child's status and progress, and its own
+        children (down to ``MAX_TREE_DEPTH`` levels). A child the intake has not stored yet
+        shows the status its parent knows (``submitted``, or ``rejected``)."""
+        rows = []
+        for ref in record.children:
+            row: dict[str, Any] = {
+                "task_id": ref.task_id, "agent": ref.agent, "goal": ref.goal,
+                "call_id": ref.call_id, "step_of_parent": ref.step_id, "status": ref.status,
+            }  # fmt: skip
+            state = self._hget(keys.task_key(ref.task_id), "state")
+            if state is not None:
+                child = TaskRecord.model_validate_json(state)
+                row.update(_progress(child))
+                if depth + 1 < MAX_TREE_DEPTH:
+                    row["children"] = self.children(child, depth + 1)
+            rows.append(row)
+        return rows
+
+    def tree(self, task_id: str) -> dict[str, Any]:
+        """A task with its sub-agent tree (the task page of the inbox)."""
+        record = self.record(task_id)
+        return {"task_id": record.task_id, **_progress(record), "children": self.children(record)}
 
     def dispatch(self, record: TaskRecord) -> dict[str, Any] | None:
         """What the task waits on: its queue, and how many of its calls are queued (not
@@ -411,3 +437,20 @@ def task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
 def is_terminal(status: str) -> bool:
     """True for completed, failed and aborted."""
     return status in {s.value for s in TERMINAL_STATUSES}
+
+
+MAX_TREE_DEPTH = 8
+"""Levels of sub-agents ``status`` shows under a task."""
+
+
+def _progress(record: TaskRecord) -> dict[str, Any]:
+    """A task's status and progress, as a row of a sub-agent tree."""
+    return {
+        "status": record.status.value,
+        "step": record.steps[record.current].spec.id if record.steps else None,
+        "steps_done": sum(1 for s in record.steps if s.status.value == "completed"),
+        "steps_total": len(record.steps),
+        "iteration": record.iteration,
+        "milestones": list(record.milestones),
+        "error": record.error,
+    }

@@ -52,6 +52,8 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
             workspace_root=settings.workspace_root,
             allow_inline_tools=settings.allow_inline_tools,
             chain_tools=settings.chain_tools,
+            max_delegation_depth=settings.max_delegation_depth,
+            max_children_per_task=settings.max_children_per_task,
             liveness=LivenessSettings(
                 heartbeat_timeout_s=settings.heartbeat_timeout_s,
                 start_to_close_s=settings.start_to_close_s,

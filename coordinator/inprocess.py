@@ -15,6 +15,11 @@ Each dispatch runs as an asyncio task, so the calls of one iteration run concurr
 do across tool workers; their answers are applied one at a time, in arrival order, as the
 coordinator applies them from its stream. An escalation asks the :class:`Reviewer`, if there
 is one; without one (or when it leaves the review open) the run returns waiting for review.
+
+A ``delegate`` call's child task runs as a run of its own, concurrently, resolved against
+``agents`` as the intake would; its end comes back to the parent's answers
+(:class:`ChildFinishedMessage`), and a parent that ends cancels its children still running.
+A child left waiting for a review nobody here decides makes its parent's run return too.
 """
 
 from __future__ import annotations
@@ -28,13 +33,16 @@ from functools import partial
 from typing import Any, Protocol
 
 from coordinator.machine import Effects, MachineSettings, TaskMachine, decide
+from coordinator.machine.core import ChildSubmission
+from coordinator.machine.delegation import rejected_child
 from coordinator.state import ReviewDecision, ReviewItem, TaskRecord, TaskStatus
 from shared.agent_profile import AgentProfile, resolve_agent
+from shared.delegation import parent_link
 from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.journal import JournalWriter
-from shared.protocol import ReasonRequest, ToolRequest
-from shared.task_spec import TaskSpec, decode_task_text
+from shared.protocol import ChildFinishedMessage, ReasonRequest, ToolRequest
+from shared.task_spec import TaskSpec, TaskSpecError, decode_task_text
 from workers.handlers import Answer, WorkerServices, run_dispatch
 
 __all__ = ["InProcessDriver", "InProcessRun", "LoopStalledError", "ReviewVerdict", "Reviewer"]
@@ -74,6 +82,8 @@ class InProcessRun:
     events: list[dict[str, str]] = field(default_factory=list)
     reviews: list[ReviewItem] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
+    children: dict[str, InProcessRun] = field(default_factory=dict)
+    """The runs of the sub-agent tasks this task created, by task id."""
 
     @property
     def status(self) -> TaskStatus:
@@ -96,14 +106,38 @@ class InProcessDriver:
     clock: Callable[[], float] = time.time
     agents: Mapping[str, AgentProfile] = field(default_factory=dict)
     """The agents a task may name (``agent: NAME``), as the registry in Redis holds them."""
+    _running: dict[str, _Run] = field(default_factory=dict, init=False, repr=False)
+
+    def cancel(self, task_id: str, reason: str = "cancelled by operator") -> bool:
+        """Abort a task running in this driver (``orga cancel``): its children are cancelled
+        with it and every milestone is kept. False when no such task runs here."""
+        running = self._running.get(task_id)
+        if running is None:
+            return False
+        running.inbox.put_nowait(_Cancel(reason))
+        return True
+
+    def live(self, task_id: str) -> InProcessRun | None:
+        """What a task running in this driver (a sub-agent's too) has done so far."""
+        running = self._running.get(task_id)
+        return running.out if running is not None else None
 
     async def run(
         self, task: TaskSpec | dict[str, Any] | str, task_id: str | None = None
     ) -> InProcessRun:
         """Run ``task`` until it ends, or waits for a review nobody here decides."""
+        return await _Run(self, InProcessRun(self.record(task, task_id))).execute()
+
+    def record(
+        self,
+        task: TaskSpec | dict[str, Any] | str,
+        task_id: str | None,
+        source: str = "in-process task",
+    ) -> TaskRecord:
+        """A new task's record, its agent merged as the intake merges it (TaskSpecError)."""
         if isinstance(task, str):
-            data = decode_task_text(task, source="in-process task")
-            spec = resolve_agent(data, self.agents, source="in-process task")
+            data = decode_task_text(task, source=source)
+            spec = resolve_agent(data, self.agents, source=source)
         elif isinstance(task, TaskSpec) and task.agent is None:
             spec = task
         else:
@@ -114,27 +148,48 @@ class InProcessDriver:
             )
             spec = resolve_agent(data, self.agents, source="task")
         now = self.clock()
-        record = TaskRecord(
+        return TaskRecord(
             task_id=task_id or uuid.uuid4().hex, spec=spec, created_at=now, updated_at=now
         )
-        return await _Run(self, InProcessRun(record)).execute()
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancel:
+    """A parent that ended asks its child to stop (the control stream's ``cancel``)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Blocked:
+    """A child run returned waiting for a review nobody here decides."""
 
 
 @dataclass
 class _Run:
-    """One run's moving parts: the dispatches in flight and the answers waiting."""
+    """One run's moving parts: the dispatches in flight, the children and the answers."""
 
     driver: InProcessDriver
     out: InProcessRun
-    inbox: asyncio.Queue[Answer] = field(default_factory=asyncio.Queue)
+    parent: _Run | None = None
+    inbox: asyncio.Queue[Answer | ChildFinishedMessage | _Cancel | _Blocked] = field(
+        default_factory=asyncio.Queue
+    )
     in_flight: set[asyncio.Task[None]] = field(default_factory=set)
+    children: dict[str, _Run] = field(default_factory=dict)
+    child_tasks: set[asyncio.Task[InProcessRun]] = field(default_factory=set)
+    blocked: bool = False
+    child_error: BaseException | None = None
 
     async def execute(self) -> InProcessRun:
+        self.driver._running[self.out.record.task_id] = self
         try:
             await self._apply(lambda machine: machine.start())
             for _ in range(MAX_INPUTS):
                 record = self.out.record
-                if record.terminal:
+                if self.child_error is not None:
+                    raise self.child_error
+                if record.terminal or self.blocked:
                     return self.out
                 if record.status is TaskStatus.AWAITING_REVIEW:
                     if not await self._review():
@@ -143,20 +198,26 @@ class _Run:
                 answer = await self._next_answer()
                 if answer is None:  # nothing answered within start-to-close: as a lost dispatch
                     await self._apply(partial(TaskMachine.on_tick, liveness=None))
-                    continue
-                await self._apply(partial(TaskMachine.on_answer, message=answer))
+                elif isinstance(answer, _Cancel):
+                    await self._apply(partial(TaskMachine.cancel, reason=answer.reason))
+                elif isinstance(answer, _Blocked):
+                    self.blocked = True
+                else:
+                    await self._apply(partial(TaskMachine.on_answer, message=answer))
             raise LoopStalledError(
                 f"task {self.out.record.task_id}: more than {MAX_INPUTS} inputs; giving up"
             )
         finally:
-            for running in self.in_flight:
+            self.driver._running.pop(self.out.record.task_id, None)
+            for running in (*self.in_flight, *self.child_tasks):
                 running.cancel()
-            await asyncio.gather(*self.in_flight, return_exceptions=True)
+            await asyncio.gather(*self.in_flight, *self.child_tasks, return_exceptions=True)
 
-    async def _next_answer(self) -> Answer | None:
+    async def _next_answer(self) -> Answer | ChildFinishedMessage | _Cancel | _Blocked | None:
         """The next answer; None when none came within start-to-close (the dispatches in
-        flight are then cancelled, as a coordinator gives up on a call past that bound)."""
-        if self.inbox.empty() and not self.in_flight:
+        flight are then cancelled, as a coordinator gives up on a call past that bound;
+        children keep running)."""
+        if self.inbox.empty() and not self.in_flight and not self.child_tasks:
             awaiting = self.out.record.awaiting
             raise LoopStalledError(
                 f"task {self.out.record.task_id} waits on "
@@ -197,6 +258,43 @@ class _Run:
             self._start(reason)
         for tool in effects.tool_dispatches:
             self._start(tool)
+        for child in effects.children:
+            self._start_child(child)
+        for result in effects.child_results:
+            if self.parent is not None:
+                self.parent.inbox.put_nowait(result)
+        for cancel in effects.cancels:
+            running = self.children.get(cancel["task_id"])
+            if running is not None:
+                running.inbox.put_nowait(_Cancel(cancel["reason"]))
+
+    def _start_child(self, child: ChildSubmission) -> None:
+        """A sub-agent's task, resolved as the intake would, run beside this one."""
+        try:
+            source = f"sub-agent task {child.task_id}"  # as the intake names it
+            record = self.driver.record(child.task, child.task_id, source)
+        except TaskSpecError as exc:
+            link = parent_link(child.task)
+            if link is not None:
+                self.inbox.put_nowait(rejected_child(child.task_id, link, str(exc)))
+            return
+        run = _Run(self.driver, InProcessRun(record), parent=self)
+        self.children[child.task_id] = run
+        self.out.children[child.task_id] = run.out
+        running = asyncio.get_running_loop().create_task(run.execute())
+        self.child_tasks.add(running)
+        running.add_done_callback(self._child_done)
+
+    def _child_done(self, running: asyncio.Task[InProcessRun]) -> None:
+        self.child_tasks.discard(running)
+        if running.cancelled():
+            return
+        error = running.exception()
+        if error is not None:
+            self.child_error = error
+            self.inbox.put_nowait(_Blocked())
+        elif not running.result().record.terminal:
+            self.inbox.put_nowait(_Blocked())
 
     async def _record(self, effects: Effects) -> None:
         self.out.journal.extend(effects.journal)

@@ -32,7 +32,12 @@ from prometheus_client.registry import Collector
 from coordinator.machine import Effects
 from coordinator.state import TaskRecord
 from shared import keys
-from shared.protocol import ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
+from shared.protocol import (
+    ChildFinishedMessage,
+    ReasonedMessage,
+    ToolObservedMessage,
+    WorkerFailedMessage,
+)
 
 __all__ = [
     "DEFAULT_METRICS_HOST",
@@ -52,7 +57,7 @@ TOOL_CALL_BUCKETS_S = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 ITERATION_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 DISPATCH_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 
-Message = ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+Message = ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | ChildFinishedMessage
 
 
 class CoordinatorMetrics:

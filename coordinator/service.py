@@ -59,20 +59,21 @@ from coordinator.dispatch import CeleryDispatcher, Dispatcher
 from coordinator.liveness import Liveness
 from coordinator.logs import RateGate
 from coordinator.machine import PLAN_FENCE_STEP, Effects, MachineSettings, TaskMachine, decide
+from coordinator.machine.delegation import rejected_child
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.schedules import Scheduler
-from coordinator.state import ReviewDecision, TaskRecord, check_reviewer
+from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
 from shared.celery_wire import check_versions
+from shared.delegation import ParentLink, parent_link
 from shared.errors import WireFormatError
 from shared.protocol import (
+    AnyMessage,
     Fence,
-    ReasonedMessage,
-    ToolObservedMessage,
-    WorkerFailedMessage,
     decode_entry,
+    encode_entry,
 )
 from shared.task_spec import MAX_TASK_ID_CHARS, TaskSpecError, check_task_id
 
@@ -321,11 +322,21 @@ class Coordinator:
         except TaskSpecError as exc:
             await self._reject(entry_id, task_id[:MAX_TASK_ID_CHARS], text, str(exc))
             return
-        try:
-            spec = await resolve_task_text(
-                self.redis, text.get("task", ""), source=f"intake entry {entry_id}"
+        link = parent_link(text.get("task", ""))
+        if link is not None and not await self._recorded_child(task_id, link):
+            error = (
+                f"task {task_id!r} names task {link.task_id!r} as its parent (delegation), "
+                "which did not create it: that field is set by the runtime; remove it"
             )
+            await self._reject(entry_id, task_id, text, error)
+            return
+        # A sub-agent's task is named as such (its parent's model reads the refusal).
+        source = f"sub-agent task {task_id}" if link else f"intake entry {entry_id}"
+        try:
+            spec = await resolve_task_text(self.redis, text.get("task", ""), source=source)
         except TaskSpecError as exc:
+            if link is not None:
+                await self._tell_parent(task_id, link, str(exc))
             await self._reject(entry_id, task_id, text, str(exc))
             return
         now = time.time()
@@ -344,7 +355,38 @@ class Coordinator:
             await self._duplicate(task_id, outcome.task_id)
             return
         if await self._hold(task_id):  # else its holder starts it: it is due at once
-            await self._apply(task_id, _start)
+            orphaned = await self._parent_ended(record)
+            await self._apply(task_id, _start if orphaned is None else _cancelled(orphaned))
+
+    async def _parent_ended(self, record: TaskRecord) -> str | None:
+        """For a sub-agent's task: why it must not start, its parent having ended (the parent's
+        cancellation of its children may have come before the child existed). Looked at after
+        the child is stored, so a parent ending later cancels it through the control stream."""
+        link = record.spec.delegation
+        if link is None:
+            return None
+        status = await self.redis.hget(keys.task_key(link.task_id), "status")
+        if status is None or _text(status) in {s.value for s in TERMINAL_STATUSES}:
+            return f"its parent task {link.task_id} ended before it started"
+        return None
+
+    async def _recorded_child(self, task_id: str, link: ParentLink) -> bool:
+        """Whether the parent a submitted task names recorded it as the child of that call
+        (a parent records its child in the commit that submits it, so it is there first)."""
+        state = await self.redis.hget(keys.task_key(link.task_id), "state")
+        if state is None:
+            return False
+        parent = TaskRecord.model_validate_json(state)
+        return any(c.task_id == task_id and c.call_id == link.call_id for c in parent.children)
+
+    async def _tell_parent(self, task_id: str, link: ParentLink, error: str) -> None:
+        """A sub-agent's task the intake refuses: the parent's ``delegate`` call gets the error
+        as its result (sent before the refusal is acknowledged: at least once, applied once)."""
+        message = rejected_child(task_id, link, error)
+        await self.redis.xadd(
+            keys.observations_stream, encode_entry(message),  # type: ignore[arg-type]
+            maxlen=keys.observations_maxlen, approximate=True,
+        )  # fmt: skip
 
     async def _reject(
         self,
@@ -394,9 +436,7 @@ class Coordinator:
             if wrong[0] is not None:
                 await self._refused(message, wrong[0])
 
-    async def _refused(
-        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage, reason: str
-    ) -> None:
+    async def _refused(self, message: AnyMessage, reason: str) -> None:
         """Count a wrong observation; log it and write an ``observation_refused`` event, at
         most once per task and reason every ``refusal_log_interval_s``."""
         if self.metrics is not None:
@@ -667,6 +707,10 @@ def _from_entry(effects: Effects, entry_id: str) -> Effects:
 
 def _start(machine: TaskMachine) -> Effects:
     return machine.start()
+
+
+def _cancelled(reason: str) -> Callable[[TaskMachine], Effects]:
+    return lambda machine: machine.cancel(reason)
 
 
 def _text(value: Any) -> str:

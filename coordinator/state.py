@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shared import keys
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import Conversation, ConversationMessage
+from shared.delegation import is_delegate
 from shared.errors import OrgaError
 from shared.inference import Usage
 from shared.protocol import Fence
@@ -22,6 +23,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "AwaitKind",
     "Awaiting",
+    "ChildRef",
     "ReviewDecision",
     "ReviewItem",
     "ReviewSource",
@@ -111,6 +113,9 @@ class Awaiting(BaseModel):
     chained: bool = False
     """A reasoning dispatch whose worker sends the approved calls on itself; their results
     may arrive first and wait in ``results``."""
+    child_iterations: int = 0
+    """Iterations the sub-agents answering this iteration's ``delegate`` calls used: they
+    count against the step's iteration limit once every result is in."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,8 +154,22 @@ class Awaiting(BaseModel):
         if self.reasoning:
             return [self.fence.liveness_id()]
         return [
-            self.fence.for_call(c).liveness_id() for c in self.dispatched if c not in self.results
+            self.fence.for_call(c).liveness_id()
+            for c in self.dispatched
+            if c not in self.results and c not in self.delegated()
         ]
+
+    def delegated(self) -> set[str]:
+        """The call ids of this iteration's ``delegate`` calls (answered by child tasks, not
+        by workers: they have no heartbeat and are never re-sent)."""
+        return {c.call_id for c in self.calls if is_delegate(c.name)}
+
+    def waits_only_on_children(self) -> bool:
+        """Every call still unanswered is a delegation whose child task runs."""
+        missing = self.missing_calls()
+        return bool(missing) and all(
+            is_delegate(c.name) and c.call_id in self.dispatched for c in missing
+        )
 
 
 ReviewDecision = Literal["retry", "skip", "abort"]
@@ -199,6 +218,25 @@ class ReviewItem(BaseModel):
     decided_by: str | None = None
 
 
+class ChildRef(BaseModel):
+    """A sub-agent task this task created with a ``delegate`` call, and what became of it."""
+
+    task_id: str
+    agent: str
+    call_id: str
+    step_id: str
+    iteration: int
+    goal: str = ""
+    status: str = "submitted"
+    """``submitted`` until its end comes back: then ``completed``, ``failed``, ``aborted`` or
+    ``rejected`` (the intake refused it)."""
+
+    @property
+    def finished(self) -> bool:
+        """Its end came back."""
+        return self.status != "submitted"
+
+
 class TaskRecord(BaseModel):
     """A task's whole state, stored as one JSON document and updated by compare-and-set."""
 
@@ -232,6 +270,8 @@ class TaskRecord(BaseModel):
     output: str = ""
     error: str | None = None
     applied: int = 0
+    children: list[ChildRef] = Field(default_factory=list)
+    """The sub-agent tasks this task created, in order (``{task_id}.{n}``)."""
     workspace: str | None = None
     """The task's workspace folder, fixed when the task starts (its ``workspace``, else
     ``{ORGA_WORKSPACE_ROOT}/{task_id}`` of the coordinator that started it) and used by every

@@ -3,8 +3,10 @@
 ``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
 state, acknowledges the stream entry that caused the change, appends the journal entries (with
 the stream id ``0-{sequence+1}``, like :class:`workers.journal.RedisStreamJournal`), the
-lifecycle events, the review items and the dead letters, and pushes the Celery messages of the
-dispatches the new state awaits (:mod:`coordinator.dispatch`). A coordinator killed at any
+lifecycle events, the review items and the dead letters, the sub-agent tasks it submits to the
+intake, a finished sub-agent's result for its parent (on the observations stream) and the
+cancellations of its running children (on the control stream), and pushes the Celery messages
+of the dispatches the new state awaits (:mod:`coordinator.dispatch`). A coordinator killed at any
 moment therefore leaves either the old state with the entry still pending (it is redelivered and
 applied) or the new state with the entry acknowledged and its work queued: never half of it,
 and never twice.
@@ -28,6 +30,7 @@ from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
 from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
+from shared.protocol import encode_entry
 
 __all__ = ["CommitConflictError", "ConversationDelta", "CreateOutcome", "TaskStore"]
 
@@ -68,7 +71,16 @@ for _, id in ipairs(extra.closed_reviews) do redis.call('HDEL', KEYS[6], id) end
 for _, d in ipairs(extra.dead_letters) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
 end
-for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[12 + queue], ARGV[8 + i]) end
+for _, c in ipairs(extra.children) do
+  redis.call('XADD', KEYS[13], 'MAXLEN', '~', extra.intake_maxlen, '*', unpack(c))
+end
+for _, o in ipairs(extra.child_results) do
+  redis.call('XADD', KEYS[14], 'MAXLEN', '~', extra.observations_maxlen, '*', unpack(o))
+end
+for _, c in ipairs(extra.cancels) do
+  redis.call('XADD', KEYS[15], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
+end
+for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[15 + queue], ARGV[8 + i]) end
 local conversation = extra.conversation
 if conversation.rewrite then redis.call('DEL', KEYS[12]) end
 local first = 8 + #extra.dispatches
@@ -354,6 +366,9 @@ class TaskStore:
                 keys.status_counts_key,
                 keys.finished_tasks_key,
                 keys.conversation_key(record.task_id),
+                keys.intake_stream,
+                keys.observations_stream,
+                keys.control_stream,
                 *queues,
             ],
             args=[
@@ -391,6 +406,15 @@ class TaskStore:
             "reviews": [[r.review_id, r.model_dump_json()] for r in effects.reviews],
             "closed_reviews": closed,
             "dead_letters": [_flat(d) for d in effects.dead_letters],
+            "children": [
+                _flat({"task_id": c.task_id, "task": c.task, "at": f"{record.updated_at:.3f}"})
+                for c in effects.children
+            ],
+            "child_results": [_flat(encode_entry(r)) for r in effects.child_results],
+            "cancels": [_flat(c) for c in effects.cancels],
+            "intake_maxlen": keys.intake_maxlen,
+            "observations_maxlen": keys.observations_maxlen,
+            "control_maxlen": keys.control_maxlen,
         }
 
     async def active_task_ids(self) -> list[str]:

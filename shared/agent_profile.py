@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared.delegation import WorkspaceMode
 from shared.errors import OrgaError
 from shared.policy import PolicySpec
 from shared.task_spec import (
@@ -59,6 +60,8 @@ class AgentProfile(BaseModel):
     tool_profile: ToolProfile | None = None
     policy: PolicySpec | None = None
     limits: TaskLimits | None = None
+    delegated_workspace: WorkspaceMode | None = None
+    """As a sub-agent: ``subfolder`` (the default) of the parent's workspace, or a ``copy``."""
 
     def task_defaults(self) -> dict[str, Any]:
         """The task fields this profile sets, as JSON data (what a task's fields override).

@@ -27,6 +27,8 @@ from shared.task_spec import ProviderSpec
 __all__ = [
     "PROTOCOL_VERSION",
     "ActMode",
+    "AnyMessage",
+    "ChildFinishedMessage",
     "CompleteReasoning",
     "ConversationRef",
     "ErrorKind",
@@ -302,26 +304,42 @@ class WorkerFailedMessage(BaseModel):
     """What the failure is (:data:`ErrorKind`); a ``config`` failure fails the task at once."""
 
 
-StreamMessage = Annotated[
-    ReasonedMessage | ToolObservedMessage | WorkerFailedMessage, Field(discriminator="kind")
-]
+class ChildFinishedMessage(BaseModel):
+    """A sub-agent's task ended (or could not be created): the result of the parent's
+    ``delegate`` call. Written by the coordinator that committed the child's end (in the same
+    atomic commit), or by the intake that rejected the child.
+
+    ``fence`` is the parent's fence for the call (``call_id``: the delegate call). The parent
+    applies it when it waits on that call of that step and iteration and recorded
+    ``child_task_id`` for it, whatever re-sends changed its awaited attempt since: the result
+    of a call is applied once (a second copy finds the call answered)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["child_finished"] = "child_finished"
+    fence: Fence
+    child_task_id: str
+    status: Literal["completed", "failed", "aborted", "rejected"]
+    observation: Observation
+    usage: Usage = Field(default_factory=Usage)
+    iterations: int = Field(default=0, ge=0)
+    milestones: list[str] = Field(default_factory=list)
 
 
-_MESSAGE_ADAPTER: TypeAdapter[ReasonedMessage | ToolObservedMessage | WorkerFailedMessage] = (
-    TypeAdapter(StreamMessage)
-)
+AnyMessage = ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | ChildFinishedMessage
+
+StreamMessage = Annotated[AnyMessage, Field(discriminator="kind")]
 
 
-def encode_entry(
-    message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage,
-) -> dict[str, str]:
+_MESSAGE_ADAPTER: TypeAdapter[AnyMessage] = TypeAdapter(StreamMessage)
+
+
+def encode_entry(message: AnyMessage) -> dict[str, str]:
     """The flat stream fields for ``message``."""
     return {"v": PROTOCOL_VERSION, "kind": message.kind, "body": message.model_dump_json()}
 
 
-def decode_entry(
-    fields: dict[Any, Any],
-) -> ReasonedMessage | ToolObservedMessage | WorkerFailedMessage:
+def decode_entry(fields: dict[Any, Any]) -> AnyMessage:
     """Parse stream fields; raise WireFormatError naming the version, kind or field at fault."""
     text = {_text(k): _text(v) for k, v in fields.items()}
     version = text.get("v")

@@ -116,6 +116,18 @@ class OrgaSettings(BaseSettings):
         "queue, with the observation that lists them (one coordinator step less per "
         "iteration); false: the coordinator dispatches every call",
     )
+    max_delegation_depth: int = Field(
+        default=3,
+        ge=0,
+        description="How deep sub-agents nest: a task's children are at depth 1, theirs at 2; a "
+        "delegate call that would go deeper gets a tool error (0: no delegation)",
+    )
+    max_children_per_task: int = Field(
+        default=10,
+        ge=0,
+        description="How many sub-agent tasks one task may create in its life; a delegate call "
+        "past it gets a tool error",
+    )
     allow_task_base_url: bool = Field(
         default=False,
         description="Let a task's provider.base_url replace ORGA_BASE_URL (the API key is sent "

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shared.context_manager import ContextStrategy, SlidingWindow
 from shared.conventions import KnowledgeSpec
+from shared.delegation import ParentLink, WorkspaceMode
 from shared.durations import Duration
 from shared.errors import OrgaError
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
@@ -183,6 +184,12 @@ class TaskSpec(_Strict):
     workspace_template: str | None = None
     tool_dispatch: Literal["queue", "inline"] = "queue"
     metadata: dict[str, str] = Field(default_factory=dict)
+    delegated_workspace: WorkspaceMode = "subfolder"
+    """When this task is a sub-agent's: work in a subfolder of the parent's workspace, or in
+    a copy of it (usually set by the agent profile)."""
+    delegation: ParentLink | None = None
+    """Set by the runtime on a task created by a ``delegate`` call: the parent's call it
+    answers (:mod:`shared.delegation`)."""
 
     @field_validator("steps")
     @classmethod
@@ -198,9 +205,10 @@ class TaskSpec(_Strict):
         """The loop configuration of one step."""
         limits = self.limits
         max_iterations = step.max_iterations if step and step.max_iterations else None
+        link = self.delegation
         return LoopConfig(
-            max_iterations=max_iterations or limits.max_iterations,
-            max_total_tokens=limits.max_total_tokens,
+            max_iterations=_capped(max_iterations or limits.max_iterations, link, "iterations"),
+            max_total_tokens=_capped(limits.max_total_tokens, link, "tokens"),
             timeout=limits.step_timeout,
             default_recovery=self.recovery,
             tool_timeout=limits.tool_timeout,
@@ -212,7 +220,16 @@ class TaskSpec(_Strict):
             step_iteration=self.step_iteration,
             pre_hydration=self.pre_hydration,
             knowledge=self.knowledge,
+            delegation_depth=self.delegation.depth if self.delegation is not None else 0,
         )
+
+
+def _capped(value: int, link: ParentLink | None, what: Literal["iterations", "tokens"]) -> int:
+    """A sub-agent's limit, capped by what its parent's step had left for it."""
+    if link is None:
+        return value
+    cap = link.max_iterations if what == "iterations" else link.max_total_tokens
+    return value if cap is None else max(min(value, cap), 1)
 
 
 def parse_task(data: Any, source: str = "task") -> TaskSpec:

@@ -28,6 +28,7 @@ from opentelemetry import trace
 from shared.actions import Observation, ToolCallAction
 from shared.conventions import KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation
+from shared.delegation import is_delegate
 from shared.durations import format_duration
 from shared.errors import ConfigError
 from shared.inference import ToolDefinition
@@ -251,14 +252,17 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
     acted = None
     chained: list[str] = []
+    # A delegation is the coordinator's to decide: never run inline, never chained.
+    delegates = any(is_delegate(c.name) for c in approved)
     if approved and dispatching.terminal_output is None:
         match request.act:
-            case ActMode.INLINE:
+            case ActMode.INLINE if not delegates:
                 with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
                     acted = await _act_inline(request, approved, services)
             case ActMode.CHAIN:
-                chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
-            case ActMode.COORDINATOR:
+                runnable = [c for c in approved if not is_delegate(c.name)]
+                chained = [c.call_id for c in runnable[: request.config.max_concurrent_tools]]
+            case _:
                 pass
     if knowledge is not None and request.purpose == "act" and dispatching.terminal_output:
         await _persist_learnings(request, services, state.conversation, knowledge)

@@ -37,6 +37,7 @@ from shared.actions import (
 )
 from shared.context_manager import ContextManager
 from shared.conversation import ConversationMessage
+from shared.delegation import is_delegate
 from shared.inference import FinishReason, InferenceOptions, ToolCall, Usage
 from shared.loop_types import (
     LoopConfig,
@@ -200,6 +201,8 @@ class PolicyCheck:
                 self._feed_back(action, schema_failure_message(failure), verdicts, failure)
                 return
         decision: GateDecision = await gate.evaluate_action(action, context)
+        if isinstance(decision, Allow) and isinstance(action, ToolCallAction):
+            decision = await _as_delegation(action, gate, context)
         if isinstance(decision, Allow):
             verdicts.approve(action)
         elif isinstance(decision, Deny):
@@ -246,6 +249,29 @@ class PolicyCheck:
                 ConversationMessage.tool_result(original_id, _action_name(original), text)
             )
         verdicts.approve(modified)
+
+
+async def _as_delegation(
+    action: ToolCallAction, gate: ReasoningPolicyGate, context: GateContext
+) -> GateDecision:
+    """A ``delegate`` call the gate allowed as a tool call is also put to it as a delegation
+    (its target agent and the depth it would reach), so policies on delegations apply: the
+    default gate's depth rule, Cedar's ``Agent`` resource, OPA's ``delegate`` input."""
+    if not is_delegate(action.name):
+        return Allow()
+    arguments = action.parsed_arguments()  # the schema check passed: an object
+    view = DelegateAction(
+        call_id=action.call_id,
+        target=str(arguments.get("agent", "")),
+        message=str(arguments.get("goal", "")),
+    )
+    decision: GateDecision = await gate.evaluate_action(view, context)
+    if isinstance(decision, Modify):
+        return Deny(
+            reason=f"the gate would change the delegation to {view.target!r} "
+            f"({decision.reason}); a delegation is allowed or denied as proposed"
+        )
+    return decision
 
 
 def _call_id(action: ProposedAction) -> str | None:

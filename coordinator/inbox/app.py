@@ -111,7 +111,7 @@ class InboxApp:
         return self.page(request, "_task_rows.html", rows=task_rows(self.client))
 
     def task(self, request: Request) -> Response:
-        """One task: status, steps, milestones and its journal."""
+        """One task: status, steps, milestones, its sub-agent tree and its journal."""
         return self._task_page(request, "task.html")
 
     def task_live(self, request: Request) -> Response:
@@ -127,7 +127,8 @@ class InboxApp:
         return self.page(
             request, template, row=task_row(record), result=record.result(),
             journal=journal_rows(self.client, record.task_id, record.journal_seq),
-            updated=utc(record.updated_at),
+            updated=utc(record.updated_at), children=self.client.children(record),
+            parent=record.spec.delegation.task_id if record.spec.delegation else None,
         )  # fmt: skip
 
     # -- login ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from shared.events import JournalEntry
 
 __all__ = [
     "JournalRow",
+    "ParentContext",
     "RecentMessage",
     "ReviewCard",
     "TaskRow",
@@ -63,6 +64,18 @@ class ReviewCard:
     counters: tuple[tuple[str, str], ...]
     last_milestone: str | None
     recent: tuple[RecentMessage, ...]
+    parent: ParentContext | None = None
+    """For a sub-agent's review: the parent task, its goal and the step that delegated."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParentContext:
+    """What a reviewer of a sub-agent sees of the task that created it."""
+
+    task_id: str
+    goal: str
+    step_id: str
+    instruction: str
 
 
 def review_cards(items: list[ReviewItem]) -> list[ReviewCard]:
@@ -91,6 +104,19 @@ def _card(item: ReviewItem) -> ReviewCard:
         counters=tuple((str(k), str(v)) for k, v in counters.items()),
         last_milestone=str(milestones[-1]) if milestones else None,
         recent=tuple(_recent(m) for m in snapshot.get("recent") or []),
+        parent=_parent(snapshot.get("parent")),
+    )
+
+
+def _parent(data: Any) -> ParentContext | None:
+    if not isinstance(data, dict):
+        return None
+    step: dict[str, Any] = data.get("step") or {}
+    return ParentContext(
+        task_id=str(data.get("task_id", "")),
+        goal=str(data.get("goal", "")),
+        step_id=str(step.get("id", "")),
+        instruction=str(step.get("instruction", "")),
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from coordinator.machine.core import Section
 from coordinator.state import Awaiting, AwaitKind
 from shared.actions import ToolCallAction
+from shared.delegation import is_delegate
 from shared.protocol import Fence, RunEach, ToolObservedMessage, ToolRequest
 
 __all__ = ["Acting"]
@@ -26,24 +27,39 @@ class Acting(Section):
         awaiting.calls = list(calls)
         awaiting.purpose = purpose
         awaiting.terminal_output = terminal_output
+        self.advance(awaiting)
+
+    def advance(self, awaiting: Awaiting) -> None:
+        """Dispatch what may go out now; observe the iteration when nothing is missing any
+        more (every call answered, or refused at once like a delegation over a limit)."""
         self.dispatch_more(awaiting)
+        if not awaiting.missing_calls():
+            self.m.observing.all_observed(awaiting)
 
     def dispatch_more(self, awaiting: Awaiting) -> None:
         """Dispatch waiting calls while fewer than ``max_concurrent_tools`` are in flight.
 
         Pre-hydration resolutions go out together in one dispatch: one worker resolves them
         concurrently, so the wall time is the slowest resolution, not the worker count's share.
+        A ``delegate`` call goes to no worker: it becomes a child task at once
+        (:class:`~coordinator.machine.delegation.Delegation`), outside the bound.
         """
         if awaiting.kind is AwaitKind.PREHYDRATE:
             self.dispatch_batch(awaiting)
             return
         m = self.m
         limit = m.config().max_concurrent_tools
-        in_flight = [c for c in awaiting.dispatched if c not in awaiting.results]
+        delegated = awaiting.delegated()
+        in_flight = [
+            c for c in awaiting.dispatched if c not in awaiting.results and c not in delegated
+        ]
         for call in awaiting.calls:
-            if len(in_flight) >= limit:
-                return
             if call.call_id in awaiting.dispatched:
+                continue
+            if is_delegate(call.name):
+                m.delegation.start(awaiting, call)
+                continue
+            if len(in_flight) >= limit:
                 continue
             awaiting.deadline = m.now + m.deadline_s()
             awaiting.dispatched.append(call.call_id)
@@ -72,7 +88,7 @@ class Acting(Section):
             agent_id=spec.agent_id,
             action=call,
             workspace=self.m.workspace(),
-            workspace_template=spec.workspace_template,
+            workspace_template=self.m.workspace_template(),
             config=self.m.config(),
             recovery=spec.tool_recovery.get(call.name, spec.recovery),
             policy=spec.policy,

@@ -18,14 +18,14 @@ from coordinator.state import Awaiting, AwaitKind, ReviewItem, TaskRecord
 from shared.events import JournalEntry, LoopEvent
 from shared.loop_types import LoopConfig
 from shared.progress_tracker import ProgressTracker
-from shared.protocol import Fence, ReasonRequest, ToolRequest
+from shared.protocol import ChildFinishedMessage, Fence, ReasonRequest, ToolRequest
 from shared.stagnation import StagnationDetector
 from shared.task_spec import task_workspace
 
 if TYPE_CHECKING:
     from coordinator.machine.task import TaskMachine
 
-__all__ = ["Effects", "MachineCore", "MachineSettings", "Section"]
+__all__ = ["ChildSubmission", "Effects", "MachineCore", "MachineSettings", "Section"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,19 @@ class MachineSettings:
     chain_tools: bool = True
     """Let reasoning workers send an iteration's approved calls straight to the tool workers
     (``ActMode.CHAIN``); False: the coordinator dispatches every tool call."""
+    max_delegation_depth: int = 3
+    """How deep sub-agents may nest: a task's children are at depth 1, theirs at 2..."""
+    max_children_per_task: int = 10
+    """How many sub-agent tasks one task may create in its whole life."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSubmission:
+    """A sub-agent task to submit through the intake, as ``orga submit`` would: its id and
+    its task as JSON (the agent's profile is merged and the whole validated at intake)."""
+
+    task_id: str
+    task: str
 
 
 @dataclass
@@ -58,6 +71,12 @@ class Effects:
     events: list[dict[str, str]] = field(default_factory=list)
     reviews: list[ReviewItem] = field(default_factory=list)
     dead_letters: list[dict[str, str]] = field(default_factory=list)
+    children: list[ChildSubmission] = field(default_factory=list)
+    """Sub-agent tasks to submit to the intake (``delegate`` calls)."""
+    child_results: list[ChildFinishedMessage] = field(default_factory=list)
+    """This task is a sub-agent's and ended: its result, for the parent's observations."""
+    cancels: list[dict[str, str]] = field(default_factory=list)
+    """Control entries cancelling this task's running children (it ended first)."""
     changed: bool = True
 
     def stamped(self, epoch: int) -> None:
@@ -127,8 +146,28 @@ class MachineCore:
         record = self.record
         if record.workspace is None:
             root = self.settings.workspace_root
-            record.workspace = record.spec.workspace or task_workspace(root, record.task_id)
+            link = record.spec.delegation
+            if record.spec.workspace is not None:
+                record.workspace = record.spec.workspace
+            elif (
+                link is not None
+                and link.workspace
+                and record.spec.delegated_workspace == "subfolder"
+            ):
+                record.workspace = f"{link.workspace}/subagents/{record.task_id}"
+            else:
+                record.workspace = task_workspace(root, record.task_id)
         return record.workspace
+
+    def workspace_template(self) -> str | None:
+        """The folder copied into the workspace when it is created: the task's template, or,
+        for a sub-agent working on a copy, its parent's workspace."""
+        spec = self.record.spec
+        link = spec.delegation
+        copied = spec.delegated_workspace == "copy" and spec.workspace is None
+        if spec.workspace_template is None and link is not None and copied:
+            return link.copy_from
+        return spec.workspace_template
 
     def fence(self) -> Fence:
         """A fence no earlier dispatch of this task had: ``attempt`` counts every dispatch."""

@@ -41,6 +41,9 @@ class Observing(Section):
         m.journal(ToolsDispatched(iteration=record.iteration, tool_count=count, duration=duration))
         m.journal(ObservationsCollected(iteration=record.iteration, observation_count=count))
         record.awaiting = None
+        if awaiting.child_iterations:  # sub-agents' iterations count against the step's
+            record.iteration += awaiting.child_iterations
+            record.step().iterations += awaiting.child_iterations
         if awaiting.escalations:
             m.reviews.escalate("recovery", next(iter(awaiting.escalations.values())))
             return

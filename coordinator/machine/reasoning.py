@@ -73,7 +73,7 @@ class Reasoning(Section):
             usage=record.step().attempt_usage if record.steps else record.usage,
             allowed_tools=record.spec.tools,
             model_calls=record.model_calls,
-            workspace_template=record.spec.workspace_template,
+            workspace_template=m.workspace_template(),
             recovery=record.spec.recovery,
             tool_recovery=record.spec.tool_recovery,
             act=self.act_mode(purpose),
@@ -159,10 +159,7 @@ class Reasoning(Section):
         awaiting.results = {k: v for k, v in asked.results.items() if k in known}
         awaiting.escalations = {k: v for k, v in asked.escalations.items() if k in known}
         awaiting.tool_ms = asked.tool_ms
-        if awaiting.missing_calls():
-            self.m.acting.dispatch_more(awaiting)
-        else:
-            self.m.observing.all_observed(awaiting)
+        self.m.acting.advance(awaiting)
 
     def acted_inline(
         self, calls: Sequence[ToolCallAction], acted: Sequence[ToolObservedMessage]

@@ -39,7 +39,11 @@ class Redelivery(Section):
             self.dead_letter(awaiting, message.error)
 
     def late(self, awaiting: Awaiting, liveness: Liveness | None) -> None:
-        """A dispatch past its deadline: still alive, re-sent, or (too often) dead-lettered."""
+        """A dispatch past its deadline: still alive, re-sent, or (too often) dead-lettered.
+        Waiting only on sub-agents is not late: their ends come back by themselves."""
+        if awaiting.waits_only_on_children():
+            self.m.delegation.look_later(awaiting)
+            return
         if liveness is not None and self.still_alive(awaiting, liveness):
             return
         settings = self.m.settings
@@ -96,7 +100,10 @@ class Redelivery(Section):
                 m.reasoning.request(fence, conversation, purpose=awaiting.kind.value)
             )
             return
-        awaiting.dispatched = [c for c in awaiting.dispatched if c in awaiting.results]
+        delegated = awaiting.delegated()  # children are never created twice
+        awaiting.dispatched = [
+            c for c in awaiting.dispatched if c in awaiting.results or c in delegated
+        ]
         m.acting.dispatch_more(awaiting)
 
     def config_failure(self, awaiting: Awaiting, error: str) -> None:
@@ -120,4 +127,5 @@ class Redelivery(Section):
             record.awaiting = None
             m.planning.apply(ReasonedMessage(fence=awaiting.fence, terminal_output=""))
             return
+        m.delegation.abandon(awaiting)
         m.limits.attempt_failed(f"dispatch {awaiting.fence.token()} dead-lettered: {error}")

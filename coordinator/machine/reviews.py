@@ -51,8 +51,18 @@ class Reviews(Section):
         record = self.record
         step = record.step()
         recent = record.conversation.messages[-self.m.settings.recent_messages_in_snapshot :]
+        link = record.spec.delegation
+        parent = None
+        if link is not None:
+            parent = {
+                "task_id": link.task_id,
+                "goal": link.goal,
+                "step": {"id": link.step_id, "instruction": link.step_instruction},
+                "depth": link.depth,
+            }
         return {
             "goal": record.spec.goal,
+            "parent": parent,
             "step": {"id": step.spec.id, "instruction": step.spec.instruction},
             "iteration": record.iteration,
             "attempts": step.attempts,

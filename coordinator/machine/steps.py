@@ -105,6 +105,7 @@ class Steps(Section):
         record.status = status
         record.error = error
         record.awaiting = None
+        self.m.delegation.ended(status, error)
         if record.review is not None and record.review.decision is None:
             self.m.event("review_closed", review_id=record.review.review_id)
             record.review = None

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from coordinator.liveness import Liveness
 from coordinator.machine.acting import Acting
 from coordinator.machine.core import Effects, MachineCore, MachineSettings
+from coordinator.machine.delegation import Delegation
 from coordinator.machine.limits import Limits
 from coordinator.machine.observing import Observing
 from coordinator.machine.planning import Planning
@@ -26,7 +27,12 @@ from coordinator.state import (
 )
 from shared import keys
 from shared.conversation import Conversation, ConversationMessage
-from shared.protocol import ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
+from shared.protocol import (
+    ChildFinishedMessage,
+    ReasonedMessage,
+    ToolObservedMessage,
+    WorkerFailedMessage,
+)
 from shared.tracing import phase_span, task_context, traceparent
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "TaskMachine", "decide"]
@@ -46,8 +52,8 @@ class TaskMachine(MachineCore):
     Each entry point checks the input against what the task awaits (its fence), then hands it
     to the section that decides: :class:`Planning`, :class:`Steps`, :class:`Reasoning` (Reason
     and Gate), :class:`Acting` (Act), :class:`Observing` (Observe, ``done_when``, the
-    stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews` and
-    :class:`Redelivery`.
+    stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews`,
+    :class:`Redelivery` and :class:`Delegation` (sub-agents).
     """
 
     def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
@@ -61,6 +67,7 @@ class TaskMachine(MachineCore):
         self.limits = Limits(self)
         self.reviews = Reviews(self)
         self.redelivery = Redelivery(self)
+        self.delegation = Delegation(self)
 
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step (ignored when
@@ -84,14 +91,24 @@ class TaskMachine(MachineCore):
         return self.done()
 
     def on_answer(
-        self, message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage
+        self,
+        message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | ChildFinishedMessage,
     ) -> Effects:
-        """Any answer of a worker, routed by its kind."""
+        """Any answer of a worker (or of a sub-agent's task), routed by its kind."""
         if isinstance(message, ReasonedMessage):
             return self.on_reasoned(message)
         if isinstance(message, ToolObservedMessage):
             return self.on_tool_observed(message)
+        if isinstance(message, ChildFinishedMessage):
+            return self.on_child_finished(message)
         return self.on_worker_failed(message)
+
+    def on_child_finished(self, message: ChildFinishedMessage) -> Effects:
+        """A sub-agent's task ended: its end is the result of the ``delegate`` call that
+        created it (applied once; recorded even when the task has moved on)."""
+        if not self.delegation.finished(message):
+            return self.ignored()
+        return self.done()
 
     def on_reasoned(self, message: ReasonedMessage) -> Effects:
         """A reasoning worker answered."""
@@ -124,10 +141,7 @@ class TaskMachine(MachineCore):
             return self.ignored()
         awaiting.results[call_id] = message.observation
         self.acting.remember_recovery(message)
-        if awaiting.missing_calls():
-            self.acting.dispatch_more(awaiting)
-        else:
-            self.observing.all_observed(awaiting)
+        self.acting.advance(awaiting)
         return self.done()
 
     def _observed_early(self, awaiting: Awaiting, message: ToolObservedMessage) -> Effects:

@@ -227,6 +227,48 @@ def test_a_reviewer_decides_an_escalation_in_the_browser(
         cluster.client().cancel(task_id)
 
 
+def test_the_task_page_shows_the_subagent_tree(
+    cluster: Cluster, inbox_url: str, chromium: Any, tmp_path: Path
+) -> None:
+    """A task that delegated to two registered agents: its page lists both sub-agents with
+    their status and progress, each linking to its own page, which names its parent."""
+    from playwright.sync_api import expect
+
+    example = REPO / "examples" / "delegation"
+    for agent in ("summarizer", "checker"):
+        done = subprocess.run(
+            [str(ORGA), "agents", "add", str(example / "agents" / f"{agent}.yaml"), "--replace"],
+            env=_env(ORGA_REDIS_URL=cluster.redis_url), capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    client = cluster.client()
+    task_id = client.submit(example / "task.yaml")
+    wait_until(lambda: status_of(client, task_id) == "completed", 120, "the parent completed")
+    context = chromium.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(f"{inbox_url}/login?next=/tasks/{task_id}")
+    page.fill("input[name=name]", "sam")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+    page.goto(f"{inbox_url}/tasks/{task_id}")
+    tree = page.locator("#subagent-tree")
+    expect(tree).to_be_visible()
+    for number, agent in ((1, "summarizer"), (2, "checker")):
+        child = tree.locator(f"li[data-task='{task_id}.{number}']")
+        expect(child).to_contain_text(f"agent {agent}")
+        expect(child.locator(".status")).to_have_text("completed")
+        expect(child).to_contain_text("1/1 steps")
+    expect(tree.locator(f"li[data-task='{task_id}.1']")).to_contain_text("step:summarize")
+    page.screenshot(path=str(tmp_path / "subagents.png"))
+    tree.locator(f"a[href='/tasks/{task_id}.2']").click()
+    page.wait_for_url(f"{inbox_url}/tasks/{task_id}.2")
+    expect(page.locator("#task-parent")).to_have_text(task_id)
+    context.close()
+    assert _png_size(tmp_path / "subagents.png") == (1280, 800)
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     header = path.read_bytes()[16:24]
     return int.from_bytes(header[:4], "big"), int.from_bytes(header[4:], "big")

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from shared.agent_profile import AgentProfile, parse_agent
 from shared.events import JournalEntry, StagnationDetected
 from shared.stagnation import ReasonCode, StagnationLevel
 from tests.fakes.opa_server import FakeOpaServer
@@ -51,6 +52,7 @@ class Scenario:
     task: Callable[[Given], dict[str, Any]]
     check: Callable[[Outcome], None]
     decisions: tuple[Decision, ...] = field(default=())
+    agents: tuple[AgentProfile, ...] = field(default=())
 
 
 def _task(replies: list[Any], **spec: Any) -> dict[str, Any]:
@@ -68,6 +70,35 @@ OTHER_WRITE = ("file_write", {"path": "b.txt", "content": "world"})
 CHECK_FAILS = ("file_write", {"path": "check.py", "content": "print('E: no config')\nexit(1)\n"})
 RUN_CHECK = ("run_command", {"command": "python3 check.py"})
 FIX = ("file_write", {"path": "calc.py", "content": FIXED})
+
+
+SUB_AGENTS = (
+    parse_agent({"name": "alpha", "tools": ["file_write", "file_read"], "provider": {
+        "kind": "scripted", "replies": [_calls(WRITE), "alpha wrote a.txt"]}}),
+    parse_agent({"name": "beta", "provider": {"kind": "scripted", "replies": ["beta agrees"]}}),
+)  # fmt: skip
+"""Two registered agents that parent tasks delegate to (both drivers know them)."""
+
+
+def _delegate(agent: str) -> tuple[str, dict[str, Any]]:
+    steps = [{"id": "only", "instruction": f"answer as {agent}"}]
+    return ("delegate", {"agent": agent, "goal": f"help as {agent}", "steps": steps})
+
+
+def _delegated_twice(outcome: Outcome) -> None:
+    assert outcome.status == "completed", outcome.result
+    texts = _tool_texts(outcome)
+    assert "sub-agent 'alpha' (task" in texts[0] and "answer: alpha wrote a.txt" in texts[0]
+    assert "answer: beta agrees" in texts[1]
+    assert [c.status for c in outcome.record.children] == ["completed", "completed"]
+    assert outcome.events.count("delegated") == 2 and outcome.events.count("child_finished") == 2
+    assert outcome.record.iteration == 2 + 2 + 1  # its own two, alpha's two, beta's one
+
+
+def _delegation_rejected(outcome: Outcome) -> None:
+    assert outcome.status == "completed", outcome.result
+    assert "'nobody' is not a registered agent" in _tool_texts(outcome)[0]
+    assert outcome.record.children[0].status == "rejected"
 
 
 def _tool_texts(outcome: Outcome) -> list[str]:
@@ -530,6 +561,18 @@ SCENARIOS = [
     Scenario("prehydration-gate-modifies", _opa_task, _modified_resolution),
     Scenario("prehydration-timeout", _slow_resolution_task, _resolution_timed_out),
     Scenario(
+        "two-subagents-in-one-turn",
+        lambda _g: _task([_calls(_delegate("alpha"), _delegate("beta")), "combined"]),
+        _delegated_twice,
+        agents=SUB_AGENTS,
+    ),
+    Scenario(
+        "delegation-to-an-unknown-agent",
+        lambda _g: _task([_calls(_delegate("nobody")), "went on alone"]),
+        _delegation_rejected,
+        agents=SUB_AGENTS,
+    ),
+    Scenario(
         "tool-duration-journaled",
         lambda _g: _task([_calls(("run_command", {"command": "sleep 0.2"})), "slept"]),
         _tool_took_its_time,
@@ -563,9 +606,9 @@ def test_the_loop_runs_alike_on_both_drivers(
     driver: LoopDriver, reference: LoopDriver, given: Given, scenario: Scenario
 ) -> None:
     """A scenario ends as it should, with the in-process run's journal, result and conversation."""
-    outcome = driver.run(scenario.task(given), scenario.decisions)
+    outcome = driver.run(scenario.task(given), scenario.decisions, scenario.agents)
     scenario.check(outcome)
     for entry in outcome.journal:
         assert JournalEntry.model_validate_json(entry.model_dump_json()) == entry
-    expected = reference.run(scenario.task(given), scenario.decisions)
+    expected = reference.run(scenario.task(given), scenario.decisions, scenario.agents)
     assert comparable(outcome) == comparable(expected)

@@ -31,6 +31,7 @@ from jsonschema.exceptions import SchemaError
 from shared.inference import ToolDefinition
 from workers.tools.base import Tool
 from workers.tools.command import CommandEnvironment, RunCommandTool
+from workers.tools.delegate import DelegateTool
 from workers.tools.errors import DuplicateToolError, ToolLoadError, UnknownToolError
 from workers.tools.files import FileListTool, FileReadTool, FileWriteTool
 from workers.tools.grep import GrepTool
@@ -119,7 +120,8 @@ def builtin_tools(
     command_environment: CommandEnvironment | None = None,
     web_transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[Tool]:
-    """``file_read``, ``file_write``, ``file_list``, ``grep``, ``run_command``, ``web_fetch``."""
+    """``file_read``, ``file_write``, ``file_list``, ``grep``, ``run_command``, ``web_fetch``,
+    and ``delegate`` (decided by the coordinator: :mod:`workers.tools.delegate`)."""
     return [
         FileReadTool(),
         FileWriteTool(),
@@ -127,6 +129,7 @@ def builtin_tools(
         GrepTool(),
         RunCommandTool(command_environment),
         WebFetchTool(transport=web_transport),
+        DelegateTool(),
     ]
 
 

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 
 from coordinator.client import OrgaClient
 from coordinator.inbox import InboxConfigError, ReviewerAuth, create_app
-from coordinator.state import ReviewItem, StepRecord, TaskRecord, TaskStatus
+from coordinator.state import ChildRef, ReviewItem, StepRecord, TaskRecord, TaskStatus
 from shared import keys
 from shared.events import JournalEntry, Started
 from shared.loop_types import LoopConfig
@@ -381,3 +381,32 @@ def test_login_redirects_only_within_the_site(orga: OrgaClient) -> None:
         response = client.post("/login", follow_redirects=False, data={
             "csrftoken": token, "token": TOKEN, "next": "//evil.example/x"})  # fmt: skip
     assert response.headers["location"] == "/"
+
+
+def test_a_subagents_review_names_its_parent_and_the_tree_is_escaped(
+    orga: OrgaClient, browser: TestClient
+) -> None:
+    """A sub-agent's review shows its parent's goal and step (escaped); the parent's page lists
+    the child in its sub-agent tree, with the child's goal escaped."""
+    review = _escalated(orga, task_id="p.1", review_id="r9")
+    review.snapshot["parent"] = {
+        "task_id": "p",
+        "goal": f"parent {EVIL}",
+        "depth": 1,
+        "step": {"id": "combine", "instruction": "delegate <i>x</i>"},
+    }
+    orga.redis.hset(keys.open_reviews_key, "r9", review.model_dump_json())
+    page = browser.get("/").text
+    assert 'sub-agent of task\n      <a href="/tasks/p">p</a>' in page
+    assert "parent &lt;script&gt;alert(&#39;goal&#39;)&lt;/script&gt;" in page
+    assert "step <b>combine</b>: delegate &lt;i&gt;x&lt;/i&gt;" in page
+    parent = TaskRecord(
+        task_id="p", spec=parse_task({"goal": "parent"}), created_at=1.0, updated_at=1.0,
+        children=[ChildRef(task_id="p.1", agent="helper", call_id="c1", step_id="combine",
+                           iteration=1, goal=f"child {EVIL}")],
+    )  # fmt: skip
+    orga.redis.hset(keys.task_key("p"), mapping={"state": parent.model_dump_json()})
+    tree = browser.get("/tasks/p").text
+    assert '<li data-task="p.1"><a href="/tasks/p.1">p.1</a>' in tree
+    assert "child &lt;script&gt;alert" in tree and "<script>alert" not in tree
+    assert "awaiting_review" in tree  # the child's own status, read from its record

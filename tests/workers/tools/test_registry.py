@@ -23,7 +23,9 @@ from workers.tools import (
     load_entry_point_tools,
 )
 
-BUILTIN_NAMES = ["file_read", "file_write", "file_list", "grep", "run_command", "web_fetch"]
+BUILTIN_NAMES = [
+    "file_read", "file_write", "file_list", "grep", "run_command", "web_fetch", "delegate"
+]  # fmt: skip
 
 
 class EchoTool:
@@ -123,11 +125,11 @@ def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_builtin_tools_and_their_order() -> None:
-    """The six built-in tools are registered in a stable order."""
+    """The seven built-in tools (delegate among them) are registered in a stable order."""
     registry = ToolRegistry(builtin_tools())
     assert registry.names() == BUILTIN_NAMES
     assert [d.name for d in registry.definitions()] == BUILTIN_NAMES
-    assert len(registry) == 6
+    assert len(registry) == 7
     assert "grep" in registry
     assert registry.require("grep").definition.name == "grep"
     assert [tool.definition.name for tool in registry] == BUILTIN_NAMES
@@ -184,6 +186,24 @@ GOOD_AND_BAD_ARGUMENTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any
     "web_fetch": (
         [{"url": "https://example.com"}, {"url": "https://example.com", "max_bytes": 100}],
         [{}, {"url": ""}, {"url": "https://e.com", "max_bytes": 0}, {"url": "u", "method": "POST"}],
+    ),
+    "delegate": (
+        [
+            {"agent": "alpha", "goal": "say 1"},
+            {
+                "agent": "alpha",
+                "goal": "g",
+                "steps": [{"id": "a", "instruction": "do"}],
+                "budget": {"iterations": 3, "tokens": 1000},
+            },
+        ],
+        [
+            {"goal": "g"},
+            {"agent": "alpha", "goal": ""},
+            {"agent": "bad name", "goal": "g"},
+            {"agent": "a", "goal": "g", "budget": {"iterations": 0}},
+            {"agent": "a", "goal": "g", "steps": [{"id": "a"}]},
+        ],
     ),
 }
 
