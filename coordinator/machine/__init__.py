@@ -22,6 +22,7 @@ The machine is made of sections, one module each, that call each other through i
 ``limits``                failed attempts against the progress tracker's limits
 ``reviews``               escalation to a human and the decision applied
 ``redelivery``            worker failures, deadlines, re-sends and dead letters
+``critics``               a step's result reviewed by its critic before it completes
 ========================  ===============================================================
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Literal
 
 from coordinator.machine.core import Section
 from coordinator.state import Awaiting, AwaitKind
@@ -51,13 +52,17 @@ class Reasoning(Section):
         awaiting.chained = request.chain_tools
         m.effects.reason_dispatches.append(request)
 
-    def request(self, fence: Fence, conversation: Conversation, purpose: str) -> ReasonRequest:
+    def request(
+        self, fence: Fence, conversation: Conversation, purpose: Literal["act", "plan", "critic"]
+    ) -> ReasonRequest:
+        """A reasoning request; the task's own conversation travels by reference (when the
+        settings say so) only for ``act``: a plan's or a critic's is their own."""
         m, record = self.m, self.record
         act_inline = record.spec.tool_dispatch == "inline" and m.settings.allow_inline_tools
-        by_reference = m.settings.conversation_by_reference and purpose != "plan"
+        by_reference = m.settings.conversation_by_reference and purpose == "act"
         return ReasonRequest(
             fence=fence,
-            purpose="plan" if purpose == "plan" else "act",
+            purpose=purpose,
             agent_id=record.spec.agent_id,
             conversation=Conversation() if by_reference else conversation,
             conversation_ref=(
@@ -169,11 +174,12 @@ class Reasoning(Section):
         self.m.journal(ObservationsCollected(iteration=iteration, observation_count=0))
 
     def answered(self, output: str) -> None:
-        """The model says the step is done: verify it (``done_when``) or complete it."""
+        """The model says the step is done: verify it (``done_when``), or complete it (after
+        its critic's verdict, when it has one)."""
         record = self.record
         check = record.step().spec.done_when
         if check is None:
-            self.m.steps.complete(output, verified=False)
+            self.m.critics.review(output, verified=False, check_output=None)
             return
         arguments = {"command": check.command, "timeout_s": check.timeout.total_seconds()}
         call = ToolCallAction(
