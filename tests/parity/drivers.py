@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from coordinator.agents import AgentRegistry
 from coordinator.client import OrgaClient
 from coordinator.inprocess import InProcessDriver, ReviewVerdict
 from coordinator.machine import MachineSettings
 from coordinator.state import ReviewDecision, ReviewItem, TaskRecord
+from shared.agent_profile import AgentProfile
 from shared.events import JournalEntry
 from tests.integration.harness import Cluster, status_of
 from workers.runtime import local_core
@@ -99,8 +101,14 @@ class LoopDriver(Protocol):
 
     name: str
 
-    def run(self, task: dict[str, Any], decisions: Sequence[Decision] = ()) -> Outcome:
-        """Run ``task``; the n-th escalation gets ``decisions[n]``, later ones stay open."""
+    def run(
+        self,
+        task: dict[str, Any],
+        decisions: Sequence[Decision] = (),
+        agents: Sequence[AgentProfile] = (),
+    ) -> Outcome:
+        """Run ``task`` with ``agents`` registered; the n-th escalation gets ``decisions[n]``,
+        later ones stay open."""
         ...
 
 
@@ -126,16 +134,26 @@ class InProcessLoop:
     root: Path
     name: str = "inprocess"
 
-    def run(self, task: dict[str, Any], decisions: Sequence[Decision] = ()) -> Outcome:
+    def run(
+        self,
+        task: dict[str, Any],
+        decisions: Sequence[Decision] = (),
+        agents: Sequence[AgentProfile] = (),
+    ) -> Outcome:
         """Run the task in this process (no Redis, no Celery)."""
-        return asyncio.run(self._run(task, list(decisions)))
+        return asyncio.run(self._run(task, list(decisions), agents))
 
-    async def _run(self, task: dict[str, Any], decisions: list[Decision]) -> Outcome:
+    async def _run(
+        self, task: dict[str, Any], decisions: list[Decision], agents: Sequence[AgentProfile]
+    ) -> Outcome:
         started = time.monotonic()
         core = local_core()
         reviewer = _Reviewer(decisions)
         driver = InProcessDriver(
-            core, MachineSettings(workspace_root=str(self.root)), reviewer=reviewer
+            core,
+            MachineSettings(workspace_root=str(self.root)),
+            reviewer=reviewer,
+            agents={a.name: a for a in agents},
         )
         try:
             run = await driver.run(task)
@@ -159,11 +177,20 @@ class DistributedLoop:
     cluster: Cluster
     name: str = "distributed"
 
-    def run(self, task: dict[str, Any], decisions: Sequence[Decision] = ()) -> Outcome:
-        """Submit the task, decide its escalations with the client, read it back."""
+    def run(
+        self,
+        task: dict[str, Any],
+        decisions: Sequence[Decision] = (),
+        agents: Sequence[AgentProfile] = (),
+    ) -> Outcome:
+        """Register the agents, submit the task, decide its escalations with the client, read
+        it back."""
         started = time.monotonic()
         client = self.cluster.client()
         try:
+            registry = AgentRegistry(client.redis)
+            for agent in agents:
+                registry.add(agent, replace=True)
             task_id = client.submit(task)
             review_ids: list[str] = []
             for decision in decisions:
