@@ -348,8 +348,11 @@ def test_a_human_critic_revises_then_approves_in_the_browser(
     context.close()
 
     assert client.result(task_id)["output"] == "I wrote notes.txt, as the rubric asks"
-    decided = [(f["decision"], f["by"]) for _i, f in client.events()
-               if f.get("event") == "review_decided" and f.get("review_id") in (first, second)]  # fmt: skip
+    decided = [
+        (f["decision"], f["by"])
+        for _i, f in client.events()
+        if f.get("event") == "review_decided" and f.get("review_id") in (first, second)
+    ]
     assert decided == [("revise", "inbox:cora"), ("approve", "inbox:cora")]
     messages = [m.content for m in client.record(task_id).conversation.messages]
     assert any(

@@ -175,9 +175,7 @@ SCENARIOS = [
         ["looks fine to me", json.dumps({"verdict": "maybe", "reason": "hm"})],
         _malformed_twice_escalated,
     ),
-    CriticScenario(
-        "human-critic-waits", ["I wrote a.txt; done"], None, _human_critic_waits
-    ),
+    CriticScenario("human-critic-waits", ["I wrote a.txt; done"], None, _human_critic_waits),
     CriticScenario(
         "human-critic-revise-then-approve",
         ["I am done", "I wrote a.txt because the step asks for it"],
