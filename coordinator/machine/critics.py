@@ -79,12 +79,15 @@ class Critics(Section):
 
     def request_for(self, fence: Fence) -> ReasonRequest:
         """The critic's model call under ``fence``: the critic's provider and conversation,
-        and its own count of calls (a scripted critic resumes its own script)."""
+        its own count of calls (a scripted critic resumes its own script), and room for this
+        one call whatever iterations the worker used (the step's tokens still bound it)."""
         request = self.m.reasoning.request(fence, self.conversation(), purpose="critic")
+        config = request.config.model_copy(update={"max_iterations": fence.iteration + 1})
         return request.model_copy(
             update={
                 "provider": self.spec.provider or ProviderSpec(),
                 "model_calls": self.record.critic_calls,
+                "config": config,
             }
         )
 

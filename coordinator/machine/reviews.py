@@ -12,7 +12,10 @@ from shared.conversation import ConversationMessage
 from shared.events import Escalated, ReviewDecided
 from shared.inference import Usage
 
-__all__ = ["Reviews"]
+__all__ = ["RESULT_SOURCES", "Reviews"]
+
+RESULT_SOURCES: frozenset[ReviewSource] = frozenset({"critic", "critic_escalation"})
+"""The reviews of a step's result (its critic's): they take ``approve`` and ``revise`` too."""
 
 
 class Reviews(Section):
@@ -30,7 +33,7 @@ class Reviews(Section):
             created_at=m.now,
             deadline=m.now + review_spec.deadline.total_seconds(),
             default_decision=review_spec.default_decision,
-            snapshot=self.snapshot(),
+            snapshot=self.snapshot(source),
         )
         record.status = TaskStatus.AWAITING_REVIEW
         record.awaiting = None
@@ -48,16 +51,17 @@ class Reviews(Section):
         m.event("escalated", review_id=item.review_id, reason=reason[:500], source=source)
         return item
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, source: ReviewSource) -> dict[str, Any]:
         """What a reviewer sees: the goal, the step, recent turns, milestones and counters, and
         for a step whose result is with its critic, the critic's payload (``critic``: the
-        rubric, the worker's result, the ``done_when`` output and the verdicts so far)."""
+        rubric, the worker's result, the ``done_when`` output and the verdicts so far), for a
+        review of that result (:data:`RESULT_SOURCES`)."""
         record = self.record
         step = record.step()
         recent = record.conversation.messages[-self.m.settings.recent_messages_in_snapshot :]
         critic = (
             {"critic": self.m.critics.payload().model_dump(mode="json")}
-            if step.critique is not None and step.spec.critic is not None
+            if source in RESULT_SOURCES and step.critique is not None
             else {}
         )
         return {
@@ -87,7 +91,7 @@ class Reviews(Section):
         assert review is not None
         if decision not in ("approve", "revise"):
             return
-        if self.record.step().critique is None:
+        if review.source not in RESULT_SOURCES or self.record.step().critique is None:
             raise ValueError(
                 f"review {review.review_id} ({review.source}) is not about a step's result, so "
                 f"{decision!r} does not apply; decide it with retry, skip or abort"

@@ -73,6 +73,7 @@ def test_the_worker_s_answer_goes_to_the_critic_model() -> None:
     assert request.purpose == "critic"
     assert request.provider.replies == ["{}"]
     assert request.model_calls == 0  # the critic's own script, from its start
+    assert request.config.max_iterations > request.fence.iteration  # room for the call
     system, question = request.conversation.messages
     assert system.content == "judge strictly"
     assert "names the file" in question.content and "I wrote notes.txt" in question.content
@@ -156,6 +157,23 @@ def test_a_human_critic_reviews_on_the_queue() -> None:
         _apply(record, 3.0, lambda m: m.on_review_decision(review.review_id, "revise", " ", "ann"))
     _apply(record, 3.0, lambda m: m.on_review_decision(review.review_id, "approve", None, "ann"))
     assert record.status is TaskStatus.COMPLETED
+
+
+def test_a_tracker_escalation_after_a_revision_is_not_a_review_of_the_result() -> None:
+    """The worker's attempts ran out after a revision: the escalation is the tracker's, with
+    no critic payload, and approve is refused on it."""
+    record, _ = _answered()
+    _reply(record, json.dumps({"verdict": "revise", "reason": "name it"}))
+
+    def stuck(machine: TaskMachine) -> Effects:
+        machine.reviews.escalate("tracker", "attempts ran out")
+        return machine.done()
+
+    _apply(record, 3.0, stuck)
+    review = record.review
+    assert review is not None and "critic" not in review.snapshot
+    with pytest.raises(ValueError, match="is not about a step's result"):
+        _apply(record, 4.0, lambda m: m.on_review_decision(review.review_id, "approve", None, "a"))
 
 
 def test_approve_is_refused_on_a_review_that_is_not_about_a_result() -> None:
