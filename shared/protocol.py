@@ -10,6 +10,7 @@ an entry into a model or raises :class:`~shared.errors.WireFormatError` saying w
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -25,12 +26,16 @@ from shared.task_spec import ProviderSpec
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "ActMode",
+    "CompleteReasoning",
     "ConversationRef",
     "ErrorKind",
     "Fence",
     "ReasonRequest",
     "ReasonedMessage",
+    "RunEach",
     "StreamMessage",
+    "ToolAnswer",
     "ToolObservedMessage",
     "ToolRequest",
     "WorkerFailedMessage",
@@ -38,7 +43,7 @@ __all__ = [
     "encode_entry",
 ]
 
-PROTOCOL_VERSION = "1"
+PROTOCOL_VERSION = "2"
 
 ErrorKind = Literal["config", "transient", "internal"]
 """What a worker failure is, so that the coordinator never matches strings:
@@ -105,6 +110,25 @@ class ConversationRef(BaseModel):
     """When the task was created: a task id reused after a purge is another conversation."""
 
 
+class ActMode(StrEnum):
+    """Who runs the approved calls of a reasoning request's iteration: the one field that
+    chooses Act's transport (every mode runs each call as a :class:`ToolRequest` through the
+    same ``run_tool_call``)."""
+
+    COORDINATOR = "coordinator"
+    """The reasoning worker answers; the coordinator dispatches each approved call."""
+    CHAIN = "chain"
+    """The reasoning worker sends the approved calls (up to ``config.max_concurrent_tools``)
+    straight to the tool workers, each under ``fence.acting().for_call(call_id)``
+    (:meth:`ReasonRequest.tool_request`), in the same Redis transaction as the ``reasoned``
+    message that lists them in ``chained``: the coordinator is then not between Gate and Act,
+    and dispatches the rest, if any, as results come in. A lone approved call carries the
+    ``reasoned`` message instead (:class:`CompleteReasoning`)."""
+    INLINE = "inline"
+    """The reasoning worker runs the approved calls itself (``tool_dispatch: inline``) and
+    returns their outcomes in ``ReasonedMessage.acted``: the iteration costs one dispatch."""
+
+
 class ReasonRequest(BaseModel):
     """What a reasoning worker needs to run Reason and Gate for one iteration.
 
@@ -129,19 +153,13 @@ class ReasonRequest(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     allowed_tools: list[str] | None = None
     model_calls: int = Field(default=0, ge=0)
-    act_inline: bool = False
     workspace_template: str | None = None
     recovery: RecoveryStrategy = Field(default_factory=Retry)
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
     trace_parent: str | None = None
     """The W3C ``traceparent`` of the coordinator's span that sent this dispatch."""
-    chain_tools: bool = False
-    """Send the approved calls (up to ``config.max_concurrent_tools``) straight to the tool
-    workers, each under ``fence.acting().for_call(call_id)`` (:meth:`tool_request`), in the
-    same Redis transaction as the ``reasoned`` message that lists them in ``chained``: the
-    coordinator is then not between Gate and Act, and dispatches the rest, if any, as results
-    come in. A lone approved call carries the ``reasoned`` message instead
-    (``ToolRequest.completes``)."""
+    act: ActMode = ActMode.COORDINATOR
+    """Who runs the calls this iteration's Gate approves (:class:`ActMode`)."""
 
     def tool_request(self, call: ToolCallAction) -> ToolRequest:
         """The request that runs one approved call of this iteration on a tool worker."""
@@ -160,12 +178,35 @@ class ReasonRequest(BaseModel):
         )
 
 
+class RunEach(BaseModel):
+    """Run the request's call, and ``also`` concurrently (pre-hydration sends all of a task's
+    resolutions in one dispatch); each answers with its own ``tool_observed`` message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["each"] = "each"
+    also: list[ToolCallAction] = Field(default_factory=list)
+
+
+class CompleteReasoning(BaseModel):
+    """The only approved call of a chained iteration (:attr:`ActMode.CHAIN`): the tool worker
+    answers with ``reasoned``, its ``acted`` filled in, instead of a ``tool_observed`` message,
+    so the iteration costs the coordinator one observation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["completes"] = "completes"
+    reasoned: ReasonedMessage
+
+
+ToolAnswer = Annotated[RunEach | CompleteReasoning, Field(discriminator="kind")]
+
+
 class ToolRequest(BaseModel):
     """What a tool worker needs to run one tool call.
 
-    ``gated`` calls (pre-hydration resolutions) pass the schema check and the gate in the tool
-    worker; ``act`` calls were gated by the reasoning worker; ``verify`` calls are the task's
-    own ``done_when`` checks.
+    ``purpose`` says what the call is for (``act``, ``prehydrate``, ``verify``) and ``answer``
+    how it is run and answered.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -178,19 +219,31 @@ class ToolRequest(BaseModel):
     workspace_template: str | None = None
     config: LoopConfig
     recovery: RecoveryStrategy = Field(default_factory=Retry)
-    gated: bool = False
     policy: PolicySpec = Field(default_factory=PolicySpec)
     allowed_tools: list[str] | None = None
-    also: list[ToolCallAction] = Field(default_factory=list)
-    """More calls of the same purpose to run concurrently in this task (pre-hydration sends
-    all of a task's resolutions in one dispatch); each answers with its own observation."""
     trace_parent: str | None = None
     """The W3C ``traceparent`` of the span that sent this call (a coordinator's, or the
     reasoning worker's that chained it)."""
-    completes: ReasonedMessage | None = None
-    """The reasoning whose only approved call this is (``chain_tools``): the tool worker
-    answers with that ``reasoned`` message, its ``acted`` filled in, instead of a
-    ``tool_observed`` one, so the iteration costs the coordinator one observation."""
+    answer: ToolAnswer = Field(default_factory=RunEach)
+    """How the tool worker runs and answers this request (:class:`RunEach` or
+    :class:`CompleteReasoning`): the one field that chooses the tool side's transport."""
+
+    @property
+    def gated(self) -> bool:
+        """Pre-hydration resolutions pass the schema check and the gate in the tool worker;
+        ``act`` calls were gated by the reasoning worker; ``verify`` calls are the task's own
+        ``done_when`` checks."""
+        return self.purpose == "prehydrate"
+
+    @property
+    def completes(self) -> ReasonedMessage | None:
+        """The reasoning this lone chained call answers for, if it is one."""
+        return self.answer.reasoned if isinstance(self.answer, CompleteReasoning) else None
+
+    @property
+    def also(self) -> list[ToolCallAction]:
+        """The calls run with this one, concurrently (a pre-hydration batch)."""
+        return self.answer.also if isinstance(self.answer, RunEach) else []
 
 
 class ToolObservedMessage(BaseModel):
@@ -214,8 +267,8 @@ class ReasonedMessage(BaseModel):
     ``terminal_output`` is set when the model gave its answer; ``termination`` when the
     iteration ended the loop (inference failed, refusal, limits). ``acted`` holds the tool
     outcomes when the request asked the reasoning worker to run the approved calls itself
-    (``act_inline``): the whole iteration then costs one dispatch. ``chained`` lists the calls
-    the reasoning worker sent to the tool workers itself (``chain_tools``).
+    (:attr:`ActMode.INLINE`): the whole iteration then costs one dispatch. ``chained`` lists
+    the calls the reasoning worker sent to the tool workers itself (:attr:`ActMode.CHAIN`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -299,4 +352,5 @@ def _summary(exc: ValidationError) -> str:
     return "; ".join(parts) + more
 
 
+CompleteReasoning.model_rebuild()
 ToolRequest.model_rebuild()

@@ -34,10 +34,13 @@ from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
 from shared.protocol import (
+    ActMode,
+    CompleteReasoning,
     ErrorKind,
     Fence,
     ReasonedMessage,
     ReasonRequest,
+    RunEach,
     ToolObservedMessage,
     ToolRequest,
     WorkerFailedMessage,
@@ -217,7 +220,8 @@ def resolution_arguments(
 
 
 async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> ReasonedMessage:
-    """Reason and Gate for one iteration (and Act when ``act_inline``)."""
+    """Reason and Gate for one iteration (and Act, or chain the calls to the tool workers,
+    as ``request.act`` says)."""
     started = time.monotonic()
     state = _loop_state(request, await services.conversation(request))
     knowledge = request.config.knowledge
@@ -247,11 +251,15 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
     acted = None
     chained: list[str] = []
-    if request.act_inline and approved and dispatching.terminal_output is None:
-        with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
-            acted = await _act_inline(request, approved, services)
-    elif request.chain_tools and approved and dispatching.terminal_output is None:
-        chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
+    if approved and dispatching.terminal_output is None:
+        match request.act:
+            case ActMode.INLINE:
+                with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
+                    acted = await _act_inline(request, approved, services)
+            case ActMode.CHAIN:
+                chained = [c.call_id for c in approved[: request.config.max_concurrent_tools]]
+            case ActMode.COORDINATOR:
+                pass
     if knowledge is not None and request.purpose == "act" and dispatching.terminal_output:
         await _persist_learnings(request, services, state.conversation, knowledge)
     return ReasonedMessage(
@@ -314,16 +322,18 @@ def onward(
     request: ReasonRequest, message: ReasonedMessage
 ) -> tuple[ReasonedMessage | None, list[ToolRequest]]:
     """What a reasoning worker sends: its ``reasoned`` message for the coordinator (None when
-    it travels with its only call) and the tool calls it chains (``chain_tools``).
+    it travels with its only call) and the tool calls it chains (``ActMode.CHAIN``).
 
-    A lone approved call carries the message (``ToolRequest.completes``): the tool worker
+    A lone approved call carries the message (:class:`CompleteReasoning`): the tool worker
     answers for the whole iteration. Several calls go out on their own, each to any tool
     worker, and the message goes to the coordinator at once.
     """
     chained = set(message.chained)
     requests = [request.tool_request(c) for c in message.approved_calls if c.call_id in chained]
     if len(requests) == 1 and len(message.approved_calls) == 1:
-        return None, [requests[0].model_copy(update={"completes": message})]
+        return None, [
+            requests[0].model_copy(update={"answer": CompleteReasoning(reasoned=message)})
+        ]
     return message, requests
 
 
@@ -419,7 +429,7 @@ def _reasoning_config(request: ReasonRequest, services: WorkerServices) -> LoopC
 async def _act_inline(
     request: ReasonRequest, calls: Sequence[ToolCallAction], services: WorkerServices
 ) -> list[ToolObservedMessage]:
-    """Act in the reasoning worker (``act_inline``): each call as the same ``ToolRequest`` a
+    """Act in the reasoning worker (``ActMode.INLINE``): each call as the same ``ToolRequest`` a
     tool worker would run, through the same :func:`run_tool_call`, at most
     ``max_concurrent_tools`` at a time."""
     limit = asyncio.Semaphore(request.config.max_concurrent_tools)
@@ -440,13 +450,19 @@ async def run_tool_calls(
     Pre-hydration resolutions share the task's ``pre_hydration.timeout``: the ones still
     running then are cancelled and answered as timed out (``timed_out`` in the metadata), the
     ones done are kept."""
-    if request.completes is not None:
-        observed = await run_tool_call(request, services)
-        return request.completes.model_copy(update={"acted": [observed], "chained": []})
-    calls = [request.action, *request.also]
+    match request.answer:
+        case CompleteReasoning(reasoned=reasoned):
+            observed = await run_tool_call(request, services)
+            return reasoned.model_copy(update={"acted": [observed], "chained": []})
+        case RunEach(also=also):
+            calls = [request.action, *also]
     single = [
         request.model_copy(
-            update={"action": call, "fence": request.fence.for_call(call.call_id), "also": []}
+            update={
+                "action": call,
+                "fence": request.fence.for_call(call.call_id),
+                "answer": RunEach(),
+            }
         )
         for call in calls
     ]

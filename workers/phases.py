@@ -1,15 +1,15 @@
-"""The four ORGA phases as a typestate: Reason and Gate run here for both drivers of the loop.
+"""Reason and Gate as a typestate: they run here, in the reasoning worker, for both drivers.
 
 Typestate, as Symbiont's ``phases.rs``: each phase is its own class and exposes only the one
 transition allowed from it::
 
     Reasoning.produce_output()   -> PolicyCheck        (raises LoopTermination to stop)
-    PolicyCheck.check_policy()   -> ToolDispatching
-    ToolDispatching.dispatch_tools() -> Observing
-    Observing.observe_results()  -> Reasoning | LoopResult
+    PolicyCheck.check_policy()   -> ToolDispatching    (the gated batch, handed to Act)
 
-Skipping the gate, dispatching without reasoning or observing without dispatching is therefore
-an attribute error that ``mypy --strict`` rejects (see ``tests/typing/``).
+Act and Observe are the coordinator's (``coordinator/machine/acting.py`` and
+``observing.py``): every call runs as a ``ToolRequest`` through ``run_tool_call``, whoever runs
+it. Skipping the gate, or reasoning or gating again from a gated batch, is therefore an
+attribute error that ``mypy --strict`` rejects (see ``tests/typing/``).
 
 Differences from Symbiont, all deliberate:
 - text that comes with tool calls is kept in the assistant message instead of dropped;
@@ -21,9 +21,7 @@ Differences from Symbiont, all deliberate:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from shared.actions import (
     Allow,
@@ -39,11 +37,9 @@ from shared.actions import (
 )
 from shared.context_manager import ContextManager
 from shared.conversation import ConversationMessage
-from shared.events import RecoveryTriggered
-from shared.inference import FinishReason, InferenceOptions, ToolCall, ToolDefinition, Usage
+from shared.inference import FinishReason, InferenceOptions, ToolCall, Usage
 from shared.loop_types import (
     LoopConfig,
-    LoopResult,
     LoopState,
     TerminationKind,
     TerminationReason,
@@ -51,21 +47,14 @@ from shared.loop_types import (
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.providers.base import InferenceError, InferenceProvider
-from workers.tools.base import ToolContext
 
 __all__ = [
-    "ActionDispatcher",
-    "DispatchReport",
-    "EscalationRequest",
     "LoopTermination",
-    "Observing",
     "PolicyCheck",
     "Reasoning",
     "ToolDispatching",
     "tool_call_to_action",
 ]
-
-DELEGATION_UNAVAILABLE = "agent delegation is not available in this runner"
 
 
 class LoopTermination(Exception):  # noqa: N818 - a control signal, not an error
@@ -74,42 +63,6 @@ class LoopTermination(Exception):  # noqa: N818 - a control signal, not an error
     def __init__(self, reason: TerminationReason) -> None:
         super().__init__(str(reason))
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class EscalationRequest:
-    """A request for a human decision raised while acting (the Escalate recovery strategy)."""
-
-    queue: str
-    reason: str
-    tool_name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchReport:
-    """What the Act phase produced: observations in input order, recovery events, escalation."""
-
-    observations: list[Observation]
-    recovery_events: list[RecoveryTriggered] = field(default_factory=list)
-    escalation: EscalationRequest | None = None
-
-
-class ActionDispatcher(Protocol):
-    """Runs approved tool calls (the executor, possibly wrapped by the knowledge bridge)."""
-
-    def tool_definitions(self) -> list[ToolDefinition]:
-        """The tools this dispatcher can run."""
-        ...
-
-    async def dispatch(
-        self,
-        actions: Sequence[ToolCallAction],
-        config: LoopConfig,
-        context: ToolContext,
-        iteration: int,
-    ) -> DispatchReport:
-        """Run ``actions`` and return one observation per action, in input order."""
-        ...
 
 
 def tool_call_to_action(call: ToolCall, delegation_available: bool) -> ProposedAction:
@@ -328,12 +281,14 @@ class _Verdicts:
             self.terminal_output = action.output
 
 
-# -- Act ------------------------------------------------------------------------------------
+# -- Gated: handed to Act -------------------------------------------------------------------
 
 
 @dataclass(slots=True)
 class ToolDispatching:
-    """Actions passed the gate; approved tool calls are ready to run."""
+    """Actions passed the gate: the approved tool calls go to Act (the coordinator's), the
+    denials were fed back to the model, ``terminal_output`` is the model's answer if it gave
+    one."""
 
     state: LoopState
     config: LoopConfig
@@ -350,63 +305,3 @@ class ToolDispatching:
     def policy_summary(self) -> tuple[int, int]:
         """``(actions evaluated, actions denied)``."""
         return self.action_count, self.denied_count
-
-    async def dispatch_tools(self, dispatcher: ActionDispatcher, context: ToolContext) -> Observing:
-        """Run the approved tool calls (nothing runs when the model gave its final answer)."""
-        self.state.current_phase = "tool_dispatching"
-        if self.terminal_output is not None:
-            return Observing(self.state, self.config, DispatchReport([]), self.terminal_output)
-        calls = [a for a in self.approved if isinstance(a, ToolCallAction)]
-        report = await dispatcher.dispatch(calls, self.config, context, self.state.iteration)
-        delegated = [
-            Observation.tool_error(f"delegate:{a.target}", DELEGATION_UNAVAILABLE).with_call_id(
-                a.call_id
-            )
-            for a in self.approved
-            if isinstance(a, DelegateAction)
-        ]
-        report = DispatchReport(
-            observations=report.observations + delegated,
-            recovery_events=report.recovery_events,
-            escalation=report.escalation,
-        )
-        for observation in report.observations:
-            self.state.conversation.push(observation.as_tool_message())
-        return Observing(self.state, self.config, report, None)
-
-
-# -- Observe --------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Observing:
-    """Tools ran; their observations are in the conversation."""
-
-    state: LoopState
-    config: LoopConfig
-    report: DispatchReport
-    terminal_output: str | None
-
-    @property
-    def observations(self) -> list[Observation]:
-        """The observations of this iteration, in input order."""
-        return self.report.observations
-
-    def observation_count(self) -> int:
-        """How many observations this iteration produced."""
-        return len(self.report.observations)
-
-    def observe_results(self) -> Reasoning | LoopResult:
-        """Complete with the final answer, or go back to reasoning."""
-        self.state.current_phase = "observing"
-        if self.terminal_output is None:
-            return Reasoning(self.state, self.config)
-        return LoopResult(
-            output=self.terminal_output,
-            iterations=self.state.iteration,
-            total_usage=self.state.total_usage,
-            termination_reason=TerminationReason.completed(),
-            duration=self.state.elapsed(),
-            conversation=self.state.conversation,
-            milestones=list(self.state.milestones),
-        )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from coordinator.machine.core import Section
 from coordinator.state import Awaiting, AwaitKind
 from shared.actions import ToolCallAction
-from shared.protocol import Fence, ToolObservedMessage, ToolRequest
+from shared.protocol import Fence, RunEach, ToolObservedMessage, ToolRequest
 
 __all__ = ["Acting"]
 
@@ -58,7 +58,9 @@ class Acting(Section):
         awaiting.deadline = m.now + m.deadline_s()
         awaiting.dispatched.extend(c.call_id for c in waiting)
         request = self.request(awaiting.fence, waiting[0], awaiting.purpose)
-        m.effects.tool_dispatches.append(request.model_copy(update={"also": waiting[1:]}))
+        m.effects.tool_dispatches.append(
+            request.model_copy(update={"answer": RunEach(also=waiting[1:])})
+        )
 
     def request(self, fence: Fence, call: ToolCallAction, purpose: str) -> ToolRequest:
         spec = self.record.spec
@@ -73,7 +75,6 @@ class Acting(Section):
             workspace_template=spec.workspace_template,
             config=self.m.config(),
             recovery=spec.tool_recovery.get(call.name, spec.recovery),
-            gated=purpose == "prehydrate",
             policy=spec.policy,
             allowed_tools=spec.tools,
         )

@@ -20,6 +20,7 @@ from shared.events import (
     ToolsDispatched,
 )
 from shared.protocol import (
+    ActMode,
     ConversationRef,
     Fence,
     ReasonedMessage,
@@ -49,7 +50,7 @@ class Reasoning(Section):
         awaiting = m.await_(AwaitKind.REASON, fence)
         record.iteration_started_at = m.now
         request = self.request(fence, record.conversation, purpose="act")
-        awaiting.chained = request.chain_tools
+        awaiting.chained = request.act is ActMode.CHAIN
         m.effects.reason_dispatches.append(request)
 
     def request(
@@ -58,7 +59,6 @@ class Reasoning(Section):
         """A reasoning request; the task's own conversation travels by reference (when the
         settings say so) only for ``act``: a plan's or a critic's is their own."""
         m, record = self.m, self.record
-        act_inline = record.spec.tool_dispatch == "inline" and m.settings.allow_inline_tools
         by_reference = m.settings.conversation_by_reference and purpose == "act"
         return ReasonRequest(
             fence=fence,
@@ -77,12 +77,24 @@ class Reasoning(Section):
             usage=record.step().attempt_usage if record.steps else record.usage,
             allowed_tools=record.spec.tools,
             model_calls=record.model_calls,
-            act_inline=act_inline,
             workspace_template=record.spec.workspace_template,
             recovery=record.spec.recovery,
             tool_recovery=record.spec.tool_recovery,
-            chain_tools=purpose == "act" and not act_inline and m.settings.chain_tools,
+            act=self.act_mode(purpose),
         )
+
+    def act_mode(self, purpose: str) -> ActMode:
+        """Who runs the calls the iteration approves: the reasoning worker itself
+        (``tool_dispatch: inline``, when the deployment allows it), the tool workers it chains
+        them to, or the coordinator (a plan has no calls, nor has a critic's verdict)."""
+        settings = self.m.settings
+        if purpose == "critic":
+            return ActMode.COORDINATOR
+        if self.record.spec.tool_dispatch == "inline" and settings.allow_inline_tools:
+            return ActMode.INLINE
+        if purpose == "act" and settings.chain_tools:
+            return ActMode.CHAIN
+        return ActMode.COORDINATOR
 
     def apply(self, message: ReasonedMessage) -> None:
         m, record = self.m, self.record

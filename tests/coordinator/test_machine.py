@@ -13,7 +13,7 @@ from coordinator.state import AwaitKind, StepStatus, TaskRecord, TaskStatus
 from shared.actions import Observation, RespondAction, ToolCallAction
 from shared.conversation import ConversationMessage
 from shared.inference import ToolCall, Usage
-from shared.protocol import ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
+from shared.protocol import ActMode, ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
 from shared.task_spec import parse_task
 
 SETTINGS = MachineSettings(observation_deadline_s=10.0, max_redeliveries=2, workspace_root="/ws")
@@ -408,7 +408,7 @@ def test_inline_act_observes_in_the_same_transition() -> None:
     """With tool_dispatch: inline the reasoned message carries the outcomes: no tool dispatch."""
     record = _record(tool_dispatch="inline")
     effects = _start(record)
-    assert effects.reason_dispatches[0].act_inline
+    assert effects.reason_dispatches[0].act is ActMode.INLINE
     call = _call("c1", path="a.py")
     acted = ToolObservedMessage(
         fence=record.awaiting.fence.for_call("c1"),  # type: ignore[union-attr]
@@ -488,7 +488,7 @@ def test_operators_can_refuse_inline_tools() -> None:
     record = _record(tool_dispatch="inline")
     settings = MachineSettings(workspace_root="/ws", allow_inline_tools=False)
     effects = TaskMachine(record, 1.0, settings).start()
-    assert effects.reason_dispatches[0].act_inline is False
+    assert effects.reason_dispatches[0].act is ActMode.CHAIN
 
 
 def test_cancelling_an_ended_task_changes_nothing() -> None:
@@ -534,22 +534,22 @@ def test_reasoning_dispatches_ask_the_worker_to_chain_the_tool_calls() -> None:
     nor inline, nor when the coordinator is configured not to."""
     record = _record()
     (request,) = _start(record).reason_dispatches
-    assert request.chain_tools and record.awaiting is not None and record.awaiting.chained
+    assert request.act is ActMode.CHAIN and record.awaiting is not None and record.awaiting.chained
     call = _call("c1", path="a.py")
     assert request.tool_request(call).fence == request.fence.acting().for_call("c1")
     assert request.tool_request(call).fence.iteration == request.fence.iteration + 1
 
     inline = _record(tool_dispatch="inline")
     (request,) = _start(inline).reason_dispatches
-    assert request.act_inline and not request.chain_tools
+    assert request.act is ActMode.INLINE
 
     planned = _record(steps=[])
     (request,) = _start(planned).reason_dispatches
-    assert request.purpose == "plan" and not request.chain_tools
+    assert request.purpose == "plan" and request.act is ActMode.COORDINATOR
 
     off = TaskMachine(_record(), 1.0, MachineSettings(workspace_root="/ws", chain_tools=False))
     (request,) = off.start().reason_dispatches
-    assert not request.chain_tools
+    assert request.act is ActMode.COORDINATOR
 
 
 def test_chained_calls_are_not_dispatched_again_and_their_results_apply() -> None:

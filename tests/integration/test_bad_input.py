@@ -176,14 +176,14 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     garbage = {
         _xadd(raw, keys.observations_stream, fields): why
         for fields, why in [
-            ({"v": "2", "kind": "reasoned", "body": "{}"}, "unsupported protocol version '2'"),
-            ({"v": "1", "kind": "reasoned"}, "stream entry has no 'body' field"),
+            ({"v": "3", "kind": "reasoned", "body": "{}"}, "unsupported protocol version '3'"),
+            ({"v": "2", "kind": "reasoned"}, "stream entry has no 'body' field"),
             ({os.urandom(8).hex(): os.urandom(48).hex()}, "unsupported protocol version None"),
-            ({"v": "1", "kind": "worker_failed", "body": "{not json"}, "Invalid JSON"),
-            ({"v": "1", "kind": "reasoned", "body": "[" * 50_000}, "recursion limit"),
-            ({"v": "1", "kind": "bogus", "body": '{"kind": "bogus"}'}, "does not match"),
+            ({"v": "2", "kind": "worker_failed", "body": "{not json"}, "Invalid JSON"),
+            ({"v": "2", "kind": "reasoned", "body": "[" * 50_000}, "recursion limit"),
+            ({"v": "2", "kind": "bogus", "body": '{"kind": "bogus"}'}, "does not match"),
             (
-                {"v": "1", "body": json.dumps({"kind": "worker_failed", "error": "x" * 2_000_000})},
+                {"v": "2", "body": json.dumps({"kind": "worker_failed", "error": "x" * 2_000_000})},
                 "worker_failed.fence: Field required",
             ),
         ]

@@ -347,27 +347,27 @@ def test_decode_entry_on_random_fields_never_raises_anything_else(fields: dict[A
     ("fields", "expected"),
     [
         ({}, "unsupported protocol version None"),
-        ({"v": "2", "body": "{}"}, "unsupported protocol version '2'"),
+        ({"v": "3", "body": "{}"}, "unsupported protocol version '3'"),
         ({b"v": b"0"}, "unsupported protocol version '0'"),
-        ({"v": "1"}, "stream entry has no 'body' field"),
-        ({"v": "1", "body": "not json"}, "Invalid JSON"),
-        ({"v": "1", "body": '{"kind": "bogus"}'}, "does not match any of the expected tags"),
-        ({"v": "1", "body": '{"kind": "worker_failed"}'}, "worker_failed.fence: Field required"),
+        ({"v": "2"}, "stream entry has no 'body' field"),
+        ({"v": "2", "body": "not json"}, "Invalid JSON"),
+        ({"v": "2", "body": '{"kind": "bogus"}'}, "does not match any of the expected tags"),
+        ({"v": "2", "body": '{"kind": "worker_failed"}'}, "worker_failed.fence: Field required"),
         (
-            {"v": "1", "body": json.dumps({**VALID_BODY, "fence": "t1/s/1/0"})},
+            {"v": "2", "body": json.dumps({**VALID_BODY, "fence": "t1/s/1/0"})},
             "worker_failed.fence: Input should be an object",
         ),
         (
             {
-                "v": "1",
+                "v": "2",
                 "body": json.dumps(
                     {**VALID_BODY, "fence": {**VALID_BODY["fence"], "iteration": -1}}
                 ),
             },
             "worker_failed.fence.iteration: Input should be greater than or equal to 0",
         ),
-        ({"v": "1", "body": b"\xff\xfe\x00"}, "Invalid JSON"),
-        ({"v": "1", "body": "[" * 100_000}, "recursion limit exceeded"),
+        ({"v": "2", "body": b"\xff\xfe\x00"}, "Invalid JSON"),
+        ({"v": "2", "body": "[" * 100_000}, "recursion limit exceeded"),
     ],
 )
 def test_known_bad_entries_name_their_fault(fields: dict[Any, Any], expected: str) -> None:

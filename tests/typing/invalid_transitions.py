@@ -3,22 +3,22 @@
 This file is never imported or run; ``tests/test_typestate.py`` type-checks it.
 """
 
-from workers.phases import Observing, PolicyCheck, Reasoning, ToolDispatching
+from workers.phases import PolicyCheck, Reasoning, ToolDispatching
 
 
-async def skip_the_gate(phase: PolicyCheck) -> None:
-    """Dispatching straight from the policy check, without evaluating the gate."""
-    await phase.dispatch_tools(None, None)  # E: skipping the gate
+def skip_the_gate(phase: Reasoning) -> None:
+    """Handing the model's proposal to Act without evaluating the gate."""
+    print(phase.approved)  # E: acting on ungated actions
 
 
-async def dispatch_without_reasoning(phase: Reasoning) -> None:
-    """Dispatching tools before the model proposed anything."""
-    await phase.dispatch_tools(None, None)  # E: dispatching without reasoning
+async def gate_without_reasoning(phase: Reasoning) -> None:
+    """Evaluating the gate before the model proposed anything."""
+    await phase.check_policy(None, None)  # E: gating without reasoning
 
 
-def observe_without_dispatching(phase: ToolDispatching) -> None:
-    """Observing results before any tool ran."""
-    phase.observe_results()  # E: observing without dispatching
+async def reason_from_the_gate(phase: PolicyCheck) -> None:
+    """Calling the model again instead of evaluating the proposal."""
+    await phase.produce_output(None, None)  # E: reasoning again before the gate
 
 
 async def gate_twice(phase: ToolDispatching) -> None:
@@ -26,6 +26,6 @@ async def gate_twice(phase: ToolDispatching) -> None:
     await phase.check_policy(None, None)  # E: gating an already gated batch
 
 
-async def reason_from_observing(phase: Observing) -> None:
-    """Calling the model again without going through observe_results."""
-    await phase.produce_output(None, None)  # E: reasoning before observing completes
+async def reason_from_a_gated_batch(phase: ToolDispatching) -> None:
+    """Calling the model again before Act and Observe ran the approved calls."""
+    await phase.produce_output(None, None)  # E: reasoning before the batch was acted on

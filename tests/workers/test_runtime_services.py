@@ -17,7 +17,7 @@ from shared.actions import ToolCallAction
 from shared.conversation import Conversation
 from shared.errors import ConfigError
 from shared.loop_types import LoopConfig
-from shared.protocol import Fence, ReasonedMessage, ReasonRequest, ToolRequest
+from shared.protocol import ActMode, Fence, ReasonedMessage, ReasonRequest, ToolRequest
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
 from workers.handlers import onward, run_reasoning, run_tool_calls
@@ -153,7 +153,7 @@ def test_ledgers_are_per_task_and_bounded() -> None:
 
 
 def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_client: Any) -> None:
-    """With chain_tools the worker sends up to max_concurrent_tools approved calls to the tool
+    """With ActMode.CHAIN the worker sends up to max_concurrent_tools approved calls to the tool
     queue itself, in the transaction that publishes the ``reasoned`` message listing them."""
     services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
     _OPEN.append(services)
@@ -164,7 +164,7 @@ def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_cl
         ]
     }
     request = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
-        update={"chain_tools": True, "config": LoopConfig(max_concurrent_tools=1)}
+        update={"act": ActMode.CHAIN, "config": LoopConfig(max_concurrent_tools=1)}
     )
     message = services.run(run_reasoning(request, services))
     assert len(message.approved_calls) == 2
@@ -195,7 +195,7 @@ def test_a_lone_call_carries_its_reasoning_to_the_tool_worker(
     (tmp_path / "a.py").write_text("print('a')\n")
     reply = {"tool_calls": [{"name": "file_read", "arguments": {"path": "a.py"}}]}
     request = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
-        update={"chain_tools": True, "workspace": str(tmp_path)}
+        update={"act": ActMode.CHAIN, "workspace": str(tmp_path)}
     )
     message = services.run(run_reasoning(request, services))
     observation, calls = onward(request, message)
