@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis as AsyncRedis
 
 from shared import keys
-from shared.agent_profile import AgentProfile, apply_agent, unknown_agent
+from shared.agent_profile import AgentProfile, named_agents, resolve_agent
 from shared.errors import OrgaError
 from shared.task_spec import (
     TaskSpec,
@@ -79,28 +79,36 @@ class AgentRegistry:
 
 
 async def resolve_task_text(redis_client: AsyncRedis, text: str, source: str) -> TaskSpec:
-    """Validate a submitted task, merged first with the agent profile it names, if any.
+    """Validate a submitted task, merged first with the agent profile it names, if any, its
+    steps' agent critics resolved to their profiles' provider and system prompt.
 
     TaskSpecError (the intake rejects the task with it) for an invalid task or merged task,
-    and for an agent the registry does not know, naming the known ones.
+    and for an agent (the task's or a critic's) the registry does not know, naming the known
+    ones.
     """
     data = decode_task_text(text, source)
-    name = data.get("agent") if isinstance(data, dict) else None
-    if not isinstance(name, str):
+    names = named_agents(data)
+    if not names:
         return parse_task(data, source)
-    raw = await redis_client.hget(keys.agents_key, name)
-    if raw is None:
+    found = await redis_client.hmget(keys.agents_key, names)
+    profiles = {
+        name: _profile(name, raw, source) for name, raw in zip(names, found, strict=True) if raw
+    }
+    known = None
+    if len(profiles) < len(names):
         known = [_text(n) for n in await redis_client.hkeys(keys.agents_key)]
-        raise unknown_agent(source, name, known)
+    return resolve_agent(data, profiles, source, known=known)
+
+
+def _profile(name: str, raw: Any, source: str) -> AgentProfile:
     try:
-        profile = AgentProfile.model_validate_json(raw)
+        return AgentProfile.model_validate_json(raw)
     except ValidationError as exc:
         raise TaskSpecError(
             f"{source}: the registered agent {name!r} is no longer a valid profile "
             f"({describe_validation_error(exc)}); re-register it with `orga agents add FILE "
             "--replace`"
         ) from exc
-    return parse_task(apply_agent(data, profile), source)
 
 
 def _text(value: Any) -> str:

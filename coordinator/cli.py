@@ -221,7 +221,10 @@ def _print_decide_commands(client: OrgaClient, review_id: str, embedded: bool) -
     review = client.review(review_id)
     _say(("escalated to human review", "bold yellow"), f" ({review.source}): {review.reason}")
     _say("decide it with one of:")
-    for flags in (["--retry", "--hint", "what to try instead"], ["--skip"], ["--abort"]):
+    choices = [["--retry", "--hint", "what to try instead"], ["--skip"], ["--abort"]]
+    if "critic" in review.snapshot:  # a step's result: its critic's decisions first
+        choices = [["--approve"], ["--revise", "what to change"], *choices]
+    for flags in choices:
         _say("  ", _command_line(["review", "decide", review_id, *flags], embedded))
     _say("see the context first with:")
     _say("  ", _command_line(["review", "show", review_id], embedded))
@@ -400,18 +403,37 @@ def review_decide(
     abort: Annotated[
         bool, typer.Option("--abort", help="Abort the task, keeping milestones.")
     ] = False,
+    approve: Annotated[
+        bool, typer.Option("--approve", help="A step's result (critic review): accept it.")
+    ] = False,
+    revise: Annotated[
+        str | None,
+        typer.Option(
+            metavar="REASON",
+            help="A step's result (critic review): send it back to the worker with REASON.",
+        ),
+    ] = None,
     hint: Annotated[
         str | None, typer.Option(metavar="TEXT", help="With --retry: a hint the model will read.")
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Decide an escalation: --retry [--hint TEXT], --skip or --abort."""
-    chosen = [name for name, flag in (("retry", retry), ("skip", skip), ("abort", abort)) if flag]
+    """Decide an escalation: --retry [--hint TEXT], --skip or --abort; a step's result (a
+    critic review): --approve or --revise REASON."""
+    flags = (("retry", retry), ("skip", skip), ("abort", abort), ("approve", approve),
+             ("revise", revise is not None))  # fmt: skip
+    chosen = [name for name, flag in flags if flag]
     if len(chosen) != 1:
-        raise _fail("error:", "choose exactly one of --retry, --skip, --abort", 2)
+        raise _fail(
+            "error:", "choose exactly one of --retry, --skip, --abort, --approve, --revise", 2
+        )
     if hint and chosen[0] != "retry":
         raise _fail("error:", "--hint goes with --retry", 2)
+    if revise is not None and not revise.strip():
+        raise _fail("error:", "--revise needs a reason: what the worker must change", 2)
     decision = chosen[0]
+    if decision == "revise":
+        hint = revise
 
     def body(client: OrgaClient, embedded: bool) -> dict[str, Any]:
         task_id = client.decide(review_id, decision, hint=hint, by=os.environ.get("USER", "cli"))

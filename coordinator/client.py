@@ -20,7 +20,13 @@ from typing import Any, NoReturn, cast
 
 import redis
 
-from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord, check_reviewer
+from coordinator.state import (
+    TERMINAL_STATUSES,
+    AwaitKind,
+    ReviewItem,
+    TaskRecord,
+    check_reviewer,
+)
 from shared import keys
 from shared.errors import OrgaError
 from shared.events import JournalEntry
@@ -33,6 +39,7 @@ __all__ = [
     "TaskNotFoundError",
     "TaskRejectedError",
     "WaitTimeoutError",
+    "critic_status",
     "task_text",
 ]
 
@@ -162,6 +169,7 @@ class OrgaClient:
             "dispatch": self.dispatch(record),
             "parent": record.spec.delegation.task_id if record.spec.delegation else None,
             "children": self.children(record),
+            "critic": critic_status(record),
         }
 
     def children(self, record: TaskRecord, depth: int = 0) -> list[dict[str, Any]]:
@@ -454,3 +462,29 @@ def _progress(record: TaskRecord) -> dict[str, Any]:
         "milestones": list(record.milestones),
         "error": record.error,
     }
+
+
+def critic_status(record: TaskRecord) -> dict[str, Any] | None:
+    """The current step's critic (``orga status``): who, the review round, the revisions sent
+    back and the verdicts so far; None when the step has no critic."""
+    if not record.steps or record.step().spec.critic is None:
+        return None
+    step = record.step()
+    critic = step.spec.critic
+    assert critic is not None
+    critique = step.critique
+    return {
+        "critic": critic.reviewer,
+        "max_rounds": critic.max_rounds,
+        "revisions": critique.rounds if critique else 0,
+        "waiting": _with_critic(record),
+        "verdicts": list(critique.verdicts) if critique else [],
+    }
+
+
+def _with_critic(record: TaskRecord) -> bool:
+    """The step's result is with its critic: a critic model call, or a human critic's review."""
+    awaiting, review = record.awaiting, record.review
+    if awaiting is not None and awaiting.kind is AwaitKind.CRITIC:
+        return True
+    return review is not None and review.source == "critic"

@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard, cast
+from typing import Any, TypeGuard, cast, get_args
 
 from redis.asyncio import Redis
 from redis.exceptions import (
@@ -687,13 +687,13 @@ def _lost_groups(exc: BaseException) -> TypeGuard[ResponseError]:
 
 
 def _decision(value: str) -> ReviewDecision:
-    if value == "retry":
-        return "retry"
-    if value == "skip":
-        return "skip"
-    if value == "abort":
-        return "abort"
-    raise ValueError(f"unknown review decision {value!r}; use retry, skip or abort")
+    for decision in get_args(ReviewDecision):
+        if value == decision:
+            return cast("ReviewDecision", decision)
+    raise ValueError(
+        f"unknown review decision {value!r}; use retry, skip or abort (approve or revise for "
+        "a step's result)"
+    )
 
 
 def _from_entry(effects: Effects, entry_id: str) -> Effects:

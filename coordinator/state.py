@@ -28,6 +28,7 @@ __all__ = [
     "ReviewItem",
     "ReviewSource",
     "ReviewerError",
+    "StepCritique",
     "StepRecord",
     "StepStatus",
     "TaskRecord",
@@ -61,6 +62,23 @@ class StepStatus(StrEnum):
     FAILED = "failed"
 
 
+class StepCritique(BaseModel):
+    """A step's result waiting for its critic, and the critic's rounds so far."""
+
+    result: str
+    verified: bool
+    check_output: str | None = None
+    """The ``done_when`` check's output (when the step has one; it passed)."""
+    rounds: int = 0
+    """Revisions sent back to the worker so far (the step's ``critic.max_rounds`` bounds it)."""
+    rejected: int = 0
+    """The critic's malformed replies in a row (the second escalates)."""
+    last_error: str | None = None
+    """Why the critic's last reply was refused (told to it when it is asked again)."""
+    verdicts: list[dict[str, str]] = Field(default_factory=list)
+    """``{"verdict", "reason", "decided_by"}`` of every verdict on this step, oldest first."""
+
+
 class StepRecord(BaseModel):
     """A step and what became of it; ``verified`` means its ``done_when`` check passed."""
 
@@ -75,6 +93,8 @@ class StepRecord(BaseModel):
     attempt_start_iteration: int = 0
     started_at: float | None = None
     note: str | None = None
+    critique: StepCritique | None = None
+    """Set while the step's result is with its critic (``critic`` in the step's spec)."""
 
 
 class AwaitKind(StrEnum):
@@ -85,6 +105,7 @@ class AwaitKind(StrEnum):
     REASON = "reason"
     TOOLS = "tools"
     VERIFY = "verify"
+    CRITIC = "critic"
 
 
 _OLD_ESCALATION_KEY = "__escalation__:"
@@ -140,8 +161,8 @@ class Awaiting(BaseModel):
 
     @property
     def reasoning(self) -> bool:
-        """A model call (reasoning or planning), rather than tool calls."""
-        return self.kind in (AwaitKind.REASON, AwaitKind.PLAN)
+        """A model call (reasoning, planning or a critic's), rather than tool calls."""
+        return self.kind in (AwaitKind.REASON, AwaitKind.PLAN, AwaitKind.CRITIC)
 
     @property
     def queue(self) -> str:
@@ -172,8 +193,9 @@ class Awaiting(BaseModel):
         )
 
 
-ReviewDecision = Literal["retry", "skip", "abort"]
-ReviewSource = Literal["tracker", "detector", "recovery"]
+ReviewDecision = Literal["retry", "skip", "abort", "approve", "revise"]
+"""``approve`` and ``revise`` decide a step's result (a review with a critic payload)."""
+ReviewSource = Literal["tracker", "detector", "recovery", "critic", "critic_escalation"]
 
 RESERVED_REVIEWERS = frozenset({"deadline", "coordinator", "system"})
 """Names the runtime records decisions under (``deadline``: a review's default applied at its
@@ -263,6 +285,8 @@ class TaskRecord(BaseModel):
     detector: dict[str, Any] = Field(default_factory=dict)
     journal_seq: int = 0
     model_calls: int = 0
+    critic_calls: int = 0
+    """Critic model calls answered (a scripted critic resumes its own script from here)."""
     dispatches: int = 0
     milestones: list[str] = Field(default_factory=list)
     awaiting: Awaiting | None = None

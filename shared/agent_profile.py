@@ -11,7 +11,7 @@ whole, so options of another kind never leak in. This module is pure: the regist
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,10 @@ __all__ = [
     "AgentProfileError",
     "apply_agent",
     "load_agent_file",
+    "named_agents",
     "parse_agent",
     "resolve_agent",
+    "resolve_critics",
     "unknown_agent",
 ]
 
@@ -126,16 +128,77 @@ def apply_agent(task: dict[str, Any], profile: AgentProfile) -> dict[str, Any]:
     return _merge(profile.task_defaults(), task)
 
 
-def resolve_agent(data: Any, profiles: Mapping[str, AgentProfile], source: str) -> TaskSpec:
+def resolve_agent(
+    data: Any,
+    profiles: Mapping[str, AgentProfile],
+    source: str,
+    known: Sequence[str] | None = None,
+) -> TaskSpec:
     """Validate decoded task data merged first with the profile it names, if any, from
-    ``profiles``; TaskSpecError naming the agent and the known ones when it is not there."""
+    ``profiles``, its steps' agent critics resolved (:func:`resolve_critics`); TaskSpecError
+    naming the agent and the known ones (``known``, else every name in ``profiles``) when one
+    is not there."""
+    names = list(profiles) if known is None else list(known)
     name = data.get("agent") if isinstance(data, dict) else None
     if not isinstance(name, str):
-        return parse_task(data, source)
+        return resolve_critics(parse_task(data, source), profiles, source, names)
     profile = profiles.get(name)
     if profile is None:
-        raise unknown_agent(source, name, list(profiles))
-    return parse_task(apply_agent(data, profile), source)
+        raise unknown_agent(source, name, names)
+    return resolve_critics(parse_task(apply_agent(data, profile), source), profiles, source, names)
+
+
+def named_agents(data: Any) -> list[str]:
+    """The agents decoded task data names: its own ``agent`` and its steps' critics'
+    (what the intake reads from the registry)."""
+    if not isinstance(data, dict):
+        return []
+    names = [data["agent"]] if isinstance(data.get("agent"), str) else []
+    steps = data.get("steps")
+    for step in steps if isinstance(steps, list) else []:
+        critic = step.get("critic") if isinstance(step, dict) else None
+        if isinstance(critic, dict) and isinstance(critic.get("agent"), str):
+            names.append(critic["agent"])
+    return list(dict.fromkeys(names))
+
+
+def resolve_critics(
+    spec: TaskSpec,
+    profiles: Mapping[str, AgentProfile],
+    source: str,
+    known: Sequence[str] | None = None,
+) -> TaskSpec:
+    """Each step's agent critic with its registered profile's provider and system prompt under
+    the critic's own overrides; TaskSpecError naming the step and the known agents for a
+    critic naming an agent the deployment does not know."""
+    steps = []
+    for index, step in enumerate(spec.steps):
+        critic = step.critic
+        if critic is None or critic.agent is None:
+            steps.append(step)
+            continue
+        profile = profiles.get(critic.agent)
+        if profile is None:
+            names = list(profiles) if known is None else list(known)
+            raise unknown_agent(f"{source}: steps.{index}.critic", critic.agent, names)
+        below = (
+            profile.provider.model_dump(mode="json", exclude_unset=True)
+            if (profile.provider is not None)
+            else {}
+        )
+        over = (
+            critic.provider.model_dump(mode="json", exclude_unset=True)
+            if (critic.provider is not None)
+            else {}
+        )
+        resolved = critic.model_copy(
+            update={
+                "provider": ProviderSpec.model_validate(_merge(below, over)),
+                "system_prompt": critic.system_prompt or profile.system_prompt,
+            }
+        )
+        steps.append(step.model_copy(update={"critic": resolved}))
+    return spec.model_copy(update={"steps": steps}) if spec.steps else spec
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

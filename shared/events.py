@@ -21,6 +21,9 @@ from shared.stagnation.verdict import (
 
 __all__ = [
     "AttemptFailed",
+    "CriticReplyRejected",
+    "CriticRequested",
+    "CriticVerdict",
     "DispatchFailed",
     "Escalated",
     "JournalEntry",
@@ -142,7 +145,9 @@ class Escalated(_Event):
     type: Literal["Escalated"] = "Escalated"
     review_id: str
     source: str
-    """``tracker`` (the step's attempts), ``detector`` (stagnation) or ``recovery``."""
+    """``tracker`` (the step's attempts), ``detector`` (stagnation), ``recovery``, ``critic``
+    (a human critic's review of a step's result) or ``critic_escalation`` (an agent critic
+    asked for more revisions than ``max_rounds``, or could not give a valid verdict)."""
     reason: str
     deadline: datetime
     default_decision: str
@@ -150,7 +155,8 @@ class Escalated(_Event):
 
 class ReviewDecided(_Event):
     """A review was decided: by whom (an operator's name, or ``deadline`` for the default),
-    what (``retry``, ``skip``, ``abort``) and the hint given to the model on a retry."""
+    what (``retry``, ``skip``, ``abort``; ``approve`` or ``revise`` for a step's result) and
+    the hint given to the model on a retry (the reason, on a revision)."""
 
     type: Literal["ReviewDecided"] = "ReviewDecided"
     review_id: str
@@ -225,6 +231,44 @@ class VerificationRun(_Event):
     passed: bool
 
 
+class CriticRequested(_Event):
+    """A step's result went to its critic: which one (``agent:NAME`` or ``human``), which
+    round of review (1 for the first), and the review that holds it for a human critic."""
+
+    type: Literal["CriticRequested"] = "CriticRequested"
+    step_id: str
+    critic: str
+    round: int
+    review_id: str | None = None
+
+
+class CriticVerdict(_Event):
+    """The critic answered: ``approve`` or ``revise``, its reason, and who decided (the
+    critic, or the human who worked its review)."""
+
+    type: Literal["CriticVerdict"] = "CriticVerdict"
+    step_id: str
+    critic: str
+    round: int
+    verdict: Literal["approve", "revise"]
+    reason: str
+    decided_by: str
+    usage: Usage = Field(default_factory=Usage)
+
+
+class CriticReplyRejected(_Event):
+    """The critic's reply was not a valid verdict: what was wrong, and whether the critic is
+    asked again (once) or the step escalates."""
+
+    type: Literal["CriticReplyRejected"] = "CriticReplyRejected"
+    step_id: str
+    critic: str
+    round: int
+    error: str
+    retried: bool
+    usage: Usage = Field(default_factory=Usage)
+
+
 LoopEvent = Annotated[
     Started
     | ReasoningComplete
@@ -241,7 +285,10 @@ LoopEvent = Annotated[
     | VerificationRun
     | ProviderWaited
     | Escalated
-    | ReviewDecided,
+    | ReviewDecided
+    | CriticRequested
+    | CriticVerdict
+    | CriticReplyRejected,
     Field(discriminator="type"),
 ]
 

@@ -135,13 +135,14 @@ class ReasonRequest(BaseModel):
     """What a reasoning worker needs to run Reason and Gate for one iteration.
 
     The coordinator has already fitted ``conversation`` to the context budget; ``purpose`` is
-    ``plan`` when the model is asked to break the goal into steps.
+    ``plan`` when the model is asked to break the goal into steps, ``critic`` when a step's
+    critic model is asked for its verdict (no tools are offered for either).
     """
 
     model_config = ConfigDict(frozen=True)
 
     fence: Fence
-    purpose: Literal["act", "plan"] = "act"
+    purpose: Literal["act", "plan", "critic"] = "act"
     agent_id: str
     conversation: Conversation = Field(default_factory=Conversation)
     conversation_ref: ConversationRef | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +37,7 @@ __all__ = [
     "MAX_TASK_ID_CHARS",
     "MAX_TASK_VALUES",
     "TASK_ID_PATTERN",
+    "CriticSpec",
     "DoneWhen",
     "ProviderSpec",
     "ReviewSpec",
@@ -101,12 +102,14 @@ class DoneWhen(_Strict):
 
 
 class StepSpec(_Strict):
-    """One step of a task: an instruction and, optionally, how to verify it is done."""
+    """One step of a task: an instruction and, optionally, how to verify it is done and who
+    reviews its result (a critic)."""
 
     id: str = Field(pattern=_STEP_ID)
     instruction: str = Field(min_length=1)
     done_when: DoneWhen | None = None
     max_iterations: int | None = Field(default=None, ge=1)
+    critic: CriticSpec | None = None
 
 
 class ProviderSpec(_Strict):
@@ -135,6 +138,53 @@ class ProviderSpec(_Strict):
 def _names_a_secret(name: str) -> bool:
     lowered = name.lower()
     return "key" in lowered or "token" in lowered
+
+
+class CriticSpec(_Strict):
+    """Who reviews a step's result before it completes: a registered agent, or a human.
+
+    ``{agent: NAME, rubric, max_rounds}``: when the step's worker answers (and its
+    ``done_when`` passed), a reasoning worker asks the agent's model to approve the result or
+    ask for a revision, judging it by ``rubric``; ``{human: true, rubric, max_rounds}`` puts the
+    same question on the review queue. A revision's reason goes back to the worker; a revision
+    asked for beyond ``max_rounds`` escalates the step to a human with both sides' words.
+    ``provider`` and ``system_prompt`` override the agent's (the intake fills them in from the
+    registered profile; see :func:`shared.agent_profile.resolve_critics`).
+    """
+
+    agent: str | None = Field(default=None, pattern=AGENT_NAME_PATTERN)
+    human: bool = False
+    rubric: str = Field(min_length=1, max_length=20_000)
+    max_rounds: int = Field(default=2, ge=0, le=50)
+    """Revisions the critic may send back to the worker; the next one escalates instead."""
+    provider: ProviderSpec | None = None
+    system_prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_reviewer(self) -> CriticSpec:
+        if self.human and self.agent is not None:
+            raise ValueError(
+                f"a critic is an agent or a human, not both: remove `agent: {self.agent}` "
+                "or `human: true`"
+            )
+        if not self.human and self.agent is None:
+            raise ValueError(
+                "a critic names its reviewer: `agent: NAME` (a registered agent) or `human: true`"
+            )
+        if self.human and (self.provider is not None or self.system_prompt is not None):
+            raise ValueError(
+                "a human critic has no `provider` or `system_prompt`; remove them, or name an "
+                "`agent` instead of `human: true`"
+            )
+        return self
+
+    @property
+    def reviewer(self) -> str:
+        """``agent:NAME`` or ``human``, as the journal and the review context name it."""
+        return "human" if self.human else f"agent:{self.agent}"
+
+
+StepSpec.model_rebuild()
 
 
 class TaskLimits(_Strict):
@@ -344,14 +394,26 @@ def _resolve_paths(spec: TaskSpec, base: Path) -> TaskSpec:
     provider = spec.provider.model_copy(update={"script": absolute(spec.provider.script)})
     files = [absolute(f) or f for f in spec.policy.policy_files]
     policy = spec.policy.model_copy(update={"policy_files": files}) if files else spec.policy
+    steps = [_critic_paths(step, absolute) for step in spec.steps]
     return spec.model_copy(
         update={
             "workspace": absolute(spec.workspace),
             "workspace_template": absolute(spec.workspace_template),
             "provider": provider,
             "policy": policy,
+            "steps": steps,
         }
     )
+
+
+def _critic_paths(step: StepSpec, absolute: Callable[[str | None], str | None]) -> StepSpec:
+    """A step whose critic overrides the provider's script: the script taken from the file's
+    folder too."""
+    critic = step.critic
+    if critic is None or critic.provider is None or critic.provider.script is None:
+        return step
+    provider = critic.provider.model_copy(update={"script": absolute(critic.provider.script)})
+    return step.model_copy(update={"critic": critic.model_copy(update={"provider": provider})})
 
 
 def _decode(text: str, source: str) -> Any:

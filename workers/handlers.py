@@ -424,8 +424,8 @@ def _loop_state(request: ReasonRequest, conversation: Conversation) -> LoopState
 
 
 def _reasoning_config(request: ReasonRequest, services: WorkerServices) -> LoopConfig:
-    """The model sees the allowed tools (none when it is asked for a plan)."""
-    if request.purpose == "plan":
+    """The model sees the allowed tools (none when it is asked for a plan or a verdict)."""
+    if request.purpose in ("plan", "critic"):
         return request.config.model_copy(update={"tool_definitions": []})
     return prepare_tools(services.tool_definitions(), request.config, request.allowed_tools)
 

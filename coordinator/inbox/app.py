@@ -29,14 +29,17 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from coordinator.client import OrgaClient
+from coordinator.client import OrgaClient, critic_status
 from coordinator.inbox.auth import ReviewerAuth, ReviewerGate
 from coordinator.inbox.views import journal_rows, review_cards, task_row, task_rows, utc
 from shared.errors import OrgaError
 
 __all__ = ["DECISIONS", "InboxApp", "create_app"]
 
-DECISIONS = ("retry", "skip", "abort")
+DECISIONS = ("retry", "skip", "abort", "approve", "revise")
+"""``approve`` and ``revise`` (with its reason) decide a step's result: a critic review."""
+WITH_TEXT = frozenset({"retry", "revise"})
+"""The decisions that carry the form's text: a retry's hint, a revision's reason."""
 PROTECTED_FORMS = frozenset({"/decide", "/login", "/logout"})
 """Checked by asgi-csrf even on a request without cookies (basic auth sends none)."""
 SECURITY_HEADERS = [
@@ -71,7 +74,8 @@ class InboxApp:
     # -- reviews ----------------------------------------------------------------------------
 
     def reviews(self, request: Request) -> Response:
-        """Open reviews, newest first, each with its context and the three decisions."""
+        """Open reviews, newest first, each with its context and its decisions (a step's
+        result before its critic: approve or revise too)."""
         return self.page(request, "reviews.html", cards=review_cards(self.client.reviews()))
 
     def review_count(self, request: Request) -> Response:
@@ -91,7 +95,7 @@ class InboxApp:
         by = f"inbox:{request.state.reviewer}"
         try:
             task_id = await run_in_threadpool(
-                self.client.decide, review_id, decision, hint if decision == "retry" else None,
+                self.client.decide, review_id, decision, hint if decision in WITH_TEXT else None,
                 by, self.decide_timeout_s,
             )  # fmt: skip
         except OrgaError as exc:
@@ -126,6 +130,7 @@ class InboxApp:
             return self.page(request, "missing.html", status_code=404, message=str(exc))
         return self.page(
             request, template, row=task_row(record), result=record.result(),
+            critic=critic_status(record),
             journal=journal_rows(self.client, record.task_id, record.journal_seq),
             updated=utc(record.updated_at), children=self.client.children(record),
             parent=record.spec.delegation.task_id if record.spec.delegation else None,

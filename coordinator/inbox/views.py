@@ -15,6 +15,7 @@ from coordinator.state import ReviewItem, StepStatus, TaskRecord
 from shared.events import JournalEntry
 
 __all__ = [
+    "CriticView",
     "JournalRow",
     "ParentContext",
     "RecentMessage",
@@ -46,6 +47,22 @@ class RecentMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class CriticView:
+    """A step's result before its critic: what a human critic (or the reviewer of a critic's
+    escalation) decides on."""
+
+    critic: str
+    rubric: str
+    result: str
+    done_when: str | None
+    done_when_output: str | None
+    round: int
+    max_rounds: int
+    verdicts: tuple[tuple[str, str, str], ...]
+    """``(verdict, reason, decided_by)``, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
 class ReviewCard:
     """An open review with the context a reviewer decides on."""
 
@@ -66,6 +83,7 @@ class ReviewCard:
     recent: tuple[RecentMessage, ...]
     parent: ParentContext | None = None
     """For a sub-agent's review: the parent task, its goal and the step that delegated."""
+    critic: CriticView | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +122,7 @@ def _card(item: ReviewItem) -> ReviewCard:
         counters=tuple((str(k), str(v)) for k, v in counters.items()),
         last_milestone=str(milestones[-1]) if milestones else None,
         recent=tuple(_recent(m) for m in snapshot.get("recent") or []),
+        critic=_critic(snapshot.get("critic")),
         parent=_parent(snapshot.get("parent")),
     )
 
@@ -118,6 +137,30 @@ def _parent(data: Any) -> ParentContext | None:
         step_id=str(step.get("id", "")),
         instruction=str(step.get("instruction", "")),
     )
+
+
+def _critic(payload: Any) -> CriticView | None:
+    if not isinstance(payload, dict):
+        return None
+    verdicts = payload.get("verdicts") or []
+    return CriticView(
+        critic=str(payload.get("critic", "")),
+        rubric=str(payload.get("rubric", "")),
+        result=str(payload.get("result", "")),
+        done_when=_optional(payload.get("done_when")),
+        done_when_output=_optional(payload.get("done_when_output")),
+        round=int(payload.get("round", 1)),
+        max_rounds=int(payload.get("max_rounds", 0)),
+        verdicts=tuple(
+            (str(v.get("verdict", "")), str(v.get("reason", "")), str(v.get("decided_by", "")))
+            for v in verdicts
+            if isinstance(v, dict)
+        ),
+    )
+
+
+def _optional(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _recent(message: dict[str, Any]) -> RecentMessage:

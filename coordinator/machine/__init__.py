@@ -23,6 +23,7 @@ The machine is made of sections, one module each, that call each other through i
 ``reviews``               escalation to a human and the decision applied
 ``redelivery``            worker failures, deadlines, re-sends and dead letters
 ``delegation``            sub-agents: ``delegate`` calls as child tasks, their ends applied
+``critics``               a step's result reviewed by its critic before it completes
 ========================  ===============================================================
 """
 

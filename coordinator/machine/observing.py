@@ -82,7 +82,8 @@ class Observing(Section):
         return True
 
     def verified(self, awaiting: Awaiting) -> None:
-        """The ``done_when`` check ran: complete the step, or fail the attempt with its output."""
+        """The ``done_when`` check ran: complete the step (after its critic's verdict, when it
+        has one), or fail the attempt with its output."""
         m, record = self.m, self.record
         check = record.step().spec.done_when
         assert check is not None
@@ -100,7 +101,9 @@ class Observing(Section):
             )
         )
         if passed:
-            m.steps.complete(awaiting.terminal_output or "", verified=True)
+            m.critics.review(
+                awaiting.terminal_output or "", verified=True, check_output=observation.content
+            )
             return
         tail = observation.content[-1500:]
         feedback = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Literal
 
 from coordinator.machine.core import Section
 from coordinator.state import Awaiting, AwaitKind
@@ -53,12 +54,16 @@ class Reasoning(Section):
         awaiting.chained = request.act is ActMode.CHAIN
         m.effects.reason_dispatches.append(request)
 
-    def request(self, fence: Fence, conversation: Conversation, purpose: str) -> ReasonRequest:
+    def request(
+        self, fence: Fence, conversation: Conversation, purpose: Literal["act", "plan", "critic"]
+    ) -> ReasonRequest:
+        """A reasoning request; the task's own conversation travels by reference (when the
+        settings say so) only for ``act``: a plan's or a critic's is their own."""
         m, record = self.m, self.record
-        by_reference = m.settings.conversation_by_reference and purpose != "plan"
+        by_reference = m.settings.conversation_by_reference and purpose == "act"
         return ReasonRequest(
             fence=fence,
-            purpose="plan" if purpose == "plan" else "act",
+            purpose=purpose,
             agent_id=record.spec.agent_id,
             conversation=Conversation() if by_reference else conversation,
             conversation_ref=(
@@ -82,8 +87,10 @@ class Reasoning(Section):
     def act_mode(self, purpose: str) -> ActMode:
         """Who runs the calls the iteration approves: the reasoning worker itself
         (``tool_dispatch: inline``, when the deployment allows it), the tool workers it chains
-        them to, or the coordinator (a plan has no calls)."""
+        them to, or the coordinator (a plan has no calls, nor has a critic's verdict)."""
         settings = self.m.settings
+        if purpose == "critic":
+            return ActMode.COORDINATOR
         if self.record.spec.tool_dispatch == "inline" and settings.allow_inline_tools:
             return ActMode.INLINE
         if purpose == "act" and settings.chain_tools:
@@ -195,11 +202,12 @@ class Reasoning(Section):
         self.m.journal(ObservationsCollected(iteration=iteration, observation_count=0))
 
     def answered(self, output: str) -> None:
-        """The model says the step is done: verify it (``done_when``) or complete it."""
+        """The model says the step is done: verify it (``done_when``), or complete it (after
+        its critic's verdict, when it has one)."""
         record = self.record
         check = record.step().spec.done_when
         if check is None:
-            self.m.steps.complete(output, verified=False)
+            self.m.critics.review(output, verified=False, check_output=None)
             return
         arguments = {"command": check.command, "timeout_s": check.timeout.total_seconds()}
         call = ToolCallAction(

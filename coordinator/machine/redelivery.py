@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Literal
 
 from coordinator.liveness import Liveness, Verdict
 from coordinator.machine.core import Section
@@ -89,6 +90,9 @@ class Redelivery(Section):
         awaiting.dispatched_at = m.now
         awaiting.unstarted_looks = 0
         m.event("redispatched", fence=fence.token(), kind=awaiting.kind.value)
+        if awaiting.kind is AwaitKind.CRITIC:
+            m.effects.reason_dispatches.append(m.critics.request_for(fence))
+            return
         if awaiting.kind in (AwaitKind.REASON, AwaitKind.PLAN):
             awaiting.results.clear()  # results of the abandoned dispatch's chained calls
             conversation = (
@@ -96,9 +100,8 @@ class Redelivery(Section):
                 if awaiting.kind is AwaitKind.PLAN
                 else record.conversation
             )
-            m.effects.reason_dispatches.append(
-                m.reasoning.request(fence, conversation, purpose=awaiting.kind.value)
-            )
+            purpose: Literal["act", "plan"] = "plan" if awaiting.kind is AwaitKind.PLAN else "act"
+            m.effects.reason_dispatches.append(m.reasoning.request(fence, conversation, purpose))
             return
         delegated = awaiting.delegated()  # children are never created twice
         awaiting.dispatched = [
@@ -126,6 +129,13 @@ class Redelivery(Section):
         if awaiting.kind is AwaitKind.PLAN:
             record.awaiting = None
             m.planning.apply(ReasonedMessage(fence=awaiting.fence, terminal_output=""))
+            return
+        if awaiting.kind is AwaitKind.CRITIC:
+            record.awaiting = None
+            m.reviews.escalate(
+                "critic_escalation",
+                f"the critic's model call {awaiting.fence.token()} was dead-lettered: {error}",
+            )
             return
         m.delegation.abandon(awaiting)
         m.limits.attempt_failed(f"dispatch {awaiting.fence.token()} dead-lettered: {error}")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from coordinator.liveness import Liveness
 from coordinator.machine.acting import Acting
 from coordinator.machine.core import Effects, MachineCore, MachineSettings
+from coordinator.machine.critics import Critics
 from coordinator.machine.delegation import Delegation
 from coordinator.machine.limits import Limits
 from coordinator.machine.observing import Observing
@@ -53,7 +54,8 @@ class TaskMachine(MachineCore):
     to the section that decides: :class:`Planning`, :class:`Steps`, :class:`Reasoning` (Reason
     and Gate), :class:`Acting` (Act), :class:`Observing` (Observe, ``done_when``, the
     stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews`,
-    :class:`Redelivery` and :class:`Delegation` (sub-agents).
+    :class:`Redelivery`, :class:`Delegation` (sub-agents) and :class:`Critics` (a step's result
+    reviewed before it completes).
     """
 
     def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
@@ -68,6 +70,7 @@ class TaskMachine(MachineCore):
         self.reviews = Reviews(self)
         self.redelivery = Redelivery(self)
         self.delegation = Delegation(self)
+        self.critics = Critics(self)
 
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step (ignored when
@@ -113,14 +116,17 @@ class TaskMachine(MachineCore):
     def on_reasoned(self, message: ReasonedMessage) -> Effects:
         """A reasoning worker answered."""
         awaiting = self.record.awaiting
-        if awaiting is None or awaiting.kind not in (AwaitKind.REASON, AwaitKind.PLAN):
+        if awaiting is None or not awaiting.reasoning:
             return self.ignored()
         if message.fence != awaiting.fence:
             return self.ignored()
-        self.record.model_calls += 1
+        if awaiting.kind is not AwaitKind.CRITIC:
+            self.record.model_calls += 1
         if message.provider_waits:
             self.reasoning.journal_waits(message)
-        if awaiting.kind is AwaitKind.PLAN:
+        if awaiting.kind is AwaitKind.CRITIC:
+            self.critics.apply(message)
+        elif awaiting.kind is AwaitKind.PLAN:
             self.planning.apply(message)
         else:
             self.reasoning.apply(message)
@@ -204,7 +210,8 @@ class TaskMachine(MachineCore):
     def on_review_decision(
         self, review_id: str, decision: ReviewDecision, hint: str | None, decided_by: str
     ) -> Effects:
-        """A human decided an escalation; raises ValueError when it is not the awaited one."""
+        """A human decided an escalation; raises ValueError when it is not the awaited one, or
+        the decision does not apply to it (``approve``/``revise`` decide a step's result)."""
         review = self.record.review
         if self.record.status is not TaskStatus.AWAITING_REVIEW or review is None:
             raise ValueError(
@@ -216,6 +223,7 @@ class TaskMachine(MachineCore):
                 f"review {review_id!r} is not the open review of task {self.record.task_id} "
                 f"(open: {review.review_id!r})"
             )
+        self.reviews.check(decision, hint)
         self.reviews.decide(decision, hint, decided_by)
         return self.done()
 

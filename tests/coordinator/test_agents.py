@@ -106,3 +106,38 @@ def test_a_stored_profile_that_no_longer_validates_is_reported(
     text = json.dumps({"goal": "g", "agent": "old"})
     with pytest.raises(TaskSpecError, match=r"agent 'old' is no longer a valid profile"):
         _resolve(fake_redis, text, json.dumps({"name": "old", "retired_field": 1}))
+
+
+def test_a_step_s_critic_is_resolved_from_the_registry(fake_redis: FakeRedisFactory) -> None:
+    """The critic agent's provider and system prompt are filled in at intake, under the
+    critic's own overrides; the task's own agent is resolved beside it."""
+    critic = parse_agent(
+        {
+            "name": "rev",
+            "provider": {"kind": "openai", "model": "gpt-4o"},
+            "system_prompt": "be hard",
+        }
+    )
+    step = {
+        "id": "s",
+        "instruction": "do it",
+        "critic": {"agent": "rev", "rubric": "good", "provider": {"model": "gpt-4o-mini"}},
+    }
+    text = json.dumps({"goal": "g", "agent": "fixer", "steps": [step]})
+    spec = _resolve(fake_redis, text, FIXER.to_json(), critic.to_json())
+    resolved = spec.steps[0].critic
+    assert resolved is not None
+    assert (resolved.provider.kind, resolved.provider.model) == ("openai", "gpt-4o-mini")  # type: ignore[union-attr]
+    assert resolved.system_prompt == "be hard"
+    assert spec.provider.kind == "scripted"  # the task's agent, not the critic's
+
+
+def test_a_critic_naming_an_unknown_agent_is_rejected(fake_redis: FakeRedisFactory) -> None:
+    """The intake error names the step's critic, the agent and the known agents."""
+    step = {"id": "s", "instruction": "x", "critic": {"agent": "revv", "rubric": "good"}}
+    with pytest.raises(TaskSpecError) as caught:
+        _resolve(fake_redis, json.dumps({"goal": "g", "steps": [step]}), FIXER.to_json())
+    assert str(caught.value) == (
+        "intake entry 1-0: steps.0.critic: agent: 'revv' is not a registered agent; known "
+        "agents: 'fixer' (register it with `orga agents add FILE`, or fix the name)"
+    )

@@ -319,3 +319,86 @@ def test_inbox_on_the_embedded_runtime_resumes_what_orga_run_escalated(tmp_path:
                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert shown.returncode == 0, shown.stderr  # the home's lock was released on SIGTERM
     assert review_id not in shown.stdout
+
+
+# -- a human critic ----------------------------------------------------------------------------
+
+
+HUMAN_CRITIC_TASK = {
+    "goal": "write notes a reviewer accepts",
+    "provider": {
+        "kind": "scripted",
+        "replies": [
+            "first draft <i>without</i> a file name",
+            "I wrote notes.txt, as the rubric asks",
+        ],
+    },
+    "steps": [
+        {
+            "id": "notes",
+            "instruction": "write the notes and say which file",
+            "critic": {"human": True, "rubric": "Names the file it wrote <b>by name</b>."},
+        }
+    ],
+}
+
+
+def test_a_human_critic_revises_then_approves_in_the_browser(
+    cluster: Cluster, inbox_url: str, chromium: Any, tmp_path: Path
+) -> None:
+    """A human critic reads a step's result with its rubric in the inbox, asks for a revision
+    with a reason (the worker reads it and answers again), then approves the new result: the
+    step completes, and the journal and the events name the reviewer."""
+    from playwright.sync_api import expect
+
+    client = cluster.client()
+    task_id = client.submit(HUMAN_CRITIC_TASK)
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 60, "critic review")
+    first = str(client.status(task_id)["review_id"])
+    context = chromium.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(f"{inbox_url}/login")
+    page.fill("input[name=name]", "cora")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+
+    critic = page.locator(f"#critic-{first}")
+    expect(critic).to_be_visible()
+    expect(critic.locator(".rubric")).to_have_text("Names the file it wrote <b>by name</b>.")
+    expect(critic.locator(".result")).to_have_text("first draft <i>without</i> a file name")
+    page.screenshot(path=str(tmp_path / "critic.png"))
+    critic.locator("textarea[name=hint]").fill("say which file you wrote")
+    critic.locator("button[value=revise]").click()
+    page.wait_for_url(f"{inbox_url}/tasks/{task_id}")
+    expect(page.locator(".flash.ok")).to_contain_text(f"revise applied to task {task_id}")
+
+    wait_until(
+        lambda: client.status(task_id)["review_id"] not in (None, first), 60, "second review"
+    )
+    second = str(client.status(task_id)["review_id"])
+    page.goto(f"{inbox_url}/")
+    again = page.locator(f"#critic-{second}")
+    expect(again.locator(".result")).to_have_text("I wrote notes.txt, as the rubric asks")
+    expect(again.locator(".verdicts")).to_contain_text("say which file you wrote")
+    again.locator("button[value=approve]").click()
+    page.wait_for_url(f"{inbox_url}/tasks/{task_id}")
+    expect(page.locator("#task-status")).to_have_text("completed")
+    expect(page.locator("table.journal")).to_contain_text("CriticVerdict")
+    expect(page.locator(".critic-status")).to_contain_text("approve by human:inbox:cora")
+    page.screenshot(path=str(tmp_path / "critic-task.png"))
+    context.close()
+
+    assert client.result(task_id)["output"] == "I wrote notes.txt, as the rubric asks"
+    decided = [
+        (f["decision"], f["by"])
+        for _i, f in client.events()
+        if f.get("event") == "review_decided" and f.get("review_id") in (first, second)
+    ]
+    assert decided == [("revise", "inbox:cora"), ("approve", "inbox:cora")]
+    messages = [m.content for m in client.record(task_id).conversation.messages]
+    assert any(
+        m.startswith("[Critic human:inbox:cora] Revise") and m.endswith("say which file you wrote")
+        for m in messages
+    ), messages
+    assert _png_size(tmp_path / "critic.png") == (1280, 800)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from coordinator.agents import AgentRegistry
 from coordinator.client import OrgaClient
 from coordinator.inprocess import InProcessDriver, ReviewVerdict
 from coordinator.machine import MachineSettings
 from coordinator.state import ReviewDecision, ReviewItem, TaskRecord
-from shared import keys
 from shared.agent_profile import AgentProfile
 from shared.events import JournalEntry
 from tests.integration.harness import Cluster, status_of
@@ -108,7 +108,7 @@ class LoopDriver(Protocol):
         agents: Sequence[AgentProfile] = (),
     ) -> Outcome:
         """Run ``task``; the n-th escalation gets ``decisions[n]``, later ones stay open;
-        ``agents`` are the registered agents the task (and its sub-agents) may name."""
+        ``agents`` are the registered agents the task (its critics and its sub-agents) may name."""
         ...
 
 
@@ -188,8 +188,9 @@ class DistributedLoop:
         started = time.monotonic()
         client = self.cluster.client()
         try:
+            registry = AgentRegistry(client.redis)
             for agent in agents:
-                client.redis.hset(keys.agents_key, agent.name, agent.to_json())
+                registry.add(agent, replace=True)
             task_id = client.submit(task)
             review_ids: list[str] = []
             for decision in decisions:

@@ -364,13 +364,63 @@ def test_deciding_a_closed_review_says_so(browser: TestClient, orga: OrgaClient)
 
 
 def test_an_invalid_decision_is_refused(browser: TestClient, orga: OrgaClient) -> None:
-    """A decision other than retry, skip or abort is a 400 naming the choices."""
+    """A decision other than retry, skip, abort, approve or revise is a 400 naming the choices."""
     token = _csrf(browser.get("/").text)
     response = browser.post("/decide", data={"csrftoken": token, "review_id": "r1",
-                                             "decision": "approve"})  # fmt: skip
+                                             "decision": "delete"})  # fmt: skip
     assert response.status_code == 400
-    assert "retry, skip, abort" in response.text
+    assert "retry, skip, abort, approve, revise" in response.text
     assert orga.redis.xlen(keys.control_stream) == 0
+
+
+def _critic_review(client: OrgaClient) -> ReviewItem:
+    """A human critic's review of a step's result, with model text that must stay text."""
+    review = _escalated(client, task_id="t2", review_id="r2")
+    critic = {
+        "critic": "human", "rubric": "names the file <b>bold</b>", "step_id": "look",
+        "instruction": "look", "result": "I wrote <script>steal()</script>",
+        "done_when": "test -f a.txt", "done_when_output": "exit code: 0", "round": 2,
+        "max_rounds": 2, "verdicts": [{"verdict": "revise", "reason": "which <i>file</i>?",
+                                       "decided_by": "human:bob"}],
+    }  # fmt: skip
+    changed = review.model_copy(
+        update={"source": "critic", "snapshot": {**review.snapshot, "critic": critic}}
+    )
+    client.redis.hset(keys.open_reviews_key, "r2", changed.model_dump_json())
+    return changed
+
+
+def test_a_critic_review_shows_the_result_and_its_buttons(
+    browser: TestClient, orga: OrgaClient
+) -> None:
+    """A review of a step's result shows the rubric, the result, the check and the verdicts,
+    escaped, with Approve and Revise; other reviews have no such buttons."""
+    _critic_review(orga)
+    page = browser.get("/").text
+    critic = page[page.index('id="critic-r2"') :]
+    for expected in ("names the file &lt;b&gt;bold&lt;/b&gt;",
+                     "I wrote &lt;script&gt;steal()&lt;/script&gt;", "test -f a.txt",
+                     "exit code: 0", "which &lt;i&gt;file&lt;/i&gt;?", "by human:bob",
+                     'value="approve"', 'value="revise"', "review round 2"):  # fmt: skip
+        assert expected in critic, expected
+    assert "<script>steal" not in page
+    assert 'id="critic-r1"' not in page
+
+
+def test_a_revision_carries_its_reason_through_the_client(
+    browser: TestClient, orga: OrgaClient
+) -> None:
+    """Revise writes the reason as the decision's hint; approve writes none."""
+    _critic_review(orga)
+    token = _csrf(browser.get("/").text)
+    browser.post("/decide", data={"csrftoken": token, "review_id": "r2", "decision": "revise",
+                                  "hint": "name the file"})  # fmt: skip
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    assert (fields["decision"], fields["hint"], fields["by"]) == (
+        "revise",
+        "name the file",
+        "inbox:alice",
+    )
 
 
 def test_login_redirects_only_within_the_site(orga: OrgaClient) -> None:
