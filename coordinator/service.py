@@ -159,6 +159,9 @@ class Coordinator:
         )
         self._last_purge = 0.0
         self._held: set[str] = set()
+        self._recreating = asyncio.Lock()
+        """One loop at a time recreates the groups after a NOGROUP, so that the loops that met
+        it together write one ``state_lost`` event, not one each."""
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
         self._queues = QueueGauge()
@@ -232,20 +235,24 @@ class Coordinator:
         this process kept, and say loudly that the state before is gone."""
         self._held.clear()
         self.store.forget_kept()
-        with contextlib.suppress(RedisError):  # unreachable again: the next loop retries
-            if not await self._ensure_groups():
-                return  # another loop or coordinator recreated them and said so
-            log.error(
-                "coordinator.state_lost",
-                extra={"coordinator": self.name, "error": str(exc)[:300],
-                       "detail": "consumer groups recreated; earlier tasks and entries are gone"},
-            )  # fmt: skip
-            await self.store.event(
-                {"task_id": "", "event": "state_lost", "coordinator": self.name,
-                 "error": str(exc)[:300]}
-            )  # fmt: skip
-            if self.metrics is not None:
-                self.metrics.state_lost()
+        async with self._recreating:
+            with contextlib.suppress(RedisError):  # unreachable again: the next loop retries
+                if not await self._ensure_groups():
+                    return  # another loop or coordinator recreated them and said so
+                log.error(
+                    "coordinator.state_lost",
+                    extra={
+                        "coordinator": self.name,
+                        "error": str(exc)[:300],
+                        "detail": "consumer groups recreated; earlier tasks and entries are gone",
+                    },
+                )
+                await self.store.event(
+                    {"task_id": "", "event": "state_lost", "coordinator": self.name,
+                     "error": str(exc)[:300]}
+                )  # fmt: skip
+                if self.metrics is not None:
+                    self.metrics.state_lost()
 
     async def _read(self, stream: str) -> list[tuple[str, dict[Any, Any]]]:
         response = await self.redis.xreadgroup(
