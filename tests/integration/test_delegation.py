@@ -17,7 +17,7 @@ from tests.integration.harness import REPO, Cluster, run_orga, status_of, wait_u
 pytestmark = pytest.mark.integration
 
 EXAMPLE = REPO / "examples" / "delegation"
-AGENTS = [EXAMPLE / "agents" / "summarizer.yaml", EXAMPLE / "agents" / "checker.yaml"]
+AGENTS = [EXAMPLE / "agents" / f"{name}.yaml" for name in ("summarizer", "checker", "editor")]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -44,6 +44,9 @@ def test_the_example_delegates_to_two_subagents_with_orga_run(tmp_path: Path) ->
     assert "step:combine" in result["milestones"]
     task_id = result["task_id"]
     status = json.loads(_ok(run_orga("status", task_id, env=env)))
+    critic = status["critic"]  # the combine step's critic approved the combined note
+    assert critic["critic"] == "agent:editor" and critic["revisions"] == 0, critic
+    assert [v["verdict"] for v in critic["verdicts"]] == ["approve"], critic
     tree = {c["task_id"]: c for c in status["children"]}
     assert set(tree) == {f"{task_id}.1", f"{task_id}.2"}
     assert [tree[f"{task_id}.{n}"]["agent"] for n in (1, 2)] == ["summarizer", "checker"]
