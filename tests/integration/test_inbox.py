@@ -235,7 +235,7 @@ def test_the_task_page_shows_the_subagent_tree(
     from playwright.sync_api import expect
 
     example = REPO / "examples" / "delegation"
-    for agent in ("summarizer", "checker"):
+    for agent in ("summarizer", "checker", "editor"):  # editor: the critic
         done = subprocess.run(
             [str(ORGA), "agents", "add", str(example / "agents" / f"{agent}.yaml"), "--replace"],
             env=_env(ORGA_REDIS_URL=cluster.redis_url), capture_output=True, text=True,
