@@ -51,6 +51,7 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
             max_redeliveries=settings.max_redeliveries,
             workspace_root=settings.workspace_root,
             allow_inline_tools=settings.allow_inline_tools,
+            inline_read_tools=settings.inline_read_tools,
             chain_tools=settings.chain_tools,
             max_delegation_depth=settings.max_delegation_depth,
             max_children_per_task=settings.max_children_per_task,

@@ -45,7 +45,7 @@ __all__ = [
     "encode_entry",
 ]
 
-PROTOCOL_VERSION = "2"
+PROTOCOL_VERSION = "3"
 
 ErrorKind = Literal["config", "transient", "internal"]
 """What a worker failure is, so that the coordinator never matches strings:
@@ -129,6 +129,10 @@ class ActMode(StrEnum):
     INLINE = "inline"
     """The reasoning worker runs the approved calls itself (``tool_dispatch: inline``) and
     returns their outcomes in ``ReasonedMessage.acted``: the iteration costs one dispatch."""
+    AUTO = "auto"
+    """As :attr:`INLINE` when every approved call is of a read-only tool of the worker's
+    registry (``file_read``, ``file_list``, ``recall_knowledge``: bounded reads that run no
+    code and write nothing), else as :attr:`CHAIN` (``tool_dispatch: auto``, the default)."""
 
 
 class ReasonRequest(BaseModel):
@@ -269,8 +273,9 @@ class ReasonedMessage(BaseModel):
     ``terminal_output`` is set when the model gave its answer; ``termination`` when the
     iteration ended the loop (inference failed, refusal, limits). ``acted`` holds the tool
     outcomes when the request asked the reasoning worker to run the approved calls itself
-    (:attr:`ActMode.INLINE`): the whole iteration then costs one dispatch. ``chained`` lists
-    the calls the reasoning worker sent to the tool workers itself (:attr:`ActMode.CHAIN`).
+    (:attr:`ActMode.INLINE`, or :attr:`ActMode.AUTO` for read-only calls): the whole iteration
+    then costs one dispatch. ``chained`` lists the calls the reasoning worker sent to the tool
+    workers itself (:attr:`ActMode.CHAIN`, or :attr:`ActMode.AUTO` for the others).
     """
 
     model_config = ConfigDict(frozen=True)

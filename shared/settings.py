@@ -110,6 +110,13 @@ class OrgaSettings(BaseSettings):
         description="Honour `tool_dispatch: inline` (tools then run in the reasoning worker, "
         "next to the model key); false sends every call to the tools queue",
     )
+    inline_read_tools: bool = Field(
+        default=True,
+        description="Reasoning workers run an iteration's calls themselves when every one is "
+        "of a read-only tool (file_read, file_list, recall_knowledge) and the task has "
+        "`tool_dispatch: auto` (the default): one Celery task per iteration instead of two. "
+        "Those tools run no code and write nothing; false sends them to the tools queue",
+    )
     chain_tools: bool = Field(
         default=True,
         description="Reasoning workers send an iteration's approved calls straight to the tools "

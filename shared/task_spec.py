@@ -232,7 +232,7 @@ class TaskSpec(_Strict):
     review: ReviewSpec = Field(default_factory=ReviewSpec)
     workspace: str | None = None
     workspace_template: str | None = None
-    tool_dispatch: Literal["queue", "inline"] = "queue"
+    tool_dispatch: Literal["auto", "queue", "inline"] = "auto"
     metadata: dict[str, str] = Field(default_factory=dict)
     delegated_workspace: WorkspaceMode = "subfolder"
     """When this task is a sub-agent's: work in a subfolder of the parent's workspace, or in

@@ -105,6 +105,11 @@ class WorkerServices(Protocol):
         """Every tool this worker can run."""
         ...
 
+    def reads_only(self, tool: str) -> bool:
+        """Whether ``tool`` is a read-only tool of this worker (``ActMode.AUTO`` runs its
+        calls here)."""
+        ...
+
     async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
         """Run one approved tool call through the executor."""
         ...
@@ -259,7 +264,10 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             case ActMode.INLINE if not delegates:
                 with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
                     acted = await _act_inline(request, approved, services)
-            case ActMode.CHAIN:
+            case ActMode.AUTO if _reads_here(request, approved, services):
+                with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
+                    acted = await _act_inline(request, approved, services)
+            case ActMode.CHAIN | ActMode.AUTO:
                 runnable = [c for c in approved if not is_delegate(c.name)]
                 chained = [c.call_id for c in runnable[: request.config.max_concurrent_tools]]
             case _:
@@ -428,6 +436,15 @@ def _reasoning_config(request: ReasonRequest, services: WorkerServices) -> LoopC
     if request.purpose in ("plan", "critic"):
         return request.config.model_copy(update={"tool_definitions": []})
     return prepare_tools(services.tool_definitions(), request.config, request.allowed_tools)
+
+
+def _reads_here(
+    request: ReasonRequest, calls: Sequence[ToolCallAction], services: WorkerServices
+) -> bool:
+    """``ActMode.AUTO`` runs the calls here when every one is of a read-only tool and the
+    task's workspace exists (creating it, or copying its template in, is a tool worker's job:
+    a reasoning worker may have the workspaces mounted read-only)."""
+    return all(services.reads_only(c.name) for c in calls) and Path(request.workspace).is_dir()
 
 
 async def _act_inline(

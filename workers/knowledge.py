@@ -393,6 +393,11 @@ class KnowledgeTool:
         self._bridge = KnowledgeBridge(store)
 
     @property
+    def read_only(self) -> bool:
+        """``recall_knowledge`` only reads the store (``reads_only``)."""
+        return self._name == RECALL_KNOWLEDGE
+
+    @property
     def definition(self) -> ToolDefinition:
         """The tool's definition, as Symbiont's bridge gives it."""
         return _RECALL_DEFINITION if self._name == RECALL_KNOWLEDGE else _STORE_DEFINITION

@@ -62,7 +62,7 @@ from workers.providers.scripted import Script, ScriptedProvider, load_script, pa
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
 from workers.result_cache import InMemoryResultCache, RedisResultCache
-from workers.tools.base import Tool, ToolContext
+from workers.tools.base import Tool, ToolContext, reads_only
 from workers.tools.registry import ToolRegistry, default_registry
 
 __all__ = [
@@ -258,6 +258,10 @@ class WorkerCore:
     def tool_definitions(self) -> list[ToolDefinition]:
         """Every tool of the registry."""
         return self.registry.definitions()
+
+    def reads_only(self, tool: str) -> bool:
+        """Whether ``tool`` is a read-only tool of the registry."""
+        return reads_only(self.registry.get(tool))
 
     async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
         """Run one call through the executor (breakers and cache shared through Redis)."""

@@ -43,6 +43,9 @@ class MachineSettings:
     """Reasoning requests carry a reference to the stored conversation, not its messages
     (the coordinator service, whose store keeps it in Redis); False: the messages travel in
     the request (the in-process driver)."""
+    inline_read_tools: bool = True
+    """Tasks with ``tool_dispatch: auto`` let reasoning workers run read-only calls
+    themselves (``ActMode.AUTO``); False: ``ActMode.CHAIN`` for them too."""
     chain_tools: bool = True
     """Let reasoning workers send an iteration's approved calls straight to the tool workers
     (``ActMode.CHAIN``); False: the coordinator dispatches every tool call."""

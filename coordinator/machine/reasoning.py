@@ -51,7 +51,7 @@ class Reasoning(Section):
         awaiting = m.await_(AwaitKind.REASON, fence)
         record.iteration_started_at = m.now
         request = self.request(fence, record.conversation, purpose="act")
-        awaiting.chained = request.act is ActMode.CHAIN
+        awaiting.chained = request.act in (ActMode.CHAIN, ActMode.AUTO)
         m.effects.reason_dispatches.append(request)
 
     def request(
@@ -86,16 +86,20 @@ class Reasoning(Section):
 
     def act_mode(self, purpose: str) -> ActMode:
         """Who runs the calls the iteration approves: the reasoning worker itself
-        (``tool_dispatch: inline``, when the deployment allows it), the tool workers it chains
-        them to, or the coordinator (a plan has no calls, nor has a critic's verdict)."""
+        (``tool_dispatch: inline``, when the deployment allows it; ``auto``, for read-only
+        calls), the tool workers it chains them to, or the coordinator (a plan has no calls,
+        nor has a critic's verdict)."""
         settings = self.m.settings
+        dispatch = self.record.spec.tool_dispatch
         if purpose == "critic":
             return ActMode.COORDINATOR
-        if self.record.spec.tool_dispatch == "inline" and settings.allow_inline_tools:
+        if dispatch == "inline" and settings.allow_inline_tools:
             return ActMode.INLINE
-        if purpose == "act" and settings.chain_tools:
-            return ActMode.CHAIN
-        return ActMode.COORDINATOR
+        if purpose != "act" or not settings.chain_tools:
+            return ActMode.COORDINATOR
+        if dispatch == "auto" and settings.inline_read_tools:
+            return ActMode.AUTO
+        return ActMode.CHAIN
 
     def apply(self, message: ReasonedMessage) -> None:
         m, record = self.m, self.record

@@ -530,9 +530,21 @@ def _early(record: TaskRecord, call_id: str, content: str) -> ToolObservedMessag
 
 
 def test_reasoning_dispatches_ask_the_worker_to_chain_the_tool_calls() -> None:
-    """In queue mode the reasoning worker sends the approved calls on; never for a plan,
-    nor inline, nor when the coordinator is configured not to."""
-    record = _record()
+    """By default the reasoning worker runs read-only calls and sends the others on
+    (``auto``); in queue mode it sends them all on; never for a plan, nor inline, nor when the
+    coordinator is configured not to."""
+    default = _record()
+    (request,) = _start(default).reason_dispatches
+    assert request.act is ActMode.AUTO and default.awaiting is not None
+    assert default.awaiting.chained
+
+    reads_off = TaskMachine(
+        _record(), 1.0, MachineSettings(workspace_root="/ws", inline_read_tools=False)
+    )
+    (request,) = reads_off.start().reason_dispatches
+    assert request.act is ActMode.CHAIN
+
+    record = _record(tool_dispatch="queue")
     (request,) = _start(record).reason_dispatches
     assert request.act is ActMode.CHAIN and record.awaiting is not None and record.awaiting.chained
     call = _call("c1", path="a.py")

@@ -19,7 +19,13 @@ import redis
 from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import AwaitKind
 from shared import keys
-from shared.protocol import Fence, ReasonedMessage, WorkerFailedMessage, encode_entry
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Fence,
+    ReasonedMessage,
+    WorkerFailedMessage,
+    encode_entry,
+)
 from shared.task_spec import MAX_TASK_BYTES
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import Cluster, assert_journal_is_clean, wait_until
@@ -176,14 +182,20 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     garbage = {
         _xadd(raw, keys.observations_stream, fields): why
         for fields, why in [
-            ({"v": "3", "kind": "reasoned", "body": "{}"}, "unsupported protocol version '3'"),
-            ({"v": "2", "kind": "reasoned"}, "stream entry has no 'body' field"),
+            ({"v": "99", "kind": "reasoned", "body": "{}"}, "unsupported protocol version '99'"),
+            ({"v": PROTOCOL_VERSION, "kind": "reasoned"}, "stream entry has no 'body' field"),
             ({os.urandom(8).hex(): os.urandom(48).hex()}, "unsupported protocol version None"),
-            ({"v": "2", "kind": "worker_failed", "body": "{not json"}, "Invalid JSON"),
-            ({"v": "2", "kind": "reasoned", "body": "[" * 50_000}, "recursion limit"),
-            ({"v": "2", "kind": "bogus", "body": '{"kind": "bogus"}'}, "does not match"),
+            ({"v": PROTOCOL_VERSION, "kind": "worker_failed", "body": "{not json"}, "Invalid JSON"),
+            ({"v": PROTOCOL_VERSION, "kind": "reasoned", "body": "[" * 50_000}, "recursion limit"),
             (
-                {"v": "2", "body": json.dumps({"kind": "worker_failed", "error": "x" * 2_000_000})},
+                {"v": PROTOCOL_VERSION, "kind": "bogus", "body": '{"kind": "bogus"}'},
+                "does not match",
+            ),
+            (
+                {
+                    "v": PROTOCOL_VERSION,
+                    "body": json.dumps({"kind": "worker_failed", "error": "x" * 2_000_000}),
+                },
                 "worker_failed.fence: Field required",
             ),
         ]

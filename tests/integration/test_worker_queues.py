@@ -123,3 +123,40 @@ def test_a_worker_logs_each_task_only_when_told(cluster: Cluster) -> None:
     assert result["status"] == "completed", cluster.logs()
     text = chatty.log.read_text()
     assert text.count(" received") >= 3 and text.count(" succeeded in ") >= 3, chatty.tail()
+
+
+def test_read_only_calls_need_no_tool_worker(cluster: Cluster) -> None:
+    """`tool_dispatch: auto` (the default): an iteration whose calls only read runs them in the
+    reasoning worker, so a task that only reads completes with no tool worker at all; the same
+    task with `tool_dispatch: queue` waits in orga.tools for one."""
+    workspace = cluster.root / "reads"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("the answer is 42\n")
+    calls = [
+        {"name": "file_read", "arguments": {"path": "notes.txt"}},
+        {"name": "file_list", "arguments": {"path": "."}},
+    ]
+    task: dict[str, Any] = {
+        "goal": "read the notes",
+        "provider": {"kind": "scripted", "replies": [{"tool_calls": calls}, "42"]},
+        "steps": [{"id": "s", "instruction": "read them"}],
+        "tools": ["file_read", "file_list"],
+        "workspace": str(workspace),
+    }
+    _worker(cluster, "-Q", keys.reasoning_queue, name="reasoning")
+    client = cluster.client()
+    task_id = client.submit(task)
+    assert client.wait(task_id, timeout_s=120)["output"] == "42", cluster.logs()
+    tools = [m for m in client.record(task_id).conversation.messages if m.role.value == "tool"]
+    assert "the answer is 42" in tools[0].content and "notes.txt" in tools[1].content
+
+    queued = client.submit({**task, "tool_dispatch": "queue"})
+
+    def waiting() -> bool:
+        return any(
+            fields.get("event") == "no_consumer" and fields.get("task_id") == queued
+            for _id, fields in client.events()
+        )
+
+    wait_until(waiting, timeout_s=90, what="a no_consumer event for the queue-mode task")
+    assert client.status(queued)["status"] == "running", cluster.logs()

@@ -247,7 +247,7 @@ FIELD_VALUES = st.one_of(
     st.integers(),
     st.none(),
     st.floats(),
-    st.sampled_from(["1", "0", "2", "v1", "", b"1", b"\xff\xfe"]),
+    st.sampled_from(["1", "0", "2", "3", "v1", "", b"1", b"\xff\xfe"]),
 )
 
 
@@ -347,27 +347,33 @@ def test_decode_entry_on_random_fields_never_raises_anything_else(fields: dict[A
     ("fields", "expected"),
     [
         ({}, "unsupported protocol version None"),
-        ({"v": "3", "body": "{}"}, "unsupported protocol version '3'"),
+        ({"v": "99", "body": "{}"}, "unsupported protocol version '99'"),
         ({b"v": b"0"}, "unsupported protocol version '0'"),
-        ({"v": "2"}, "stream entry has no 'body' field"),
-        ({"v": "2", "body": "not json"}, "Invalid JSON"),
-        ({"v": "2", "body": '{"kind": "bogus"}'}, "does not match any of the expected tags"),
-        ({"v": "2", "body": '{"kind": "worker_failed"}'}, "worker_failed.fence: Field required"),
+        ({"v": PROTOCOL_VERSION}, "stream entry has no 'body' field"),
+        ({"v": PROTOCOL_VERSION, "body": "not json"}, "Invalid JSON"),
         (
-            {"v": "2", "body": json.dumps({**VALID_BODY, "fence": "t1/s/1/0"})},
+            {"v": PROTOCOL_VERSION, "body": '{"kind": "bogus"}'},
+            "does not match any of the expected tags",
+        ),
+        (
+            {"v": PROTOCOL_VERSION, "body": '{"kind": "worker_failed"}'},
+            "worker_failed.fence: Field required",
+        ),
+        (
+            {"v": PROTOCOL_VERSION, "body": json.dumps({**VALID_BODY, "fence": "t1/s/1/0"})},
             "worker_failed.fence: Input should be an object",
         ),
         (
             {
-                "v": "2",
+                "v": PROTOCOL_VERSION,
                 "body": json.dumps(
                     {**VALID_BODY, "fence": {**VALID_BODY["fence"], "iteration": -1}}
                 ),
             },
             "worker_failed.fence.iteration: Input should be greater than or equal to 0",
         ),
-        ({"v": "2", "body": b"\xff\xfe\x00"}, "Invalid JSON"),
-        ({"v": "2", "body": "[" * 100_000}, "recursion limit exceeded"),
+        ({"v": PROTOCOL_VERSION, "body": b"\xff\xfe\x00"}, "Invalid JSON"),
+        ({"v": PROTOCOL_VERSION, "body": "[" * 100_000}, "recursion limit exceeded"),
     ],
 )
 def test_known_bad_entries_name_their_fault(fields: dict[Any, Any], expected: str) -> None:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.inference import ToolDefinition
 
-__all__ = ["Tool", "ToolContext", "ToolOutput"]
+__all__ = ["Tool", "ToolContext", "ToolOutput", "reads_only"]
 
 
 class ToolContext(BaseModel):
@@ -55,3 +55,11 @@ class Tool(Protocol):
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
         """Run with validated arguments; expected failures come back as ``is_error`` outputs."""
         ...
+
+
+def reads_only(tool: Tool | None) -> bool:
+    """Whether ``tool`` declares ``read_only = True``: it reads (the workspace, the knowledge
+    store) in bounded time, runs no code and writes nothing, so a reasoning worker may run it
+    next to the model key, on a read-only mount of the workspaces (``tool_dispatch: auto``).
+    A tool that does not say so is not."""
+    return getattr(tool, "read_only", False) is True

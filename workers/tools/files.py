@@ -188,6 +188,7 @@ class FileReadTool(BlockingTool):
 
     DEFINITION = FILE_READ_DEFINITION
     KIND = "read"
+    read_only = True
 
     def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
         """Run ``_read_file`` (in a worker thread)."""
@@ -485,6 +486,7 @@ class FileListTool(BlockingTool):
 
     DEFINITION = FILE_LIST_DEFINITION
     KIND = "read"
+    read_only = True
 
     def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
         """Run ``_list_directory`` (in a worker thread)."""

@@ -1,0 +1,108 @@
+"""``ActMode.AUTO`` (``tool_dispatch: auto``, the default): the reasoning worker runs an
+iteration's calls itself when every one is of a read-only tool and the workspace exists, and
+chains them to the tool workers otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.conversation import Conversation, ConversationMessage
+from shared.loop_types import LoopConfig
+from shared.protocol import ActMode, Fence, ReasonedMessage, ReasonRequest
+from shared.task_spec import ProviderSpec
+from workers.handlers import onward, run_reasoning
+from workers.runtime import local_core
+from workers.tools.base import reads_only
+from workers.tools.registry import default_registry
+
+READ = {"name": "file_read", "arguments": {"path": "a.txt"}}
+LIST = {"name": "file_list", "arguments": {"path": "."}}
+WRITE = {"name": "file_write", "arguments": {"path": "b.txt", "content": "x"}}
+COMMAND = {"name": "run_command", "arguments": {"command": "true"}}
+
+
+def _request(workspace: Path, *calls: dict[str, Any]) -> ReasonRequest:
+    conversation = Conversation()
+    conversation.push(ConversationMessage.user("Goal: g"))
+    return ReasonRequest(
+        fence=Fence(task_id="t", step_id="s", iteration=0, attempt=1),
+        agent_id="a",
+        conversation=conversation,
+        config=LoopConfig(),
+        provider=ProviderSpec(kind="scripted", replies=[{"tool_calls": list(calls)}]),
+        workspace=str(workspace),
+        act=ActMode.AUTO,
+    )
+
+
+def _reason(request: ReasonRequest) -> ReasonedMessage:
+    async def go() -> ReasonedMessage:
+        core = local_core()
+        try:
+            return await run_reasoning(request, core)
+        finally:
+            await core.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    (tmp_path / "a.txt").write_text("first line\n")
+    return tmp_path
+
+
+def test_only_the_reading_tools_say_they_only_read() -> None:
+    """file_read, file_list and recall_knowledge read; every other built-in tool may write or
+    run code (or, like grep, take unbounded CPU), so it is not run next to the model key."""
+    registry = default_registry()
+    assert sorted(t.definition.name for t in registry if reads_only(t)) == [
+        "file_list",
+        "file_read",
+    ]
+    core = local_core()
+    try:
+        assert core.reads_only("recall_knowledge") and not core.reads_only("store_knowledge")
+        assert not core.reads_only("run_command") and not core.reads_only("no_such_tool")
+    finally:
+        asyncio.run(core.aclose())
+
+
+def test_read_only_calls_run_in_the_reasoning_worker(workspace: Path) -> None:
+    """Two reads: both run here, their outcomes travel in ``acted``, nothing is chained."""
+    message = _reason(_request(workspace, READ, LIST))
+    assert message.acted is not None and message.chained == []
+    by_call = {o.fence.call_id: o.observation for o in message.acted}
+    read, listed = (by_call[c.call_id] for c in message.approved_calls)
+    assert "first line" in read.content and not read.is_error
+    assert "a.txt" in listed.content
+    sent_on, tool_requests = onward(_request(workspace, READ, LIST), message)
+    assert sent_on is message and tool_requests == []
+
+
+@pytest.mark.parametrize("other", [WRITE, COMMAND], ids=["file_write", "run_command"])
+def test_a_turn_with_any_other_call_is_chained_whole(
+    workspace: Path, other: dict[str, Any]
+) -> None:
+    """One write or command among the reads: every call goes to the tool workers, as CHAIN."""
+    request = _request(workspace, READ, other)
+    message = _reason(request)
+    assert message.acted is None
+    assert message.chained == [c.call_id for c in message.approved_calls]
+    _, tool_requests = onward(request, message)
+    assert [r.action.name for r in tool_requests] == ["file_read", other["name"]]
+    assert not (workspace / "b.txt").exists()  # nothing ran here
+
+
+def test_reads_of_a_workspace_not_created_yet_go_to_a_tool_worker(tmp_path: Path) -> None:
+    """Creating the workspace (or copying its template in) is a tool worker's job: the
+    reasoning worker may have the workspaces mounted read-only."""
+    missing = tmp_path / "not-yet"
+    request = _request(missing, READ)
+    message = _reason(request)
+    assert message.acted is None and message.chained == [message.approved_calls[0].call_id]
+    assert not missing.exists()
