@@ -215,8 +215,7 @@ class CoordinatorMetrics:
             self.dispatch_seconds.labels(kind=message.kind).observe(max(elapsed, 0.0))
 
     def _reasoned(self, message: ReasonedMessage) -> None:
-        ran_inline = bool(message.acted) and not message.chained
-        if message.duration_ms > 0 and not ran_inline:
+        if message.duration_ms > 0:
             self.model_call_seconds.observe(message.duration_ms / 1000)
         for acted in message.acted or ():
             self._tool(acted)

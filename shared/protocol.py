@@ -292,6 +292,8 @@ class ReasonedMessage(BaseModel):
     acted: list[ToolObservedMessage] | None = None
     chained: list[str] = Field(default_factory=list)
     duration_ms: float = 0.0
+    """Reason and Gate (the model call with its retries); the calls run in ``acted`` carry
+    their own."""
     provider_waits: list[ProviderWait] = Field(default_factory=list)
     """Transient provider errors and shared rate-limit holds the model call waited out (the
     coordinator journals them; they are not failed attempts)."""

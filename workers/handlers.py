@@ -255,6 +255,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     with phase_span("gate", task_id=request.fence.task_id, iteration=state.iteration):
         dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
     approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
+    reasoned_ms = (time.monotonic() - started) * 1000
     acted = None
     chained: list[str] = []
     # A delegation is the coordinator's to decide: never run inline, never chained.
@@ -284,7 +285,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         terminal_output=dispatching.terminal_output,
         acted=acted,
         chained=chained,
-        duration_ms=(time.monotonic() - started) * 1000,
+        duration_ms=reasoned_ms,
         provider_waits=waits,
     )
 

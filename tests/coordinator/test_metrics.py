@@ -203,12 +203,12 @@ def test_latency_histograms_are_fed_from_applied_observations() -> None:
         fence=_fence(), duration_ms=800.0, chained=["c1"], acted=[_tool("file_read", 4.0)]
     )
     metrics.observed(chained)
-    inline = ReasonedMessage(fence=_fence(), duration_ms=9000.0, acted=[_tool("grep", 7.0)])
-    metrics.observed(inline)  # its duration includes the tools: not a model call
+    inline = ReasonedMessage(fence=_fence(), duration_ms=900.0, acted=[_tool("grep", 7.0)])
+    metrics.observed(inline)  # its duration stops before the tools it ran: a model call
     metrics.iteration_finished(started_at=100.0, now=103.0)
     text = generate_latest(registry).decode()
-    assert _value(text, "orga_model_call_duration_seconds_count") == 2
-    assert _value(text, "orga_model_call_duration_seconds_sum") == pytest.approx(2.3)
+    assert _value(text, "orga_model_call_duration_seconds_count") == 3
+    assert _value(text, "orga_model_call_duration_seconds_sum") == pytest.approx(3.2)
     assert _value(text, "orga_tool_call_duration_seconds_count", tool="run_command") == 1
     assert _value(text, "orga_tool_call_duration_seconds_count", tool="file_read") == 1
     assert _value(text, "orga_tool_call_duration_seconds_sum", tool="grep") == 0.007
