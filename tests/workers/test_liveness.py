@@ -20,7 +20,9 @@ FENCE = Fence(task_id="t1", step_id="s", iteration=2, attempt=3, nonce="abc")
 
 def test_a_started_dispatch_is_scored_counted_beaten_and_answered() -> None:
     """Start: a positive score and a start count; beats refresh it; answered: negative."""
-    redis = fakeredis.FakeAsyncRedis()
+    # A server of its own: fakeredis shares one per address between instances, and another
+    # test's loop may have left it mid-command.
+    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
     liveness = Liveness(redis, interval_s=0.05)
 
     async def run() -> tuple[float, float, float, int]:
