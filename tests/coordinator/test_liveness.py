@@ -109,7 +109,7 @@ def test_never_started_with_an_empty_queue_is_lost_on_the_second_look() -> None:
 
 def test_the_queue_gauge_measures_depth_and_drain_rate() -> None:
     """Two samples a second apart: the depth, and starts per second from the counters."""
-    redis = fakeredis.FakeAsyncRedis()
+    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
     gauge = QueueGauge()
 
     async def run() -> None:
