@@ -137,7 +137,10 @@ class LoopPool(BasePool):  # type: ignore[misc]
     ) -> None:
         if accept_callback is not None:
             accept_callback(os.getpid(), time.monotonic())
-        body, payload = self._async_body(args)
+        try:
+            body, payload = self._async_body(args)
+        except Exception:  # a body that does not decode: the tracer says so, in a thread
+            body, payload = None, None
         if body is None or payload is None:  # not ours: a thread runs it, as Celery's would
             await asyncio.get_running_loop().run_in_executor(
                 None, apply_target, target, args, kwargs, callback
