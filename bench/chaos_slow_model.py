@@ -5,11 +5,11 @@ Run: ``.venv/bin/python bench/chaos_slow_model.py`` (``make chaos`` runs it afte
 
 Everything is real and on this machine: a private Redis, the fake OpenAI-compatible model
 server (``bench/fake_model_server.py``, its own process) answering each call after 1 to 3 s
-(``--latency 2 --jitter 0.5``), one ``orga worker --role reasoning`` (Celery's thread pool, one
-event loop holding every model call of the process), one ``orga worker --role tools`` and one
-``orga coordinator``. ``--tasks`` tasks are submitted at once; each names a marker in its goal
-(``SMB-TASK-<run>-<index>``) and reads one line of a note per turn until the model answers at
-turn ``--iterations``.
+(``--latency 2 --jitter 0.5``), one ``orga worker --role reasoning`` (its pool runs every task
+on one event loop, holding every model call of the process), one ``orga worker --role
+tools`` and one ``orga coordinator``. ``--tasks`` tasks are submitted at once; each names a
+marker in its goal (``SMB-TASK-<run>-<index>``) and reads one line of a note per turn until
+the model answers at turn ``--iterations``.
 
 Every ``--kill-every`` seconds (``--kills`` times), once the model server has calls in flight,
 the reasoning worker is killed with SIGKILL, and a new one is started ``--restart-after``

@@ -28,9 +28,12 @@ from shared import keys
 from shared.protocol import Fence
 from workers.broker import TRANSIENT_WRITE_ERRORS
 
-__all__ = ["Liveness"]
+__all__ = ["START_REPLIES", "Liveness"]
 
 log = logging.getLogger("orga.worker.liveness")
+
+START_REPLIES = 3
+"""How many replies :meth:`Liveness.start` adds to its pipeline."""
 
 
 class Liveness:
@@ -53,11 +56,17 @@ class Liveness:
 
     async def started(self, fences: Sequence[Fence], queue: str) -> None:
         """Say that this process runs ``fences`` (one dispatch and what it answers for)."""
+        pipe = self._redis.pipeline(transaction=False)
+        self.start(pipe, fences, queue)
+        self.check_start(await pipe.execute(raise_on_error=False))
+
+    def start(self, pipe: Pipeline, fences: Sequence[Fence], queue: str) -> None:
+        """:meth:`started` in ``pipe`` (not a transaction), which may read more in the same
+        round trip: its first :data:`START_REPLIES` replies go to :meth:`check_start`."""
         ids = [f.liveness_id() for f in fences]
         self._running.update(ids)
         self._ensure_beating()
         now = time.time()
-        pipe = self._redis.pipeline(transaction=False)
         pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, now))
         pipe.incr(keys.queue_started_key(queue))
         # A dispatch that waited in a long queue has its next look far ahead: bring it to one
@@ -65,10 +74,17 @@ class Liveness:
         # task no longer due is not added; LT: an earlier look is kept).
         due = {f.task_id: now + self._timeout_s for f in fences}
         pipe.zadd(keys.deadlines_key, due, xx=True, lt=True)
-        try:
-            await pipe.execute()
-        except TRANSIENT_WRITE_ERRORS as exc:  # Redis out of memory: run the call anyway
-            log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
+
+    @staticmethod
+    def check_start(replies: Sequence[object]) -> None:
+        """Raise the first error among :meth:`start`'s replies, but Redis refusing writes (out
+        of memory: the call runs anyway, logged)."""
+        for reply in replies[:START_REPLIES]:
+            if isinstance(reply, TRANSIENT_WRITE_ERRORS):
+                log.warning("heartbeat.failed", extra={"error": str(reply)[:300]})
+                return
+            if isinstance(reply, Exception):
+                raise reply
 
     def answered(self, pipe: Pipeline, fences: Iterable[Fence]) -> None:
         """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer."""

@@ -1,12 +1,13 @@
 """One worker process's services: its event loop, Redis client, tools, executor and models.
 
-Built once per process (after Celery forks it, or at the first task of a thread-pool worker)
-from the settings read at the process edge. The library is async: each process runs one event
-loop in a thread of its own, and every Celery task, whichever pool thread runs it, hands its
-coroutine to that loop and waits (:meth:`ProcessServices.run`). A reasoning worker with a
-thread pool of 200 thus holds 200 model calls in flight on one loop, over one pooled HTTP
-client per provider and base URL; the Redis client, the shared circuit breakers, the result
-cache and the heartbeats of running calls live on that loop too.
+Built once per process (after Celery forks it, or when the worker's pool starts) from the
+settings read at the process edge. The library is async: each process runs one event loop
+(uvloop's, where it is installed) in a thread of its own. A reasoning worker's pool
+(:class:`workers.pool.LoopPool`) runs each Celery task as an asyncio task on that loop; in
+other pools (prefork, threads, solo) a task hands its coroutine to the loop and waits
+(:meth:`ProcessServices.run`). A reasoning worker thus holds 200 model calls in flight on one
+loop, over one pooled HTTP client per provider and base URL; the Redis client, the shared
+circuit breakers, the result cache and the heartbeats of running calls live on that loop too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
 from shared.policy import PolicySpec
 from shared.protocol import (
+    ConversationRef,
     Fence,
     ReasonedMessage,
     ReasonRequest,
@@ -54,10 +56,16 @@ from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
 from workers.http_pool import pooled_client
 from workers.knowledge import RedisKnowledgeStore, knowledge_tools
-from workers.liveness import Liveness
+from workers.liveness import START_REPLIES, Liveness
 from workers.providers.base import InferenceProvider
 from workers.providers.factory import build_provider
-from workers.providers.rate_limit import NoThrottle, ProviderThrottle, RedisThrottle, key_digest
+from workers.providers.rate_limit import (
+    NoThrottle,
+    ProviderThrottle,
+    RedisThrottle,
+    key_digest,
+    read_ahead,
+)
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
@@ -81,6 +89,16 @@ SCRIPTS_KEPT = 64
 """How many tasks' LlmRecovery counts a worker process remembers."""
 
 _T = TypeVar("_T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop (less CPU per socket write and wake-up than asyncio's selector
+    loop: docs/performance.md), or asyncio's where uvloop is not installed (Windows)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 class StaleConversationError(OrgaError):
@@ -129,9 +147,11 @@ class WorkerCore:
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
         self._scripts: dict[bytes, Script] = {}
+        self._providers: dict[tuple[str | None, ...], InferenceProvider] = {}
 
     async def aclose(self) -> None:
         """Close the HTTP clients."""
+        self._providers.clear()
         for client in self._http.values():
             await client.aclose()
         self._http.clear()
@@ -162,11 +182,23 @@ class WorkerCore:
                     self._script_file(path), on_exhausted=settings.script_on_exhausted
                 )
             else:
-                base_url = settings.resolved_base_url() or ""
-                client = self.http_client(settings.provider.value, base_url)
-                provider = self._build(settings, client, self._throttle(settings, base_url))
+                provider = self._http_provider(spec, settings)
         if isinstance(provider, ScriptedProvider):
             provider.seek(request.model_calls)
+        return provider
+
+    def _http_provider(self, spec: ProviderSpec, settings: ProviderSettings) -> InferenceProvider:
+        """The provider of a model behind HTTP, built once per task choice (kind, model, base
+        URL) in this process: it holds no state of a call (the pooled client, the throttle)."""
+        key = (spec.kind, spec.model, spec.base_url, spec.script)
+        provider = self._providers.get(key)
+        if provider is None:
+            base_url = settings.resolved_base_url() or ""
+            client = self.http_client(settings.provider.value, base_url)
+            provider = self._build(settings, client, self._throttle(settings, base_url))
+            self._providers[key] = provider
+            while len(self._providers) > SCRIPTS_KEPT:
+                self._providers.pop(next(iter(self._providers)))
         return provider
 
     def _throttle(self, settings: ProviderSettings, base_url: str) -> ProviderThrottle:
@@ -348,7 +380,7 @@ class ProcessServices(WorkerCore):
         redis_url: str,
         registry: ToolRegistry | None = None,
     ) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._loop_thread = threading.Thread(
             target=self.loop.run_forever, name="orga-loop", daemon=True
         )
@@ -376,6 +408,70 @@ class ProcessServices(WorkerCore):
         super().__init__(settings, provider_settings, executor, registry, knowledge)
         self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}
         """Task id → ((created_at, epoch), the messages of its conversation read so far)."""
+        self._hold_keys: dict[tuple[str | None, ...], str | None] = {}
+        """A task's provider choice → the rate-limit hold its model calls read."""
+
+    async def started(
+        self, request: ReasonRequest | ToolRequest, fences: Sequence[Fence], queue: str
+    ) -> None:
+        """Say that the dispatch started (:meth:`Liveness.start`) and, for a reasoning request,
+        read the messages of its stored conversation that this process lacks, in the same
+        round trip (:meth:`conversation` then has them)."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.liveness.start(pipe, fences, queue)
+        ref = request.conversation_ref if isinstance(request, ReasonRequest) else None
+        known: list[ConversationMessage] = []
+        task_id = request.fence.task_id
+        if ref is not None:
+            known = self._kept(task_id, ref)
+            if len(known) < ref.length:
+                pipe.lrange(keys.conversation_key(task_id), len(known), ref.length - 1)
+        hold = self._hold_key(request) if isinstance(request, ReasonRequest) else None
+        if hold is not None:
+            pipe.get(hold)
+        replies = await pipe.execute(raise_on_error=False)
+        Liveness.check_start(replies)
+        if hold is not None:
+            held = replies.pop()
+            if held is None or isinstance(held, bytes):
+                read_ahead(hold, held)
+        if ref is None or len(replies) <= START_REPLIES:
+            return
+        raw = replies[START_REPLIES]
+        if not isinstance(raw, list):
+            return  # conversation() reads it again, and raises there
+        try:
+            read = [ConversationMessage.model_validate_json(m) for m in raw]
+        except ValueError:
+            return  # likewise
+        if len(known) + len(read) == ref.length:
+            self._keep(task_id, ref, known + read)
+
+    def _hold_key(self, request: ReasonRequest) -> str | None:
+        """The rate-limit hold the request's model call will read (:class:`RedisThrottle`),
+        None for a scripted model or a provider choice that fails (the call says why)."""
+        spec = request.provider
+        if spec.replies is not None:
+            return None
+        choice = (spec.kind, spec.model, spec.base_url, spec.script)
+        if choice in self._hold_keys:
+            return self._hold_keys[choice]
+        try:
+            settings = self._provider_settings(spec)
+            scripted = settings.provider is ProviderKind.SCRIPTED
+            if scripted and settings.script_path is not None:
+                hold = None
+            else:
+                base_url = settings.resolved_base_url() or ""
+                api_key = settings.resolved_api_key()
+                digest = key_digest(base_url, api_key.get_secret_value() if api_key else "")
+                hold = keys.provider_limit_key(settings.provider.value, digest)
+        except ConfigError:
+            return None
+        self._hold_keys[choice] = hold
+        while len(self._hold_keys) > SCRIPTS_KEPT:
+            self._hold_keys.pop(next(iter(self._hold_keys)))
+        return hold
 
     async def conversation(self, request: ReasonRequest) -> Conversation:
         """The stored conversation a request refers to: what this process read of the task
@@ -384,23 +480,34 @@ class ProcessServices(WorkerCore):
         if ref is None:
             return request.conversation
         task_id = request.fence.task_id
-        version, cached = self._conversations.pop(task_id, ((-1.0, -1), []))
-        same = version == (ref.created_at, ref.epoch)
-        known = cached if same and len(cached) <= ref.length else []
+        known = self._kept(task_id, ref)
         if len(known) < ref.length:
             key = keys.conversation_key(task_id)
             raw = await self.redis.lrange(key, len(known), ref.length - 1)
             known = known + [ConversationMessage.model_validate_json(m) for m in raw]
         if len(known) < ref.length:
+            self._conversations.pop(task_id, None)
             raise StaleConversationError(
                 f"task {task_id}: its stored conversation has {len(known)} messages, the "
                 f"request {request.fence.token()} expects {ref.length} (epoch {ref.epoch}); "
                 "it was rewritten since: the coordinator will re-send a current request"
             )
+        self._keep(task_id, ref, known)
+        return Conversation(messages=list(known[: ref.length]))
+
+    def _kept(self, task_id: str, ref: ConversationRef) -> list[ConversationMessage]:
+        """What this process read of the task's conversation before, if of the same epoch and
+        not longer than ``ref`` says (a rewritten conversation is read again)."""
+        version, cached = self._conversations.get(task_id, ((-1.0, -1), []))
+        same = version == (ref.created_at, ref.epoch)
+        return cached if same and len(cached) <= ref.length else []
+
+    def _keep(self, task_id: str, ref: ConversationRef, known: list[ConversationMessage]) -> None:
+        """Remember the task's conversation (the newest CONVERSATIONS_KEPT tasks')."""
+        self._conversations.pop(task_id, None)
         self._conversations[task_id] = ((ref.created_at, ref.epoch), known[: ref.length])
         while len(self._conversations) > CONVERSATIONS_KEPT:
             self._conversations.pop(next(iter(self._conversations)))
-        return Conversation(messages=list(known[: ref.length]))
 
     def throttle(self, provider: str, digest: str) -> ProviderThrottle:
         """Every worker of the deployment holds off together: one Redis key per provider and
@@ -410,6 +517,12 @@ class ProcessServices(WorkerCore):
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on this process's loop and wait for it (from any thread but the
         loop's own)."""
+        if threading.current_thread() is self._loop_thread:
+            coroutine.close()
+            raise RuntimeError(
+                "ProcessServices.run called on the process's own loop thread, which it would "
+                "block forever; await the coroutine there instead"
+            )
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def close(self) -> None:

@@ -9,12 +9,13 @@ the coordinator decides to re-dispatch or dead-letter it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -30,13 +31,21 @@ from shared.settings import OrgaSettings, TelemetrySettings
 from workers.broker import TRANSIENT_WRITE_ERRORS
 from workers.celery import app
 from workers.handlers import live_fences, run_dispatch
+from workers.pool import ASYNC_BODIES, ran_on_loop
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
 from workers.telemetry import configure_tracing, flush_tracing
 from workers.tools.base import Tool
 from workers.tools.registry import ToolRegistry, default_registry
 
-__all__ = ["DispatchFailedError", "close_services", "reason", "services", "tool_call"]
+__all__ = [
+    "DispatchFailedError",
+    "close_services",
+    "handle",
+    "reason",
+    "services",
+    "tool_call",
+]
 
 log = logging.getLogger("orga.worker")
 
@@ -44,7 +53,6 @@ PUBLISH_PATIENCE_S = 120.0
 """How long a worker keeps trying to publish an answer while Redis refuses writes."""
 _services: ProcessServices | None = None
 _services_lock = threading.Lock()
-_Request = TypeVar("_Request", ReasonRequest, ToolRequest)
 
 
 class DispatchFailedError(Exception):
@@ -92,21 +100,35 @@ def close_services() -> None:
     flush_tracing()
 
 
-def _handle(name: str, payload: str, model: type[_Request], queue: str) -> None:
+async def handle(name: str, payload: str) -> None:
+    """The body of task ``name``, on the process's loop: decode, answer, and raise
+    :class:`DispatchFailedError` when the dispatch failed (an undecodable payload is
+    dead-lettered)."""
+    model, queue = _TASKS[name]
     runtime = services()
     try:
         request = model.model_validate_json(payload)
     except ValidationError as exc:
         log.error("task.undecodable", extra={"task": name, "error": str(exc)[:500]})
-        runtime.run(runtime.dead_letter_payload(name, payload, str(exc)))
+        await runtime.dead_letter_payload(name, payload, str(exc))
         raise DispatchFailedError(f"undecodable {name} payload: {str(exc)[:500]}") from exc
-    failure = runtime.run(_answer(request, runtime, queue))
+    failure = await _answer(request, runtime, queue)
     if failure is not None:
         raise DispatchFailedError(failure.error)
 
 
+def _handle(name: str, payload: str) -> None:
+    """A task's body: what :class:`~workers.pool.LoopPool` already ran on the loop, else
+    (another pool: threads, solo) :func:`handle` run on the loop from this thread."""
+    ran = ran_on_loop(payload)
+    if ran is not None:
+        ran.result()  # raises what the coroutine raised
+        return
+    services().run(handle(name, payload))
+
+
 async def _answer(
-    request: _Request,
+    request: ReasonRequest | ToolRequest,
     runtime: ProcessServices,
     queue: str,
 ) -> WorkerFailedMessage | None:
@@ -114,7 +136,7 @@ async def _answer(
     the dispatch marked answered, in one transaction; a failure is published as
     ``worker_failed`` at once, and returned."""
     fences = live_fences(request)
-    await runtime.liveness.started(fences, queue)
+    await runtime.started(request, fences, queue)
     try:
         outcome = await run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
     finally:
@@ -158,7 +180,7 @@ async def _publish(
 )
 def reason(payload: str) -> None:
     """Reason and Gate for one iteration; publishes a ``reasoned`` observation."""
-    _handle(keys.reason_task_name, payload, ReasonRequest, keys.reasoning_queue)
+    _handle(keys.reason_task_name, payload)
 
 
 @app.task(  # type: ignore[untyped-decorator]
@@ -169,4 +191,12 @@ def reason(payload: str) -> None:
 )
 def tool_call(payload: str) -> None:
     """One tool call; publishes a ``tool_observed`` observation."""
-    _handle(keys.tool_task_name, payload, ToolRequest, keys.tools_queue)
+    _handle(keys.tool_task_name, payload)
+
+
+_TASKS: dict[str, tuple[type[ReasonRequest] | type[ToolRequest], str]] = {
+    keys.reason_task_name: (ReasonRequest, keys.reasoning_queue),
+    keys.tool_task_name: (ToolRequest, keys.tools_queue),
+}
+"""Each task's request model and queue."""
+ASYNC_BODIES.update({name: functools.partial(handle, name) for name in _TASKS})

@@ -1,12 +1,15 @@
 """Which Celery workers a deployment runs, and with what: the reasoning and the tool roles.
 
 Reasoning is I/O-bound: a model call waits seconds on the network. A reasoning worker runs
-Celery's thread pool (``-P threads``) with ``ORGA_REASONING_CONCURRENCY`` threads (200), each
-handing its iteration to the process's one event loop (:mod:`workers.runtime`): 200 model calls
-in flight cost one process, 200 idle threads and 200 requests. Tool calls may burn CPU or block:
-a tool worker runs the prefork pool with ``ORGA_TOOL_CONCURRENCY`` processes (2), and never
-sees a model key (its environment is stripped of every key variable), so that no agent command
-runs in a process tree that holds one.
+:class:`workers.pool.LoopPool` (``-P custom``, ``CELERY_CUSTOM_WORKER_POOL``) with
+``ORGA_REASONING_CONCURRENCY`` (200) tasks at once, each an asyncio task on the process's one
+event loop (:mod:`workers.runtime`): 200 model calls in flight cost one process and 200
+requests, no thread per call (``-P threads`` still works, at more CPU per call).
+
+Tool calls may burn CPU or block: a tool worker runs the prefork pool with
+``ORGA_TOOL_CONCURRENCY`` processes (2), and never sees a model key (its environment is
+stripped of every key variable), so that no agent command runs in a process tree that holds
+one.
 
 This module builds the commands only (no Celery import): ``orga worker`` and the embedded
 runtime start them.
@@ -25,6 +28,10 @@ from enum import StrEnum
 
 from shared import keys
 from shared.settings import OrgaSettings
+
+POOL_PATH = "workers.pool:LoopPool"
+"""The reasoning worker's pool (``-P custom``): :class:`workers.pool.LoopPool`, named here
+without importing Celery."""
 
 __all__ = [
     "MODEL_KEY_VARIABLES",
@@ -83,13 +90,15 @@ def worker_command(
     concurrency = settings.worker_concurrency or default
     argv = [
         sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue,
-        "-P", "threads" if reasoning else "prefork", "-c", str(concurrency),
+        "-P", "custom" if reasoning else "prefork", "-c", str(concurrency),
         "--loglevel", "INFO",
     ]  # fmt: skip
     if name is not None:
         argv += ["-n", name]
     env = dict(environ)
-    if not reasoning:
+    if reasoning:
+        env["CELERY_CUSTOM_WORKER_POOL"] = POOL_PATH
+    else:
         for variable in MODEL_KEY_VARIABLES:
             env.pop(variable, None)
     return WorkerCommand(role=role, argv=[*argv, *extra], env=env)

@@ -15,7 +15,9 @@ import redis
 
 from coordinator.embedded_redis import EmbeddedRedis
 from shared import keys
+from shared.celery_wire import celery_message
 from tests.integration.harness import Cluster, Process, wait_until
+from workers.topology import POOL_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -160,3 +162,38 @@ def test_read_only_calls_need_no_tool_worker(cluster: Cluster) -> None:
 
     wait_until(waiting, timeout_s=90, what="a no_consumer event for the queue-mode task")
     assert client.status(queued)["status"] == "running", cluster.logs()
+
+
+def test_the_loop_pool_runs_tasks_and_reports_failures_as_celery_does(cluster: Cluster) -> None:
+    """The reasoning worker's pool (`-P custom`, workers.pool:LoopPool, what `orga worker`
+    starts): a task with tool calls completes; an undecodable payload is dead-lettered and
+    its Celery task ends FAILURE (logged by Celery's tracer) and acknowledged, and the worker
+    runs on."""
+    command = [*_worker_command("loop", "-Q", keys.reasoning_queue), "-P", "custom"]
+    env = cluster._env({"CELERY_CUSTOM_WORKER_POOL": POOL_PATH})
+    loop = Process("loop", command, env, cluster.root / "worker-loop.log").start()
+    loop.wait_for_log("ready.")
+    cluster.processes.append(loop)
+    assert "(custom)" in loop.log.read_text() or "(pool)" in loop.log.read_text(), loop.tail()
+    _worker(cluster, "-Q", keys.tools_queue, name="tools")
+    client = cluster.client()
+    result = client.wait(client.submit(_tool_task()), timeout_s=120)
+    assert result["status"] == "completed", cluster.logs()
+
+    queued = celery_message(keys.reason_task_name, keys.reasoning_queue, "{not json", "x", "t")
+    with redis.Redis.from_url(cluster.redis_url) as raw:
+        raw.lpush(queued.queue, queued.body)
+
+        def dead_lettered() -> bool:
+            return any(
+                f.get(b"kind") == b"undecodable_payload"
+                for _id, f in raw.xrange(keys.dead_letter_stream)
+            )
+
+        wait_until(dead_lettered, timeout_s=60, what="the undecodable payload dead-lettered")
+        wait_until(
+            lambda: "DispatchFailedError" in loop.log.read_text(), 30, "Celery's FAILURE line"
+        )
+        wait_until(lambda: raw.zcard("unacked_index") == 0, 30, "the message acknowledged")
+    result = client.wait(client.submit(_tool_task()), timeout_s=120)
+    assert result["status"] == "completed", cluster.logs()

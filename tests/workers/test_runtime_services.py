@@ -305,3 +305,39 @@ def test_a_write_delivered_again_after_the_task_moved_on_changes_nothing(
         stored = list(client.scan_iter(f"{keys.applied_call_key_prefix}*"))
         assert len(stored) == 3
         assert 0 < client.ttl(stored[0]) <= keys.applied_call_ttl_s
+
+
+def test_a_dispatch_start_reads_the_conversation_and_the_hold_in_its_round_trip(
+    redis_url: str, redis_client: Any
+) -> None:
+    """`started` writes the heartbeat and, in the same pipeline, reads the messages this
+    process lacks and the provider's rate-limit hold: the conversation then needs no read, and
+    the model call's first wait uses the hold read then."""
+    from shared.conversation import ConversationMessage
+    from shared.protocol import ConversationRef
+    from workers.providers.rate_limit import RedisThrottle, key_digest
+
+    plain = redis.Redis.from_url(redis_url)
+    key = keys.conversation_key("t")
+    plain.rpush(key, *[ConversationMessage.user(f"m{i}").model_dump_json() for i in range(2)])
+    provider = ProviderSettings(provider="openai", api_key="sk-x", base_url="http://m.test/v1")
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), provider, redis_url)
+    _OPEN.append(services)
+    hold = keys.provider_limit_key("openai", key_digest("http://m.test/v1", "sk-x"))
+    ref = ConversationRef(length=2, epoch=1, created_at=1.0)
+    request = _request(ProviderSpec()).model_copy(update={"conversation_ref": ref})
+
+    async def start_then_read() -> tuple[list[str], float]:
+        await services.started(request, [request.fence], keys.reasoning_queue)
+        plain.delete(key)  # read already: no second read
+        plain.set(hold, "9999999999999")  # read already (absent): not read again
+        messages = (await services.conversation(request)).messages
+        blocked_s = await RedisThrottle(services.redis, hold).blocked_for_s()
+        services.liveness.finished([request.fence])
+        return [m.content for m in messages], blocked_s
+
+    contents, blocked_s = services.run(start_then_read())
+    assert contents == ["m0", "m1"]
+    assert blocked_s == 0.0
+    assert plain.zscore(keys.heartbeats_key, request.fence.liveness_id()) is not None
+    plain.close()

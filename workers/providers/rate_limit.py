@@ -8,7 +8,8 @@ when it sends none) moves it later, never earlier, in one Lua script; every call
 until then. The digest is a hash of the base URL and the key, never the key.
 
 A "blocked until" key fits ``Retry-After`` exactly (the provider says when, not a rate), so no
-token bucket is needed; it costs one ``GET`` per model call and one script run per 429.
+token bucket is needed; it costs one ``GET`` per model call (a worker process reads it in the
+round trip that starts the dispatch: :func:`read_ahead`) and one script run per 429.
 
 Waits are reported with the iteration (``ReasonedMessage.provider_waits``) and journaled by
 the coordinator: :func:`recording_waits` collects those of the model calls made inside it.
@@ -32,6 +33,7 @@ __all__ = [
     "ProviderThrottle",
     "RedisThrottle",
     "key_digest",
+    "read_ahead",
     "record_wait",
     "recording_waits",
 ]
@@ -48,6 +50,9 @@ return current
 
 _waits: contextvars.ContextVar[list[ProviderWait] | None] = contextvars.ContextVar(
     "orga_provider_waits", default=None
+)
+_read_ahead: contextvars.ContextVar[dict[str, bytes | None] | None] = contextvars.ContextVar(
+    "orga_hold_read_ahead", default=None
 )
 
 
@@ -85,7 +90,12 @@ class RedisThrottle:
 
     async def blocked_for_s(self) -> float:
         """Seconds until the hold set by the latest 429 ends."""
-        raw = await self._redis.get(self._key)
+        ahead = _read_ahead.get()
+        raw: bytes | str | None
+        if ahead is not None and self._key in ahead:
+            raw = ahead.pop(self._key)
+        else:
+            raw = await self._redis.get(self._key)
         until_ms = int(raw) if raw is not None else 0
         return max(until_ms / 1000 - self._clock(), 0.0)
 
@@ -94,6 +104,13 @@ class RedisThrottle:
         until_ms = int((self._clock() + delay_s) * 1000)
         ttl_ms = int(delay_s * 1000) + 1000
         await self._hold(keys=[self._key], args=[until_ms, ttl_ms])
+
+
+def read_ahead(key: str, raw: bytes | None) -> None:
+    """The hold ``key`` as the round trip that started this dispatch read it (``GET``): the
+    next :meth:`RedisThrottle.blocked_for_s` of that key in this task (asyncio context) uses
+    it instead of reading it again."""
+    _read_ahead.set({key: raw})
 
 
 def key_digest(base_url: str, api_key: str) -> str:

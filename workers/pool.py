@@ -1,0 +1,183 @@
+"""The reasoning worker's Celery pool: each task's coroutine runs on the process's event loop.
+
+Celery's thread pool (``-P threads -c 200``) gives every task a thread that hands its coroutine
+to the process's one event loop and waits on it (:meth:`ProcessServices.run`): two thread
+switches and a wake-up of the loop per task, and 200 threads. :class:`LoopPool` skips them:
+the consumer hands each message to the loop (one ``call_soon_threadsafe``), where an asyncio
+task awaits the task's coroutine (its :data:`ASYNC_BODIES` entry, given the message's single
+argument) and then runs Celery's own tracer on the loop thread, whose task body only returns
+or raises what the coroutine did (:func:`ran_on_loop`). Everything Celery does around a task
+is thus unchanged: late acknowledgement after the tracer, ``autoretry_for`` and its retry
+message, FAILURE and its log line, the task signals. A message that dies with its process is
+still in kombu's unacked index and comes back after the visibility timeout.
+
+A task that has no coroutine body (none of ours) runs in a thread, as in the thread pool.
+At most ``-c`` messages run at once, as with threads: Celery prefetches that many.
+
+Select it with ``-P custom`` and ``CELERY_CUSTOM_WORKER_POOL=workers.pool:LoopPool`` (what
+``orga worker`` starts for reasoning; :mod:`workers.topology`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import Any
+
+from celery.concurrency.base import BasePool, apply_target
+from kombu.serialization import loads, prepare_accept_content
+
+__all__ = ["ASYNC_BODIES", "LoopPool", "ran_on_loop"]
+
+ASYNC_BODIES: dict[str, Callable[[str], Awaitable[None]]] = {}
+"""Task name → the coroutine function of its body, given the task's single argument (filled by
+:mod:`workers.tasks`)."""
+
+_ran: contextvars.ContextVar[tuple[str, Future[None]] | None] = contextvars.ContextVar(
+    "orga_ran_on_loop", default=None
+)
+
+
+def ran_on_loop(payload: str) -> Future[None] | None:
+    """In a task body that :class:`LoopPool` traces: the outcome of the coroutine it already
+    awaited for ``payload`` (a done future: its result, or its exception to raise); else None
+    (the body must run the coroutine itself)."""
+    ran = _ran.get()
+    if ran is None or ran[0] != payload:
+        return None
+    return ran[1]
+
+
+class _Running:
+    """What :meth:`LoopPool.on_apply` returns (Celery keeps it on the request)."""
+
+    def __init__(self, future: Future[None]) -> None:
+        self._future = future
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the task to end."""
+        with contextlib.suppress(Exception):  # the tracer reported it already
+            self._future.result(timeout)
+
+
+class LoopPool(BasePool):  # type: ignore[misc]
+    """A Celery pool whose tasks run as asyncio tasks on the worker process's event loop."""
+
+    body_can_be_buffer = True
+    signal_safe = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._accept: set[str] = set()
+        self._running: set[asyncio.Task[None]] = set()
+
+    def on_start(self) -> None:
+        """Build the process's services (and their loop) now, not at the first task."""
+        from workers.celery import app
+        from workers.tasks import services
+
+        self._accept = prepare_accept_content(app.conf.accept_content)  # type: ignore[no-untyped-call]
+        self._loop = services().loop
+
+    def on_stop(self) -> None:
+        """Warm shutdown: wait for the running tasks (and their acknowledgements)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        asyncio.run_coroutine_threadsafe(self._drain(), loop).result()
+
+    async def _drain(self) -> None:
+        while self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    def on_apply(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        callback: Callable[..., Any] | None = None,
+        accept_callback: Callable[..., Any] | None = None,
+        **_: Any,
+    ) -> _Running:
+        """Start the task on the loop (called by the consumer's thread)."""
+        assert self._loop is not None, "LoopPool.on_apply before on_start"
+        done: Future[None] = Future()
+        self._loop.call_soon_threadsafe(
+            self._spawn, done, target, args or (), kwargs or {}, callback, accept_callback
+        )
+        return _Running(done)
+
+    def _spawn(self, done: Future[None], *job: Any) -> None:
+        task = asyncio.get_running_loop().create_task(self._job(*job))
+        self._running.add(task)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self._running.discard(task)
+            exc = None if task.cancelled() else task.exception()
+            if exc is None:
+                done.set_result(None)
+            else:
+                done.set_exception(exc)
+
+        task.add_done_callback(finished)
+
+    async def _job(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        callback: Callable[..., Any] | None,
+        accept_callback: Callable[..., Any] | None,
+    ) -> None:
+        if accept_callback is not None:
+            accept_callback(os.getpid(), time.monotonic())
+        try:
+            body, payload = self._async_body(args)
+        except Exception:  # a body that does not decode: the tracer says so, in a thread
+            body, payload = None, None
+        if body is None or payload is None:  # not ours: a thread runs it, as Celery's would
+            await asyncio.get_running_loop().run_in_executor(
+                None, apply_target, target, args, kwargs, callback
+            )
+            return
+        outcome: Future[None] = Future()
+        try:
+            await body(payload)
+            outcome.set_result(None)
+        except Exception as exc:  # the tracer raises it in the task body
+            outcome.set_exception(exc)
+        _ran.set((payload, outcome))
+        try:
+            apply_target(target, args, kwargs, callback)
+        finally:
+            _ran.set(None)
+
+    def _async_body(
+        self, args: tuple[Any, ...]
+    ) -> tuple[Callable[[str], Awaitable[None]] | None, str | None]:
+        """The coroutine body of the traced task and its single argument, if it has one.
+
+        ``args`` are the tracer's: task name, id, request, body, content type, encoding.
+        """
+        if len(args) < 6 or args[0] not in ASYNC_BODIES:
+            return None, None
+        body, content_type, encoding = args[3], args[4], args[5]
+        if content_type:
+            decoded = loads(body, content_type, encoding, accept=self._accept)  # type: ignore[no-untyped-call]
+            positional, named, _embed = decoded
+        else:
+            positional, named, _embed = body
+        if named or len(positional) != 1 or not isinstance(positional[0], str):
+            return None, None
+        return ASYNC_BODIES[args[0]], positional[0]
+
+    def _get_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = super()._get_info()
+        info.update({"max-concurrency": self.limit, "running": len(self._running)})
+        return info
