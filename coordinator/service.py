@@ -348,7 +348,7 @@ class Coordinator:
             return
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
-        outcome = await self.store.create(record, ack=ack)
+        outcome = await self.store.create(record, ack=ack, lease=(self.name, self._lease_ms))
         if outcome.conflict:
             error = (
                 f"task id {task_id!r} is already a task, and idempotency key "
@@ -361,7 +361,9 @@ class Coordinator:
         if not outcome.created:
             await self._duplicate(task_id, outcome.task_id)
             return
-        if await self._hold(task_id):  # else its holder starts it: it is due at once
+        if outcome.leased:
+            self._leased(task_id)
+        if outcome.leased or await self._hold(task_id):  # else its holder starts it when due
             orphaned = await self._parent_ended(record)
             await self._apply(task_id, _start if orphaned is None else _cancelled(orphaned))
 
@@ -579,27 +581,31 @@ class Coordinator:
         """True when this coordinator holds (or has just taken over) the task's lease."""
         if task_id in self._held:
             return True
-        ttl_ms = int(self.settings.lease_ttl_s * 1000)
-        if await self.store.acquire_lease(task_id, self.name, ttl_ms):
-            log.info("lease.acquired", extra={"task_id": task_id, "coordinator": self.name})
-            self._held.add(task_id)
+        if await self.store.acquire_lease(task_id, self.name, self._lease_ms):
+            self._leased(task_id)
             return True
         return False
+
+    def _leased(self, task_id: str) -> None:
+        log.info("lease.acquired", extra={"task_id": task_id, "coordinator": self.name})
+        self._held.add(task_id)
+
+    @property
+    def _lease_ms(self) -> int:
+        return int(self.settings.lease_ttl_s * 1000)
 
     async def _renew_leases(self) -> None:
         now = time.monotonic()
         if now - self._last_renewal < self.settings.lease_ttl_s / 3:
             return
         self._last_renewal = now
-        ttl_ms = int(self.settings.lease_ttl_s * 1000)
         held = sorted(self._held)
         active = await self.store.still_active(held)
-        for task_id, is_active in zip(held, active, strict=True):
-            if not is_active:  # finished by another coordinator
-                self._held.discard(task_id)
-                await self.store.release_lease(task_id, self.name)
-            elif not await self.store.renew_lease(task_id, self.name, ttl_ms):
-                self._held.discard(task_id)
+        live = [task_id for task_id, is_active in zip(held, active, strict=True) if is_active]
+        ended = [task_id for task_id, is_active in zip(held, active, strict=True) if not is_active]
+        self._held.difference_update(ended)  # finished by another coordinator: released below
+        renewed = await self.store.renew_leases(live, self.name, self._lease_ms, release=ended)
+        self._held.difference_update(t for t, ok in zip(live, renewed, strict=True) if not ok)
 
     async def _purge(self) -> None:
         """Delete finished tasks older than the retention (state, journal, aliases)."""
@@ -612,10 +618,10 @@ class Coordinator:
         if purged:
             log.info("tasks.purged", extra={"count": purged, "coordinator": self.name})
 
-    async def _released(self, record: TaskRecord) -> None:
-        if record.terminal and record.task_id in self._held:
+    def _released(self, record: TaskRecord) -> None:
+        """A task that ended is no longer held (its commit released the lease)."""
+        if record.terminal:
             self._held.discard(record.task_id)
-            await self.store.release_lease(record.task_id, self.name)
 
     # -- applying -------------------------------------------------------------------------
 
@@ -656,13 +662,15 @@ class Coordinator:
             delta = self.store.conversation_delta(machine.record)
             effects.stamped(machine.record.conversation_epoch)
             messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
+            owner = self.name if task_id in self._held else ""  # a task that ends is released
             try:
                 await self.store.commit(
-                    machine.record, effects, ack=ack, messages=messages, delta=delta
-                )
+                    machine.record, effects, ack=ack, messages=messages, delta=delta,
+                    lease_owner=owner,
+                )  # fmt: skip
             except CommitConflictError:
                 continue
-            await self._released(machine.record)
+            self._released(machine.record)
             if self.metrics is not None:
                 self.metrics.record(machine.record, effects)
             return True

@@ -14,7 +14,6 @@ and never twice.
 
 from __future__ import annotations
 
-import json
 import operator
 import time
 from collections import OrderedDict
@@ -22,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 
 from coordinator.dispatch import QueuedMessage
@@ -80,7 +80,7 @@ end
 for _, c in ipairs(extra.cancels) do
   redis.call('XADD', KEYS[15], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
 end
-for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[15 + queue], ARGV[8 + i]) end
+for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[16 + queue], ARGV[8 + i]) end
 local conversation = extra.conversation
 if conversation.rewrite then redis.call('DEL', KEYS[12]) end
 local first = 8 + #extra.dispatches
@@ -90,6 +90,9 @@ if extra.terminal then
   redis.call('ZADD', KEYS[11], extra.now, extra.task_id)
   redis.call('SREM', KEYS[8], extra.task_id)
   redis.call('ZREM', KEYS[9], extra.task_id)
+  if extra.lease_owner ~= '' and redis.call('GET', KEYS[16]) == extra.lease_owner then
+    redis.call('DEL', KEYS[16])
+  end
 else
   redis.call('SADD', KEYS[8], extra.task_id)
   redis.call('ZADD', KEYS[9], extra.deadline, extra.task_id)
@@ -121,7 +124,9 @@ redis.call('SADD', KEYS[3], ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[6], ARGV[2])
 redis.call('ZADD', KEYS[5], ARGV[6], ARGV[2])
 if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
-return {1, ARGV[2]}
+local leased = 0
+if ARGV[10] ~= '' and redis.call('SET', KEYS[7], ARGV[10], 'NX', 'PX', ARGV[11]) then leased = 1 end
+return {1, ARGV[2], leased}
 """
 
 _PURGE = """
@@ -175,6 +180,8 @@ class CreateOutcome:
     created: bool
     task_id: str
     conflict: bool = False
+    leased: bool = False
+    """The task was created and its lease taken for the ``lease`` owner given to ``create``."""
 
 
 @dataclass
@@ -294,13 +301,19 @@ class TaskStore:
             self._kept_bytes -= evicted
 
     async def create(
-        self, record: TaskRecord, ack: tuple[str, str, str] | None = None
+        self,
+        record: TaskRecord,
+        ack: tuple[str, str, str] | None = None,
+        lease: tuple[str, int] | None = None,
     ) -> CreateOutcome:
-        """Persist a new task (and acknowledge its intake entry) unless it already exists."""
+        """Persist a new task (and acknowledge its intake entry) unless it already exists;
+        with ``lease`` (owner, TTL in ms), a task created is leased to that owner in the same
+        script when nobody holds its lease (as :meth:`acquire_lease`, one round trip less)."""
         idem = record.spec.idempotency_key or ""
         stream, group, entry_id = ack or ("", "", "")
+        owner, ttl_ms = lease or ("", 0)
         state = record.model_dump_json()
-        created, task_id = await self._create(
+        created, task_id, *leased = await self._create(
             keys=[
                 keys.task_key(record.task_id),
                 keys.idempotency_key(idem) if idem else keys.idempotency_key("-"),
@@ -308,6 +321,7 @@ class TaskStore:
                 keys.task_index_key,
                 keys.deadlines_key,
                 keys.status_counts_key,
+                keys.lease_key(record.task_id),
             ],
             args=[
                 idem,
@@ -319,10 +333,17 @@ class TaskStore:
                 entry_id,
                 stream,
                 group,
+                owner,
+                ttl_ms,
             ],
         )
         code = int(created)
-        outcome = CreateOutcome(created=code == 1, task_id=_text(task_id), conflict=code == 2)
+        outcome = CreateOutcome(
+            created=code == 1,
+            task_id=_text(task_id),
+            conflict=code == 2,
+            leased=bool(leased and int(leased[0])),
+        )
         if outcome.created:
             self._take(record.task_id)
             self._keep(record, len(state))
@@ -335,9 +356,13 @@ class TaskStore:
         ack: tuple[str, str, str] | None = None,
         messages: Sequence[QueuedMessage] = (),
         delta: ConversationDelta | None = None,
+        *,
+        lease_owner: str = "",
     ) -> None:
         """Write ``record`` (version + 1) with its effects and push ``messages``, atomically,
         with the conversation's new messages (``delta``, else :meth:`conversation_delta`).
+        A terminal record's lease is released in the same script when ``lease_owner`` holds
+        it (as :meth:`release_lease`, one round trip less).
 
         Raises CommitConflictError when another coordinator committed first.
         """
@@ -352,6 +377,7 @@ class TaskStore:
         extra["dispatches"] = [queues.index(m.queue) + 1 for m in messages]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         extra["delete_acked"] = stream == keys.observations_stream
+        extra["lease_owner"] = lease_owner
         ok, _current = await self._commit(
             keys=[
                 keys.task_key(record.task_id),
@@ -369,6 +395,7 @@ class TaskStore:
                 keys.intake_stream,
                 keys.observations_stream,
                 keys.control_stream,
+                keys.lease_key(record.task_id),
                 *queues,
             ],
             args=[
@@ -379,7 +406,7 @@ class TaskStore:
                 entry_id,
                 stream,
                 group,
-                json.dumps(extra),
+                orjson.dumps(extra),
                 *(m.body for m in messages),
                 *delta.messages,
             ],
@@ -538,6 +565,22 @@ class TaskStore:
     async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the task's lease if nobody holds it."""
         return bool(await self.redis.set(keys.lease_key(task_id), owner, nx=True, px=ttl_ms))
+
+    async def renew_leases(
+        self, task_ids: Sequence[str], owner: str, ttl_ms: int, release: Sequence[str] = ()
+    ) -> list[bool]:
+        """:meth:`renew_lease` for each of ``task_ids`` and :meth:`release_lease` for each of
+        ``release``, in one pipeline (not a transaction: each renewal and release is atomic
+        on its own, as apart); whether each renewal held."""
+        if not task_ids and not release:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            await self._renew(keys=[keys.lease_key(task_id)], args=[owner, ttl_ms], client=pipe)
+        for task_id in release:
+            await self._release(keys=[keys.lease_key(task_id)], args=[owner], client=pipe)
+        replies = await pipe.execute()
+        return [bool(int(r)) for r in replies[: len(task_ids)]]
 
     async def renew_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Extend a lease we hold; False when it was lost."""
