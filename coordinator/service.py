@@ -64,7 +64,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
-from coordinator.store import CommitConflictError, TaskStore
+from coordinator.store import CommitConflictError, PendingCommit, TaskStore
 from shared import keys
 from shared.celery_wire import check_versions
 from shared.delegation import ParentLink, parent_link
@@ -416,10 +416,52 @@ class Coordinator:
     # -- observations ---------------------------------------------------------------------
 
     async def _observations_once(self) -> None:
-        entries = await self._read(keys.observations_stream)
-        await self._handle_all(keys.observations_stream, entries, self._observation)
+        """One read of observations. Their commits are sent together, in one round trip, once
+        every entry of the read is decided (or before deciding another entry of a task whose
+        commit waits); an entry whose commit conflicts is applied again on its own."""
+        stream = keys.observations_stream
+        entries = await self._read(stream)
+        waiting: list[_Decided] = []
 
-    async def _observation(self, entry_id: str, fields: dict[Any, Any]) -> None:
+        async def observe(entry_id: str, fields: dict[Any, Any]) -> None:
+            await self._observation(entry_id, fields, waiting)
+
+        try:
+            await self._handle_all(stream, entries, observe)
+            await self._commit_decided(waiting)
+        except RedisError as exc:
+            if is_transient(exc) and waiting:
+                await self._give_back(stream, [d.entry_id for d in waiting])
+            raise
+
+    async def _commit_decided(self, waiting: list[_Decided]) -> None:
+        """Send the waiting commits in one pipeline. An entry whose commit was written is
+        done; one that conflicted is applied again on its own; the first error Redis answered
+        is raised, its entry (and those not done) left in ``waiting``."""
+        if not waiting:
+            return
+        outcomes = await self.store.commit_many([d.commit for d in waiting])
+        decided = list(zip(waiting, outcomes, strict=True))
+        waiting[:] = [d for d, outcome in decided if outcome is not True]
+        for done, outcome in decided:
+            if outcome is True:
+                self._committed(done.commit)
+                if self.metrics is not None:
+                    self.metrics.observed(done.message, done.dispatched_at)
+        stream = keys.observations_stream
+        for again, outcome in decided:
+            if outcome is False:
+                await self._guarded(stream, again.entry_id, again.fields, self._observation)
+                waiting.remove(again)
+        for _failed, outcome in decided:
+            if isinstance(outcome, RedisError):
+                raise outcome
+
+    async def _observation(
+        self, entry_id: str, fields: dict[Any, Any], waiting: list[_Decided] | None = None
+    ) -> None:
+        """Apply one observation; with ``waiting``, its commit joins the commits waiting to be
+        sent together (:meth:`_commit_decided`)."""
         ack = (keys.observations_stream, keys.coordinator_group, entry_id)
         try:
             message = decode_entry(fields)
@@ -437,9 +479,17 @@ class Coordinator:
             wrong[0] = None if effects.changed else _wrong(machine.record, message.fence)
             return effects
 
-        applied = await self._apply(task_id, route, ack=ack)
-        if applied and self.metrics is not None:
-            self.metrics.observed(message, dispatched_at[0])
+        if waiting is None:
+            applied = await self._apply(task_id, route, ack=ack)
+            if applied and self.metrics is not None:
+                self.metrics.observed(message, dispatched_at[0])
+        else:
+            if any(d.commit.record.task_id == task_id for d in waiting):
+                await self._commit_decided(waiting)  # decided on the record it commits
+            pending = await self._decide(task_id, route, ack)
+            if pending is not None:
+                waiting.append(_Decided(entry_id, fields, message, dispatched_at[0], pending))
+            applied = pending is not None
         if not applied:  # a stale or duplicate answer: nothing keeps it
             await self.store.drop_observation(entry_id)
             if wrong[0] is not None:
@@ -633,19 +683,41 @@ class Coordinator:
     ) -> bool:
         """Load, transition, then commit with the dispatches (retrying on conflict).
 
-        False: no such task, or the machine ignored the input. The record kept from this
-        coordinator's last commit of the task is used without asking Redis whether it is still
-        current: the commit's compare-and-set refuses it if it is not, and an input the machine
-        ignores or refuses (raises) is answered so only once the version it was judged against
-        is confirmed.
+        False: no such task, or the machine ignored the input.
         """
         for _ in range(20):
+            pending = await self._decide(task_id, step, ack)
+            if pending is None:
+                return False
+            try:
+                await self.store.commit_prepared(pending)
+            except CommitConflictError:
+                continue
+            self._committed(pending)
+            return True
+        raise CommitConflictError(f"task {task_id}: gave up after 20 conflicting commits")
+
+    async def _decide(
+        self,
+        task_id: str,
+        step: Callable[[TaskMachine], Effects],
+        ack: tuple[str, str, str] | None = None,
+    ) -> PendingCommit | None:
+        """Load and transition: the commit to send (the record at its new version, with the
+        dispatches), or None when there is no such task or the machine ignored the input.
+
+        The record kept from this coordinator's last commit of the task is used without asking
+        Redis whether it is still current: the commit's compare-and-set refuses it if it is
+        not, and an input the machine ignores or refuses (raises) is answered so only once the
+        version it was judged against is confirmed (judged again on the stored record else).
+        """
+        while True:
             record = self.store.take_kept(task_id)
             confirmed = record is None
             if record is None:
                 record = await self.store.load(task_id)
                 if record is None:
-                    return False
+                    return None
             machine = TaskMachine(record, time.time(), self.settings.machine)
             try:
                 effects = decide(machine, step)
@@ -658,28 +730,35 @@ class Coordinator:
                     continue  # ignored on a stale copy: judge again on the stored record
                 if self.metrics is not None:
                     self.metrics.ignored()
-                return False
+                return None
             delta = self.store.conversation_delta(machine.record)
             effects.stamped(machine.record.conversation_epoch)
             messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
             owner = self.name if task_id in self._held else ""  # a task that ends is released
-            try:
-                await self.store.commit(
-                    machine.record, effects, ack=ack, messages=messages, delta=delta,
-                    lease_owner=owner,
-                )  # fmt: skip
-            except CommitConflictError:
-                continue
-            self._released(machine.record)
-            if self.metrics is not None:
-                self.metrics.record(machine.record, effects)
-            return True
-        raise CommitConflictError(f"task {task_id}: gave up after 20 conflicting commits")
+            return self.store.prepare(
+                machine.record, effects, ack, messages, delta=delta, lease_owner=owner
+            )
+
+    def _committed(self, pending: PendingCommit) -> None:
+        self._released(pending.record)
+        if self.metrics is not None:
+            self.metrics.record(pending.record, pending.effects)
 
     async def _stale(self, record: TaskRecord, confirmed: bool) -> bool:
         """Whether a kept record's verdict must be redone: it was never confirmed current and
         Redis now holds another version."""
         return not confirmed and not await self.store.is_current(record.task_id, record.version)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Decided:
+    """An observation decided, its commit waiting to be sent with the others of its read."""
+
+    entry_id: str
+    fields: dict[Any, Any]
+    message: AnyMessage
+    dispatched_at: float | None
+    commit: PendingCommit
 
 
 def _wrong(record: TaskRecord, fence: Fence) -> str | None:

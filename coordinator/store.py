@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, RedisError
 
 from coordinator.dispatch import QueuedMessage
 from coordinator.machine import Effects
@@ -32,7 +33,13 @@ from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
 from shared.protocol import encode_entry
 
-__all__ = ["CommitConflictError", "ConversationDelta", "CreateOutcome", "TaskStore"]
+__all__ = [
+    "CommitConflictError",
+    "ConversationDelta",
+    "CreateOutcome",
+    "PendingCommit",
+    "TaskStore",
+]
 
 
 class CommitConflictError(OrgaError):
@@ -182,6 +189,18 @@ class CreateOutcome:
     conflict: bool = False
     leased: bool = False
     """The task was created and its lease taken for the ``lease`` owner given to ``create``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCommit:
+    """A commit prepared by :meth:`TaskStore.prepare`: the script's keys and arguments."""
+
+    record: TaskRecord
+    effects: Effects
+    keys: list[str]
+    args: list[str | bytes]
+    size: int
+    """JSON size of the record and of the conversation it appends (what keeping it costs)."""
 
 
 @dataclass
@@ -366,57 +385,109 @@ class TaskStore:
 
         Raises CommitConflictError when another coordinator committed first.
         """
+        pending = self.prepare(record, effects, ack, messages, delta=delta, lease_owner=lease_owner)
+        await self.commit_prepared(pending)
+
+    def prepare(
+        self,
+        record: TaskRecord,
+        effects: Effects,
+        ack: tuple[str, str, str] | None = None,
+        messages: Sequence[QueuedMessage] = (),
+        *,
+        delta: ConversationDelta | None = None,
+        lease_owner: str = "",
+    ) -> PendingCommit:
+        """The commit of :meth:`commit`, encoded and not sent yet (``record`` is at its new
+        version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`."""
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
         delta = delta or self.conversation_delta(record)
         self._take(record.task_id)
         record.version += 1
-        state = record.model_dump_json()
+        state = record.__pydantic_serializer__.to_json(record)  # model_dump_json, as bytes
         extra = self._extra(record, effects)
         queues = list(dict.fromkeys(m.queue for m in messages))
         extra["dispatches"] = [queues.index(m.queue) + 1 for m in messages]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         extra["delete_acked"] = stream == keys.observations_stream
         extra["lease_owner"] = lease_owner
-        ok, _current = await self._commit(
-            keys=[
-                keys.task_key(record.task_id),
-                keys.journal_stream(record.task_id),
-                keys.journal_sequence_key(record.task_id),
-                keys.events_stream,
-                keys.review_stream,
-                keys.open_reviews_key,
-                keys.dead_letter_stream,
-                keys.active_tasks_key,
-                keys.deadlines_key,
-                keys.status_counts_key,
-                keys.finished_tasks_key,
-                keys.conversation_key(record.task_id),
-                keys.intake_stream,
-                keys.observations_stream,
-                keys.control_stream,
-                keys.lease_key(record.task_id),
-                *queues,
-            ],
-            args=[
-                expected,
-                str(record.version),
-                state,
-                record.status.value,
-                entry_id,
-                stream,
-                group,
-                orjson.dumps(extra),
-                *(m.body for m in messages),
-                *delta.messages,
-            ],
-        )
-        if not int(ok):
+        commit_keys = [
+            keys.task_key(record.task_id),
+            keys.journal_stream(record.task_id),
+            keys.journal_sequence_key(record.task_id),
+            keys.events_stream,
+            keys.review_stream,
+            keys.open_reviews_key,
+            keys.dead_letter_stream,
+            keys.active_tasks_key,
+            keys.deadlines_key,
+            keys.status_counts_key,
+            keys.finished_tasks_key,
+            keys.conversation_key(record.task_id),
+            keys.intake_stream,
+            keys.observations_stream,
+            keys.control_stream,
+            keys.lease_key(record.task_id),
+            *queues,
+        ]
+        args: list[str | bytes] = [
+            expected,
+            str(record.version),
+            state,
+            record.status.value,
+            entry_id,
+            stream,
+            group,
+            orjson.dumps(extra),
+            *(m.body for m in messages),
+            *delta.messages,
+        ]
+        return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size)
+
+    async def commit_prepared(self, pending: PendingCommit) -> None:
+        """Send one prepared commit; CommitConflictError when another coordinator committed
+        first."""
+        ok, _current = await self._commit(keys=pending.keys, args=pending.args)
+        if not self._settle(pending, bool(int(ok))):
+            record = pending.record
+            raise CommitConflictError(
+                f"task {record.task_id} changed since version {record.version}"
+            )
+
+    async def commit_many(self, pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
+        """Send prepared commits of different tasks in one pipeline, one round trip (not a
+        transaction: each commit is its script, atomic on its own, as when sent apart).
+
+        Per commit: True when written, False when another coordinator committed first (or
+        Redis had lost the script: commit it again with :meth:`commit`), or the error Redis
+        answered for it. A connection lost raises, each commit written or not.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for commit in pending:
+            pipe.evalsha(self._commit.sha, len(commit.keys), *commit.keys, *commit.args)
+        replies = await pipe.execute(raise_on_error=False)
+        outcomes: list[bool | RedisError] = []
+        for commit, reply in zip(pending, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                outcomes.append(self._settle(commit, False))
+            elif isinstance(reply, RedisError):
+                self._stored.pop(commit.record.task_id, None)
+                outcomes.append(reply)
+            else:
+                outcomes.append(self._settle(commit, bool(int(reply[0]))))
+        return outcomes
+
+    def _settle(self, pending: PendingCommit, written: bool) -> bool:
+        """Keep a written record; step a refused one back to the version it was read at."""
+        record = pending.record
+        if not written:
             record.version -= 1
             self._stored.pop(record.task_id, None)
-            raise CommitConflictError(f"task {record.task_id} changed since version {expected}")
+            return False
         self._remember(record)
-        self._keep(record, len(state) + delta.size)
+        self._keep(record, pending.size)
+        return True
 
     def _extra(self, record: TaskRecord, effects: Effects) -> dict[str, Any]:
         closing = ("review_decided", "review_closed")
