@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
@@ -32,6 +33,7 @@ from shared import keys
 from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
 from shared.protocol import encode_entry
+from shared.task_spec import TaskSpec
 
 __all__ = [
     "CommitConflictError",
@@ -160,6 +162,8 @@ return 0
 """
 
 
+_JSON_STRING = TypeAdapter(str)
+
 STORED_CONVERSATIONS_KEPT = 20_000
 """Tasks whose stored conversation a store remembers (by reference: no copy of a message)."""
 
@@ -225,6 +229,9 @@ class TaskStore:
     )
     _kept_bytes: int = field(default=0, init=False, repr=False)
     _stored: OrderedDict[str, list[ConversationMessage]] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
+    _specs: OrderedDict[str, tuple[TaskSpec, bytes]] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
 
@@ -405,7 +412,7 @@ class TaskStore:
         delta = delta or self.conversation_delta(record)
         self._take(record.task_id)
         record.version += 1
-        state = record.__pydantic_serializer__.to_json(record)  # model_dump_json, as bytes
+        state = self._state_json(record)
         extra = self._extra(record, effects)
         queues = list(dict.fromkeys(m.queue for m in messages))
         extra["dispatches"] = [queues.index(m.queue) + 1 for m in messages]
@@ -477,6 +484,21 @@ class TaskStore:
             else:
                 outcomes.append(self._settle(commit, bool(int(reply[0]))))
         return outcomes
+
+    def _state_json(self, record: TaskRecord) -> bytes:
+        """``record.model_dump_json()`` as bytes, byte for byte, with the JSON of its spec (frozen,
+        about half of a short task's state) encoded once per task instead of once per commit."""
+        kept = self._specs.get(record.task_id)
+        if kept is None or kept[0] is not record.spec:
+            kept = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
+            self._specs[record.task_id] = kept
+            while len(self._specs) > STORED_CONVERSATIONS_KEPT:
+                self._specs.popitem(last=False)
+        rest = record.__pydantic_serializer__.to_json(record, exclude={"spec"})
+        head = b'{"task_id":' + _JSON_STRING.dump_json(record.task_id)
+        if not rest.startswith(head + b","):  # the fields' order changed: encode it whole
+            return record.__pydantic_serializer__.to_json(record)
+        return b"".join((head, b',"spec":', kept[1], rest[len(head) :]))
 
     def _settle(self, pending: PendingCommit, written: bool) -> bool:
         """Keep a written record; step a refused one back to the version it was read at."""
