@@ -711,7 +711,7 @@ class Coordinator:
         not, and an input the machine ignores or refuses (raises) is answered so only once the
         version it was judged against is confirmed (judged again on the stored record else).
         """
-        while True:
+        for _ in range(20):
             record = self.store.take_kept(task_id)
             confirmed = record is None
             if record is None:
@@ -738,6 +738,7 @@ class Coordinator:
             return self.store.prepare(
                 machine.record, effects, ack, messages, delta=delta, lease_owner=owner
             )
+        raise CommitConflictError(f"task {task_id}: judged 20 times on records changed since")
 
     def _committed(self, pending: PendingCommit) -> None:
         self._released(pending.record)

@@ -110,9 +110,9 @@ class _ByIdentity(Generic[_V]):
         self._size = size
         self._kept: OrderedDict[str, tuple[tuple[object, ...], _V]] = OrderedDict()
 
-    def get(self, task_id: str, *sources: object, take: bool = False) -> _V | None:
-        """The value kept for ``sources`` (``take``: no longer kept), else None."""
-        kept = self._kept.pop(task_id, None) if take else self._kept.get(task_id)
+    def get(self, task_id: str, *sources: object) -> _V | None:
+        """The value kept for ``sources``, else None."""
+        kept = self._kept.get(task_id)
         if kept is None or len(kept[0]) != len(sources):
             return None
         if not all(a is b for a, b in zip(kept[0], sources, strict=True)):
@@ -126,11 +126,25 @@ class _ByIdentity(Generic[_V]):
             self._kept.popitem(last=False)
 
 
-_LIVE_DETECTORS: _ByIdentity[StagnationDetector] = _ByIdentity(4096)
-"""The detector whose snapshot a record holds, handed to the next input of the task instead of
-restoring the snapshot again (:meth:`StagnationDetector.from_state` restores it exactly; taken,
-so that an input that fails or is ignored after changing it never leaves it for another)."""
-_LOOP_CONFIGS: _ByIdentity[LoopConfig] = _ByIdentity(4096)
+class _Snapshot(dict[str, Any]):
+    """A detector's snapshot as the record stores it (a plain dict to pydantic and to ``==``),
+    carrying the live detector it was taken from: the record's next input gets that detector
+    instead of restoring the snapshot again (:meth:`StagnationDetector.from_state` restores it
+    exactly). It goes with the record; a record loaded again holds a plain dict. The input
+    takes it, so that one that fails or is ignored after changing it never leaves it behind."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, state: dict[str, Any], live: StagnationDetector) -> None:
+        super().__init__(state)
+        self.live: StagnationDetector | None = live
+
+    def take(self) -> StagnationDetector | None:
+        live, self.live = self.live, None
+        return live
+
+
+_LOOP_CONFIGS: _ByIdentity[LoopConfig] = _ByIdentity(1024)
 """``TaskSpec.loop_config`` per task (the spec is frozen; a step changes only its iterations)."""
 
 
@@ -160,8 +174,11 @@ class MachineCore:
         saves its state, which is the largest part of the record)."""
         if self._detector is None:
             record, spec = self.record, self.record.spec
-            live = _LIVE_DETECTORS.get(record.task_id, record.detector, spec.stagnation, take=True)
-            self._detector = live or StagnationDetector.from_state(spec.stagnation, record.detector)
+            state = record.detector
+            live = state.take() if isinstance(state, _Snapshot) else None
+            if live is None:
+                live = StagnationDetector.from_state(spec.stagnation, state)
+            self._detector = live
         return self._detector
 
     def config(self) -> LoopConfig:
@@ -266,10 +283,7 @@ class MachineCore:
         if self._tracker is not None:
             record.tracker = self._tracker.to_state()
         if self._detector is not None:
-            record.detector = self._detector.to_state()
-            _LIVE_DETECTORS.keep(
-                record.task_id, self._detector, record.detector, record.spec.stagnation
-            )
+            record.detector = _Snapshot(self._detector.to_state(), self._detector)
         record.updated_at = self.now
         record.applied += 1
         return self.effects
