@@ -64,7 +64,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
-from coordinator.store import CommitConflictError, TaskStore
+from coordinator.store import CommitConflictError, PendingCommit, TaskStore
 from shared import keys
 from shared.celery_wire import check_versions
 from shared.delegation import ParentLink, parent_link
@@ -348,7 +348,7 @@ class Coordinator:
             return
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
-        outcome = await self.store.create(record, ack=ack)
+        outcome = await self.store.create(record, ack=ack, lease=(self.name, self._lease_ms))
         if outcome.conflict:
             error = (
                 f"task id {task_id!r} is already a task, and idempotency key "
@@ -361,7 +361,9 @@ class Coordinator:
         if not outcome.created:
             await self._duplicate(task_id, outcome.task_id)
             return
-        if await self._hold(task_id):  # else its holder starts it: it is due at once
+        if outcome.leased:
+            self._leased(task_id)
+        if outcome.leased or await self._hold(task_id):  # else its holder starts it when due
             orphaned = await self._parent_ended(record)
             await self._apply(task_id, _start if orphaned is None else _cancelled(orphaned))
 
@@ -414,10 +416,52 @@ class Coordinator:
     # -- observations ---------------------------------------------------------------------
 
     async def _observations_once(self) -> None:
-        entries = await self._read(keys.observations_stream)
-        await self._handle_all(keys.observations_stream, entries, self._observation)
+        """One read of observations. Their commits are sent together, in one round trip, once
+        every entry of the read is decided (or before deciding another entry of a task whose
+        commit waits); an entry whose commit conflicts is applied again on its own."""
+        stream = keys.observations_stream
+        entries = await self._read(stream)
+        waiting: list[_Decided] = []
 
-    async def _observation(self, entry_id: str, fields: dict[Any, Any]) -> None:
+        async def observe(entry_id: str, fields: dict[Any, Any]) -> None:
+            await self._observation(entry_id, fields, waiting)
+
+        try:
+            await self._handle_all(stream, entries, observe)
+            await self._commit_decided(waiting)
+        except RedisError as exc:
+            if is_transient(exc) and waiting:
+                await self._give_back(stream, [d.entry_id for d in waiting])
+            raise
+
+    async def _commit_decided(self, waiting: list[_Decided]) -> None:
+        """Send the waiting commits in one pipeline. An entry whose commit was written is
+        done; one that conflicted is applied again on its own; the first error Redis answered
+        is raised, its entry (and those not done) left in ``waiting``."""
+        if not waiting:
+            return
+        outcomes = await self.store.commit_many([d.commit for d in waiting])
+        decided = list(zip(waiting, outcomes, strict=True))
+        waiting[:] = [d for d, outcome in decided if outcome is not True]
+        for done, outcome in decided:
+            if outcome is True:
+                self._committed(done.commit)
+                if self.metrics is not None:
+                    self.metrics.observed(done.message, done.dispatched_at)
+        stream = keys.observations_stream
+        for again, outcome in decided:
+            if outcome is False:
+                await self._guarded(stream, again.entry_id, again.fields, self._observation)
+                waiting.remove(again)
+        for _failed, outcome in decided:
+            if isinstance(outcome, RedisError):
+                raise outcome
+
+    async def _observation(
+        self, entry_id: str, fields: dict[Any, Any], waiting: list[_Decided] | None = None
+    ) -> None:
+        """Apply one observation; with ``waiting``, its commit joins the commits waiting to be
+        sent together (:meth:`_commit_decided`)."""
         ack = (keys.observations_stream, keys.coordinator_group, entry_id)
         try:
             message = decode_entry(fields)
@@ -435,9 +479,17 @@ class Coordinator:
             wrong[0] = None if effects.changed else _wrong(machine.record, message.fence)
             return effects
 
-        applied = await self._apply(task_id, route, ack=ack)
-        if applied and self.metrics is not None:
-            self.metrics.observed(message, dispatched_at[0])
+        if waiting is None:
+            applied = await self._apply(task_id, route, ack=ack)
+            if applied and self.metrics is not None:
+                self.metrics.observed(message, dispatched_at[0])
+        else:
+            if any(d.commit.record.task_id == task_id for d in waiting):
+                await self._commit_decided(waiting)  # decided on the record it commits
+            pending = await self._decide(task_id, route, ack)
+            if pending is not None:
+                waiting.append(_Decided(entry_id, fields, message, dispatched_at[0], pending))
+            applied = pending is not None
         if not applied:  # a stale or duplicate answer: nothing keeps it
             await self.store.drop_observation(entry_id)
             if wrong[0] is not None:
@@ -579,27 +631,31 @@ class Coordinator:
         """True when this coordinator holds (or has just taken over) the task's lease."""
         if task_id in self._held:
             return True
-        ttl_ms = int(self.settings.lease_ttl_s * 1000)
-        if await self.store.acquire_lease(task_id, self.name, ttl_ms):
-            log.info("lease.acquired", extra={"task_id": task_id, "coordinator": self.name})
-            self._held.add(task_id)
+        if await self.store.acquire_lease(task_id, self.name, self._lease_ms):
+            self._leased(task_id)
             return True
         return False
+
+    def _leased(self, task_id: str) -> None:
+        log.info("lease.acquired", extra={"task_id": task_id, "coordinator": self.name})
+        self._held.add(task_id)
+
+    @property
+    def _lease_ms(self) -> int:
+        return int(self.settings.lease_ttl_s * 1000)
 
     async def _renew_leases(self) -> None:
         now = time.monotonic()
         if now - self._last_renewal < self.settings.lease_ttl_s / 3:
             return
         self._last_renewal = now
-        ttl_ms = int(self.settings.lease_ttl_s * 1000)
         held = sorted(self._held)
         active = await self.store.still_active(held)
-        for task_id, is_active in zip(held, active, strict=True):
-            if not is_active:  # finished by another coordinator
-                self._held.discard(task_id)
-                await self.store.release_lease(task_id, self.name)
-            elif not await self.store.renew_lease(task_id, self.name, ttl_ms):
-                self._held.discard(task_id)
+        live = [task_id for task_id, is_active in zip(held, active, strict=True) if is_active]
+        ended = [task_id for task_id, is_active in zip(held, active, strict=True) if not is_active]
+        self._held.difference_update(ended)  # finished by another coordinator: released below
+        renewed = await self.store.renew_leases(live, self.name, self._lease_ms, release=ended)
+        self._held.difference_update(t for t, ok in zip(live, renewed, strict=True) if not ok)
 
     async def _purge(self) -> None:
         """Delete finished tasks older than the retention (state, journal, aliases)."""
@@ -612,10 +668,10 @@ class Coordinator:
         if purged:
             log.info("tasks.purged", extra={"count": purged, "coordinator": self.name})
 
-    async def _released(self, record: TaskRecord) -> None:
-        if record.terminal and record.task_id in self._held:
+    def _released(self, record: TaskRecord) -> None:
+        """A task that ended is no longer held (its commit released the lease)."""
+        if record.terminal:
             self._held.discard(record.task_id)
-            await self.store.release_lease(record.task_id, self.name)
 
     # -- applying -------------------------------------------------------------------------
 
@@ -627,11 +683,33 @@ class Coordinator:
     ) -> bool:
         """Load, transition, then commit with the dispatches (retrying on conflict).
 
-        False: no such task, or the machine ignored the input. The record kept from this
-        coordinator's last commit of the task is used without asking Redis whether it is still
-        current: the commit's compare-and-set refuses it if it is not, and an input the machine
-        ignores or refuses (raises) is answered so only once the version it was judged against
-        is confirmed.
+        False: no such task, or the machine ignored the input.
+        """
+        for _ in range(20):
+            pending = await self._decide(task_id, step, ack)
+            if pending is None:
+                return False
+            try:
+                await self.store.commit_prepared(pending)
+            except CommitConflictError:
+                continue
+            self._committed(pending)
+            return True
+        raise CommitConflictError(f"task {task_id}: gave up after 20 conflicting commits")
+
+    async def _decide(
+        self,
+        task_id: str,
+        step: Callable[[TaskMachine], Effects],
+        ack: tuple[str, str, str] | None = None,
+    ) -> PendingCommit | None:
+        """Load and transition: the commit to send (the record at its new version, with the
+        dispatches), or None when there is no such task or the machine ignored the input.
+
+        The record kept from this coordinator's last commit of the task is used without asking
+        Redis whether it is still current: the commit's compare-and-set refuses it if it is
+        not, and an input the machine ignores or refuses (raises) is answered so only once the
+        version it was judged against is confirmed (judged again on the stored record else).
         """
         for _ in range(20):
             record = self.store.take_kept(task_id)
@@ -639,7 +717,7 @@ class Coordinator:
             if record is None:
                 record = await self.store.load(task_id)
                 if record is None:
-                    return False
+                    return None
             machine = TaskMachine(record, time.time(), self.settings.machine)
             try:
                 effects = decide(machine, step)
@@ -652,26 +730,36 @@ class Coordinator:
                     continue  # ignored on a stale copy: judge again on the stored record
                 if self.metrics is not None:
                     self.metrics.ignored()
-                return False
+                return None
             delta = self.store.conversation_delta(machine.record)
             effects.stamped(machine.record.conversation_epoch)
             messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
-            try:
-                await self.store.commit(
-                    machine.record, effects, ack=ack, messages=messages, delta=delta
-                )
-            except CommitConflictError:
-                continue
-            await self._released(machine.record)
-            if self.metrics is not None:
-                self.metrics.record(machine.record, effects)
-            return True
-        raise CommitConflictError(f"task {task_id}: gave up after 20 conflicting commits")
+            owner = self.name if task_id in self._held else ""  # a task that ends is released
+            return self.store.prepare(
+                machine.record, effects, ack, messages, delta=delta, lease_owner=owner
+            )
+        raise CommitConflictError(f"task {task_id}: judged 20 times on records changed since")
+
+    def _committed(self, pending: PendingCommit) -> None:
+        self._released(pending.record)
+        if self.metrics is not None:
+            self.metrics.record(pending.record, pending.effects)
 
     async def _stale(self, record: TaskRecord, confirmed: bool) -> bool:
         """Whether a kept record's verdict must be redone: it was never confirmed current and
         Redis now holds another version."""
         return not confirmed and not await self.store.is_current(record.task_id, record.version)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Decided:
+    """An observation decided, its commit waiting to be sent with the others of its read."""
+
+    entry_id: str
+    fields: dict[Any, Any]
+    message: AnyMessage
+    dispatched_at: float | None
+    commit: PendingCommit
 
 
 def _wrong(record: TaskRecord, fence: Fence) -> str | None:

@@ -14,7 +14,6 @@ and never twice.
 
 from __future__ import annotations
 
-import json
 import operator
 import time
 from collections import OrderedDict
@@ -22,7 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+from pydantic import TypeAdapter
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, RedisError
 
 from coordinator.dispatch import QueuedMessage
 from coordinator.machine import Effects
@@ -31,8 +33,15 @@ from shared import keys
 from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
 from shared.protocol import encode_entry
+from shared.task_spec import TaskSpec
 
-__all__ = ["CommitConflictError", "ConversationDelta", "CreateOutcome", "TaskStore"]
+__all__ = [
+    "CommitConflictError",
+    "ConversationDelta",
+    "CreateOutcome",
+    "PendingCommit",
+    "TaskStore",
+]
 
 
 class CommitConflictError(OrgaError):
@@ -80,7 +89,7 @@ end
 for _, c in ipairs(extra.cancels) do
   redis.call('XADD', KEYS[15], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
 end
-for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[15 + queue], ARGV[8 + i]) end
+for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[16 + queue], ARGV[8 + i]) end
 local conversation = extra.conversation
 if conversation.rewrite then redis.call('DEL', KEYS[12]) end
 local first = 8 + #extra.dispatches
@@ -90,6 +99,9 @@ if extra.terminal then
   redis.call('ZADD', KEYS[11], extra.now, extra.task_id)
   redis.call('SREM', KEYS[8], extra.task_id)
   redis.call('ZREM', KEYS[9], extra.task_id)
+  if extra.lease_owner ~= '' and redis.call('GET', KEYS[16]) == extra.lease_owner then
+    redis.call('DEL', KEYS[16])
+  end
 else
   redis.call('SADD', KEYS[8], extra.task_id)
   redis.call('ZADD', KEYS[9], extra.deadline, extra.task_id)
@@ -121,7 +133,9 @@ redis.call('SADD', KEYS[3], ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[6], ARGV[2])
 redis.call('ZADD', KEYS[5], ARGV[6], ARGV[2])
 if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
-return {1, ARGV[2]}
+local leased = 0
+if ARGV[10] ~= '' and redis.call('SET', KEYS[7], ARGV[10], 'NX', 'PX', ARGV[11]) then leased = 1 end
+return {1, ARGV[2], leased}
 """
 
 _PURGE = """
@@ -147,6 +161,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+
+_JSON_STRING = TypeAdapter(str)
 
 STORED_CONVERSATIONS_KEPT = 20_000
 """Tasks whose stored conversation a store remembers (by reference: no copy of a message)."""
@@ -175,6 +191,20 @@ class CreateOutcome:
     created: bool
     task_id: str
     conflict: bool = False
+    leased: bool = False
+    """The task was created and its lease taken for the ``lease`` owner given to ``create``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCommit:
+    """A commit prepared by :meth:`TaskStore.prepare`: the script's keys and arguments."""
+
+    record: TaskRecord
+    effects: Effects
+    keys: list[str]
+    args: list[str | bytes]
+    size: int
+    """JSON size of the record and of the conversation it appends (what keeping it costs)."""
 
 
 @dataclass
@@ -199,6 +229,9 @@ class TaskStore:
     )
     _kept_bytes: int = field(default=0, init=False, repr=False)
     _stored: OrderedDict[str, list[ConversationMessage]] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
+    _specs: OrderedDict[str, tuple[TaskSpec, bytes]] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
 
@@ -294,13 +327,19 @@ class TaskStore:
             self._kept_bytes -= evicted
 
     async def create(
-        self, record: TaskRecord, ack: tuple[str, str, str] | None = None
+        self,
+        record: TaskRecord,
+        ack: tuple[str, str, str] | None = None,
+        lease: tuple[str, int] | None = None,
     ) -> CreateOutcome:
-        """Persist a new task (and acknowledge its intake entry) unless it already exists."""
+        """Persist a new task (and acknowledge its intake entry) unless it already exists;
+        with ``lease`` (owner, TTL in ms), a task created is leased to that owner in the same
+        script when nobody holds its lease (as :meth:`acquire_lease`, one round trip less)."""
         idem = record.spec.idempotency_key or ""
         stream, group, entry_id = ack or ("", "", "")
+        owner, ttl_ms = lease or ("", 0)
         state = record.model_dump_json()
-        created, task_id = await self._create(
+        created, task_id, *leased = await self._create(
             keys=[
                 keys.task_key(record.task_id),
                 keys.idempotency_key(idem) if idem else keys.idempotency_key("-"),
@@ -308,6 +347,7 @@ class TaskStore:
                 keys.task_index_key,
                 keys.deadlines_key,
                 keys.status_counts_key,
+                keys.lease_key(record.task_id),
             ],
             args=[
                 idem,
@@ -319,10 +359,17 @@ class TaskStore:
                 entry_id,
                 stream,
                 group,
+                owner,
+                ttl_ms,
             ],
         )
         code = int(created)
-        outcome = CreateOutcome(created=code == 1, task_id=_text(task_id), conflict=code == 2)
+        outcome = CreateOutcome(
+            created=code == 1,
+            task_id=_text(task_id),
+            conflict=code == 2,
+            leased=bool(leased and int(leased[0])),
+        )
         if outcome.created:
             self._take(record.task_id)
             self._keep(record, len(state))
@@ -335,61 +382,134 @@ class TaskStore:
         ack: tuple[str, str, str] | None = None,
         messages: Sequence[QueuedMessage] = (),
         delta: ConversationDelta | None = None,
+        *,
+        lease_owner: str = "",
     ) -> None:
         """Write ``record`` (version + 1) with its effects and push ``messages``, atomically,
         with the conversation's new messages (``delta``, else :meth:`conversation_delta`).
+        A terminal record's lease is released in the same script when ``lease_owner`` holds
+        it (as :meth:`release_lease`, one round trip less).
 
         Raises CommitConflictError when another coordinator committed first.
         """
+        pending = self.prepare(record, effects, ack, messages, delta=delta, lease_owner=lease_owner)
+        await self.commit_prepared(pending)
+
+    def prepare(
+        self,
+        record: TaskRecord,
+        effects: Effects,
+        ack: tuple[str, str, str] | None = None,
+        messages: Sequence[QueuedMessage] = (),
+        *,
+        delta: ConversationDelta | None = None,
+        lease_owner: str = "",
+    ) -> PendingCommit:
+        """The commit of :meth:`commit`, encoded and not sent yet (``record`` is at its new
+        version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`."""
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
         delta = delta or self.conversation_delta(record)
         self._take(record.task_id)
         record.version += 1
-        state = record.model_dump_json()
+        state = self._state_json(record)
         extra = self._extra(record, effects)
         queues = list(dict.fromkeys(m.queue for m in messages))
         extra["dispatches"] = [queues.index(m.queue) + 1 for m in messages]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         extra["delete_acked"] = stream == keys.observations_stream
-        ok, _current = await self._commit(
-            keys=[
-                keys.task_key(record.task_id),
-                keys.journal_stream(record.task_id),
-                keys.journal_sequence_key(record.task_id),
-                keys.events_stream,
-                keys.review_stream,
-                keys.open_reviews_key,
-                keys.dead_letter_stream,
-                keys.active_tasks_key,
-                keys.deadlines_key,
-                keys.status_counts_key,
-                keys.finished_tasks_key,
-                keys.conversation_key(record.task_id),
-                keys.intake_stream,
-                keys.observations_stream,
-                keys.control_stream,
-                *queues,
-            ],
-            args=[
-                expected,
-                str(record.version),
-                state,
-                record.status.value,
-                entry_id,
-                stream,
-                group,
-                json.dumps(extra),
-                *(m.body for m in messages),
-                *delta.messages,
-            ],
-        )
-        if not int(ok):
+        extra["lease_owner"] = lease_owner
+        commit_keys = [
+            keys.task_key(record.task_id),
+            keys.journal_stream(record.task_id),
+            keys.journal_sequence_key(record.task_id),
+            keys.events_stream,
+            keys.review_stream,
+            keys.open_reviews_key,
+            keys.dead_letter_stream,
+            keys.active_tasks_key,
+            keys.deadlines_key,
+            keys.status_counts_key,
+            keys.finished_tasks_key,
+            keys.conversation_key(record.task_id),
+            keys.intake_stream,
+            keys.observations_stream,
+            keys.control_stream,
+            keys.lease_key(record.task_id),
+            *queues,
+        ]
+        args: list[str | bytes] = [
+            expected,
+            str(record.version),
+            state,
+            record.status.value,
+            entry_id,
+            stream,
+            group,
+            orjson.dumps(extra),
+            *(m.body for m in messages),
+            *delta.messages,
+        ]
+        return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size)
+
+    async def commit_prepared(self, pending: PendingCommit) -> None:
+        """Send one prepared commit; CommitConflictError when another coordinator committed
+        first."""
+        ok, _current = await self._commit(keys=pending.keys, args=pending.args)
+        if not self._settle(pending, bool(int(ok))):
+            record = pending.record
+            raise CommitConflictError(
+                f"task {record.task_id} changed since version {record.version}"
+            )
+
+    async def commit_many(self, pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
+        """Send prepared commits of different tasks in one pipeline, one round trip (not a
+        transaction: each commit is its script, atomic on its own, as when sent apart).
+
+        Per commit: True when written, False when another coordinator committed first (or
+        Redis had lost the script: commit it again with :meth:`commit`), or the error Redis
+        answered for it. A connection lost raises, each commit written or not.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for commit in pending:
+            pipe.evalsha(self._commit.sha, len(commit.keys), *commit.keys, *commit.args)
+        replies = await pipe.execute(raise_on_error=False)
+        outcomes: list[bool | RedisError] = []
+        for commit, reply in zip(pending, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                outcomes.append(self._settle(commit, False))
+            elif isinstance(reply, RedisError):
+                self._stored.pop(commit.record.task_id, None)
+                outcomes.append(reply)
+            else:
+                outcomes.append(self._settle(commit, bool(int(reply[0]))))
+        return outcomes
+
+    def _state_json(self, record: TaskRecord) -> bytes:
+        """``record.model_dump_json()`` as bytes, byte for byte, with the JSON of its spec (frozen,
+        about half of a short task's state) encoded once per task instead of once per commit."""
+        kept = self._specs.get(record.task_id)
+        if kept is None or kept[0] is not record.spec:
+            kept = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
+            self._specs[record.task_id] = kept
+            while len(self._specs) > STORED_CONVERSATIONS_KEPT:
+                self._specs.popitem(last=False)
+        rest = record.__pydantic_serializer__.to_json(record, exclude={"spec"})
+        head = b'{"task_id":' + _JSON_STRING.dump_json(record.task_id)
+        if not rest.startswith(head + b","):  # the fields' order changed: encode it whole
+            return record.__pydantic_serializer__.to_json(record)
+        return b"".join((head, b',"spec":', kept[1], rest[len(head) :]))
+
+    def _settle(self, pending: PendingCommit, written: bool) -> bool:
+        """Keep a written record; step a refused one back to the version it was read at."""
+        record = pending.record
+        if not written:
             record.version -= 1
             self._stored.pop(record.task_id, None)
-            raise CommitConflictError(f"task {record.task_id} changed since version {expected}")
+            return False
         self._remember(record)
-        self._keep(record, len(state) + delta.size)
+        self._keep(record, pending.size)
+        return True
 
     def _extra(self, record: TaskRecord, effects: Effects) -> dict[str, Any]:
         closing = ("review_decided", "review_closed")
@@ -538,6 +658,22 @@ class TaskStore:
     async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the task's lease if nobody holds it."""
         return bool(await self.redis.set(keys.lease_key(task_id), owner, nx=True, px=ttl_ms))
+
+    async def renew_leases(
+        self, task_ids: Sequence[str], owner: str, ttl_ms: int, release: Sequence[str] = ()
+    ) -> list[bool]:
+        """:meth:`renew_lease` for each of ``task_ids`` and :meth:`release_lease` for each of
+        ``release``, in one pipeline (not a transaction: each renewal and release is atomic
+        on its own, as apart); whether each renewal held."""
+        if not task_ids and not release:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            await self._renew(keys=[keys.lease_key(task_id)], args=[owner, ttl_ms], client=pipe)
+        for task_id in release:
+            await self._release(keys=[keys.lease_key(task_id)], args=[owner], client=pipe)
+        replies = await pipe.execute()
+        return [bool(int(r)) for r in replies[: len(task_ids)]]
 
     async def renew_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Extend a lease we hold; False when it was lost."""

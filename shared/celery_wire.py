@@ -15,13 +15,14 @@ are ones that layout was checked against (:func:`check_versions`).
 from __future__ import annotations
 
 import base64
-import json
 import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+import orjson
 
 from shared import keys
 from shared.errors import ConfigError
@@ -148,7 +149,7 @@ def celery_message(
         "stamps": {},
     }
     envelope = {
-        "body": base64.b64encode(json.dumps(body).encode()).decode("ascii"),
+        "body": base64.b64encode(orjson.dumps(body)).decode("ascii"),
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": headers,
@@ -163,4 +164,4 @@ def celery_message(
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    return QueuedMessage(queue=queue, body=json.dumps(envelope), task_id=task_id)
+    return QueuedMessage(queue=queue, body=orjson.dumps(envelope).decode(), task_id=task_id)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Final, Literal, get_args
 
 from opentelemetry import trace
@@ -36,7 +37,9 @@ __all__ = [
     "span_name",
     "task_context",
     "task_trace_id",
+    "task_traceparent",
     "traceparent",
+    "tracing_installed",
 ]
 
 TRACER_NAME: Final = "orga-queue"
@@ -129,6 +132,20 @@ def traceparent(span: trace.Span) -> str | None:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
     return carrier.get("traceparent")
+
+
+def tracing_installed() -> bool:
+    """Whether an SDK's tracer provider is installed; without one every span is the API's
+    no-op, which records nothing and only hands its parent's context on."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+@lru_cache(maxsize=4096)
+def task_traceparent(task_id: str) -> str | None:
+    """The ``traceparent`` of the task's root: what a span opened in :func:`task_context`
+    carries when no SDK is installed (the no-op span is its parent's), without opening it."""
+    return traceparent(trace.get_current_span(task_context(task_id)))
 
 
 def context_of(parent: str | None, task_id: str) -> Context:

@@ -8,10 +8,11 @@ first use, and gives every section the same fence, deadline, journal and event h
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from coordinator.liveness import LivenessSettings
 from coordinator.state import Awaiting, AwaitKind, ReviewItem, TaskRecord
@@ -99,6 +100,57 @@ class Effects:
         self.tool_dispatches = [t.model_copy(update=update) for t in self.tool_dispatches]
 
 
+_V = TypeVar("_V")
+
+
+class _ByIdentity(Generic[_V]):
+    """Values derived from a task's record, kept per task while the objects they were derived
+    from are the very ones the record still holds (compared by identity, so a record loaded
+    again, or changed, never matches; the kept objects cannot be collected and their ids
+    reused). At most ``size`` tasks, least recently kept dropped first."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._kept: OrderedDict[str, tuple[tuple[object, ...], _V]] = OrderedDict()
+
+    def get(self, task_id: str, *sources: object) -> _V | None:
+        """The value kept for ``sources``, else None."""
+        kept = self._kept.get(task_id)
+        if kept is None or len(kept[0]) != len(sources):
+            return None
+        if not all(a is b for a, b in zip(kept[0], sources, strict=True)):
+            return None
+        return kept[1]
+
+    def keep(self, task_id: str, value: _V, *sources: object) -> None:
+        self._kept.pop(task_id, None)
+        self._kept[task_id] = (sources, value)
+        while len(self._kept) > self._size:
+            self._kept.popitem(last=False)
+
+
+class _Snapshot(dict[str, Any]):
+    """A detector's snapshot as the record stores it (a plain dict to pydantic and to ``==``),
+    carrying the live detector it was taken from: the record's next input gets that detector
+    instead of restoring the snapshot again (:meth:`StagnationDetector.from_state` restores it
+    exactly). It goes with the record; a record loaded again holds a plain dict. The input
+    takes it, so that one that fails or is ignored after changing it never leaves it behind."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, state: dict[str, Any], live: StagnationDetector) -> None:
+        super().__init__(state)
+        self.live: StagnationDetector | None = live
+
+    def take(self) -> StagnationDetector | None:
+        live, self.live = self.live, None
+        return live
+
+
+_LOOP_CONFIGS: _ByIdentity[LoopConfig] = _ByIdentity(1024)
+"""``TaskSpec.loop_config`` per task (the spec is frozen; a step changes only its iterations)."""
+
+
 class MachineCore:
     """One input applied to one task record: its state, its effects and the shared helpers."""
 
@@ -124,14 +176,23 @@ class MachineCore:
         that does not observe anything, such as a reasoning answer, neither restores nor
         saves its state, which is the largest part of the record)."""
         if self._detector is None:
-            spec = self.record.spec
-            self._detector = StagnationDetector.from_state(spec.stagnation, self.record.detector)
+            record, spec = self.record, self.record.spec
+            state = record.detector
+            live = state.take() if isinstance(state, _Snapshot) else None
+            if live is None:
+                live = StagnationDetector.from_state(spec.stagnation, state)
+            self._detector = live
         return self._detector
 
     def config(self) -> LoopConfig:
         record = self.record
         step = record.step().spec if record.steps else None
-        return record.spec.loop_config(step)
+        iterations: Any = step.max_iterations if step is not None else None
+        config = _LOOP_CONFIGS.get(record.task_id, record.spec, iterations)
+        if config is None:
+            config = record.spec.loop_config(step)
+            _LOOP_CONFIGS.keep(record.task_id, config, record.spec, iterations)
+        return config
 
     def attempt_config(self) -> LoopConfig:
         """The step's config with the iteration limit of the current attempt, in the step's
@@ -225,7 +286,7 @@ class MachineCore:
         if self._tracker is not None:
             record.tracker = self._tracker.to_state()
         if self._detector is not None:
-            record.detector = self._detector.to_state()
+            record.detector = _Snapshot(self._detector.to_state(), self._detector)
         record.updated_at = self.now
         record.applied += 1
         return self.effects

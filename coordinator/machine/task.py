@@ -34,7 +34,13 @@ from shared.protocol import (
     ToolObservedMessage,
     WorkerFailedMessage,
 )
-from shared.tracing import phase_span, task_context, traceparent
+from shared.tracing import (
+    phase_span,
+    task_context,
+    task_traceparent,
+    traceparent,
+    tracing_installed,
+)
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "TaskMachine", "decide"]
 
@@ -237,8 +243,16 @@ class TaskMachine(MachineCore):
 
 def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:
     """Apply one input in the task's trace: an ``orga.decide`` span, and every dispatch it
-    sends carries that span's ``traceparent`` (both drivers apply inputs through this)."""
+    sends carries that span's ``traceparent`` (both drivers apply inputs through this).
+
+    Without an SDK installed the span would be the task root's no-op: the dispatches carry
+    the root's ``traceparent`` and no span is opened (it cost about 5 % of the coordinator's
+    CPU per observation)."""
     record = machine.record
+    if not tracing_installed():
+        effects = step(machine)
+        effects.traced(task_traceparent(record.task_id))
+        return effects
     with phase_span(
         "decide",
         task_id=record.task_id,

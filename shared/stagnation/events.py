@@ -63,9 +63,11 @@ def _parse_kind(tool: str, value: str | None) -> ToolKind:
         ) from None
 
 
+_KNOWN_KINDS = frozenset(k.value for k in ToolKind)
+
+
 def _lenient_kind(value: str | None) -> str:
-    known = {k.value for k in ToolKind}
-    return value if value in known else ToolKind.OTHER.value
+    return value if value in _KNOWN_KINDS else ToolKind.OTHER.value
 
 
 def _lenient_exit_code(value: str | None) -> int | None:

@@ -717,3 +717,24 @@ def test_a_record_of_the_old_escalation_layout_still_loads() -> None:
     awaiting = Awaiting.model_validate(old)
     assert list(awaiting.results) == ["c1"]
     assert awaiting.escalations == {"c1": "disk full"}
+
+
+def test_the_live_detector_is_handed_on_only_while_the_record_holds_its_snapshot() -> None:
+    """The next input of a record gets the detector whose snapshot the record holds (no
+    restore); a record parsed again, or an input that took it and did not finish, restores
+    from the snapshot; the live detector's state is the snapshot's."""
+    record = _record()
+    _start(record)
+    first = TaskMachine(record, 1.0, SETTINGS)
+    live = first.detector
+    first.done()
+    second = TaskMachine(record, 2.0, SETTINGS)
+    assert second.detector is live
+    assert live.to_state() == record.detector
+    third = TaskMachine(record, 3.0, SETTINGS)
+    assert third.detector is not live  # taken by `second`, which never finished
+    third.done()
+    reparsed = TaskRecord.model_validate_json(record.model_dump_json())
+    fourth = TaskMachine(reparsed, 4.0, SETTINGS)
+    assert fourth.detector is not third.detector
+    assert fourth.detector.to_state() == third.detector.to_state()

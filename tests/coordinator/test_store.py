@@ -162,3 +162,48 @@ def test_a_record_written_before_conversations_were_stored_apart_keeps_its_conve
         assert await client.llen(keys.conversation_key("old")) == len(record.conversation)
 
     _scenario(redis_url, body)
+
+
+def test_the_state_written_is_the_records_json_byte_for_byte(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The spec's JSON kept per task and spliced in gives exactly ``model_dump_json``,
+    commit after commit."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        for task_id in ("plain", "t.1-x_2"):
+            await store.create(_record(task_id))
+            record = await store.load(task_id)
+            assert record is not None
+            for now, step in ((11.0, "start"), (12.0, "cancel")):
+                machine = _machine(record, now)
+                effects = machine.start() if step == "start" else machine.cancel("stop")
+                await store.commit(machine.record, effects)
+                state = await client.hget(keys.task_key(task_id), "state")
+                assert state == record.model_dump_json().encode()
+
+    _scenario(redis_url, body)
+
+
+def test_create_takes_the_lease_and_the_last_commit_releases_it(
+    redis_url: str, redis_client: Any
+) -> None:
+    """``create`` with a lease takes it only for a task it creates and nobody holds; the
+    terminal commit releases it only for its holder."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        first = await store.create(_record("a"), lease=("c1", 10_000))
+        again = await store.create(_record("a"), lease=("c2", 10_000))
+        assert first.created and first.leased
+        assert not again.created and not again.leased
+        assert await client.get(keys.lease_key("a")) == b"c1"
+        await client.set(keys.lease_key("b"), "c1")  # held before the task exists
+        assert not (await store.create(_record("b"), lease=("c2", 10_000))).leased
+        for task_id, owner, left in (("a", "c2", b"c1"), ("b", "c1", None)):
+            record = await store.load(task_id)
+            assert record is not None
+            machine = _machine(record)
+            await store.commit(machine.record, machine.cancel("stop"), lease_owner=owner)
+            assert await client.get(keys.lease_key(task_id)) == left
+
+    _scenario(redis_url, body)

@@ -1,0 +1,130 @@
+"""The commits of one read of observations go out together (one pipeline): a commit that
+conflicts is applied again on its own, and two answers of one task in a read are decided one
+after the other; leases are taken by the create and released by the task's last commit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.service import Coordinator, CoordinatorSettings
+from coordinator.state import TaskStatus
+from coordinator.store import PendingCommit
+from shared import keys
+from shared.protocol import ReasonedMessage, encode_entry
+from tests.redis_server import RedisClientFactory
+
+SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"), block_ms=10)
+TASK = json.dumps({"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]})
+
+
+def _touch(machine: TaskMachine) -> Effects:
+    machine.record.error = "touched"
+    return machine.effects
+
+
+async def _submit(client: Redis, coordinator: Coordinator, *task_ids: str) -> None:
+    for task_id in task_ids:
+        await client.xadd(keys.intake_stream, {"task_id": task_id, "task": TASK})
+    await coordinator._intake_once()
+
+
+async def _answer(client: Redis, coordinator: Coordinator, task_id: str, times: int = 1) -> None:
+    """Send the answer to the task's awaited reasoning dispatch ``times`` times."""
+    record = coordinator.store.peek_kept(task_id)  # left kept (a load would take it)
+    assert record is not None and record.awaiting is not None
+    message = ReasonedMessage(fence=record.awaiting.fence, terminal_output=f"{task_id} done")
+    for _ in range(times):
+        await client.xadd(keys.observations_stream, encode_entry(message))  # type: ignore[arg-type]
+
+
+def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Two answers in one read: the one whose kept record another coordinator changed since
+    conflicts and is applied again on the stored record; both tasks complete, their entries
+    are acknowledged and deleted, and their leases (taken at creation) released."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            mine = Coordinator(client, settings=SETTINGS, name="mine")
+            theirs = Coordinator(client, settings=SETTINGS, name="theirs")
+            await mine._ensure_groups()
+            await _submit(client, mine, "t1", "t2")
+            assert await client.get(keys.lease_key("t1")) == "mine"
+            assert await client.get(keys.lease_key("t2")) == "mine"
+            await _answer(client, mine, "t1")
+            await _answer(client, mine, "t2")
+            assert await theirs._apply("t2", _touch)  # mine's kept t2 is stale now
+            sent = mine.store.commit_many
+            outcomes: list[object] = []
+
+            async def spy(pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
+                outcomes.extend(await sent(pending))
+                return outcomes
+
+            mine.store.commit_many = spy  # type: ignore[method-assign]
+            await mine._observations_once()
+            assert outcomes == [True, False]  # one pipeline; t2 then applied on its own
+            for task_id in ("t1", "t2"):
+                record = await mine.store.load(task_id)
+                assert record is not None and record.status is TaskStatus.COMPLETED
+                assert record.output == f"{task_id} done"
+                assert await client.get(keys.lease_key(task_id)) is None
+            versions = [(await client.hget(keys.task_key(t), "version")) for t in ("t1", "t2")]
+            assert versions == ["2", "3"]  # t2: started, touched by theirs, then answered
+            summary = await client.xpending(keys.observations_stream, keys.coordinator_group)
+            assert summary["pending"] == 0
+            assert await client.xlen(keys.observations_stream) == 0
+            assert mine._held == set()
+
+    asyncio.run(scenario())
+
+
+def test_two_answers_of_one_task_in_one_read_are_decided_in_turn(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The same answer twice in one read: the second is judged on the record the first
+    committed, so it is applied once and the duplicate dropped."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = Coordinator(client, settings=SETTINGS, name="c")
+            await coordinator._ensure_groups()
+            await _submit(client, coordinator, "t")
+            await _answer(client, coordinator, "t", times=2)
+            await coordinator._observations_once()
+            record = await coordinator.store.load("t")
+            assert record is not None and record.status is TaskStatus.COMPLETED
+            assert record.model_calls == 1
+            summary = await client.xpending(keys.observations_stream, keys.coordinator_group)
+            assert summary["pending"] == 0
+            assert await client.xlen(keys.observations_stream) == 0
+
+    asyncio.run(scenario())
+
+
+def test_renewals_and_releases_go_in_one_pipeline(redis_client: RedisClientFactory) -> None:
+    """Held leases are renewed, a lease lost to another coordinator is dropped, and the lease
+    of a task finished elsewhere is released."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = Coordinator(client, settings=SETTINGS, name="c")
+            await coordinator._ensure_groups()
+            await _submit(client, coordinator, "a", "b", "d")
+            await client.set(keys.lease_key("b"), "other")  # lost (expired, taken over)
+            await client.srem(keys.active_tasks_key, "d")  # finished by another coordinator
+            await client.pexpire(keys.lease_key("a"), 1000)
+            await coordinator._renew_leases()
+            assert coordinator._held == {"a"}
+            assert await client.pttl(keys.lease_key("a")) > 1000
+            assert await client.get(keys.lease_key("b")) == "other"
+            assert await client.get(keys.lease_key("d")) is None
+
+    asyncio.run(scenario())
