@@ -205,6 +205,8 @@ class PendingCommit:
     args: list[str | bytes]
     size: int
     """JSON size of the record and of the conversation it appends (what keeping it costs)."""
+    stored: list[ConversationMessage] | None = None
+    """The stored conversation remembered when it was prepared (its delta's base)."""
 
 
 @dataclass
@@ -224,6 +226,8 @@ class TaskStore:
     events_maxlen: int = 100_000
     record_cache_bytes: int = 4 * 1024 * 1024
     """JSON size of the records kept parsed (their parsed form takes about ten times more)."""
+    spec_cache_bytes: int = 4 * 1024 * 1024
+    """JSON size of the task specs kept encoded (with their parsed form) for live tasks."""
     _kept: OrderedDict[str, tuple[TaskRecord, int]] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
@@ -234,6 +238,7 @@ class TaskStore:
     _specs: OrderedDict[str, tuple[TaskSpec, bytes]] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
+    _specs_bytes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
@@ -409,6 +414,7 @@ class TaskStore:
         version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`."""
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
+        stored = self._stored.get(record.task_id)
         delta = delta or self.conversation_delta(record)
         self._take(record.task_id)
         record.version += 1
@@ -450,7 +456,7 @@ class TaskStore:
             *(m.body for m in messages),
             *delta.messages,
         ]
-        return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size)
+        return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size, stored)
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
         """Send one prepared commit; CommitConflictError when another coordinator committed
@@ -488,12 +494,17 @@ class TaskStore:
     def _state_json(self, record: TaskRecord) -> bytes:
         """``record.model_dump_json()`` as bytes, byte for byte, with the JSON of its spec (frozen,
         about half of a short task's state) encoded once per task instead of once per commit."""
-        kept = self._specs.get(record.task_id)
+        kept = self._specs.pop(record.task_id, None)
+        if kept is not None:
+            self._specs_bytes -= len(kept[1])
         if kept is None or kept[0] is not record.spec:
             kept = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
-            self._specs[record.task_id] = kept
-            while len(self._specs) > STORED_CONVERSATIONS_KEPT:
-                self._specs.popitem(last=False)
+        if not record.terminal and len(kept[1]) <= self.spec_cache_bytes:  # a task that ends
+            self._specs[record.task_id] = kept  # commits no more: its spec is not kept
+            self._specs_bytes += len(kept[1])
+            while self._specs_bytes > self.spec_cache_bytes:
+                _task_id, (_spec, evicted) = self._specs.popitem(last=False)
+                self._specs_bytes -= len(evicted)
         rest = record.__pydantic_serializer__.to_json(record, exclude={"spec"})
         head = b'{"task_id":' + _JSON_STRING.dump_json(record.task_id)
         if not rest.startswith(head + b","):  # the fields' order changed: encode it whole
@@ -505,7 +516,8 @@ class TaskStore:
         record = pending.record
         if not written:
             record.version -= 1
-            self._stored.pop(record.task_id, None)
+            if self._stored.get(record.task_id) is pending.stored:  # not a newer commit's
+                self._stored.pop(record.task_id, None)
             return False
         self._remember(record)
         self._keep(record, pending.size)
