@@ -161,6 +161,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+_ACQUIRE = """
+local owner = redis.call('GET', KEYS[1])
+if owner == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 
 _JSON_STRING = TypeAdapter(str)
 
@@ -246,6 +259,7 @@ class TaskStore:
         self._renew = self.redis.register_script(_RENEW)
         self._purge = self.redis.register_script(_PURGE)
         self._release = self.redis.register_script(_RELEASE)
+        self._acquire = self.redis.register_script(_ACQUIRE)
 
     async def load(self, task_id: str) -> TaskRecord | None:
         """The stored record, or None when there is no such task."""
@@ -668,8 +682,10 @@ class TaskStore:
         await self.redis.zremrangebyscore(keys.heartbeats_key, -older_than, older_than)
 
     async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
-        """Take the task's lease if nobody holds it."""
-        return bool(await self.redis.set(keys.lease_key(task_id), owner, nx=True, px=ttl_ms))
+        """Take the task's lease if nobody holds it, or renew it if ``owner`` already does
+        (e.g. taken by a create whose reply was lost, its retry answering "duplicate")."""
+        key = keys.lease_key(task_id)
+        return bool(int(await self._acquire(keys=[key], args=[owner, ttl_ms])))
 
     async def renew_leases(
         self, task_ids: Sequence[str], owner: str, ttl_ms: int, release: Sequence[str] = ()
@@ -679,12 +695,17 @@ class TaskStore:
         on its own, as apart); whether each renewal held."""
         if not task_ids and not release:
             return []
+        calls = [(self._renew, keys.lease_key(t), [owner, str(ttl_ms)]) for t in task_ids]
+        calls += [(self._release, keys.lease_key(t), [owner]) for t in release]
         pipe = self.redis.pipeline(transaction=False)
-        for task_id in task_ids:
-            await self._renew(keys=[keys.lease_key(task_id)], args=[owner, ttl_ms], client=pipe)
-        for task_id in release:
-            await self._release(keys=[keys.lease_key(task_id)], args=[owner], client=pipe)
-        replies = await pipe.execute()
+        for script, key, args in calls:  # EVALSHA alone: no SCRIPT EXISTS round trip first
+            pipe.evalsha(script.sha, 1, key, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        for index, ((script, key, args), reply) in enumerate(zip(calls, replies, strict=True)):
+            if isinstance(reply, NoScriptError):  # Redis lost the script: it did nothing
+                replies[index] = await script(keys=[key], args=args)  # loads it
+            elif isinstance(reply, Exception):
+                raise reply
         return [bool(int(r)) for r in replies[: len(task_ids)]]
 
     async def renew_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
