@@ -418,50 +418,68 @@ class Coordinator:
     async def _observations_once(self) -> None:
         """One read of observations. Their commits are sent together, in one round trip, once
         every entry of the read is decided (or before deciding another entry of a task whose
-        commit waits); an entry whose commit conflicts is applied again on its own."""
+        commit waits); an entry whose commit conflicts is applied again on its own.
+
+        An entry that fails for a reason of its own (an error Redis answered for it, a commit
+        conflicting 20 times) stays pending, to be reclaimed (and dead-lettered after
+        ``max_deliveries``), and never holds back the others: they are decided and their
+        commits sent before its error propagates."""
         stream = keys.observations_stream
         entries = await self._read(stream)
         waiting: list[_Decided] = []
+        failures: list[Exception] = []
 
         async def observe(entry_id: str, fields: dict[Any, Any]) -> None:
-            await self._observation(entry_id, fields, waiting)
+            try:
+                await self._observation(entry_id, fields, waiting, failures)
+            except (RedisError, CommitConflictError) as exc:
+                _own_failure(exc, stream, entry_id, failures)
 
         try:
             await self._handle_all(stream, entries, observe)
-            await self._commit_decided(waiting)
+            await self._commit_decided(waiting, failures)
         except RedisError as exc:
             if is_transient(exc) and waiting:
                 await self._give_back(stream, [d.entry_id for d in waiting])
             raise
+        if failures:
+            raise failures[0]
 
-    async def _commit_decided(self, waiting: list[_Decided]) -> None:
+    async def _commit_decided(self, waiting: list[_Decided], failures: list[Exception]) -> None:
         """Send the waiting commits in one pipeline. An entry whose commit was written is
-        done; one that conflicted is applied again on its own; the first error Redis answered
-        is raised, its entry (and those not done) left in ``waiting``."""
+        done; one that conflicted is applied again on its own; one whose commit Redis answered
+        with an error (or whose application again failed) is left pending, its error added to
+        ``failures``. Redis unreachable raises, the entries not done left in ``waiting``."""
         if not waiting:
             return
         outcomes = await self.store.commit_many([d.commit for d in waiting])
         decided = list(zip(waiting, outcomes, strict=True))
-        waiting[:] = [d for d, outcome in decided if outcome is not True]
+        waiting[:] = [d for d, outcome in decided if outcome is False]
         for done, outcome in decided:
             if outcome is True:
                 self._committed(done.commit)
                 if self.metrics is not None:
                     self.metrics.observed(done.message, done.dispatched_at)
+            elif isinstance(outcome, RedisError):
+                _own_failure(outcome, keys.observations_stream, done.entry_id, failures)
         stream = keys.observations_stream
-        for again, outcome in decided:
-            if outcome is False:
+        for again in list(waiting):
+            try:
                 await self._guarded(stream, again.entry_id, again.fields, self._observation)
-                waiting.remove(again)
-        for _failed, outcome in decided:
-            if isinstance(outcome, RedisError):
-                raise outcome
+            except (RedisError, CommitConflictError) as exc:
+                _own_failure(exc, stream, again.entry_id, failures)
+            waiting.remove(again)
 
     async def _observation(
-        self, entry_id: str, fields: dict[Any, Any], waiting: list[_Decided] | None = None
+        self,
+        entry_id: str,
+        fields: dict[Any, Any],
+        waiting: list[_Decided] | None = None,
+        failures: list[Exception] | None = None,
     ) -> None:
         """Apply one observation; with ``waiting``, its commit joins the commits waiting to be
-        sent together (:meth:`_commit_decided`)."""
+        sent together (:meth:`_commit_decided`, adding the errors of other entries to
+        ``failures``)."""
         ack = (keys.observations_stream, keys.coordinator_group, entry_id)
         try:
             message = decode_entry(fields)
@@ -485,7 +503,8 @@ class Coordinator:
                 self.metrics.observed(message, dispatched_at[0])
         else:
             if any(d.commit.record.task_id == task_id for d in waiting):
-                await self._commit_decided(waiting)  # decided on the record it commits
+                # decided on the record it commits
+                await self._commit_decided(waiting, [] if failures is None else failures)
             pending = await self._decide(task_id, route, ack)
             if pending is not None:
                 waiting.append(_Decided(entry_id, fields, message, dispatched_at[0], pending))
@@ -774,6 +793,19 @@ def _wrong(record: TaskRecord, fence: Fence) -> str | None:
     if awaited is not None and fence.attempt == awaited.attempt and fence.nonce != awaited.nonce:
         return "nonce_mismatch"
     return None
+
+
+def _own_failure(exc: Exception, stream: str, entry_id: str, failures: list[Exception]) -> None:
+    """An entry of a read failed: an error of its own (it stays pending, reclaimed later) is
+    logged and added to ``failures``, raised once the read's other entries are done; Redis
+    unreachable or refusing writes, or the consumer group lost, raises now."""
+    if _lost_groups(exc) or (isinstance(exc, RedisError) and is_transient(exc)):
+        raise exc
+    log.warning(
+        "stream.entry_failed",
+        extra={"stream": stream, "entry_id": entry_id, "error": f"{type(exc).__name__}: {exc}"},
+    )
+    failures.append(exc)
 
 
 def _lost_groups(exc: BaseException) -> TypeGuard[ResponseError]:

@@ -161,6 +161,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+_ACQUIRE = """
+local owner = redis.call('GET', KEYS[1])
+if owner == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 
 _JSON_STRING = TypeAdapter(str)
 
@@ -205,6 +218,8 @@ class PendingCommit:
     args: list[str | bytes]
     size: int
     """JSON size of the record and of the conversation it appends (what keeping it costs)."""
+    stored: list[ConversationMessage] | None = None
+    """The stored conversation remembered when it was prepared (its delta's base)."""
 
 
 @dataclass
@@ -224,6 +239,8 @@ class TaskStore:
     events_maxlen: int = 100_000
     record_cache_bytes: int = 4 * 1024 * 1024
     """JSON size of the records kept parsed (their parsed form takes about ten times more)."""
+    spec_cache_bytes: int = 4 * 1024 * 1024
+    """JSON size of the task specs kept encoded (with their parsed form) for live tasks."""
     _kept: OrderedDict[str, tuple[TaskRecord, int]] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
@@ -234,6 +251,7 @@ class TaskStore:
     _specs: OrderedDict[str, tuple[TaskSpec, bytes]] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
+    _specs_bytes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
@@ -241,6 +259,7 @@ class TaskStore:
         self._renew = self.redis.register_script(_RENEW)
         self._purge = self.redis.register_script(_PURGE)
         self._release = self.redis.register_script(_RELEASE)
+        self._acquire = self.redis.register_script(_ACQUIRE)
 
     async def load(self, task_id: str) -> TaskRecord | None:
         """The stored record, or None when there is no such task."""
@@ -409,6 +428,7 @@ class TaskStore:
         version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`."""
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
+        stored = self._stored.get(record.task_id)
         delta = delta or self.conversation_delta(record)
         self._take(record.task_id)
         record.version += 1
@@ -450,7 +470,7 @@ class TaskStore:
             *(m.body for m in messages),
             *delta.messages,
         ]
-        return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size)
+        return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size, stored)
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
         """Send one prepared commit; CommitConflictError when another coordinator committed
@@ -488,12 +508,17 @@ class TaskStore:
     def _state_json(self, record: TaskRecord) -> bytes:
         """``record.model_dump_json()`` as bytes, byte for byte, with the JSON of its spec (frozen,
         about half of a short task's state) encoded once per task instead of once per commit."""
-        kept = self._specs.get(record.task_id)
+        kept = self._specs.pop(record.task_id, None)
+        if kept is not None:
+            self._specs_bytes -= len(kept[1])
         if kept is None or kept[0] is not record.spec:
             kept = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
-            self._specs[record.task_id] = kept
-            while len(self._specs) > STORED_CONVERSATIONS_KEPT:
-                self._specs.popitem(last=False)
+        if not record.terminal and len(kept[1]) <= self.spec_cache_bytes:  # a task that ends
+            self._specs[record.task_id] = kept  # commits no more: its spec is not kept
+            self._specs_bytes += len(kept[1])
+            while self._specs_bytes > self.spec_cache_bytes:
+                _task_id, (_spec, evicted) = self._specs.popitem(last=False)
+                self._specs_bytes -= len(evicted)
         rest = record.__pydantic_serializer__.to_json(record, exclude={"spec"})
         head = b'{"task_id":' + _JSON_STRING.dump_json(record.task_id)
         if not rest.startswith(head + b","):  # the fields' order changed: encode it whole
@@ -505,7 +530,8 @@ class TaskStore:
         record = pending.record
         if not written:
             record.version -= 1
-            self._stored.pop(record.task_id, None)
+            if self._stored.get(record.task_id) is pending.stored:  # not a newer commit's
+                self._stored.pop(record.task_id, None)
             return False
         self._remember(record)
         self._keep(record, pending.size)
@@ -656,8 +682,10 @@ class TaskStore:
         await self.redis.zremrangebyscore(keys.heartbeats_key, -older_than, older_than)
 
     async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
-        """Take the task's lease if nobody holds it."""
-        return bool(await self.redis.set(keys.lease_key(task_id), owner, nx=True, px=ttl_ms))
+        """Take the task's lease if nobody holds it, or renew it if ``owner`` already does
+        (e.g. taken by a create whose reply was lost, its retry answering "duplicate")."""
+        key = keys.lease_key(task_id)
+        return bool(int(await self._acquire(keys=[key], args=[owner, ttl_ms])))
 
     async def renew_leases(
         self, task_ids: Sequence[str], owner: str, ttl_ms: int, release: Sequence[str] = ()
@@ -667,12 +695,17 @@ class TaskStore:
         on its own, as apart); whether each renewal held."""
         if not task_ids and not release:
             return []
+        calls = [(self._renew, keys.lease_key(t), [owner, str(ttl_ms)]) for t in task_ids]
+        calls += [(self._release, keys.lease_key(t), [owner]) for t in release]
         pipe = self.redis.pipeline(transaction=False)
-        for task_id in task_ids:
-            await self._renew(keys=[keys.lease_key(task_id)], args=[owner, ttl_ms], client=pipe)
-        for task_id in release:
-            await self._release(keys=[keys.lease_key(task_id)], args=[owner], client=pipe)
-        replies = await pipe.execute()
+        for script, key, args in calls:  # EVALSHA alone: no SCRIPT EXISTS round trip first
+            pipe.evalsha(script.sha, 1, key, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        for index, ((script, key, args), reply) in enumerate(zip(calls, replies, strict=True)):
+            if isinstance(reply, NoScriptError):  # Redis lost the script: it did nothing
+                replies[index] = await script(keys=[key], args=args)  # loads it
+            elif isinstance(reply, Exception):
+                raise reply
         return [bool(int(r)) for r in replies[: len(task_ids)]]
 
     async def renew_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:

@@ -8,13 +8,14 @@ import asyncio
 import json
 from collections.abc import Sequence
 
+import pytest
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.service import Coordinator, CoordinatorSettings
 from coordinator.state import TaskStatus
-from coordinator.store import PendingCommit
+from coordinator.store import CommitConflictError, PendingCommit
 from shared import keys
 from shared.protocol import ReasonedMessage, encode_entry
 from tests.redis_server import RedisClientFactory
@@ -126,5 +127,81 @@ def test_renewals_and_releases_go_in_one_pipeline(redis_client: RedisClientFacto
             assert await client.pttl(keys.lease_key("a")) > 1000
             assert await client.get(keys.lease_key("b")) == "other"
             assert await client.get(keys.lease_key("d")) is None
+
+    asyncio.run(scenario())
+
+
+async def _pending_ids(client: Redis) -> list[str]:
+    rows = await client.xpending_range(
+        keys.observations_stream, keys.coordinator_group, min="-", max="+", count=10
+    )
+    return [row["message_id"] for row in rows]
+
+
+def test_an_entry_failing_on_its_own_does_not_hold_back_the_others(
+    redis_client: RedisClientFactory,
+) -> None:
+    """An entry whose handling raises (a commit conflicting 20 times) after another task's
+    commit was decided: that commit is still sent, the other entries of the read handled, and
+    the failing entry alone stays pending (reclaimed later); its error propagates."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = Coordinator(client, settings=SETTINGS, name="c")
+            await coordinator._ensure_groups()
+            await _submit(client, coordinator, "t1", "t2", "t3")
+            for task_id in ("t1", "t2", "t3"):
+                await _answer(client, coordinator, task_id)
+            entries = await client.xrange(keys.observations_stream)
+            decide = coordinator._decide
+
+            async def failing(task_id: str, *args: object) -> PendingCommit | None:
+                if task_id == "t2":
+                    raise CommitConflictError("task t2: gave up after 20 conflicting commits")
+                return await decide(task_id, *args)  # type: ignore[arg-type]
+
+            coordinator._decide = failing  # type: ignore[method-assign]
+            with pytest.raises(CommitConflictError):
+                await coordinator._observations_once()
+            for task_id in ("t1", "t3"):
+                record = await coordinator.store.load(task_id)
+                assert record is not None and record.status is TaskStatus.COMPLETED
+            assert await _pending_ids(client) == [entries[1][0]]  # t2's, handled again later
+
+    asyncio.run(scenario())
+
+
+def test_an_error_reply_to_an_earlier_commit_does_not_drop_the_entry_deciding_after_it(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Two answers of one task in a read, the first's commit answered with an error: the
+    second is still decided (on the stored record) and committed; only the first stays
+    pending, and the error propagates once the read is done."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = Coordinator(client, settings=SETTINGS, name="c")
+            await coordinator._ensure_groups()
+            await _submit(client, coordinator, "t")
+            await _answer(client, coordinator, "t", times=2)
+            entries = await client.xrange(keys.observations_stream)
+            sent = coordinator.store.commit_many
+            calls: list[int] = []
+
+            async def first_refused(pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
+                calls.append(len(pending))
+                if len(calls) == 1:
+                    coordinator.store._stored.pop("t", None)  # as commit_many does on an error
+                    return [ResponseError("ERR something of this commit's own")]
+                return await sent(pending)
+
+            coordinator.store.commit_many = first_refused  # type: ignore[method-assign]
+            with pytest.raises(ResponseError, match="of this commit's own"):
+                await coordinator._observations_once()
+            assert calls == [1, 1]
+            record = await coordinator.store.load("t")
+            assert record is not None and record.status is TaskStatus.COMPLETED
+            assert record.model_calls == 1
+            assert await _pending_ids(client) == [entries[0][0]]
 
     asyncio.run(scenario())

@@ -84,6 +84,40 @@ def test_leases_are_exclusive_and_renewable(redis_url: str, redis_client: Any) -
     _scenario(redis_url, body)
 
 
+def test_a_lease_its_owner_already_holds_is_acquired_again(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Taking a lease one already holds (a create's lease whose reply was lost) succeeds and
+    refreshes its TTL; another owner still cannot take it."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        assert await store.acquire_lease("t", "c1", 1_000)
+        assert await store.acquire_lease("t", "c1", 60_000)
+        assert await client.pttl(keys.lease_key("t")) > 1_000
+        assert not await store.acquire_lease("t", "c2", 10_000)
+        assert await client.get(keys.lease_key("t")) in {"c1", b"c1"}
+
+    _scenario(redis_url, body)
+
+
+def test_renewals_survive_redis_losing_the_scripts(redis_url: str, redis_client: Any) -> None:
+    """Renewals and releases sent as bare EVALSHA are sent again (loading the script) when
+    Redis answers NOSCRIPT."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        assert await store.acquire_lease("a", "c1", 1_000)
+        assert await store.acquire_lease("b", "c2", 1_000)
+        assert await store.acquire_lease("d", "c1", 1_000)
+        await client.script_flush()
+        renewed = await store.renew_leases(["a", "b"], "c1", 60_000, release=["d"])
+        assert renewed == [True, False]
+        assert await client.pttl(keys.lease_key("a")) > 1_000
+        assert await client.exists(keys.lease_key("d")) == 0
+        assert await store.renew_leases(["a"], "c1", 60_000) == [True]
+
+    _scenario(redis_url, body)
+
+
 def test_finished_tasks_are_purged_after_the_retention(redis_url: str, redis_client: Any) -> None:
     """A task that ended before the cut-off loses its state and journal; a running one stays."""
 

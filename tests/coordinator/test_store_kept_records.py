@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from redis.asyncio import Redis
 
 from coordinator.machine import MachineSettings, TaskMachine
@@ -134,6 +135,62 @@ def test_deleted_task_is_not_served_from_memory(redis_url: str) -> None:
         await _started(store, "c8")
         await client.delete(keys.task_key("c8"))
         assert await store.load("c8") is None
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_task_spec_is_kept_encoded_until_the_task_ends_within_a_byte_budget(
+    redis_url: str,
+) -> None:
+    """The encoded spec of a live task is kept for its next commits; its terminal commit drops
+    it, and the specs kept never exceed ``spec_cache_bytes``."""
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis_url)
+        store = TaskStore(client)
+        record = await _started(store, "s1")
+        assert "s1" in store._specs
+        spec_bytes = store._specs_bytes
+        assert spec_bytes == len(store._specs["s1"][1]) > 0
+        machine = TaskMachine(record, 2.0, SETTINGS)
+        await store.commit(machine.record, machine.cancel("operator"))
+        assert "s1" not in store._specs and store._specs_bytes == 0
+        small = TaskStore(client, spec_cache_bytes=spec_bytes + spec_bytes // 2)
+        for task_id in ("s2", "s3", "s4"):
+            await _started(small, task_id)
+        assert list(small._specs) == ["s4"]  # room for one: the oldest evicted
+        assert small._specs_bytes == spec_bytes
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_conflicting_commit_keeps_the_conversation_a_newer_commit_stored(
+    redis_url: str,
+) -> None:
+    """A commit prepared before a newer commit of the task was written conflicts: the stored
+    conversation remembered from the newer commit stays (the next commit appends to it,
+    rather than rewriting the conversation under a new epoch)."""
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis_url)
+        store = TaskStore(client)
+        record = await _started(store, "s5")
+        stale = record.model_copy(deep=True)
+        stale_machine = TaskMachine(stale, 2.0, SETTINGS)
+        stale.error = "stale"
+        late = store.prepare(stale, stale_machine.effects)
+        newer = await store.load("s5")
+        assert newer is not None
+        machine = TaskMachine(newer, 3.0, SETTINGS)
+        newer.error = "newer"
+        await store.commit(newer, machine.effects)
+        remembered = store._stored["s5"]
+        with pytest.raises(CommitConflictError):
+            await store.commit_prepared(late)
+        assert store._stored.get("s5") is remembered
+        assert not store.conversation_delta(newer).rewrite
         await client.aclose()
 
     asyncio.run(scenario())
