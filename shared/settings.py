@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
 
-__all__ = ["OrgaSettings", "TelemetrySettings", "celery_config"]
+__all__ = ["BROKER_SOCKET_TIMEOUT_S", "OrgaSettings", "TelemetrySettings", "celery_config"]
 
 
 class OrgaSettings(BaseSettings):
@@ -191,6 +191,10 @@ class TelemetrySettings(BaseSettings):
         return ["otlp"] if endpoint else []
 
 
+BROKER_SOCKET_TIMEOUT_S = 30.0
+"""How long one broker command may wait for Redis before it fails (and is retried)."""
+
+
 def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
     """The Celery configuration shared by the worker app and the coordinator's client app.
 
@@ -219,7 +223,15 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
             keys.reason_task_name: {"queue": keys.reasoning_queue},
             keys.tool_task_name: {"queue": keys.tools_queue},
         },
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout_s},
+        # Socket timeouts: a half-open connection to the broker fails a command (which Celery
+        # and kombu retry on a new connection) instead of blocking its caller for the
+        # kernel's TCP timeout (about 15 minutes). kombu's BRPOP waits 1 s at most.
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
+            "socket_keepalive": True,
+        },
         "broker_connection_retry_on_startup": True,
         # Task events cost extra broker messages per task: off by default, as in Celery;
         # start workers with `-E` (the compose file does) for Flower's task views.

@@ -5,7 +5,8 @@ to the process's one event loop and waits on it (:meth:`ProcessServices.run`): t
 switches and a wake-up of the loop per task, and 200 threads. :class:`LoopPool` skips them:
 the consumer hands each message to the loop (one ``call_soon_threadsafe``), where an asyncio
 task awaits the task's coroutine (its :data:`ASYNC_BODIES` entry, given the message's single
-argument) and then runs Celery's own tracer on the loop thread, whose task body only returns
+argument) and then runs Celery's own tracer in one of :data:`TRACER_THREADS` threads (its
+acknowledgement is a blocking broker call, kept off the loop), whose task body only returns
 or raises what the coroutine did (:func:`ran_on_loop`). Everything Celery does around a task
 is thus unchanged: late acknowledgement after the tracer, ``autoretry_for`` and its retry
 message, FAILURE and its log line, the task signals. A message that dies with its process is
@@ -23,16 +24,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from celery.concurrency.base import BasePool, apply_target
 from kombu.serialization import loads, prepare_accept_content
 
-__all__ = ["ASYNC_BODIES", "LoopPool", "ran_on_loop"]
+__all__ = ["ASYNC_BODIES", "TRACER_THREADS", "LoopPool", "ran_on_loop"]
+
+log = logging.getLogger("orga.worker.pool")
+
+TRACER_THREADS = 4
+"""Threads that run Celery's tracer (and so the late acknowledgement, a retry's publish) once a
+task's coroutine is done: those are blocking broker calls, kept off the event loop so that a
+slow or unreachable broker stalls acknowledgements, never the calls in flight or their
+heartbeats."""
 
 ASYNC_BODIES: dict[str, Callable[[str], Awaitable[None]]] = {}
 """Task name → the coroutine function of its body, given the task's single argument (filled by
@@ -76,6 +86,7 @@ class LoopPool(BasePool):  # type: ignore[misc]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accept: set[str] = set()
         self._running: set[asyncio.Task[None]] = set()
+        self._tracers = ThreadPoolExecutor(TRACER_THREADS, thread_name_prefix="orga-tracer")
 
     def on_start(self) -> None:
         """Build the process's services (and their loop) now, not at the first task."""
@@ -91,6 +102,7 @@ class LoopPool(BasePool):  # type: ignore[misc]
         if loop is None or loop.is_closed():
             return
         asyncio.run_coroutine_threadsafe(self._drain(), loop).result()
+        self._tracers.shutdown(wait=True)
 
     async def _drain(self) -> None:
         while self._running:
@@ -119,10 +131,15 @@ class LoopPool(BasePool):  # type: ignore[misc]
 
         def finished(task: asyncio.Task[None]) -> None:
             self._running.discard(task)
-            exc = None if task.cancelled() else task.exception()
+            if task.cancelled():
+                log.warning("pool.task_cancelled")
+                done.set_exception(asyncio.CancelledError())
+                return
+            exc = task.exception()
             if exc is None:
                 done.set_result(None)
-            else:
+            else:  # the tracer reports a task's own failure: this is the pool's
+                log.error("pool.task_failed", exc_info=exc)
                 done.set_exception(exc)
 
         task.add_done_callback(finished)
@@ -143,7 +160,7 @@ class LoopPool(BasePool):  # type: ignore[misc]
             body, payload = None, None
         if body is None or payload is None:  # not ours: a thread runs it, as Celery's would
             await asyncio.get_running_loop().run_in_executor(
-                None, apply_target, target, args, kwargs, callback
+                self._tracers, apply_target, target, args, kwargs, callback
             )
             return
         outcome: Future[None] = Future()
@@ -152,11 +169,14 @@ class LoopPool(BasePool):  # type: ignore[misc]
             outcome.set_result(None)
         except Exception as exc:  # the tracer raises it in the task body
             outcome.set_exception(exc)
-        _ran.set((payload, outcome))
-        try:
-            apply_target(target, args, kwargs, callback)
-        finally:
-            _ran.set(None)
+        except asyncio.CancelledError:  # a failure the tracer reports (and acknowledges)
+            outcome.set_exception(RuntimeError("the task's coroutine was cancelled"))
+        # The tracer, in a thread of its own, sees this outcome through a copied context.
+        context = contextvars.copy_context()
+        context.run(_ran.set, (payload, outcome))
+        await asyncio.get_running_loop().run_in_executor(
+            self._tracers, context.run, apply_target, target, args, kwargs, callback
+        )
 
     def _async_body(
         self, args: tuple[Any, ...]
