@@ -1224,24 +1224,38 @@ def _plan(args: argparse.Namespace) -> ChaosPlan:
     )
 
 
+def run_in_scratch(
+    prefix: str, run: Callable[[Path], bool], *, keep: bool = False, kept: str = "logs"
+) -> int:
+    """Run a chaos benchmark in a new folder (``prefix`` names it): ``run`` gets the folder and
+    says whether every criterion held. The folder is deleted when it passed (unless ``keep``),
+    kept and named otherwise; the exit code is 0 when it passed."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    passed = run(root)
+    if passed and not keep:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"{kept} kept in {root}")
+    return 0 if passed else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the chaos benchmark; 0 when every pass criterion held."""
     args = _arguments(argv)
     plan = _plan(args)
-    root = Path(tempfile.mkdtemp(prefix="orga-chaos-"))
-    (root / "redis").mkdir()
-    print(f"chaos: {plan.tasks} tasks x {plan.iterations + 1} iterations; logs in {root}")
-    server = EmbeddedRedis(appendonly=True, directory=root / "redis").start()
-    try:
-        report = run_chaos(plan, server, root)
-    finally:
-        server.stop()
-    print(f"\n{report.table()}\n\n{report.summary()}")
-    if report.passed and not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    else:
-        print(f"logs and AOF kept in {root}")
-    return 0 if report.passed else 1
+
+    def run(root: Path) -> bool:
+        (root / "redis").mkdir()
+        print(f"chaos: {plan.tasks} tasks x {plan.iterations + 1} iterations; logs in {root}")
+        server = EmbeddedRedis(appendonly=True, directory=root / "redis").start()
+        try:
+            report = run_chaos(plan, server, root)
+        finally:
+            server.stop()
+        print(f"\n{report.table()}\n\n{report.summary()}")
+        return report.passed
+
+    return run_in_scratch("orga-chaos-", run, keep=args.keep, kept="logs and AOF")
 
 
 if __name__ == "__main__":

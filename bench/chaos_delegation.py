@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
+from bench.chaos import run_in_scratch
 from coordinator.client import OrgaClient, TaskNotFoundError
 from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import TaskRecord
@@ -305,22 +304,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run it; 0 when every criterion held."""
     args = _arguments(argv)
     plan = DelegationChaosPlan(parents=args.parents, child_command_s=args.child_command)
-    root = Path(tempfile.mkdtemp(prefix="orga-chaos-delegation-"))
-    (root / "redis").mkdir()
-    print(f"delegation chaos: {plan.parents} parents x 2 children; logs in {root}")
-    server = EmbeddedRedis(appendonly=True, directory=root / "redis").start()
-    try:
-        report = run_delegation_chaos(plan, server, root)
-    finally:
-        server.stop()
-    print("\n".join(report.results()))
-    for violation in report.violations:
-        print(f"VIOLATION {violation}")
-    if report.passed and not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
-    else:
-        print(f"logs kept in {root}")
-    return 0 if report.passed else 1
+
+    def run(root: Path) -> bool:
+        (root / "redis").mkdir()
+        print(f"delegation chaos: {plan.parents} parents x 2 children; logs in {root}")
+        server = EmbeddedRedis(appendonly=True, directory=root / "redis").start()
+        try:
+            report = run_delegation_chaos(plan, server, root)
+        finally:
+            server.stop()
+        print("\n".join(report.results()))
+        for violation in report.violations:
+            print(f"VIOLATION {violation}")
+        return report.passed
+
+    return run_in_scratch("orga-chaos-delegation-", run, keep=args.keep)
 
 
 if __name__ == "__main__":

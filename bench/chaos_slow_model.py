@@ -43,11 +43,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -58,7 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.chaos import TaskOutcome, _all_events, _collect, _journal_violations
+from bench.chaos import TaskOutcome, _all_events, _collect, _journal_violations, run_in_scratch
 from bench.slow_model_bench import (
     API_KEY,
     MODEL,
@@ -638,23 +636,22 @@ def _arguments(argv: Sequence[str] | None) -> SlowChaosPlan:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the slow-model chaos benchmark; 0 when every criterion held."""
     plan = _arguments(argv)
-    root = Path(tempfile.mkdtemp(prefix="orga-chaos-slow-"))
-    print(
-        f"chaos (slow model): {plan.tasks} tasks x {plan.iterations} model calls, "
-        f"{plan.kills} reasoning worker kills; logs in {root}"
-    )
-    server = EmbeddedRedis(directory=root / "redis").start()
-    try:
-        report = run_slow_chaos(plan, server, root)
-    finally:
-        server.stop()
-    print(f"\n{report.summary()}")
-    print("\n".join(report.result_lines()))
-    if report.passed:
-        shutil.rmtree(root, ignore_errors=True)
-    else:
-        print(f"logs kept in {root}")
-    return 0 if report.passed else 1
+
+    def run(root: Path) -> bool:
+        print(
+            f"chaos (slow model): {plan.tasks} tasks x {plan.iterations} model calls, "
+            f"{plan.kills} reasoning worker kills; logs in {root}"
+        )
+        server = EmbeddedRedis(directory=root / "redis").start()
+        try:
+            report = run_slow_chaos(plan, server, root)
+        finally:
+            server.stop()
+        print(f"\n{report.summary()}")
+        print("\n".join(report.result_lines()))
+        return report.passed
+
+    return run_in_scratch("orga-chaos-slow-", run)
 
 
 if __name__ == "__main__":
