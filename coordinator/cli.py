@@ -35,7 +35,7 @@ from shared.errors import OrgaError
 from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
 from workers.telemetry import configure_tracing
-from workers.topology import Role, supervise, worker_commands
+from workers.topology import Role, supervisor_exec, worker_commands
 
 __all__ = ["app", "main"]
 
@@ -517,13 +517,13 @@ def worker(
     role: Annotated[
         Role,
         typer.Option(
-            help="reasoning (thread pool, many model calls in flight), tools (prefork, no "
-            "model key), or all: one of each."
+            help="reasoning (ORGA_REASONING_PROCESSES processes, each with many model calls in "
+            "flight on one event loop), tools (prefork, no model key), or all: both."
         ),
     ] = Role.ALL,
     concurrency: Annotated[
         int | None,
-        typer.Option("-c", help="Threads (reasoning) or processes (tools) of each worker."),
+        typer.Option("-c", help="Calls in flight (reasoning) or processes (tools) per worker."),
     ] = None,
 ) -> None:
     """Run the Celery workers (other options, e.g. -E, -n, --loglevel, go to Celery)."""
@@ -531,17 +531,31 @@ def worker(
     settings = _settings()
     if concurrency:
         settings = settings.model_copy(update={"worker_concurrency": concurrency})
-    if role is Role.ALL and any(a == "-n" or a.startswith(("-n", "--hostname")) for a in ctx.args):
+    named = any(a == "-n" or a.startswith(("-n", "--hostname")) for a in ctx.args)
+    if named and role is Role.ALL:
         raise _fail(
             "error:",
-            "-n names one worker and --role all starts two: add --role reasoning or --role tools",
+            "-n names one worker and --role all starts several: add --role reasoning or "
+            "--role tools",
             2,
         )
+    if named and role is Role.REASONING:
+        # -n names one worker: one process, unless ORGA_REASONING_PROCESSES asks for more.
+        if "reasoning_processes" in settings.model_fields_set and settings.reasoning_processes > 1:
+            raise _fail(
+                "error:",
+                f"-n names one worker and ORGA_REASONING_PROCESSES={settings.reasoning_processes}"
+                " starts that many reasoning workers: drop -n, or set ORGA_REASONING_PROCESSES=1",
+                2,
+            )
+        settings = settings.model_copy(update={"reasoning_processes": 1})
     commands = worker_commands(role, settings, os.environ, ctx.args)
     if len(commands) == 1:
-        command = commands[0]
-        os.execve(sys.executable, command.argv, command.env)  # noqa: S606 - becomes the worker
-    raise typer.Exit(supervise(commands))
+        argv, env = commands[0].argv, commands[0].env
+    else:
+        argv, env = supervisor_exec(commands, os.environ)
+    # Becomes the worker, or the supervisor of several (workers/supervisor.py): same pid.
+    os.execve(sys.executable, argv, env)  # noqa: S606
 
 
 @app.command()

@@ -28,7 +28,7 @@ from coordinator.service import Coordinator, CoordinatorSettings
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings
 from workers import topology
-from workers.topology import Role, worker_command
+from workers.topology import Role, worker_commands
 
 __all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings"]
 
@@ -140,20 +140,15 @@ class EmbeddedRuntime:
             self._lock = None
 
     def _spawn_workers(self) -> list[subprocess.Popen[bytes]]:
-        """A reasoning worker and a tool worker, as a deployment runs them: the tool worker's
-        environment holds no model key (:mod:`workers.topology`)."""
+        """The reasoning workers and a tool worker, as ``orga worker`` runs them: the tool
+        worker's environment holds no model key (:mod:`workers.topology`)."""
         environ = {**os.environ, "ORGA_REDIS_URL": self.url}
         settings = self.runtime_settings
         if self.worker_concurrency is not None:
             settings = settings.model_copy(update={"worker_concurrency": self.worker_concurrency})
         extra = ["--loglevel", "WARNING", "--without-gossip", "--without-mingle",
                  "--without-heartbeat"]  # fmt: skip
-        commands = [
-            worker_command(
-                role, settings, environ, extra, f"embedded-{role.value}-{os.getpid()}@%h"
-            )
-            for role in (Role.REASONING, Role.TOOLS)
-        ]
+        commands = worker_commands(Role.ALL, settings, environ, extra, prefix="embedded-")
         with (self.home / "worker.log").open("ab") as log:
             return topology.start(commands, output=log.fileno())
 

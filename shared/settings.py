@@ -69,8 +69,15 @@ class OrgaSettings(BaseSettings):
     reasoning_concurrency: int = Field(
         default=200,
         ge=1,
-        description="Model calls one reasoning worker process holds in flight (threads feeding "
-        "one event loop; each waiting call costs a thread and its request, not a process)",
+        description="Model calls one reasoning worker process holds in flight (asyncio tasks on "
+        "one event loop; each waiting call costs its request, not a thread or a process)",
+    )
+    reasoning_processes: int = Field(
+        default=2,
+        ge=1,
+        description="Reasoning worker processes `orga worker` starts (for --role all or "
+        "reasoning, and the embedded runtime): each holds ORGA_REASONING_CONCURRENCY calls in "
+        "flight on one event loop and can use one CPU",
     )
     tool_concurrency: int = Field(
         default=2,

@@ -18,16 +18,15 @@ runtime start them.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from shared import keys
 from shared.settings import OrgaSettings
+from workers import supervisor
 
 POOL_PATH = "workers.pool:LoopPool"
 """The reasoning worker's pool (``-P custom``): :class:`workers.pool.LoopPool`, named here
@@ -39,7 +38,7 @@ __all__ = [
     "WorkerCommand",
     "start",
     "stop",
-    "supervise",
+    "supervisor_exec",
     "worker_command",
     "worker_commands",
 ]
@@ -57,7 +56,7 @@ MODEL_KEY_VARIABLES = frozenset(
 
 
 class Role(StrEnum):
-    """What a worker serves: ``all`` starts one worker of each of the other two."""
+    """What a worker serves: ``all`` starts the workers of both other roles."""
 
     ALL = "all"
     REASONING = "reasoning"
@@ -110,14 +109,29 @@ def worker_commands(
     environ: Mapping[str, str],
     extra: Sequence[str] = (),
     name: str | None = None,
+    *,
+    prefix: str = "",
 ) -> list[WorkerCommand]:
-    """The workers ``role`` stands for: one, or (``all``) a reasoning and a tool worker, each
-    named ``<role>@<host>`` unless ``name`` is given for a single role."""
-    if role is not Role.ALL:
+    """The workers ``role`` stands for: ``ORGA_REASONING_PROCESSES`` reasoning workers for
+    ``reasoning``, one tool worker for ``tools``, both for ``all``.
+
+    One worker of one role is named ``name`` (Celery's default when None). Otherwise each is
+    named ``<prefix><role>[<n>]-<pid>@%h``, ``<n>`` numbering the reasoning workers when there
+    are several: node names must differ for Celery's remote control and for Flower."""
+    roles = (Role.REASONING, Role.TOOLS) if role is Role.ALL else (role,)
+    counts = {Role.REASONING: settings.reasoning_processes, Role.TOOLS: 1}
+    if role is not Role.ALL and counts[role] == 1:
         return [worker_command(role, settings, environ, extra, name)]
     return [
-        worker_command(each, settings, environ, extra, f"{each.value}-{os.getpid()}@%h")
-        for each in (Role.REASONING, Role.TOOLS)
+        worker_command(
+            each,
+            settings,
+            environ,
+            extra,
+            f"{prefix}{each.value}{n if counts[each] > 1 else ''}-{os.getpid()}@%h",
+        )
+        for each in roles
+        for n in range(1, counts[each] + 1)
     ]
 
 
@@ -125,42 +139,21 @@ def start(
     commands: Sequence[WorkerCommand], output: int | None = None
 ) -> list[subprocess.Popen[bytes]]:
     """Start ``commands``; ``output`` (a file descriptor) receives their stdout and stderr."""
-    stderr = subprocess.STDOUT if output is not None else None
-    return [subprocess.Popen(c.argv, env=c.env, stdout=output, stderr=stderr) for c in commands]
+    return supervisor.start([supervisor.Child(c.argv, c.env) for c in commands], output)
 
 
 def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
     """SIGTERM (Celery's warm shutdown) each process, SIGKILL those still alive after
     ``timeout_s``."""
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    deadline = time.monotonic() + timeout_s
-    for process in processes:
-        try:
-            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    supervisor.stop(processes, timeout_s)
 
 
-def supervise(commands: Sequence[WorkerCommand]) -> int:
-    """Run ``commands`` until one exits or this process is told to stop (SIGTERM, SIGINT),
-    then stop the others; the exit code is the first one to exit's (0 when told to stop)."""
-    processes = start(commands)
-    stopping: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stopping.append(signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    code = 0
-    while not stopping:
-        exited = [p for p in processes if p.poll() is not None]
-        if exited:
-            code = exited[0].returncode or 1
-            break
-        time.sleep(0.2)
-    stop(processes)
-    return code
+def supervisor_exec(
+    commands: Sequence[WorkerCommand], environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of :mod:`workers.supervisor` running ``commands``: what
+    ``orga worker`` executes instead of itself when it starts more than one worker.
+    ``environ`` is its own environment, from which each command's is derived."""
+    children = [supervisor.Child(c.argv, c.env) for c in commands]
+    env = {**environ, supervisor.COMMANDS_VARIABLE: supervisor.encode(children, environ)}
+    return [sys.executable, "-m", "workers.supervisor"], env

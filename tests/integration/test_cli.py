@@ -167,6 +167,90 @@ def test_worker_refuses_a_name_for_two_workers(private_redis: EmbeddedRedis) -> 
     assert "--role reasoning" in outcome.stderr
 
 
+def test_worker_refuses_a_name_for_several_reasoning_processes(
+    private_redis: EmbeddedRedis,
+) -> None:
+    """`-n` with --role reasoning names one worker: refused when ORGA_REASONING_PROCESSES
+    explicitly asks for more (without it, -n starts one: see the test above)."""
+    env = _env(ORGA_REDIS_URL=private_redis.url, ORGA_REASONING_PROCESSES="2")
+    outcome = run_orga("worker", "--role", "reasoning", "-n", "x@h", env=env)
+    assert outcome.returncode == 2
+    assert "ORGA_REASONING_PROCESSES=2" in _one_line(outcome.stderr)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def _start_default_worker(tmp_path: Path, url: str) -> tuple[subprocess.Popen[str], Path]:
+    log = tmp_path / "worker.log"
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [str(ORGA), "worker", "--without-gossip", "--without-mingle"],
+            env=_env(ORGA_REDIS_URL=url, ORGA_API_KEY="sk-not-in-the-supervisor"),
+            cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while log.read_text(errors="replace").count("ready.") < 3:
+        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    return process, log
+
+
+def test_default_worker_is_two_reasoning_processes_and_a_tool_worker_under_a_light_supervisor(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """`orga worker` with no option: the process becomes a supervisor that imports no pydantic
+    (it costs a few MB, not the CLI's 45), runs two reasoning workers and a tool worker with
+    distinct names, hands no model key to the tool worker, and stops them all on SIGTERM."""
+    process, _ = _start_default_worker(tmp_path, private_redis.url)
+    try:
+        assert _argv(process.pid)[1:] == ["-m", "workers.supervisor"]
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        assert "pydantic_core" not in maps
+        children = _children(process.pid)
+        argvs = [_argv(child) for child in children]
+        queues = sorted(a[a.index("-Q") + 1] for a in argvs)
+        assert queues == ["orga.reasoning", "orga.reasoning", "orga.tools"]
+        assert len({a[a.index("-n") + 1] for a in argvs}) == 3
+        for child, argv in zip(children, argvs, strict=True):
+            environ = Path(f"/proc/{child}/environ").read_bytes()
+            assert b"ORGA_SUPERVISE_COMMANDS" not in environ
+            has_key = b"sk-not-in-the-supervisor" in environ
+            assert has_key == (argv[argv.index("-Q") + 1] == "orga.reasoning")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+    assert code == 0
+    assert all(not Path(f"/proc/{child}").exists() for child in children)
+
+
+def test_default_worker_stops_all_when_one_worker_dies(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """A worker that dies takes the others down with it and the exit code says so: a service
+    manager restarts the whole set instead of running on without a reasoning process."""
+    process, log = _start_default_worker(tmp_path, private_redis.url)
+    children = _children(process.pid)
+    try:
+        os.kill(children[0], signal.SIGKILL)
+        code = process.wait(60)
+    finally:
+        _stop(process)
+    assert code != 0
+    assert "stopping the others" in log.read_text(errors="replace")
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(not Path(f"/proc/{c}").exists() for c in children)
+
+
 def test_worker_refuses_an_option_celery_does_not_know(private_redis: EmbeddedRedis) -> None:
     """An unknown option goes to celery, which names it: the pass-through hides nothing."""
     outcome = run_orga(

@@ -1,0 +1,154 @@
+"""What ``orga worker`` becomes when it starts more than one Celery worker: a process that
+starts them, stops them all when one exits or when it is told to stop, and imports nothing but
+the standard library.
+
+The CLI that builds the workers' commands has imported Typer, pydantic and the settings: about
+45 MB that a process doing nothing but wait on its children would keep for its whole life. So
+``orga worker`` builds the commands, then replaces itself (``execve``, the same process id, so
+the signals an operator or a service manager sends still reach it) with ``python -m
+workers.supervisor``, which holds about 10 MB.
+
+The commands reach it in the environment variable :data:`COMMANDS_VARIABLE`, as JSON: each
+child's argv, the variables of the supervisor's environment it must not inherit (a tool worker
+never sees a model key) and the few it sets. No value of the environment is copied into that
+variable, so no secret is written anywhere new; the variable is removed before any child
+starts. :func:`start` and :func:`stop` are also what the embedded runtime uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["COMMANDS_VARIABLE", "Child", "decode", "encode", "main", "start", "stop", "supervise"]
+
+COMMANDS_VARIABLE = "ORGA_SUPERVISE_COMMANDS"
+"""Where ``orga worker`` hands the supervisor its children (see the module's docstring)."""
+POLL_S = 0.2
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """One process to start: its argv and its whole environment."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def encode(children: Sequence[Child], environ: Mapping[str, str]) -> str:
+    """The children as the supervisor reads them, relative to ``environ`` (the environment it
+    will run with): for each, its argv, the variables of ``environ`` it drops and those it sets
+    or changes. A variable it sets that ``environ`` lacks is written out, so hand only
+    environments derived from ``environ`` by dropping secrets, never by adding them."""
+    return json.dumps(
+        [
+            {
+                "argv": child.argv,
+                "unset": sorted(k for k in environ if k not in child.env),
+                "set": {k: v for k, v in child.env.items() if environ.get(k) != v},
+            }
+            for child in children
+        ]
+    )
+
+
+def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
+    """:func:`encode`'s output back into children, their environments built from ``environ``;
+    a ``ValueError`` that says what is wrong when it is not that."""
+    try:
+        raw = json.loads(text)
+        children = []
+        for item in raw:
+            env = {k: v for k, v in environ.items() if k not in set(item["unset"])}
+            env.update({str(k): str(v) for k, v in item["set"].items()})
+            env.pop(COMMANDS_VARIABLE, None)
+            children.append(Child([str(a) for a in item["argv"]], env))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(
+            f"{COMMANDS_VARIABLE} is not a list of {{argv, unset, set}} objects ({exc}): "
+            "it is written by `orga worker`; start the workers with that command"
+        ) from exc
+    if not children:
+        raise ValueError(f"{COMMANDS_VARIABLE} names no process to start")
+    return children
+
+
+def start(children: Sequence[Child], output: int | None = None) -> list[subprocess.Popen[bytes]]:
+    """Start ``children``; ``output`` (a file descriptor) receives their stdout and stderr."""
+    stderr = subprocess.STDOUT if output is not None else None
+    return [subprocess.Popen(c.argv, env=c.env, stdout=output, stderr=stderr) for c in children]
+
+
+def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM (Celery's warm shutdown) each process, SIGKILL those still alive after
+    ``timeout_s``."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def supervise(children: Sequence[Child]) -> int:
+    """Run ``children`` until one exits or this process is told to stop (SIGTERM, SIGINT),
+    then stop the others; the exit code is the first one to exit's (1 when it was 0: a worker
+    is not meant to end on its own), 0 when told to stop."""
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    processes = start(children)
+    code = 0
+    while not stopping:
+        exited = [(c, p) for c, p in zip(children, processes, strict=True) if p.poll() is not None]
+        if exited:
+            child, process = exited[0]
+            code = process.returncode or 1
+            print(
+                f"orga worker: {' '.join(child.argv[1:])} exited with code "
+                f"{process.returncode}; stopping the others",
+                file=sys.stderr,
+                flush=True,
+            )
+            break
+        time.sleep(POLL_S)
+    stop(processes)
+    return code
+
+
+def main() -> int:
+    """Supervise the children named in :data:`COMMANDS_VARIABLE`."""
+    text = os.environ.get(COMMANDS_VARIABLE)
+    if text is None:
+        print(
+            f"error: {COMMANDS_VARIABLE} is not set: this process is started by `orga worker`, "
+            "run that instead",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        children = decode(text, os.environ)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    os.environ.pop(COMMANDS_VARIABLE, None)
+    return supervise(children)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
