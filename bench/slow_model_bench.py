@@ -440,6 +440,33 @@ class Waits:
 
 
 @dataclass(frozen=True)
+class Gaps:
+    """Where a run's time goes besides its model calls (the model server's records): from the
+    batch's submission to each run's first model call, and from each reply to the same run's
+    next model call (the runtime's whole turn-around: publish, apply, dispatch, queue)."""
+
+    first_call: tuple[float, ...] = ()
+    between_calls: tuple[float, ...] = ()
+
+
+def gaps(records: list[dict[str, Any]], markers: Sequence[str], submitted_at: float) -> Gaps:
+    """The :class:`Gaps` of the runs named by ``markers``, from the first answer of each
+    (task, turn)."""
+    wanted = set(markers)
+    turns: dict[str, dict[int, tuple[float, float]]] = {}
+    for record in records:
+        if record["task"] in wanted and record["end"] > 0:
+            calls = turns.setdefault(record["task"], {})
+            calls.setdefault(record["turn"], (record["start"], record["end"]))
+    first, between = [], []
+    for calls in turns.values():
+        if 1 in calls:
+            first.append(calls[1][0] - submitted_at)
+        between += [calls[t + 1][0] - calls[t][1] for t in calls if t + 1 in calls]
+    return Gaps(tuple(first), tuple(between))
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One system at one latency."""
 
@@ -464,6 +491,8 @@ class Measurement:
     """Schedule-to-start of the reasoning requests (orga-queue only)."""
     cpu_by_role: dict[str, float] = field(default_factory=dict)
     """CPU seconds by process role (orga-queue only)."""
+    gaps: Gaps = field(default_factory=Gaps)
+    """The runs' time outside their model calls (orga-queue only)."""
 
     @property
     def iterations_per_s(self) -> float:
@@ -581,7 +610,8 @@ def measure_orga(setting: Setting) -> Measurement:
             waits = schedule_to_start(client, batch, stats["records"])
         finally:
             client.close()
-    return orga_measurement(setting, batch, observed, waits, alone_s)
+    measured = orga_measurement(setting, batch, observed, waits, alone_s)
+    return replace(measured, gaps=gaps(stats["records"], markers, batch.started))
 
 
 @dataclass(frozen=True)
@@ -810,7 +840,8 @@ def spread_text(values: Sequence[float]) -> str:
     if not values:
         return "none measured"
     return (
-        f"p50 {statistics.median(values):.2f} s, p95 {percentile(values, 95):.2f} s, "
+        f"mean {statistics.fmean(values):.2f} s, p50 {statistics.median(values):.2f} s, "
+        f"p95 {percentile(values, 95):.2f} s, "
         f"max {max(values):.2f} s (n={len(values)})"
     )
 
@@ -856,6 +887,12 @@ def notes(measurements: Sequence[Measurement]) -> list[str]:
                 f"- {m.system}, {m.latency_s:g} s: schedule-to-start of a reasoning request "
                 f"(coordinator dispatch -> model call): {spread_text(m.waits.seconds)}"
                 f"{unstarted}"
+            )
+        if m.gaps.first_call:
+            lines.append(
+                f"- {m.system}, {m.latency_s:g} s: submission -> a run's first model call: "
+                f"{spread_text(m.gaps.first_call)}; a reply -> the run's next model call: "
+                f"{spread_text(m.gaps.between_calls)}"
             )
     return lines
 
