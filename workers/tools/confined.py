@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from workers.tools.errors import WorkspacePathError
-from workers.tools.workspace import resolve_in_workspace, workspace_root
+from workers.tools.workspace import forget_resolutions, resolve_below, workspace_root
 
 __all__ = [
     "MAX_LIST_DEPTH",
@@ -111,11 +111,14 @@ def _shown(user_path: str) -> str:
 def check_path(workspace: Path, user_path: str) -> CheckedPath:
     """Check ``user_path`` (see ``resolve_in_workspace``) and bound its size.
 
-    Raises WorkspacePathError (PathOutsideWorkspaceError for a path that leads out).
+    Takes the real paths resolved within :func:`~workers.tools.workspace.resolving_once` (the
+    caller opens the result without following links, and :func:`attempts` checks afresh when
+    it meets one). Raises WorkspacePathError (PathOutsideWorkspaceError for a path that leads
+    out).
     """
-    root = workspace_root(workspace)
+    root = workspace_root(workspace, reuse=True)
     try:
-        parts = resolve_in_workspace(workspace, user_path).relative_to(root).parts
+        parts = resolve_below(root, user_path, reuse=True).relative_to(root).parts
     except OSError as exc:  # a link replaced between its lstat and its readlink
         raise CheckedPath(root, (), user_path).changed() from exc
     size = len("/".join(parts).encode("utf-8", "surrogateescape"))
@@ -129,11 +132,13 @@ def check_path(workspace: Path, user_path: str) -> CheckedPath:
 
 
 def attempts(action: Callable[[], _T]) -> _T:
-    """Run ``action`` (which checks and opens a path) again when the path changed under it."""
+    """Run ``action`` (which checks and opens a path) again when the path changed under it,
+    with the real paths resolved before forgotten (so the check walks the tree again)."""
     for _ in range(_ATTEMPTS - 1):
         try:
             return action()
         except PathChangedError:
+            forget_resolutions()
             continue
     return action()
 
