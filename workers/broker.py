@@ -35,6 +35,8 @@ from kombu.transport.virtual.base import QoS as VirtualQoS
 from kombu.utils.json import dumps
 from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError
 
+from workers.redis_driver import DRIVER_INFO
+
 __all__ = ["TRANSIENT_WRITE_ERRORS", "Channel", "QoS", "Transport"]
 
 TRANSIENT_WRITE_ERRORS = (OutOfMemoryError, ReadOnlyError)
@@ -136,10 +138,17 @@ class QoS(kombu_redis.QoS):
 
 
 class Channel(kombu_redis.Channel):
-    """kombu's Redis channel with :class:`QoS`, and one kept client for synchronous commands."""
+    """kombu's Redis channel with :class:`QoS`, one kept client for synchronous commands, and
+    the process's one :data:`~workers.redis_driver.DRIVER_INFO` for its connections."""
 
     QoS = QoS
     _kept_client: redis.Redis | None = None
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        """kombu's connection parameters, with the process's driver info."""
+        params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[no-untyped-call]
+        params["driver_info"] = DRIVER_INFO
+        return params
 
     @contextmanager
     def conn_or_acquire(self, client: redis.Redis | None = None) -> Iterator[redis.Redis]:

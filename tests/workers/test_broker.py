@@ -116,3 +116,30 @@ def test_a_refused_fetch_and_ack_raise_out_of_memory_and_free_the_slot(redis_url
             raw.config_set("maxmemory", limit)
         assert "refused-tag" not in channel.qos._delivered
     raw.close()
+
+
+def test_connections_report_redis_pys_own_name_and_version(redis_url: str) -> None:
+    """The channel's connections and the worker's client share one DriverInfo, which holds the
+    name and version a connection builds for itself without one (what it sends in
+    ``CLIENT SETINFO``; Redis before 7.2 does not keep them, so they are compared here)."""
+    from redis.asyncio import Redis as AsyncRedis
+    from redis.driver_info import DriverInfo
+
+    from workers.redis_driver import DRIVER_INFO
+
+    own = redis.Connection().driver_info
+    assert own is not None and own is not DRIVER_INFO
+    assert (DRIVER_INFO.formatted_name, DRIVER_INFO.lib_version) == (
+        own.formatted_name,
+        own.lib_version,
+    )
+    assert DriverInfo() == DRIVER_INFO
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        channel = connection.default_channel
+        with channel.conn_or_acquire() as client:
+            assert client.ping()
+            built = client.connection_pool.get_connection()
+            assert built.driver_info is DRIVER_INFO
+            client.connection_pool.release(built)
+    worker = AsyncRedis.from_url(redis_url, driver_info=DRIVER_INFO)
+    assert worker.connection_pool.make_connection().driver_info is DRIVER_INFO
