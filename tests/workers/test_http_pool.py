@@ -12,7 +12,12 @@ import httpx
 import pytest
 from httpcore._backends.anyio import AnyIOStream
 
-from workers.http_pool import ShardedTransport, SocketKeepingBackend, pooled_client
+from workers.http_pool import (
+    ShardedTransport,
+    SocketKeepingBackend,
+    pooled_client,
+    shared_ssl_context,
+)
 
 
 class _Gate(httpx.AsyncBaseTransport):
@@ -205,3 +210,17 @@ def test_a_tls_stream_keeps_the_socket_too(tmp_path: Path) -> None:
             await stream.aclose()
 
     asyncio.run(scenario())
+
+
+def test_default_shards_share_one_verifying_tls_context() -> None:
+    """Every shard's pool holds the process's one TLS context, which verifies as httpx's
+    ``verify=True`` does (the same roots, hostname checked, certificates required)."""
+    transport = ShardedTransport(60, 20)
+    contexts = {id(shard._pool._ssl_context) for shard in transport.shards}
+    assert contexts == {id(shared_ssl_context())}
+    own = httpx.create_ssl_context()
+    shared = shared_ssl_context()
+    assert shared.verify_mode == own.verify_mode == ssl.CERT_REQUIRED
+    assert shared.check_hostname and own.check_hostname
+    assert shared.cert_store_stats() == own.cert_store_stats()
+    assert shared.minimum_version == own.minimum_version
