@@ -108,17 +108,18 @@ def _shown(user_path: str) -> str:
     return f"{user_path[:_SHOWN_CHARS]}... ({len(user_path)} characters)"
 
 
-def check_path(workspace: Path, user_path: str) -> CheckedPath:
+def check_path(workspace: Path, user_path: str, *, reuse: bool = False) -> CheckedPath:
     """Check ``user_path`` (see ``resolve_in_workspace``) and bound its size.
 
-    Takes the real paths resolved within :func:`~workers.tools.workspace.resolving_once` (the
-    caller opens the result without following links, and :func:`attempts` checks afresh when
-    it meets one). Raises WorkspacePathError (PathOutsideWorkspaceError for a path that leads
+    ``reuse``: take the real paths resolved within
+    :func:`~workers.tools.workspace.resolving_once`, for a caller that opens the result
+    without following links and runs under :func:`attempts` (which checks afresh when the open
+    meets a link). Raises WorkspacePathError (PathOutsideWorkspaceError for a path that leads
     out).
     """
-    root = workspace_root(workspace, reuse=True)
+    root = workspace_root(workspace, reuse=reuse)
     try:
-        parts = resolve_below(root, user_path, reuse=True).relative_to(root).parts
+        parts = resolve_below(root, user_path, reuse=reuse).relative_to(root).parts
     except OSError as exc:  # a link replaced between its lstat and its readlink
         raise CheckedPath(root, (), user_path).changed() from exc
     size = len("/".join(parts).encode("utf-8", "surrogateescape"))

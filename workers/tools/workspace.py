@@ -17,13 +17,14 @@ operating-system sandbox bound a hostile command.
 
 **Resolving once.** Within :func:`resolving_once` (a reasoning worker's gate and the read-only
 calls it then runs itself), each path is resolved once: the default gate resolves a call's
-path arguments, and the file tools' check (:func:`workers.tools.confined.check_path`, which
-asks with ``reuse=True``) takes the same real path instead of walking the file system again.
+path arguments, and the check of ``file_read``, ``file_write`` and ``file_list``
+(:func:`workers.tools.confined.check_path` with ``reuse=True``) takes the same real path
+instead of walking the file system again.
 That is as strong as resolving again: the checked path is then opened one component at a time
 from the root without following a link, so a tree that changed since either resolution is met
 as a link on the way, and the call then forgets what was resolved and checks afresh
-(:func:`~workers.tools.confined.attempts`). Outside that scope, and for any other caller,
-every call resolves.
+(:func:`~workers.tools.confined.attempts`). Outside that scope, and for any other caller
+(``grep``, which walks the directory it checked by path), every call resolves.
 """
 
 from __future__ import annotations

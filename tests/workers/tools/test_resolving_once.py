@@ -60,7 +60,7 @@ def test_the_tool_reuses_the_paths_the_gate_resolved(
         assert isinstance(decide(DefaultPolicyGate(), tool("file_read", {"path": "sub/note.txt"}),
                                  context(workspace)), Allow)  # fmt: skip
         gated = len(realpaths)
-        checked = check_path(workspace, "sub/note.txt")
+        checked = check_path(workspace, "sub/note.txt", reuse=True)
         assert len(realpaths) == gated
         assert _read(workspace, "sub/note.txt").content.startswith("inside")
     assert checked.absolute == (workspace / "sub" / "note.txt").resolve()
@@ -71,21 +71,33 @@ def test_outside_the_scope_every_check_resolves(
     tree: tuple[Path, Path], realpaths: list[str]
 ) -> None:
     workspace, _ = tree
-    check_path(workspace, "sub/note.txt")
+    check_path(workspace, "sub/note.txt", reuse=True)
     first = len(realpaths)
     with resolving_once():
         pass
-    check_path(workspace, "sub/note.txt")
+    check_path(workspace, "sub/note.txt", reuse=True)
     assert len(realpaths) == 2 * first > 0
+
+
+def test_a_check_without_reuse_resolves_within_the_scope(
+    tree: tuple[Path, Path], realpaths: list[str]
+) -> None:
+    """``grep`` (which walks what it checked by path) and any other caller resolve afresh."""
+    workspace, _ = tree
+    with resolving_once():
+        check_path(workspace, "sub/note.txt", reuse=True)
+        first = len(realpaths)
+        check_path(workspace, "sub/note.txt")
+        assert len(realpaths) == 2 * first
 
 
 def test_forgetting_resolves_again(tree: tuple[Path, Path], realpaths: list[str]) -> None:
     workspace, _ = tree
     with resolving_once():
-        check_path(workspace, "sub/note.txt")
+        check_path(workspace, "sub/note.txt", reuse=True)
         first = len(realpaths)
         forget_resolutions()
-        check_path(workspace, "sub/note.txt")
+        check_path(workspace, "sub/note.txt", reuse=True)
         assert len(realpaths) == 2 * first
 
 
