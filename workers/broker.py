@@ -18,7 +18,7 @@ sharing it between threads is what redis-py supports.
 And it keeps the unacked index in one Lua script per message event instead of kombu's
 ``MULTI``/``ZADD``/``HSET``/``EXEC`` on fetch and ``MULTI``/``ZREM``/``HDEL``/``EXEC`` on ack
 (:class:`QoS`): the same commands on the same keys with the same values, one command to send and
-one reply to parse instead of four (about a tenth of a reasoning worker's CPU went there).
+one reply to parse instead of four (about 15 µs of the worker's CPU per fetch and per ack).
 """
 
 from __future__ import annotations
@@ -85,10 +85,9 @@ class QoS(kombu_redis.QoS):
     safe direction: out of memory, Redis refuses a whole ``MULTI`` transaction, the ack's
     ``ZREM``/``HDEL`` included, but runs them from a script (they free memory), so an ack
     then goes through instead of leaving the message to come back after the visibility
-    timeout. A
-    requeue, ``restore_by_tag`` and ``restore_visible`` are kombu's own, unchanged. With a
-    ``global_keyprefix`` transport option (which kombu adds to each command's keys, but to one
-    key only of an ``EVALSHA``) kombu's transactions run instead.
+    timeout. A requeue, ``restore_by_tag`` and ``restore_visible`` are kombu's own, unchanged.
+    With a ``global_keyprefix`` transport option (which kombu adds to each command's keys, but
+    to one key only of an ``EVALSHA``) kombu's transactions run instead.
 
     Forgetting locally: otherwise each refused ack keeps a prefetch slot taken and, after as
     many refusals as the prefetch count, the worker never fetches again. The message stays in
@@ -101,7 +100,8 @@ class QoS(kombu_redis.QoS):
             super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
             return
         delivery = message.delivery_info
-        payload = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])  # type: ignore[no-untyped-call]
+        raw = [message._raw, delivery["exchange"], delivery["routing_key"]]
+        payload = dumps(raw)  # type: ignore[no-untyped-call]
         with self.channel.conn_or_acquire() as client:
             keys = (self.unacked_index_key, self.unacked_key)
             _run_script(client, _INDEX_SCRIPT, keys, delivery_tag, time(), payload)
