@@ -51,7 +51,7 @@ from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.offered import OfferedToolsGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
-from workers.phases import LoopTermination, Reasoning
+from workers.phases import LoopTermination, Reasoning, ToolDispatching
 from workers.providers.base import (
     InferenceError,
     InferenceProvider,
@@ -61,6 +61,7 @@ from workers.providers.base import (
 )
 from workers.providers.rate_limit import recording_waits
 from workers.tools.base import ToolContext
+from workers.tools.workspace import resolving_once
 
 log = logging.getLogger("orga.worker.handlers")
 
@@ -252,27 +253,14 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     offered = [t.name for t in checking.config.tool_definitions]
     registered = [t.name for t in services.tool_definitions()]
     gate = OfferedToolsGate(services.gate(request.policy), offered, registered)
-    with phase_span("gate", task_id=request.fence.task_id, iteration=state.iteration):
-        dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
-    approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
-    reasoned_ms = (time.monotonic() - started) * 1000
-    acted = None
-    chained: list[str] = []
-    # A delegation is the coordinator's to decide: never run inline, never chained.
-    delegates = any(is_delegate(c.name) for c in approved)
-    if approved and dispatching.terminal_output is None:
-        match request.act:
-            case ActMode.INLINE if not delegates:
-                with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
-                    acted = await _act_inline(request, approved, services)
-            case ActMode.AUTO if _reads_here(request, approved, services):
-                with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
-                    acted = await _act_inline(request, approved, services)
-            case ActMode.CHAIN | ActMode.AUTO:
-                runnable = [c for c in approved if not is_delegate(c.name)]
-                chained = [c.call_id for c in runnable[: request.config.max_concurrent_tools]]
-            case _:
-                pass
+    # The file tools run here reuse the real paths the gate resolved (resolving_once says why
+    # that is as safe as resolving again).
+    with resolving_once():
+        with phase_span("gate", task_id=request.fence.task_id, iteration=state.iteration):
+            dispatching = await checking.check_policy(gate, _gate_context(request, state.iteration))
+        approved = [a for a in dispatching.approved if isinstance(a, ToolCallAction)]
+        reasoned_ms = (time.monotonic() - started) * 1000
+        acted, chained = await _act_or_chain(request, dispatching, approved, services, state)
     if knowledge is not None and request.purpose == "act" and dispatching.terminal_output:
         await _persist_learnings(request, services, state.conversation, knowledge)
     return ReasonedMessage(
@@ -288,6 +276,32 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         duration_ms=reasoned_ms,
         provider_waits=waits,
     )
+
+
+async def _act_or_chain(
+    request: ReasonRequest,
+    dispatching: ToolDispatching,
+    approved: list[ToolCallAction],
+    services: WorkerServices,
+    state: LoopState,
+) -> tuple[list[ToolObservedMessage] | None, list[str]]:
+    """Run the approved calls here, or name those the tool workers run (``request.act``)."""
+    if not approved or dispatching.terminal_output is not None:
+        return None, []
+    # A delegation is the coordinator's to decide: never run inline, never chained.
+    delegates = any(is_delegate(c.name) for c in approved)
+    match request.act:
+        case ActMode.INLINE if not delegates:
+            with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
+                return await _act_inline(request, approved, services), []
+        case ActMode.AUTO if _reads_here(request, approved, services):
+            with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
+                return await _act_inline(request, approved, services), []
+        case ActMode.CHAIN | ActMode.AUTO:
+            runnable = [c for c in approved if not is_delegate(c.name)]
+            return None, [c.call_id for c in runnable[: request.config.max_concurrent_tools]]
+        case _:
+            return None, []
 
 
 def _raise_config_error(stop: LoopTermination) -> None:

@@ -69,6 +69,7 @@ from workers.providers.rate_limit import (
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
+from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only
 from workers.tools.registry import ToolRegistry, default_registry
@@ -386,7 +387,9 @@ class ProcessServices(WorkerCore):
         )
         self._loop_thread.start()
         self.redis: Redis = Redis.from_url(
-            redis_url, max_connections=max(64, settings.reasoning_concurrency + 16)
+            redis_url,
+            max_connections=max(64, settings.reasoning_concurrency + 16),
+            driver_info=DRIVER_INFO,
         )
         self.liveness = Liveness(
             self.redis, settings.heartbeat_interval_s, settings.heartbeat_timeout_s

@@ -8,16 +8,30 @@ absolute path is outside by definition.
 
 from __future__ import annotations
 
+import errno
 import posixpath
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from workers.tools.errors import WorkspacePathError
-from workers.tools.workspace import real_path
+from workers.tools.workspace import real_path, real_workspace
 
 __all__ = ["WorkspaceScope"]
 
 _VIRTUAL_ROOT = Path("/<workspace>")
+
+
+def _real_root(workspace: Path) -> Path:
+    """``workspace.resolve()``, through the resolutions the file tools then reuse
+    (:func:`~workers.tools.workspace.resolving_once`): its real path, and RuntimeError for a
+    workspace that is a symbolic-link loop (as ``Path.resolve`` raises)."""
+    root = real_workspace(workspace)
+    try:
+        root.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RuntimeError(f"Symlink loop from {exc.filename!r}") from exc
+    return root
 
 
 class WorkspaceScope:
@@ -25,7 +39,7 @@ class WorkspaceScope:
 
     def __init__(self, workspace: Path | None, extra_roots: Iterable[Path] = ()) -> None:
         self._real = workspace is not None
-        self._root = workspace.resolve() if workspace is not None else _VIRTUAL_ROOT
+        self._root = _real_root(workspace) if workspace is not None else _VIRTUAL_ROOT
         self._extra_roots = tuple(root.resolve() for root in extra_roots)
 
     @property

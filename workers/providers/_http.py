@@ -34,7 +34,6 @@ import logging
 import random
 import re
 import reprlib
-import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -47,6 +46,7 @@ from pydantic import SecretStr
 from shared.errors import ConfigError
 from shared.inference import ProviderWait
 from shared.safe_regex import UserPattern, compile_user_pattern
+from workers.http_pool import shared_ssl_context
 from workers.providers.base import (
     AuthenticationError,
     ContextOverflowError,
@@ -271,7 +271,7 @@ class JsonPoster:
             yield self._client
             return
         async with httpx.AsyncClient(
-            transport=self._transport, verify=_shared_ssl_context()
+            transport=self._transport, verify=shared_ssl_context()
         ) as client:
             yield client
 
@@ -326,12 +326,6 @@ class JsonPoster:
                 "error": str(failure.error),
             },
         )
-
-
-@functools.cache
-def _shared_ssl_context() -> ssl.SSLContext:
-    """One verifying TLS context per process: building one costs ~30 ms, a client per call."""
-    return httpx.create_ssl_context()
 
 
 def decode_json_object(response: httpx.Response, endpoint: Endpoint, url: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from workers.tools.errors import WorkspacePathError
-from workers.tools.workspace import resolve_in_workspace, workspace_root
+from workers.tools.workspace import forget_resolutions, resolve_below, workspace_root
 
 __all__ = [
     "MAX_LIST_DEPTH",
@@ -108,14 +108,18 @@ def _shown(user_path: str) -> str:
     return f"{user_path[:_SHOWN_CHARS]}... ({len(user_path)} characters)"
 
 
-def check_path(workspace: Path, user_path: str) -> CheckedPath:
+def check_path(workspace: Path, user_path: str, *, reuse: bool = False) -> CheckedPath:
     """Check ``user_path`` (see ``resolve_in_workspace``) and bound its size.
 
-    Raises WorkspacePathError (PathOutsideWorkspaceError for a path that leads out).
+    ``reuse``: take the real paths resolved within
+    :func:`~workers.tools.workspace.resolving_once`, for a caller that opens the result
+    without following links and runs under :func:`attempts` (which checks afresh when the open
+    meets a link). Raises WorkspacePathError (PathOutsideWorkspaceError for a path that leads
+    out).
     """
-    root = workspace_root(workspace)
+    root = workspace_root(workspace, reuse=reuse)
     try:
-        parts = resolve_in_workspace(workspace, user_path).relative_to(root).parts
+        parts = resolve_below(root, user_path, reuse=reuse).relative_to(root).parts
     except OSError as exc:  # a link replaced between its lstat and its readlink
         raise CheckedPath(root, (), user_path).changed() from exc
     size = len("/".join(parts).encode("utf-8", "surrogateescape"))
@@ -129,11 +133,13 @@ def check_path(workspace: Path, user_path: str) -> CheckedPath:
 
 
 def attempts(action: Callable[[], _T]) -> _T:
-    """Run ``action`` (which checks and opens a path) again when the path changed under it."""
+    """Run ``action`` (which checks and opens a path) again when the path changed under it,
+    with the real paths resolved before forgotten (so the check walks the tree again)."""
     for _ in range(_ATTEMPTS - 1):
         try:
             return action()
         except PathChangedError:
+            forget_resolutions()
             continue
     return action()
 

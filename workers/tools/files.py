@@ -275,7 +275,7 @@ def _read_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput
 
 
 def _read_once(user_path: str, window: _LineWindow, context: ToolContext) -> ToolOutput:
-    target = check_path(context.workspace, user_path)
+    target = check_path(context.workspace, user_path, reuse=True)
     rel = target.rel
     try:
         fd = _open_for_reading(target)
@@ -389,7 +389,7 @@ def _write_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutpu
 
 
 def _write_once(user_path: str, data: bytes, context: ToolContext, create_dirs: bool) -> ToolOutput:
-    target = check_path(context.workspace, user_path)
+    target = check_path(context.workspace, user_path, reuse=True)
     rel = target.rel
     if not target.parts:
         return _not_a_file_to_write(rel)
@@ -507,7 +507,7 @@ def _list_directory(arguments: Mapping[str, Any], context: ToolContext) -> ToolO
 
 
 def _list_once(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
-    directory = check_path(context.workspace, str(arguments.get("path", ".")))
+    directory = check_path(context.workspace, str(arguments.get("path", ".")), reuse=True)
     rel = directory.rel
     limit = int(arguments.get("max_entries", _DEFAULT_MAX_ENTRIES))
     recursive = bool(arguments.get("recursive", False))

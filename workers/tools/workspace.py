@@ -14,29 +14,84 @@ directory for a symbolic link in between could still redirect one call. The agen
 ``run_command`` can do that, but it can also read any file directly: the confinement of the
 file tools keeps honest mistakes and injected paths in the workspace; the policy gate and the
 operating-system sandbox bound a hostile command.
+
+**Resolving once.** Within :func:`resolving_once` (a reasoning worker's gate and the read-only
+calls it then runs itself), each path is resolved once: the default gate resolves a call's
+path arguments, and the check of ``file_read``, ``file_write`` and ``file_list``
+(:func:`workers.tools.confined.check_path` with ``reuse=True``) takes the same real path
+instead of walking the file system again.
+That is as strong as resolving again: the checked path is then opened one component at a time
+from the root without following a link, so a tree that changed since either resolution is met
+as a link on the way, and the call then forgets what was resolved and checks afresh
+(:func:`~workers.tools.confined.attempts`). Outside that scope, and for any other caller
+(``grep``, which walks the directory it checked by path), every call resolves.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from workers.tools.errors import PathOutsideWorkspaceError, WorkspacePathError
 
 __all__ = [
     "display_path",
+    "forget_resolutions",
     "real_path",
+    "real_workspace",
     "resolve_in_workspace",
+    "resolving_once",
     "sorted_entries",
     "walk_entries",
     "workspace_root",
 ]
 
 
-def workspace_root(workspace: Path) -> Path:
+_resolved: ContextVar[dict[str, Path] | None] = ContextVar("orga_resolved_paths", default=None)
+"""Within :func:`resolving_once`: path as given → its real path (links followed)."""
+
+
+@contextmanager
+def resolving_once() -> Iterator[None]:
+    """Within: the real paths resolved are remembered for the checks that reuse them."""
+    token = _resolved.set({})
+    try:
+        yield
+    finally:
+        _resolved.reset(token)
+
+
+def forget_resolutions() -> None:
+    """Forget what the current :func:`resolving_once` scope resolved (the tree changed)."""
+    resolved = _resolved.get()
+    if resolved is not None:
+        resolved.clear()
+
+
+def _remembered(path: Path, reuse: bool) -> Path | None:
+    resolved = _resolved.get()
+    return resolved.get(str(path)) if reuse and resolved is not None else None
+
+
+def _remember(path: Path, real: Path) -> Path:
+    resolved = _resolved.get()
+    if resolved is not None:
+        resolved[str(path)] = real
+    return real
+
+
+def real_workspace(workspace: Path, *, reuse: bool = False) -> Path:
+    """``os.path.realpath`` of the workspace (remembered within :func:`resolving_once`;
+    ``reuse`` takes what was remembered)."""
+    return _remembered(workspace, reuse) or _remember(workspace, Path(os.path.realpath(workspace)))
+
+
+def workspace_root(workspace: Path, *, reuse: bool = False) -> Path:
     """The real path of the workspace; raises WorkspacePathError when it is not a directory."""
-    root = Path(os.path.realpath(workspace))
+    root = real_workspace(workspace, reuse=reuse)
     if not root.is_dir():
         raise WorkspacePathError(
             f"workspace {str(workspace)!r} is not an existing directory; "
@@ -51,13 +106,18 @@ def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
     Relative paths are taken from the workspace. Raises PathOutsideWorkspaceError for anything
     that resolves outside it, and WorkspacePathError for a path containing a NUL byte.
     """
+    return resolve_below(workspace_root(workspace), user_path)
+
+
+def resolve_below(root: Path, user_path: str, *, reuse: bool = False) -> Path:
+    """:func:`resolve_in_workspace` for the workspace's real path ``root`` (``reuse``: take a
+    real path remembered within :func:`resolving_once`)."""
     if "\x00" in user_path:
         raise WorkspacePathError(
             f"path {user_path!r} contains a NUL byte; file names cannot contain NUL"
         )
-    root = workspace_root(workspace)
     candidate = Path(user_path) if os.path.isabs(user_path) else root / user_path
-    resolved = real_path(candidate, user_path)
+    resolved = real_path(candidate, user_path, reuse=reuse)
     if not resolved.is_relative_to(root):
         raise PathOutsideWorkspaceError(_outside_message(user_path, root, candidate, resolved))
     return resolved
@@ -66,8 +126,9 @@ def resolve_in_workspace(workspace: Path, user_path: str) -> Path:
 _MAX_RESOLUTIONS = 16
 
 
-def real_path(candidate: Path, user_path: str) -> Path:
-    """``os.path.realpath`` repeated until it no longer changes the path.
+def real_path(candidate: Path, user_path: str, *, reuse: bool = False) -> Path:
+    """``os.path.realpath`` repeated until it no longer changes the path (remembered within
+    :func:`resolving_once`; ``reuse`` takes what was remembered).
 
     One call is not enough: at a symbolic-link loop ``realpath`` stops resolving and returns
     the rest of the path as written, then drops ``loop/..`` lexically, so in
@@ -75,11 +136,14 @@ def real_path(candidate: Path, user_path: str) -> Path:
     resolves what the first left; a path that is its own ``realpath`` has no link left to
     follow outside a loop the system itself refuses to cross.
     """
+    remembered = _remembered(candidate, reuse)
+    if remembered is not None:
+        return remembered
     current = Path(os.path.realpath(candidate))
     for _ in range(_MAX_RESOLUTIONS):
         again = Path(os.path.realpath(current))
         if again == current:
-            return current
+            return _remember(candidate, current)
         current = again
     raise WorkspacePathError(
         f"path {user_path!r} cannot be resolved: it goes through symbolic links that keep "
