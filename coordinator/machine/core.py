@@ -7,6 +7,7 @@ first use, and gives every section the same fence, deadline, journal and event h
 
 from __future__ import annotations
 
+import operator
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -118,7 +119,7 @@ class _ByIdentity(Generic[_V]):
         kept = self._kept.get(task_id)
         if kept is None or len(kept[0]) != len(sources):
             return None
-        if not all(a is b for a, b in zip(kept[0], sources, strict=True)):
+        if not all(map(operator.is_, kept[0], sources)):  # C-speed: no generator per lookup
             return None
         return kept[1]
 
