@@ -8,7 +8,6 @@ first use, and gives every section the same fence, deadline, journal and event h
 from __future__ import annotations
 
 import operator
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from coordinator.liveness import LivenessSettings
 from coordinator.state import Awaiting, AwaitKind, ReviewItem, TaskRecord
+from shared import ids
 from shared.events import JournalEntry, LoopEvent
 from shared.loop_types import LoopConfig
 from shared.progress_tracker import ProgressTracker
@@ -243,7 +243,7 @@ class MachineCore:
             step_id=record.step().spec.id,
             iteration=record.iteration,
             attempt=record.dispatches,
-            nonce=uuid.uuid4().hex[:12],
+            nonce=ids.uuid4().hex[:12],
         )
 
     def deadline_s(self) -> float:
