@@ -166,6 +166,10 @@ class Coordinator:
         self._stopping = asyncio.Event()
         self._queues = QueueGauge()
         self._refusals = RateGate(self.settings.refusal_log_interval_s)
+        self._starting: set[str] = set()
+        """Tasks an intake read created whose start commit waits to be sent with the others
+        of the read: the tick leaves them alone (it would start them itself, the intake's
+        start then conflicting and the record kept from it lost)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -293,19 +297,22 @@ class Coordinator:
             return
         waiting = list(starts)
         starts.clear()
-        outcomes = await self.store.commit_many([s.commit for s in waiting])
         failure: RedisError | None = None
-        for start, outcome in zip(waiting, outcomes, strict=True):
-            if outcome is True:
-                self._committed(start.commit)
-            elif outcome is False:
-                await self._apply(start.commit.record.task_id, start.step)
-            else:
-                log.warning(
-                    "task.start_failed",
-                    extra={"task_id": start.commit.record.task_id, "error": str(outcome)[:300]},
-                )
-                failure = failure or outcome
+        try:
+            outcomes = await self.store.commit_many([s.commit for s in waiting])
+            for start, outcome in zip(waiting, outcomes, strict=True):
+                if outcome is True:
+                    self._committed(start.commit)
+                elif outcome is False:
+                    await self._apply(start.commit.record.task_id, start.step)
+                else:
+                    log.warning(
+                        "task.start_failed",
+                        extra={"task_id": start.commit.record.task_id, "error": str(outcome)[:300]},
+                    )
+                    failure = failure or outcome
+        finally:
+            self._starting.difference_update(s.commit.record.task_id for s in waiting)
         if failure is not None:
             raise failure
 
@@ -413,6 +420,7 @@ class Coordinator:
             pending = await self._decide(task_id, step)
             if pending is not None:
                 starts.append(_Start(pending, step))
+                self._starting.add(task_id)
 
     async def _parent_ended(self, record: TaskRecord) -> str | None:
         """For a sub-agent's task: why it must not start, its parent having ended (the parent's
@@ -661,6 +669,8 @@ class Coordinator:
         if due:
             await self._queues.sample(self.redis)
         for task_id in due:
+            if task_id in self._starting:
+                continue  # started by the intake read that created it
             if await self._hold(task_id):
                 await self._guarded_tick(task_id)
 
