@@ -166,6 +166,10 @@ class Coordinator:
         self._stopping = asyncio.Event()
         self._queues = QueueGauge()
         self._refusals = RateGate(self.settings.refusal_log_interval_s)
+        self._starting: set[str] = set()
+        """Tasks an intake read created whose start commit waits to be sent with the others
+        of the read: the tick leaves them alone (it would start them itself, the intake's
+        start then conflicting and the record kept from it lost)."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -268,9 +272,49 @@ class Coordinator:
     # -- intake ---------------------------------------------------------------------------
 
     async def _intake_once(self) -> None:
-        await self._handle_all(
-            keys.intake_stream, await self._read(keys.intake_stream), self._intake
-        )
+        """One read of the intake. The tasks it creates are started together: their start
+        commits are sent in one round trip once every entry of the read is handled (a task
+        created and not started yet is started by the tick when due, as after a crash between
+        the two); a start that conflicts is applied again on its own."""
+        starts: list[_Start] = []
+
+        async def intake(entry_id: str, fields: dict[Any, Any]) -> None:
+            await self._intake(entry_id, fields, starts)
+
+        try:
+            await self._handle_all(keys.intake_stream, await self._read(keys.intake_stream), intake)
+        except Exception:
+            with contextlib.suppress(Exception):  # the tick starts what is left
+                await self._start_all(starts)
+            raise
+        await self._start_all(starts)
+
+    async def _start_all(self, starts: list[_Start]) -> None:
+        """Send the start commits of a read in one pipeline; one that conflicted is applied
+        again on its own. The first error Redis answered for one of them is raised once the
+        others are done (its task is started by the tick)."""
+        if not starts:
+            return
+        waiting = list(starts)
+        starts.clear()
+        failure: RedisError | None = None
+        try:
+            outcomes = await self.store.commit_many([s.commit for s in waiting])
+            for start, outcome in zip(waiting, outcomes, strict=True):
+                if outcome is True:
+                    self._committed(start.commit)
+                elif outcome is False:
+                    await self._apply(start.commit.record.task_id, start.step)
+                else:
+                    log.warning(
+                        "task.start_failed",
+                        extra={"task_id": start.commit.record.task_id, "error": str(outcome)[:300]},
+                    )
+                    failure = failure or outcome
+        finally:
+            self._starting.difference_update(s.commit.record.task_id for s in waiting)
+        if failure is not None:
+            raise failure
 
     async def _handle_all(
         self,
@@ -320,7 +364,11 @@ class Coordinator:
             log.exception("stream.entry_failed", extra={"stream": stream, "entry_id": entry_id})
             await self._poison(stream, entry_id, fields, f"{type(exc).__name__}: {exc}")
 
-    async def _intake(self, entry_id: str, fields: dict[Any, Any]) -> None:
+    async def _intake(
+        self, entry_id: str, fields: dict[Any, Any], starts: list[_Start] | None = None
+    ) -> None:
+        """Create the task of one intake entry and start it; with ``starts``, its start commit
+        joins the ones sent together (:meth:`_start_all`)."""
         ack = (keys.intake_stream, keys.coordinator_group, entry_id)
         text = {_text(k): _text(v) for k, v in fields.items()}
         task_id = text.get("task_id") or uuid.uuid4().hex
@@ -365,7 +413,14 @@ class Coordinator:
             self._leased(task_id)
         if outcome.leased or await self._hold(task_id):  # else its holder starts it when due
             orphaned = await self._parent_ended(record)
-            await self._apply(task_id, _start if orphaned is None else _cancelled(orphaned))
+            step = _start if orphaned is None else _cancelled(orphaned)
+            if starts is None:
+                await self._apply(task_id, step)
+                return
+            pending = await self._decide(task_id, step)
+            if pending is not None:
+                starts.append(_Start(pending, step))
+                self._starting.add(task_id)
 
     async def _parent_ended(self, record: TaskRecord) -> str | None:
         """For a sub-agent's task: why it must not start, its parent having ended (the parent's
@@ -614,6 +669,8 @@ class Coordinator:
         if due:
             await self._queues.sample(self.redis)
         for task_id in due:
+            if task_id in self._starting:
+                continue  # started by the intake read that created it
             if await self._hold(task_id):
                 await self._guarded_tick(task_id)
 
@@ -779,6 +836,15 @@ class _Decided:
     message: AnyMessage
     dispatched_at: float | None
     commit: PendingCommit
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Start:
+    """A task created by an intake read, its start commit waiting to be sent with the others
+    of the read (``step``: applied again on its own if that commit conflicts)."""
+
+    commit: PendingCommit
+    step: Callable[[TaskMachine], Effects]
 
 
 def _wrong(record: TaskRecord, fence: Fence) -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -24,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from shared import keys
+from shared import ids, keys
 from shared.errors import ConfigError
 from shared.protocol import ReasonRequest, ToolRequest
 
@@ -120,7 +119,7 @@ def celery_message(
     """Task ``name`` with the single argument ``payload``; ``summary`` is Flower's ``argsrepr``
     and ``shadow`` the name Flower and the worker's logs show for it (task, step, iteration,
     purpose) instead of the bare task name."""
-    task_id = str(uuid.uuid4())
+    task_id = str(ids.uuid4())
     argsrepr = f"({summary})"
     body: list[Any] = [
         [payload],
@@ -161,7 +160,7 @@ def celery_message(
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0,
             "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": str(ids.uuid4()),
         },
     }
     return QueuedMessage(queue=queue, body=orjson.dumps(envelope).decode(), task_id=task_id)

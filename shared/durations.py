@@ -108,10 +108,14 @@ def format_duration(value: timedelta) -> str:
     return "".join(parts)
 
 
+_format_kept = lru_cache(maxsize=4096)(format_duration)
+"""``format_duration`` of the durations met most recently: the same few (a task's timeouts and
+delays) are written again with every reasoning request and record the coordinator encodes."""
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
-    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    PlainSerializer(_format_kept, return_type=str, when_used="json"),
     WithJsonSchema(
         {
             "anyOf": [

@@ -7,7 +7,7 @@ first use, and gives every section the same fence, deadline, journal and event h
 
 from __future__ import annotations
 
-import uuid
+import operator
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from coordinator.liveness import LivenessSettings
 from coordinator.state import Awaiting, AwaitKind, ReviewItem, TaskRecord
+from shared import ids
 from shared.events import JournalEntry, LoopEvent
 from shared.loop_types import LoopConfig
 from shared.progress_tracker import ProgressTracker
@@ -118,7 +119,7 @@ class _ByIdentity(Generic[_V]):
         kept = self._kept.get(task_id)
         if kept is None or len(kept[0]) != len(sources):
             return None
-        if not all(a is b for a, b in zip(kept[0], sources, strict=True)):
+        if not all(map(operator.is_, kept[0], sources)):  # C-speed: no generator per lookup
             return None
         return kept[1]
 
@@ -242,7 +243,7 @@ class MachineCore:
             step_id=record.step().spec.id,
             iteration=record.iteration,
             attempt=record.dispatches,
-            nonce=uuid.uuid4().hex[:12],
+            nonce=ids.uuid4().hex[:12],
         )
 
     def deadline_s(self) -> float:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 from coordinator.machine.core import Section
 from coordinator.state import AwaitKind, StepRecord, TaskStatus
+from shared import ids
 from shared.conversation import Conversation, ConversationMessage
 from shared.protocol import Fence, ReasonedMessage
 from shared.task_spec import StepSpec
@@ -40,7 +40,7 @@ class Planning(Section):
             step_id=PLAN_FENCE_STEP,
             iteration=0,
             attempt=record.dispatches,
-            nonce=uuid.uuid4().hex[:12],
+            nonce=ids.uuid4().hex[:12],
         )
         self.m.await_(AwaitKind.PLAN, fence)
         self.m.effects.reason_dispatches.append(

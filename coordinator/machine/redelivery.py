@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Literal
 
 from coordinator.liveness import Liveness, Verdict
 from coordinator.machine.core import Section
 from coordinator.state import Awaiting, AwaitKind, TaskStatus
+from shared import ids
 from shared.events import DispatchFailed
 from shared.protocol import ReasonedMessage, WorkerFailedMessage
 
@@ -82,7 +82,7 @@ class Redelivery(Section):
         m, record = self.m, self.record
         record.dispatches += 1
         fence = awaiting.fence.model_copy(
-            update={"attempt": record.dispatches, "nonce": uuid.uuid4().hex[:12]}
+            update={"attempt": record.dispatches, "nonce": ids.uuid4().hex[:12]}
         )
         awaiting.fence = fence
         awaiting.redeliveries += 1

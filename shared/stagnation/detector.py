@@ -159,6 +159,7 @@ class StagnationDetector:
         self._turns_since_milestone = 0
         self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
+        self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -714,7 +715,64 @@ class StagnationDetector:
     # -- persistence -------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        """A JSON-serialisable snapshot; :meth:`from_state` restores it exactly."""
+        """A JSON-serialisable snapshot; :meth:`from_state` restores it exactly.
+
+        Built as plain JSON values directly: it equals ``DetectorState(...).model_dump(mode=
+        "json")`` (the test suite checks it), without validating every collection again on
+        each decision (the coordinator snapshots the detector at every observation). The
+        config's part is dumped once per config object and shared by this detector's
+        snapshots: read a snapshot, do not change it.
+        """
+        window, recent, runs = self._window.dump()
+        plans, gists, mark = self._plans.dump()
+        ep = self._episode
+        return {
+            "version": 2,
+            "config": self._config_state(),
+            "total_steps": self._total_steps,
+            "steps_since_milestone": self._since_milestone,
+            "new_state_changes": self._new_changes,
+            "epoch": self._epoch,
+            "milestones_total": self._milestones_total,
+            "milestones": list(self._milestones),
+            "seen": [[k, [v[0], v[1]]] for k, v in self._seen.items()],
+            "paths": [[k, v] for k, v in self._paths.items()],
+            "window": [[pair, error] for pair, error in window],
+            "recent_pairs": recent,
+            "cycle_runs": runs,
+            "episode": {
+                "stale_steps": ep.stale_steps,
+                "amnesia_steps": ep.amnesia_steps,
+                "level": ep.level.value,
+                "kind": ep.kind.value if ep.kind is not None else None,
+                "reasons": [r.value for r in sorted(ep.reasons, key=_reason_order)],
+                "detail": ep.detail,
+                "started_at": ep.started_at,
+            },
+            "pending_writes": self._pending_writes,
+            "recent_failures": self._window.dump_failures(),
+            "recent_errors": self._window.dump_errors(),
+            "plans": [[plan, calls, news] for plan, calls, news in plans],
+            "result_gists": gists,
+            "plan_mark": mark,
+            "plan_stale": self._plan_stale,
+            "plan_kind": self._plan_kind.value if self._plan_kind is not None else None,
+            "turns_since_milestone": self._turns_since_milestone,
+            "turn_open": self._turn_open,
+            "climbed": self._climbed,
+        }
+
+    def _config_state(self) -> dict[str, Any]:
+        """``self.config`` as JSON values, dumped once per config object (it is frozen)."""
+        kept = self._config_dump
+        if kept is None or kept[0] is not self.config:
+            kept = (self.config, self.config.model_dump(mode="json"))
+            self._config_dump = kept
+        return kept[1]
+
+    def _validated_state(self) -> dict[str, Any]:
+        """What :meth:`to_state` returns, built through :class:`DetectorState` (validated):
+        the reference the tests compare :meth:`to_state` with."""
         window, recent, runs = self._window.dump()
         failures, errors = self._window.dump_failures(), self._window.dump_errors()
         plans, gists, mark = self._plans.dump()

@@ -205,3 +205,40 @@ def test_an_error_reply_to_an_earlier_commit_does_not_drop_the_entry_deciding_af
             assert await _pending_ids(client) == [entries[0][0]]
 
     asyncio.run(scenario())
+
+
+def test_the_starts_of_one_intake_read_go_in_one_pipeline_and_the_tick_waits_for_them(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Three tasks in one intake read: their start commits are sent together, once the read is
+    handled; a tick while they wait does not start them itself (which the compare-and-set would
+    make harmless, but the intake's start would conflict and the record kept for the task's
+    next answer be lost)."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = Coordinator(client, settings=SETTINGS, name="c")
+            await coordinator._ensure_groups()
+            sent = coordinator.store.commit_many
+            batches: list[list[str]] = []
+            ticked: list[set[str]] = []
+
+            async def spy(pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
+                batches.append([p.record.task_id for p in pending])
+                ticked.append(set(coordinator._starting))
+                await coordinator._tick_once()  # the tasks are due: created, not started
+                return await sent(pending)
+
+            coordinator.store.commit_many = spy  # type: ignore[method-assign]
+            await _submit(client, coordinator, "a", "b", "d")
+            assert batches == [["a", "b", "d"]]
+            assert ticked == [{"a", "b", "d"}]
+            assert coordinator._starting == set()
+            for task_id in ("a", "b", "d"):
+                assert await client.hget(keys.task_key(task_id), "version") == "1"
+                assert await client.hget(keys.task_key(task_id), "status") == "running"
+            assert await client.llen(keys.reasoning_queue) == 3
+            # started by the intake's commits: their records are kept for the next answer
+            assert all(coordinator.store.peek_kept(t) is not None for t in ("a", "b", "d"))
+
+    asyncio.run(scenario())

@@ -14,6 +14,7 @@ from shared.stagnation import (
     StagnationLevel,
     ToolEvent,
 )
+from shared.stagnation.state import DetectorState
 from tests.shared.test_stagnation_trajectories import ack, command, read, write
 
 _NEW_CONTENTS = st.lists(
@@ -98,6 +99,23 @@ def test_restore_at_any_point_changes_nothing(
     restored = StagnationDetector.from_state(None, json.loads(json.dumps(straight.to_state())))
     rest = items[cut:]
     assert [_apply(restored, i) for i in rest] == [_apply(straight, i) for i in rest]
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ITEMS, st.integers(min_value=0, max_value=120))
+def test_state_is_what_the_validated_model_dumps(
+    items: list[ToolEvent | ModelTurn | str], cut: int
+) -> None:
+    """The snapshot built directly equals, to the byte and the key order, the one built through
+    ``DetectorState`` (validated), at any point of a run and after a restore."""
+    detector = StagnationDetector(StagnationConfig(min_steps=2))
+    for index, item in enumerate(items):
+        if index == cut:
+            detector = StagnationDetector.from_state(None, detector.to_state())
+        _apply(detector, item)
+        fast = detector.to_state()
+        assert json.dumps(fast) == json.dumps(detector._validated_state())
+        assert DetectorState.model_validate(fast).model_dump(mode="json") == fast
 
 
 @settings(max_examples=100, deadline=None)
