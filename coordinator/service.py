@@ -287,6 +287,11 @@ class Coordinator:
             with contextlib.suppress(Exception):  # the tick starts what is left
                 await self._start_all(starts)
             raise
+        except BaseException:
+            # Cancelled (the coordinator stops): nothing more is sent, and the tick, of this
+            # coordinator or another, must not skip these tasks as still starting.
+            self._starting.difference_update(s.commit.record.task_id for s in starts)
+            raise
         await self._start_all(starts)
 
     async def _start_all(self, starts: list[_Start]) -> None:

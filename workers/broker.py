@@ -33,7 +33,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual.base import QoS as VirtualQoS
 from kombu.utils.json import dumps
-from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, ResponseError
 
 from workers.redis_driver import DRIVER_INFO
 
@@ -63,11 +63,32 @@ _SHAS = {
 
 
 def _run_script(client: redis.Redis, script: bytes, keys: tuple[str, str], *args: Any) -> None:
-    """``EVALSHA`` the script; ``EVAL`` it (which also caches it) when Redis does not know it."""
+    """``EVALSHA`` the script; ``EVAL`` it (which also caches it) when Redis does not know it.
+
+    Redis before 7 reports a write refused inside a script as ``ERR Error running script ...
+    -OOM ...`` (or ``-READONLY``), which redis-py raises as a plain ``ResponseError``: it is
+    raised here as the :data:`TRANSIENT_WRITE_ERRORS` it is, as Redis 7 reports it."""
     try:
-        client.evalsha(_SHAS[script], len(keys), *keys, *args)
-    except NoScriptError:
-        client.eval(script, len(keys), *keys, *args)  # type: ignore[arg-type]
+        try:
+            client.evalsha(_SHAS[script], len(keys), *keys, *args)
+        except NoScriptError:
+            client.eval(script, len(keys), *keys, *args)  # type: ignore[arg-type]
+    except TRANSIENT_WRITE_ERRORS:
+        raise
+    except ResponseError as exc:
+        refused = _refused_write(str(exc))
+        if refused is None:
+            raise
+        raise refused(str(exc)) from exc
+
+
+def _refused_write(message: str) -> type[OutOfMemoryError] | type[ReadOnlyError] | None:
+    """The transient write error a script's error message wraps (Redis 6.2), if any."""
+    if "OOM command not allowed" in message:
+        return OutOfMemoryError
+    if "READONLY" in message:
+        return ReadOnlyError
+    return None
 
 
 class QoS(kombu_redis.QoS):

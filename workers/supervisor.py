@@ -102,23 +102,29 @@ def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_T
 
 
 def supervise(children: Sequence[Child]) -> int:
-    """Run ``children`` until one exits or this process is told to stop (SIGTERM, SIGINT),
-    then stop the others; the exit code is the first one to exit's (1 when it was 0: a worker
-    is not meant to end on its own), 0 when told to stop."""
-    stopping: list[int] = []
+    """Run ``children`` until one exits or this process is told to stop, then stop the others.
+
+    Stopping is Celery's: SIGTERM to each (a warm shutdown: the calls they run finish), then
+    wait for all of them with no deadline of its own, so that a long model call is not killed
+    and paid for twice; the service manager's stop timeout (systemd's ``TimeoutStopSec``,
+    compose's ``stop_grace_period``) bounds the wait. A second SIGTERM or SIGINT sends SIGQUIT,
+    Celery's cold shutdown. The exit code is the first child to exit's (1 when it was 0: a
+    worker is not meant to end on its own; ``128 + n`` when signal ``n`` killed it), 0 when told
+    to stop."""
+    signals: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        stopping.append(signum)
+        signals.append(signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     processes = start(children)
     code = 0
-    while not stopping:
+    while not signals:
         exited = [(c, p) for c, p in zip(children, processes, strict=True) if p.poll() is not None]
         if exited:
             child, process = exited[0]
-            code = process.returncode or 1
+            code = exit_code(process.returncode)
             print(
                 f"orga worker: {' '.join(child.argv[1:])} exited with code "
                 f"{process.returncode}; stopping the others",
@@ -127,8 +133,27 @@ def supervise(children: Sequence[Child]) -> int:
             )
             break
         time.sleep(POLL_S)
-    stop(processes)
+    told = len(signals)
+    _send(processes, signal.SIGTERM)
+    while any(p.poll() is None for p in processes):
+        if len(signals) > told:
+            told = len(signals)
+            _send(processes, signal.SIGQUIT)
+        time.sleep(POLL_S)
     return code
+
+
+def exit_code(returncode: int) -> int:
+    """The supervisor's exit code for a child's: 1 for 0, ``128 + n`` for signal ``n``."""
+    if returncode < 0:
+        return 128 - returncode
+    return returncode or 1
+
+
+def _send(processes: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signum)
 
 
 def main() -> int:

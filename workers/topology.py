@@ -8,8 +8,11 @@ requests, no thread per call (``-P threads`` still works, at more CPU per call).
 
 Tool calls may burn CPU or block: a tool worker runs the prefork pool with
 ``ORGA_TOOL_CONCURRENCY`` processes (2), and never sees a model key (its environment is
-stripped of every key variable), so that no agent command runs in a process tree that holds
-one.
+stripped of every key variable), so that no agent command inherits one. That is not isolation
+from a process of the same user that holds the key: with ``--role all`` the supervisor and the
+reasoning workers keep it in their environment (``/proc/PID/environ``, readable by the same
+user). To keep a key from the agents' commands, run the tool workers as another user or in
+another container, as the compose file does.
 
 This module builds the commands only (no Celery import): ``orga worker`` and the embedded
 runtime start them.

@@ -10,8 +10,9 @@ import uuid
 import pytest
 import redis
 from kombu import Connection
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
+from workers import broker
 from workers.broker import Channel
 
 
@@ -143,3 +144,35 @@ def test_connections_report_redis_pys_own_name_and_version(redis_url: str) -> No
             client.connection_pool.release(built)
     worker = AsyncRedis.from_url(redis_url, driver_info=DRIVER_INFO)
     assert worker.connection_pool.make_connection().driver_info is DRIVER_INFO
+
+
+class _Redis62:
+    """What Redis 6.2 answers to a script whose write is refused: a plain ``ERR``."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def evalsha(self, *args: object) -> None:
+        raise ResponseError(self.message)
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("ERR Error running script (call to f_x): @user_script:2: -OOM command not allowed when "
+         "used memory > 'maxmemory'.", OutOfMemoryError),
+        ("ERR Error running script (call to f_x): @user_script:2: -READONLY You can't write "
+         "against a read only replica.", ReadOnlyError),
+    ],
+)  # fmt: skip
+def test_a_write_refused_inside_a_script_on_redis_6_is_the_transient_error_it_wraps(
+    message: str, expected: type[Exception]
+) -> None:
+    with pytest.raises(expected):
+        broker._run_script(_Redis62(message), broker._FORGET_SCRIPT, ("a", "b"), "tag")  # type: ignore[arg-type]
+
+
+def test_another_script_error_stays_what_it_is() -> None:
+    with pytest.raises(ResponseError) as raised:
+        broker._run_script(_Redis62("ERR wrong number"), broker._FORGET_SCRIPT, ("a", "b"), "t")  # type: ignore[arg-type]
+    assert type(raised.value) is ResponseError

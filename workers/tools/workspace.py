@@ -20,10 +20,12 @@ calls it then runs itself), each path is resolved once: the default gate resolve
 path arguments, and the check of ``file_read``, ``file_write`` and ``file_list``
 (:func:`workers.tools.confined.check_path` with ``reuse=True``) takes the same real path
 instead of walking the file system again.
-That is as strong as resolving again: the checked path is then opened one component at a time
-from the root without following a link, so a tree that changed since either resolution is met
-as a link on the way, and the call then forgets what was resolved and checks afresh
-(:func:`~workers.tools.confined.attempts`). Outside that scope, and for any other caller
+Only a path whose resolution met no link is kept (its real path is its lexical normal form);
+a path through a link is resolved again, so a link re-pointed between the gate and the tool
+leads the tool where a fresh resolution would. That is as strong as resolving again: the kept
+path is then opened one component at a time from the root without following a link, so a tree
+that changed since (a link put in its way) is met as a link, and the call then forgets what was
+resolved and checks afresh (:func:`~workers.tools.confined.attempts`). Outside that scope, and for any other caller
 (``grep``, which walks the directory it checked by path), every call resolves.
 """
 
@@ -77,8 +79,12 @@ def _remembered(path: Path, reuse: bool) -> Path | None:
 
 
 def _remember(path: Path, real: Path) -> Path:
+    """Keep ``real`` for ``path`` within :func:`resolving_once`, only when resolving it met no
+    link (it is the path's lexical normal form): a link inside the workspace re-pointed
+    between the gate and the tool must lead the tool to its new target, as a fresh resolution
+    would."""
     resolved = _resolved.get()
-    if resolved is not None:
+    if resolved is not None and os.path.normpath(path) == str(real):
         resolved[str(path)] = real
     return real
 

@@ -116,3 +116,21 @@ def test_a_link_swapped_in_after_the_gate_is_refused(tree: tuple[Path, Path]) ->
     assert output.is_error
     assert CANARY not in output.content
     assert "outside the workspace" in output.content
+
+
+def test_a_link_inside_repointed_after_the_gate_leads_to_its_new_target(tmp_path: Path) -> None:
+    """A path through a link is not kept: ``link -> a`` is allowed by the gate, then re-pointed
+    to ``b`` (a command running alongside, say); the tool reads ``b``'s file, as a fresh
+    resolution would, not ``a``'s."""
+    workspace = tmp_path / "ws"
+    for name in ("a", "b"):
+        (workspace / name).mkdir(parents=True)
+        (workspace / name / "f.txt").write_text(f"in {name}\n")
+    os.symlink("a", workspace / "link")
+    with resolving_once():
+        assert isinstance(decide(DefaultPolicyGate(), tool("file_read", {"path": "link/f.txt"}),
+                                 context(workspace)), Allow)  # fmt: skip
+        os.unlink(workspace / "link")
+        os.symlink("b", workspace / "link")
+        output = _read(workspace, "link/f.txt")
+    assert output.content.startswith("in b"), output.content

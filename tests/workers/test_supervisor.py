@@ -1,0 +1,104 @@
+"""``python -m workers.supervisor`` as ``orga worker`` runs it, with small Python children in
+place of Celery workers: how it stops them and what its exit code says."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from workers import supervisor
+
+REPO = Path(__file__).resolve().parents[2]
+
+WARM_THEN_COLD = """
+import signal, sys, time, pathlib
+mark = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: mark.write_text("warm"))
+signal.signal(signal.SIGQUIT, lambda *_: sys.exit(0))
+mark.write_text("up")
+while True:
+    time.sleep(0.05)
+"""
+"""A child that ignores SIGTERM (a warm shutdown still finishing its calls) and leaves at
+SIGQUIT (the cold shutdown)."""
+
+
+KILLED_WHEN_UP = """
+import os, pathlib, signal, sys, time
+while not pathlib.Path(sys.argv[1]).exists():
+    time.sleep(0.05)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+"""A child killed once its sibling is up (its handlers set)."""
+
+
+def _start(log: Path, *argvs: list[str]) -> subprocess.Popen[bytes]:
+    """The supervisor of ``argvs``, its stderr in ``log``."""
+    env = {k: v for k, v in os.environ.items() if k != supervisor.COMMANDS_VARIABLE}
+    children = [supervisor.Child(argv, env) for argv in argvs]
+    env[supervisor.COMMANDS_VARIABLE] = supervisor.encode(children, env)
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "workers.supervisor"], env=env, cwd=REPO, stderr=stderr
+        )
+
+
+def _wait_for(path: Path, text: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and path.read_text() == text):
+        assert time.monotonic() < deadline, f"{path} never said {text!r}"
+        time.sleep(0.05)
+
+
+def test_a_stop_waits_for_the_warm_shutdown_and_a_second_one_is_cold(tmp_path: Path) -> None:
+    marks = [tmp_path / "a", tmp_path / "b"]
+    process = _start(
+        tmp_path / "log", *[[sys.executable, "-c", WARM_THEN_COLD, str(m)] for m in marks]
+    )
+    for mark in marks:
+        _wait_for(mark, "up")
+    process.send_signal(signal.SIGTERM)
+    for mark in marks:
+        _wait_for(mark, "warm")
+    time.sleep(1.0)
+    assert process.poll() is None  # no deadline of its own: the children are still finishing
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(20) == 0
+
+
+def test_a_child_killed_by_a_signal_stops_the_others_with_128_plus_the_signal(
+    tmp_path: Path,
+) -> None:
+    mark = tmp_path / "a"
+    process = _start(
+        tmp_path / "log",
+        [sys.executable, "-c", KILLED_WHEN_UP, str(mark)],
+        [sys.executable, "-c", WARM_THEN_COLD, str(mark)],
+    )
+    _wait_for(mark, "warm")  # the survivor got its SIGTERM
+    process.send_signal(signal.SIGTERM)  # the operator's second stop: cold
+    assert process.wait(20) == 128 + signal.SIGKILL
+    assert "stopping the others" in (tmp_path / "log").read_text()
+
+
+def test_a_child_that_ends_on_its_own_is_an_error(tmp_path: Path) -> None:
+    process = _start(
+        tmp_path / "log",
+        [sys.executable, "-c", "pass"],
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+    )
+    assert process.wait(20) == 1
+
+
+def test_without_its_commands_it_says_who_starts_it() -> None:
+    env = {k: v for k, v in os.environ.items() if k != supervisor.COMMANDS_VARIABLE}
+    outcome = subprocess.run(
+        [sys.executable, "-m", "workers.supervisor"], env=env, cwd=REPO, capture_output=True,
+        text=True, check=False, timeout=30,
+    )  # fmt: skip
+    assert outcome.returncode == 2
+    assert "orga worker" in outcome.stderr
