@@ -25,8 +25,9 @@ a path through a link is resolved again, so a link re-pointed between the gate a
 leads the tool where a fresh resolution would. That is as strong as resolving again: the kept
 path is then opened one component at a time from the root without following a link, so a tree
 that changed since (a link put in its way) is met as a link, and the call then forgets what was
-resolved and checks afresh (:func:`~workers.tools.confined.attempts`). Outside that scope, and for any other caller
-(``grep``, which walks the directory it checked by path), every call resolves.
+resolved and checks afresh (:func:`~workers.tools.confined.attempts`). Outside that scope,
+and for any other caller (``grep``, which walks the directory it checked by path), every call
+resolves.
 """
 
 from __future__ import annotations
