@@ -349,6 +349,8 @@ class CallAudit:
     """Model calls per fence, checked against the kills."""
 
     lost: int = 0
+    """Calls a kill lost: in flight at it, or answered less than ``GRACE_S`` before it and
+    never published (their re-send shows it)."""
     duplicates: int = 0
     resends: list[Resend] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -363,8 +365,11 @@ class CallAudit:
         call made twice."""
         for before, after in itertools.pairwise(calls):
             self._successor(fence, before, after, kills)
-        for call in calls:
-            if any(call.hit_by(k) for k in kills):
+        for index, call in enumerate(calls):
+            # Lost: in flight at a kill, or answered just before it and sent again (the worker
+            # died before publishing the answer), as _successor counts its re-send.
+            resent = index + 1 < len(calls)
+            if any(call.hit_by(k) or (resent and call.hit_by(k, GRACE_S)) for k in kills):
                 self.lost += 1
         last = calls[-1]
         if any(last.hit_by(k) for k in kills):
