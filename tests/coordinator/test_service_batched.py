@@ -29,6 +29,13 @@ def _touch(machine: TaskMachine) -> Effects:
     return machine.effects
 
 
+async def _coordinator(client: Redis) -> Coordinator:
+    """A coordinator of the test's settings, its consumer groups created."""
+    coordinator = Coordinator(client, settings=SETTINGS, name="c")
+    await coordinator._ensure_groups()
+    return coordinator
+
+
 async def _submit(client: Redis, coordinator: Coordinator, *task_ids: str) -> None:
     for task_id in task_ids:
         await client.xadd(keys.intake_stream, {"task_id": task_id, "task": TASK})
@@ -95,8 +102,7 @@ def test_two_answers_of_one_task_in_one_read_are_decided_in_turn(
 
     async def scenario() -> None:
         async with redis_client(decode_responses=True) as client:
-            coordinator = Coordinator(client, settings=SETTINGS, name="c")
-            await coordinator._ensure_groups()
+            coordinator = await _coordinator(client)
             await _submit(client, coordinator, "t")
             await _answer(client, coordinator, "t", times=2)
             await coordinator._observations_once()
@@ -116,8 +122,7 @@ def test_renewals_and_releases_go_in_one_pipeline(redis_client: RedisClientFacto
 
     async def scenario() -> None:
         async with redis_client(decode_responses=True) as client:
-            coordinator = Coordinator(client, settings=SETTINGS, name="c")
-            await coordinator._ensure_groups()
+            coordinator = await _coordinator(client)
             await _submit(client, coordinator, "a", "b", "d")
             await client.set(keys.lease_key("b"), "other")  # lost (expired, taken over)
             await client.srem(keys.active_tasks_key, "d")  # finished by another coordinator
@@ -147,8 +152,7 @@ def test_an_entry_failing_on_its_own_does_not_hold_back_the_others(
 
     async def scenario() -> None:
         async with redis_client(decode_responses=True) as client:
-            coordinator = Coordinator(client, settings=SETTINGS, name="c")
-            await coordinator._ensure_groups()
+            coordinator = await _coordinator(client)
             await _submit(client, coordinator, "t1", "t2", "t3")
             for task_id in ("t1", "t2", "t3"):
                 await _answer(client, coordinator, task_id)
@@ -180,8 +184,7 @@ def test_an_error_reply_to_an_earlier_commit_does_not_drop_the_entry_deciding_af
 
     async def scenario() -> None:
         async with redis_client(decode_responses=True) as client:
-            coordinator = Coordinator(client, settings=SETTINGS, name="c")
-            await coordinator._ensure_groups()
+            coordinator = await _coordinator(client)
             await _submit(client, coordinator, "t")
             await _answer(client, coordinator, "t", times=2)
             entries = await client.xrange(keys.observations_stream)
@@ -217,8 +220,7 @@ def test_the_starts_of_one_intake_read_go_in_one_pipeline_and_the_tick_waits_for
 
     async def scenario() -> None:
         async with redis_client(decode_responses=True) as client:
-            coordinator = Coordinator(client, settings=SETTINGS, name="c")
-            await coordinator._ensure_groups()
+            coordinator = await _coordinator(client)
             sent = coordinator.store.commit_many
             batches: list[list[str]] = []
             ticked: list[set[str]] = []
