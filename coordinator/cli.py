@@ -31,6 +31,7 @@ from coordinator.client import OrgaClient, TaskNotFoundError, TaskRejectedError
 from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
 from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
+from shared import aio
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
@@ -126,7 +127,7 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
             client = OrgaClient(runtime.url)
             return await asyncio.to_thread(body, client, True)
 
-    return asyncio.run(embedded())
+    return aio.run(embedded())
 
 
 # -- run / submit ---------------------------------------------------------------------------
@@ -337,7 +338,7 @@ def _read(body: Callable[[OrgaClient], Any]) -> Any:
         async with EmbeddedRuntime(settings, _home(), start_worker=False) as runtime:
             return await asyncio.to_thread(body, OrgaClient(runtime.url))
 
-    return asyncio.run(embedded())
+    return aio.run(embedded())
 
 
 @app.command()
@@ -508,7 +509,7 @@ def coordinator() -> None:
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")
         await node.run()
 
-    asyncio.run(main_loop())
+    aio.run(main_loop())
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

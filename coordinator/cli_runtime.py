@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError
+from shared import aio
 from shared.settings import OrgaSettings
 
 __all__ = ["err", "fail", "out", "say", "with_redis"]
@@ -52,7 +53,7 @@ def with_redis(body: Callable[[redis.Redis], T]) -> T:
             return await asyncio.to_thread(_on, runtime.url, body)
 
     try:
-        return asyncio.run(embedded())
+        return aio.run(embedded())
     except EmbeddedRuntimeError as exc:
         raise fail("error:", exc, 1) from exc
 

@@ -27,6 +27,7 @@ import httpx
 from redis.asyncio import Redis
 
 from shared import keys
+from shared.aio import new_event_loop
 from shared.celery_wire import tool_message
 from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation, ConversationMessage
@@ -90,16 +91,6 @@ SCRIPTS_KEPT = 64
 """How many tasks' LlmRecovery counts a worker process remembers."""
 
 _T = TypeVar("_T")
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's event loop (less CPU per socket write and wake-up than asyncio's selector
-    loop: docs/performance.md), or asyncio's where uvloop is not installed (Windows)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class StaleConversationError(OrgaError):
