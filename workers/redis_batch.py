@@ -70,6 +70,9 @@ class OwnPipeline:
         build(pipe)
         return list(await pipe.execute(raise_on_error=False))
 
+    async def aclose(self) -> None:
+        """Nothing to wait for: each caller awaits its own pipeline."""
+
 
 @dataclass(slots=True)
 class _Caller:

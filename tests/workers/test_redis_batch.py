@@ -145,9 +145,15 @@ def test_a_full_batch_goes_out_at_once(redis_client: RedisClientFactory) -> None
 
     async def scenario(client: Redis) -> None:
         runner = CoalescedPipeline(client, max_commands=4)
-        replies = await asyncio.gather(
-            *(runner.run(lambda p, i=i: (p.set(f"k{i}", i), p.get(f"k{i}"))) for i in range(5))
-        )
+
+        def set_get(i: int) -> Callable[[Pipeline], None]:
+            def add(pipe: Pipeline) -> None:
+                pipe.set(f"k{i}", i)
+                pipe.get(f"k{i}")
+
+            return add
+
+        replies = await asyncio.gather(*(runner.run(set_get(i)) for i in range(5)))
         assert replies == [[True, str(i).encode()] for i in range(5)]
         assert runner.batches_sent == 3  # 2 callers + 2 callers + 1 caller
 
