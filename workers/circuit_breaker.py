@@ -46,10 +46,12 @@ from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from shared import keys
 from shared.durations import Duration
 from shared.errors import ConfigError, OrgaError
+from workers.redis_batch import PipelineRunner
 
 __all__ = [
     "DEFAULT_BREAKER_SCOPES",
@@ -382,6 +384,10 @@ class RedisBreakerStore:
     at once: :meth:`flush_deferred` adds the writes to a pipeline the caller executes anyway (a
     worker's observation publish), one round trip less per tool call. Any other success, and
     every failure, is written at once.
+
+    With ``pipelines`` (a worker's :class:`~workers.redis_batch.CoalescedPipeline`), a check
+    goes out in the pipeline of its loop turn, with the other calls' checks and starts, instead
+    of a round trip of its own.
     """
 
     def __init__(
@@ -390,8 +396,10 @@ class RedisBreakerStore:
         *,
         ttl_s: float = keys.breaker_ttl_s,
         defer_clean_successes: bool = False,
+        pipelines: PipelineRunner | None = None,
     ) -> None:
         self._client = client
+        self._pipelines = pipelines
         self._ttl_s = ttl_s
         self._defer = defer_clean_successes
         self._clean: dict[str, int] = {}
@@ -407,12 +415,26 @@ class RedisBreakerStore:
         """May ``tool`` run now? One atomic script on the server's clock."""
         recovery_ms = math.ceil(config.recovery_timeout_s * 1000)
         args = [self._ttl_ms(config), recovery_ms, config.half_open_max_calls]
-        allowed, failures, remaining_ms, *clean = await self._check_script(
-            keys=[keys.breaker_key(tool)], args=args
-        )
+        key = keys.breaker_key(tool)
+        if self._pipelines is None:
+            reply = await self._check_script(keys=[key], args=args)
+        else:
+            reply = await self._check_in(self._pipelines, key, args)
+        allowed, failures, remaining_ms, *clean = reply
         if self._defer and clean and int(clean[0]):
             self._clean[tool] = self._clean.get(tool, 0) + 1
         return BreakerVerdict(bool(allowed), int(failures), int(remaining_ms) / 1000)
+
+    async def _check_in(self, pipelines: PipelineRunner, key: str, args: list[int]) -> Any:
+        """The check script's reply, run by SHA in a shared pipeline; where Redis lacks the
+        script (NOSCRIPT: it did not run), through the script object, which loads it."""
+        sha = self._check_script.sha
+        (reply,) = await pipelines.run(lambda pipe: pipe.evalsha(sha, 1, key, *args))
+        if isinstance(reply, NoScriptError):
+            return await self._check_script(keys=[key], args=args)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
         """Close or keep closed the breaker of ``tool``, if it exists."""

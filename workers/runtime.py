@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import httpx
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from shared import keys
 from shared.aio import new_event_loop
@@ -70,6 +71,7 @@ from workers.providers.rate_limit import (
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
+from workers.redis_batch import CoalescedPipeline
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only
@@ -389,9 +391,13 @@ class ProcessServices(WorkerCore):
         registry = with_knowledge(registry or default_registry(), knowledge)
         self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         tools: dict[str, Tool] = {t.definition.name: t for t in registry}
+        self.pipelines = CoalescedPipeline(self.redis)
+        """The starts and breaker checks of one loop turn go out in one pipeline."""
         # A success that changes nothing but the breaker's counters goes out with the
         # observation (publish), not in a round trip of its own.
-        self.breaker_store = RedisBreakerStore(self.redis, defer_clean_successes=True)
+        self.breaker_store = RedisBreakerStore(
+            self.redis, defer_clean_successes=True, pipelines=self.pipelines
+        )
         executor = ToolExecutor(
             tools,
             CircuitBreakerRegistry(self.breaker_store),
@@ -410,34 +416,48 @@ class ProcessServices(WorkerCore):
     ) -> None:
         """Say that the dispatch started (:meth:`Liveness.start`) and, for a reasoning request,
         read the messages of its stored conversation that this process lacks, in the same
-        round trip (:meth:`conversation` then has them)."""
-        pipe = self.redis.pipeline(transaction=False)
-        self.liveness.start(pipe, fences, queue)
+        round trip (:meth:`conversation` then has them), shared with the other calls that start
+        or check a breaker in this loop turn (:class:`~workers.redis_batch.CoalescedPipeline`).
+        A start that raises (or is cancelled) stops heartbeating ``fences``: the caller runs
+        nothing and calls :meth:`Liveness.finished` only for a dispatch that started."""
         ref = request.conversation_ref if isinstance(request, ReasonRequest) else None
-        known: list[ConversationMessage] = []
         task_id = request.fence.task_id
-        if ref is not None:
-            known = self._kept(task_id, ref)
-            if len(known) < ref.length:
-                pipe.lrange(keys.conversation_key(task_id), len(known), ref.length - 1)
+        known = self._kept(task_id, ref) if ref is not None else []
+        lacking = ref is not None and len(known) < ref.length
         hold = self._hold_key(request) if isinstance(request, ReasonRequest) else None
-        if hold is not None:
-            pipe.get(hold)
-        replies = await pipe.execute(raise_on_error=False)
-        Liveness.check_start(replies)
+
+        def build(pipe: Pipeline) -> None:
+            self.liveness.start(pipe, fences, queue)
+            if lacking and ref is not None:
+                pipe.lrange(keys.conversation_key(task_id), len(known), ref.length - 1)
+            if hold is not None:
+                pipe.get(hold)
+
+        try:
+            replies = await self.pipelines.run(build)
+            Liveness.check_start(replies)
+        except BaseException:
+            self.liveness.finished(fences)
+            raise
         if hold is not None:
             held = replies.pop()
             if held is None or isinstance(held, bytes):
                 read_ahead(hold, held)
         if ref is None or len(replies) <= START_REPLIES:
             return
-        raw = replies[START_REPLIES]
+        self._read_ahead(task_id, ref, known, replies[START_REPLIES])
+
+    def _read_ahead(
+        self, task_id: str, ref: ConversationRef, known: list[ConversationMessage], raw: object
+    ) -> None:
+        """Keep the messages read at the start (:meth:`conversation` reads again, and raises
+        there, if they are an error or not what ``ref`` says)."""
         if not isinstance(raw, list):
-            return  # conversation() reads it again, and raises there
+            return
         try:
             read = [ConversationMessage.model_validate_json(m) for m in raw]
         except ValueError:
-            return  # likewise
+            return
         if len(known) + len(read) == ref.length:
             self._keep(task_id, ref, known + read)
 
@@ -531,6 +551,7 @@ class ProcessServices(WorkerCore):
     async def _aclose(self) -> None:
         await self.liveness.close()
         await self.aclose()
+        await self.pipelines.aclose()
         await self.redis.aclose()
 
     # -- publishing -----------------------------------------------------------------------

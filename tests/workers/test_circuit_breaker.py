@@ -28,6 +28,7 @@ from workers.circuit_breaker import (
     breaker_scope_of,
     format_remaining,
 )
+from workers.redis_batch import CoalescedPipeline
 
 FAST = 0.05
 """A recovery timeout short enough for real sleeps on Redis (seconds)."""
@@ -69,21 +70,30 @@ def _memory_backend() -> Backend:
     return Backend("memory", open_store, advance)
 
 
-def _redis_backend(factory: RedisClientFactory) -> Backend:
+def _redis_backend(factory: RedisClientFactory, *, coalesced: bool = False) -> Backend:
     @asynccontextmanager
     async def open_store() -> AsyncIterator[BreakerStateStore]:
         async with factory() as client:
-            yield RedisBreakerStore(client)
+            pipelines = CoalescedPipeline(client) if coalesced else None
+            yield RedisBreakerStore(client, pipelines=pipelines)
 
-    return Backend("redis", open_store, asyncio.sleep)
+    return Backend("redis-coalesced" if coalesced else "redis", open_store, asyncio.sleep)
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-coalesced", marks=pytest.mark.redis),
+    ]
+)
 def backend(request: pytest.FixtureRequest) -> Backend:
-    """The in-memory store with a fake clock, or the Redis store on the real server."""
+    """The in-memory store with a fake clock, or the Redis store on the real server, its
+    checks on their own or in a worker's shared pipelines."""
     if request.param == "memory":
         return _memory_backend()
-    return _redis_backend(request.getfixturevalue("redis_client"))
+    coalesced = request.param == "redis-coalesced"
+    return _redis_backend(request.getfixturevalue("redis_client"), coalesced=coalesced)
 
 
 def _run(

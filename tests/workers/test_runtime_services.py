@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -341,3 +343,62 @@ def test_a_dispatch_start_reads_the_conversation_and_the_hold_in_its_round_trip(
     assert blocked_s == 0.0
     assert plain.zscore(keys.heartbeats_key, request.fence.liveness_id()) is not None
     plain.close()
+
+
+def test_starts_and_breaker_checks_of_one_loop_turn_share_one_pipeline(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Concurrent calls' starts and their tools' breaker checks go out in one pipeline each
+    loop turn, and each start still writes its own heartbeat."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    requests = [
+        _request(ProviderSpec(replies=[])).model_copy(
+            update={"fence": Fence(task_id=f"t{i}", step_id="s", iteration=0, attempt=1)}
+        )
+        for i in range(8)
+    ]
+    breakers = services.executor.breakers
+
+    async def start_and_check(request: ReasonRequest) -> None:
+        await services.started(request, [request.fence], keys.reasoning_queue)
+        await breakers.breaker("file_read", request.fence.task_id).check()
+        services.liveness.finished([request.fence])
+
+    async def all_calls() -> int:
+        await asyncio.gather(*(start_and_check(r) for r in requests))
+        return services.pipelines.batches_sent
+
+    assert services.run(all_calls()) == 2  # the starts, then the checks
+    with redis.Redis.from_url(redis_url) as plain:
+        beats = plain.zrange(keys.heartbeats_key, 0, -1)
+        assert len(beats) == len(requests)
+        assert plain.exists(keys.breaker_key("file_read:task:t3"))
+
+
+def test_a_start_that_fails_or_is_cancelled_stops_heartbeating(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A dispatch whose start raised never runs, so this process no longer heartbeats it."""
+    services = _services()  # a Redis nobody listens on: the start raises ConnectionError
+    request = _request(ProviderSpec(replies=[]))
+
+    async def failed_start() -> int:
+        with pytest.raises(redis.ConnectionError):
+            await services.started(request, [request.fence], keys.reasoning_queue)
+        return services.liveness.running
+
+    assert services.run(failed_start()) == 0
+
+    live = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(live)
+
+    async def cancelled_start() -> int:
+        start = asyncio.ensure_future(live.started(request, [request.fence], keys.reasoning_queue))
+        await asyncio.sleep(0)
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        return live.liveness.running
+
+    assert live.run(cancelled_start()) == 0

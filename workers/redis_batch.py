@@ -1,0 +1,176 @@
+"""Small non-transactional pipelines of many coroutines, sent as one (a worker's hot path).
+
+A reasoning worker holds 200 model calls in flight on one event loop. Each call's start
+(heartbeat, conversation read-ahead, rate-limit hold) and each inline tool call's breaker
+check is a pipeline of one to five commands of its own: a round trip each, paying redis-py's
+per-pipeline overhead (a connection out of the pool and back, a socket write, the retry and
+metrics wrapping) for a handful of commands. :class:`CoalescedPipeline` sends every such
+pipeline asked for during one turn of the event loop as **one** pipeline, and hands each
+caller the slice of replies its own commands produced.
+
+Semantics, as each caller's own ``pipe.execute(raise_on_error=False)`` had them:
+
+* a command's error reply (``ResponseError``, ``NoScriptError``) is in the caller's replies,
+  where its command is; other callers' errors never reach it;
+* an exception of the whole pipeline (the connection lost, a timeout) is raised to every
+  caller of that pipeline, each raising it as it would have alone;
+* a caller cancelled before its pipeline goes out has its commands taken out (they are not
+  sent); a caller cancelled while it is out does not cancel it for the others (the flush is a
+  task of its own); no command is ever sent twice by the batch (redis-py's own retry on a
+  connection error, configured on the client, applies as it did to each pipeline).
+
+Commands of different callers are not atomic together, nor were they: none of this is for
+``MULTI`` transactions (a worker's publish keeps its own, all or nothing per task).
+
+Scripts: a builder calls ``pipe.evalsha(script.sha, ...)``, not ``script(..., client=pipe)``,
+which would make redis-py ask ``SCRIPT EXISTS`` in a round trip of its own before each
+pipeline; a ``NoScriptError`` reply (Redis restarted, ``SCRIPT FLUSH``) means the script did
+not run, and the caller runs it through the script object, which loads it
+(:meth:`workers.circuit_breaker.RedisBreakerStore.check`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+
+__all__ = ["MAX_BATCH_COMMANDS", "CoalescedPipeline", "OwnPipeline", "PipelineRunner"]
+
+MAX_BATCH_COMMANDS: Final = 512
+"""A batch with this many commands goes out at once, without waiting for the loop's turn to
+end (bounds one write and the replies one read parses before waking anyone)."""
+
+Build = Callable[[Pipeline], object]
+"""Adds a caller's commands to a non-transactional pipeline (what it returns is ignored)."""
+
+
+class PipelineRunner(Protocol):
+    """Runs a caller's commands in a non-transactional pipeline."""
+
+    async def run(self, build: Build) -> list[Any]:
+        """The replies of the commands ``build`` adds, in order; an error reply is the
+        exception in its place (``raise_on_error=False``); a failure of the pipeline raises."""
+        ...
+
+
+class OwnPipeline:
+    """One pipeline, one round trip per caller: the behaviour without coalescing."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def run(self, build: Build) -> list[Any]:
+        """``build``'s commands in a pipeline of their own."""
+        pipe = self._redis.pipeline(transaction=False)
+        build(pipe)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def aclose(self) -> None:
+        """Nothing to wait for: each caller awaits its own pipeline."""
+
+
+@dataclass(slots=True)
+class _Caller:
+    commands: list[Any]
+    """The (args, options) entries ``build`` put on the pipeline's command stack."""
+    replies: asyncio.Future[list[Any]]
+
+
+@dataclass(slots=True)
+class _Batch:
+    pipe: Pipeline
+    callers: list[_Caller] = field(default_factory=list)
+    size: int = 0
+    flush: asyncio.Handle | None = None
+
+
+class CoalescedPipeline:
+    """Every pipeline asked for in one turn of the event loop, sent as one.
+
+    Built and used on one event loop (the worker process's). ``max_commands`` sends a batch
+    early once it holds that many commands.
+    """
+
+    def __init__(self, redis: Redis, *, max_commands: int = MAX_BATCH_COMMANDS) -> None:
+        if max_commands < 1:
+            raise ValueError(
+                f"max_commands={max_commands!r}: a batch must hold at least one command; "
+                "pass 1 to send every caller's pipeline on its own"
+            )
+        self._redis = redis
+        self._max_commands = max_commands
+        self._open: _Batch | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
+        self.batches_sent = 0
+        """How many pipelines went out (for tests and benchmarks)."""
+
+    async def run(self, build: Build) -> list[Any]:
+        """``build``'s commands in the batch of this loop turn; their replies once it is back."""
+        loop = asyncio.get_running_loop()
+        batch = self._open
+        if batch is None:
+            batch = self._open = _Batch(self._redis.pipeline(transaction=False))
+            batch.flush = loop.call_soon(self._send, batch)
+        stack = batch.pipe.command_stack
+        try:
+            build(batch.pipe)
+        finally:  # the caller's commands, kept apart until the batch goes out
+            commands = stack[:]
+            stack.clear()
+        caller = _Caller(commands, loop.create_future())
+        if commands:
+            batch.callers.append(caller)
+            batch.size += len(commands)
+            if batch.size >= self._max_commands:
+                self._send(batch)
+        else:
+            caller.replies.set_result([])
+        return await caller.replies
+
+    def _send(self, batch: _Batch) -> None:
+        """Close the batch and send it from a task of its own (no caller can cancel it)."""
+        if self._open is batch:
+            self._open = None
+        if batch.flush is not None:
+            batch.flush.cancel()
+            batch.flush = None
+        live = [c for c in batch.callers if not c.replies.done()]  # cancelled: not sent
+        if not live:
+            return
+        for caller in live:
+            batch.pipe.command_stack.extend(caller.commands)
+        task = asyncio.get_running_loop().create_task(self._execute(batch.pipe, live))
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
+
+    async def _execute(self, pipe: Pipeline, callers: list[_Caller]) -> None:
+        self.batches_sent += 1
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except asyncio.CancelledError:  # the loop shuts down: so do the callers
+            for caller in callers:
+                caller.replies.cancel()
+            raise
+        except Exception as exc:
+            for caller in callers:
+                if not caller.replies.done():
+                    caller.replies.set_exception(exc)
+            return
+        start = 0
+        for caller in callers:
+            end = start + len(caller.commands)
+            if not caller.replies.done():
+                caller.replies.set_result(replies[start:end])
+            start = end
+
+    async def aclose(self) -> None:
+        """Wait for the batches already out (those not yet sent go out first)."""
+        if self._open is not None:
+            self._send(self._open)
+        if self._flushing:
+            await asyncio.gather(*self._flushing, return_exceptions=True)
