@@ -19,11 +19,23 @@ And it keeps the unacked index in one Lua script per message event instead of ko
 ``MULTI``/``ZADD``/``HSET``/``EXEC`` on fetch and ``MULTI``/``ZREM``/``HDEL``/``EXEC`` on ack
 (:class:`QoS`): the same commands on the same keys with the same values, one command to send and
 one reply to parse instead of four (about 15 µs of the worker's CPU per fetch and per ack).
+
+And it takes a burst in one round trip (:data:`FETCH_MORE`): kombu reads one message per
+``BRPOP`` and indexes it with one more round trip, so the coordinator's batch of 200 messages
+costs the consumer thread 400 round trips. When a message arrives by ``BRPOP``, the script that
+indexes it also pops up to :data:`FETCH_MORE` more ready messages of the same queue (in the
+order ``BRPOP`` reads its lists) and indexes each exactly as kombu would; the channel then
+delivers them one by one, as if each had come by its own ``BRPOP``. A popped message is in the
+unacked index from the moment it leaves its list, so a worker that dies before delivering it
+loses nothing (kombu's ``restore_visible`` brings it back); one that is not delivered (the
+channel closes, a delivery raises) is pushed back where it came from, unchanged.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from time import time
@@ -32,12 +44,20 @@ from typing import Any
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual.base import QoS as VirtualQoS
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, ResponseError
 
 from workers.redis_driver import DRIVER_INFO
 
-__all__ = ["TRANSIENT_WRITE_ERRORS", "Channel", "QoS", "Transport"]
+__all__ = ["FETCH_MORE", "TRANSIENT_WRITE_ERRORS", "Channel", "QoS", "Transport"]
+
+log = logging.getLogger("orga.worker.broker")
+
+FETCH_MORE = 16
+"""At most this many more messages taken with one that ``BRPOP`` brought (fewer when the
+prefetch count leaves less room). Two reasoning processes share one queue: a larger batch
+would give one of them a whole burst while the other waits for the next."""
 
 TRANSIENT_WRITE_ERRORS = (OutOfMemoryError, ReadOnlyError)
 """Redis refusing a write for a while: out of memory, or a replica during a failover."""
@@ -56,13 +76,85 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 """
 """kombu's ack transaction (``QoS._remove_from_indices``): the tag out of both."""
 
+_INDEX_AND_FETCH_SCRIPT = b"""
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+local more = tonumber(ARGV[4])
+local fetched = {}
+for k = 3, #KEYS do
+  while more > 0 do
+    local item = redis.call('RPOP', KEYS[k])
+    if not item then break end
+    local tag, exchange, routing_key
+    local decoded, message = pcall(cjson.decode, item)
+    if decoded and type(message) == 'table' then
+      local properties = message['properties']
+      if type(properties) == 'table' then
+        tag = properties['delivery_tag']
+        local info = properties['delivery_info']
+        if type(info) == 'table' then
+          exchange = info['exchange']
+          routing_key = info['routing_key']
+        end
+      end
+    end
+    if type(tag) ~= 'string' or type(exchange) ~= 'string' or type(routing_key) ~= 'string' then
+      redis.call('RPUSH', KEYS[k], item)
+      return fetched
+    end
+    local payload = '[' .. item .. ', ' .. cjson.encode(exchange) .. ', '
+      .. cjson.encode(routing_key) .. ']'
+    local indexed = redis.pcall('ZADD', KEYS[1], ARGV[2], tag)
+    if type(indexed) == 'table' and indexed['err'] then
+      redis.call('RPUSH', KEYS[k], item)
+      return fetched
+    end
+    local stored = redis.pcall('HSET', KEYS[2], tag, payload)
+    if type(stored) == 'table' and stored['err'] then
+      redis.pcall('ZREM', KEYS[1], tag)
+      redis.call('RPUSH', KEYS[k], item)
+      return fetched
+    end
+    fetched[#fetched + 1] = k - 2
+    fetched[#fetched + 1] = tag
+    fetched[#fetched + 1] = item
+    more = more - 1
+  end
+end
+return fetched
+"""
+"""kombu's fetch transaction for the message ``BRPOP`` brought (as :data:`_INDEX_SCRIPT`), then
+up to ``ARGV[4]`` more messages popped from its queue's lists (``KEYS[3]`` on, in ``BRPOP``'s
+order), each indexed as kombu's transaction would: its tag scored by the same time, and under
+it ``[message, exchange, routing_key]`` (the message as it was in the list, byte for byte, not
+decoded and encoded again: cjson turns an empty JSON array into an object). A message that is
+not kombu's (no string ``delivery_tag``, ``exchange`` or ``routing_key`` in its properties) is
+pushed back where it was, still next, and fetching stops: the ``BRPOP`` path deals with it. A
+script is not rolled back on an error, so nothing can fail between a pop and its indexing
+without the message being pushed back. Returns ``[list index, tag, message, ...]``."""
+
+_UNFETCH_SCRIPT = b"""
+for i = #ARGV / 2, 1, -1 do
+  local tag = ARGV[2 * i - 1]
+  if redis.call('HDEL', KEYS[2], tag) == 1 then
+    redis.call('ZREM', KEYS[1], tag)
+    redis.call('RPUSH', KEYS[2 + i], ARGV[2 * i])
+  end
+end
+"""
+"""Messages fetched and never delivered, back where they were (``KEYS[2 + i]``, ``ARGV[2i-1]`` its
+tag, ``ARGV[2i]`` the message) in their order, the first one next, and out of the unacked
+index. One that is no longer in the unacked hash was restored already (``restore_visible``
+of another process): it is not pushed twice. Writing nothing before the first ``HDEL``, the
+script is not refused out of memory once it has freed one."""
+
 _SHAS = {
     script: hashlib.sha1(script, usedforsecurity=False).hexdigest()
-    for script in (_INDEX_SCRIPT, _FORGET_SCRIPT)
+    for script in (_INDEX_SCRIPT, _FORGET_SCRIPT, _INDEX_AND_FETCH_SCRIPT, _UNFETCH_SCRIPT)
 }
 
 
-def _run_script(client: redis.Redis, script: bytes, keys: tuple[str, str], *args: Any) -> None:
+def _run_script(client: redis.Redis, script: bytes, keys: tuple[str, ...], *args: Any) -> Any:
     """``EVALSHA`` the script; ``EVAL`` it (which also caches it) when Redis does not know it.
 
     Redis before 7 reports a write refused inside a script as ``ERR Error running script ...
@@ -70,9 +162,9 @@ def _run_script(client: redis.Redis, script: bytes, keys: tuple[str, str], *args
     raised here as the :data:`TRANSIENT_WRITE_ERRORS` it is, as Redis 7 reports it."""
     try:
         try:
-            client.evalsha(_SHAS[script], len(keys), *keys, *args)
+            return client.evalsha(_SHAS[script], len(keys), *keys, *args)
         except NoScriptError:
-            client.eval(script, len(keys), *keys, *args)  # type: ignore[arg-type]
+            return client.eval(script, len(keys), *keys, *args)  # type: ignore[arg-type]
     except TRANSIENT_WRITE_ERRORS:
         raise
     except ResponseError as exc:
@@ -115,18 +207,51 @@ class QoS(kombu_redis.QoS):
     the index and is restored after the visibility timeout.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._indexed: set[str] = set()
+        """Tags of messages fetched with another and indexed by its script, not yet delivered
+        (only the consumer thread, which fetches and delivers, reads or changes it)."""
+
     def append(self, message: Any, delivery_tag: Any) -> None:
-        """Index a fetched message as unacked (kombu's transaction, as one script)."""
+        """Index a fetched message as unacked (kombu's transaction, as one script); one that
+        ``BRPOP`` brought takes more of its queue along (:data:`FETCH_MORE`)."""
         if self.channel.global_keyprefix:
             super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
+            return
+        indexed = self._indexed
+        if indexed and delivery_tag in indexed:
+            indexed.discard(delivery_tag)
+            VirtualQoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
             return
         delivery = message.delivery_info
         raw = [message._raw, delivery["exchange"], delivery["routing_key"]]
         payload = dumps(raw)  # type: ignore[no-untyped-call]
-        with self.channel.conn_or_acquire() as client:
-            keys = (self.unacked_index_key, self.unacked_key)
-            _run_script(client, _INDEX_SCRIPT, keys, delivery_tag, time(), payload)
+        channel: Channel = self.channel
+        queue = channel._fetching_for()
+        more = self._room() if queue is not None else 0
+        with channel.conn_or_acquire() as client:
+            if queue is None or not more:
+                keys: tuple[str, ...] = (self.unacked_index_key, self.unacked_key)
+                _run_script(client, _INDEX_SCRIPT, keys, delivery_tag, time(), payload)
+            else:
+                steps = channel.priority_steps
+                lists = [channel._q_for_pri(queue, pri) for pri in steps]  # type: ignore[no-untyped-call]
+                keys = (self.unacked_index_key, self.unacked_key, *lists)
+                fetched = _run_script(
+                    client, _INDEX_AND_FETCH_SCRIPT, keys, delivery_tag, time(), payload, more
+                )
+                channel._hold(queue, lists, fetched)
         VirtualQoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def _room(self) -> int:
+        """How many more messages may come with the one being appended: :data:`FETCH_MORE`, or
+        fewer when the prefetch count leaves less room (kombu's estimate counts the delivered
+        messages, not yet the one being appended)."""
+        estimate: int | None = self.can_consume_max_estimate()  # type: ignore[no-untyped-call]
+        if estimate is None:  # prefetch count 0: unlimited
+            return FETCH_MORE
+        return max(min(FETCH_MORE, estimate - 1), 0)
 
     def ack(self, delivery_tag: Any) -> None:
         """Acknowledge; when Redis refuses, forget it here and raise (Celery logs it)."""
@@ -159,11 +284,18 @@ class QoS(kombu_redis.QoS):
 
 
 class Channel(kombu_redis.Channel):
-    """kombu's Redis channel with :class:`QoS`, one kept client for synchronous commands, and
-    the process's one :data:`~workers.redis_driver.DRIVER_INFO` for its connections."""
+    """kombu's Redis channel with :class:`QoS`, one kept client for synchronous commands, the
+    process's one :data:`~workers.redis_driver.DRIVER_INFO` for its connections, and the
+    messages fetched along with one that ``BRPOP`` brought delivered after it."""
 
     QoS = QoS
     _kept_client: redis.Redis | None = None
+    _reading_brpop = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._fetched: deque[tuple[str, str, str, bytes]] = deque()
+        """(queue, list, tag, message) of messages fetched and indexed, not yet delivered."""
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         """kombu's connection parameters, with the process's driver info."""
@@ -183,9 +315,102 @@ class Channel(kombu_redis.Channel):
             kept = self._kept_client = self._create_client()  # type: ignore[no-untyped-call]
         yield kept
 
+    def _brpop_read(self, **options: Any) -> Any:
+        """kombu's: deliver the message ``BRPOP`` brought; then those fetched with it, in order.
+
+        If a delivery raises, the messages not yet delivered are pushed back, and the error
+        goes on (to Celery, which restarts the consumer)."""
+        self._reading_brpop = not self._closing
+        try:
+            delivered = super()._brpop_read(**options)  # type: ignore[no-untyped-call]
+        except BaseException:
+            self._reading_brpop = False
+            self._unfetch()
+            raise
+        self._reading_brpop = False
+        fetched = self._fetched
+        while fetched:
+            queue, key, tag, item = fetched[0]
+            if self.closed or self.connection is None or queue not in self.connection._callbacks:
+                self._unfetch()  # the consumer is gone: another process takes them
+                break
+            fetched.popleft()
+            try:
+                self.connection._deliver(loads(bytes_to_str(item)), queue)  # type: ignore[no-untyped-call]
+            except BaseException:
+                if tag in self.qos._indexed:  # it never reached the consumer
+                    fetched.appendleft((queue, key, tag, item))
+                self._unfetch()
+                raise
+        return delivered
+
+    def _fetching_for(self) -> str | None:
+        """The queue of the message ``BRPOP`` brought, when it is the one being appended
+        (once: a message another append brings, say ``basic_get`` in a callback, takes none
+        along)."""
+        if not self._reading_brpop:
+            return None
+        self._reading_brpop = False
+        queue: str | None = getattr(self.connection, "_delivering", None)
+        return queue
+
+    def _hold(self, queue: str, lists: list[str], fetched: list[Any]) -> None:
+        """Keep the messages the fetch script returned (``[list index, tag, message, ...]``)
+        for delivery once the one ``BRPOP`` brought is delivered."""
+        indexed = self.qos._indexed
+        for i in range(0, len(fetched), 3):
+            tag = bytes_to_str(fetched[i + 1])  # type: ignore[no-untyped-call]
+            indexed.add(tag)
+            self._fetched.append((queue, lists[fetched[i] - 1], tag, fetched[i + 2]))
+
+    def _unfetch(self) -> None:
+        """Push the fetched messages not delivered back where they were, in their order (the
+        first one next). If Redis cannot be reached they stay in the unacked index, and
+        ``restore_visible`` brings them back after the visibility timeout."""
+        fetched, self._fetched = list(self._fetched), deque()
+        if not fetched:
+            return
+        indexed = self.qos._indexed
+        keys = [self.unacked_index_key, self.unacked_key]
+        args: list[Any] = []
+        for _, key, tag, item in fetched:
+            indexed.discard(tag)
+            keys.append(key)
+            args += (tag, item)
+        try:
+            with self.conn_or_acquire() as client:
+                _run_script(client, _UNFETCH_SCRIPT, tuple(keys), *args)
+        except Exception:
+            log.warning(
+                "could not push back %d fetched messages; they come back after the visibility"
+                " timeout",
+                len(fetched),
+                exc_info=True,
+            )
+
+    def close(self) -> None:
+        """kombu's, after pushing back fetched messages not delivered (a callback closed the
+        channel while they were being delivered)."""
+        if self._fetched:
+            self._unfetch()
+        super().close()  # type: ignore[no-untyped-call]
+
 
 class Transport(kombu_redis.Transport):
-    """kombu's Redis transport with :data:`TRANSIENT_WRITE_ERRORS` as connection errors."""
+    """kombu's Redis transport with :data:`TRANSIENT_WRITE_ERRORS` as connection errors, which
+    notes the queue of the message it is delivering (for :meth:`QoS.append`)."""
 
     Channel = Channel
     connection_errors = (*kombu_redis.Transport.connection_errors, *TRANSIENT_WRITE_ERRORS)
+    _delivering: str | None = None
+
+    def _deliver(self, message: Any, queue: str) -> None:
+        """kombu's, noting ``queue`` while its consumer's callback runs."""
+        if queue not in self._callbacks:  # kombu rejects it: nothing to fetch along
+            super()._deliver(message, queue)  # type: ignore[no-untyped-call]
+            return
+        outer, self._delivering = self._delivering, queue
+        try:
+            super()._deliver(message, queue)  # type: ignore[no-untyped-call]
+        finally:
+            self._delivering = outer

@@ -3,13 +3,16 @@ message, with one kept client per channel."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
 
 import pytest
 import redis
-from kombu import Connection
+from kombu import Connection, Exchange, Producer, Queue
+from kombu.message import Message
+from kombu.transport import redis as kombu_redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from workers import broker
@@ -176,3 +179,302 @@ def test_another_script_error_stays_what_it_is() -> None:
     with pytest.raises(ResponseError) as raised:
         broker._run_script(_Redis62("ERR wrong number"), broker._FORGET_SCRIPT, ("a", "b"), "t")  # type: ignore[arg-type]
     assert type(raised.value) is ResponseError
+
+
+# -- A burst in one fetch -------------------------------------------------------------------
+
+
+def _consumer(
+    connection: Connection, queue: str, received: list[Message], prefetch: int = 0
+) -> Channel:
+    """A channel consuming ``queue`` (late acks), each message appended to ``received``."""
+    channel = connection.default_channel
+    assert isinstance(channel, Channel)
+    channel.basic_qos(prefetch_count=prefetch)
+    channel.basic_consume(queue, False, received.append, "consumer")
+    return channel
+
+
+def _publish(connection: Connection, queue: str, count: int, **kwargs: object) -> list[str]:
+    """``count`` Celery-like messages (empty lists and objects in body and headers); their
+    bodies' markers."""
+    producer = Producer(connection.default_channel, exchange=Exchange(queue), routing_key=queue)
+    markers = []
+    for _ in range(count):
+        marker = uuid.uuid4().hex
+        body = [[marker], {}, {"callbacks": None, "chain": [], "errbacks": None}]
+        headers = {"task": "t", "id": marker, "argsrepr": "[]", "stamps": {}, "ignored": []}
+        producer.publish(body, headers=headers, serializer="json", **kwargs)
+        markers.append(marker)
+    return markers
+
+
+def _declare(connection: Connection) -> str:
+    queue = f"test-broker-{uuid.uuid4().hex}"
+    Queue(queue, Exchange(queue), routing_key=queue)(connection.default_channel).declare()
+    return queue
+
+
+def _marker(message: Message) -> str:
+    marker: str = json.loads(message.body)[0][0]
+    return marker
+
+
+def test_a_burst_comes_with_one_brpop_in_order_indexed_as_kombu_indexes_it(redis_url: str) -> None:
+    """The messages fetched with the one BRPOP brought are delivered after it in BRPOP's order
+    (priority lists first to last, each oldest first), and each is in the unacked index with
+    the very entry kombu's own transaction writes for it."""
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        low = _publish(connection, queue, 3, priority=9)
+        high = _publish(connection, queue, 4, priority=0)
+        received: list[Message] = []
+        channel = _consumer(connection, queue, received)
+        before = time.time()
+        connection.drain_events(timeout=5)
+        after = time.time()
+        assert [_marker(message) for message in received] == high + low
+        for message in received:
+            tag = message.delivery_tag
+            score = raw.zscore(channel.unacked_index_key, tag)
+            assert score is not None and before <= score <= after
+            ours = raw.hget(channel.unacked_key, tag)
+            kombu_redis.QoS.append(channel.qos, message, tag)  # kombu's transaction
+            assert ours == raw.hget(channel.unacked_key, tag)
+            assert tag in channel.qos._delivered
+        assert not channel.qos._indexed and not channel._fetched
+        for message in received:
+            message.ack()
+        assert all(raw.hget(channel.unacked_key, m.delivery_tag) is None for m in received)
+    raw.close()
+
+
+def test_a_fetch_takes_at_most_fetch_more_and_what_the_prefetch_count_allows(
+    redis_url: str,
+) -> None:
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        markers = _publish(connection, queue, broker.FETCH_MORE + 5)
+        received: list[Message] = []
+        _consumer(connection, queue, received)
+        connection.drain_events(timeout=5)
+        assert [_marker(m) for m in received] == markers[: broker.FETCH_MORE + 1]
+        assert raw.llen(queue) == 4
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        markers = _publish(connection, queue, 10)
+        received = []
+        channel = _consumer(connection, queue, received, prefetch=4)
+        connection.drain_events(timeout=5)
+        assert [_marker(m) for m in received] == markers[:4]
+        assert raw.llen(queue) == 6
+        assert not channel.qos.can_consume()
+        received[0].ack()
+        received[1].ack()
+        connection.drain_events(timeout=5)
+        assert [_marker(m) for m in received] == markers[:6]
+    raw.close()
+
+
+def test_a_message_that_is_not_kombus_is_pushed_back_intact_and_stops_the_fetch(
+    redis_url: str,
+) -> None:
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        for malformed in (b"not json", b'{"properties": {"delivery_tag": 7}}', b"[]"):
+            raw.delete(queue)
+            first = _publish(connection, queue, 2)
+            raw.lpush(queue, malformed)
+            after = _publish(connection, queue, 2)
+            listed = raw.lrange(queue, 0, -1)
+            received: list[Message] = []
+            channel = _consumer(connection, queue, received)
+            connection.drain_events(timeout=5)
+            channel.basic_cancel("consumer")
+            assert [_marker(m) for m in received] == first
+            assert raw.lrange(queue, 0, -1) == listed[:3]
+            assert raw.lindex(queue, -1) == malformed
+            del after
+
+
+def test_a_delivery_that_raises_pushes_back_the_messages_not_delivered(redis_url: str) -> None:
+    """A callback that raises: the messages after it go back where they were, unchanged and in
+    order, and out of the unacked index; the one that raised was delivered (its consumer saw
+    it): it stays unacked, as kombu leaves it."""
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        _publish(connection, queue, 6)
+        listed = raw.lrange(queue, 0, -1)  # newest first
+        received: list[Message] = []
+
+        def failing(message: Message) -> None:
+            received.append(message)
+            if len(received) == 2:
+                raise RuntimeError("callback failed")
+
+        channel = connection.default_channel
+        assert isinstance(channel, Channel)
+        channel.basic_consume(queue, False, failing, "consumer")
+        with pytest.raises(RuntimeError):
+            connection.drain_events(timeout=5)
+        assert raw.lrange(queue, 0, -1) == listed[:4]
+        assert not channel.qos._indexed and not channel._fetched
+        pending = [json.loads(item)["properties"]["delivery_tag"] for item in listed[:4]]
+        assert all(raw.hget(channel.unacked_key, tag) is None for tag in pending)
+        assert all(raw.zscore(channel.unacked_index_key, tag) is None for tag in pending)
+        assert [m.delivery_tag for m in received] == list(channel.qos._delivered)
+        for message in received:
+            message.ack()
+
+
+def test_a_message_whose_delivery_fails_before_its_consumer_is_pushed_back_too(
+    redis_url: str,
+) -> None:
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        _publish(connection, queue, 5)
+        listed = raw.lrange(queue, 0, -1)
+        received: list[Message] = []
+        channel = _consumer(connection, queue, received)
+        built = 0
+        message_class = channel.Message
+
+        def breaking(*args: object, **kwargs: object) -> Message:
+            nonlocal built
+            built += 1
+            if built == 3:
+                raise ValueError("cannot build")
+            return message_class(*args, **kwargs)
+
+        channel.Message = breaking  # type: ignore[assignment,method-assign]
+        with pytest.raises(ValueError, match="cannot build"):
+            connection.drain_events(timeout=5)
+        assert len(received) == 2
+        assert raw.lrange(queue, 0, -1) == listed[:3]
+        for message in received:
+            message.ack()
+
+
+def test_a_channel_closed_by_a_callback_pushes_back_the_messages_not_delivered(
+    redis_url: str,
+) -> None:
+    """A callback that closes the channel: the messages fetched and not delivered go back as
+    they were. (A callback that cancels its consumer still gets them: kombu defers the cancel
+    until what the read brought is delivered, celery/celery#1773.)"""
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        _publish(connection, queue, 4)
+        listed = raw.lrange(queue, 0, -1)
+        received: list[Message] = []
+        channel = connection.default_channel
+        assert isinstance(channel, Channel)
+        channel.qos.restore_at_shutdown = False
+
+        def closing(message: Message) -> None:
+            received.append(message)
+            assert len(channel._fetched) == 3
+            # kombu's close in a callback would read the reply being delivered again, and
+            # defer the consumer's cancel to after the read, when the channel is gone
+            channel._in_poll = None
+            connection.transport.cycle._in_protected_read = False
+            channel.close()
+
+        channel.basic_consume(queue, False, closing, "consumer")
+        connection.drain_events(timeout=5)
+        assert len(received) == 1
+        assert raw.lrange(queue, 0, -1) == listed[:3]
+        assert not channel._fetched and not channel.qos._indexed
+        assert raw.hget(channel.unacked_key, received[0].delivery_tag) is not None
+        raw.hdel(channel.unacked_key, received[0].delivery_tag)
+        raw.zrem(channel.unacked_index_key, received[0].delivery_tag)
+    raw.close()
+
+
+def test_messages_fetched_by_a_worker_that_dies_come_back_after_the_visibility_timeout(
+    redis_url: str,
+) -> None:
+    """A worker killed between the fetch and the deliveries: every message fetched is in the
+    unacked index, and kombu's restore_visible puts each back in its queue."""
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        markers = _publish(connection, queue, 5)
+        channel = connection.default_channel
+        assert isinstance(channel, Channel)
+        channel.qos.restore_at_shutdown = False  # killed: no restore at the close
+
+        def killed(message: Message) -> None:
+            raise SystemExit("killed")
+
+        channel.basic_consume(queue, False, killed, "consumer")
+        channel._unfetch = lambda: None  # type: ignore[method-assign]  # killed: no push back
+        with pytest.raises(SystemExit):
+            connection.drain_events(timeout=5)
+        assert raw.llen(queue) == 0
+    options = {"visibility_timeout": 0}
+    transport = "workers.broker:Transport"
+    with Connection(redis_url, transport=transport, transport_options=options) as restoring:
+        restoring.default_channel.qos.restore_visible(num=1000)
+    restored = [
+        json.loads(base64.b64decode(json.loads(item)["body"]))[0][0]
+        for item in raw.lrange(queue, 0, -1)
+    ]
+    assert sorted(restored) == sorted(markers)
+    raw.close()
+
+
+def test_with_a_global_keyprefix_a_fetch_takes_one_message_as_kombu_does(redis_url: str) -> None:
+    raw = redis.Redis.from_url(redis_url)
+    options = {"global_keyprefix": f"pfx-{uuid.uuid4().hex}:"}
+    with Connection(
+        redis_url, transport="workers.broker:Transport", transport_options=options
+    ) as connection:
+        queue = _declare(connection)
+        markers = _publish(connection, queue, 3)
+        received: list[Message] = []
+        channel = _consumer(connection, queue, received)
+        connection.drain_events(timeout=5)
+        assert [_marker(m) for m in received] == markers[:1]
+        assert raw.llen(options["global_keyprefix"] + queue) == 2
+        prefixed = options["global_keyprefix"] + channel.unacked_key
+        assert raw.hget(prefixed, received[0].delivery_tag) is not None
+        received[0].ack()
+    raw.close()
+
+
+def test_basic_get_takes_one_message(redis_url: str) -> None:
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        _publish(connection, queue, 3)
+        message = connection.default_channel.basic_get(queue, no_ack=False)
+        assert message is not None
+        assert raw.llen(queue) == 2
+        message.ack()
+    raw.close()
+
+
+def test_out_of_memory_the_fetch_pops_nothing_more(redis_url: str) -> None:
+    """Redis refusing the first write of the fetch script: OutOfMemoryError (a connection
+    error), and the messages after the one BRPOP brought stay in their list."""
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        _publish(connection, queue, 3)
+        received: list[Message] = []
+        _consumer(connection, queue, received)
+        limit = raw.config_get("maxmemory")["maxmemory"] or 0
+        raw.config_set("maxmemory", 1)
+        try:
+            with pytest.raises(OutOfMemoryError):
+                connection.drain_events(timeout=5)
+        finally:
+            raw.config_set("maxmemory", limit)
+        assert received == [] and raw.llen(queue) == 2
+    raw.close()
