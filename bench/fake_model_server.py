@@ -61,6 +61,14 @@ MAX_HEADER_LINES = 100
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 413: "Too Large"}
 
 
+def _run_index(marker: str | None) -> int | None:
+    """``n`` of a marker ``<run>-<n>``, else None."""
+    if marker is None:
+        return None
+    _, _, tail = marker.rpartition("-")
+    return int(tail) if tail.isdigit() else None
+
+
 def task_marker(identifier: str) -> str:
     """The text a task carries so the server can tell its requests apart."""
     return f"SMB-TASK-{identifier}"
@@ -281,7 +289,7 @@ class FakeModelServer:
         record = self._arrive(_marker_of(messages), _turn_of(messages))
         counts = self._counts
         try:
-            await asyncio.sleep(self._latency())
+            await asyncio.sleep(self._latency(record))
         finally:
             record.end = time.time()
             counts.meter.leave()
@@ -320,9 +328,18 @@ class FakeModelServer:
         counts.records.append(record)
         return record
 
-    def _latency(self) -> float:
+    def _latency(self, record: CallRecord) -> float:
+        """A draw in ``latency ± jitter``, the same for the same run and turn in every batch:
+        a marker ending in ``-<n>`` (every benchmark's ``<run>-<n>``) seeds it with ``n`` and
+        the turn, so each system meets the very same latencies (and the same slowest run)
+        whatever order its calls arrive in; any other request draws from the server's
+        sequence."""
         spread = self.config.latency_s * self.config.jitter
-        return max(0.0, self.config.latency_s + self._random.uniform(-spread, spread))
+        draw = self._random
+        index = _run_index(record.task)
+        if index is not None:
+            draw = random.Random(f"{self.config.seed}:{index}:{record.turn}")
+        return max(0.0, self.config.latency_s + draw.uniform(-spread, spread))
 
     def _reply(self, model: str, record: CallRecord, prompt_tokens: int) -> dict[str, Any]:
         config = self.config

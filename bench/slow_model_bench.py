@@ -8,7 +8,8 @@ Run: ``.venv/bin/python bench/slow_model_bench.py`` (``--quick`` for a smoke run
 Everything is real and on this machine (127.0.0.1 only):
 
 - a fake OpenAI-compatible model server (``bench/fake_model_server.py``, its own process, one
-  asyncio loop) that answers after ``latency ± 20 %``: a ``file_read`` tool call for turns
+  asyncio loop) that answers after ``latency ± 20 %`` (one draw per run index and turn, the
+  same for every system): a ``file_read`` tool call for turns
   ``1 .. N-1`` and a final answer at turn ``N``, counting calls in flight (peak and
   time-weighted mean) and duplicate calls (a second request for the same task and turn);
 - the runtime with its **default commands and no tuning**: a private Redis, ``orga

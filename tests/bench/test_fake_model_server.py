@@ -133,6 +133,36 @@ def test_jitter_keeps_the_latency_within_its_bounds() -> None:
     _run(ScriptConfig(latency_s=0.2, jitter=0.5, api_key=KEY), body)
 
 
+def test_a_run_and_turn_get_the_same_latency_in_every_batch() -> None:
+    """Markers ``<run>-<n>``: run ``n``'s turn gets one latency whatever the run id and the
+    order the calls arrive in, so every system of a benchmark meets the same latencies; other
+    runs and turns get others."""
+    durations: list[dict[tuple[int, int], float]] = []
+
+    def batch(run: str, order: list[int]) -> Callable[[FakeModelServer], Awaitable[None]]:
+        async def body(server: FakeModelServer) -> None:
+            async with httpx.AsyncClient() as client:
+                for n in order:
+                    for turn in (0, 1):
+                        reply = await _post(client, server, _messages(f"{run}-{n}", turn))
+                        assert reply.status_code == 200
+            records = server.stats(records=True)["records"]
+            durations.append(
+                {(int(r["task"].rsplit("-", 1)[1]), r["turn"]): r["end"] - r["start"]
+                 for r in records}
+            )  # fmt: skip
+
+        return body
+
+    config = ScriptConfig(latency_s=0.2, jitter=0.5, api_key=KEY)
+    _run(config, batch("aaaa", [0, 1, 2]))
+    _run(config, batch("bbbb", [2, 0, 1]))
+    first, second = durations
+    assert first.keys() == second.keys()
+    assert all(abs(first[key] - second[key]) < 0.03 for key in first)
+    assert max(first.values()) - min(first.values()) > 0.03
+
+
 def test_a_second_request_for_the_same_task_and_turn_is_a_duplicate() -> None:
     """(marker, turn) identifies a model call: the same turn again is a duplicate, the next
     turn or another task is not; a conversation without a marker is counted apart; reset
