@@ -28,7 +28,11 @@ order ``BRPOP`` reads its lists) and indexes each exactly as kombu would; the ch
 delivers them one by one, as if each had come by its own ``BRPOP``. A popped message is in the
 unacked index from the moment it leaves its list, so a worker that dies before delivering it
 loses nothing (kombu's ``restore_visible`` brings it back); one that is not delivered (the
-channel closes, a delivery raises) is pushed back where it came from, unchanged.
+channel closes, a delivery raises) is pushed back where it came from, unchanged. A fetch whose
+reply is lost (the connection drops after Redis ran the script) delivered none of the messages
+it indexed: the process's next read restores them (kombu's ``restore_by_tag``, found by the
+fetch's score, this process's clock at the fetch), where kombu alone leaves even the one message
+for the visibility timeout. With Celery's ``--disable-prefetch`` a fetch takes one message.
 """
 
 from __future__ import annotations
@@ -53,6 +57,13 @@ from workers.redis_driver import DRIVER_INFO
 __all__ = ["FETCH_MORE", "TRANSIENT_WRITE_ERRORS", "Channel", "QoS", "Transport"]
 
 log = logging.getLogger("orga.worker.broker")
+
+_LOST_REPLY = (redis.ConnectionError, redis.TimeoutError)
+"""A command sent whose reply never came: it may have run."""
+
+_UNANSWERED: deque[float] = deque()
+"""Scores of this process's fetches whose reply was lost (:meth:`Channel._restore_unanswered`;
+the consumer thread only: it fetches, and a new channel after a reconnect reads it)."""
 
 FETCH_MORE = 16
 """At most this many more messages taken with one that ``BRPOP`` brought (fewer when the
@@ -230,24 +241,31 @@ class QoS(kombu_redis.QoS):
         channel: Channel = self.channel
         queue = channel._fetching_for()
         more = self._room() if queue is not None else 0
-        with channel.conn_or_acquire() as client:
-            if queue is None or not more:
-                keys: tuple[str, ...] = (self.unacked_index_key, self.unacked_key)
-                _run_script(client, _INDEX_SCRIPT, keys, delivery_tag, time(), payload)
-            else:
-                steps = channel.priority_steps
-                lists = [channel._q_for_pri(queue, pri) for pri in steps]  # type: ignore[no-untyped-call]
-                keys = (self.unacked_index_key, self.unacked_key, *lists)
-                fetched = _run_script(
-                    client, _INDEX_AND_FETCH_SCRIPT, keys, delivery_tag, time(), payload, more
-                )
-                channel._hold(queue, lists, fetched)
+        score = time()
+        try:
+            with channel.conn_or_acquire() as client:
+                if queue is None or not more:
+                    keys: tuple[str, ...] = (self.unacked_index_key, self.unacked_key)
+                    _run_script(client, _INDEX_SCRIPT, keys, delivery_tag, score, payload)
+                else:
+                    steps = channel.priority_steps
+                    lists = [channel._q_for_pri(queue, pri) for pri in steps]  # type: ignore[no-untyped-call]
+                    keys = (self.unacked_index_key, self.unacked_key, *lists)
+                    fetched = _run_script(
+                        client, _INDEX_AND_FETCH_SCRIPT, keys, delivery_tag, score, payload, more
+                    )
+                    channel._hold(queue, lists, fetched)
+        except _LOST_REPLY:
+            _UNANSWERED.append(score)  # restored at this process's next read
+            raise
         VirtualQoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
 
     def _room(self) -> int:
         """How many more messages may come with the one being appended: :data:`FETCH_MORE`, or
         fewer when the prefetch count leaves less room (kombu's estimate counts the delivered
         messages, not yet the one being appended)."""
+        if "can_consume" in vars(self):
+            return 0  # Celery's --disable-prefetch replaced it: take one message at a time
         estimate: int | None = self.can_consume_max_estimate()  # type: ignore[no-untyped-call]
         if estimate is None:  # prefetch count 0: unlimited
             return FETCH_MORE
@@ -320,6 +338,8 @@ class Channel(kombu_redis.Channel):
 
         If a delivery raises, the messages not yet delivered are pushed back, and the error
         goes on (to Celery, which restarts the consumer)."""
+        if _UNANSWERED:
+            self._restore_unanswered()
         self._reading_brpop = not self._closing
         try:
             delivered = super()._brpop_read(**options)  # type: ignore[no-untyped-call]
@@ -343,6 +363,28 @@ class Channel(kombu_redis.Channel):
                 self._unfetch()
                 raise
         return delivered
+
+    def _restore_unanswered(self) -> None:
+        """Put back the messages of fetches whose reply was lost (the script may have run):
+        the tags the unacked index holds with such a fetch's score (the fetch's clock, one per
+        fetch) were never delivered, and go back to their queue by kombu's ``restore_by_tag``
+        (a watched transaction: a message another process restored meanwhile is not pushed
+        twice). While Redis cannot be reached, they wait for the next read."""
+        while _UNANSWERED:
+            score = _UNANSWERED[0]
+            try:
+                with self.conn_or_acquire() as client:
+                    tags = client.zrangebyscore(self.unacked_index_key, score, score)
+                    for tag in tags:
+                        self.qos.restore_by_tag(bytes_to_str(tag), client)  # type: ignore[no-untyped-call]
+            except _LOST_REPLY:
+                return
+            except Exception:  # logged; the visibility timeout brings them back
+                log.warning("could not restore a fetch whose reply was lost", exc_info=True)
+                tags = []
+            _UNANSWERED.popleft()
+            if tags:
+                log.warning("restored %d messages of a fetch whose reply was lost", len(tags))
 
     def _fetching_for(self) -> str | None:
         """The queue of the message ``BRPOP`` brought, when it is the one being appended

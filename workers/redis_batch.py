@@ -13,7 +13,9 @@ Semantics, as each caller's own ``pipe.execute(raise_on_error=False)`` had them:
 * a command's error reply (``ResponseError``, ``NoScriptError``) is in the caller's replies,
   where its command is; other callers' errors never reach it;
 * an exception of the whole pipeline (the connection lost, a timeout) is raised to every
-  caller of that pipeline, each raising it as it would have alone;
+  caller of that pipeline, each raising it as it would have alone; a caller's argument that
+  redis-py cannot encode (``DataError``, raised before anything is sent) sends each caller's
+  commands in a pipeline of its own, so that only that caller raises it;
 * a caller cancelled before its pipeline goes out has its commands taken out (they are not
   sent); a caller cancelled while it is out does not cancel it for the others (the flush is a
   task of its own); no command is ever sent twice by the batch (redis-py's own retry on a
@@ -38,6 +40,7 @@ from typing import Any, Final, Protocol
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import DataError
 
 __all__ = ["MAX_BATCH_COMMANDS", "CoalescedPipeline", "OwnPipeline", "PipelineRunner"]
 
@@ -156,6 +159,9 @@ class CoalescedPipeline:
             for caller in callers:
                 caller.replies.cancel()
             raise
+        except DataError:  # a caller's argument redis-py cannot encode: nothing was sent
+            await asyncio.gather(*(self._alone(caller) for caller in callers))
+            return
         except Exception as exc:
             for caller in callers:
                 if not caller.replies.done():
@@ -167,6 +173,19 @@ class CoalescedPipeline:
             if not caller.replies.done():
                 caller.replies.set_result(replies[start:end])
             start = end
+
+    async def _alone(self, caller: _Caller) -> None:
+        """``caller``'s commands in a pipeline of their own (its own error its own)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.command_stack.extend(caller.commands)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            if not caller.replies.done():
+                caller.replies.set_exception(exc)
+            return
+        if not caller.replies.done():
+            caller.replies.set_result(list(replies))
 
     async def aclose(self) -> None:
         """Wait for the batches already out (those not yet sent go out first)."""

@@ -436,16 +436,15 @@ class ProcessServices(WorkerCore):
         try:
             replies = await self.pipelines.run(build)
             Liveness.check_start(replies)
+            if hold is not None:
+                held = replies.pop()
+                if held is None or isinstance(held, bytes):
+                    read_ahead(hold, held)
+            if ref is not None and len(replies) > START_REPLIES:
+                self._read_ahead(task_id, ref, known, replies[START_REPLIES])
         except BaseException:
             self.liveness.finished(fences)
             raise
-        if hold is not None:
-            held = replies.pop()
-            if held is None or isinstance(held, bytes):
-                read_ahead(hold, held)
-        if ref is None or len(replies) <= START_REPLIES:
-            return
-        self._read_ahead(task_id, ref, known, replies[START_REPLIES])
 
     def _read_ahead(
         self, task_id: str, ref: ConversationRef, known: list[ConversationMessage], raw: object

@@ -7,6 +7,7 @@ import base64
 import json
 import time
 import uuid
+from types import MethodType
 
 import pytest
 import redis
@@ -477,4 +478,69 @@ def test_out_of_memory_the_fetch_pops_nothing_more(redis_url: str) -> None:
         finally:
             raw.config_set("maxmemory", limit)
         assert received == [] and raw.llen(queue) == 2
+    raw.close()
+
+
+@pytest.mark.parametrize("count", [1, 6])
+def test_the_messages_of_a_fetch_whose_reply_was_lost_go_back_at_the_next_read(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    """The script ran (the message BRPOP brought indexed, more popped and indexed) but its
+    reply was lost: none was delivered, so the next read puts them all back in their queue and
+    out of the unacked index, and delivers them; nothing waits for the visibility timeout.
+    One message alone (nothing more to fetch) is put back too, where kombu leaves it
+    unacked."""
+    raw = redis.Redis.from_url(redis_url)
+    real = broker._run_script
+    lost = []
+
+    def reply_lost(client: redis.Redis, script: bytes, keys: tuple[str, ...], *args: object):  # type: ignore[no-untyped-def]
+        result = real(client, script, keys, *args)
+        if script in (broker._INDEX_SCRIPT, broker._INDEX_AND_FETCH_SCRIPT) and not lost:
+            lost.append(script)
+            raise redis.ConnectionError("the reply was lost (simulated: the script ran)")
+        return result
+
+    monkeypatch.setattr(broker, "_run_script", reply_lost)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        markers = _publish(connection, queue, count)
+        received: list[Message] = []
+        channel = _consumer(connection, queue, received)
+        with pytest.raises(redis.ConnectionError):
+            connection.drain_events(timeout=5)
+        assert not received and raw.llen(queue) == count - min(count, broker.FETCH_MORE + 1)
+        assert raw.hlen(channel.unacked_key) == count
+        while len(received) < count:
+            connection.drain_events(timeout=5)
+        assert sorted(_marker(m) for m in received) == sorted(markers)
+        assert all(m.headers.get("redelivered") for m in received)  # kombu marks restores
+        assert raw.llen(queue) == 0 and not broker._UNANSWERED
+        assert raw.hlen(channel.unacked_key) == count  # each once: delivered and unacked
+        for message in received:
+            message.ack()
+        assert raw.hlen(channel.unacked_key) == 0
+    raw.close()
+
+
+def test_with_celerys_disable_prefetch_a_fetch_takes_one_message(redis_url: str) -> None:
+    """Celery's ``--disable-prefetch`` replaces the QoS's ``can_consume`` with one that counts
+    the worker's reserved tasks: the fetch then takes no more messages along."""
+    raw = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+        queue = _declare(connection)
+        _publish(connection, queue, 5)
+        received: list[Message] = []
+        channel = _consumer(connection, queue, received)
+        qos = channel.qos
+        original = qos.can_consume
+
+        def can_consume(self: object) -> bool:  # as Celery's: reserved tasks, then kombu's
+            return bool(original())
+
+        qos.can_consume = MethodType(can_consume, qos)  # type: ignore[method-assign]
+        connection.drain_events(timeout=5)
+        assert len(received) == 1 and raw.llen(queue) == 4
+        for message in received:
+            message.ack()
     raw.close()

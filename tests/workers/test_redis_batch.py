@@ -13,7 +13,7 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import DataError, ResponseError
 
 from shared import keys
 from tests.redis_server import RedisClientFactory
@@ -76,6 +76,28 @@ def test_an_error_reply_is_only_its_callers(redis_client: RedisClientFactory, ki
         assert isinstance(bad[0], ResponseError)
         assert bad[1] == b"not a number"
         assert good == [1]
+
+    _run(redis_client, scenario)
+
+
+@pytest.mark.parametrize("kind", ["own", "coalesced"])
+def test_an_argument_redis_py_cannot_encode_fails_only_its_caller(
+    redis_client: RedisClientFactory, kind: str
+) -> None:
+    """redis-py refuses a ``None`` argument (``DataError``) while packing the pipeline, before
+    sending anything: only the caller that passed it raises; the others' commands run once."""
+
+    async def scenario(client: Redis) -> None:
+        runner = _runner(kind, client)
+        outcomes = await asyncio.gather(
+            runner.run(lambda p: p.incr("counted")),
+            runner.run(lambda p: p.get(None)),  # type: ignore[arg-type]
+            runner.run(lambda p: p.incr("counted")),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[1], DataError)
+        assert sorted(outcomes[0] + outcomes[2]) == [1, 2]  # type: ignore[operator]
+        assert await client.get("counted") == b"2"
 
     _run(redis_client, scenario)
 
