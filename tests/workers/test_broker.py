@@ -7,6 +7,7 @@ import base64
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from types import MethodType
 
 import pytest
@@ -221,12 +222,25 @@ def _marker(message: Message) -> str:
     return marker
 
 
-def test_a_burst_comes_with_one_brpop_in_order_indexed_as_kombu_indexes_it(redis_url: str) -> None:
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client of the test's Redis, to look at the lists and the unacked index."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def _transport(redis_url: str) -> Connection:
+    return Connection(redis_url, transport="workers.broker:Transport")
+
+
+def test_a_burst_comes_with_one_brpop_in_order_indexed_as_kombu_indexes_it(
+    redis_url: str, raw: redis.Redis
+) -> None:
     """The messages fetched with the one BRPOP brought are delivered after it in BRPOP's order
     (priority lists first to last, each oldest first), and each is in the unacked index with
     the very entry kombu's own transaction writes for it."""
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         low = _publish(connection, queue, 3, priority=9)
         high = _publish(connection, queue, 4, priority=0)
@@ -248,14 +262,13 @@ def test_a_burst_comes_with_one_brpop_in_order_indexed_as_kombu_indexes_it(redis
         for message in received:
             message.ack()
         assert all(raw.hget(channel.unacked_key, m.delivery_tag) is None for m in received)
-    raw.close()
 
 
 def test_a_fetch_takes_at_most_fetch_more_and_what_the_prefetch_count_allows(
     redis_url: str,
+    raw: redis.Redis,
 ) -> None:
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         markers = _publish(connection, queue, broker.FETCH_MORE + 5)
         received: list[Message] = []
@@ -263,7 +276,7 @@ def test_a_fetch_takes_at_most_fetch_more_and_what_the_prefetch_count_allows(
         connection.drain_events(timeout=5)
         assert [_marker(m) for m in received] == markers[: broker.FETCH_MORE + 1]
         assert raw.llen(queue) == 4
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         markers = _publish(connection, queue, 10)
         received = []
@@ -276,14 +289,13 @@ def test_a_fetch_takes_at_most_fetch_more_and_what_the_prefetch_count_allows(
         received[1].ack()
         connection.drain_events(timeout=5)
         assert [_marker(m) for m in received] == markers[:6]
-    raw.close()
 
 
 def test_a_message_that_is_not_kombus_is_pushed_back_intact_and_stops_the_fetch(
     redis_url: str,
+    raw: redis.Redis,
 ) -> None:
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         for malformed in (b"not json", b'{"properties": {"delivery_tag": 7}}', b"[]"):
             raw.delete(queue)
@@ -301,12 +313,13 @@ def test_a_message_that_is_not_kombus_is_pushed_back_intact_and_stops_the_fetch(
             del after
 
 
-def test_a_delivery_that_raises_pushes_back_the_messages_not_delivered(redis_url: str) -> None:
+def test_a_delivery_that_raises_pushes_back_the_messages_not_delivered(
+    redis_url: str, raw: redis.Redis
+) -> None:
     """A callback that raises: the messages after it go back where they were, unchanged and in
     order, and out of the unacked index; the one that raised was delivered (its consumer saw
     it): it stays unacked, as kombu leaves it."""
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         _publish(connection, queue, 6)
         listed = raw.lrange(queue, 0, -1)  # newest first
@@ -334,9 +347,9 @@ def test_a_delivery_that_raises_pushes_back_the_messages_not_delivered(redis_url
 
 def test_a_message_whose_delivery_fails_before_its_consumer_is_pushed_back_too(
     redis_url: str,
+    raw: redis.Redis,
 ) -> None:
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         _publish(connection, queue, 5)
         listed = raw.lrange(queue, 0, -1)
@@ -363,12 +376,12 @@ def test_a_message_whose_delivery_fails_before_its_consumer_is_pushed_back_too(
 
 def test_a_channel_closed_by_a_callback_pushes_back_the_messages_not_delivered(
     redis_url: str,
+    raw: redis.Redis,
 ) -> None:
     """A callback that closes the channel: the messages fetched and not delivered go back as
     they were. (A callback that cancels its consumer still gets them: kombu defers the cancel
     until what the read brought is delivered, celery/celery#1773.)"""
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         _publish(connection, queue, 4)
         listed = raw.lrange(queue, 0, -1)
@@ -394,16 +407,15 @@ def test_a_channel_closed_by_a_callback_pushes_back_the_messages_not_delivered(
         assert raw.hget(channel.unacked_key, received[0].delivery_tag) is not None
         raw.hdel(channel.unacked_key, received[0].delivery_tag)
         raw.zrem(channel.unacked_index_key, received[0].delivery_tag)
-    raw.close()
 
 
 def test_messages_fetched_by_a_worker_that_dies_come_back_after_the_visibility_timeout(
     redis_url: str,
+    raw: redis.Redis,
 ) -> None:
     """A worker killed between the fetch and the deliveries: every message fetched is in the
     unacked index, and kombu's restore_visible puts each back in its queue."""
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         markers = _publish(connection, queue, 5)
         channel = connection.default_channel
@@ -427,11 +439,11 @@ def test_messages_fetched_by_a_worker_that_dies_come_back_after_the_visibility_t
         for item in raw.lrange(queue, 0, -1)
     ]
     assert sorted(restored) == sorted(markers)
-    raw.close()
 
 
-def test_with_a_global_keyprefix_a_fetch_takes_one_message_as_kombu_does(redis_url: str) -> None:
-    raw = redis.Redis.from_url(redis_url)
+def test_with_a_global_keyprefix_a_fetch_takes_one_message_as_kombu_does(
+    redis_url: str, raw: redis.Redis
+) -> None:
     options = {"global_keyprefix": f"pfx-{uuid.uuid4().hex}:"}
     with Connection(
         redis_url, transport="workers.broker:Transport", transport_options=options
@@ -446,26 +458,22 @@ def test_with_a_global_keyprefix_a_fetch_takes_one_message_as_kombu_does(redis_u
         prefixed = options["global_keyprefix"] + channel.unacked_key
         assert raw.hget(prefixed, received[0].delivery_tag) is not None
         received[0].ack()
-    raw.close()
 
 
-def test_basic_get_takes_one_message(redis_url: str) -> None:
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+def test_basic_get_takes_one_message(redis_url: str, raw: redis.Redis) -> None:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         _publish(connection, queue, 3)
         message = connection.default_channel.basic_get(queue, no_ack=False)
         assert message is not None
         assert raw.llen(queue) == 2
         message.ack()
-    raw.close()
 
 
-def test_out_of_memory_the_fetch_pops_nothing_more(redis_url: str) -> None:
+def test_out_of_memory_the_fetch_pops_nothing_more(redis_url: str, raw: redis.Redis) -> None:
     """Redis refusing the first write of the fetch script: OutOfMemoryError (a connection
     error), and the messages after the one BRPOP brought stay in their list."""
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         _publish(connection, queue, 3)
         received: list[Message] = []
@@ -478,19 +486,17 @@ def test_out_of_memory_the_fetch_pops_nothing_more(redis_url: str) -> None:
         finally:
             raw.config_set("maxmemory", limit)
         assert received == [] and raw.llen(queue) == 2
-    raw.close()
 
 
 @pytest.mark.parametrize("count", [1, 6])
 def test_the_messages_of_a_fetch_whose_reply_was_lost_go_back_at_the_next_read(
-    redis_url: str, monkeypatch: pytest.MonkeyPatch, count: int
+    redis_url: str, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch, count: int
 ) -> None:
     """The script ran (the message BRPOP brought indexed, more popped and indexed) but its
     reply was lost: none was delivered, so the next read puts them all back in their queue and
     out of the unacked index, and delivers them; nothing waits for the visibility timeout.
     One message alone (nothing more to fetch) is put back too, where kombu leaves it
     unacked."""
-    raw = redis.Redis.from_url(redis_url)
     real = broker._run_script
     lost = []
 
@@ -502,7 +508,7 @@ def test_the_messages_of_a_fetch_whose_reply_was_lost_go_back_at_the_next_read(
         return result
 
     monkeypatch.setattr(broker, "_run_script", reply_lost)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         markers = _publish(connection, queue, count)
         received: list[Message] = []
@@ -520,14 +526,14 @@ def test_the_messages_of_a_fetch_whose_reply_was_lost_go_back_at_the_next_read(
         for message in received:
             message.ack()
         assert raw.hlen(channel.unacked_key) == 0
-    raw.close()
 
 
-def test_with_celerys_disable_prefetch_a_fetch_takes_one_message(redis_url: str) -> None:
+def test_with_celerys_disable_prefetch_a_fetch_takes_one_message(
+    redis_url: str, raw: redis.Redis
+) -> None:
     """Celery's ``--disable-prefetch`` replaces the QoS's ``can_consume`` with one that counts
     the worker's reserved tasks: the fetch then takes no more messages along."""
-    raw = redis.Redis.from_url(redis_url)
-    with Connection(redis_url, transport="workers.broker:Transport") as connection:
+    with _transport(redis_url) as connection:
         queue = _declare(connection)
         _publish(connection, queue, 5)
         received: list[Message] = []
@@ -543,4 +549,3 @@ def test_with_celerys_disable_prefetch_a_fetch_takes_one_message(redis_url: str)
         assert len(received) == 1 and raw.llen(queue) == 4
         for message in received:
             message.ack()
-    raw.close()
