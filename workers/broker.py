@@ -74,13 +74,6 @@ TRANSIENT_WRITE_ERRORS = (OutOfMemoryError, ReadOnlyError)
 """Redis refusing a write for a while: out of memory, or a replica during a failover."""
 
 
-_INDEX_SCRIPT = b"""
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-"""
-"""kombu's fetch transaction (``QoS.append``): the message's delivery tag in the unacked index
-scored by the time of the fetch, and the message under its tag in the unacked hash."""
-
 _FORGET_SCRIPT = b"""
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -134,7 +127,8 @@ for k = 3, #KEYS do
 end
 return fetched
 """
-"""kombu's fetch transaction for the message ``BRPOP`` brought (as :data:`_INDEX_SCRIPT`), then
+"""kombu's fetch transaction (``QoS.append``: the message's delivery tag in the unacked index
+scored by the time of the fetch, and the message under its tag in the unacked hash), then
 up to ``ARGV[4]`` more messages popped from its queue's lists (``KEYS[3]`` on, in ``BRPOP``'s
 order), each indexed as kombu's transaction would: its tag scored by the same time, and under
 it ``[message, exchange, routing_key]`` (the message as it was in the list, byte for byte, not
@@ -161,7 +155,7 @@ script is not refused out of memory once it has freed one."""
 
 _SHAS = {
     script: hashlib.sha1(script, usedforsecurity=False).hexdigest()
-    for script in (_INDEX_SCRIPT, _FORGET_SCRIPT, _INDEX_AND_FETCH_SCRIPT, _UNFETCH_SCRIPT)
+    for script in (_FORGET_SCRIPT, _INDEX_AND_FETCH_SCRIPT, _UNFETCH_SCRIPT)
 }
 
 
@@ -244,17 +238,16 @@ class QoS(kombu_redis.QoS):
         score = time()
         try:
             with channel.conn_or_acquire() as client:
-                if queue is None or not more:
-                    keys: tuple[str, ...] = (self.unacked_index_key, self.unacked_key)
-                    _run_script(client, _INDEX_SCRIPT, keys, delivery_tag, score, payload)
-                else:
+                lists = []
+                if queue is not None and more:
                     steps = channel.priority_steps
                     lists = [channel._q_for_pri(queue, pri) for pri in steps]  # type: ignore[no-untyped-call]
-                    keys = (self.unacked_index_key, self.unacked_key, *lists)
-                    fetched = _run_script(
-                        client, _INDEX_AND_FETCH_SCRIPT, keys, delivery_tag, score, payload, more
-                    )
-                    channel._hold(queue, lists, fetched)
+                keys = (self.unacked_index_key, self.unacked_key, *lists)
+                fetched = _run_script(
+                    client, _INDEX_AND_FETCH_SCRIPT, keys, delivery_tag, score, payload, more
+                )
+            if queue is not None:
+                channel._hold(queue, lists, fetched)
         except _LOST_REPLY:
             _UNANSWERED.append(score)  # restored at this process's next read
             raise
@@ -344,10 +337,10 @@ class Channel(kombu_redis.Channel):
         try:
             delivered = super()._brpop_read(**options)  # type: ignore[no-untyped-call]
         except BaseException:
-            self._reading_brpop = False
             self._unfetch()
             raise
-        self._reading_brpop = False
+        finally:
+            self._reading_brpop = False
         fetched = self._fetched
         while fetched:
             queue, key, tag, item = fetched[0]
@@ -393,7 +386,7 @@ class Channel(kombu_redis.Channel):
         if not self._reading_brpop:
             return None
         self._reading_brpop = False
-        queue: str | None = getattr(self.connection, "_delivering", None)
+        queue: str | None = self.connection._delivering
         return queue
 
     def _hold(self, queue: str, lists: list[str], fetched: list[Any]) -> None:
@@ -433,8 +426,7 @@ class Channel(kombu_redis.Channel):
     def close(self) -> None:
         """kombu's, after pushing back fetched messages not delivered (a callback closed the
         channel while they were being delivered)."""
-        if self._fetched:
-            self._unfetch()
+        self._unfetch()
         super().close()  # type: ignore[no-untyped-call]
 
 

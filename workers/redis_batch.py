@@ -125,14 +125,13 @@ class CoalescedPipeline:
         finally:  # the caller's commands, kept apart until the batch goes out
             commands = stack[:]
             stack.clear()
+        if not commands:
+            return []
         caller = _Caller(commands, loop.create_future())
-        if commands:
-            batch.callers.append(caller)
-            batch.size += len(commands)
-            if batch.size >= self._max_commands:
-                self._send(batch)
-        else:
-            caller.replies.set_result([])
+        batch.callers.append(caller)
+        batch.size += len(commands)
+        if batch.size >= self._max_commands:
+            self._send(batch)
         return await caller.replies
 
     def _send(self, batch: _Batch) -> None:

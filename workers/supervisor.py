@@ -66,7 +66,8 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
         raw = json.loads(text)
         children = []
         for item in raw:
-            env = {k: v for k, v in environ.items() if k not in set(item["unset"])}
+            unset = set(item["unset"])
+            env = {k: v for k, v in environ.items() if k not in unset}
             env.update({str(k): str(v) for k, v in item["set"].items()})
             env.pop(COMMANDS_VARIABLE, None)
             children.append(Child([str(a) for a in item["argv"]], env))
@@ -89,9 +90,7 @@ def start(children: Sequence[Child], output: int | None = None) -> list[subproce
 def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM (Celery's warm shutdown) each process, SIGKILL those still alive after
     ``timeout_s``."""
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
+    _send(processes, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     for process in processes:
         try:

@@ -145,7 +145,9 @@ def start(
     return supervisor.start([supervisor.Child(c.argv, c.env) for c in commands], output)
 
 
-def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+def stop(
+    processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = supervisor.STOP_TIMEOUT_S
+) -> None:
     """SIGTERM (Celery's warm shutdown) each process, SIGKILL those still alive after
     ``timeout_s``."""
     supervisor.stop(processes, timeout_s)

@@ -770,40 +770,6 @@ class StagnationDetector:
             self._config_dump = kept
         return kept[1]
 
-    def _validated_state(self) -> dict[str, Any]:
-        """What :meth:`to_state` returns, built through :class:`DetectorState` (validated):
-        the reference the tests compare :meth:`to_state` with."""
-        window, recent, runs = self._window.dump()
-        failures, errors = self._window.dump_failures(), self._window.dump_errors()
-        plans, gists, mark = self._plans.dump()
-        state = DetectorState(
-            config=self.config,
-            total_steps=self._total_steps,
-            steps_since_milestone=self._since_milestone,
-            new_state_changes=self._new_changes,
-            epoch=self._epoch,
-            milestones_total=self._milestones_total,
-            milestones=list(self._milestones),
-            seen=self._seen.items(),
-            paths=self._paths.items(),
-            window=window,
-            recent_pairs=recent,
-            cycle_runs=runs,
-            episode=self._episode.dump(),
-            pending_writes=self._pending_writes,
-            recent_failures=failures,
-            recent_errors=errors,
-            plans=plans,
-            result_gists=gists,
-            plan_mark=mark,
-            plan_stale=self._plan_stale,
-            plan_kind=self._plan_kind,
-            turns_since_milestone=self._turns_since_milestone,
-            turn_open=self._turn_open,
-            climbed=self._climbed,
-        )
-        return state.model_dump(mode="json")
-
     @classmethod
     def from_state(
         cls, config: StagnationConfig | None, state: Mapping[str, Any] | None

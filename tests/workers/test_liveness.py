@@ -6,11 +6,10 @@ import asyncio
 import threading
 import time
 
-import fakeredis
-
 from shared import keys
 from shared.protocol import Fence
 from shared.settings import OrgaSettings
+from tests.redis_server import RedisClientFactory
 from workers.liveness import Liveness
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
@@ -18,25 +17,29 @@ from workers.runtime import ProcessServices
 FENCE = Fence(task_id="t1", step_id="s", iteration=2, attempt=3, nonce="abc")
 
 
-def test_a_started_dispatch_is_scored_counted_beaten_and_answered() -> None:
+def test_a_started_dispatch_is_scored_counted_beaten_and_answered(
+    redis_client: RedisClientFactory,
+) -> None:
     """Start: a positive score and a start count; beats refresh it; answered: negative."""
-    # A server of its own: fakeredis shares one per address between instances, and another
-    # test's loop may have left it mid-command.
-    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
-    liveness = Liveness(redis, interval_s=0.05)
+    # A real Redis: with a fake one this test hung now and then in the suite's order (the
+    # client, built outside the test's loop, waiting on a reply forever).
+    running: list[int] = []
 
     async def run() -> tuple[float, float, float, int]:
-        await liveness.started([FENCE], keys.reasoning_queue)
-        first = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
-        await asyncio.sleep(0.2)
-        beaten = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
-        liveness.finished([FENCE])
-        pipe = redis.pipeline(transaction=True)
-        liveness.answered(pipe, [FENCE])
-        await pipe.execute()
-        answered = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
-        started = int(await redis.get(keys.queue_started_key(keys.reasoning_queue)))
-        await liveness.close()
+        async with redis_client() as redis:
+            liveness = Liveness(redis, interval_s=0.05)
+            await liveness.started([FENCE], keys.reasoning_queue)
+            first = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
+            await asyncio.sleep(0.2)
+            beaten = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
+            liveness.finished([FENCE])
+            pipe = redis.pipeline(transaction=True)
+            liveness.answered(pipe, [FENCE])
+            await pipe.execute()
+            answered = await redis.zscore(keys.heartbeats_key, FENCE.liveness_id())
+            started = int(await redis.get(keys.queue_started_key(keys.reasoning_queue)))
+            await liveness.close()
+            running.append(liveness.running)
         assert first is not None and beaten is not None and answered is not None
         return first, beaten, answered, started
 
@@ -44,7 +47,7 @@ def test_a_started_dispatch_is_scored_counted_beaten_and_answered() -> None:
     assert first > 0 and beaten > first
     assert answered < 0
     assert started == 1
-    assert liveness.running == 0
+    assert running == [0]
 
 
 def test_the_liveness_id_tells_redispatches_and_calls_apart() -> None:

@@ -14,22 +14,14 @@ from typing import Any
 
 import pytest
 
+from tests.workers.tools.escape import CANARY, escape_tree
 from workers.tools import FileListTool, FileReadTool, FileWriteTool, GrepTool, ToolContext
 from workers.tools.confined import MAX_PATH_COMPONENTS, PathChangedError, attempts
-
-CANARY = "CANARY-outside-the-workspace"
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace with a ``sub`` directory, and beside it an ``outside`` folder with a
-    canary file."""
-    workspace, outside = tmp_path / "ws", tmp_path / "outside"
-    (workspace / "sub").mkdir(parents=True)
-    outside.mkdir()
-    (outside / "secret.txt").write_text(CANARY + "\n")
-    (workspace / "sub" / "secret.txt").write_text("inside\n")
-    return workspace, outside
+    return escape_tree(tmp_path)
 
 
 def _work(tool: Any, arguments: dict[str, Any], workspace: Path) -> Any:

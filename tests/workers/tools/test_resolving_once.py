@@ -14,24 +14,17 @@ import pytest
 
 from shared.actions import Allow
 from tests.workers.gates.actions import context, decide, tool
+from tests.workers.tools.escape import CANARY, escape_tree
 from workers.gates.default import DefaultPolicyGate
 from workers.tools import FileReadTool, ToolContext
 from workers.tools import workspace as workspace_module
 from workers.tools.confined import check_path
 from workers.tools.workspace import forget_resolutions, resolving_once
 
-CANARY = "CANARY-outside-the-workspace"
-
 
 @pytest.fixture
 def tree(tmp_path: Path) -> tuple[Path, Path]:
-    """A workspace with ``sub/note.txt``, and beside it ``outside/note.txt`` (a canary)."""
-    workspace, outside = tmp_path / "ws", tmp_path / "outside"
-    (workspace / "sub").mkdir(parents=True)
-    outside.mkdir()
-    (outside / "note.txt").write_text(CANARY + "\n")
-    (workspace / "sub" / "note.txt").write_text("inside\n")
-    return workspace, outside
+    return escape_tree(tmp_path)
 
 
 @pytest.fixture
@@ -57,13 +50,13 @@ def test_the_tool_reuses_the_paths_the_gate_resolved(
 ) -> None:
     workspace, _ = tree
     with resolving_once():
-        assert isinstance(decide(DefaultPolicyGate(), tool("file_read", {"path": "sub/note.txt"}),
+        assert isinstance(decide(DefaultPolicyGate(), tool("file_read", {"path": "sub/secret.txt"}),
                                  context(workspace)), Allow)  # fmt: skip
         gated = len(realpaths)
-        checked = check_path(workspace, "sub/note.txt", reuse=True)
+        checked = check_path(workspace, "sub/secret.txt", reuse=True)
         assert len(realpaths) == gated
-        assert _read(workspace, "sub/note.txt").content.startswith("inside")
-    assert checked.absolute == (workspace / "sub" / "note.txt").resolve()
+        assert _read(workspace, "sub/secret.txt").content.startswith("inside")
+    assert checked.absolute == (workspace / "sub" / "secret.txt").resolve()
     assert gated > 0
 
 
@@ -71,11 +64,11 @@ def test_outside_the_scope_every_check_resolves(
     tree: tuple[Path, Path], realpaths: list[str]
 ) -> None:
     workspace, _ = tree
-    check_path(workspace, "sub/note.txt", reuse=True)
+    check_path(workspace, "sub/secret.txt", reuse=True)
     first = len(realpaths)
     with resolving_once():
         pass
-    check_path(workspace, "sub/note.txt", reuse=True)
+    check_path(workspace, "sub/secret.txt", reuse=True)
     assert len(realpaths) == 2 * first > 0
 
 
@@ -85,34 +78,34 @@ def test_a_check_without_reuse_resolves_within_the_scope(
     """``grep`` (which walks what it checked by path) and any other caller resolve afresh."""
     workspace, _ = tree
     with resolving_once():
-        check_path(workspace, "sub/note.txt", reuse=True)
+        check_path(workspace, "sub/secret.txt", reuse=True)
         first = len(realpaths)
-        check_path(workspace, "sub/note.txt")
+        check_path(workspace, "sub/secret.txt")
         assert len(realpaths) == 2 * first
 
 
 def test_forgetting_resolves_again(tree: tuple[Path, Path], realpaths: list[str]) -> None:
     workspace, _ = tree
     with resolving_once():
-        check_path(workspace, "sub/note.txt", reuse=True)
+        check_path(workspace, "sub/secret.txt", reuse=True)
         first = len(realpaths)
         forget_resolutions()
-        check_path(workspace, "sub/note.txt", reuse=True)
+        check_path(workspace, "sub/secret.txt", reuse=True)
         assert len(realpaths) == 2 * first
 
 
 def test_a_link_swapped_in_after_the_gate_is_refused(tree: tuple[Path, Path]) -> None:
-    """The gate resolved ``sub/note.txt`` inside; ``sub`` then becomes a link out. The tool
+    """The gate resolved ``sub/secret.txt`` inside; ``sub`` then becomes a link out. The tool
     meets the link on the way, forgets, checks again and refuses the path: the canary is never
     returned."""
     workspace, outside = tree
     with resolving_once():
         gate = DefaultPolicyGate()
-        assert isinstance(decide(gate, tool("file_read", {"path": "sub/note.txt"}),
+        assert isinstance(decide(gate, tool("file_read", {"path": "sub/secret.txt"}),
                                  context(workspace)), Allow)  # fmt: skip
         shutil.rmtree(workspace / "sub")
         os.symlink(outside, workspace / "sub")
-        output = _read(workspace, "sub/note.txt")
+        output = _read(workspace, "sub/secret.txt")
     assert output.is_error
     assert CANARY not in output.content
     assert "outside the workspace" in output.content
