@@ -195,6 +195,15 @@ class Dispatch:
     via: Literal["requeue", "reclaim", "deadline"]
     applied_after_s: float | None = None
     resent: bool = False
+    hit_again_after_s: float | None = None
+    """Seconds after this fault when a later one hit the same work again: it was running (or
+    sent again) by then, and the later fault's own recovery counts from there."""
+
+    @property
+    def recovered_after_s(self) -> float | None:
+        """Seconds until the work was applied, or running again when a later fault hit it."""
+        times = [t for t in (self.applied_after_s, self.hit_again_after_s) if t is not None]
+        return min(times, default=None)
 
     @classmethod
     def from_token(cls, token: str, kind: str, via: Literal["deadline"]) -> Dispatch:
@@ -859,6 +868,12 @@ def _measure(
         for dispatch in fault.hit:
             applied = dispatch.applied_at(journals.get(dispatch.task_id, []))
             dispatch.applied_after_s = None if applied is None else applied - fault.at
+            again = [f.at for f in faults if f.at > fault.at and dispatch.key in _keys(f.hit)]
+            dispatch.hit_again_after_s = min(again) - fault.at if again else None
+
+
+def _keys(hit: Sequence[Dispatch]) -> set[tuple[str, str, int, str]]:
+    return {d.key for d in hit}
 
 
 def _control(faults: Sequence[Fault], outcomes: Sequence[TaskOutcome], gap_s: float) -> list[Fault]:
@@ -1025,6 +1040,7 @@ class ChaosReport:
             f"{d.kind} {d.task_id[:8]}/{d.iteration} {d.via}"
             + ("+deadline" if d.resent else "")
             + f" applied after {_fmt(d.applied_after_s)}"
+            + (f" (hit again after {_fmt(d.hit_again_after_s)})" if d.hit_again_after_s else "")
             for d in fault.hit
         )
         return (

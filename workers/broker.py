@@ -309,7 +309,22 @@ class Channel(kombu_redis.Channel):
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
-        """kombu's connection parameters, with the process's driver info."""
+        """kombu's connection parameters, with the process's driver info.
+
+        A channel whose connection kombu has already let go of (``Connection.collect``
+        clears the transport's ``client``) has none: asked for them (its close restoring its
+        unacked messages), it raises a connection error, which the close's callers ignore,
+        where kombu raises ``AttributeError`` and Celery stops the worker. This happens when
+        Redis goes away while the consumer waits in ``BRPOP`` and a channel closed after it
+        (remote control's, the events') fails its own close: Celery's ``collect`` then leaves
+        the consumer's channel open and its ``close`` finds no client. The unacked messages
+        stay in the unacked index, and ``restore_visible`` brings them back."""
+        if self.connection is None or self.connection.client is None:
+            raise redis.ConnectionError(
+                "this broker channel's connection is already closed (kombu let go of it after"
+                " the connection to Redis was lost); its unacknowledged messages come back"
+                " after the visibility timeout"
+            )
         params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[no-untyped-call]
         params["driver_info"] = DRIVER_INFO
         return params

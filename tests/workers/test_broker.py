@@ -7,16 +7,18 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import MethodType
 
 import pytest
 import redis
 from kombu import Connection, Exchange, Producer, Queue
+from kombu.common import ignore_errors
 from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
+from tests.redis_server import RedisServer
 from workers import broker
 from workers.broker import Channel
 
@@ -549,3 +551,37 @@ def test_with_celerys_disable_prefetch_a_fetch_takes_one_message(
         assert len(received) == 1 and raw.llen(queue) == 4
         for message in received:
             message.ack()
+
+
+def test_a_connection_lost_while_reading_closes_as_celery_closes_it(
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    """Redis goes away while the consumer waits in BRPOP holding an unacked message, and a
+    channel opened after the consumer's (remote control's fanout queue) fails its close.
+    Celery's recovery (``collect``, then ``close``) then closes the consumer's channel after
+    kombu let go of the transport's client: that close fails as a connection error, which
+    Celery ignores before it reconnects, not as the ``AttributeError`` (kombu 5.7) that ends
+    the worker. The message stays in the unacked index, for ``restore_visible``."""
+    server = redis_server_factory(appendonly=True)
+    connection = _transport(server.url)
+    queue = _declare(connection)
+    received: list[Message] = []
+    channel = _consumer(connection, queue, received)
+    control = connection.channel()
+    fanout = Queue("control", Exchange("control", type="fanout"), auto_delete=True)
+    fanout(control).declare()
+    control.basic_consume(fanout.name, True, lambda message: None, "control")
+    assert control.client is not None  # used, so its close deletes its auto-delete queue
+    _publish(connection, queue, 1)
+    connection.drain_events(timeout=5)
+    assert len(received) == 1
+    channel._brpop_start()  # waiting for the next message, as Celery's event loop does
+    server.stop()
+
+    connection.collect(socket_timeout=0.5)  # Celery's on_connection_error_after_connected
+    assert not channel.closed
+    ignore_errors(connection, connection.close)
+
+    server.start()
+    with redis.Redis.from_url(server.url) as client:
+        assert client.hkeys(channel.unacked_key) == [received[0].delivery_tag.encode()]
