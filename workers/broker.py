@@ -316,9 +316,9 @@ class Channel(kombu_redis.Channel):
         unacked messages), it raises a connection error, which the close's callers ignore,
         where kombu raises ``AttributeError`` and Celery stops the worker. This happens when
         Redis goes away while the consumer waits in ``BRPOP`` and a channel closed after it
-        (remote control's, the events') fails its own close: Celery's ``collect`` then leaves
-        the consumer's channel open and its ``close`` finds no client. The unacked messages
-        stay in the unacked index, and ``restore_visible`` brings them back."""
+        (remote control's, with its fanout queue) fails its own close: Celery's ``collect``
+        then leaves the consumer's channel open and its ``close`` finds no client. The unacked
+        messages stay in the unacked index, and ``restore_visible`` brings them back."""
         if self.connection is None or self.connection.client is None:
             raise redis.ConnectionError(
                 "this broker channel's connection is already closed (kombu let go of it after"
