@@ -343,8 +343,7 @@ class OrgaClient:
         try:
             item = self.review(review_id)
         except TaskNotFoundError:
-            claim = cast("str | None", self.redis.get(keys.review_claim_key(review_id)))
-            self._refuse_claimed(review_id, claim)
+            self._refuse_decided(review_id)
             raise
         entry = self._claim(item, decision, hint or "", by)
         deadline = time.monotonic() + timeout_s
@@ -378,11 +377,24 @@ class OrgaClient:
                       decision, hint, by],
             ),
         )  # fmt: skip
-        if int(code) == 0:
+        if int(code) == 0:  # closed since it was read: by another decision, if one was sent
+            self._refuse_decided(review_id)
             raise TaskNotFoundError(f"no open review {review_id!r}; `orga review list` shows them")
         if int(code) == 1:
             self._refuse_claimed(review_id, str(value))
         return str(value)
+
+    def _refuse_decided(self, review_id: str) -> None:
+        """ReviewDecidedError naming who decided a review no longer open, when a decision was
+        sent for it (its claim) or applied (its ``review_decided`` event)."""
+        claim = cast("str | None", self.redis.get(keys.review_claim_key(review_id)))
+        self._refuse_claimed(review_id, claim)
+        decided = self._decided(review_id)
+        if decided is not None:
+            raise ReviewDecidedError(
+                f"decision refused: review {review_id} was already decided by "
+                f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was sent"
+            )
 
     def _refuse_claimed(self, review_id: str, claim: str | None) -> None:
         """ReviewDecidedError naming who decided, when a decision was sent for the review."""

@@ -363,6 +363,21 @@ def test_deciding_a_closed_review_says_so(browser: TestClient, orga: OrgaClient)
     assert "no open review &#39;r1&#39;" in response.text
 
 
+def test_deciding_a_review_another_decision_closed_names_the_winner(
+    browser: TestClient, orga: OrgaClient
+) -> None:
+    """The review was decided and applied (its claim expired since): the late reviewer is told
+    who decided it, not that no such review is open."""
+    token = _csrf(browser.get("/").text)
+    orga.redis.xadd(keys.events_stream, {"event": "review_decided", "review_id": "r1",
+                                         "decision": "skip", "by": "inbox:alice"})  # fmt: skip
+    orga.redis.hdel(keys.open_reviews_key, "r1")
+    response = browser.post("/decide", data={"csrftoken": token, "review_id": "r1",
+                                             "decision": "abort"})  # fmt: skip
+    assert "was already decided by &#39;inbox:alice&#39; (skip)" in response.text
+    assert not orga.redis.xlen(keys.control_stream)
+
+
 def test_an_invalid_decision_is_refused(browser: TestClient, orga: OrgaClient) -> None:
     """A decision other than retry, skip, abort, approve or revise is a 400 naming the choices."""
     token = _csrf(browser.get("/").text)
