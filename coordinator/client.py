@@ -381,30 +381,20 @@ class OrgaClient:
             self._refuse_decided(review_id)
             raise TaskNotFoundError(f"no open review {review_id!r}; `orga review list` shows them")
         if int(code) == 1:
-            self._refuse_claimed(review_id, str(value))
+            self._refuse_decided(review_id, str(value))
         return str(value)
 
-    def _refuse_decided(self, review_id: str) -> None:
-        """ReviewDecidedError naming who decided a review no longer open, when a decision was
-        sent for it (its claim) or applied (its ``review_decided`` event)."""
-        claim = cast("str | None", self.redis.get(keys.review_claim_key(review_id)))
-        self._refuse_claimed(review_id, claim)
-        decided = self._decided(review_id)
+    def _refuse_decided(self, review_id: str, claim: str | None = None) -> None:
+        """ReviewDecidedError naming who decided the review, when a decision was sent for it
+        (``claim``, else the review's claim key) or applied (its ``review_decided`` event)."""
+        if claim is None:
+            claim = cast("str | None", self.redis.get(keys.review_claim_key(review_id)))
+        decided = json.loads(claim) if claim is not None else self._decided(review_id)
         if decided is not None:
             raise ReviewDecidedError(
                 f"decision refused: review {review_id} was already decided by "
                 f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was sent"
             )
-
-    def _refuse_claimed(self, review_id: str, claim: str | None) -> None:
-        """ReviewDecidedError naming who decided, when a decision was sent for the review."""
-        if claim is None:
-            return
-        sent = json.loads(claim)
-        raise ReviewDecidedError(
-            f"decision refused: review {review_id} was already decided by "
-            f"{sent.get('by')!r} ({sent.get('decision')}); nothing else was sent"
-        )
 
     def _decided(self, review_id: str) -> dict[str, str] | None:
         """The ``review_decided`` event of a review, if it was applied."""
