@@ -157,6 +157,10 @@ class ParentLink(_Strict):
     """The child's depth: 1 for a task's own children, 2 for their children..."""
     workspace: str = ""
     """The parent's workspace: a ``subfolder`` child works under it."""
+    workspace_base: str | None = None
+    """The workspace of the delegation tree's root when the parent itself works in a subfolder
+    of it (None: the parent's workspace is its own). A ``subfolder`` child's workspace is
+    checked, folder by folder, from there (:attr:`shared.protocol.ToolRequest.workspace_base`)."""
     copy_from: str | None = None
     """What a ``copy`` child's workspace starts from: the parent's workspace once a tool has
     used it, else the parent's own template (None: an empty folder)."""

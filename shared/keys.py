@@ -33,6 +33,9 @@ Keys
     ``orga:reviews:open``        hash: review id -> open escalation (JSON)
     ``orga:applied:{sha256}``    string: the result of a writing tool call applied once, by its
                                  idempotency key (``applied_call_key``)
+    ``orga:workspace:{sha256}``  string: the identity (device:inode) of a sub-agent's workspace
+                                 folder the runtime created, by a digest of its path
+                                 (``workspace_claim_key``)
     ``orga:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
                                  decision, entry_id), set with the control entry by one script
     ``orga:stats:status``        hash: number of tasks in each status (kept by the commit script)
@@ -58,6 +61,7 @@ TTLs
     ``result_cache_ttl_s``       a cached tool result expires; caps CachedResult's max_staleness
     ``review_claim_ttl_s``       a review's decision claim expires
     ``applied_call_ttl_s``       the kept result of a call applied once expires
+    ``workspace_claim_ttl_s``    a sub-agent workspace's claim expires, unless opened again
 """
 
 from __future__ import annotations
@@ -126,6 +130,9 @@ __all__ = [
     "task_key_prefix",
     "tool_task_name",
     "tools_queue",
+    "workspace_claim_key",
+    "workspace_claim_key_prefix",
+    "workspace_claim_ttl_s",
 ]
 
 key_prefix: Final = "orga:"
@@ -157,6 +164,7 @@ breaker_key_prefix: Final = "orga:breaker:"
 result_cache_key_prefix: Final = "orga:result:"
 review_claim_key_prefix: Final = "orga:review_claim:"
 applied_call_key_prefix: Final = "orga:applied:"
+workspace_claim_key_prefix: Final = "orga:workspace:"
 provider_limit_key_prefix: Final = "orga:ratelimit:"
 
 journal_sequence_key_prefix: Final = "orga:journal_seq:"
@@ -198,6 +206,9 @@ heartbeats_retention_s: Final = 600
 review_claim_ttl_s: Final = 7 * 24 * 3600
 applied_call_ttl_s: Final = 24 * 3600
 """How long the result of a call applied once is kept (a duplicate later than this runs again)."""
+workspace_claim_ttl_s: Final = 30 * 24 * 3600
+"""How long the runtime remembers creating a sub-agent's workspace folder after it was last
+opened (a sub-agent idle for longer is refused its folder: it was not seen to be the runtime's)."""
 """How long the claim of a decided review is kept (a late second decision is refused by it)."""
 """Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
@@ -251,6 +262,12 @@ def journal_sequence_key(task_id: str) -> str:
 def applied_call_key(digest: str) -> str:
     """The result of a call applied once, by its key's digest: ``orga:applied:{sha256}``."""
     return f"{applied_call_key_prefix}{digest}"
+
+
+def workspace_claim_key(digest: str) -> str:
+    """The identity of a sub-agent workspace folder the runtime created, by its path's digest:
+    ``orga:workspace:{sha256}``."""
+    return f"{workspace_claim_key_prefix}{digest}"
 
 
 def review_claim_key(review_id: str) -> str:

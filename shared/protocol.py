@@ -160,6 +160,11 @@ class ReasonRequest(BaseModel):
     allowed_tools: list[str] | None = None
     model_calls: int = Field(default=0, ge=0)
     workspace_template: str | None = None
+    workspace_base: str | None = None
+    """Set for a sub-agent that works in a subfolder of its parent's workspace: the workspace of
+    its delegation tree's root. Every folder from there down to ``workspace`` must be a real
+    directory (no link) that the runtime created itself; a worker checks that each time it
+    opens the workspace (:mod:`workers.workspaces`)."""
     recovery: RecoveryStrategy = Field(default_factory=Retry)
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
     trace_parent: str | None = None
@@ -176,6 +181,7 @@ class ReasonRequest(BaseModel):
             action=call,
             workspace=self.workspace,
             workspace_template=self.workspace_template,
+            workspace_base=self.workspace_base,
             config=self.config,
             recovery=self.tool_recovery.get(call.name, self.recovery),
             policy=self.policy,
@@ -223,6 +229,11 @@ class ToolRequest(BaseModel):
     action: ToolCallAction
     workspace: str
     workspace_template: str | None = None
+    workspace_base: str | None = None
+    """Set for a sub-agent that works in a subfolder of its parent's workspace: the workspace of
+    its delegation tree's root. Every folder from there down to ``workspace`` must be a real
+    directory (no link) that the runtime created itself; a worker checks that each time it
+    opens the workspace (:mod:`workers.workspaces`)."""
     config: LoopConfig
     recovery: RecoveryStrategy = Field(default_factory=Retry)
     policy: PolicySpec = Field(default_factory=PolicySpec)

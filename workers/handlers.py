@@ -12,10 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -62,6 +59,12 @@ from workers.providers.base import (
 from workers.providers.rate_limit import recording_waits
 from workers.tools.base import ToolContext
 from workers.tools.workspace import resolving_once
+from workers.workspaces import (
+    SubagentsFolderGate,
+    WorkspaceClaims,
+    open_subagent_workspace,
+    prepare_workspace,
+)
 
 log = logging.getLogger("orga.worker.handlers")
 
@@ -135,6 +138,10 @@ class WorkerServices(Protocol):
         """Add a task's seeded knowledge to the agent's store (once per process and seed)."""
         ...
 
+    def workspace_claims(self) -> WorkspaceClaims:
+        """The sub-agent workspace folders the runtime created (:mod:`workers.workspaces`)."""
+        ...
+
 
 def prepare_tools(
     definitions: Sequence[ToolDefinition], config: LoopConfig, allowed: Sequence[str] | None
@@ -159,33 +166,6 @@ def failure_kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, RateLimitedError | ProviderError | InferenceTimeoutError | TimeoutError):
         return "transient"
     return "internal"
-
-
-def prepare_workspace(workspace: Path, template: str | None) -> Path:
-    """Create the task's workspace; a template folder is copied in once, atomically.
-
-    A template that is not a folder is a configuration error (the task names it).
-    """
-    if workspace.exists():
-        return workspace
-    if template is not None and not Path(template).is_dir():
-        raise ConfigError(
-            f"workspace_template {template!r} is not a folder on this worker; give the path of "
-            "an existing folder (absolute, or relative to the task file) or remove it"
-        )
-    workspace.parent.mkdir(parents=True, exist_ok=True)
-    if template is None:
-        workspace.mkdir(exist_ok=True)
-        return workspace
-    staging = workspace.parent / f".{workspace.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    shutil.copytree(template, staging, symlinks=True)
-    try:
-        staging.rename(workspace)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not workspace.exists():
-            raise
-    return workspace
 
 
 def _gate_context(request: ReasonRequest | ToolRequest, iteration: int) -> GateContext:
@@ -252,7 +232,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
             )
     offered = [t.name for t in checking.config.tool_definitions]
     registered = [t.name for t in services.tool_definitions()]
-    gate = OfferedToolsGate(services.gate(request.policy), offered, registered)
+    gate = SubagentsFolderGate(OfferedToolsGate(services.gate(request.policy), offered, registered))
     # The file tools run here reuse the real paths the gate resolved (resolving_once says why
     # that is as safe as resolving again).
     with resolving_once():
@@ -550,7 +530,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
                 duration_ms=(time.monotonic() - started) * 1000,
             )
         request = request.model_copy(update={"action": action})
-    workspace = prepare_workspace(Path(request.workspace), request.workspace_template)
+    workspace = await open_workspace(request, services)
     timeout_s = request.config.tool_timeout.total_seconds()
     if request.purpose == "verify":
         timeout_s = float(request.action.parsed_arguments().get("timeout_s", timeout_s))
@@ -564,6 +544,23 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
     )
     message = await services.execute(request, context)
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
+
+
+async def open_workspace(
+    request: ReasonRequest | ToolRequest, services: WorkerServices, *, create: bool = True
+) -> Path:
+    """The request's workspace, made when missing (``create``): a task's own, or a
+    sub-agent's folder inside its parent's, checked on every open (:mod:`workers.workspaces`)."""
+    workspace = Path(request.workspace)
+    if request.workspace_base is None:
+        return prepare_workspace(workspace, request.workspace_template) if create else workspace
+    return await open_subagent_workspace(
+        workspace,
+        Path(request.workspace_base),
+        services.workspace_claims(),
+        request.workspace_template,
+        create=create,
+    )
 
 
 async def _gated(

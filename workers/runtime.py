@@ -76,6 +76,7 @@ from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only
 from workers.tools.registry import ToolRegistry, default_registry
+from workers.workspaces import InMemoryWorkspaceClaims, RedisWorkspaceClaims, WorkspaceClaims
 
 __all__ = [
     "LEDGERS_KEPT",
@@ -142,6 +143,7 @@ class WorkerCore:
         self._ledgers: dict[str, RecoveryLedger] = {}
         self._scripts: dict[bytes, Script] = {}
         self._providers: dict[tuple[str | None, ...], InferenceProvider] = {}
+        self._workspace_claims: WorkspaceClaims = InMemoryWorkspaceClaims()
 
     async def aclose(self) -> None:
         """Close the HTTP clients."""
@@ -329,6 +331,11 @@ class WorkerCore:
         """The agents' knowledge store."""
         return self._knowledge
 
+    def workspace_claims(self) -> WorkspaceClaims:
+        """The sub-agent workspace folders the runtime created (in memory, or shared through
+        Redis in a worker process)."""
+        return self._workspace_claims
+
     async def conversation(self, request: ReasonRequest) -> Conversation:
         """The request's own conversation (this core has no store to read a reference in)."""
         if request.conversation_ref is not None:
@@ -406,6 +413,7 @@ class ProcessServices(WorkerCore):
             applied=RedisAppliedCalls(self.redis),
         )
         super().__init__(settings, provider_settings, executor, registry, knowledge)
+        self._workspace_claims = RedisWorkspaceClaims(self.redis)
         self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}
         """Task id → ((created_at, epoch), the messages of its conversation read so far)."""
         self._hold_keys: dict[tuple[str | None, ...], str | None] = {}

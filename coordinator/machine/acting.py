@@ -89,6 +89,7 @@ class Acting(Section):
             action=call,
             workspace=self.m.workspace(),
             workspace_template=self.m.workspace_template(),
+            workspace_base=self.m.workspace_base(),
             config=self.m.config(),
             recovery=spec.tool_recovery.get(call.name, spec.recovery),
             policy=spec.policy,

@@ -224,6 +224,17 @@ class MachineCore:
                 record.workspace = task_workspace(root, record.task_id)
         return record.workspace
 
+    def workspace_base(self) -> str | None:
+        """For a sub-agent working in a subfolder of its parent's workspace: the delegation
+        tree root's workspace, from which a worker checks every folder down to this task's
+        (None: the workspace is not a sub-agent's subfolder)."""
+        link = self.record.spec.delegation
+        if link is None or not link.workspace or self.workspace() == link.workspace:
+            return None
+        if not self.workspace().startswith(f"{link.workspace}/subagents/"):
+            return None
+        return link.workspace_base or link.workspace
+
     def workspace_template(self) -> str | None:
         """The folder copied into the workspace when it is created: the task's template, or,
         for a sub-agent working on a copy, its parent's workspace."""

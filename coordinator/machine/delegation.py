@@ -155,6 +155,7 @@ class Delegation(Section):
             step_instruction=record.step().spec.instruction,
             depth=(parent.depth if parent is not None else 0) + 1,
             workspace=m.workspace(),
+            workspace_base=m.workspace_base(),
             copy_from=m.workspace() if self.workspace_used() else m.workspace_template(),
             max_iterations=iterations,
             max_total_tokens=tokens,

@@ -79,6 +79,7 @@ class Reasoning(Section):
             allowed_tools=record.spec.tools,
             model_calls=record.model_calls,
             workspace_template=m.workspace_template(),
+            workspace_base=m.workspace_base(),
             recovery=record.spec.recovery,
             tool_recovery=record.spec.tool_recovery,
             act=self.act_mode(purpose),

@@ -426,3 +426,79 @@ def test_a_child_left_waiting_for_a_review_makes_its_parents_run_return(tmp_path
     assert child.status is TaskStatus.AWAITING_REVIEW
     assert child.record.review is not None
     assert child.record.review.snapshot["parent"]["goal"] == "combine two answers"
+
+
+# -- a sub-agent's workspace stays inside its parent's (the red-team break) ----------------------
+
+
+def _escaping_parent(command: str) -> dict[str, Any]:
+    return _parent(
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+        _delegating("reader"),
+        "parent done",
+    )
+
+
+def _reader() -> AgentProfile:
+    return _agent("reader", [
+        {"tool_calls": [{"name": "file_read", "arguments": {"path": "secret.txt"}},
+                        {"name": "file_write", "arguments": {"path": "planted.txt",
+                                                             "content": "from the child"}},
+                        {"name": "run_command", "arguments": {"command": "touch ran-here"}}]},
+        "read it",
+    ])  # fmt: skip
+
+
+def _outside(tmp_path: Path) -> Path:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("the outside secret")
+    return outside
+
+
+def _transcript(run: Any) -> str:
+    texts = [m.content or "" for m in run.record.conversation.messages]
+    for child in run.children.values():
+        texts += [m.content or "" for m in child.record.conversation.messages]
+    return "\n".join(texts)
+
+
+def test_a_link_planted_as_the_childs_folder_refuses_the_delegation(tmp_path: Path) -> None:
+    """The parent links ``subagents/<parent>.1`` to an outside folder, then delegates: the
+    ``delegate`` call is refused naming the link, no child runs, nothing outside is read or
+    written."""
+    outside = _outside(tmp_path / "ws")
+    command = (
+        "python3 -c \"import os; os.makedirs('subagents', exist_ok=True); "
+        f"os.symlink('{outside}', 'subagents/p.1')\""
+    )
+    driver = _driver(tmp_path / "ws", _reader())
+    run = asyncio.run(driver.run(_escaping_parent(command), "p"))
+    results = [m.content for m in run.record.conversation.messages if m.role.value == "tool"]
+    assert (
+        "delegation refused: subagents/p.1 in this task's workspace is a symbolic link"
+        in (results[1])
+    ), results
+    assert run.children == {} and run.record.children == []
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert "the outside secret" not in _transcript(run)
+
+
+def test_a_childs_folder_made_by_the_parent_fails_the_child_not_the_containment(
+    tmp_path: Path,
+) -> None:
+    """The parent makes ``subagents/<parent>.1`` itself with a link to the secret in it: the
+    child is stopped at its first tool call (the folder was not made by the runtime), and the
+    parent's ``delegate`` call gets that error."""
+    outside = _outside(tmp_path / "ws")
+    command = f"mkdir -p subagents/p.1 && ln -s {outside}/secret.txt subagents/p.1/secret.txt"
+    driver = _driver(tmp_path / "ws", _reader())
+    run = asyncio.run(driver.run(_escaping_parent(command), "p"))
+    child = run.children["p.1"]
+    assert child.status is TaskStatus.FAILED
+    assert "was not created by the runtime" in (child.record.error or "")
+    results = [m.content for m in run.record.conversation.messages if m.role.value == "tool"]
+    assert "was not created by the runtime" in results[1], results
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert not (tmp_path / "ws" / "p" / "subagents" / "p.1" / "ran-here").exists()
+    assert "the outside secret" not in _transcript(run)

@@ -207,3 +207,59 @@ def test_a_submitted_task_cannot_claim_a_parent(cluster: Cluster) -> None:
     wait_until(lambda: client.rejection("deleg-forged") is not None, 30, "the forged task refused")
     assert "which did not create it" in str(client.rejection("deleg-forged"))
     assert [c.task_id for c in client.record(parent).children] == [f"{parent}.1"]
+
+
+def _planting_parent(command: str) -> dict[str, Any]:
+    parent = _parent("reader")
+    parent["provider"]["replies"] = [
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+        {"tool_calls": [{"name": "delegate", "arguments": {
+            "agent": "reader", "goal": "read the secret",
+            "steps": [{"id": "read", "instruction": "read secret.txt"}]}}]},
+        "parent done",
+    ]  # fmt: skip
+    return parent
+
+
+def test_a_childs_workspace_never_escapes_through_a_link(cluster: Cluster, tmp_path: Path) -> None:
+    """On a deployment: a parent that links ``subagents/<parent>.1`` to an outside folder and
+    then delegates has its ``delegate`` call refused; a parent that makes that folder itself
+    (a link to the secret inside) has its child stopped at the child's first tool call, in the
+    tool worker. Neither reads nor writes anything outside, and the parent's call says why."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("the outside secret")
+    _register(cluster, tmp_path, {
+        "name": "reader",
+        "provider": {"kind": "scripted", "replies": [
+            {"tool_calls": [{"name": "file_read", "arguments": {"path": "secret.txt"}},
+                            {"name": "file_write", "arguments": {"path": "planted.txt",
+                                                                 "content": "child"}}]},
+            "read it"]},
+        "limits": {"max_iterations": 5},
+    })  # fmt: skip
+    client = cluster.client()
+    linked = client.submit(_planting_parent(
+        "python3 -c \"import os; os.makedirs('subagents', exist_ok=True); "
+        f"os.symlink('{outside}', 'subagents/deleg-link.1')\""
+    ), task_id="deleg-link")  # fmt: skip
+    made = client.submit(_planting_parent(
+        f"mkdir -p subagents/deleg-made.1 && ln -s {outside}/secret.txt "
+        "subagents/deleg-made.1/secret.txt"
+    ), task_id="deleg-made")  # fmt: skip
+    for task_id in (linked, made):
+        wait_until(lambda t=task_id: status_of(client, t) == "completed", 90, f"{task_id} done")
+    results = {}
+    for task_id in (linked, made):
+        tool = [m for m in client.record(task_id).conversation.messages if m.role.value == "tool"]
+        results[task_id] = tool[1].content
+    assert (
+        "delegation refused: subagents/deleg-link.1 in this task's workspace is a symbolic"
+        in (results[linked])
+    )
+    assert client.record(linked).children == []
+    assert "was not created by the runtime" in results[made], results[made]
+    assert status_of(client, f"{made}.1") == "failed"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    child = client.record(f"{made}.1")
+    assert all("the outside secret" not in (m.content or "") for m in child.conversation.messages)

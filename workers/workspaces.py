@@ -1,0 +1,324 @@
+"""Where a task's workspace is made, and why a sub-agent's stays inside its parent's.
+
+A task's own workspace is a folder under ``ORGA_WORKSPACE_ROOT`` (or one its spec names), made
+on first use (:func:`prepare_workspace`). A sub-agent delegated with ``delegated_workspace:
+subfolder`` works in ``{parent workspace}/subagents/{child id}``: a folder inside a tree the
+parent's own commands can change. A parent could put a symbolic link there before it delegates
+(``ln -s /somewhere subagents/p.1``), and every later path check would then take the outside
+folder for the child's workspace root. So a sub-agent's folder is made and checked here, on
+every open, and never through a path the operating system resolves:
+
+- every folder from the delegation tree root's workspace (``workspace_base``, a folder the
+  runtime or the operator made) down to the child's is opened one component at a time with
+  ``O_NOFOLLOW | O_DIRECTORY``: a link or anything but a directory on the way is refused
+  (:class:`SubagentWorkspaceError`), and missing folders are created (``mkdir``, no link
+  followed);
+- the child's own folder must be one the runtime created: the first ``mkdir`` of it records
+  its identity (device and inode) in :class:`WorkspaceClaims`, and each later open compares.
+  A folder that was there before the runtime made it (a parent made it to plant files or
+  links in it) or that was replaced since (renamed away, a new one put in its place) is
+  refused.
+
+A refusal is a configuration error of the sub-agent (its task fails at once, and the parent's
+``delegate`` call gets that error as its result). The reasoning worker refuses the ``delegate``
+call itself earlier, when it can already see a link in the way (:class:`SubagentsFolderGate`).
+
+Limit: the check and the tool's own use of the path are two steps, so a process swapping the
+checked folder for a link in between could redirect one call. The file tools open paths from
+the workspace root without following links (:mod:`workers.tools.confined`), so what is left is
+the root itself, checked again on the next call.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import NoReturn, Protocol
+
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.actions import Deny, GateDecision, ProposedAction, ToolCallAction
+from shared.delegation import is_delegate
+from shared.errors import ConfigError
+from workers.gates.base import GateContext, ReasoningPolicyGate
+
+__all__ = [
+    "SUBAGENTS_FOLDER",
+    "InMemoryWorkspaceClaims",
+    "RedisWorkspaceClaims",
+    "SubagentWorkspaceError",
+    "SubagentsFolderGate",
+    "WorkspaceClaims",
+    "open_subagent_workspace",
+    "prepare_workspace",
+]
+
+SUBAGENTS_FOLDER = "subagents"
+"""The folder of a workspace that holds its sub-agents' workspaces (the runtime's own)."""
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class SubagentWorkspaceError(ConfigError):
+    """A sub-agent's workspace folder is not a real directory the runtime made inside its
+    parent's workspace; the message names the folder and what was found."""
+
+
+class WorkspaceClaims(Protocol):
+    """The identities of the sub-agent workspace folders the runtime created, by path."""
+
+    async def claim(self, workspace: str, identity: str) -> str:
+        """Record ``identity`` for ``workspace`` unless one is recorded; the recorded one."""
+        ...
+
+    async def recorded(self, workspace: str) -> str | None:
+        """The identity recorded for ``workspace`` (None: the runtime never created it)."""
+        ...
+
+
+class InMemoryWorkspaceClaims:
+    """Claims of one process (the in-process driver's)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, str] = {}
+
+    async def claim(self, workspace: str, identity: str) -> str:
+        """Record ``identity`` unless one is recorded; the recorded one."""
+        return self._claims.setdefault(workspace, identity)
+
+    async def recorded(self, workspace: str) -> str | None:
+        """The identity recorded for ``workspace``."""
+        return self._claims.get(workspace)
+
+
+class RedisWorkspaceClaims:
+    """Claims shared by every worker, one key per folder (``keys.workspace_claim_key``), kept
+    ``keys.workspace_claim_ttl_s`` after the folder was last opened."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    @staticmethod
+    def _key(workspace: str) -> str:
+        return keys.workspace_claim_key(hashlib.sha256(workspace.encode()).hexdigest())
+
+    async def claim(self, workspace: str, identity: str) -> str:
+        """``SET NX`` then read back: the first creator's identity wins."""
+        key = self._key(workspace)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(key, identity, nx=True, ex=keys.workspace_claim_ttl_s)
+            pipe.get(key)
+            _, value = await pipe.execute()
+        return _text(value) or identity
+
+    async def recorded(self, workspace: str) -> str | None:
+        """The recorded identity, its expiry renewed (``GETEX``)."""
+        value = await self._redis.getex(self._key(workspace), ex=keys.workspace_claim_ttl_s)
+        return _text(value)
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode()
+    return value if isinstance(value, str) else None
+
+
+def prepare_workspace(workspace: Path, template: str | None) -> Path:
+    """Create a task's own workspace; a template folder is copied in once, atomically.
+
+    A template that is not a folder is a configuration error (the task names it).
+    """
+    if workspace.exists():
+        return workspace
+    _check_template(template)
+    workspace.parent.mkdir(parents=True, exist_ok=True)
+    if template is None:
+        workspace.mkdir(exist_ok=True)
+        return workspace
+    staging = workspace.parent / f".{workspace.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    shutil.copytree(template, staging, symlinks=True)
+    try:
+        staging.rename(workspace)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not workspace.exists():
+            raise
+    return workspace
+
+
+def _check_template(template: str | None) -> None:
+    if template is not None and not Path(template).is_dir():
+        raise ConfigError(
+            f"workspace_template {template!r} is not a folder on this worker; give the path of "
+            "an existing folder (absolute, or relative to the task file) or remove it"
+        )
+
+
+async def open_subagent_workspace(
+    workspace: Path,
+    base: Path,
+    claims: WorkspaceClaims,
+    template: str | None = None,
+    *,
+    create: bool = True,
+) -> Path:
+    """The sub-agent workspace ``workspace`` under the tree root's workspace ``base``, made
+    (``create``) or checked as the module says; raises :class:`SubagentWorkspaceError`.
+
+    ``create=False`` (a reasoning worker, whose mount may be read-only) only checks: a missing
+    folder is then a :class:`FileNotFoundError`.
+    """
+    parts = _components(workspace, base)
+    if create:
+        base.mkdir(parents=True, exist_ok=True)
+        _check_template(template)
+    created, identity = _walk(base, parts, workspace, create=create)
+    key = str(workspace)
+    if created:
+        recorded: str | None = await claims.claim(key, identity)
+        if template is not None:
+            shutil.copytree(template, workspace, symlinks=True, dirs_exist_ok=True)
+    else:
+        recorded = await claims.recorded(key)
+    if recorded is None:
+        raise SubagentWorkspaceError(
+            f"sub-agent workspace {key!r} was not created by the runtime: the folder was "
+            "already there when the sub-agent first used it (something else, such as a "
+            "command of the parent task, made it); the runtime only runs a sub-agent in a "
+            f"folder it made itself. Remove that folder and delegate again, and leave "
+            f"{SUBAGENTS_FOLDER}/ to the runtime"
+        )
+    if recorded != identity:
+        raise SubagentWorkspaceError(
+            f"sub-agent workspace {key!r} is not the folder the runtime created for it (it "
+            "was replaced since); the sub-agent is stopped rather than run in a folder "
+            f"someone else made. Leave {SUBAGENTS_FOLDER}/ to the runtime"
+        )
+    return workspace
+
+
+def _components(workspace: Path, base: Path) -> list[str]:
+    """The folder names from ``base`` down to ``workspace``: a sub-agent's path is
+    ``{base}/subagents/{id}[/subagents/{id}...]``, spelled without ``.``, ``..`` or links."""
+    relative = os.path.relpath(os.path.normpath(workspace), os.path.normpath(base))
+    parts = relative.split(os.sep)
+    if (
+        relative.startswith("..")
+        or os.path.isabs(relative)
+        or relative == "."
+        or len(parts) % 2
+        or any(p != SUBAGENTS_FOLDER for p in parts[::2])
+        or any(p in ("", ".", "..") for p in parts)
+        or os.path.normpath(workspace) != str(workspace)
+    ):
+        raise SubagentWorkspaceError(
+            f"sub-agent workspace {str(workspace)!r} is not a {SUBAGENTS_FOLDER}/<id> folder "
+            f"below its delegation root's workspace {str(base)!r}; a sub-agent works only in "
+            "a folder the runtime makes there"
+        )
+    return parts
+
+
+def _walk(base: Path, parts: list[str], workspace: Path, *, create: bool) -> tuple[bool, str]:
+    """Open ``base`` then each of ``parts`` without following a link (creating missing ones
+    when ``create``): whether the last was created now, and its ``device:inode``."""
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    created = False
+    try:
+        for index, part in enumerate(parts):
+            created = False
+            try:
+                child = os.open(part, _DIRECTORY, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                    created = True
+                except FileExistsError:
+                    pass  # made meanwhile by another call: opened (and checked) below
+                child = _open_checked(fd, part, parts[: index + 1], base, workspace)
+            except OSError as exc:
+                _refuse(exc, parts[: index + 1], base, workspace)
+            os.close(fd)
+            fd = child
+        status = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return created, f"{status.st_dev}:{status.st_ino}"
+
+
+def _open_checked(fd: int, part: str, path: list[str], base: Path, workspace: Path) -> int:
+    try:
+        return os.open(part, _DIRECTORY, dir_fd=fd)
+    except OSError as exc:
+        _refuse(exc, path, base, workspace)
+
+
+def _refuse(exc: OSError, path: list[str], base: Path, workspace: Path) -> NoReturn:
+    where = os.path.join(base, *path)
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        found = "a symbolic link" if os.path.islink(where) else "not a directory"
+        raise SubagentWorkspaceError(
+            f"sub-agent workspace {str(workspace)!r} refused: {where!r} is {found}; a "
+            "sub-agent's folder and every folder above it inside the parent's workspace must "
+            f"be real directories the runtime made. Remove {where!r} (and leave "
+            f"{SUBAGENTS_FOLDER}/ to the runtime), then delegate again"
+        ) from exc
+    raise exc
+
+
+class SubagentsFolderGate:
+    """Wraps a task's gate: denies a ``delegate`` call when the parent's ``subagents`` folder,
+    or a folder named after one of its children in it, is a link or not a directory, before a
+    child is created (the child's worker checks again, every time it opens its folder)."""
+
+    def __init__(self, inner: ReasoningPolicyGate) -> None:
+        self._inner = inner
+
+    async def evaluate_action(self, action: ProposedAction, context: GateContext) -> GateDecision:
+        """Deny a ``delegate`` call whose sub-agent folder would not be a real directory."""
+        if (
+            isinstance(action, ToolCallAction)
+            and is_delegate(action.name)
+            and context.workspace is not None
+        ):
+            problem = subagents_folder_problem(context.workspace, context.task_id)
+            if problem is not None:
+                return Deny(reason=f"delegation refused: {problem}")
+        return await self._inner.evaluate_action(action, context)
+
+
+def subagents_folder_problem(workspace: Path, task_id: str | None) -> str | None:
+    """What is wrong with ``workspace/subagents`` for a new sub-agent (None: nothing seen)."""
+    folder = workspace / SUBAGENTS_FOLDER
+    if not os.path.lexists(folder):
+        return None
+    if folder.is_symlink() or not folder.is_dir():
+        kind = "a symbolic link" if folder.is_symlink() else "not a directory"
+        return (
+            f"{SUBAGENTS_FOLDER!r} in this task's workspace is {kind}; it holds the sub-agents' "
+            f"workspaces and must be a real directory the runtime makes: remove it "
+            f"(rm {SUBAGENTS_FOLDER}) and delegate again"
+        )
+    if task_id is None:
+        return None
+    prefix = f"{task_id}."
+    with os.scandir(folder) as entries:
+        bad = [
+            e for e in entries if e.name.startswith(prefix) and (e.is_symlink() or not e.is_dir())
+        ]
+    if not bad:
+        return None
+    entry = min(bad, key=lambda e: e.name)
+    kind = "a symbolic link" if entry.is_symlink() else "not a directory"
+    return (
+        f"{SUBAGENTS_FOLDER}/{entry.name} in this task's workspace is {kind}, where the "
+        f"runtime makes a sub-agent's workspace: remove it (rm {SUBAGENTS_FOLDER}/{entry.name}) "
+        "and delegate again"
+    )
