@@ -49,6 +49,12 @@ Keys
     ``orga:ratelimit:{provider}:{digest}``  string: until when (unix ms) every worker holds off
                                  calling one provider with one key (``provider_limit_key``;
                                  the digest is a hash of the base URL and key, never the key)
+    ``orga:inbox:session:{sha256}``  string: the reviewer of one inbox login, by a hash of the
+                                 session id its signed cookie carries; deleted at logout
+                                 (``inbox_session_key``)
+    ``orga:inbox:login_failures:{kind}:{sha256}``  string: failed inbox logins in the current
+                                 window, from one client address (``addr``) or for one user
+                                 name (``user``), by a hash of it (``inbox_login_failures_key``)
 
 Celery (the Redis broker stores each queue as a list under its name)
     ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
@@ -62,6 +68,8 @@ TTLs
     ``review_claim_ttl_s``       a review's decision claim expires
     ``applied_call_ttl_s``       the kept result of a call applied once expires
     ``workspace_claim_ttl_s``    a sub-agent workspace's claim expires, unless opened again
+    ``inbox_session_ttl_s``      an inbox login ends (its cookie expires with it)
+    ``inbox_login_window_s``     the window in which an inbox login's failures are counted
 """
 
 from __future__ import annotations
@@ -92,6 +100,12 @@ __all__ = [
     "idempotency_key",
     "idempotency_key_prefix",
     "idempotency_ttl_s",
+    "inbox_login_failures_key",
+    "inbox_login_failures_key_prefix",
+    "inbox_login_window_s",
+    "inbox_session_key",
+    "inbox_session_key_prefix",
+    "inbox_session_ttl_s",
     "intake_maxlen",
     "intake_stream",
     "journal_sequence_key",
@@ -166,6 +180,8 @@ review_claim_key_prefix: Final = "orga:review_claim:"
 applied_call_key_prefix: Final = "orga:applied:"
 workspace_claim_key_prefix: Final = "orga:workspace:"
 provider_limit_key_prefix: Final = "orga:ratelimit:"
+inbox_session_key_prefix: Final = "orga:inbox:session:"
+inbox_login_failures_key_prefix: Final = "orga:inbox:login_failures:"
 
 journal_sequence_key_prefix: Final = "orga:journal_seq:"
 active_tasks_key: Final = "orga:tasks:active"
@@ -209,6 +225,10 @@ applied_call_ttl_s: Final = 24 * 3600
 workspace_claim_ttl_s: Final = 30 * 24 * 3600
 """How long the runtime remembers creating a sub-agent's workspace folder after it was last
 opened (a sub-agent idle for longer is refused its folder: it was not seen to be the runtime's)."""
+inbox_session_ttl_s: Final = 14 * 24 * 3600
+"""How long an inbox login lasts at most (its cookie expires with it)."""
+inbox_login_window_s: Final = 60
+"""The window in which an inbox login's failures are counted."""
 """How long the claim of a decided review is kept (a late second decision is refused by it)."""
 """Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
@@ -284,3 +304,15 @@ def provider_limit_key(provider: str, key_digest: str) -> str:
     """Until when every worker holds off one provider and key (a 429's Retry-After):
     ``orga:ratelimit:{provider}:{digest}``; ``key_digest`` is a hash, never the key."""
     return f"{provider_limit_key_prefix}{provider}:{key_digest}"
+
+
+def inbox_session_key(session_digest: str) -> str:
+    """The reviewer of one inbox login: ``orga:inbox:session:{sha256}``; ``session_digest`` is
+    a hash of the session id, never the id."""
+    return f"{inbox_session_key_prefix}{session_digest}"
+
+
+def inbox_login_failures_key(kind: str, digest: str) -> str:
+    """Failed inbox logins in the current window, from one address (``kind`` ``addr``) or for one
+    user name (``user``): ``orga:inbox:login_failures:{kind}:{sha256}``."""
+    return f"{inbox_login_failures_key_prefix}{kind}:{digest}"

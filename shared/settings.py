@@ -169,6 +169,13 @@ class OrgaSettings(BaseSettings):
         "process (reviewers log in again after a restart; set it when several inbox processes "
         "serve one address)",
     )
+    inbox_secure_cookies: Literal["auto"] | bool = Field(
+        default="auto",
+        description="`orga inbox`: mark its cookies `Secure` (sent over HTTPS only): `auto`, "
+        "when the request came over HTTPS (uvicorn's TLS, or `X-Forwarded-Proto` from a proxy "
+        "in uvicorn's FORWARDED_ALLOW_IPS); `true` always (behind a TLS proxy uvicorn does not "
+        "trust); `false` never",
+    )
 
 
 class TelemetrySettings(BaseSettings):

@@ -4,16 +4,17 @@ Decisions go through :meth:`OrgaClient.decide`, the same control path as ``orga 
 the coordinator applies or refuses them, so the deadline default, the two-reviewer race and
 the audit trail (``by``: ``inbox:<reviewer>``) behave as from the CLI.
 
-Middleware, outermost first: security headers, the signed session, :class:`ReviewerGate`
-(authentication), asgi-csrf (a signed double-submit cookie checked against every form's
-``csrftoken`` field), then the routes.
+Middleware, outermost first: security headers, :class:`SecureCookies`, :class:`BodyLimit` (413
+past the cap, before anything reads the body), the signed session, :class:`ReviewerGate`
+(authentication, throttled), asgi-csrf (a signed double-submit cookie checked against every
+form's ``csrftoken`` field), then the routes.
 """
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from asgi_csrf import asgi_csrf
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -30,8 +31,13 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.client import OrgaClient, critic_status
-from coordinator.inbox.auth import ReviewerAuth, ReviewerGate
+from coordinator.inbox.auth import ReviewerAuth, ReviewerGate, check_name, client_address
+from coordinator.inbox.middleware import MAX_BODY_BYTES, BodyLimit, SecureCookies
+from coordinator.inbox.sessions import ReviewerSessions
+from coordinator.inbox.throttle import LoginThrottle
 from coordinator.inbox.views import journal_rows, review_cards, task_row, task_rows, utc
+from coordinator.state import ReviewerError
+from shared import keys
 from shared.errors import OrgaError
 
 __all__ = ["DECISIONS", "InboxApp", "create_app"]
@@ -51,10 +57,12 @@ SECURITY_HEADERS = [
 
 @dataclass(frozen=True, slots=True)
 class InboxApp:
-    """The routes' shared state: the client, the credentials, the templates."""
+    """The routes' shared state: the client, the credentials, the logins, the templates."""
 
     client: OrgaClient
     auth: ReviewerAuth
+    sessions: ReviewerSessions
+    throttle: LoginThrottle
     templates: Jinja2Templates
     decide_timeout_s: float = 30.0
 
@@ -143,20 +151,49 @@ class InboxApp:
         return self.page(request, "login.html", next=_safe_next(request.query_params.get("next")))
 
     async def login(self, request: Request) -> Response:
-        """Check the token; on success the signed session remembers the reviewer."""
+        """Check the name and the token (throttled); on success a server-side login starts and
+        the signed session carries its id."""
         form = await request.form()
         target = _safe_next(str(form.get("next") or "/"))
-        if not self.auth.token_matches(str(form.get("token") or "")):
-            return self.page(
-                request, "login.html", status_code=401, next=target,
-                error="that token is not the inbox's token (ORGA_INBOX_TOKEN); try again",
-            )  # fmt: skip
-        name = " ".join(str(form.get("name") or "").split())[:64] or "reviewer"
-        request.session.update({"auth": self.auth.fingerprint, "reviewer": name})
+        name = " ".join(str(form.get("name") or "").split()) or "reviewer"
+        try:
+            check_name(name)
+        except ReviewerError as exc:
+            return self.page(request, "login.html", status_code=400, next=target, error=str(exc))
+        token = str(form.get("token") or "")
+        refused = await run_in_threadpool(self._login_refusal, request, name, token)
+        if refused is not None:
+            status_code, error, headers = refused
+            response = self.page(request, "login.html", status_code, next=target, error=error)
+            response.headers.update(headers)
+            return response
+        session_id = await run_in_threadpool(self._relogin, request, name)
+        request.session.update({"auth": self.auth.fingerprint, "sid": session_id})
         return RedirectResponse(target, status_code=303)
 
+    def _login_refusal(
+        self, request: Request, name: str, token: str
+    ) -> tuple[int, str, dict[str, str]] | None:
+        """Why a login is refused: 429 while the address or name is throttled (the token
+        unchecked), 401 for a wrong token (counted); None when it is right."""
+        address = client_address(request)
+        retry_after_s = self.throttle.retry_after_s(address, name)
+        if retry_after_s is not None:
+            retry = {"Retry-After": str(retry_after_s)}
+            return 429, self.throttle.refusal(retry_after_s), retry
+        if not self.auth.token_matches(token):
+            self.throttle.failed(address, name)
+            return 401, "that token is not the inbox's token (ORGA_INBOX_TOKEN); try again", {}
+        return None
+
+    def _relogin(self, request: Request, name: str) -> str:
+        """End the login this browser had, if any; start one for ``name``."""
+        self.sessions.end(str(request.session.get("sid") or ""))
+        return self.sessions.start(name)
+
     async def logout(self, request: Request) -> Response:
-        """Forget the session's login."""
+        """End the session's login, here and for any copy of its cookie."""
+        await run_in_threadpool(self.sessions.end, str(request.session.get("sid") or ""))
         request.session.clear()
         return RedirectResponse("/login", status_code=303)
 
@@ -215,10 +252,20 @@ def create_app(
     auth: ReviewerAuth,
     secret: str | None = None,
     decide_timeout_s: float = 30.0,
+    *,
+    secure_cookies: bool | Literal["auto"] = "auto",
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_failed_logins: int = 10,
 ) -> Starlette:
-    """The inbox as an ASGI app; ``secret`` signs the cookies (random when None)."""
+    """The inbox as an ASGI app; ``secret`` signs the cookies (random when None).
+
+    ``secure_cookies`` is ORGA_INBOX_SECURE_COOKIES; logins and their failures are kept in the
+    client's Redis, so every inbox replica on one deployment shares them.
+    """
     secret = secret or secrets.token_urlsafe(32)
-    inbox = InboxApp(client, auth, _templates(), decide_timeout_s)
+    sessions = ReviewerSessions(client.redis)
+    throttle = LoginThrottle(client.redis, max_failures=max_failed_logins)
+    inbox = InboxApp(client, auth, sessions, throttle, _templates(), decide_timeout_s)
     routes = [
         Route("/", inbox.reviews),
         Route("/reviews/count", inbox.review_count),
@@ -236,10 +283,16 @@ def create_app(
                     "send_csrf_failed": _csrf_failed}  # fmt: skip
     middleware = [
         Middleware(cast("Any", _security_headers)),
+        Middleware(SecureCookies, secure=secure_cookies),
+        Middleware(BodyLimit, max_body_bytes=max_body_bytes),
         Middleware(
-            SessionMiddleware, secret_key=secret, session_cookie="orga_inbox", same_site="lax"
+            SessionMiddleware,
+            secret_key=secret,
+            session_cookie="orga_inbox",
+            same_site="lax",
+            max_age=keys.inbox_session_ttl_s,
         ),
-        Middleware(ReviewerGate, auth=auth),
+        Middleware(ReviewerGate, auth=auth, sessions=sessions, throttle=throttle),
         Middleware(cast("Any", asgi_csrf), **csrf_options),
     ]
     app = Starlette(routes=routes, middleware=middleware)

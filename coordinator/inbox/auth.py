@@ -2,7 +2,10 @@
 
 Nothing but the login page and the static files is served to a request without credentials;
 :class:`ReviewerGate` refuses it (basic auth: 401 with a challenge; token only: the login page).
-The reviewer's name is what the audit trail records as who decided a review.
+The reviewer's name is what the audit trail records as who decided a review (``inbox:NAME``), so
+a name that could not be recorded is refused where it enters: at the login form, and for a
+basic-auth account when the inbox starts. Wrong credentials are counted by a
+:class:`LoginThrottle`; a token login lives in :class:`ReviewerSessions` until logout.
 """
 
 from __future__ import annotations
@@ -11,23 +14,67 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.inbox.sessions import ReviewerSessions
+from coordinator.inbox.throttle import LoginThrottle
+from coordinator.state import ReviewerError, check_reviewer
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings
 
-__all__ = ["InboxConfigError", "ReviewerAuth", "ReviewerGate"]
+__all__ = [
+    "Credentials",
+    "InboxConfigError",
+    "ReviewerAuth",
+    "ReviewerGate",
+    "check_name",
+    "client_address",
+    "decided_by",
+]
 
 PUBLIC_PATHS = ("/login", "/static/")
 MIN_TOKEN_LENGTH = 16
 HOW_TO_DRAW_ONE = "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+AUDIT_PREFIX = "inbox:"
+MAX_NAME_LENGTH = 64 - len(AUDIT_PREFIX)
+"""A reviewer's name with the audit trail's prefix fits ``check_reviewer``'s 64 characters."""
+
+
+def decided_by(reviewer: str) -> str:
+    """The audit trail's name for a reviewer's decisions, ``inbox:NAME``; ReviewerError when
+    NAME cannot be recorded (the rule of ``orga review decide``)."""
+    return check_reviewer(f"{AUDIT_PREFIX}{reviewer}")
+
+
+def check_name(name: str) -> str:
+    """``name`` when decisions can be recorded under it; ReviewerError saying the rule and a
+    name that fits otherwise."""
+    try:
+        decided_by(name)
+    except ReviewerError:
+        ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+        fits = re.sub(r"[^A-Za-z0-9._@:-]+", "-", ascii_name).strip("._@:-")[:MAX_NAME_LENGTH]
+        raise ReviewerError(
+            f"the name {name[:80]!r} cannot be recorded with your decisions: use 1 to "
+            f"{MAX_NAME_LENGTH} letters, digits, '.', '_', '@', ':' or '-', starting with a "
+            f"letter or digit (e.g. {fits or 'reviewer'!r})"
+        ) from None
+    return name
+
+
+def client_address(connection: HTTPConnection) -> str:
+    """The client's address (a trusted proxy's ``X-Forwarded-For``, as uvicorn applies it)."""
+    return connection.client.host if connection.client else "unknown"
 
 
 class InboxConfigError(OrgaError):
@@ -54,6 +101,13 @@ class ReviewerAuth:
                 f"reviews, so use at least {MIN_TOKEN_LENGTH} random ones, "
                 f"e.g. {HOW_TO_DRAW_ONE}"
             )
+        for user in self.accounts:
+            try:
+                check_name(user)
+            except ReviewerError as exc:
+                raise InboxConfigError(
+                    f"ORGA_INBOX_BASIC_AUTH: account {user[:80]!r}: {exc}; rename the account"
+                ) from None
 
     @classmethod
     def from_settings(cls, settings: OrgaSettings) -> ReviewerAuth:
@@ -74,26 +128,40 @@ class ReviewerAuth:
             candidate.encode(), str(self.token).encode()
         )
 
-    def identify(self, authorization: str | None, session: Mapping[str, Any]) -> str | None:
-        """The reviewer's name for a request, or None when it is not authenticated."""
+    def presented(self, authorization: str | None) -> Credentials | None:
+        """The credentials in an ``Authorization`` header the inbox takes, right or wrong;
+        None when it has none."""
         scheme, _, value = (authorization or "").partition(" ")
         if scheme.lower() == "basic" and self.accounts:
-            return self._basic_user(value.strip())
-        if scheme.lower() == "bearer" and self.token_matches(value.strip()):
-            return "token"
-        if self.token and session.get("auth") == self.fingerprint:
-            return str(session.get("reviewer") or "reviewer")
+            return self._basic(value.strip())
+        if scheme.lower() == "bearer" and self.token:
+            return Credentials("token", "token" if self.token_matches(value.strip()) else None)
         return None
 
-    def _basic_user(self, encoded: str) -> str | None:
+    def session_id(self, session: Mapping[str, Any]) -> str | None:
+        """The id of the token login a signed session carries, if made with the current token."""
+        if self.token and session.get("auth") == self.fingerprint:
+            return str(session.get("sid") or "") or None
+        return None
+
+    def _basic(self, encoded: str) -> Credentials:
         try:
             user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return None
+            return Credentials("", None)
         expected = self.accounts.get(user)
         if expected is None or not hmac.compare_digest(password.encode(), expected.encode()):
-            return None
-        return user
+            return Credentials(user, None)
+        return Credentials(user, user)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a request's ``Authorization`` header presents: for whom (an account, or ``token``),
+    and the reviewer it proves (None: wrong)."""
+
+    user: str
+    reviewer: str | None
 
 
 def _parse_accounts(text: str) -> dict[str, str]:
@@ -112,24 +180,52 @@ def _parse_accounts(text: str) -> dict[str, str]:
 class ReviewerGate:
     """ASGI middleware: refuses unauthenticated requests, puts the reviewer in ``scope``.
 
-    Runs inside Starlette's SessionMiddleware (a token login lives in the signed session).
+    Runs inside Starlette's SessionMiddleware (a token login lives in the signed session, by its
+    id in :class:`ReviewerSessions`); credentials in a request's header go by the throttle.
     """
 
-    def __init__(self, app: ASGIApp, auth: ReviewerAuth) -> None:
+    def __init__(
+        self, app: ASGIApp, auth: ReviewerAuth, sessions: ReviewerSessions, throttle: LoginThrottle
+    ) -> None:
         self.app = app
         self.auth = auth
+        self.sessions = sessions
+        self.throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or str(scope["path"]).startswith(PUBLIC_PATHS):
             await self.app(scope, receive, send)
             return
         connection = HTTPConnection(scope)
-        reviewer = self.auth.identify(connection.headers.get("authorization"), connection.session)
+        credentials = self.auth.presented(connection.headers.get("authorization"))
+        if credentials is None:
+            session_id = self.auth.session_id(connection.session) or ""
+            reviewer = await run_in_threadpool(self.sessions.reviewer, session_id)
+        else:
+            refused = await run_in_threadpool(self._checked, connection, credentials)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+            reviewer = credentials.reviewer
         if reviewer is None:
             await self._refusal(connection)(scope, receive, send)
             return
         scope.setdefault("state", {})["reviewer"] = reviewer
         await self.app(scope, receive, send)
+
+    def _checked(self, connection: HTTPConnection, credentials: Credentials) -> Response | None:
+        """429 while the address or the user is throttled; a wrong credential is counted."""
+        address = client_address(connection)
+        retry_after_s = self.throttle.retry_after_s(address, credentials.user)
+        if retry_after_s is not None:
+            return PlainTextResponse(
+                self.throttle.refusal(retry_after_s),
+                status_code=429,
+                headers={"Retry-After": str(retry_after_s)},
+            )
+        if credentials.reviewer is None:
+            self.throttle.failed(address, credentials.user)
+        return None
 
     def _refusal(self, connection: HTTPConnection) -> Response:
         if self.auth.accounts:

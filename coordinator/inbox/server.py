@@ -36,7 +36,7 @@ def run_inbox(
     async def serve(redis_url: str, where: str) -> None:
         client = OrgaClient(redis_url)
         try:
-            app = create_app(client, auth, secret)
+            app = create_app(client, auth, secret, secure_cookies=settings.inbox_secure_cookies)
             config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                     access_log=False, lifespan="off")  # fmt: skip
             await _serve_announced(_Server(config), where, announce)

@@ -6,15 +6,19 @@ exactly as ``orga review decide`` writes it); applying it is the integration tes
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any, Literal
 
 import fakeredis
 import pytest
+from httpx import Response
 from starlette.testclient import TestClient
+from starlette.types import Message
 
 from coordinator.client import OrgaClient
 from coordinator.inbox import InboxConfigError, ReviewerAuth, create_app
@@ -475,3 +479,213 @@ def test_a_subagents_review_names_its_parent_and_the_tree_is_escaped(
     assert '<li data-task="p.1"><a href="/tasks/p.1">p.1</a>' in tree
     assert "child &lt;script&gt;alert" in tree and "<script>alert" not in tree
     assert "awaiting_review" in tree  # the child's own status, read from its record
+
+
+# -- reviewer names ----------------------------------------------------------------------------
+
+
+def _login(client: TestClient, name: str, token: str = TOKEN) -> Response:
+    csrf = _csrf(client.get("/login").text)
+    return client.post(
+        "/login", follow_redirects=False,
+        data={"csrftoken": csrf, "token": token, "name": name, "next": "/"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "fits"), [("Jane Doe", "Jane-Doe"), ("Zoë Ünal", "Zoe-Unal"), ("x" * 59, "x" * 58)]
+)
+def test_a_name_decisions_cannot_be_recorded_under_is_refused_at_login(
+    orga: OrgaClient, name: str, fits: str
+) -> None:
+    """A login whose name `inbox:NAME` cannot record (a space, a letter outside ASCII, more than
+    58 characters) is refused with the rule and a name that fits, and logs nobody in."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN))
+    with TestClient(app) as client:
+        refused = _login(client, name)
+        assert refused.status_code == 400
+        assert "cannot be recorded with your decisions" in refused.text
+        assert f"e.g. &#39;{fits}&#39;" in refused.text
+        assert client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_a_name_accepted_at_login_is_the_one_a_decision_records(orga: OrgaClient) -> None:
+    """The longest name login accepts (58 characters, with '.', '@' and '-') decides a review."""
+    name = "jane.doe@example-" + "x" * 41
+    app = create_app(orga, ReviewerAuth(token=TOKEN), decide_timeout_s=0.05)
+    with TestClient(app) as client:
+        assert _login(client, name).status_code == 303
+        csrf = _csrf(client.get("/").text)
+        client.post("/decide", data={"csrftoken": csrf, "review_id": "r1", "decision": "skip"})
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    assert fields["by"] == f"inbox:{name}"
+
+
+def test_an_account_decisions_cannot_be_recorded_under_is_refused_at_start() -> None:
+    """A basic-auth account named `ann smith` stops the inbox from starting, naming the account,
+    the rule and a name that fits, never its password."""
+    settings = OrgaSettings(inbox_basic_auth="bob:pw1,ann smith:hunter2")  # type: ignore[arg-type]
+    with pytest.raises(InboxConfigError, match=r"account 'ann smith'.*'ann-smith'") as raised:
+        ReviewerAuth.from_settings(settings)
+    assert "hunter2" not in str(raised.value)
+
+
+# -- logins: throttle, logout ------------------------------------------------------------------
+
+
+def test_failed_logins_from_one_address_are_throttled(orga: OrgaClient) -> None:
+    """After 3 wrong tokens from one address (any names) even the right token is refused there
+    with 429, Retry-After and a message, unchecked; another address still logs in."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), max_failed_logins=3)
+    with TestClient(app, client=("10.0.0.1", 4000)) as client:
+        for attempt in range(3):
+            assert _login(client, f"eve{attempt}", token="wrong").status_code == 401
+        refused = _login(client, "alice")
+        assert refused.status_code == 429
+        assert 0 < int(refused.headers["retry-after"]) <= 60
+        assert "too many failed logins" in refused.text
+        assert f"try again in {refused.headers['retry-after']} s" in refused.text
+        assert client.get("/", follow_redirects=False).status_code == 303
+    with TestClient(app, client=("10.0.0.2", 4000)) as other:
+        assert _login(other, "bob").status_code == 303
+
+
+def test_failed_logins_for_one_account_are_throttled_from_any_address(orga: OrgaClient) -> None:
+    """Wrong basic-auth passwords for carol from 3 addresses: carol is refused (429) from a 4th,
+    right password or not; dave, from there, is not."""
+    app = create_app(orga, ReviewerAuth(accounts={"carol": "pw", "dave": "pw2"}),
+                     max_failed_logins=3)  # fmt: skip
+    for number in range(3):
+        with TestClient(app, client=(f"10.0.1.{number}", 4000)) as client:
+            assert client.get("/", headers=_basic("carol", "guess")).status_code == 401
+    with TestClient(app, client=("10.0.1.9", 4000)) as client:
+        refused = client.get("/", headers=_basic("carol", "pw"))
+        assert refused.status_code == 429
+        assert int(refused.headers["retry-after"]) > 0
+        assert "too many failed logins" in refused.text
+        assert client.get("/", headers=_basic("dave", "pw2")).status_code == 200
+
+
+def test_wrong_bearer_tokens_are_throttled(orga: OrgaClient) -> None:
+    """Guessing the token as `Authorization: Bearer` counts as failed logins too."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), max_failed_logins=3)
+    with TestClient(app) as client:
+        for _ in range(3):
+            guess = client.get("/", headers={"Authorization": "Bearer x"}, follow_redirects=False)
+            assert guess.status_code == 303
+        assert client.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429
+
+
+def test_a_logged_out_session_opens_nothing(orga: OrgaClient) -> None:
+    """After logout the session's cookie, replayed from a copy taken before, is refused."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), secret="same-secret")
+    with TestClient(app) as client:
+        assert _login(client, "alice").status_code == 303
+        copied = dict(client.cookies)
+        csrf = _csrf(client.get("/").text)
+        assert client.post("/logout", data={"csrftoken": csrf}).url.path == "/login"
+    with TestClient(app, cookies=copied) as replayed:
+        assert replayed.get("/", follow_redirects=False).status_code == 303
+
+
+def test_a_new_login_ends_the_browsers_previous_one(orga: OrgaClient) -> None:
+    """Logging in again (as another name) ends the login the browser held before."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), secret="same-secret")
+    with TestClient(app) as client:
+        _login(client, "alice")
+        first = dict(client.cookies)
+        _login(client, "bob")
+        assert '<b id="reviewer">bob</b>' in client.get("/").text
+    with TestClient(app, cookies=first) as replayed:
+        assert replayed.get("/", follow_redirects=False).status_code == 303
+
+
+# -- cookies and bodies ------------------------------------------------------------------------
+
+
+def _set_cookies(response: Response) -> dict[str, str]:
+    """The cookies a response sets: name -> the whole Set-Cookie header."""
+    headers = response.headers.get_list("set-cookie")
+    return {header.split("=", 1)[0]: header for header in headers}
+
+
+@pytest.mark.parametrize(
+    ("setting", "base_url", "secure"),
+    [("auto", "https://inbox.example", True), ("auto", "http://127.0.0.1:8765", False),
+     (True, "http://127.0.0.1:8765", True), (False, "https://inbox.example", False)],
+)  # fmt: skip
+def test_cookies_are_secure_over_https(
+    orga: OrgaClient, setting: bool | Literal["auto"], base_url: str, secure: bool
+) -> None:
+    """The session and CSRF cookies are `Secure` over HTTPS (`auto`), always (`true`: behind a
+    TLS proxy the inbox sees plain HTTP from) or never (`false`): ORGA_INBOX_SECURE_COOKIES."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), secure_cookies=setting)
+    with TestClient(app, base_url=base_url) as client:
+        form = client.get("/login")
+        [csrf_cookie] = _set_cookies(form).values()
+        client.cookies.clear()  # sent by hand below: a browser behind TLS sends it to the proxy
+        login = client.post(
+            "/login", follow_redirects=False, headers={"cookie": csrf_cookie.split(";")[0]},
+            data={"csrftoken": _csrf(form.text), "token": TOKEN, "name": "alice"},
+        )  # fmt: skip
+    cookies = {"csrftoken": csrf_cookie, **_set_cookies(login)}
+    assert set(cookies) == {"csrftoken", "orga_inbox"}, login.text
+    assert all(("; secure" in c.lower()) is secure for c in cookies.values()), cookies
+
+
+def test_the_secure_cookies_setting_reads_auto_true_false() -> None:
+    """ORGA_INBOX_SECURE_COOKIES is `auto` unless set to a boolean."""
+    assert OrgaSettings().inbox_secure_cookies == "auto"
+    assert OrgaSettings(inbox_secure_cookies="false").inbox_secure_cookies is False  # type: ignore[arg-type]
+
+
+def _post_raw(
+    app: Any, headers: list[tuple[bytes, bytes]], chunks: list[bytes]
+) -> tuple[int, str, int]:
+    """POST /login straight through ASGI: (status, body, how many chunks the app read)."""
+    form = (b"content-type", b"application/x-www-form-urlencoded")
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/login", "raw_path": b"/login",
+             "query_string": b"", "root_path": "", "client": ("10.0.2.1", 4000),
+             "server": ("127.0.0.1", 8765),
+             "headers": [(b"host", b"127.0.0.1:8765"), form, *headers]}  # fmt: skip
+    read = 0
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        nonlocal read
+        read += 1
+        more = read < len(chunks)
+        return {"type": "http.request", "body": chunks[min(read, len(chunks)) - 1],
+                "more_body": more}  # fmt: skip
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], body.decode(), read
+
+
+def test_a_declared_body_over_the_cap_is_refused_before_it_is_read(orga: OrgaClient) -> None:
+    """An anonymous POST declaring 60 MB gets 413 saying the cap, and none of it is read."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN))
+    status, text, read = _post_raw(app, [(b"content-length", b"62914560")], [b"x" * 65536] * 960)
+    assert (status, read) == (413, 0)
+    assert "Content-Length 62914560" in text and f"at most {1 << 20} bytes" in text
+
+
+def test_a_body_without_a_length_is_cut_at_the_cap(orga: OrgaClient) -> None:
+    """A body streamed without Content-Length is read only until it passes the cap: 413."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), max_body_bytes=1000)
+    status, text, read = _post_raw(app, [], [b"x" * 600] * 100)
+    assert (status, read) == (413, 2)
+    assert "more than 1000 bytes" in text
+
+
+def test_a_body_within_the_cap_is_served(orga: OrgaClient) -> None:
+    """A login form under the cap reaches the login (here: a CSRF refusal, not a 413)."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), max_body_bytes=1000)
+    body = b"token=x&name=y"
+    status, _text, _read = _post_raw(app, [(b"content-length", str(len(body)).encode())], [body])
+    assert status == 403
