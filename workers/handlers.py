@@ -58,7 +58,7 @@ from workers.providers.base import (
 )
 from workers.providers.rate_limit import recording_waits
 from workers.tools.base import ToolContext
-from workers.tools.workspace import resolving_once
+from workers.tools.workspace import expecting_workspace, resolving_once
 from workers.workspaces import (
     SubagentsFolderGate,
     WorkspaceClaims,
@@ -530,7 +530,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
                 duration_ms=(time.monotonic() - started) * 1000,
             )
         request = request.model_copy(update={"action": action})
-    workspace = await open_workspace(request, services)
+    workspace, identity = await open_workspace(request, services)
     timeout_s = request.config.tool_timeout.total_seconds()
     if request.purpose == "verify":
         timeout_s = float(request.action.parsed_arguments().get("timeout_s", timeout_s))
@@ -542,18 +542,22 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         task_id=request.fence.task_id,
         idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
     )
-    message = await services.execute(request, context)
+    with expecting_workspace(identity):
+        message = await services.execute(request, context)
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
 
 
 async def open_workspace(
     request: ReasonRequest | ToolRequest, services: WorkerServices, *, create: bool = True
-) -> Path:
+) -> tuple[Path, tuple[int, int] | None]:
     """The request's workspace, made when missing (``create``): a task's own, or a
-    sub-agent's folder inside its parent's, checked on every open (:mod:`workers.workspaces`)."""
+    sub-agent's folder, checked on every open (:mod:`workers.workspaces`), with the
+    ``(device, inode)`` the tools must then find there (None: not checked)."""
     workspace = Path(request.workspace)
     if request.workspace_base is None:
-        return prepare_workspace(workspace, request.workspace_template) if create else workspace
+        if create:
+            workspace = prepare_workspace(workspace, request.workspace_template)
+        return workspace, None
     return await open_subagent_workspace(
         workspace,
         Path(request.workspace_base),

@@ -31,6 +31,7 @@ the root itself, checked again on the next call.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
@@ -166,9 +167,11 @@ async def open_subagent_workspace(
     template: str | None = None,
     *,
     create: bool = True,
-) -> Path:
-    """The sub-agent workspace ``workspace`` under the tree root's workspace ``base``, made
-    (``create``) or checked as the module says; raises :class:`SubagentWorkspaceError`.
+) -> tuple[Path, tuple[int, int]]:
+    """The sub-agent workspace ``workspace`` below ``base``, made (``create``) or checked as
+    the module says, and the ``(device, inode)`` of the folder checked (the tools compare the
+    folder they open with it: :func:`workers.tools.workspace.expecting_workspace`); raises
+    :class:`SubagentWorkspaceError`.
 
     ``create=False`` (a reasoning worker, whose mount may be read-only) only checks: a missing
     folder is then a :class:`FileNotFoundError`.
@@ -177,14 +180,9 @@ async def open_subagent_workspace(
     if create:
         base.mkdir(parents=True, exist_ok=True)
         _check_template(template)
-    created, identity = _walk(base, parts, workspace, create=create)
-    key = str(workspace)
-    if created:
-        recorded: str | None = await claims.claim(key, identity)
-        if template is not None:
-            shutil.copytree(template, workspace, symlinks=True, dirs_exist_ok=True)
-    else:
-        recorded = await claims.recorded(key)
+    created, status = _walk(base, parts, workspace, template if create else None, create=create)
+    key, inode = str(workspace), str(status.st_ino)
+    recorded = await claims.claim(key, inode) if created else await _recorded(claims, key)
     if recorded is None:
         raise SubagentWorkspaceError(
             f"sub-agent workspace {key!r} was not created by the runtime: the folder was "
@@ -193,28 +191,44 @@ async def open_subagent_workspace(
             f"folder it made itself. Remove that folder and delegate again, and leave "
             f"{SUBAGENTS_FOLDER}/ to the runtime"
         )
-    if recorded != identity:
+    if recorded != inode:
         raise SubagentWorkspaceError(
             f"sub-agent workspace {key!r} is not the folder the runtime created for it (it "
             "was replaced since); the sub-agent is stopped rather than run in a folder "
             f"someone else made. Leave {SUBAGENTS_FOLDER}/ to the runtime"
         )
-    return workspace
+    return workspace, (status.st_dev, status.st_ino)
+
+
+_CLAIM_LOOKS = 20
+_CLAIM_LOOK_S = 0.05
+
+
+async def _recorded(claims: WorkspaceClaims, key: str) -> str | None:
+    """The recorded claim, looked at again for up to a second when there is none: another
+    call of the same sub-agent may have made the folder and not recorded it yet."""
+    for _ in range(_CLAIM_LOOKS):
+        recorded = await claims.recorded(key)
+        if recorded is not None:
+            return recorded
+        await asyncio.sleep(_CLAIM_LOOK_S)
+    return await claims.recorded(key)
 
 
 def _components(workspace: Path, base: Path) -> list[str]:
     """The folder names from ``base`` down to ``workspace``: a sub-agent's path is
-    ``{base}/subagents/{id}[/subagents/{id}...]``, spelled without ``.``, ``..`` or links."""
+    ``{base}[/{id}]/subagents/{id}[/subagents/{id}...]`` (a copy's own folder is ``{id}``
+    directly below the workspace root), spelled without ``..`` or links."""
     relative = os.path.relpath(os.path.normpath(workspace), os.path.normpath(base))
     parts = relative.split(os.sep)
+    pairs = parts[len(parts) % 2 :]
     if (
         relative.startswith("..")
         or os.path.isabs(relative)
         or relative == "."
-        or len(parts) % 2
-        or any(p != SUBAGENTS_FOLDER for p in parts[::2])
+        or any(p != SUBAGENTS_FOLDER for p in pairs[::2])
+        or any(p in ("", ".", "..", SUBAGENTS_FOLDER) for p in pairs[1::2])
         or any(p in ("", ".", "..") for p in parts)
-        or os.path.normpath(workspace) != str(workspace)
     ):
         raise SubagentWorkspaceError(
             f"sub-agent workspace {str(workspace)!r} is not a {SUBAGENTS_FOLDER}/<id> folder "
@@ -224,24 +238,24 @@ def _components(workspace: Path, base: Path) -> list[str]:
     return parts
 
 
-def _walk(base: Path, parts: list[str], workspace: Path, *, create: bool) -> tuple[bool, str]:
+def _walk(
+    base: Path, parts: list[str], workspace: Path, template: str | None, *, create: bool
+) -> tuple[bool, os.stat_result]:
     """Open ``base`` then each of ``parts`` without following a link (creating missing ones
-    when ``create``): whether the last was created now, and its ``device:inode``."""
+    when ``create``, the last from ``template`` when given): whether the last was made now,
+    and its status."""
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     created = False
     try:
         for index, part in enumerate(parts):
+            last = index == len(parts) - 1
             created = False
             try:
                 child = os.open(part, _DIRECTORY, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     raise
-                try:
-                    os.mkdir(part, dir_fd=fd)
-                    created = True
-                except FileExistsError:
-                    pass  # made meanwhile by another call: opened (and checked) below
+                created = _make(fd, part, template if last else None, base, parts[:index])
                 child = _open_checked(fd, part, parts[: index + 1], base, workspace)
             except OSError as exc:
                 _refuse(exc, parts[: index + 1], base, workspace)
@@ -250,7 +264,29 @@ def _walk(base: Path, parts: list[str], workspace: Path, *, create: bool) -> tup
         status = os.fstat(fd)
     finally:
         os.close(fd)
-    return created, f"{status.st_dev}:{status.st_ino}"
+    return created, status
+
+
+def _make(fd: int, name: str, template: str | None, base: Path, above: list[str]) -> bool:
+    """Make folder ``name`` in ``fd`` (a copy of ``template``, staged beside it and renamed
+    into place); False when another call made it first."""
+    if template is None:
+        try:
+            os.mkdir(name, dir_fd=fd)
+        except FileExistsError:
+            return False
+        return True
+    staging = f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    os.mkdir(staging, dir_fd=fd)
+    shutil.copytree(
+        template, os.path.join(base, *above, staging), symlinks=True, dirs_exist_ok=True
+    )
+    try:
+        os.rename(staging, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except OSError:
+        shutil.rmtree(os.path.join(base, *above, staging), ignore_errors=True)
+        return False  # something is there: opened (and checked) by the caller
+    return True
 
 
 def _open_checked(fd: int, part: str, path: list[str], base: Path, workspace: Path) -> int:
@@ -262,8 +298,14 @@ def _open_checked(fd: int, part: str, path: list[str], base: Path, workspace: Pa
 
 def _refuse(exc: OSError, path: list[str], base: Path, workspace: Path) -> NoReturn:
     where = os.path.join(base, *path)
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-        found = "a symbolic link" if os.path.islink(where) else "not a directory"
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK, errno.EACCES, errno.EPERM):
+        found = (
+            "a symbolic link"
+            if os.path.islink(where)
+            else "not a directory"
+            if exc.errno not in (errno.EACCES, errno.EPERM)
+            else "a directory the worker may not open"
+        )
         raise SubagentWorkspaceError(
             f"sub-agent workspace {str(workspace)!r} refused: {where!r} is {found}; a "
             "sub-agent's folder and every folder above it inside the parent's workspace must "

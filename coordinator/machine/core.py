@@ -8,6 +8,7 @@ first use, and gives every section the same fence, deadline, journal and event h
 from __future__ import annotations
 
 import operator
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -225,15 +226,17 @@ class MachineCore:
         return record.workspace
 
     def workspace_base(self) -> str | None:
-        """For a sub-agent working in a subfolder of its parent's workspace: the delegation
-        tree root's workspace, from which a worker checks every folder down to this task's
-        (None: the workspace is not a sub-agent's subfolder)."""
+        """For a sub-agent: where a worker starts checking its workspace from, folder by folder
+        (:mod:`workers.workspaces`): the delegation tree root's workspace for a subfolder of
+        its parent's, the workspace root for a copy (None: not a sub-agent, or one working in a
+        folder its task names)."""
         link = self.record.spec.delegation
-        if link is None or not link.workspace or self.workspace() == link.workspace:
+        if link is None or not link.workspace or self.record.spec.workspace is not None:
             return None
-        if not self.workspace().startswith(f"{link.workspace}/subagents/"):
-            return None
-        return link.workspace_base or link.workspace
+        workspace = self.workspace()
+        if workspace.startswith(f"{link.workspace}/subagents/"):
+            return link.workspace_base or link.workspace
+        return os.path.dirname(workspace)  # a copy, at {root}/{child id}: checked from the root
 
     def workspace_template(self) -> str | None:
         """The folder copied into the workspace when it is created: the task's template, or,

@@ -502,3 +502,17 @@ def test_a_childs_folder_made_by_the_parent_fails_the_child_not_the_containment(
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
     assert not (tmp_path / "ws" / "p" / "subagents" / "p.1" / "ran-here").exists()
     assert "the outside secret" not in _transcript(run)
+
+
+def test_a_link_planted_where_a_copy_childs_folder_goes_fails_the_child(tmp_path: Path) -> None:
+    """A ``copy`` child works in ``{root}/{child id}``, a name the parent can guess: a link
+    planted there is refused when the child first opens it, nothing outside is touched."""
+    outside = _outside(tmp_path / "ws")
+    copying = _reader().model_copy(update={"delegated_workspace": "copy"})
+    driver = _driver(tmp_path / "ws", copying)
+    run = asyncio.run(driver.run(_escaping_parent(f"ln -s {outside} ../p.1"), "p"))
+    child = run.children["p.1"]
+    assert child.status is TaskStatus.FAILED
+    assert "p.1' is a symbolic link" in (child.record.error or ""), child.record.error
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert "the outside secret" not in _transcript(run)

@@ -6,14 +6,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import fakeredis
 import pytest
 
+import workers.tools.command
 from shared.actions import Allow, Deny, ToolCallAction
 from workers.gates.base import GateContext
 from workers.gates.permissive import PermissiveGate
+from workers.tools import RunCommandTool, ToolContext, ToolOutput
+from workers.tools.files import FileReadTool, FileWriteTool
+from workers.tools.workspace import expecting_workspace
 from workers.workspaces import (
     InMemoryWorkspaceClaims,
     RedisWorkspaceClaims,
@@ -25,7 +31,7 @@ from workers.workspaces import (
 
 
 def _open(workspace: Path, base: Path, claims: WorkspaceClaims, *, create: bool = True) -> Path:
-    return asyncio.run(open_subagent_workspace(workspace, base, claims, create=create))
+    return asyncio.run(open_subagent_workspace(workspace, base, claims, create=create))[0]
 
 
 @pytest.fixture
@@ -119,7 +125,7 @@ def test_checking_only_never_creates(tree: tuple[Path, Path]) -> None:
 
 @pytest.mark.parametrize(
     "relative",
-    ["p.1", "subagents/../../x", "other/p.1", "subagents/p.1/x"],
+    ["subagents/../../x", "other/p.1", "subagents/p.1/x", "subagents/subagents"],
 )
 def test_a_path_that_is_not_a_subagents_folder_is_refused(
     tree: tuple[Path, Path], relative: str
@@ -179,3 +185,113 @@ def test_the_gate_refuses_a_linked_subagents_folder(tree: tuple[Path, Path]) -> 
     parent, outside = tree
     (parent / "subagents").symlink_to(outside)
     assert "'subagents' in this task's workspace is a symbolic link" in _decide(parent, _delegate())
+
+
+def test_a_workspace_root_spelled_with_dotdot_still_works(tree: tuple[Path, Path]) -> None:
+    parent, _ = tree
+    spelled = Path(f"{parent.parent}/../{parent.parent.name}/{parent.name}")
+    child = spelled / "subagents" / "p.1"
+    assert _open(child, spelled, InMemoryWorkspaceClaims()) == child
+    assert (parent / "subagents" / "p.1").is_dir()
+
+
+def test_a_copy_childs_own_folder_below_the_root_is_checked_too(tree: tuple[Path, Path]) -> None:
+    """A ``copy`` child works in ``{root}/{child id}``: a link planted there is refused, and a
+    template is copied into the folder the runtime makes."""
+    parent, outside = tree
+    root = parent.parent
+    os.symlink(outside, root / "p.1")
+    with pytest.raises(SubagentWorkspaceError, match=r"/p\.1' is a symbolic link"):
+        _open(root / "p.1", root, InMemoryWorkspaceClaims())
+    (parent / "notes.md").write_text("the parent's notes")
+    made, identity = asyncio.run(
+        open_subagent_workspace(root / "p.2", root, InMemoryWorkspaceClaims(), str(parent))
+    )
+    assert (made / "notes.md").read_text() == "the parent's notes"
+    assert identity == (made.stat().st_dev, made.stat().st_ino)
+    assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []  # no staging left
+
+
+class _SlowClaims(InMemoryWorkspaceClaims):
+    """A claim that lands a little after the folder was made (another worker's call)."""
+
+    async def claim(self, workspace: str, identity: str) -> str:
+        await asyncio.sleep(0.2)
+        return await super().claim(workspace, identity)
+
+
+def test_two_first_calls_at_once_both_open_the_folder(tree: tuple[Path, Path]) -> None:
+    parent, _ = tree
+    claims = _SlowClaims()
+    child = parent / "subagents" / "p.1"
+
+    async def both() -> list[Path]:
+        first = asyncio.create_task(open_subagent_workspace(child, parent, claims))
+        await asyncio.sleep(0.05)  # the folder is made, its claim not recorded yet
+        second = await open_subagent_workspace(child, parent, claims)
+        return [(await first)[0], second[0]]
+
+    assert asyncio.run(both()) == [child, child]
+
+
+def _swapped(tree: tuple[Path, Path]) -> tuple[Path, tuple[int, int]]:
+    """A sub-agent folder checked (its identity kept), then swapped for a link outside."""
+    parent, outside = tree
+    child, identity = asyncio.run(
+        open_subagent_workspace(parent / "subagents" / "p.1", parent, InMemoryWorkspaceClaims())
+    )
+    child.rename(parent / "moved-away")
+    child.symlink_to(outside)
+    return child, identity
+
+
+def test_a_folder_swapped_after_the_check_is_refused_by_the_tools(tree: tuple[Path, Path]) -> None:
+    """The check and the tool's own open are two steps: a link swapped in between (a parent's
+    command watching the folder) is met by the tool, which compares the root it opens with the
+    folder that was checked."""
+    child, identity = _swapped(tree)
+    context = ToolContext(workspace=child, timeout_s=10)
+
+    async def calls() -> list[ToolOutput]:
+        with expecting_workspace(identity):
+            return [
+                await FileReadTool().run({"path": "secret.txt"}, context),
+                await FileWriteTool().run({"path": "w.txt", "content": "x"}, context),
+                await RunCommandTool().run({"command": "touch ran-here"}, context),
+            ]
+
+    for output in asyncio.run(calls()):
+        assert output.is_error and "not the folder checked when this call started" in (
+            output.content
+        ), output
+    _, outside = tree
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    free = asyncio.run(FileReadTool().run({"path": "secret.txt"}, context))
+    assert "s3cret" in free.content  # without the expected identity the link is followed
+
+
+def test_the_command_launcher_refuses_a_working_folder_that_is_not_the_checked_one(
+    tmp_path: Path,
+) -> None:
+    """The launcher compares the folder it starts in with the checked identity before it runs
+    the shell (the path may be swapped between the tool's check and the process start)."""
+    checked = tmp_path / "checked"
+    checked.mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
+    status = checked.stat()
+    read, write = os.pipe()
+    request = {
+        "shell": "/bin/sh", "command": "touch ran-here", "env": {}, "limits": {},
+        "parent_pid": os.getpid(), "report_fd": write,
+        "workspace_identity": [status.st_dev, status.st_ino],
+    }  # fmt: skip
+    launcher = Path(workers.tools.command.__file__).with_name("launcher.py")
+    subprocess.run(
+        [sys.executable, "-I", "-S", str(launcher)], input=json.dumps(request).encode(),
+        cwd=other, pass_fds=(write,), check=True, timeout=30,
+    )  # fmt: skip
+    os.close(write)
+    with os.fdopen(read, "rb") as report:
+        assert "the workspace folder was replaced" in json.loads(report.read())["error"]
+    assert not (other / "ran-here").exists()

@@ -67,7 +67,7 @@ from workers.tools.base import ToolContext, ToolOutput
 from workers.tools.errors import WorkspacePathError
 from workers.tools.files import path_failure
 from workers.tools.output import error_output, utf8_prefix, utf8_suffix
-from workers.tools.workspace import workspace_root
+from workers.tools.workspace import expected_identity, workspace_root
 
 __all__ = [
     "DEFAULT_PATH",
@@ -278,6 +278,7 @@ class RunCommandTool:
             "limits": self._limits.model_dump(),
             "parent_pid": os.getpid(),
             "report_fd": report_write,
+            "workspace_identity": expected_identity(),
         }
         try:
             await launcher.send(json.dumps(request).encode())

@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from workers.tools.errors import WorkspacePathError
-from workers.tools.workspace import forget_resolutions, resolve_below, workspace_root
+from workers.tools.workspace import (
+    check_identity,
+    forget_resolutions,
+    resolve_below,
+    workspace_root,
+)
 
 __all__ = [
     "MAX_LIST_DEPTH",
@@ -184,6 +189,7 @@ def directory_fd(
     parts = path.parts if depth is None else path.parts[:depth]
     fd = os.open(path.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        check_identity(path.root, os.fstat(fd))
         for name in parts:
             child = _open_directory_at(fd, name, path, create=create)
             os.close(fd)

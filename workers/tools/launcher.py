@@ -249,6 +249,15 @@ def run(request: Mapping[str, Any]) -> dict[str, Any]:
     subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1) and os.path.isdir("/proc/self")
     if _stop_requested(int(request["parent_pid"])):
         return {"error": "the worker ended before the command started", "subreaper": subreaper}
+    expected = request.get("workspace_identity")
+    if expected is not None:
+        here = os.stat(".")
+        if [here.st_dev, here.st_ino] != list(expected):
+            return {
+                "error": "the workspace folder was replaced after it was checked (by a link or "
+                "another folder); the command was not run",
+                "subreaper": subreaper,
+            }
     rlimits = _rlimits(request["limits"])
     try:
         shell_pid = _spawn(request, rlimits)

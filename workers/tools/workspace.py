@@ -33,6 +33,7 @@ resolves.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -41,7 +42,10 @@ from pathlib import Path
 from workers.tools.errors import PathOutsideWorkspaceError, WorkspacePathError
 
 __all__ = [
+    "check_identity",
     "display_path",
+    "expected_identity",
+    "expecting_workspace",
     "forget_resolutions",
     "real_path",
     "real_workspace",
@@ -65,6 +69,40 @@ def resolving_once() -> Iterator[None]:
         yield
     finally:
         _resolved.reset(token)
+
+
+_expected: ContextVar[tuple[int, int] | None] = ContextVar("orga_workspace_identity", default=None)
+"""Within :func:`expecting_workspace`: the (device, inode) the workspace root must have."""
+
+
+@contextmanager
+def expecting_workspace(identity: tuple[int, int] | None) -> Iterator[None]:
+    """Within: every workspace root a tool opens must be the folder of this ``(device,
+    inode)``, the one checked when the call started (a sub-agent's, :mod:`workers.workspaces`):
+    a folder swapped for a link or another folder between that check and the tool's own open
+    is refused instead of used."""
+    token = _expected.set(identity)
+    try:
+        yield
+    finally:
+        _expected.reset(token)
+
+
+def expected_identity() -> tuple[int, int] | None:
+    """The (device, inode) set by :func:`expecting_workspace` (None: any root)."""
+    return _expected.get()
+
+
+def check_identity(root: Path | str, status: os.stat_result) -> None:
+    """Raise WorkspacePathError when ``status`` (of the workspace root ``root`` as opened) is
+    not the folder :func:`expecting_workspace` expects."""
+    expected = _expected.get()
+    if expected is not None and (status.st_dev, status.st_ino) != expected:
+        raise WorkspacePathError(
+            f"workspace {str(root)!r} is not the folder checked when this call started (it was "
+            "replaced meanwhile, by a link or another folder); the call is refused rather than "
+            "run outside the workspace. Leave the sub-agents' folders to the runtime"
+        )
 
 
 def forget_resolutions() -> None:
@@ -99,11 +137,16 @@ def real_workspace(workspace: Path, *, reuse: bool = False) -> Path:
 def workspace_root(workspace: Path, *, reuse: bool = False) -> Path:
     """The real path of the workspace; raises WorkspacePathError when it is not a directory."""
     root = real_workspace(workspace, reuse=reuse)
-    if not root.is_dir():
+    try:
+        status = root.stat()
+    except OSError:
+        status = None
+    if status is None or not stat.S_ISDIR(status.st_mode):
         raise WorkspacePathError(
             f"workspace {str(workspace)!r} is not an existing directory; "
             "create it before running tools in it"
         )
+    check_identity(workspace, status)
     return root
 
 
