@@ -136,9 +136,11 @@ def test_schedule_commands_add_list_pause_resume_run_remove(cluster: Cluster) ->
 
 
 def test_schedule_input_errors_exit_2_with_the_fix(cluster: Cluster) -> None:
-    """A bad cron, an unknown zone and a bad catch-up name the value and the fix."""
+    """A bad cron, a cron that never fires, an unknown zone and a bad catch-up or overlap name
+    the value and the fix (no traceback)."""
     cases = {
         ("--cron", "61 * * * *"): "not a cron expression of five fields",
+        ("--cron", "0 0 30 2 *"): "cron '0 0 30 2 *' never fires: no date has a day of the month",
         ("--cron", "* * * * *", "--timezone", "Mars/Olympus"): "not a known IANA time zone",
         ("--cron", "* * * * *", "--catch-up", "twice"): "catch_up: Input should be 'skip'",
     }
