@@ -111,13 +111,14 @@ def test_schedule_commands_add_list_pause_resume_run_remove(cluster: Cluster) ->
     """Every `orga schedule` command works as the README shows; `run` submits a task that runs."""
     added = _ok(
         _orga(cluster, "schedule", "add", "cli-demo", "--cron", "*/15 * * * *",
-              "--timezone", "Europe/Lisbon", "--catch-up", "once", str(SCHEDULED_TASK))
+              "--timezone", "Europe/Lisbon", "--catch-up", "once", "--overlap", "queue",
+              str(SCHEDULED_TASK))
     )  # fmt: skip
     assert added.startswith("schedule cli-demo added; first fire at ")
     (row,) = [r for r in json.loads(_ok(_orga(cluster, "schedule", "list", "--json")))
               if r["name"] == "cli-demo"]  # fmt: skip
-    assert (row["cron"], row["timezone"], row["catch_up"]) == (
-        "*/15 * * * *", "Europe/Lisbon", "once"
+    assert (row["cron"], row["timezone"], row["catch_up"], row["overlap"]) == (
+        "*/15 * * * *", "Europe/Lisbon", "once", "queue"
     )  # fmt: skip
     assert row["next_at"] > time.time() and not row["paused"]
     _ok(_orga(cluster, "schedule", "pause", "cli-demo"))
@@ -143,6 +144,7 @@ def test_schedule_input_errors_exit_2_with_the_fix(cluster: Cluster) -> None:
         ("--cron", "0 0 30 2 *"): "cron '0 0 30 2 *' never fires: no date has a day of the month",
         ("--cron", "* * * * *", "--timezone", "Mars/Olympus"): "not a known IANA time zone",
         ("--cron", "* * * * *", "--catch-up", "twice"): "catch_up: Input should be 'skip'",
+        ("--cron", "* * * * *", "--overlap", "twice"): "overlap: Input should be 'allow'",
     }
     for options, expected in cases.items():
         done = _orga(cluster, "schedule", "add", "bad", *options, str(SCHEDULED_TASK))
