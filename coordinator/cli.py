@@ -34,7 +34,7 @@ from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from shared import aio
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings, TelemetrySettings
-from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
+from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
 from workers.telemetry import configure_tracing
 from workers.topology import Role, supervisor_exec, worker_commands
 
@@ -593,7 +593,7 @@ def inbox(
 @app.command()
 def schema() -> None:
     """The JSON Schema of a task file."""
-    out.print_json(json.dumps(TaskSpec.model_json_schema()))
+    out.print_json(json.dumps(task_json_schema()))
 
 
 def main() -> None:

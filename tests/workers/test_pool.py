@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -40,26 +39,34 @@ def _args(payload: str) -> tuple[Any, ...]:
 
 
 def test_a_blocking_acknowledgement_does_not_stall_the_loop(pool: LoopPool) -> None:
-    """The tracer sees the coroutine's outcome and blocks for 0.6 s (a slow ack): meanwhile
-    the loop still answers within a few milliseconds."""
+    """While the tracer, having seen the coroutine's outcome, is blocked (a slow ack that ends
+    only when the test lets it), the loop still runs another coroutine to its end."""
     seen: list[Future[None] | None] = []
+    blocked, release = threading.Event(), threading.Event()
 
     async def body(payload: str) -> None:
         await asyncio.sleep(0)
 
     def tracer(*args: Any) -> None:
         seen.append(ran_on_loop(args[3][0][0]))
-        time.sleep(0.6)
+        blocked.set()
+        release.wait(30)
 
     ASYNC_BODIES[NAME] = body
     running = pool.on_apply(tracer, args=_args("p1"))
-    time.sleep(0.1)  # the tracer is now blocked in its thread
+    assert blocked.wait(5), "the tracer never ran"
     assert pool._loop is not None
-    started = time.monotonic()
-    asyncio.run_coroutine_threadsafe(asyncio.sleep(0), pool._loop).result(5)
-    assert time.monotonic() - started < 0.3
+    try:  # a loop stalled by the tracer would time out here
+        assert asyncio.run_coroutine_threadsafe(_answer(), pool._loop).result(5) == "answered"
+    finally:
+        release.set()
     running.wait(5)
     assert len(seen) == 1 and seen[0] is not None and seen[0].result() is None
+
+
+async def _answer() -> str:
+    await asyncio.sleep(0)
+    return "answered"
 
 
 def test_a_cancelled_coroutine_is_a_failure_the_tracer_reports(pool: LoopPool) -> None:
