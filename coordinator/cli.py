@@ -509,7 +509,8 @@ def coordinator() -> None:
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")
         await node.run()
 
-    aio.run(main_loop())
+    with _errors():  # a Redis that evicts keys is refused at start (shared.eviction)
+        aio.run(main_loop())
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

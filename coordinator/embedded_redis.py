@@ -222,6 +222,9 @@ class EmbeddedRedis:
     startup_timeout_s: float = 10.0
     binary: str | None = None
     """The ``redis-server`` to run; None: the one the directory recorded, else the PATH's."""
+    options: tuple[str, ...] = ()
+    """More ``redis-server`` options, after the runtime's own (which they override: tests
+    start a Redis that evicts with ``("--maxmemory-policy", "allkeys-lru")``)."""
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _started_once: bool = field(default=False, init=False, repr=False)
@@ -293,7 +296,8 @@ class EmbeddedRedis:
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction",
+            "--maxmemory-policy", "noeviction",  # never delete tasks (shared.eviction)
+            *self.options,
         ]  # fmt: skip
 
     def _wait_ready(self) -> None:

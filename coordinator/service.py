@@ -16,9 +16,12 @@ Five loops share one Redis connection pool:
 A task naming an agent (``agent: NAME``) is merged with the registered profile before it is
 validated (:mod:`coordinator.agents`).
 
-Redis refusing writes or unreachable (:func:`is_transient`) never makes an entry poison: the
-entries not handled get their delivery back and the loops back off. Redis answering NOGROUP
-(restarted empty) makes the coordinator recreate its groups and write a ``state_lost`` event.
+A coordinator refuses to start on a Redis whose ``maxmemory-policy`` is not ``noeviction``
+(:func:`check_redis_keeps_keys`, :mod:`shared.eviction`): an evicting Redis deletes tasks
+without a word. Redis refusing writes or unreachable (:func:`is_transient`) never makes an
+entry poison: the entries not handled get their delivery back and the loops back off. Redis
+answering NOGROUP (restarted empty) makes the coordinator recreate its groups and write a
+``state_lost`` event.
 
 Dispatches are Celery messages pushed by the same atomic commit that saves the state expecting
 them (:mod:`coordinator.dispatch`): a crash leaves either both or neither. A dispatch lost later
@@ -69,6 +72,13 @@ from shared import keys
 from shared.celery_wire import check_versions
 from shared.delegation import ParentLink, parent_link
 from shared.errors import WireFormatError
+from shared.eviction import (
+    POLICY_SETTING,
+    check_eviction_policy,
+    policy_from_config,
+    policy_from_info,
+    redis_address,
+)
 from shared.protocol import (
     AnyMessage,
     Fence,
@@ -77,7 +87,7 @@ from shared.protocol import (
 )
 from shared.task_spec import MAX_TASK_ID_CHARS, TaskSpecError, check_task_id
 
-__all__ = ["Coordinator", "CoordinatorSettings", "is_transient"]
+__all__ = ["Coordinator", "CoordinatorSettings", "check_redis_keeps_keys", "is_transient"]
 
 log = logging.getLogger("orga.coordinator")
 
@@ -95,6 +105,24 @@ _TRANSIENT_REPLY = re.compile(
     r"(?:^|caused error: )(?:OOM|BUSY|LOADING|MASTERDOWN|READONLY|TRYAGAIN|MISCONF|CLUSTERDOWN"
     r"|NOREPLICAS)\b"
 )
+
+
+async def check_redis_keeps_keys(redis: Redis) -> str:
+    """The Redis's ``maxmemory-policy`` (``noeviction``), read by ``CONFIG GET``, else from
+    ``INFO memory`` where CONFIG is renamed, disabled or refused; an
+    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other."""
+    unread = ""
+    try:
+        policy = policy_from_config(await redis.config_get(POLICY_SETTING))
+    except ResponseError as exc:
+        policy, unread = None, f"CONFIG GET: {exc}"
+    if policy is None:
+        try:
+            policy = policy_from_info(await redis.info("memory"))
+        except ResponseError as exc:
+            unread = f"{unread}; INFO memory: {exc}".lstrip("; ")
+    address = redis_address(redis.connection_pool.connection_kwargs)
+    return check_eviction_policy(policy, address, unread)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -174,7 +202,8 @@ class Coordinator:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run every loop until ``stop()``."""
+        """Run every loop until ``stop()`` (refused at once on a Redis that evicts keys)."""
+        await check_redis_keeps_keys(self.redis)
         await self._ensure_groups()
         loops = [
             self._loop(self._intake_once),

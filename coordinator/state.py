@@ -252,6 +252,11 @@ class ChildRef(BaseModel):
     status: str = "submitted"
     """``submitted`` until its end comes back: then ``completed``, ``failed``, ``aborted`` or
     ``rejected`` (the intake refused it)."""
+    reserved_iterations: int = 0
+    reserved_tokens: int = 0
+    """The child's budget (``ParentLink.max_iterations`` / ``max_total_tokens``), held out of
+    what its parent's step has left while it runs, so that siblings share the step's budget
+    instead of each getting all of it (0 in a record written before reservations)."""
 
     @property
     def finished(self) -> bool:

@@ -1,9 +1,15 @@
 """The knowledge store seam and directory-scoped conventions (Symbiont §8.4).
 
+A convention is an item whose content starts with its scope, ``"{language} conventions
+{directory}: "`` (``"{language} conventions: "`` for the language-wide ones), as
+:meth:`ConventionSeed.item` writes it (:func:`convention_scope`).
 :func:`retrieve_scoped_conventions` asks the store for ``"{language} conventions {level}"`` at
 the directory and each of its parents (:func:`directory_levels`), then for
-``"{language} conventions"``. The deepest level's items come first and win on duplicate content.
-:class:`InMemoryKnowledgeStore` is a small deterministic store for tests and demos.
+``"{language} conventions"``, and keeps of each level's answer only the conventions of that
+level (:func:`convention_directory`): a store's search matches words, so ``src`` also finds a
+``src/web`` convention or a fact naming ``src``, which belong to no level of the walk. The
+deepest level's items come first and win on duplicate content. :class:`InMemoryKnowledgeStore`
+is a small deterministic store for tests and demos.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "LEVEL_CANDIDATES",
     "NO_CONVENTIONS_FOUND",
     "ConventionSeed",
     "FactSeed",
@@ -27,13 +34,20 @@ __all__ = [
     "KnowledgeSpec",
     "KnowledgeStore",
     "KnowledgeType",
+    "convention_directory",
     "convention_queries",
+    "convention_scope",
     "directory_levels",
     "format_conventions",
     "retrieve_scoped_conventions",
 ]
 
 NO_CONVENTIONS_FOUND = "No relevant conventions found."
+
+LEVEL_CANDIDATES = 200
+"""How many items each level of the walk asks the store for (at least the caller's ``limit``)
+before keeping that level's own conventions: a word search ranks ``src/web``'s conventions with
+``src``'s, so asking for only ``limit`` could return none of the level's."""
 
 _log = logging.getLogger(__name__)
 
@@ -161,6 +175,34 @@ def directory_levels(directory: str) -> list[str]:
     return levels
 
 
+def _normalised(directory: str) -> str:
+    """``directory`` as the walk compares levels: no empty or ``.`` components (``./src/`` is
+    ``src``, ``.`` is the project root ``""``), absolute paths keeping their ``/``."""
+    root = "/" if directory.startswith("/") else ""
+    return root + "/".join(p for p in _components(directory) if p != ".")
+
+
+def convention_scope(language: str, directory: str = "") -> str:
+    """What a convention of ``language`` for ``directory`` starts with, before ``": "``."""
+    return f"{language} conventions {directory}".rstrip()
+
+
+def convention_directory(item: KnowledgeItem, language: str) -> str | None:
+    """The directory (normalised; ``""``: language-wide) of ``item`` as a convention of
+    ``language`` (compared case-insensitively), or None when it is no such convention."""
+    head = convention_scope(language)
+    content = item.content
+    if content[: len(head)].lower() != head.lower():
+        return None
+    rest = content[len(head) :]
+    if rest.startswith(": "):
+        return ""
+    if not rest.startswith(" "):
+        return None
+    directory, separator, _ = rest[1:].partition(": ")
+    return _normalised(directory) if separator else None
+
+
 def convention_queries(language: str, directory: str) -> list[str]:
     """The search queries of the walk, in order: every directory level, then the language.
 
@@ -175,17 +217,21 @@ async def retrieve_scoped_conventions(
 ) -> list[KnowledgeItem]:
     """Conventions for ``directory``: deepest level first, deduped by content, cut to ``limit``.
 
-    Each level asks the store for ``limit`` items. A level whose search raises is skipped (and
-    logged), never raised: conventions are a hint, not a requirement. ``limit <= 0`` gives ``[]``
-    without querying.
+    Each level asks the store for :data:`LEVEL_CANDIDATES` items (or ``limit``, when more) and
+    keeps the conventions of that very level: of ``directory``, then of each parent, then the
+    language-wide ones; anything else the search matched (a sibling directory's convention, a
+    fact) is left out. A level whose search raises is skipped (and logged), never raised:
+    conventions are a hint, not a requirement. ``limit <= 0`` gives ``[]`` without querying.
     """
     if limit <= 0:
         return []
+    levels = [_normalised(level) for level in directory_levels(directory)] + [""]
     found: list[KnowledgeItem] = []
     seen: set[str] = set()
-    for query in convention_queries(language, directory):
-        for item in await _search_or_skip(store, agent_id, query, limit):
-            if item.content not in seen:
+    width = max(limit, LEVEL_CANDIDATES)
+    for query, level in zip(convention_queries(language, directory), levels, strict=True):
+        for item in await _search_or_skip(store, agent_id, query, width):
+            if item.content not in seen and convention_directory(item, language) == level:
                 seen.add(item.content)
                 found.append(item)
     return found[:limit]
@@ -232,7 +278,7 @@ class ConventionSeed(_Seed):
 
     def item(self) -> KnowledgeItem:
         """The item ``recall_knowledge(scope="conventions")`` finds walking up to it."""
-        scope = f"{self.language} conventions {self.directory}".rstrip()
+        scope = convention_scope(self.language, self.directory)
         return _seeded(f"{scope}: {self.content}", KnowledgeType.PATTERN, 0.9,
                        [self.language, "conventions", self.directory])  # fmt: skip
 

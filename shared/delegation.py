@@ -63,7 +63,8 @@ class DelegatedStep(_Strict):
 
 
 class DelegationBudget(_Strict):
-    """What the child may spend per step; capped by what the parent's step has left."""
+    """What the child may spend per step; capped by what the parent's step has left after its
+    running siblings' reservations."""
 
     iterations: int | None = Field(default=None, ge=1)
     tokens: int | None = Field(default=None, ge=1)
@@ -113,7 +114,8 @@ DELEGATE_PARAMETERS: dict[str, Any] = {
         "budget": {
             "type": "object",
             "description": "Optional limits per step of the sub-agent, within what this step "
-            "has left.",
+            "has left after the budgets of the other sub-agents; without it, an even share of "
+            "that among this turn's delegations.",
             "properties": {
                 "iterations": {"type": "integer", "minimum": 1},
                 "tokens": {"type": "integer", "minimum": 1},

@@ -15,7 +15,8 @@ Real Redis (``@pytest.mark.redis``; tests using these fixtures are marked automa
           asyncio.run(scenario())
 
 * ``redis_server_factory`` (function): starts extra private servers (``appendonly=True`` to
-  test restarts with ``server.restart()``), stopped and removed at the end of the test.
+  test restarts with ``server.restart()``; ``options`` for more ``redis-server`` options),
+  stopped and removed at the end of the test.
 
 When no server can be started, these fixtures FAIL if the environment variable ``CI`` is
 ``true`` (tests needing Redis always run in CI) and skip with the reason otherwise.
@@ -103,11 +104,12 @@ def redis_client(redis_url: str) -> RedisClientFactory:
 
 @pytest.fixture
 def redis_server_factory() -> Iterator[Callable[..., RedisServer]]:
-    """Start extra private Redis servers: ``redis_server_factory(appendonly=True)``."""
+    """Start extra private Redis servers: ``redis_server_factory(appendonly=True)``,
+    ``redis_server_factory(options=("--maxmemory-policy", "allkeys-lru"))``."""
     servers: list[RedisServer] = []
 
-    def start(*, appendonly: bool = False) -> RedisServer:
-        server = RedisServer(appendonly=appendonly)
+    def start(*, appendonly: bool = False, options: tuple[str, ...] = ()) -> RedisServer:
+        server = RedisServer(appendonly=appendonly, options=options)
         servers.append(server)
         try:
             server.start()

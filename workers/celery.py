@@ -4,6 +4,8 @@
 Settings are read here, once, at the process edge. JSON is the only serializer; tasks are
 acknowledged late and rejected (requeued) when their worker process dies; each process
 prefetches one message; reasoning and tools have their own queues so each scales on its own.
+A worker refuses to start on a Redis that may evict keys (a bootstep of the worker's blueprint,
+:class:`~workers.redis_policy.EvictionCheck`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from celery.signals import after_setup_logger, worker_process_init, worker_proce
 from shared.celery_wire import check_versions
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, TelemetrySettings, celery_config
+from workers.redis_policy import EvictionCheck
 from workers.telemetry import check_exporters
 
 __all__ = ["PER_TASK_LOGGERS", "app", "create_app", "quiet_per_task_loggers"]
@@ -41,6 +44,7 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
     celery.conf.broker_transport = "workers.broker:Transport"  # survives Redis out of memory
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
+    celery.steps["worker"].add(EvictionCheck)
     return celery
 
 

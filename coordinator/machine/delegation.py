@@ -10,6 +10,12 @@ The parent's awaited iteration then waits, in its persisted record, for a
 :class:`ChildFinishedMessage`, which the child's own end writes to the observations stream in
 the commit that ends it (or the intake, when it rejects the child). Sub-agents of one turn run
 in parallel; their usage and iterations count against the parent's step.
+
+Siblings share the step's budget: each child reserves, when it is created, the iterations and
+tokens it may spend (its ``budget``, else an even share among the turn's delegations not yet
+created), out of what the step has left after the reservations of the siblings still running
+(:attr:`ChildRef.reserved_iterations`). A finished child's actual usage replaces its
+reservation, so what it left unused is free again.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from shared.conversation import MessageRole
 from shared.delegation import (
     DELEGATE_TOOL,
     DelegateArguments,
+    DelegationBudget,
     ParentLink,
     child_idempotency_key,
     child_task_id,
+    is_delegate,
 )
 from shared.protocol import ChildFinishedMessage, Fence
 
@@ -61,13 +69,13 @@ class Delegation(Section):
             )
             self.refuse(awaiting, call, f"invalid delegate arguments: {problems}")
             return
-        refusal = self.limit_refusal()
+        refusal = self.limit_refusal(awaiting)
         if refusal is not None:
             self.refuse(awaiting, call, refusal)
             return
         self.submit(awaiting, call, arguments)
 
-    def limit_refusal(self) -> str | None:
+    def limit_refusal(self, awaiting: Awaiting) -> str | None:
         """Why this task may not create another child now (None: it may)."""
         m, record = self.m, self.record
         link = record.spec.delegation
@@ -86,24 +94,38 @@ class Delegation(Section):
                 f"the limit per task (ORGA_MAX_CHILDREN_PER_TASK={cap}); do the rest yourself, "
                 "or ask the operator to raise the limit"
             )
-        iterations, tokens = self.remaining()
+        iterations, tokens = self.remaining(awaiting)
         if iterations < 1 or tokens < 1:
+            held, held_tokens = self.reserved(awaiting)
             return (
                 f"delegation refused: this step has {max(iterations, 0)} iterations and "
-                f"{max(tokens, 0)} tokens left of its limits, and a sub-agent's budget comes out "
-                "of them; finish the step yourself"
+                f"{max(tokens, 0)} tokens left of its limits (after the {held} iterations and "
+                f"{held_tokens} tokens reserved by its sub-agents still running), and a "
+                "sub-agent's budget comes out of them; finish the step yourself, or wait for "
+                "the running sub-agents and delegate in a later turn"
             )
         return None
 
-    def remaining(self) -> tuple[int, int]:
-        """Iterations and tokens the current attempt of the step has left."""
+    def remaining(self, awaiting: Awaiting) -> tuple[int, int]:
+        """Iterations and tokens the current attempt of the step has left, less what the
+        running children of ``awaiting`` reserved and the iterations its finished ones used
+        (counted in the step once the iteration is observed)."""
         m, record = self.m, self.record
         step = record.step()
         config = m.config()
-        used = record.iteration - step.attempt_start_iteration
+        used = record.iteration - step.attempt_start_iteration + awaiting.child_iterations
+        held, held_tokens = self.reserved(awaiting)
         return (
-            config.max_iterations - used,
-            config.max_total_tokens - step.attempt_usage.total_tokens,
+            config.max_iterations - used - held,
+            config.max_total_tokens - step.attempt_usage.total_tokens - held_tokens,
+        )
+
+    def reserved(self, awaiting: Awaiting) -> tuple[int, int]:
+        """Iterations and tokens reserved by the children ``awaiting`` still waits on."""
+        running = [c for c in self.record.children if self.awaits(awaiting, c)]
+        return (
+            sum(c.reserved_iterations for c in running),
+            sum(c.reserved_tokens for c in running),
         )
 
     def submit(
@@ -119,8 +141,9 @@ class Delegation(Section):
             "idempotency_key": child_idempotency_key(
                 record.task_id, fence.step_id, fence.iteration, call.call_id
             ),
-            "delegation": self.link(fence, arguments).model_dump(mode="json"),
         }
+        link = self.link(awaiting, fence, arguments)
+        task["delegation"] = link.model_dump(mode="json")
         if arguments.steps:
             task["steps"] = [s.model_dump(mode="json", exclude_none=True) for s in arguments.steps]
         m.effects.children.append(ChildSubmission(task_id=task_id, task=_json(task)))
@@ -132,18 +155,18 @@ class Delegation(Section):
                 step_id=fence.step_id,
                 iteration=fence.iteration,
                 goal=arguments.goal[:500],
+                reserved_iterations=link.max_iterations or 0,
+                reserved_tokens=link.max_total_tokens or 0,
             )
         )
         m.event("delegated", child_task_id=task_id, agent=arguments.agent, call_id=call.call_id)
 
-    def link(self, fence: Fence, arguments: DelegateArguments) -> ParentLink:
+    def link(self, awaiting: Awaiting, fence: Fence, arguments: DelegateArguments) -> ParentLink:
         """What the child keeps of this task: the call it answers, the context its reviewers
-        see, its depth, its workspace's origin and its budget (capped by what is left)."""
+        see, its depth, its workspace's origin and its budget (its reservation: see
+        :meth:`budget`)."""
         m, record = self.m, self.record
-        iterations, tokens = self.remaining()
-        if arguments.budget is not None:  # asked for less: capped by what is left all the same
-            iterations = min(arguments.budget.iterations or iterations, iterations)
-            tokens = min(arguments.budget.tokens or tokens, tokens)
+        iterations, tokens = self.budget(awaiting, arguments)
         parent = record.spec.delegation
         return ParentLink(
             task_id=record.task_id,
@@ -159,6 +182,22 @@ class Delegation(Section):
             copy_from=m.workspace() if self.workspace_used() else m.workspace_template(),
             max_iterations=iterations,
             max_total_tokens=tokens,
+        )
+
+    def budget(self, awaiting: Awaiting, arguments: DelegateArguments) -> tuple[int, int]:
+        """The iterations and tokens a new child reserves: what it asked for, else an even
+        share among this turn's delegations not yet created (itself included); never more
+        than the step has left after its running siblings' reservations."""
+        iterations, tokens = self.remaining(awaiting)
+        waiting = 1 + sum(
+            1
+            for c in awaiting.calls
+            if is_delegate(c.name) and c.call_id not in awaiting.dispatched
+        )
+        asked = arguments.budget or DelegationBudget()
+        return (
+            _share(asked.iterations, iterations, waiting),
+            _share(asked.tokens, tokens, waiting),
         )
 
     def workspace_used(self) -> bool:
@@ -298,6 +337,12 @@ def _parent_fence(link: ParentLink) -> Fence:
         attempt=link.attempt,
         call_id=link.call_id,
     )
+
+
+def _share(asked: int | None, left: int, waiting: int) -> int:
+    """What one of ``waiting`` new children reserves of ``left``: what it asked for, capped;
+    else an even share (at least 1)."""
+    return min(asked, left) if asked is not None else max(1, left // waiting)
 
 
 def _json(data: dict[str, object]) -> str:

@@ -88,9 +88,9 @@ def _child_record(effects: Effects, index: int, status: TaskStatus) -> TaskRecor
 
 def test_two_delegations_in_one_turn_submit_two_children_through_the_intake() -> None:
     """Each call becomes a child task ``{parent}.{n}`` with a key from parent, step, iteration
-    and call, the parent's link, and budgets capped by what the step has left."""
+    and call, the parent's link, and budgets out of what the step has left."""
     record = _started()
-    effects = _turn(record, _delegate("c1", budget={"iterations": 50}), _delegate("c2", "beta"))
+    effects = _turn(record, _delegate("c1"), _delegate("c2", "beta", budget={"iterations": 50}))
     assert [c.task_id for c in effects.children] == ["p.1", "p.2"]
     assert not effects.tool_dispatches  # no worker runs a delegation
     first = json.loads(effects.children[0].task)
@@ -99,10 +99,12 @@ def test_two_delegations_in_one_turn_submit_two_children_through_the_intake() ->
     link = ParentLink.model_validate(first["delegation"])
     assert (link.task_id, link.step_id, link.call_id, link.depth) == ("p", "combine", "c1", 1)
     assert link.goal == "ship the release"
-    assert link.max_iterations == 9  # 10 minus the iteration that delegated, not the 50 asked
-    assert link.max_total_tokens == 4900
+    assert link.max_iterations == 4  # half of 10 minus the iteration that delegated
+    assert link.max_total_tokens == 2450
     spec = parse_task(first)
-    assert spec.loop_config().max_iterations == 9
+    assert spec.loop_config().max_iterations == 4
+    second = ParentLink.model_validate(json.loads(effects.children[1].task)["delegation"])
+    assert (second.max_iterations, second.max_total_tokens) == (5, 2450)  # the rest, not 50
     assert [c.task_id for c in record.children] == ["p.1", "p.2"]
     assert record.awaiting is not None and record.awaiting.kind is AwaitKind.TOOLS
     assert record.awaiting.liveness_ids() == []  # children have no heartbeat to judge
@@ -130,6 +132,67 @@ def test_the_children_ends_are_the_call_results_applied_once() -> None:
     assert record.iteration == 1 + 3  # its own iteration and the child's three
     assert record.usage.total_tokens == 100 + 40 + 40
     assert [c.status for c in record.children] == ["completed", "aborted"]
+
+
+def _budgets(effects: Effects) -> list[tuple[int | None, int | None]]:
+    links = [ParentLink.model_validate(json.loads(c.task)["delegation"]) for c in effects.children]
+    return [(link.max_iterations, link.max_total_tokens) for link in links]
+
+
+def test_siblings_of_one_turn_share_what_the_step_has_left() -> None:
+    """Three children delegated in one turn with 7 iterations left reserve 7 between them (an
+    even share each), not 7 each; their reservations are kept in the parent's record."""
+    record = _started(limits={"max_iterations": 8, "max_total_tokens": 3100})
+    effects = _turn(record, _delegate("c1"), _delegate("c2"), _delegate("c3"))
+    assert _budgets(effects) == [(2, 1000), (2, 1000), (3, 1000)]
+    reserved = [(c.reserved_iterations, c.reserved_tokens) for c in record.children]
+    assert reserved == [(2, 1000), (2, 1000), (3, 1000)]
+    assert all(parse_task(json.loads(c.task)).loop_config().max_iterations <= 3
+               for c in effects.children)  # fmt: skip
+
+
+def test_a_sibling_finding_the_budget_reserved_is_refused_naming_the_reservations() -> None:
+    """Children that each ask for the whole rest: the first gets it, the others a tool error
+    saying the running sub-agents reserved it, and what to do."""
+    record = _started(limits={"max_iterations": 8, "max_total_tokens": 5000})
+    asked = {"budget": {"iterations": 7}}
+    effects = _turn(record, _delegate("c1", **asked), _delegate("c2", **asked),
+                    _delegate("c3", **asked))  # fmt: skip
+    assert [c.task_id for c in effects.children] == ["p.1"]
+    assert _budgets(effects) == [(7, 1633)]  # tokens not asked for: a third of 4900
+    assert record.awaiting is not None
+    refused = [record.awaiting.results[c].content for c in ("c2", "c3")]
+    for content in refused:
+        assert (
+            "this step has 0 iterations and 3267 tokens left of its limits (after the 7 "
+            "iterations and 1633 tokens reserved by its sub-agents still running)" in content
+        )
+        assert "delegate in a later turn" in content
+
+
+def test_a_finished_childs_unused_reservation_returns_to_the_step() -> None:
+    """A child that used less than it reserved leaves the rest to the step: the next turn's
+    child gets what is left after the first child's actual usage, not its reservation."""
+    record = _started(limits={"max_iterations": 10, "max_total_tokens": 5000})
+    effects = _turn(record, _delegate("c1", budget={"iterations": 6}))
+    assert _budgets(effects) == [(6, 4900)]
+    done = child_result("p.1", _child_record(effects, 0, TaskStatus.COMPLETED),
+                        TaskStatus.COMPLETED, None)  # fmt: skip
+    _apply(record, lambda m: m.on_answer(done.model_copy(update={"iterations": 2})))
+    assert record.iteration == 3 and record.children[0].finished  # 1 + the child's 2
+    second = _turn(record, _delegate("c2"))
+    assert _budgets(second) == [(6, 4760)]  # 10 - 4 iterations, 5000 - 100 - 40 - 100 tokens
+
+
+def test_a_record_stored_before_reservations_loads() -> None:
+    """A parent record whose children were stored without reservations loads (reserving 0)."""
+    record = _started()
+    _turn(record, _delegate("c1"))
+    data = json.loads(record.model_dump_json())
+    for child in data["children"]:
+        del child["reserved_iterations"], child["reserved_tokens"]
+    loaded = TaskRecord.model_validate(data)
+    assert [(c.task_id, c.reserved_iterations) for c in loaded.children] == [("p.1", 0)]
 
 
 def test_a_late_look_at_a_parent_waiting_on_children_resends_nothing() -> None:

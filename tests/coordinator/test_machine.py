@@ -137,6 +137,28 @@ def test_stale_fence_is_ignored() -> None:
     assert record.awaiting.kind is AwaitKind.REASON
 
 
+@pytest.mark.parametrize(
+    "stale",
+    [{"attempt": 7}, {"attempt": 0}, {"iteration": 0}, {"iteration": 2}, {"step_id": "fix"}],
+)
+def test_stale_fence_of_a_tool_observation_is_ignored(stale: dict[str, Any]) -> None:
+    """A tool result for an awaited call id but another attempt, iteration or step (a late
+    answer of an earlier dispatch) is not applied; the current one still is."""
+    record = _record()
+    _start(record)
+    _tool_turn(record, _call("c1", path="a.py"))
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.TOOLS
+    current = _observed(record, "c1", "current content")
+    old = current.model_copy(update={"fence": current.fence.model_copy(update=stale)})
+    assert old.fence != current.fence
+    effects = _apply(record, 2.5, lambda m: m.on_tool_observed(old))
+    assert not effects.changed and not effects.reason_dispatches
+    assert record.awaiting.results == {}
+    effects = _apply(record, 2.6, lambda m: m.on_tool_observed(current))
+    assert len(effects.reason_dispatches) == 1
+    assert record.conversation.messages[-1].content == "current content"
+
+
 def test_journal_sequences_have_no_gap() -> None:
     """Journal entries across transitions carry consecutive sequence numbers."""
     record = _record()

@@ -12,10 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.conventions import (
+    LEVEL_CANDIDATES,
+    ConventionSeed,
+    FactSeed,
     InMemoryKnowledgeStore,
     KnowledgeItem,
+    KnowledgeSpec,
     KnowledgeStore,
     KnowledgeType,
+    convention_directory,
     convention_queries,
     directory_levels,
     format_conventions,
@@ -53,6 +58,12 @@ class RecordingStore:
 def item(content: str, confidence: float = 0.8, **extra: object) -> KnowledgeItem:
     """A knowledge item with ``content``."""
     return KnowledgeItem.model_validate({"content": content, "confidence": confidence, **extra})
+
+
+def rule(directory: str, content: str, confidence: float = 0.8, **extra: object) -> KnowledgeItem:
+    """A rust convention of ``directory`` (``""``: language-wide), as a seed writes it."""
+    seeded = ConventionSeed(language="rust", directory=directory, content=content).item()
+    return item(seeded.content, confidence, **extra)
 
 
 def retrieve(
@@ -100,15 +111,17 @@ def test_walk_queries_every_level_then_the_language(directory: str, levels: list
 
 
 def test_query_sequence_for_src_api_handlers() -> None:
-    """The exact queries for src/api/handlers, trailing-space root level included (§13.4)."""
+    """The exact queries for src/api/handlers, trailing-space root level included (§13.4),
+    each asking for enough candidates to find the level's own conventions among the rest."""
     store = RecordingStore()
     retrieve(store, "src/api/handlers", limit=3)
+    n = LEVEL_CANDIDATES
     assert store.searches == [
-        ("a1", "rust conventions src/api/handlers", 3),
-        ("a1", "rust conventions src/api", 3),
-        ("a1", "rust conventions src", 3),
-        ("a1", "rust conventions ", 3),
-        ("a1", "rust conventions", 3),
+        ("a1", "rust conventions src/api/handlers", n),
+        ("a1", "rust conventions src/api", n),
+        ("a1", "rust conventions src", n),
+        ("a1", "rust conventions ", n),
+        ("a1", "rust conventions", n),
     ]
     assert convention_queries("rust", "src/api/handlers") == store.queries
 
@@ -126,45 +139,87 @@ def test_directory_levels_terminates_and_shrinks(directory: str) -> None:
 
 
 def test_duplicate_content_appears_once_and_the_deepest_level_wins() -> None:
-    """The same content at two levels is kept once, as found at the deepest level, first."""
-    deep = item("Use anyhow for errors", 0.9, knowledge_type="Pattern")
-    shallow = item("Use anyhow for errors", 0.5)
+    """The same content found at two levels is kept once, as found at the deepest, first."""
+    first = rule("", "Use rustfmt", 0.9)
     store = RecordingStore(
         {
-            "rust conventions src/api/handlers": [deep],
-            "rust conventions src": [item("Run clippy"), shallow],
-            "rust conventions": [item("Use rustfmt")],
+            "rust conventions src/api/handlers": [rule("src/api/handlers", "Use anyhow")],
+            "rust conventions src": [rule("src", "Run clippy")],
+            "rust conventions ": [first],
+            "rust conventions": [rule("", "Use rustfmt", 0.5), rule("", "No unsafe")],
         }
     )
-    assert retrieve(store) == [deep, item("Run clippy"), item("Use rustfmt")]
+    assert retrieve(store) == [
+        rule("src/api/handlers", "Use anyhow"), rule("src", "Run clippy"), first,
+        rule("", "No unsafe"),
+    ]  # fmt: skip
 
 
 def test_result_is_cut_to_limit_in_level_order() -> None:
-    """Each level asks for ``limit`` items; the merged result keeps only the first ``limit``."""
+    """The merged result, in level order, keeps only the first ``limit`` conventions."""
     store = RecordingStore(
         {
-            "rust conventions src/api": [item("handlers return Result")],
-            "rust conventions ": [item("workspace lints"), item("no unsafe")],
-            "rust conventions": [item("edition 2021")],
+            "rust conventions src/api": [rule("src/api", "handlers return Result")],
+            "rust conventions ": [rule("", "workspace lints"), rule("", "no unsafe")],
+            "rust conventions": [rule("", "edition 2021")],
         }
     )
     result = retrieve(store, limit=2)
-    assert [i.content for i in result] == ["handlers return Result", "workspace lints"]
-    assert {limit for _, _, limit in store.searches} == {2}
+    assert result == [rule("src/api", "handlers return Result"), rule("", "workspace lints")]
+
+
+def test_a_level_keeps_only_its_own_conventions() -> None:
+    """What a level's search matched beyond its own conventions (a sibling directory's, a
+    deeper one's, another language's, a fact, an unscoped note) is left out."""
+    src = rule("src", "modules per domain")
+    store = RecordingStore(
+        {
+            "rust conventions src/api/handlers": [
+                rule("src/web", "templates in web/"), item("src/api/handlers has 3 owners"),
+                rule("src/api/handlers", "thin handlers"),
+            ],
+            "rust conventions src": [
+                rule("src/web", "templates in web/"), rule("src/api/handlers/v2", "deep"),
+                item("python conventions src: black"), item("rust style guide for src"), src,
+            ],
+            "rust conventions": [item("rust conventions are in CONTRIBUTING.md")],
+        }
+    )  # fmt: skip
+    assert retrieve(store) == [rule("src/api/handlers", "thin handlers"), src]
+
+
+@pytest.mark.parametrize(
+    ("content", "directory"),
+    [
+        ("rust conventions src/api: x", "src/api"),
+        ("Rust Conventions src/api/: x", "src/api"),
+        ("rust conventions ./src//api: x", "src/api"),
+        ("rust conventions /srv/app: x", "/srv/app"),
+        ("rust conventions: x", ""),
+        ("rust conventions .: x", ""),
+        ("rust conventions src", None),
+        ("rust conventionsrc: x", None),
+        ("python conventions src: x", None),
+        ("src/api uses rust conventions: x", None),
+    ],
+)
+def test_convention_directory(content: str, directory: str | None) -> None:
+    """A convention's directory is read from its scope, normalised; anything else has none."""
+    assert convention_directory(item(content), "rust") == directory
 
 
 def test_error_at_one_level_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
     """A level whose search raises is skipped and logged; the other levels still answer."""
     store = RecordingStore(
         {
-            "rust conventions src/api/handlers": [item("thin handlers")],
-            "rust conventions src": [item("modules per domain")],
+            "rust conventions src/api/handlers": [rule("src/api/handlers", "thin handlers")],
+            "rust conventions src": [rule("src", "modules per domain")],
         },
         failing=frozenset({"rust conventions src/api"}),
     )
     with caplog.at_level(logging.WARNING, logger="shared.conventions"):
         result = retrieve(store)
-    assert [i.content for i in result] == ["thin handlers", "modules per domain"]
+    assert result == [rule("src/api/handlers", "thin handlers"), rule("src", "modules per domain")]
     assert len(store.queries) == 5
     assert "conventions.level_skipped" in caplog.text
     assert "'rust conventions src/api'" in caplog.text
@@ -285,17 +340,35 @@ def test_search_is_per_agent() -> None:
 
 
 def test_scoped_walk_over_the_in_memory_store() -> None:
-    """End to end: conventions tagged with the deepest directory come first."""
-    store = InMemoryKnowledgeStore(
-        {
-            "a1": [
-                item("Use rustfmt", tags=["rust"]),
-                item("Handlers stay thin", tags=["rust", "handlers"]),
-            ]
-        }
+    """End to end on seeded knowledge: the directory's conventions, then its parents', then
+    the language-wide ones; another directory's, another language's and facts never."""
+    spec = KnowledgeSpec(
+        conventions=[
+            ConventionSeed(language="rust", content="Use rustfmt"),
+            ConventionSeed(language="rust", directory="src/web", content="templates in web/"),
+            ConventionSeed(language="rust", directory="src/api", content="return Result"),
+            ConventionSeed(language="python", directory="src/api", content="use black"),
+            ConventionSeed(language="rust", directory="src/api/handlers", content="stay thin"),
+        ],
+        facts=[FactSeed(subject="src/api/handlers", predicate="is owned by", object="rust team")],
     )
+    store = InMemoryKnowledgeStore({"a1": spec.seed_items()})
     result = retrieve(store, "src/api/handlers", limit=5)
-    assert [i.content for i in result] == ["Handlers stay thin", "Use rustfmt"]
-    assert format_conventions(result) == (
-        "- [Fact, confidence=0.80] Handlers stay thin\n- [Fact, confidence=0.80] Use rustfmt"
+    assert [i.content for i in result] == [
+        "rust conventions src/api/handlers: stay thin",
+        "rust conventions src/api: return Result",
+        "rust conventions: Use rustfmt",
+    ]
+    assert format_conventions(result).splitlines()[0] == (
+        "- [Pattern, confidence=0.90] rust conventions src/api/handlers: stay thin"
     )
+
+
+def test_a_parents_conventions_are_found_among_many_of_its_siblings() -> None:
+    """Fifty conventions of src/web rank with src's own in a word search; src's is found."""
+    seeds = [ConventionSeed(language="rust", directory="src/web", content=f"web rule {n}")
+             for n in range(50)]  # fmt: skip
+    seeds.append(ConventionSeed(language="rust", directory="src", content="modules per domain"))
+    store = InMemoryKnowledgeStore({"a1": KnowledgeSpec(conventions=seeds).seed_items()})
+    result = retrieve(store, "src/api/handlers", limit=5)
+    assert [i.content for i in result] == ["rust conventions src: modules per domain"]

@@ -11,8 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from shared.conventions import (
+    ConventionSeed,
+    FactSeed,
     InMemoryKnowledgeStore,
     KnowledgeItem,
+    KnowledgeSpec,
     KnowledgeStore,
     KnowledgeType,
     convention_queries,
@@ -233,8 +236,10 @@ def test_recall_nothing_found() -> None:
 
 
 def test_recall_with_directory_and_conventions_scope_walks_directories() -> None:
-    """scope conventions with a directory queries every level, then the language."""
-    store = RecordingStore([_fact("Use 4 spaces", 0.7)])
+    """scope conventions with a directory queries every level, then the language, and
+    answers with the conventions found (not the fact the store also matched)."""
+    rule = KnowledgeItem(content="rust conventions src: Use 4 spaces", confidence=0.7)
+    store = RecordingStore([_fact("src is the rust crate", 0.9), rule])
     arguments = {
         "query": "rust",
         "directory": "src/api/handlers",
@@ -254,7 +259,7 @@ def test_recall_with_directory_and_conventions_scope_walks_directories() -> None
         "rust conventions ",
         "rust conventions",
     ]
-    assert result == "- [Fact, confidence=0.70] Use 4 spaces"
+    assert result == "- [Fact, confidence=0.70] rust conventions src: Use 4 spaces"
 
 
 def test_recall_conventions_nothing_found() -> None:
@@ -523,6 +528,41 @@ def test_bridge_round_trip_over_store(store_factory: StoreFactory) -> None:
             assert [n.content for n in notes] == ["Later: 43."]
 
     asyncio.run(scenario())
+
+
+def test_recall_by_directory_over_store_leaks_no_other_scope(store_factory: StoreFactory) -> None:
+    """recall_knowledge {directory: src/api/handlers, scope: conventions} answers the
+    conventions of src/api/handlers and its parents, then the language-wide ones: never a
+    src/web convention, another language's, or a fact, though they share the query's words."""
+    spec = KnowledgeSpec(
+        conventions=[
+            ConventionSeed(language="python", directory="src/web", content="jinja templates"),
+            ConventionSeed(language="python", content="type-hint public functions"),
+            ConventionSeed(language="python", directory="src/api", content="return early"),
+            ConventionSeed(language="go", directory="src/api", content="wrap errors"),
+        ],
+        facts=[
+            FactSeed(
+                subject="src/api/handlers",
+                predicate="are owned by",
+                object="the python conventions team",
+            )
+        ],
+    )
+    arguments = {"query": "python", "directory": "src/api/handlers", "scope": "conventions"}
+
+    async def scenario() -> str:
+        async with store_factory() as store:
+            for seeded in spec.seed_items():
+                await store.add_knowledge(AGENT, seeded)
+            return await KnowledgeBridge(store).handle_tool_call(
+                AGENT, "recall_knowledge", arguments
+            )
+
+    assert asyncio.run(scenario()).splitlines() == [
+        "- [Pattern, confidence=0.90] python conventions src/api: return early",
+        "- [Pattern, confidence=0.90] python conventions: type-hint public functions",
+    ]
 
 
 # -- Redis specifics ----------------------------------------------------------------------------

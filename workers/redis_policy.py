@@ -1,0 +1,49 @@
+"""A worker's check, at its start, that its Redis never evicts keys (:mod:`shared.eviction`).
+
+:class:`EvictionCheck` is a bootstep of the worker's blueprint (``workers.celery`` adds it), so
+``orga worker`` and a plain ``celery -A workers worker`` both run it: Celery stops a worker whose
+bootstep fails to start, with exit code 1 and the error logged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from celery import bootsteps
+
+from shared.eviction import (
+    POLICY_SETTING,
+    check_eviction_policy,
+    policy_from_config,
+    policy_from_info,
+    redis_address,
+)
+
+__all__ = ["EvictionCheck", "check_redis_keeps_keys"]
+
+
+def check_redis_keeps_keys(url: str) -> str:
+    """The ``maxmemory-policy`` of the Redis at ``url`` (``noeviction``), by ``CONFIG GET``,
+    else ``INFO memory`` where CONFIG is renamed, disabled or refused; an
+    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other."""
+    with redis.Redis.from_url(url) as client:
+        unread = ""
+        try:
+            policy = policy_from_config(client.config_get(POLICY_SETTING))
+        except redis.ResponseError as exc:
+            policy, unread = None, f"CONFIG GET: {exc}"
+        if policy is None:
+            try:
+                policy = policy_from_info(client.info("memory"))
+            except redis.ResponseError as exc:
+                unread = f"{unread}; INFO memory: {exc}".lstrip("; ")
+        address = redis_address(client.connection_pool.connection_kwargs)
+    return check_eviction_policy(policy, address, unread)
+
+
+class EvictionCheck(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Refuses to start the worker on a Redis that may evict keys."""
+
+    def start(self, parent: Any) -> None:
+        check_redis_keeps_keys(parent.app.conf.orga_settings.redis_url)
