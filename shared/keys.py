@@ -46,6 +46,9 @@ Keys
     ``orga:ratelimit:{provider}:{digest}``  string: until when (unix ms) every worker holds off
                                  calling one provider with one key (``provider_limit_key``;
                                  the digest is a hash of the base URL and key, never the key)
+    ``orga:provider_wait:{liveness_id}``  string: a model call held in a retry wait (JSON:
+                                 provider, status, retry_at), expiring when the wait ends
+                                 (``provider_wait_key``)
 
 Celery (the Redis broker stores each queue as a list under its name)
     ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
@@ -104,6 +107,8 @@ __all__ = [
     "open_reviews_key",
     "provider_limit_key",
     "provider_limit_key_prefix",
+    "provider_wait_key",
+    "provider_wait_key_prefix",
     "queue_started_key",
     "queue_started_key_prefix",
     "reason_task_name",
@@ -158,6 +163,7 @@ result_cache_key_prefix: Final = "orga:result:"
 review_claim_key_prefix: Final = "orga:review_claim:"
 applied_call_key_prefix: Final = "orga:applied:"
 provider_limit_key_prefix: Final = "orga:ratelimit:"
+provider_wait_key_prefix: Final = "orga:provider_wait:"
 
 journal_sequence_key_prefix: Final = "orga:journal_seq:"
 active_tasks_key: Final = "orga:tasks:active"
@@ -267,3 +273,9 @@ def provider_limit_key(provider: str, key_digest: str) -> str:
     """Until when every worker holds off one provider and key (a 429's Retry-After):
     ``orga:ratelimit:{provider}:{digest}``; ``key_digest`` is a hash, never the key."""
     return f"{provider_limit_key_prefix}{provider}:{key_digest}"
+
+
+def provider_wait_key(liveness_id: str) -> str:
+    """A model call held in its retry wait, by the dispatch's liveness id (``Fence.liveness_id``):
+    ``orga:provider_wait:{liveness_id}``."""
+    return f"{provider_wait_key_prefix}{liveness_id}"
