@@ -268,7 +268,7 @@ class Outage(BaseModel):
     error_kind: Literal["provider_unavailable", "policy_unavailable"]
     service: str
     since: float
-    """When the first dispatch that met it went out (unix seconds)."""
+    """When the first report of it came (unix seconds)."""
     error: str
     reports: int = 1
     retry_at: float | None = None

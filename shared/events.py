@@ -230,7 +230,8 @@ class ServiceUnavailable(_Event):
     error_kind: Literal["provider_unavailable", "policy_unavailable"]
     service: str
     since: datetime
-    """When the first dispatch that met this outage went out."""
+    """When the first report of this outage came (the worker had tried until its own retry
+    deadline by then)."""
     error: str
     reports: int
     """How many dispatches in a row reported it."""

@@ -33,7 +33,7 @@ class Outages(Section):
         """A worker said the dispatch met an outage: hold it until the back-off ends, or end
         the task once the outage has lasted ``outage_deadline_s``."""
         m = self.m
-        outage = self._track(awaiting, message)
+        outage = self._track(message)
         settings = m.settings
         ends_at = outage.since + settings.outage_deadline_s
         give_up = m.now >= ends_at
@@ -94,7 +94,7 @@ class Outages(Section):
         self.record.outage = None
         self.m.event("service_available", service=outage.service, since=f"{outage.since:.3f}")
 
-    def _track(self, awaiting: Awaiting, message: WorkerFailedMessage) -> Outage:
+    def _track(self, message: WorkerFailedMessage) -> Outage:
         """The outage this report continues, or a new one (another service, another kind)."""
         record = self.record
         kind = (
@@ -105,8 +105,7 @@ class Outages(Section):
         service = message.service or "unknown"
         outage = record.outage
         if outage is None or (outage.error_kind, outage.service) != (kind, service):
-            since = awaiting.dispatched_at if awaiting.dispatched_at is not None else self.m.now
-            outage = Outage(error_kind=kind, service=service, since=since, error="", reports=0)
+            outage = Outage(error_kind=kind, service=service, since=self.m.now, error="", reports=0)
             record.outage = outage
         outage.reports += 1
         outage.error = message.error[:2000]
