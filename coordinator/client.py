@@ -211,7 +211,7 @@ class OrgaClient:
             pipe.zmscore(keys.heartbeats_key, ids)
         if awaiting.reasoning:
             pipe.get(keys.provider_wait_key(awaiting.fence.liveness_id()))
-        replies = cast("list[Any]", pipe.execute()) if ids or awaiting.reasoning else []
+        replies: list[Any] = pipe.execute() if ids or awaiting.reasoning else []
         scores: list[float | None] = replies[0] if ids else []
         counts = {"queued": 0, "running": 0, "answered": 0}
         for score in scores:
