@@ -185,12 +185,20 @@ def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> st
                 description=_progress_label(status),
                 total=max(status["steps_total"], 1),
                 completed=status["steps_done"],
-                detail=f"iteration {status['iteration']}  {status['status']}",
+                detail=_progress_detail(status),
             )
             if status["status"] in {s.value for s in TERMINAL_STATUSES} | {"awaiting_review"}:
                 return str(status["status"])
             time.sleep(0.1)
     raise OrgaError(f"task {task_id} did not finish within {timeout}s")
+
+
+def _progress_detail(status: dict[str, Any]) -> str:
+    """``iteration 3  running``, and what it waits on when that is its provider or policy
+    engine (an outage, a retry wait)."""
+    detail = f"iteration {status['iteration']}  {status['status']}"
+    waiting = (status.get("dispatch") or {}).get("waiting")
+    return f"{detail}  {waiting}" if waiting else detail
 
 
 def _progress_label(status: dict[str, Any]) -> str:
@@ -320,10 +328,14 @@ def status(
 
 
 def _waits_on(row: dict[str, Any]) -> str:
-    """``reason: 1 running`` for a task waiting on a model call (``act``: its tool calls)."""
+    """``reason: 1 running`` for a task waiting on a model call (``act``: its tool calls);
+    ``reason: waiting on the provider openai (HTTP 503; retry at ...)`` for one held by an
+    outage."""
     dispatch = row.get("dispatch")
     if not dispatch:
         return ""
+    if dispatch.get("waiting"):
+        return f"{dispatch['kind']}: {dispatch['waiting']}"
     parts = [f"{dispatch[k]} {k}" for k in ("queued", "running", "answered") if dispatch[k]]
     return f"{dispatch['kind']}: {', '.join(parts) or 'nothing yet'}"
 

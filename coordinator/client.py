@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
@@ -198,16 +199,29 @@ class OrgaClient:
 
     def dispatch(self, record: TaskRecord) -> dict[str, Any] | None:
         """What the task waits on: its queue, and how many of its calls are queued (not
-        started), running (heartbeating) or answered (observation not yet applied)."""
+        started), running (heartbeating) or answered (observation not yet applied); and
+        ``waiting`` when it waits on its provider or policy engine (a model call held in a
+        retry wait, or a dispatch the task holds through an outage)."""
         awaiting = record.awaiting
         if awaiting is None or record.terminal:
             return None
         ids = awaiting.liveness_ids()
-        scores: list[float | None] = self.redis.zmscore(keys.heartbeats_key, ids) if ids else []
+        pipe = self.redis.pipeline(transaction=False)
+        if ids:
+            pipe.zmscore(keys.heartbeats_key, ids)
+        if awaiting.reasoning:
+            pipe.get(keys.provider_wait_key(awaiting.fence.liveness_id()))
+        replies: list[Any] = pipe.execute() if ids or awaiting.reasoning else []
+        scores: list[float | None] = replies[0] if ids else []
         counts = {"queued": 0, "running": 0, "answered": 0}
         for score in scores:
             counts["queued" if score is None else "running" if score > 0 else "answered"] += 1
-        return {"kind": awaiting.kind.value, "queue": awaiting.queue, **counts}
+        found: dict[str, Any] = {"kind": awaiting.kind.value, "queue": awaiting.queue, **counts}
+        held = replies[-1] if awaiting.reasoning else None
+        waiting = _waiting(record, held)
+        if waiting is not None:
+            found["waiting"] = waiting
+        return found
 
     def load(self, heartbeat_timeout_s: float = 30.0) -> dict[str, Any]:
         """The deployment's work now: messages waiting in each queue, dispatches running
@@ -450,6 +464,30 @@ def is_terminal(status: str) -> bool:
 
 
 MAX_TREE_DEPTH = 8
+
+
+def _waiting(record: TaskRecord, held: Any) -> str | None:
+    """``waiting on the provider openai (HTTP 503; retry at ...)`` for a model call a worker
+    holds in a retry wait (``held``: its ``orga:provider_wait`` record), or the task's own
+    hold through an outage; None when it waits on neither."""
+    outage = record.outage
+    if outage is not None and outage.retry_at is not None:
+        return outage.waiting()
+    if held is None:
+        return None
+    try:
+        wait = json.loads(held)
+        at = datetime.fromtimestamp(float(wait["retry_at"]), UTC).isoformat(timespec="seconds")
+        why = (
+            "its key held by another call's 429"
+            if wait.get("shared")
+            else (f"HTTP {wait['status']}" if wait.get("status") else "no answer")
+        )
+        return f"waiting on the provider {wait['provider']} ({why}; retry at {at})"
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 """Levels of sub-agents ``status`` shows under a task."""
 
 

@@ -49,6 +49,8 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
         machine=MachineSettings(
             observation_deadline_s=settings.observation_deadline_s,
             max_redeliveries=settings.max_redeliveries,
+            outage_deadline_s=settings.outage_deadline_s,
+            outage_backoff_s=settings.outage_backoff_s,
             workspace_root=settings.workspace_root,
             allow_inline_tools=settings.allow_inline_tools,
             inline_read_tools=settings.inline_read_tools,

@@ -195,6 +195,8 @@ class _Run:
                     if not await self._review():
                         return self.out
                     continue
+                if await self._held_for_outage():
+                    continue
                 answer = await self._next_answer()
                 if answer is None:  # nothing answered within start-to-close: as a lost dispatch
                     await self._apply(partial(TaskMachine.on_tick, liveness=None))
@@ -212,6 +214,16 @@ class _Run:
             for running in (*self.in_flight, *self.child_tasks):
                 running.cancel()
             await asyncio.gather(*self.in_flight, *self.child_tasks, return_exceptions=True)
+
+    async def _held_for_outage(self) -> bool:
+        """The task holds its dispatch through an outage of its provider or policy engine and
+        nothing else runs: wait until the hold ends, then send it again (the deadline tick)."""
+        outage = self.out.record.outage
+        if outage is None or outage.retry_at is None or not self.inbox.empty():
+            return False
+        await asyncio.sleep(max(outage.retry_at - self.driver.clock(), 0.0))
+        await self._apply(partial(TaskMachine.on_tick, liveness=None))
+        return True
 
     async def _next_answer(self) -> Answer | ChildFinishedMessage | _Cancel | _Blocked | None:
         """The next answer; None when none came within start-to-close (the dispatches in

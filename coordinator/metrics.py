@@ -109,6 +109,14 @@ class CoordinatorMetrics:
             "recreated them",
             registry=registry,
         )
+        self.outages = Counter(
+            "orga_service_unavailable",
+            "Outages a worker reported (a provider or policy engine down past the worker's "
+            "retries), by kind, service and outcome (held: the call is sent again later; "
+            "gave_up: the task failed naming the outage)",
+            ["kind", "service", "outcome"],
+            registry=registry,
+        )
         self.rate_limit_waits = Counter(
             "orga_rate_limit_waits",
             "Times a worker waited for a provider's rate limit, by provider",
@@ -170,6 +178,11 @@ class CoordinatorMetrics:
             elif event.type == "DispatchFailed" and event.fence.count("/") == 3:
                 # task/step/iteration/attempt: a reasoning dispatch (a call adds its id)
                 self.provider_error(provider, event.error_kind)
+            elif event.type == "ServiceUnavailable":
+                outcome = "held" if event.retry_at is not None else "gave_up"
+                self.outages.labels(
+                    kind=event.error_kind, service=event.service, outcome=outcome
+                ).inc()
             elif event.type == "ReasoningComplete":
                 self.iterations.inc()
                 self.tokens.labels(kind="prompt").inc(event.usage.prompt_tokens)

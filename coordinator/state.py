@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ __all__ = [
     "AwaitKind",
     "Awaiting",
     "ChildRef",
+    "Outage",
     "ReviewDecision",
     "ReviewItem",
     "ReviewSource",
@@ -264,6 +266,41 @@ class ChildRef(BaseModel):
         return self.status != "submitted"
 
 
+class Outage(BaseModel):
+    """A service the task needs is down (a worker said so): what, since when, and when the
+    held dispatch goes out again."""
+
+    error_kind: Literal["provider_unavailable", "policy_unavailable"]
+    service: str
+    since: float
+    """When the first report of it came (unix seconds)."""
+    error: str
+    reports: int = 1
+    retry_at: float | None = None
+    """While the task holds its dispatch: when it is sent again."""
+
+    def reason(self, now: float) -> str:
+        """Why the task ended: the outage, named, with how long it lasted."""
+        what = "provider" if self.error_kind == "provider_unavailable" else "policy engine"
+        since = _clock(self.since)
+        return (
+            f"{what} {self.service} unavailable since {since} ({now - self.since:.0f} s, "
+            f"{self.reports} dispatch(es) failed on it): {self.error}"
+        )
+
+    def waiting(self) -> str:
+        """What ``orga status`` says while the task holds its dispatch."""
+        what = "provider" if self.error_kind == "provider_unavailable" else "policy engine"
+        at = _clock(self.retry_at) if self.retry_at is not None else "?"
+        return (
+            f"waiting on the {what} {self.service} (retry at {at}; down since {_clock(self.since)})"
+        )
+
+
+def _clock(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).isoformat(timespec="seconds")
+
+
 class TaskRecord(BaseModel):
     """A task's whole state, stored as one JSON document and updated by compare-and-set."""
 
@@ -296,6 +333,8 @@ class TaskRecord(BaseModel):
     milestones: list[str] = Field(default_factory=list)
     awaiting: Awaiting | None = None
     review: ReviewItem | None = None
+    outage: Outage | None = None
+    """A service the task needs is down: its dispatch is held, no attempt used up."""
     output: str = ""
     error: str | None = None
     applied: int = 0

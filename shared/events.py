@@ -35,6 +35,7 @@ __all__ = [
     "ReasoningComplete",
     "RecoveryTriggered",
     "ReviewDecided",
+    "ServiceUnavailable",
     "StagnationDetected",
     "Started",
     "StepLimitReached",
@@ -220,6 +221,23 @@ class DispatchFailed(_Event):
     """The worker's ``error_kind``: ``config`` fails the task at once."""
 
 
+class ServiceUnavailable(_Event):
+    """A worker reported an outage of a service the task needs (its provider, the policy
+    engine): no attempt is used up; the dispatch is sent again at ``retry_at``, or, past the
+    outage deadline (``retry_at`` None), the task fails naming the outage."""
+
+    type: Literal["ServiceUnavailable"] = "ServiceUnavailable"
+    error_kind: Literal["provider_unavailable", "policy_unavailable"]
+    service: str
+    since: datetime
+    """When the first report of this outage came (the worker had tried until its own retry
+    deadline by then)."""
+    error: str
+    reports: int
+    """How many dispatches in a row reported it."""
+    retry_at: datetime | None = None
+
+
 class VerificationRun(_Event):
     """A step's ``done_when`` check ran: its command, exit code, and whether it passed."""
 
@@ -282,6 +300,7 @@ LoopEvent = Annotated[
     | StagnationDetected
     | AttemptFailed
     | DispatchFailed
+    | ServiceUnavailable
     | VerificationRun
     | ProviderWaited
     | Escalated

@@ -58,6 +58,9 @@ Keys
     ``orga:inbox:login_failures:{kind}:{sha256}``  string: failed inbox logins in the current
                                  window, from one client address (``addr``) or for one user
                                  name (``user``), by a hash of it (``inbox_login_failures_key``)
+    ``orga:provider_wait:{liveness_id}``  string: a model call held in a retry wait (JSON:
+                                 provider, status, retry_at), expiring when the wait ends
+                                 (``provider_wait_key``)
 
 Celery (the Redis broker stores each queue as a list under its name)
     ``orga.reasoning``           queue of reasoning iterations (task ``orga.reason``)
@@ -125,6 +128,8 @@ __all__ = [
     "open_reviews_key",
     "provider_limit_key",
     "provider_limit_key_prefix",
+    "provider_wait_key",
+    "provider_wait_key_prefix",
     "queue_started_key",
     "queue_started_key_prefix",
     "reason_task_name",
@@ -186,6 +191,7 @@ workspace_claim_key_prefix: Final = "orga:workspace:"
 provider_limit_key_prefix: Final = "orga:ratelimit:"
 inbox_session_key_prefix: Final = "orga:inbox:session:"
 inbox_login_failures_key_prefix: Final = "orga:inbox:login_failures:"
+provider_wait_key_prefix: Final = "orga:provider_wait:"
 
 journal_sequence_key_prefix: Final = "orga:journal_seq:"
 active_tasks_key: Final = "orga:tasks:active"
@@ -321,3 +327,9 @@ def inbox_login_failures_key(kind: str, digest: str) -> str:
     """Failed inbox logins in the current window, from one address (``kind`` ``addr``) or for one
     user name (``user``): ``orga:inbox:login_failures:{kind}:{sha256}``."""
     return f"{inbox_login_failures_key_prefix}{kind}:{digest}"
+
+
+def provider_wait_key(liveness_id: str) -> str:
+    """A model call held in its retry wait, by the dispatch's liveness id (``Fence.liveness_id``):
+    ``orga:provider_wait:{liveness_id}``."""
+    return f"{provider_wait_key_prefix}{liveness_id}"

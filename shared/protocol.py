@@ -45,16 +45,21 @@ __all__ = [
     "encode_entry",
 ]
 
-PROTOCOL_VERSION = "3"
+PROTOCOL_VERSION = "4"
 
-ErrorKind = Literal["config", "transient", "internal"]
+ErrorKind = Literal["config", "transient", "internal", "provider_unavailable", "policy_unavailable"]
 """What a worker failure is, so that the coordinator never matches strings:
 
 - ``config``: the deployment or the task is wrong (a missing script file or template, a missing
   or rejected API key, a refused ``base_url``, an unknown model); trying again cannot help, so
   the task fails at once with the worker's message;
-- ``transient``: the provider or the network failed for now (429, 5xx, a timeout) past the
-  worker's retry deadline; the dispatch may be tried again;
+- ``provider_unavailable``: the model's provider kept failing (429, 5xx, unreachable, timeouts)
+  through the worker's retries (``ORGA_PROVIDER_RETRY_DEADLINE_S``): an outage, not the task's
+  fault; the coordinator holds the dispatch and sends it again with back-off, using up no
+  attempt, until ``ORGA_OUTAGE_DEADLINE_S``, then fails the task naming the outage;
+- ``policy_unavailable``: the policy engine (an OPA server) could not be asked; the same;
+- ``transient``: a timeout or a network failure outside the provider's retries; the dispatch
+  may be tried again (as ``internal``);
 - ``internal``: anything else (a bug, a crash in the library); retried, then dead-lettered.
 """
 
@@ -321,6 +326,9 @@ class WorkerFailedMessage(BaseModel):
     retryable: bool = True
     error_kind: ErrorKind = "internal"
     """What the failure is (:data:`ErrorKind`); a ``config`` failure fails the task at once."""
+    service: str | None = None
+    """The service that is down, for ``provider_unavailable`` and ``policy_unavailable``
+    (``openai``, ``opa at http://opa:8181``)."""
 
 
 class ChildFinishedMessage(BaseModel):

@@ -52,6 +52,19 @@ class OrgaSettings(BaseSettings):
         description="A started call still running after this long is abandoned and re-sent",
     )
     max_redeliveries: int = Field(default=3, ge=0)
+    outage_deadline_s: float = Field(
+        default=1800.0,
+        ge=0,
+        description="How long a task waits out an outage of its model's provider or its policy "
+        "engine (reported by a worker once its own retries are spent), re-sending the call "
+        "with back-off and using up no attempt, before it fails naming the outage",
+    )
+    outage_backoff_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="The first wait before a call held for an outage is sent again (then "
+        "doubling, at most 300 s)",
+    )
     lease_ttl_s: float = Field(default=float(keys.lease_ttl_s), gt=0)
     tick_interval_s: float = Field(default=0.5, gt=0)
     claim_idle_ms: int = Field(default=30_000, ge=100)

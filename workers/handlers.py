@@ -27,7 +27,7 @@ from shared.conventions import KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation
 from shared.delegation import is_delegate
 from shared.durations import format_duration
-from shared.errors import ConfigError
+from shared.errors import ConfigError, ProviderUnavailableError, ServiceUnavailableError
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
@@ -57,6 +57,7 @@ from workers.providers.base import (
     RateLimitedError,
 )
 from workers.providers.rate_limit import recording_waits
+from workers.providers.waiting import CallAbandonedError
 from workers.tools.base import ToolContext
 from workers.tools.workspace import expecting_workspace, resolving_once
 from workers.workspaces import (
@@ -158,12 +159,22 @@ def prepare_tools(
     return config.model_copy(update={"tool_definitions": tools})
 
 
+PROVIDER_OUTAGES = (RateLimitedError, ProviderError, InferenceTimeoutError)
+"""The model call's errors that say its provider is down (429, 5xx, unreachable, no answer),
+once the provider's own retries (``ORGA_PROVIDER_RETRY_DEADLINE_S``) are spent."""
+
+
 def failure_kind(exc: BaseException) -> ErrorKind:
     """What a failure in a worker is, for the coordinator (``WorkerFailedMessage.error_kind``):
-    a configuration error fails the task at once, a transient one may be tried again."""
+    a configuration error fails the task at once; an outage of its provider or policy engine
+    is waited out without using up an attempt; a transient one may be tried again."""
     if isinstance(exc, ConfigError):
         return "config"
-    if isinstance(exc, RateLimitedError | ProviderError | InferenceTimeoutError | TimeoutError):
+    if isinstance(exc, ServiceUnavailableError):
+        return exc.kind
+    if isinstance(exc, PROVIDER_OUTAGES):
+        return "provider_unavailable"
+    if isinstance(exc, TimeoutError):
         return "transient"
     return "internal"
 
@@ -216,12 +227,13 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         await _inject_knowledge(request, services, state.conversation, knowledge)
     known = len(state.conversation)
     with recording_waits() as waits:
+        provider = services.provider(request)
         try:
             checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
-                services.provider(request), AlreadyFitted()
+                provider, AlreadyFitted()
             )
         except LoopTermination as stop:
-            _raise_config_error(stop)
+            _raise_not_the_attempts(stop, provider)
             return ReasonedMessage(
                 fence=request.fence,
                 new_messages=state.conversation.messages[known:],
@@ -284,12 +296,15 @@ async def _act_or_chain(
             return None, []
 
 
-def _raise_config_error(stop: LoopTermination) -> None:
+def _raise_not_the_attempts(stop: LoopTermination, provider: InferenceProvider) -> None:
     """A model call that failed because of the configuration (a rejected key, an unknown
-    model) is not an attempt that failed: it is raised for the worker to report as such."""
+    model) or because its provider is down (429, 5xx, unreachable past the retries) is not an
+    attempt that failed: it is raised for the worker to report as what it is."""
     cause = stop.__cause__
     if isinstance(cause, InferenceError) and isinstance(cause, ConfigError):
         raise cause
+    if isinstance(cause, PROVIDER_OUTAGES):
+        raise ProviderUnavailableError(str(cause), service=provider.provider_name()) from cause
 
 
 async def _inject_knowledge(
@@ -386,19 +401,31 @@ async def run_dispatch(
             return DispatchOutcome(answers)
     except passthrough:
         raise
+    except CallAbandonedError as exc:
+        log.info("dispatch.abandoned", extra={"fence": request.fence.token(), "reason": str(exc)})
+        return DispatchOutcome([])
     except Exception as exc:
         failure = WorkerFailedMessage(
             fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
             error=f"{type(exc).__name__}: {exc}"[:2000],
             retryable=not isinstance(exc, ConfigError),
             error_kind=failure_kind(exc),
+            service=exc.service if isinstance(exc, ServiceUnavailableError) else None,
         )
-        log.exception(
-            "dispatch.failed",
-            extra={"fence": request.fence.token(), "error_kind": failure.error_kind,
-                   "error": failure.error},
-        )  # fmt: skip
+        _log_failure(request, failure)
         return DispatchOutcome([failure], failure=failure)
+
+
+def _log_failure(request: ReasonRequest | ToolRequest, failure: WorkerFailedMessage) -> None:
+    """An outage is logged as what it is (``provider.unavailable``, ``policy.unavailable``),
+    without a traceback; anything else as ``dispatch.failed`` with its traceback."""
+    extra = {"fence": request.fence.token(), "error_kind": failure.error_kind,
+             "error": failure.error}  # fmt: skip
+    if failure.service is not None:
+        event = failure.error_kind.replace("_", ".", 1)
+        log.warning(event, extra={**extra, "service": failure.service})
+        return
+    log.exception("dispatch.failed", extra=extra)
 
 
 _TOOL_PHASES: dict[str, Phase] = {"act": "act", "prehydrate": "pre_hydrate", "verify": "verify"}

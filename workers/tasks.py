@@ -33,6 +33,7 @@ from workers.celery import app
 from workers.handlers import live_fences, run_dispatch
 from workers.pool import ASYNC_BODIES, ran_on_loop
 from workers.providers.settings import ProviderSettings
+from workers.providers.waiting import RedisWaitWatch, watching
 from workers.runtime import ProcessServices
 from workers.telemetry import configure_tracing, flush_tracing
 from workers.tools.base import Tool
@@ -138,7 +139,9 @@ async def _answer(
     fences = live_fences(request)
     await runtime.started(request, fences, queue)
     try:
-        outcome = await run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
+        # A model call held in a retry wait is shown to operators and stops when its task ends.
+        with watching(RedisWaitWatch(runtime.redis, request.fence)):
+            outcome = await run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
     finally:
         runtime.liveness.finished(fences)
     if not outcome.answers:

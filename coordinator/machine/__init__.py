@@ -24,6 +24,7 @@ The machine is made of sections, one module each, that call each other through i
 ``redelivery``            worker failures, deadlines, re-sends and dead letters
 ``delegation``            sub-agents: ``delegate`` calls as child tasks, their ends applied
 ``critics``               a step's result reviewed by its critic before it completes
+``outages``               a provider or policy engine down: the dispatch held, no attempt used
 ========================  ===============================================================
 """
 

@@ -38,6 +38,11 @@ class MachineSettings:
     observation_deadline_s: float = 30.0
     """When a dispatch is first looked at; then as :mod:`coordinator.liveness` says."""
     max_redeliveries: int = 3
+    outage_deadline_s: float = 1800.0
+    """How long a task holds its dispatch through an outage of its provider or policy engine
+    (from the first dispatch that met it) before it fails naming the outage."""
+    outage_backoff_s: float = 15.0
+    """The first wait before a dispatch held for an outage is sent again (then doubling)."""
     liveness: LivenessSettings = field(default_factory=LivenessSettings)
     workspace_root: str = field(default_factory=lambda: str(Path.home() / ".orga" / "workspaces"))
     recent_messages_in_snapshot: int = 8

@@ -7,6 +7,7 @@ from typing import Literal
 
 from coordinator.liveness import Liveness, Verdict
 from coordinator.machine.core import Section
+from coordinator.machine.outages import OUTAGE_KINDS
 from coordinator.state import Awaiting, AwaitKind, TaskStatus
 from shared import ids
 from shared.events import DispatchFailed
@@ -20,6 +21,9 @@ class Redelivery(Section):
 
     def worker_failed(self, awaiting: Awaiting, message: WorkerFailedMessage) -> None:
         m = self.m
+        if message.error_kind in OUTAGE_KINDS:
+            m.outages.reported(awaiting, message)
+            return
         config = message.error_kind == "config"
         retried = (
             not config and message.retryable and awaiting.redeliveries < m.settings.max_redeliveries
@@ -44,6 +48,9 @@ class Redelivery(Section):
         Waiting only on sub-agents is not late: their ends come back by themselves."""
         if awaiting.waits_only_on_children():
             self.m.delegation.look_later(awaiting)
+            return
+        if self.m.outages.holding():
+            self.m.outages.retry(awaiting)
             return
         if liveness is not None and self.still_alive(awaiting, liveness):
             return

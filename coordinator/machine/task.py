@@ -12,6 +12,7 @@ from coordinator.machine.critics import Critics
 from coordinator.machine.delegation import Delegation
 from coordinator.machine.limits import Limits
 from coordinator.machine.observing import Observing
+from coordinator.machine.outages import Outages
 from coordinator.machine.planning import Planning
 from coordinator.machine.prehydration import PreHydration
 from coordinator.machine.reasoning import Reasoning
@@ -60,8 +61,8 @@ class TaskMachine(MachineCore):
     to the section that decides: :class:`Planning`, :class:`Steps`, :class:`Reasoning` (Reason
     and Gate), :class:`Acting` (Act), :class:`Observing` (Observe, ``done_when``, the
     stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews`,
-    :class:`Redelivery`, :class:`Delegation` (sub-agents) and :class:`Critics` (a step's result
-    reviewed before it completes).
+    :class:`Redelivery`, :class:`Delegation` (sub-agents), :class:`Critics` (a step's result
+    reviewed before it completes) and :class:`Outages` (a provider or policy engine down).
     """
 
     def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
@@ -77,6 +78,7 @@ class TaskMachine(MachineCore):
         self.redelivery = Redelivery(self)
         self.delegation = Delegation(self)
         self.critics = Critics(self)
+        self.outages = Outages(self)
 
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step (ignored when
@@ -126,6 +128,7 @@ class TaskMachine(MachineCore):
             return self.ignored()
         if message.fence != awaiting.fence:
             return self.ignored()
+        self.outages.answered()
         if awaiting.kind is not AwaitKind.CRITIC:
             self.record.model_calls += 1
         if message.provider_waits:
@@ -152,6 +155,7 @@ class TaskMachine(MachineCore):
         if call_id in awaiting.results:
             return self.ignored()
         awaiting.results[call_id] = message.observation
+        self.outages.answered()
         self.acting.remember_recovery(message)
         self.acting.advance(awaiting)
         return self.done()

@@ -1,5 +1,5 @@
-"""Worker failures carry a typed kind on the wire: configuration errors are told apart from
-transient ones without matching strings."""
+"""Worker failures carry a typed kind on the wire: configuration errors and outages of the
+provider or the policy engine are told apart from the rest without matching strings."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.errors import ConfigError
+from shared.errors import ConfigError, PolicyUnavailableError, ProviderUnavailableError
 from workers.handlers import failure_kind, prepare_workspace
 from workers.providers import (
     AuthenticationError,
+    InferenceTimeoutError,
     InvalidRequestError,
     ModelUnavailableError,
     ProviderError,
@@ -28,14 +29,19 @@ from workers.providers._http import Endpoint, status_error
         (ConfigError("no API key"), "config"),
         (AuthenticationError("key rejected"), "config"),
         (ModelUnavailableError("no such model"), "config"),
-        (RateLimitedError("429", retry_after_s=1.0), "transient"),
-        (ProviderError("HTTP 503"), "transient"),
+        (RateLimitedError("429", retry_after_s=1.0), "provider_unavailable"),
+        (ProviderError("HTTP 503"), "provider_unavailable"),
+        (InferenceTimeoutError("no answer"), "provider_unavailable"),
+        (ProviderUnavailableError("HTTP 503", service="openai"), "provider_unavailable"),
+        (PolicyUnavailableError("OPA unreachable", service="opa at x"), "policy_unavailable"),
+        (TimeoutError(), "transient"),
         (InvalidRequestError("HTTP 400"), "internal"),
         (RuntimeError("bug"), "internal"),
     ],
 )
 def test_failure_kind(error: Exception, kind: str) -> None:
-    """Each failure maps to its kind: configuration, transient or internal."""
+    """Each failure maps to its kind: configuration, an outage of the provider or the policy
+    engine, transient or internal."""
     assert failure_kind(error) == kind
 
 

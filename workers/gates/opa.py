@@ -21,9 +21,12 @@ The decision document at ``path`` may be
   turns an allow into a Modify of the call's arguments.
 
 Everything else fails closed, with the reason: an undefined decision (``{}``, the policy is not
-loaded or no rule matched without a default), an unexpected shape, an HTTP error status, a
-non-JSON body, a timeout, or an unreachable server. ``examples/policies/orga.rego`` is a
-policy written against this contract.
+loaded or no rule matched without a default), an unexpected shape, a 4xx status or a non-JSON
+body. A server that cannot be asked (unreachable, timed out, a 5xx) made no decision: the gate
+raises :class:`~shared.errors.PolicyUnavailableError` instead of denying, and the worker reports
+an outage of the policy engine (``policy_unavailable``): the coordinator holds the call and asks
+again later, the model never sees a denial that is not a policy's. ``examples/policies/orga.rego``
+is a policy written against this contract.
 
 The HTTP client: pass ``client`` to share a connection pool (its owner closes it); without
 one, each evaluation opens and closes its own client (sharing one TLS context), which is safe
@@ -52,7 +55,7 @@ from shared.actions import (
     TerminateAction,
     ToolCallAction,
 )
-from shared.errors import ConfigError
+from shared.errors import ConfigError, PolicyUnavailableError
 from workers.gates.base import GateContext
 
 __all__ = [
@@ -74,7 +77,8 @@ class _OpaQueryError(Exception):
 
 
 class OpaGate:
-    """Allow, deny or modify as the OPA decision at ``path`` says; deny when OPA cannot say."""
+    """Allow, deny or modify as the OPA decision at ``path`` says; deny when OPA's answer is
+    no decision, raise :class:`PolicyUnavailableError` when OPA cannot be asked."""
 
     def __init__(
         self,
@@ -92,6 +96,11 @@ class OpaGate:
         self._timeout_s = timeout_s
         self._client = client
         self._headers = dict(headers or {})
+
+    @property
+    def service(self) -> str:
+        """What an outage report names: ``opa at URL``."""
+        return f"opa at {self._url}"
 
     @property
     def endpoint(self) -> str:
@@ -124,11 +133,23 @@ class OpaGate:
                 self.endpoint, json=payload, headers=self._headers, timeout=self._timeout_s
             )
         except httpx.TimeoutException as exc:
-            raise _OpaQueryError(
-                f"OPA timed out after {self._timeout_s}s at {self.endpoint}"
+            raise PolicyUnavailableError(
+                f"OPA timed out after {self._timeout_s}s at {self.endpoint}; check the OPA "
+                "server (or raise the policy's timeout_s)",
+                service=self.service,
             ) from exc
         except httpx.TransportError as exc:
-            raise _OpaQueryError(f"OPA unreachable at {self._url}: {_error_text(exc)}") from exc
+            raise PolicyUnavailableError(
+                f"OPA unreachable at {self._url}: {_error_text(exc)}; check that the OPA server "
+                "runs and the policy's url",
+                service=self.service,
+            ) from exc
+        if response.status_code >= 500:
+            raise PolicyUnavailableError(
+                f"OPA answered HTTP {response.status_code} for {self.endpoint}: "
+                f"{_snippet(response.text)}",
+                service=self.service,
+            )
         if response.status_code >= 400:
             raise _OpaQueryError(
                 f"OPA answered HTTP {response.status_code} for {self.endpoint}: "

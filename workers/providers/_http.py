@@ -65,6 +65,7 @@ from workers.providers.retry import (
     is_retryable_status,
     parse_retry_after,
 )
+from workers.providers.waiting import wait_out
 
 __all__ = [
     "Endpoint",
@@ -247,23 +248,23 @@ class JsonPoster:
             blocked_s = min(blocked_s, left_s)
             if blocked_s <= 0:
                 return
-        record_wait(ProviderWait(provider=self._endpoint.provider, wait_s=blocked_s, shared=True))
-        await self._sleep(blocked_s)
+        wait = ProviderWait(provider=self._endpoint.provider, wait_s=blocked_s, shared=True)
+        record_wait(wait)
+        await wait_out(wait, blocked_s, self._sleep)
 
     async def _back_off(self, url: str, attempt: int, failure: _RetryableFailure) -> None:
         """Wait before the next try; a 429 holds every caller of this key off as long."""
         if failure.status == 429:
             await self._throttle.block(failure.delay_s)
-        record_wait(
-            ProviderWait(
-                provider=self._endpoint.provider,
-                status=failure.status,
-                wait_s=failure.delay_s,
-                retry_after=failure.retry_after,
-            )
+        wait = ProviderWait(
+            provider=self._endpoint.provider,
+            status=failure.status,
+            wait_s=failure.delay_s,
+            retry_after=failure.retry_after,
         )
+        record_wait(wait)
         self._log_retry(url, attempt, failure)
-        await self._sleep(failure.delay_s)
+        await wait_out(wait, failure.delay_s, self._sleep)
 
     @asynccontextmanager
     async def _open_client(self) -> AsyncIterator[httpx.AsyncClient]:

@@ -1,4 +1,5 @@
-"""The OPA gate against a local fake of OPA's data API; unreachable OPA means deny."""
+"""The OPA gate against a local fake of OPA's data API; an OPA that cannot be asked is an
+outage (PolicyUnavailableError), not a denial."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from shared.actions import Allow, Deny, Modify, ToolCallAction
-from shared.errors import ConfigError
+from shared.errors import ConfigError, PolicyUnavailableError
 from tests.fakes.opa_server import FakeOpaServer, QueuedAnswer, closed_opa_url
 from tests.workers.gates.actions import context, decide, delegate, respond, terminate, tool
 from workers.gates.opa import OpaGate, normalise_opa_path, opa_input
@@ -166,31 +167,45 @@ def test_unexpected_result_denied(opa: FakeOpaServer, result: Any) -> None:
     )
 
 
-def test_unreachable_opa_denied() -> None:
-    """A closed port (connection refused) denies with the reason."""
+def test_unreachable_opa_is_an_outage_not_a_denial() -> None:
+    """A closed port (connection refused) raises PolicyUnavailableError naming the server,
+    instead of denying: the model never sees a denial no policy made."""
     url = closed_opa_url()
-    reason = reason_of(decide(OpaGate(url, PATH), tool("grep")))
-    assert reason.startswith(f"OPA unreachable at {url}: ")
-    assert "refused" in reason.lower() or "connect" in reason.lower()
+    with pytest.raises(PolicyUnavailableError) as raised:
+        decide(OpaGate(url, PATH), tool("grep"))
+    assert str(raised.value).startswith(f"OPA unreachable at {url}: ")
+    assert "refused" in str(raised.value).lower() or "connect" in str(raised.value).lower()
+    assert raised.value.service == f"opa at {url}"
+    assert raised.value.kind == "policy_unavailable"
 
 
-def test_timeout_denied(opa: FakeOpaServer) -> None:
-    """An OPA slower than timeout_s denies, naming the timeout."""
+def test_timeout_is_an_outage(opa: FakeOpaServer) -> None:
+    """An OPA slower than timeout_s raises PolicyUnavailableError naming the timeout."""
     opa.set_decision(PATH, True)
     opa.queue(QueuedAnswer(body={"result": True}, delay_s=2.0))
     gate = OpaGate(opa.url, PATH, timeout_s=0.1)
-    assert reason_of(decide(gate, tool("grep"))) == (
-        f"OPA timed out after 0.1s at {opa.url}/v1/data/{PATH}"
+    with pytest.raises(PolicyUnavailableError, match=r"OPA timed out after 0\.1s at "):
+        decide(gate, tool("grep"))
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_server_error_is_an_outage(opa: FakeOpaServer, status: int) -> None:
+    """A 5xx raises PolicyUnavailableError quoting OPA's error body."""
+    body = {"code": "internal_error", "message": "boom"}
+    opa.queue(QueuedAnswer(status=status, body=body))
+    with pytest.raises(PolicyUnavailableError) as raised:
+        decide(OpaGate(opa.url, PATH), tool("grep"))
+    assert str(raised.value) == (
+        f"OPA answered HTTP {status} for {opa.url}/v1/data/{PATH}: {json.dumps(body)}"
     )
 
 
-@pytest.mark.parametrize("status", [500, 503, 400])
-def test_http_error_denied(opa: FakeOpaServer, status: int) -> None:
-    """An error status denies, quoting OPA's error body."""
-    body = {"code": "internal_error", "message": "boom"}
-    opa.queue(QueuedAnswer(status=status, body=body))
+def test_client_error_denied(opa: FakeOpaServer) -> None:
+    """A 4xx (the query itself is wrong) denies, quoting OPA's error body."""
+    body = {"code": "invalid_parameter", "message": "boom"}
+    opa.queue(QueuedAnswer(status=400, body=body))
     reason = reason_of(decide(OpaGate(opa.url, PATH), tool("grep")))
-    assert reason == f"OPA answered HTTP {status} for {opa.url}/v1/data/{PATH}: {json.dumps(body)}"
+    assert reason == f"OPA answered HTTP 400 for {opa.url}/v1/data/{PATH}: {json.dumps(body)}"
 
 
 def test_non_json_body_denied(opa: FakeOpaServer) -> None:
