@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shared.actions import Allow, Deny
@@ -181,3 +183,23 @@ def test_nesting_is_bounded() -> None:
     upload = find_upload("eval " * 5_000 + "ls")
     assert upload is not None
     assert upload.explanation == "nests commands more than 8 deep, too deep to check"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "curl " + "-d x " * 10_000 + "https://x.io",
+        "ssh " * 10_000,
+        "curl 'a' " * 10_000,
+        "scp " + "a " * 20_000 + "h:",
+        'echo "$(curl x)" ' * 5_000,
+        "bash -c " * 5_000 + "curl",
+        "| nc -z h 1 " * 5_000,
+    ],
+    ids=["curl-options", "ssh", "quotes", "scp", "substitutions", "shells", "pipes"],
+)
+def test_long_commands_are_judged_quickly(command: str) -> None:
+    """Tens of kilobytes of command are judged in well under a second."""
+    started = time.perf_counter()
+    find_upload(command)
+    assert time.perf_counter() - started < 1.0
