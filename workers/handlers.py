@@ -43,6 +43,7 @@ from shared.protocol import (
     ToolRequest,
     WorkerFailedMessage,
 )
+from shared.redaction import Redactor
 from shared.tracing import Phase, context_of, phase_span, traceparent
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.offered import OfferedToolsGate
@@ -79,6 +80,7 @@ __all__ = [
     "onward",
     "prepare_tools",
     "prepare_workspace",
+    "redacted",
     "resolution_arguments",
     "run_dispatch",
     "run_reasoning",
@@ -121,6 +123,10 @@ class WorkerServices(Protocol):
 
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach private addresses."""
+        ...
+
+    def redactor(self) -> Redactor:
+        """Redacts this process's secrets from what a tool call answers."""
         ...
 
     def gate(self, policy: PolicySpec) -> ReasoningPolicyGate:
@@ -407,7 +413,7 @@ async def run_dispatch(
     except Exception as exc:
         failure = WorkerFailedMessage(
             fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
-            error=f"{type(exc).__name__}: {exc}"[:2000],
+            error=services.redactor().redact(f"{type(exc).__name__}: {exc}")[:2000],
             retryable=not isinstance(exc, ConfigError),
             error_kind=failure_kind(exc),
             service=exc.service if isinstance(exc, ServiceUnavailableError) else None,
@@ -570,7 +576,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
     )
     with expecting_workspace(identity):
-        message = await services.execute(request, context)
+        message = redacted(await services.execute(request, context), services.redactor())
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
 
 
@@ -591,6 +597,32 @@ async def open_workspace(
         services.workspace_claims(),
         request.workspace_template,
         create=create,
+    )
+
+
+def redacted(message: ToolObservedMessage, redactor: Redactor) -> ToolObservedMessage:
+    """The message with every echo of a secret (a model key a command printed, encoded or cut
+    short) redacted, before it reaches the conversation, the journal or a log."""
+    if not redactor:
+        return message
+    observation = message.observation
+    clean = observation.model_copy(
+        update={
+            "content": redactor.redact(observation.content),
+            "metadata": redactor.redact_value(observation.metadata),
+        }
+    )
+    events = [
+        event.model_copy(update={"error": redactor.redact(event.error)})
+        for event in message.recovery_events
+    ]
+    reason = message.escalation_reason
+    return message.model_copy(
+        update={
+            "observation": clean,
+            "recovery_events": events,
+            "escalation_reason": None if reason is None else redactor.redact(reason),
+        }
     )
 
 

@@ -45,6 +45,7 @@ from shared.protocol import (
     WorkerFailedMessage,
     encode_entry,
 )
+from shared.redaction import Redactor, secret_values
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
 from workers.applied_calls import RedisAppliedCalls
@@ -144,6 +145,7 @@ class WorkerCore:
         self._scripts: dict[bytes, Script] = {}
         self._providers: dict[tuple[str | None, ...], InferenceProvider] = {}
         self._workspace_claims: WorkspaceClaims = InMemoryWorkspaceClaims()
+        self._redactor = Redactor(secret_values(settings, provider_settings))
 
     async def aclose(self) -> None:
         """Close the HTTP clients."""
@@ -322,6 +324,11 @@ class WorkerCore:
         while len(self._ledgers) > LEDGERS_KEPT:
             self._ledgers.pop(next(iter(self._ledgers)))
         return ledger
+
+    def redactor(self) -> Redactor:
+        """Redacts the echoes of this process's secrets (every ``SecretStr`` of its settings:
+        the model keys, the inbox's tokens)."""
+        return self._redactor
 
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach loopback and private addresses."""

@@ -113,6 +113,21 @@ def test_unknown_ids_on_the_embedded_runtime(tmp_path: Path) -> None:
         assert "'nope'" in outcome.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_a_task_file_that_is_not_utf8_is_refused_naming_the_byte(
+    tmp_path: Path, command: str
+) -> None:
+    """`orga run` / `orga submit` of a Latin-1 file exit 2 naming the byte offset and the fix,
+    before reaching any runtime (ORGA_REDIS_URL points at nothing)."""
+    task = tmp_path / "task.yaml"
+    task.write_bytes(b"goal: caf\xe9\n")
+    outcome = run_orga(command, str(task), env=_env(ORGA_REDIS_URL="redis://127.0.0.1:1/0"))
+    assert outcome.returncode == 2, outcome.stdout + outcome.stderr
+    message = _one_line(outcome.stderr)
+    assert message.startswith(f"invalid task: {task}: not valid UTF-8 at byte offset 9 (line 1")
+    assert "save it as UTF-8" in message
+
+
 # -- orga worker and orga coordinator -------------------------------------------------------
 
 
