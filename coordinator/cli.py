@@ -35,6 +35,7 @@ from shared import aio
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file
+from workers import key_handoff
 from workers.telemetry import configure_tracing
 from workers.topology import Role, supervisor_exec, worker_commands
 
@@ -119,15 +120,33 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     if settings.redis_url:
         return body(OrgaClient(settings.redis_url), False)
 
+    key_fds = _hand_off_model_keys(settings)
     # The coordinator runs in this process: its spans go to stderr, stdout is the result's.
     configure_tracing(TelemetrySettings(), "orga-coordinator", out=sys.stderr)
 
     async def embedded() -> Any:
-        async with EmbeddedRuntime(settings, _home()) as runtime:
+        async with EmbeddedRuntime(settings, _home(), key_fds=key_fds) as runtime:
             client = OrgaClient(runtime.url)
             return await asyncio.to_thread(body, client, True)
 
     return aio.run(embedded())
+
+
+def _hand_off_model_keys(settings: OrgaSettings) -> list[int] | None:
+    """Before this command starts the embedded runtime's workers, of which it is then an
+    ancestor: keep its model keys out of its ``/proc/PID/environ`` (which ``os.environ.pop``
+    does not change). When the environment holds keys, they go into one socket per reasoning
+    worker and the command runs again in the same process (``execve``) without them; it
+    returns those sockets, for :class:`EmbeddedRuntime` to hand over."""
+    keys = key_handoff.model_keys(os.environ)
+    if keys:
+        fds = [key_handoff.send(keys) for _ in range(settings.reasoning_processes)]
+        env = key_handoff.without_keys(os.environ)
+        env[key_handoff.KEYS_FD_VARIABLE] = ",".join(str(fd) for fd in fds)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, env)  # noqa: S606 - this same command
+    return key_handoff.fds(os.environ) or None
 
 
 # -- run / submit ---------------------------------------------------------------------------
@@ -583,9 +602,11 @@ def inbox(
     """Serve the review inbox on the web (needs ORGA_INBOX_TOKEN or ORGA_INBOX_BASIC_AUTH)."""
     from coordinator.inbox import InboxConfigError, run_inbox
 
+    settings = _settings()
+    key_fds = None if settings.redis_url else _hand_off_model_keys(settings)
     with _errors():
         try:
-            run_inbox(_settings(), _home(), host, port, announce=_say)
+            run_inbox(settings, _home(), host, port, announce=_say, key_fds=key_fds)
         except InboxConfigError as exc:  # a missing or invalid setting: exit 2, as bad input
             raise _fail("error:", exc, 2) from exc
 

@@ -70,8 +70,9 @@ def services() -> ProcessServices:
                 settings: OrgaSettings = app.conf.orga_settings
                 assert settings.redis_url is not None
                 configure_tracing(TelemetrySettings(), "orga-worker", out=sys.__stdout__)
+                provider = ProviderSettings.with_keys(app.conf.orga_model_keys)
                 _services = ProcessServices(
-                    settings, ProviderSettings(), settings.redis_url, registry=_registry()
+                    settings, provider, settings.redis_url, registry=_registry()
                 )
     return _services
 
