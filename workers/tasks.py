@@ -135,11 +135,25 @@ async def _answer(
 ) -> WorkerFailedMessage | None:
     """Say the dispatch started, run it (heartbeating it), and publish what it answered with
     the dispatch marked answered, in one transaction; a failure is published as
-    ``worker_failed`` at once, and returned."""
+    ``worker_failed`` at once, and returned. A dispatch whose task ends while it runs is
+    cancelled (:meth:`Liveness.watching`: a command's processes are killed) and answers
+    nothing."""
     fences = live_fences(request)
     await runtime.started(request, fences, queue)
+    work = asyncio.ensure_future(
+        run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
+    )
     try:
-        outcome = await run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
+        with runtime.liveness.watching(request.fence.task_id, work):
+            outcome = await work
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if not work.cancelled() or (current is not None and current.cancelling()):
+            raise
+        # The task ended (cancelled, or with its parent): its commands were killed, and no
+        # one waits for an answer.
+        log.info("dispatch.abandoned", extra={"task_id": request.fence.task_id})
+        return None
     finally:
         runtime.liveness.finished(fences)
     if not outcome.answers:
