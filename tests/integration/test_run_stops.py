@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import signal
 import subprocess
 from pathlib import Path
@@ -16,8 +17,9 @@ import yaml
 
 from coordinator.client import OrgaClient
 from coordinator.embedded import EmbeddedRuntime
+from coordinator.embedded_redis import EmbeddedRedis
 from shared.settings import OrgaSettings
-from tests.integration.harness import ORGA, REPO, run_orga, status_of, wait_until
+from tests.integration.harness import ORGA, REPO, Cluster, run_orga, status_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -168,3 +170,31 @@ def test_orga_cancel_cancels_a_task_of_the_embedded_runtime(tmp_path: Path) -> N
     assert f"task {task_id} aborted" in cancelled.stdout
     status = run_orga("status", task_id, env=env)
     assert '"status": "aborted"' in status.stdout, status.stdout
+
+
+def test_run_timeout_on_a_deployment_prints_how_to_stop_the_task(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """With ORGA_REDIS_URL the task runs on after `orga run --timeout 3` (exit 4): the message
+    names it and prints the `orga cancel` command, which, run as printed, cancels it."""
+    cluster = Cluster(private_redis.url, tmp_path / "cluster")
+    cluster.root.mkdir()
+    env = {**_env(tmp_path), "ORGA_REDIS_URL": private_redis.url}
+    try:
+        cluster.coordinator()  # and no worker: the task waits for its model call
+        run = run_orga(
+            "run", "--timeout", "3", str(_task_file(tmp_path, _sleeper("30.66"))), env=env
+        )
+        assert run.returncode == 4, run.stdout + run.stderr
+        task_id = _task_id(run.stdout)
+        lines = run.stderr.splitlines()
+        assert f"task {task_id} did not finish within 3s; it is still running" in lines[0]
+        assert lines[1] == "stop it with:"
+        command = shlex.split(lines[2])
+        assert command[-2:] == ["cancel", task_id] and Path(command[0]).is_absolute()
+        sent = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        assert sent.returncode == 0, sent.stderr
+        client = cluster.client()
+        wait_until(lambda: status_of(client, task_id) == "aborted", 30, "the task aborted")
+    finally:
+        cluster.stop()
