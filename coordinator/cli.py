@@ -150,16 +150,21 @@ class _StopRequest:
         self.signum: int | None = None
         self._event = threading.Event()
 
-    def on_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Handle SIGINT and SIGTERM on ``loop`` (the main thread's) from now on."""
+    def on_signals(
+        self, loop: asyncio.AbstractEventLoop, interrupt: asyncio.Task[Any] | None = None
+    ) -> None:
+        """Handle SIGINT and SIGTERM on ``loop`` (the main thread's) from now on; with
+        ``interrupt``, a signal also cancels that task (for a body that does not poll)."""
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, self.request, signum)
+            loop.add_signal_handler(signum, self.request, signum, interrupt)
 
-    def request(self, signum: int) -> None:
+    def request(self, signum: int, interrupt: asyncio.Task[Any] | None = None) -> None:
         """Ask the command to stop (the first signal counts)."""
         if self.signum is None:
             self.signum = signum
         self._event.set()
+        if interrupt is not None:
+            interrupt.cancel()
 
     @property
     def requested(self) -> bool:
@@ -473,11 +478,16 @@ def _read(body: Callable[[OrgaClient], Any]) -> Any:
         return body(OrgaClient(settings.redis_url))
 
     async def embedded() -> Any:
-        _STOP.on_signals(asyncio.get_running_loop())
+        _STOP.on_signals(asyncio.get_running_loop(), interrupt=asyncio.current_task())
         async with EmbeddedRuntime(settings, _home(), start_worker=False) as runtime:
             return await asyncio.to_thread(body, OrgaClient(runtime.url))
 
-    return aio.run(embedded())
+    try:
+        return aio.run(embedded())
+    except asyncio.CancelledError:
+        if _STOP.signum is None:
+            raise
+        raise typer.Exit(128 + _STOP.signum) from None  # the runtime was stopped first
 
 
 @app.command()

@@ -149,10 +149,9 @@ def test_sigterm_stops_the_embedded_redis_and_workers_and_cancels_the_task(
     assert '"status": "aborted"' in status.stdout, status.stdout
 
 
-def test_orga_cancel_cancels_a_task_of_the_embedded_runtime(tmp_path: Path) -> None:
-    """A task left running in ORGA_HOME (accepted by an embedded coordinator that then
-    stopped) is cancelled by `orga cancel ID` with that ORGA_HOME and no ORGA_REDIS_URL."""
-    env = _env(tmp_path)
+def _leave_running(env: dict[str, str]) -> str:
+    """A task left running in ORGA_HOME: accepted by an embedded coordinator that then stopped
+    (no worker ran it); its id."""
     settings = OrgaSettings(workspace_root=env["ORGA_WORKSPACE_ROOT"])
 
     async def leave_running() -> str:
@@ -164,7 +163,42 @@ def test_orga_cancel_cancels_a_task_of_the_embedded_runtime(tmp_path: Path) -> N
             )
             return task_id
 
-    task_id = asyncio.run(leave_running())
+    return asyncio.run(leave_running())
+
+
+def test_sigterm_stops_a_reading_command_and_its_redis(tmp_path: Path) -> None:
+    """`orga journal ID --follow` on the embedded runtime, told to stop with SIGTERM: it exits
+    143 and its redis-server is gone."""
+    env = _env(tmp_path)
+    task_id = _leave_running(env)
+    follow = subprocess.Popen(
+        [str(ORGA), "journal", task_id, "--follow"], env=env, cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    started: list[int] = []
+    try:
+        assert follow.stdout is not None
+        assert follow.stdout.readline().startswith("{")  # an entry: the runtime is up
+        started = _descendants(follow.pid)
+        assert [p for p in started if p in _pids_running("redis-server")], started
+        follow.send_signal(signal.SIGTERM)
+        follow.wait(60)
+        assert follow.returncode == 128 + signal.SIGTERM
+        wait_until(lambda: not any(_alive(p) for p in started), 15, "its redis-server gone")
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+        follow.communicate()
+        for pid in started:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_orga_cancel_cancels_a_task_of_the_embedded_runtime(tmp_path: Path) -> None:
+    """A task left running in ORGA_HOME (accepted by an embedded coordinator that then
+    stopped) is cancelled by `orga cancel ID` with that ORGA_HOME and no ORGA_REDIS_URL."""
+    env = _env(tmp_path)
+    task_id = _leave_running(env)
     cancelled = run_orga("cancel", task_id, env=env)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert f"task {task_id} aborted" in cancelled.stdout
