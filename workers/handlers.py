@@ -117,6 +117,11 @@ class WorkerServices(Protocol):
         calls here)."""
         ...
 
+    def starts_processes(self, tool: str) -> bool:
+        """Whether ``tool`` starts processes (``run_command``): never run inline, next to the
+        model key, but by a tool worker."""
+        ...
+
     async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
         """Run one approved tool call through the executor."""
         ...
@@ -283,13 +288,18 @@ async def _act_or_chain(
     services: WorkerServices,
     state: LoopState,
 ) -> tuple[list[ToolObservedMessage] | None, list[str]]:
-    """Run the approved calls here, or name those the tool workers run (``request.act``)."""
+    """Run the approved calls here, or name those the tool workers run (``request.act``).
+
+    ``tool_dispatch: inline`` runs them here unless one starts processes (``run_command``):
+    this process holds the model key, and an agent's command never has it as an ancestor;
+    the coordinator then sends the calls to the tool workers."""
     if not approved or dispatching.terminal_output is not None:
         return None, []
     # A delegation is the coordinator's to decide: never run inline, never chained.
     delegates = any(is_delegate(c.name) for c in approved)
+    starts = any(services.starts_processes(c.name) for c in approved)
     match request.act:
-        case ActMode.INLINE if not delegates:
+        case ActMode.INLINE if not delegates and not starts:
             with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
                 return await _act_inline(request, approved, services), []
         case ActMode.AUTO if _reads_here(request, approved, services):

@@ -75,7 +75,7 @@ from workers.recovery import DeadLetterRecord, RecoveryLedger
 from workers.redis_batch import CoalescedPipeline
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
-from workers.tools.base import Tool, ToolContext, reads_only
+from workers.tools.base import Tool, ToolContext, reads_only, starts_processes
 from workers.tools.registry import ToolRegistry, default_registry
 from workers.workspaces import InMemoryWorkspaceClaims, RedisWorkspaceClaims, WorkspaceClaims
 
@@ -292,6 +292,10 @@ class WorkerCore:
     def reads_only(self, tool: str) -> bool:
         """Whether ``tool`` is a read-only tool of the registry."""
         return reads_only(self.registry.get(tool))
+
+    def starts_processes(self, tool: str) -> bool:
+        """Whether ``tool`` (of the registry) starts processes."""
+        return starts_processes(self.registry.get(tool))
 
     async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
         """Run one call through the executor (breakers and cache shared through Redis)."""

@@ -223,7 +223,8 @@ def test_default_worker_is_two_reasoning_processes_and_a_tool_worker_under_a_lig
 ) -> None:
     """`orga worker` with no option: the process becomes a supervisor that imports no pydantic
     (it costs a few MB, not the CLI's 45), runs two reasoning workers and a tool worker with
-    distinct names, hands no model key to the tool worker, and stops them all on SIGTERM."""
+    distinct names, has no model key in its environment nor in any worker's (the reasoning
+    workers get it through a socket), and stops them all on SIGTERM."""
     process, _ = _start_default_worker(tmp_path, private_redis.url)
     try:
         assert _argv(process.pid)[1:] == ["-m", "workers.supervisor"]
@@ -234,11 +235,13 @@ def test_default_worker_is_two_reasoning_processes_and_a_tool_worker_under_a_lig
         queues = sorted(a[a.index("-Q") + 1] for a in argvs)
         assert queues == ["orga.reasoning", "orga.reasoning", "orga.tools"]
         assert len({a[a.index("-n") + 1] for a in argvs}) == 3
+        assert b"sk-not-in-the-supervisor" not in Path(f"/proc/{process.pid}/environ").read_bytes()
         for child, argv in zip(children, argvs, strict=True):
             environ = Path(f"/proc/{child}/environ").read_bytes()
             assert b"ORGA_SUPERVISE_COMMANDS" not in environ
-            has_key = b"sk-not-in-the-supervisor" in environ
-            assert has_key == (argv[argv.index("-Q") + 1] == "orga.reasoning")
+            assert b"sk-not-in-the-supervisor" not in environ
+            handed = b"ORGA_MODEL_KEYS_FD=" in environ
+            assert handed == (argv[argv.index("-Q") + 1] == "orga.reasoning")
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(30)
