@@ -19,12 +19,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shared coordinator workers tests bench
-	$(VENV)/bin/ruff format --check shared coordinator workers tests bench
+	$(VENV)/bin/ruff check shared coordinator workers orga tests bench
+	$(VENV)/bin/ruff format --check shared coordinator workers orga tests bench
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format shared coordinator workers tests bench
-	$(VENV)/bin/ruff check --fix shared coordinator workers tests bench
+	$(VENV)/bin/ruff format shared coordinator workers orga tests bench
+	$(VENV)/bin/ruff check --fix shared coordinator workers orga tests bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -44,7 +44,7 @@ run: $(STAMP)
 # Flower against the configured broker (ORGA_REDIS_URL), with basic auth.
 flower: $(STAMP)
 	@test -n "$$ORGA_REDIS_URL" || (echo "set ORGA_REDIS_URL to the broker Flower should watch" && exit 2)
-	$(VENV)/bin/celery -A workers flower --port=$${FLOWER_PORT:-5555} \
+	$(VENV)/bin/celery -A orga flower --port=$${FLOWER_PORT:-5555} \
 		--basic-auth=$${FLOWER_BASIC_AUTH:-admin:change-me}
 
 # The benchmarks' extra (LangGraph, the slow-model benchmark's peer). When it cannot be

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 from kombu import Connection, Exchange, Producer, Queue
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from workers import broker
 
 

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/chaos.py`` (``make chaos``); ``--tasks 20`` for a short run.
 
-It starts a private Redis with AOF on (:class:`~coordinator.embedded_redis.EmbeddedRedis`), two
+It starts a private Redis with AOF on (:class:`~orga.embedded_redis.EmbeddedRedis`), two
 Celery workers (one on ``orga.reasoning``, one on ``orga.tools``, ``-c 2`` each) and one
 ``orga coordinator``, all real processes, and submits ``--tasks`` tasks at once. Each task's
 scripted model asks for ``--iterations`` ``run_command`` calls (``sleep 0.05; echo step-N``), one
@@ -66,8 +66,8 @@ from celery import Celery
 from redis.exceptions import RedisError
 
 from coordinator.client import OrgaClient
-from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import TERMINAL_STATUSES, TaskRecord
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.conversation import MessageRole
 from shared.errors import WireFormatError
@@ -356,7 +356,7 @@ class ChaosCluster:
         role = queue.rsplit(".", 1)[-1]
         name = f"worker-{role}-{next(self._numbers)}"
         command = [
-            sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue,
+            sys.executable, "-m", "celery", "-A", "orga", "worker", "-Q", queue,
             "-c", str(self.plan.concurrency), "--loglevel", "INFO", "--without-gossip",
             "--without-mingle", "--without-heartbeat", "-n", f"{name}-{os.getpid()}@%h",
             "--task-events",  # which dispatch a killed process ran, and its requeue
@@ -366,7 +366,7 @@ class ChaosCluster:
         return process
 
     def _coordinator(self) -> Process:
-        command = [sys.executable, "-m", "coordinator.cli", "coordinator"]
+        command = [sys.executable, "-m", "orga.cli", "coordinator"]
         name = f"coordinator-{next(self._numbers)}"
         process = Process(name, command, self.env, self.root / f"{name}.log").start()
         process.wait_for_log("coordinator ", timeout_s=60)

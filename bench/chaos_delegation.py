@@ -40,8 +40,8 @@ import redis
 
 from bench.chaos import run_in_scratch
 from coordinator.client import OrgaClient, TaskNotFoundError
-from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import TaskRecord
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.conversation import MessageRole
 from tests.integration.harness import Cluster

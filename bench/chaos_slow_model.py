@@ -66,8 +66,8 @@ from bench.slow_model_bench import (
     task_spec,
 )
 from coordinator.client import OrgaClient
-from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import TERMINAL_STATUSES
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from tests.integration.harness import Process
 

@@ -6,7 +6,7 @@ Start it exactly like the production worker, with this module as the app::
         -Q orga.reasoning,orga.tools,bench.noop -c 2 --without-gossip --without-mingle
 
 Everything else (JSON, late acknowledgement, prefetch of one, task events off, the queues) is
-the production configuration of :mod:`workers.celery`. Two additions only:
+the production configuration of :mod:`orga.celery`. Two additions only:
 
 - ``noop`` and ``slow`` join the tool registry of every worker process (``orga_extra_tools``),
   so a task can call a tool that costs nothing, or one that takes a fixed time;
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.noop_tool import RAW_QUEUE, RAW_TASK_NAME, NoopTool, SlowTool
-from workers.celery import app
+from orga.celery import app
 
 __all__ = ["app", "noop"]
 

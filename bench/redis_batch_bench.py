@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.conversation import Conversation, ConversationMessage
 from shared.loop_types import LoopConfig

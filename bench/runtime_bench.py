@@ -3,8 +3,8 @@
 Run: ``.venv/bin/python bench/runtime_bench.py`` (``--quick`` for a smaller run; ``--help`` for
 the sizes). Everything is real and runs on this machine: a private ``redis-server``, one Celery
 worker (``celery -A bench.noop_worker worker -c 2``: the production configuration of
-``workers.celery`` plus a no-op tool and a raw no-op task) and one coordinator (``python -m
-coordinator.cli coordinator``, production settings). Tasks use the scripted provider (with a
+``orga.celery`` plus a no-op tool and a raw no-op task) and one coordinator (``python -m
+orga.cli coordinator``, production settings). Tasks use the scripted provider (with a
 fixed token usage per reply), the ``noop`` tool and the stagnation detector off, so that only
 orchestration is timed. Method and results: ``docs/performance.md``.
 
@@ -62,7 +62,7 @@ from celery import Celery
 
 from bench.noop_tool import RAW_QUEUE, RAW_TASK_NAME, SLOW_TOOL_S
 from coordinator.client import OrgaClient
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.events import (
     JournalEntry,
@@ -201,7 +201,7 @@ class Stack:
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-n", f"bench-{os.getpid()}@%h",
         ]  # fmt: skip
-        coordinator = [sys.executable, "-m", "coordinator.cli", "coordinator"]
+        coordinator = [sys.executable, "-m", "orga.cli", "coordinator"]
         self.worker = self._spawn("worker", worker)
         self.coordinator = self._spawn("coordinator", coordinator)
         return self

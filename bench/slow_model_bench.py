@@ -105,11 +105,11 @@ class Plan:
 
 
 def orga_command(*args: str) -> list[str]:
-    """The ``orga`` script of this environment (``python -m coordinator.cli`` without it)."""
+    """The ``orga`` script of this environment (``python -m orga.cli`` without it)."""
     script = Path(sys.executable).parent / "orga"
     if script.exists():
         return [str(script), *args]
-    return [sys.executable, "-m", "coordinator.cli", *args]
+    return [sys.executable, "-m", "orga.cli", *args]
 
 
 def tree(pid: int) -> list[psutil.Process]:

@@ -171,7 +171,7 @@ class Liveness:
             reason = (
                 f"{self.queue} holds {self.queue_depth} messages and no worker started one "
                 f"lately: start a worker for that queue (orga worker --role {role}, or "
-                f"celery -A workers worker -Q {self.queue})"
+                f"celery -A orga worker -Q {self.queue})"
             )
             return Judgement(Verdict.NO_CONSUMER, reason, now + timeout)
         if unstarted_looks == 0:

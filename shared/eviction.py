@@ -7,7 +7,7 @@ instead, which coordinators and workers ride out until memory is freed. So every
 worker reads the policy when it starts (``CONFIG GET maxmemory-policy``; where CONFIG is renamed
 or disabled, as on some managed Redis, the ``maxmemory_policy`` field of ``INFO memory``) and
 refuses to start on any other: :func:`check_eviction_policy`. This module is the decision; the
-processes read the values (``coordinator.service``, ``workers.celery``).
+processes read the values (``coordinator.service``, ``orga.celery``).
 """
 
 from __future__ import annotations

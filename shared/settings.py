@@ -240,7 +240,7 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_default_queue": keys.reasoning_queue,
-        # Declared, so that a worker started without -Q (`celery -A workers worker`) consumes
+        # Declared, so that a worker started without -Q (`celery -A orga worker`) consumes
         # both; -Q picks some of them. (A dict: Celery builds the kombu queues from it.)
         "task_queues": {
             queue: {"exchange": queue, "routing_key": queue}

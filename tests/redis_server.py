@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from redis.asyncio import Redis
 
-from coordinator.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from orga.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 
 __all__ = ["RedisClientFactory", "RedisServer", "RedisUnavailableError"]
 

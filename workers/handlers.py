@@ -4,7 +4,7 @@
 tool call through the executor; :func:`run_dispatch` runs either and says what to send on: the
 observations for the coordinator and the tool calls a reasoning chains. Both drivers of the
 loop use :func:`run_dispatch`: the Celery tasks in :mod:`workers.tasks` (which only decode the
-payload, heartbeat and publish) and the in-process driver (:mod:`coordinator.inprocess`).
+payload, heartbeat and publish) and the in-process driver (:mod:`orga.inprocess`).
 """
 
 from __future__ import annotations

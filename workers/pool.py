@@ -16,7 +16,7 @@ A task that has no coroutine body (none of ours) runs in a thread, as in the thr
 At most ``-c`` messages run at once, as with threads: Celery prefetches that many.
 
 Select it with ``-P custom`` and ``CELERY_CUSTOM_WORKER_POOL=workers.pool:LoopPool`` (what
-``orga worker`` starts for reasoning; :mod:`workers.topology`).
+``orga worker`` starts for reasoning; :mod:`orga.topology`).
 """
 
 from __future__ import annotations
@@ -90,11 +90,11 @@ class LoopPool(BasePool):  # type: ignore[misc]
 
     def on_start(self) -> None:
         """Build the process's services (and their loop) now, not at the first task."""
-        from workers.celery import app
         from workers.tasks import services
 
-        self._accept = prepare_accept_content(app.conf.accept_content)  # type: ignore[no-untyped-call]
-        self._loop = services().loop
+        conf = self.app.conf  # the worker's app, which Celery hands its pool
+        self._accept = prepare_accept_content(conf.accept_content)  # type: ignore[no-untyped-call]
+        self._loop = services(self.app).loop
 
     def on_stop(self) -> None:
         """Warm shutdown: wait for the running tasks (and their acknowledgements)."""

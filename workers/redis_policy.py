@@ -1,7 +1,7 @@
 """A worker's check, at its start, that its Redis never evicts keys (:mod:`shared.eviction`).
 
-:class:`EvictionCheck` is a bootstep of the worker's blueprint (``workers.celery`` adds it), so
-``orga worker`` and a plain ``celery -A workers worker`` both run it: Celery stops a worker whose
+:class:`EvictionCheck` is a bootstep of the worker's blueprint (``orga.celery`` adds it), so
+``orga worker`` and a plain ``celery -A orga worker`` both run it: Celery stops a worker whose
 bootstep fails to start, with exit code 1 and the error logged.
 """
 

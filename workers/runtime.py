@@ -121,7 +121,7 @@ class WorkerCore:
     """Implements :class:`workers.handlers.WorkerServices`: models, tools, gates, the executor.
 
     No Redis and no thread of its own: :class:`ProcessServices` adds those for a worker
-    process, and the in-process driver (:mod:`coordinator.inprocess`) uses a core with
+    process, and the in-process driver (:mod:`orga.inprocess`) uses a core with
     in-memory breakers, cache and knowledge (:func:`local_core`).
     """
 

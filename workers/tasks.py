@@ -4,6 +4,10 @@ A task never waits on another task's result: its answer goes to the coordinator 
 observations stream. A payload that cannot be decoded is dead-lettered (there is no fence to
 answer to); a failure inside the library is reported as ``worker_failed`` with its fence, and
 the coordinator decides to re-dispatch or dead-letter it.
+
+The tasks are declared with :func:`celery.shared_task`: they belong to whichever app includes
+this module (:mod:`orga.celery`, the Celery app, which is process assembly), so the workers never
+import that app; a task reads the settings and the model keys from its own app's configuration.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from celery import Celery, Task, current_app, shared_task
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -29,7 +34,6 @@ from shared.protocol import (
 )
 from shared.settings import OrgaSettings, TelemetrySettings
 from workers.broker import TRANSIENT_WRITE_ERRORS
-from workers.celery import app
 from workers.handlers import live_fences, run_dispatch
 from workers.pool import ASYNC_BODIES, ran_on_loop
 from workers.providers.settings import ProviderSettings
@@ -61,30 +65,32 @@ class DispatchFailedError(Exception):
     Celery task itself ends FAILURE (Flower's Failed tab) instead of SUCCESS."""
 
 
-def services() -> ProcessServices:
+def services(app: Celery | None = None) -> ProcessServices:
     """This process's services, built on first use (after the fork; once for all threads of
-    a thread-pool worker)."""
+    a thread-pool worker) from the configuration of ``app``, the worker's Celery app (by
+    default the current one, which a Celery worker sets to its own in every process)."""
     global _services  # noqa: PLW0603 - one per worker process, by design
     if _services is None:
         with _services_lock:
             if _services is None:
-                settings: OrgaSettings = app.conf.orga_settings
+                conf = (app or current_app).conf
+                settings: OrgaSettings = conf.orga_settings
                 assert settings.redis_url is not None
                 configure_tracing(TelemetrySettings(), "orga-worker", out=sys.__stdout__)
-                provider = ProviderSettings.with_keys(app.conf.orga_model_keys)
+                provider = ProviderSettings.with_keys(conf.orga_model_keys)
                 _services = ProcessServices(
-                    settings, provider, settings.redis_url, registry=_registry()
+                    settings, provider, settings.redis_url, registry=_registry(conf)
                 )
     return _services
 
 
-def _registry() -> ToolRegistry | None:
-    """The default registry plus the tools in ``app.conf.orga_extra_tools``, if any.
+def _registry(conf: Any) -> ToolRegistry | None:
+    """The default registry plus the tools in the app's ``conf.orga_extra_tools``, if any.
 
     An application that embeds the workers (a benchmark's no-op tool, an in-house tool that is
     not packaged as an ``orga.tools`` entry point) sets that list before the worker starts.
     """
-    extra: list[Tool] = list(app.conf.get("orga_extra_tools") or ())
+    extra: list[Tool] = list(conf.get("orga_extra_tools") or ())
     if not extra:
         return None
     registry = default_registry()
@@ -119,14 +125,14 @@ async def handle(name: str, payload: str) -> None:
         raise DispatchFailedError(failure.error)
 
 
-def _handle(name: str, payload: str) -> None:
+def _handle(task: Task, name: str, payload: str) -> None:
     """A task's body: what :class:`~workers.pool.LoopPool` already ran on the loop, else
     (another pool: threads, solo) :func:`handle` run on the loop from this thread."""
     ran = ran_on_loop(payload)
     if ran is not None:
         ran.result()  # raises what the coroutine raised
         return
-    services().run(handle(name, payload))
+    services(task.app).run(handle(name, payload))
 
 
 async def _answer(
@@ -191,26 +197,28 @@ async def _publish(
             delay_s = min(delay_s * 2, 5.0)
 
 
-@app.task(  # type: ignore[untyped-decorator]
+@shared_task(  # type: ignore[untyped-decorator]
     name=keys.reason_task_name,
+    bind=True,
     autoretry_for=(RedisConnectionError,),
     retry_backoff=True,
     max_retries=5,
 )
-def reason(payload: str) -> None:
+def reason(self: Task, payload: str) -> None:
     """Reason and Gate for one iteration; publishes a ``reasoned`` observation."""
-    _handle(keys.reason_task_name, payload)
+    _handle(self, keys.reason_task_name, payload)
 
 
-@app.task(  # type: ignore[untyped-decorator]
+@shared_task(  # type: ignore[untyped-decorator]
     name=keys.tool_task_name,
+    bind=True,
     autoretry_for=(RedisConnectionError,),
     retry_backoff=True,
     max_retries=5,
 )
-def tool_call(payload: str) -> None:
+def tool_call(self: Task, payload: str) -> None:
     """One tool call; publishes a ``tool_observed`` observation."""
-    _handle(keys.tool_task_name, payload)
+    _handle(self, keys.tool_task_name, payload)
 
 
 _TASKS: dict[str, tuple[type[ReasonRequest] | type[ToolRequest], str]] = {

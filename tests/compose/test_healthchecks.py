@@ -82,7 +82,7 @@ def broker_url(redis_server_factory: Callable[..., RedisServer]) -> str:
 def tool_worker(broker_url: str, tmp_path: Path) -> Iterator[str]:
     """A worker named like compose's tool workers (``tools@%h``)."""
     log = tmp_path / "worker.log"
-    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", "orga.tools",
+    command = [sys.executable, "-m", "celery", "-A", "orga", "worker", "-Q", "orga.tools",
                "-n", "tools@%h", "-P", "solo", "--loglevel", "INFO",
                "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     process = _start(command, _env(broker_url), log)
@@ -125,7 +125,7 @@ def test_flower_health_check_logs_in(broker_url: str, tmp_path: Path) -> None:
     log = tmp_path / "flower.log"
     login = "admin:a-test-secret,second:another"
     env = _env(broker_url, FLOWER_BASIC_AUTH=login)
-    command = [sys.executable, "-m", "celery", "-A", "workers", "flower", f"--port={port}"]
+    command = [sys.executable, "-m", "celery", "-A", "orga", "flower", f"--port={port}"]
     process = _start(command, env, log)
     try:
         _wait(lambda: _listening(port), process, log)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from coordinator.inprocess import InProcessDriver
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.machine.delegation import child_result
 from coordinator.state import AwaitKind, TaskRecord, TaskStatus
+from orga.inprocess import InProcessDriver
 from shared.actions import ToolCallAction
 from shared.agent_profile import AgentProfile, parse_agent
 from shared.conversation import ConversationMessage

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from orga.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from tests.integration.harness import Cluster, running_cluster
 
 

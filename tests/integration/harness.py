@@ -1,6 +1,6 @@
 """Real processes for integration tests: a private Redis, Celery workers and coordinators.
 
-Nothing here is mocked: the worker is ``celery -A workers worker`` and the coordinator is
+Nothing here is mocked: the worker is ``celery -A orga worker`` and the coordinator is
 ``orga coordinator``, each its own process, talking through a real ``redis-server``.
 """
 
@@ -131,7 +131,7 @@ class Cluster:
 
     def worker(self, concurrency: int = 3, name: str = "w1", **env: str) -> Process:
         command = [
-            sys.executable, "-m", "celery", "-A", "workers", "worker",
+            sys.executable, "-m", "celery", "-A", "orga", "worker",
             "-Q", "orga.reasoning,orga.tools", "-c", str(concurrency), "--loglevel", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-n", f"{name}-{os.getpid()}@%h",
@@ -142,7 +142,7 @@ class Cluster:
         return process
 
     def coordinator(self, name: str = "c1", **env: str) -> Process:
-        command = [sys.executable, "-m", "coordinator.cli", "coordinator"]
+        command = [sys.executable, "-m", "orga.cli", "coordinator"]
         process = Process(name, command, self._env(env), self.root / f"{name}.log").start()
         process.wait_for_log("coordinator ")
         self.processes.append(process)
@@ -157,7 +157,7 @@ class Cluster:
     def orga(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run the ``orga`` CLI against this cluster."""
         return subprocess.run(
-            [sys.executable, "-m", "coordinator.cli", *args],
+            [sys.executable, "-m", "orga.cli", *args],
             env=self._env({}), cwd=REPO, capture_output=True, text=True,
             timeout=timeout_s, check=False,
         )  # fmt: skip

@@ -16,8 +16,8 @@ from typing import Any, cast
 import pytest
 import redis
 
-from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import AwaitKind
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.protocol import (
     PROTOCOL_VERSION,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from tests.integration.harness import Cluster, running_cluster, status_of, wait_until
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos_delegation import DelegationChaosPlan, DelegationChaosReport, run_delegation_chaos
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

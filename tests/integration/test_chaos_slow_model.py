@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos_slow_model import SlowChaosPlan, SlowChaosReport, run_slow_chaos
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -22,8 +22,8 @@ import pytest
 import redis
 import yaml
 
-from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import TaskRecord, TaskStatus
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.task_spec import parse_task
 from tests.integration.harness import ORGA, REPO, run_orga
@@ -227,7 +227,7 @@ def test_default_worker_is_two_reasoning_processes_and_a_tool_worker_under_a_lig
     workers get it through a socket), and stops them all on SIGTERM."""
     process, _ = _start_default_worker(tmp_path, private_redis.url)
     try:
-        assert _argv(process.pid)[1:] == ["-m", "workers.supervisor"]
+        assert _argv(process.pid)[1:] == ["-m", "orga.supervisor"]
         maps = Path(f"/proc/{process.pid}/maps").read_text()
         assert "pydantic_core" not in maps
         children = _children(process.pid)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from coordinator.agents import AgentRegistry
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared.agent_profile import AgentProfile
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import REPO, Cluster, run_orga, status_of, wait_until

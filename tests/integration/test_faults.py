@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from tests.integration.harness import (
     REPO,
@@ -103,7 +103,7 @@ def test_make_run_example_runs_on_the_embedded_runtime(tmp_path: Path) -> None:
     """What `make run` does: `orga run` with no ORGA_REDIS_URL starts its own Redis and worker."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
     env.update({"ORGA_HOME": str(tmp_path / "home"), "ORGA_WORKSPACE_ROOT": str(tmp_path / "ws")})
-    command = [sys.executable, "-m", "coordinator.cli", "run"]
+    command = [sys.executable, "-m", "orga.cli", "run"]
     bugfix = subprocess.run(
         [*command, "examples/bugfix/task.yaml", "--json"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,

@@ -1,4 +1,4 @@
-"""Flower as an operator runs it (`celery -A workers flower`, basic auth) against a real worker
+"""Flower as an operator runs it (`celery -A orga flower`, basic auth) against a real worker
 and a private Redis: its task list, read over its HTTP API, names each dispatch by task, step,
 iteration and purpose, and a reasoning call that failed on configuration is FAILURE."""
 
@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from tests.integration.harness import Cluster, Process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def flower(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[tuple[Clust
     cluster = Cluster(private_redis.url, tmp_path)
     port = _free_port()
     command = [
-        sys.executable, "-m", "celery", "-A", "workers", "flower", "--address=127.0.0.1",
+        sys.executable, "-m", "celery", "-A", "orga", "flower", "--address=127.0.0.1",
         f"--port={port}", f"--basic-auth={AUTH[0]}:{AUTH[1]}",
     ]  # fmt: skip
     try:
@@ -54,9 +54,9 @@ def flower(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[tuple[Clust
 
 
 def _events_worker(cluster: Cluster) -> None:
-    """`celery -A workers worker -E`: both queues, task events on from the start."""
+    """`celery -A orga worker -E`: both queues, task events on from the start."""
     command = [
-        sys.executable, "-m", "celery", "-A", "workers", "worker", "-E", "-c", "2",
+        sys.executable, "-m", "celery", "-A", "orga", "worker", "-E", "-c", "2",
         "--loglevel", "INFO", "--without-mingle", "-n", f"events-{os.getpid()}@%h",
     ]  # fmt: skip
     log = cluster.root / "events-worker.log"

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from tests.integration.harness import Cluster, running_cluster, status_of, wait_until
 
 pytestmark = pytest.mark.integration

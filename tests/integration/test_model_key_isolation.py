@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared.task_spec import TaskSpec
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import ORGA, REPO, Cluster, wait_until

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared.events import ProviderWaited
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import Cluster, run_orga, wait_until

@@ -16,7 +16,7 @@ import pytest
 import redis
 import yaml
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import Cluster, run_orga, status_of, wait_until

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from coordinator.client import OrgaClient
-from coordinator.embedded import EmbeddedRuntime
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded import EmbeddedRuntime
+from orga.embedded_redis import EmbeddedRedis
 from shared.settings import OrgaSettings
 from tests.integration.harness import ORGA, REPO, Cluster, run_orga, status_of, wait_until
 

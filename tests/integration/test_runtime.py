@@ -140,7 +140,7 @@ def _escalating() -> dict[str, Any]:
 
 def _decide(cluster: Cluster, review_id: str, flag: str, user: str) -> subprocess.Popen[str]:
     env = {**cluster._env({}), "USER": user}
-    command = [sys.executable, "-m", "coordinator.cli", "review", "decide", review_id, flag]
+    command = [sys.executable, "-m", "orga.cli", "review", "decide", review_id, flag]
     return subprocess.Popen(
         command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import Cluster, running_cluster, status_of, wait_until
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from shared.tracing import task_trace_id
 from tests.integration.harness import Cluster, running_cluster, status_of, wait_until
 

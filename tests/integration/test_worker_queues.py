@@ -1,4 +1,4 @@
-"""Which queues a worker serves: `celery -A workers worker` without -Q serves both, as the README
+"""Which queues a worker serves: `celery -A orga worker` without -Q serves both, as the README
 says, and a coordinator says so when a queue it dispatches to has no consumer. Real processes
 against a private Redis."""
 
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import redis
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
+from orga.topology import POOL_PATH
 from shared import keys
 from shared.celery_wire import celery_message
 from tests.integration.harness import Cluster, Process, wait_until
-from workers.topology import POOL_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -36,16 +36,16 @@ def cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
 
 
 def _worker_command(name: str, *queue_options: str) -> list[str]:
-    """`celery -A workers worker` with only the given queue options, at INFO."""
+    """`celery -A orga worker` with only the given queue options, at INFO."""
     return [
-        sys.executable, "-m", "celery", "-A", "workers", "worker", *queue_options,
+        sys.executable, "-m", "celery", "-A", "orga", "worker", *queue_options,
         "-c", "2", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
         "--without-heartbeat", "-n", f"{name}-{os.getpid()}@%h",
     ]  # fmt: skip
 
 
 def _worker(cluster: Cluster, *queue_options: str, name: str = "any") -> Process:
-    """`celery -A workers worker` with only the given queue options."""
+    """`celery -A orga worker` with only the given queue options."""
     command = _worker_command(name, *queue_options)
     log = cluster.root / f"worker-{name}.log"
     process = Process(name, command, cluster._env({}), log).start()
@@ -69,7 +69,7 @@ def _tool_task() -> dict[str, Any]:
 
 
 def test_a_worker_without_queue_options_serves_both_queues(cluster: Cluster) -> None:
-    """`celery -A workers worker` (no -Q) lists and consumes orga.reasoning and orga.tools: a
+    """`celery -A orga worker` (no -Q) lists and consumes orga.reasoning and orga.tools: a
     task with tool calls completes."""
     worker = _worker(cluster)
     banner = worker.log.read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis
 from tests.fakes.opa_server import FakeOpaServer
 from tests.integration.conftest import private_redis
 from tests.integration.harness import Cluster

@@ -1,6 +1,6 @@
 """The two drivers of the loop behind one test seam, and what their runs are compared on.
 
-``inprocess`` steps :class:`~coordinator.inprocess.InProcessDriver` over a
+``inprocess`` steps :class:`~orga.inprocess.InProcessDriver` over a
 :func:`~workers.runtime.local_core`; ``distributed`` submits to a real coordinator process and a
 real Celery worker process through :class:`~coordinator.client.OrgaClient`. Both implement
 :class:`LoopDriver` and answer a run with an :class:`Outcome`; :func:`comparable` keeps what
@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from coordinator.agents import AgentRegistry
 from coordinator.client import OrgaClient
-from coordinator.inprocess import InProcessDriver, ReviewVerdict
 from coordinator.machine import MachineSettings
 from coordinator.state import ReviewDecision, ReviewItem, TaskRecord
+from orga.inprocess import InProcessDriver, ReviewVerdict
 from shared.agent_profile import AgentProfile
 from shared.events import JournalEntry
 from tests.integration.harness import Cluster, status_of

@@ -4,7 +4,7 @@ configured in this process (compaction keeps the task in every request on it), a
 knowledge store the embedding process hands in (``auto_persist``).
 
 These were the in-process runner's scenarios (``workers/runner.py``, retired): they now run the
-one loop core, :class:`~coordinator.inprocess.InProcessDriver` over a :class:`WorkerCore`.
+one loop core, :class:`~orga.inprocess.InProcessDriver` over a :class:`WorkerCore`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.inprocess import InProcessDriver, InProcessRun
 from coordinator.machine import MachineSettings
+from orga.inprocess import InProcessDriver, InProcessRun
 from shared.conventions import InMemoryKnowledgeStore
 from shared.conversation import MessageRole
 from shared.inference import ToolDefinition

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from coordinator.cli import app
+from orga.cli import app
 from shared.task_spec import load_task_file
 
 Wrap = Callable[[dict[str, Any]], dict[str, Any]]

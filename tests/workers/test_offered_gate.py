@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from coordinator.inprocess import InProcessDriver
 from coordinator.machine import MachineSettings
+from orga.inprocess import InProcessDriver
 from shared.conversation import MessageRole
 from workers.runtime import local_core
 

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError
+from orga.embedded import EmbeddedRuntime, EmbeddedRuntimeError
 from shared import aio
 from shared.settings import OrgaSettings
 

@@ -7,10 +7,10 @@ import asyncio
 import time
 from pathlib import Path
 
-from coordinator.inprocess import InProcessDriver
 from coordinator.liveness import LivenessSettings
 from coordinator.machine import MachineSettings
 from coordinator.state import TaskStatus
+from orga.inprocess import InProcessDriver
 from workers.runtime import local_core
 
 

@@ -1,5 +1,6 @@
-"""The Celery application: ``celery -A workers worker`` (both queues; ``-Q orga.reasoning`` or
-``-Q orga.tools`` for one).
+"""The Celery application: ``celery -A orga worker`` (both queues; ``-Q orga.reasoning`` or
+``-Q orga.tools`` for one). Celery finds it as ``orga.celery:app``, the ``proj/celery.py``
+layout; the tasks are :mod:`workers.tasks`'s, which this app includes.
 
 Settings are read here, once, at the process edge, and so are the model keys a reasoning worker
 is handed through a socket (:mod:`workers.key_handoff`). JSON is the only serializer; tasks are
@@ -95,7 +96,7 @@ def _quiet_per_task_lines(**_: Any) -> None:
 def _start_services(**_: Any) -> None:
     from workers.tasks import services
 
-    services()
+    services(app)
 
 
 @worker_process_shutdown.connect  # type: ignore[untyped-decorator]

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from orga import supervisor
+from orga.topology import POOL_PATH, Role, WorkerCommand, supervisor_exec, worker_commands
 from shared.settings import OrgaSettings
-from workers import key_handoff, supervisor
-from workers.topology import POOL_PATH, Role, WorkerCommand, supervisor_exec, worker_commands
+from workers import key_handoff
 
 ENVIRON = {"PATH": "/usr/bin", "ORGA_API_KEY": "sk-very-secret", "ORGA_REDIS_URL": "redis://x"}
 
@@ -83,7 +84,7 @@ def test_the_reasoning_role_starts_as_many_processes_as_asked() -> None:
 def test_the_supervisor_gets_the_commands_but_no_secret() -> None:
     commands = worker_commands(Role.ALL, _settings(), ENVIRON)
     argv, env = supervisor_exec(commands, ENVIRON)
-    assert argv[1:] == ["-m", "workers.supervisor"]
+    assert argv[1:] == ["-m", "orga.supervisor"]
     assert "ORGA_API_KEY" not in env and "sk-very-secret" not in "".join(env.values())
     children = supervisor.decode(env[supervisor.COMMANDS_VARIABLE], env)
     assert [c.argv for c in children] == [c.argv for c in commands]

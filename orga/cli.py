@@ -28,24 +28,24 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.cli_agents import agents_app
-from coordinator.cli_schedules import schedule_app
 from coordinator.client import (
     OrgaClient,
     TaskFinishedError,
     TaskNotFoundError,
     TaskRejectedError,
 )
-from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
 from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
+from orga.cli_agents import agents_app
+from orga.cli_schedules import schedule_app
+from orga.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
+from orga.topology import Role, supervisor_exec, worker_commands
 from shared import aio
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
 from workers import key_handoff
 from workers.telemetry import configure_tracing
-from workers.topology import Role, supervisor_exec, worker_commands
 
 __all__ = ["app", "main"]
 
@@ -400,7 +400,7 @@ def _orga_executable() -> list[str]:
     beside = shutil.which("orga", path=str(Path(sys.executable).parent))
     if beside:
         return [os.path.abspath(beside)]
-    return [os.path.abspath(sys.executable), "-m", "coordinator.cli"]
+    return [os.path.abspath(sys.executable), "-m", "orga.cli"]
 
 
 def _embedded_env() -> dict[str, str]:
@@ -724,7 +724,7 @@ def worker(
         argv, env = commands[0].argv, commands[0].env
     else:
         argv, env = supervisor_exec(commands, os.environ)
-    # Becomes the worker, or the supervisor of several (workers/supervisor.py): same pid.
+    # Becomes the worker, or the supervisor of several (orga/supervisor.py): same pid.
     os.execve(sys.executable, argv, env)  # noqa: S606
 
 
@@ -755,7 +755,8 @@ def inbox(
     port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8765,
 ) -> None:
     """Serve the review inbox on the web (needs ORGA_INBOX_TOKEN or ORGA_INBOX_BASIC_AUTH)."""
-    from coordinator.inbox import InboxConfigError, run_inbox
+    from coordinator.inbox import InboxConfigError
+    from orga.inbox import run_inbox
 
     settings = _settings()
     key_fds = None if settings.redis_url else _hand_off_model_keys(settings)

@@ -21,14 +21,14 @@ from typing import IO, Any
 
 from redis.asyncio import Redis
 
-from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.liveness import LivenessSettings
 from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
+from orga import topology
+from orga.embedded_redis import EmbeddedRedis
+from orga.topology import Role, worker_commands
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings
-from workers import topology
-from workers.topology import Role, worker_commands
 
 __all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings"]
 
@@ -147,7 +147,7 @@ class EmbeddedRuntime:
     def _spawn_workers(self) -> list[subprocess.Popen[bytes]]:
         """The reasoning workers and a tool worker, as ``orga worker`` runs them: no worker's
         environment holds a model key, the reasoning workers read it from a socket
-        (:mod:`workers.topology`)."""
+        (:mod:`orga.topology`)."""
         environ = {**os.environ, "ORGA_REDIS_URL": self.url}
         settings = self.runtime_settings
         if self.worker_concurrency is not None:

@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from orga import supervisor
 from shared import keys
 from shared.settings import OrgaSettings
-from workers import key_handoff, supervisor
+from workers import key_handoff
 from workers.key_handoff import MODEL_KEY_VARIABLES
 
 POOL_PATH = "workers.pool:LoopPool"
@@ -94,7 +95,7 @@ def worker_command(
     default = settings.reasoning_concurrency if reasoning else settings.tool_concurrency
     concurrency = settings.worker_concurrency or default
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queue,
+        sys.executable, "-m", "celery", "-A", "orga", "worker", "-Q", queue,
         "-P", "custom" if reasoning else "prefork", "-c", str(concurrency),
         "--loglevel", "INFO",
     ]  # fmt: skip
@@ -185,11 +186,11 @@ def stop(
 def supervisor_exec(
     commands: Sequence[WorkerCommand], environ: Mapping[str, str]
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of :mod:`workers.supervisor` running ``commands``: what
+    """The argv and environment of :mod:`orga.supervisor` running ``commands``: what
     ``orga worker`` executes instead of itself when it starts more than one worker.
     ``environ`` is its own environment, from which each command's is derived; the supervisor
     runs without its model keys, holding only the reasoning workers' key sockets."""
     children = [supervisor.Child(c.argv, c.env, c.pass_fds) for c in commands]
     base = key_handoff.without_keys(environ)
     env = {**base, supervisor.COMMANDS_VARIABLE: supervisor.encode(children, base)}
-    return [sys.executable, "-m", "workers.supervisor"], env
+    return [sys.executable, "-m", "orga.supervisor"], env

@@ -1,4 +1,4 @@
-"""``python -m workers.supervisor`` as ``orga worker`` runs it, with small Python children in
+"""``python -m orga.supervisor`` as ``orga worker`` runs it, with small Python children in
 place of Celery workers: how it stops them and what its exit code says."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from workers import supervisor
+from orga import supervisor
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def _start(log: Path, *argvs: list[str]) -> subprocess.Popen[bytes]:
     env[supervisor.COMMANDS_VARIABLE] = supervisor.encode(children, env)
     with log.open("wb") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "workers.supervisor"], env=env, cwd=REPO, stderr=stderr
+            [sys.executable, "-m", "orga.supervisor"], env=env, cwd=REPO, stderr=stderr
         )
 
 
@@ -97,7 +97,7 @@ def test_a_child_that_ends_on_its_own_is_an_error(tmp_path: Path) -> None:
 def test_without_its_commands_it_says_who_starts_it() -> None:
     env = {k: v for k, v in os.environ.items() if k != supervisor.COMMANDS_VARIABLE}
     outcome = subprocess.run(
-        [sys.executable, "-m", "workers.supervisor"], env=env, cwd=REPO, capture_output=True,
+        [sys.executable, "-m", "orga.supervisor"], env=env, cwd=REPO, capture_output=True,
         text=True, check=False, timeout=30,
     )  # fmt: skip
     assert outcome.returncode == 2

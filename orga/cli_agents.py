@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from coordinator.agents import AgentExistsError, AgentRegistry
-from coordinator.cli_runtime import fail, out, say, with_redis
+from orga.cli_runtime import fail, out, say, with_redis
 from shared.agent_profile import AgentProfile, AgentProfileError, load_agent_file
 
 __all__ = ["agents_app"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.inprocess import InProcessDriver
 from coordinator.machine import MachineSettings
 from coordinator.state import TaskStatus
+from orga.inprocess import InProcessDriver
 from shared.agent_profile import parse_agent
 from shared.task_spec import TaskSpecError, parse_task
 from workers.runtime import local_core

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from coordinator.embedded_redis import (
+from orga.embedded_redis import (
     BINARY_RECORD,
     EmbeddedRedis,
     EmbeddedRedisError,

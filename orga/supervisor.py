@@ -6,7 +6,7 @@ The CLI that builds the workers' commands has imported Typer, pydantic and the s
 45 MB that a process doing nothing but wait on its children would keep for its whole life. So
 ``orga worker`` builds the commands, then replaces itself (``execve``, the same process id, so
 the signals an operator or a service manager sends still reach it) with ``python -m
-workers.supervisor``, which holds about 10 MB.
+orga.supervisor``, which holds about 10 MB.
 
 The commands reach it in the environment variable :data:`COMMANDS_VARIABLE`, as JSON: each
 child's argv, the variables of the supervisor's environment it must not inherit, the few it

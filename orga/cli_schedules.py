@@ -19,9 +19,9 @@ from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.cli_runtime import fail, out, say, with_redis
 from coordinator.client import task_text
 from coordinator.schedules import ScheduleBook, ScheduleExistsError, ScheduleNotFoundError
+from orga.cli_runtime import fail, out, say, with_redis
 from shared.schedule import Schedule
 from shared.task_spec import TaskSpecError, describe_validation_error, load_task_file
 

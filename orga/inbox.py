@@ -18,9 +18,9 @@ from pathlib import Path
 import uvicorn
 
 from coordinator.client import OrgaClient
-from coordinator.embedded import EmbeddedRuntime
 from coordinator.inbox.app import create_app
 from coordinator.inbox.auth import ReviewerAuth
+from orga.embedded import EmbeddedRuntime
 from shared.settings import OrgaSettings
 
 __all__ = ["run_inbox"]
