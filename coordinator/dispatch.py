@@ -16,26 +16,16 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from typing import Protocol
 
 from shared.celery_wire import QueuedMessage, reason_message, tool_message
 from shared.protocol import ReasonRequest, ToolRequest
 
-__all__ = ["CeleryDispatcher", "Dispatcher", "QueuedMessage"]
-
-
-class Dispatcher(Protocol):
-    """Turns the dispatches of a commit into broker messages (Celery's in production)."""
-
-    def messages(
-        self, reasons: Sequence[ReasonRequest], tools: Sequence[ToolRequest]
-    ) -> list[QueuedMessage]:
-        """The messages that send these requests, in order."""
-        ...
+__all__ = ["CeleryDispatcher", "QueuedMessage"]
 
 
 class CeleryDispatcher:
-    """Reasoning iterations on ``orga.reasoning``, tool calls on ``orga.tools``."""
+    """The :class:`~coordinator.transport.Transport` of Celery messages: reasoning iterations on
+    ``orga.reasoning``, tool calls on ``orga.tools``."""
 
     def __init__(self, origin: str | None = None) -> None:
         self._origin = origin or f"orga-coordinator@{socket.gethostname()}"

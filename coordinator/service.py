@@ -58,7 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coordinator.agents import resolve_task_text
-from coordinator.dispatch import CeleryDispatcher, Dispatcher
+from coordinator.dispatch import CeleryDispatcher
 from coordinator.liveness import Liveness
 from coordinator.logs import RateGate
 from coordinator.machine import PLAN_FENCE_STEP, Effects, MachineSettings, TaskMachine, decide
@@ -68,6 +68,7 @@ from coordinator.queues import QueueGauge
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
+from coordinator.transport import Transport
 from shared import keys
 from shared.celery_wire import check_versions
 from shared.delegation import ParentLink, parent_link
@@ -164,7 +165,8 @@ class Coordinator:
     """One coordinator process; several may run against the same Redis."""
 
     redis: Redis
-    dispatcher: Dispatcher = field(default_factory=CeleryDispatcher)
+    dispatcher: Transport = field(default_factory=CeleryDispatcher)
+    """How this coordinator's dispatches reach the workers (:mod:`coordinator.transport`)."""
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     name: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
