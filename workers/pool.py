@@ -8,10 +8,11 @@ task awaits the task's coroutine (its :data:`ASYNC_BODIES` entry, given the mess
 argument) and then runs Celery's own tracer in one of :data:`TRACER_THREADS` threads (its
 acknowledgement is a blocking broker call, kept off the loop), whose task body only returns
 or raises what the coroutine did (:func:`ran_on_loop`); the runtime it reports (the
-``task-succeeded`` event's, which Flower shows) has the coroutine's time added. Everything Celery does around a task
-is thus unchanged: late acknowledgement after the tracer, ``autoretry_for`` and its retry
-message, FAILURE and its log line, the task signals. A message that dies with its process is
-still in kombu's unacked index and comes back after the visibility timeout.
+``task-succeeded`` event's, which Flower shows) has the coroutine's time added. Everything
+Celery does around a task is thus unchanged: late acknowledgement after the tracer,
+``autoretry_for`` and its retry message, FAILURE and its log line, the task signals. A
+message that dies with its process is still in kombu's unacked index and comes back after the
+visibility timeout.
 
 A task that has no coroutine body (none of ours) runs in a thread, as in the thread pool.
 At most ``-c`` messages run at once, as with threads: Celery prefetches that many.
