@@ -78,11 +78,12 @@ class AgentRegistry:
         return bool(self.redis.hdel(keys.agents_key, name))
 
 
-async def resolve_task_text(redis_client: AsyncRedis, text: str, source: str) -> TaskSpec:
+async def resolve_task_text(redis_client: AsyncRedis, text: str | bytes, source: str) -> TaskSpec:
     """Validate a submitted task, merged first with the agent profile it names, if any, its
     steps' agent critics resolved to their profiles' provider and system prompt.
 
-    TaskSpecError (the intake rejects the task with it) for an invalid task or merged task,
+    TaskSpecError (the intake rejects the task with it) for text that is not UTF-8 (naming the
+    byte offset), an invalid task or merged task,
     and for an agent (the task's or a critic's) the registry does not know, naming the known
     ones.
     """

@@ -8,11 +8,14 @@ commands talk to that Redis and expect ``orga coordinator`` and ``orga worker`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +30,12 @@ from rich.text import Text
 
 from coordinator.cli_agents import agents_app
 from coordinator.cli_schedules import schedule_app
-from coordinator.client import OrgaClient, TaskNotFoundError, TaskRejectedError
+from coordinator.client import (
+    OrgaClient,
+    TaskFinishedError,
+    TaskNotFoundError,
+    TaskRejectedError,
+)
 from coordinator.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
 from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
@@ -35,6 +43,7 @@ from shared import aio
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
+from workers import key_handoff
 from workers.telemetry import configure_tracing
 from workers.topology import Role, supervisor_exec, worker_commands
 
@@ -119,15 +128,90 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     if settings.redis_url:
         return body(OrgaClient(settings.redis_url), False)
 
+    key_fds = _hand_off_model_keys(settings)
     # The coordinator runs in this process: its spans go to stderr, stdout is the result's.
     configure_tracing(TelemetrySettings(), "orga-coordinator", out=sys.stderr)
 
     async def embedded() -> Any:
-        async with EmbeddedRuntime(settings, _home()) as runtime:
+        _STOP.on_signals(asyncio.get_running_loop())
+        async with EmbeddedRuntime(settings, _home(), key_fds=key_fds) as runtime:
             client = OrgaClient(runtime.url)
             return await asyncio.to_thread(body, client, True)
 
     return aio.run(embedded())
+
+
+class _StopRequest:
+    """SIGINT or SIGTERM received by a command that holds the embedded runtime: it is not
+    killed, it stops what it follows (:func:`_follow` raises :class:`_Unfinished`) and then
+    runs its normal shutdown, which stops its workers and its Redis."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._event = threading.Event()
+
+    def on_signals(
+        self, loop: asyncio.AbstractEventLoop, interrupt: asyncio.Task[Any] | None = None
+    ) -> None:
+        """Handle SIGINT and SIGTERM on ``loop`` (the main thread's) from now on; with
+        ``interrupt``, a signal also cancels that task (for a body that does not poll)."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.request, signum, interrupt)
+
+    def request(self, signum: int, interrupt: asyncio.Task[Any] | None = None) -> None:
+        """Ask the command to stop (the first signal counts)."""
+        if self.signum is None:
+            self.signum = signum
+        self._event.set()
+        if interrupt is not None:
+            interrupt.cancel()
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal came."""
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless a stop is requested meanwhile; whether one was."""
+        return self._event.wait(seconds)
+
+
+_STOP = _StopRequest()
+"""The process's stop request (one command per process)."""
+
+
+class _Unfinished(Exception):  # noqa: N818 - a control signal, not an error
+    """The followed task had not ended when the command had to stop: at its ``--timeout``
+    (exit code :data:`TIMEOUT_EXIT_CODE`) or on a signal (``128 + N``)."""
+
+    def __init__(self, task_id: str, why: str, code: int) -> None:
+        super().__init__(f"task {task_id} {why}")
+        self.task_id = task_id
+        self.why = why
+        self.code = code
+
+
+TIMEOUT_EXIT_CODE = 4
+"""`orga run` whose task did not end within ``--timeout``."""
+CANCEL_WAIT_S = 30.0
+"""How long a cancelling command waits for the coordinator to abort the task."""
+
+
+def _hand_off_model_keys(settings: OrgaSettings) -> list[int] | None:
+    """Before this command starts the embedded runtime's workers, of which it is then an
+    ancestor: keep its model keys out of its ``/proc/PID/environ`` (which ``os.environ.pop``
+    does not change). When the environment holds keys, they go into one socket per reasoning
+    worker and the command runs again in the same process (``execve``) without them; it
+    returns those sockets, for :class:`EmbeddedRuntime` to hand over."""
+    keys = key_handoff.model_keys(os.environ)
+    if keys:
+        fds = [key_handoff.send(keys) for _ in range(settings.reasoning_processes)]
+        env = key_handoff.without_keys(os.environ)
+        env[key_handoff.KEYS_FD_VARIABLE] = ",".join(str(fd) for fd in fds)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, env)  # noqa: S606 - this same command
+    return key_handoff.fds(os.environ) or None
 
 
 # -- run / submit ---------------------------------------------------------------------------
@@ -138,10 +222,16 @@ def run(
     task_file: Annotated[Path, typer.Argument(metavar="TASK_FILE", help="A YAML or JSON task.")],
     as_json: JsonFlag = False,
     timeout: Annotated[
-        float, typer.Option(metavar="SECONDS", help="How long to wait for the result.")
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="How long to wait for the result; then exit 4. On the embedded runtime the "
+            "task is then cancelled; on a deployment it runs on (`orga cancel ID` stops it).",
+        ),
     ] = 3600.0,
 ) -> None:
-    """Submit a task, show its progress, print its result."""
+    """Submit a task, show its progress, print its result (SIGINT or SIGTERM on the embedded
+    runtime: the task is cancelled, the runtime stopped, exit 128 + N)."""
     with _errors():
         spec = load_task_file(task_file)
         result = _with_runtime(
@@ -156,7 +246,10 @@ def _run(
     task_id = client.submit(spec)
     if not as_json:
         _say(("task", "bold"), f" {task_id}: {spec.goal}")
-    record_status = _follow(client, task_id, timeout, quiet=as_json)
+    try:
+        record_status = _follow(client, task_id, timeout, quiet=as_json)
+    except _Unfinished as unfinished:
+        return _left_unfinished(client, unfinished, as_json, embedded)
     result = client.result(task_id)
     if record_status == TaskStatus.AWAITING_REVIEW.value:
         result["review"] = client.status(task_id).get("review_id")
@@ -167,18 +260,66 @@ def _run(
     return result
 
 
+def _left_unfinished(
+    client: OrgaClient, unfinished: _Unfinished, as_json: bool, embedded: bool
+) -> dict[str, Any]:
+    """The task of an `orga run` that stops first. On the embedded runtime it is cancelled
+    (aborted, its milestones kept): left running, it would resume inside the next `orga`
+    command on this ORGA_HOME, with that command's model key. On a deployment it runs on,
+    and the command to stop it is printed."""
+    task_id = unfinished.task_id
+    if embedded:
+        status = _cancel_and_wait(client, task_id, f"orga run stopped: {unfinished.why}")
+        note = f"{unfinished}: cancelled it ({status}; its milestones are kept)"
+    else:
+        status = str(client.status(task_id)["status"])
+        note = f"{unfinished}; it is still {status} on the deployment"
+    result = {**client.result(task_id), "unfinished": unfinished.why, "exit_code": unfinished.code}
+    if as_json:
+        out.print_json(json.dumps(result))
+        return result
+    _say((note, "yellow"), console=err)
+    if not embedded and status not in {s.value for s in TERMINAL_STATUSES}:
+        _say("stop it with:", console=err)
+        _say("  ", _command_line(["cancel", task_id], embedded=False), console=err)
+        _say("(with ORGA_REDIS_URL set as for this command)", console=err)
+    return result
+
+
+def _cancel_and_wait(client: OrgaClient, task_id: str, reason: str) -> str:
+    """Cancel the task and wait (at most CANCEL_WAIT_S) until it ended: its status."""
+    with contextlib.suppress(TaskFinishedError):
+        client.cancel(task_id, reason)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while True:
+        status = str(client.status(task_id)["status"])
+        if status in {s.value for s in TERMINAL_STATUSES}:
+            return status
+        if time.monotonic() > deadline:
+            raise OrgaError(
+                f"task {task_id} was asked to cancel but is still {status} after "
+                f"{CANCEL_WAIT_S:g}s; run the same command again"
+            )
+        time.sleep(0.1)
+
+
 def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> str:
-    """Show steps and iterations until the task ends or waits for a human."""
+    """Show steps and iterations until the task ends or waits for a human; raise
+    :class:`_Unfinished` at ``timeout`` or when the command is told to stop."""
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}", markup=False), BarColumn(),
                TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=out, disable=quiet, transient=False) as progress:
         bar = progress.add_task("waiting", total=None, detail="")
         while time.monotonic() < deadline:
+            if _STOP.requested:
+                signum = _STOP.signum or signal.SIGTERM
+                name = signal.Signals(signum).name
+                raise _Unfinished(task_id, f"was interrupted ({name})", 128 + signum)
             try:
                 status = client.status(task_id)
             except TaskNotFoundError:
-                time.sleep(0.05)
+                _STOP.wait(0.05)
                 continue
             progress.update(
                 bar,
@@ -189,8 +330,8 @@ def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> st
             )
             if status["status"] in {s.value for s in TERMINAL_STATUSES} | {"awaiting_review"}:
                 return str(status["status"])
-            time.sleep(0.1)
-    raise OrgaError(f"task {task_id} did not finish within {timeout}s")
+            _STOP.wait(0.1)
+    raise _Unfinished(task_id, f"did not finish within {timeout:g}s", TIMEOUT_EXIT_CODE)
 
 
 def _progress_detail(status: dict[str, Any]) -> str:
@@ -272,6 +413,8 @@ def _embedded_env() -> dict[str, str]:
 
 
 def _exit_for(result: dict[str, Any]) -> None:
+    if result.get("exit_code"):
+        raise typer.Exit(int(result["exit_code"]))
     if result.get("review"):
         raise typer.Exit(3)
     if result["status"] != TaskStatus.COMPLETED.value:
@@ -347,10 +490,16 @@ def _read(body: Callable[[OrgaClient], Any]) -> Any:
         return body(OrgaClient(settings.redis_url))
 
     async def embedded() -> Any:
+        _STOP.on_signals(asyncio.get_running_loop(), interrupt=asyncio.current_task())
         async with EmbeddedRuntime(settings, _home(), start_worker=False) as runtime:
             return await asyncio.to_thread(body, OrgaClient(runtime.url))
 
-    return aio.run(embedded())
+    try:
+        return aio.run(embedded())
+    except asyncio.CancelledError:
+        if _STOP.signum is None:
+            raise
+        raise typer.Exit(128 + _STOP.signum) from None  # the runtime was stopped first
 
 
 @app.command()
@@ -467,8 +616,12 @@ def review_decide(
 
 
 def _follow_decided(client: OrgaClient, task_id: str, as_json: bool) -> dict[str, Any]:
-    """The embedded runtime runs the task on from the decision: follow it, print its result."""
-    final = _follow(client, task_id, 3600, quiet=as_json)
+    """The embedded runtime runs the task on from the decision: follow it, print its result
+    (a command told to stop cancels it first, as `orga run` does)."""
+    try:
+        final = _follow(client, task_id, 3600, quiet=as_json)
+    except _Unfinished as unfinished:
+        return _left_unfinished(client, unfinished, as_json, embedded=True)
     data = client.result(task_id)
     if final == TaskStatus.AWAITING_REVIEW.value:
         data["review"] = client.status(task_id).get("review_id")
@@ -481,7 +634,10 @@ def _follow_decided(client: OrgaClient, task_id: str, as_json: bool) -> dict[str
 
 def _exit_after_decision(decision: str, data: dict[str, Any]) -> None:
     """0 when the task completed, runs on, or was aborted as decided; 1 when it failed (or
-    ended aborted after another decision); 3 when it waits for a human again."""
+    ended aborted after another decision); 3 when it waits for a human again; ``128 + N``
+    when signal N stopped the command (the task cancelled)."""
+    if data.get("exit_code"):
+        raise typer.Exit(int(data["exit_code"]))
     status = data.get("status")
     if data.get("review") or status == TaskStatus.AWAITING_REVIEW.value:
         raise typer.Exit(3)
@@ -579,11 +735,16 @@ def cancel(
         str, typer.Option(metavar="TEXT", help="Why, for the journal.")
     ] = "cancelled by operator",
 ) -> None:
-    """Abort a task (its verified milestones are kept)."""
+    """Abort a task (its verified milestones are kept); without ORGA_REDIS_URL, a task of the
+    embedded runtime in ORGA_HOME (waiting until it is aborted)."""
     with _errors():
-        client = OrgaClient(_require_url())
-        client.cancel(task_id, reason)
-    _say(f"cancellation of {task_id} sent")
+        url = _settings().redis_url
+        if url:
+            OrgaClient(url).cancel(task_id, reason)
+            _say(f"cancellation of {task_id} sent")
+            return
+        status = _read(lambda client: _cancel_and_wait(client, task_id, reason))
+    _say(f"task {task_id} {status}")
 
 
 @app.command()
@@ -596,9 +757,11 @@ def inbox(
     """Serve the review inbox on the web (needs ORGA_INBOX_TOKEN or ORGA_INBOX_BASIC_AUTH)."""
     from coordinator.inbox import InboxConfigError, run_inbox
 
+    settings = _settings()
+    key_fds = None if settings.redis_url else _hand_off_model_keys(settings)
     with _errors():
         try:
-            run_inbox(_settings(), _home(), host, port, announce=_say)
+            run_inbox(settings, _home(), host, port, announce=_say, key_fds=key_fds)
         except InboxConfigError as exc:  # a missing or invalid setting: exit 2, as bad input
             raise _fail("error:", exc, 2) from exc
 

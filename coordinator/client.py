@@ -31,7 +31,7 @@ from coordinator.state import (
 from shared import keys
 from shared.errors import OrgaError
 from shared.events import JournalEntry
-from shared.task_spec import TaskSpec, check_task_id, load_task_file
+from shared.task_spec import TaskSpec, as_task_text, check_task_id, load_task_file
 
 __all__ = [
     "OrgaClient",
@@ -100,9 +100,10 @@ class OrgaClient:
     # -- submitting -----------------------------------------------------------------------
 
     def submit(
-        self, task: TaskSpec | dict[str, Any] | str | Path, task_id: str | None = None
+        self, task: TaskSpec | dict[str, Any] | str | bytes | Path, task_id: str | None = None
     ) -> str:
-        """Put a task on the intake stream and return its id (validated by the coordinator)."""
+        """Put a task on the intake stream and return its id (validated by the coordinator;
+        text that is not UTF-8 is refused here, TaskSpecError naming the byte)."""
         text = task_text(task)
         task_id = check_task_id(task_id) if task_id is not None else uuid.uuid4().hex
         self.redis.xadd(
@@ -446,8 +447,9 @@ class OrgaClient:
         self.redis.close()
 
 
-def task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
-    """The text of a task as it goes on the intake stream (JSON, or the text given)."""
+def task_text(task: TaskSpec | dict[str, Any] | str | bytes | Path) -> str:
+    """The text of a task as it goes on the intake stream (JSON, or the text given, which must
+    be UTF-8: :func:`~shared.task_spec.as_task_text`)."""
     if isinstance(task, Path):
         task = load_task_file(task)
     if isinstance(task, TaskSpec):
@@ -455,7 +457,7 @@ def task_text(task: TaskSpec | dict[str, Any] | str | Path) -> str:
         return task.model_dump_json(exclude_none=True, exclude_unset=task.agent is not None)
     if isinstance(task, dict):
         return json.dumps(task)
-    return task
+    return as_task_text(task, "submitted task")
 
 
 def is_terminal(status: str) -> bool:

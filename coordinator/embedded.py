@@ -74,6 +74,9 @@ class EmbeddedRuntime:
     worker_concurrency: int | None = None
     """Overrides both workers' defaults (ORGA_REASONING_CONCURRENCY, ORGA_TOOL_CONCURRENCY)."""
     start_worker: bool = True
+    key_fds: list[int] | None = None
+    """The model key sockets of the reasoning workers, one each (:mod:`workers.key_handoff`);
+    None: made from the keys in this process's environment, if any."""
     redis: EmbeddedRedis | None = field(default=None, init=False)
     _lock: IO[str] | None = field(default=None, init=False, repr=False)
     _workers: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
@@ -142,15 +145,19 @@ class EmbeddedRuntime:
             self._lock = None
 
     def _spawn_workers(self) -> list[subprocess.Popen[bytes]]:
-        """The reasoning workers and a tool worker, as ``orga worker`` runs them: the tool
-        worker's environment holds no model key (:mod:`workers.topology`)."""
+        """The reasoning workers and a tool worker, as ``orga worker`` runs them: no worker's
+        environment holds a model key, the reasoning workers read it from a socket
+        (:mod:`workers.topology`)."""
         environ = {**os.environ, "ORGA_REDIS_URL": self.url}
         settings = self.runtime_settings
         if self.worker_concurrency is not None:
             settings = settings.model_copy(update={"worker_concurrency": self.worker_concurrency})
         extra = ["--loglevel", "WARNING", "--without-gossip", "--without-mingle",
                  "--without-heartbeat"]  # fmt: skip
-        commands = worker_commands(Role.ALL, settings, environ, extra, prefix="embedded-")
+        key_fds, self.key_fds = self.key_fds, None  # each socket is read by one worker, once
+        commands = worker_commands(
+            Role.ALL, settings, environ, extra, prefix="embedded-", key_fds=key_fds
+        )
         with (self.home / "worker.log").open("ab") as log:
             return topology.start(commands, output=log.fileno())
 

@@ -422,7 +422,7 @@ class Coordinator:
         # A sub-agent's task is named as such (its parent's model reads the refusal).
         source = f"sub-agent task {task_id}" if link else f"intake entry {entry_id}"
         try:
-            spec = await resolve_task_text(self.redis, text.get("task", ""), source=source)
+            spec = await resolve_task_text(self.redis, _raw(fields, "task"), source=source)
         except TaskSpecError as exc:
             if link is not None:
                 await self._tell_parent(task_id, link, str(exc))
@@ -941,4 +941,12 @@ def _cancelled(reason: str) -> Callable[[TaskMachine], Effects]:
 
 
 def _text(value: Any) -> str:
+    """A field for display and ids (invalid UTF-8 shown as U+FFFD; a task is read by _raw)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _raw(fields: dict[Any, Any], name: str) -> str | bytes:
+    """A field as Redis gave it (bytes): the task's text is decoded strictly where it is
+    validated, so invalid UTF-8 is refused naming its offset, never replaced."""
+    value = next((v for k, v in fields.items() if _text(k) == name), "")
+    return value if isinstance(value, bytes | str) else str(value)

@@ -99,11 +99,11 @@ def load_agent_file(path: str | Path) -> AgentProfile:
     file's folder, as in a task file."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        raw = file.read_bytes()
     except OSError as exc:
         raise AgentProfileError(f"cannot read agent file {str(file)!r}: {exc.strerror}") from exc
     try:
-        data = decode_task_text(text, str(file))
+        data = decode_task_text(raw, str(file))
     except TaskSpecError as exc:
         raise AgentProfileError(str(exc).replace("the task", "the profile")) from exc
     return _resolve_paths(parse_agent(data, str(file)), file.parent)

@@ -13,17 +13,39 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shared.safe_regex import compile_user_pattern
 
-__all__ = ["MAX_DENY_PATTERNS", "PolicySpec"]
+__all__ = ["DEFAULT_GATE_RULES", "MAX_DENY_PATTERNS", "PolicySpec"]
 
 MAX_DENY_PATTERNS = 256
 """A policy holds at most this many ``deny_patterns``."""
+
+DEFAULT_GATE_RULES = (
+    "command-workspace-escape",
+    "delegation-depth",
+    "disk-format",
+    "fork-bomb",
+    "git-protected-branch",
+    "kill-all-processes",
+    "network-upload",
+    "permissions-system",
+    "pipe-to-shell",
+    "power-state",
+    "raw-device-write",
+    "rm-root",
+    "rm-workspace-wipe",
+    "system-write",
+    "workspace-paths",
+)
+"""The rules of the ``default`` gate a policy may name in ``disabled_rules`` (the gate's own
+list, :mod:`workers.gates.default`, is checked against this one by a test)."""
 
 
 class PolicySpec(BaseModel):
     """``kind`` picks the gate; the other fields configure it.
 
     - ``permissive``: allow everything (development only);
-    - ``default``: workspace confinement, a deny-list of destructive commands, ``allowed_tools``;
+    - ``default``: workspace confinement, a deny-list of destructive commands, no uploads of
+      local data (rule ``network-upload``), ``allowed_tools``; ``disabled_rules`` turns rules
+      off by name (:data:`DEFAULT_GATE_RULES`);
     - ``tool_filter``: only ``allowed_tools``;
     - ``cedar``: Cedar policies from ``policy_files``;
     - ``opa``: an OPA server's data API at ``opa_url`` + ``opa_path``.
@@ -48,6 +70,17 @@ class PolicySpec(BaseModel):
         for index, pattern in enumerate(patterns):
             compile_user_pattern(pattern, where=f"deny pattern {index}")
         return patterns
+
+    @field_validator("disabled_rules")
+    @classmethod
+    def _disabled_rules_exist(cls, names: list[str]) -> list[str]:
+        unknown = sorted(set(names) - set(DEFAULT_GATE_RULES))
+        if unknown:
+            raise ValueError(
+                f"disabled_rules: unknown rule name(s) {unknown}; known rules: "
+                f"{list(DEFAULT_GATE_RULES)}"
+            )
+        return names
 
     @model_validator(mode="after")
     def _options_fit_the_kind(self) -> PolicySpec:

@@ -45,6 +45,7 @@ __all__ = [
     "TaskLimits",
     "TaskSpec",
     "TaskSpecError",
+    "as_task_text",
     "check_task_id",
     "decode_task_text",
     "load_task_file",
@@ -346,10 +347,11 @@ def parse_task_text(text: str, source: str = "task") -> TaskSpec:
     return parse_task(decode_task_text(text, source), source)
 
 
-def decode_task_text(text: str, source: str = "task") -> Any:
+def decode_task_text(text: str | bytes, source: str = "task") -> Any:
     """The data of a task given as YAML or JSON text, not yet validated; too large or empty
-    text is refused."""
-    size = len(text.encode("utf-8", "replace"))
+    text is refused, and so are bytes that are not UTF-8 (:func:`as_task_text`)."""
+    text = as_task_text(text, source)
+    size = len(text.encode("utf-8"))
     if size > MAX_TASK_BYTES:
         raise TaskSpecError(
             f"{source}: the task is {size} bytes; the limit is {MAX_TASK_BYTES} bytes "
@@ -360,14 +362,50 @@ def decode_task_text(text: str, source: str = "task") -> Any:
     return _decode(text, source)
 
 
+def as_task_text(value: str | bytes, source: str = "task") -> str:
+    """A task's text as UTF-8, or TaskSpecError naming the first byte that is not (its offset,
+    its line, its value) and the fix: invalid bytes are refused, never replaced by U+FFFD.
+
+    A ``str`` is checked too: one holding lone surrogates (bytes decoded with
+    ``surrogateescape``, as ``sys.argv`` or a file name may carry them) is refused the same way.
+    """
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TaskSpecError(_not_utf8(source, value, exc)) from None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = value.encode("utf-8", "surrogateescape" if _escaped(value) else "surrogatepass")
+        as_task_text(raw, source)  # raises, naming the byte
+    return value
+
+
+def _escaped(text: str) -> bool:
+    """Whether every lone surrogate of ``text`` is a ``surrogateescape`` byte (U+DC80-U+DCFF)."""
+    return all("\udc80" <= c <= "\udcff" for c in text if "\ud800" <= c <= "\udfff")
+
+
+def _not_utf8(source: str, raw: bytes, exc: UnicodeDecodeError) -> str:
+    line = raw.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+    return (
+        f"{source}: not valid UTF-8 at byte offset {exc.start} (line {line}, byte {column} of "
+        f"the line: 0x{raw[exc.start]:02x}, {exc.reason}); invalid bytes are not replaced: "
+        "save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE`) or replace that byte"
+    )
+
+
 def load_task_file(path: str | Path) -> TaskSpec:
-    """Read a YAML or JSON task file; a relative ``workspace`` is taken from the file's folder."""
+    """Read a YAML or JSON task file; a relative ``workspace`` is taken from the file's folder.
+    A file that is not UTF-8 is refused with the offset of its first invalid byte."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        raw = file.read_bytes()
     except OSError as exc:
         raise TaskSpecError(f"cannot read task file {str(file)!r}: {exc.strerror}") from exc
-    data = _decode(text, str(file))
+    data = _decode(as_task_text(raw, str(file)), str(file))
     spec = parse_task(data, str(file))
     resolved = _resolve_paths(spec, file.parent)
     _check_files(resolved, str(file))

@@ -1,7 +1,8 @@
 """The Celery application: ``celery -A workers worker`` (both queues; ``-Q orga.reasoning`` or
 ``-Q orga.tools`` for one).
 
-Settings are read here, once, at the process edge. JSON is the only serializer; tasks are
+Settings are read here, once, at the process edge, and so are the model keys a reasoning worker
+is handed through a socket (:mod:`workers.key_handoff`). JSON is the only serializer; tasks are
 acknowledged late and rejected (requeued) when their worker process dies; each process
 prefetches one message; reasoning and tools have their own queues so each scales on its own.
 A worker refuses to start on a Redis that may evict keys (a bootstep of the worker's blueprint,
@@ -11,6 +12,7 @@ A worker refuses to start on a Redis that may evict keys (a bootstep of the work
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from celery import Celery
@@ -19,11 +21,18 @@ from celery.signals import after_setup_logger, worker_process_init, worker_proce
 from shared.celery_wire import check_versions
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, TelemetrySettings, celery_config
+from workers import key_handoff
 from workers.broker import serve_redis_urls
 from workers.redis_policy import EvictionCheck
 from workers.telemetry import check_exporters
 
-__all__ = ["PER_TASK_LOGGERS", "app", "create_app", "quiet_per_task_loggers"]
+__all__ = [
+    "PER_TASK_LOGGERS",
+    "app",
+    "create_app",
+    "quiet_per_task_loggers",
+    "received_model_keys",
+]
 
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "httpx")
 """Loggers that write a line at INFO for every task (received; succeeded or retried) or model
@@ -46,7 +55,25 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
     celery.steps["worker"].add(EvictionCheck)
+    celery.conf.orga_model_keys = received_model_keys()
     return celery
+
+
+def received_model_keys() -> dict[str, str]:
+    """The model keys this process was handed through the socket that
+    ``ORGA_MODEL_KEYS_FD`` names (read once: the variable is removed), else none: a worker
+    started by hand reads them from its environment (:class:`ProviderSettings`)."""
+    fds = key_handoff.fds(os.environ)
+    os.environ.pop(key_handoff.KEYS_FD_VARIABLE, None)
+    if len(fds) > 1:
+        raise ConfigError(
+            f"{key_handoff.KEYS_FD_VARIABLE} names {len(fds)} sockets; a worker reads one: it "
+            "is set by `orga worker` and `orga run`, start the worker with those"
+        )
+    try:
+        return key_handoff.receive(fds[0]) if fds else {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"the model keys could not be read: {exc}") from exc
 
 
 app = create_app()

@@ -43,6 +43,7 @@ from shared.protocol import (
     ToolRequest,
     WorkerFailedMessage,
 )
+from shared.redaction import Redactor
 from shared.tracing import Phase, context_of, phase_span, traceparent
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.offered import OfferedToolsGate
@@ -79,6 +80,7 @@ __all__ = [
     "onward",
     "prepare_tools",
     "prepare_workspace",
+    "redacted",
     "resolution_arguments",
     "run_dispatch",
     "run_reasoning",
@@ -115,12 +117,21 @@ class WorkerServices(Protocol):
         calls here)."""
         ...
 
+    def starts_processes(self, tool: str) -> bool:
+        """Whether ``tool`` starts processes (``run_command``): never run inline, next to the
+        model key, but by a tool worker."""
+        ...
+
     async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
         """Run one approved tool call through the executor."""
         ...
 
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach private addresses."""
+        ...
+
+    def redactor(self) -> Redactor:
+        """Redacts this process's secrets from what a tool call answers."""
         ...
 
     def gate(self, policy: PolicySpec) -> ReasoningPolicyGate:
@@ -277,13 +288,18 @@ async def _act_or_chain(
     services: WorkerServices,
     state: LoopState,
 ) -> tuple[list[ToolObservedMessage] | None, list[str]]:
-    """Run the approved calls here, or name those the tool workers run (``request.act``)."""
+    """Run the approved calls here, or name those the tool workers run (``request.act``).
+
+    ``tool_dispatch: inline`` runs them here unless one starts processes (``run_command``):
+    this process holds the model key, and an agent's command never has it as an ancestor;
+    the coordinator then sends the calls to the tool workers."""
     if not approved or dispatching.terminal_output is not None:
         return None, []
     # A delegation is the coordinator's to decide: never run inline, never chained.
     delegates = any(is_delegate(c.name) for c in approved)
+    starts = any(services.starts_processes(c.name) for c in approved)
     match request.act:
-        case ActMode.INLINE if not delegates:
+        case ActMode.INLINE if not delegates and not starts:
             with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
                 return await _act_inline(request, approved, services), []
         case ActMode.AUTO if _reads_here(request, approved, services):
@@ -407,7 +423,7 @@ async def run_dispatch(
     except Exception as exc:
         failure = WorkerFailedMessage(
             fence=live_fences(request)[-1],  # a call carrying its reasoning answers for it
-            error=f"{type(exc).__name__}: {exc}"[:2000],
+            error=services.redactor().redact(f"{type(exc).__name__}: {exc}")[:2000],
             retryable=not isinstance(exc, ConfigError),
             error_kind=failure_kind(exc),
             service=exc.service if isinstance(exc, ServiceUnavailableError) else None,
@@ -570,7 +586,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
     )
     with expecting_workspace(identity):
-        message = await services.execute(request, context)
+        message = redacted(await services.execute(request, context), services.redactor())
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
 
 
@@ -591,6 +607,32 @@ async def open_workspace(
         services.workspace_claims(),
         request.workspace_template,
         create=create,
+    )
+
+
+def redacted(message: ToolObservedMessage, redactor: Redactor) -> ToolObservedMessage:
+    """The message with every echo of a secret (a model key a command printed, encoded or cut
+    short) redacted, before it reaches the conversation, the journal or a log."""
+    if not redactor:
+        return message
+    observation = message.observation
+    clean = observation.model_copy(
+        update={
+            "content": redactor.redact(observation.content),
+            "metadata": redactor.redact_value(observation.metadata),
+        }
+    )
+    events = [
+        event.model_copy(update={"error": redactor.redact(event.error)})
+        for event in message.recovery_events
+    ]
+    reason = message.escalation_reason
+    return message.model_copy(
+        update={
+            "observation": clean,
+            "recovery_events": events,
+            "escalation_reason": None if reason is None else redactor.redact(reason),
+        }
     )
 
 

@@ -9,6 +9,12 @@ means the call is running (the deadline moves on), a stale one means its worker 
 call is re-sent), no entry means it has not started (still queued, or lost before it started).
 Each start also counts on ``orga:started:{queue}``, which tells the coordinator how fast a
 queue drains.
+
+The same beat reads which of the tasks it runs calls for have ended (``orga:tasks:finished``,
+where the coordinator's commit puts a task that completed, failed or was aborted: cancelled by
+an operator, or with its parent): the calls of those are cancelled (:meth:`Liveness.watching`),
+and a command's launcher then kills every process the command started. So a cancelled task's
+commands stop within one ``heartbeat_interval_s``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -47,6 +54,7 @@ class Liveness:
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._running: Counter[str] = Counter()
+        self._watched: dict[str, set[asyncio.Future[Any]]] = {}
         self._beating: asyncio.Task[None] | None = None
 
     @property
@@ -100,6 +108,19 @@ class Liveness:
             if self._running[key] <= 0:
                 del self._running[key]
 
+    @contextlib.contextmanager
+    def watching(self, task_id: str, work: asyncio.Future[Any]) -> Iterator[None]:
+        """Cancel ``work`` (a call of task ``task_id``) if a beat finds the task ended while
+        the block runs."""
+        self._watched.setdefault(task_id, set()).add(work)
+        try:
+            yield
+        finally:
+            watched = self._watched.get(task_id, set())
+            watched.discard(work)
+            if not watched:
+                self._watched.pop(task_id, None)
+
     def _ensure_beating(self) -> None:
         if self._beating is None or self._beating.done():
             self._beating = asyncio.get_running_loop().create_task(self._beat())
@@ -109,12 +130,28 @@ class Liveness:
             await asyncio.sleep(self._interval_s)
             if not self._running:
                 continue
+            watched = list(self._watched)
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zadd(keys.heartbeats_key, dict.fromkeys(self._running, time.time()))
+            if watched:
+                pipe.zmscore(keys.finished_tasks_key, watched)
             try:
-                await self._redis.zadd(
-                    keys.heartbeats_key, dict.fromkeys(self._running, time.time())
-                )
+                replies = await pipe.execute()
             except RedisError as exc:  # the next beat tries again; the timeout allows a few
                 log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
+                continue
+            if watched:
+                self._cancel_ended(watched, replies[1])
+
+    def _cancel_ended(self, task_ids: Sequence[str], finished: Sequence[float | None]) -> None:
+        """Cancel the calls of the tasks that have ended."""
+        for task_id, ended_at in zip(task_ids, finished, strict=True):
+            if ended_at is None:
+                continue
+            for work in self._watched.get(task_id, ()):
+                if not work.done():
+                    log.info("dispatch.task_ended", extra={"task_id": task_id})
+                    work.cancel()
 
     async def close(self) -> None:
         """Stop the heartbeat task."""

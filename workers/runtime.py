@@ -45,6 +45,7 @@ from shared.protocol import (
     WorkerFailedMessage,
     encode_entry,
 )
+from shared.redaction import Redactor, secret_values
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
 from workers.applied_calls import RedisAppliedCalls
@@ -74,7 +75,7 @@ from workers.recovery import DeadLetterRecord, RecoveryLedger
 from workers.redis_batch import CoalescedPipeline
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
-from workers.tools.base import Tool, ToolContext, reads_only
+from workers.tools.base import Tool, ToolContext, reads_only, starts_processes
 from workers.tools.registry import ToolRegistry, default_registry
 from workers.workspaces import InMemoryWorkspaceClaims, RedisWorkspaceClaims, WorkspaceClaims
 
@@ -144,6 +145,7 @@ class WorkerCore:
         self._scripts: dict[bytes, Script] = {}
         self._providers: dict[tuple[str | None, ...], InferenceProvider] = {}
         self._workspace_claims: WorkspaceClaims = InMemoryWorkspaceClaims()
+        self._redactor = Redactor(secret_values(settings, provider_settings))
 
     async def aclose(self) -> None:
         """Close the HTTP clients."""
@@ -291,6 +293,10 @@ class WorkerCore:
         """Whether ``tool`` is a read-only tool of the registry."""
         return reads_only(self.registry.get(tool))
 
+    def starts_processes(self, tool: str) -> bool:
+        """Whether ``tool`` (of the registry) starts processes."""
+        return starts_processes(self.registry.get(tool))
+
     async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
         """Run one call through the executor (breakers and cache shared through Redis)."""
         report = await self.executor.execute(
@@ -322,6 +328,11 @@ class WorkerCore:
         while len(self._ledgers) > LEDGERS_KEPT:
             self._ledgers.pop(next(iter(self._ledgers)))
         return ledger
+
+    def redactor(self) -> Redactor:
+        """Redacts the echoes of this process's secrets (every ``SecretStr`` of its settings:
+        the model keys, the inbox's tokens)."""
+        return self._redactor
 
     def allow_private_network(self) -> bool:
         """Whether web_fetch may reach loopback and private addresses."""

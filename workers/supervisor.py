@@ -9,14 +9,17 @@ the signals an operator or a service manager sends still reach it) with ``python
 workers.supervisor``, which holds about 10 MB.
 
 The commands reach it in the environment variable :data:`COMMANDS_VARIABLE`, as JSON: each
-child's argv, the variables of the supervisor's environment it must not inherit (a tool worker
-never sees a model key) and the few it sets. No value of the environment is copied into that
-variable, so no secret is written anywhere new; the variable is removed before any child
-starts. :func:`start` and :func:`stop` are also what the embedded runtime uses.
+child's argv, the variables of the supervisor's environment it must not inherit, the few it
+sets, and the file descriptors it inherits. No model key is in the supervisor's environment,
+nor in any child's: each reasoning worker inherits a socket holding the keys
+(:mod:`workers.key_handoff`), which the supervisor closes as soon as that worker has started,
+before it starts the tool worker. :func:`start` and :func:`stop` are also what the embedded
+runtime uses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,10 +39,12 @@ STOP_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Child:
-    """One process to start: its argv and its whole environment."""
+    """One process to start: its argv, its whole environment, and the file descriptors it
+    inherits (handed over: :func:`start` closes them in this process once it started)."""
 
     argv: list[str]
     env: dict[str, str]
+    pass_fds: tuple[int, ...] = ()
 
 
 def encode(children: Sequence[Child], environ: Mapping[str, str]) -> str:
@@ -53,6 +58,7 @@ def encode(children: Sequence[Child], environ: Mapping[str, str]) -> str:
                 "argv": child.argv,
                 "unset": sorted(k for k in environ if k not in child.env),
                 "set": {k: v for k, v in child.env.items() if environ.get(k) != v},
+                "fds": list(child.pass_fds),
             }
             for child in children
         ]
@@ -70,7 +76,8 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
             env = {k: v for k, v in environ.items() if k not in unset}
             env.update({str(k): str(v) for k, v in item["set"].items()})
             env.pop(COMMANDS_VARIABLE, None)
-            children.append(Child([str(a) for a in item["argv"]], env))
+            fds = tuple(int(fd) for fd in item.get("fds", ()))
+            children.append(Child([str(a) for a in item["argv"]], env, fds))
     except (ValueError, TypeError, KeyError) as exc:
         raise ValueError(
             f"{COMMANDS_VARIABLE} is not a list of {{argv, unset, set}} objects ({exc}): "
@@ -82,9 +89,29 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
 
 
 def start(children: Sequence[Child], output: int | None = None) -> list[subprocess.Popen[bytes]]:
-    """Start ``children``; ``output`` (a file descriptor) receives their stdout and stderr."""
+    """Start ``children`` in order; ``output`` (a file descriptor) receives their stdout and
+    stderr. A child's ``pass_fds`` are closed here once it has started (and all of them when a
+    start fails), so that no later child, nor anything it starts, inherits them."""
     stderr = subprocess.STDOUT if output is not None else None
-    return [subprocess.Popen(c.argv, env=c.env, stdout=output, stderr=stderr) for c in children]
+    started = []
+    try:
+        for child in children:
+            process = subprocess.Popen(
+                child.argv, env=child.env, stdout=output, stderr=stderr, pass_fds=child.pass_fds
+            )
+            _close(child.pass_fds)
+            started.append(process)
+    except BaseException:
+        for child in children[len(started) :]:
+            _close(child.pass_fds)
+        raise
+    return started
+
+
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_TIMEOUT_S) -> None:

@@ -71,8 +71,9 @@ def services() -> ProcessServices:
                 settings: OrgaSettings = app.conf.orga_settings
                 assert settings.redis_url is not None
                 configure_tracing(TelemetrySettings(), "orga-worker", out=sys.__stdout__)
+                provider = ProviderSettings.with_keys(app.conf.orga_model_keys)
                 _services = ProcessServices(
-                    settings, ProviderSettings(), settings.redis_url, registry=_registry()
+                    settings, provider, settings.redis_url, registry=_registry()
                 )
     return _services
 
@@ -135,13 +136,28 @@ async def _answer(
 ) -> WorkerFailedMessage | None:
     """Say the dispatch started, run it (heartbeating it), and publish what it answered with
     the dispatch marked answered, in one transaction; a failure is published as
-    ``worker_failed`` at once, and returned."""
+    ``worker_failed`` at once, and returned. A dispatch whose task ends while it runs is
+    cancelled (:meth:`Liveness.watching`: a command's processes are killed) and answers
+    nothing."""
     fences = live_fences(request)
     await runtime.started(request, fences, queue)
+    # A model call held in a retry wait is shown to operators and stops when its task ends:
+    # the watch is in the context the work's task copies when it is created.
+    with watching(RedisWaitWatch(runtime.redis, request.fence)):
+        work = asyncio.ensure_future(
+            run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
+        )
     try:
-        # A model call held in a retry wait is shown to operators and stops when its task ends.
-        with watching(RedisWaitWatch(runtime.redis, request.fence)):
-            outcome = await run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
+        with runtime.liveness.watching(request.fence.task_id, work):
+            outcome = await work
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if not work.cancelled() or (current is not None and current.cancelling()):
+            raise
+        # The task ended (cancelled, or with its parent): its commands were killed, and no
+        # one waits for an answer.
+        log.info("dispatch.abandoned", extra={"task_id": request.fence.task_id})
+        return None
     finally:
         runtime.liveness.finished(fences)
     if not outcome.answers:

@@ -7,12 +7,14 @@ event loop (:mod:`workers.runtime`): 200 model calls in flight cost one process 
 requests, no thread per call (``-P threads`` still works, at more CPU per call).
 
 Tool calls may burn CPU or block: a tool worker runs the prefork pool with
-``ORGA_TOOL_CONCURRENCY`` processes (2), and never sees a model key (its environment is
-stripped of every key variable), so that no agent command inherits one. That is not isolation
-from a process of the same user that holds the key: with ``--role all`` the supervisor and the
-reasoning workers keep it in their environment (``/proc/PID/environ``, readable by the same
-user). To keep a key from the agents' commands, run the tool workers as another user or in
-another container, as the compose file does.
+``ORGA_TOOL_CONCURRENCY`` processes (2), and never sees a model key. No worker has a model key
+in its environment: each reasoning worker gets the keys through a socket of its own
+(:mod:`workers.key_handoff`), so neither the supervisor of ``--role all`` nor the ``orga run``
+that starts the embedded runtime, both ancestors of every agent command, holds one in its
+``/proc/PID/environ``. That is not isolation from a process of the same user that may read the
+reasoning worker's memory (``ptrace``, when the system's Yama policy allows it): to keep a key
+from the agents' commands against that too, run the tool workers as another user or in another
+container, as the compose file does.
 
 This module builds the commands only (no Celery import): ``orga worker`` and the embedded
 runtime start them.
@@ -29,7 +31,8 @@ from enum import StrEnum
 
 from shared import keys
 from shared.settings import OrgaSettings
-from workers import supervisor
+from workers import key_handoff, supervisor
+from workers.key_handoff import MODEL_KEY_VARIABLES
 
 POOL_PATH = "workers.pool:LoopPool"
 """The reasoning worker's pool (``-P custom``): :class:`workers.pool.LoopPool`, named here
@@ -46,17 +49,6 @@ __all__ = [
     "worker_commands",
 ]
 
-MODEL_KEY_VARIABLES = frozenset(
-    {
-        "ORGA_API_KEY",
-        "OPENAI_API_KEY",
-        "ANTHROPIC_API_KEY",
-        "OPENROUTER_API_KEY",
-        "ORGA_LIVE_API_KEY",
-    }
-)
-"""Environment variables that can hold a model key: never passed to a tool worker."""
-
 
 class Role(StrEnum):
     """What a worker serves: ``all`` starts the workers of both other roles."""
@@ -68,11 +60,19 @@ class Role(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class WorkerCommand:
-    """One Celery worker process to start: its argv and its environment."""
+    """One Celery worker process to start: its argv, its environment, and for a reasoning
+    worker of a deployment with model keys, the socket that holds them (its number is in
+    ``env`` as :data:`~workers.key_handoff.KEYS_FD_VARIABLE`)."""
 
     role: Role
     argv: list[str]
     env: dict[str, str]
+    key_fd: int | None = None
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        """The file descriptors the process inherits."""
+        return () if self.key_fd is None else (self.key_fd,)
 
 
 def worker_command(
@@ -81,9 +81,12 @@ def worker_command(
     environ: Mapping[str, str],
     extra: Sequence[str] = (),
     name: str | None = None,
+    *,
+    key_fd: int | None = None,
 ) -> WorkerCommand:
     """The command of one reasoning or tool worker; ``extra`` (Celery's own options) last,
-    so that an operator's ``-c`` or ``-P`` wins."""
+    so that an operator's ``-c`` or ``-P`` wins. Its environment is ``environ`` without model
+    keys; a reasoning worker gets them from the socket ``key_fd`` (:func:`key_handoff.send`)."""
     if role is Role.ALL:
         raise ValueError("worker_command takes one role; use worker_commands for 'all'")
     reasoning = role is Role.REASONING
@@ -97,13 +100,14 @@ def worker_command(
     ]  # fmt: skip
     if name is not None:
         argv += ["-n", name]
-    env = dict(environ)
+    env = key_handoff.without_keys(environ)
     if reasoning:
         env["CELERY_CUSTOM_WORKER_POOL"] = POOL_PATH
-    else:
-        for variable in MODEL_KEY_VARIABLES:
-            env.pop(variable, None)
-    return WorkerCommand(role=role, argv=[*argv, *extra], env=env)
+        if key_fd is not None:
+            env[key_handoff.KEYS_FD_VARIABLE] = str(key_fd)
+    elif key_fd is not None:
+        raise ValueError("a tool worker never receives the model keys: key_fd is for reasoning")
+    return WorkerCommand(role=role, argv=[*argv, *extra], env=env, key_fd=key_fd)
 
 
 def worker_commands(
@@ -114,17 +118,25 @@ def worker_commands(
     name: str | None = None,
     *,
     prefix: str = "",
+    key_fds: Sequence[int] | None = None,
 ) -> list[WorkerCommand]:
     """The workers ``role`` stands for: ``ORGA_REASONING_PROCESSES`` reasoning workers for
-    ``reasoning``, one tool worker for ``tools``, both for ``all``.
+    ``reasoning``, one tool worker for ``tools``, both for ``all``; the reasoning workers first.
 
     One worker of one role is named ``name`` (Celery's default when None). Otherwise each is
     named ``<prefix><role>[<n>]-<pid>@%h``, ``<n>`` numbering the reasoning workers when there
-    are several: node names must differ for Celery's remote control and for Flower."""
+    are several: node names must differ for Celery's remote control and for Flower.
+
+    No command's environment holds a model key. Each reasoning worker gets one socket of
+    ``key_fds`` (one per reasoning worker: what a process that dropped the keys from its
+    environment kept for them); None: sockets made now from the keys in ``environ``, if any.
+    The sockets are closed by :func:`start`, or inherited through :func:`supervisor_exec`."""
     roles = (Role.REASONING, Role.TOOLS) if role is Role.ALL else (role,)
     counts = {Role.REASONING: settings.reasoning_processes, Role.TOOLS: 1}
+    reasoning = counts[Role.REASONING] if Role.REASONING in roles else 0
+    fds = _key_fds(environ, reasoning, key_fds)
     if role is not Role.ALL and counts[role] == 1:
-        return [worker_command(role, settings, environ, extra, name)]
+        return [worker_command(role, settings, environ, extra, name, key_fd=next(iter(fds), None))]
     return [
         worker_command(
             each,
@@ -132,17 +144,34 @@ def worker_commands(
             environ,
             extra,
             f"{prefix}{each.value}{n if counts[each] > 1 else ''}-{os.getpid()}@%h",
+            key_fd=fds[n - 1] if each is Role.REASONING and fds else None,
         )
         for each in roles
         for n in range(1, counts[each] + 1)
     ]
 
 
+def _key_fds(environ: Mapping[str, str], reasoning: int, given: Sequence[int] | None) -> list[int]:
+    """One key socket per reasoning worker: ``given``, else new ones if ``environ`` has keys."""
+    if given is None:
+        found = key_handoff.model_keys(environ)
+        return [key_handoff.send(found) for _ in range(reasoning)] if found else []
+    if given and len(given) != reasoning:
+        raise ValueError(
+            f"{len(given)} model key sockets for {reasoning} reasoning workers: "
+            f"{key_handoff.KEYS_FD_VARIABLE} is set by `orga` for the processes it starts; "
+            "unset it"
+        )
+    return list(given)
+
+
 def start(
     commands: Sequence[WorkerCommand], output: int | None = None
 ) -> list[subprocess.Popen[bytes]]:
-    """Start ``commands``; ``output`` (a file descriptor) receives their stdout and stderr."""
-    return supervisor.start([supervisor.Child(c.argv, c.env) for c in commands], output)
+    """Start ``commands`` in order; ``output`` (a file descriptor) receives their stdout and
+    stderr. Each key socket is closed here once its worker started."""
+    children = [supervisor.Child(c.argv, c.env, c.pass_fds) for c in commands]
+    return supervisor.start(children, output)
 
 
 def stop(
@@ -158,7 +187,9 @@ def supervisor_exec(
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of :mod:`workers.supervisor` running ``commands``: what
     ``orga worker`` executes instead of itself when it starts more than one worker.
-    ``environ`` is its own environment, from which each command's is derived."""
-    children = [supervisor.Child(c.argv, c.env) for c in commands]
-    env = {**environ, supervisor.COMMANDS_VARIABLE: supervisor.encode(children, environ)}
+    ``environ`` is its own environment, from which each command's is derived; the supervisor
+    runs without its model keys, holding only the reasoning workers' key sockets."""
+    children = [supervisor.Child(c.argv, c.env, c.pass_fds) for c in commands]
+    base = key_handoff.without_keys(environ)
+    env = {**base, supervisor.COMMANDS_VARIABLE: supervisor.encode(children, base)}
     return [sys.executable, "-m", "workers.supervisor"], env

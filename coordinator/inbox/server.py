@@ -27,9 +27,16 @@ __all__ = ["run_inbox"]
 
 
 def run_inbox(
-    settings: OrgaSettings, home: Path, host: str, port: int, announce: Callable[[str], None]
+    settings: OrgaSettings,
+    home: Path,
+    host: str,
+    port: int,
+    announce: Callable[[str], None],
+    *,
+    key_fds: list[int] | None = None,
 ) -> None:
-    """Serve until interrupted; InboxConfigError, before anything starts, without credentials."""
+    """Serve until interrupted; InboxConfigError, before anything starts, without credentials.
+    ``key_fds``: the embedded runtime's model key sockets (:class:`EmbeddedRuntime`)."""
     auth = ReviewerAuth.from_settings(settings)
     secret = settings.inbox_secret.get_secret_value() if settings.inbox_secret else None
 
@@ -44,7 +51,7 @@ def run_inbox(
             client.close()
 
     async def embedded() -> None:
-        async with EmbeddedRuntime(settings, home) as runtime:
+        async with EmbeddedRuntime(settings, home, key_fds=key_fds) as runtime:
             await serve(runtime.url, f"the embedded runtime in {home}")
 
     if settings.redis_url:

@@ -172,3 +172,36 @@ def test_a_new_id_with_a_used_key_becomes_an_expiring_alias(
         assert len(await _events(client, "accepted")) == 1
 
     _scenario(redis_client, body)
+
+
+def test_a_task_that_is_not_utf8_is_rejected_naming_the_byte(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The intake reads the task's bytes as Redis holds them: invalid UTF-8 (from any producer)
+    is rejected naming its offset and the fix, never accepted with U+FFFD in its place."""
+
+    async def run() -> None:
+        async with redis_client() as raw, redis_client(decode_responses=True) as client:
+            coordinator = Coordinator(raw, settings=SETTINGS, name="mine")  # bytes, as deployed
+            await coordinator._ensure_groups()
+            bad = (
+                json.dumps(TASK)
+                .replace('"g"', '"caf\\u00e9"')
+                .encode()
+                .replace(b"\\u00e9", b"\xe9")
+            )
+            await raw.xadd(keys.intake_stream, {"task_id": "latin1", "task": bad})
+            await _submit(client, "good")
+            await coordinator._intake_once()
+            [rejected] = [f for _i, f in await client.xrange(keys.rejected_stream)]
+            offset = bad.index(b"\xe9")
+            assert rejected["task_id"] == "latin1"
+            assert f"not valid UTF-8 at byte offset {offset} (line 1" in rejected["error"]
+            assert "save it as UTF-8" in rejected["error"]
+            assert await client.exists(keys.task_key("latin1")) == 0
+            assert [e["task_id"] for e in await _events(client, "accepted")] == ["good"]
+            assert (await client.xpending(keys.intake_stream, keys.coordinator_group))[
+                "pending"
+            ] == 0
+
+    asyncio.run(run())

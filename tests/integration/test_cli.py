@@ -113,6 +113,21 @@ def test_unknown_ids_on_the_embedded_runtime(tmp_path: Path) -> None:
         assert "'nope'" in outcome.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_a_task_file_that_is_not_utf8_is_refused_naming_the_byte(
+    tmp_path: Path, command: str
+) -> None:
+    """`orga run` / `orga submit` of a Latin-1 file exit 2 naming the byte offset and the fix,
+    before reaching any runtime (ORGA_REDIS_URL points at nothing)."""
+    task = tmp_path / "task.yaml"
+    task.write_bytes(b"goal: caf\xe9\n")
+    outcome = run_orga(command, str(task), env=_env(ORGA_REDIS_URL="redis://127.0.0.1:1/0"))
+    assert outcome.returncode == 2, outcome.stdout + outcome.stderr
+    message = _one_line(outcome.stderr)
+    assert message.startswith(f"invalid task: {task}: not valid UTF-8 at byte offset 9 (line 1")
+    assert "save it as UTF-8" in message
+
+
 # -- orga worker and orga coordinator -------------------------------------------------------
 
 
@@ -208,7 +223,8 @@ def test_default_worker_is_two_reasoning_processes_and_a_tool_worker_under_a_lig
 ) -> None:
     """`orga worker` with no option: the process becomes a supervisor that imports no pydantic
     (it costs a few MB, not the CLI's 45), runs two reasoning workers and a tool worker with
-    distinct names, hands no model key to the tool worker, and stops them all on SIGTERM."""
+    distinct names, has no model key in its environment nor in any worker's (the reasoning
+    workers get it through a socket), and stops them all on SIGTERM."""
     process, _ = _start_default_worker(tmp_path, private_redis.url)
     try:
         assert _argv(process.pid)[1:] == ["-m", "workers.supervisor"]
@@ -219,11 +235,13 @@ def test_default_worker_is_two_reasoning_processes_and_a_tool_worker_under_a_lig
         queues = sorted(a[a.index("-Q") + 1] for a in argvs)
         assert queues == ["orga.reasoning", "orga.reasoning", "orga.tools"]
         assert len({a[a.index("-n") + 1] for a in argvs}) == 3
+        assert b"sk-not-in-the-supervisor" not in Path(f"/proc/{process.pid}/environ").read_bytes()
         for child, argv in zip(children, argvs, strict=True):
             environ = Path(f"/proc/{child}/environ").read_bytes()
             assert b"ORGA_SUPERVISE_COMMANDS" not in environ
-            has_key = b"sk-not-in-the-supervisor" in environ
-            assert has_key == (argv[argv.index("-Q") + 1] == "orga.reasoning")
+            assert b"sk-not-in-the-supervisor" not in environ
+            handed = b"ORGA_MODEL_KEYS_FD=" in environ
+            assert handed == (argv[argv.index("-Q") + 1] == "orga.reasoning")
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(30)

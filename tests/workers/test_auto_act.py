@@ -106,3 +106,17 @@ def test_reads_of_a_workspace_not_created_yet_go_to_a_tool_worker(tmp_path: Path
     message = _reason(request)
     assert message.acted is None and message.chained == [message.approved_calls[0].call_id]
     assert not missing.exists()
+
+
+def test_inline_dispatch_never_runs_a_command_next_to_the_model_key(workspace: Path) -> None:
+    """``tool_dispatch: inline`` runs a write here, but a turn with a ``run_command`` goes to
+    the coordinator, which sends it to the tool workers: the reasoning worker, which holds the
+    model key, is never the ancestor of an agent's command."""
+    write = _reason(_request(workspace, WRITE).model_copy(update={"act": ActMode.INLINE}))
+    assert write.acted is not None and (workspace / "b.txt").exists()
+    marker = workspace / "ran"
+    command = {"name": "run_command", "arguments": {"command": f"touch {marker}"}}
+    inline = _request(workspace, READ, command).model_copy(update={"act": ActMode.INLINE})
+    message = _reason(inline)
+    assert message.acted is None and message.chained == []
+    assert not marker.exists()

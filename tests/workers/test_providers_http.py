@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -324,6 +326,33 @@ def test_every_escaped_form_of_a_unicode_key_is_redacted(echo: str) -> None:
     assert "00e9" not in redacted.lower()
     assert "C3" not in redacted
     assert "**********" in redacted
+
+
+_PLAIN_KEY = "sk-ant-api03-Q7vX2mZp9LwK4tRb8NcY"
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        base64.b64encode(_PLAIN_KEY.encode()).decode(),
+        base64.b64encode(f"Bearer {_PLAIN_KEY}".encode()).decode(),
+        quote(f"{_PLAIN_KEY}/+=", safe=""),
+        "".join(f"%{byte:02x}" for byte in _PLAIN_KEY.encode()),
+        _PLAIN_KEY.encode().hex(),
+        _PLAIN_KEY.upper(),
+        _PLAIN_KEY[:16] + "...",
+    ],
+    ids=["base64", "base64-shifted", "percent", "percent-every-byte", "hex", "upper", "truncated"],
+)
+def test_an_encoded_or_cut_short_echo_of_the_key_is_redacted(echo: str) -> None:
+    """Base64, percent-encoded, hex, upper-cased and truncated echoes never reach a message."""
+    endpoint = Endpoint("fake", "http://fake", "ORGA_API_KEY", SecretStr(_PLAIN_KEY))
+    redacted = endpoint.redact(f"bad key {echo}!")
+    assert redacted.startswith("bad key ")
+    assert "**********" in redacted
+    assert _PLAIN_KEY[8:20].lower() not in redacted.lower()
+    assert base64.b64encode(_PLAIN_KEY.encode()).decode()[8:20] not in redacted
+    assert _PLAIN_KEY.encode().hex()[16:40] not in redacted.lower()
 
 
 @pytest.mark.timeout(10)

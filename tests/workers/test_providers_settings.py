@@ -284,3 +284,16 @@ def test_the_factory_result_is_an_inference_provider(tmp_path: Path) -> None:
     script.write_text('["hello"]', encoding="utf-8")
     settings = ProviderSettings(script_path=script)
     assert isinstance(build_provider(settings), InferenceProvider)
+
+
+def test_keys_handed_over_win_and_the_rest_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reasoning worker's keys come through its socket (workers.key_handoff), its other
+    settings from its environment."""
+    monkeypatch.setenv("ORGA_PROVIDER", "openai")
+    monkeypatch.delenv("ORGA_API_KEY", raising=False)
+    settings = ProviderSettings.with_keys({"ORGA_API_KEY": "sk-handed", "OTHER": "x"})
+    assert settings.provider is ProviderKind.OPENAI
+    resolved = settings.resolved_api_key()
+    assert resolved is not None and resolved.get_secret_value() == "sk-handed"

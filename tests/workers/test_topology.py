@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
 import pytest
 
 from shared.settings import OrgaSettings
-from workers import supervisor
-from workers.topology import POOL_PATH, Role, supervisor_exec, worker_commands
+from workers import key_handoff, supervisor
+from workers.topology import POOL_PATH, Role, WorkerCommand, supervisor_exec, worker_commands
 
 ENVIRON = {"PATH": "/usr/bin", "ORGA_API_KEY": "sk-very-secret", "ORGA_REDIS_URL": "redis://x"}
 
@@ -23,6 +26,12 @@ def _name(argv: list[str]) -> str | None:
     return argv[argv.index("-n") + 1] if "-n" in argv else None
 
 
+def _close(commands: Sequence[WorkerCommand]) -> None:
+    for command in commands:
+        for fd in command.pass_fds:
+            os.close(fd)
+
+
 def test_all_starts_the_reasoning_processes_and_one_tool_worker() -> None:
     commands = worker_commands(Role.ALL, _settings(), ENVIRON)
     roles = [c.role for c in commands]
@@ -33,9 +42,24 @@ def test_all_starts_the_reasoning_processes_and_one_tool_worker() -> None:
     reasoning, tools = commands[0], commands[2]
     assert _queue(reasoning.argv) == "orga.reasoning"
     assert reasoning.env["CELERY_CUSTOM_WORKER_POOL"] == POOL_PATH
-    assert reasoning.env["ORGA_API_KEY"] == "sk-very-secret"
     assert _queue(tools.argv) == "orga.tools"
-    assert "ORGA_API_KEY" not in tools.env
+    assert all("sk-very-secret" not in c.env.values() for c in commands)
+    assert tools.key_fd is None and key_handoff.KEYS_FD_VARIABLE not in tools.env
+    for command in commands[:2]:  # each reasoning worker reads the key from its own socket
+        assert command.env[key_handoff.KEYS_FD_VARIABLE] == str(command.key_fd)
+        assert command.key_fd is not None
+        assert key_handoff.receive(command.key_fd) == {"ORGA_API_KEY": "sk-very-secret"}
+
+
+def test_no_socket_without_a_key_and_given_sockets_are_used() -> None:
+    """Without keys no socket is made; the sockets a process kept for its reasoning workers
+    (after it dropped its keys) go one to each, and a count that does not match is refused."""
+    keyless = {k: v for k, v in ENVIRON.items() if k != "ORGA_API_KEY"}
+    assert all(c.key_fd is None for c in worker_commands(Role.ALL, _settings(), keyless))
+    commands = worker_commands(Role.ALL, _settings(), keyless, key_fds=[7, 9])
+    assert [c.key_fd for c in commands] == [7, 9, None]
+    with pytest.raises(ValueError, match="1 model key sockets for 2 reasoning workers"):
+        worker_commands(Role.ALL, _settings(), keyless, key_fds=[7])
 
 
 def test_one_reasoning_process_keeps_the_names_of_before() -> None:
@@ -44,6 +68,7 @@ def test_one_reasoning_process_keeps_the_names_of_before() -> None:
     assert [(_name(c.argv) or "").split("-")[0] for c in commands] == ["reasoning", "tools"]
     single = worker_commands(Role.REASONING, _settings(reasoning_processes=1), ENVIRON, name="r@h")
     assert [_name(c.argv) for c in single] == ["r@h"]
+    _close([*commands, *single])
 
 
 def test_the_reasoning_role_starts_as_many_processes_as_asked() -> None:
@@ -52,18 +77,20 @@ def test_the_reasoning_role_starts_as_many_processes_as_asked() -> None:
     assert len({_name(c.argv) for c in commands}) == 3
     embedded = worker_commands(Role.ALL, _settings(), ENVIRON, prefix="embedded-")
     assert all((_name(c.argv) or "").startswith("embedded-") for c in embedded)
+    _close([*commands, *embedded])
 
 
 def test_the_supervisor_gets_the_commands_but_no_secret() -> None:
     commands = worker_commands(Role.ALL, _settings(), ENVIRON)
     argv, env = supervisor_exec(commands, ENVIRON)
     assert argv[1:] == ["-m", "workers.supervisor"]
-    handed = env[supervisor.COMMANDS_VARIABLE]
-    assert "sk-very-secret" not in handed
-    children = supervisor.decode(handed, env)
+    assert "ORGA_API_KEY" not in env and "sk-very-secret" not in "".join(env.values())
+    children = supervisor.decode(env[supervisor.COMMANDS_VARIABLE], env)
     assert [c.argv for c in children] == [c.argv for c in commands]
     assert [c.env for c in children] == [c.env for c in commands]
+    assert [c.pass_fds for c in children] == [c.pass_fds for c in commands]
     assert all(supervisor.COMMANDS_VARIABLE not in c.env for c in children)
+    _close(commands)
 
 
 @pytest.mark.parametrize("text", ["", "{}", "[]", '[{"argv": ["x"]}]', "[1]"])

@@ -10,6 +10,11 @@ names the rule and the offending value):
   workspace is set; without one, absolute paths and climbing paths are refused).
 - the command deny-list (:data:`~workers.gates.command_rules.BUILTIN_COMMAND_RULES`, plus
   configured extra patterns) on ``run_command``'s ``command``.
+- ``network-upload``: a command that sends local files or its input over the network
+  (``curl -d @file``, ``-F x=@file``, ``-T``, ``wget --post-file``, ``nc``, ``socat``,
+  ``scp``/``rsync`` to a remote, ``/dev/tcp``, a file piped or redirected into a network
+  command); network commands themselves (downloads, installs) are allowed
+  (:mod:`workers.gates.network_upload`).
 - ``command-workspace-escape``: a command that ``cd``s or writes (``>``, ``>>``, ``tee``)
   outside the workspace, best effort (:mod:`workers.gates.command_paths`).
 - ``delegation-depth``: a delegation that would go deeper than ``max_delegation_depth``.
@@ -30,6 +35,7 @@ from shared.actions import Allow, DelegateAction, Deny, GateDecision, ProposedAc
 from workers.gates.base import GateContext
 from workers.gates.command_paths import find_command_escape
 from workers.gates.command_rules import CommandRule, build_command_rules, normalise_command
+from workers.gates.network_upload import NETWORK_UPLOAD, find_upload
 from workers.gates.tool_filter import tool_not_allowed_reason
 from workers.gates.workspace_paths import WorkspaceScope
 
@@ -51,7 +57,7 @@ DEFAULT_MAX_DELEGATION_DEPTH = 3
 _WORKSPACE_PATHS = "workspace-paths"
 _COMMAND_ESCAPE = "command-workspace-escape"
 _DELEGATION_DEPTH = "delegation-depth"
-_NON_COMMAND_RULES = (_WORKSPACE_PATHS, _COMMAND_ESCAPE, _DELEGATION_DEPTH)
+_NON_COMMAND_RULES = (_WORKSPACE_PATHS, NETWORK_UPLOAD, _COMMAND_ESCAPE, _DELEGATION_DEPTH)
 _SHOWN_CHARS = 200
 
 
@@ -143,6 +149,9 @@ class DefaultPolicyGate:
         for rule in self._rules:
             if rule.matches(normalised):
                 return f"rule '{rule.name}' ({rule.description}) denied {tool}: {_show(text)}"
+        upload = None if NETWORK_UPLOAD in self._disabled else _upload_reason(tool, text)
+        if upload is not None:
+            return upload
         if _COMMAND_ESCAPE in self._disabled:
             return None
         escape = find_command_escape(normalised, scope, start)
@@ -166,6 +175,19 @@ class DefaultPolicyGate:
             f"rule '{_DELEGATION_DEPTH}': delegating to {_show(action.target)} would reach "
             f"depth {depth}, over the limit of {limit}"
         )
+
+
+def _upload_reason(tool: str, text: str) -> str | None:
+    """The ``network-upload`` denial of a command that sends local data out, or None."""
+    upload = find_upload(text)
+    if upload is None:
+        return None
+    return (
+        f"rule '{NETWORK_UPLOAD}': {tool} runs {upload.program}, which {upload.explanation} "
+        f"(command: {_show(text)}); the default gate refuses sending local data over the "
+        f"network: a task that must upload lists the rule in its policy "
+        f"(disabled_rules: [{NETWORK_UPLOAD}])"
+    )
 
 
 def _path_values(arguments: dict[str, Any], keys: frozenset[str]) -> list[tuple[str, str]]:

@@ -21,9 +21,11 @@ connection failure    retried like a 5xx, then ``ProviderError``
 
 The API key never reaches a message: it lives in a ``SecretStr``, the request headers are never
 quoted, and any echo of the key in a provider's error body is replaced by ``**********``: as
-written, and as JSON may escape it at any depth of nesting (``\\/``, ``\\"``, ``\\\\``,
-``\\u00e9`` in either case of hex, surrogate pairs, JSON inside a JSON string) or as a URL
-percent-encodes it. The pattern of those echoes is matched by RE2, in time linear in the body.
+written, in any case, percent-, hex- or base64-encoded, or cut short to 12 characters or more
+(:mod:`shared.redaction`), and as JSON may escape it at any depth of nesting (``\\/``,
+``\\"``, ``\\\\``, ``\\u00e9`` in either case of hex, surrogate pairs, JSON inside a JSON
+string) or as a URL percent-encodes it. The pattern of those echoes is matched by RE2, in time
+linear in the body.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from pydantic import SecretStr
 
 from shared.errors import ConfigError
 from shared.inference import ProviderWait
+from shared.redaction import REDACTED, Redactor
 from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.http_pool import shared_ssl_context
 from workers.providers.base import (
@@ -86,7 +89,7 @@ _SHOWN.maxlist = 6
 _SHOWN.maxstring = 120
 _SHOWN.maxother = 120
 _SHOWN.maxlong = 40
-_REDACTED = "**********"
+_REDACTED = REDACTED
 _CONTEXT_MARKERS = (
     "context_length_exceeded",
     "context length",
@@ -116,9 +119,16 @@ class Endpoint:
         secret = self.api_key.get_secret_value() if self.api_key is not None else ""
         if not secret:
             return text
-        text = text.replace(secret, _REDACTED)
+        text = _redactor_of(secret).redact(text)
         echoes = _echoes_of(secret)
         return echoes.sub(_REDACTED, text) if echoes is not None else text
+
+
+@functools.lru_cache(maxsize=8)
+def _redactor_of(secret: str) -> Redactor:
+    """The key's plain, upper/lower-cased, percent-, hex- and base64-encoded and cut-short
+    echoes (:mod:`shared.redaction`), computed once per key."""
+    return Redactor([secret])
 
 
 _JSON_SHORT_ESCAPES = {'"': '"', "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}

@@ -23,6 +23,7 @@ Keys are ``SecretStr``: they never appear in ``repr``, logs or error messages.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -73,6 +74,17 @@ PROVIDER_DEFAULTS = MappingProxyType(
 """Base URL, model and conventional key variable of each HTTP provider."""
 
 
+_KEY_FIELDS = MappingProxyType(
+    {
+        "ORGA_API_KEY": "api_key",
+        "OPENAI_API_KEY": "openai_api_key",
+        "OPENROUTER_API_KEY": "openrouter_api_key",
+        "ANTHROPIC_API_KEY": "anthropic_api_key",
+    }
+)
+"""The key variables and the field each sets."""
+
+
 class ProviderSettings(BaseSettings):
     """Which provider to use and how to reach it (``ORGA_*`` environment variables)."""
 
@@ -101,6 +113,13 @@ class ProviderSettings(BaseSettings):
     anthropic_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("anthropic_api_key", "ANTHROPIC_API_KEY")
     )
+
+    @classmethod
+    def with_keys(cls, keys: Mapping[str, str]) -> ProviderSettings:
+        """The settings from the environment, with the keys handed over in ``keys`` (variable
+        name → key, :mod:`workers.key_handoff`) instead of the environment's."""
+        handed = {_KEY_FIELDS[n]: SecretStr(v) for n, v in keys.items() if n in _KEY_FIELDS}
+        return cls().model_copy(update=handed)
 
     @field_validator("provider", mode="before")
     @classmethod

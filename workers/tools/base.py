@@ -57,6 +57,13 @@ class Tool(Protocol):
         ...
 
 
+def starts_processes(tool: Tool | None) -> bool:
+    """Whether ``tool`` declares ``starts_processes = True`` (``run_command``): a reasoning
+    worker, which holds the model key, never runs it, even for ``tool_dispatch: inline``, so
+    that it is never the ancestor of an agent's command (:mod:`workers.key_handoff`)."""
+    return getattr(tool, "starts_processes", False) is True
+
+
 def reads_only(tool: Tool | None) -> bool:
     """Whether ``tool`` declares ``read_only = True``: it reads (the workspace, the knowledge
     store) in bounded time, runs no code and writes nothing, so a reasoning worker may run it

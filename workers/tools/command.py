@@ -197,6 +197,9 @@ class RunCommandTool:
     """``run_command``: ``/bin/sh -c`` in the workspace, bounded in time, output, processes,
     memory, file size and environment."""
 
+    starts_processes = True
+    """Never run by a reasoning worker (:func:`workers.tools.base.starts_processes`)."""
+
     def __init__(
         self,
         environment: CommandEnvironment | None = None,

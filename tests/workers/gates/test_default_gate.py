@@ -128,6 +128,53 @@ def test_symlink_out_denied(workspace: Path) -> None:
     assert "secrets" in reason_of(decision)
 
 
+@pytest.mark.parametrize(
+    ("name", "arguments"),
+    [
+        ("file_read", {"path": "../ws-evil/loot.txt"}),
+        ("file_write", {"path": "../ws-evil/new.txt", "content": "x"}),
+        ("file_list", {"path": "../ws-evil"}),
+        ("grep", {"pattern": "x", "path": "../ws-evil"}),
+        ("file_read", {"path": "{root}-evil/loot.txt"}),
+        ("run_command", {"command": "ls", "cwd": "{root}-evil"}),
+    ],
+)
+def test_sibling_sharing_the_workspace_name_is_outside(
+    workspace: Path, name: str, arguments: dict[str, str]
+) -> None:
+    """``ws-evil`` next to ``ws`` is outside ``ws``: containment compares whole path components,
+    not string prefixes."""
+    (workspace.parent / "ws-evil").mkdir()
+    (workspace.parent / "ws-evil" / "loot.txt").write_text("loot")
+    filled = {k: v.replace("{root}", str(workspace)) for k, v in arguments.items()}
+    decision = decide(GATE, tool(name, filled), context(workspace))
+    assert f"resolves to {workspace.resolve()}-evil" in reason_of(decision)
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["cd ../ws-evil && ls", "echo x > ../ws-evil/f", "cd {root}-evil", "tee {root}-evil/f"],
+)
+def test_command_into_a_sibling_sharing_the_workspace_name_is_denied(
+    workspace: Path, command: str
+) -> None:
+    """A command that cds or writes into ``ws-evil`` next to ``ws`` leaves the workspace."""
+    (workspace.parent / "ws-evil").mkdir()
+    action = tool("run_command", {"command": command.replace("{root}", str(workspace))})
+    assert reason_of(decide(GATE, action, context(workspace))).startswith(
+        "rule 'command-workspace-escape'"
+    )
+
+
+def test_sibling_sharing_an_extra_root_name_is_outside(workspace: Path, tmp_path: Path) -> None:
+    """An extra write root ``cache`` does not admit ``cache-evil`` beside it."""
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache-evil").mkdir()
+    gate = DefaultPolicyGate(extra_write_roots=[tmp_path / "cache"])
+    action = tool("file_write", {"path": str(tmp_path / "cache-evil" / "a"), "content": ""})
+    assert "outside the workspace" in reason_of(decide(gate, action, context(workspace)))
+
+
 def test_grep_path_checked(workspace: Path) -> None:
     """grep's path argument is a file path too."""
     decision = decide(GATE, tool("grep", {"pattern": "k", "path": "/"}), context(workspace))

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from shared.actions import Allow, Deny
 from shared.errors import ConfigError
-from shared.policy import PolicySpec
+from shared.policy import DEFAULT_GATE_RULES, PolicySpec
 from tests.fakes.opa_server import FakeOpaServer
 from tests.workers.gates.actions import ALL_KINDS, context, decide, respond, terminate, tool
 from workers.gates import build_gate
@@ -136,7 +136,8 @@ def test_a_spec_that_went_over_the_wire_still_builds() -> None:
     [
         (PolicySpec(kind="cedar", policy_files=["/nonexistent/x.cedar"]), "does not exist"),
         (PolicySpec(kind="opa", opa_url="opa:8181"), "must be http"),
-        (PolicySpec(disabled_rules=["nope"]), "unknown rule name"),
+        # the spec refuses it first (test_unknown_disabled_rule_is_refused_by_the_spec)
+        (PolicySpec.model_construct(disabled_rules=["nope"]), "unknown rule name"),
     ],
 )
 def test_bad_specs_are_config_errors(spec: PolicySpec, message: str) -> None:
@@ -195,3 +196,19 @@ def test_contract_denials_carry_a_reason(kind: str, opa: FakeOpaServer) -> None:
     decision = decide(gate, tool("web_fetch", {"url": "http://x"}), ctx)
     assert isinstance(decision, Deny)
     assert decision.reason.strip()
+
+
+def test_policy_spec_knows_every_default_gate_rule() -> None:
+    """The rule names a policy may disable are exactly the default gate's rules."""
+    gate = DefaultPolicyGate()
+    names = {rule.name for rule in gate.command_rules}
+    names |= {"workspace-paths", "network-upload", "command-workspace-escape", "delegation-depth"}
+    assert set(DEFAULT_GATE_RULES) == names
+    for name in DEFAULT_GATE_RULES:
+        DefaultPolicyGate(disabled_rules=[name])  # each is accepted by the gate too
+
+
+def test_unknown_disabled_rule_is_refused_by_the_spec() -> None:
+    """A misspelt rule (network_upload) is refused when the task is validated, naming the known."""
+    with pytest.raises(ValidationError, match=r"unknown rule name\(s\) \['network_upload'\]"):
+        PolicySpec(kind="default", disabled_rules=["network_upload"])

@@ -94,6 +94,25 @@ def test_escape_is_refused(layout: tuple[Path, Path], user_path: str) -> None:
     assert "outside the workspace" in message
 
 
+@pytest.mark.parametrize("user_path", ["../ws-evil/loot.txt", "{root}-evil/loot.txt", "../ws-evil"])
+def test_sibling_sharing_the_workspace_name_is_outside(
+    layout: tuple[Path, Path], user_path: str
+) -> None:
+    """``ws-evil`` beside ``ws`` is outside ``ws`` (whole path components, not a string prefix),
+    for the resolver and for every file tool."""
+    workspace, _ = layout
+    (workspace.parent / "ws-evil").mkdir()
+    (workspace.parent / "ws-evil" / "loot.txt").write_text("LOOT\n")
+    path = user_path.replace("{root}", str(workspace))
+    with pytest.raises(PathOutsideWorkspaceError, match="outside the workspace"):
+        resolve_in_workspace(workspace, path)
+    for tool, extra in FILE_TOOLS:
+        output = _tool_call(tool, {"path": path, **extra}, workspace)
+        assert output.metadata.get("error_type") == "path_outside_workspace", output
+        assert "LOOT" not in output.content
+    assert sorted(p.name for p in (workspace.parent / "ws-evil").iterdir()) == ["loot.txt"]
+
+
 @pytest.mark.parametrize("user_path", ["link_file_out", "link_dir_out/secret.txt"])
 def test_link_escape_says_it_goes_through_a_link(layout: tuple[Path, Path], user_path: str) -> None:
     """The refusal of a link out tells the model that a symbolic link is the cause."""

@@ -1,0 +1,134 @@
+"""Replacing every echo of a secret (a model API key, a token) in text with ``**********``.
+
+A secret is found however a tool or a server echoes it: as written, in any letter case,
+percent-encoded, hex-encoded, base64-encoded (standard or URL-safe alphabet, at any of the three
+byte alignments the secret can have inside a longer encoded text), and cut short: any run of
+at least :data:`MIN_ECHO_CHARS` characters of one of those forms that starts like the form
+(``sk-proj-abcd...`` cut after 12 characters) is redacted, as far as it goes.
+
+The forms are computed once per secret (:class:`Redactor` is built once per process), their
+first characters joined into one regular expression of literals; each hit is then extended
+character by character as far as it matches the form. The cost of :meth:`Redactor.redact` is
+one scan of the text, plus the length of each echo found.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel, SecretStr
+
+__all__ = ["MIN_ECHO_CHARS", "REDACTED", "Redactor", "secret_values"]
+
+REDACTED = "**********"
+MIN_ECHO_CHARS = 12
+"""An echo of a secret cut short is redacted from this many characters of its form on (a
+secret shorter than this is redacted whole only)."""
+
+_MIN_ENCODED_SECRET_CHARS = 8
+"""Encoded forms of shorter secrets are not looked for: four base64 or hex characters would
+match ordinary text."""
+
+
+class Redactor:
+    """Redacts the echoes of a fixed set of secrets (empty: returns text unchanged)."""
+
+    __slots__ = ("_anchors", "_forms")
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        forms: dict[str, list[str]] = {}
+        for secret in {s for s in secrets if s}:
+            for form, anchor_chars in _forms(secret):
+                forms.setdefault(form[:anchor_chars].lower(), []).append(form.lower())
+        self._forms = forms
+        alternatives = "|".join(re.escape(a) for a in sorted(forms, key=len, reverse=True))
+        self._anchors = re.compile(alternatives, re.IGNORECASE) if forms else None
+
+    def __bool__(self) -> bool:
+        return self._anchors is not None
+
+    def redact(self, text: str) -> str:
+        """``text`` with every echo of a secret replaced by :data:`REDACTED`."""
+        if self._anchors is None:
+            return text
+        parts: list[str] = []
+        position = 0
+        for match in self._anchors.finditer(text):
+            if match.start() < position:
+                continue
+            end = max(
+                _extent(text, match.start(), form) for form in self._forms[match.group().lower()]
+            )
+            parts += [text[position : match.start()], REDACTED]
+            position = end
+        if not parts:
+            return text
+        parts.append(text[position:])
+        return "".join(parts)
+
+    def redact_value(self, value: Any) -> Any:
+        """A JSON-like value with every string in it (keys too) redacted."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, dict):
+            return {self.redact_value(k): self.redact_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.redact_value(v) for v in value]
+        return value
+
+
+def secret_values(*models: BaseModel) -> list[str]:
+    """The values of every ``SecretStr`` field of ``models`` (settings objects), set or not."""
+    found: list[str] = []
+    for model in models:
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, SecretStr) and value.get_secret_value().strip():
+                found.append(value.get_secret_value().strip())
+    return found
+
+
+def _extent(text: str, start: int, form: str) -> int:
+    """Where the echo of ``form`` (lower-cased) that starts at ``start`` ends."""
+    length = 0
+    limit = min(len(form), len(text) - start)
+    while length < limit and text[start + length].lower() == form[length]:
+        length += 1
+    return start + length
+
+
+def _forms(secret: str) -> Iterator[tuple[str, int]]:
+    """The secret as written and (a long enough one) encoded in every way looked for, each
+    with the length of its anchor: the form of the secret's first :data:`MIN_ECHO_CHARS`
+    characters (the whole form for a shorter secret)."""
+    head = secret[:MIN_ECHO_CHARS]
+    yield secret, len(head)
+    if len(secret) < _MIN_ENCODED_SECRET_CHARS:
+        return
+    for form, head_form in zip(_encoded(secret), _encoded(head), strict=True):
+        yield form, min(len(head_form), len(form))
+
+
+def _encoded(secret: str) -> Iterator[str]:
+    """The encodings of ``secret``, always in the same order."""
+    raw = secret.encode("utf-8", "surrogatepass")
+    yield quote(secret, safe="")
+    yield "".join(f"%{byte:02x}" for byte in raw)
+    yield raw.hex()
+    for aligned in _base64_cores(raw):
+        yield aligned
+        yield aligned.replace("+", "-").replace("/", "_")
+
+
+def _base64_cores(raw: bytes) -> Iterator[str]:
+    """The base64 characters that encode only the secret's bits, for each of the three byte
+    alignments it can have in a longer encoded text."""
+    for offset in range(3):
+        encoded = base64.b64encode(bytes(offset) + raw).decode("ascii")
+        first = -(-offset * 8 // 6)  # the first character with no bit of the bytes before
+        last = (offset + len(raw)) * 8 // 6  # the characters after hold bits of what follows
+        yield encoded[first:last]

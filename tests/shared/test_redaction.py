@@ -1,0 +1,117 @@
+"""Secret redaction: every encoding, case and cut-short echo of a key is replaced, once computed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from urllib.parse import quote
+
+import pytest
+from pydantic import BaseModel, SecretStr
+
+from shared.redaction import REDACTED, Redactor, secret_values
+
+KEY = "sk-proj-Q7vX2mZp9LwK4tRb8NcY/+Hs1Ue=="
+OTHER = "sk-proj-Q7vX2mZp-a-second-key-with-the-same-start"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+ECHOES = {
+    "plain": KEY,
+    "upper": KEY.upper(),
+    "lower": KEY.lower(),
+    "percent": quote(KEY, safe=""),
+    "percent, lower-case hex": quote(KEY, safe="").lower(),
+    "percent, every byte": "".join(f"%{b:02X}" for b in KEY.encode()),
+    "hex": KEY.encode().hex(),
+    "hex, upper-case": KEY.encode().hex().upper(),
+    "base64": _b64(KEY.encode()),
+    "base64, after one byte": _b64(b"k" + KEY.encode()),
+    "base64, after two bytes": _b64(b"ke" + KEY.encode()),
+    "base64 of a JSON document": _b64(json.dumps({"api_key": KEY}).encode()),
+    "base64, URL-safe": base64.urlsafe_b64encode(b"Bearer " + KEY.encode()).decode(),
+    "base64 of an Authorization header": _b64(f"user:{KEY}".encode()),
+    "cut to 12 characters": KEY[:12],
+    "cut to 20 characters": KEY[:20],
+    "cut, upper-cased": KEY[:16].upper(),
+    "hex, cut": KEY[:14].encode().hex(),
+    "base64, cut": _b64(KEY.encode())[:20],
+}
+
+
+@pytest.mark.parametrize("echo", ECHOES.values(), ids=ECHOES.keys())
+def test_every_form_of_the_key_is_redacted(echo: str) -> None:
+    """The key as written, in any case, percent/hex/base64-encoded, or cut short, is replaced."""
+    text = f"env dump:\nORGA_API_KEY={echo}\nend"
+    redacted = Redactor([KEY]).redact(text)
+    assert REDACTED in redacted
+    assert redacted.startswith("env dump:\nORGA_API_KEY=")
+    assert redacted.endswith("\nend")
+    for piece in (KEY[:12], KEY[-12:], _b64(KEY.encode())[4:16], KEY.encode().hex()[8:32]):
+        assert piece.lower() not in redacted.lower(), redacted
+
+
+def test_a_whole_echo_is_redacted_not_just_its_start() -> None:
+    """The run that matches the key is replaced as far as it goes, and nothing after it."""
+    assert Redactor([KEY]).redact(f"[{KEY}]") == f"[{REDACTED}]"
+    assert Redactor([KEY]).redact(f"[{KEY[:20]}...]") == f"[{REDACTED}...]"
+
+
+def test_keys_sharing_a_start_are_each_redacted_whole() -> None:
+    """Two keys with the same first characters: each echo is redacted to its own end."""
+    redactor = Redactor([KEY, OTHER])
+    assert redactor.redact(f"{OTHER} {KEY}") == f"{REDACTED} {REDACTED}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["sk-proj-", KEY[:11], "hello world", _b64(KEY.encode())[:12], "", KEY[:8]],
+)
+def test_text_without_a_meaningful_echo_is_unchanged(text: str) -> None:
+    """Fewer than 12 characters of the key (or of an encoding of it) are not an echo."""
+    assert Redactor([KEY]).redact(text) == text
+
+
+def test_a_short_secret_is_redacted_whole_only() -> None:
+    """A secret shorter than 12 characters is redacted when echoed whole, in any case."""
+    redactor = Redactor(["sk-short"])
+    assert redactor.redact("a SK-SHORT b sk-sho") == f"a {REDACTED} b sk-sho"
+
+
+def test_no_secret_no_work() -> None:
+    """Without secrets the redactor is falsy and returns its input."""
+    redactor = Redactor(["", ""])
+    assert not redactor
+    assert redactor.redact(KEY) == KEY
+
+
+def test_values_are_redacted_deeply() -> None:
+    """Strings inside mappings and lists (keys too) are redacted."""
+    value = {"out": [KEY, 1], KEY: "x"}
+    assert Redactor([KEY]).redact_value(value) == {"out": [REDACTED, 1], REDACTED: "x"}
+
+
+def test_secret_values_are_read_from_settings() -> None:
+    """Every set SecretStr field of the given settings is a secret; blank ones are not."""
+
+    class Settings(BaseModel):
+        api_key: SecretStr | None = None
+        token: SecretStr | None = None
+        name: str = "not secret"
+
+    found = secret_values(Settings(api_key=SecretStr(KEY), token=SecretStr(" ")))
+    assert found == [KEY]
+
+
+@pytest.mark.timeout(10)
+def test_redaction_is_cheap_on_a_large_output() -> None:
+    """A 4 MB output full of near-misses is redacted in well under a second per megabyte."""
+    redactor = Redactor([KEY, OTHER])
+    text = ("sk-proj-Q7vX2mZ" + "x" * 50 + "\n") * 60_000
+    started = time.monotonic()
+    assert redactor.redact(text) == text.replace("sk-proj-Q7vX2mZ", REDACTED)
+    assert time.monotonic() - started < 4

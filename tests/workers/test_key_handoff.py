@@ -1,0 +1,55 @@
+"""The model keys go to a reasoning worker through a socket of its own, never an environment."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from workers import key_handoff
+
+ENVIRON = {"PATH": "/usr/bin", "ORGA_API_KEY": "sk-1", "OPENAI_API_KEY": " ", "X": "y"}
+
+
+def test_keys_leave_the_environment_and_arrive_through_the_socket() -> None:
+    """Blank keys are no keys; the environment keeps everything else; the socket gives the
+    keys once, then end of file."""
+    keys = key_handoff.model_keys(ENVIRON)
+    assert keys == {"ORGA_API_KEY": "sk-1"}
+    assert key_handoff.without_keys({**ENVIRON, key_handoff.KEYS_FD_VARIABLE: "5"}) == {
+        "PATH": "/usr/bin",
+        "X": "y",
+    }
+    fd = key_handoff.send(keys)
+    assert os.get_inheritable(fd)
+    assert key_handoff.receive(fd) == keys
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fd)  # closed by receive
+
+
+def test_a_key_socket_cannot_be_opened_again_through_proc() -> None:
+    """Unlike a pipe or a file, another process of the same user cannot open the socket a
+    process holds through /proc/PID/fd/N (ENXIO)."""
+    fd = key_handoff.send({"ORGA_API_KEY": "sk-1"})
+    try:
+        with pytest.raises(OSError, match="No such device or address"):
+            open(f"/proc/{os.getpid()}/fd/{fd}", "rb")  # noqa: SIM115
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("value", ["x", "3,y"])
+def test_a_bad_descriptor_list_is_named(value: str) -> None:
+    """ORGA_MODEL_KEYS_FD that is not numbers: the error names the value."""
+    with pytest.raises(ValueError, match=repr(value)):
+        key_handoff.fds({key_handoff.KEYS_FD_VARIABLE: value})
+
+
+def test_a_socket_holding_something_else_is_refused() -> None:
+    """A socket that does not hold a JSON object of strings is refused, saying what to do."""
+    reader, writer = socket.socketpair()
+    with writer:
+        writer.sendall(b"[1]")
+    with pytest.raises(ValueError, match="mapping"):
+        key_handoff.receive(reader.detach())

@@ -1,0 +1,125 @@
+"""How a model key reaches the reasoning workers without passing through anyone's environment.
+
+``/proc/PID/environ`` is the environment a process was *started* with, readable by every
+process of the same user: ``os.environ.pop`` does not erase it. A key in the environment of
+``orga worker``'s supervisor, or of the ``orga run`` that starts the embedded runtime, would be
+one read away for every tool command below them. So no process that starts a tool worker has
+the key in its environment:
+
+- the process that got the key in its environment (``orga worker``, ``orga run``) writes the
+  keys into one Unix socket per reasoning worker (:func:`send`), then replaces itself
+  (``execve``: a new environment, a new memory image) with a process whose environment has no
+  key, holding only those sockets;
+- that process passes each socket to one reasoning worker (named by :data:`KEYS_FD_VARIABLE`)
+  and closes its own copy when the worker has started, before any tool worker starts;
+- the reasoning worker reads its socket once, at its process edge (:func:`receive`), and
+  closes it.
+
+A socket, unlike a pipe or a file, cannot be opened again through ``/proc/PID/fd/N``, so a tool
+command cannot read one another process holds. Standard library only: the supervisor imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+
+__all__ = [
+    "KEYS_FD_VARIABLE",
+    "MODEL_KEY_VARIABLES",
+    "fds",
+    "model_keys",
+    "receive",
+    "send",
+    "without_keys",
+]
+
+MODEL_KEY_VARIABLES = frozenset(
+    {
+        "ORGA_API_KEY",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "OPENROUTER_API_KEY",
+        "ORGA_LIVE_API_KEY",
+    }
+)
+"""Environment variables that can hold a model key: in no environment but the one they were
+given in (the reasoning workers receive them through :func:`send`)."""
+
+KEYS_FD_VARIABLE = "ORGA_MODEL_KEYS_FD"
+"""The file descriptor (a number, not a secret) of a reasoning worker's key socket; in
+``orga run``, after it dropped the keys from its environment, the comma-separated sockets it
+holds for its reasoning workers."""
+
+_MAX_BYTES = 1 << 20
+
+
+def model_keys(environ: Mapping[str, str]) -> dict[str, str]:
+    """The model keys set (non-blank) in ``environ``."""
+    return {name: environ[name] for name in MODEL_KEY_VARIABLES if environ.get(name, "").strip()}
+
+
+def without_keys(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the model keys and without :data:`KEYS_FD_VARIABLE`."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name not in MODEL_KEY_VARIABLES and name != KEYS_FD_VARIABLE
+    }
+
+
+def send(keys: Mapping[str, str]) -> int:
+    """A socket holding ``keys`` for one reader: its file descriptor (inheritable, for
+    ``pass_fds`` or an ``execve``). The writing end is closed: the reader gets the keys, then
+    end of file."""
+    reader, writer = socket.socketpair()
+    try:
+        writer.sendall(json.dumps(dict(keys)).encode())
+    finally:
+        writer.close()
+    fd = reader.detach()
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def receive(fd: int) -> dict[str, str]:
+    """Read the keys :func:`send` wrote on socket ``fd`` and close it; a ``ValueError`` that
+    says what is wrong when it holds something else."""
+    with socket.socket(fileno=fd) as sock:
+        chunks = []
+        received = 0
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+            received += len(chunk)
+            if received > _MAX_BYTES:
+                break
+    try:
+        keys = json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise ValueError(
+            f"{KEYS_FD_VARIABLE}={fd} does not hold the model keys ({exc}); it is set by `orga "
+            "worker` and `orga run` for the reasoning workers they start: start them that way, "
+            f"or unset {KEYS_FD_VARIABLE} and set ORGA_API_KEY"
+        ) from exc
+    if not isinstance(keys, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in keys.items()
+    ):
+        raise ValueError(f"{KEYS_FD_VARIABLE}={fd} holds no mapping of variable names to keys")
+    return keys
+
+
+def fds(environ: Mapping[str, str]) -> list[int]:
+    """The key sockets :data:`KEYS_FD_VARIABLE` names in ``environ`` (none when unset); a
+    ``ValueError`` naming the value when it is not a list of numbers."""
+    text = environ.get(KEYS_FD_VARIABLE, "").strip()
+    if not text:
+        return []
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise ValueError(
+            f"{KEYS_FD_VARIABLE}={text!r} is not a comma-separated list of file descriptors; "
+            "it is set by `orga` for the processes it starts: unset it"
+        ) from exc
