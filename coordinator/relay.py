@@ -105,6 +105,7 @@ class CeleryPublisher:
                         argsrepr=entry.argsrepr,
                         kwargsrepr="{}",
                         producer=producer,
+                        declare=[],  # the queue's list is named after it; workers declare
                     )
                 except Exception as exc:
                     raise PublishError(
