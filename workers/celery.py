@@ -21,6 +21,7 @@ from celery.signals import after_setup_logger, worker_process_init, worker_proce
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, TelemetrySettings, celery_config
 from workers import key_handoff
+from workers.broker import serve_redis_urls
 from workers.redis_policy import EvictionCheck
 from workers.telemetry import check_exporters
 
@@ -48,7 +49,7 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
         )
     celery = Celery("orga", include=["workers.tasks"])
     celery.conf.update(celery_config(settings, settings.redis_url))
-    celery.conf.broker_transport = "workers.broker:Transport"  # survives Redis out of memory
+    serve_redis_urls()  # redis:// is workers.broker's transport (survives Redis out of memory)
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
     celery.steps["worker"].add(EvictionCheck)
