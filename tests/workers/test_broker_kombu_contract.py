@@ -34,7 +34,7 @@ CALLED = {
 """Private kombu methods workers/broker.py calls without overriding them."""
 
 CHECKED_WITH = "5.7.0"
-"""The kombu whose code the digests are of (pyproject.toml bounds kombu below 5.8)."""
+"""The kombu whose code the digests are of (pyproject.toml holds kombu to 5.7.x)."""
 
 PINNED = {**OVERRIDDEN, **CALLED}
 
