@@ -58,6 +58,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/tracker_cost.py
 	$(PY) bench/stagnation_eval.py
 	$(PY) bench/primitives_bench.py
+	$(PY) bench/outbox_bench.py
 	$(PY) bench/runtime_bench.py
 	$(PY) bench/slow_model_bench.py
 	$(PY) bench/slow_model_bench.py --fairness

@@ -656,6 +656,7 @@ def coordinator() -> None:
     from redis.asyncio import Redis
 
     from coordinator.metrics import serve_metrics
+    from coordinator.relay import CeleryPublisher
     from coordinator.service import Coordinator
 
     url = _require_url()
@@ -672,6 +673,7 @@ def coordinator() -> None:
             client,
             settings=coordinator_settings(settings),
             metrics=metrics,
+            publisher=CeleryPublisher.from_settings(settings.model_copy(update={"redis_url": url})),
         )
         where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")

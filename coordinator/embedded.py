@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.liveness import LivenessSettings
 from coordinator.machine import MachineSettings
+from coordinator.relay import CeleryPublisher
 from coordinator.service import Coordinator, CoordinatorSettings
 from shared.errors import OrgaError
 from shared.settings import OrgaSettings
@@ -105,7 +106,11 @@ class EmbeddedRuntime:
             self._workers = self._spawn_workers()
         self._client = Redis.from_url(self.url)
         settings = self.runtime_settings
-        self._coordinator = Coordinator(self._client, settings=coordinator_settings(settings))
+        self._coordinator = Coordinator(
+            self._client,
+            settings=coordinator_settings(settings),
+            publisher=CeleryPublisher.from_settings(settings),
+        )
         self._task = asyncio.create_task(self._coordinator.run())
         return self
 

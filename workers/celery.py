@@ -20,7 +20,6 @@ from typing import Any
 from celery import Celery
 from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
 
-from shared.celery_wire import check_versions
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, TelemetrySettings, celery_config, is_amqp
 from workers import key_handoff
@@ -43,7 +42,6 @@ request: quiet unless ``ORGA_LOG_EACH_TASK`` is set."""
 def create_app(settings: OrgaSettings | None = None) -> Celery:
     """A Celery app configured from ``settings`` (read from the environment by default)."""
     settings = settings or OrgaSettings()
-    check_versions()
     check_exporters(TelemetrySettings())  # a typo stops the worker now, not each dispatch
     if settings.redis_url is None:
         raise ConfigError(
