@@ -28,7 +28,7 @@ from shared.loop_types import LoopConfig
 from shared.protocol import Fence, ToolObservedMessage, ToolRequest, decode_entry
 from shared.settings import OrgaSettings, celery_config
 from tests.ci import require
-from tests.integration.harness import Cluster, Process, wait_until
+from tests.integration.harness import REPO, Cluster, Process, wait_until
 from tests.rabbitmq_server import RabbitMQServer, RabbitMQUnavailableError
 
 pytestmark = pytest.mark.integration
@@ -192,3 +192,31 @@ def test_a_worker_outlives_a_restart_of_the_node(
     publisher.send_task(keys.tool_task_name, args=[after.model_dump_json()])
     assert "after the restart" in _observed(cluster, after, timeout_s=90), cluster.logs()
     assert worker.popen.poll() is None, worker.tail()
+
+
+EXAMPLES = REPO / "examples"
+
+
+def test_tasks_run_end_to_end_with_rabbitmq_as_the_broker(cluster: Cluster, amqp_url: str) -> None:
+    """A coordinator and a worker with ORGA_BROKER_URL on RabbitMQ (the coordinator's relay
+    publishes every dispatch there) complete the bugfix example and the delegation example,
+    whose two sub-agents are tasks of their own."""
+    _worker(cluster, amqp_url, "w1", concurrency=3)
+    cluster.coordinator(ORGA_BROKER_URL=amqp_url)
+    for agent in ("summarizer", "checker", "editor"):
+        added = cluster.orga(
+            "agents", "add", str(EXAMPLES / "delegation" / "agents" / f"{agent}.yaml")
+        )
+        assert added.returncode == 0, added.stdout + added.stderr
+    client = cluster.client()
+    bugfix = client.submit(EXAMPLES / "bugfix" / "task.yaml")
+    delegation = client.submit(EXAMPLES / "delegation" / "task.yaml")
+    result = client.wait(bugfix, timeout_s=180)
+    assert result["status"] == "completed", cluster.logs()
+    assert "step:verify" in result["milestones"]
+    result = client.wait(delegation, timeout_s=180)
+    assert result["status"] == "completed", cluster.logs()
+    children = {
+        child["task_id"]: child["status"] for child in client.status(delegation)["children"]
+    }
+    assert children == {f"{delegation}.1": "completed", f"{delegation}.2": "completed"}
