@@ -5,8 +5,9 @@ Start it exactly like the production worker, with this module as the app::
     ORGA_REDIS_URL=redis://... celery -A bench.noop_worker worker \\
         -Q orga.reasoning,orga.tools,bench.noop -c 2 --without-gossip --without-mingle
 
-Everything else (JSON, late acknowledgement, prefetch of one, task events off, the queues) is
-the production configuration of :mod:`workers.celery`. Two additions only:
+Everything else (JSON, late acknowledgement, prefetch of one, task events on unless
+``ORGA_TASK_EVENTS=false``, the queues) is the production configuration of
+:mod:`workers.celery`. Two additions only:
 
 - ``noop`` and ``slow`` join the tool registry of every worker process (``orga_extra_tools``),
   so a task can call a tool that costs nothing, or one that takes a fixed time;

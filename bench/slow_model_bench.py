@@ -2,7 +2,8 @@
 in-flight run and duplicate model calls, next to LangGraph and plain asyncio (issue 10).
 
 Run: ``.venv/bin/python bench/slow_model_bench.py`` (``--quick`` for a smoke run,
-``--fairness`` for the 2,000-task fairness run, ``--help`` for the sizes). Method and results:
+``--fairness`` for the 2,000-task fairness run, ``--events`` for task events on and off side
+by side, ``--help`` for the sizes). Method and results:
 ``docs/performance.md``, *Slow model*.
 
 Everything is real and on this machine (127.0.0.1 only):
@@ -232,6 +233,8 @@ class OrgaStack(Stack):
     the fake model server. (``concurrency`` of the base class is unused: no ``-c`` is given.)"""
 
     model_url: str = ""
+    task_events: bool | None = None
+    """``ORGA_TASK_EVENTS`` for the workers (None: not set, the default)."""
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
@@ -243,6 +246,8 @@ class OrgaStack(Stack):
             ORGA_API_KEY=API_KEY,
             ORGA_MODEL=MODEL,
         )
+        if self.task_events is not None:
+            env["ORGA_TASK_EVENTS"] = "true" if self.task_events else "false"
         return env
 
     def start(self) -> OrgaStack:
@@ -283,10 +288,12 @@ def model_server(root: Path, plan: Plan, latency: float, iterations: int) -> Ite
 
 
 @contextmanager
-def orga_stack(root: Path, server: ModelServer) -> Iterator[OrgaStack]:
+def orga_stack(
+    root: Path, server: ModelServer, task_events: bool | None = None
+) -> Iterator[OrgaStack]:
     """The runtime's processes, stopped afterwards."""
     root.mkdir(parents=True, exist_ok=True)
-    stack = OrgaStack(root, concurrency=0, model_url=server.url)
+    stack = OrgaStack(root, concurrency=0, model_url=server.url, task_events=task_events)
     try:
         yield stack.start()
     finally:
@@ -581,8 +588,9 @@ class Setting:
         return self.plan.bound_s(self.latency, self.plan.iterations)
 
 
-def measure_orga(setting: Setting) -> Measurement:
-    """The workload on the runtime started with its defaults."""
+def measure_orga(setting: Setting, task_events: bool | None = None) -> Measurement:
+    """The workload on the runtime started with its defaults (``ORGA_TASK_EVENTS`` set to
+    ``task_events`` unless None)."""
     plan, server, latency, workspace = (
         setting.plan,
         setting.server,
@@ -590,7 +598,8 @@ def measure_orga(setting: Setting) -> Measurement:
         setting.workspace,
     )
     run = uuid.uuid4().hex[:8]
-    with orga_stack(setting.root / f"orga-{latency:g}s", server) as stack:
+    label = "" if task_events is None else f"-events-{'on' if task_events else 'off'}"
+    with orga_stack(setting.root / f"orga-{latency:g}s{label}", server, task_events) as stack:
         client = OrgaClient(stack.url)
         try:
             print(f"-- orga-queue at {latency:g} s: starting ({stack.describe()})", flush=True)
@@ -751,6 +760,24 @@ def measure_latency(root: Path, plan: Plan, latency: float) -> list[Measurement 
         results.append(measure_orga(setting))
         results.extend(measure_peer(setting, peer) for peer in plan.peers)
     return results
+
+
+def measure_events(root: Path, plan: Plan) -> list[str]:
+    """The runtime with task events on (``ORGA_TASK_EVENTS=true``, the default, which Flower's
+    task list needs) and off, side by side at the first latency: CPU per model call of every
+    process of the runtime (no Flower runs: this is what sending the events costs)."""
+    latency = plan.latencies[0]
+    workspace = make_workspace(root)
+    lines: list[str] = []
+    with model_server(root, plan, latency, plan.iterations) as server:
+        setting = Setting(root, server, plan, latency, workspace)
+        for on in (True, False):
+            measured = measure_orga(setting, task_events=on)
+            name = f"flower_events_cpu_ms_per_call_{'on' if on else 'off'}"
+            print(f"   events {'on' if on else 'off'}: {measured.calls} calls, "
+                  f"{measured.completed} of {measured.runs} tasks", flush=True)  # fmt: skip
+            lines.append(f"RESULT {name} {measured.cpu_ms_per_call:.2f}")
+    return lines
 
 
 # -- fairness ---------------------------------------------------------------------------------
@@ -1005,6 +1032,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fairness-tasks", type=int, help="tasks of the fairness run (2000)")
     parser.add_argument("--fairness-iterations", type=int, help="calls per fairness task (2)")
     parser.add_argument("--keep", action="store_true", help="keep the logs' folder")
+    parser.add_argument(
+        "--events", action="store_true", help="task events on and off only (CPU per call)"
+    )
     args = parser.parse_args(argv)
     plan = parse_plan(args)
     started = time.monotonic()
@@ -1012,6 +1042,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.fairness:
             print("\n" + fairness_report(measure_fairness(root, plan)))
+        elif args.events:
+            print("\n".join(["", *measure_events(root, plan)]))
         else:
             run_comparison(root, plan)
     finally:

@@ -128,6 +128,12 @@ class OrgaSettings(BaseSettings):
         description="Address the Prometheus endpoint binds (0.0.0.0: every interface)",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    task_events: bool = Field(
+        default=True,
+        description="Workers send Celery task events (as with `-E`), which Flower needs to "
+        "list tasks and show their runtimes; false saves the events' broker messages, about "
+        "1.5 ms of CPU per model call (`make bench` measures it; docs/performance.md)",
+    )
     log_each_task: bool = Field(
         default=False,
         description="Workers log Celery's two INFO lines per task (received, succeeded or "
@@ -283,9 +289,9 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
         ),
         "worker_detect_quorum_queues": True,
         "broker_connection_retry_on_startup": True,
-        # Task events cost extra broker messages per task: off by default, as in Celery;
-        # start workers with `-E` (the compose file does) for Flower's task views.
-        "worker_send_task_events": False,
+        # Task events (Flower's task list): on unless ORGA_TASK_EVENTS=false, which saves
+        # their broker messages (`-E` still turns them on for one worker).
+        "worker_send_task_events": settings.task_events,
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,

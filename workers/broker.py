@@ -33,6 +33,11 @@ reply is lost (the connection drops after Redis ran the script) delivered none o
 it indexed: the process's next read restores them (kombu's ``restore_by_tag``, found by the
 fetch's score, this process's clock at the fetch), where kombu alone leaves even the one message
 for the visibility timeout. With Celery's ``--disable-prefetch`` a fetch takes one message.
+
+It is chosen by the broker URL's own scheme (:func:`serve_redis_urls`): ``redis://`` and
+``rediss://`` name this transport in kombu's alias table, so the connection's URL keeps the
+scheme Flower and other tools read (with ``broker_transport`` set to this class's import path,
+``as_uri()`` gave ``workers.broker:Transport://...`` and Flower's Broker page refused it).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from time import time
 from typing import Any
 
 import redis
+from kombu.transport import TRANSPORT_ALIASES, get_transport_cls
 from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual.base import QoS as VirtualQoS
 from kombu.utils.encoding import bytes_to_str
@@ -54,7 +60,15 @@ from redis.exceptions import NoScriptError, OutOfMemoryError, ReadOnlyError, Res
 
 from workers.redis_driver import DRIVER_INFO
 
-__all__ = ["FETCH_MORE", "TRANSIENT_WRITE_ERRORS", "Channel", "QoS", "Transport"]
+__all__ = [
+    "FETCH_MORE",
+    "REDIS_SCHEMES",
+    "TRANSIENT_WRITE_ERRORS",
+    "Channel",
+    "QoS",
+    "Transport",
+    "serve_redis_urls",
+]
 
 log = logging.getLogger("orga.worker.broker")
 
@@ -463,3 +477,30 @@ class Transport(kombu_redis.Transport):
             super()._deliver(message, queue)  # type: ignore[no-untyped-call]
         finally:
             self._delivering = outer
+
+
+TRANSPORT_PATH = "workers.broker:Transport"
+
+REDIS_SCHEMES = ("redis", "rediss")
+"""The broker URL schemes this transport serves in a process that called
+:func:`serve_redis_urls` (``redis+socket://`` too: kombu reads its transport as ``redis``)."""
+
+
+def serve_redis_urls() -> None:
+    """Make :data:`REDIS_SCHEMES` name :class:`Transport` in kombu's alias table
+    (``kombu.transport.TRANSPORT_ALIASES``), in this process.
+
+    A connection whose URL says ``redis://`` then uses this transport and still reports
+    ``redis://...`` as its URL. kombu remembers the class of each name it has resolved: a
+    process that opened a ``redis://`` connection before this call keeps kombu's transport
+    for it, which is logged (the worker and Flower call this when they load the app, before any
+    connection)."""
+    for scheme in REDIS_SCHEMES:
+        TRANSPORT_ALIASES[scheme] = TRANSPORT_PATH
+        if get_transport_cls(scheme) is not Transport:
+            log.warning(
+                "broker.transport_alias_too_late: kombu resolved %r:// before workers.celery"
+                " was imported, so connections to it use kombu's own Redis transport; import"
+                " workers.celery before opening a broker connection",
+                scheme,
+            )

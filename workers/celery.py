@@ -21,8 +21,9 @@ from celery import Celery
 from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
 
 from shared.errors import ConfigError
-from shared.settings import OrgaSettings, TelemetrySettings, celery_config, is_amqp
+from shared.settings import OrgaSettings, TelemetrySettings, celery_config
 from workers import key_handoff
+from workers.broker import serve_redis_urls
 from workers.redis_policy import EvictionCheck
 from workers.telemetry import check_exporters
 
@@ -51,8 +52,8 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
     broker_url = settings.broker_url or settings.redis_url  # ORGA_BROKER_URL's default
     celery = Celery("orga", include=["workers.tasks"])
     celery.conf.update(celery_config(settings, broker_url))
-    if not is_amqp(broker_url):  # RabbitMQ: kombu's py-amqp transport, as it is
-        celery.conf.broker_transport = "workers.broker:Transport"  # survives Redis out of memory
+    # redis:// is workers.broker's transport (survives Redis out of memory); amqp:// is kombu's
+    serve_redis_urls()
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
     celery.steps["worker"].add(EvictionCheck)

@@ -7,10 +7,12 @@ the consumer hands each message to the loop (one ``call_soon_threadsafe``), wher
 task awaits the task's coroutine (its :data:`ASYNC_BODIES` entry, given the message's single
 argument) and then runs Celery's own tracer in one of :data:`TRACER_THREADS` threads (its
 acknowledgement is a blocking broker call, kept off the loop), whose task body only returns
-or raises what the coroutine did (:func:`ran_on_loop`). Everything Celery does around a task
-is thus unchanged: late acknowledgement after the tracer, ``autoretry_for`` and its retry
-message, FAILURE and its log line, the task signals. A message that dies with its process is
-still in kombu's unacked index and comes back after the visibility timeout.
+or raises what the coroutine did (:func:`ran_on_loop`); the runtime it reports (the
+``task-succeeded`` event's, which Flower shows) has the coroutine's time added. Everything
+Celery does around a task is thus unchanged: late acknowledgement after the tracer,
+``autoretry_for`` and its retry message, FAILURE and its log line, the task signals. A
+message that dies with its process is still in kombu's unacked index and comes back after the
+visibility timeout.
 
 A task that has no coroutine body (none of ours) runs in a thread, as in the thread pool.
 At most ``-c`` messages run at once, as with threads: Celery prefetches that many.
@@ -61,6 +63,22 @@ def ran_on_loop(payload: str) -> Future[None] | None:
     if ran is None or ran[0] != payload:
         return None
     return ran[1]
+
+
+def _with_call_time(callback: Callable[..., Any], call_s: float) -> Callable[[Any], Any]:
+    """``callback`` (the request's ``on_success``), given the tracer's ``(failed, retval,
+    runtime)`` with ``call_s``, the time the coroutine ran, added to the runtime.
+
+    The tracer only returns or raises what the coroutine already did, so its runtime alone is
+    a fraction of a millisecond: the ``task-succeeded`` event (Flower's Runtime) then says how
+    long the call took, coroutine and tracer. Anything else is passed on as it is."""
+
+    def report(ret: Any) -> Any:
+        if isinstance(ret, tuple) and len(ret) == 3 and isinstance(ret[2], (int, float)):
+            ret = (ret[0], ret[1], ret[2] + call_s)
+        return callback(ret)
+
+    return report
 
 
 class _Running:
@@ -164,6 +182,7 @@ class LoopPool(BasePool):  # type: ignore[misc]
             )
             return
         outcome: Future[None] = Future()
+        started = time.monotonic()
         try:
             await body(payload)
             outcome.set_result(None)
@@ -174,6 +193,8 @@ class LoopPool(BasePool):  # type: ignore[misc]
         # The tracer, in a thread of its own, sees this outcome through a copied context.
         context = contextvars.copy_context()
         context.run(_ran.set, (payload, outcome))
+        if callback is not None:
+            callback = _with_call_time(callback, time.monotonic() - started)
         await asyncio.get_running_loop().run_in_executor(
             self._tracers, context.run, apply_target, target, args, kwargs, callback
         )

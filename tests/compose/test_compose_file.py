@@ -139,6 +139,18 @@ def test_workers_run_their_roles(compose: tuple[list[str], dict[str, str]]) -> N
     assert services["tool-worker"]["environment"]["ORGA_TOOL_CONCURRENCY"] == "4"
 
 
+def test_workers_send_task_events_for_flower(compose: tuple[list[str], dict[str, str]]) -> None:
+    """Both worker roles send task events by default (Flower lists their tasks), Flower does
+    not turn them on itself, and ORGA_TASK_EVENTS=false turns them off in every worker."""
+    services = _resolved(compose)
+    for worker in ("reasoning-worker", "tool-worker"):
+        assert services[worker]["environment"]["ORGA_TASK_EVENTS"] == "true"
+    assert services["flower"]["environment"]["FLOWER_ENABLE_EVENTS"] == "false"
+    off = _resolved(compose, ORGA_TASK_EVENTS="false")
+    for worker in ("reasoning-worker", "tool-worker"):
+        assert off[worker]["environment"]["ORGA_TASK_EVENTS"] == "false"
+
+
 def test_only_reasoning_workers_get_the_model_key(
     compose: tuple[list[str], dict[str, str]],
 ) -> None:

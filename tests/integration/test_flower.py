@@ -1,6 +1,8 @@
 """Flower as an operator runs it (`celery -A workers flower`, basic auth) against a real worker
 and a private Redis: its task list, read over its HTTP API, names each dispatch by task, step,
-iteration and purpose, and a reasoning call that failed on configuration is FAILURE."""
+iteration and purpose, and a reasoning call that failed on configuration is FAILURE; with the
+compose deployment's commands (no `-E`, Flower turning no events on) it lists the tasks, and a
+model call's runtime is the call's."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 import redis
 
 from coordinator.embedded_redis import EmbeddedRedis
+from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import Cluster, Process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -33,24 +36,63 @@ def _free_port() -> int:
 @pytest.fixture
 def flower(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     """A worker sending task events (-E), a coordinator and Flower with basic auth."""
+    cluster = _cluster(private_redis, tmp_path)
+    try:
+        _events_worker(cluster)
+        cluster.coordinator()
+        yield cluster, _start_flower(cluster, {})
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def model() -> Iterator[FakeOpenAIServer]:
+    """A local OpenAI-compatible server the reasoning worker calls (127.0.0.1, no key)."""
+    with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def compose_flower(
+    private_redis: EmbeddedRedis, tmp_path: Path, model: FakeOpenAIServer
+) -> Iterator[tuple[Cluster, str]]:
+    """The compose deployment's way: `orga worker --role reasoning` with no option about events
+    (its event loop pool), and Flower with FLOWER_ENABLE_EVENTS=false (it turns no events on)."""
+    cluster = _cluster(private_redis, tmp_path)
+    command = [
+        sys.executable, "-m", "coordinator.cli", "worker", "--role", "reasoning",
+        "-n", f"reasoning-{os.getpid()}@%h",
+    ]  # fmt: skip
+    env = cluster._env({"ORGA_ALLOW_TASK_BASE_URL": "true", "ORGA_REASONING_PROCESSES": "1"})
+    try:
+        worker = Process("reasoning", command, env, tmp_path / "reasoning.log").start()
+        cluster.processes.append(worker)
+        worker.wait_for_log("ready.", timeout_s=60)
+        cluster.coordinator()
+        yield cluster, _start_flower(cluster, {"FLOWER_ENABLE_EVENTS": "false"})
+    finally:
+        cluster.stop()
+
+
+def _cluster(private_redis: EmbeddedRedis, tmp_path: Path) -> Cluster:
     with redis.Redis.from_url(private_redis.url) as raw:
         raw.flushdb()
-    cluster = Cluster(private_redis.url, tmp_path)
+    return Cluster(private_redis.url, tmp_path)
+
+
+def _start_flower(cluster: Cluster, env: dict[str, str]) -> str:
+    """Flower with basic auth on a free port; its URL once it answers."""
     port = _free_port()
     command = [
         sys.executable, "-m", "celery", "-A", "workers", "flower", "--address=127.0.0.1",
         f"--port={port}", f"--basic-auth={AUTH[0]}:{AUTH[1]}",
     ]  # fmt: skip
-    try:
-        _events_worker(cluster)
-        cluster.coordinator()
-        process = Process("flower", command, cluster._env({}), tmp_path / "flower.log").start()
-        cluster.processes.append(process)
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(url), timeout_s=60, what="Flower to answer")
-        yield cluster, url
-    finally:
-        cluster.stop()
+    log = cluster.root / "flower.log"
+    process = Process("flower", command, cluster._env(env), log).start()
+    cluster.processes.append(process)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _answers(url), timeout_s=60, what="Flower to answer")
+    return url
 
 
 def _events_worker(cluster: Cluster) -> None:
@@ -128,3 +170,43 @@ def test_flower_lists_dispatches_by_name_and_failed_calls_as_failed(
     assert seen[failed_name] == "FAILURE", seen
     failure = next(t for t in _tasks(url).values() if t.get("name") == failed_name)
     assert "no-such-script.yaml" in str(failure.get("exception")), failure
+
+
+MODEL_DELAY_S = 1.0
+
+
+def test_default_workers_show_tasks_with_the_model_calls_runtime(
+    compose_flower: tuple[Cluster, str], model: FakeOpenAIServer
+) -> None:
+    """`orga worker --role reasoning` sends task events without `-E` (Flower turning none on),
+    so Flower lists its reasoning call as SUCCESS, with a runtime that covers the model's
+    answer time (MODEL_DELAY_S), not only Celery's tracer."""
+    cluster, url = compose_flower
+    message = {"role": "assistant", "content": "done", "refusal": None}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    body = {"id": "c1", "object": "chat.completion", "created": 1, "model": "gpt-test"}
+    model.respond_json({**body, "choices": [choice], "usage": usage}, delay_s=MODEL_DELAY_S)
+    task = {
+        "goal": "be timed in Flower",
+        "provider": {"kind": "openai", "base_url": model.base_url, "model": "gpt-test"},
+        "steps": [{"id": "say", "instruction": "say done"}],
+        "stagnation": {"enabled": False},
+    }
+    task_id = cluster.client().submit(task)
+    name = f"reason {task_id} say #0 act"
+
+    deadline = time.monotonic() + 90
+    listed = _tasks(url)
+    while time.monotonic() < deadline and not _done(listed, name):
+        time.sleep(0.2)
+        listed = _tasks(url)
+    shown = _done(listed, name)
+    assert shown is not None, (listed, cluster.logs())
+    assert MODEL_DELAY_S <= float(shown["runtime"]) < 60, shown
+
+
+def _done(listed: dict[str, dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The task Flower lists under ``name``, once SUCCESS."""
+    found = [t for t in listed.values() if t.get("name") == name]
+    return found[0] if found and found[0].get("state") == "SUCCESS" else None

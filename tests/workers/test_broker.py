@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import MethodType
 
 import pytest
@@ -21,6 +25,8 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from tests.redis_server import RedisServer
 from workers import broker
 from workers.broker import Channel
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fetch_and_ack_keep_the_unacked_index_through_one_client(redis_url: str) -> None:
@@ -588,3 +594,42 @@ def test_a_connection_lost_while_reading_closes_as_celery_closes_it(
     server.start()
     with redis.Redis.from_url(server.url) as client:
         assert client.hkeys(channel.unacked_key) == [received[0].delivery_tag.encode()]
+
+
+_FLOWER_BROKER_PAGE = """
+import asyncio, json
+from flower.utils.broker import Broker
+from workers.celery import app
+
+with app.connection() as connection:
+    uri = connection.as_uri(include_password=True)
+    transport = connection.get_transport_cls()
+broker = Broker(uri, http_api=None, broker_options=app.conf.broker_transport_options,
+                broker_use_ssl=app.conf.broker_use_ssl)
+queues = asyncio.run(broker.queues(["orga.reasoning"]))
+print(json.dumps({"uri": uri, "transport": f"{transport.__module__}.{transport.__name__}",
+                  "broker": type(broker).__name__, "queues": queues}))
+"""
+
+
+def test_flowers_broker_page_reads_the_workers_redis_broker(redis_url: str, tmp_path: Path) -> None:
+    """In a fresh process that loads the workers' app, the broker URL keeps its ``redis://``
+    scheme, the connection still uses workers.broker's transport, and Flower's Broker page
+    (its ``Broker`` factory and ``queues()``) builds its Redis client and counts the messages
+    waiting in the reasoning queue of this Redis."""
+    raw = redis.Redis.from_url(redis_url)
+    raw.delete("orga.reasoning")
+    raw.lpush("orga.reasoning", b"one", b"two")
+    env = {**os.environ, "ORGA_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _FLOWER_BROKER_PAGE],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    raw.delete("orga.reasoning")
+    raw.close()
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["uri"].startswith("redis://"), seen
+    assert seen["transport"] == "workers.broker.Transport", seen
+    assert seen["broker"] == "Redis", seen
+    assert seen["queues"] == [{"name": "orga.reasoning", "messages": 2}], seen

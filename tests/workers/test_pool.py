@@ -82,3 +82,22 @@ def test_a_cancelled_coroutine_is_a_failure_the_tracer_reports(pool: LoopPool) -
     assert len(outcomes) == 1 and outcomes[0] is not None
     with pytest.raises(RuntimeError, match="cancelled"):
         outcomes[0].result()
+
+
+def test_the_reported_runtime_is_the_calls_not_the_tracers(pool: LoopPool) -> None:
+    """The runtime handed to the request's callback (Celery's ``task-succeeded`` event, Flower's
+    Runtime) is the coroutine's time plus the tracer's, not the tracer's alone."""
+    reported: list[tuple[int, Any, float]] = []
+
+    async def body(payload: str) -> None:
+        await asyncio.sleep(0.3)  # the call's own duration: what the runtime must include
+
+    def tracer(*args: Any) -> tuple[int, Any, float]:
+        return (0, "ok", 0.0001)  # what Celery's tracer measures: itself only
+
+    ASYNC_BODIES[NAME] = body
+    pool.on_apply(tracer, args=_args("p3"), callback=reported.append).wait(5)
+    assert len(reported) == 1
+    failed, retval, runtime = reported[0]
+    assert (failed, retval) == (0, "ok")
+    assert 0.3 <= runtime < 5, runtime

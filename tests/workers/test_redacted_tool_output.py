@@ -20,10 +20,6 @@ from workers.providers.settings import ProviderSettings
 from workers.runtime import local_core
 
 KEY = "sk-proj-Q7vX2mZp9LwK4tRb8NcYHs1Ue0"
-COMMAND = (
-    "cat leaked.txt; base64 leaked.txt; xxd -p leaked.txt | tr -d '\\n'; echo; "
-    "tr a-z A-Z < leaked.txt; cut -c1-16 leaked.txt"
-)
 
 
 def _request(workspace: Path, call: dict[str, Any]) -> ReasonRequest:
@@ -52,10 +48,19 @@ def _reason(request: ReasonRequest) -> ReasonedMessage:
     return asyncio.run(go())
 
 
-def test_a_key_a_command_prints_never_reaches_the_observation(tmp_path: Path) -> None:
-    """The worker's key, printed raw, base64, hex, upper-cased and cut short, is redacted."""
-    (tmp_path / "leaked.txt").write_text(KEY + "\n")
-    call = {"name": "run_command", "arguments": {"command": COMMAND}}
+def test_a_key_a_tool_shows_never_reaches_the_observation(tmp_path: Path) -> None:
+    """The worker's key, in a file a tool reads raw, base64, hex, upper-cased and cut short,
+    is redacted. (A command never runs next to the key: ``tool_dispatch: inline`` sends
+    ``run_command`` to a tool worker, which holds none; a file tool runs here.)"""
+    echoes = [
+        KEY,
+        base64.b64encode(KEY.encode()).decode(),
+        KEY.encode().hex(),
+        KEY.upper(),
+        KEY[:16],
+    ]
+    (tmp_path / "leaked.txt").write_text("\n".join(echoes) + "\n")
+    call = {"name": "file_read", "arguments": {"path": "leaked.txt"}}
     reasoned = _reason(_request(tmp_path, call))
     assert reasoned.acted is not None
     content = reasoned.acted[0].observation.content
