@@ -2,9 +2,10 @@
 
 Run: ``.venv/bin/python bench/outbox_bench.py`` (``--dispatches 300 --load 2000 --rate 1000``).
 Starts a private ``redis-server`` and, per relay batch size (1: no batching; the default,
-:data:`shared.keys.outbox_batch`), a relay process built as a coordinator builds it
-(:class:`coordinator.relay.OutboxRelay` on :class:`coordinator.relay.CeleryPublisher`, the
-send in the relay's thread). What the coordinator's commit script does is stood for by one
+:data:`shared.keys.outbox_batch`) and where the send runs (on the event loop, the default; in
+the relay's thread), a relay process built as a coordinator builds it
+(:class:`coordinator.relay.OutboxRelay` on :class:`coordinator.relay.CeleryPublisher`). What
+the coordinator's commit script does is stood for by one
 ``XADD`` of an outbox entry with a 2 KB payload; the time it returns is the commit's. Before
 the outbox, the commit itself pushed the message: the whole hop is added latency.
 
@@ -16,7 +17,7 @@ the outbox, the commit itself pushed the message: the whole hop is added latency
 Printed per batch size and pattern: added latency p50 / p95 / max (ms), and the relay
 process's CPU per dispatch (``getrusage`` of that process over the run: reading the outbox,
 ``send_task``, the removal). ``RESULT scale_outbox_added_ms_p50`` is the ``single`` p50 with
-the default batch.
+the default batch and the send on the loop.
 """
 
 from __future__ import annotations
@@ -55,17 +56,23 @@ def _entry(n: int) -> OutboxEntry:
     )
 
 
-def _relay_process(url: str, batch: int, ready: Event, stop: Event, out: Connection) -> None:
+def _relay_process(
+    url: str, relay_config: tuple[int, bool], ready: Event, stop: Event, out: Connection
+) -> None:
     """A relay as a coordinator runs it; sends its CPU seconds once ``stop`` is set."""
     from redis.asyncio import Redis
 
     from coordinator.relay import CeleryPublisher, OutboxRelay
     from shared.settings import OrgaSettings
 
+    batch, in_thread = relay_config
+
     async def main() -> float:
         client = Redis.from_url(url)
         publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=url))
-        relay = OutboxRelay(client, publisher, "bench", batch=batch, block_ms=100)
+        relay = OutboxRelay(
+            client, publisher, "bench", batch=batch, block_ms=100, in_thread=in_thread
+        )
         await relay.ensure_group()
         stopping = asyncio.Event()
         task = asyncio.create_task(relay.run(stopping))
@@ -130,7 +137,7 @@ def _load(url: str, client: redis.Redis, count: int, rate: float) -> list[float]
 
 
 def _measure(
-    url: str, batch: int, pattern: str, count: int, rate: float
+    url: str, relay_config: tuple[int, bool], pattern: str, count: int, rate: float
 ) -> tuple[list[float], float]:
     """Added latencies (ms) and the relay's CPU ms per dispatch."""
     with redis.Redis.from_url(url) as client:
@@ -138,7 +145,7 @@ def _measure(
         ctx = multiprocessing.get_context("spawn")
         ready, stop = ctx.Event(), ctx.Event()
         mine, theirs = ctx.Pipe()
-        relay = ctx.Process(target=_relay_process, args=(url, batch, ready, stop, theirs))
+        relay = ctx.Process(target=_relay_process, args=(url, relay_config, ready, stop, theirs))
         relay.start()
         if not ready.wait(60):
             raise RuntimeError("the relay process did not start within 60 s")
@@ -165,26 +172,29 @@ def main() -> None:
     server = EmbeddedRedis().start()
     rows = []
     try:
-        for batch in (1, keys.outbox_batch):
+        for batch, in_thread in ((1, False), (keys.outbox_batch, False), (keys.outbox_batch, True)):
             for pattern, count in (("single", args.dispatches), ("load", args.load)):
-                added, cpu_ms = _measure(server.url, batch, pattern, count, args.rate)
-                rows.append((batch, pattern, len(added), added, cpu_ms))
+                added, cpu_ms = _measure(server.url, (batch, in_thread), pattern, count, args.rate)
+                where = "thread" if in_thread else "loop"
+                rows.append((batch, where, pattern, len(added), added, cpu_ms))
     finally:
         server.stop()
-    print("| relay batch | pattern | dispatches | added p50 / p95 / max ms | relay CPU ms each |")
-    print("|---|---|---|---|---|")
-    for batch, pattern, n, added, cpu_ms in rows:
+    print(
+        "| relay batch | sent on | pattern | dispatches | added p50 / p95 / max ms | CPU ms each |"
+    )
+    print("|---|---|---|---|---|---|")
+    for batch, where, pattern, n, added, cpu_ms in rows:
         label = pattern if pattern == "single" else f"load {args.rate:.0f}/s"
         print(
-            f"| {batch} | {label} | {n} | {_pct(added, 50):.2f} / {_pct(added, 95):.2f} / "
-            f"{max(added):.2f} | {cpu_ms:.3f} |"
+            f"| {batch} | {where} | {label} | {n} | {_pct(added, 50):.2f} / "
+            f"{_pct(added, 95):.2f} / {max(added):.2f} | {cpu_ms:.3f} |"
         )
-    default = next(r for r in rows if r[0] == keys.outbox_batch and r[1] == "single")
-    loaded = next(r for r in rows if r[0] == keys.outbox_batch and r[1] == "load")
-    print(f"RESULT scale_outbox_added_ms_p50 {_pct(default[3], 50):.3f}")
-    print(f"RESULT scale_outbox_added_ms_p95 {_pct(default[3], 95):.3f}")
-    print(f"RESULT scale_outbox_load_added_ms_p50 {_pct(loaded[3], 50):.3f}")
-    print(f"RESULT scale_outbox_relay_cpu_ms_per_dispatch {loaded[4]:.3f}")
+    default = [r for r in rows if r[0] == keys.outbox_batch and r[1] == "loop"]
+    single, loaded = (next(r for r in default if r[2] == p) for p in ("single", "load"))
+    print(f"RESULT scale_outbox_added_ms_p50 {_pct(single[4], 50):.3f}")
+    print(f"RESULT scale_outbox_added_ms_p95 {_pct(single[4], 95):.3f}")
+    print(f"RESULT scale_outbox_load_added_ms_p50 {_pct(loaded[4], 50):.3f}")
+    print(f"RESULT scale_outbox_relay_cpu_ms_per_dispatch {loaded[5]:.3f}")
 
 
 if __name__ == "__main__":

@@ -59,8 +59,8 @@ async def _add(client: Redis, *entries: OutboxEntry) -> None:
 
 
 class _Recording:
-    """A publisher that keeps what it was given; ``fail_after``: raises once after sending
-    that many entries of a batch."""
+    """A publisher that keeps what it was given; ``fail_after``: raises once, when that many
+    entries have been sent."""
 
     def __init__(self, fail_after: int | None = None) -> None:
         self.sent: list[OutboxEntry] = []
@@ -68,7 +68,7 @@ class _Recording:
 
     def publish(self, entries: Sequence[OutboxEntry]) -> None:
         for index, entry in enumerate(entries):
-            if self.fail_after is not None and index == self.fail_after:
+            if self.fail_after is not None and len(self.sent) == self.fail_after:
                 self.fail_after = None
                 raise PublishError("broker unreachable (test)", sent=index)
             self.sent.append(entry)
@@ -189,14 +189,19 @@ def test_a_dead_relays_entries_are_taken_over_once_idle(redis_url: str, redis_cl
     asyncio.run(scenario())
 
 
-def test_a_failed_send_leaves_the_rest_for_a_retry(redis_url: str, redis_client: Any) -> None:
+@pytest.mark.parametrize("in_thread", [False, True], ids=["on-loop", "in-thread"])
+def test_a_failed_send_leaves_the_rest_for_a_retry(
+    redis_url: str, redis_client: Any, in_thread: bool
+) -> None:
     """A send failing mid-batch removes what went out and keeps the rest pending; the relay
     sends those first on its next round, before anything new."""
 
     async def scenario() -> None:
         async with redis_client() as client:
             publisher = _Recording(fail_after=1)
-            relay = OutboxRelay(client, publisher, "r1", block_ms=1)
+            relay = OutboxRelay(
+                client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1
+            )
             await relay.ensure_group()
             await _add(client, *map(_entry, range(3)))
             with pytest.raises(PublishError):
