@@ -164,12 +164,17 @@ def test_a_call_whose_worker_is_killed_is_run_by_another(cluster: Cluster, amqp_
     """A worker killed (SIGKILL) while it runs a call never acknowledged it: the quorum queue
     delivers it again, to the other worker, which runs it and answers once."""
     first = _worker(cluster, amqp_url, "w1", concurrency=1)
-    request = _command_call(cluster, "echo started >> runs.txt; sleep 3; echo finished")
+    # Each run says it started, then waits for `go`: the first one is still running when its
+    # worker is killed, however long the second worker takes to start.
+    command = "echo started >> runs.txt; while [ ! -e go ]; do sleep 0.1; done; echo finished"
+    request = _command_call(cluster, command)
     runs = Path(request.workspace) / "runs.txt"
     _publisher(cluster, amqp_url).send_task(keys.tool_task_name, args=[request.model_dump_json()])
     wait_until(runs.exists, 60, "the first worker to start the call")
     _worker(cluster, amqp_url, "w2", concurrency=1)
     _kill_worker(first)
+    wait_until(lambda: runs.read_text().count("started") == 2, 60, "the call to run again")
+    (Path(request.workspace) / "go").touch()
     assert "finished" in _observed(cluster, request), cluster.logs()
     assert runs.read_text().splitlines() == ["started", "started"]
 
