@@ -41,9 +41,9 @@ run: $(STAMP)
 	$(VENV)/bin/orga run examples/bugfix/task.yaml
 	$(VENV)/bin/orga run examples/wanderer/task.yaml || test $$? -eq 3
 
-# Flower against the configured broker (ORGA_REDIS_URL), with basic auth.
+# Flower against the workers' broker (ORGA_BROKER_URL, else ORGA_REDIS_URL), with basic auth.
 flower: $(STAMP)
-	@test -n "$$ORGA_REDIS_URL" || (echo "set ORGA_REDIS_URL to the broker Flower should watch" && exit 2)
+	@test -n "$$ORGA_REDIS_URL" || (echo "set ORGA_REDIS_URL (and ORGA_BROKER_URL when Celery's broker is not that Redis) to the deployment Flower should watch" && exit 2)
 	$(VENV)/bin/celery -A workers flower --port=$${FLOWER_PORT:-5555} \
 		--basic-auth=$${FLOWER_BASIC_AUTH:-admin:change-me}
 

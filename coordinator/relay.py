@@ -86,14 +86,14 @@ class CeleryPublisher:
 
     @classmethod
     def from_settings(cls, settings: OrgaSettings) -> CeleryPublisher:
-        """A publisher to the broker ``settings.redis_url``."""
+        """A publisher to the workers' broker: ``settings.broker_url``, else ``redis_url``."""
         if settings.redis_url is None:
             raise ConfigError(
                 "ORGA_REDIS_URL is not set: the coordinator's relay sends dispatches to the "
                 "Celery broker on the Redis it uses (e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0)"
             )
         app = Celery("orga-relay", set_as_current=False)
-        app.conf.update(celery_config(settings, settings.redis_url))
+        app.conf.update(celery_config(settings, settings.broker_url or settings.redis_url))
         return cls(app)
 
     def publish(self, entries: Sequence[OutboxEntry]) -> None:

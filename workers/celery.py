@@ -5,6 +5,8 @@ Settings are read here, once, at the process edge, and so are the model keys a r
 is handed through a socket (:mod:`workers.key_handoff`). JSON is the only serializer; tasks are
 acknowledged late and rejected (requeued) when their worker process dies; each process
 prefetches one message; reasoning and tools have their own queues so each scales on its own.
+The broker is ``ORGA_BROKER_URL`` (else ``ORGA_REDIS_URL``): on Redis, kombu's Redis transport
+as :mod:`workers.broker` extends it; on RabbitMQ, kombu's py-amqp transport and quorum queues.
 A worker refuses to start on a Redis that may evict keys (a bootstep of the worker's blueprint,
 :class:`~workers.redis_policy.EvictionCheck`).
 """
@@ -47,9 +49,11 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
             "ORGA_REDIS_URL is not set: the workers need the Redis that the coordinator uses "
             "(e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0); `orga run` sets it for you"
         )
+    broker_url = settings.broker_url or settings.redis_url  # ORGA_BROKER_URL's default
     celery = Celery("orga", include=["workers.tasks"])
-    celery.conf.update(celery_config(settings, settings.redis_url))
-    serve_redis_urls()  # redis:// is workers.broker's transport (survives Redis out of memory)
+    celery.conf.update(celery_config(settings, broker_url))
+    # redis:// is workers.broker's transport (survives Redis out of memory); amqp:// is kombu's
+    serve_redis_urls()
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
     celery.steps["worker"].add(EvictionCheck)
