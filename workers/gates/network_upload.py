@@ -122,7 +122,11 @@ def _tokens(command: str) -> list[str]:
     try:
         return _shlex(text)
     except ValueError:
+        pass
+    try:
         return _shlex(normalise_command(text).replace("\\", " "))
+    except ValueError:  # a quote normalising leaves unbalanced (``'"curl``): drop every quote
+        return _shlex(_QUOTING.sub(" ", normalise_command(text)))
 
 
 def _shlex(text: str) -> list[str]:
@@ -216,18 +220,17 @@ def _judge(simple: _Simple, depth: int) -> Upload | None:
             upload = _find(body, depth + 1)
             if upload is not None:
                 return upload
-    if simple.after_substitution:
-        upload = _sends_a_file(simple.words)
-        if upload is not None:
-            return Upload(
-                "$(...)",
-                f"runs a program named by a substitution's output, which {upload.explanation}",
-            )
-    if simple.find_rest:
+    upload = _judge_words(simple.words, simple.stdin, depth)
+    if upload is None and simple.find_rest:
         upload = _judge_words(["find", *simple.words], simple.stdin, depth)
-        if upload is not None:
-            return upload
-    return _judge_words(simple.words, simple.stdin, depth)
+    if upload is None and simple.after_substitution:
+        sends = _sends_a_file(simple.words)
+        if sends is not None:
+            upload = Upload(
+                "$(...)",
+                f"runs a program named by a substitution's output, which {sends.explanation}",
+            )
+    return upload
 
 
 def _judge_words(all_words: list[str], stdin: str | None, depth: int) -> Upload | None:
@@ -359,12 +362,13 @@ def _script(program: str, arguments: list[str]) -> str | None:
     return None
 
 
-def _command_option(arguments: list[str]) -> Iterator[str]:
+def _command_option(arguments: list[str]) -> Iterator[str | list[str]]:
     """The command of ``su -c CMD`` / ``runuser -c CMD`` / ``script -qc CMD`` (also
-    ``--command=CMD``), run by a shell."""
+    ``--command=CMD``), run by a shell; the words after ``--`` (``runuser -u USER -- CMD``)."""
     words = iter(arguments)
     for word in words:
-        if word == "--":
+        if word == "--":  # runuser -u USER -- COMMAND ARGS
+            yield list(words)
             return
         if word.startswith("--command="):
             yield word.partition("=")[2]
