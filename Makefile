@@ -41,9 +41,9 @@ run: $(STAMP)
 	$(VENV)/bin/orga run examples/bugfix/task.yaml
 	$(VENV)/bin/orga run examples/wanderer/task.yaml || test $$? -eq 3
 
-# Flower against the configured broker (ORGA_REDIS_URL), with basic auth.
+# Flower against the workers' broker (ORGA_BROKER_URL, else ORGA_REDIS_URL), with basic auth.
 flower: $(STAMP)
-	@test -n "$$ORGA_REDIS_URL" || (echo "set ORGA_REDIS_URL to the broker Flower should watch" && exit 2)
+	@test -n "$$ORGA_REDIS_URL" || (echo "set ORGA_REDIS_URL (and ORGA_BROKER_URL when Celery's broker is not that Redis) to the deployment Flower should watch" && exit 2)
 	$(VENV)/bin/celery -A orga flower --port=$${FLOWER_PORT:-5555} \
 		--basic-auth=$${FLOWER_BASIC_AUTH:-admin:change-me}
 
@@ -58,6 +58,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/tracker_cost.py
 	$(PY) bench/stagnation_eval.py
 	$(PY) bench/primitives_bench.py
+	$(PY) bench/outbox_bench.py
 	$(PY) bench/runtime_bench.py
 	$(PY) bench/slow_model_bench.py
 	$(PY) bench/slow_model_bench.py --fairness

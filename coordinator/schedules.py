@@ -118,14 +118,12 @@ class ScheduleBook:
             names = sorted(cast("list[str]", self.redis.hkeys(keys.schedules_key)))
             known = ", ".join(repr(n) for n in names) or "none"
             raise ScheduleNotFoundError(f"no schedule {name!r}; known schedules: {known}")
-        return Schedule.model_validate_json(raw)
+        return Schedule.from_stored(raw)
 
     def views(self) -> list[ScheduleView]:
         """Every schedule with its next fire time and its last fire, by name."""
         raw = cast("dict[str, str]", self.redis.hgetall(keys.schedules_key))
-        schedules = sorted(
-            (Schedule.model_validate_json(v) for v in raw.values()), key=lambda s: s.name
-        )
+        schedules = sorted((Schedule.from_stored(v) for v in raw.values()), key=lambda s: s.name)
         names = [s.name for s in schedules]
         due = self.redis.zmscore(keys.schedules_due_key, names) if names else []
         fired = cast(
@@ -269,7 +267,7 @@ class Scheduler:
         if raw is None:  # removed meanwhile
             await self._move(name, due_at, None, None)
             return None
-        schedule = Schedule.model_validate_json(raw)
+        schedule = Schedule.from_stored(raw)
         plan = plan_fire(schedule, due_at, now, self.grace_s)
         if plan.fire_at is None:
             if plan.missed:
@@ -325,7 +323,7 @@ class Scheduler:
                 await self._release(keys=[keys.schedules_queued_key, keys.schedule_fires_key],
                                     args=[name, text, ""])  # fmt: skip
                 continue
-            schedule = Schedule.model_validate_json(raw)
+            schedule = Schedule.from_stored(raw)
             fire_at = float(json.loads(text)["fire_at"])
             task_id, fire = await self._submit(schedule, fire_at, now, queued=True)
             await self._release(keys=[keys.schedules_queued_key, keys.schedule_fires_key],

@@ -1,6 +1,6 @@
 """The coordinator process: intake, observations, control, deadlines and leases.
 
-Five loops share one Redis connection pool:
+Six loops share one Redis connection pool:
 
 - **intake**: ``XREADGROUP`` on ``orga:intake``; a malformed task goes to ``orga:rejected`` with
   its validation error and is acknowledged; a valid one is persisted (idempotency key honoured)
@@ -12,6 +12,8 @@ Five loops share one Redis connection pool:
 - **control**: review decisions and cancellations sent by the CLI.
 - **ticks**: lease renewal and takeover, observation deadlines, review deadlines.
 - **schedules**: due schedules are submitted to the intake (:mod:`coordinator.schedules`).
+- **relay** (with a ``publisher``): the outbox's dispatches are sent to Celery
+  (:mod:`coordinator.relay`).
 
 A task naming an agent (``agent: NAME``) is merged with the registered profile before it is
 validated (:mod:`coordinator.agents`).
@@ -23,10 +25,11 @@ entry poison: the entries not handled get their delivery back and the loops back
 answering NOGROUP (restarted empty) makes the coordinator recreate its groups and write a
 ``state_lost`` event.
 
-Dispatches are Celery messages pushed by the same atomic commit that saves the state expecting
-them (:mod:`coordinator.dispatch`): a crash leaves either both or neither. A dispatch lost later
-(a worker killed mid-task past its redelivery) is re-sent at the state's deadline, and the fence
-makes the eventual observation apply once.
+Dispatches are appended to the outbox stream by the same atomic commit that saves the state
+expecting them (:mod:`shared.outbox`): a crash leaves either both or neither. A sixth loop, the
+relay (:mod:`coordinator.relay`), sends them to Celery and removes them, at least once. A
+dispatch lost later (a worker killed mid-task past its redelivery) is re-sent at the state's
+deadline, and the fence makes the eventual observation apply once.
 """
 
 from __future__ import annotations
@@ -58,19 +61,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from coordinator.agents import resolve_task_text
-from coordinator.dispatch import CeleryDispatcher
 from coordinator.liveness import Liveness
 from coordinator.logs import RateGate
 from coordinator.machine import PLAN_FENCE_STEP, Effects, MachineSettings, TaskMachine, decide
 from coordinator.machine.delegation import rejected_child
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
+from coordinator.relay import OutboxRelay
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
 from coordinator.transport import Transport
 from shared import keys
-from shared.celery_wire import check_versions
 from shared.delegation import ParentLink, parent_link
 from shared.errors import WireFormatError
 from shared.eviction import (
@@ -80,6 +82,7 @@ from shared.eviction import (
     policy_from_info,
     redis_address,
 )
+from shared.outbox import dispatch_entries
 from shared.protocol import (
     AnyMessage,
     Fence,
@@ -165,8 +168,10 @@ class Coordinator:
     """One coordinator process; several may run against the same Redis."""
 
     redis: Redis
-    dispatcher: Transport = field(default_factory=CeleryDispatcher)
-    """How this coordinator's dispatches reach the workers (:mod:`coordinator.transport`)."""
+    publisher: Transport | None = None
+    """How the outbox's dispatches reach the workers (:mod:`coordinator.transport`; Celery's:
+    :class:`~coordinator.relay.CeleryPublisher`); None: this process runs no relay (another
+    coordinator's relay sends them)."""
     settings: CoordinatorSettings = field(default_factory=CoordinatorSettings)
     name: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -176,7 +181,6 @@ class Coordinator:
     """Fires due schedules (:mod:`coordinator.schedules`); None: one on the real clock."""
 
     def __post_init__(self) -> None:
-        check_versions()  # the commit script writes Celery messages in kombu's layout
         # This store keeps each conversation in Redis: reasoning requests carry a reference.
         machine = replace(self.settings.machine, conversation_by_reference=True)
         self.settings = replace(self.settings, machine=machine)
@@ -186,6 +190,11 @@ class Coordinator:
             self.redis,
             journal_maxlen=self.settings.journal_maxlen,
             events_maxlen=self.settings.events_maxlen,
+        )
+        self.relay = (
+            OutboxRelay(self.redis, self.publisher, self.name)
+            if self.publisher is not None
+            else None
         )
         self._last_purge = 0.0
         self._held: set[str] = set()
@@ -207,7 +216,8 @@ class Coordinator:
         """Run every loop until ``stop()`` (refused at once on a Redis that evicts keys)."""
         await check_redis_keeps_keys(self.redis)
         await self._ensure_groups()
-        loops = [
+        loops = [self.relay.run(self._stopping)] if self.relay is not None else []
+        loops += [
             self._loop(self._intake_once),
             self._loop(self._observations_once),
             self._loop(self._control_once),
@@ -262,6 +272,8 @@ class Coordinator:
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+        if self.relay is not None:
+            created += await self.relay.ensure_group()
         return created
 
     async def _state_lost(self, exc: ResponseError) -> None:
@@ -845,10 +857,10 @@ class Coordinator:
                 return None
             delta = self.store.conversation_delta(machine.record)
             effects.stamped(machine.record.conversation_epoch)
-            messages = self.dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
+            dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
             owner = self.name if task_id in self._held else ""  # a task that ends is released
             return self.store.prepare(
-                machine.record, effects, ack, messages, delta=delta, lease_owner=owner
+                machine.record, effects, ack, dispatches, delta=delta, lease_owner=owner
             )
         raise CommitConflictError(f"task {task_id}: judged 20 times on records changed since")
 

@@ -5,11 +5,11 @@ state, acknowledges the stream entry that caused the change, appends the journal
 the stream id ``0-{sequence+1}``, like :class:`workers.journal.RedisStreamJournal`), the
 lifecycle events, the review items and the dead letters, the sub-agent tasks it submits to the
 intake, a finished sub-agent's result for its parent (on the observations stream) and the
-cancellations of its running children (on the control stream), and pushes the Celery messages
-of the dispatches the new state awaits (:mod:`coordinator.dispatch`). A coordinator killed at any
-moment therefore leaves either the old state with the entry still pending (it is redelivered and
-applied) or the new state with the entry acknowledged and its work queued: never half of it,
-and never twice.
+cancellations of its running children (on the control stream), and appends the dispatches the
+new state awaits to the outbox stream (:mod:`shared.outbox`; a relay sends them to Celery,
+:mod:`coordinator.relay`). A coordinator killed at any moment therefore leaves either the old
+state with the entry still pending (it is redelivered and applied) or the new state with the
+entry acknowledged and its work in the outbox: never half of it, and never twice.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from pydantic import TypeAdapter
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from coordinator.dispatch import QueuedMessage
 from coordinator.machine import Effects
 from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
 from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
+from shared.outbox import OutboxEntry
 from shared.protocol import encode_entry
 from shared.task_spec import TaskSpec
 
@@ -89,10 +89,12 @@ end
 for _, c in ipairs(extra.cancels) do
   redis.call('XADD', KEYS[15], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
 end
-for i, queue in ipairs(extra.dispatches) do redis.call('LPUSH', KEYS[16 + queue], ARGV[8 + i]) end
+for i, head in ipairs(extra.outbox) do
+  redis.call('XADD', KEYS[17], '*', 'payload', ARGV[8 + i], unpack(head))
+end
 local conversation = extra.conversation
 if conversation.rewrite then redis.call('DEL', KEYS[12]) end
-local first = 8 + #extra.dispatches
+local first = 8 + #extra.outbox
 for j = 1, conversation.count do redis.call('RPUSH', KEYS[12], ARGV[first + j]) end
 if extra.terminal then
   redis.call('HSET', KEYS[1], 'finished_at', extra.now)
@@ -399,19 +401,22 @@ class TaskStore:
         record: TaskRecord,
         effects: Effects,
         ack: tuple[str, str, str] | None = None,
-        messages: Sequence[QueuedMessage] = (),
+        dispatches: Sequence[OutboxEntry] = (),
         delta: ConversationDelta | None = None,
         *,
         lease_owner: str = "",
     ) -> None:
-        """Write ``record`` (version + 1) with its effects and push ``messages``, atomically,
-        with the conversation's new messages (``delta``, else :meth:`conversation_delta`).
+        """Write ``record`` (version + 1) with its effects and append ``dispatches`` to the
+        outbox, atomically, with the conversation's new messages (``delta``, else
+        :meth:`conversation_delta`).
         A terminal record's lease is released in the same script when ``lease_owner`` holds
         it (as :meth:`release_lease`, one round trip less).
 
         Raises CommitConflictError when another coordinator committed first.
         """
-        pending = self.prepare(record, effects, ack, messages, delta=delta, lease_owner=lease_owner)
+        pending = self.prepare(
+            record, effects, ack, dispatches, delta=delta, lease_owner=lease_owner
+        )
         await self.commit_prepared(pending)
 
     def prepare(
@@ -419,7 +424,7 @@ class TaskStore:
         record: TaskRecord,
         effects: Effects,
         ack: tuple[str, str, str] | None = None,
-        messages: Sequence[QueuedMessage] = (),
+        dispatches: Sequence[OutboxEntry] = (),
         *,
         delta: ConversationDelta | None = None,
         lease_owner: str = "",
@@ -434,8 +439,7 @@ class TaskStore:
         record.version += 1
         state = self._state_json(record)
         extra = self._extra(record, effects)
-        queues = list(dict.fromkeys(m.queue for m in messages))
-        extra["dispatches"] = [queues.index(m.queue) + 1 for m in messages]
+        extra["outbox"] = [d.head() for d in dispatches]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         extra["delete_acked"] = stream == keys.observations_stream
         extra["lease_owner"] = lease_owner
@@ -456,7 +460,7 @@ class TaskStore:
             keys.observations_stream,
             keys.control_stream,
             keys.lease_key(record.task_id),
-            *queues,
+            keys.outbox_stream(),
         ]
         args: list[str | bytes] = [
             expected,
@@ -467,7 +471,7 @@ class TaskStore:
             stream,
             group,
             orjson.dumps(extra),
-            *(m.body for m in messages),
+            *(d.payload for d in dispatches),
             *delta.messages,
         ]
         return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size, stored)

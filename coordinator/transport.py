@@ -1,17 +1,17 @@
 """The transport seam: how the dispatches of a commit reach the workers.
 
 The coordinator decides; moving its dispatches to the workers' queues is the transport's job,
-behind this one Protocol, as httpx keeps every transport behind ``BaseTransport``: the
-coordinator (:class:`coordinator.service.Coordinator`, its ``dispatcher``) knows
-:class:`Transport` only, and a test gives it a transport of its own.
+behind this one-method Protocol, as httpx keeps every transport behind ``BaseTransport``. A
+commit appends its dispatches to the outbox stream (:mod:`shared.outbox`) atomically with the
+state that awaits them; the relay (:class:`coordinator.relay.OutboxRelay`) reads them and hands
+each batch to a :class:`Transport`, which sends them to the task queues. The coordinator and
+the relay know :class:`Transport` only (``Coordinator.publisher``); a test gives them a
+transport of its own.
 
-The one implementation today is :class:`coordinator.dispatch.CeleryDispatcher`: Celery
-messages in kombu's Redis layout (:mod:`shared.celery_wire`), which the commit script of
-:meth:`coordinator.store.TaskStore.commit` pushes with the state that awaits them, so a
-dispatch is sent exactly once per committed state. The workers' side of the same transport is
-:mod:`workers.broker` (the kombu transport a worker consumes with). Inside the coordinator,
-only the transport modules (this one and :mod:`coordinator.dispatch`) may import Celery or
-kombu (``tests/test_layers.py``).
+The one implementation today is :class:`coordinator.relay.CeleryPublisher`:
+``Celery.send_task`` over the configured broker (Redis, or RabbitMQ with ``ORGA_BROKER_URL``).
+Inside the coordinator only the transport modules (this one and :mod:`coordinator.relay`) may
+import Celery or kombu (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -19,18 +19,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from shared.celery_wire import QueuedMessage
-from shared.protocol import ReasonRequest, ToolRequest
+from shared.errors import OrgaError
+from shared.outbox import OutboxEntry
 
-__all__ = ["QueuedMessage", "Transport"]
+__all__ = ["OutboxEntry", "PublishError", "Transport"]
+
+
+class PublishError(OrgaError):
+    """A send to the broker failed; ``sent`` entries of the batch (the first ones) went out."""
+
+    def __init__(self, message: str, sent: int) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 @runtime_checkable
 class Transport(Protocol):
-    """Turns the dispatches of one commit into the broker messages that commit writes."""
+    """Sends outbox entries to the task queues (blocking; called by the relay)."""
 
-    def messages(
-        self, reasons: Sequence[ReasonRequest], tools: Sequence[ToolRequest]
-    ) -> list[QueuedMessage]:
-        """The messages that send these requests, in order."""
+    def publish(self, entries: Sequence[OutboxEntry]) -> None:
+        """Send ``entries`` in order; on a failure raise :class:`PublishError` saying how many
+        of the first ones were sent."""
         ...

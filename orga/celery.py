@@ -6,6 +6,8 @@ Settings are read here, once, at the process edge, and so are the model keys a r
 is handed through a socket (:mod:`workers.key_handoff`). JSON is the only serializer; tasks are
 acknowledged late and rejected (requeued) when their worker process dies; each process
 prefetches one message; reasoning and tools have their own queues so each scales on its own.
+The broker is ``ORGA_BROKER_URL`` (else ``ORGA_REDIS_URL``): on Redis, kombu's Redis transport
+as :mod:`workers.broker` extends it; on RabbitMQ, kombu's py-amqp transport and quorum queues.
 A worker refuses to start on a Redis that may evict keys (a bootstep of the worker's blueprint,
 :class:`~workers.redis_policy.EvictionCheck`).
 """
@@ -19,7 +21,6 @@ from typing import Any
 from celery import Celery
 from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
 
-from shared.celery_wire import check_versions
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, TelemetrySettings, celery_config
 from workers import key_handoff
@@ -43,16 +44,17 @@ request: quiet unless ``ORGA_LOG_EACH_TASK`` is set."""
 def create_app(settings: OrgaSettings | None = None) -> Celery:
     """A Celery app configured from ``settings`` (read from the environment by default)."""
     settings = settings or OrgaSettings()
-    check_versions()
     check_exporters(TelemetrySettings())  # a typo stops the worker now, not each dispatch
     if settings.redis_url is None:
         raise ConfigError(
             "ORGA_REDIS_URL is not set: the workers need the Redis that the coordinator uses "
             "(e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0); `orga run` sets it for you"
         )
+    broker_url = settings.broker_url or settings.redis_url  # ORGA_BROKER_URL's default
     celery = Celery("orga", include=["workers.tasks"])
-    celery.conf.update(celery_config(settings, settings.redis_url))
-    serve_redis_urls()  # redis:// is workers.broker's transport (survives Redis out of memory)
+    celery.conf.update(celery_config(settings, broker_url))
+    # redis:// is workers.broker's transport (survives Redis out of memory); amqp:// is kombu's
+    serve_redis_urls()
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
     celery.steps["worker"].add(EvictionCheck)

@@ -579,6 +579,14 @@ def review_decide(
         str | None, typer.Option(metavar="TEXT", help="With --retry: a hint the model will read.")
     ] = None,
     as_json: JsonFlag = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="On the embedded runtime, how long to follow the task after the decision; "
+            "then it is cancelled and the command exits 4, as `orga run --timeout` does.",
+        ),
+    ] = 3600.0,
 ) -> None:
     """Decide an escalation: --retry [--hint TEXT], --skip or --abort; a step's result (a
     critic review): --approve or --revise REASON."""
@@ -602,7 +610,7 @@ def review_decide(
         if not as_json:
             _say(f"decision {decision} applied to task {task_id}")
         if embedded:
-            return _follow_decided(client, task_id, as_json)
+            return _follow_decided(client, task_id, as_json, timeout)
         data = {"task_id": task_id, "decision": decision, **client.status(task_id)}
         if as_json:
             out.print_json(json.dumps(data))
@@ -615,11 +623,14 @@ def review_decide(
     _exit_after_decision(decision, data)
 
 
-def _follow_decided(client: OrgaClient, task_id: str, as_json: bool) -> dict[str, Any]:
-    """The embedded runtime runs the task on from the decision: follow it, print its result
-    (a command told to stop cancels it first, as `orga run` does)."""
+def _follow_decided(
+    client: OrgaClient, task_id: str, as_json: bool, timeout: float
+) -> dict[str, Any]:
+    """The embedded runtime runs the task on from the decision: follow it for ``timeout``
+    seconds, print its result (a command told to stop, or out of time, cancels it first, as
+    `orga run` does)."""
     try:
-        final = _follow(client, task_id, 3600, quiet=as_json)
+        final = _follow(client, task_id, timeout, quiet=as_json)
     except _Unfinished as unfinished:
         return _left_unfinished(client, unfinished, as_json, embedded=True)
     data = client.result(task_id)
@@ -656,6 +667,7 @@ def coordinator() -> None:
     from redis.asyncio import Redis
 
     from coordinator.metrics import serve_metrics
+    from coordinator.relay import CeleryPublisher
     from coordinator.service import Coordinator
 
     url = _require_url()
@@ -672,6 +684,7 @@ def coordinator() -> None:
             client,
             settings=coordinator_settings(settings),
             metrics=metrics,
+            publisher=CeleryPublisher.from_settings(settings.model_copy(update={"redis_url": url})),
         )
         where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 
 from coordinator.liveness import LivenessSettings
 from coordinator.machine import MachineSettings
+from coordinator.relay import CeleryPublisher
 from coordinator.service import Coordinator, CoordinatorSettings
 from orga import topology
 from orga.embedded_redis import EmbeddedRedis
@@ -105,7 +106,11 @@ class EmbeddedRuntime:
             self._workers = self._spawn_workers()
         self._client = Redis.from_url(self.url)
         settings = self.runtime_settings
-        self._coordinator = Coordinator(self._client, settings=coordinator_settings(settings))
+        self._coordinator = Coordinator(
+            self._client,
+            settings=coordinator_settings(settings),
+            publisher=CeleryPublisher.from_settings(settings),
+        )
         self._task = asyncio.create_task(self._coordinator.run())
         return self
 

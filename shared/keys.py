@@ -14,9 +14,12 @@ Streams
     ``orga:dead_letter``         poison messages and dead-lettered tool calls
     ``orga:journal:{task_id}``   the journal of one task (``journal_stream(task_id)``)
     ``orga:control``             review decisions and cancellations sent by the CLI
+    ``orga:outbox``              dispatches committed and not yet published to Celery
+                                 (``outbox_stream()``; never trimmed: see ``outbox_maxlen``)
 
 Consumer groups
     ``orga-coordinators``        the coordinators reading the intake and observations streams
+    ``orga-relays``              the coordinators' outbox relays reading ``orga:outbox``
 
 Keys
     ``orga:task:{task_id}``      hash: the persisted state of a task (``task_key``)
@@ -126,6 +129,12 @@ __all__ = [
     "observations_maxlen",
     "observations_stream",
     "open_reviews_key",
+    "outbox_batch",
+    "outbox_claim_idle_ms",
+    "outbox_group",
+    "outbox_maxlen",
+    "outbox_stream",
+    "outbox_stream_name",
     "provider_limit_key",
     "provider_limit_key_prefix",
     "provider_wait_key",
@@ -176,6 +185,8 @@ control_stream: Final = "orga:control"
 # -- consumer groups -----------------------------------------------------------------------
 
 coordinator_group: Final = "orga-coordinators"
+outbox_group: Final = "orga-relays"
+"""The coordinators' outbox relays: each reads ``outbox_stream()`` as its own consumer."""
 
 # -- keys ----------------------------------------------------------------------------------
 
@@ -223,6 +234,21 @@ observations_maxlen: Final = 100_000
 rejected_maxlen: Final = 10_000
 dead_letter_maxlen: Final = 100_000
 
+outbox_maxlen: Final = None
+"""The outbox is never trimmed (no ``MAXLEN`` on its ``XADD``): ``MAXLEN`` drops the oldest
+entries whether or not they were published, and an entry dropped unpublished is a dispatch
+lost until its task's observation deadline. A relay removes each entry (``XACK`` + ``XDEL``)
+once Celery has it, so the stream holds only what waits for a relay."""
+
+# -- the outbox relay -------------------------------------------------------------------------
+
+outbox_stream_name: Final = "orga:outbox"
+outbox_batch: Final = 64
+"""Entries a relay reads, publishes and removes at a time."""
+outbox_claim_idle_ms: Final = 10_000
+"""An entry a relay read and did not remove for this long is taken over (``XAUTOCLAIM``) and
+published again by another relay: its relay died, or its publish hung."""
+
 # -- TTLs ----------------------------------------------------------------------------------
 
 lease_ttl_s: Final = 30
@@ -242,6 +268,12 @@ inbox_login_window_s: Final = 60
 """The window in which an inbox login's failures are counted."""
 """How long the claim of a decided review is kept (a late second decision is refused by it)."""
 """Liveness entries (running, answered) older than this are trimmed by the coordinators."""
+
+
+def outbox_stream() -> str:
+    """The outbox stream: ``orga:outbox`` (one for now; a function so that it can become one
+    per partition)."""
+    return outbox_stream_name
 
 
 def journal_stream(task_id: str) -> str:

@@ -20,13 +20,15 @@ starts with ``*`` (``*/15 * * * *``, ``0 * * * *``, ``* 1 * * *``), runs on the 
 in the repeated hour it fires again, and the skipped times do not fire.
 
 ``overlap`` says what a fire does while the schedule's previous run is still going (the
-coordinator decides, :mod:`coordinator.schedules`): ``allow`` submits it anyway, ``skip`` (the
-default) drops it, ``queue`` keeps one fire, the first that came due, and submits it when the
-run ends (Temporal's ``BUFFER_ONE``); later fires while one waits are dropped.
+coordinator decides, :mod:`coordinator.schedules`): ``allow`` submits it anyway (what a
+schedule stored before ``overlap`` existed keeps doing), ``skip`` (the default) drops it,
+``queue`` keeps one fire, the first that came due, and submits it when the run ends
+(Temporal's ``BUFFER_ONE``); later fires while one waits are dropped.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Iterator
@@ -73,6 +75,16 @@ class Schedule(BaseModel):
     task: dict[str, Any]
     paused: bool = False
     created_at: float = 0.0
+
+    @classmethod
+    def from_stored(cls, raw: str | bytes) -> Schedule:
+        """A schedule read back from where it was stored. One stored before ``overlap``
+        existed keeps what it did then: every fire is submitted (``allow``); new schedules
+        default to ``skip``."""
+        data = json.loads(raw)
+        if isinstance(data, dict):
+            data.setdefault("overlap", "allow")
+        return cls.model_validate(data)
 
     @field_validator("cron")
     @classmethod

@@ -14,7 +14,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
 
-__all__ = ["BROKER_SOCKET_TIMEOUT_S", "OrgaSettings", "TelemetrySettings", "celery_config"]
+__all__ = [
+    "AMQP_SCHEMES",
+    "BROKER_SOCKET_TIMEOUT_S",
+    "OrgaSettings",
+    "TelemetrySettings",
+    "celery_config",
+    "is_amqp",
+]
 
 
 class OrgaSettings(BaseSettings):
@@ -26,6 +33,12 @@ class OrgaSettings(BaseSettings):
         default=None,
         description="Redis for state, streams and the Celery broker; unset: `orga run` starts "
         "a private one",
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="Celery's broker, when it is not ORGA_REDIS_URL: another Redis "
+        "(`redis://`, `rediss://`) or RabbitMQ (`amqp://`, `amqps://`, `pyamqp://`; the queues "
+        "are quorum queues)",
     )
     workspace_root: str = Field(
         default_factory=lambda: str(Path.home() / ".orga" / "workspaces"),
@@ -228,13 +241,28 @@ BROKER_SOCKET_TIMEOUT_S = 30.0
 """How long one broker command may wait for Redis before it fails (and is retried)."""
 
 
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
+"""Broker URL schemes that mean RabbitMQ (kombu's py-amqp transport)."""
+
+
+def is_amqp(broker_url: str) -> bool:
+    """Whether ``broker_url`` names a RabbitMQ broker (``amqp://``, ``amqps://``,
+    ``pyamqp://``) rather than a Redis one."""
+    scheme, _, _ = broker_url.partition("://")
+    return scheme.lower() in AMQP_SCHEMES
+
+
 def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
     """The Celery configuration shared by the worker app and the coordinator's client app.
 
     JSON only (never pickle), late acknowledgement with redelivery when a worker dies, one
     message prefetched per process, separate queues for reasoning and for tools (a worker
-    without ``-Q`` serves both).
+    without ``-Q`` serves both). On RabbitMQ (:func:`is_amqp`) the two queues are quorum
+    queues on topic exchanges (Celery then applies its prefetch per consumer, as quorum queues
+    require, and delays retries with RabbitMQ's native delayed delivery) and every publish
+    waits for the broker's confirm.
     """
+    amqp = is_amqp(broker_url)
     return {
         "broker_url": broker_url,
         "result_backend": None,
@@ -249,22 +277,17 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
         # Declared, so that a worker started without -Q (`celery -A orga worker`) consumes
         # both; -Q picks some of them. (A dict: Celery builds the kombu queues from it.)
         "task_queues": {
-            queue: {"exchange": queue, "routing_key": queue}
+            queue: _amqp_queue(queue) if amqp else {"exchange": queue, "routing_key": queue}
             for queue in (keys.reasoning_queue, keys.tools_queue)
         },
         "task_routes": {
             keys.reason_task_name: {"queue": keys.reasoning_queue},
             keys.tool_task_name: {"queue": keys.tools_queue},
         },
-        # Socket timeouts: a half-open connection to the broker fails a command (which Celery
-        # and kombu retry on a new connection) instead of blocking its caller for the
-        # kernel's TCP timeout (about 15 minutes). kombu's BRPOP waits 1 s at most.
-        "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout_s,
-            "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
-            "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
-            "socket_keepalive": True,
-        },
+        "broker_transport_options": (
+            _amqp_transport_options() if amqp else _redis_transport_options(settings)
+        ),
+        "worker_detect_quorum_queues": True,
         "broker_connection_retry_on_startup": True,
         # Task events (Flower's task list): on unless ORGA_TASK_EVENTS=false, which saves
         # their broker messages (`-E` still turns them on for one worker).
@@ -272,4 +295,36 @@ def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+    }
+
+
+def _amqp_queue(queue: str) -> dict[str, Any]:
+    """A RabbitMQ queue: durable and replicated (quorum), bound to a topic exchange of its own
+    name (Celery's native delayed delivery, which retries with a countdown use on quorum
+    queues, cannot route through a direct exchange)."""
+    return {
+        "exchange": queue,
+        "exchange_type": "topic",
+        "routing_key": queue,
+        "queue_arguments": {"x-queue-type": "quorum"},
+    }
+
+
+def _amqp_transport_options() -> dict[str, Any]:
+    """py-amqp's: a publish returns once RabbitMQ has confirmed it (a quorum queue confirms
+    once a majority of its replicas wrote it), and a connection attempt fails after
+    :data:`BROKER_SOCKET_TIMEOUT_S`. A half-open connection is found by AMQP heartbeats
+    (Celery's ``broker_heartbeat``, 120 s)."""
+    return {"confirm_publish": True, "connect_timeout": BROKER_SOCKET_TIMEOUT_S}
+
+
+def _redis_transport_options(settings: OrgaSettings) -> dict[str, Any]:
+    """kombu's Redis transport's. Socket timeouts: a half-open connection to the broker fails
+    a command (which Celery and kombu retry on a new connection) instead of blocking its
+    caller for the kernel's TCP timeout (about 15 minutes). kombu's BRPOP waits 1 s at most."""
+    return {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
+        "socket_keepalive": True,
     }

@@ -19,7 +19,7 @@ NETWORK = ("socket", "ssl", "http.client", "http.server", "urllib.request", "req
 """Network clients and servers of the standard library and the usual packages."""
 OUR_OTHER_PACKAGES = ("coordinator", "workers", "orga")
 BROKER = ("celery", "kombu", "billiard")
-TRANSPORT_MODULES = frozenset({"coordinator.transport", "coordinator.dispatch"})
+TRANSPORT_MODULES = frozenset({"coordinator.transport", "coordinator.relay"})
 """The coordinator's transport: the modules behind :class:`coordinator.transport.Transport`."""
 
 
@@ -196,7 +196,7 @@ def test_the_checker_catches_a_planted_forbidden_import(
     rule; the allowed imports beside it are not."""
     _plant(tmp_path, relative, source)
     _plant(tmp_path, "shared/fine.py", "import json\nfrom urllib.parse import quote\n")
-    _plant(tmp_path, "coordinator/dispatch.py", "from celery import Celery\n")
+    _plant(tmp_path, "coordinator/relay.py", "from celery import Celery\n")
     _plant(tmp_path, "workers/fine.py", "from shared import keys\nfrom celery import Celery\n")
     _plant(tmp_path, "orga/fine.py", "import coordinator\nimport workers\n")
 

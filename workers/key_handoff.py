@@ -56,17 +56,31 @@ holds for its reasoning workers."""
 _MAX_BYTES = 1 << 20
 
 
+def _key_variable(name: str) -> str | None:
+    """The model-key variable ``name`` spells, in any letter case (the settings read the
+    environment without regard to case, so ``orga_api_key`` is a key too); None otherwise."""
+    upper = name.upper()
+    return upper if upper in MODEL_KEY_VARIABLES else None
+
+
 def model_keys(environ: Mapping[str, str]) -> dict[str, str]:
-    """The model keys set (non-blank) in ``environ``."""
-    return {name: environ[name] for name in MODEL_KEY_VARIABLES if environ.get(name, "").strip()}
+    """The model keys set (non-blank) in ``environ``, by their upper-case names (a name in
+    upper case wins over another spelling of it)."""
+    found: dict[str, str] = {}
+    for name, value in sorted(environ.items(), key=lambda item: item[0].isupper()):
+        variable = _key_variable(name)
+        if variable is not None and value.strip():
+            found[variable] = value
+    return found
 
 
 def without_keys(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without the model keys and without :data:`KEYS_FD_VARIABLE`."""
+    """``environ`` without the model keys (in any letter case) and without
+    :data:`KEYS_FD_VARIABLE`."""
     return {
         name: value
         for name, value in environ.items()
-        if name not in MODEL_KEY_VARIABLES and name != KEYS_FD_VARIABLE
+        if _key_variable(name) is None and name != KEYS_FD_VARIABLE
     }
 
 

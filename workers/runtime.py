@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -29,11 +27,11 @@ from redis.asyncio.client import Pipeline
 
 from shared import keys
 from shared.aio import new_event_loop
-from shared.celery_wire import tool_message
 from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
+from shared.outbox import tool_entry
 from shared.policy import PolicySpec
 from shared.protocol import (
     ConversationRef,
@@ -407,7 +405,6 @@ class ProcessServices(WorkerCore):
         )
         knowledge = RedisKnowledgeStore(self.redis)
         registry = with_knowledge(registry or default_registry(), knowledge)
-        self.origin = f"orga-worker@{socket.gethostname()}-{os.getpid()}"
         tools: dict[str, Tool] = {t.definition.name: t for t in registry}
         self.pipelines = CoalescedPipeline(self.redis)
         """The starts and breaker checks of one loop turn go out in one pipeline."""
@@ -581,8 +578,8 @@ class ProcessServices(WorkerCore):
         answered: Sequence[Fence] = (),
     ) -> None:
         """Send an observation to the coordinators and the tool calls a reasoning worker
-        chains to the tool workers, in one transaction: all or nothing; with them, the
-        dispatches now ``answered`` (:class:`~workers.liveness.Liveness`) and the breaker
+        chains to the tool workers (on the outbox), in one transaction: all or nothing; with
+        them, the dispatches now ``answered`` (:class:`~workers.liveness.Liveness`) and the breaker
         successes deferred since the last publish."""
         pipe = self.redis.pipeline(transaction=True)
         self.breaker_store.flush_deferred(pipe)
@@ -594,9 +591,8 @@ class ProcessServices(WorkerCore):
                 maxlen=keys.observations_maxlen,
                 approximate=True,
             )
-        for request in onward:
-            queued = tool_message(request, self.origin)
-            pipe.lpush(queued.queue, queued.body)
+        for request in onward:  # sent to Celery by a coordinator's relay (coordinator.relay)
+            pipe.xadd(keys.outbox_stream(), tool_entry(request).fields())  # type: ignore[arg-type]
         await pipe.execute()
 
     async def dead_letter_payload(self, task_name: str, payload: str, error: str) -> None:

@@ -174,15 +174,14 @@ class InboxApp:
     def _login_refusal(
         self, request: Request, name: str, token: str
     ) -> tuple[int, str, dict[str, str]] | None:
-        """Why a login is refused: 429 while the address or name is throttled (the token
-        unchecked), 401 for a wrong token (counted); None when it is right."""
-        address = client_address(request)
-        retry_after_s = self.throttle.retry_after_s(address, name)
+        """Why a login is refused: 429 while the address or name is throttled (right token or
+        wrong), 401 for a wrong token (counted); None when it is right."""
+        matches = self.auth.token_matches(token)
+        retry_after_s = self.throttle.attempt(client_address(request), name, failed=not matches)
         if retry_after_s is not None:
             retry = {"Retry-After": str(retry_after_s)}
             return 429, self.throttle.refusal(retry_after_s), retry
-        if not self.auth.token_matches(token):
-            self.throttle.failed(address, name)
+        if not matches:
             return 401, "that token is not the inbox's token (ORGA_INBOX_TOKEN); try again", {}
         return None
 

@@ -135,7 +135,8 @@ class ReviewerAuth:
         if scheme.lower() == "basic" and self.accounts:
             return self._basic(value.strip())
         if scheme.lower() == "bearer" and self.token:
-            return Credentials("token", "token" if self.token_matches(value.strip()) else None)
+            matches = self.token_matches(value.strip())
+            return Credentials("token", "token" if matches else None, bearer=True)
         return None
 
     def session_id(self, session: Mapping[str, Any]) -> str | None:
@@ -158,10 +159,12 @@ class ReviewerAuth:
 @dataclass(frozen=True, slots=True)
 class Credentials:
     """What a request's ``Authorization`` header presents: for whom (an account, or ``token``),
-    and the reviewer it proves (None: wrong)."""
+    the reviewer it proves (None: wrong), and whether it is a bearer token (which names no
+    account: its failures are counted per address only)."""
 
     user: str
     reviewer: str | None
+    bearer: bool = False
 
 
 def _parse_accounts(text: str) -> dict[str, str]:
@@ -214,17 +217,19 @@ class ReviewerGate:
         await self.app(scope, receive, send)
 
     def _checked(self, connection: HTTPConnection, credentials: Credentials) -> Response | None:
-        """429 while the address or the user is throttled; a wrong credential is counted."""
-        address = client_address(connection)
-        retry_after_s = self.throttle.retry_after_s(address, credentials.user)
+        """429 while the address or the account is throttled; a wrong credential is counted
+        (a bearer token's for the address only)."""
+        retry_after_s = self.throttle.attempt(
+            client_address(connection),
+            None if credentials.bearer else credentials.user,
+            failed=credentials.reviewer is None,
+        )
         if retry_after_s is not None:
             return PlainTextResponse(
                 self.throttle.refusal(retry_after_s),
                 status_code=429,
                 headers={"Retry-After": str(retry_after_s)},
             )
-        if credentials.reviewer is None:
-            self.throttle.failed(address, credentials.user)
         return None
 
     def _refusal(self, connection: HTTPConnection) -> Response:

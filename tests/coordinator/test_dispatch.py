@@ -1,134 +1,262 @@
-"""Dispatch messages: Celery's own format, read back by kombu, pushed only by a landed commit."""
+"""Dispatches: appended to the outbox by the commit that awaits them, sent to Celery by a relay
+through ``send_task`` (read back by kombu), removed once sent, taken over from a dead relay,
+left for a retry when the send fails."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import redis
-from celery import Celery
 from kombu import Connection
 from redis.asyncio import Redis
 
-from coordinator.dispatch import CeleryDispatcher
 from coordinator.machine import MachineSettings, TaskMachine
+from coordinator.relay import CeleryPublisher, OutboxRelay, PublishError
 from coordinator.state import TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
-from shared.celery_wire import celery_message
-from shared.settings import OrgaSettings, celery_config
+from shared.outbox import OutboxEntry, dispatch_entries
+from shared.protocol import ReasonRequest
+from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
 
-PAYLOAD = json.dumps({"fence": {"task_id": "t"}, "text": "héllo"})
+SETTINGS = MachineSettings(workspace_root="/ws")
 
 
-def _sent_by_celery(redis_url: str) -> dict[str, Any]:
-    app = Celery("reference")
-    app.conf.update(celery_config(OrgaSettings(), redis_url))
-    app.send_task(
-        keys.reason_task_name,
-        args=[PAYLOAD],
+def _record(task_id: str = "t") -> TaskRecord:
+    spec = parse_task({"goal": "g", "steps": [{"id": "s", "instruction": "x"}]})
+    return TaskRecord(task_id=task_id, spec=spec, created_at=1.0, updated_at=1.0)
+
+
+async def _started(store: TaskStore, task_id: str = "t") -> list[OutboxEntry]:
+    """Create a task and commit its start; the start's dispatches."""
+    record = _record(task_id)
+    await store.create(record)
+    machine = TaskMachine(record, 2.0, SETTINGS)
+    effects = machine.start()
+    dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
+    await store.commit(machine.record, effects, dispatches=dispatches)
+    return dispatches
+
+
+def _entry(n: int) -> OutboxEntry:
+    return OutboxEntry(
+        id=f"id-{n}",
+        task=keys.reason_task_name,
         queue=keys.reasoning_queue,
-        argsrepr="(summary)",
-        kwargsrepr="{}",
+        argsrepr=f"(entry {n})",
+        shadow=f"reason {n}",
+        payload=json.dumps({"n": n}),
     )
-    with redis.Redis.from_url(redis_url) as client:
-        raw = client.rpop(keys.reasoning_queue)
-    assert isinstance(raw, bytes)
-    message: dict[str, Any] = json.loads(raw)
-    return message
 
 
-def _body(message: dict[str, Any]) -> Any:
-    return json.loads(base64.b64decode(message["body"]))
+async def _add(client: Redis, *entries: OutboxEntry) -> None:
+    for entry in entries:
+        await client.xadd(keys.outbox_stream(), entry.fields())  # type: ignore[arg-type]
 
 
-def test_messages_have_the_layout_send_task_writes(redis_url: str, redis_client: Any) -> None:
-    """Same envelope, headers, properties and body as Celery's send_task (ids aside)."""
-    theirs = _sent_by_celery(redis_url)
-    queued = celery_message(
-        keys.reason_task_name, keys.reasoning_queue, PAYLOAD, "summary", "orga@test"
-    )
-    ours = json.loads(queued.body)
+class _Recording:
+    """A publisher that keeps what it was given; ``fail_after``: raises once, when that many
+    entries have been sent."""
 
-    assert queued.queue == keys.reasoning_queue
-    assert set(ours) == set(theirs)
-    assert set(ours["headers"]) == set(theirs["headers"])
-    varying = {"id", "root_id", "origin"}
-    for name, value in theirs["headers"].items():
-        if name not in varying:
-            assert ours["headers"][name] == value, name
-    assert ours["headers"]["id"] == ours["headers"]["root_id"] == queued.task_id
-    # reply_to only matters for results, which orga never stores (task_ignore_result).
-    assert set(theirs["properties"]) - set(ours["properties"]) == {"reply_to"}
-    for name in ("delivery_mode", "delivery_info", "priority", "body_encoding", "argsrepr"):
-        assert ours["properties"][name] == theirs["properties"][name], name
-    assert ours["properties"]["correlation_id"] == queued.task_id
-    for name in ("content-type", "content-encoding"):
-        assert ours[name] == theirs[name]
-    assert _body(ours) == _body(theirs)
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.sent: list[OutboxEntry] = []
+        self.fail_after = fail_after
+
+    def publish(self, entries: Sequence[OutboxEntry]) -> None:
+        for index, entry in enumerate(entries):
+            if self.fail_after is not None and len(self.sent) == self.fail_after:
+                self.fail_after = None
+                raise PublishError("broker unreachable (test)", sent=index)
+            self.sent.append(entry)
 
 
-def test_kombu_reads_the_message_back(redis_url: str, redis_client: Any) -> None:
-    """A kombu consumer on the queue decodes the task name and the single JSON argument."""
-    queued = celery_message(keys.tool_task_name, keys.tools_queue, PAYLOAD, "s", "orga@test")
-    with redis.Redis.from_url(redis_url) as client:
-        client.lpush(queued.queue, queued.body)
-    with Connection(redis_url) as connection:
-        queue = connection.SimpleQueue(keys.tools_queue)
-        message = queue.get(timeout=5)
-        assert message.headers["task"] == keys.tool_task_name
-        args, kwargs, _embed = message.decode()
-        assert args == [PAYLOAD] and kwargs == {}
-        message.ack()
-        queue.close()
+async def _pending(client: Redis) -> int:
+    summary = await client.xpending(keys.outbox_stream(), keys.outbox_group)
+    return int(summary["pending"])
 
 
-def test_a_refused_commit_pushes_nothing(redis_url: str, redis_client: Any) -> None:
-    """The messages go out with the commit that awaits them, and not with a stale one."""
+def test_a_commit_appends_its_dispatches_and_a_refused_one_nothing(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The dispatch is on the outbox with the commit that awaits it, not with a stale one."""
 
     async def scenario() -> None:
-        client = Redis.from_url(redis_url)
-        store = TaskStore(client)
-        dispatcher = CeleryDispatcher()
-        try:
-            spec = parse_task({"goal": "g", "steps": [{"id": "s", "instruction": "x"}]})
-            record = TaskRecord(task_id="t", spec=spec, created_at=1.0, updated_at=1.0)
+        async with redis_client() as client:
+            store = TaskStore(client)
+            record = _record()
             await store.create(record)
             stale = record.model_copy(deep=True)
-            settings = MachineSettings(workspace_root="/ws")
-
-            machine = TaskMachine(record, 2.0, settings)
+            machine = TaskMachine(record, 2.0, SETTINGS)
             effects = machine.start()
-            messages = dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
-            assert len(messages) == 1
-            await store.commit(machine.record, effects, messages=messages)
-            assert await client.llen(keys.reasoning_queue) == 1
+            (sent,) = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
+            await store.commit(machine.record, effects, dispatches=[sent])
+            ((entry_id, fields),) = await client.xrange(keys.outbox_stream())
+            assert OutboxEntry.from_fields(entry_id.decode(), fields) == sent
+            request = ReasonRequest.model_validate_json(sent.payload)
+            assert request.fence.task_id == "t" and sent.queue == keys.reasoning_queue
+            assert await client.llen(keys.reasoning_queue) == 0  # the relay sends it
 
-            other = TaskMachine(stale, 3.0, settings)
+            other = TaskMachine(stale, 3.0, SETTINGS)
             effects = other.start()
-            messages = dispatcher.messages(effects.reason_dispatches, effects.tool_dispatches)
+            late = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
             with pytest.raises(CommitConflictError):
-                await store.commit(other.record, effects, messages=messages)
-            assert await client.llen(keys.reasoning_queue) == 1
-        finally:
-            await client.aclose()
+                await store.commit(other.record, effects, dispatches=late)
+            assert await client.xlen(keys.outbox_stream()) == 1
 
     asyncio.run(scenario())
 
 
-def test_the_installed_celery_and_kombu_are_checked_at_start_up() -> None:
-    """The versions the message layout was checked against pass; another major is refused."""
-    import pytest
+def test_the_relay_sends_through_send_task_and_removes_the_entry(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The relay's message is Celery's own (kombu reads the task, the id fixed in the entry and
+    the one argument back); the entry is then acknowledged and deleted."""
 
-    from shared.celery_wire import check_versions
-    from shared.errors import ConfigError
+    async def scenario() -> list[OutboxEntry]:
+        async with redis_client() as client:
+            store = TaskStore(client)
+            dispatches = await _started(store)
+            publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=redis_url))
+            relay = OutboxRelay(client, publisher, "r1")
+            await relay.ensure_group()
+            assert await relay.relay_once() == 1
+            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await _pending(client) == 0
+            await relay.close()
+            return dispatches
 
-    assert set(check_versions()) == {"celery", "kombu"}
-    with pytest.raises(ConfigError, match=r"kombu 6\.0\.0 is installed.*install a kombu 5\.x"):
-        check_versions(lambda package: "6.0.0" if package == "kombu" else "5.4.0")
-    with pytest.raises(ConfigError, match=r"celery 5\.2\.7 is installed"):
-        check_versions(lambda package: "5.2.7")
+    (sent,) = asyncio.run(scenario())
+    with Connection(redis_url) as connection:
+        queue = connection.SimpleQueue(keys.reasoning_queue)
+        message = queue.get(timeout=5)
+        assert message.headers["task"] == keys.reason_task_name
+        assert message.headers["id"] == sent.id
+        assert message.headers["argsrepr"] == sent.argsrepr
+        assert message.headers["shadow"] == sent.shadow
+        args, kwargs, _embed = message.decode()
+        assert args == [sent.payload] and kwargs == {}
+        message.ack()
+        queue.close()
+
+
+def test_a_batch_is_read_sent_and_removed_together(redis_url: str, redis_client: Any) -> None:
+    """Up to ``batch`` entries go in one send, in order, and are removed in one call."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording()
+            relay = OutboxRelay(client, publisher, "r1", batch=3, block_ms=1)
+            await relay.ensure_group()
+            await _add(client, *map(_entry, range(5)))
+            assert await relay.relay_once() == 3
+            assert await relay.relay_once() == 2
+            assert [e.id for e in publisher.sent] == [f"id-{n}" for n in range(5)]
+            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await relay.relay_once() == 0
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_relays_entries_are_taken_over_once_idle(redis_url: str, redis_client: Any) -> None:
+    """Entries read by a relay that never removed them are sent again by another relay once
+    idle ``claim_idle_ms`` (XAUTOCLAIM), with the same Celery task id; not before."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            dead = OutboxRelay(client, _Recording(), "dead", block_ms=1)
+            await dead.ensure_group()
+            await _add(client, _entry(1), _entry(2))
+            assert len(await dead.read()) == 2  # read, then killed before sending
+
+            patient = _Recording()
+            waiting = OutboxRelay(client, patient, "patient", block_ms=1, claim_idle_ms=60_000)
+            assert await waiting.relay_once() == 0 and patient.sent == []
+
+            taker = _Recording()
+            live = OutboxRelay(client, taker, "live", block_ms=1, claim_idle_ms=0)
+            assert await live.relay_once() == 2
+            assert [e.id for e in taker.sent] == ["id-1", "id-2"]
+            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await _pending(client) == 0
+            for relay in (dead, waiting, live):
+                await relay.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["on-loop", "in-thread"])
+def test_a_failed_send_leaves_the_rest_for_a_retry(
+    redis_url: str, redis_client: Any, in_thread: bool
+) -> None:
+    """A send failing mid-batch removes what went out and keeps the rest pending; the relay
+    sends those first on its next round, before anything new."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording(fail_after=1)
+            relay = OutboxRelay(
+                client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1
+            )
+            await relay.ensure_group()
+            await _add(client, *map(_entry, range(3)))
+            with pytest.raises(PublishError):
+                await relay.relay_once()
+            assert [e.id for e in publisher.sent] == ["id-0"]
+            assert await client.xlen(keys.outbox_stream()) == 2
+            assert await _pending(client) == 2
+            await _add(client, _entry(9))
+            assert await relay.relay_once() == 2  # its own pending entries first
+            assert await relay.relay_once() == 1
+            assert [e.id for e in publisher.sent] == ["id-0", "id-1", "id-2", "id-9"]
+            assert await client.xlen(keys.outbox_stream()) == 0
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_celery_publisher_failure_keeps_the_entry(redis_url: str, redis_client: Any) -> None:
+    """A broker that refuses connections fails the send with a PublishError naming the
+    entry, and the entry stays on the outbox."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            unreachable = OrgaSettings(redis_url="redis://127.0.0.1:1/0")
+            publisher = CeleryPublisher.from_settings(unreachable)
+            publisher.app.conf.task_publish_retry = False
+            publisher.app.conf.broker_connection_max_retries = 0
+            relay = OutboxRelay(client, publisher, "r1", block_ms=1)
+            await relay.ensure_group()
+            await _add(client, _entry(1))
+            with pytest.raises(PublishError, match=r"id-1 to orga\.reasoning failed"):
+                await relay.relay_once()
+            assert await client.xlen(keys.outbox_stream()) == 1
+            assert await _pending(client) == 1
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_entry_lacking_fields_is_dead_lettered(redis_url: str, redis_client: Any) -> None:
+    """An entry no relay can send goes to orga:dead_letter and off the outbox, not forever
+    pending in front of the others."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording()
+            relay = OutboxRelay(client, publisher, "r1", block_ms=1)
+            await relay.ensure_group()
+            await client.xadd(keys.outbox_stream(), {"task": "orga.reason"})
+            await _add(client, _entry(1))
+            assert await relay.relay_once() == 1
+            assert [e.id for e in publisher.sent] == ["id-1"]
+            ((_id, fields),) = await client.xrange(keys.dead_letter_stream)
+            assert b"lacks id, queue" in fields[b"error"]
+            assert await client.xlen(keys.outbox_stream()) == 0
+            await relay.close()
+
+    asyncio.run(scenario())

@@ -7,59 +7,58 @@ import asyncio
 import json
 from collections.abc import Sequence
 
-from coordinator.dispatch import CeleryDispatcher
 from coordinator.machine import MachineSettings
+from coordinator.relay import CeleryPublisher
 from coordinator.service import Coordinator, CoordinatorSettings
-from coordinator.transport import QueuedMessage, Transport
+from coordinator.transport import OutboxEntry, Transport
 from shared import keys
-from shared.protocol import ReasonRequest, ToolRequest
+from shared.protocol import ReasonRequest
+from shared.settings import OrgaSettings
 from tests.redis_server import RedisClientFactory
 
 SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"), block_ms=10)
 
 
 class RecordingTransport:
-    """A transport of the test's own: records the requests, sends each on a list of its own."""
-
-    queue = "test.transport"
+    """A transport of the test's own: keeps what it is asked to send."""
 
     def __init__(self) -> None:
-        self.reasons: list[ReasonRequest] = []
+        self.sent: list[OutboxEntry] = []
 
-    def messages(
-        self, reasons: Sequence[ReasonRequest], tools: Sequence[ToolRequest]
-    ) -> list[QueuedMessage]:
-        self.reasons.extend(reasons)
-        return [
-            QueuedMessage(self.queue, request.model_dump_json(), f"m{i}")
-            for i, request in enumerate([*reasons, *tools])
-        ]
+    def publish(self, entries: Sequence[OutboxEntry]) -> None:
+        self.sent.extend(entries)
 
 
-def test_the_celery_dispatcher_is_a_transport() -> None:
-    """The production dispatcher implements the seam the coordinator is typed against."""
-    assert isinstance(CeleryDispatcher(), Transport)
+def test_the_celery_publisher_is_a_transport() -> None:
+    """The production publisher implements the seam the coordinator and relay are typed
+    against."""
+    publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url="redis://127.0.0.1:1/0"))
+    try:
+        assert isinstance(publisher, Transport)
+    finally:
+        publisher.close()
     assert isinstance(RecordingTransport(), Transport)
 
 
 def test_the_coordinator_sends_its_dispatches_through_its_transport(
     redis_client: RedisClientFactory,
 ) -> None:
-    """A task's first reasoning dispatch goes through the given transport, and the commit
-    pushes exactly what the transport made: nothing reaches Celery's queues."""
+    """A task's first reasoning dispatch goes out through the transport the coordinator was
+    given, and through nothing else: no Celery queue receives it."""
     transport = RecordingTransport()
 
     async def run() -> None:
         async with redis_client(decode_responses=True) as client:
-            coordinator = Coordinator(client, dispatcher=transport, settings=SETTINGS, name="c")
+            coordinator = Coordinator(client, publisher=transport, settings=SETTINGS, name="c")
             await coordinator._ensure_groups()
             task = {"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]}
             await client.xadd(keys.intake_stream, {"task_id": "t1", "task": json.dumps(task)})
             await coordinator._intake_once()
-            # (a judgement made on a stale copy is made again: asked more than once)
-            assert {r.fence.task_id for r in transport.reasons} == {"t1"}
-            sent = await client.lrange(RecordingTransport.queue, 0, -1)
-            assert [ReasonRequest.model_validate_json(m).fence.task_id for m in sent] == ["t1"]
+            assert coordinator.relay is not None
+            assert await coordinator.relay.relay_once() == 1
+            (entry,) = transport.sent
+            assert entry.task == keys.reason_task_name and entry.queue == keys.reasoning_queue
+            assert ReasonRequest.model_validate_json(entry.payload).fence.task_id == "t1"
             assert await client.llen(keys.reasoning_queue) == 0
 
     asyncio.run(run())

@@ -16,7 +16,7 @@ import redis
 from orga.embedded_redis import EmbeddedRedis
 from orga.topology import POOL_PATH
 from shared import keys
-from shared.celery_wire import celery_message
+from shared.outbox import OutboxEntry
 from tests.integration.harness import Cluster, Process, wait_until
 
 pytestmark = pytest.mark.integration
@@ -180,9 +180,16 @@ def test_the_loop_pool_runs_tasks_and_reports_failures_as_celery_does(cluster: C
     result = client.wait(client.submit(_tool_task()), timeout_s=120)
     assert result["status"] == "completed", cluster.logs()
 
-    queued = celery_message(keys.reason_task_name, keys.reasoning_queue, "{not json", "x", "t")
+    queued = OutboxEntry(
+        id="undecodable",
+        task=keys.reason_task_name,
+        queue=keys.reasoning_queue,
+        argsrepr="(x)",
+        shadow="x",
+        payload="{not json",
+    )
     with redis.Redis.from_url(cluster.redis_url) as raw:
-        raw.lpush(queued.queue, queued.body)
+        raw.xadd(keys.outbox_stream(), queued.fields())  # type: ignore[arg-type]
 
         def dead_lettered() -> bool:
             return any(

@@ -3,6 +3,7 @@ fires (on time, missed and skipped, missed and caught up once)."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -245,3 +246,12 @@ def test_fire_times_follow_cronies_rule_around_every_change(
         for now in range(int(expected[0]) if expected else int(end), int(end), 7 * 60):
             latest = max(f for f in expected if f <= now)
             assert schedule.last_fire_at_or_before(now) == latest, _local(now, zone)
+
+
+def test_a_schedule_stored_before_overlap_existed_keeps_firing_every_time() -> None:
+    """An upgrade changes no stored schedule's behaviour: one without ``overlap`` is read back
+    as ``allow``; a stored ``overlap`` is kept; a new schedule defaults to ``skip``."""
+    old = {"name": "nightly", "cron": "30 1 * * *", "task": {"goal": "g"}}
+    assert Schedule.from_stored(json.dumps(old)).overlap == "allow"
+    assert Schedule.from_stored(json.dumps({**old, "overlap": "queue"})).overlap == "queue"
+    assert Schedule.model_validate(old).overlap == "skip"

@@ -53,3 +53,17 @@ def test_a_socket_holding_something_else_is_refused() -> None:
         writer.sendall(b"[1]")
     with pytest.raises(ValueError, match="mapping"):
         key_handoff.receive(reader.detach())
+
+
+def test_a_key_under_another_letter_case_is_a_key_too() -> None:
+    """The settings read ``orga_api_key`` as the key (pydantic-settings ignores case), so the
+    hand-off takes it out of the environment too, under its upper-case name; an upper-case
+    spelling wins over another one."""
+    environ = {"PATH": "/usr/bin", "orga_api_key": "sk-low", "Openai_Api_Key": "sk-mixed"}
+    assert key_handoff.model_keys(environ) == {
+        "ORGA_API_KEY": "sk-low",
+        "OPENAI_API_KEY": "sk-mixed",
+    }
+    assert key_handoff.without_keys(environ) == {"PATH": "/usr/bin"}
+    both = {"orga_api_key": "sk-low", "ORGA_API_KEY": "sk-up"}
+    assert key_handoff.model_keys(both) == {"ORGA_API_KEY": "sk-up"}

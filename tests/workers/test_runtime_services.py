@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -19,6 +18,7 @@ from shared.actions import ToolCallAction
 from shared.conversation import Conversation
 from shared.errors import ConfigError
 from shared.loop_types import LoopConfig
+from shared.outbox import OutboxEntry
 from shared.protocol import ActMode, Fence, ReasonedMessage, ReasonRequest, ToolRequest
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
@@ -155,8 +155,9 @@ def test_ledgers_are_per_task_and_bounded() -> None:
 
 
 def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_client: Any) -> None:
-    """With ActMode.CHAIN the worker sends up to max_concurrent_tools approved calls to the tool
-    queue itself, in the transaction that publishes the ``reasoned`` message listing them."""
+    """With ActMode.CHAIN the worker sends up to max_concurrent_tools approved calls to the
+    outbox (for the tool queue) itself, in the transaction that publishes the ``reasoned``
+    message listing them."""
     services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
     _OPEN.append(services)
     reply = {
@@ -180,11 +181,11 @@ def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_cl
 
     with redis.Redis.from_url(redis_url) as client:
         assert client.xlen(keys.observations_stream) == 1
-        (raw,) = client.lrange(keys.tools_queue, 0, -1)
-    envelope = json.loads(raw)
-    assert envelope["headers"]["task"] == keys.tool_task_name
-    (payload,), _kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
-    assert ToolRequest.model_validate_json(payload) == calls[0]
+        assert client.llen(keys.tools_queue) == 0  # a coordinator's relay sends it
+        ((entry_id, fields),) = client.xrange(keys.outbox_stream())
+    entry = OutboxEntry.from_fields(entry_id.decode(), fields)
+    assert (entry.task, entry.queue) == (keys.tool_task_name, keys.tools_queue)
+    assert ToolRequest.model_validate_json(entry.payload) == calls[0]
 
 
 def test_a_lone_call_carries_its_reasoning_to_the_tool_worker(

@@ -212,24 +212,42 @@ def test_a_copy_childs_own_folder_below_the_root_is_checked_too(tree: tuple[Path
     assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []  # no staging left
 
 
-class _SlowClaims(InMemoryWorkspaceClaims):
-    """A claim that lands a little after the folder was made (another worker's call)."""
+class _HeldClaims(InMemoryWorkspaceClaims):
+    """A claim held until released (another worker's call that made the folder and has not
+    recorded it yet); counts the looks at the record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.looks = 0
 
     async def claim(self, workspace: str, identity: str) -> str:
-        await asyncio.sleep(0.2)
+        await self.released.wait()
         return await super().claim(workspace, identity)
+
+    async def recorded(self, workspace: str) -> str | None:
+        self.looks += 1
+        return await super().recorded(workspace)
 
 
 def test_two_first_calls_at_once_both_open_the_folder(tree: tuple[Path, Path]) -> None:
+    """The second call finds the folder made and not yet recorded: it waits for the record
+    instead of refusing the folder."""
     parent, _ = tree
-    claims = _SlowClaims()
     child = parent / "subagents" / "p.1"
 
     async def both() -> list[Path]:
+        claims = _HeldClaims()
         first = asyncio.create_task(open_subagent_workspace(child, parent, claims))
-        await asyncio.sleep(0.05)  # the folder is made, its claim not recorded yet
-        second = await open_subagent_workspace(child, parent, claims)
-        return [(await first)[0], second[0]]
+        while (
+            not child.is_dir() and not first.done()
+        ):  # made by the first call, which now waits on its claim
+            await asyncio.sleep(0)
+        second = asyncio.create_task(open_subagent_workspace(child, parent, claims))
+        while claims.looks == 0 and not second.done():  # the second call found no record yet
+            await asyncio.sleep(0)
+        claims.released.set()
+        return [(await first)[0], (await second)[0]]
 
     assert asyncio.run(both()) == [child, child]
 

@@ -576,6 +576,18 @@ def test_wrong_bearer_tokens_are_throttled(orga: OrgaClient) -> None:
         assert client.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429
 
 
+def test_wrong_bearer_tokens_lock_out_their_address_only(orga: OrgaClient) -> None:
+    """Bearer failures are counted per address, not under one shared name: another address's
+    bearer client still reads."""
+    app = create_app(orga, ReviewerAuth(token=TOKEN), max_failed_logins=3)
+    with TestClient(app, client=("10.0.2.1", 4000)) as client:
+        for _ in range(3):
+            guess = client.get("/", headers={"Authorization": "Bearer x"}, follow_redirects=False)
+            assert guess.status_code == 303
+    with TestClient(app, client=("10.0.2.2", 4000)) as other:
+        assert other.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
 def test_a_logged_out_session_opens_nothing(orga: OrgaClient) -> None:
     """After logout the session's cookie, replayed from a copy taken before, is refused."""
     app = create_app(orga, ReviewerAuth(token=TOKEN), secret="same-secret")

@@ -1,0 +1,290 @@
+"""The outbox relay: dispatches committed to ``orga:outbox`` are sent to Celery, then removed.
+
+Every commit that dispatches work appends it to the outbox stream in the same atomic Redis
+operation as the state awaiting it (the coordinator's commit script; a reasoning worker's
+publish of the tool calls it chains, with its observation). A relay runs in each coordinator
+process (:meth:`coordinator.service.Coordinator.run`): it reads the outbox as a consumer of the
+group ``orga-relays`` (``XREADGROUP``, in batches), sends each entry through Celery's own API
+(:class:`CeleryPublisher`: ``Celery.send_task`` on one producer per batch; no message layout
+written here), then acknowledges and deletes the batch in one script.
+
+Delivery is at least once. A relay killed between the send and the removal leaves its entries
+pending; another relay takes them over with ``XAUTOCLAIM`` once they have been idle
+``claim_idle_ms`` and sends them again, with the same Celery task id. The fences make the
+second copy harmless: its observation carries the iteration and attempt already applied and
+is ignored, and a tool that must apply once replays its kept result
+(:mod:`workers.applied_calls`). A send that fails (the broker unreachable) leaves the rest of
+its batch pending under this relay, which sends them again after a back-off, before reading
+anything new.
+
+The send is blocking (kombu's producer). By default it runs on the event loop, ``loop_chunk``
+(8) entries at a time with the loop let run between chunks (about 0.3 ms of CPU and one
+``LPUSH`` round trip per entry): in the relay's own thread (``in_thread``) each of kombu's
+socket operations gave the GIL back and waited for it behind the coordinator's busy loop, and
+in ``bench/slow_model_bench.py`` the 200 first dispatches of a burst then reached the model
+0.7 s later than on the loop (docs/performance.md, "The transactional outbox").
+
+Everything that moves bytes to the broker is behind the one-method
+:class:`~coordinator.transport.Transport`: tests give the relay a transport of their own, the
+coordinator never imports worker code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from celery import Celery
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from coordinator.transport import PublishError, Transport
+from shared import keys
+from shared.errors import ConfigError
+from shared.outbox import OutboxEntry, OutboxEntryError
+from shared.settings import OrgaSettings, celery_config
+
+__all__ = ["CeleryPublisher", "OutboxRelay", "PublishError"]
+
+log = logging.getLogger("orga.coordinator.relay")
+
+_REMOVE = """
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
+return redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+"""
+
+
+class CeleryPublisher:
+    """``Celery.send_task`` for each entry, on one producer (one broker connection) per batch.
+
+    The app is a client only: it declares the queues and routes of the workers' configuration
+    (:func:`shared.settings.celery_config`, JSON only) and imports no task.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    @classmethod
+    def from_settings(cls, settings: OrgaSettings) -> CeleryPublisher:
+        """A publisher to the workers' broker: ``settings.broker_url``, else ``redis_url``."""
+        if settings.redis_url is None:
+            raise ConfigError(
+                "ORGA_REDIS_URL is not set: the coordinator's relay sends dispatches to the "
+                "Celery broker on the Redis it uses (e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0)"
+            )
+        app = Celery("orga-relay", set_as_current=False)
+        app.conf.update(celery_config(settings, settings.broker_url or settings.redis_url))
+        return cls(app)
+
+    def publish(self, entries: Sequence[OutboxEntry]) -> None:
+        """Send each entry as task ``entry.task`` with the one argument ``entry.payload``."""
+        with self.app.producer_or_acquire() as producer:
+            for index, entry in enumerate(entries):
+                try:
+                    self.app.send_task(
+                        entry.task,
+                        args=[entry.payload],
+                        queue=entry.queue,
+                        task_id=entry.id,
+                        shadow=entry.shadow,
+                        argsrepr=entry.argsrepr,
+                        kwargsrepr="{}",
+                        producer=producer,
+                        declare=[],  # the queue's list is named after it; workers declare
+                    )
+                except Exception as exc:
+                    raise PublishError(
+                        f"sending {entry.task} {entry.id} to {entry.queue} failed: "
+                        f"{type(exc).__name__}: {exc}",
+                        sent=index,
+                    ) from exc
+
+    def close(self) -> None:
+        """Release the broker connections."""
+        self.app.close()
+
+
+@dataclass
+class OutboxRelay:
+    """One relay, consumer ``name`` of ``orga-relays`` on the outbox."""
+
+    redis: Redis
+    publisher: Transport
+    name: str
+    batch: int = keys.outbox_batch
+    block_ms: int = 1000
+    claim_idle_ms: int = keys.outbox_claim_idle_ms
+    claim_interval_s: float = 1.0
+    """How often the relay looks for entries left by a dead relay."""
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    in_thread: bool = False
+    loop_chunk: int = 8
+    _thread: ThreadPoolExecutor = field(init=False, repr=False)
+    _retry_own: bool = field(default=True, init=False, repr=False)
+    """Read this consumer's own pending entries first (at start, and after a failed send)."""
+    _last_claim: float = field(default=0.0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orga-relay")
+        self._remove = self.redis.register_script(_REMOVE)
+
+    async def ensure_group(self) -> bool:
+        """Create the group (from the start of the stream) unless it exists; whether it did."""
+        try:
+            await self.redis.xgroup_create(
+                keys.outbox_stream(), keys.outbox_group, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+            return False
+        return True
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Relay until ``stopping`` is set; a failure backs off (Redis or the broker down)."""
+        failures = 0
+        try:
+            while not stopping.is_set():
+                try:
+                    await self.relay_once()
+                    failures = 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if "NOGROUP" in str(exc):  # Redis lost its data: the group goes first
+                        with contextlib.suppress(Exception):
+                            await self.ensure_group()
+                    failures += 1
+                    delay_s = min(self.backoff_s * 2 ** min(failures - 1, 10), self.max_backoff_s)
+                    log.warning(
+                        "relay.failed",
+                        extra={"relay": self.name, "error": str(exc)[:300], "retry_in_s": delay_s},
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), delay_s)
+        finally:
+            await self.close()
+
+    async def relay_once(self) -> int:
+        """Send one batch and remove what was sent; how many were sent. Entries this relay
+        left pending come first, then a dead relay's (every ``claim_interval_s``), then new
+        ones (waiting up to ``block_ms`` for them)."""
+        entries = await self._own() if self._retry_own else []
+        if not entries:
+            entries = await self.claim()
+        if not entries:
+            entries = await self.read()
+        return await self.send(entries)
+
+    async def read(self) -> list[tuple[str, dict[Any, Any]]]:
+        """New entries (``XREADGROUP >``)."""
+        return await self._read(">", self.block_ms)
+
+    async def claim(self) -> list[tuple[str, dict[Any, Any]]]:
+        """Entries idle ``claim_idle_ms`` under any relay, taken over (``XAUTOCLAIM``); at
+        most every ``claim_interval_s``."""
+        now = asyncio.get_running_loop().time()
+        if now - self._last_claim < self.claim_interval_s:
+            return []
+        self._last_claim = now
+        reply = await self.redis.xautoclaim(
+            keys.outbox_stream(), keys.outbox_group, self.name, self.claim_idle_ms,
+            start_id="0-0", count=self.batch,
+        )  # fmt: skip
+        return [(_text(i), f) for i, f in cast(list[Any], reply[1]) if f is not None]
+
+    async def send(self, rows: Sequence[tuple[str, dict[Any, Any]]]) -> int:
+        """Publish ``rows`` and remove those sent; raises PublishError after removing the ones
+        that went out before the failure (the rest stay pending for a retry)."""
+        if not rows:
+            return 0
+        entries, sendable, malformed = [], [], []
+        for entry_id, fields in rows:
+            try:
+                entries.append(OutboxEntry.from_fields(entry_id, fields))
+                sendable.append(entry_id)
+            except OutboxEntryError as exc:
+                malformed.append((entry_id, fields, str(exc)))
+        if malformed:
+            await self._dead_letter(malformed)
+        try:
+            await self._publish(entries)
+        except PublishError as exc:
+            self._retry_own = True
+            if exc.sent:
+                await self.remove(sendable[: exc.sent])
+            raise
+        except Exception:
+            self._retry_own = True
+            raise
+        await self.remove(sendable)
+        return len(sendable)
+
+    async def _publish(self, entries: Sequence[OutboxEntry]) -> None:
+        """Send ``entries``: in the relay's thread, or (``in_thread`` false) on the event loop,
+        ``loop_chunk`` at a time with the loop let run between chunks."""
+        if self.in_thread:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._thread, self.publisher.publish, entries)
+            return
+        for start in range(0, len(entries), self.loop_chunk):
+            try:
+                self.publisher.publish(entries[start : start + self.loop_chunk])
+            except PublishError as exc:
+                raise PublishError(str(exc), sent=start + exc.sent) from exc
+            await asyncio.sleep(0)
+
+    async def remove(self, entry_ids: Sequence[str]) -> None:
+        """Acknowledge and delete sent entries, in one script."""
+        if entry_ids:
+            await self._remove(keys=[keys.outbox_stream()], args=[keys.outbox_group, *entry_ids])
+
+    async def close(self) -> None:
+        """Stop the relay's thread (after its send in progress) and release the broker."""
+        close = getattr(self.publisher, "close", None)
+        loop = asyncio.get_running_loop()
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await loop.run_in_executor(self._thread, close)
+        self._thread.shutdown(wait=False)
+
+    async def _own(self) -> list[tuple[str, dict[Any, Any]]]:
+        """This relay's pending entries (``XREADGROUP 0``): a failed send's, or a previous
+        process's under the same name."""
+        rows = await self._read("0", None)
+        self._retry_own = bool(rows)
+        return rows
+
+    async def _read(self, start: str, block_ms: int | None) -> list[tuple[str, dict[Any, Any]]]:
+        response = await self.redis.xreadgroup(
+            keys.outbox_group, self.name, {keys.outbox_stream(): start},
+            count=self.batch, block=block_ms,
+        )  # fmt: skip
+        rows = cast(list[Any], response or [])
+        return [(_text(i), f) for _name, got in rows for i, f in got if f]
+
+    async def _dead_letter(self, malformed: list[tuple[str, dict[Any, Any], str]]) -> None:
+        """Entries no relay can send: kept on ``orga:dead_letter`` and removed, together."""
+        pipe = self.redis.pipeline(transaction=True)
+        for entry_id, fields, error in malformed:
+            log.error("relay.malformed_entry", extra={"entry_id": entry_id, "error": error})
+            raw: dict[Any, Any] = {f"raw_{_text(k)}": _text(v)[:4096] for k, v in fields.items()}
+            pipe.xadd(
+                keys.dead_letter_stream,
+                {**raw, "stream": keys.outbox_stream(), "entry_id": entry_id, "error": error},
+                maxlen=keys.dead_letter_maxlen, approximate=True,
+            )  # fmt: skip
+        ids = [entry_id for entry_id, _f, _e in malformed]
+        pipe.xack(keys.outbox_stream(), keys.outbox_group, *ids)
+        pipe.xdel(keys.outbox_stream(), *ids)
+        await pipe.execute()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
