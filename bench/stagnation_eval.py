@@ -977,28 +977,34 @@ BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 
 
-def threshold_grid() -> dict[str, StagnationConfig]:
-    """The thresholds a tuner varies, capped at 12 configurations (the defaults first).
+def threshold_grid(base: StagnationConfig | None = None) -> dict[str, StagnationConfig]:
+    """The thresholds a tuner varies around ``base`` (default: the defaults; ``--config``
+    replays another), capped at 12 configurations, ``base`` itself first.
 
     An alarm is REPLAN, so what matters is how soon each ladder reaches it: the ``stale`` run
     (4/7/12/20 by default; one earlier, two later), ``repeat`` and ``error`` together (a
     retried call and a repeated error: 3/4/7/10, or one later), and the model side's ``plan``
     count (2/3/5/8, or one later). The rest (cycle, recovery, min_steps) is held.
     """
-    base = StagnationConfig()
+    base = base if base is not None else StagnationConfig()
     grid: dict[str, StagnationConfig] = {}
     for stale_name, stale in (
-        ("stale 4/7", base.stale),
+        ("stale as given", base.stale),
         ("stale 3/6", _ladder(3, 6, 10, 16)),
         ("stale 5/9", _ladder(5, 9, 14, 22)),
     ):
         for repeat_name, repeat in (
-            ("repeat 3/4", base.repeat),
+            ("repeat as given", base.repeat),
             ("repeat 3/5", _ladder(3, 5, 8, 10)),
         ):
-            for plan_name, plan in (("plan 2/3", base.plan), ("plan 3/4", _ladder(3, 4, 6, 9))):
+            for plan_name, plan in (
+                ("plan as given", base.plan),
+                ("plan 3/4", _ladder(3, 4, 6, 9)),
+            ):
                 name = f"{stale_name}, {repeat_name}, {plan_name}"
-                update = {"stale": stale, "repeat": repeat, "error": repeat, "plan": plan}
+                update = {"stale": stale, "repeat": repeat, "plan": plan}
+                if repeat is not base.repeat:
+                    update["error"] = repeat
                 grid[name] = base.model_copy(update=update)
     return grid
 
@@ -1078,14 +1084,19 @@ class HeldOut:
 
 
 def evaluate_held_out(
-    scorer: ModuleType, folder: Path, labels_file: Path, name: str
+    scorer: ModuleType,
+    folder: Path,
+    labels_file: Path,
+    name: str,
+    base: StagnationConfig | None = None,
 ) -> HeldOut | None:
-    """The grid on the labelled runs of ``labels_file``: defaults pooled, and LOSO."""
+    """The grid around ``base`` on the labelled runs of ``labels_file``: ``base`` pooled, and
+    LOSO."""
     labels = scorer.load_labels(labels_file)
     if not labels:
         return None
     trajectories = scorer.load_trajectories([scorer.label_key(lab) for lab in labels], folder)
-    records = grid_records(scorer, labels, trajectories, threshold_grid())
+    records = grid_records(scorer, labels, trajectories, threshold_grid(base))
     defaults = next(iter(records.values()))
     return HeldOut(name, defaults, leave_one_source_out(records))
 
@@ -1231,8 +1242,8 @@ def main(argv: list[str] | None = None) -> int:
         print_misses(labelled)
         print_host_replans(labelled)
         print_stalls(labelled)
-        held = _held_out(scorer, folder, labelled)
-        extra = _extra_held_out(scorer, folder, args.extra_labels)
+        held = _held_out(scorer, folder, labelled, config)
+        extra = _extra_held_out(scorer, folder, args.extra_labels, config)
     results = Results()
     if not args.labelled_only:
         timings: list[float] = []
@@ -1253,9 +1264,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _held_out(scorer: ModuleType, folder: Path, labelled: LabelledResults) -> HeldOut | None:
-    """The shared set's held-out figures; their defaults must read what the scorer read."""
-    held = evaluate_held_out(scorer, folder, labels_dir() / "labels.jsonl", "shared labelled set")
+def _held_out(
+    scorer: ModuleType, folder: Path, labelled: LabelledResults, config: StagnationConfig
+) -> HeldOut | None:
+    """The shared set's held-out figures; under ``config`` they must read what the scorer
+    read."""
+    labels_file = labels_dir() / "labels.jsonl"
+    held = evaluate_held_out(scorer, folder, labels_file, "shared labelled set", config)
     if held is None:
         return None
     if abs(recall_within(held.pooled) - labelled.ours["recall@8"]) > 1e-9:
@@ -1268,13 +1283,16 @@ def _held_out(scorer: ModuleType, folder: Path, labelled: LabelledResults) -> He
     return held
 
 
-def _extra_held_out(scorer: ModuleType, folder: Path, path: str | None) -> HeldOut | None:
+def _extra_held_out(
+    scorer: ModuleType, folder: Path, path: str | None, config: StagnationConfig
+) -> HeldOut | None:
     """Our own labels (``bench/data``), scored apart: the defaults, then LOSO on them."""
     labels_file = Path(path) if path else EXTRA_LABELS
     if not labels_file.exists():
         print(f"no extra labels at {labels_file}; skipping them.\n")
         return None
-    held = evaluate_held_out(scorer, folder, labels_file, f"extra labels {labels_file.name}")
+    name = f"extra labels {labels_file.name}"
+    held = evaluate_held_out(scorer, folder, labels_file, name, config)
     if held is not None:
         print_held_out(held)
     return held
