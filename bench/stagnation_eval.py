@@ -1292,7 +1292,13 @@ def _extra_held_out(
         print(f"no extra labels at {labels_file}; skipping them.\n")
         return None
     name = f"extra labels {labels_file.name}"
-    held = evaluate_held_out(scorer, folder, labels_file, name, config)
+    try:
+        held = evaluate_held_out(scorer, folder, labels_file, name, config)
+    except SystemExit as missing:  # the scorer's "N labelled trajectories not found"
+        if path:
+            raise
+        print(f"extra labels skipped: {missing} (other trajectories: ORGA_TRAJECTORIES).\n")
+        return None
     if held is not None:
         print_held_out(held)
     return held
