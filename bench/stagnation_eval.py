@@ -41,6 +41,15 @@ from stagnation_baselines import (  # noqa: E402
     OpenHandsBaseline,
     StepBudgetBaseline,
 )
+from stagnation_holdout import (  # noqa: E402
+    Interval,
+    LosoResult,
+    RunRecord,
+    bootstrap_interval,
+    leave_one_source_out,
+    recall_within,
+    record_for,
+)
 
 from shared.stagnation import (  # noqa: E402
     Ladder,
@@ -959,6 +968,183 @@ def print_results(labelled: LabelledResults | None, results: Results) -> None:
         print(f"RESULT stagnation_gemini_resolved_ask_human {share:.3f}")
 
 
+# -- held out: leave one source out, bootstrap -------------------------------------------------
+
+EXTRA_LABELS = REPO_ROOT / "bench" / "data" / "stagnation-labels-extra.jsonl"
+"""Our own labels (labels only, never trajectories), scored apart from the shared set."""
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def threshold_grid(base: StagnationConfig | None = None) -> dict[str, StagnationConfig]:
+    """The thresholds a tuner varies around ``base`` (default: the defaults; ``--config``
+    replays another), capped at 12 configurations, ``base`` itself first.
+
+    An alarm is REPLAN, so what matters is how soon each ladder reaches it: the ``stale`` run
+    (4/7/12/20 by default; one earlier, two later), ``repeat`` and ``error`` together (a
+    retried call and a repeated error: 3/4/7/10, or one later), and the model side's ``plan``
+    count (2/3/5/8, or one later). The rest (cycle, recovery, min_steps) is held.
+    """
+    base = base if base is not None else StagnationConfig()
+    grid: dict[str, StagnationConfig] = {}
+    for stale_name, stale in (
+        ("stale as given", base.stale),
+        ("stale 3/6", _ladder(3, 6, 10, 16)),
+        ("stale 5/9", _ladder(5, 9, 14, 22)),
+    ):
+        for repeat_name, repeat in (
+            ("repeat as given", base.repeat),
+            ("repeat 3/5", _ladder(3, 5, 8, 10)),
+        ):
+            for plan_name, plan in (
+                ("plan as given", base.plan),
+                ("plan 3/4", _ladder(3, 4, 6, 9)),
+            ):
+                name = f"{stale_name}, {repeat_name}, {plan_name}"
+                update = {"stale": stale, "repeat": repeat, "plan": plan}
+                if repeat is not base.repeat:
+                    update["error"] = repeat
+                grid[name] = base.model_copy(update=update)
+    return grid
+
+
+MappedRun = list[tuple[int, "ReplayStep | None"]]
+
+
+def map_run(dataset: str, trajectory: dict[str, Any]) -> MappedRun:
+    """Every raw step of ``trajectory`` with its :class:`ReplayStep` (None: nothing to see),
+    mapped once so that every configuration of the grid replays the same objects."""
+    mapper = MAPPERS[dataset]()
+    return [(raw["i"], mapper(raw)) for raw in trajectory["steps"]]
+
+
+def alarm_steps(
+    config: StagnationConfig, run: MappedRun, stop_after: int | None = None
+) -> list[int]:
+    """The steps at which our detector is at REPLAN or above, as :class:`OursAlarm` reports
+    them to the scorer; the replay ends after step ``stop_after`` (None: the whole run)."""
+    detector = StagnationDetector(config)
+    level = StagnationLevel.NONE
+    fires = []
+    for index, step in run:
+        if stop_after is not None and index > stop_after:
+            break
+        if step is not None and step.turn is not None:
+            level = detector.observe_turn(step.turn).level
+        if step is not None and step.event is not None:
+            level = detector.observe(step.event).level
+        if level >= StagnationLevel.REPLAN:
+            fires.append(index)
+    return fires
+
+
+def _stop_after(label: dict[str, Any]) -> int | None:
+    """The last step the held-out figures read: the end of the 8-step window of a stuck run."""
+    if label["label"] != "stuck":
+        return None
+    return int(min(label["end_step"] + 2, label["onset_step"] + WINDOW_STEPS))
+
+
+def grid_records(
+    scorer: ModuleType,
+    labels: list[dict[str, Any]],
+    trajectories: dict[Any, dict[str, Any]],
+    grid: dict[str, StagnationConfig],
+) -> dict[str, list[RunRecord]]:
+    """Per configuration, one :class:`RunRecord` per labelled run (in ``labels`` order)."""
+    runs = []
+    for label in labels:
+        key = scorer.label_key(label)
+        runs.append((key, label, map_run(key[0], trajectories[key]), _stop_after(label)))
+    out: dict[str, list[RunRecord]] = {}
+    for name, config in grid.items():
+        records = []
+        for key, label, run, stop in runs:
+            fires = alarm_steps(config, run, stop)
+            if label["label"] != "stuck":
+                fires = fires[:1]
+            records.append(record_for(key, label, fires))
+        out[name] = records
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """The pooled figures under the defaults, and leave-one-source-out over the grid."""
+
+    name: str
+    pooled: list[RunRecord]
+    loso: LosoResult
+
+    def interval(self, records: list[RunRecord], stuck: bool) -> Interval:
+        """Bootstrap interval of recall within 8 (``stuck``) or of the false-alarm rate."""
+        hits = [r.detected8 if stuck else r.false_alarm for r in records if r.stuck is stuck]
+        return bootstrap_interval(hits, resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED)
+
+
+def evaluate_held_out(
+    scorer: ModuleType,
+    folder: Path,
+    labels_file: Path,
+    name: str,
+    base: StagnationConfig | None = None,
+) -> HeldOut | None:
+    """The grid around ``base`` on the labelled runs of ``labels_file``: ``base`` pooled, and
+    LOSO."""
+    labels = scorer.load_labels(labels_file)
+    if not labels:
+        return None
+    trajectories = scorer.load_trajectories([scorer.label_key(lab) for lab in labels], folder)
+    records = grid_records(scorer, labels, trajectories, threshold_grid(base))
+    defaults = next(iter(records.values()))
+    return HeldOut(name, defaults, leave_one_source_out(records))
+
+
+def _pct(value: float) -> str:
+    return "    -" if math.isnan(value) else f"{100 * value:5.1f}%"
+
+
+def print_held_out(held: HeldOut) -> None:
+    """Pooled (defaults) and leave-one-source-out figures, each with its bootstrap interval."""
+    print(
+        f"{held.name}: held-out figures (grid of {len(threshold_grid())} configurations, "
+        f"bootstrap {BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}, 95%)"
+    )
+    for title, records in (
+        ("defaults, pooled", held.pooled),
+        ("leave-one-source-out", held.loso.pooled),
+    ):
+        stuck = sum(r.stuck for r in records)
+        print(
+            f"  {title:<22} recall within 8 {held.interval(records, True)} of {stuck} stuck; "
+            f"false alarms {held.interval(records, False)} of {len(records) - stuck} progressing"
+        )
+    print(
+        f"  {'held-out source':<36} {'stuck':>5} {'rec@8':>7} {'prog':>5} {'FA':>7}  "
+        "chosen on the other three (train rec@8 / FA)"
+    )
+    for fold in held.loso.folds:
+        stuck = sum(r.stuck for r in fold.held_out)
+        print(
+            f"  {fold.source:<36} {stuck:>5} {_pct(fold.recall):>7} "
+            f"{len(fold.held_out) - stuck:>5} {_pct(fold.false_alarms):>7}  {fold.chosen} "
+            f"({_pct(fold.train_recall).strip()} / {_pct(fold.train_fa).strip()})"
+        )
+    print()
+
+
+def print_held_out_results(held: HeldOut, prefix: str) -> None:
+    """The RESULT lines of one labelled set's held-out figures, with their intervals."""
+    for name, records in (("", held.pooled), ("_loso", held.loso.pooled)):
+        recall = held.interval(records, True)
+        fa = held.interval(records, False)
+        print(f"RESULT {prefix}{name}_recall_within_8 {recall.value:.3f}")
+        print(f"RESULT {prefix}{name}_recall_within_8_ci95 {recall.low:.3f} {recall.high:.3f}")
+        print(f"RESULT {prefix}{name}_false_alarm_rate {fa.value:.3f}")
+        print(f"RESULT {prefix}{name}_false_alarm_rate_ci95 {fa.low:.3f} {fa.high:.3f}")
+
+
 # -- threshold sweep ----------------------------------------------------------------------------
 
 
@@ -1035,6 +1221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--labelled-only", action="store_true", help="only the labelled set (no unlabelled rest)"
     )
+    parser.add_argument(
+        "--extra-labels", help=f"our own labels (default: {EXTRA_LABELS.relative_to(REPO_ROOT)})"
+    )
     args = parser.parse_args(argv)
     folder = trajectories_dir()
     if not folder.is_dir():
@@ -1044,7 +1233,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trajectories: {folder}\nconfig: {config.model_dump_json()}\n")
     started = time.perf_counter()
     scorer = load_scorer(labels_dir())
-    labelled = None
+    labelled = held = extra = None
     if scorer is None:
         print(f"no labelled set at {labels_dir()}; set ORGA_STAGNATION_LABELS. Skipping it.\n")
     else:
@@ -1053,6 +1242,8 @@ def main(argv: list[str] | None = None) -> int:
         print_misses(labelled)
         print_host_replans(labelled)
         print_stalls(labelled)
+        held = _held_out(scorer, folder, labelled, config)
+        extra = _extra_held_out(scorer, folder, args.extra_labels, config)
     results = Results()
     if not args.labelled_only:
         timings: list[float] = []
@@ -1066,7 +1257,51 @@ def main(argv: list[str] | None = None) -> int:
         print()
         run_sweep(folder, scorer)
     print_results(labelled, results)
+    if held is not None:
+        print_held_out_results(held, "stagnation")
+    if extra is not None:
+        print_held_out_results(extra, "stagnation_extra")
     return 0
+
+
+def _held_out(
+    scorer: ModuleType, folder: Path, labelled: LabelledResults, config: StagnationConfig
+) -> HeldOut | None:
+    """The shared set's held-out figures; under ``config`` they must read what the scorer
+    read."""
+    labels_file = labels_dir() / "labels.jsonl"
+    held = evaluate_held_out(scorer, folder, labels_file, "shared labelled set", config)
+    if held is None:
+        return None
+    if abs(recall_within(held.pooled) - labelled.ours["recall@8"]) > 1e-9:
+        raise SystemExit(
+            f"the grid replay reads recall within 8 {recall_within(held.pooled):.3f} under the "
+            f"defaults but the scorer read {labelled.ours['recall@8']:.3f}; alarm_steps must "
+            "replay as OursAlarm does"
+        )
+    print_held_out(held)
+    return held
+
+
+def _extra_held_out(
+    scorer: ModuleType, folder: Path, path: str | None, config: StagnationConfig
+) -> HeldOut | None:
+    """Our own labels (``bench/data``), scored apart: the defaults, then LOSO on them."""
+    labels_file = Path(path) if path else EXTRA_LABELS
+    if not labels_file.exists():
+        print(f"no extra labels at {labels_file}; skipping them.\n")
+        return None
+    name = f"extra labels {labels_file.name}"
+    try:
+        held = evaluate_held_out(scorer, folder, labels_file, name, config)
+    except SystemExit as missing:  # the scorer's "N labelled trajectories not found"
+        if path:
+            raise
+        print(f"extra labels skipped: {missing} (other trajectories: ORGA_TRAJECTORIES).\n")
+        return None
+    if held is not None:
+        print_held_out(held)
+    return held
 
 
 if __name__ == "__main__":

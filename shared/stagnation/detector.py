@@ -33,7 +33,7 @@ episode. A stale result first seen before the episode began, or before the last
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,15 @@ from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
 from shared.stagnation.plans import ModelTurn, PlanMemory, plan_of
 from shared.stagnation.shell import as_shell_event
+from shared.stagnation.signal import (
+    KIND_PRIORITY,
+    Evidence,
+    Signal,
+    SignalInput,
+    recurrence_key,
+    world_error,
+)
+from shared.stagnation.signals import default_signals
 from shared.stagnation.state import (
     MAX_DETAIL_CHARS,
     MAX_MILESTONE_NAMES,
@@ -58,28 +67,6 @@ from shared.stagnation.verdict import (
 )
 
 __all__ = ["StagnationDetector"]
-
-# When two signals reach the same rung on one event, the more specific one names the kind.
-_KIND_PRIORITY = {
-    StagnationKind.CYCLE: 3,
-    StagnationKind.REPEAT: 2,
-    StagnationKind.AMNESIA: 1,
-    StagnationKind.NO_GRADIENT: 0,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class _Signal:
-    """One signal's rung; ``detail`` renders its sentence only if the signal is kept."""
-
-    level: StagnationLevel
-    kind: StagnationKind
-    reasons: tuple[ReasonCode, ...]
-    detail: Callable[[], str]
-
-    def rank(self) -> tuple[int, int]:
-        """Higher rung first; on the same rung, the more specific kind."""
-        return self.level.rank, _KIND_PRIORITY[self.kind]
 
 
 @dataclass(slots=True)
@@ -124,11 +111,6 @@ def _reason_order(reason: ReasonCode) -> int:
     return _REASON_ORDER[reason]
 
 
-def _first_line(text: str, limit: int = 100) -> str:
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 class StagnationDetector:
     """Watches tool events and answers a :class:`StagnationVerdict` after each one.
 
@@ -136,8 +118,13 @@ class StagnationDetector:
     once. :meth:`to_state` / :meth:`from_state` persist and restore it exactly.
     """
 
-    def __init__(self, config: StagnationConfig | None = None) -> None:
+    def __init__(
+        self, config: StagnationConfig | None = None, signals: Sequence[Signal] | None = None
+    ) -> None:
         self.config = config if config is not None else StagnationConfig()
+        self.signals: tuple[Signal, ...] = (
+            tuple(signals) if signals is not None else default_signals()
+        )
         cfg = self.config
         self._total_steps = 0
         self._since_milestone = 0
@@ -198,10 +185,11 @@ class StagnationDetector:
             return self._verdict(escalated=False)
         self._plan_stale += 1
         self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
-        signal = self._plan_signal()
-        if signal is None:
+        evidence = self._evidence(self._signal_input())
+        if not evidence:
             return self._verdict(escalated=False)
-        return self._escalate(signal, set(signal.reasons))
+        strongest = max(evidence, key=Evidence.rank)
+        return self._escalate(strongest, {reason for e in evidence for reason in e.reasons})
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -301,7 +289,7 @@ class StagnationDetector:
         if duplicate is None and fp.is_ack:
             return self._verdict(escalated=False)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
-        self._window.note(self._recurrence_key(event, fp), self._world_error(event, fp))
+        self._window.note(recurrence_key(event, fp), world_error(event, fp))
         if event.kind is ToolKind.WRITE:
             return self._write(event, fp, first_seen, duplicate)
         if duplicate is not None:
@@ -447,7 +435,9 @@ class StagnationDetector:
         episode.stale_steps += 1
         if self._is_amnesia(event, fp, first_seen):
             episode.amnesia_steps += 1
-        signals = self._signals(event, fp, pair)
+        signals = self._evidence(self._signal_input(event, fp, pair))
+        if not signals:
+            return self._verdict(escalated=False)
         strongest = self._naming_signal(signals)
         firing = [sig for sig in signals if sig.level is not StagnationLevel.NONE]
         reasons = {reason for sig in firing for reason in sig.reasons}
@@ -455,17 +445,17 @@ class StagnationDetector:
             reasons.add(ReasonCode.BATCH_DUPLICATE)
         return self._escalate(strongest, reasons)
 
-    def _naming_signal(self, signals: list[_Signal]) -> _Signal:
+    def _naming_signal(self, signals: list[Evidence]) -> Evidence:
         """The signal that drives the level: the highest rung, but when the level is to rise by
         one rung, the most specific of the signals that reach that rung names it (a cycle says
         more than "nothing new")."""
-        strongest = max(signals, key=_Signal.rank)
+        strongest = max(signals, key=Evidence.rank)
         target = _LEVELS[min(self._episode.level.rank + 1, len(_LEVELS) - 1)]
         reaching = [sig for sig in signals if sig.level >= target]
         if not reaching:
             return strongest
-        specific = max(reaching, key=lambda sig: _KIND_PRIORITY[sig.kind])
-        return _Signal(strongest.level, specific.kind, specific.reasons, specific.detail)
+        specific = max(reaching, key=lambda sig: KIND_PRIORITY[sig.kind])
+        return Evidence(strongest.level, specific.kind, specific.reasons, specific.detail)
 
     def _is_amnesia(
         self, event: ToolEvent, fp: EventFingerprint, first_seen: tuple[int, int] | None
@@ -481,177 +471,30 @@ class StagnationDetector:
         long_ago = self._total_steps - step >= 2 * self.config.max_period
         return epoch < self._epoch or (long_ago and step <= self._episode.started_at)
 
-    # -- signals -----------------------------------------------------------------------------
+    # -- signals ---------------------------------------------------------------------------
 
-    def _signals(self, event: ToolEvent, fp: EventFingerprint, pair: str) -> list[_Signal]:
-        """The stale-window signal and whichever input-side signals reach a rung."""
-        candidates = (
-            self._cycle_signal(),
-            self._repeat_signal(event, fp, pair),
-            self._error_signal(event, fp),
-            self._retry_signal(event, fp),
-            self._plan_signal(),
-        )
-        return [self._stale_signal(), *(sig for sig in candidates if sig is not None)]
-
-    def _stale_signal(self) -> _Signal:
-        ep, cfg = self._episode, self.config
-        level = cfg.stale.rung(ep.stale_steps)
-        stale, amnesia = ep.stale_steps, ep.amnesia_steps
-        if amnesia and amnesia * 2 >= stale:
-            reasons = (ReasonCode.STALE_WINDOW, ReasonCode.AMNESIA_REREAD)
-            return _Signal(
-                level,
-                StagnationKind.AMNESIA,
-                reasons,
-                lambda: (
-                    f"{amnesia} of the last {stale} steps showed again what you had already "
-                    "seen before your last new result"
-                ),
-            )
-        return _Signal(
-            level,
-            StagnationKind.NO_GRADIENT,
-            (ReasonCode.STALE_WINDOW,),
-            lambda: f"the last {stale} steps returned nothing you had not already seen",
+    def _signal_input(
+        self,
+        event: ToolEvent | None = None,
+        fp: EventFingerprint | None = None,
+        pair: str | None = None,
+    ) -> SignalInput:
+        """What the signals see of this step (a stale tool event, or a stale turn)."""
+        return SignalInput(
+            config=self.config,
+            window=self._window,
+            stale_steps=self._episode.stale_steps,
+            amnesia_steps=self._episode.amnesia_steps,
+            plan_stale=self._plan_stale,
+            plan_kind=self._plan_kind,
+            event=event,
+            fingerprint=fp,
+            pair=pair,
         )
 
-    def _repeat_signal(self, event: ToolEvent, fp: EventFingerprint, pair: str) -> _Signal | None:
-        """The same (call, result) pair in the episode, or an answer (not a failure: that is
-        :meth:`_retry_signal`) that came back in the last ``history`` events, whatever came
-        between: the same check run after every edit, answering the same each time although
-        a search found something new between two runs (gpt-4o-mini ``databind-4249``)."""
-        count = self._window.count(pair)
-        if not event.failed and event.kind is not ToolKind.WRITE:
-            count = max(count, self._recurrences(fp.pair))
-        level = self.config.repeat.rung(count)
-        if level is StagnationLevel.NONE:
-            return None
-        return _Signal(
-            level,
-            StagnationKind.REPEAT,
-            (ReasonCode.REPEATED_RESULT,),
-            lambda: f"{event.describe()} returned the same result {count} times",
-        )
-
-    def _recurrences(self, pair: str) -> int:
-        """How often an answer came back in the last ``history`` events, unless a cycle going
-        round explains it: an answer in a cycle comes back once per round, one round before
-        the cycle has come round in full; the cycle is the more specific name for that."""
-        recurrences = self._window.retries(pair)
-        cycle = self._window.cycle()
-        return recurrences if cycle is None or recurrences > cycle[1] + 1 else 0
-
-    def _error_signal(self, event: ToolEvent, fp: EventFingerprint) -> _Signal | None:
-        """The same error in the episode, or the same error from the world (:meth:`_world_error`)
-        in the last ``history`` events, whatever the arguments and whatever came between:
-        ``javac: command not found``, ``find.: command not found``, ``mvn: command not found``
-        among a few new reads (doubao ``xml-531``)."""
-        count = self._window.error_count(fp.error)
-        if self._world_error(event, fp) is not None:
-            count = max(count, self._window.recent_errors(fp.error))
-        level = self.config.error.rung(count)
-        if level is StagnationLevel.NONE:
-            return None
-        return _Signal(
-            level,
-            StagnationKind.REPEAT,
-            (ReasonCode.SAME_ERROR,),
-            lambda: (
-                f"{event.tool_name} failed {count} times with the same error "
-                f"({_first_line(event.output)!r}) whatever the arguments"
-            ),
-        )
-
-    @staticmethod
-    def _recurrence_key(event: ToolEvent, fp: EventFingerprint) -> str | None:
-        """What counts as the same result coming back, whatever came between: the same (call,
-        result) pair; for a refused write, the same refusal from the same tool whatever the
-        arguments (a booking refused for the same reason again and again). None for a
-        successful write, which is judged by the state it leaves."""
-        if not event.failed:
-            return None if event.kind is ToolKind.WRITE else fp.pair
-        if event.kind is ToolKind.WRITE and fp.error is not None:
-            return digest("refused", event.tool_name, fp.error)
-        return fp.pair
-
-    @classmethod
-    def _retry_key(cls, event: ToolEvent, fp: EventFingerprint) -> str | None:
-        """What a retried failure is (:meth:`_recurrence_key`); None for an event that did
-        not fail."""
-        return cls._recurrence_key(event, fp) if event.failed else None
-
-    @staticmethod
-    def _world_error(event: ToolEvent, fp: EventFingerprint) -> str | None:
-        """The error a read, a command or a write met, counted across new results.
-
-        An *other* tool's error (a web page that failed to load, a harness refusing the
-        model's reply) is counted within the episode only: an agent at work meets those now
-        and then, and fourteen isolated format errors in a 145-step run are no loop (Gemini
-        ``django-14351``).
-        """
-        return fp.error if event.kind is not ToolKind.OTHER else None
-
-    def _retry_signal(self, event: ToolEvent, fp: EventFingerprint) -> _Signal | None:
-        """The same failing call, unchanged, failing the same way again, whatever came between.
-
-        A new result in between ends the stale run but not this count: re-issuing a call whose
-        failure the agent already has is a loop even when it learns something else meanwhile.
-        """
-        key = self._retry_key(event, fp)
-        if key is None:
-            return None
-        count = self._window.retries(key)
-        level = self.config.repeat.rung(count)
-        if level is StagnationLevel.NONE:
-            return None
-        return _Signal(
-            level,
-            StagnationKind.REPEAT,
-            (ReasonCode.RETRIED_FAILURE,),
-            lambda: (
-                f"{event.describe()} failed the same way {count} times in the last "
-                f"{self.config.history} calls ({_first_line(event.output)!r})"
-            ),
-        )
-
-    def _plan_signal(self) -> _Signal | None:
-        """The model's stale turns: plans re-issued with nothing new since, self-reports."""
-        count = self._plan_stale
-        level = self.config.plan.rung(count)
-        if level is StagnationLevel.NONE or self._plan_kind is None:
-            return None
-        if self._plan_kind is StagnationKind.REPEAT:
-            return _Signal(
-                level,
-                StagnationKind.REPEAT,
-                (ReasonCode.REISSUED_PLAN,),
-                lambda: (
-                    f"{count} of your recent messages repeated an earlier plan or request "
-                    "almost word for word, with nothing new come back in between"
-                ),
-            )
-        return _Signal(
-            level,
-            StagnationKind.NO_GRADIENT,
-            (ReasonCode.SELF_REPORTED_STALL,),
-            lambda: f"{count} of your recent messages said you are stuck or not progressing",
-        )
-
-    def _cycle_signal(self) -> _Signal | None:
-        found = self._window.cycle()
-        if found is None:
-            return None
-        period, repetitions = found
-        level = self.config.cycle.rung(repetitions)
-        if level is StagnationLevel.NONE:
-            return None
-        return _Signal(
-            level,
-            StagnationKind.CYCLE,
-            (ReasonCode.CYCLE,),
-            lambda: f"the same {period} calls with the same results came round {repetitions} times",
-        )
+    def _evidence(self, step: SignalInput) -> list[Evidence]:
+        """Every signal's evidence on ``step``, in the signals' order (ties go to the first)."""
+        return [e for signal in self.signals if (e := signal.observe(step)) is not None]
 
     def _gate_open(self) -> bool:
         """More than ``min_steps`` tool events, or model turns, since the last milestone (a
@@ -659,7 +502,7 @@ class StagnationDetector:
         gate = self.config.min_steps
         return self._since_milestone > gate or self._turns_since_milestone > gate
 
-    def _escalate(self, signal: _Signal, reasons: set[ReasonCode]) -> StagnationVerdict:
+    def _escalate(self, signal: Evidence, reasons: set[ReasonCode]) -> StagnationVerdict:
         """Raise the episode's level toward the signal's, behind the step gate.
 
         The level never goes down within an episode and climbs at most one rung per iteration,
@@ -772,19 +615,24 @@ class StagnationDetector:
 
     @classmethod
     def from_state(
-        cls, config: StagnationConfig | None, state: Mapping[str, Any] | None
+        cls,
+        config: StagnationConfig | None,
+        state: Mapping[str, Any] | None,
+        signals: Sequence[Signal] | None = None,
     ) -> StagnationDetector:
         """A detector that continues from ``state`` (what :meth:`to_state` returned).
 
         ``config`` wins over the configuration saved in the state (a task may retune its
         thresholds); None keeps the saved one. An empty or None ``state`` gives a fresh
-        detector. Raises pydantic's ValidationError when the state is malformed.
+        detector. ``signals`` as for the constructor (the signals keep no state of their own: the
+        detector's memories are what is saved). Raises pydantic's ValidationError when the state
+        is malformed.
         """
         if not state:
-            return cls(config)
+            return cls(config, signals)
         saved = DetectorState.model_validate(state)
         cfg = config if config is not None else saved.config
-        detector = cls(cfg)
+        detector = cls(cfg, signals)
         detector._total_steps = saved.total_steps
         detector._since_milestone = saved.steps_since_milestone
         detector._new_changes = saved.new_state_changes

@@ -218,6 +218,42 @@ def test_eval_scores_the_labelled_set_with_its_own_scorer(tmp_path: Path) -> Non
 
 
 @pytest.mark.usefixtures("scorer")
+def test_eval_reports_leave_one_source_out_with_intervals(tmp_path: Path) -> None:
+    """Held-out figures: one fold per labelled source, each choosing on the other, the pooled
+    held-out RESULT lines with their bootstrap intervals; our extra labels scored apart."""
+    _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())
+    _write(tmp_path, "mini-swe-agent-gemini3pro-verified", _mini_swe_runs())
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(
+        json.dumps(
+            {
+                "dataset": "swe-agent-java-5models",
+                "run": "run_gpt-4o",
+                "instance_id": "made-up-1",
+                "label": "progressing",
+                "onset_step": None,
+                "end_step": None,
+                "kind": None,
+            }
+        )
+        + "\n"
+    )
+    labels = _labels(tmp_path)
+    result = _run(tmp_path, "--labelled-only", "--extra-labels", str(extra), labels=labels)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "shared labelled set: held-out figures (grid of 12 configurations" in out
+    folds = [line for line in out.splitlines() if "chosen on" not in line and "(" in line]
+    assert any(line.startswith("  swe-agent-java-5models") for line in folds)
+    assert "RESULT stagnation_loso_recall_within_8 1.000" in out
+    assert "RESULT stagnation_loso_recall_within_8_ci95 1.000 1.000" in out
+    assert "RESULT stagnation_loso_false_alarm_rate 0.000" in out
+    assert "RESULT stagnation_loso_false_alarm_rate_ci95 0.000 0.000" in out
+    assert "extra labels extra.jsonl: held-out figures" in out
+    assert "RESULT stagnation_extra_false_alarm_rate 0.000" in out
+
+
+@pytest.mark.usefixtures("scorer")
 def test_eval_lists_the_stalls_ours_misses(tmp_path: Path) -> None:
     """A stall ours never flags is listed with its onset and the tool results in its window."""
     _write(tmp_path, "swe-agent-java-5models", _swe_agent_runs())

@@ -1,0 +1,110 @@
+"""The seam every stagnation signal plugs into: :class:`Signal` observes one step, answers
+:class:`Evidence` (or None).
+
+A signal is a module of :mod:`shared.stagnation.signals`, not a private method of the detector:
+the detector keeps the shared memories (what was seen, the stale window, the episode's counts,
+the model's stale turns), hands each signal a read-only :class:`SignalInput` for the step it
+just judged, and takes the strongest :class:`Evidence` to the ladder. A tool event reaches every
+signal when it was judged stale; a model turn reaches every signal when it was a stale turn
+(``event`` is None then: the tool-side signals answer None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.stagnation.config import StagnationConfig
+from shared.stagnation.events import ToolEvent, ToolKind
+from shared.stagnation.fingerprint import EventFingerprint, digest
+from shared.stagnation.memory import StaleWindow
+from shared.stagnation.verdict import ReasonCode, StagnationKind, StagnationLevel
+
+__all__ = [
+    "KIND_PRIORITY",
+    "Evidence",
+    "Signal",
+    "SignalInput",
+    "first_line",
+    "recurrence_key",
+    "world_error",
+]
+
+KIND_PRIORITY = {
+    StagnationKind.CYCLE: 3,
+    StagnationKind.REPEAT: 2,
+    StagnationKind.AMNESIA: 1,
+    StagnationKind.NO_GRADIENT: 0,
+}
+"""When two signals reach the same rung on one step, the more specific kind names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One signal's rung on one step; ``detail`` renders its sentence only if it is kept."""
+
+    level: StagnationLevel
+    kind: StagnationKind
+    reasons: tuple[ReasonCode, ...]
+    detail: Callable[[], str]
+
+    def rank(self) -> tuple[int, int]:
+        """Higher rung first; on the same rung, the more specific kind."""
+        return self.level.rank, KIND_PRIORITY[self.kind]
+
+
+@dataclass(frozen=True, slots=True)
+class SignalInput:
+    """What a signal sees of one step, read-only: the event and its fingerprint (None for a
+    model turn), the pair it was counted under, the detector's stale window, the episode's
+    stale and amnesia counts, and the model side's stale-turn count and kind.
+
+    ``window`` is the detector's own memory: read it, never change it.
+    """
+
+    config: StagnationConfig
+    window: StaleWindow
+    stale_steps: int
+    amnesia_steps: int
+    plan_stale: int
+    plan_kind: StagnationKind | None
+    event: ToolEvent | None = None
+    fingerprint: EventFingerprint | None = None
+    pair: str | None = None
+
+
+class Signal(Protocol):
+    """A source of evidence that the agent is stuck: one method, one step in, evidence out."""
+
+    def observe(self, step: SignalInput) -> Evidence | None:
+        """The rung this signal reaches on ``step`` (None: it has nothing to say)."""
+        ...
+
+
+def first_line(text: str, limit: int = 100) -> str:
+    """The first non-blank line of ``text``, cut to ``limit`` characters."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def recurrence_key(event: ToolEvent, fp: EventFingerprint) -> str | None:
+    """What counts as the same result coming back, whatever came between: the same (call,
+    result) pair; for a refused write, the same refusal from the same tool whatever the
+    arguments (a booking refused for the same reason again and again). None for a successful
+    write, which is judged by the state it leaves."""
+    if not event.failed:
+        return None if event.kind is ToolKind.WRITE else fp.pair
+    if event.kind is ToolKind.WRITE and fp.error is not None:
+        return digest("refused", event.tool_name, fp.error)
+    return fp.pair
+
+
+def world_error(event: ToolEvent, fp: EventFingerprint) -> str | None:
+    """The error a read, a command or a write met, counted across new results.
+
+    An *other* tool's error (a web page that failed to load, a harness refusing the model's
+    reply) is counted within the episode only: an agent at work meets those now and then, and
+    fourteen isolated format errors in a 145-step run are no loop (Gemini ``django-14351``).
+    """
+    return fp.error if event.kind is not ToolKind.OTHER else None

@@ -1,0 +1,39 @@
+"""The detector's signals, one module each, behind :class:`~shared.stagnation.signal.Signal`.
+
+:func:`default_signals` is the production set, in the order ties are broken (the first of equal
+evidence wins): the stale run (always first: it answers on every stale tool event), cycles,
+repeated results, repeated errors, retried failures, and the model's stale turns. A new signal
+is a new module here with an ``observe`` method, added to this list or passed to
+:class:`~shared.stagnation.detector.StagnationDetector` by a host.
+"""
+
+from __future__ import annotations
+
+from shared.stagnation.signal import Signal
+from shared.stagnation.signals.cycle import CycleSignal
+from shared.stagnation.signals.error import ErrorSignal
+from shared.stagnation.signals.plan import PlanSignal
+from shared.stagnation.signals.repeat import RepeatSignal, RetrySignal
+from shared.stagnation.signals.stale import StaleSignal
+
+__all__ = [
+    "CycleSignal",
+    "ErrorSignal",
+    "PlanSignal",
+    "RepeatSignal",
+    "RetrySignal",
+    "StaleSignal",
+    "default_signals",
+]
+
+
+def default_signals() -> tuple[Signal, ...]:
+    """The production signals, stale run first, in tie-breaking order."""
+    return (
+        StaleSignal(),
+        CycleSignal(),
+        RepeatSignal(),
+        ErrorSignal(),
+        RetrySignal(),
+        PlanSignal(),
+    )

@@ -1,0 +1,119 @@
+"""The ``Signal`` seam: a signal is a module with one ``observe`` method, plugged into the
+detector; the production signals behind it give the detector's verdicts."""
+
+from __future__ import annotations
+
+from shared.stagnation import (
+    ReasonCode,
+    StagnationConfig,
+    StagnationDetector,
+    StagnationKind,
+    StagnationLevel,
+    ToolEvent,
+)
+from shared.stagnation.signal import Evidence, Signal, SignalInput
+from shared.stagnation.signals import (
+    CycleSignal,
+    ErrorSignal,
+    PlanSignal,
+    RepeatSignal,
+    RetrySignal,
+    StaleSignal,
+    default_signals,
+)
+from tests.shared.test_stagnation_trajectories import read
+
+NO_GATE = StagnationConfig(min_steps=0)
+
+
+class SameToolSignal:
+    """A signal of our own: the same tool name, stale, several times in a row reaches REPLAN."""
+
+    def __init__(self) -> None:
+        self.seen: list[SignalInput] = []
+
+    def observe(self, step: SignalInput) -> Evidence | None:
+        self.seen.append(step)
+        if step.event is None or step.stale_steps < 2:
+            return None
+        return Evidence(
+            StagnationLevel.ABORT,
+            StagnationKind.NO_GRADIENT,
+            (ReasonCode.STALE_WINDOW,),
+            lambda: f"{step.event.tool_name if step.event else ''} again",
+        )
+
+
+def _reread(times: int) -> list[ToolEvent]:
+    return [read("src/a.py", "def a(): ...") for _ in range(times)]
+
+
+def test_default_signals_are_the_production_set_in_tie_order() -> None:
+    """Stale run first (it answers on every stale event), then cycle, repeat, error, retry,
+    and the model side; every one satisfies the protocol."""
+    signals = default_signals()
+    assert [type(s) for s in signals] == [
+        StaleSignal,
+        CycleSignal,
+        RepeatSignal,
+        ErrorSignal,
+        RetrySignal,
+        PlanSignal,
+    ]
+    typed: tuple[Signal, ...] = signals
+    assert all(callable(signal.observe) for signal in typed)
+    assert [type(s) for s in StagnationDetector().signals] == [type(s) for s in signals]
+
+
+def test_a_new_signal_is_a_module_passed_to_the_detector() -> None:
+    """A host-supplied signal sees each stale step and drives the ladder one rung per
+    iteration like any other; the stale run alone stays below it on the same steps."""
+    own = SameToolSignal()
+    detector = StagnationDetector(NO_GATE, signals=[StaleSignal(), own])
+    levels = [detector.observe(event).level for event in _reread(4)]
+    assert levels == [
+        StagnationLevel.NONE,  # the first read is new: no signal is asked
+        StagnationLevel.NONE,  # one stale step: ours says nothing yet
+        StagnationLevel.NUDGE,  # ours at ABORT, one rung per iteration
+        StagnationLevel.REPLAN,
+    ]
+    assert [step.stale_steps for step in own.seen] == [1, 2, 3]
+    assert all(step.event is not None and step.fingerprint is not None for step in own.seen)
+    plain = StagnationDetector(NO_GATE, signals=[StaleSignal()])
+    assert {plain.observe(e).level for e in _reread(4)} == {StagnationLevel.NONE}
+
+
+def test_without_signals_nothing_escalates() -> None:
+    """An empty signal list keeps counting but never raises the level."""
+    detector = StagnationDetector(NO_GATE, signals=[])
+    assert {detector.observe(e).level for e in _reread(12)} == {StagnationLevel.NONE}
+    assert detector.counters()["stale_steps"] == 11
+
+
+def test_tool_side_signals_say_nothing_on_a_turn() -> None:
+    """A stale turn reaches the signals with no event: only the model side answers."""
+    step = SignalInput(
+        config=NO_GATE,
+        window=StagnationDetector()._window,
+        stale_steps=9,
+        amnesia_steps=0,
+        plan_stale=3,
+        plan_kind=StagnationKind.NO_GRADIENT,
+    )
+    answers = {type(s).__name__: s.observe(step) for s in default_signals()}
+    assert {name for name, e in answers.items() if e is not None} == {"PlanSignal"}
+    plan = answers["PlanSignal"]
+    assert plan is not None
+    assert plan.level is StagnationLevel.REPLAN
+    assert plan.reasons == (ReasonCode.SELF_REPORTED_STALL,)
+
+
+def test_restored_detector_keeps_the_host_signals() -> None:
+    """from_state takes the signals as the constructor does; the saved state is the detector's."""
+    own = SameToolSignal()
+    detector = StagnationDetector(NO_GATE, signals=[own])
+    for event in _reread(2):
+        detector.observe(event)
+    restored = StagnationDetector.from_state(None, detector.to_state(), signals=[own])
+    assert restored.signals == (own,)
+    assert restored.observe(_reread(1)[0]).level is StagnationLevel.NUDGE
