@@ -60,8 +60,10 @@ class QueueGauge:
         for queue in QUEUES:
             pipe.llen(queue)
             pipe.get(keys.queue_started_key(queue))
-        pipe.xinfo_groups(keys.observations_stream)
-        pipe.xpending(keys.observations_stream, keys.coordinator_group)
+        # The progress of partition 0's observations stands for all of them (merging every
+        # partition's progress comes with leasing partitions between coordinators).
+        pipe.xinfo_groups(keys.observations_stream(0))
+        pipe.xpending(keys.observations_stream(0), keys.coordinator_group)
         replies = await pipe.execute(raise_on_error=False)
         failed = [r for r in replies[: 2 * len(QUEUES)] if isinstance(r, Exception)]
         if failed:  # only the stream's replies may fail (no stream or group yet)
