@@ -133,7 +133,7 @@ def test_the_queue_gauge_reads_how_far_the_coordinators_got(
     async def run() -> list[StreamProgress]:
         seen = []
         async with redis_client() as redis:
-            stream, group = keys.observations_stream, keys.coordinator_group
+            stream, group = keys.observations_stream(0), keys.coordinator_group
             gauge = QueueGauge()
             await gauge.sample(redis, now=1.0)
             seen.append(gauge.observations)

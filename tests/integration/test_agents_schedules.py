@@ -164,7 +164,7 @@ def _scheduled_tasks(client: OrgaClient, name: str) -> dict[str, list[str]]:
 
 def _intake_read(client: OrgaClient) -> bool:
     """Whether the coordinators have read every intake entry and acknowledged it."""
-    groups = cast("list[dict[str, Any]]", client.redis.xinfo_groups(keys.intake_stream))
+    groups = cast("list[dict[str, Any]]", client.redis.xinfo_groups(keys.intake_stream(0)))
     group = next(g for g in groups if g["name"] in (keys.coordinator_group,
                                                     keys.coordinator_group.encode()))  # fmt: skip
     return group["lag"] == 0 and group["pending"] == 0
@@ -217,7 +217,7 @@ def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> 
     assert {t for ids in submitted for t in ids} == {task_id}
     client = cluster.client()
     assert client.wait(task_id, timeout_s=60)["status"] == "completed", cluster.logs()
-    entries = [f for _id, f in client.redis.xrange(keys.intake_stream)
+    entries = [f for _id, f in client.redis.xrange(keys.intake_stream(0))
                if f.get("task_id") == task_id]  # fmt: skip
     assert len(entries) == sum(len(ids) for ids in submitted)
     if len(entries) == 2:

@@ -398,14 +398,14 @@ def _stored_task(redis_url: str, task_id: str, status: TaskStatus) -> None:
     record = TaskRecord(task_id=task_id, spec=spec, status=status, created_at=0, updated_at=0)
     with redis.Redis.from_url(redis_url) as client:
         client.hset(
-            keys.task_key(task_id),
+            keys.task_key(task_id, 0),
             mapping={"state": record.model_dump_json(), "status": status.value},
         )
 
 
 def _cancels(redis_url: str, task_id: str) -> int:
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        rows = client.xrange(keys.control_stream)
+        rows = client.xrange(keys.control_stream(0))
     return sum(1 for _id, fields in rows if fields.get("task_id") == task_id)
 
 

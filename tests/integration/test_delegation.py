@@ -187,9 +187,9 @@ def test_child_submissions_and_results_are_on_the_streams_once(cluster: Cluster)
     client = cluster.client()
     task_id = client.submit(_parent("nobody-either"), task_id="deleg-once")
     wait_until(lambda: status_of(client, task_id) == "completed", 60, "parent completed")
-    submitted = [f for _i, f in plain.xrange(keys.intake_stream) if f["task_id"] == f"{task_id}.1"]
+    submitted = [f for _i, f in plain.xrange(keys.intake_stream(0)) if f["task_id"] == f"{task_id}.1"]
     assert len(submitted) == 1
-    events = [f for _i, f in plain.xrange(keys.events_stream) if f.get("task_id") == task_id]
+    events = [f for _i, f in plain.xrange(keys.events_stream(0)) if f.get("task_id") == task_id]
     assert [e["event"] for e in events].count("child_finished") == 1
 
 

@@ -162,8 +162,8 @@ def test_an_out_of_memory_redis_loses_no_submission_and_no_process(
             events = [f for _i, f in client.events(count=100_000) if f.get("task_id") == task_id]
             raise AssertionError(f"{exc}: {client.status(task_id)} {events}") from exc
         assert client.result(task_id)["status"] == "completed", fresh_cluster.logs()
-    assert raw.xlen(keys.dead_letter_stream) == 0
-    assert raw.xlen(keys.rejected_stream) == 0
+    assert raw.xlen(keys.dead_letter_stream(0)) == 0
+    assert raw.xlen(keys.rejected_stream(0)) == 0
     raw.close()
     assert worker.popen is not None and worker.popen.poll() is None, worker.tail()
     assert coordinator.popen is not None and coordinator.popen.poll() is None, coordinator.tail()
