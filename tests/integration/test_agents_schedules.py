@@ -19,7 +19,7 @@ from coordinator.client import OrgaClient
 from coordinator.schedules import Scheduler
 from shared import keys
 from shared.schedule import Schedule, fire_key, fire_task_id
-from tests.integration.harness import REPO, Cluster, wait_until
+from tests.integration.harness import PARTITIONS_VAR, REPO, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ SCHEDULED_TASK = REPO / "examples" / "schedule" / "task.yaml"
 
 
 def _orga(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update(ORGA_REDIS_URL=cluster.redis_url, ORGA_WORKSPACE_ROOT=str(cluster.workspaces))
     env["COLUMNS"] = "200"
     return subprocess.run(
@@ -242,7 +242,7 @@ SCHEDULED_TASK_JSON = json.dumps(
 
 
 def _embedded(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"))
     return subprocess.run(
         [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=180,

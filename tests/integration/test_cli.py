@@ -26,7 +26,7 @@ from coordinator.embedded_redis import EmbeddedRedis
 from coordinator.state import TaskRecord, TaskStatus
 from shared import keys
 from shared.task_spec import parse_task
-from tests.integration.harness import ORGA, REPO, run_orga
+from tests.integration.harness import ORGA, PARTITIONS, PARTITIONS_VAR, REPO, run_orga
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env["COLUMNS"] = "80"
     env.update(extra)
     return env
@@ -398,14 +398,14 @@ def _stored_task(redis_url: str, task_id: str, status: TaskStatus) -> None:
     record = TaskRecord(task_id=task_id, spec=spec, status=status, created_at=0, updated_at=0)
     with redis.Redis.from_url(redis_url) as client:
         client.hset(
-            keys.task_key(task_id, 0),
+            keys.task_key(task_id, keys.partition_of(task_id, PARTITIONS)),
             mapping={"state": record.model_dump_json(), "status": status.value},
         )
 
 
 def _cancels(redis_url: str, task_id: str) -> int:
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        rows = client.xrange(keys.control_stream(0))
+        rows = client.xrange(keys.control_stream(keys.partition_of(task_id, PARTITIONS)))
     return sum(1 for _id, fields in rows if fields.get("task_id") == task_id)
 
 
