@@ -135,7 +135,7 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     async def embedded() -> Any:
         _STOP.on_signals(asyncio.get_running_loop())
         async with EmbeddedRuntime(settings, _home(), key_fds=key_fds) as runtime:
-            client = OrgaClient(runtime.url)
+            client = OrgaClient(runtime.url, partitions=settings.partitions)
             return await asyncio.to_thread(body, client, True)
 
     return aio.run(embedded())
@@ -492,7 +492,8 @@ def _read(body: Callable[[OrgaClient], Any]) -> Any:
     async def embedded() -> Any:
         _STOP.on_signals(asyncio.get_running_loop(), interrupt=asyncio.current_task())
         async with EmbeddedRuntime(settings, _home(), start_worker=False) as runtime:
-            return await asyncio.to_thread(body, OrgaClient(runtime.url))
+            client = OrgaClient(runtime.url, partitions=settings.partitions)
+            return await asyncio.to_thread(body, client)
 
     try:
         return aio.run(embedded())

@@ -101,7 +101,9 @@ class OrgaClient:
         if self._count is None:
             if self.partitions is None:
                 stored = self.redis.get(keys.partitions_key)
-                self._count = int(cast("str", stored)) if stored is not None else 1
+                if stored is None:  # no process started yet: asked again next time
+                    return 1
+                self._count = int(cast("str", stored))
             else:
                 self.redis.set(keys.partitions_key, self.partitions, nx=True)
                 stored = cast("str | None", self.redis.get(keys.partitions_key))
