@@ -218,7 +218,7 @@ class Coordinator:
         it together write one ``state_lost`` event, not one each."""
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
-        self._queues = QueueGauge()
+        self._queues = QueueGauge(partitions=self.settings.partitions)
         self._refusals = RateGate(self.settings.refusal_log_interval_s)
         self._starting: set[str] = set()
         """Tasks an intake read created whose start commit waits to be sent with the others
@@ -811,7 +811,7 @@ class Coordinator:
             queue=queue,
             queue_depth=self._queues.depth(queue),
             drain_per_s=self._queues.drain_per_s(queue),
-            observations=self._queues.observations,
+            observations=self._queues.progress(self.store.partition(task_id)),
         )
 
     async def _hold(self, task_id: str) -> bool:
