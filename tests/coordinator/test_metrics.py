@@ -246,3 +246,23 @@ def test_observation_lag_is_the_age_of_the_oldest_undelivered_entry(
         pending, undelivered, lag_s = observation_backlog(client, now=old / 1000 + 30)
     assert (pending, undelivered) == (0, 2)
     assert lag_s == pytest.approx(30.0)
+
+
+def test_the_gauges_sum_every_partition(redis_url: str, redis_client: Any) -> None:
+    """Tasks by status, reviews waiting, dead letters and the observation backlog are read
+    from every partition and summed."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        for p in (0, 3):
+            client.hset(keys.status_counts_key(p), mapping={"running": 2, "completed": p})
+            client.hset(keys.open_reviews_key(p), f"r{p}", "{}")
+            client.xadd(keys.dead_letter_stream(p), {"n": "1"})
+            client.xgroup_create(keys.observations_stream(p), keys.coordinator_group, mkstream=True)
+            client.xadd(keys.observations_stream(p), {"n": "1"})
+    registry = CollectorRegistry()
+    registry.register(RedisStateCollector(redis_url, partitions=4))
+    text = generate_latest(registry).decode()
+    assert _value(text, "orga_tasks", status="running") == 4
+    assert _value(text, "orga_tasks", status="completed") == 3
+    assert _value(text, "orga_escalations_waiting") == 2
+    assert _value(text, "orga_dead_letters") == 2
+    assert _value(text, "orga_observations_undelivered") == 2

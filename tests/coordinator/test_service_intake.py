@@ -205,3 +205,41 @@ def test_a_task_that_is_not_utf8_is_rejected_naming_the_byte(
             ] == 0
 
     asyncio.run(run())
+
+
+def test_on_several_partitions_an_entry_is_created_in_its_tasks_partition_only(
+    redis_client: RedisClientFactory,
+) -> None:
+    """With 4 partitions, an entry on its task's partition's intake is created there (a child's
+    id in its root's); one on another partition's intake is rejected naming the right stream;
+    one without an id gets an id in the partition it came on."""
+    settings = CoordinatorSettings(
+        machine=MachineSettings(workspace_root="/ws"), block_ms=10, partitions=4
+    )
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            node = Coordinator(client, settings=settings, name="mine")
+            await node._ensure_groups()
+            home = keys.partition_of("root-1", 4)
+            wrong = (home + 1) % 4
+            await client.xadd(
+                keys.intake_stream(home), {"task_id": "root-1", "task": json.dumps(TASK)}
+            )
+            await client.xadd(
+                keys.intake_stream(wrong), {"task_id": "root-1.x", "task": json.dumps(TASK)}
+            )
+            await client.xadd(keys.intake_stream(wrong), {"task": json.dumps(TASK)})
+            for _ in range(3):
+                await node._intake_once()
+            assert await client.hget(keys.task_key("root-1", home), "status") is not None
+            assert await client.sismember(keys.active_tasks_key(home), "root-1")
+            rejected = [f for _i, f in await client.xrange(keys.rejected_stream(wrong))]
+            assert [r["task_id"] for r in rejected] == ["root-1.x"]
+            assert f"partition {home} of 4" in rejected[0]["error"]
+            assert keys.intake_stream(home) in rejected[0]["error"]
+            created = await client.smembers(keys.active_tasks_key(wrong))
+            assert len(created) == 1
+            assert {keys.partition_of(t, 4) for t in created} == {wrong}
+
+    asyncio.run(run())

@@ -241,3 +241,41 @@ def test_create_takes_the_lease_and_the_last_commit_releases_it(
             assert await client.get(keys.lease_key(task_id, 0)) == left
 
     _scenario(redis_url, body)
+
+
+def test_on_16_partitions_each_script_touches_one_slot_and_the_views_merge(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Every key a commit names is in its task's partition (a child's in its root's, so its
+    ``child_finished`` for the parent stays in the slot); active, due, finished and purged
+    tasks are found in whichever partition they are."""
+
+    async def run() -> None:
+        client = Redis.from_url(redis_url)
+        store = TaskStore(client, partitions=16)
+        try:
+            ids = ["root", "root.1", "root.1.2", "other", "third"]
+            pending = []
+            for task_id in ids:
+                record = _record(task_id)
+                await store.create(record)
+                machine = _machine(record)
+                pending.append(store.prepare(machine.record, machine.start()))
+            for commit in pending:
+                tag = keys.partition_tag(store.partition(commit.record.task_id))
+                assert all(f":{tag}:" in key for key in commit.keys), commit.keys
+            assert len({keys.partition_of(t, 16) for t in ids}) > 1
+            assert {keys.partition_of(t, 16) for t in ids[:3]} == {keys.partition_of("root", 16)}
+            await store.commit_many(pending)
+            assert await store.active_task_ids() == sorted(ids)
+            assert sorted(await store.due_task_ids(now=1e12, limit=100)) == sorted(ids)
+            assert await store.still_active(ids) == [True] * len(ids)
+            machine = _machine(await store.load("other") or _record("x"), now=12.0)
+            await store.commit(machine.record, machine.cancel("test"))
+            assert await store.purge_finished(finished_before=13.0) == 1
+            assert await store.load("other") is None
+            assert await store.active_task_ids() == sorted(set(ids) - {"other"})
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
