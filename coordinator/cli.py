@@ -409,6 +409,9 @@ def _embedded_env() -> dict[str, str]:
     root = os.environ.get("ORGA_WORKSPACE_ROOT")
     if root:
         env["ORGA_WORKSPACE_ROOT"] = os.path.abspath(os.path.expanduser(root))
+    partitions = os.environ.get("ORGA_PARTITIONS")
+    if partitions:  # the state was created with it: a command with another count is refused
+        env["ORGA_PARTITIONS"] = partitions
     return env
 
 

@@ -355,6 +355,8 @@ def test_printed_decide_commands_run_as_printed_outside_the_venv(tmp_path: Path)
         assert os.access(executable, os.X_OK), line
         assert f"ORGA_HOME={tmp_path / 'orga home'}" in words
         assert f"ORGA_WORKSPACE_ROOT={tmp_path / 'work spaces'}" in words
+        if PARTITIONS != 1:  # the embedded state was created with it: the commands carry it
+            assert f"{PARTITIONS_VAR}={PARTITIONS}" in words
     assert shlex.split(commands["retry"])[-3:] == ["--retry", "--hint", "what to try instead"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
