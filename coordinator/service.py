@@ -348,8 +348,7 @@ class Coordinator:
             await self._intake(stream, entry_id, fields, starts)
 
         try:
-            for stream, entries in await self._read(keys.intake_stream):
-                await self._handle_all(stream, entries, intake)
+            await self._handle_read(await self._read(keys.intake_stream), intake)
         except Exception:
             with contextlib.suppress(Exception):  # the tick starts what is left
                 await self._start_all(starts)
@@ -402,6 +401,22 @@ class Coordinator:
             except RedisError as exc:
                 if is_transient(exc):
                     await self._give_back(stream, [e for e, _f in entries[index:]])
+                raise
+
+    async def _handle_read(
+        self,
+        batches: list[tuple[str, list[tuple[str, dict[Any, Any]]]]],
+        handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]],
+    ) -> None:
+        """:meth:`_handle_all` for each partition's stream of a read, in turn; when Redis
+        refuses, the entries of the streams not reached get their delivery back too."""
+        for index, (stream, entries) in enumerate(batches):
+            try:
+                await self._handle_all(stream, entries, handle)
+            except RedisError as exc:
+                if is_transient(exc):
+                    for later, rest in batches[index + 1 :]:
+                        await self._give_back(later, [e for e, _f in rest])
                 raise
 
     async def _give_back(self, stream: str, entry_ids: list[str]) -> None:
@@ -592,8 +607,7 @@ class Coordinator:
                 _own_failure(exc, stream, entry_id, failures)
 
         try:
-            for stream, entries in await self._read(keys.observations_stream):
-                await self._handle_all(stream, entries, observe)
+            await self._handle_read(await self._read(keys.observations_stream), observe)
             await self._commit_decided(waiting, failures)
         except RedisError as exc:
             if is_transient(exc) and waiting:
@@ -729,8 +743,7 @@ class Coordinator:
     # -- control --------------------------------------------------------------------------
 
     async def _control_once(self) -> None:
-        for stream, entries in await self._read(keys.control_stream):
-            await self._handle_all(stream, entries, self._control)
+        await self._handle_read(await self._read(keys.control_stream), self._control)
 
     async def _control(self, stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
         text = {_text(k): _text(v) for k, v in fields.items()}
