@@ -442,18 +442,18 @@ class ChaosCluster:
             time.sleep(0.001)
 
     def _pending_count(self) -> int:
-        summary: Any = self.redis.xpending(keys.observations_stream, keys.coordinator_group)
+        summary: Any = self.redis.xpending(keys.observations_stream(0), keys.coordinator_group)
         return int(summary.get("pending") or 0) if summary else 0
 
     def _pending_observations(self) -> dict[str, dict[Any, Any]]:
         """The observations read by a coordinator and not acknowledged yet, by entry id."""
         rows = self.redis.xpending_range(
-            keys.observations_stream, keys.coordinator_group, min="-", max="+", count=10_000
+            keys.observations_stream(0), keys.coordinator_group, min="-", max="+", count=10_000
         )
         found: dict[str, dict[Any, Any]] = {}
         for row in rows:
             entry_id = row["message_id"]
-            entries: Any = self.redis.xrange(keys.observations_stream, entry_id, entry_id)
+            entries: Any = self.redis.xrange(keys.observations_stream(0), entry_id, entry_id)
             for _id, fields in entries or []:
                 found[_text(entry_id)] = dict(fields or {})
         return found
@@ -488,7 +488,7 @@ class ChaosCluster:
 
     def _stream_lengths(self) -> dict[str, int]:
         """Entries in the observations and events streams (what a lost write takes away)."""
-        streams = {"observations": keys.observations_stream, "events": keys.events_stream}
+        streams = {"observations": keys.observations_stream(0), "events": keys.events_stream(0)}
         try:
             return {name: int(self.redis.xlen(stream)) for name, stream in streams.items()}
         except RedisError:
@@ -571,8 +571,8 @@ class Progress:
         """Update ``share`` (journal entries written / expected) and ``terminal``."""
         pipe = self.redis.pipeline(transaction=False)
         for task_id in self.task_ids:
-            pipe.xlen(keys.journal_stream(task_id))
-            pipe.hget(keys.task_key(task_id), "status")
+            pipe.xlen(keys.journal_stream(task_id, 0))
+            pipe.hget(keys.task_key(task_id, 0), "status")
         try:
             replies = pipe.execute()
         except RedisError:
@@ -939,7 +939,7 @@ def _duplicates(client: OrgaClient, outcomes: Sequence[TaskOutcome]) -> int:
     del outcomes  # the stream itself says it
     seen: set[tuple[str, str, int, str | None, str]] = set()
     duplicates = 0
-    for _entry_id, fields in client.redis.xrange(keys.observations_stream):
+    for _entry_id, fields in client.redis.xrange(keys.observations_stream(0)):
         try:
             message = decode_entry(fields)
         except WireFormatError:
@@ -1179,7 +1179,7 @@ def _report(
         iterations_applied=sum(
             1 for o in outcomes for e in o.journal if e.event.type == "ReasoningComplete"
         ),
-        dead_letters=int(client.redis.xlen(keys.dead_letter_stream)),
+        dead_letters=int(client.redis.xlen(keys.dead_letter_stream(0))),
         latencies=_dispatch_latencies(outcomes),
         duplicates=_duplicates(client, outcomes),
         duplicate_starts=sum(o.duplicate_starts for o in outcomes),

@@ -235,9 +235,9 @@ def _some_child_ended(client: OrgaClient, parents: Sequence[str]) -> bool:
 def _check(client: OrgaClient, parents: Sequence[str], report: DelegationChaosReport) -> None:
     plain = redis.Redis.from_url(client.redis_url, decode_responses=True)
     submitted: dict[str, int] = {}
-    for _id, fields in plain.xrange(keys.intake_stream):
+    for _id, fields in plain.xrange(keys.intake_stream(0)):
         submitted[fields.get("task_id", "")] = submitted.get(fields.get("task_id", ""), 0) + 1
-    events: list[dict[str, str]] = [f for _i, f in plain.xrange(keys.events_stream)]
+    events: list[dict[str, str]] = [f for _i, f in plain.xrange(keys.events_stream(0))]
     plain.close()
     for parent in parents:
         _check_parent(client, parent, submitted, events, report)

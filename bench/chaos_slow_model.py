@@ -284,7 +284,7 @@ def wait_ended(
     while time.time() < until:
         pipe = client.redis.pipeline(transaction=False)
         for task_id in task_ids:
-            pipe.hget(keys.task_key(task_id), "status")
+            pipe.hget(keys.task_key(task_id, 0), "status")
         ended = sum(1 for status in pipe.execute() if status in ENDED)
         if ended == len(task_ids):
             return

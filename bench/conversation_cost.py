@@ -68,13 +68,13 @@ def redis_bytes_of_task(client: OrgaClient, task_id: str) -> int:
     """Bytes Redis holds for one finished task (MEMORY USAGE of each of its keys), plus what
     it left in the observations stream."""
     task_keys = [
-        keys.task_key(task_id),
-        keys.journal_stream(task_id),
-        keys.journal_sequence_key(task_id),
-        keys.conversation_key(task_id),
+        keys.task_key(task_id, 0),
+        keys.journal_stream(task_id, 0),
+        keys.journal_sequence_key(task_id, 0),
+        keys.conversation_key(task_id, 0),
     ]
     used = sum(int(client.redis.memory_usage(k, samples=0) or 0) for k in task_keys)
-    return used + int(client.redis.memory_usage(keys.observations_stream, samples=0) or 0)
+    return used + int(client.redis.memory_usage(keys.observations_stream(0), samples=0) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

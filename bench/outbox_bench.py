@@ -110,7 +110,7 @@ def _consumer_process(url: str, count: int, out: Connection) -> None:
 def _single(client: redis.Redis, count: int) -> list[float]:
     added = []
     for n in range(count):
-        client.xadd(keys.outbox_stream(), _entry(n).fields())  # type: ignore[arg-type]
+        client.xadd(keys.outbox_stream(0), _entry(n).fields())  # type: ignore[arg-type]
         committed = time.perf_counter()
         client.brpop([keys.reasoning_queue], timeout=30)
         added.append((time.perf_counter() - committed) * 1000)
@@ -129,7 +129,7 @@ def _load(url: str, client: redis.Redis, count: int, rate: float) -> list[float]
         while (now := time.perf_counter()) < due:
             time.sleep(min(due - now, 0.001))
         entry = _entry(n)
-        client.xadd(keys.outbox_stream(), entry.fields())  # type: ignore[arg-type]
+        client.xadd(keys.outbox_stream(0), entry.fields())  # type: ignore[arg-type]
         committed[entry.id] = time.time()
     arrivals: dict[str, float] = mine.recv()
     consumer.join()
@@ -153,7 +153,7 @@ def _measure(
         stop.set()
         cpu_s: float = mine.recv()
         relay.join()
-        if client.xlen(keys.outbox_stream()):
+        if client.xlen(keys.outbox_stream(0)):
             raise RuntimeError("entries left on the outbox: the relay did not remove them")
     return added, cpu_s * 1000 / count
 

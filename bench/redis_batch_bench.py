@@ -159,7 +159,7 @@ def main() -> None:
         plain = redis.Redis.from_url(server.url)
         message = ConversationMessage.user("hello").model_dump_json()
         for i in range(args.calls):
-            plain.rpush(keys.conversation_key(f"t{i}"), message)
+            plain.rpush(keys.conversation_key(f"t{i}", 0), message)
         provider = ProviderSettings(provider="openai", api_key="sk-x", base_url="http://m.test/v1")
         services = ProcessServices(OrgaSettings(redis_url=server.url), provider, server.url)
         try:

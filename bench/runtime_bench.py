@@ -364,7 +364,7 @@ def wait_all(client: OrgaClient, ids: Sequence[str], timeout_s: float) -> dict[s
         window = pending[:POLL_WINDOW]
         pipe = client.redis.pipeline(transaction=False)
         for task_id in window:
-            pipe.hget(keys.task_key(task_id), "status")
+            pipe.hget(keys.task_key(task_id, 0), "status")
         for task_id, status in zip(window, pipe.execute(), strict=True):
             if status in TERMINAL:
                 statuses[task_id] = str(status)
@@ -568,11 +568,11 @@ def stream_lengths(client: OrgaClient, task_id: str) -> dict[str, tuple[int, int
     to (``MAXLEN ~``, production defaults)."""
     settings = OrgaSettings()
     caps = {
-        keys.intake_stream: keys.intake_maxlen,
-        keys.observations_stream: keys.observations_maxlen,
-        keys.events_stream: settings.events_maxlen,
-        keys.dead_letter_stream: DEAD_LETTER_MAXLEN,
-        keys.journal_stream(task_id): settings.journal_maxlen,
+        keys.intake_stream(0): keys.intake_maxlen,
+        keys.observations_stream(0): keys.observations_maxlen,
+        keys.events_stream(0): settings.events_maxlen,
+        keys.dead_letter_stream(0): DEAD_LETTER_MAXLEN,
+        keys.journal_stream(task_id, 0): settings.journal_maxlen,
     }
     return {name: (int(client.redis.xlen(name)), cap) for name, cap in caps.items()}
 
@@ -580,17 +580,17 @@ def stream_lengths(client: OrgaClient, task_id: str) -> dict[str, tuple[int, int
 def kept_keys(client: OrgaClient) -> dict[str, int]:
     """How many keys of each per-task family exist (finished tasks included)."""
     families = {
-        "orga:task:*": keys.task_key("*"),
-        "orga:journal:*": keys.journal_stream("*"),
-        "orga:journal_seq:*": keys.journal_sequence_key("*"),
-        "orga:lease:*": keys.lease_key("*"),
+        "orga:task:*": keys.task_key("*", 0),
+        "orga:journal:*": keys.journal_stream("*", 0),
+        "orga:journal_seq:*": keys.journal_sequence_key("*", 0),
+        "orga:lease:*": keys.lease_key("*", 0),
     }
     counts = {
         label: sum(1 for _ in client.redis.scan_iter(match=pattern, count=5000))
         for label, pattern in families.items()
     }
-    counts["orga:tasks:index (zset)"] = int(client.redis.zcard(keys.task_index_key))
-    counts["orga:tasks:active (set)"] = int(client.redis.scard(keys.active_tasks_key))
+    counts["orga:tasks:index (zset)"] = int(client.redis.zcard(keys.task_index_key(0)))
+    counts["orga:tasks:active (set)"] = int(client.redis.scard(keys.active_tasks_key(0)))
     counts["celery-task-meta-* (raw results)"] = sum(
         1 for _ in client.redis.scan_iter(match="celery-task-meta-*", count=5000)
     )

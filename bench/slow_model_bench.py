@@ -371,7 +371,7 @@ def wait_terminal(
         window = pending[:POLL_WINDOW]
         pipe = client.redis.pipeline(transaction=False)
         for task_id in window:
-            pipe.hget(keys.task_key(task_id), "status")
+            pipe.hget(keys.task_key(task_id, 0), "status")
         for task_id, status in zip(window, pipe.execute(), strict=True):
             if status in TERMINAL:
                 statuses[task_id] = str(status)

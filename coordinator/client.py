@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import redis
+import yaml
 
 from coordinator.state import (
     TERMINAL_STATUSES,
@@ -29,8 +30,9 @@ from coordinator.state import (
     check_reviewer,
 )
 from shared import keys
-from shared.errors import OrgaError
+from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
+from shared.partitions import check_partitions
 from shared.task_spec import TaskSpec, as_task_text, check_task_id, load_task_file
 
 __all__ = [
@@ -85,9 +87,34 @@ class OrgaClient:
 
     redis_url: str
     poll_interval_s: float = 0.05
+    partitions: int | None = None
+    """``ORGA_PARTITIONS`` of the deployment: refused (ConfigError naming both) when Redis
+    holds another, stored when none is; None: the stored count (1 when none is stored yet)."""
 
     def __post_init__(self) -> None:
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        self._count: int | None = None
+
+    @property
+    def partition_count(self) -> int:
+        """The deployment's partition count (read from Redis once)."""
+        if self._count is None:
+            if self.partitions is None:
+                stored = self.redis.get(keys.partitions_key)
+                if stored is None:  # no process started yet: asked again next time
+                    return 1
+                self._count = int(cast("str", stored))
+            else:
+                self.redis.set(keys.partitions_key, self.partitions, nx=True)
+                stored = cast("str | None", self.redis.get(keys.partitions_key))
+                self._count = check_partitions(stored, self.partitions, "client")
+        return self._count
+
+    def _p(self, task_id: str) -> int:
+        return keys.partition_of(task_id, self.partition_count)
+
+    def _task_key(self, task_id: str) -> str:
+        return keys.task_key(task_id, self._p(task_id))
 
     # -- typed access (redis-py's sync stubs are unions of sync and async results) ---------
 
@@ -105,25 +132,48 @@ class OrgaClient:
         """Put a task on the intake stream and return its id (validated by the coordinator;
         text that is not UTF-8 is refused here, TaskSpecError naming the byte)."""
         text = task_text(task)
-        task_id = check_task_id(task_id) if task_id is not None else uuid.uuid4().hex
+        task_id = self._task_id(text, task_id)
         self.redis.xadd(
-            keys.intake_stream,
+            keys.intake_stream(self._p(task_id)),
             {"task_id": task_id, "task": text, "at": f"{time.time():.3f}"},
             maxlen=keys.intake_maxlen,
             approximate=True,
         )
         return task_id
 
+    def _task_id(self, text: str, task_id: str | None) -> str:
+        """The id a submission goes with. With several partitions and an idempotency key, the
+        id is in the key's partition (:func:`shared.keys.idempotency_partition`): drawn there
+        when none is given, refused when one given is elsewhere; so the key is checked and the
+        task created by one script in one slot, whichever submission comes first."""
+        count = self.partition_count
+        key = _idempotency_key(text) if count > 1 else None
+        if task_id is not None:
+            task_id = check_task_id(task_id)
+            if key is not None and self._p(task_id) != keys.idempotency_partition(key, count):
+                raise ConfigError(
+                    f"task id {task_id!r} is in partition {self._p(task_id)} of {count} but its "
+                    f"idempotency key {key!r} in partition "
+                    f"{keys.idempotency_partition(key, count)}: the key could not be honoured "
+                    "in one step; submit without a task id (one is drawn in the key's "
+                    "partition) or without the key"
+                )
+            return task_id
+        while True:
+            drawn = uuid.uuid4().hex
+            if key is None or self._p(drawn) == keys.idempotency_partition(key, count):
+                return drawn
+
     def resolve(self, task_id: str) -> str:
         """The task an id stands for: a resubmission with a used idempotency key is an alias."""
-        alias = self._hget(keys.task_key(task_id), "alias_of")
+        alias = self._hget(self._task_key(task_id), "alias_of")
         return str(alias) if alias else task_id
 
     def existing(self, task_id: str) -> str:
         """The id of the stored task ``task_id`` stands for; TaskNotFoundError (or
         TaskRejectedError) when there is none."""
         real = self.resolve(task_id)
-        if not self.redis.hexists(keys.task_key(real), "state"):
+        if not self.redis.hexists(self._task_key(real), "state"):
             self._not_found(task_id)
         return real
 
@@ -142,8 +192,8 @@ class OrgaClient:
         """The task's full state; TaskNotFoundError if it was rejected or not yet accepted."""
         real = self.resolve(task_id)
         pipe = self.redis.pipeline(transaction=True)  # the state and its conversation, together
-        pipe.hget(keys.task_key(real), "state")
-        pipe.lrange(keys.conversation_key(real), 0, -1)
+        pipe.hget(self._task_key(real), "state")
+        pipe.lrange(keys.conversation_key(real, self._p(real)), 0, -1)
         state, stored = pipe.execute()
         if state is None:
             self._not_found(task_id)
@@ -184,7 +234,7 @@ class OrgaClient:
                 "task_id": ref.task_id, "agent": ref.agent, "goal": ref.goal,
                 "call_id": ref.call_id, "step_of_parent": ref.step_id, "status": ref.status,
             }  # fmt: skip
-            state = self._hget(keys.task_key(ref.task_id), "state")
+            state = self._hget(self._task_key(ref.task_id), "state")
             if state is not None:
                 child = TaskRecord.model_validate_json(state)
                 row.update(_progress(child))
@@ -241,13 +291,14 @@ class OrgaClient:
 
     def list_tasks(self, limit: int = 50) -> list[dict[str, Any]]:
         """The most recent tasks, newest first."""
-        ids = [
-            str(i)
-            for i in cast("list[Any]", self.redis.zrevrange(keys.task_index_key, 0, limit - 1))
-        ]
+        newest: list[tuple[float, str]] = []
+        for p in range(self.partition_count):  # each partition's newest, merged
+            rows_p = self.redis.zrevrange(keys.task_index_key(p), 0, limit - 1, withscores=True)
+            newest += [(float(s), str(i)) for i, s in cast("list[Any]", rows_p)]
+        ids = [task_id for _at, task_id in sorted(newest, reverse=True)[:limit]]
         rows = []
         for task_id in ids:
-            status = self._hget(keys.task_key(task_id), "status")
+            status = self._hget(self._task_key(task_id), "status")
             row: dict[str, Any] = {"task_id": task_id, "status": status, "dispatch": None}
             if status not in (None, *(s.value for s in TERMINAL_STATUSES)):
                 with contextlib.suppress(TaskNotFoundError, ValueError):
@@ -257,7 +308,8 @@ class OrgaClient:
 
     def rejection(self, task_id: str) -> str | None:
         """The validation error of a rejected submission, if it was rejected."""
-        for _id, fields in self._rows(self.redis.xrevrange(keys.rejected_stream, count=1000)):
+        rejected = keys.rejected_stream(self._p(task_id))
+        for _id, fields in self._rows(self.redis.xrevrange(rejected, count=1000)):
             if fields.get("task_id") == task_id:
                 return str(fields.get("error"))
         return None
@@ -284,7 +336,9 @@ class OrgaClient:
         real = self.existing(task_id)
         start = f"0-{after + 2}" if after >= 0 else "-"
         rows = self._rows(
-            self.redis.xrange(keys.journal_stream(real), min=start, max="+", count=count)
+            self.redis.xrange(
+                keys.journal_stream(real, self._p(real)), min=start, max="+", count=count
+            )
         )
         return [JournalEntry.model_validate_json(fields["data"]) for _id, fields in rows]
 
@@ -305,7 +359,7 @@ class OrgaClient:
                 yield entry
             if entries:
                 quiet_since = time.monotonic()
-            status = self._hget(keys.task_key(real), "status")
+            status = self._hget(self._task_key(real), "status")
             if status is None:
                 self.existing(task_id)  # purged while followed: says so
             if status in {s.value for s in TERMINAL_STATUSES} and not entries:
@@ -315,10 +369,13 @@ class OrgaClient:
             time.sleep(self.poll_interval_s)
 
     def events(self, after: str = "0-0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
-        """Lifecycle events after a stream id (what upstream pipelines follow)."""
-        return self._rows(
-            self.redis.xrange(keys.events_stream, min=f"({after}", max="+", count=count)
-        )
+        """Lifecycle events after a stream id (what upstream pipelines follow), merged over
+        the partitions by id (one Redis stamps every stream's ids with its own clock)."""
+        rows: list[tuple[str, dict[str, str]]] = []
+        for p in range(self.partition_count):
+            got = self.redis.xrange(keys.events_stream(p), min=f"({after}", max="+", count=count)
+            rows += self._rows(got)
+        return sorted(rows, key=lambda row: _stream_order(row[0]))[:count]
 
     # -- reviews --------------------------------------------------------------------------
 
@@ -326,17 +383,28 @@ class OrgaClient:
         """Open escalations, oldest first."""
         items = [
             ReviewItem.model_validate_json(v)
-            for v in self.redis.hgetall(keys.open_reviews_key).values()
+            for p in range(self.partition_count)
+            for v in cast("dict[str, str]", self.redis.hgetall(keys.open_reviews_key(p))).values()
         ]
         return sorted(items, key=lambda r: r.created_at)
 
     def open_review_count(self) -> int:
         """How many escalations wait for a decision."""
-        return int(self.redis.hlen(keys.open_reviews_key))
+        counts: list[Any] = [
+            self.redis.hlen(keys.open_reviews_key(p)) for p in range(self.partition_count)
+        ]
+        return sum(int(c) for c in counts)
 
     def review(self, review_id: str) -> ReviewItem:
         """One open escalation."""
-        raw = self._hget(keys.open_reviews_key, review_id)
+        raw = next(
+            (
+                found
+                for p in range(self.partition_count)
+                if (found := self._hget(keys.open_reviews_key(p), review_id)) is not None
+            ),
+            None,
+        )
         if raw is None:
             raise TaskNotFoundError(f"no open review {review_id!r}; `orga review list` shows them")
         return ReviewItem.model_validate_json(str(raw))
@@ -361,12 +429,13 @@ class OrgaClient:
             self._refuse_decided(review_id)
             raise
         entry = self._claim(item, decision, hint or "", by)
+        p = self._p(item.task_id)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            refused = self._control_refusal(entry)
+            refused = self._control_refusal(entry, p)
             if refused is not None:
                 raise ReviewDecidedError(f"decision refused: {refused}")
-            decided = self._decided(review_id)
+            decided = self._decided(review_id, p)
             if decided is not None and decided.get("entry_id") == entry:
                 return item.task_id
             if decided is not None:
@@ -384,42 +453,56 @@ class OrgaClient:
         """Send the decision, claiming the review; ReviewDecidedError when already claimed."""
         script = self.redis.register_script(_CLAIM)
         review_id = item.review_id
+        p = self._p(item.task_id)  # the review's, its claim's and its control entry's slot
         code, value = cast(
             "list[Any]",
             script(
-                keys=[keys.open_reviews_key, keys.review_claim_key(review_id), keys.control_stream],
+                keys=[
+                    keys.open_reviews_key(p),
+                    keys.review_claim_key(review_id, p),
+                    keys.control_stream(p),
+                ],
                 args=[review_id, keys.control_maxlen, keys.review_claim_ttl_s, item.task_id,
                       decision, hint, by],
             ),
         )  # fmt: skip
         if int(code) == 0:  # closed since it was read: by another decision, if one was sent
-            self._refuse_decided(review_id)
+            self._refuse_decided(review_id, partition=p)
             raise TaskNotFoundError(f"no open review {review_id!r}; `orga review list` shows them")
         if int(code) == 1:
-            self._refuse_decided(review_id, str(value))
+            self._refuse_decided(review_id, str(value), partition=p)
         return str(value)
 
-    def _refuse_decided(self, review_id: str, claim: str | None = None) -> None:
+    def _refuse_decided(
+        self, review_id: str, claim: str | None = None, partition: int | None = None
+    ) -> None:
         """ReviewDecidedError naming who decided the review, when a decision was sent for it
-        (``claim``, else the review's claim key) or applied (its ``review_decided`` event)."""
-        if claim is None:
-            claim = cast("str | None", self.redis.get(keys.review_claim_key(review_id)))
-        decided = json.loads(claim) if claim is not None else self._decided(review_id)
+        (``claim``, else the review's claim key) or applied (its ``review_decided`` event);
+        looked for in every partition when the review's is not known."""
+        parts = range(self.partition_count) if partition is None else [partition]
+        for p in parts:
+            if claim is None:
+                claim = cast("str | None", self.redis.get(keys.review_claim_key(review_id, p)))
+        decided = json.loads(claim) if claim is not None else self._decided(review_id, partition)
         if decided is not None:
             raise ReviewDecidedError(
                 f"decision refused: review {review_id} was already decided by "
                 f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was sent"
             )
 
-    def _decided(self, review_id: str) -> dict[str, str] | None:
-        """The ``review_decided`` event of a review, if it was applied."""
-        for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=500)):
-            if fields.get("event") == "review_decided" and fields.get("review_id") == review_id:
-                return fields
+    def _decided(self, review_id: str, partition: int | None = None) -> dict[str, str] | None:
+        """The ``review_decided`` event of a review, if it was applied (in ``partition``, or
+        any)."""
+        parts = range(self.partition_count) if partition is None else [partition]
+        for p in parts:
+            for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream(p), count=500)):
+                if fields.get("event") == "review_decided" and fields.get("review_id") == review_id:
+                    return fields
         return None
 
-    def _control_refusal(self, entry_id: str) -> str | None:
-        for _id, fields in self._rows(self.redis.xrevrange(keys.events_stream, count=200)):
+    def _control_refusal(self, entry_id: str, partition: int) -> str | None:
+        events = keys.events_stream(partition)
+        for _id, fields in self._rows(self.redis.xrevrange(events, count=200)):
             if fields.get("event") == "control_rejected" and fields.get("entry_id") == entry_id:
                 return str(fields.get("error"))
         return None
@@ -436,7 +519,7 @@ class OrgaClient:
                 f"task {task_id} already ended {record.status.value}: nothing to cancel"
             )
         self.redis.xadd(
-            keys.control_stream,
+            keys.control_stream(self._p(record.task_id)),
             {"action": "cancel", "task_id": record.task_id, "reason": reason},
             maxlen=keys.control_maxlen,
             approximate=True,
@@ -445,6 +528,22 @@ class OrgaClient:
     def close(self) -> None:
         """Close the connection pool."""
         self.redis.close()
+
+
+def _stream_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _idempotency_key(text: str) -> str | None:
+    """The idempotency key a task's text names, if it parses (else the coordinator rejects it,
+    naming the error)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:  # not a task: the coordinator says why
+        return None
+    key = data.get("idempotency_key") if isinstance(data, dict) else None
+    return key if isinstance(key, str) and key else None
 
 
 def task_text(task: TaskSpec | dict[str, Any] | str | bytes | Path) -> str:

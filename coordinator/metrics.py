@@ -266,7 +266,8 @@ class CoordinatorMetrics:
 class RedisStateCollector(Collector):
     """Gauges read from Redis when Prometheus scrapes, and ``orga_redis_up``."""
 
-    def __init__(self, redis_url: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, redis_url: str, timeout_s: float = 2.0, partitions: int = 1) -> None:
+        self._partitions = partitions
         self._redis = redis.Redis.from_url(
             redis_url,
             decode_responses=True,
@@ -286,17 +287,22 @@ class RedisStateCollector(Collector):
         yield from gauges
 
     def _gauges(self, client: redis.Redis) -> Iterable[GaugeMetricFamily]:
+        parts = range(self._partitions)  # every gauge is the sum over the partitions
         tasks = GaugeMetricFamily("orga_tasks", "Tasks by status", labels=["status"])
-        counts = cast("dict[str, str]", client.hgetall(keys.status_counts_key))
-        for status, count in sorted(counts.items()):
-            tasks.add_metric([status], float(count))
+        counts: dict[str, float] = {}
+        for p in parts:
+            stored = cast("dict[str, str]", client.hgetall(keys.status_counts_key(p)))
+            for status, count in stored.items():
+                counts[status] = counts.get(status, 0.0) + float(count)
+        for status, total in sorted(counts.items()):
+            tasks.add_metric([status], total)
         yield tasks
         yield _gauge(
             "orga_escalations_waiting",
             "Reviews waiting for a human",
-            client.hlen(keys.open_reviews_key),
+            _total(client.hlen(keys.open_reviews_key(p)) for p in parts),
         )
-        pending, undelivered, lag_s = observation_backlog(client)
+        pending, undelivered, lag_s = observation_backlog(client, partitions=self._partitions)
         yield _gauge(
             "orga_observation_pending",
             "Observations delivered to a coordinator but not yet applied",
@@ -315,33 +321,44 @@ class RedisStateCollector(Collector):
         yield _gauge(
             "orga_dead_letters",
             "Entries on the dead-letter stream",
-            client.xlen(keys.dead_letter_stream),
+            _total(client.xlen(keys.dead_letter_stream(p)) for p in parts),
         )
         yield _gauge(
             "orga_rejected_tasks",
             "Entries on the rejected stream",
-            client.xlen(keys.rejected_stream),
+            _total(client.xlen(keys.rejected_stream(p)) for p in parts),
         )
 
 
-def observation_backlog(client: redis.Redis, now: float | None = None) -> tuple[int, int, float]:
-    """``(pending, undelivered, lag_s)`` of the coordinators' group on the observations stream.
+def observation_backlog(
+    client: redis.Redis, now: float | None = None, partitions: int = 1
+) -> tuple[int, int, float]:
+    """``(pending, undelivered, lag_s)`` of the coordinators' group on the observations streams
+    of every partition (summed; the largest lag)."""
+    totals = [_backlog(client, keys.observations_stream(p), now) for p in range(partitions)]
+    return (
+        sum(t[0] for t in totals),
+        sum(t[1] for t in totals),
+        max((t[2] for t in totals), default=0.0),
+    )
+
+
+def _backlog(client: redis.Redis, stream: str, now: float | None) -> tuple[int, int, float]:
+    """``(pending, undelivered, lag_s)`` of the coordinators' group on one observations stream.
 
     ``undelivered`` is counted from the group's last delivered id (Redis 6.2 has no ``lag``
     field), up to 10,000 entries; ``lag_s`` is the age of the oldest of them, read from its
     stream id (the time it was added), 0.0 when there is none.
     """
     try:
-        groups: list[dict[str, Any]] = client.xinfo_groups(keys.observations_stream)
+        groups: list[dict[str, Any]] = client.xinfo_groups(stream)
     except redis.ResponseError:
         return 0, 0, 0.0
     group = next((g for g in groups if g.get("name") == keys.coordinator_group), None)
     if group is None:
         return 0, 0, 0.0
     last = str(group.get("last-delivered-id", "0-0"))
-    behind = cast(
-        "list[Any]", client.xrange(keys.observations_stream, min=f"({last}", count=10_000)
-    )
+    behind = cast("list[Any]", client.xrange(stream, min=f"({last}", count=10_000))
     lag_s = 0.0
     if behind:
         added_ms = int(str(behind[0][0]).split("-", 1)[0])
@@ -349,16 +366,20 @@ def observation_backlog(client: redis.Redis, now: float | None = None) -> tuple[
     return int(group.get("pending", 0)), len(behind), lag_s
 
 
+def _total(values: Iterable[Any]) -> int:
+    return sum(int(v) for v in values)
+
+
 def _gauge(name: str, documentation: str, value: Any) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=float(cast("int", value)))
 
 
 def serve_metrics(
-    port: int, redis_url: str, host: str = DEFAULT_METRICS_HOST
+    port: int, redis_url: str, host: str = DEFAULT_METRICS_HOST, partitions: int = 1
 ) -> CoordinatorMetrics:
     """Start the HTTP endpoint on ``host:port`` (a daemon thread); return what to update."""
     registry = CollectorRegistry()
-    registry.register(RedisStateCollector(redis_url))
+    registry.register(RedisStateCollector(redis_url, partitions=partitions))
     metrics = CoordinatorMetrics(registry)
     start_http_server(port, addr=host, registry=registry)
     return metrics

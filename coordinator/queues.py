@@ -40,8 +40,20 @@ class QueueGauge:
     _started: dict[str, int] = field(default_factory=dict)
     _sampled_at: float = 0.0
     _warned_at: dict[str, float] = field(default_factory=dict)
-    observations: StreamProgress = UNKNOWN_PROGRESS
-    """How far the coordinators have read and applied ``orga:observations``."""
+    partitions: int = 1
+    """The deployment's partition count: the observations stream of each is sampled."""
+    _progress: list[StreamProgress] = field(default_factory=list)
+
+    @property
+    def observations(self) -> StreamProgress:
+        """How far the coordinators have read and applied partition 0's observations."""
+        return self.progress(0)
+
+    def progress(self, partition: int) -> StreamProgress:
+        """How far the coordinators have read and applied one partition's observations."""
+        if partition < len(self._progress):
+            return self._progress[partition]
+        return UNKNOWN_PROGRESS
 
     def depth(self, queue: str) -> int:
         """Messages waiting in ``queue`` at the last sample."""
@@ -60,8 +72,9 @@ class QueueGauge:
         for queue in QUEUES:
             pipe.llen(queue)
             pipe.get(keys.queue_started_key(queue))
-        pipe.xinfo_groups(keys.observations_stream)
-        pipe.xpending(keys.observations_stream, keys.coordinator_group)
+        for p in range(self.partitions):  # each task is judged on its partition's stream
+            pipe.xinfo_groups(keys.observations_stream(p))
+            pipe.xpending(keys.observations_stream(p), keys.coordinator_group)
         replies = await pipe.execute(raise_on_error=False)
         failed = [r for r in replies[: 2 * len(QUEUES)] if isinstance(r, Exception)]
         if failed:  # only the stream's replies may fail (no stream or group yet)
@@ -71,7 +84,8 @@ class QueueGauge:
         for index, queue in enumerate(QUEUES):
             depth, started = int(replies[2 * index]), int(replies[2 * index + 1] or 0)
             self._update(queue, depth, started, elapsed, now)
-        self.observations = _progress(*replies[2 * len(QUEUES) :])
+        streams = replies[2 * len(QUEUES) :]
+        self._progress = [_progress(*streams[2 * p : 2 * p + 2]) for p in range(self.partitions)]
 
     def _update(self, queue: str, depth: int, started: int, elapsed: float, now: float) -> None:
         previous = self._started.get(queue)

@@ -117,6 +117,9 @@ class OutboxRelay:
     publisher: Transport
     name: str
     batch: int = keys.outbox_batch
+    partitions: int = 1
+    """The deployment's partition count: the relay reads every partition's outbox (leasing
+    partitions between coordinators is a later step)."""
     block_ms: int = 1000
     claim_idle_ms: int = keys.outbox_claim_idle_ms
     claim_interval_s: float = 1.0
@@ -133,18 +136,21 @@ class OutboxRelay:
     def __post_init__(self) -> None:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orga-relay")
         self._remove = self.redis.register_script(_REMOVE)
+        self._streams = {keys.outbox_stream(p): p for p in range(self.partitions)}
 
     async def ensure_group(self) -> bool:
-        """Create the group (from the start of the stream) unless it exists; whether it did."""
-        try:
-            await self.redis.xgroup_create(
-                keys.outbox_stream(), keys.outbox_group, id="0", mkstream=True
-            )
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-            return False
-        return True
+        """Create the group on each partition's outbox (from the start of the stream) unless
+        it exists; whether one was created."""
+        created = False
+        for stream in self._streams:
+            try:
+                await self.redis.xgroup_create(stream, keys.outbox_group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            else:
+                created = True
+        return created
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Relay until ``stopping`` is set; a failure backs off (Redis or the broker down)."""
@@ -175,33 +181,42 @@ class OutboxRelay:
         """Send one batch and remove what was sent; how many were sent. Entries this relay
         left pending come first, then a dead relay's (every ``claim_interval_s``), then new
         ones (waiting up to ``block_ms`` for them)."""
-        entries = await self._own() if self._retry_own else []
-        if not entries:
-            entries = await self.claim()
-        if not entries:
-            entries = await self.read()
-        return await self.send(entries)
+        batches = await self._own() if self._retry_own else []
+        if not batches:
+            batches = await self.claim()
+        if not batches:
+            batches = await self.read()
+        sent = 0
+        for stream, rows in batches:
+            sent += await self.send(rows, stream)
+        return sent
 
-    async def read(self) -> list[tuple[str, dict[Any, Any]]]:
-        """New entries (``XREADGROUP >``)."""
+    async def read(self) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
+        """New entries (``XREADGROUP >`` on every partition's outbox), by stream."""
         return await self._read(">", self.block_ms)
 
-    async def claim(self) -> list[tuple[str, dict[Any, Any]]]:
-        """Entries idle ``claim_idle_ms`` under any relay, taken over (``XAUTOCLAIM``); at
-        most every ``claim_interval_s``."""
+    async def claim(self) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
+        """Entries idle ``claim_idle_ms`` under any relay, taken over (``XAUTOCLAIM``), by
+        stream; at most every ``claim_interval_s``."""
         now = asyncio.get_running_loop().time()
         if now - self._last_claim < self.claim_interval_s:
             return []
         self._last_claim = now
-        reply = await self.redis.xautoclaim(
-            keys.outbox_stream(), keys.outbox_group, self.name, self.claim_idle_ms,
-            start_id="0-0", count=self.batch,
-        )  # fmt: skip
-        return [(_text(i), f) for i, f in cast(list[Any], reply[1]) if f is not None]
+        batches = []
+        for stream in self._streams:
+            reply = await self.redis.xautoclaim(
+                stream, keys.outbox_group, self.name, self.claim_idle_ms,
+                start_id="0-0", count=self.batch,
+            )  # fmt: skip
+            rows = [(_text(i), f) for i, f in cast(list[Any], reply[1]) if f is not None]
+            if rows:
+                batches.append((stream, rows))
+        return batches
 
-    async def send(self, rows: Sequence[tuple[str, dict[Any, Any]]]) -> int:
-        """Publish ``rows`` and remove those sent; raises PublishError after removing the ones
-        that went out before the failure (the rest stay pending for a retry)."""
+    async def send(self, rows: Sequence[tuple[str, dict[Any, Any]]], stream: str) -> int:
+        """Publish ``rows`` (of the outbox ``stream``) and remove those sent; raises
+        PublishError after removing the ones that went out before the failure (the rest stay
+        pending for a retry)."""
         if not rows:
             return 0
         entries, sendable, malformed = [], [], []
@@ -212,18 +227,18 @@ class OutboxRelay:
             except OutboxEntryError as exc:
                 malformed.append((entry_id, fields, str(exc)))
         if malformed:
-            await self._dead_letter(malformed)
+            await self._dead_letter(malformed, stream)
         try:
             await self._publish(entries)
         except PublishError as exc:
             self._retry_own = True
             if exc.sent:
-                await self.remove(sendable[: exc.sent])
+                await self.remove(sendable[: exc.sent], stream)
             raise
         except Exception:
             self._retry_own = True
             raise
-        await self.remove(sendable)
+        await self.remove(sendable, stream)
         return len(sendable)
 
     async def _publish(self, entries: Sequence[OutboxEntry]) -> None:
@@ -240,10 +255,10 @@ class OutboxRelay:
                 raise PublishError(str(exc), sent=start + exc.sent) from exc
             await asyncio.sleep(0)
 
-    async def remove(self, entry_ids: Sequence[str]) -> None:
-        """Acknowledge and delete sent entries, in one script."""
+    async def remove(self, entry_ids: Sequence[str], stream: str) -> None:
+        """Acknowledge and delete sent entries of the outbox ``stream``, in one script."""
         if entry_ids:
-            await self._remove(keys=[keys.outbox_stream()], args=[keys.outbox_group, *entry_ids])
+            await self._remove(keys=[stream], args=[keys.outbox_group, *entry_ids])
 
     async def close(self) -> None:
         """Stop the relay's thread (after its send in progress) and release the broker."""
@@ -254,35 +269,41 @@ class OutboxRelay:
                 await loop.run_in_executor(self._thread, close)
         self._thread.shutdown(wait=False)
 
-    async def _own(self) -> list[tuple[str, dict[Any, Any]]]:
+    async def _own(self) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
         """This relay's pending entries (``XREADGROUP 0``): a failed send's, or a previous
         process's under the same name."""
         rows = await self._read("0", None)
         self._retry_own = bool(rows)
         return rows
 
-    async def _read(self, start: str, block_ms: int | None) -> list[tuple[str, dict[Any, Any]]]:
+    async def _read(
+        self, start: str, block_ms: int | None
+    ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
         response = await self.redis.xreadgroup(
-            keys.outbox_group, self.name, {keys.outbox_stream(): start},
+            keys.outbox_group, self.name, dict.fromkeys(self._streams, start),
             count=self.batch, block=block_ms,
         )  # fmt: skip
         rows = cast(list[Any], response or [])
-        return [(_text(i), f) for _name, got in rows for i, f in got if f]
+        batches = [(_text(name), [(_text(i), f) for i, f in got if f]) for name, got in rows]
+        return [(stream, got) for stream, got in batches if got]
 
-    async def _dead_letter(self, malformed: list[tuple[str, dict[Any, Any], str]]) -> None:
-        """Entries no relay can send: kept on ``orga:dead_letter`` and removed, together."""
+    async def _dead_letter(
+        self, malformed: list[tuple[str, dict[Any, Any], str]], stream: str
+    ) -> None:
+        """Entries no relay can send: kept on the partition's dead-letter stream and removed,
+        together."""
         pipe = self.redis.pipeline(transaction=True)
         for entry_id, fields, error in malformed:
             log.error("relay.malformed_entry", extra={"entry_id": entry_id, "error": error})
             raw: dict[Any, Any] = {f"raw_{_text(k)}": _text(v)[:4096] for k, v in fields.items()}
             pipe.xadd(
-                keys.dead_letter_stream,
-                {**raw, "stream": keys.outbox_stream(), "entry_id": entry_id, "error": error},
+                keys.dead_letter_stream(self._streams.get(stream, 0)),
+                {**raw, "stream": stream, "entry_id": entry_id, "error": error},
                 maxlen=keys.dead_letter_maxlen, approximate=True,
             )  # fmt: skip
         ids = [entry_id for entry_id, _f, _e in malformed]
-        pipe.xack(keys.outbox_stream(), keys.outbox_group, *ids)
-        pipe.xdel(keys.outbox_stream(), *ids)
+        pipe.xack(stream, keys.outbox_group, *ids)
+        pipe.xdel(stream, *ids)
         await pipe.execute()
 
 

@@ -92,6 +92,9 @@ class ScheduleBook:
 
     redis: redis.Redis
     clock: Callable[[], float] = time.time
+    partitions: int | None = None
+    """The deployment's partition count (None: the one stored in Redis): a run goes to its
+    task's partition's intake."""
 
     def add(self, schedule: Schedule) -> float:
         """Store a new schedule and return its first fire time; ScheduleExistsError if taken."""
@@ -181,9 +184,11 @@ class ScheduleBook:
         now = self.clock()
         key = fire_key(name, now, kind="run")
         fields = intake_fields(schedule, now, key)
+        count = self.partitions or int(cast("str", self.redis.get(keys.partitions_key) or 1))
         entry = self.redis.xadd(
-            keys.intake_stream, cast("Any", fields), maxlen=keys.intake_maxlen, approximate=True
-        )
+            keys.intake_stream(keys.partition_of(fields["task_id"], count)),
+            cast("Any", fields), maxlen=keys.intake_maxlen, approximate=True,
+        )  # fmt: skip
         fire = _fire_record(now, fields["task_id"], key, _text(entry), now, run=True)
         self.redis.hset(keys.schedule_fires_key, name, json.dumps(fire))
         return fields["task_id"]
@@ -233,6 +238,8 @@ class Scheduler:
     clock: Callable[[], float] = time.time
     grace_s: float = DEFAULT_GRACE_S
     batch: int = 100
+    partitions: int = 1
+    """The deployment's partition count: a fire goes to its task's partition's intake."""
     _advance: Any = field(init=False, repr=False)
     _release: Any = field(init=False, repr=False)
 
@@ -291,8 +298,9 @@ class Scheduler:
         key = fire_key(schedule.name, fire_at)
         fields = intake_fields(schedule, fire_at, key)
         entry = await self.redis.xadd(
-            keys.intake_stream, cast("Any", fields), maxlen=keys.intake_maxlen, approximate=True
-        )
+            keys.intake_stream(keys.partition_of(fields["task_id"], self.partitions)),
+            cast("Any", fields), maxlen=keys.intake_maxlen, approximate=True,
+        )  # fmt: skip
         task_id = fields["task_id"]
         return task_id, _fire_record(fire_at, task_id, key, _text(entry), now, **flags)
 
@@ -338,30 +346,34 @@ class Scheduler:
         if raw is None:
             return None
         fire = cast("dict[str, Any]", json.loads(raw))
+        task_id = fire["task_id"]
+        p = keys.partition_of(task_id, self.partitions)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.sismember(keys.active_tasks_key, fire["task_id"])
-        pipe.exists(keys.task_key(fire["task_id"]))
+        pipe.sismember(keys.active_tasks_key(p), task_id)
+        pipe.exists(keys.task_key(task_id, p))
         active, exists = await pipe.execute()
         if active:
             return fire
         if exists:  # a task that ended
             return None
-        return fire if await self._unread(str(fire.get("entry") or "")) else None
+        return fire if await self._unread(str(fire.get("entry") or ""), p) else None
 
-    async def _unread(self, entry: str) -> bool:
-        """Whether the intake entry is still to be read or being read by the coordinators (an
-        entry read to the end is acknowledged: its task was created, or it was rejected)."""
-        if not entry or not await self.redis.xrange(keys.intake_stream, entry, entry, count=1):
+    async def _unread(self, entry: str, partition: int) -> bool:
+        """Whether the intake entry (of ``partition``'s intake) is still to be read or being
+        read by the coordinators (an entry read to the end is acknowledged: its task was
+        created, or it was rejected)."""
+        intake = keys.intake_stream(partition)
+        if not entry or not await self.redis.xrange(intake, entry, entry, count=1):
             return False  # trimmed away: no coordinator will read it
         try:
-            groups = await self.redis.xinfo_groups(keys.intake_stream)
+            groups = await self.redis.xinfo_groups(intake)
         except ResponseError:
             return True
         group = next((g for g in groups if _text(g["name"]) == keys.coordinator_group), None)
         if group is None or _entry_id(entry) > _entry_id(_text(group["last-delivered-id"])):
             return True
         pending = await self.redis.xpending_range(
-            keys.intake_stream, keys.coordinator_group, min=entry, max=entry, count=1
+            intake, keys.coordinator_group, min=entry, max=entry, count=1
         )
         return bool(pending)
 

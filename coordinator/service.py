@@ -83,6 +83,7 @@ from shared.eviction import (
     redis_address,
 )
 from shared.outbox import dispatch_entries
+from shared.partitions import check_partitions, legacy_layout_error
 from shared.protocol import (
     AnyMessage,
     Fence,
@@ -91,7 +92,13 @@ from shared.protocol import (
 )
 from shared.task_spec import MAX_TASK_ID_CHARS, TaskSpecError, check_task_id
 
-__all__ = ["Coordinator", "CoordinatorSettings", "check_redis_keeps_keys", "is_transient"]
+__all__ = [
+    "Coordinator",
+    "CoordinatorSettings",
+    "check_layout",
+    "check_redis_keeps_keys",
+    "is_transient",
+]
 
 log = logging.getLogger("orga.coordinator")
 
@@ -160,6 +167,10 @@ class CoordinatorSettings:
     retention_s: float = 7 * 24 * 3600.0
     purge_interval_s: float = 1.0
     schedule_interval_s: float = 1.0
+    partitions: int = 1
+    """The deployment's partition count (``ORGA_PARTITIONS``); refused at start when Redis
+    holds another. This coordinator reads every partition's streams (leasing partitions
+    between coordinators is a later step)."""
     machine: MachineSettings = field(default_factory=MachineSettings)
 
 
@@ -185,14 +196,20 @@ class Coordinator:
         machine = replace(self.settings.machine, conversation_by_reference=True)
         self.settings = replace(self.settings, machine=machine)
         if self.scheduler is None:
-            self.scheduler = Scheduler(self.redis)
+            self.scheduler = Scheduler(self.redis, partitions=self.settings.partitions)
         self.store = TaskStore(
             self.redis,
             journal_maxlen=self.settings.journal_maxlen,
             events_maxlen=self.settings.events_maxlen,
+            partitions=self.settings.partitions,
         )
+        self._stream_partition = {
+            kind(p): p
+            for p in range(self.settings.partitions)
+            for kind in (keys.intake_stream, keys.observations_stream, keys.control_stream)
+        }
         self.relay = (
-            OutboxRelay(self.redis, self.publisher, self.name)
+            OutboxRelay(self.redis, self.publisher, self.name, partitions=self.settings.partitions)
             if self.publisher is not None
             else None
         )
@@ -203,7 +220,7 @@ class Coordinator:
         it together write one ``state_lost`` event, not one each."""
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
-        self._queues = QueueGauge()
+        self._queues = QueueGauge(partitions=self.settings.partitions)
         self._refusals = RateGate(self.settings.refusal_log_interval_s)
         self._starting: set[str] = set()
         """Tasks an intake read created whose start commit waits to be sent with the others
@@ -215,6 +232,7 @@ class Coordinator:
     async def run(self) -> None:
         """Run every loop until ``stop()`` (refused at once on a Redis that evicts keys)."""
         await check_redis_keeps_keys(self.redis)
+        await check_layout(self.redis, self.settings.partitions)
         await self._ensure_groups()
         loops = [self.relay.run(self._stopping)] if self.relay is not None else []
         loops += [
@@ -263,7 +281,7 @@ class Coordinator:
     async def _ensure_groups(self) -> int:
         """Create the consumer groups that do not exist yet; how many were created."""
         created = 0
-        for stream in (keys.intake_stream, keys.observations_stream, keys.control_stream):
+        for stream in self._stream_partition:
             try:
                 await self.redis.xgroup_create(
                     stream, keys.coordinator_group, id="0", mkstream=True
@@ -301,16 +319,23 @@ class Coordinator:
                 if self.metrics is not None:
                     self.metrics.state_lost()
 
-    async def _read(self, stream: str) -> list[tuple[str, dict[Any, Any]]]:
+    def _streams(self, kind: Callable[[int], str]) -> list[str]:
+        return keys.partition_streams(self.settings.partitions, kind)
+
+    async def _read(
+        self, kind: Callable[[int], str]
+    ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
+        """One read of a stream of every partition (one multi-stream ``XREADGROUP``): the
+        entries of each stream that had some, by stream."""
         response = await self.redis.xreadgroup(
             keys.coordinator_group,
             self.name,
-            {stream: ">"},
+            dict.fromkeys(self._streams(kind), ">"),
             count=self.settings.batch,
             block=self.settings.block_ms,
         )
         rows: list[Any] = cast(list[Any], response or [])
-        return [(_text(i), f) for _name, entries in rows for i, f in entries]
+        return [(_text(name), [(_text(i), f) for i, f in entries]) for name, entries in rows]
 
     # -- intake ---------------------------------------------------------------------------
 
@@ -321,11 +346,11 @@ class Coordinator:
         the two); a start that conflicts is applied again on its own."""
         starts: list[_Start] = []
 
-        async def intake(entry_id: str, fields: dict[Any, Any]) -> None:
-            await self._intake(entry_id, fields, starts)
+        async def intake(stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
+            await self._intake(stream, entry_id, fields, starts)
 
         try:
-            await self._handle_all(keys.intake_stream, await self._read(keys.intake_stream), intake)
+            await self._handle_read(await self._read(keys.intake_stream), intake)
         except Exception:
             with contextlib.suppress(Exception):  # the tick starts what is left
                 await self._start_all(starts)
@@ -368,7 +393,7 @@ class Coordinator:
         self,
         stream: str,
         entries: list[tuple[str, dict[Any, Any]]],
-        handle: Callable[[str, dict[Any, Any]], Awaitable[None]],
+        handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]],
     ) -> None:
         """Handle a batch in order. When Redis refuses (a transient error), the entries not
         handled get their delivery back and the error propagates: the loop backs off."""
@@ -378,6 +403,22 @@ class Coordinator:
             except RedisError as exc:
                 if is_transient(exc):
                     await self._give_back(stream, [e for e, _f in entries[index:]])
+                raise
+
+    async def _handle_read(
+        self,
+        batches: list[tuple[str, list[tuple[str, dict[Any, Any]]]]],
+        handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]],
+    ) -> None:
+        """:meth:`_handle_all` for each partition's stream of a read, in turn; when Redis
+        refuses, the entries of the streams not reached get their delivery back too."""
+        for index, (stream, entries) in enumerate(batches):
+            try:
+                await self._handle_all(stream, entries, handle)
+            except RedisError as exc:
+                if is_transient(exc):
+                    for later, rest in batches[index + 1 :]:
+                        await self._give_back(later, [e for e, _f in rest])
                 raise
 
     async def _give_back(self, stream: str, entry_ids: list[str]) -> None:
@@ -397,7 +438,7 @@ class Coordinator:
         stream: str,
         entry_id: str,
         fields: dict[Any, Any],
-        handle: Callable[[str, dict[Any, Any]], Awaitable[None]],
+        handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]],
     ) -> None:
         """Handle one entry; an unexpected error dead-letters that entry, not the batch.
 
@@ -405,25 +446,39 @@ class Coordinator:
         stays pending and is handled again once Redis is back.
         """
         try:
-            await handle(entry_id, fields)
+            await handle(stream, entry_id, fields)
         except (RedisError, CommitConflictError):
             raise
         except Exception as exc:
             log.exception("stream.entry_failed", extra={"stream": stream, "entry_id": entry_id})
             await self._poison(stream, entry_id, fields, f"{type(exc).__name__}: {exc}")
 
-    async def _intake(
-        self, entry_id: str, fields: dict[Any, Any], starts: list[_Start] | None = None
+    async def _intake(  # noqa: PLR0911 - one return per way an entry makes no task
+        self,
+        stream: str,
+        entry_id: str,
+        fields: dict[Any, Any],
+        starts: list[_Start] | None = None,
     ) -> None:
         """Create the task of one intake entry and start it; with ``starts``, its start commit
         joins the ones sent together (:meth:`_start_all`)."""
-        ack = (keys.intake_stream, keys.coordinator_group, entry_id)
+        ack = (stream, keys.coordinator_group, entry_id)
+        p = self._stream_partition[stream]
         text = {_text(k): _text(v) for k, v in fields.items()}
-        task_id = text.get("task_id") or uuid.uuid4().hex
+        task_id = text.get("task_id") or self._new_task_id(p)
         try:
             check_task_id(task_id)
         except TaskSpecError as exc:
-            await self._reject(entry_id, task_id[:MAX_TASK_ID_CHARS], text, str(exc))
+            await self._reject(entry_id, task_id[:MAX_TASK_ID_CHARS], text, str(exc), partition=p)
+            return
+        if self.store.partition(task_id) != p:  # written by hand to another partition's intake
+            error = (
+                f"task {task_id!r} belongs to partition {self.store.partition(task_id)} of "
+                f"{self.settings.partitions}, not to the intake of partition {p} it was sent to: "
+                "submit it with OrgaClient or `orga submit`, or to the intake stream "
+                f"{keys.intake_stream(self.store.partition(task_id))}"
+            )
+            await self._reject(entry_id, task_id, text, error, partition=p)
             return
         link = parent_link(text.get("task", ""))
         if link is not None and not await self._recorded_child(task_id, link):
@@ -431,7 +486,7 @@ class Coordinator:
                 f"task {task_id!r} names task {link.task_id!r} as its parent (delegation), "
                 "which did not create it: that field is set by the runtime; remove it"
             )
-            await self._reject(entry_id, task_id, text, error)
+            await self._reject(entry_id, task_id, text, error, partition=p)
             return
         # A sub-agent's task is named as such (its parent's model reads the refusal).
         source = f"sub-agent task {task_id}" if link else f"intake entry {entry_id}"
@@ -440,7 +495,7 @@ class Coordinator:
         except TaskSpecError as exc:
             if link is not None:
                 await self._tell_parent(task_id, link, str(exc))
-            await self._reject(entry_id, task_id, text, str(exc))
+            await self._reject(entry_id, task_id, text, str(exc), partition=p)
             return
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
@@ -452,7 +507,9 @@ class Coordinator:
                 f"the id {outcome.task_id!r}, a new id or no id (or with another key)"
             )
             # not "rejected": task ``task_id`` itself lives on, untouched
-            await self._reject(entry_id, task_id, text, error, event="resubmission_rejected")
+            await self._reject(
+                entry_id, task_id, text, error, event="resubmission_rejected", partition=p
+            )
             return
         if not outcome.created:
             await self._duplicate(task_id, outcome.task_id)
@@ -477,7 +534,8 @@ class Coordinator:
         link = record.spec.delegation
         if link is None:
             return None
-        status = await self.redis.hget(keys.task_key(link.task_id), "status")
+        parent = keys.task_key(link.task_id, self.store.partition(link.task_id))
+        status = await self.redis.hget(parent, "status")
         if status is None or _text(status) in {s.value for s in TERMINAL_STATUSES}:
             return f"its parent task {link.task_id} ended before it started"
         return None
@@ -485,7 +543,9 @@ class Coordinator:
     async def _recorded_child(self, task_id: str, link: ParentLink) -> bool:
         """Whether the parent a submitted task names recorded it as the child of that call
         (a parent records its child in the commit that submits it, so it is there first)."""
-        state = await self.redis.hget(keys.task_key(link.task_id), "state")
+        state = await self.redis.hget(
+            keys.task_key(link.task_id, self.store.partition(link.task_id)), "state"
+        )
         if state is None:
             return False
         parent = TaskRecord.model_validate_json(state)
@@ -496,9 +556,17 @@ class Coordinator:
         as its result (sent before the refusal is acknowledged: at least once, applied once)."""
         message = rejected_child(task_id, link, error)
         await self.redis.xadd(
-            keys.observations_stream, encode_entry(message),  # type: ignore[arg-type]
+            keys.observations_stream(self.store.partition(link.task_id)),
+            encode_entry(message),  # type: ignore[arg-type]
             maxlen=keys.observations_maxlen, approximate=True,
         )  # fmt: skip
+
+    def _new_task_id(self, partition: int) -> str:
+        """A random task id in ``partition`` (an intake entry that names none)."""
+        while True:
+            task_id = uuid.uuid4().hex
+            if self.store.partition(task_id) == partition:
+                return task_id
 
     async def _reject(
         self,
@@ -507,9 +575,13 @@ class Coordinator:
         text: dict[str, str],
         error: str,
         event: str = "rejected",
+        *,
+        partition: int,
     ) -> None:
         log.warning("task.rejected", extra={"task_id": task_id, "error": error})
-        await self.store.reject_submission(entry_id, task_id, text.get("task", ""), error, event)
+        await self.store.reject_submission(
+            entry_id, task_id, text.get("task", ""), error, event, partition=partition
+        )
 
     async def _duplicate(self, task_id: str, existing: str) -> None:
         await self.store.event(
@@ -527,23 +599,23 @@ class Coordinator:
         conflicting 20 times) stays pending, to be reclaimed (and dead-lettered after
         ``max_deliveries``), and never holds back the others: they are decided and their
         commits sent before its error propagates."""
-        stream = keys.observations_stream
-        entries = await self._read(stream)
         waiting: list[_Decided] = []
         failures: list[Exception] = []
 
-        async def observe(entry_id: str, fields: dict[Any, Any]) -> None:
+        async def observe(stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
             try:
-                await self._observation(entry_id, fields, waiting, failures)
+                await self._observation(stream, entry_id, fields, waiting, failures)
             except (RedisError, CommitConflictError) as exc:
                 _own_failure(exc, stream, entry_id, failures)
 
         try:
-            await self._handle_all(stream, entries, observe)
+            await self._handle_read(await self._read(keys.observations_stream), observe)
             await self._commit_decided(waiting, failures)
         except RedisError as exc:
             if is_transient(exc) and waiting:
-                await self._give_back(stream, [d.entry_id for d in waiting])
+                for stream in {d.stream for d in waiting}:
+                    given = [d.entry_id for d in waiting if d.stream == stream]
+                    await self._give_back(stream, given)
             raise
         if failures:
             raise failures[0]
@@ -564,9 +636,9 @@ class Coordinator:
                 if self.metrics is not None:
                     self.metrics.observed(done.message, done.dispatched_at)
             elif isinstance(outcome, RedisError):
-                _own_failure(outcome, keys.observations_stream, done.entry_id, failures)
-        stream = keys.observations_stream
+                _own_failure(outcome, done.stream, done.entry_id, failures)
         for again in list(waiting):
+            stream = again.stream
             try:
                 await self._guarded(stream, again.entry_id, again.fields, self._observation)
             except (RedisError, CommitConflictError) as exc:
@@ -575,6 +647,7 @@ class Coordinator:
 
     async def _observation(
         self,
+        stream: str,
         entry_id: str,
         fields: dict[Any, Any],
         waiting: list[_Decided] | None = None,
@@ -583,11 +656,11 @@ class Coordinator:
         """Apply one observation; with ``waiting``, its commit joins the commits waiting to be
         sent together (:meth:`_commit_decided`, adding the errors of other entries to
         ``failures``)."""
-        ack = (keys.observations_stream, keys.coordinator_group, entry_id)
+        ack = (stream, keys.coordinator_group, entry_id)
         try:
             message = decode_entry(fields)
         except WireFormatError as exc:
-            await self._poison(keys.observations_stream, entry_id, fields, str(exc))
+            await self._poison(stream, entry_id, fields, str(exc))
             return
         task_id = message.fence.task_id
         wrong: list[str | None] = ["unknown_task"]  # what the last look at the record said
@@ -610,10 +683,12 @@ class Coordinator:
                 await self._commit_decided(waiting, [] if failures is None else failures)
             pending = await self._decide(task_id, route, ack)
             if pending is not None:
-                waiting.append(_Decided(entry_id, fields, message, dispatched_at[0], pending))
+                waiting.append(
+                    _Decided(stream, entry_id, fields, message, dispatched_at[0], pending)
+                )
             applied = pending is not None
         if not applied:  # a stale or duplicate answer: nothing keeps it
-            await self.store.drop_observation(entry_id)
+            await self.store.drop_observation(entry_id, partition=self._stream_partition[stream])
             if wrong[0] is not None:
                 await self._refused(message, wrong[0])
 
@@ -635,23 +710,25 @@ class Coordinator:
     async def _poison(self, stream: str, entry_id: str, fields: dict[Any, Any], error: str) -> None:
         log.warning("stream.poison", extra={"stream": stream, "entry_id": entry_id, "error": error})
         raw = {_text(k): _text(v) for k, v in fields.items()}
-        await self.store.dead_letter_entry(stream, entry_id, raw, error)
+        await self.store.dead_letter_entry(
+            stream, entry_id, raw, error, partition=self._stream_partition.get(stream, 0)
+        )
 
     async def _reclaim(
-        self, stream: str, handle: Callable[[str, dict[Any, Any]], Awaitable[None]]
+        self, stream: str, handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]]
     ) -> None:
         _next, entries, *_ = await self.redis.xautoclaim(
             stream, keys.coordinator_group, self.name,
             min_idle_time=self.settings.claim_idle_ms, start_id="0-0", count=self.settings.batch,
         )  # fmt: skip
 
-        async def poison_or_handle(entry_id: str, fields: dict[Any, Any]) -> None:
+        async def poison_or_handle(stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
             deliveries = await self._deliveries(stream, entry_id)
             if deliveries > self.settings.max_deliveries:
                 error = f"delivered {deliveries} times without being applied"
                 await self._poison(stream, entry_id, fields, error)
             else:
-                await handle(entry_id, fields)
+                await handle(stream, entry_id, fields)
 
         for raw_id, fields in entries:  # deleted while pending (Redis 6.2 keeps it): forget it
             if fields is None:
@@ -668,13 +745,11 @@ class Coordinator:
     # -- control --------------------------------------------------------------------------
 
     async def _control_once(self) -> None:
-        await self._handle_all(
-            keys.control_stream, await self._read(keys.control_stream), self._control
-        )
+        await self._handle_read(await self._read(keys.control_stream), self._control)
 
-    async def _control(self, entry_id: str, fields: dict[Any, Any]) -> None:
+    async def _control(self, stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
         text = {_text(k): _text(v) for k, v in fields.items()}
-        ack = (keys.control_stream, keys.coordinator_group, entry_id)
+        ack = (stream, keys.coordinator_group, entry_id)
         task_id = text.get("task_id", "")
         action = text.get("action")
         try:
@@ -700,17 +775,20 @@ class Coordinator:
             if not applied:
                 raise ValueError(f"task {task_id!r} is unknown or has already ended")
         except ValueError as exc:
-            await self._control_rejected(entry_id, task_id, str(exc))
+            await self._control_rejected(stream, entry_id, task_id, str(exc))
 
-    async def _control_rejected(self, entry_id: str, task_id: str, error: str) -> None:
-        await self.store.refuse_control(entry_id, task_id, error)
+    async def _control_rejected(self, stream: str, entry_id: str, task_id: str, error: str) -> None:
+        await self.store.refuse_control(
+            entry_id, task_id, error, partition=self._stream_partition[stream]
+        )
 
     # -- ticks ----------------------------------------------------------------------------
 
     async def _tick_once(self) -> None:
-        await self._reclaim(keys.observations_stream, self._observation)
-        await self._reclaim(keys.intake_stream, self._intake)
-        await self._reclaim(keys.control_stream, self._control)
+        for p in range(self.settings.partitions):
+            await self._reclaim(keys.observations_stream(p), self._observation)
+            await self._reclaim(keys.intake_stream(p), self._intake)
+            await self._reclaim(keys.control_stream(p), self._control)
         await self._renew_leases()
         await self._purge()
         due = await self.store.due_task_ids(time.time(), self.settings.batch * 4)
@@ -748,7 +826,7 @@ class Coordinator:
             queue=queue,
             queue_depth=self._queues.depth(queue),
             drain_per_s=self._queues.drain_per_s(queue),
-            observations=self._queues.observations,
+            observations=self._queues.progress(self.store.partition(task_id)),
         )
 
     async def _hold(self, task_id: str) -> bool:
@@ -879,6 +957,7 @@ class Coordinator:
 class _Decided:
     """An observation decided, its commit waiting to be sent with the others of its read."""
 
+    stream: str
     entry_id: str
     fields: dict[Any, Any]
     message: AnyMessage
@@ -893,6 +972,30 @@ class _Start:
 
     commit: PendingCommit
     step: Callable[[TaskMachine], Effects]
+
+
+async def check_layout(redis: Redis, partitions: int) -> int:
+    """Store the deployment's partition count if none is (``SET NX``) and refuse another one
+    (ConfigError naming both); refuse a Redis still holding work of the layout before
+    partitions (tasks active, intake entries not handled, dispatches not published), which
+    this version would never drive: the deployment must be drained with the old version."""
+    await redis.set(keys.partitions_key, partitions, nx=True)
+    check_partitions(await redis.get(keys.partitions_key), partitions, "coordinator")
+    found: list[str] = []
+    if await redis.scard(keys.legacy_active_tasks_key):
+        found.append(f"{keys.legacy_active_tasks_key} (tasks still active)")
+    if await redis.xlen(keys.legacy_outbox_stream):
+        found.append(f"{keys.legacy_outbox_stream} (dispatches not published)")
+    if await redis.exists(keys.legacy_intake_stream):
+        groups = cast("list[dict[Any, Any]]", await redis.xinfo_groups(keys.legacy_intake_stream))
+        for group in groups:
+            lag = group.get("lag", 0)  # None: unknown (entries deleted); absent before Redis 7
+            if int(group.get("pending") or 0) or lag is None or int(lag):
+                found.append(f"{keys.legacy_intake_stream} (submissions not handled)")
+                break
+    if found:
+        raise legacy_layout_error(found)
+    return partitions
 
 
 def _wrong(record: TaskRecord, fence: Fence) -> str | None:

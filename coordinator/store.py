@@ -238,6 +238,9 @@ class TaskStore:
 
     redis: Redis
     journal_maxlen: int = 10_000
+    partitions: int = 1
+    """The deployment's partition count (``ORGA_PARTITIONS``): a task's keys are in
+    :func:`shared.keys.partition_of` its id, the deployment-wide views merge every partition."""
     events_maxlen: int = 100_000
     record_cache_bytes: int = 4 * 1024 * 1024
     """JSON size of the records kept parsed (their parsed form takes about ten times more)."""
@@ -263,9 +266,14 @@ class TaskStore:
         self._release = self.redis.register_script(_RELEASE)
         self._acquire = self.redis.register_script(_ACQUIRE)
 
+    def partition(self, task_id: str) -> int:
+        """The partition of a task (:func:`shared.keys.partition_of`)."""
+        return keys.partition_of(task_id, self.partitions)
+
     async def load(self, task_id: str) -> TaskRecord | None:
         """The stored record, or None when there is no such task."""
-        key = keys.task_key(task_id)
+        p = self.partition(task_id)
+        key = keys.task_key(task_id, p)
         kept = self._take(task_id)
         if kept is not None:
             version = await self.redis.hget(key, "version")
@@ -273,7 +281,7 @@ class TaskStore:
                 return kept
         pipe = self.redis.pipeline(transaction=True)
         pipe.hget(key, "state")
-        pipe.lrange(keys.conversation_key(task_id), 0, -1)
+        pipe.lrange(keys.conversation_key(task_id, p), 0, -1)
         state, stored = await pipe.execute()
         if state is None:
             return None
@@ -328,7 +336,7 @@ class TaskStore:
 
     async def is_current(self, task_id: str, version: int) -> bool:
         """Whether ``version`` is still the stored version of the task."""
-        stored = await self.redis.hget(keys.task_key(task_id), "version")
+        stored = await self.redis.hget(keys.task_key(task_id, self.partition(task_id)), "version")
         return stored is not None and _text(stored) == str(version)
 
     def _take(self, task_id: str) -> TaskRecord | None:
@@ -360,15 +368,16 @@ class TaskStore:
         stream, group, entry_id = ack or ("", "", "")
         owner, ttl_ms = lease or ("", 0)
         state = record.model_dump_json()
+        p = self.partition(record.task_id)
         created, task_id, *leased = await self._create(
             keys=[
-                keys.task_key(record.task_id),
-                keys.idempotency_key(idem) if idem else keys.idempotency_key("-"),
-                keys.active_tasks_key,
-                keys.task_index_key,
-                keys.deadlines_key,
-                keys.status_counts_key,
-                keys.lease_key(record.task_id),
+                keys.task_key(record.task_id, p),
+                keys.idempotency_key(idem or "-", p),
+                keys.active_tasks_key(p),
+                keys.task_index_key(p),
+                keys.deadlines_key(p),
+                keys.status_counts_key(p),
+                keys.lease_key(record.task_id, p),
             ],
             args=[
                 idem,
@@ -441,26 +450,29 @@ class TaskStore:
         extra = self._extra(record, effects)
         extra["outbox"] = [d.head() for d in dispatches]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
-        extra["delete_acked"] = stream == keys.observations_stream
+        p = self.partition(record.task_id)
+        extra["delete_acked"] = stream == keys.observations_stream(p)
         extra["lease_owner"] = lease_owner
+        # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
+        # finished child tells and the children it cancels are all in this task's partition.
         commit_keys = [
-            keys.task_key(record.task_id),
-            keys.journal_stream(record.task_id),
-            keys.journal_sequence_key(record.task_id),
-            keys.events_stream,
-            keys.review_stream,
-            keys.open_reviews_key,
-            keys.dead_letter_stream,
-            keys.active_tasks_key,
-            keys.deadlines_key,
-            keys.status_counts_key,
-            keys.finished_tasks_key,
-            keys.conversation_key(record.task_id),
-            keys.intake_stream,
-            keys.observations_stream,
-            keys.control_stream,
-            keys.lease_key(record.task_id),
-            keys.outbox_stream(),
+            keys.task_key(record.task_id, p),
+            keys.journal_stream(record.task_id, p),
+            keys.journal_sequence_key(record.task_id, p),
+            keys.events_stream(p),
+            keys.review_stream(p),
+            keys.open_reviews_key(p),
+            keys.dead_letter_stream(p),
+            keys.active_tasks_key(p),
+            keys.deadlines_key(p),
+            keys.status_counts_key(p),
+            keys.finished_tasks_key(p),
+            keys.conversation_key(record.task_id, p),
+            keys.intake_stream(p),
+            keys.observations_stream(p),
+            keys.control_stream(p),
+            keys.lease_key(record.task_id, p),
+            keys.outbox_stream(p),
         ]
         args: list[str | bytes] = [
             expected,
@@ -568,27 +580,40 @@ class TaskStore:
         }
 
     async def active_task_ids(self) -> list[str]:
-        """Tasks that have not reached a terminal state."""
-        members = await self.redis.smembers(keys.active_tasks_key)
-        return sorted(_text(m) for m in members)
+        """Tasks that have not reached a terminal state (every partition)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.partitions):
+            pipe.smembers(keys.active_tasks_key(p))
+        return sorted(_text(m) for members in await pipe.execute() for m in members)
 
     async def due_task_ids(self, now: float, limit: int) -> list[str]:
-        """Tasks whose next deadline has passed (observation, review or start), oldest first."""
-        due = await self.redis.zrangebyscore(keys.deadlines_key, "-inf", now, start=0, num=limit)
-        return [_text(d) for d in due]
+        """Tasks whose next deadline has passed (observation, review or start), oldest first,
+        merged over every partition."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.partitions):
+            pipe.zrangebyscore(
+                keys.deadlines_key(p), "-inf", now, start=0, num=limit, withscores=True
+            )
+        due = [(float(s), _text(d)) for rows in await pipe.execute() for d, s in rows]
+        return [task_id for _score, task_id in sorted(due)[:limit]]
 
     async def open_reviews(self) -> list[ReviewItem]:
-        """Escalations waiting for a decision, oldest first."""
-        items = await self.redis.hgetall(keys.open_reviews_key)
-        reviews = [ReviewItem.model_validate_json(v) for v in items.values()]
+        """Escalations waiting for a decision, oldest first (every partition)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.partitions):
+            pipe.hgetall(keys.open_reviews_key(p))
+        items = [v for rows in await pipe.execute() for v in rows.values()]
+        reviews = [ReviewItem.model_validate_json(v) for v in items]
         return sorted(reviews, key=lambda r: r.created_at)
 
     async def still_active(self, task_ids: list[str]) -> list[bool]:
         """Whether each task is still active (not completed, failed or aborted)."""
         if not task_ids:
             return []
-        flags = await self.redis.smismember(keys.active_tasks_key, task_ids)
-        return [bool(int(f)) for f in flags]
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.sismember(keys.active_tasks_key(self.partition(task_id)), task_id)
+        return [bool(int(f)) for f in await pipe.execute()]
 
     async def purge_finished(self, finished_before: float, batch: int = 500) -> int:
         """Delete tasks that finished before ``finished_before``; returns how many.
@@ -596,26 +621,27 @@ class TaskStore:
         Candidates come from the index of finished tasks by end time, so tasks still running
         never block the purge.
         """
-        candidates = await self.redis.zrangebyscore(
-            keys.finished_tasks_key, "-inf", finished_before, start=0, num=batch
-        )
         purged = 0
-        for raw in candidates:
-            task_id = _text(raw)
-            purged += int(
-                await self._purge(
-                    keys=[
-                        keys.task_key(task_id),
-                        keys.journal_stream(task_id),
-                        keys.journal_sequence_key(task_id),
-                        keys.task_index_key,
-                        keys.status_counts_key,
-                        keys.finished_tasks_key,
-                        keys.conversation_key(task_id),
-                    ],
-                    args=[f"{finished_before:.6f}", task_id],
-                )
+        for p in range(self.partitions):
+            candidates = await self.redis.zrangebyscore(
+                keys.finished_tasks_key(p), "-inf", finished_before, start=0, num=batch
             )
+            for raw in candidates:
+                task_id = _text(raw)
+                purged += int(
+                    await self._purge(
+                        keys=[
+                            keys.task_key(task_id, p),
+                            keys.journal_stream(task_id, p),
+                            keys.journal_sequence_key(task_id, p),
+                            keys.task_index_key(p),
+                            keys.status_counts_key(p),
+                            keys.finished_tasks_key(p),
+                            keys.conversation_key(task_id, p),
+                        ],
+                        args=[f"{finished_before:.6f}", task_id],
+                    )
+                )
         return purged
 
     # -- entries that change no task ------------------------------------------------------
@@ -624,61 +650,81 @@ class TaskStore:
         """A lifecycle event that belongs to no commit (a state loss, a refused observation)."""
         entry: dict[Any, Any] = {**fields, "at": fields.get("at") or f"{time.time():.3f}"}
         await self.redis.xadd(
-            keys.events_stream, entry, maxlen=self.events_maxlen, approximate=True
+            keys.events_stream(self.partition(fields.get("task_id", ""))),
+            entry,
+            maxlen=self.events_maxlen,
+            approximate=True,
         )
 
     async def reject_submission(
-        self, entry_id: str, task_id: str, task_text: str, error: str, event: str = "rejected"
+        self,
+        entry_id: str,
+        task_id: str,
+        task_text: str,
+        error: str,
+        event: str = "rejected",
+        *,
+        partition: int = 0,
     ) -> None:
-        """An intake entry that makes no task: on ``orga:rejected`` with the reason, an event,
-        and acknowledged, together."""
+        """An intake entry (of ``partition``'s intake) that makes no task: on the partition's
+        rejected stream with the reason, an event, and acknowledged, together."""
+        p = partition
         pipe = self.redis.pipeline(transaction=True)
         pipe.xadd(
-            keys.rejected_stream,
+            keys.rejected_stream(p),
             {"task_id": task_id, "entry_id": entry_id, "error": error, "task": task_text[:4096]},
             maxlen=keys.rejected_maxlen, approximate=True,
         )  # fmt: skip
         pipe.xadd(
-            keys.events_stream,
+            keys.events_stream(p),
             {"task_id": task_id, "event": event, "error": error[:2000], "at": f"{time.time():.3f}"},
             maxlen=self.events_maxlen, approximate=True,
         )  # fmt: skip
-        pipe.xack(keys.intake_stream, keys.coordinator_group, entry_id)
+        pipe.xack(keys.intake_stream(p), keys.coordinator_group, entry_id)
         await pipe.execute()
 
     async def dead_letter_entry(
-        self, stream: str, entry_id: str, fields: Mapping[str, str], error: str
+        self,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[str, str],
+        error: str,
+        *,
+        partition: int = 0,
     ) -> None:
-        """A stream entry no coordinator can apply: kept on ``orga:dead_letter`` with its raw
-        fields and the reason, and acknowledged, together."""
+        """A stream entry (of ``partition``) no coordinator can apply: kept on the partition's
+        dead-letter stream with its raw fields and the reason, and acknowledged, together."""
         raw: dict[Any, Any] = {f"raw_{k}": v[:4096] for k, v in fields.items()}
         pipe = self.redis.pipeline(transaction=True)
         pipe.xadd(
-            keys.dead_letter_stream,
+            keys.dead_letter_stream(partition),
             {**raw, "stream": stream, "entry_id": entry_id, "error": error[:2000]},
             maxlen=keys.dead_letter_maxlen, approximate=True,
         )  # fmt: skip
         pipe.xack(stream, keys.coordinator_group, entry_id)
         await pipe.execute()
 
-    async def refuse_control(self, entry_id: str, task_id: str, error: str) -> None:
-        """A control entry that cannot be applied: a ``control_rejected`` event naming the
-        entry (the CLI waits for it), and acknowledged, together."""
+    async def refuse_control(
+        self, entry_id: str, task_id: str, error: str, *, partition: int = 0
+    ) -> None:
+        """A control entry (of ``partition``) that cannot be applied: a ``control_rejected``
+        event naming the entry (the CLI waits for it), and acknowledged, together."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.xadd(
-            keys.events_stream,
+            keys.events_stream(partition),
             {"task_id": task_id, "event": "control_rejected", "entry_id": entry_id,
              "error": error[:2000], "at": f"{time.time():.3f}"},
             maxlen=self.events_maxlen, approximate=True,
         )  # fmt: skip
-        pipe.xack(keys.control_stream, keys.coordinator_group, entry_id)
+        pipe.xack(keys.control_stream(partition), keys.coordinator_group, entry_id)
         await pipe.execute()
 
-    async def drop_observation(self, entry_id: str) -> None:
+    async def drop_observation(self, entry_id: str, *, partition: int = 0) -> None:
         """A stale or duplicate answer: acknowledged and deleted (nothing keeps its output)."""
+        stream = keys.observations_stream(partition)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.xack(keys.observations_stream, keys.coordinator_group, entry_id)
-        pipe.xdel(keys.observations_stream, entry_id)
+        pipe.xack(stream, keys.coordinator_group, entry_id)
+        pipe.xdel(stream, entry_id)
         await pipe.execute()
 
     async def forget_heartbeats(self, older_than: float) -> None:
@@ -688,7 +734,7 @@ class TaskStore:
     async def acquire_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the task's lease if nobody holds it, or renew it if ``owner`` already does
         (e.g. taken by a create whose reply was lost, its retry answering "duplicate")."""
-        key = keys.lease_key(task_id)
+        key = keys.lease_key(task_id, self.partition(task_id))
         return bool(int(await self._acquire(keys=[key], args=[owner, ttl_ms])))
 
     async def renew_leases(
@@ -699,8 +745,9 @@ class TaskStore:
         on its own, as apart); whether each renewal held."""
         if not task_ids and not release:
             return []
-        calls = [(self._renew, keys.lease_key(t), [owner, str(ttl_ms)]) for t in task_ids]
-        calls += [(self._release, keys.lease_key(t), [owner]) for t in release]
+        lease = self._lease_key
+        calls = [(self._renew, lease(t), [owner, str(ttl_ms)]) for t in task_ids]
+        calls += [(self._release, lease(t), [owner]) for t in release]
         pipe = self.redis.pipeline(transaction=False)
         for script, key, args in calls:  # EVALSHA alone: no SCRIPT EXISTS round trip first
             pipe.evalsha(script.sha, 1, key, *args)
@@ -714,11 +761,14 @@ class TaskStore:
 
     async def renew_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Extend a lease we hold; False when it was lost."""
-        return bool(int(await self._renew(keys=[keys.lease_key(task_id)], args=[owner, ttl_ms])))
+        return bool(int(await self._renew(keys=[self._lease_key(task_id)], args=[owner, ttl_ms])))
 
     async def release_lease(self, task_id: str, owner: str) -> None:
         """Give a lease back (only if we still hold it)."""
-        await self._release(keys=[keys.lease_key(task_id)], args=[owner])
+        await self._release(keys=[self._lease_key(task_id)], args=[owner])
+
+    def _lease_key(self, task_id: str) -> str:
+        return keys.lease_key(task_id, self.partition(task_id))
 
 
 def _flat(fields: dict[str, str]) -> list[str]:

@@ -126,7 +126,7 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     """Run ``body(client, embedded)`` against ORGA_REDIS_URL, or inside the embedded runtime."""
     settings = _settings()
     if settings.redis_url:
-        return body(OrgaClient(settings.redis_url), False)
+        return body(OrgaClient(settings.redis_url, partitions=settings.partitions), False)
 
     key_fds = _hand_off_model_keys(settings)
     # The coordinator runs in this process: its spans go to stderr, stdout is the result's.
@@ -135,7 +135,7 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     async def embedded() -> Any:
         _STOP.on_signals(asyncio.get_running_loop())
         async with EmbeddedRuntime(settings, _home(), key_fds=key_fds) as runtime:
-            client = OrgaClient(runtime.url)
+            client = OrgaClient(runtime.url, partitions=settings.partitions)
             return await asyncio.to_thread(body, client, True)
 
     return aio.run(embedded())
@@ -409,6 +409,9 @@ def _embedded_env() -> dict[str, str]:
     root = os.environ.get("ORGA_WORKSPACE_ROOT")
     if root:
         env["ORGA_WORKSPACE_ROOT"] = os.path.abspath(os.path.expanduser(root))
+    partitions = os.environ.get("ORGA_PARTITIONS")
+    if partitions:  # the state was created with it: a command with another count is refused
+        env["ORGA_PARTITIONS"] = partitions
     return env
 
 
@@ -487,12 +490,13 @@ def _read(body: Callable[[OrgaClient], Any]) -> Any:
     """A read-only command: against ORGA_REDIS_URL, or the embedded Redis without a worker."""
     settings = _settings()
     if settings.redis_url:
-        return body(OrgaClient(settings.redis_url))
+        return body(OrgaClient(settings.redis_url, partitions=settings.partitions))
 
     async def embedded() -> Any:
         _STOP.on_signals(asyncio.get_running_loop(), interrupt=asyncio.current_task())
         async with EmbeddedRuntime(settings, _home(), start_worker=False) as runtime:
-            return await asyncio.to_thread(body, OrgaClient(runtime.url))
+            client = OrgaClient(runtime.url, partitions=settings.partitions)
+            return await asyncio.to_thread(body, client)
 
     try:
         return aio.run(embedded())
@@ -676,7 +680,7 @@ def coordinator() -> None:
     with _errors():
         configure_tracing(TelemetrySettings(), "orga-coordinator")
     port, host = settings.metrics_port, settings.metrics_host
-    metrics = serve_metrics(port, url, host=host) if port else None
+    metrics = serve_metrics(port, url, host=host, partitions=settings.partitions) if port else None
 
     async def main_loop() -> None:
         client = Redis.from_url(url)

@@ -47,6 +47,7 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
         journal_maxlen=settings.journal_maxlen,
         events_maxlen=settings.events_maxlen,
         retention_s=settings.retention_s,
+        partitions=settings.partitions,
         machine=MachineSettings(
             observation_deadline_s=settings.observation_deadline_s,
             max_redeliveries=settings.max_redeliveries,

@@ -5,43 +5,53 @@ same way). Units are part of the names (``_s`` seconds, ``_ms`` milliseconds). K
 parameter are built by a function, next to the prefix it uses. This module is pure: no Redis
 import, no I/O.
 
-Streams
-    ``orga:intake``              task submissions from upstream pipelines (``intake_stream``)
-    ``orga:rejected``            malformed submissions with their validation error
-    ``orga:observations``        observations published by workers for the coordinator
-    ``orga:events``              task lifecycle events upstream pipelines follow
-    ``orga:review``              escalations waiting for a human decision
-    ``orga:dead_letter``         poison messages and dead-lettered tool calls
-    ``orga:journal:{task_id}``   the journal of one task (``journal_stream(task_id)``)
-    ``orga:control``             review decisions and cancellations sent by the CLI
-    ``orga:outbox``              dispatches committed and not yet published to Celery
-                                 (``outbox_stream()``; never trimmed: see ``outbox_maxlen``)
+Partitions
+    Every key of a task, and every stream, index and counter a commit touches, belongs to one
+    of ``ORGA_PARTITIONS`` partitions (fixed at creation, stored in ``orga:partitions``) and
+    carries its Redis Cluster hash tag ``{p:NN}``: one commit touches one slot. A task's
+    partition is :func:`partition_of` its id (CRC-32 of the root id, so a delegation tree
+    shares its root's partition); an idempotency key's is :func:`idempotency_partition`.
+    Below, ``P`` stands for ``{p:NN}``.
+
+Streams (one per partition)
+    ``orga:P:intake``            task submissions from upstream pipelines (``intake_stream(p)``)
+    ``orga:P:rejected``          malformed submissions with their validation error
+    ``orga:P:observations``      observations published by workers for the coordinator
+    ``orga:P:events``            task lifecycle events upstream pipelines follow
+    ``orga:P:review``            escalations waiting for a human decision
+    ``orga:P:dead_letter``       poison messages and dead-lettered tool calls
+    ``orga:P:journal:{task_id}``  the journal of one task (``journal_stream(task_id, p)``)
+    ``orga:P:control``           review decisions and cancellations sent by the CLI
+    ``orga:P:outbox``            dispatches committed and not yet published to Celery
+                                 (``outbox_stream(p)``; never trimmed: see ``outbox_maxlen``)
 
 Consumer groups
     ``orga-coordinators``        the coordinators reading the intake and observations streams
-    ``orga-relays``              the coordinators' outbox relays reading ``orga:outbox``
+    ``orga-relays``              the coordinators' outbox relays reading ``orga:P:outbox``
 
 Keys
-    ``orga:task:{task_id}``      hash: the persisted state of a task (``task_key``)
-    ``orga:lease:{task_id}``     string: the coordinator holding a task (``lease_key``)
-    ``orga:idem:{key}``          string: task id for an idempotency key (``idempotency_key``)
+    ``orga:partitions``          string: the number of partitions (``partitions_key``)
+    ``orga:P:task:{task_id}``    hash: the persisted state of a task (``task_key``)
+    ``orga:P:lease:{task_id}``   string: the coordinator holding a task (``lease_key``)
+    ``orga:P:idem:{key}``        string: task id for an idempotency key (``idempotency_key``)
     ``orga:knowledge:{agent_id}``  the knowledge of one agent (``knowledge_key``)
     ``orga:breaker:{tool}``      hash: the circuit breaker of one tool, shared by every worker
     ``orga:result:{tool}:{sha256}``  string: last successful result of a call (CachedResult)
-    ``orga:journal_seq:{task_id}``  string: the last journal sequence of a task
-    ``orga:tasks:active``        set: tasks not yet completed, failed or aborted
-    ``orga:tasks:index``         sorted set: every task by creation time
-    ``orga:tasks:deadlines``     sorted set: active tasks by the time they must be looked at
-    ``orga:tasks:finished``      sorted set: finished tasks by the time they ended (retention)
-    ``orga:reviews:open``        hash: review id -> open escalation (JSON)
+    ``orga:P:journal_seq:{task_id}``  string: the last journal sequence of a task
+    ``orga:P:conversation:{task_id}``  list: a task's conversation (message JSON)
+    ``orga:P:tasks:active``      set: tasks not yet completed, failed or aborted
+    ``orga:P:tasks:index``       sorted set: every task by creation time
+    ``orga:P:tasks:deadlines``   sorted set: active tasks by the time they must be looked at
+    ``orga:P:tasks:finished``    sorted set: finished tasks by the time they ended (retention)
+    ``orga:P:reviews:open``      hash: review id -> open escalation (JSON)
     ``orga:applied:{sha256}``    string: the result of a writing tool call applied once, by its
                                  idempotency key (``applied_call_key``)
     ``orga:workspace:{sha256}``  string: the identity (device:inode) of a sub-agent's workspace
                                  folder the runtime created, by a digest of its path
                                  (``workspace_claim_key``)
-    ``orga:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
+    ``orga:P:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
                                  decision, entry_id), set with the control entry by one script
-    ``orga:stats:status``        hash: number of tasks in each status (kept by the commit script)
+    ``orga:P:stats:status``      hash: number of tasks in each status (kept by the commit script)
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write
     ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
@@ -83,6 +93,8 @@ TTLs
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
 from typing import Final
 
 __all__ = [
@@ -97,7 +109,6 @@ __all__ = [
     "control_maxlen",
     "control_stream",
     "conversation_key",
-    "conversation_key_prefix",
     "coordinator_group",
     "dead_letter_maxlen",
     "dead_letter_stream",
@@ -107,7 +118,7 @@ __all__ = [
     "heartbeats_key",
     "heartbeats_retention_s",
     "idempotency_key",
-    "idempotency_key_prefix",
+    "idempotency_partition",
     "idempotency_ttl_s",
     "inbox_login_failures_key",
     "inbox_login_failures_key_prefix",
@@ -119,13 +130,14 @@ __all__ = [
     "intake_stream",
     "journal_sequence_key",
     "journal_stream",
-    "journal_stream_prefix",
     "key_prefix",
     "knowledge_key",
     "knowledge_key_prefix",
     "lease_key",
-    "lease_key_prefix",
     "lease_ttl_s",
+    "legacy_active_tasks_key",
+    "legacy_intake_stream",
+    "legacy_outbox_stream",
     "observations_maxlen",
     "observations_stream",
     "open_reviews_key",
@@ -134,7 +146,11 @@ __all__ = [
     "outbox_group",
     "outbox_maxlen",
     "outbox_stream",
-    "outbox_stream_name",
+    "partition_key_prefix",
+    "partition_of",
+    "partition_streams",
+    "partition_tag",
+    "partitions_key",
     "provider_limit_key",
     "provider_limit_key_prefix",
     "provider_wait_key",
@@ -149,7 +165,6 @@ __all__ = [
     "result_cache_key_prefix",
     "result_cache_ttl_s",
     "review_claim_key",
-    "review_claim_key_prefix",
     "review_claim_ttl_s",
     "review_stream",
     "schedule_fires_key",
@@ -159,7 +174,6 @@ __all__ = [
     "status_counts_key",
     "task_index_key",
     "task_key",
-    "task_key_prefix",
     "tool_task_name",
     "tools_queue",
     "workspace_claim_key",
@@ -172,31 +186,18 @@ key_prefix: Final = "orga:"
 
 # -- streams -------------------------------------------------------------------------------
 
-intake_stream: Final = "orga:intake"
-rejected_stream: Final = "orga:rejected"
-observations_stream: Final = "orga:observations"
-events_stream: Final = "orga:events"
-review_stream: Final = "orga:review"
-dead_letter_stream: Final = "orga:dead_letter"
-journal_stream_prefix: Final = "orga:journal:"
-conversation_key_prefix: Final = "orga:conversation:"
-control_stream: Final = "orga:control"
 
 # -- consumer groups -----------------------------------------------------------------------
 
 coordinator_group: Final = "orga-coordinators"
 outbox_group: Final = "orga-relays"
-"""The coordinators' outbox relays: each reads ``outbox_stream()`` as its own consumer."""
+"""The coordinators' outbox relays: each reads every ``outbox_stream(p)`` as its own consumer."""
 
 # -- keys ----------------------------------------------------------------------------------
 
-task_key_prefix: Final = "orga:task:"
-lease_key_prefix: Final = "orga:lease:"
-idempotency_key_prefix: Final = "orga:idem:"
 knowledge_key_prefix: Final = "orga:knowledge:"
 breaker_key_prefix: Final = "orga:breaker:"
 result_cache_key_prefix: Final = "orga:result:"
-review_claim_key_prefix: Final = "orga:review_claim:"
 applied_call_key_prefix: Final = "orga:applied:"
 workspace_claim_key_prefix: Final = "orga:workspace:"
 provider_limit_key_prefix: Final = "orga:ratelimit:"
@@ -204,13 +205,6 @@ inbox_session_key_prefix: Final = "orga:inbox:session:"
 inbox_login_failures_key_prefix: Final = "orga:inbox:login_failures:"
 provider_wait_key_prefix: Final = "orga:provider_wait:"
 
-journal_sequence_key_prefix: Final = "orga:journal_seq:"
-active_tasks_key: Final = "orga:tasks:active"
-task_index_key: Final = "orga:tasks:index"
-deadlines_key: Final = "orga:tasks:deadlines"
-finished_tasks_key: Final = "orga:tasks:finished"
-open_reviews_key: Final = "orga:reviews:open"
-status_counts_key: Final = "orga:stats:status"
 heartbeats_key: Final = "orga:heartbeats"
 queue_started_key_prefix: Final = "orga:started:"
 agents_key: Final = "orga:agents"
@@ -242,7 +236,6 @@ once Celery has it, so the stream holds only what waits for a relay."""
 
 # -- the outbox relay -------------------------------------------------------------------------
 
-outbox_stream_name: Final = "orga:outbox"
 outbox_batch: Final = 64
 """Entries a relay reads, publishes and removes at a time."""
 outbox_claim_idle_ms: Final = 10_000
@@ -270,38 +263,6 @@ inbox_login_window_s: Final = 60
 """Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
 
-def outbox_stream() -> str:
-    """The outbox stream: ``orga:outbox`` (one for now; a function so that it can become one
-    per partition)."""
-    return outbox_stream_name
-
-
-def journal_stream(task_id: str) -> str:
-    """The journal stream of one task: ``orga:journal:{task_id}``."""
-    return f"{journal_stream_prefix}{task_id}"
-
-
-def conversation_key(task_id: str) -> str:
-    """A task's conversation, append-only (rewritten only by a compaction): a list of message
-    JSON, ``orga:conversation:{task_id}``."""
-    return f"{conversation_key_prefix}{task_id}"
-
-
-def task_key(task_id: str) -> str:
-    """The hash holding a task's state: ``orga:task:{task_id}``."""
-    return f"{task_key_prefix}{task_id}"
-
-
-def lease_key(task_id: str) -> str:
-    """The lease of the coordinator driving a task: ``orga:lease:{task_id}``."""
-    return f"{lease_key_prefix}{task_id}"
-
-
-def idempotency_key(key: str) -> str:
-    """The task id recorded for an idempotency key: ``orga:idem:{key}``."""
-    return f"{idempotency_key_prefix}{key}"
-
-
 def knowledge_key(agent_id: str) -> str:
     """The knowledge of one agent: ``orga:knowledge:{agent_id}``."""
     return f"{knowledge_key_prefix}{agent_id}"
@@ -317,11 +278,6 @@ def result_cache_key(tool_name: str, arguments_digest: str) -> str:
     return f"{result_cache_key_prefix}{tool_name}:{arguments_digest}"
 
 
-def journal_sequence_key(task_id: str) -> str:
-    """The last journal sequence appended for a task: ``orga:journal_seq:{task_id}``."""
-    return f"{journal_sequence_key_prefix}{task_id}"
-
-
 def applied_call_key(digest: str) -> str:
     """The result of a call applied once, by its key's digest: ``orga:applied:{sha256}``."""
     return f"{applied_call_key_prefix}{digest}"
@@ -331,11 +287,6 @@ def workspace_claim_key(digest: str) -> str:
     """The identity of a sub-agent workspace folder the runtime created, by its path's digest:
     ``orga:workspace:{sha256}``."""
     return f"{workspace_claim_key_prefix}{digest}"
-
-
-def review_claim_key(review_id: str) -> str:
-    """The one decision sent for a review: ``orga:review_claim:{review_id}``."""
-    return f"{review_claim_key_prefix}{review_id}"
 
 
 def queue_started_key(queue: str) -> str:
@@ -365,3 +316,160 @@ def provider_wait_key(liveness_id: str) -> str:
     """A model call held in its retry wait, by the dispatch's liveness id (``Fence.liveness_id``):
     ``orga:provider_wait:{liveness_id}``."""
     return f"{provider_wait_key_prefix}{liveness_id}"
+
+
+# -- partitions ------------------------------------------------------------------------------
+
+partitions_key: Final = "orga:partitions"
+"""The number of partitions of the deployment, set once (``SET NX``) by the first process
+started on it; every process started with another ``ORGA_PARTITIONS`` refuses."""
+
+partition_key_prefix: Final = "orga:{p:"
+"""Every partitioned key starts with this (``orga:{p:NN}:``)."""
+
+legacy_active_tasks_key: Final = "orga:tasks:active"
+legacy_intake_stream: Final = "orga:intake"
+legacy_outbox_stream: Final = "orga:outbox"
+"""Keys of the layout before partitions: a coordinator finding tasks still active, an intake
+entry not handled or a dispatch not published there refuses to start (they would never be
+driven again); drain the deployment with the old version first (docs/deploy.md)."""
+
+
+def partition_of(task_id: str, partitions: int) -> int:
+    """The partition of a task: CRC-32 (``zlib.crc32``, the same on every machine and Python,
+    never ``hash()``) of its root task id, the part before the first ``.``, modulo
+    ``partitions``. A sub-agent's id is ``{parent}.{n}``: a delegation tree lives in its
+    root's partition, so a child's ``child_finished`` (written in the child's commit) reaches
+    its parent's observations stream in the same slot."""
+    root = task_id.split(".", 1)[0]
+    return zlib.crc32(root.encode("utf-8", "surrogatepass")) % partitions
+
+
+def idempotency_partition(key: str, partitions: int) -> int:
+    """The partition of an idempotency key: CRC-32 of the whole key modulo ``partitions``.
+    A task submitted with an idempotency key gets an id in that partition (the client draws
+    one; an id given with the key must fall in it), so the key is checked and the task
+    created by one script in one slot, whichever id a retry carries."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % partitions
+
+
+def partition_tag(partition: int) -> str:
+    """The Redis Cluster hash tag of a partition: ``{p:NN}`` (two digits at least)."""
+    return f"{{p:{partition:02d}}}"
+
+
+def _in(partition: int, name: str) -> str:
+    return f"orga:{partition_tag(partition)}:{name}"
+
+
+def intake_stream(partition: int) -> str:
+    """Task submissions of one partition: ``orga:{p:NN}:intake``."""
+    return _in(partition, "intake")
+
+
+def rejected_stream(partition: int) -> str:
+    """Malformed submissions of one partition: ``orga:{p:NN}:rejected``."""
+    return _in(partition, "rejected")
+
+
+def observations_stream(partition: int) -> str:
+    """Observations for the tasks of one partition: ``orga:{p:NN}:observations``."""
+    return _in(partition, "observations")
+
+
+def events_stream(partition: int) -> str:
+    """Lifecycle events of one partition's tasks: ``orga:{p:NN}:events``."""
+    return _in(partition, "events")
+
+
+def review_stream(partition: int) -> str:
+    """Escalations of one partition's tasks: ``orga:{p:NN}:review``."""
+    return _in(partition, "review")
+
+
+def dead_letter_stream(partition: int) -> str:
+    """Poison messages of one partition: ``orga:{p:NN}:dead_letter``."""
+    return _in(partition, "dead_letter")
+
+
+def control_stream(partition: int) -> str:
+    """Review decisions and cancellations for one partition's tasks: ``orga:{p:NN}:control``."""
+    return _in(partition, "control")
+
+
+def outbox_stream(partition: int) -> str:
+    """Dispatches of one partition committed and not yet published: ``orga:{p:NN}:outbox``."""
+    return _in(partition, "outbox")
+
+
+def active_tasks_key(partition: int) -> str:
+    """Set: the partition's tasks not yet ended, ``orga:{p:NN}:tasks:active``."""
+    return _in(partition, "tasks:active")
+
+
+def task_index_key(partition: int) -> str:
+    """Sorted set: the partition's tasks by creation time, ``orga:{p:NN}:tasks:index``."""
+    return _in(partition, "tasks:index")
+
+
+def deadlines_key(partition: int) -> str:
+    """Sorted set: active tasks by when they must be looked at, ``orga:{p:NN}:tasks:deadlines``."""
+    return _in(partition, "tasks:deadlines")
+
+
+def finished_tasks_key(partition: int) -> str:
+    """Sorted set: finished tasks by end time (retention), ``orga:{p:NN}:tasks:finished``."""
+    return _in(partition, "tasks:finished")
+
+
+def open_reviews_key(partition: int) -> str:
+    """Hash: review id -> open escalation (JSON), ``orga:{p:NN}:reviews:open``."""
+    return _in(partition, "reviews:open")
+
+
+def status_counts_key(partition: int) -> str:
+    """Hash: tasks of the partition in each status, ``orga:{p:NN}:stats:status``."""
+    return _in(partition, "stats:status")
+
+
+def partition_streams(partitions: int, stream: Callable[[int], str]) -> list[str]:
+    """One stream (``intake_stream``, ...) of every partition, partition 0 first."""
+    return [stream(p) for p in range(partitions)]
+
+
+def task_key(task_id: str, partition: int) -> str:
+    """The hash holding a task's state: ``orga:{p:NN}:task:{task_id}``."""
+    return _in(partition, f"task:{task_id}")
+
+
+def journal_stream(task_id: str, partition: int) -> str:
+    """The journal stream of one task: ``orga:{p:NN}:journal:{task_id}``."""
+    return _in(partition, f"journal:{task_id}")
+
+
+def conversation_key(task_id: str, partition: int) -> str:
+    """A task's conversation, append-only (rewritten only by a compaction): a list of message
+    JSON, ``orga:{p:NN}:conversation:{task_id}``."""
+    return _in(partition, f"conversation:{task_id}")
+
+
+def lease_key(task_id: str, partition: int) -> str:
+    """The lease of the coordinator driving a task: ``orga:{p:NN}:lease:{task_id}``."""
+    return _in(partition, f"lease:{task_id}")
+
+
+def journal_sequence_key(task_id: str, partition: int) -> str:
+    """The last journal sequence appended for a task: ``orga:{p:NN}:journal_seq:{task_id}``."""
+    return _in(partition, f"journal_seq:{task_id}")
+
+
+def idempotency_key(key: str, partition: int) -> str:
+    """The task id recorded for an idempotency key, in the key's partition
+    (:func:`idempotency_partition`): ``orga:{p:NN}:idem:{key}``."""
+    return _in(partition, f"idem:{key}")
+
+
+def review_claim_key(review_id: str, partition: int) -> str:
+    """The one decision sent for a review, in its task's partition (written with the control
+    entry by one script): ``orga:{p:NN}:review_claim:{review_id}``."""
+    return _in(partition, f"review_claim:{review_id}")

@@ -179,6 +179,14 @@ class OrgaSettings(BaseSettings):
         description="Let a task's provider.base_url replace ORGA_BASE_URL (the API key is sent "
         "there, so only for trusted submitters)",
     )
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Partitions of the deployment's state (each task's keys carry its "
+        "partition's hash tag); fixed when the deployment is created: every process must be "
+        "started with the same number",
+    )
     retention_s: float = Field(
         default=7 * 24 * 3600.0,
         ge=60,

@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from shared.events import JournalEntry
 from shared.journal import JournalReadError, JournalSequenceError, JournalWriteError
-from shared.keys import journal_sequence_key, journal_stream
+from shared.keys import journal_sequence_key, journal_stream, partition_of
 
 __all__ = [
     "DEFAULT_JOURNAL_MAXLEN",
@@ -78,13 +78,21 @@ def _stream_id(sequence: int) -> str:
 class RedisStreamJournal:
     """A ``JournalWriter`` for one task, on a Redis stream trimmed to about ``maxlen`` entries."""
 
-    def __init__(self, redis: Redis, task_id: str, *, maxlen: int = DEFAULT_JOURNAL_MAXLEN) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        task_id: str,
+        *,
+        maxlen: int = DEFAULT_JOURNAL_MAXLEN,
+        partitions: int = 1,
+    ) -> None:
         if maxlen < 1:
             raise ValueError(f"journal maxlen must be >= 1, got {maxlen}")
         self._redis = redis
         self._task_id = task_id
+        self._partition = partition_of(task_id, partitions)
         self._maxlen = maxlen
-        self._reader = JournalReader(redis)
+        self._reader = JournalReader(redis, partitions=partitions)
         self._append = redis.register_script(_APPEND_SCRIPT)
 
     @property
@@ -96,7 +104,8 @@ class RedisStreamJournal:
         """Append ``entry``; a re-append of the same entry is a no-op, anything else out of
         order raises ``JournalSequenceError``."""
         self._check_task(entry)
-        keys = [journal_stream(self._task_id), journal_sequence_key(self._task_id)]
+        p = self._partition
+        keys = [journal_stream(self._task_id, p), journal_sequence_key(self._task_id, p)]
         args: list[str | int] = [
             entry.sequence,
             _stream_id(entry.sequence),
@@ -115,7 +124,7 @@ class RedisStreamJournal:
     async def next_sequence(self) -> int:
         """One more than the last appended sequence; 0 for a new journal."""
         try:
-            last = await self._redis.get(journal_sequence_key(self._task_id))
+            last = await self._redis.get(journal_sequence_key(self._task_id, self._partition))
         except RedisError as exc:
             raise JournalReadError(
                 f"journal of task {self._task_id!r}: cannot read the last sequence: {exc}"
@@ -156,10 +165,11 @@ class RedisStreamJournal:
 class JournalReader:
     """Reads and follows any task's journal stream."""
 
-    def __init__(self, redis: Redis, *, batch_size: int = 100) -> None:
+    def __init__(self, redis: Redis, *, batch_size: int = 100, partitions: int = 1) -> None:
         if batch_size < 1:
             raise ValueError(f"journal batch_size must be >= 1, got {batch_size}")
         self._redis = redis
+        self._partitions = partitions
         self._batch_size = batch_size
 
     async def read(
@@ -168,7 +178,8 @@ class JournalReader:
         """Up to ``count`` retained entries after ``after_sequence`` (all when None)."""
         start = "-" if after_sequence is None else _stream_id(after_sequence + 1)
         try:
-            messages = await self._redis.xrange(journal_stream(task_id), start, "+", count)
+            stream = journal_stream(task_id, partition_of(task_id, self._partitions))
+            messages = await self._redis.xrange(stream, start, "+", count)
         except RedisError as exc:
             raise JournalReadError(f"journal of task {task_id!r}: cannot read: {exc}") from exc
         return [_decode(task_id, fields) for _, fields in messages or [] if fields is not None]
@@ -205,7 +216,7 @@ class JournalReader:
     async def _next_batch(
         self, task_id: str, last_id: str, block_ms: int
     ) -> list[tuple[bytes | str, dict[Any, Any]]]:
-        stream = journal_stream(task_id)
+        stream = journal_stream(task_id, partition_of(task_id, self._partitions))
         try:
             response: Any = await self._redis.xread(
                 {stream: last_id}, count=self._batch_size, block=block_ms

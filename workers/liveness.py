@@ -49,8 +49,11 @@ class Liveness:
     Every method runs on the process's event loop.
     """
 
-    def __init__(self, redis: Redis, interval_s: float, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, redis: Redis, interval_s: float, timeout_s: float = 30.0, *, partitions: int = 1
+    ) -> None:
         self._redis = redis
+        self._partitions = partitions
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._running: Counter[str] = Counter()
@@ -80,8 +83,14 @@ class Liveness:
         # A dispatch that waited in a long queue has its next look far ahead: bring it to one
         # heartbeat timeout from now, so that a death from here on is noticed in time (XX: a
         # task no longer due is not added; LT: an earlier look is kept).
-        due = {f.task_id: now + self._timeout_s for f in fences}
-        pipe.zadd(keys.deadlines_key, due, xx=True, lt=True)
+        # The fences of one dispatch are its task's: one partition, one index.
+        p = keys.partition_of(fences[0].task_id, self._partitions) if fences else 0
+        due = {
+            f.task_id: now + self._timeout_s
+            for f in fences
+            if keys.partition_of(f.task_id, self._partitions) == p
+        }
+        pipe.zadd(keys.deadlines_key(p), due, xx=True, lt=True)
 
     @staticmethod
     def check_start(replies: Sequence[object]) -> None:
@@ -133,15 +142,19 @@ class Liveness:
             watched = list(self._watched)
             pipe = self._redis.pipeline(transaction=False)
             pipe.zadd(keys.heartbeats_key, dict.fromkeys(self._running, time.time()))
-            if watched:
-                pipe.zmscore(keys.finished_tasks_key, watched)
+            by_partition: dict[int, list[str]] = {}
+            for task_id in watched:  # each task's end is in its partition's index
+                p = keys.partition_of(task_id, self._partitions)
+                by_partition.setdefault(p, []).append(task_id)
+            for p, task_ids in by_partition.items():
+                pipe.zmscore(keys.finished_tasks_key(p), task_ids)
             try:
                 replies = await pipe.execute()
             except RedisError as exc:  # the next beat tries again; the timeout allows a few
                 log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
                 continue
-            if watched:
-                self._cancel_ended(watched, replies[1])
+            for task_ids, finished in zip(by_partition.values(), replies[1:], strict=True):
+                self._cancel_ended(task_ids, finished)
 
     def _cancel_ended(self, task_ids: Sequence[str], finished: Sequence[float | None]) -> None:
         """Cancel the calls of the tasks that have ended."""

@@ -12,6 +12,7 @@ from typing import Any
 import redis
 from celery import bootsteps
 
+from shared import keys
 from shared.eviction import (
     POLICY_SETTING,
     check_eviction_policy,
@@ -19,8 +20,9 @@ from shared.eviction import (
     policy_from_info,
     redis_address,
 )
+from shared.partitions import check_partitions
 
-__all__ = ["EvictionCheck", "check_redis_keeps_keys"]
+__all__ = ["EvictionCheck", "check_redis_keeps_keys", "check_worker_partitions"]
 
 
 def check_redis_keeps_keys(url: str) -> str:
@@ -42,8 +44,20 @@ def check_redis_keeps_keys(url: str) -> str:
     return check_eviction_policy(policy, address, unread)
 
 
+def check_worker_partitions(url: str, partitions: int) -> int:
+    """The deployment's partition count, stored if none is; ConfigError (naming both) when
+    the worker's ``ORGA_PARTITIONS`` is another."""
+    with redis.Redis.from_url(url) as client:
+        client.set(keys.partitions_key, partitions, nx=True)
+        stored = client.get(keys.partitions_key)
+    return check_partitions(stored, partitions, "worker")
+
+
 class EvictionCheck(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Refuses to start the worker on a Redis that may evict keys."""
+    """Refuses to start the worker on a Redis that may evict keys, or with another partition
+    count than the deployment's."""
 
     def start(self, parent: Any) -> None:
-        check_redis_keeps_keys(parent.app.conf.orga_settings.redis_url)
+        settings = parent.app.conf.orga_settings
+        check_redis_keeps_keys(settings.redis_url)
+        check_worker_partitions(settings.redis_url, settings.partitions)

@@ -102,13 +102,14 @@ class StaleConversationError(OrgaError):
 class RedisDeadLetterSink:
     """Dead-lettered tool calls, on the ``orga:dead_letter`` stream for operators."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, partitions: int = 1) -> None:
         self._redis = redis
+        self._partitions = partitions
 
     async def put(self, record: DeadLetterRecord) -> None:
-        """Append one record."""
+        """Append one record (on its task's partition's stream)."""
         await self._redis.xadd(
-            keys.dead_letter_stream,
+            keys.dead_letter_stream(keys.partition_of(record.task_id or "", self._partitions)),
             {"kind": "tool_call", "record": record.model_dump_json()},
             maxlen=keys.dead_letter_maxlen,
             approximate=True,
@@ -401,7 +402,10 @@ class ProcessServices(WorkerCore):
             driver_info=DRIVER_INFO,
         )
         self.liveness = Liveness(
-            self.redis, settings.heartbeat_interval_s, settings.heartbeat_timeout_s
+            self.redis,
+            settings.heartbeat_interval_s,
+            settings.heartbeat_timeout_s,
+            partitions=settings.partitions,
         )
         knowledge = RedisKnowledgeStore(self.redis)
         registry = with_knowledge(registry or default_registry(), knowledge)
@@ -417,7 +421,7 @@ class ProcessServices(WorkerCore):
             tools,
             CircuitBreakerRegistry(self.breaker_store),
             cache=RedisResultCache(self.redis),
-            dead_letter=RedisDeadLetterSink(self.redis),
+            dead_letter=RedisDeadLetterSink(self.redis, settings.partitions),
             applied=RedisAppliedCalls(self.redis),
         )
         super().__init__(settings, provider_settings, executor, registry, knowledge)
@@ -445,7 +449,7 @@ class ProcessServices(WorkerCore):
         def build(pipe: Pipeline) -> None:
             self.liveness.start(pipe, fences, queue)
             if lacking and ref is not None:
-                pipe.lrange(keys.conversation_key(task_id), len(known), ref.length - 1)
+                pipe.lrange(self._conversation_key(task_id), len(known), ref.length - 1)
             if hold is not None:
                 pipe.get(hold)
 
@@ -511,7 +515,7 @@ class ProcessServices(WorkerCore):
         task_id = request.fence.task_id
         known = self._kept(task_id, ref)
         if len(known) < ref.length:
-            key = keys.conversation_key(task_id)
+            key = self._conversation_key(task_id)
             raw = await self.redis.lrange(key, len(known), ref.length - 1)
             known = known + [ConversationMessage.model_validate_json(m) for m in raw]
         if len(known) < ref.length:
@@ -584,21 +588,28 @@ class ProcessServices(WorkerCore):
         pipe = self.redis.pipeline(transaction=True)
         self.breaker_store.flush_deferred(pipe)
         self.liveness.answered(pipe, answered)
-        if message is not None:
+        if message is not None:  # the task's partition (chained calls are the same task's)
             pipe.xadd(
-                keys.observations_stream,
+                keys.observations_stream(self._partition(message.fence.task_id)),
                 encode_entry(message),  # type: ignore[arg-type]
                 maxlen=keys.observations_maxlen,
                 approximate=True,
             )
         for request in onward:  # sent to Celery by a coordinator's relay (coordinator.relay)
-            pipe.xadd(keys.outbox_stream(), tool_entry(request).fields())  # type: ignore[arg-type]
+            outbox = keys.outbox_stream(self._partition(request.fence.task_id))
+            pipe.xadd(outbox, tool_entry(request).fields())  # type: ignore[arg-type]
         await pipe.execute()
+
+    def _partition(self, task_id: str) -> int:
+        return keys.partition_of(task_id, self.settings.partitions)
+
+    def _conversation_key(self, task_id: str) -> str:
+        return keys.conversation_key(task_id, self._partition(task_id))
 
     async def dead_letter_payload(self, task_name: str, payload: str, error: str) -> None:
         """A payload that cannot even be decoded: kept for operators, never retried."""
         await self.redis.xadd(
-            keys.dead_letter_stream,
+            keys.dead_letter_stream(0),  # no task to name: the first partition's
             {
                 "kind": "undecodable_payload",
                 "task": task_name,

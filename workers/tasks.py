@@ -149,7 +149,8 @@ async def _answer(
     await runtime.started(request, fences, queue)
     # A model call held in a retry wait is shown to operators and stops when its task ends:
     # the watch is in the context the work's task copies when it is created.
-    with watching(RedisWaitWatch(runtime.redis, request.fence)):
+    watch = RedisWaitWatch(runtime.redis, request.fence, partitions=runtime.settings.partitions)
+    with watching(watch):
         work = asyncio.ensure_future(
             run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
         )

@@ -26,7 +26,7 @@ def orga(redis_url: str) -> Iterator[OrgaClient]:
         review_id="r1", task_id="t1", step_id="s", source="detector", reason="stuck",
         created_at=now, deadline=now + 3600, default_decision="abort",
     )  # fmt: skip
-    client.redis.hset(keys.open_reviews_key, "r1", review.model_dump_json())
+    client.redis.hset(keys.open_reviews_key(0), "r1", review.model_dump_json())
     try:
         yield client
     finally:
@@ -41,7 +41,7 @@ def test_a_second_decision_on_a_claimed_review_is_refused_and_not_sent(orga: Org
     with pytest.raises(ReviewDecidedError, match=r"already decided by 'ann' \(abort\)"):
         orga.decide("r1", "skip", by="ben", timeout_s=2.0)  # not applied either: a wait would
         # end in WaitTimeoutError, so only the claim's refusal passes here
-    entries = orga.redis.xrange(keys.control_stream)
+    entries = orga.redis.xrange(keys.control_stream(0))
     assert [(f["by"], f["decision"]) for _id, f in entries] == [("ann", "abort")]
-    claim = orga.redis.get(keys.review_claim_key("r1"))
+    claim = orga.redis.get(keys.review_claim_key("r1", 0))
     assert claim is not None and '"by":"ann"' in claim.replace(" ", "")

@@ -55,7 +55,7 @@ def _entry(n: int) -> OutboxEntry:
 
 async def _add(client: Redis, *entries: OutboxEntry) -> None:
     for entry in entries:
-        await client.xadd(keys.outbox_stream(), entry.fields())  # type: ignore[arg-type]
+        await client.xadd(keys.outbox_stream(0), entry.fields())  # type: ignore[arg-type]
 
 
 class _Recording:
@@ -75,7 +75,7 @@ class _Recording:
 
 
 async def _pending(client: Redis) -> int:
-    summary = await client.xpending(keys.outbox_stream(), keys.outbox_group)
+    summary = await client.xpending(keys.outbox_stream(0), keys.outbox_group)
     return int(summary["pending"])
 
 
@@ -94,7 +94,7 @@ def test_a_commit_appends_its_dispatches_and_a_refused_one_nothing(
             effects = machine.start()
             (sent,) = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
             await store.commit(machine.record, effects, dispatches=[sent])
-            ((entry_id, fields),) = await client.xrange(keys.outbox_stream())
+            ((entry_id, fields),) = await client.xrange(keys.outbox_stream(0))
             assert OutboxEntry.from_fields(entry_id.decode(), fields) == sent
             request = ReasonRequest.model_validate_json(sent.payload)
             assert request.fence.task_id == "t" and sent.queue == keys.reasoning_queue
@@ -105,7 +105,7 @@ def test_a_commit_appends_its_dispatches_and_a_refused_one_nothing(
             late = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
             with pytest.raises(CommitConflictError):
                 await store.commit(other.record, effects, dispatches=late)
-            assert await client.xlen(keys.outbox_stream()) == 1
+            assert await client.xlen(keys.outbox_stream(0)) == 1
 
     asyncio.run(scenario())
 
@@ -124,7 +124,7 @@ def test_the_relay_sends_through_send_task_and_removes_the_entry(
             relay = OutboxRelay(client, publisher, "r1")
             await relay.ensure_group()
             assert await relay.relay_once() == 1
-            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await client.xlen(keys.outbox_stream(0)) == 0
             assert await _pending(client) == 0
             await relay.close()
             return dispatches
@@ -155,7 +155,7 @@ def test_a_batch_is_read_sent_and_removed_together(redis_url: str, redis_client:
             assert await relay.relay_once() == 3
             assert await relay.relay_once() == 2
             assert [e.id for e in publisher.sent] == [f"id-{n}" for n in range(5)]
-            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await client.xlen(keys.outbox_stream(0)) == 0
             assert await relay.relay_once() == 0
             await relay.close()
 
@@ -171,7 +171,8 @@ def test_a_dead_relays_entries_are_taken_over_once_idle(redis_url: str, redis_cl
             dead = OutboxRelay(client, _Recording(), "dead", block_ms=1)
             await dead.ensure_group()
             await _add(client, _entry(1), _entry(2))
-            assert len(await dead.read()) == 2  # read, then killed before sending
+            [(_stream, rows)] = await dead.read()
+            assert len(rows) == 2  # read, then killed before sending
 
             patient = _Recording()
             waiting = OutboxRelay(client, patient, "patient", block_ms=1, claim_idle_ms=60_000)
@@ -181,7 +182,7 @@ def test_a_dead_relays_entries_are_taken_over_once_idle(redis_url: str, redis_cl
             live = OutboxRelay(client, taker, "live", block_ms=1, claim_idle_ms=0)
             assert await live.relay_once() == 2
             assert [e.id for e in taker.sent] == ["id-1", "id-2"]
-            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await client.xlen(keys.outbox_stream(0)) == 0
             assert await _pending(client) == 0
             for relay in (dead, waiting, live):
                 await relay.close()
@@ -207,13 +208,13 @@ def test_a_failed_send_leaves_the_rest_for_a_retry(
             with pytest.raises(PublishError):
                 await relay.relay_once()
             assert [e.id for e in publisher.sent] == ["id-0"]
-            assert await client.xlen(keys.outbox_stream()) == 2
+            assert await client.xlen(keys.outbox_stream(0)) == 2
             assert await _pending(client) == 2
             await _add(client, _entry(9))
             assert await relay.relay_once() == 2  # its own pending entries first
             assert await relay.relay_once() == 1
             assert [e.id for e in publisher.sent] == ["id-0", "id-1", "id-2", "id-9"]
-            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await client.xlen(keys.outbox_stream(0)) == 0
             await relay.close()
 
     asyncio.run(scenario())
@@ -234,7 +235,7 @@ def test_celery_publisher_failure_keeps_the_entry(redis_url: str, redis_client: 
             await _add(client, _entry(1))
             with pytest.raises(PublishError, match=r"id-1 to orga\.reasoning failed"):
                 await relay.relay_once()
-            assert await client.xlen(keys.outbox_stream()) == 1
+            assert await client.xlen(keys.outbox_stream(0)) == 1
             assert await _pending(client) == 1
             await relay.close()
 
@@ -250,13 +251,32 @@ def test_an_entry_lacking_fields_is_dead_lettered(redis_url: str, redis_client: 
             publisher = _Recording()
             relay = OutboxRelay(client, publisher, "r1", block_ms=1)
             await relay.ensure_group()
-            await client.xadd(keys.outbox_stream(), {"task": "orga.reason"})
+            await client.xadd(keys.outbox_stream(0), {"task": "orga.reason"})
             await _add(client, _entry(1))
             assert await relay.relay_once() == 1
             assert [e.id for e in publisher.sent] == ["id-1"]
-            ((_id, fields),) = await client.xrange(keys.dead_letter_stream)
+            ((_id, fields),) = await client.xrange(keys.dead_letter_stream(0))
             assert b"lacks id, queue" in fields[b"error"]
-            assert await client.xlen(keys.outbox_stream()) == 0
+            assert await client.xlen(keys.outbox_stream(0)) == 0
             await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_coordinator_refuses_another_partition_count_and_an_unpartitioned_deployment(
+    redis_client: Any,
+) -> None:
+    from coordinator.service import check_layout
+    from shared.errors import ConfigError
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            assert await check_layout(client, 4) == 4
+            assert await client.get(keys.partitions_key) == b"4"
+            with pytest.raises(ConfigError, match=r"ORGA_PARTITIONS=16 .* created with 4"):
+                await check_layout(client, 16)
+            await client.sadd(keys.legacy_active_tasks_key, "old-task")
+            with pytest.raises(ConfigError, match=r"orga:tasks:active .*drain"):
+                await check_layout(client, 4)
 
     asyncio.run(scenario())

@@ -133,7 +133,7 @@ def test_the_queue_gauge_reads_how_far_the_coordinators_got(
     async def run() -> list[StreamProgress]:
         seen = []
         async with redis_client() as redis:
-            stream, group = keys.observations_stream, keys.coordinator_group
+            stream, group = keys.observations_stream(0), keys.coordinator_group
             gauge = QueueGauge()
             await gauge.sample(redis, now=1.0)
             seen.append(gauge.observations)
@@ -154,3 +154,27 @@ def test_the_queue_gauge_reads_how_far_the_coordinators_got(
     assert unread == StreamProgress(delivered_ms=0, oldest_pending_ms=None)
     assert pending == StreamProgress(delivered_ms=1002, oldest_pending_ms=1000)
     assert applied == StreamProgress(delivered_ms=1002, oldest_pending_ms=None)
+
+
+def test_the_queue_gauge_reads_each_partitions_observations_apart(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A task's dispatch is judged on its own partition's observations stream: entries
+    pending on partition 1 say nothing of partition 0."""
+
+    async def run() -> tuple[StreamProgress, StreamProgress]:
+        async with redis_client() as redis:
+            group = keys.coordinator_group
+            for p in range(2):
+                stream = keys.observations_stream(p)
+                await redis.xgroup_create(stream, group, id="0", mkstream=True)
+            busy = keys.observations_stream(1)
+            await redis.xadd(busy, {"n": 1}, id="2000-0")
+            await redis.xreadgroup(group, "c1", {busy: ">"}, count=1)
+            gauge = QueueGauge(partitions=2)
+            await gauge.sample(redis, now=1.0)
+            return gauge.progress(0), gauge.progress(1)
+
+    quiet, busy = asyncio.run(run())
+    assert quiet == StreamProgress(delivered_ms=0, oldest_pending_ms=None)
+    assert busy == StreamProgress(delivered_ms=2000, oldest_pending_ms=2000)

@@ -96,12 +96,12 @@ def test_observation_lag_and_pending(redis_url: str, redis_client: Any) -> None:
     async def scenario() -> None:
         async with redis_client() as client:
             await client.xgroup_create(
-                keys.observations_stream, keys.coordinator_group, mkstream=True
+                keys.observations_stream(0), keys.coordinator_group, mkstream=True
             )
             for index in range(3):
-                await client.xadd(keys.observations_stream, {"n": str(index)})
+                await client.xadd(keys.observations_stream(0), {"n": str(index)})
             await client.xreadgroup(
-                keys.coordinator_group, "c", {keys.observations_stream: ">"}, count=1
+                keys.coordinator_group, "c", {keys.observations_stream(0): ">"}, count=1
             )
 
     asyncio.run(scenario())
@@ -169,7 +169,7 @@ def test_scrape_follows_a_redis_that_stops_and_comes_back(
     """A real Redis stopped between scrapes: up 1, then 0 (still HTTP 200), then 1 again."""
     server = redis_server_factory(appendonly=True)
     with redis.Redis.from_url(server.url) as client:
-        client.hset(keys.status_counts_key, "completed", 3)
+        client.hset(keys.status_counts_key(0), "completed", 3)
     port = _free_port()
     serve_metrics(port, server.url)
     assert _value(_scrape(port).text, "orga_tasks", status="completed") == 3
@@ -239,10 +239,30 @@ def test_observation_lag_is_the_age_of_the_oldest_undelivered_entry(
 ) -> None:
     """The lag in seconds is read from the stream id of the first entry no one has read."""
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        client.xgroup_create(keys.observations_stream, keys.coordinator_group, mkstream=True)
+        client.xgroup_create(keys.observations_stream(0), keys.coordinator_group, mkstream=True)
         old = int(time.time() * 1000) - 30_000
-        client.xadd(keys.observations_stream, {"n": "0"}, id=f"{old}-0")
-        client.xadd(keys.observations_stream, {"n": "1"})
+        client.xadd(keys.observations_stream(0), {"n": "0"}, id=f"{old}-0")
+        client.xadd(keys.observations_stream(0), {"n": "1"})
         pending, undelivered, lag_s = observation_backlog(client, now=old / 1000 + 30)
     assert (pending, undelivered) == (0, 2)
     assert lag_s == pytest.approx(30.0)
+
+
+def test_the_gauges_sum_every_partition(redis_url: str, redis_client: Any) -> None:
+    """Tasks by status, reviews waiting, dead letters and the observation backlog are read
+    from every partition and summed."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        for p in (0, 3):
+            client.hset(keys.status_counts_key(p), mapping={"running": 2, "completed": p})
+            client.hset(keys.open_reviews_key(p), f"r{p}", "{}")
+            client.xadd(keys.dead_letter_stream(p), {"n": "1"})
+            client.xgroup_create(keys.observations_stream(p), keys.coordinator_group, mkstream=True)
+            client.xadd(keys.observations_stream(p), {"n": "1"})
+    registry = CollectorRegistry()
+    registry.register(RedisStateCollector(redis_url, partitions=4))
+    text = generate_latest(registry).decode()
+    assert _value(text, "orga_tasks", status="running") == 4
+    assert _value(text, "orga_tasks", status="completed") == 3
+    assert _value(text, "orga_escalations_waiting") == 2
+    assert _value(text, "orga_dead_letters") == 2
+    assert _value(text, "orga_observations_undelivered") == 2

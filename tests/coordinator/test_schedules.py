@@ -115,7 +115,7 @@ def test_run_now_submits_the_task_with_a_run_key() -> None:
     book = _book(Clock(NOW))
     book.add(_schedule())
     task_id = book.run_now("minutely")
-    ((_entry, fields),) = book.redis.xrange(keys.intake_stream)
+    ((_entry, fields),) = book.redis.xrange(keys.intake_stream(0))
     key = fire_key("minutely", NOW, kind="run")
     assert fields["task_id"] == task_id == fire_task_id(key)
     assert json.loads(fields["task"])["idempotency_key"] == key
@@ -138,7 +138,7 @@ async def _store(client: Redis, schedule: Schedule, due_at: float) -> None:
 
 
 async def _intake(client: Redis) -> list[dict[str, Any]]:
-    rows = await client.xrange(keys.intake_stream)
+    rows = await client.xrange(keys.intake_stream(0))
     return [{**fields, "task": json.loads(fields["task"])} for _id, fields in rows]
 
 
@@ -239,9 +239,9 @@ def test_a_schedule_removed_while_due_is_dropped(redis_client: RedisClientFactor
 async def _read_intake(client: Redis) -> list[tuple[str, dict[str, str]]]:
     """What a coordinator's intake read takes (delivered, not yet acknowledged)."""
     with contextlib.suppress(ResponseError):  # the group exists
-        await client.xgroup_create(keys.intake_stream, keys.coordinator_group, id="0")
+        await client.xgroup_create(keys.intake_stream(0), keys.coordinator_group, id="0")
     read = await client.xreadgroup(
-        keys.coordinator_group, "c1", {keys.intake_stream: ">"}, count=100
+        keys.coordinator_group, "c1", {keys.intake_stream(0): ">"}, count=100
     )
     return [(entry_id, fields) for _stream, rows in read for entry_id, fields in rows]
 
@@ -250,7 +250,7 @@ async def _create(store: TaskStore, entry_id: str, fields: dict[str, str]) -> Ta
     """The intake's creation of the entry's task (acknowledging the entry)."""
     spec = parse_task(json.loads(fields["task"]))
     record = TaskRecord(task_id=fields["task_id"], spec=spec, created_at=1.0, updated_at=1.0)
-    await store.create(record, ack=(keys.intake_stream, keys.coordinator_group, entry_id))
+    await store.create(record, ack=(keys.intake_stream(0), keys.coordinator_group, entry_id))
     return record
 
 

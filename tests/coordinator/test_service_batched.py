@@ -38,7 +38,7 @@ async def _coordinator(client: Redis) -> Coordinator:
 
 async def _submit(client: Redis, coordinator: Coordinator, *task_ids: str) -> None:
     for task_id in task_ids:
-        await client.xadd(keys.intake_stream, {"task_id": task_id, "task": TASK})
+        await client.xadd(keys.intake_stream(0), {"task_id": task_id, "task": TASK})
     await coordinator._intake_once()
 
 
@@ -48,7 +48,7 @@ async def _answer(client: Redis, coordinator: Coordinator, task_id: str, times: 
     assert record is not None and record.awaiting is not None
     message = ReasonedMessage(fence=record.awaiting.fence, terminal_output=f"{task_id} done")
     for _ in range(times):
-        await client.xadd(keys.observations_stream, encode_entry(message))  # type: ignore[arg-type]
+        await client.xadd(keys.observations_stream(0), encode_entry(message))  # type: ignore[arg-type]
 
 
 def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
@@ -64,8 +64,8 @@ def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
             theirs = Coordinator(client, settings=SETTINGS, name="theirs")
             await mine._ensure_groups()
             await _submit(client, mine, "t1", "t2")
-            assert await client.get(keys.lease_key("t1")) == "mine"
-            assert await client.get(keys.lease_key("t2")) == "mine"
+            assert await client.get(keys.lease_key("t1", 0)) == "mine"
+            assert await client.get(keys.lease_key("t2", 0)) == "mine"
             await _answer(client, mine, "t1")
             await _answer(client, mine, "t2")
             assert await theirs._apply("t2", _touch)  # mine's kept t2 is stale now
@@ -83,12 +83,12 @@ def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
                 record = await mine.store.load(task_id)
                 assert record is not None and record.status is TaskStatus.COMPLETED
                 assert record.output == f"{task_id} done"
-                assert await client.get(keys.lease_key(task_id)) is None
-            versions = [(await client.hget(keys.task_key(t), "version")) for t in ("t1", "t2")]
+                assert await client.get(keys.lease_key(task_id, 0)) is None
+            versions = [(await client.hget(keys.task_key(t, 0), "version")) for t in ("t1", "t2")]
             assert versions == ["2", "3"]  # t2: started, touched by theirs, then answered
-            summary = await client.xpending(keys.observations_stream, keys.coordinator_group)
+            summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
             assert summary["pending"] == 0
-            assert await client.xlen(keys.observations_stream) == 0
+            assert await client.xlen(keys.observations_stream(0)) == 0
             assert mine._held == set()
 
     asyncio.run(scenario())
@@ -109,9 +109,9 @@ def test_two_answers_of_one_task_in_one_read_are_decided_in_turn(
             record = await coordinator.store.load("t")
             assert record is not None and record.status is TaskStatus.COMPLETED
             assert record.model_calls == 1
-            summary = await client.xpending(keys.observations_stream, keys.coordinator_group)
+            summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
             assert summary["pending"] == 0
-            assert await client.xlen(keys.observations_stream) == 0
+            assert await client.xlen(keys.observations_stream(0)) == 0
 
     asyncio.run(scenario())
 
@@ -124,21 +124,21 @@ def test_renewals_and_releases_go_in_one_pipeline(redis_client: RedisClientFacto
         async with redis_client(decode_responses=True) as client:
             coordinator = await _coordinator(client)
             await _submit(client, coordinator, "a", "b", "d")
-            await client.set(keys.lease_key("b"), "other")  # lost (expired, taken over)
-            await client.srem(keys.active_tasks_key, "d")  # finished by another coordinator
-            await client.pexpire(keys.lease_key("a"), 1000)
+            await client.set(keys.lease_key("b", 0), "other")  # lost (expired, taken over)
+            await client.srem(keys.active_tasks_key(0), "d")  # finished by another coordinator
+            await client.pexpire(keys.lease_key("a", 0), 1000)
             await coordinator._renew_leases()
             assert coordinator._held == {"a"}
-            assert await client.pttl(keys.lease_key("a")) > 1000
-            assert await client.get(keys.lease_key("b")) == "other"
-            assert await client.get(keys.lease_key("d")) is None
+            assert await client.pttl(keys.lease_key("a", 0)) > 1000
+            assert await client.get(keys.lease_key("b", 0)) == "other"
+            assert await client.get(keys.lease_key("d", 0)) is None
 
     asyncio.run(scenario())
 
 
 async def _pending_ids(client: Redis) -> list[str]:
     rows = await client.xpending_range(
-        keys.observations_stream, keys.coordinator_group, min="-", max="+", count=10
+        keys.observations_stream(0), keys.coordinator_group, min="-", max="+", count=10
     )
     return [row["message_id"] for row in rows]
 
@@ -156,7 +156,7 @@ def test_an_entry_failing_on_its_own_does_not_hold_back_the_others(
             await _submit(client, coordinator, "t1", "t2", "t3")
             for task_id in ("t1", "t2", "t3"):
                 await _answer(client, coordinator, task_id)
-            entries = await client.xrange(keys.observations_stream)
+            entries = await client.xrange(keys.observations_stream(0))
             decide = coordinator._decide
 
             async def failing(task_id: str, *args: object) -> PendingCommit | None:
@@ -187,7 +187,7 @@ def test_an_error_reply_to_an_earlier_commit_does_not_drop_the_entry_deciding_af
             coordinator = await _coordinator(client)
             await _submit(client, coordinator, "t")
             await _answer(client, coordinator, "t", times=2)
-            entries = await client.xrange(keys.observations_stream)
+            entries = await client.xrange(keys.observations_stream(0))
             sent = coordinator.store.commit_many
             calls: list[int] = []
 
@@ -237,9 +237,9 @@ def test_the_starts_of_one_intake_read_go_in_one_pipeline_and_the_tick_waits_for
             assert ticked == [{"a", "b", "d"}]
             assert coordinator._starting == set()
             for task_id in ("a", "b", "d"):
-                assert await client.hget(keys.task_key(task_id), "version") == "1"
-                assert await client.hget(keys.task_key(task_id), "status") == "running"
-            assert await client.xlen(keys.outbox_stream()) == 3
+                assert await client.hget(keys.task_key(task_id, 0), "version") == "1"
+                assert await client.hget(keys.task_key(task_id, 0), "status") == "running"
+            assert await client.xlen(keys.outbox_stream(0)) == 3
             # started by the intake's commits: their records are kept for the next answer
             assert all(coordinator.store.peek_kept(t) is not None for t in ("a", "b", "d"))
 

@@ -43,15 +43,15 @@ def test_a_control_entry_deciding_as_the_deadline_is_rejected(
             coordinator = Coordinator(client, settings=SETTINGS, name="c")
             await coordinator._ensure_groups()
             await client.xadd(
-                keys.control_stream,
+                keys.control_stream(0),
                 {"action": "review", "task_id": "t", "review_id": "r", "decision": "abort",
                  "by": "deadline"},
             )  # fmt: skip
             await coordinator._control_once()
-            (event,) = [f for _i, f in await client.xrange(keys.events_stream)]
+            (event,) = [f for _i, f in await client.xrange(keys.events_stream(0))]
             assert event["event"] == "control_rejected"
             assert "reviewer name 'deadline' is reserved" in event["error"]
-            summary = await client.xpending(keys.control_stream, keys.coordinator_group)
+            summary = await client.xpending(keys.control_stream(0), keys.coordinator_group)
             assert summary["pending"] == 0
 
     asyncio.run(scenario())

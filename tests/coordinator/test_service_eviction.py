@@ -79,4 +79,4 @@ def test_a_coordinator_on_an_evicting_redis_stops_before_serving(
 
     asyncio.run(scenario())
     with redis.Redis.from_url(server.url) as client:
-        assert not client.exists(keys.intake_stream)
+        assert not client.exists(keys.intake_stream(0))

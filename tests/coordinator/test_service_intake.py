@@ -39,11 +39,11 @@ def _scenario(
 
 
 async def _submit(client: Redis, task_id: str, task: dict[str, Any] | None = None) -> None:
-    await client.xadd(keys.intake_stream, {"task_id": task_id, "task": json.dumps(task or TASK)})
+    await client.xadd(keys.intake_stream(0), {"task_id": task_id, "task": json.dumps(task or TASK)})
 
 
 async def _events(client: Redis, name: str) -> list[dict[str, str]]:
-    return [f for _i, f in await client.xrange(keys.events_stream) if f.get("event") == name]
+    return [f for _i, f in await client.xrange(keys.events_stream(0)) if f.get("event") == name]
 
 
 BAD_IDS = {
@@ -68,18 +68,18 @@ def test_bad_task_ids_are_rejected_at_intake_with_the_reason(
             await _submit(client, task_id)
         await _submit(client, "good-1.a_b")
         await mine._intake_once()
-        rejected = [f for _i, f in await client.xrange(keys.rejected_stream)]
+        rejected = [f for _i, f in await client.xrange(keys.rejected_stream(0))]
         assert len(rejected) == len(BAD_IDS)
         for fields, (task_id, why) in zip(rejected, BAD_IDS.items(), strict=True):
             assert why in fields["error"], fields["error"]
             assert "is not valid" in fields["error"]
             assert fields["task_id"] == task_id[:128]
             assert len(fields["error"]) < 1000
-        assert [k async for k in client.scan_iter(f"{keys.task_key_prefix}*")] == [
-            keys.task_key("good-1.a_b")
+        assert [k async for k in client.scan_iter(keys.task_key("*", 0))] == [
+            keys.task_key("good-1.a_b", 0)
         ]
         assert [e["task_id"] for e in await _events(client, "accepted")] == ["good-1.a_b"]
-        summary = await client.xpending(keys.intake_stream, keys.coordinator_group)
+        summary = await client.xpending(keys.intake_stream(0), keys.coordinator_group)
         assert summary["pending"] == 0
 
     _scenario(redis_client, body)
@@ -97,7 +97,7 @@ def test_a_task_is_started_once_when_two_coordinators_apply_its_start(
         assert await theirs._apply("t", lambda m: m.start())
         assert not await mine._apply("t", lambda m: m.start())  # its kept copy says pending
         assert len(await _events(client, "accepted")) == 1
-        assert await client.xlen(keys.outbox_stream()) == 1
+        assert await client.xlen(keys.outbox_stream(0)) == 1
 
     _scenario(redis_client, body)
 
@@ -116,7 +116,7 @@ def test_intake_leaves_the_start_to_the_lease_holder(redis_client: RedisClientFa
         await theirs._tick_once()
         await mine._tick_once()
         assert len(await _events(client, "accepted")) == 1
-        assert await client.xlen(keys.outbox_stream()) == 1
+        assert await client.xlen(keys.outbox_stream(0)) == 1
 
     _scenario(redis_client, body)
 
@@ -135,19 +135,19 @@ def test_a_live_task_id_with_another_tasks_key_is_rejected_naming_both(
         await _submit(client, "a", _keyed("key-a"))
         await _submit(client, "b", _keyed("key-b"))
         await mine._intake_once()
-        before = await client.hgetall(keys.task_key("a"))
+        before = await client.hgetall(keys.task_key("a", 0))
         await _submit(client, "a", _keyed("key-b"))
         await mine._intake_once()
-        assert await client.hgetall(keys.task_key("a")) == before
+        assert await client.hgetall(keys.task_key("a", 0)) == before
         assert "alias_of" not in before
-        (rejected,) = [f for _i, f in await client.xrange(keys.rejected_stream)]
+        (rejected,) = [f for _i, f in await client.xrange(keys.rejected_stream(0))]
         assert rejected["task_id"] == "a"
         assert "task id 'a' is already a task" in rejected["error"]
         assert "belongs to task 'b'" in rejected["error"]
         events = [e["event"] for e in await _events(client, "resubmission_rejected")]
         assert events == ["resubmission_rejected"]
         assert await _events(client, "rejected") == []
-        summary = await client.xpending(keys.intake_stream, keys.coordinator_group)
+        summary = await client.xpending(keys.intake_stream(0), keys.coordinator_group)
         assert summary["pending"] == 0
 
     _scenario(redis_client, body)
@@ -165,9 +165,9 @@ def test_a_new_id_with_a_used_key_becomes_an_expiring_alias(
         for _ in range(2):
             await _submit(client, "c", _keyed("key-b"))
             await mine._intake_once()
-        assert await client.hgetall(keys.task_key("c")) == {"alias_of": "b"}
-        assert 0 < await client.ttl(keys.task_key("c")) <= keys.idempotency_ttl_s
-        assert await client.xlen(keys.rejected_stream) == 0
+        assert await client.hgetall(keys.task_key("c", 0)) == {"alias_of": "b"}
+        assert 0 < await client.ttl(keys.task_key("c", 0)) <= keys.idempotency_ttl_s
+        assert await client.xlen(keys.rejected_stream(0)) == 0
         assert len(await _events(client, "duplicate")) == 2
         assert len(await _events(client, "accepted")) == 1
 
@@ -190,18 +190,56 @@ def test_a_task_that_is_not_utf8_is_rejected_naming_the_byte(
                 .encode()
                 .replace(b"\\u00e9", b"\xe9")
             )
-            await raw.xadd(keys.intake_stream, {"task_id": "latin1", "task": bad})
+            await raw.xadd(keys.intake_stream(0), {"task_id": "latin1", "task": bad})
             await _submit(client, "good")
             await coordinator._intake_once()
-            [rejected] = [f for _i, f in await client.xrange(keys.rejected_stream)]
+            [rejected] = [f for _i, f in await client.xrange(keys.rejected_stream(0))]
             offset = bad.index(b"\xe9")
             assert rejected["task_id"] == "latin1"
             assert f"not valid UTF-8 at byte offset {offset} (line 1" in rejected["error"]
             assert "save it as UTF-8" in rejected["error"]
-            assert await client.exists(keys.task_key("latin1")) == 0
+            assert await client.exists(keys.task_key("latin1", 0)) == 0
             assert [e["task_id"] for e in await _events(client, "accepted")] == ["good"]
-            assert (await client.xpending(keys.intake_stream, keys.coordinator_group))[
+            assert (await client.xpending(keys.intake_stream(0), keys.coordinator_group))[
                 "pending"
             ] == 0
+
+    asyncio.run(run())
+
+
+def test_on_several_partitions_an_entry_is_created_in_its_tasks_partition_only(
+    redis_client: RedisClientFactory,
+) -> None:
+    """With 4 partitions, an entry on its task's partition's intake is created there (a child's
+    id in its root's); one on another partition's intake is rejected naming the right stream;
+    one without an id gets an id in the partition it came on."""
+    settings = CoordinatorSettings(
+        machine=MachineSettings(workspace_root="/ws"), block_ms=10, partitions=4
+    )
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            node = Coordinator(client, settings=settings, name="mine")
+            await node._ensure_groups()
+            home = keys.partition_of("root-1", 4)
+            wrong = (home + 1) % 4
+            await client.xadd(
+                keys.intake_stream(home), {"task_id": "root-1", "task": json.dumps(TASK)}
+            )
+            await client.xadd(
+                keys.intake_stream(wrong), {"task_id": "root-1.x", "task": json.dumps(TASK)}
+            )
+            await client.xadd(keys.intake_stream(wrong), {"task": json.dumps(TASK)})
+            for _ in range(3):
+                await node._intake_once()
+            assert await client.hget(keys.task_key("root-1", home), "status") is not None
+            assert await client.sismember(keys.active_tasks_key(home), "root-1")
+            rejected = [f for _i, f in await client.xrange(keys.rejected_stream(wrong))]
+            assert [r["task_id"] for r in rejected] == ["root-1.x"]
+            assert f"partition {home} of 4" in rejected[0]["error"]
+            assert keys.intake_stream(home) in rejected[0]["error"]
+            created = await client.smembers(keys.active_tasks_key(wrong))
+            assert len(created) == 1
+            assert {keys.partition_of(t, 4) for t in created} == {wrong}
 
     asyncio.run(run())

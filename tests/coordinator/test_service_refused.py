@@ -56,7 +56,7 @@ def test_wrong_observations_are_counted_logged_and_recorded(
                 client, settings=SETTINGS, name="c", metrics=CoordinatorMetrics(registry)
             )
             await coordinator._ensure_groups()
-            await client.xadd(keys.intake_stream, {"task_id": "t", "task": TASK})
+            await client.xadd(keys.intake_stream(0), {"task_id": "t", "task": TASK})
             await coordinator._intake_once()
             record = await coordinator.store.load("t")
             assert record is not None and record.awaiting is not None
@@ -76,7 +76,7 @@ def test_wrong_observations_are_counted_logged_and_recorded(
                 await coordinator._observations_once()
             events = [
                 f
-                for _i, f in await client.xrange(keys.events_stream)
+                for _i, f in await client.xrange(keys.events_stream(0))
                 if f["event"] == "observation_refused"
             ]
             reasons = sorted((e["task_id"], e["reason"]) for e in events)
@@ -88,7 +88,7 @@ def test_wrong_observations_are_counted_logged_and_recorded(
             ]
             still = await coordinator.store.load("t")
             assert still is not None and still.output == "" and still.version == record.version
-            summary = await client.xpending(keys.observations_stream, keys.coordinator_group)
+            summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
             assert summary["pending"] == 0
 
     with caplog.at_level(logging.WARNING, logger="orga.coordinator"):
@@ -106,4 +106,4 @@ def test_wrong_observations_are_counted_logged_and_recorded(
 
 
 async def _send(client: Redis, message: ReasonedMessage) -> None:
-    await client.xadd(keys.observations_stream, encode_entry(message))
+    await client.xadd(keys.observations_stream(0), encode_entry(message))

@@ -26,7 +26,7 @@ SETTINGS = CoordinatorSettings(
 async def _accepted(client: Redis, task_id: str, timeout_s: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        events = [f for _i, f in await client.xrange(keys.events_stream)]
+        events = [f for _i, f in await client.xrange(keys.events_stream(0))]
         if any(e.get("event") == "accepted" and e.get("task_id") == task_id for e in events):
             return True
         await asyncio.sleep(0.05)
@@ -47,14 +47,14 @@ def test_a_coordinator_serves_new_submissions_after_redis_restarted_empty(
         coordinator = Coordinator(client, settings=SETTINGS, name="c", metrics=metrics)
         running = asyncio.create_task(coordinator.run())
         try:
-            await client.xadd(keys.intake_stream, {"task_id": "before", "task": TASK})
+            await client.xadd(keys.intake_stream(0), {"task_id": "before", "task": TASK})
             assert await _accepted(client, "before")
             await asyncio.to_thread(server.restart)
             probe = Redis.from_url(server.url, decode_responses=True)  # a fresh connection
-            assert await probe.exists(keys.task_key("before")) == 0  # the data is gone
-            await probe.xadd(keys.intake_stream, {"task_id": "after", "task": TASK})
+            assert await probe.exists(keys.task_key("before", 0)) == 0  # the data is gone
+            await probe.xadd(keys.intake_stream(0), {"task_id": "after", "task": TASK})
             assert await _accepted(probe, "after")
-            events = [f for _i, f in await probe.xrange(keys.events_stream)]
+            events = [f for _i, f in await probe.xrange(keys.events_stream(0))]
             await probe.aclose()
             lost = [e for e in events if e["event"] == "state_lost"]
             assert len(lost) == 1, events

@@ -102,7 +102,7 @@ def test_submissions_during_an_out_of_memory_episode_are_all_applied_after_it(
         try:
             await coordinator._ensure_groups()
             for task_id in ids:
-                await client.xadd(keys.intake_stream, {"task_id": task_id, "task": TASK})
+                await client.xadd(keys.intake_stream(0), {"task_id": task_id, "task": TASK})
             await client.config_set("maxmemory", 1)
             try:
 
@@ -112,9 +112,9 @@ def test_submissions_during_an_out_of_memory_episode_are_all_applied_after_it(
                 refused = await _rounds(coordinator, 10, never)
                 assert len(refused) >= 10
                 assert all(is_transient(e) for e in refused), refused
-                assert await client.exists(*(keys.task_key(i) for i in ids)) == 0
+                assert await client.exists(*(keys.task_key(i, 0) for i in ids)) == 0
                 pending = await client.xpending_range(
-                    keys.intake_stream, keys.coordinator_group, min="-", max="+", count=10
+                    keys.intake_stream(0), keys.coordinator_group, min="-", max="+", count=10
                 )
                 assert len(pending) == len(ids)
                 assert max(int(p["times_delivered"]) for p in pending) <= 1
@@ -122,16 +122,16 @@ def test_submissions_during_an_out_of_memory_episode_are_all_applied_after_it(
                 await client.config_set("maxmemory", 0)
 
             async def all_created() -> bool:
-                found = await client.exists(*(keys.task_key(i) for i in ids))
+                found = await client.exists(*(keys.task_key(i, 0) for i in ids))
                 return bool(found == len(ids))
 
             assert all(is_transient(e) for e in await _rounds(coordinator, 20, all_created))
             assert await all_created()
-            assert await client.xlen(keys.dead_letter_stream) == 0
-            events = [f for _i, f in await client.xrange(keys.events_stream)]
+            assert await client.xlen(keys.dead_letter_stream(0)) == 0
+            events = [f for _i, f in await client.xrange(keys.events_stream(0))]
             accepted = sorted(e["task_id"] for e in events if e["event"] == "accepted")
             assert accepted == ids
-            summary = await client.xpending(keys.intake_stream, keys.coordinator_group)
+            summary = await client.xpending(keys.intake_stream(0), keys.coordinator_group)
             assert summary["pending"] == 0
         finally:
             with contextlib.suppress(RedisError):

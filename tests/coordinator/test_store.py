@@ -61,7 +61,7 @@ def test_commit_is_compare_and_set(redis_url: str, redis_client: Any) -> None:
         other = _machine(stale)
         with pytest.raises(CommitConflictError):
             await store.commit(other.record, other.start())
-        assert await client.xlen(keys.journal_stream("t")) == 1
+        assert await client.xlen(keys.journal_stream("t", 0)) == 1
         loaded = await store.load("t")
         assert loaded is not None and loaded.version == 1
 
@@ -93,9 +93,9 @@ def test_a_lease_its_owner_already_holds_is_acquired_again(
     async def body(client: Redis, store: TaskStore) -> None:
         assert await store.acquire_lease("t", "c1", 1_000)
         assert await store.acquire_lease("t", "c1", 60_000)
-        assert await client.pttl(keys.lease_key("t")) > 1_000
+        assert await client.pttl(keys.lease_key("t", 0)) > 1_000
         assert not await store.acquire_lease("t", "c2", 10_000)
-        assert await client.get(keys.lease_key("t")) in {"c1", b"c1"}
+        assert await client.get(keys.lease_key("t", 0)) in {"c1", b"c1"}
 
     _scenario(redis_url, body)
 
@@ -111,8 +111,8 @@ def test_renewals_survive_redis_losing_the_scripts(redis_url: str, redis_client:
         await client.script_flush()
         renewed = await store.renew_leases(["a", "b"], "c1", 60_000, release=["d"])
         assert renewed == [True, False]
-        assert await client.pttl(keys.lease_key("a")) > 1_000
-        assert await client.exists(keys.lease_key("d")) == 0
+        assert await client.pttl(keys.lease_key("a", 0)) > 1_000
+        assert await client.exists(keys.lease_key("d", 0)) == 0
         assert await store.renew_leases(["a"], "c1", 60_000) == [True]
 
     _scenario(redis_url, body)
@@ -133,7 +133,7 @@ def test_finished_tasks_are_purged_after_the_retention(redis_url: str, redis_cli
         assert await store.purge_finished(finished_before=11.5) == 0
         assert await store.purge_finished(finished_before=13.0) == 1
         assert await store.load("done") is None
-        assert await client.exists(keys.journal_stream("done")) == 0
+        assert await client.exists(keys.journal_stream("done", 0)) == 0
         assert await store.load("running") is not None
 
     _scenario(redis_url, body)
@@ -150,7 +150,7 @@ def test_the_conversation_is_stored_append_only_and_rewritten_after_compaction(
         await store.create(record)
         machine = _machine(record)
         await store.commit(machine.record, machine.start())
-        key = keys.conversation_key("conv")
+        key = keys.conversation_key("conv", 0)
         first = await client.lrange(key, 0, -1)
         assert len(first) == len(record.conversation) == 3
         assert record.conversation_epoch == 1  # the first write is a whole one
@@ -170,7 +170,7 @@ def test_the_conversation_is_stored_append_only_and_rewritten_after_compaction(
         assert [m.content for m in loaded.conversation.messages] == [
             m.content for m in record.conversation.messages
         ]
-        assert b"one more" not in await client.hget(keys.task_key("conv"), "state")
+        assert b"one more" not in await client.hget(keys.task_key("conv", 0), "state")
 
     _scenario(redis_url, body)
 
@@ -188,12 +188,12 @@ def test_a_record_written_before_conversations_were_stored_apart_keeps_its_conve
         state = json_.loads(record.model_dump_json())
         state["conversation"] = json_.loads(record.conversation.model_dump_json())
         await client.hset(
-            keys.task_key("old"), mapping={"version": "0", "state": json_.dumps(state)}
+            keys.task_key("old", 0), mapping={"version": "0", "state": json_.dumps(state)}
         )
         loaded = await TaskStore(client).load("old")
         assert loaded is not None and len(loaded.conversation) == len(record.conversation) > 0
         await store.commit(loaded, _machine(loaded).effects)
-        assert await client.llen(keys.conversation_key("old")) == len(record.conversation)
+        assert await client.llen(keys.conversation_key("old", 0)) == len(record.conversation)
 
     _scenario(redis_url, body)
 
@@ -213,7 +213,7 @@ def test_the_state_written_is_the_records_json_byte_for_byte(
                 machine = _machine(record, now)
                 effects = machine.start() if step == "start" else machine.cancel("stop")
                 await store.commit(machine.record, effects)
-                state = await client.hget(keys.task_key(task_id), "state")
+                state = await client.hget(keys.task_key(task_id, 0), "state")
                 assert state == record.model_dump_json().encode()
 
     _scenario(redis_url, body)
@@ -230,14 +230,52 @@ def test_create_takes_the_lease_and_the_last_commit_releases_it(
         again = await store.create(_record("a"), lease=("c2", 10_000))
         assert first.created and first.leased
         assert not again.created and not again.leased
-        assert await client.get(keys.lease_key("a")) == b"c1"
-        await client.set(keys.lease_key("b"), "c1")  # held before the task exists
+        assert await client.get(keys.lease_key("a", 0)) == b"c1"
+        await client.set(keys.lease_key("b", 0), "c1")  # held before the task exists
         assert not (await store.create(_record("b"), lease=("c2", 10_000))).leased
         for task_id, owner, left in (("a", "c2", b"c1"), ("b", "c1", None)):
             record = await store.load(task_id)
             assert record is not None
             machine = _machine(record)
             await store.commit(machine.record, machine.cancel("stop"), lease_owner=owner)
-            assert await client.get(keys.lease_key(task_id)) == left
+            assert await client.get(keys.lease_key(task_id, 0)) == left
 
     _scenario(redis_url, body)
+
+
+def test_on_16_partitions_each_script_touches_one_slot_and_the_views_merge(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Every key a commit names is in its task's partition (a child's in its root's, so its
+    ``child_finished`` for the parent stays in the slot); active, due, finished and purged
+    tasks are found in whichever partition they are."""
+
+    async def run() -> None:
+        client = Redis.from_url(redis_url)
+        store = TaskStore(client, partitions=16)
+        try:
+            ids = ["root", "root.1", "root.1.2", "other", "third"]
+            pending = []
+            for task_id in ids:
+                record = _record(task_id)
+                await store.create(record)
+                machine = _machine(record)
+                pending.append(store.prepare(machine.record, machine.start()))
+            for commit in pending:
+                tag = keys.partition_tag(store.partition(commit.record.task_id))
+                assert all(f":{tag}:" in key for key in commit.keys), commit.keys
+            assert len({keys.partition_of(t, 16) for t in ids}) > 1
+            assert {keys.partition_of(t, 16) for t in ids[:3]} == {keys.partition_of("root", 16)}
+            await store.commit_many(pending)
+            assert await store.active_task_ids() == sorted(ids)
+            assert sorted(await store.due_task_ids(now=1e12, limit=100)) == sorted(ids)
+            assert await store.still_active(ids) == [True] * len(ids)
+            machine = _machine(await store.load("other") or _record("x"), now=12.0)
+            await store.commit(machine.record, machine.cancel("test"))
+            assert await store.purge_finished(finished_before=13.0) == 1
+            assert await store.load("other") is None
+            assert await store.active_task_ids() == sorted(set(ids) - {"other"})
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())

@@ -133,7 +133,7 @@ def test_deleted_task_is_not_served_from_memory(redis_url: str) -> None:
         client = Redis.from_url(redis_url)
         store = TaskStore(client)
         await _started(store, "c8")
-        await client.delete(keys.task_key("c8"))
+        await client.delete(keys.task_key("c8", 0))
         assert await store.load("c8") is None
         await client.aclose()
 

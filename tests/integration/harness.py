@@ -45,9 +45,16 @@ FAST_COORDINATOR = {
 }
 
 
+PARTITIONS_VAR = "ORGA_PARTITIONS"
+PARTITIONS = int(os.environ.get(PARTITIONS_VAR, "1"))
+"""The partition count the suite runs with: ``ORGA_PARTITIONS=16 pytest ...`` runs every
+process the harness starts (and its clients) on 16 partitions."""
+
+
 def _environment(redis_url: str, workspaces: Path, extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
     env.update({"ORGA_REDIS_URL": redis_url, "ORGA_WORKSPACE_ROOT": str(workspaces)})
+    env["ORGA_PARTITIONS"] = str(PARTITIONS)
     env.update(FAST_COORDINATOR)
     env.update(extra)
     return env
@@ -152,7 +159,8 @@ class Cluster:
         return _environment(self.redis_url, self.workspaces, extra)
 
     def client(self) -> OrgaClient:
-        return OrgaClient(self.redis_url)
+        partitions = int(self._env({}).get("ORGA_PARTITIONS", PARTITIONS))
+        return OrgaClient(self.redis_url, partitions=partitions)
 
     def orga(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run the ``orga`` CLI against this cluster."""

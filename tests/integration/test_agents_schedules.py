@@ -19,7 +19,7 @@ from coordinator.client import OrgaClient
 from coordinator.schedules import Scheduler
 from shared import keys
 from shared.schedule import Schedule, fire_key, fire_task_id
-from tests.integration.harness import REPO, Cluster, wait_until
+from tests.integration.harness import PARTITIONS_VAR, REPO, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ SCHEDULED_TASK = REPO / "examples" / "schedule" / "task.yaml"
 
 
 def _orga(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update(ORGA_REDIS_URL=cluster.redis_url, ORGA_WORKSPACE_ROOT=str(cluster.workspaces))
     env["COLUMNS"] = "200"
     return subprocess.run(
@@ -164,7 +164,7 @@ def _scheduled_tasks(client: OrgaClient, name: str) -> dict[str, list[str]]:
 
 def _intake_read(client: OrgaClient) -> bool:
     """Whether the coordinators have read every intake entry and acknowledged it."""
-    groups = cast("list[dict[str, Any]]", client.redis.xinfo_groups(keys.intake_stream))
+    groups = cast("list[dict[str, Any]]", client.redis.xinfo_groups(keys.intake_stream(0)))
     group = next(g for g in groups if g["name"] in (keys.coordinator_group,
                                                     keys.coordinator_group.encode()))  # fmt: skip
     return group["lag"] == 0 and group["pending"] == 0
@@ -217,7 +217,7 @@ def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> 
     assert {t for ids in submitted for t in ids} == {task_id}
     client = cluster.client()
     assert client.wait(task_id, timeout_s=60)["status"] == "completed", cluster.logs()
-    entries = [f for _id, f in client.redis.xrange(keys.intake_stream)
+    entries = [f for _id, f in client.redis.xrange(keys.intake_stream(0))
                if f.get("task_id") == task_id]  # fmt: skip
     assert len(entries) == sum(len(ids) for ids in submitted)
     if len(entries) == 2:
@@ -242,7 +242,7 @@ SCHEDULED_TASK_JSON = json.dumps(
 
 
 def _embedded(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"))
     return subprocess.run(
         [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=180,

@@ -175,12 +175,12 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     _confused_replies(model)
     confused = client.submit(_llm_task(model.base_url))
     bad = {name: client.submit(text) for name, (text, _why) in BAD_TASKS.items()}
-    _xadd(raw, keys.intake_stream, {"task": "goal: [unclosed"})  # no task_id: one is made up
-    _xadd(raw, keys.intake_stream, {"task_id": "no-task-field"})
+    _xadd(raw, keys.intake_stream(0), {"task": "goal: [unclosed"})  # no task_id: one is made up
+    _xadd(raw, keys.intake_stream(0), {"task_id": "no-task-field"})
 
     # Observations: undecodable entries go to the dead-letter stream...
     garbage = {
-        _xadd(raw, keys.observations_stream, fields): why
+        _xadd(raw, keys.observations_stream(0), fields): why
         for fields, why in [
             ({"v": "99", "kind": "reasoned", "body": "{}"}, "unsupported protocol version '99'"),
             ({"v": PROTOCOL_VERSION, "kind": "reasoned"}, "stream entry has no 'body' field"),
@@ -202,7 +202,7 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     }
     # ...while well-formed messages for no task are acknowledged and ignored.
     stray = [
-        _xadd(raw, keys.observations_stream, encode_entry(message))
+        _xadd(raw, keys.observations_stream(0), encode_entry(message))
         for message in (
             WorkerFailedMessage(fence=_fence("no-such-task"), error="boom"),
             ReasonedMessage(fence=_fence("no-such-task"), terminal_output="hijacked"),
@@ -220,12 +220,12 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     ]:
         stale = ReasonedMessage(fence=fence, terminal_output="stale")
         failed = WorkerFailedMessage(fence=fence, error="x")
-        _xadd(raw, keys.observations_stream, encode_entry(stale))
-        _xadd(raw, keys.observations_stream, encode_entry(failed))
+        _xadd(raw, keys.observations_stream(0), encode_entry(stale))
+        _xadd(raw, keys.observations_stream(0), encode_entry(failed))
 
     # Control messages that make no sense.
     controls = [
-        _xadd(raw, keys.control_stream, fields)
+        _xadd(raw, keys.control_stream(0), fields)
         for fields in [
             {"action": "explode", "task_id": good[0]},
             {"action": "review", "task_id": slow, "review_id": "nope", "decision": "retry"},
@@ -248,10 +248,10 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
 
     # A duplicate of an observation already applied to a finished task changes nothing.
     applied = [
-        f for _i, f in _entries(raw, keys.observations_stream) if good[0] in f.get("body", "")
+        f for _i, f in _entries(raw, keys.observations_stream(0)) if good[0] in f.get("body", "")
     ]
     for fields in applied:
-        _xadd(raw, keys.observations_stream, fields)
+        _xadd(raw, keys.observations_stream(0), fields)
 
     _assert_rejections(client, bad)
     _assert_dead_letters(raw, garbage, stray)
@@ -260,7 +260,7 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     _assert_the_model_saw_every_refusal(client, confused, model)
     assert client.result(good[0])["output"] == "hello 0"
 
-    for stream in (keys.intake_stream, keys.observations_stream, keys.control_stream):
+    for stream in (keys.intake_stream(0), keys.observations_stream(0), keys.control_stream(0)):
         wait_until(lambda s=stream: _pending(raw, s) == 0, 20, f"no pending entry on {stream}")
     assert worker.popen is not None
     assert coordinator.popen is not None
@@ -322,16 +322,16 @@ def _assert_dead_letters(raw: redis.Redis, garbage: dict[str, str], stray: list[
     """Each undecodable entry is dead-lettered with its error; the well-formed ones are not."""
 
     def dead() -> dict[str, dict[str, str]]:
-        return {f["entry_id"]: f for _i, f in _entries(raw, keys.dead_letter_stream)}
+        return {f["entry_id"]: f for _i, f in _entries(raw, keys.dead_letter_stream(0))}
 
     wait_until(lambda: set(garbage) <= set(dead()), 30, "every garbage entry dead-lettered")
     letters = dead()
     for entry_id, why in garbage.items():
-        assert letters[entry_id]["stream"] == keys.observations_stream
+        assert letters[entry_id]["stream"] == keys.observations_stream(0)
         assert why in letters[entry_id]["error"], (why, letters[entry_id]["error"])
         assert all(len(value) <= 4096 for value in letters[entry_id].values())
     assert not set(stray) & set(letters)
-    assert all(f.get("stream") != keys.observations_stream or f["entry_id"] in garbage
+    assert all(f.get("stream") != keys.observations_stream(0) or f["entry_id"] in garbage
                for f in letters.values())  # fmt: skip
 
 

@@ -108,7 +108,7 @@ def _command_call(cluster: Cluster, command: str) -> ToolRequest:
 def _observations(cluster: Cluster, task_id: str) -> list[ToolObservedMessage]:
     """The ``tool_observed`` answers to ``task_id`` on the observations stream."""
     with redis.Redis.from_url(cluster.redis_url, decode_responses=True) as raw:
-        entries = raw.xrange(keys.observations_stream)
+        entries = raw.xrange(keys.observations_stream(0))
     found = []
     for _, fields in entries:
         message = decode_entry(fields)

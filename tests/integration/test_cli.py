@@ -26,7 +26,7 @@ from coordinator.state import TaskRecord, TaskStatus
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.task_spec import parse_task
-from tests.integration.harness import ORGA, REPO, run_orga
+from tests.integration.harness import ORGA, PARTITIONS, PARTITIONS_VAR, REPO, run_orga
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env["COLUMNS"] = "80"
     env.update(extra)
     return env
@@ -355,6 +355,8 @@ def test_printed_decide_commands_run_as_printed_outside_the_venv(tmp_path: Path)
         assert os.access(executable, os.X_OK), line
         assert f"ORGA_HOME={tmp_path / 'orga home'}" in words
         assert f"ORGA_WORKSPACE_ROOT={tmp_path / 'work spaces'}" in words
+        if PARTITIONS != 1:  # the embedded state was created with it: the commands carry it
+            assert f"{PARTITIONS_VAR}={PARTITIONS}" in words
     assert shlex.split(commands["retry"])[-3:] == ["--retry", "--hint", "what to try instead"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -398,14 +400,14 @@ def _stored_task(redis_url: str, task_id: str, status: TaskStatus) -> None:
     record = TaskRecord(task_id=task_id, spec=spec, status=status, created_at=0, updated_at=0)
     with redis.Redis.from_url(redis_url) as client:
         client.hset(
-            keys.task_key(task_id),
+            keys.task_key(task_id, keys.partition_of(task_id, PARTITIONS)),
             mapping={"state": record.model_dump_json(), "status": status.value},
         )
 
 
 def _cancels(redis_url: str, task_id: str) -> int:
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        rows = client.xrange(keys.control_stream)
+        rows = client.xrange(keys.control_stream(keys.partition_of(task_id, PARTITIONS)))
     return sum(1 for _id, fields in rows if fields.get("task_id") == task_id)
 
 

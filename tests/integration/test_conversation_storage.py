@@ -42,15 +42,15 @@ def test_outputs_are_stored_once_and_purged_with_the_task(cluster: Cluster) -> N
         return status_of(client, task_id) == "completed"
 
     wait_until(finished, timeout_s=60, what="the task to complete")
-    conversation = raw.lrange(keys.conversation_key(task_id), 0, -1)
+    conversation = raw.lrange(keys.conversation_key(task_id, 0), 0, -1)
     outputs = [m for m in conversation if json.loads(m)["role"] == "tool"]
     assert len(outputs) == 4 and all(len(m) > 20_000 for m in outputs)
-    assert len(raw.hget(keys.task_key(task_id), "state") or b"") < 20_000
+    assert len(raw.hget(keys.task_key(task_id, 0), "state") or b"") < 20_000
     assert all(size < 20_000 for size in seen_requests), seen_requests
-    assert raw.xlen(keys.observations_stream) == 0
+    assert raw.xlen(keys.observations_stream(0)) == 0
     assert asyncio.run(_purge(cluster.redis_url)) >= 1
-    assert not raw.exists(keys.task_key(task_id))
-    assert not raw.exists(keys.conversation_key(task_id))
+    assert not raw.exists(keys.task_key(task_id, 0))
+    assert not raw.exists(keys.conversation_key(task_id, 0))
     raw.close()
 
 

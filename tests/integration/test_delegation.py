@@ -12,7 +12,15 @@ import pytest
 
 from coordinator.client import OrgaClient
 from shared import keys
-from tests.integration.harness import REPO, Cluster, run_orga, status_of, wait_until
+from tests.integration.harness import (
+    PARTITIONS,
+    PARTITIONS_VAR,
+    REPO,
+    Cluster,
+    run_orga,
+    status_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +29,7 @@ AGENTS = [EXAMPLE / "agents" / f"{name}.yaml" for name in ("summarizer", "checke
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"))
     env["COLUMNS"] = "200"
     return env
@@ -187,9 +195,12 @@ def test_child_submissions_and_results_are_on_the_streams_once(cluster: Cluster)
     client = cluster.client()
     task_id = client.submit(_parent("nobody-either"), task_id="deleg-once")
     wait_until(lambda: status_of(client, task_id) == "completed", 60, "parent completed")
-    submitted = [f for _i, f in plain.xrange(keys.intake_stream) if f["task_id"] == f"{task_id}.1"]
+    p = keys.partition_of(task_id, PARTITIONS)  # the tree's, its children's too
+    submitted = [
+        f for _i, f in plain.xrange(keys.intake_stream(p)) if f["task_id"] == f"{task_id}.1"
+    ]
     assert len(submitted) == 1
-    events = [f for _i, f in plain.xrange(keys.events_stream) if f.get("task_id") == task_id]
+    events = [f for _i, f in plain.xrange(keys.events_stream(p)) if f.get("task_id") == task_id]
     assert [e["event"] for e in events].count("child_finished") == 1
 
 

@@ -18,6 +18,7 @@ import redis
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from tests.integration.harness import (
+    PARTITIONS_VAR,
     REPO,
     Cluster,
     assert_journal_is_clean,
@@ -101,7 +102,7 @@ def test_worker_killed_mid_iteration_is_redelivered(fresh_cluster: Cluster) -> N
 
 def test_make_run_example_runs_on_the_embedded_runtime(tmp_path: Path) -> None:
     """What `make run` does: `orga run` with no ORGA_REDIS_URL starts its own Redis and worker."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update({"ORGA_HOME": str(tmp_path / "home"), "ORGA_WORKSPACE_ROOT": str(tmp_path / "ws")})
     command = [sys.executable, "-m", "orga.cli", "run"]
     bugfix = subprocess.run(
@@ -162,8 +163,8 @@ def test_an_out_of_memory_redis_loses_no_submission_and_no_process(
             events = [f for _i, f in client.events(count=100_000) if f.get("task_id") == task_id]
             raise AssertionError(f"{exc}: {client.status(task_id)} {events}") from exc
         assert client.result(task_id)["status"] == "completed", fresh_cluster.logs()
-    assert raw.xlen(keys.dead_letter_stream) == 0
-    assert raw.xlen(keys.rejected_stream) == 0
+    assert raw.xlen(keys.dead_letter_stream(0)) == 0
+    assert raw.xlen(keys.rejected_stream(0)) == 0
     raw.close()
     assert worker.popen is not None and worker.popen.poll() is None, worker.tail()
     assert coordinator.popen is not None and coordinator.popen.poll() is None, coordinator.tail()

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.harness import REPO, Cluster, Process, status_of, wait_until
+from tests.integration.harness import PARTITIONS_VAR, REPO, Cluster, Process, status_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update(extra)
     return env
 

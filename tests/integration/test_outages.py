@@ -19,13 +19,13 @@ import yaml
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import Cluster, run_orga, status_of, wait_until
+from tests.integration.harness import PARTITIONS_VAR, Cluster, run_orga, status_of, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.pop("OPENAI_API_KEY", None)
     env.update(
         COLUMNS="200",

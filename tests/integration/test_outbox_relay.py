@@ -50,12 +50,12 @@ async def _sent_twice(url: str) -> None:
     live = OutboxRelay(client, publisher, "live", block_ms=1, claim_idle_ms=0)
     try:
         await dead.ensure_group()
-        rows = await dead.read()
+        [(_stream, rows)] = await dead.read()
         assert len(rows) == 1, rows
         publisher.publish([OutboxEntry.from_fields(i, f) for i, f in rows])  # no removal
-        assert await client.xlen(keys.outbox_stream()) == 1
+        assert await client.xlen(keys.outbox_stream(0)) == 1
         assert await live.relay_once() == 1
-        assert await client.xlen(keys.outbox_stream()) == 0
+        assert await client.xlen(keys.outbox_stream(0)) == 0
     finally:
         await live.close()
         await client.aclose()
@@ -81,14 +81,14 @@ def test_a_dispatch_sent_twice_is_applied_once(
         cluster.coordinator()
 
         def answered_twice() -> bool:
-            info = raw.xinfo_stream(keys.observations_stream)
+            info = raw.xinfo_stream(keys.observations_stream(0))
             return int(info["entries-added"]) == 2 and int(info["length"]) == 0
 
         wait_until(lambda: status_of(client, task_id) == "completed", 60, "the task to complete")
         # Both copies ran and answered; each answer was handled (applied, or ignored as a
         # duplicate: an observation is deleted once handled), and nothing else was sent.
         wait_until(answered_twice, 60, "both answers published and handled")
-        assert raw.llen(keys.reasoning_queue) == 0 and raw.xlen(keys.outbox_stream()) == 0
+        assert raw.llen(keys.reasoning_queue) == 0 and raw.xlen(keys.outbox_stream(0)) == 0
         journal = client.journal(task_id)
         assert_journal_is_clean(journal)
         reasoned = [e for e in journal if e.event.type == "ReasoningComplete"]

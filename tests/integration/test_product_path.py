@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import REPO
+from tests.integration.harness import PARTITIONS_VAR, REPO
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,11 @@ def _task(tmp_path: Path, base_url: str) -> Path:
 def test_orga_run_recalls_conventions_keeps_the_task_and_exports_spans(tmp_path: Path) -> None:
     """Recall by directory answers the seeded conventions; every request keeps the task."""
     home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORGA_", "OTEL_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ORGA_", "OTEL_")) or k == PARTITIONS_VAR
+    }
     env.update(
         ORGA_HOME=str(home), ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"),
         ORGA_ALLOW_TASK_BASE_URL="true", OTEL_TRACES_EXPORTER="console",

@@ -19,13 +19,21 @@ from coordinator.client import OrgaClient
 from orga.embedded import EmbeddedRuntime
 from orga.embedded_redis import EmbeddedRedis
 from shared.settings import OrgaSettings
-from tests.integration.harness import ORGA, REPO, Cluster, run_orga, status_of, wait_until
+from tests.integration.harness import (
+    ORGA,
+    PARTITIONS_VAR,
+    REPO,
+    Cluster,
+    run_orga,
+    status_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
     env.update(
         COLUMNS="200",
         ORGA_HOME=str(tmp_path / "home"),

@@ -189,12 +189,12 @@ def test_the_loop_pool_runs_tasks_and_reports_failures_as_celery_does(cluster: C
         payload="{not json",
     )
     with redis.Redis.from_url(cluster.redis_url) as raw:
-        raw.xadd(keys.outbox_stream(), queued.fields())  # type: ignore[arg-type]
+        raw.xadd(keys.outbox_stream(0), queued.fields())  # type: ignore[arg-type]
 
         def dead_lettered() -> bool:
             return any(
                 f.get(b"kind") == b"undecodable_payload"
-                for _id, f in raw.xrange(keys.dead_letter_stream)
+                for _id, f in raw.xrange(keys.dead_letter_stream(0))
             )
 
         wait_until(dead_lettered, timeout_s=60, what="the undecodable payload dead-lettered")

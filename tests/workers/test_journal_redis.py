@@ -74,12 +74,12 @@ def test_stream_layout(redis_client: RedisClientFactory) -> None:
         async with redis_client(decode_responses=True) as client:
             journal = RedisStreamJournal(client, TASK)
             await _fill(journal, 2)
-            messages: Any = await client.xrange(journal_stream(TASK))
+            messages: Any = await client.xrange(journal_stream(TASK, 0))
             assert [stream_id for stream_id, _ in messages] == ["0-1", "0-2"]
             assert messages[1][1]["sequence"] == "1"
             assert JournalEntry.model_validate_json(messages[1][1]["data"]) == _entry(1)
-            assert await client.get(journal_sequence_key(TASK)) == "1"
-            assert journal_stream(TASK) == "orga:journal:task-1"
+            assert await client.get(journal_sequence_key(TASK, 0)) == "1"
+            assert journal_stream(TASK, 0) == "orga:{p:00}:journal:task-1"
 
     asyncio.run(scenario())
 
@@ -97,7 +97,7 @@ def test_gap_is_refused(redis_client: RedisClientFactory) -> None:
             with pytest.raises(JournalSequenceError, match="missing") as gap:
                 await journal.append(_entry(2))
             assert (gap.value.expected, gap.value.actual) == (1, 2)
-            assert await client.xlen(journal_stream(TASK)) == 1
+            assert await client.xlen(journal_stream(TASK, 0)) == 1
             assert await journal.next_sequence() == 1
 
     asyncio.run(scenario())
@@ -112,7 +112,7 @@ def test_identical_reappend_is_a_no_op(redis_client: RedisClientFactory) -> None
             await _fill(journal, 3)
             await journal.append(_entry(2))
             await journal.append(_entry(0))
-            assert await client.xlen(journal_stream(TASK)) == 3
+            assert await client.xlen(journal_stream(TASK, 0)) == 3
             assert await journal.next_sequence() == 3
 
     asyncio.run(scenario())
@@ -157,7 +157,7 @@ def test_stream_is_trimmed_by_length_and_sequence_survives(
         async with redis_client() as client:
             journal = RedisStreamJournal(client, TASK, maxlen=10)
             await _fill(journal, 250)
-            length = await client.xlen(journal_stream(TASK))
+            length = await client.xlen(journal_stream(TASK, 0))
             assert 10 <= length < 250
             assert await journal.next_sequence() == 250
             kept = [e.sequence for e in await journal.read()]
@@ -181,7 +181,7 @@ def test_concurrent_appends_of_one_sequence_admit_exactly_one(
             )
             assert sum(r is None for r in results) == 1
             assert all(isinstance(r, JournalSequenceError) for r in results if r is not None)
-            assert await client.xlen(journal_stream(TASK)) == 1
+            assert await client.xlen(journal_stream(TASK, 0)) == 1
 
     asyncio.run(scenario())
 

@@ -102,11 +102,11 @@ def test_a_start_brings_a_far_look_at_its_task_to_one_timeout(
         redis = Redis.from_url(redis_url)
         liveness = Liveness(redis, interval_s=5.0, timeout_s=30.0)
         now = time.time()
-        await redis.zadd(keys.deadlines_key, {"far": now + 600, "soon": now + 5})
+        await redis.zadd(keys.deadlines_key(0), {"far": now + 600, "soon": now + 5})
         fences = [FENCE.model_copy(update={"task_id": t}) for t in ("far", "soon", "ended")]
         for fence in fences:
             await liveness.started([fence], keys.reasoning_queue)
-        scores = {t: await redis.zscore(keys.deadlines_key, t) for t in ("far", "soon", "ended")}
+        scores = {t: await redis.zscore(keys.deadlines_key(0), t) for t in ("far", "soon", "ended")}
         await liveness.close()
         await redis.aclose()
         return {t: (s - now if s is not None else None) for t, s in scores.items()}

@@ -132,7 +132,7 @@ def test_a_retry_wait_is_published_under_the_dispatch_and_sleeps_in_slices() -> 
     watch = RedisWaitWatch(redis, FENCE, check_every_s=1.0, clock=sleeps.clock)
 
     async def go() -> tuple[object, int]:
-        await redis.hset(keys.task_key("t"), "status", "running")
+        await redis.hset(keys.task_key("t", 0), "status", "running")
         with watching(watch):
             await wait_out(WAIT, 3.5, sleeps)
         key = keys.provider_wait_key(FENCE.liveness_id())
@@ -159,7 +159,7 @@ def test_a_retry_wait_stops_when_its_task_ends(status: str) -> None:
     watch = RedisWaitWatch(redis, FENCE, check_every_s=1.0, clock=sleeps.clock)
 
     async def go() -> None:
-        await redis.hset(keys.task_key("t"), "status", status)
+        await redis.hset(keys.task_key("t", 0), "status", status)
         with watching(watch):
             await wait_out(WAIT, 60.0, sleeps)
 

@@ -180,9 +180,9 @@ def test_chained_calls_go_out_with_the_reasoned_message(redis_url: str, redis_cl
     services.run(services.publish(observation, calls))
 
     with redis.Redis.from_url(redis_url) as client:
-        assert client.xlen(keys.observations_stream) == 1
+        assert client.xlen(keys.observations_stream(0)) == 1
         assert client.llen(keys.tools_queue) == 0  # a coordinator's relay sends it
-        ((entry_id, fields),) = client.xrange(keys.outbox_stream())
+        ((entry_id, fields),) = client.xrange(keys.outbox_stream(0))
     entry = OutboxEntry.from_fields(entry_id.decode(), fields)
     assert (entry.task, entry.queue) == (keys.tool_task_name, keys.tools_queue)
     assert ToolRequest.model_validate_json(entry.payload) == calls[0]
@@ -241,7 +241,7 @@ def test_a_worker_reads_only_the_messages_it_lacks(redis_url: str, redis_client:
     from workers.runtime import StaleConversationError
 
     plain = redis.Redis.from_url(redis_url)
-    key = keys.conversation_key("t")
+    key = keys.conversation_key("t", 0)
     plain.rpush(key, *[ConversationMessage.user(f"m{i}").model_dump_json() for i in range(3)])
     services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
     _OPEN.append(services)
@@ -321,7 +321,7 @@ def test_a_dispatch_start_reads_the_conversation_and_the_hold_in_its_round_trip(
     from workers.providers.rate_limit import RedisThrottle, key_digest
 
     plain = redis.Redis.from_url(redis_url)
-    key = keys.conversation_key("t")
+    key = keys.conversation_key("t", 0)
     plain.rpush(key, *[ConversationMessage.user(f"m{i}").model_dump_json() for i in range(2)])
     provider = ProviderSettings(provider="openai", api_key="sk-x", base_url="http://m.test/v1")
     services = ProcessServices(OrgaSettings(redis_url=redis_url), provider, redis_url)

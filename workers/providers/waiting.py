@@ -95,8 +95,11 @@ class RedisWaitWatch:
         fence: Fence,
         check_every_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        *,
+        partitions: int = 1,
     ) -> None:
         self._redis = redis
+        self._partitions = partitions
         self._fence = fence
         self._check_every_s = check_every_s
         self._clock = clock
@@ -130,7 +133,8 @@ class RedisWaitWatch:
     async def _check_task(self, wait: ProviderWait) -> None:
         task_id = self._fence.task_id
         try:
-            raw = await self._redis.hget(keys.task_key(task_id), "status")
+            key = keys.task_key(task_id, keys.partition_of(task_id, self._partitions))
+            raw = await self._redis.hget(key, "status")
         except RedisError as exc:
             log.warning("provider_wait.unchecked", extra={"error": str(exc)[:300]})
             return

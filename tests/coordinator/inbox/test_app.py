@@ -63,11 +63,11 @@ def _escalated(client: OrgaClient, task_id: str = "t1", review_id: str = "r1") -
         milestones=["reproduced"], review=review,
     )  # fmt: skip
     client.redis.hset(
-        keys.task_key(task_id),
+        keys.task_key(task_id, 0),
         mapping={"state": record.model_dump_json(), "status": "awaiting_review"},
     )
-    client.redis.zadd(keys.task_index_key, {task_id: now})
-    client.redis.hset(keys.open_reviews_key, review_id, review.model_dump_json())
+    client.redis.zadd(keys.task_index_key(0), {task_id: now})
+    client.redis.hset(keys.open_reviews_key(0), review_id, review.model_dump_json())
     return review
 
 
@@ -207,7 +207,7 @@ def test_a_decision_without_the_csrf_token_is_refused(
         refused = browser.post("/decide", data={"review_id": "r1", "decision": "abort", **extra})
         assert refused.status_code == 403
         assert "CSRF check failed" in refused.text
-    assert orga.redis.xlen(keys.control_stream) == 0
+    assert orga.redis.xlen(keys.control_stream(0)) == 0
 
 
 def test_basic_auth_without_cookies_is_still_csrf_checked(orga: OrgaClient) -> None:
@@ -218,7 +218,7 @@ def test_basic_auth_without_cookies_is_still_csrf_checked(orga: OrgaClient) -> N
             "/decide", data={"review_id": "r1", "decision": "abort"}, headers=_basic("carol", "pw")
         )
     assert refused.status_code == 403
-    assert orga.redis.xlen(keys.control_stream) == 0
+    assert orga.redis.xlen(keys.control_stream(0)) == 0
 
 
 # -- pages -------------------------------------------------------------------------------------
@@ -279,11 +279,11 @@ def test_a_task_page_shows_the_last_200_journal_entries(
     for sequence in range(250):  # as the store writes them: stream id 0-(sequence + 1)
         entry = JournalEntry(sequence=sequence, agent_id="a", event=started, task_id="t1")
         orga.redis.xadd(
-            keys.journal_stream("t1"), {"data": entry.model_dump_json()}, id=f"0-{sequence + 1}"
+            keys.journal_stream("t1", 0), {"data": entry.model_dump_json()}, id=f"0-{sequence + 1}"
         )
-    state = TaskRecord.model_validate_json(str(orga.redis.hget(keys.task_key("t1"), "state")))
+    state = TaskRecord.model_validate_json(str(orga.redis.hget(keys.task_key("t1", 0), "state")))
     state.journal_seq = 250
-    orga.redis.hset(keys.task_key("t1"), "state", state.model_dump_json())
+    orga.redis.hset(keys.task_key("t1", 0), "state", state.model_dump_json())
     page = browser.get("/tasks/t1").text
     sequences = [int(n) for n in re.findall(r"<tr><td>(\d+)</td><td>\d\d:\d\d", page)]
     assert sequences == list(range(249, 49, -1))
@@ -328,7 +328,7 @@ def test_a_decision_goes_through_the_client(browser: TestClient, orga: OrgaClien
     response = browser.post("/decide", data=form)
     assert response.status_code == 200
     assert "no coordinator applied the decision" in response.text
-    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream(0))
     assert fields == {"action": "review", "task_id": "t1", "review_id": "r1", "decision": "retry",
                       "hint": "measure  it\nfirst", "by": "inbox:alice"}  # fmt: skip
 
@@ -338,13 +338,13 @@ def test_a_decision_applied_redirects_to_the_task(browser: TestClient, orga: Org
     token = _csrf(browser.get("/").text)
 
     def close_when_sent() -> None:  # the coordinator's part: applied, named by its entry
-        while not orga.redis.xlen(keys.control_stream):
+        while not orga.redis.xlen(keys.control_stream(0)):
             time.sleep(0.01)
-        [(entry_id, _fields)] = orga.redis.xrange(keys.control_stream)
-        orga.redis.xadd(keys.events_stream, {"event": "review_decided", "review_id": "r1",
+        [(entry_id, _fields)] = orga.redis.xrange(keys.control_stream(0))
+        orga.redis.xadd(keys.events_stream(0), {"event": "review_decided", "review_id": "r1",
                                              "entry_id": entry_id, "decision": "skip",
                                              "by": "inbox:alice"})  # fmt: skip
-        orga.redis.hdel(keys.open_reviews_key, "r1")
+        orga.redis.hdel(keys.open_reviews_key(0), "r1")
 
     closer = threading.Thread(target=close_when_sent)
     closer.start()
@@ -353,14 +353,14 @@ def test_a_decision_applied_redirects_to_the_task(browser: TestClient, orga: Org
     closer.join()
     assert response.url.path == "/tasks/t1"
     assert "skip applied to task t1 (review r1)" in response.text
-    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream(0))
     assert fields["hint"] == ""  # a hint goes with retry only, as on the CLI
 
 
 def test_deciding_a_closed_review_says_so(browser: TestClient, orga: OrgaClient) -> None:
     """A second reviewer deciding a review already closed sees the client's error, not a crash."""
     token = _csrf(browser.get("/").text)
-    orga.redis.hdel(keys.open_reviews_key, "r1")
+    orga.redis.hdel(keys.open_reviews_key(0), "r1")
     response = browser.post("/decide", data={"csrftoken": token, "review_id": "r1",
                                              "decision": "abort"})  # fmt: skip
     assert response.url.path == "/"
@@ -373,13 +373,13 @@ def test_deciding_a_review_another_decision_closed_names_the_winner(
     """The review was decided and applied (its claim expired since): the late reviewer is told
     who decided it, not that no such review is open."""
     token = _csrf(browser.get("/").text)
-    orga.redis.xadd(keys.events_stream, {"event": "review_decided", "review_id": "r1",
+    orga.redis.xadd(keys.events_stream(0), {"event": "review_decided", "review_id": "r1",
                                          "decision": "skip", "by": "inbox:alice"})  # fmt: skip
-    orga.redis.hdel(keys.open_reviews_key, "r1")
+    orga.redis.hdel(keys.open_reviews_key(0), "r1")
     response = browser.post("/decide", data={"csrftoken": token, "review_id": "r1",
                                              "decision": "abort"})  # fmt: skip
     assert "was already decided by &#39;inbox:alice&#39; (skip)" in response.text
-    assert not orga.redis.xlen(keys.control_stream)
+    assert not orga.redis.xlen(keys.control_stream(0))
 
 
 def test_an_invalid_decision_is_refused(browser: TestClient, orga: OrgaClient) -> None:
@@ -389,7 +389,7 @@ def test_an_invalid_decision_is_refused(browser: TestClient, orga: OrgaClient) -
                                              "decision": "delete"})  # fmt: skip
     assert response.status_code == 400
     assert "retry, skip, abort, approve, revise" in response.text
-    assert orga.redis.xlen(keys.control_stream) == 0
+    assert orga.redis.xlen(keys.control_stream(0)) == 0
 
 
 def _critic_review(client: OrgaClient) -> ReviewItem:
@@ -405,7 +405,7 @@ def _critic_review(client: OrgaClient) -> ReviewItem:
     changed = review.model_copy(
         update={"source": "critic", "snapshot": {**review.snapshot, "critic": critic}}
     )
-    client.redis.hset(keys.open_reviews_key, "r2", changed.model_dump_json())
+    client.redis.hset(keys.open_reviews_key(0), "r2", changed.model_dump_json())
     return changed
 
 
@@ -434,7 +434,7 @@ def test_a_revision_carries_its_reason_through_the_client(
     token = _csrf(browser.get("/").text)
     browser.post("/decide", data={"csrftoken": token, "review_id": "r2", "decision": "revise",
                                   "hint": "name the file"})  # fmt: skip
-    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream(0))
     assert (fields["decision"], fields["hint"], fields["by"]) == (
         "revise",
         "name the file",
@@ -464,7 +464,7 @@ def test_a_subagents_review_names_its_parent_and_the_tree_is_escaped(
         "depth": 1,
         "step": {"id": "combine", "instruction": "delegate <i>x</i>"},
     }
-    orga.redis.hset(keys.open_reviews_key, "r9", review.model_dump_json())
+    orga.redis.hset(keys.open_reviews_key(0), "r9", review.model_dump_json())
     page = browser.get("/").text
     assert 'sub-agent of task\n      <a href="/tasks/p">p</a>' in page
     assert "parent &lt;script&gt;alert(&#39;goal&#39;)&lt;/script&gt;" in page
@@ -474,7 +474,7 @@ def test_a_subagents_review_names_its_parent_and_the_tree_is_escaped(
         children=[ChildRef(task_id="p.1", agent="helper", call_id="c1", step_id="combine",
                            iteration=1, goal=f"child {EVIL}")],
     )  # fmt: skip
-    orga.redis.hset(keys.task_key("p"), mapping={"state": parent.model_dump_json()})
+    orga.redis.hset(keys.task_key("p", 0), mapping={"state": parent.model_dump_json()})
     tree = browser.get("/tasks/p").text
     assert '<li data-task="p.1"><a href="/tasks/p.1">p.1</a>' in tree
     assert "child &lt;script&gt;alert" in tree and "<script>alert" not in tree
@@ -517,7 +517,7 @@ def test_a_name_accepted_at_login_is_the_one_a_decision_records(orga: OrgaClient
         assert _login(client, name).status_code == 303
         csrf = _csrf(client.get("/").text)
         client.post("/decide", data={"csrftoken": csrf, "review_id": "r1", "decision": "skip"})
-    [(_id, fields)] = orga.redis.xrange(keys.control_stream)
+    [(_id, fields)] = orga.redis.xrange(keys.control_stream(0))
     assert fields["by"] == f"inbox:{name}"
 
 

@@ -1,0 +1,63 @@
+"""OrgaClient on several partitions (a real Redis): a submission goes to its task's partition's
+intake, an idempotency key keeps its retries in one partition, another count is refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from coordinator.client import OrgaClient
+from shared import keys
+from shared.errors import ConfigError
+
+TASK = {"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]}
+
+
+@pytest.fixture
+def plain(redis_url: str) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        client.flushdb()
+        yield client
+
+
+def _intake_ids(plain: redis.Redis, partition: int) -> list[str]:
+    return [f["task_id"] for _i, f in plain.xrange(keys.intake_stream(partition))]
+
+
+def test_a_submission_goes_to_its_tasks_partitions_intake(
+    plain: redis.Redis, redis_url: str
+) -> None:
+    client = OrgaClient(redis_url, partitions=16)
+    ids = [client.submit(TASK, task_id=f"t{n}") for n in range(20)]
+    for task_id in ids:
+        assert task_id in _intake_ids(plain, keys.partition_of(task_id, 16))
+    assert plain.get(keys.partitions_key) == "16"
+    assert len({keys.partition_of(t, 16) for t in ids}) > 1
+
+
+def test_retries_with_one_idempotency_key_land_in_the_keys_partition(
+    plain: redis.Redis, redis_url: str
+) -> None:
+    """The key is checked with the task created by one script: every id the client draws for
+    it is in the key's partition, and an id given in another partition is refused."""
+    client = OrgaClient(redis_url, partitions=16)
+    task = {**TASK, "idempotency_key": "order-42"}
+    home = keys.idempotency_partition("order-42", 16)
+    drawn = [client.submit(json.dumps(task)) for _ in range(5)]
+    assert {keys.partition_of(t, 16) for t in drawn} == {home}
+    assert set(_intake_ids(plain, home)) == set(drawn)
+    elsewhere = next(f"x{n}" for n in range(100) if keys.partition_of(f"x{n}", 16) != home)
+    with pytest.raises(ConfigError, match=r"idempotency key 'order-42' in partition"):
+        client.submit(task, task_id=elsewhere)
+
+
+def test_a_client_with_another_partition_count_is_refused(
+    plain: redis.Redis, redis_url: str
+) -> None:
+    plain.set(keys.partitions_key, 16)
+    with pytest.raises(ConfigError, match=r"ORGA_PARTITIONS=4 .* created with 16"):
+        OrgaClient(redis_url, partitions=4).submit(TASK)
+    assert OrgaClient(redis_url).partition_count == 16  # none given: the stored one
