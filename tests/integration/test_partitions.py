@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from coordinator.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 
 from coordinator.client import OrgaClient
+from orga.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from shared import keys
 from tests.integration.harness import REPO, Cluster, _environment, run_orga, running_cluster
 
