@@ -209,7 +209,15 @@ class Coordinator:
             for kind in (keys.intake_stream, keys.observations_stream, keys.control_stream)
         }
         self.relay = (
-            OutboxRelay(self.redis, self.publisher, self.name, partitions=self.settings.partitions)
+            OutboxRelay(
+                self.redis,
+                self.publisher,
+                self.name,
+                partitions=self.settings.partitions,
+                # A dead coordinator's unsent dispatches are taken over no later than its
+                # observations are (ORGA_CLAIM_IDLE_MS), and never later than 10 s.
+                claim_idle_ms=min(keys.outbox_claim_idle_ms, self.settings.claim_idle_ms),
+            )
             if self.publisher is not None
             else None
         )

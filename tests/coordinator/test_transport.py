@@ -52,7 +52,7 @@ def test_the_coordinator_sends_its_dispatches_through_its_transport(
             coordinator = Coordinator(client, publisher=transport, settings=SETTINGS, name="c")
             await coordinator._ensure_groups()
             task = {"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]}
-            await client.xadd(keys.intake_stream, {"task_id": "t1", "task": json.dumps(task)})
+            await client.xadd(keys.intake_stream(0), {"task_id": "t1", "task": json.dumps(task)})
             await coordinator._intake_once()
             assert coordinator.relay is not None
             assert await coordinator.relay.relay_once() == 1
