@@ -3,26 +3,18 @@ processes (see ``harness.py``)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from orga.embedded_redis import EmbeddedRedis, EmbeddedRedisError
-from tests.integration.harness import Cluster, running_cluster
+from orga.embedded_redis import EmbeddedRedis
+from tests.integration.harness import Cluster, running_cluster, started_redis
 
 
 @pytest.fixture(scope="module")
 def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     """A real redis-server for this module (AOF on, so a restart keeps the data)."""
-    directory = tmp_path_factory.mktemp("redis")
-    server = EmbeddedRedis(appendonly=True, directory=directory)
-    try:
-        server.start()
-    except EmbeddedRedisError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"integration tests need Redis in CI: {exc}", pytrace=False)
-        pytest.skip(f"no redis-server available: {exc}")
+    server = started_redis(tmp_path_factory.mktemp("redis"), appendonly=True)
     yield server
     server.close()
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.client import OrgaClient, TaskNotFoundError
+from orga.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from shared.events import JournalEntry
+from tests.ci import require
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,6 +51,38 @@ PARTITIONS_VAR = "ORGA_PARTITIONS"
 PARTITIONS = int(os.environ.get(PARTITIONS_VAR, "1"))
 """The partition count the suite runs with: ``ORGA_PARTITIONS=16 pytest ...`` runs every
 process the harness starts (and its clients) on 16 partitions."""
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of an ``orga`` command on the embedded runtime in ``tmp_path``: this
+    process's, without its ``ORGA_`` settings (the partition count kept) or an OpenAI key."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env.pop("OPENAI_API_KEY", None)
+    env.update(
+        COLUMNS="200",
+        ORGA_HOME=str(tmp_path / "home"),
+        ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"),
+    )
+    env.update(extra)
+    return env
+
+
+def task_id_printed(run_output: str) -> str:
+    """The task id ``orga run`` prints on its first line (``task ID: ...``)."""
+    first = run_output.splitlines()[0]
+    assert first.startswith("task "), run_output
+    return first.split()[1].rstrip(":")
+
+
+def started_redis(directory: Path, *, appendonly: bool = False) -> EmbeddedRedis:
+    """A private redis-server in ``directory``, started: a failure in CI (integration tests
+    must run there), a skip elsewhere."""
+    server = EmbeddedRedis(appendonly=appendonly, directory=directory)
+    try:
+        server.start()
+    except EmbeddedRedisError as exc:
+        require("a redis-server for the integration tests", f"install redis-server ({exc})")
+    return server
 
 
 def _environment(redis_url: str, workspaces: Path, extra: dict[str, str]) -> dict[str, str]:

@@ -7,7 +7,6 @@ coordinator (tests/integration/harness.py)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,33 +17,21 @@ import yaml
 from orga.embedded_redis import EmbeddedRedis
 from shared.events import ProviderWaited
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import PARTITIONS_VAR, Cluster, run_orga, wait_until
+from tests.integration.harness import (
+    Cluster,
+    cli_env,
+    run_orga,
+    task_id_printed,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
-    env.pop("OPENAI_API_KEY", None)
-    env.update(
-        COLUMNS="200",
-        ORGA_HOME=str(tmp_path / "home"),
-        ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"),
-    )
-    env.update(extra)
-    return env
 
 
 def _task_file(tmp_path: Path, task: dict[str, Any], name: str = "task.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(task))
     return path
-
-
-def _task_id(run_output: str) -> str:
-    first = run_output.splitlines()[0]
-    assert first.startswith("task "), run_output
-    return first.split()[1].rstrip(":")
 
 
 def _llm_task(**provider: str) -> dict[str, Any]:
@@ -68,7 +55,7 @@ def test_missing_template_and_script_are_refused_at_intake(tmp_path: Path) -> No
         "provider": {"kind": "scripted", "script": "./no-such-script.yaml"},
         "steps": [{"id": "s", "instruction": "i"}],
     }
-    outcome = run_orga("run", str(_task_file(tmp_path, task)), env=_env(tmp_path))
+    outcome = run_orga("run", str(_task_file(tmp_path, task)), env=cli_env(tmp_path))
     assert outcome.returncode == 2, outcome.stdout + outcome.stderr
     assert "no-such-template" in outcome.stderr and "is not a folder" in outcome.stderr
     assert "no-such-script.yaml" in outcome.stderr and "is not a file" in outcome.stderr
@@ -99,13 +86,13 @@ def test_a_configuration_error_fails_the_task_at_once_with_its_message(
         if case == "unknown model":
             model.respond_error(404, "The model `no-such-model` does not exist")
         model.respond_text("42")
-        env = _env(tmp_path, ORGA_BASE_URL=model.base_url, ORGA_PROVIDER="openai", **env_extra)
+        env = cli_env(tmp_path, ORGA_BASE_URL=model.base_url, ORGA_PROVIDER="openai", **env_extra)
         run = run_orga("run", str(_task_file(tmp_path, _llm_task(**provider))), env=env)
         requests = len(model.requests)
     assert run.returncode == 1, run.stdout + run.stderr
     assert expected in run.stdout, run.stdout
     assert requests <= 1, f"{requests} model calls for a configuration error"
-    task_id = _task_id(run.stdout)
+    task_id = task_id_printed(run.stdout)
     status = run_orga("status", task_id, env=env)
     assert "failed" in status.stdout and expected in " ".join(status.stdout.split()), status.stdout
     result = json.loads(run_orga("result", task_id, env=env).stdout)
@@ -129,7 +116,7 @@ def test_a_rate_limited_model_is_waited_out_without_using_an_attempt(tmp_path: P
         for _ in range(4):
             model.respond_rate_limited(retry_after="1")
         model.respond_text("the answer is 42")
-        env = _env(
+        env = cli_env(
             tmp_path,
             ORGA_BASE_URL=model.base_url,
             ORGA_PROVIDER="openai",
@@ -143,7 +130,7 @@ def test_a_rate_limited_model_is_waited_out_without_using_an_attempt(tmp_path: P
         requests = len(model.requests)
     assert run.returncode == 0, run.stdout + run.stderr
     assert requests == 5
-    task_id = _task_id(run.stdout)
+    task_id = task_id_printed(run.stdout)
     result = json.loads(run_orga("result", task_id, env=env).stdout)
     assert result["status"] == "completed" and result["output"] == "the answer is 42"
     assert result["steps"][0]["attempts"] == 0
@@ -194,16 +181,16 @@ def test_a_retry_from_another_workspace_root_resumes_in_the_tasks_workspace(
         "step_iteration": {"max_reattempts_per_step": 1, "on_limit_reached": "escalate"},
         "stagnation": {"enabled": False},
     }
-    env = _env(tmp_path)
+    env = cli_env(tmp_path)
     run = run_orga("run", str(_task_file(tmp_path, task)), env=env)
     assert run.returncode == 3, run.stdout + run.stderr
-    task_id = _task_id(run.stdout)
+    task_id = task_id_printed(run.stdout)
     workspace = tmp_path / "workspaces" / task_id
     assert (workspace / "notes.txt").read_text() == "first finding"
     status = json.loads(run_orga("status", task_id, "--json", env=env).stdout)
     assert status["workspace"] == str(workspace)
     review_id = status["review_id"]
-    other = _env(tmp_path, ORGA_WORKSPACE_ROOT=str(tmp_path / "other-root"))
+    other = cli_env(tmp_path, ORGA_WORKSPACE_ROOT=str(tmp_path / "other-root"))
     decided = run_orga("review", "decide", review_id, "--retry", "--hint", "keep going", env=other)
     assert decided.returncode == 0, decided.stdout + decided.stderr
     assert (workspace / "notes.txt").read_text() == "first finding"

@@ -8,7 +8,6 @@ attempts intact; one that lasts past ORGA_OUTAGE_DEADLINE_S fails the task namin
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +18,16 @@ import yaml
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import PARTITIONS_VAR, Cluster, run_orga, status_of, wait_until
+from tests.integration.harness import (
+    Cluster,
+    cli_env,
+    run_orga,
+    status_of,
+    task_id_printed,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
-    env.pop("OPENAI_API_KEY", None)
-    env.update(
-        COLUMNS="200",
-        ORGA_HOME=str(tmp_path / "home"),
-        ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"),
-    )
-    env.update(extra)
-    return env
 
 
 def _task_file(tmp_path: Path) -> Path:
@@ -48,12 +42,6 @@ def _task_file(tmp_path: Path) -> Path:
     return path
 
 
-def _task_id(run_output: str) -> str:
-    first = run_output.splitlines()[0]
-    assert first.startswith("task "), run_output
-    return first.split()[1].rstrip(":")
-
-
 def _journal(task_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
     lines = run_orga("journal", task_id, env=env).stdout.splitlines()
     return [json.loads(line)["event"] for line in lines]
@@ -62,7 +50,7 @@ def _journal(task_id: str, env: dict[str, str]) -> list[dict[str, Any]]:
 def _provider_env(tmp_path: Path, model: FakeOpenAIServer, **extra: str) -> dict[str, str]:
     """Each dispatch makes one model request (no retries in the worker), so every 5xx or 429
     is an outage report to the coordinator."""
-    return _env(
+    return cli_env(
         tmp_path,
         ORGA_BASE_URL=model.base_url,
         ORGA_PROVIDER="openai",
@@ -91,7 +79,7 @@ def test_a_provider_outage_that_ends_is_waited_out_with_the_attempts_intact(
         requests = len(model.requests)
     assert run.returncode == 0, run.stdout + run.stderr
     assert requests == 5
-    task_id = _task_id(run.stdout)
+    task_id = task_id_printed(run.stdout)
     result = json.loads(run_orga("result", task_id, env=env).stdout)
     assert result["status"] == "completed" and result["output"] == "the answer is 42"
     assert result["steps"][0]["attempts"] == 0
@@ -122,7 +110,7 @@ def test_a_provider_outage_past_its_deadline_fails_the_task_naming_it(tmp_path: 
     assert requests >= 2
     flat = " ".join(run.stdout.split())
     assert "provider openai unavailable since" in flat and "HTTP 500" in flat, run.stdout
-    task_id = _task_id(run.stdout)
+    task_id = task_id_printed(run.stdout)
     status = json.loads(run_orga("status", task_id, env=env).stdout)
     assert status["status"] == "failed"
     assert status["error"].startswith("provider openai unavailable since ")

@@ -4,7 +4,6 @@ or a Redis still holding the layout before partitions."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +12,16 @@ import pytest
 import redis
 
 from coordinator.client import OrgaClient
-from orga.embedded_redis import EmbeddedRedis, EmbeddedRedisError
+from orga.embedded_redis import EmbeddedRedis
 from shared import keys
-from tests.integration.harness import REPO, Cluster, _environment, run_orga, running_cluster
+from tests.integration.harness import (
+    REPO,
+    Cluster,
+    _environment,
+    run_orga,
+    running_cluster,
+    started_redis,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -24,13 +30,7 @@ BUGFIX = REPO / "examples" / "bugfix" / "task.yaml"
 
 @pytest.fixture
 def fresh_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(directory=tmp_path / "redis")
-    try:
-        server.start()
-    except EmbeddedRedisError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"integration tests need Redis in CI: {exc}", pytrace=False)
-        pytest.skip(f"no redis-server available: {exc}")
+    server = started_redis(tmp_path / "redis")
     yield server
     server.close()
 
