@@ -30,6 +30,7 @@ from coordinator.state import (
     check_reviewer,
 )
 from shared import keys
+from shared.approval import CALL_DECISIONS, DecisionRequest, check_arguments
 from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
 from shared.partitions import check_partitions
@@ -72,7 +73,8 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {0, ''} end
 local claimed = redis.call('GET', KEYS[2])
 if claimed then return {1, claimed} end
 local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'action', 'review',
-  'task_id', ARGV[4], 'review_id', ARGV[1], 'decision', ARGV[5], 'hint', ARGV[6], 'by', ARGV[7])
+  'task_id', ARGV[4], 'review_id', ARGV[1], 'decision', ARGV[5], 'hint', ARGV[6], 'by', ARGV[7],
+  'arguments', ARGV[8])
 local claim = cjson.encode({by = ARGV[7], decision = ARGV[5], entry_id = entry})
 redis.call('SET', KEYS[2], claim, 'EX', ARGV[3])
 return {2, entry}
@@ -416,11 +418,17 @@ class OrgaClient:
         hint: str | None = None,
         by: str = "cli",
         timeout_s: float = 30.0,
+        *,
+        arguments: dict[str, Any] | None = None,
     ) -> str:
         """Send a decision and wait until the coordinator applied or refused it.
 
-        ReviewDecidedError when another decision was sent first or applied first (the default
-        at the review's deadline); ReviewerError for a reserved or malformed ``by``.
+        ``arguments`` are an ``edit``'s new arguments for a held call (``hint`` is then a
+        ``reject``'s message for the model). ReviewDecidedError when another decision was sent
+        first or applied first (the default at the review's deadline); ReviewerError for a
+        reserved or malformed ``by``; ValueError (ArgumentsError naming the field for an edit
+        that does not fit the tool's schema) for a decision the review does not take, before
+        anything is sent: the review stays open.
         """
         check_reviewer(by)
         try:
@@ -428,7 +436,8 @@ class OrgaClient:
         except TaskNotFoundError:
             self._refuse_decided(review_id)
             raise
-        entry = self._claim(item, decision, hint or "", by)
+        edited = _checked_call_decision(item, decision, arguments)
+        entry = self._claim(item, decision, hint or "", by, edited)
         p = self._p(item.task_id)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -449,7 +458,23 @@ class OrgaClient:
             "is `orga coordinator` running?"
         )
 
-    def _claim(self, item: ReviewItem, decision: str, hint: str, by: str) -> str:
+    def decide_request(
+        self, review_id: str, request: DecisionRequest, by: str = "cli", timeout_s: float = 30.0
+    ) -> str:
+        """:meth:`decide` with a :class:`~shared.approval.DecisionRequest` (the HTTP API's
+        body): its ``message`` is the hint, the revision's reason or the rejection."""
+        return self.decide(
+            review_id,
+            request.decision,
+            hint=request.message,
+            by=by,
+            timeout_s=timeout_s,
+            arguments=request.arguments,
+        )
+
+    def _claim(
+        self, item: ReviewItem, decision: str, hint: str, by: str, arguments: str = ""
+    ) -> str:
         """Send the decision, claiming the review; ReviewDecidedError when already claimed."""
         script = self.redis.register_script(_CLAIM)
         review_id = item.review_id
@@ -463,7 +488,7 @@ class OrgaClient:
                     keys.control_stream(p),
                 ],
                 args=[review_id, keys.control_maxlen, keys.review_claim_ttl_s, item.task_id,
-                      decision, hint, by],
+                      decision, hint, by, arguments],
             ),
         )  # fmt: skip
         if int(code) == 0:  # closed since it was read: by another decision, if one was sent
@@ -528,6 +553,35 @@ class OrgaClient:
     def close(self) -> None:
         """Close the connection pool."""
         self.redis.close()
+
+
+def _checked_call_decision(
+    item: ReviewItem, decision: str, arguments: dict[str, Any] | None
+) -> str:
+    """The edit's arguments as JSON ("" for any other decision), checked as the coordinator
+    will check them, so that a decision it would refuse is never sent (nor its claim taken)."""
+    if item.source != "call" or item.call is None:
+        if arguments is not None:
+            raise ValueError(
+                f"review {item.review_id} ({item.source}) holds no tool call: only a held call "
+                "takes edited arguments"
+            )
+        if decision in ("edit", "reject"):
+            raise ValueError(
+                f"review {item.review_id} ({item.source}) is not about a held tool call, so "
+                f"{decision!r} does not apply; decide it with retry, skip or abort"
+            )
+        return ""
+    if decision not in CALL_DECISIONS:
+        raise ValueError(
+            f"review {item.review_id} holds one tool call ({item.call.name}), so {decision!r} "
+            "does not apply; use approve, edit (with --args JSON), reject (with a message) or abort"
+        )
+    request = DecisionRequest.model_validate({"decision": decision, "arguments": arguments})
+    if request.arguments is None:
+        return ""
+    check_arguments(item.call.name, request.arguments, item.input_schema)
+    return request.arguments_json()
 
 
 def _stream_order(entry_id: str) -> tuple[int, int]:

@@ -768,7 +768,11 @@ class Coordinator:
                     task_id,
                     lambda m: _from_entry(
                         m.on_review_decision(
-                            text.get("review_id", ""), decision, text.get("hint") or None, by
+                            text.get("review_id", ""),
+                            decision,
+                            text.get("hint") or None,
+                            by,
+                            arguments=text.get("arguments") or None,
                         ),
                         entry_id,
                     ),
@@ -1044,7 +1048,7 @@ def _decision(value: str) -> ReviewDecision:
             return cast("ReviewDecision", decision)
     raise ValueError(
         f"unknown review decision {value!r}; use retry, skip or abort (approve or revise for "
-        "a step's result)"
+        "a step's result; approve, edit, reject or abort for a held tool call)"
     )
 
 

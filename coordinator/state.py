@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared import keys
 from shared.actions import Observation, ToolCallAction
+from shared.approval import DecisionKind
 from shared.conversation import Conversation, ConversationMessage
 from shared.delegation import is_delegate
 from shared.errors import OrgaError
@@ -139,6 +140,9 @@ class Awaiting(BaseModel):
     child_iterations: int = 0
     """Iterations the sub-agents answering this iteration's ``delegate`` calls used: they
     count against the step's iteration limit once every result is in."""
+    held: dict[str, ReviewItem] = Field(default_factory=dict)
+    """Call id -> the open review of a call the gate held for a human (it is in ``calls``,
+    not dispatched, until decided; :class:`coordinator.machine.approvals.Approvals`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -156,6 +160,11 @@ class Awaiting(BaseModel):
             for k, v in old.items()
         }
         return {**data, "results": kept, "escalations": escalations}
+
+    def in_flight(self) -> list[str]:
+        """Dispatched calls (sent to a worker, not delegated) still unanswered."""
+        delegated = self.delegated()
+        return [c for c in self.dispatched if c not in self.results and c not in delegated]
 
     def missing_calls(self) -> list[ToolCallAction]:
         """The calls whose observation has not arrived yet."""
@@ -195,9 +204,10 @@ class Awaiting(BaseModel):
         )
 
 
-ReviewDecision = Literal["retry", "skip", "abort", "approve", "revise"]
-"""``approve`` and ``revise`` decide a step's result (a review with a critic payload)."""
-ReviewSource = Literal["tracker", "detector", "recovery", "critic", "critic_escalation"]
+ReviewDecision = DecisionKind
+"""``approve`` and ``revise`` decide a step's result (a review with a critic payload);
+``approve``, ``edit``, ``reject`` and ``abort`` decide a held tool call (source ``call``)."""
+ReviewSource = Literal["tracker", "detector", "recovery", "critic", "critic_escalation", "call"]
 
 RESERVED_REVIEWERS = frozenset({"deadline", "coordinator", "system"})
 """Names the runtime records decisions under (``deadline``: a review's default applied at its
@@ -240,6 +250,13 @@ class ReviewItem(BaseModel):
     decision: ReviewDecision | None = None
     hint: str | None = None
     decided_by: str | None = None
+    call: ToolCallAction | None = None
+    """For a review of one held tool call (source ``call``): the call as proposed."""
+    input_schema: dict[str, Any] | None = None
+    """The held call's tool input schema: what an edit of its arguments must satisfy."""
+
+
+Awaiting.model_rebuild()  # its ``held`` holds ReviewItems, defined after it
 
 
 class ChildRef(BaseModel):
@@ -367,6 +384,10 @@ class TaskRecord(BaseModel):
         if self.status is TaskStatus.PENDING:
             return self.created_at
         if self.status is TaskStatus.AWAITING_REVIEW and self.review is not None:
+            awaiting = self.awaiting
+            if awaiting is not None and awaiting.held:  # held calls; the others may run
+                first = min(item.deadline for item in awaiting.held.values())
+                return min(first, awaiting.deadline) if awaiting.in_flight() else first
             return self.review.deadline
         if self.awaiting is not None:
             return self.awaiting.deadline

@@ -25,6 +25,7 @@ A child left waiting for a review nobody here decides makes its parent's run ret
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -62,6 +63,8 @@ class ReviewVerdict:
     decision: ReviewDecision
     hint: str | None = None
     decided_by: str = "reviewer"
+    arguments: dict[str, Any] | None = None
+    """An ``edit``'s new arguments for a held tool call (``hint``: a ``reject``'s message)."""
 
 
 class Reviewer(Protocol):
@@ -251,9 +254,10 @@ class _Run:
         verdict = await reviewer.decide(review) if reviewer and review else None
         if verdict is None or review is None:
             return False
+        edited = None if verdict.arguments is None else json.dumps(verdict.arguments)
         await self._apply(
             lambda machine: machine.on_review_decision(
-                review.review_id, verdict.decision, verdict.hint, verdict.decided_by
+                review.review_id, verdict.decision, verdict.hint, verdict.decided_by, edited
             )
         )
         return True

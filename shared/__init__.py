@@ -5,6 +5,7 @@ Nothing here imports Celery or touches the network.
 
 from shared.actions import (
     Allow,
+    Ask,
     DelegateAction,
     Deny,
     GateDecision,
@@ -105,6 +106,7 @@ from shared.tool_profile import ToolProfile
 __all__ = [
     "Allow",
     "AnchoredSummary",
+    "Ask",
     "BufferedJournal",
     "CachedResult",
     "ConfigError",

@@ -11,6 +11,7 @@ from shared.conversation import ConversationMessage
 
 __all__ = [
     "Allow",
+    "Ask",
     "DelegateAction",
     "Deny",
     "GateDecision",
@@ -99,7 +100,21 @@ class Modify(BaseModel):
     reason: str
 
 
-GateDecision = Annotated[Allow | Deny | Modify, Field(discriminator="decision")]
+class Ask(BaseModel):
+    """The gate holds a tool call for a human: a reviewer approves it, edits its arguments or
+    rejects it with a message the model reads (the rest of the turn's calls run meanwhile).
+
+    ``action`` is the call to review when an earlier gate of a composite modified it (None:
+    the proposed one). A gate asks only about tool calls; an ``Ask`` for any other action is
+    read as a denial naming it."""
+
+    model_config = ConfigDict(frozen=True)
+    decision: Literal["ask"] = "ask"
+    reason: str
+    action: ProposedAction | None = None
+
+
+GateDecision = Annotated[Allow | Deny | Modify | Ask, Field(discriminator="decision")]
 
 
 class Observation(BaseModel):

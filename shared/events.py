@@ -21,6 +21,8 @@ from shared.stagnation.verdict import (
 
 __all__ = [
     "AttemptFailed",
+    "CallDecided",
+    "CallHeld",
     "CriticReplyRejected",
     "CriticRequested",
     "CriticVerdict",
@@ -166,6 +168,35 @@ class ReviewDecided(_Event):
     hint: str | None = None
 
 
+class CallHeld(_Event):
+    """The gate asked a human about one tool call (``Ask``): it is held under ``review_id``
+    while the turn's other calls run; ``arguments`` are the call's, as proposed."""
+
+    type: Literal["CallHeld"] = "CallHeld"
+    review_id: str
+    call_id: str
+    tool: str
+    arguments: str
+    reason: str
+    deadline: datetime
+
+
+class CallDecided(_Event):
+    """A held call was decided: ``approve`` (run as proposed), ``edit`` (run with
+    ``arguments_after``), ``reject`` (``message`` is the call's result the model reads) or
+    ``abort``; by whom (``deadline``: the review's default, applied at its deadline)."""
+
+    type: Literal["CallDecided"] = "CallDecided"
+    review_id: str
+    call_id: str
+    tool: str
+    decision: str
+    decided_by: str
+    arguments_before: str
+    arguments_after: str | None = None
+    message: str | None = None
+
+
 class PreHydrationComplete(_Event):
     """References from the task input were resolved before the loop."""
 
@@ -305,6 +336,8 @@ LoopEvent = Annotated[
     | ProviderWaited
     | Escalated
     | ReviewDecided
+    | CallHeld
+    | CallDecided
     | CriticRequested
     | CriticVerdict
     | CriticReplyRejected,

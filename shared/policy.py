@@ -13,10 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shared.safe_regex import compile_user_pattern
 
-__all__ = ["DEFAULT_GATE_RULES", "MAX_DENY_PATTERNS", "PolicySpec"]
+__all__ = ["DEFAULT_GATE_RULES", "MAX_APPROVAL_RULES", "MAX_DENY_PATTERNS", "PolicySpec"]
 
 MAX_DENY_PATTERNS = 256
 """A policy holds at most this many ``deny_patterns``."""
+
+MAX_APPROVAL_RULES = 256
+"""A policy holds at most this many ``require_approval`` rules."""
 
 DEFAULT_GATE_RULES = (
     "command-workspace-escape",
@@ -45,7 +48,9 @@ class PolicySpec(BaseModel):
     - ``permissive``: allow everything (development only);
     - ``default``: workspace confinement, a deny-list of destructive commands, no uploads of
       local data (rule ``network-upload``), ``allowed_tools``; ``disabled_rules`` turns rules
-      off by name (:data:`DEFAULT_GATE_RULES`);
+      off by name (:data:`DEFAULT_GATE_RULES`); ``require_approval`` lists the calls a human
+      approves first, as ``<tool>:<glob over the call's canonical argument string>``
+      (``run_command:git push*``, ``mcp:*``; :mod:`workers.gates.approval`);
     - ``tool_filter``: only ``allowed_tools``;
     - ``cedar``: Cedar policies from ``policy_files``;
     - ``opa``: an OPA server's data API at ``opa_url`` + ``opa_path``.
@@ -57,6 +62,7 @@ class PolicySpec(BaseModel):
     allowed_tools: list[str] | None = None
     deny_patterns: list[str] = Field(default_factory=list, max_length=MAX_DENY_PATTERNS)
     disabled_rules: list[str] = Field(default_factory=list)
+    require_approval: list[str] = Field(default_factory=list, max_length=MAX_APPROVAL_RULES)
     max_delegation_depth: int = Field(default=3, ge=0)
     extra_write_roots: list[str] = Field(default_factory=list)
     policy_files: list[str] = Field(default_factory=list)
@@ -69,6 +75,18 @@ class PolicySpec(BaseModel):
     def _deny_patterns_compile(cls, patterns: list[str]) -> list[str]:
         for index, pattern in enumerate(patterns):
             compile_user_pattern(pattern, where=f"deny pattern {index}")
+        return patterns
+
+    @field_validator("require_approval")
+    @classmethod
+    def _approval_rules_have_a_tool(cls, patterns: list[str]) -> list[str]:
+        for index, pattern in enumerate(patterns):
+            tool, colon, _ = pattern.partition(":")
+            if not colon or not tool.strip():
+                raise ValueError(
+                    f"require_approval rule {index} ({pattern[:100]!r}) is not "
+                    "'<tool>:<argument glob>'; write e.g. 'run_command:git push*' or 'mcp:*'"
+                )
         return patterns
 
     @field_validator("disabled_rules")
@@ -103,7 +121,13 @@ class PolicySpec(BaseModel):
 
 _OPTIONS_BY_KIND: dict[str, frozenset[str]] = {
     "default": frozenset(
-        {"deny_patterns", "disabled_rules", "max_delegation_depth", "extra_write_roots"}
+        {
+            "deny_patterns",
+            "disabled_rules",
+            "max_delegation_depth",
+            "extra_write_roots",
+            "require_approval",
+        }
     ),
     "cedar": frozenset({"policy_files"}),
     "opa": frozenset({"opa_url", "opa_path", "timeout_s"}),

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.actions import Observation, ProposedAction, ToolCallAction
+from shared.approval import HeldCall
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import WireFormatError
 from shared.events import RecoveryTriggered
@@ -292,6 +293,8 @@ class ReasonedMessage(BaseModel):
     (:attr:`ActMode.INLINE`, or :attr:`ActMode.AUTO` for read-only calls): the whole iteration
     then costs one dispatch. ``chained`` lists the calls the reasoning worker sent to the tool
     workers itself (:attr:`ActMode.CHAIN`, or :attr:`ActMode.AUTO` for the others).
+    ``held_calls`` are the calls the gate asked a human about (:mod:`shared.approval`): not
+    run, neither approved nor denied; the coordinator opens a review for each.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -301,6 +304,7 @@ class ReasonedMessage(BaseModel):
     new_messages: list[ConversationMessage] = Field(default_factory=list)
     actions: list[ProposedAction] = Field(default_factory=list)
     approved_calls: list[ToolCallAction] = Field(default_factory=list)
+    held_calls: list[HeldCall] = Field(default_factory=list)
     denied_count: int = 0
     usage: Usage = Field(default_factory=Usage)
     terminal_output: str | None = None

@@ -271,6 +271,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         new_messages=state.conversation.messages[known:],
         actions=checking.proposed_actions,
         approved_calls=approved,
+        held_calls=dispatching.held,
         denied_count=dispatching.denied_count,
         usage=checking.usage,
         terminal_output=dispatching.terminal_output,
@@ -651,6 +652,11 @@ async def _gated(
     )
     if decision.decision == "deny":
         content = denial_message(decision.reason)
+        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
+    if decision.decision == "ask":  # nobody reviews a pre-hydration: it runs before the loop
+        content = denial_message(
+            f"{decision.reason}; a pre-hydration resolution cannot wait for a reviewer"
+        )
         return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
     if decision.decision == "modify" and isinstance(decision.action, ToolCallAction):
         modified = decision.action.model_copy(update={"call_id": action.call_id})

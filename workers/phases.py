@@ -15,7 +15,9 @@ Differences from Symbiont, all deliberate:
 - text that comes with tool calls is kept in the assistant message instead of dropped;
 - a Modify keeps the original tool call id, so no tool_use is left without its result, and a
   Modify into Terminate completes with the Terminate's output (Symbiont returns "");
-- a denied Respond or Terminate is fed back to the model instead of vanishing silently.
+- a denied Respond or Terminate is fed back to the model instead of vanishing silently;
+- a gate may ``Ask``: the tool call is held for a reviewer (``ToolDispatching.held``), neither
+  run nor denied; its result joins the turn's once a human decided (:mod:`shared.approval`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 from shared.actions import (
     Allow,
+    Ask,
     DelegateAction,
     Deny,
     GateDecision,
@@ -35,6 +38,7 @@ from shared.actions import (
     TerminateAction,
     ToolCallAction,
 )
+from shared.approval import HeldCall
 from shared.context_manager import ContextManager
 from shared.conversation import ConversationMessage
 from shared.delegation import is_delegate
@@ -186,6 +190,7 @@ class PolicyCheck:
             action_count=len(self.proposed_actions),
             denials=verdicts.denials,
             terminal_output=verdicts.terminal_output,
+            held=verdicts.held,
         )
 
     async def _check_one(
@@ -207,6 +212,8 @@ class PolicyCheck:
             verdicts.approve(action)
         elif isinstance(decision, Deny):
             self._feed_back(action, denial_message(decision.reason), verdicts, decision.reason)
+        elif isinstance(decision, Ask):
+            self._hold(action, decision, verdicts)
         elif isinstance(decision, Modify):
             modified = decision.action
             if isinstance(modified, ToolCallAction):
@@ -216,6 +223,25 @@ class PolicyCheck:
                     self._feed_back(action, message, verdicts, failure)
                     return
             self._apply_modify(action, decision, verdicts)
+
+    def _hold(self, action: ProposedAction, decision: Ask, verdicts: _Verdicts) -> None:
+        """Hold a tool call for a reviewer (the gate's modified one, under the model's id); an
+        Ask about anything else, or a modification that fails the schema, is a denial."""
+        held = decision.action or action
+        if not isinstance(action, ToolCallAction) or not isinstance(held, ToolCallAction):
+            reason = f"{decision.reason}; only a tool call can be held for a reviewer"
+            self._feed_back(action, denial_message(reason), verdicts, reason)
+            return
+        held = held.model_copy(update={"call_id": action.call_id})
+        failure = validate_tool_arguments(held, self.config.tool_definitions)
+        if failure is not None:
+            message = schema_failure_message(f"{failure} (after the gate's modification)")
+            self._feed_back(action, message, verdicts, failure)
+            return
+        schema = next(
+            (t.parameters for t in self.config.tool_definitions if t.name == held.name), None
+        )
+        verdicts.held.append(HeldCall(call=held, reason=decision.reason, input_schema=schema))
 
     def _feed_back(
         self, action: ProposedAction, message: str, verdicts: _Verdicts, reason: str
@@ -298,6 +324,7 @@ class _Verdicts:
     approved: list[ProposedAction] = field(default_factory=list)
     denials: list[Observation] = field(default_factory=list)
     terminal_output: str | None = None
+    held: list[HeldCall] = field(default_factory=list)
 
     def approve(self, action: ProposedAction) -> None:
         self.approved.append(action)
@@ -314,7 +341,7 @@ class _Verdicts:
 class ToolDispatching:
     """Actions passed the gate: the approved tool calls go to Act (the coordinator's), the
     denials were fed back to the model, ``terminal_output`` is the model's answer if it gave
-    one."""
+    one, ``held`` are the calls the gate asked a reviewer about."""
 
     state: LoopState
     config: LoopConfig
@@ -322,6 +349,7 @@ class ToolDispatching:
     action_count: int
     denials: list[Observation]
     terminal_output: str | None = None
+    held: list[HeldCall] = field(default_factory=list)
 
     @property
     def denied_count(self) -> int:

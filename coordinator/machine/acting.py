@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from coordinator.machine.core import Section
 from coordinator.state import Awaiting, AwaitKind
 from shared.actions import ToolCallAction
+from shared.approval import HeldCall
 from shared.delegation import is_delegate
 from shared.protocol import Fence, RunEach, ToolObservedMessage, ToolRequest
 
@@ -22,11 +23,15 @@ class Acting(Section):
         kind: AwaitKind,
         purpose: str,
         terminal_output: str | None = None,
+        held: Sequence[HeldCall] = (),
     ) -> None:
+        """Dispatch ``calls``; ``held`` ones wait for a reviewer (:mod:`.approvals`)."""
         awaiting = self.m.await_(kind, self.m.fence())
         awaiting.calls = list(calls)
         awaiting.purpose = purpose
         awaiting.terminal_output = terminal_output
+        if held:
+            self.m.approvals.hold(awaiting, held)
         self.advance(awaiting)
 
     def advance(self, awaiting: Awaiting) -> None:
@@ -54,7 +59,9 @@ class Acting(Section):
             c for c in awaiting.dispatched if c not in awaiting.results and c not in delegated
         ]
         for call in awaiting.calls:
-            if call.call_id in awaiting.dispatched:
+            if call.call_id in awaiting.dispatched or call.call_id in awaiting.held:
+                continue
+            if call.call_id in awaiting.results:  # a held call a reviewer rejected
                 continue
             if is_delegate(call.name):
                 m.delegation.start(awaiting, call)

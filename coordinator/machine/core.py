@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from coordinator.liveness import LivenessSettings
-from coordinator.state import Awaiting, AwaitKind, ReviewItem, TaskRecord
+from coordinator.state import Awaiting, AwaitKind, ReviewItem, TaskRecord, TaskStatus
 from shared import ids
 from shared.events import JournalEntry, LoopEvent
 from shared.loop_types import LoopConfig
@@ -270,11 +270,27 @@ class MachineCore:
 
     def await_(self, kind: AwaitKind, fence: Fence) -> Awaiting:
         """The task now waits on the dispatch under ``fence``."""
+        self.close_held()
         awaiting = Awaiting(
             kind=kind, fence=fence, deadline=self.now + self.deadline_s(), dispatched_at=self.now
         )
         self.record.awaiting = awaiting
         return awaiting
+
+    def close_held(self) -> None:
+        """The awaited iteration is given up (a new dispatch, an escalation, the task's end):
+        the reviews of its held calls are closed undecided, and the task no longer shows one."""
+        record = self.record
+        if record.review is not None and record.review.source == "call":
+            record.review = None
+            if record.status is TaskStatus.AWAITING_REVIEW:
+                record.status = TaskStatus.RUNNING
+        awaiting = record.awaiting
+        if awaiting is None or not awaiting.held:
+            return
+        for item in awaiting.held.values():
+            self.event("review_closed", review_id=item.review_id)
+        awaiting.held.clear()
 
     def journal(self, event: LoopEvent) -> None:
         record = self.record

@@ -10,6 +10,7 @@ from typing import Literal
 from coordinator.machine.core import Section
 from coordinator.state import Awaiting, AwaitKind
 from shared.actions import Observation, ToolCallAction
+from shared.approval import HeldCall
 from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation
 from shared.events import (
@@ -135,11 +136,13 @@ class Reasoning(Section):
             self.journal_empty_act()
             self.answered(message.terminal_output)
         elif message.approved_calls and message.acted is not None:
-            self.acted_inline(message.approved_calls, message.acted)
+            self.acted_inline(message.approved_calls, message.acted, message.held_calls)
         elif message.approved_calls and message.chained and asked.chained:
-            self.chained(message.approved_calls, message.chained, asked)
-        elif message.approved_calls:
-            m.acting.dispatch(message.approved_calls, AwaitKind.TOOLS, "act")
+            self.chained(message.approved_calls, message.chained, asked, message.held_calls)
+        elif message.approved_calls or message.held_calls:
+            m.acting.dispatch(
+                message.approved_calls, AwaitKind.TOOLS, "act", held=message.held_calls
+            )
         else:
             self.journal_empty_act()
             self.next_iteration()
@@ -156,14 +159,20 @@ class Reasoning(Section):
         if turn is None:
             return False
         verdict = self.m.detector.observe_turn(turn)
-        if message.approved_calls and message.terminal_output is None:
+        calls = message.approved_calls or message.held_calls
+        if calls and message.terminal_output is None:
             return False
         return self.m.observing.apply_verdict(verdict)
 
     def chained(
-        self, calls: Sequence[ToolCallAction], chained: Sequence[str], asked: Awaiting
+        self,
+        calls: Sequence[ToolCallAction],
+        chained: Sequence[str],
+        asked: Awaiting,
+        held: Sequence[HeldCall] = (),
     ) -> None:
-        """The reasoning worker sent ``chained`` to the tool workers under its own fence."""
+        """The reasoning worker sent ``chained`` to the tool workers under its own fence
+        (``held`` calls wait for a reviewer)."""
         awaiting = self.m.await_(AwaitKind.TOOLS, asked.fence.acting())
         awaiting.calls = list(calls)
         known = {c.call_id for c in calls}
@@ -171,12 +180,18 @@ class Reasoning(Section):
         awaiting.results = {k: v for k, v in asked.results.items() if k in known}
         awaiting.escalations = {k: v for k, v in asked.escalations.items() if k in known}
         awaiting.tool_ms = asked.tool_ms
+        if held:
+            self.m.approvals.hold(awaiting, held)
         self.m.acting.advance(awaiting)
 
     def acted_inline(
-        self, calls: Sequence[ToolCallAction], acted: Sequence[ToolObservedMessage]
+        self,
+        calls: Sequence[ToolCallAction],
+        acted: Sequence[ToolObservedMessage],
+        held: Sequence[HeldCall] = (),
     ) -> None:
-        """The reasoning worker ran the calls itself: observe them now."""
+        """The reasoning worker ran the calls itself: observe them now (once the ``held``
+        ones, which wait for a reviewer, are decided)."""
         m = self.m
         awaiting = m.await_(AwaitKind.TOOLS, m.fence())
         awaiting.calls = list(calls)
@@ -189,6 +204,10 @@ class Reasoning(Section):
             awaiting.results[call.call_id] = Observation.tool_error(
                 call.name, "the reasoning worker returned no result for this call"
             ).with_call_id(call.call_id)
+        if held:
+            m.approvals.hold(awaiting, held)
+            m.acting.advance(awaiting)
+            return
         m.observing.all_observed(awaiting)
 
     def journal_waits(self, message: ReasonedMessage) -> None:

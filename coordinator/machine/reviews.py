@@ -23,6 +23,7 @@ class Reviews(Section):
 
     def escalate(self, source: ReviewSource, reason: str) -> ReviewItem:
         m, record = self.m, self.record
+        m.close_held()
         review_spec = record.spec.review
         item = ReviewItem(
             review_id=uuid.uuid4().hex[:12],
@@ -99,6 +100,11 @@ class Reviews(Section):
         escalation), and ``revise`` needs its reason."""
         review = self.record.review
         assert review is not None
+        if decision in ("edit", "reject"):
+            raise ValueError(
+                f"review {review.review_id} ({review.source}) is not about a held tool call, so "
+                f"{decision!r} does not apply; decide it with retry, skip or abort"
+            )
         if decision not in ("approve", "revise"):
             return
         if review.source not in RESULT_SOURCES or self.record.step().critique is None:

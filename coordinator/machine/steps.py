@@ -102,6 +102,7 @@ class Steps(Section):
                 step.note = error
                 kind = TerminationKind.ERROR
                 self.end_loop(TerminationReason(kind=kind, message=error))
+        self.m.close_held()
         record.status = status
         record.error = error
         record.awaiting = None

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from coordinator.liveness import Liveness
 from coordinator.machine.acting import Acting
+from coordinator.machine.approvals import Approvals
 from coordinator.machine.core import Effects, MachineCore, MachineSettings
 from coordinator.machine.critics import Critics
 from coordinator.machine.delegation import Delegation
@@ -62,7 +63,8 @@ class TaskMachine(MachineCore):
     and Gate), :class:`Acting` (Act), :class:`Observing` (Observe, ``done_when``, the
     stagnation detector), :class:`PreHydration`, :class:`Limits`, :class:`Reviews`,
     :class:`Redelivery`, :class:`Delegation` (sub-agents), :class:`Critics` (a step's result
-    reviewed before it completes) and :class:`Outages` (a provider or policy engine down).
+    reviewed before it completes), :class:`Outages` (a provider or policy engine down) and
+    :class:`Approvals` (tool calls the gate held for a human).
     """
 
     def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
@@ -79,6 +81,7 @@ class TaskMachine(MachineCore):
         self.delegation = Delegation(self)
         self.critics = Critics(self)
         self.outages = Outages(self)
+        self.approvals = Approvals(self)
 
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step (ignored when
@@ -206,22 +209,50 @@ class TaskMachine(MachineCore):
         if record.status is TaskStatus.PENDING:
             return self.start()
         review = record.review
-        if record.status is TaskStatus.AWAITING_REVIEW and review is not None:
-            if review.deadline <= self.now:
-                self.reviews.decide(review.default_decision, None, "deadline")
-                return self.done()
-            return self.ignored()
         awaiting = record.awaiting
+        if awaiting is not None and awaiting.held:
+            return self._tick_held(awaiting, liveness)
+        if record.status is TaskStatus.AWAITING_REVIEW and review is not None:
+            return self._tick_review(review.default_decision, review.deadline)
         if awaiting is None or awaiting.deadline > self.now:
             return self.ignored()
         self.redelivery.late(awaiting, liveness)
         return self.done()
 
+    def _tick_review(self, default: ReviewDecision, deadline: float) -> Effects:
+        """An open escalation: its default applied once its deadline passed."""
+        if deadline > self.now:
+            return self.ignored()
+        self.reviews.decide(default, None, "deadline")
+        return self.done()
+
+    def _tick_held(self, awaiting: Awaiting, liveness: Liveness | None) -> Effects:
+        """An iteration with held calls: their deadlines' defaults, and the deadline of the
+        calls running beside them."""
+        changed = self.approvals.expire(awaiting)
+        current = self.record.awaiting
+        if current is awaiting and awaiting.in_flight() and awaiting.deadline <= self.now:
+            self.redelivery.late(awaiting, liveness)
+            changed = True
+        return self.done() if changed else self.ignored()
+
     def on_review_decision(
-        self, review_id: str, decision: ReviewDecision, hint: str | None, decided_by: str
+        self,
+        review_id: str,
+        decision: ReviewDecision,
+        hint: str | None,
+        decided_by: str,
+        arguments: str | None = None,
     ) -> Effects:
-        """A human decided an escalation; raises ValueError when it is not the awaited one, or
-        the decision does not apply to it (``approve``/``revise`` decide a step's result)."""
+        """A human decided an escalation or a held call; raises ValueError when it is not an
+        open one, or the decision does not apply to it (``approve``/``revise`` decide a step's
+        result; ``approve``/``edit``/``reject``/``abort`` a held call, an edit's ``arguments``
+        checked against the tool's input schema)."""
+        held = self.approvals.held(review_id)
+        if held is not None:
+            edited = self.approvals.check(held, decision, arguments)
+            self.approvals.decide(held, decision, hint, edited, decided_by)
+            return self.done()
         review = self.record.review
         if self.record.status is not TaskStatus.AWAITING_REVIEW or review is None:
             raise ValueError(

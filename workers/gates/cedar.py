@@ -23,6 +23,16 @@ with ``has``), floats and integers outside 64 bits are passed as their decimal t
 named ``__entity``, ``__extn`` or ``__expr`` would be read by Cedar as an escape (an entity
 reference, say), so such arguments are denied rather than passed.
 
+A permit policy annotated ``@ask("why")`` holds the calls it permits for a human: when Cedar
+allows a request and one of the permit policies that allowed it (Cedar's diagnostics reasons)
+carries ``@ask``, the decision is :class:`~shared.actions.Ask` with that text and the policy's
+label; the reviewer approves, edits or rejects the call (:mod:`shared.approval`). A ``forbid``
+still wins over it, as over any permit::
+
+    @id("push-needs-a-human") @ask("pushing leaves the workspace")
+    permit(principal, action == Action::"tool_call", resource == Tool::"run_command")
+    when { context.arguments has command && context.arguments.command like "git push*" };
+
 The gate fails closed: a request Cedar cannot evaluate, or *any* policy evaluation error, is a
 denial, even when Cedar's own answer is Allow, because an erroring ``forbid`` may be the one
 that should have fired. Guard attribute access with ``has``
@@ -42,6 +52,7 @@ import cedarpy
 
 from shared.actions import (
     Allow,
+    Ask,
     DelegateAction,
     Deny,
     GateDecision,
@@ -64,6 +75,8 @@ _POLICY_ID = re.compile(r"`(policy\d+)`")
 class _LoadedPolicies:
     policy_set: cedarpy.PolicySet
     labels: dict[str, str]
+    asks: dict[str, str]
+    """Policy id -> the text of its ``@ask`` annotation."""
 
 
 class CedarGate:
@@ -99,7 +112,7 @@ class CedarGate:
         diagnostics = result.diagnostics
         errors = [self._relabel(str(error)) for error in diagnostics.errors]
         if result.decision == cedarpy.Decision.Allow and not errors:
-            return Allow()
+            return self._allow_or_ask(diagnostics.reasons, request)
         what = _describe(request)
         if result.decision == cedarpy.Decision.Deny and diagnostics.reasons:
             labels = ", ".join(self._label(pid) for pid in diagnostics.reasons)
@@ -111,6 +124,15 @@ class CedarGate:
         if errors:
             reason += f"; errors: {'; '.join(errors)}"
         return Deny(reason=reason)
+
+    def _allow_or_ask(self, reasons: list[str], request: dict[str, Any]) -> GateDecision:
+        asking = [pid for pid in reasons if pid in self._loaded.asks]
+        if not asking:
+            return Allow()
+        said = "; ".join(
+            f"{self._label(pid)}: {self._loaded.asks[pid] or 'approval required'}" for pid in asking
+        )
+        return Ask(reason=f"Cedar holds {_describe(request)} for a reviewer's approval ({said})")
 
     def _label(self, policy_id: str) -> str:
         return self._loaded.labels.get(policy_id, policy_id)
@@ -126,16 +148,20 @@ def _load_policies(files: Iterable[Path]) -> _LoadedPolicies:
     """One policy set from every file, with a readable label for each policy id."""
     policy_set = cedarpy.PolicySet.from_str("")
     labels: dict[str, str] = {}
+    asks: dict[str, str] = {}
     for path in files:
         text = _read_policy_file(path)
         part, annotations = _parse_policy_file(path, text)
         offset = len(policy_set)
         for local in range(len(part)):
-            annotation = annotations.get(f"policy{local}")
+            found = annotations.get(f"policy{local}", {})
+            annotation = found.get("id", "")
             name = f"'{annotation}'" if annotation else f"policy #{local + 1}"
             labels[f"policy{offset + local}"] = f"{name} ({path.name})"
+            if "ask" in found:
+                asks[f"policy{offset + local}"] = found["ask"]
         policy_set = policy_set.with_added_str(text)
-    return _LoadedPolicies(policy_set=policy_set, labels=labels)
+    return _LoadedPolicies(policy_set=policy_set, labels=labels, asks=asks)
 
 
 def _read_policy_file(path: Path) -> str:
@@ -149,8 +175,10 @@ def _read_policy_file(path: Path) -> str:
         raise ConfigError(f"Cedar policy file {path} cannot be read: {exc}") from exc
 
 
-def _parse_policy_file(path: Path, text: str) -> tuple[cedarpy.PolicySet, dict[str, str]]:
-    """The parsed policies and their ``@id`` annotations by per-file policy id."""
+def _parse_policy_file(
+    path: Path, text: str
+) -> tuple[cedarpy.PolicySet, dict[str, dict[str, str]]]:
+    """The parsed policies and their annotations (``@id``, ``@ask``) by per-file policy id."""
     try:
         part = cedarpy.PolicySet.from_str(text)
         as_json = json.loads(cedarpy.policies_to_json_str(text))
@@ -160,7 +188,8 @@ def _parse_policy_file(path: Path, text: str) -> tuple[cedarpy.PolicySet, dict[s
         ) from exc
     static = as_json.get("staticPolicies", {})
     annotations = {
-        pid: str(body.get("annotations", {}).get("id", "")) for pid, body in static.items()
+        pid: {str(k): str(v or "") for k, v in (body.get("annotations") or {}).items()}
+        for pid, body in static.items()
     }
     return part, annotations
 

@@ -19,6 +19,10 @@ names the rule and the offending value):
   outside the workspace, best effort (:mod:`workers.gates.command_paths`).
 - ``delegation-depth``: a delegation that would go deeper than ``max_delegation_depth``.
 
+A call no rule denies may still be held for a human: ``require_approval`` rules
+(:mod:`workers.gates.approval`, e.g. ``run_command:git push*``, ``mcp:*``) turn it into an
+:class:`~shared.actions.Ask`.
+
 Respond and terminate are always allowed. Any rule but the allow-list can be turned off with
 ``disabled_rules``; ``extra_write_roots`` adds directories (a shared cache, say) that paths
 and commands may also use.
@@ -31,7 +35,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from shared.actions import Allow, DelegateAction, Deny, GateDecision, ProposedAction, ToolCallAction
+from shared.actions import (
+    Allow,
+    Ask,
+    DelegateAction,
+    Deny,
+    GateDecision,
+    ProposedAction,
+    ToolCallAction,
+)
+from workers.gates.approval import ApprovalRules
 from workers.gates.base import GateContext
 from workers.gates.command_paths import find_command_escape
 from workers.gates.command_rules import CommandRule, build_command_rules, normalise_command
@@ -74,6 +87,7 @@ class DefaultPolicyGate:
         file_tools: Iterable[str] = FILE_TOOLS,
         command_tools: Iterable[str] = COMMAND_TOOLS,
         path_arguments: Iterable[str] = PATH_ARGUMENTS,
+        require_approval: Iterable[str] = (),
     ) -> None:
         disabled = frozenset(disabled_rules)
         self._rules: tuple[CommandRule, ...] = build_command_rules(
@@ -85,6 +99,7 @@ class DefaultPolicyGate:
         self._file_tools = frozenset(file_tools)
         self._command_tools = frozenset(command_tools)
         self._path_arguments = frozenset(path_arguments)
+        self._approval = ApprovalRules(require_approval, self._command_tools, self._file_tools)
 
     @property
     def command_rules(self) -> tuple[CommandRule, ...]:
@@ -92,9 +107,16 @@ class DefaultPolicyGate:
         return self._rules
 
     async def evaluate_action(self, action: ProposedAction, context: GateContext) -> GateDecision:
-        """Deny with the first rule that fires; otherwise allow."""
+        """Deny with the first rule that fires; otherwise ask when a ``require_approval`` rule
+        matches the tool call; otherwise allow."""
         reason = self.denial_reason(action, context)
-        return Allow() if reason is None else Deny(reason=reason)
+        if reason is not None:
+            return Deny(reason=reason)
+        if self._approval and isinstance(action, ToolCallAction):
+            asked = self._approval.reason(action)
+            if asked is not None:
+                return Ask(reason=asked)
+        return Allow()
 
     def denial_reason(self, action: ProposedAction, context: GateContext) -> str | None:
         """Why the action is denied, or None when it is allowed (the synchronous core)."""

@@ -3,6 +3,7 @@
 .. code-block:: yaml
 
     policy: {kind: default, deny_patterns: ["npm publish"], disabled_rules: [rm-workspace-wipe]}
+    policy: {kind: default, require_approval: ["run_command:git push*", "mcp:*"]}
     policy: {kind: tool_filter, allowed_tools: [file_read, grep]}
     policy: {kind: cedar, policy_files: [policies/orga.cedar]}
     policy: {kind: opa, opa_url: "http://opa:8181", opa_path: orga/allow, timeout_s: 1.5}
@@ -66,6 +67,7 @@ def _core_gate(
         disabled_rules=spec.disabled_rules,
         max_delegation_depth=spec.max_delegation_depth,
         extra_write_roots=[Path(root) for root in spec.extra_write_roots],
+        require_approval=spec.require_approval,
     )
 
 

@@ -16,9 +16,11 @@ defaults to ``orga/allow``, as ``PolicySpec.opa_path`` does; ``orga.allow`` and
 The decision document at ``path`` may be
 
 - a boolean: ``{"result": true}`` allows, ``{"result": false}`` denies;
-- an object ``{"allow": bool, "reason": str, "modified_arguments": {...}}``: ``reason`` (optional)
-  is the text the model sees on a denial; ``modified_arguments`` (optional, tool calls only)
-  turns an allow into a Modify of the call's arguments.
+- an object ``{"allow": bool, "reason": str, "modified_arguments": {...}, "ask": bool}``:
+  ``reason`` (optional) is the text the model sees on a denial; ``modified_arguments``
+  (optional, tool calls only) turns an allow into a Modify of the call's arguments; ``ask``
+  (optional, tool calls only) turns an allow into an :class:`~shared.actions.Ask`: the call
+  (with its modified arguments, if any) is held for a reviewer, ``reason`` saying why.
 
 Everything else fails closed, with the reason: an undefined decision (``{}``, the policy is not
 loaded or no rule matched without a default), an unexpected shape, a 4xx status or a non-JSON
@@ -46,6 +48,7 @@ import httpx
 
 from shared.actions import (
     Allow,
+    Ask,
     DelegateAction,
     Deny,
     GateDecision,
@@ -186,6 +189,9 @@ class OpaGate:
         if not result["allow"]:
             return Deny(reason=reason or self._default_reason(action, context))
         modified = result.get("modified_arguments")
+        ask = result.get("ask", False)
+        if ask is not False:
+            return self._ask(action, ask, modified, reason)
         if modified is None:
             return Allow()
         if not isinstance(action, ToolCallAction):
@@ -200,6 +206,31 @@ class OpaGate:
             )
         changed = action.model_copy(update={"arguments": json.dumps(modified)})
         return Modify(action=changed, reason=reason or f"arguments modified by OPA {self._path}")
+
+    def _ask(
+        self, action: ProposedAction, ask: Any, modified: Any, reason: str | None
+    ) -> GateDecision:
+        """Hold a tool call (with OPA's modified arguments, when given) for a reviewer."""
+        if ask is not True:
+            return Deny(
+                reason=f"OPA returned a non-boolean 'ask' at {self._path}: "
+                f"{_snippet(json.dumps(ask))}; expected true or false"
+            )
+        if not isinstance(action, ToolCallAction):
+            return Deny(
+                reason=f"OPA asked for approval of a {action.kind} action at {self._path}; "
+                "only tool calls can be held for a reviewer"
+            )
+        if modified is not None and not isinstance(modified, dict):
+            return Deny(
+                reason=f"OPA returned modified_arguments that are not an object at "
+                f"{self._path}: {_snippet(json.dumps(modified))}"
+            )
+        held = None
+        if modified is not None:
+            held = action.model_copy(update={"arguments": json.dumps(modified)})
+        why = reason or f"OPA policy {self._path} asks for approval"
+        return Ask(reason=f"{why} ({_describe(action)})", action=held)
 
     def _default_reason(self, action: ProposedAction, context: GateContext) -> str:
         return f"OPA policy {self._path} denied {_describe(action)} for agent '{context.agent_id}'"
