@@ -81,7 +81,18 @@ class Approvals(Section):
                 )
             )
             m.event("escalated", review_id=item.review_id, reason=one.reason[:500], source="call")
+        awaiting.calls = self.in_model_order(awaiting.calls)
         self.show(awaiting)
+
+    def in_model_order(self, calls: list[ToolCallAction]) -> list[ToolCallAction]:
+        """The calls in the order the model proposed them (their results are observed so)."""
+        proposed = next(
+            (m for m in reversed(self.record.conversation.messages) if m.tool_calls), None
+        )
+        if proposed is None:
+            return calls
+        order = {call.id: index for index, call in enumerate(proposed.tool_calls)}
+        return sorted(calls, key=lambda c: order.get(c.call_id, len(order)))
 
     def show(self, awaiting: Awaiting) -> None:
         """The task's status and ``review`` say whether a call waits for a human."""
