@@ -57,6 +57,8 @@ class Decision:
 
     decision: ReviewDecision
     hint: str | None = None
+    arguments: dict[str, Any] | None = None
+    """An ``edit``'s new arguments for a held call."""
 
 
 @dataclass
@@ -124,7 +126,9 @@ class _Reviewer:
         if len(self.seen) > len(self.decisions):
             return None
         chosen = self.decisions[len(self.seen) - 1]
-        return ReviewVerdict(chosen.decision, chosen.hint, decided_by="parity")
+        return ReviewVerdict(
+            chosen.decision, chosen.hint, decided_by="parity", arguments=chosen.arguments
+        )
 
 
 @dataclass
@@ -198,7 +202,13 @@ class DistributedLoop:
                 if review_id is None:
                     break
                 review_ids.append(review_id)
-                client.decide(review_id, decision.decision, decision.hint, by="parity")
+                client.decide(
+                    review_id,
+                    decision.decision,
+                    decision.hint,
+                    by="parity",
+                    arguments=decision.arguments,
+                )
             last = _settled(client, task_id, review_ids)
             if last is not None:
                 review_ids.append(last)

@@ -445,6 +445,40 @@ REISSUING = [
 word, the same on both drivers): every result is new text, so only the model's side climbs
 (NUDGE, REPLAN, ASK_HUMAN)."""
 
+PUSH = ("run_command", {"command": "git push origin main"})
+EDITED_PUSH = {"command": "echo pushed to review > pushed.txt"}
+REJECTION = "do not push; open a pull request instead"
+
+
+def _approval_task(_given: Given) -> dict[str, Any]:
+    """A push (held for a reviewer) and a write in one turn, then the answer."""
+    return _task(
+        [_calls(PUSH, WRITE), "pushed"], policy={"require_approval": ["run_command:git push*"]}
+    )
+
+
+def _held_then(decision: str) -> Callable[[Outcome], None]:
+    def check(outcome: Outcome) -> None:
+        assert outcome.status == "completed", outcome.result
+        workspace = Path(outcome.record.workspace or "")
+        assert (workspace / "a.txt").read_text() == "hello"  # the turn's other call ran
+        (held,) = outcome.events_of("CallHeld")
+        assert held.tool == "run_command" and "require-approval" in held.reason
+        (decided,) = outcome.events_of("CallDecided")
+        assert decided.decision == decision and decided.decided_by == "parity"
+        results = {m.tool_call_id: m.content for m in outcome.record.conversation.messages}
+        if decision == "edit":
+            assert json.loads(decided.arguments_after) == EDITED_PUSH
+            assert (workspace / "pushed.txt").read_text() == "pushed to review\n"
+        else:
+            assert not (workspace / "pushed.txt").exists()
+            assert REJECTION in results[held.call_id]
+        assert outcome.events.count("escalated") == 1
+        assert outcome.events.count("review_decided") == 1
+
+    return check
+
+
 SCENARIOS = [
     Scenario("plain-answer", lambda _g: _task(["forty-two"]), _answered),
     Scenario("bugfix", _bugfix_task, _fixed_the_bug),
@@ -571,6 +605,18 @@ SCENARIOS = [
         lambda _g: _task([_calls(_delegate("nobody")), "went on alone"]),
         _delegation_rejected,
         agents=SUB_AGENTS,
+    ),
+    Scenario(
+        "approval-edited",
+        _approval_task,
+        _held_then("edit"),
+        (Decision("edit", arguments=EDITED_PUSH),),
+    ),
+    Scenario(
+        "approval-rejected",
+        _approval_task,
+        _held_then("reject"),
+        (Decision("reject", REJECTION),),
     ),
     Scenario(
         "tool-duration-journaled",
