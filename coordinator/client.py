@@ -21,6 +21,7 @@ from typing import Any, NoReturn, cast
 
 import redis
 import yaml
+from pydantic import ValidationError
 
 from coordinator.state import (
     TERMINAL_STATUSES,
@@ -30,7 +31,7 @@ from coordinator.state import (
     check_reviewer,
 )
 from shared import keys
-from shared.approval import CALL_DECISIONS, DecisionRequest, check_arguments
+from shared.approval import CALL_DECISIONS, DecisionError, DecisionRequest, check_arguments
 from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
 from shared.partitions import check_partitions
@@ -562,22 +563,26 @@ def _checked_call_decision(
     will check them, so that a decision it would refuse is never sent (nor its claim taken)."""
     if item.source != "call" or item.call is None:
         if arguments is not None:
-            raise ValueError(
+            raise DecisionError(
                 f"review {item.review_id} ({item.source}) holds no tool call: only a held call "
                 "takes edited arguments"
             )
         if decision in ("edit", "reject"):
-            raise ValueError(
+            raise DecisionError(
                 f"review {item.review_id} ({item.source}) is not about a held tool call, so "
                 f"{decision!r} does not apply; decide it with retry, skip or abort"
             )
         return ""
     if decision not in CALL_DECISIONS:
-        raise ValueError(
+        raise DecisionError(
             f"review {item.review_id} holds one tool call ({item.call.name}), so {decision!r} "
             "does not apply; use approve, edit (with --args JSON), reject (with a message) or abort"
         )
-    request = DecisionRequest.model_validate({"decision": decision, "arguments": arguments})
+    try:
+        request = DecisionRequest.model_validate({"decision": decision, "arguments": arguments})
+    except ValidationError as exc:
+        errors = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise DecisionError(f"review {item.review_id}: {errors}") from exc
     if request.arguments is None:
         return ""
     check_arguments(item.call.name, request.arguments, item.input_schema)

@@ -370,10 +370,14 @@ def _print_decide_commands(client: OrgaClient, review_id: str, embedded: bool) -
     """How to decide the review: whole commands that run as printed, pasted in any shell."""
     review = client.review(review_id)
     _say(("escalated to human review", "bold yellow"), f" ({review.source}): {review.reason}")
-    _say("decide it with one of:")
     choices = [["--retry", "--hint", "what to try instead"], ["--skip"], ["--abort"]]
     if "critic" in review.snapshot:  # a step's result: its critic's decisions first
         choices = [["--approve"], ["--revise", "what to change"], *choices]
+    if review.call is not None:  # one held tool call
+        _say("held call: ", (f"{review.call.name} {review.call.arguments}", "bold"))
+        choices = [["--approve"], ["--edit", "--args", review.call.arguments],
+                   ["--reject", "why, for the model"], ["--abort"]]  # fmt: skip
+    _say("decide it with one of:")
     for flags in choices:
         _say("  ", _command_line(["review", "decide", review_id, *flags], embedded))
     _say("see the context first with:")
@@ -582,6 +586,32 @@ def review_decide(
     hint: Annotated[
         str | None, typer.Option(metavar="TEXT", help="With --retry: a hint the model will read.")
     ] = None,
+    edit: Annotated[
+        bool,
+        typer.Option(
+            "--edit",
+            help="A held tool call: run it with the arguments of --args JSON or --args-file.",
+        ),
+    ] = False,
+    args: Annotated[
+        str | None,
+        typer.Option(
+            "--args", metavar="JSON", help="With --edit: the call's new arguments, a JSON object."
+        ),
+    ] = None,
+    args_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--args-file", metavar="FILE", help="With --edit: read the new arguments from FILE."
+        ),
+    ] = None,
+    reject: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MESSAGE",
+            help="A held tool call: do not run it; the model reads MESSAGE as its result.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
     timeout: Annotated[
         float,
@@ -593,24 +623,37 @@ def review_decide(
     ] = 3600.0,
 ) -> None:
     """Decide an escalation: --retry [--hint TEXT], --skip or --abort; a step's result (a
-    critic review): --approve or --revise REASON."""
+    critic review): --approve or --revise REASON; a held tool call: --approve, --edit --args
+    JSON (or --args-file FILE), --reject MESSAGE or --abort."""
     flags = (("retry", retry), ("skip", skip), ("abort", abort), ("approve", approve),
-             ("revise", revise is not None))  # fmt: skip
+             ("revise", revise is not None), ("edit", edit),
+             ("reject", reject is not None))  # fmt: skip
     chosen = [name for name, flag in flags if flag]
     if len(chosen) != 1:
         raise _fail(
-            "error:", "choose exactly one of --retry, --skip, --abort, --approve, --revise", 2
+            "error:",
+            "choose exactly one of --retry, --skip, --abort, --approve, --revise, --edit, --reject",
+            2,
         )
     if hint and chosen[0] != "retry":
         raise _fail("error:", "--hint goes with --retry", 2)
     if revise is not None and not revise.strip():
         raise _fail("error:", "--revise needs a reason: what the worker must change", 2)
     decision = chosen[0]
+    arguments = _edited_arguments(decision, args, args_file)
     if decision == "revise":
         hint = revise
+    if decision == "reject":
+        hint = reject
 
     def body(client: OrgaClient, embedded: bool) -> dict[str, Any]:
-        task_id = client.decide(review_id, decision, hint=hint, by=os.environ.get("USER", "cli"))
+        task_id = client.decide(
+            review_id,
+            decision,
+            hint=hint,
+            by=os.environ.get("USER", "cli"),
+            arguments=arguments,
+        )
         if not as_json:
             _say(f"decision {decision} applied to task {task_id}")
         if embedded:
@@ -625,6 +668,30 @@ def review_decide(
     with _errors():
         data = _with_runtime(body)
     _exit_after_decision(decision, data)
+
+
+def _edited_arguments(
+    decision: str, args: str | None, args_file: Path | None
+) -> dict[str, Any] | None:
+    """The ``--edit`` arguments from ``--args`` or ``--args-file`` (exit 2 naming the problem)."""
+    if decision != "edit":
+        if args is not None or args_file is not None:
+            raise _fail("error:", "--args and --args-file go with --edit", 2)
+        return None
+    if (args is None) == (args_file is None):
+        raise _fail("error:", "--edit needs the new arguments: --args JSON or --args-file FILE", 2)
+    where = "--args" if args is not None else f"--args-file {args_file}"
+    try:
+        text = args if args is not None else Path(str(args_file)).read_text(encoding="utf-8")
+        value = json.loads(text)
+    except OSError as exc:
+        raise _fail("error:", f"{where} cannot be read: {exc}", 2) from exc
+    except ValueError as exc:
+        raise _fail("error:", f"{where} is not JSON ({exc}); write an object, e.g. "
+                    '\'{"command": "git push origin feature"}\'', 2) from exc  # fmt: skip
+    if not isinstance(value, dict):
+        raise _fail("error:", f"{where} must be a JSON object, got {type(value).__name__}", 2)
+    return value
 
 
 def _follow_decided(

@@ -32,6 +32,7 @@ __all__ = [
     "CALL_DECISIONS",
     "MAX_DECISION_MESSAGE_CHARS",
     "ArgumentsError",
+    "DecisionError",
     "DecisionKind",
     "DecisionRequest",
     "HeldCall",
@@ -51,7 +52,11 @@ MAX_DECISION_MESSAGE_CHARS = 8000
 """A decision's message (a hint, a revision's reason, a rejection the model reads) is capped."""
 
 
-class ArgumentsError(OrgaError, ValueError):
+class DecisionError(OrgaError, ValueError):
+    """A decision the review does not take (a step's decision for a held call, say)."""
+
+
+class ArgumentsError(DecisionError):
     """A reviewer's edited arguments do not fit the tool's input schema (or are not an object)."""
 
 
