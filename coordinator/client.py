@@ -73,15 +73,20 @@ _CLAIM = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {0, ''} end
 local claimed = redis.call('GET', KEYS[2])
 if claimed then return {1, claimed} end
-local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'action', 'review',
-  'task_id', ARGV[4], 'review_id', ARGV[1], 'decision', ARGV[5], 'hint', ARGV[6], 'by', ARGV[7],
-  'arguments', ARGV[8])
+local fields = {'action', 'review', 'task_id', ARGV[4], 'review_id', ARGV[1],
+  'decision', ARGV[5], 'hint', ARGV[6], 'by', ARGV[7]}
+if ARGV[8] ~= '' then
+  table.insert(fields, 'arguments')
+  table.insert(fields, ARGV[8])
+end
+local entry = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
 local claim = cjson.encode({by = ARGV[7], decision = ARGV[5], entry_id = entry})
 redis.call('SET', KEYS[2], claim, 'EX', ARGV[3])
 return {2, entry}
 """
 """Send a review's decision only when the review is open and no decision was sent for it yet:
-the claim and the control entry are written together, so two operators never both send one."""
+the claim and the control entry are written together, so two operators never both send one.
+An edit of a held call carries its new arguments (``arguments``, JSON) in the same entry."""
 
 
 @dataclass

@@ -12,8 +12,10 @@ form's ``csrftoken`` field), then the routes.
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, cast
 
 from asgi_csrf import asgi_csrf
@@ -38,14 +40,18 @@ from coordinator.inbox.throttle import LoginThrottle
 from coordinator.inbox.views import journal_rows, review_cards, task_row, task_rows, utc
 from coordinator.state import ReviewerError
 from shared import keys
+from shared.approval import DecisionError
 from shared.errors import OrgaError
 
 __all__ = ["DECISIONS", "InboxApp", "create_app"]
 
-DECISIONS = ("retry", "skip", "abort", "approve", "revise")
-"""``approve`` and ``revise`` (with its reason) decide a step's result: a critic review."""
-WITH_TEXT = frozenset({"retry", "revise"})
-"""The decisions that carry the form's text: a retry's hint, a revision's reason."""
+DECISIONS = ("retry", "skip", "abort", "approve", "revise", "edit", "reject")
+"""``approve`` and ``revise`` (with its reason) decide a step's result: a critic review;
+``approve``, ``edit`` (with the arguments as JSON), ``reject`` (with its message) and ``abort``
+a held tool call."""
+WITH_TEXT = frozenset({"retry", "revise", "reject"})
+"""The decisions that carry the form's text: a retry's hint, a revision's reason, the
+message of a rejected call."""
 PROTECTED_FORMS = frozenset({"/decide", "/login", "/logout"})
 """Checked by asgi-csrf even on a request without cookies (basic auth sends none)."""
 SECURITY_HEADERS = [
@@ -101,10 +107,19 @@ class InboxApp:
                 status_code=400,
             )
         by = f"inbox:{request.state.reviewer}"
+        typed = str(form.get("arguments") or "")
         try:
+            arguments = _edited(typed) if decision == "edit" else None
             task_id = await run_in_threadpool(
-                self.client.decide, review_id, decision, hint if decision in WITH_TEXT else None,
+                partial(self.client.decide, arguments=arguments),
+                review_id, decision, hint if decision in WITH_TEXT else None,
                 by, self.decide_timeout_s,
+            )  # fmt: skip
+        except DecisionError as exc:  # the form again, with what was typed and the error
+            cards = review_cards(self.client.reviews())
+            return self.page(
+                request, "reviews.html", status_code=422, cards=cards,
+                edits={review_id: typed}, errors={review_id: str(exc)},
             )  # fmt: skip
         except OrgaError as exc:
             _flash(request, "error", f"review {review_id}: {exc}")
@@ -200,6 +215,23 @@ class InboxApp:
 def _decision(form: FormData) -> tuple[str, str, str]:
     hint = str(form.get("hint") or "").replace("\r\n", "\n").strip()  # as typed, as on the CLI
     return str(form.get("review_id") or ""), str(form.get("decision") or ""), hint
+
+
+def _edited(typed: str) -> dict[str, Any]:
+    """The arguments typed in an edit form: a JSON object, or DecisionError saying what is
+    wrong (where in the text, for bad JSON)."""
+    try:
+        value = json.loads(typed)
+    except ValueError as exc:
+        raise DecisionError(
+            f"the edited arguments are not JSON ({exc}); write an object such as "
+            '{"command": "git push origin feature"}'
+        ) from exc
+    if not isinstance(value, dict):
+        raise DecisionError(
+            f"the edited arguments must be a JSON object, got {type(value).__name__}"
+        )
+    return value
 
 
 def _flash(request: Request, kind: str, text: str) -> None:

@@ -16,6 +16,7 @@ from shared.events import JournalEntry
 
 __all__ = [
     "CriticView",
+    "HeldCallView",
     "JournalRow",
     "ParentContext",
     "RecentMessage",
@@ -63,6 +64,18 @@ class CriticView:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldCallView:
+    """A tool call held for a reviewer: what it would run, and the arguments as editable JSON."""
+
+    tool: str
+    call_id: str
+    arguments: str
+    """The proposed arguments, indented JSON (the edit form starts from them)."""
+    fields: tuple[tuple[str, str, bool], ...]
+    """``(name, JSON type, required)`` of each property the tool's input schema declares."""
+
+
+@dataclass(frozen=True, slots=True)
 class ReviewCard:
     """An open review with the context a reviewer decides on."""
 
@@ -84,6 +97,8 @@ class ReviewCard:
     parent: ParentContext | None = None
     """For a sub-agent's review: the parent task, its goal and the step that delegated."""
     critic: CriticView | None = None
+    call: HeldCallView | None = None
+    """For a review of one held tool call (source ``call``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +139,26 @@ def _card(item: ReviewItem) -> ReviewCard:
         recent=tuple(_recent(m) for m in snapshot.get("recent") or []),
         critic=_critic(snapshot.get("critic")),
         parent=_parent(snapshot.get("parent")),
+        call=_held_call(item),
     )
+
+
+def _held_call(item: ReviewItem) -> HeldCallView | None:
+    call = item.call
+    if call is None:
+        return None
+    try:
+        shown = json.dumps(call.parsed_arguments(), indent=2, ensure_ascii=False)
+    except ValueError:
+        shown = call.arguments
+    schema = item.input_schema or {}
+    properties: dict[str, Any] = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    fields = tuple(
+        (str(name), str((spec or {}).get("type", "any")), name in required)
+        for name, spec in properties.items()
+    )
+    return HeldCallView(tool=call.name, call_id=call.call_id, arguments=shown, fields=fields)
 
 
 def _parent(data: Any) -> ParentContext | None:

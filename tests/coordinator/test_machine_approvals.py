@@ -191,9 +191,7 @@ def test_step_decisions_do_not_apply_to_a_held_call() -> None:
 def test_abort_ends_the_task_and_closes_the_review() -> None:
     """Abort: the task ends aborted; the running call's result is not waited for."""
     record, _ = _held_turn()
-    _apply(
-        record, 4.0, lambda m: m.on_review_decision(_review_id(record), "abort", None, "a")
-    )
+    _apply(record, 4.0, lambda m: m.on_review_decision(_review_id(record), "abort", None, "a"))
     assert record.status is TaskStatus.ABORTED and record.review is None
 
 
