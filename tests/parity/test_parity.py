@@ -445,15 +445,17 @@ REISSUING = [
 word, the same on both drivers): every result is new text, so only the model's side climbs
 (NUDGE, REPLAN, ASK_HUMAN)."""
 
-PUSH = ("run_command", {"command": "git push origin main"})
+PUSH = ("run_command", {"command": "git push --dry-run origin main"})  # never pushes
 EDITED_PUSH = {"command": "echo pushed to review > pushed.txt"}
 REJECTION = "do not push; open a pull request instead"
 
 
-def _approval_task(_given: Given) -> dict[str, Any]:
+def _approval_task(_given: Given, **spec: Any) -> dict[str, Any]:
     """A push (held for a reviewer) and a write in one turn, then the answer."""
     return _task(
-        [_calls(PUSH, WRITE), "pushed"], policy={"require_approval": ["run_command:git push*"]}
+        [_calls(PUSH, WRITE), "pushed"],
+        policy={"require_approval": ["run_command:git push*"]},
+        **spec,
     )
 
 
@@ -470,6 +472,9 @@ def _held_then(decision: str) -> Callable[[Outcome], None]:
         if decision == "edit":
             assert json.loads(decided.arguments_after) == EDITED_PUSH
             assert (workspace / "pushed.txt").read_text() == "pushed to review\n"
+        elif decision == "approve":
+            assert decided.arguments_after is None
+            assert not results[held.call_id].startswith("[Error]")
         else:
             assert not (workspace / "pushed.txt").exists()
             assert REJECTION in results[held.call_id]
@@ -611,6 +616,12 @@ SCENARIOS = [
         _approval_task,
         _held_then("edit"),
         (Decision("edit", arguments=EDITED_PUSH),),
+    ),
+    Scenario(
+        "approval-approved-beside-an-inline-call",
+        partial(_approval_task, tool_dispatch="inline"),
+        _held_then("approve"),
+        (Decision("approve"),),
     ),
     Scenario(
         "approval-rejected",
