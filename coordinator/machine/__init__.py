@@ -25,6 +25,7 @@ The machine is made of sections, one module each, that call each other through i
 ``delegation``            sub-agents: ``delegate`` calls as child tasks, their ends applied
 ``critics``               a step's result reviewed by its critic before it completes
 ``outages``               a provider or policy engine down: the dispatch held, no attempt used
+``approvals``             tool calls a gate held for a human (``Ask``): approve, edit, reject
 ========================  ===============================================================
 """
 
