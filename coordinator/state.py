@@ -140,6 +140,8 @@ class Awaiting(BaseModel):
     child_iterations: int = 0
     """Iterations the sub-agents answering this iteration's ``delegate`` calls used: they
     count against the step's iteration limit once every result is in."""
+    edited: dict[str, str] = Field(default_factory=dict)
+    """Call id -> the reviewer who edited that held call (its request is gated again)."""
     held: dict[str, ReviewItem] = Field(default_factory=dict)
     """Call id -> the open review of a call the gate held for a human (it is in ``calls``,
     not dispatched, until decided; :class:`coordinator.machine.approvals.Approvals`)."""

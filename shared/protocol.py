@@ -250,13 +250,16 @@ class ToolRequest(BaseModel):
     answer: ToolAnswer = Field(default_factory=RunEach)
     """How the tool worker runs and answers this request (:class:`RunEach` or
     :class:`CompleteReasoning`): the one field that chooses the tool side's transport."""
+    edited_by: str | None = None
+    """A held call a reviewer edited (:mod:`shared.approval`): who. Its new arguments pass the
+    gate's deny rules in the tool worker (the reviewer's approval stands for any ``Ask``)."""
 
     @property
     def gated(self) -> bool:
-        """Pre-hydration resolutions pass the schema check and the gate in the tool worker;
-        ``act`` calls were gated by the reasoning worker; ``verify`` calls are the task's own
-        ``done_when`` checks."""
-        return self.purpose == "prehydrate"
+        """Pre-hydration resolutions and edited held calls pass the schema check and the gate
+        in the tool worker; other ``act`` calls were gated by the reasoning worker; ``verify``
+        calls are the task's own ``done_when`` checks."""
+        return self.purpose == "prehydrate" or self.edited_by is not None
 
     @property
     def completes(self) -> ReasonedMessage | None:

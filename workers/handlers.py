@@ -653,7 +653,8 @@ async def _gated(
     if decision.decision == "deny":
         content = denial_message(decision.reason)
         return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
-    if decision.decision == "ask":  # nobody reviews a pre-hydration: it runs before the loop
+    if decision.decision == "ask" and request.edited_by is None:
+        # nobody reviews a pre-hydration: it runs before the loop
         content = denial_message(
             f"{decision.reason}; a pre-hydration resolution cannot wait for a reviewer"
         )

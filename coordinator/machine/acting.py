@@ -71,7 +71,11 @@ class Acting(Section):
             awaiting.deadline = m.now + m.deadline_s()
             awaiting.dispatched.append(call.call_id)
             in_flight.append(call.call_id)
-            m.effects.tool_dispatches.append(self.request(awaiting.fence, call, awaiting.purpose))
+            request = self.request(awaiting.fence, call, awaiting.purpose)
+            edited_by = awaiting.edited.get(call.call_id)
+            if edited_by is not None:  # a reviewer's edit: gated again by the tool worker
+                request = request.model_copy(update={"edited_by": edited_by})
+            m.effects.tool_dispatches.append(request)
 
     def dispatch_batch(self, awaiting: Awaiting) -> None:
         waiting = [c for c in awaiting.calls if c.call_id not in awaiting.dispatched]

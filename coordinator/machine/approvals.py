@@ -7,7 +7,8 @@ A decision applies to that one call:
 
 - ``approve``: the call is dispatched as proposed;
 - ``edit``: it is dispatched with the reviewer's arguments, checked against the tool's input
-  schema first (a bad edit is refused naming the field; nothing changes);
+  schema first (a bad edit is refused naming the field; nothing changes); the tool worker puts
+  the edited call to the gate again: its deny rules apply, its ``Ask`` stands approved;
 - ``reject``: the reviewer's message becomes the call's result, which the model reads;
 - ``abort``: the task ends, aborted.
 
@@ -172,6 +173,7 @@ class Approvals(Section):
         if decision == "edit" and arguments is not None:
             edited = call.model_copy(update={"arguments": arguments})
             awaiting.calls = [edited if c.call_id == call.call_id else c for c in awaiting.calls]
+            awaiting.edited[call.call_id] = decided_by
         elif decision == "reject":
             text = rejection_text(message, decided_by)
             awaiting.results[call.call_id] = (

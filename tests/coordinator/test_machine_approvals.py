@@ -130,6 +130,7 @@ def test_edited_call_runs_with_the_new_arguments() -> None:
     assert [json.loads(d.action.arguments) for d in effects.tool_dispatches] == [
         {"command": "git push origin review"}
     ]
+    assert [d.edited_by for d in effects.tool_dispatches] == ["ann"]  # gated again
     (decided,) = [e.event for e in effects.journal if e.event.type == "CallDecided"]
     assert decided.arguments_before == '{"command":"git push"}'  # type: ignore[union-attr]
     assert json.loads(decided.arguments_after or "") == {"command": "git push origin review"}  # type: ignore[union-attr]

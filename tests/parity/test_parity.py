@@ -448,6 +448,7 @@ word, the same on both drivers): every result is new text, so only the model's s
 PUSH = ("run_command", {"command": "git push --dry-run origin main"})  # never pushes
 EDITED_PUSH = {"command": "echo pushed to review > pushed.txt"}
 REJECTION = "do not push; open a pull request instead"
+DENIED_EDIT = {"command": "rm -rf /"}
 
 
 def _approval_task(_given: Given, **spec: Any) -> dict[str, Any]:
@@ -469,7 +470,9 @@ def _held_then(decision: str) -> Callable[[Outcome], None]:
         (decided,) = outcome.events_of("CallDecided")
         assert decided.decision == decision and decided.decided_by == "parity"
         results = {m.tool_call_id: m.content for m in outcome.record.conversation.messages}
-        if decision == "edit":
+        if decision == "edit" and json.loads(decided.arguments_after) == DENIED_EDIT:
+            assert results[held.call_id].startswith("[Error] [Policy denied] rule 'rm-root'")
+        elif decision == "edit":
             assert json.loads(decided.arguments_after) == EDITED_PUSH
             assert (workspace / "pushed.txt").read_text() == "pushed to review\n"
         elif decision == "approve":
@@ -616,6 +619,12 @@ SCENARIOS = [
         _approval_task,
         _held_then("edit"),
         (Decision("edit", arguments=EDITED_PUSH),),
+    ),
+    Scenario(
+        "approval-edit-still-passes-the-deny-rules",
+        _approval_task,
+        _held_then("edit"),
+        (Decision("edit", arguments=DENIED_EDIT),),
     ),
     Scenario(
         "approval-approved-beside-an-inline-call",
