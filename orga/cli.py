@@ -328,10 +328,19 @@ def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> st
                 completed=status["steps_done"],
                 detail=_progress_detail(status),
             )
-            if status["status"] in {s.value for s in TERMINAL_STATUSES} | {"awaiting_review"}:
+            if status["status"] in {s.value for s in TERMINAL_STATUSES}:
+                return str(status["status"])
+            if status["status"] == "awaiting_review" and not _runs_beside_held(client, task_id):
                 return str(status["status"])
             _STOP.wait(0.1)
     raise _Unfinished(task_id, f"did not finish within {timeout:g}s", TIMEOUT_EXIT_CODE)
+
+
+def _runs_beside_held(client: OrgaClient, task_id: str) -> bool:
+    """Calls of the turn still run beside its held calls: followed until they answered, so the
+    embedded runtime is not stopped under them when the command returns for the review."""
+    awaiting = client.record(task_id).awaiting
+    return awaiting is not None and bool(awaiting.held) and bool(awaiting.in_flight())
 
 
 def _progress_detail(status: dict[str, Any]) -> str:

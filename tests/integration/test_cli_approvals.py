@@ -20,10 +20,17 @@ EDITED = {"command": "echo pushed to review > pushed.txt"}
 
 
 def test_held_push_is_edited_from_the_cli(tmp_path: Path) -> None:
-    """`orga run` exits 3 printing the held call and its decide commands; a bad edit exits 1
-    naming the field; `--edit --args-file` runs the edited call and the task completes."""
+    """`orga run` exits 3 printing the held call and its decide commands once the turn's other
+    call answered; a bad edit exits 1 naming the field; `--edit --args-file` runs the edited
+    call and the task completes."""
     task = tmp_path / "task.yaml"
-    reply = {"tool_calls": [{"name": "run_command", "arguments": PUSH}]}
+    write = {"path": "notes.txt", "content": "written beside the push"}
+    reply = {
+        "tool_calls": [
+            {"name": "run_command", "arguments": PUSH},
+            {"name": "file_write", "arguments": write},
+        ]
+    }
     task.write_text(
         yaml.safe_dump(
             {
@@ -39,6 +46,9 @@ def test_held_push_is_edited_from_the_cli(tmp_path: Path) -> None:
     assert held.returncode == 3, held.stdout + held.stderr
     task_id = task_id_printed(held.stdout)
     assert "held call: run_command" in held.stdout
+    workspace = tmp_path / "workspaces" / task_id
+    # `orga run` returned once the turn's other call answered (not under it)
+    assert (workspace / "notes.txt").read_text() == "written beside the push"
     edit_line = next(line for line in held.stdout.splitlines() if "--edit" in line)
     assert shlex.split(edit_line)[-3:] == ["--edit", "--args", json.dumps(PUSH)]
 
@@ -65,7 +75,6 @@ def test_held_push_is_edited_from_the_cli(tmp_path: Path) -> None:
     )
     assert decided.returncode == 0, decided.stdout + decided.stderr
     assert "decision edit applied" in decided.stdout
-    workspace = tmp_path / "workspaces" / task_id
     assert (workspace / "pushed.txt").read_text() == "pushed to review\n"
     journal = run_orga("journal", task_id, env=env)
     events = [json.loads(line)["event"] for line in journal.stdout.splitlines()]
