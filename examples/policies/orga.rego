@@ -20,9 +20,13 @@
 #
 # The document at <opa_path> must be either
 #   - a boolean: true allows, false denies; or
-#   - an object {"allow": bool, "reason": string, "modified_arguments": object}
-#     where "reason" (optional) is what the model reads after "[Policy denied] ", and
-#     "modified_arguments" (optional, tool calls only) replaces the call's arguments.
+#   - an object {"allow": bool, "reason": string, "modified_arguments": object, "ask": bool}
+#     where "reason" (optional) is what the model reads after "[Policy denied] ",
+#     "modified_arguments" (optional, tool calls only) replaces the call's arguments, and
+#     "ask": true (optional, tool calls only) holds an allowed call for a reviewer, who
+#     approves, edits or rejects it (README "Approval of one call"), e.g.
+#       decision := {"allow": true, "ask": true, "reason": "a push"} if {
+#           input.tool_name == "run_command"; startswith(input.arguments.command, "git push") }
 # Anything else denies, and so does an undefined document: give every decision a default.
 # This file shows both: "allow" (boolean) and "decision" (object).
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.actions import Allow, Deny
+from shared.actions import Allow, Ask, Deny
 from shared.errors import ConfigError
 from tests.workers.gates.actions import context, decide, delegate, respond, terminate, tool
 from workers.gates.cedar import CedarGate, cedar_request
@@ -163,6 +163,7 @@ def test_example_policy_file() -> None:
     gate = CedarGate(EXAMPLE)
     assert isinstance(decide(gate, tool("run_command", {"command": "pytest"})), Allow)
     assert isinstance(decide(gate, tool("run_command", {"command": "rm -rf x"})), Deny)
+    assert isinstance(decide(gate, tool("run_command", {"command": "git push origin x"})), Ask)
     assert isinstance(decide(gate, tool("web_fetch", {"url": "https://x"})), Deny)
     assert isinstance(decide(gate, respond()), Allow)
     assert isinstance(decide(gate, delegate(), context(delegation_depth=1)), Allow)
