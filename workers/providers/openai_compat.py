@@ -10,6 +10,10 @@ Reply: ``choices[0].message``. Unlike Symbiont, tool-call arguments sent as a JS
 re-serialised instead of dropped, a tool call without id or name is a ``ResponseParseError``
 instead of vanishing, and ``message.refusal`` gives ``FinishReason.REFUSAL`` (its text becomes the
 content when there is no other). A missing ``usage.total_tokens`` is computed.
+
+Inside :func:`~workers.providers.streaming.streaming_to` the request adds ``stream: true`` and
+``stream_options: {include_usage: true}``, and the chunks are assembled into the same reply
+(:mod:`workers.providers.streaming`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from workers.providers._http import (
 from workers.providers.base import ProviderError, ResponseParseError
 from workers.providers.rate_limit import ProviderThrottle
 from workers.providers.retry import RetryPolicy, SleepFn
+from workers.providers.streaming import OpenAIStreamAssembler, StreamReader, current_sink
 
 __all__ = [
     "OPENAI_BASE_URL",
@@ -126,8 +131,16 @@ class OpenAICompatProvider:
         """One chat-completions call."""
         model = options.model or self._model
         body = build_openai_body(conversation, options, model)
+        sink, reader = current_sink(), None
+        if sink is not None:  # streamed: the text goes to the sink as it comes
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            reader = StreamReader(lambda: OpenAIStreamAssembler(self._name), sink)
         data = await self._poster.post(
-            "chat/completions", headers=self._request_headers(), body=body, model=model
+            "chat/completions",
+            headers=self._request_headers(),
+            body=body,
+            model=model,
+            consume=reader,
         )
         return parse_openai_response(data, model, provider=self._name)
 
