@@ -162,6 +162,13 @@ class OrgaSettings(BaseSettings):
         "queue, with the observation that lists them (one coordinator step less per "
         "iteration); false: the coordinator dispatches every call",
     )
+    stream_tokens: bool = Field(
+        default=True,
+        description="Reasoning workers ask the model for a streamed answer and publish its text "
+        "as it comes to the task's tokens stream (`orga run`, `orga journal --follow`, the "
+        "inbox and the API's events show it); false: one whole answer per call, nothing "
+        "published until it is there (docs/performance.md gives the cost)",
+    )
     max_delegation_depth: int = Field(
         default=3,
         ge=0,
