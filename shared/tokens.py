@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["TOKEN_KINDS", "AnswerView", "TokenEntry", "token_entry"]
 
@@ -47,10 +47,9 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def token_entry(
-    entry_id: bytes | str, fields: Mapping[bytes | str, bytes | str]
-) -> TokenEntry | None:
-    """The entry a stream message holds, or None for one that is not a token entry."""
+def token_entry(entry_id: bytes | str, fields: Mapping[Any, Any]) -> TokenEntry | None:
+    """The entry a stream message holds (bytes or decoded), or None for one that is not a
+    token entry."""
     values = {_text(k): _text(v) for k, v in fields.items()}
     kind = values.get("kind")
     if kind not in TOKEN_KINDS:

@@ -11,7 +11,8 @@ key expiring ``keys.tokens_ttl_s`` after its last write). Entry fields, all stri
                 of this step and iteration so far: the answer starts again) or
                 ``stream_done`` (the answer is whole)
 ``step``        the step id
-``iteration``   the iteration the answer is for (the fence's)
+``iteration``   the iteration the answer is for: the number its ``ReasoningComplete``
+                carries in the journal (the fence's iteration + 1)
 ``attempt``     the dispatch's attempt (the fence's)
 ``purpose``     ``act``, ``plan`` or ``critic``
 ``text``        the piece of text (``token`` only)
@@ -66,7 +67,7 @@ class RedisTokenSink:
         )
         self._fields = {
             "step": fence.step_id,
-            "iteration": str(fence.iteration),
+            "iteration": str(fence.iteration + 1),
             "attempt": str(fence.attempt),
             "purpose": purpose,
         }

@@ -25,6 +25,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -137,6 +138,10 @@ class FakeLLMServer(ABC):
     def __init__(self, *, api_key: str | None = None, chunk_delay_s: float = 0.0) -> None:
         self.api_key = api_key
         self.chunk_delay_s = chunk_delay_s
+        self.stream_starts: list[float] = []
+        """``time.monotonic()`` when each streamed answer's first frame was written."""
+        self.stream_ends: list[float] = []
+        """``time.monotonic()`` when each streamed answer's last frame was written."""
         self.errors: list[str] = []
         self._requests: list[RecordedRequest] = []
         self._queue: deque[ProgrammedResponse] = deque()
@@ -302,11 +307,13 @@ class FakeLLMServer(ABC):
             for name, value in response.headers.items():
                 handler.send_header(name, value)
             handler.end_headers()
-            for frame in frames:
+            self.stream_starts.append(time.monotonic())
+            for index, frame in enumerate(frames):
+                if index and self.chunk_delay_s and self._stopping.wait(self.chunk_delay_s):
+                    return
                 handler.wfile.write(frame.encode())
                 handler.wfile.flush()
-                if self.chunk_delay_s and self._stopping.wait(self.chunk_delay_s):
-                    return
+            self.stream_ends.append(time.monotonic())
         except ConnectionError:
             return
         handler.close_connection = True

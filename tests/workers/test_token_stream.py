@@ -40,7 +40,7 @@ def test_pieces_are_published_in_order_then_done(redis_client: RedisClientFactor
             assert "".join(e.text for e in entries if e.kind == "token") == "".join(words)
             assert entries[-1].kind == "stream_done"
             assert {(e.step, e.iteration, e.attempt, e.purpose) for e in entries} == {
-                ("main", 2, 0, "act")
+                ("main", 3, 0, "act")
             }
             assert 0 < await client.ttl(keys.tokens_stream("tok-task", 0)) <= keys.tokens_ttl_s
 
