@@ -14,6 +14,7 @@ __all__ = [
     "DelegateAction",
     "Deny",
     "GateDecision",
+    "GateModification",
     "Modify",
     "Observation",
     "ProposedAction",
@@ -100,6 +101,16 @@ class Modify(BaseModel):
 
 
 GateDecision = Annotated[Allow | Deny | Modify, Field(discriminator="decision")]
+
+
+class GateModification(BaseModel):
+    """A gate's Modify as it was applied: the action proposed, the one that runs instead (with
+    the proposed call's id kept), and the gate's reason; journaled as ``GateModified``."""
+
+    model_config = ConfigDict(frozen=True)
+    before: ProposedAction
+    after: ProposedAction
+    reason: str
 
 
 class Observation(BaseModel):

@@ -28,6 +28,7 @@ from shared.actions import (
     DelegateAction,
     Deny,
     GateDecision,
+    GateModification,
     Modify,
     Observation,
     ProposedAction,
@@ -186,6 +187,7 @@ class PolicyCheck:
             action_count=len(self.proposed_actions),
             denials=verdicts.denials,
             terminal_output=verdicts.terminal_output,
+            modifications=verdicts.modifications,
         )
 
     async def _check_one(
@@ -248,6 +250,9 @@ class PolicyCheck:
             self.state.conversation.push(
                 ConversationMessage.tool_result(original_id, _action_name(original), text)
             )
+        verdicts.modifications.append(
+            GateModification(before=original, after=modified, reason=decision.reason)
+        )
         verdicts.approve(modified)
 
 
@@ -298,6 +303,7 @@ class _Verdicts:
     approved: list[ProposedAction] = field(default_factory=list)
     denials: list[Observation] = field(default_factory=list)
     terminal_output: str | None = None
+    modifications: list[GateModification] = field(default_factory=list)
 
     def approve(self, action: ProposedAction) -> None:
         self.approved.append(action)
@@ -322,6 +328,8 @@ class ToolDispatching:
     action_count: int
     denials: list[Observation]
     terminal_output: str | None = None
+    modifications: list[GateModification] = field(default_factory=list)
+    """The gate's Modify decisions, as applied (journaled as ``GateModified``)."""
 
     @property
     def denied_count(self) -> int:
