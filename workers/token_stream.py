@@ -18,9 +18,11 @@ key expiring ``keys.tokens_ttl_s`` after its last write). Entry fields, all stri
 ``text``        the piece of text (``token`` only)
 ==============  =================================================================
 
-Pieces are coalesced: while one ``XADD`` is under way the next pieces wait and go together in
-the next one, so a fast model costs a write per round trip, not per token, and a watcher sees
-text at most one round trip late.
+Pieces are coalesced: a burst's first piece is written at once, the next ones wait until
+``flush_every_s`` (50 ms) after the last write began and go together in one ``XADD``, so a fast
+model costs at most 20 writes a second, not one per token, and a watcher sees text at most
+50 ms late. The end of the answer (or a restart) is written at once, after the pieces before
+it. The key's expiry is set with the first and the last write of an answer.
 
 Never a mix of two answers: the first write of a call looks at the stream's last entry; when it
 is of the same step, iteration and purpose (an answer that a killed or failed dispatch began,
@@ -34,6 +36,7 @@ the call (it is logged and the rest of that answer is not published).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from redis.asyncio import Redis
@@ -60,6 +63,7 @@ class RedisTokenSink:
         partitions: int = 1,
         maxlen: int = keys.tokens_maxlen,
         ttl_s: int = keys.tokens_ttl_s,
+        flush_every_s: float = 0.05,
     ) -> None:
         self._redis = redis
         self._stream = keys.tokens_stream(
@@ -73,6 +77,8 @@ class RedisTokenSink:
         }
         self._maxlen = maxlen
         self._ttl_s = ttl_s
+        self._flush_every_s = flush_every_s
+        self._hurry = asyncio.Event()
         self._pending: list[str] = []
         self._writer: asyncio.Task[None] | None = None
         self._opened = False
@@ -87,16 +93,28 @@ class RedisTokenSink:
                 self._writer = asyncio.create_task(self._write_pending())
             return
         if self._writer is not None:
+            self._hurry.set()
             await self._writer
         await self._open()
-        await self._write(kind)
+        await self._write(kind, expire=True)
 
     async def _write_pending(self) -> None:
         await self._open()
+        loop = asyncio.get_running_loop()
         while self._pending:
+            began = loop.time()
             text = "".join(self._pending)
             self._pending.clear()
             await self._write("token", text)
+            await self._pause(self._flush_every_s - (loop.time() - began))
+
+    async def _pause(self, seconds: float) -> None:
+        """Let pieces gather for ``seconds``, unless the answer ends meanwhile."""
+        if seconds <= 0 or self._hurry.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._hurry.wait()
 
     async def _open(self) -> None:
         """Before this call's first write: a restart when the last entry is of the same answer."""
@@ -110,6 +128,7 @@ class RedisTokenSink:
             return
         if last and self._same_answer(last[0][1] or {}):
             await self._write("stream_restarted")
+        await self._expire()
 
     def _same_answer(self, entry: dict[bytes | str, bytes | str]) -> bool:
         fields = {_text(k): _text(v) for k, v in entry.items()}
@@ -117,17 +136,24 @@ class RedisTokenSink:
             fields.get(name) == self._fields[name] for name in ("step", "iteration", "purpose")
         )
 
-    async def _write(self, kind: TokenKind, text: str = "") -> None:
+    async def _write(self, kind: TokenKind, text: str = "", *, expire: bool = False) -> None:
         if self._broken:
             return
         fields = {"kind": kind, **self._fields}
         if kind == "token":
             fields["text"] = text
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
-                pipe.expire(self._stream, self._ttl_s)
-                await pipe.execute()
+            await self._redis.xadd(self._stream, fields, maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
+        except RedisError as exc:
+            self._fail(exc)
+        if expire:
+            await self._expire()
+
+    async def _expire(self) -> None:
+        if self._broken:
+            return
+        try:
+            await self._redis.expire(self._stream, self._ttl_s)
         except RedisError as exc:
             self._fail(exc)
 
