@@ -157,6 +157,8 @@ class EmbeddedRuntime:
         environment holds a model key, the reasoning workers read it from a socket
         (:mod:`orga.topology`)."""
         environ = {**os.environ, "ORGA_REDIS_URL": self.url}
+        # One person watches an embedded run: its answers stream unless they said otherwise.
+        environ.setdefault("ORGA_STREAM_TOKENS", "true")
         settings = self.runtime_settings
         if self.worker_concurrency is not None:
             settings = settings.model_copy(update={"worker_concurrency": self.worker_concurrency})

@@ -110,11 +110,9 @@ Description = tuple[str, tuple[Block, ...]]
 
 def _started(event: Started) -> Description:
     tools = len(event.config.tool_definitions)
-    return (
-        f"agent {event.agent_id} started · at most {event.config.max_iterations} iterations"
-        f" · {tools} tool{'s' if tools != 1 else ''} offered",
-        (),
-    )
+    offered = f" · {tools} tool{'s' if tools != 1 else ''} offered" if tools else ""
+    summary = f"agent {event.agent_id} started · at most {event.config.max_iterations} iterations"
+    return summary + offered, ()
 
 
 def _reasoned(event: ReasoningComplete) -> Description:
@@ -155,7 +153,8 @@ def _dispatched(event: ToolsDispatched) -> Description:
 
 def _observed(event: ObservationsCollected) -> Description:
     if not event.results:
-        return f"{event.observation_count} result(s) added to the conversation", ()
+        n = event.observation_count
+        return (f"{n} result{'s' if n != 1 else ''} added" if n else "no results"), ()
     parts, blocks = [], []
     for result in event.results:
         state = (

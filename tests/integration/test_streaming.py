@@ -137,7 +137,8 @@ def test_a_worker_killed_mid_stream_restarts_the_answer_for_watchers(killable: C
         model.respond_text(ANSWER)
         model.respond_text(ANSWER)
         fast = {"ORGA_HEARTBEAT_INTERVAL_S": "0.5", "ORGA_HEARTBEAT_TIMEOUT_S": "2"}
-        worker = killable.worker(name="ws1", concurrency=1, **_provider_env(model), **fast)
+        streams = {**_provider_env(model), **fast, "ORGA_STREAM_TOKENS": "true"}
+        worker = killable.worker(name="ws1", concurrency=1, **streams)
         killable.coordinator(name="cs1", **fast)
         client = killable.client()
         task_id = client.submit(_slow_task(killable.root))
@@ -165,6 +166,21 @@ def test_a_worker_killed_mid_stream_restarts_the_answer_for_watchers(killable: C
     lines = [json.loads(line) for line in followed.stdout.splitlines()]
     assert [x["tokens"]["kind"] for x in lines if "tokens" in x] == kinds
     assert any("event" in x for x in lines)
+
+
+def test_a_deployment_streams_only_when_asked(killable: Cluster) -> None:
+    """ORGA_STREAM_TOKENS is off by default on a deployment: the model is asked for one whole
+    answer and the task's tokens stream stays empty."""
+    with FakeOpenAIServer(api_key="sk-s") as model:
+        model.respond_text("whole")
+        killable.worker(name="ws2", concurrency=1, **_provider_env(model))
+        killable.coordinator(name="cs2")
+        client = killable.client()
+        task_id = client.submit(_slow_task(killable.root))
+        result = client.wait(task_id, timeout_s=120)
+        assert "stream" not in model.requests[0].body
+    assert result["output"] == "whole"
+    assert client.tokens(task_id) == []
 
 
 def test_orga_run_json_prints_no_tokens(tmp_path: Path) -> None:
