@@ -22,7 +22,12 @@ from tests.fakes.llm_server import (
 )
 from workers.providers import AnthropicProvider, OpenAICompatProvider
 from workers.providers.anthropic import parse_anthropic_response
-from workers.providers.base import InferenceProvider, ProviderError, ResponseParseError
+from workers.providers.base import (
+    AuthenticationError,
+    InferenceProvider,
+    ProviderError,
+    ResponseParseError,
+)
 from workers.providers.openai_compat import parse_openai_response
 from workers.providers.streaming import (
     AnthropicStreamAssembler,
@@ -254,3 +259,20 @@ def test_a_server_that_ignores_stream_answers_whole(openai: FakeOpenAIServer) ->
     response = call(openai_provider(openai), sink)
     assert response == parse_openai_response(reply, "gpt-4o")
     assert sink.heard == []
+
+
+def test_a_server_that_refuses_streaming_is_asked_for_a_whole_answer(
+    openai: FakeOpenAIServer,
+) -> None:
+    """A 400 to the streamed request (a compatible server without ``stream_options``): the
+    call is made again unstreamed and answers; a rejected key is not retried."""
+    openai.respond_error(400, "Unrecognized request argument supplied: stream_options")
+    openai.respond_text("whole")
+    sink = ListSink()
+    assert call(openai_provider(openai), sink).content == "whole"
+    assert [r.body.get("stream") for r in openai.requests] == [True, None]
+    assert sink.heard == []
+    bad_key = OpenAICompatProvider(base_url=openai.base_url, api_key="sk-wrong")
+    with pytest.raises(AuthenticationError):
+        call(bad_key, ListSink())
+    assert len(openai.requests) == 3
