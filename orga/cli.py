@@ -314,7 +314,8 @@ def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> st
                TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=out, disable=quiet, transient=False) as progress:
         bar = progress.add_task("waiting", total=None, detail="")
-        tokens = None if quiet else TokenPrinter(progress.console)
+        raw = None if out.is_terminal else sys.stdout  # a pipe or a file: piece by piece
+        tokens = None if quiet else TokenPrinter(progress.console, raw)
         while time.monotonic() < deadline:
             if _STOP.requested:
                 signum = _STOP.signum or signal.SIGTERM

@@ -9,7 +9,6 @@ pipe or a file, piece by piece.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from typing import TextIO
 
@@ -22,11 +21,12 @@ __all__ = ["TokenPrinter"]
 
 
 class TokenPrinter:
-    """Writes streamed answers to ``console`` (through the live display) or ``raw``."""
+    """Writes streamed answers to ``raw`` piece by piece, or, without it, a line at a time to
+    ``console`` (through its live display)."""
 
-    def __init__(self, console: Console, raw: TextIO | None = None) -> None:
+    def __init__(self, console: Console, raw: TextIO | None) -> None:
         self._console = console
-        self._raw = raw if raw is not None else (None if console.is_terminal else sys.stdout)
+        self._raw = raw
         self._view = AnswerView()
         self._line = ""
         self.after = "0-0"
