@@ -63,6 +63,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/slow_model_bench.py
 	$(PY) bench/slow_model_bench.py --fairness
 	$(PY) bench/slow_model_bench.py --events
+	$(PY) bench/slow_model_bench.py --streaming
 	$(PY) bench/conversation_cost.py
 
 # Fault injection under load: worker processes, the coordinator and Redis are killed while

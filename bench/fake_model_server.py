@@ -29,6 +29,13 @@ Counting, for every request to the chat completions endpoint:
 
 Control endpoints (not counted): ``GET /stats`` (``?records=1`` adds the records),
 ``POST /reset`` (zero every count), ``GET /health``.
+
+A request with ``"stream": true`` is answered in the streaming wire format
+(``bench/model_streams.py``: ``chat.completion.chunk`` frames, the usage chunk when
+``stream_options.include_usage`` asks for it, ``data: [DONE]``) as HTTP/1.1 chunks: the
+latency passes before the first frame, then ``--chunk-delay`` between frames (a model's
+per-token pace). ``--text-words`` adds that many words of text to every reply, so a streamed
+answer has pieces to stream.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from bench.model_streams import openai_frames
 
 __all__ = [
     "MARKER_PATTERN",
@@ -87,6 +96,10 @@ class ScriptConfig:
     tool_name: str = "file_read"
     tool_path: str = "note.txt"
     seed: int = 10
+    text_words: int = 0
+    """Words of text each reply carries (with its tool call, or as the answer's start)."""
+    chunk_delay_s: float = 0.0
+    """Streamed replies: the pause between two frames (the latency is the first frame's)."""
 
 
 @dataclass(slots=True)
@@ -258,11 +271,42 @@ class FakeModelServer:
                 return
             if request is None:
                 return
-            status, body = await self._respond(request)
-            _write(writer, status, body, keep_alive=request.keep_alive)
+            if _wants_stream(request):
+                await self._stream(request, writer)
+            else:
+                status, body = await self._respond(request)
+                _write(writer, status, body, keep_alive=request.keep_alive)
             await writer.drain()
             if not request.keep_alive:
                 return
+
+    async def _stream(self, request: _Request, writer: asyncio.StreamWriter) -> None:
+        """A streamed completion: the latency until the first frame, then one frame every
+        ``chunk_delay_s``, as HTTP/1.1 chunks (``bench/model_streams.py``)."""
+        try:
+            body = self._validated(request)
+        except _HttpError as exc:
+            _write(writer, exc.status, _error_body(str(exc)), keep_alive=request.keep_alive)
+            return
+        messages: list[Any] = body["messages"]
+        record = self._arrive(_marker_of(messages), _turn_of(messages))
+        counts = self._counts
+        try:
+            await asyncio.sleep(self._latency(record))
+            reply = self._reply(str(body["model"]), record, _prompt_tokens(request.body))
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            writer.write(_STREAM_HEAD.format(keep_alive=_connection_header(request)).encode())
+            for index, frame in enumerate(openai_frames(reply, include_usage=usage)):
+                if index and self.config.chunk_delay_s:
+                    await asyncio.sleep(self.config.chunk_delay_s)
+                data = frame.encode()
+                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+        finally:
+            record.end = time.time()
+            counts.meter.leave()
 
     async def _respond(self, request: _Request) -> tuple[int, bytes]:
         route = request.path.split("?", 1)[0]
@@ -343,6 +387,7 @@ class FakeModelServer:
 
     def _reply(self, model: str, record: CallRecord, prompt_tokens: int) -> dict[str, Any]:
         config = self.config
+        text = " ".join(f"w{n}" for n in range(config.text_words)) or None
         if record.turn < config.iterations:
             arguments = {
                 "path": config.tool_path,
@@ -352,7 +397,7 @@ class FakeModelServer:
             call_id = f"call_{record.task or 'x'}_{record.turn}"
             message: dict[str, Any] = {
                 "role": "assistant",
-                "content": None,
+                "content": text,
                 "tool_calls": [
                     {
                         "id": call_id,
@@ -363,7 +408,8 @@ class FakeModelServer:
             }
             finish = "tool_calls"
         else:
-            message = {"role": "assistant", "content": f"Done after {record.turn} turns."}
+            done = f"Done after {record.turn} turns."
+            message = {"role": "assistant", "content": f"{text} {done}" if text else done}
             finish = "stop"
         return {
             "id": f"chatcmpl-{self._counts.calls}",
@@ -460,6 +506,27 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         await reader.readexactly(2)
 
 
+_STREAM_HEAD = (
+    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+    "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: {keep_alive}\r\n\r\n"
+)
+
+
+def _wants_stream(request: _Request) -> bool:
+    """A chat completions request asking for ``stream: true``."""
+    if request.method != "POST" or request.path.split("?", 1)[0] != "/v1/chat/completions":
+        return False
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("stream") is True
+
+
+def _connection_header(request: _Request) -> str:
+    return "keep-alive" if request.keep_alive else "close"
+
+
 def _write(writer: asyncio.StreamWriter, status: int, body: bytes, *, keep_alive: bool) -> None:
     head = (
         f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
@@ -486,6 +553,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptConfig, int]:
     parser.add_argument("--api-key", default="bench-key")
     parser.add_argument("--tool", default="file_read", help="the tool turns 1..N-1 call")
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--text-words", type=int, default=0, help="words of text per reply")
+    parser.add_argument(
+        "--chunk-delay", type=float, default=0.0, help="streamed: seconds between two frames"
+    )
     args = parser.parse_args(argv)
     config = ScriptConfig(
         latency_s=args.latency,
@@ -493,6 +564,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ScriptConfig, int]:
         iterations=args.iterations,
         api_key=args.api_key,
         tool_name=args.tool,
+        text_words=args.text_words,
+        chunk_delay_s=args.chunk_delay,
     )
     return config, args.port
 

@@ -3,7 +3,8 @@ in-flight run and duplicate model calls, next to LangGraph and plain asyncio (is
 
 Run: ``.venv/bin/python bench/slow_model_bench.py`` (``--quick`` for a smoke run,
 ``--fairness`` for the 2,000-task fairness run, ``--events`` for task events on and off side
-by side, ``--help`` for the sizes). Method and results:
+by side, ``--streaming`` for token streaming off and on side by side, ``--help`` for the
+sizes). Method and results:
 ``docs/performance.md``, *Slow model*.
 
 Everything is real and on this machine (127.0.0.1 only):
@@ -199,10 +200,13 @@ class ModelServer:
     http: httpx.Client
 
     @classmethod
-    def start(cls, root: Path, latency: float, jitter: float, iterations: int) -> ModelServer:
+    def start(
+        cls, root: Path, latency: float, jitter: float, iterations: int, extra: Sequence[str] = ()
+    ) -> ModelServer:
         command = [
             sys.executable, "-m", "bench.fake_model_server", "--latency", str(latency),
             "--jitter", str(jitter), "--iterations", str(iterations), "--api-key", API_KEY,
+            *extra,
         ]  # fmt: skip
         child = Child("model-server", command, dict(os.environ), root / "model-server.log")
         child.start()
@@ -235,6 +239,8 @@ class OrgaStack(Stack):
     model_url: str = ""
     task_events: bool | None = None
     """``ORGA_TASK_EVENTS`` for the workers (None: not set, the default)."""
+    stream_tokens: bool | None = None
+    """``ORGA_STREAM_TOKENS`` for the workers (None: not set, the default)."""
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
@@ -248,6 +254,8 @@ class OrgaStack(Stack):
         )
         if self.task_events is not None:
             env["ORGA_TASK_EVENTS"] = "true" if self.task_events else "false"
+        if self.stream_tokens is not None:
+            env["ORGA_STREAM_TOKENS"] = "true" if self.stream_tokens else "false"
         return env
 
     def start(self) -> OrgaStack:
@@ -278,9 +286,11 @@ class OrgaStack(Stack):
 
 
 @contextmanager
-def model_server(root: Path, plan: Plan, latency: float, iterations: int) -> Iterator[ModelServer]:
-    """The fake model server, stopped afterwards."""
-    server = ModelServer.start(root, latency, plan.jitter, iterations)
+def model_server(
+    root: Path, plan: Plan, latency: float, iterations: int, extra: Sequence[str] = ()
+) -> Iterator[ModelServer]:
+    """The fake model server (``extra``: more of its options), stopped afterwards."""
+    server = ModelServer.start(root, latency, plan.jitter, iterations, extra)
     try:
         yield server
     finally:
@@ -289,11 +299,15 @@ def model_server(root: Path, plan: Plan, latency: float, iterations: int) -> Ite
 
 @contextmanager
 def orga_stack(
-    root: Path, server: ModelServer, task_events: bool | None = None
+    root: Path,
+    server: ModelServer,
+    task_events: bool | None = None,
+    stream_tokens: bool | None = None,
 ) -> Iterator[OrgaStack]:
     """The runtime's processes, stopped afterwards."""
     root.mkdir(parents=True, exist_ok=True)
     stack = OrgaStack(root, concurrency=0, model_url=server.url, task_events=task_events)
+    stack.stream_tokens = stream_tokens
     try:
         yield stack.start()
     finally:
@@ -588,9 +602,11 @@ class Setting:
         return self.plan.bound_s(self.latency, self.plan.iterations)
 
 
-def measure_orga(setting: Setting, task_events: bool | None = None) -> Measurement:
+def measure_orga(
+    setting: Setting, task_events: bool | None = None, stream_tokens: bool | None = None
+) -> Measurement:
     """The workload on the runtime started with its defaults (``ORGA_TASK_EVENTS`` set to
-    ``task_events`` unless None)."""
+    ``task_events`` and ``ORGA_STREAM_TOKENS`` to ``stream_tokens`` unless None)."""
     plan, server, latency, workspace = (
         setting.plan,
         setting.server,
@@ -599,7 +615,9 @@ def measure_orga(setting: Setting, task_events: bool | None = None) -> Measureme
     )
     run = uuid.uuid4().hex[:8]
     label = "" if task_events is None else f"-events-{'on' if task_events else 'off'}"
-    with orga_stack(setting.root / f"orga-{latency:g}s{label}", server, task_events) as stack:
+    label += "" if stream_tokens is None else f"-stream-{'on' if stream_tokens else 'off'}"
+    root = setting.root / f"orga-{latency:g}s{label}"
+    with orga_stack(root, server, task_events, stream_tokens) as stack:
         client = OrgaClient(stack.url)
         try:
             print(f"-- orga-queue at {latency:g} s: starting ({stack.describe()})", flush=True)
@@ -776,6 +794,36 @@ def measure_events(root: Path, plan: Plan) -> list[str]:
             name = f"flower_events_cpu_ms_per_call_{'on' if on else 'off'}"
             print(f"   events {'on' if on else 'off'}: {measured.calls} calls, "
                   f"{measured.completed} of {measured.runs} tasks", flush=True)  # fmt: skip
+            lines.append(f"RESULT {name} {measured.cpu_ms_per_call:.2f}")
+    return lines
+
+
+STREAMED_WORDS = 100
+"""Words of text in each reply of the streaming run: about 100 pieces to stream per call."""
+STREAM_CHUNK_DELAY_S = 0.01
+"""The pause between two streamed frames in the streaming run (100 frames a second)."""
+
+
+def measure_streaming(root: Path, plan: Plan) -> list[str]:
+    """The runtime with token streaming off (``ORGA_STREAM_TOKENS=false``) and on (the
+    default), side by side at the first latency, against replies of ``STREAMED_WORDS`` words
+    (streamed a frame every ``STREAM_CHUNK_DELAY_S``; whole after the latency when not): CPU
+    per model call of every process of the runtime, Redis included."""
+    latency = plan.latencies[0]
+    workspace = make_workspace(root)
+    extra = ["--text-words", str(STREAMED_WORDS), "--chunk-delay", str(STREAM_CHUNK_DELAY_S)]
+    lines: list[str] = []
+    with model_server(root, plan, latency, plan.iterations, extra) as server:
+        setting = Setting(root, server, plan, latency, workspace)
+        for on in (False, True):
+            measured = measure_orga(setting, stream_tokens=on)
+            roles = ", ".join(
+                f"{role} {ms:.2f}" for role, ms in measured.cpu_ms_per_call_by_role().items()
+            )
+            print(f"   streaming {'on' if on else 'off'}: {measured.calls} calls, "
+                  f"{measured.completed} of {measured.runs} tasks; ms per call: {roles}",
+                  flush=True)  # fmt: skip
+            name = "slow_model_cpu_ms_per_call_streaming" + ("" if on else "_off")
             lines.append(f"RESULT {name} {measured.cpu_ms_per_call:.2f}")
     return lines
 
@@ -1035,6 +1083,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--events", action="store_true", help="task events on and off only (CPU per call)"
     )
+    parser.add_argument(
+        "--streaming", action="store_true", help="token streaming off and on only (CPU per call)"
+    )
     args = parser.parse_args(argv)
     plan = parse_plan(args)
     started = time.monotonic()
@@ -1044,6 +1095,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n" + fairness_report(measure_fairness(root, plan)))
         elif args.events:
             print("\n".join(["", *measure_events(root, plan)]))
+        elif args.streaming:
+            print("\n".join(["", *measure_streaming(root, plan)]))
         else:
             run_comparison(root, plan)
     finally:

@@ -36,6 +36,7 @@ from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
 from shared.partitions import check_partitions
 from shared.task_spec import TaskSpec, as_task_text, check_task_id, load_task_file
+from shared.tokens import TokenEntry, token_entry
 
 __all__ = [
     "OrgaClient",
@@ -349,6 +350,40 @@ class OrgaClient:
             )
         )
         return [JournalEntry.model_validate_json(fields["data"]) for _id, fields in rows]
+
+    def tokens(self, task_id: str, after: str = "0-0", count: int = 1000) -> list[TokenEntry]:
+        """Entries of the task's tokens stream after the stream id ``after`` (the text of its
+        model answers as they stream; :mod:`shared.tokens` says how to show them)."""
+        stream = keys.tokens_stream(task_id, self._p(task_id))
+        rows = self._rows(self.redis.xrange(stream, min=f"({after}", max="+", count=count))
+        return [e for e in (token_entry(i, f) for i, f in rows) if e is not None]
+
+    def follow_with_tokens(
+        self, task_id: str, idle_timeout_s: float | None = None
+    ) -> Iterator[JournalEntry | TokenEntry]:
+        """Journal entries and the text of the model's answers as they come, until the task
+        ends (or nothing for ``idle_timeout_s``); the pieces of an answer come before the
+        ``ReasoningComplete`` that records it."""
+        real = self.existing(task_id)
+        last, after = -1, "0-0"
+        quiet_since = time.monotonic()
+        while True:
+            pieces = self.tokens(real, after)
+            entries = self.journal(real, after=last)
+            yield from pieces
+            yield from entries
+            after = pieces[-1].id if pieces else after
+            last = entries[-1].sequence if entries else last
+            if entries or pieces:
+                quiet_since = time.monotonic()
+            status = self._hget(self._task_key(real), "status")
+            if status is None:
+                self.existing(task_id)  # purged while followed: says so
+            if status in {s.value for s in TERMINAL_STATUSES} and not entries and not pieces:
+                return
+            if idle_timeout_s is not None and time.monotonic() - quiet_since > idle_timeout_s:
+                return
+            time.sleep(self.poll_interval_s)
 
     def follow_journal(
         self, task_id: str, idle_timeout_s: float | None = None

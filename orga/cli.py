@@ -38,12 +38,15 @@ from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from orga.cli_agents import agents_app
 from orga.cli_schedules import schedule_app
+from orga.cli_tokens import TokenPrinter
 from orga.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
 from orga.topology import Role, supervisor_exec, worker_commands
 from shared import aio
 from shared.errors import OrgaError
+from shared.events import JournalEntry
 from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
+from shared.tokens import TokenEntry
 from workers import key_handoff
 from workers.telemetry import configure_tracing
 
@@ -311,6 +314,8 @@ def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> st
                TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=out, disable=quiet, transient=False) as progress:
         bar = progress.add_task("waiting", total=None, detail="")
+        raw = None if out.is_terminal else sys.stdout  # a pipe or a file: piece by piece
+        tokens = None if quiet else TokenPrinter(progress.console, raw)
         while time.monotonic() < deadline:
             if _STOP.requested:
                 signum = _STOP.signum or signal.SIGTERM
@@ -321,6 +326,8 @@ def _follow(client: OrgaClient, task_id: str, timeout: float, quiet: bool) -> st
             except TaskNotFoundError:
                 _STOP.wait(0.05)
                 continue
+            if tokens is not None:
+                tokens.show(client.tokens(task_id, tokens.after))
             progress.update(
                 bar,
                 description=_progress_label(status),
@@ -533,13 +540,26 @@ def journal(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new entries.")
     ] = False,
+    tokens: Annotated[
+        bool,
+        typer.Option(
+            help="With --follow, also print the model's answers as they stream, one "
+            '{"tokens": {...}} line per piece (docs/protocol.md, the tokens stream).'
+        ),
+    ] = True,
 ) -> None:
     """A task's journal, one JSON entry per line."""
 
     def body(client: OrgaClient) -> None:
-        entries = client.follow_journal(task_id) if follow else iter(client.journal(task_id))
+        entries: Iterator[JournalEntry | TokenEntry] = iter(client.journal(task_id))
+        if follow:
+            follows = client.follow_with_tokens if tokens else client.follow_journal
+            entries = follows(task_id)
         for entry in entries:
-            sys.stdout.write(entry.model_dump_json() + "\n")
+            if isinstance(entry, TokenEntry):
+                sys.stdout.write(json.dumps({"tokens": entry.as_json()}) + "\n")
+            else:
+                sys.stdout.write(entry.model_dump_json() + "\n")
             sys.stdout.flush()
 
     with _errors():

@@ -29,6 +29,7 @@ from orga import topology
 from orga.embedded_redis import EmbeddedRedis
 from orga.topology import Role, worker_commands
 from shared.errors import OrgaError
+from shared.redaction import Redactor, secret_values
 from shared.settings import OrgaSettings
 
 __all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings"]
@@ -59,6 +60,7 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
             chain_tools=settings.chain_tools,
             max_delegation_depth=settings.max_delegation_depth,
             max_children_per_task=settings.max_children_per_task,
+            journal_redactor=Redactor(secret_values(settings)),
             liveness=LivenessSettings(
                 heartbeat_timeout_s=settings.heartbeat_timeout_s,
                 start_to_close_s=settings.start_to_close_s,
@@ -155,6 +157,8 @@ class EmbeddedRuntime:
         environment holds a model key, the reasoning workers read it from a socket
         (:mod:`orga.topology`)."""
         environ = {**os.environ, "ORGA_REDIS_URL": self.url}
+        # One person watches an embedded run: its answers stream unless they said otherwise.
+        environ.setdefault("ORGA_STREAM_TOKENS", "true")
         settings = self.runtime_settings
         if self.worker_concurrency is not None:
             settings = settings.model_copy(update={"worker_concurrency": self.worker_concurrency})

@@ -15,6 +15,7 @@ __all__ = [
     "DelegateAction",
     "Deny",
     "GateDecision",
+    "GateModification",
     "Modify",
     "Observation",
     "ProposedAction",
@@ -115,6 +116,16 @@ class Ask(BaseModel):
 
 
 GateDecision = Annotated[Allow | Deny | Modify | Ask, Field(discriminator="decision")]
+
+
+class GateModification(BaseModel):
+    """A gate's Modify as it was applied: the action proposed, the one that runs instead (with
+    the proposed call's id kept), and the gate's reason; journaled as ``GateModified``."""
+
+    model_config = ConfigDict(frozen=True)
+    before: ProposedAction
+    after: ProposedAction
+    reason: str
 
 
 class Observation(BaseModel):

@@ -7,11 +7,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.actions import ProposedAction
+from shared.actions import GateModification, Observation, ProposedAction
 from shared.durations import Duration
 from shared.inference import ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, TerminationReason
 from shared.progress_tracker import StepDecision
+from shared.redaction import Redactor
 from shared.stagnation.verdict import (
     ReasonCode,
     StagnationKind,
@@ -20,6 +21,7 @@ from shared.stagnation.verdict import (
 )
 
 __all__ = [
+    "JOURNAL_TEXT_CHARS",
     "AttemptFailed",
     "CallDecided",
     "CallHeld",
@@ -28,6 +30,7 @@ __all__ = [
     "CriticVerdict",
     "DispatchFailed",
     "Escalated",
+    "GateModified",
     "JournalEntry",
     "LoopEvent",
     "ObservationsCollected",
@@ -36,15 +39,27 @@ __all__ = [
     "ProviderWaited",
     "ReasoningComplete",
     "RecoveryTriggered",
+    "ReferenceFailure",
     "ReviewDecided",
     "ServiceUnavailable",
     "StagnationDetected",
     "Started",
     "StepLimitReached",
     "Terminated",
+    "ToolResultRecord",
     "ToolsDispatched",
     "VerificationRun",
 ]
+
+JOURNAL_TEXT_CHARS = 2000
+"""A tool's result or a failure's reason is journaled up to this many characters."""
+
+
+def _capped(text: str, redactor: Redactor | None) -> str:
+    """``text`` redacted, then cut to :data:`JOURNAL_TEXT_CHARS` (redacted first, so no cut
+    leaves a piece of a secret the redactor would not know)."""
+    clean = redactor.redact(text) if redactor is not None else text
+    return clean[:JOURNAL_TEXT_CHARS]
 
 
 class _Event(BaseModel):
@@ -86,12 +101,43 @@ class ToolsDispatched(_Event):
     duration: Duration
 
 
+class ToolResultRecord(_Event):
+    """One tool call's result as the journal keeps it: redacted, at most
+    :data:`JOURNAL_TEXT_CHARS` characters of it (``full_chars``: the whole result's length
+    when it was cut, else None)."""
+
+    call_id: str | None = None
+    tool: str
+    is_error: bool = False
+    content: str
+    full_chars: int | None = None
+    error_type: str | None = None
+    """``timeout``, ``circuit_open``, ``policy_denied``, ``schema``... for an error."""
+
+    @classmethod
+    def of(cls, observation: Observation, redactor: Redactor | None = None) -> ToolResultRecord:
+        """The record of ``observation``."""
+        return cls(
+            call_id=observation.call_id,
+            tool=observation.source,
+            is_error=observation.is_error,
+            content=_capped(observation.content, redactor),
+            full_chars=(
+                len(observation.content) if len(observation.content) > JOURNAL_TEXT_CHARS else None
+            ),
+            error_type=observation.metadata.get("error_type"),
+        )
+
+
 class ObservationsCollected(_Event):
-    """The observations of an iteration were added to the conversation."""
+    """The observations of an iteration were added to the conversation: how many, and each
+    call's result (``results``, in the order of the calls; empty in journals written before
+    they were recorded)."""
 
     type: Literal["ObservationsCollected"] = "ObservationsCollected"
     iteration: int
     observation_count: int
+    results: list[ToolResultRecord] = Field(default_factory=list)
 
 
 class Terminated(_Event):
@@ -197,14 +243,55 @@ class CallDecided(_Event):
     message: str | None = None
 
 
+class ReferenceFailure(_Event):
+    """A reference pre-hydration could not resolve: its type, its text, and why."""
+
+    ref_type: str
+    reference: str
+    error: str
+
+
 class PreHydrationComplete(_Event):
-    """References from the task input were resolved before the loop."""
+    """References from the task input were resolved before the loop; ``failures`` says which
+    failed and why (redacted, capped)."""
 
     type: Literal["PreHydrationComplete"] = "PreHydrationComplete"
     references_found: int
     references_resolved: int
     references_failed: int
     total_tokens: int
+    failures: list[ReferenceFailure] = Field(default_factory=list)
+
+
+class GateModified(_Event):
+    """The policy gate changed a proposed action before it ran: what the model proposed
+    (``before``), what runs instead (``after``) and the gate's reason."""
+
+    type: Literal["GateModified"] = "GateModified"
+    iteration: int
+    call_id: str | None = None
+    reason: str
+    before: ProposedAction
+    after: ProposedAction
+
+    @classmethod
+    def of(
+        cls, iteration: int, change: GateModification, redactor: Redactor | None = None
+    ) -> GateModified:
+        """The event for one applied Modify, every string in it redacted."""
+        data = change.model_dump(mode="json")
+        if redactor is not None:
+            data = redactor.redact_value(data)
+        before = data["before"]
+        return cls.model_validate(
+            {
+                "iteration": iteration,
+                "call_id": before.get("call_id"),
+                "reason": _capped(data["reason"], None),
+                "before": before,
+                "after": data["after"],
+            }
+        )
 
 
 class StagnationDetected(_Event):
@@ -340,7 +427,8 @@ LoopEvent = Annotated[
     | CallDecided
     | CriticRequested
     | CriticVerdict
-    | CriticReplyRejected,
+    | CriticReplyRejected
+    | GateModified,
     Field(discriminator="type"),
 ]
 

@@ -21,6 +21,9 @@ Streams (one per partition)
     ``orga:P:review``            escalations waiting for a human decision
     ``orga:P:dead_letter``       poison messages and dead-lettered tool calls
     ``orga:P:journal:{task_id}``  the journal of one task (``journal_stream(task_id, p)``)
+    ``orga:P:tokens:{task_id}``  the model's answers of one task as they stream, for watchers
+                                 (``tokens_stream(task_id, p)``; ``MAXLEN ~ tokens_maxlen``,
+                                 expires ``tokens_ttl_s`` after its last write)
     ``orga:P:control``           review decisions and cancellations sent by the CLI
     ``orga:P:outbox``            dispatches committed and not yet published to Celery
                                  (``outbox_stream(p)``; never trimmed: see ``outbox_maxlen``)
@@ -174,6 +177,9 @@ __all__ = [
     "status_counts_key",
     "task_index_key",
     "task_key",
+    "tokens_maxlen",
+    "tokens_stream",
+    "tokens_ttl_s",
     "tool_task_name",
     "tools_queue",
     "workspace_claim_key",
@@ -227,6 +233,9 @@ control_maxlen: Final = 10_000
 observations_maxlen: Final = 100_000
 rejected_maxlen: Final = 10_000
 dead_letter_maxlen: Final = 100_000
+tokens_maxlen: Final = 2_000
+"""Entries kept per task in ``tokens_stream``: each holds the text that came while the last
+write was under way (a few tokens), so this is the last few thousand pieces of text."""
 
 outbox_maxlen: Final = None
 """The outbox is never trimmed (no ``MAXLEN`` on its ``XADD``): ``MAXLEN`` drops the oldest
@@ -259,6 +268,9 @@ inbox_session_ttl_s: Final = 14 * 24 * 3600
 """How long an inbox login lasts at most (its cookie expires with it)."""
 inbox_login_window_s: Final = 60
 """The window in which an inbox login's failures are counted."""
+tokens_ttl_s: Final = 3600
+"""A task's ``tokens_stream`` expires this long after its last write (its answers are in the
+conversation and the journal; the stream is only for watching them come)."""
 """How long the claim of a decided review is kept (a late second decision is refused by it)."""
 """Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
@@ -445,6 +457,11 @@ def task_key(task_id: str, partition: int) -> str:
 def journal_stream(task_id: str, partition: int) -> str:
     """The journal stream of one task: ``orga:{p:NN}:journal:{task_id}``."""
     return _in(partition, f"journal:{task_id}")
+
+
+def tokens_stream(task_id: str, partition: int) -> str:
+    """The text of a task's model answers as it streams: ``orga:{p:NN}:tokens:{task_id}``."""
+    return _in(partition, f"tokens:{task_id}")
 
 
 def conversation_key(task_id: str, partition: int) -> str:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.durations import Duration, format_duration
+from shared.redaction import Redactor
 from shared.safe_regex import compile_user_pattern
 
 if TYPE_CHECKING:
@@ -169,16 +170,28 @@ class HydratedContext(BaseModel):
         """How many references were hydrated (each is either resolved or failed)."""
         return len(self.resolved) + len(self.failed)
 
-    def completion_event(self) -> PreHydrationComplete:
-        """The ``PreHydrationComplete`` journal event describing this outcome."""
+    def completion_event(self, redactor: Redactor | None = None) -> PreHydrationComplete:
+        """The ``PreHydrationComplete`` journal event describing this outcome: the counts, and
+        each failed reference with its reason (redacted with ``redactor``, capped)."""
         # Imported here: shared.events imports shared.loop_types, which imports this module.
-        from shared.events import PreHydrationComplete
+        from shared.events import JOURNAL_TEXT_CHARS, PreHydrationComplete, ReferenceFailure
+
+        def clean(text: str) -> str:
+            return (redactor.redact(text) if redactor is not None else text)[:JOURNAL_TEXT_CHARS]
 
         return PreHydrationComplete(
             references_found=self.references_found,
             references_resolved=len(self.resolved),
             references_failed=len(self.failed),
             total_tokens=self.total_tokens,
+            failures=[
+                ReferenceFailure(
+                    ref_type=f.reference.ref_type,
+                    reference=clean(f.reference.value),
+                    error=clean(f.error),
+                )
+                for f in self.failed
+            ],
         )
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from shared.actions import Observation, ProposedAction, ToolCallAction
+from shared.actions import GateModification, Observation, ProposedAction, ToolCallAction
 from shared.approval import HeldCall
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import WireFormatError
@@ -320,6 +320,9 @@ class ReasonedMessage(BaseModel):
     provider_waits: list[ProviderWait] = Field(default_factory=list)
     """Transient provider errors and shared rate-limit holds the model call waited out (the
     coordinator journals them; they are not failed attempts)."""
+    modifications: list[GateModification] = Field(default_factory=list)
+    """The gate's Modify decisions of this iteration, before and after (journaled as
+    ``GateModified``; optional, so older workers and coordinators still agree)."""
 
 
 class WorkerFailedMessage(BaseModel):

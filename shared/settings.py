@@ -162,6 +162,14 @@ class OrgaSettings(BaseSettings):
         "queue, with the observation that lists them (one coordinator step less per "
         "iteration); false: the coordinator dispatches every call",
     )
+    stream_tokens: bool = Field(
+        default=False,
+        description="Reasoning workers ask the model for a streamed answer and publish its text "
+        "as it comes to the task's tokens stream (`orga run`, `orga journal --follow`, the "
+        "inbox and the API's events show it); it about doubles the runtime's CPU per model "
+        "call (docs/performance.md), so a deployment opts in; `orga run` on the embedded "
+        "runtime streams unless this is set to false",
+    )
     max_delegation_depth: int = Field(
         default=3,
         ge=0,

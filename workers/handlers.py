@@ -279,6 +279,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         chained=chained,
         duration_ms=reasoned_ms,
         provider_waits=waits,
+        modifications=dispatching.modifications,
     )
 
 

@@ -31,6 +31,7 @@ from shared.actions import (
     DelegateAction,
     Deny,
     GateDecision,
+    GateModification,
     Modify,
     Observation,
     ProposedAction,
@@ -191,6 +192,7 @@ class PolicyCheck:
             denials=verdicts.denials,
             terminal_output=verdicts.terminal_output,
             held=verdicts.held,
+            modifications=verdicts.modifications,
         )
 
     async def _check_one(
@@ -274,6 +276,9 @@ class PolicyCheck:
             self.state.conversation.push(
                 ConversationMessage.tool_result(original_id, _action_name(original), text)
             )
+        verdicts.modifications.append(
+            GateModification(before=original, after=modified, reason=decision.reason)
+        )
         verdicts.approve(modified)
 
 
@@ -325,6 +330,7 @@ class _Verdicts:
     denials: list[Observation] = field(default_factory=list)
     terminal_output: str | None = None
     held: list[HeldCall] = field(default_factory=list)
+    modifications: list[GateModification] = field(default_factory=list)
 
     def approve(self, action: ProposedAction) -> None:
         self.approved.append(action)
@@ -350,6 +356,8 @@ class ToolDispatching:
     denials: list[Observation]
     terminal_output: str | None = None
     held: list[HeldCall] = field(default_factory=list)
+    modifications: list[GateModification] = field(default_factory=list)
+    """The gate's Modify decisions, as applied (journaled as ``GateModified``)."""
 
     @property
     def denied_count(self) -> int:

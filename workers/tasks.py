@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from celery import Celery, Task, current_app, shared_task
@@ -37,9 +38,11 @@ from workers.broker import TRANSIENT_WRITE_ERRORS
 from workers.handlers import live_fences, run_dispatch
 from workers.pool import ASYNC_BODIES, ran_on_loop
 from workers.providers.settings import ProviderSettings
+from workers.providers.streaming import streaming_to
 from workers.providers.waiting import RedisWaitWatch, watching
 from workers.runtime import ProcessServices
 from workers.telemetry import configure_tracing, flush_tracing
+from workers.token_stream import RedisTokenSink
 from workers.tools.base import Tool
 from workers.tools.registry import ToolRegistry, default_registry
 
@@ -150,7 +153,7 @@ async def _answer(
     # A model call held in a retry wait is shown to operators and stops when its task ends:
     # the watch is in the context the work's task copies when it is created.
     watch = RedisWaitWatch(runtime.redis, request.fence, partitions=runtime.settings.partitions)
-    with watching(watch):
+    with watching(watch), _streaming(request, runtime):
         work = asyncio.ensure_future(
             run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
         )
@@ -173,6 +176,19 @@ async def _answer(
         chained = outcome.chained if index == 0 else ()
         await _publish(runtime, each, chained, fences)
     return outcome.failure
+
+
+def _streaming(
+    request: ReasonRequest | ToolRequest, runtime: ProcessServices
+) -> AbstractContextManager[None]:
+    """A reasoning's model call streams its answer to the task's tokens stream
+    (:mod:`workers.token_stream`), unless ``ORGA_STREAM_TOKENS`` is off."""
+    if not isinstance(request, ReasonRequest) or not runtime.settings.stream_tokens:
+        return nullcontext()
+    sink = RedisTokenSink(
+        runtime.redis, request.fence, request.purpose, partitions=runtime.settings.partitions
+    )
+    return streaming_to(sink)
 
 
 async def _publish(

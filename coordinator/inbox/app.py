@@ -13,6 +13,7 @@ form's ``csrftoken`` field), then the routes.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +27,7 @@ from starlette.datastructures import FormData
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -52,6 +53,9 @@ a held tool call."""
 WITH_TEXT = frozenset({"retry", "revise", "reject"})
 """The decisions that carry the form's text: a retry's hint, a revision's reason, the
 message of a rejected call."""
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+"""A Redis stream id (``after`` of the live answer's requests)."""
+
 PROTECTED_FORMS = frozenset({"/decide", "/login", "/logout"})
 """Checked by asgi-csrf even on a request without cookies (basic auth sends none)."""
 SECURITY_HEADERS = [
@@ -158,6 +162,22 @@ class InboxApp:
             updated=utc(record.updated_at), children=self.client.children(record),
             parent=record.spec.delegation.task_id if record.spec.delegation else None,
         )  # fmt: skip
+
+    def task_tokens(self, request: Request) -> Response:
+        """The task's streamed answers after the stream id ``after`` (JSON: ``entries`` as
+        :meth:`shared.tokens.TokenEntry.as_json`, and ``ended`` once the task has ended), for
+        the page's live answer."""
+        task_id = str(request.path_params["task_id"])
+        after = str(request.query_params.get("after") or "0-0")
+        if not _STREAM_ID.fullmatch(after):
+            message = f"after must be a stream id like 0-0, got {after[:40]!r}"
+            return JSONResponse({"error": message}, status_code=400)
+        try:
+            record = self.client.record(task_id)
+        except OrgaError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        entries = [e.as_json() for e in self.client.tokens(record.task_id, after)]
+        return JSONResponse({"entries": entries, "ended": record.terminal})
 
     # -- login ------------------------------------------------------------------------------
 
@@ -305,6 +325,7 @@ def create_app(
         Route("/tasks/rows", inbox.task_rows),
         Route("/tasks/{task_id}", inbox.task),
         Route("/tasks/{task_id}/live", inbox.task_live),
+        Route("/tasks/{task_id}/tokens", inbox.task_tokens),
         Route("/login", inbox.login_form),
         Route("/login", inbox.login, methods=["POST"]),
         Route("/logout", inbox.logout, methods=["POST"]),

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coordinator.client import OrgaClient, TaskNotFoundError
+from coordinator.inbox.timeline import Block, describe, human_duration
 from coordinator.state import ReviewItem, StepStatus, TaskRecord
 from shared.events import JournalEntry
 
@@ -247,30 +248,38 @@ def task_row(record: TaskRecord) -> TaskRow:
 
 @dataclass(frozen=True, slots=True)
 class JournalRow:
-    """A journal entry as one table row."""
+    """A journal entry as one line of the task's timeline: when (and how long after the entry
+    before it), where, what, in words (:mod:`coordinator.inbox.timeline`), and the longer
+    texts behind it."""
 
     sequence: int
     time: str
+    since: str
     step: str
     iteration: int
     event: str
     detail: str
+    blocks: tuple[Block, ...] = ()
 
 
 def journal_rows(client: OrgaClient, task_id: str, journal_seq: int) -> list[JournalRow]:
     """The task's last :data:`JOURNAL_TAIL` journal entries, oldest first."""
     after = max(-1, journal_seq - JOURNAL_TAIL - 1)
-    return [_journal_row(entry) for entry in client.journal(task_id, after=after)]
+    entries = client.journal(task_id, after=after)
+    previous = [None, *entries][: len(entries)]
+    return [_journal_row(e, before) for e, before in zip(entries, previous, strict=True)]
 
 
-def _journal_row(entry: JournalEntry) -> JournalRow:
-    fields = entry.event.model_dump(mode="json", exclude={"type"})
-    detail = json.dumps(fields, ensure_ascii=False)
+def _journal_row(entry: JournalEntry, before: JournalEntry | None = None) -> JournalRow:
+    detail, blocks = describe(entry.event)
+    gap = (entry.timestamp - before.timestamp) if before is not None else None
     return JournalRow(
         sequence=entry.sequence,
         time=entry.timestamp.strftime("%H:%M:%S"),
+        since=f"+{human_duration(gap)}" if gap is not None and gap.total_seconds() > 0 else "",
         step=entry.step_id or "",
         iteration=entry.iteration,
         event=entry.event.type,
-        detail=detail if len(detail) <= 400 else detail[:399] + "…",
+        detail=detail,
+        blocks=blocks,
     )

@@ -22,6 +22,7 @@ from shared.events import JournalEntry, LoopEvent
 from shared.loop_types import LoopConfig
 from shared.progress_tracker import ProgressTracker
 from shared.protocol import ChildFinishedMessage, Fence, ReasonRequest, ToolRequest
+from shared.redaction import Redactor
 from shared.stagnation import StagnationDetector
 from shared.task_spec import task_workspace
 
@@ -61,6 +62,9 @@ class MachineSettings:
     """How deep sub-agents may nest: a task's children are at depth 1, theirs at 2..."""
     max_children_per_task: int = 10
     """How many sub-agent tasks one task may create in its whole life."""
+    journal_redactor: Redactor = field(default_factory=lambda: Redactor(()))
+    """Redacts the process's secrets from the tool results, reference failures and gate
+    changes the journal records (workers already redact theirs from what they answer)."""
 
 
 @dataclass(frozen=True, slots=True)

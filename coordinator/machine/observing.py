@@ -12,6 +12,7 @@ from shared.conversation import ConversationMessage
 from shared.events import (
     ObservationsCollected,
     StagnationDetected,
+    ToolResultRecord,
     ToolsDispatched,
     VerificationRun,
 )
@@ -39,7 +40,13 @@ class Observing(Section):
         duration = timedelta(milliseconds=awaiting.tool_ms)
         count = len(observations)
         m.journal(ToolsDispatched(iteration=record.iteration, tool_count=count, duration=duration))
-        m.journal(ObservationsCollected(iteration=record.iteration, observation_count=count))
+        redactor = m.settings.journal_redactor
+        results = [ToolResultRecord.of(o, redactor) for o in observations]
+        m.journal(
+            ObservationsCollected(
+                iteration=record.iteration, observation_count=count, results=results
+            )
+        )
         record.awaiting = None
         if awaiting.child_iterations:  # sub-agents' iterations count against the step's
             record.iteration += awaiting.child_iterations

@@ -56,4 +56,4 @@ class PreHydration(Section):
         text = engine.format_context(hydrated)
         if text:
             self.record.conversation.push(ConversationMessage.system(text))
-        self.m.journal(hydrated.completion_event())
+        self.m.journal(hydrated.completion_event(self.m.settings.journal_redactor))

@@ -14,6 +14,7 @@ from shared.approval import HeldCall
 from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation
 from shared.events import (
+    GateModified,
     ObservationsCollected,
     PolicyEvaluated,
     ProviderWaited,
@@ -130,6 +131,8 @@ class Reasoning(Section):
                 denied_count=message.denied_count,
             )
         )
+        for change in message.modifications:
+            m.journal(GateModified.of(record.iteration, change, m.settings.journal_redactor))
         if self.observe_turn(message):
             return
         if message.terminal_output is not None:

@@ -17,6 +17,7 @@ from bench.fake_model_server import FakeModelServer, ScriptConfig, task_marker
 from shared.conversation import Conversation, ConversationMessage
 from shared.inference import FinishReason, InferenceOptions
 from workers.providers.openai_compat import OpenAICompatProvider
+from workers.providers.streaming import TokenKind, streaming_to
 
 KEY = "test-key"
 
@@ -226,3 +227,35 @@ def test_raw_http_requests_on_one_connection(connection: str) -> None:
         await writer.wait_closed()
 
     _run(ScriptConfig(latency_s=0.0, api_key=KEY), body)
+
+
+def test_a_streamed_request_is_answered_in_the_streaming_wire_format() -> None:
+    """``stream: true``: chunked SSE frames after the latency, one every chunk delay; the
+    runtime's provider, streaming, reads the same tool call and text as unstreamed."""
+    heard: list[str] = []
+
+    class Sink:
+        async def emit(self, kind: TokenKind, text: str = "") -> None:
+            heard.append(text if kind == "token" else kind)
+
+    config = ScriptConfig(
+        latency_s=0.05, jitter=0, iterations=2, api_key=KEY, text_words=20, chunk_delay_s=0.01
+    )
+
+    async def body(server: FakeModelServer) -> None:
+        provider = OpenAICompatProvider(base_url=server.url, api_key=KEY, model="fake")
+        messages = [ConversationMessage.user(f"Goal of {task_marker('s-1')}.")]
+        started = time.monotonic()
+        with streaming_to(Sink()):
+            response = await provider.complete(Conversation(messages=messages), InferenceOptions())
+        took = time.monotonic() - started
+        assert response.finish_reason is FinishReason.TOOL_CALLS
+        assert response.tool_calls[0].name == "file_read"
+        assert response.content == " ".join(f"w{n}" for n in range(20))
+        assert "".join(h for h in heard if h != "stream_done") == response.content
+        assert heard[-1] == "stream_done" and len(heard) > 10
+        assert took >= 0.05 + 10 * 0.01
+        assert response.usage.total_tokens > 0
+        assert server.stats()["calls"] == 1
+
+    _run(config, body)

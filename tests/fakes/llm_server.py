@@ -7,6 +7,11 @@ fields) and answers those in the provider's own error shape, so a provider that 
 request fails here the way it would in production. An empty queue answers 500 with a message
 saying so.
 
+A request with ``"stream": true`` gets its programmed 200 reply streamed in the provider's
+wire format (``bench/model_streams.py``: OpenAI ``data:`` chunks and ``[DONE]``, Anthropic's
+named events), one frame every ``chunk_delay_s``; ``cut_after`` closes the connection after
+that many frames, as a server that dies mid-answer.
+
     with FakeOpenAIServer(api_key="sk-test") as server:
         server.respond_text("Hello!")
         provider = OpenAICompatProvider(base_url=server.base_url, api_key="sk-test")
@@ -20,6 +25,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -28,6 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
+
+from bench.model_streams import anthropic_frames, openai_frames
 
 __all__ = [
     "FIXTURES_DIR",
@@ -86,6 +94,8 @@ class ProgrammedResponse:
     body: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    cut_after: int | None = None
+    """Streamed: close the connection after this many frames (None: send them all)."""
 
     def encoded(self) -> tuple[bytes, str]:
         """The body bytes and their content type."""
@@ -125,8 +135,13 @@ class FakeLLMServer(ABC):
 
     endpoint_path: ClassVar[str] = "/v1/chat/completions"
 
-    def __init__(self, *, api_key: str | None = None) -> None:
+    def __init__(self, *, api_key: str | None = None, chunk_delay_s: float = 0.0) -> None:
         self.api_key = api_key
+        self.chunk_delay_s = chunk_delay_s
+        self.stream_starts: list[float] = []
+        """``time.monotonic()`` when each streamed answer's first frame was written."""
+        self.stream_ends: list[float] = []
+        """``time.monotonic()`` when each streamed answer's last frame was written."""
         self.errors: list[str] = []
         self._requests: list[RecordedRequest] = []
         self._queue: deque[ProgrammedResponse] = deque()
@@ -265,7 +280,43 @@ class FakeLLMServer(ABC):
         response = self.refuse(request) or self._next_response()
         if response.delay_s and self._stopping.wait(response.delay_s):
             return
+        body = request.body if isinstance(request.body, dict) else {}
+        if (
+            body.get("stream") is True
+            and response.status == 200
+            and isinstance(response.body, dict)
+        ):
+            self._write_stream(handler, response, self.stream_frames(body, response.body))
+            return
         self._write(handler, response)
+
+    def stream_frames(self, request: Mapping[str, Any], reply: Mapping[str, Any]) -> list[str]:
+        """The SSE frames of ``reply`` in this provider's streaming wire format."""
+        raise NotImplementedError
+
+    def _write_stream(
+        self, handler: _Handler, response: ProgrammedResponse, frames: list[str]
+    ) -> None:
+        if response.cut_after is not None:
+            frames = frames[: response.cut_after]
+        try:
+            handler.send_response(200)
+            handler.send_header("content-type", "text/event-stream; charset=utf-8")
+            handler.send_header("cache-control", "no-cache")
+            handler.send_header("connection", "close")
+            for name, value in response.headers.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            self.stream_starts.append(time.monotonic())
+            for index, frame in enumerate(frames):
+                if index and self.chunk_delay_s and self._stopping.wait(self.chunk_delay_s):
+                    return
+                handler.wfile.write(frame.encode())
+                handler.wfile.flush()
+            self.stream_ends.append(time.monotonic())
+        except ConnectionError:
+            return
+        handler.close_connection = True
 
     def _record(self, handler: _Handler) -> RecordedRequest:
         length = int(handler.headers.get("content-length") or 0)
@@ -341,6 +392,12 @@ class FakeOpenAIServer(FakeLLMServer):
                 "are specified.",
             )
         return refused
+
+    def stream_frames(self, request: Mapping[str, Any], reply: Mapping[str, Any]) -> list[str]:
+        """Chunks and ``[DONE]``; the usage chunk only when ``include_usage`` was asked."""
+        options = request.get("stream_options")
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        return openai_frames(reply, include_usage=usage)
 
     def respond_text(
         self,
@@ -440,6 +497,10 @@ class FakeAnthropicServer(FakeLLMServer):
                 '`system` parameter, not "system" as an input message role.',
             )
         return None
+
+    def stream_frames(self, request: Mapping[str, Any], reply: Mapping[str, Any]) -> list[str]:
+        """``message_start`` ... ``message_stop``."""
+        return anthropic_frames(reply)
 
     def respond_text(
         self,

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from shared.actions import ToolCallAction
 from shared.agent_profile import AgentProfile, parse_agent
 from shared.events import JournalEntry, StagnationDetected
 from shared.stagnation import ReasonCode, StagnationLevel
@@ -119,6 +120,14 @@ def _wrote_then_read(outcome: Outcome) -> None:
     assert outcome.status == "completed"
     assert _tool_texts(outcome)[-1] == "hello"
     assert [e.tool_count for e in outcome.events_of("ToolsDispatched")] == [1, 1, 0]
+    # The journal says what each call answered, in the order of the calls.
+    results = [e.results for e in outcome.events_of("ObservationsCollected")]
+    assert [[(r.tool, r.is_error) for r in batch] for batch in results] == [
+        [("file_write", False)],
+        [("file_read", False)],
+        [],
+    ]
+    assert results[1][0].content == "hello" and results[1][0].full_chars is None
 
 
 def _two_calls(outcome: Outcome) -> None:
@@ -287,7 +296,21 @@ def _resolution_timed_out(outcome: Outcome) -> None:
     assert "(1 reference could not be resolved)" in context
     event = outcome.events_of("PreHydrationComplete")[0]
     assert (event.references_resolved, event.references_failed) == (1, 1)
+    [failure] = event.failures  # which reference failed, and why
+    assert (failure.ref_type, failure.reference) == ("slow", "sleep 30")
+    assert "timed out" in failure.error
     assert outcome.elapsed_s < 10, f"a 1 s timeout on a 30 s resolution took {outcome.elapsed_s}"
+
+
+def _modified_in_the_loop(outcome: Outcome) -> None:
+    assert outcome.status == "completed"
+    [change] = outcome.events_of("GateModified")
+    assert change.iteration == 1 and change.call_id == "call_1"
+    assert isinstance(change.before, ToolCallAction) and isinstance(change.after, ToolCallAction)
+    assert json.loads(change.before.arguments) == {"path": "./spec.md"}
+    assert json.loads(change.after.arguments) == {"path": "redacted.md"}
+    [[result]] = [e.results for e in outcome.events_of("ObservationsCollected")][:1]
+    assert result.content == REDACTED and result.tool == "file_read"
 
 
 def _tool_took_its_time(outcome: Outcome) -> None:
@@ -306,6 +329,15 @@ def _opa_task(given: Given) -> dict[str, Any]:
         workspace_template=given.template,
         policy=policy,
         pre_hydration={"resolution_tools": {"file": "file_read"}},
+    )
+
+
+def _opa_loop_task(given: Given) -> dict[str, Any]:
+    policy = {"kind": "opa", "opa_url": given.opa_url, "opa_path": "parity/decision"}
+    return _task(
+        [_calls(("file_read", {"path": "./spec.md"})), "read"],
+        workspace_template=given.template,
+        policy=policy,
     )
 
 
@@ -602,6 +634,7 @@ SCENARIOS = [
     Scenario("prehydration-gate-denies", _prehydration_denied_task, _resolution_denied),
     Scenario("prehydration-gate-modifies", _opa_task, _modified_resolution),
     Scenario("prehydration-timeout", _slow_resolution_task, _resolution_timed_out),
+    Scenario("gate-modifies-a-call-journaled", _opa_loop_task, _modified_in_the_loop),
     Scenario(
         "two-subagents-in-one-turn",
         lambda _g: _task([_calls(_delegate("alpha"), _delegate("beta")), "combined"]),

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from shared.errors import ConfigError
-from shared.events import PreHydrationComplete
+from shared.events import JOURNAL_TEXT_CHARS, PreHydrationComplete, ReferenceFailure
 from shared.pre_hydration import (
     MAX_CUSTOM_PATTERNS,
     MAX_MATCHES_PER_PATTERN,
@@ -32,6 +32,7 @@ from shared.pre_hydration import (
     ResolvedReference,
     truncate_utf8,
 )
+from shared.redaction import REDACTED, Redactor
 
 
 class FakeResolver:
@@ -601,13 +602,30 @@ def test_format_context_lists_resolved_in_order() -> None:
 
 
 def test_completion_event_counts_every_reference() -> None:
-    """The PreHydrationComplete event counts found, resolved, failed and tokens."""
+    """The PreHydrationComplete event counts found, resolved, failed and tokens, and names
+    each failed reference with its reason."""
     refs = [url("https://a.io"), url("https://b.io")]
     resolver = FakeResolver({"https://a.io": "a" * 8}, errors={"https://b.io": "nope"})
     result = hydrate(engine_with(resolution_tools=URL_TOOLS), refs, resolver)
     assert result.completion_event() == PreHydrationComplete(
-        references_found=2, references_resolved=1, references_failed=1, total_tokens=2
+        references_found=2,
+        references_resolved=1,
+        references_failed=1,
+        total_tokens=2,
+        failures=[ReferenceFailure(ref_type="url", reference="https://b.io", error="nope")],
     )
+
+
+def test_completion_event_redacts_and_caps_the_reasons() -> None:
+    """A failure's reason is redacted with the given redactor and capped."""
+    secret = "sk-live-0123456789abcdefXYZ"
+    refs = [url("https://b.io")]
+    reason = f"401 for key {secret} " + "x" * (JOURNAL_TEXT_CHARS * 2)
+    resolver = FakeResolver({}, errors={"https://b.io": reason})
+    result = hydrate(engine_with(resolution_tools=URL_TOOLS), refs, resolver)
+    (failure,) = result.completion_event(Redactor([secret])).failures
+    assert secret not in failure.error and REDACTED in failure.error
+    assert len(failure.error) == JOURNAL_TEXT_CHARS
 
 
 def test_hydrated_context_json_round_trip() -> None:

@@ -37,7 +37,7 @@ import random
 import re
 import reprlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +73,7 @@ from workers.providers.waiting import wait_out
 __all__ = [
     "Endpoint",
     "JsonPoster",
+    "StreamConsumer",
     "json_count",
     "json_error_message",
     "provider_error_message",
@@ -175,14 +176,21 @@ def _any_case(hex_digits: str) -> str:
     return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in hex_digits)
 
 
+StreamConsumer = Callable[[AsyncIterator[str]], Awaitable[dict[str, Any]]]
+"""Reads the lines of a streamed 2xx answer into the JSON object a non-streamed one would be
+(:class:`workers.providers.streaming.StreamReader`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Request:
-    """One POST: where, with which headers and body, for which model (named in errors)."""
+    """One POST: where, with which headers and body, for which model (named in errors);
+    ``consume`` reads a streamed answer (None: the answer is one JSON body)."""
 
     url: str
     headers: dict[str, str]
     body: dict[str, Any]
     model: str
+    consume: StreamConsumer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,10 +238,19 @@ class JsonPoster:
         self._transport = transport
 
     async def post(
-        self, path: str, *, headers: Mapping[str, str], body: Mapping[str, Any], model: str
+        self,
+        path: str,
+        *,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        model: str,
+        consume: StreamConsumer | None = None,
     ) -> dict[str, Any]:
-        """The JSON object answered to ``POST {base_url}/{path}``, or an ``InferenceError``."""
-        request = _Request(self._endpoint.url(path), dict(headers), dict(body), model)
+        """The JSON object answered to ``POST {base_url}/{path}``, or an ``InferenceError``.
+
+        With ``consume`` the answer is read as it streams (a ``text/event-stream`` 2xx); a
+        server that answers one JSON body instead is read as without it."""
+        request = _Request(self._endpoint.url(path), dict(headers), dict(body), model, consume)
         started = self._clock()
         async with self._open_client() as client:
             attempt = 0
@@ -291,9 +308,7 @@ class JsonPoster:
     ) -> dict[str, Any] | _RetryableFailure:
         try:
             async with asyncio.timeout(self._timeout_s):
-                response = await client.post(
-                    request.url, headers=request.headers, json=request.body, timeout=self._timeout_s
-                )
+                answered = await self._exchange(client, request)
         except (httpx.TimeoutException, TimeoutError) as exc:
             timed_out = self._timeout_error(request.url, request.model)
             if self._retry.deadline_s <= 0:
@@ -302,14 +317,37 @@ class JsonPoster:
         except httpx.TransportError as exc:
             delay = self._retry.backoff_delay(attempt, self._rand())
             return _RetryableFailure(delay, self._unreachable_error(request.url, attempt + 1, exc))
-        if response.is_success:
-            return decode_json_object(response, self._endpoint, request.url)
+        if isinstance(answered, dict):
+            return answered
+        response = answered
         if is_retryable_status(response.status_code):
             delay = self._retry.retry_delay(response.headers, attempt, self._rand())
             error = exhausted_error(response, self._endpoint, request.url, delay)
             hinted = parse_retry_after(response.headers) is not None
             return _RetryableFailure(delay, error, response.status_code, hinted)
         raise status_error(response, self._endpoint, request.url, request.model)
+
+    async def _exchange(
+        self, client: httpx.AsyncClient, request: _Request
+    ) -> dict[str, Any] | httpx.Response:
+        """The 2xx answer's JSON object (streamed or not), or the error response, read."""
+        if request.consume is None:
+            response = await client.post(
+                request.url, headers=request.headers, json=request.body, timeout=self._timeout_s
+            )
+            if response.is_success:
+                return decode_json_object(response, self._endpoint, request.url)
+            return response
+        async with client.stream(
+            "POST", request.url, headers=request.headers, json=request.body, timeout=self._timeout_s
+        ) as response:
+            streamed = "text/event-stream" in response.headers.get("content-type", "")
+            if response.is_success and streamed:
+                return await request.consume(response.aiter_lines())
+            await response.aread()
+        if response.is_success:
+            return decode_json_object(response, self._endpoint, request.url)
+        return response
 
     def _timeout_error(self, url: str, model: str) -> InferenceTimeoutError:
         return InferenceTimeoutError(

@@ -15,6 +15,9 @@ json.dumps(input))`` (a block without id or name is a ``ResponseParseError``); `
 ``model_context_window_exceeded`` → MAX_TOKENS, anything else (``end_turn``, ``stop_sequence``,
 ``pause_turn``, missing) → TOOL_CALLS when there are tool calls, else STOP. Usage: prompt tokens
 are ``input_tokens`` plus any cache-read and cache-creation tokens, total = prompt + output.
+
+Inside :func:`~workers.providers.streaming.streaming_to` the request adds ``stream: true`` and
+the event stream is assembled into the same reply (:mod:`workers.providers.streaming`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from workers.providers._http import (
 from workers.providers.base import ProviderError, ResponseParseError
 from workers.providers.rate_limit import ProviderThrottle
 from workers.providers.retry import RetryPolicy, SleepFn
+from workers.providers.streaming import AnthropicStreamAssembler, StreamReader, current_sink
 
 __all__ = [
     "ANTHROPIC_BASE_URL",
@@ -130,8 +134,12 @@ class AnthropicProvider:
         body = build_anthropic_body(
             conversation, options, model, prompt_caching=self._prompt_caching
         )
+        sink, reader = current_sink(), None
+        if sink is not None:  # streamed: the text goes to the sink as it comes
+            body = {**body, "stream": True}
+            reader = StreamReader(AnthropicStreamAssembler, sink)
         data = await self._poster.post(
-            "messages", headers=self._request_headers(), body=body, model=model
+            "messages", headers=self._request_headers(), body=body, model=model, consume=reader
         )
         return parse_anthropic_response(data, model)
 

@@ -10,12 +10,18 @@ Reply: ``choices[0].message``. Unlike Symbiont, tool-call arguments sent as a JS
 re-serialised instead of dropped, a tool call without id or name is a ``ResponseParseError``
 instead of vanishing, and ``message.refusal`` gives ``FinishReason.REFUSAL`` (its text becomes the
 content when there is no other). A missing ``usage.total_tokens`` is computed.
+
+Inside :func:`~workers.providers.streaming.streaming_to` the request adds ``stream: true`` and
+``stream_options: {include_usage: true}``, and the chunks are assembled into the same reply
+(:mod:`workers.providers.streaming`); a server that refuses them with a 400 is asked again
+once for a whole answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,9 +48,20 @@ from workers.providers._http import (
     json_error_message,
     shown,
 )
-from workers.providers.base import ProviderError, ResponseParseError
+from workers.providers.base import (
+    AuthenticationError,
+    InvalidRequestError,
+    ProviderError,
+    ResponseParseError,
+)
 from workers.providers.rate_limit import ProviderThrottle
 from workers.providers.retry import RetryPolicy, SleepFn
+from workers.providers.streaming import (
+    OpenAIStreamAssembler,
+    StreamReader,
+    TokenSink,
+    current_sink,
+)
 
 __all__ = [
     "OPENAI_BASE_URL",
@@ -53,6 +70,8 @@ __all__ = [
     "build_openai_body",
     "parse_openai_response",
 ]
+
+_log = logging.getLogger(__name__)
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 OPENAI_DEFAULT_MODEL = "gpt-4o"
@@ -126,8 +145,33 @@ class OpenAICompatProvider:
         """One chat-completions call."""
         model = options.model or self._model
         body = build_openai_body(conversation, options, model)
+        sink = current_sink()
+        if sink is not None:  # streamed: the text goes to the sink as it comes
+            try:
+                return await self._streamed(body, model, sink)
+            except AuthenticationError:
+                raise
+            except InvalidRequestError as exc:
+                # Some compatible servers refuse ``stream`` or ``stream_options`` (HTTP 400):
+                # ask once more for a whole answer, which fails the same way if that was not it.
+                _log.info("inference.stream_refused", extra={"provider": self._name,
+                                                             "error": str(exc)[:300]})  # fmt: skip
         data = await self._poster.post(
             "chat/completions", headers=self._request_headers(), body=body, model=model
+        )
+        return parse_openai_response(data, model, provider=self._name)
+
+    async def _streamed(
+        self, body: dict[str, Any], model: str, sink: TokenSink
+    ) -> InferenceResponse:
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        reader = StreamReader(lambda: OpenAIStreamAssembler(self._name), sink)
+        data = await self._poster.post(
+            "chat/completions",
+            headers=self._request_headers(),
+            body=streamed,
+            model=model,
+            consume=reader,
         )
         return parse_openai_response(data, model, provider=self._name)
 

@@ -16,9 +16,62 @@
       .finally(function () { setTimeout(function () { refresh(element); }, PERIOD_MS); });
   }
 
+  // The model's answer as it streams (the task's tokens stream, docs/protocol.md): each
+  // answer (step, iteration, purpose) replaces the one before; stream_restarted starts it over,
+  // so two attempts of one answer are never joined. Text is set with textContent (no HTML).
+  var TOKENS_MS = 300;
+
+  function follow(element) {
+    var url = element.getAttribute("data-tokens");
+    var after = "0-0";
+    var answer = null;
+    var text = null;
+
+    function head(label, className) {
+      var span = document.createElement("span");
+      span.className = className;
+      span.textContent = label;
+      return span;
+    }
+
+    function apply(entry) {
+      var key = entry.step + "/" + entry.iteration + "/" + entry.purpose;
+      if (key !== answer || entry.kind === "stream_restarted") {
+        element.textContent = "";
+        var label = entry.step + " · iteration " + entry.iteration;
+        if (entry.purpose !== "act") { label += " · " + entry.purpose; }
+        element.appendChild(head(label, "answer-head"));
+        if (key === answer) {
+          element.appendChild(head("answer restarted (attempt " + entry.attempt + ")", "restarted"));
+        }
+        text = document.createElement("span");
+        text.className = "answer-text";
+        element.appendChild(text);
+        answer = key;
+      }
+      if (entry.kind === "token") { text.textContent += entry.text; }
+      if (entry.kind === "stream_done") { element.setAttribute("data-done", key); }
+    }
+
+    function poll() {
+      fetch(url + "?after=" + encodeURIComponent(after),
+            { credentials: "same-origin", headers: { "Accept": "application/json" } })
+        .then(function (response) { return response.ok ? response.json() : null; })
+        .then(function (data) {
+          if (data === null) { return true; }
+          data.entries.forEach(function (entry) { after = entry.id; apply(entry); });
+          return !(data.ended && data.entries.length === 0);
+        })
+        .catch(function () { return true; })
+        .then(function (again) { if (again) { setTimeout(poll, TOKENS_MS); } });
+    }
+    poll();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-refresh]").forEach(function (element) {
       setTimeout(function () { refresh(element); }, PERIOD_MS);
     });
+    document.querySelectorAll("[data-tokens]").forEach(follow);
   });
 })();
