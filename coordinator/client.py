@@ -29,6 +29,7 @@ from coordinator.state import (
     TaskRecord,
     check_reviewer,
 )
+from coordinator.watch import Cursor, TaskEvent, TaskWatch
 from shared import keys
 from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
@@ -315,18 +316,59 @@ class OrgaClient:
         return None
 
     def wait(self, task_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Block until the task is completed, failed or aborted; return its result."""
+        """Block until the task is completed, failed or aborted, or waits for a review; return
+        its result (with ``review_id`` when a review is open). Blocks on the task's streams
+        (:meth:`watch`), never polls; WaitTimeoutError past ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
+        real = self.accepted(task_id, deadline)
+        for event in self.watch(real, deadline=deadline):
+            if event.kind == "status" and (event.terminal or event.data["review_id"]):
+                result = self.record(real).result()
+                if event.data["review_id"]:
+                    result["review_id"] = event.data["review_id"]
+                return result
+        raise WaitTimeoutError(f"task {task_id} did not finish within {timeout_s}s")
+
+    def accepted(self, task_id: str, deadline: float | None = None) -> str:
+        """The id of the stored task ``task_id`` stands for, once the coordinator accepted it:
+        blocks on the partition's lifecycle events until then (TaskRejectedError if it was
+        rejected; WaitTimeoutError past ``deadline``, a ``time.monotonic()``)."""
+        events = keys.events_stream(self._p(task_id))
+        after = self._last_id(events)
         while True:
-            try:
-                record = self.record(task_id)
-                if record.status in TERMINAL_STATUSES:
-                    return record.result()
-            except TaskNotFoundError:
-                pass
-            if time.monotonic() > deadline:
-                raise WaitTimeoutError(f"task {task_id} did not finish within {timeout_s}s")
-            time.sleep(self.poll_interval_s)
+            with contextlib.suppress(TaskNotFoundError):
+                return self.existing(task_id)
+            reply = self.redis.xread({events: after}, block=_block_ms(deadline), count=1000)
+            for _name, rows in cast("list[Any]", reply or []):
+                after = str(rows[-1][0]) if rows else after
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeoutError(f"task {task_id} was not accepted in time")
+
+    def watch(
+        self, task_id: str, after: str | None = None, deadline: float | None = None
+    ) -> Iterator[TaskEvent]:
+        """The task's events after the cursor ``after`` (:mod:`coordinator.watch`), as they
+        come, until it ends or ``deadline`` (a ``time.monotonic()``) passes."""
+        real = self.existing(task_id)
+        watch = TaskWatch(real, self._p(real), Cursor.parse(after))
+        watch.events_after = self._last_id(watch.events_stream)
+        woke = True
+        while not watch.ended:
+            if woke:
+                pipe = self.redis.pipeline(transaction=True)
+                watch.queue_reads(pipe)
+                yield from watch.advance(pipe.execute())
+                if watch.ended:
+                    return
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            reply = self.redis.xread(watch.wake_streams(), block=_block_ms(deadline))
+            woke = watch.woke(reply) or not reply  # a quiet while: look again anyway
+
+    def _last_id(self, stream: str) -> str:
+        """The id of a stream's newest entry ("0-0" for an empty one)."""
+        rows = self._rows(self.redis.xrevrange(stream, count=1))
+        return rows[0][0] if rows else "0-0"
 
     def journal(
         self, task_id: str, after: int = -1, count: int | None = None
@@ -528,6 +570,18 @@ class OrgaClient:
     def close(self) -> None:
         """Close the connection pool."""
         self.redis.close()
+
+
+WATCH_BLOCK_MS = 5_000
+"""The longest a watcher blocks before it looks at its task again (a status changed by no
+journal entry nor lifecycle event is seen this late at worst)."""
+
+
+def _block_ms(deadline: float | None) -> int:
+    """How long one blocking read may wait: ``WATCH_BLOCK_MS``, less near ``deadline``."""
+    if deadline is None:
+        return WATCH_BLOCK_MS
+    return max(1, min(WATCH_BLOCK_MS, int((deadline - time.monotonic()) * 1000)))
 
 
 def _stream_order(entry_id: str) -> tuple[int, int]:

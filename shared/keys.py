@@ -24,10 +24,14 @@ Streams (one per partition)
     ``orga:P:control``           review decisions and cancellations sent by the CLI
     ``orga:P:outbox``            dispatches committed and not yet published to Celery
                                  (``outbox_stream(p)``; never trimmed: see ``outbox_maxlen``)
+    ``orga:P:tokens:{task_id}``  the model's answer of one task as it streams, in deltas
+                                 (``token_stream(task_id, p)``, capped: ``token_stream_maxlen``);
+                                 the API's ``/v1/tasks/{id}/events`` reads it with the journal
 
 Consumer groups
     ``orga-coordinators``        the coordinators reading the intake and observations streams
     ``orga-relays``              the coordinators' outbox relays reading ``orga:P:outbox``
+    ``orga-webhooks``            the webhook deliverers reading ``orga:P:events``
 
 Keys
     ``orga:partitions``          string: the number of partitions (``partitions_key``)
@@ -174,8 +178,11 @@ __all__ = [
     "status_counts_key",
     "task_index_key",
     "task_key",
+    "token_stream",
+    "token_stream_maxlen",
     "tool_task_name",
     "tools_queue",
+    "webhook_group",
     "workspace_claim_key",
     "workspace_claim_key_prefix",
     "workspace_claim_ttl_s",
@@ -192,6 +199,10 @@ key_prefix: Final = "orga:"
 coordinator_group: Final = "orga-coordinators"
 outbox_group: Final = "orga-relays"
 """The coordinators' outbox relays: each reads every ``outbox_stream(p)`` as its own consumer."""
+webhook_group: Final = "orga-webhooks"
+"""The webhook deliverers (coordinator/webhooks.py): each reads every ``events_stream(p)`` as its
+own consumer, so one event is delivered by one of them; an entry is acknowledged once every
+subscription matching it was delivered or dead-lettered."""
 
 # -- keys ----------------------------------------------------------------------------------
 
@@ -227,6 +238,9 @@ control_maxlen: Final = 10_000
 observations_maxlen: Final = 100_000
 rejected_maxlen: Final = 10_000
 dead_letter_maxlen: Final = 100_000
+token_stream_maxlen: Final = 2_000
+"""Deltas kept per task's token stream: a watcher further behind sees the journal's final
+answer instead (the final assistant message stays the unit of durability)."""
 
 outbox_maxlen: Final = None
 """The outbox is never trimmed (no ``MAXLEN`` on its ``XADD``): ``MAXLEN`` drops the oldest
@@ -473,3 +487,9 @@ def review_claim_key(review_id: str, partition: int) -> str:
     """The one decision sent for a review, in its task's partition (written with the control
     entry by one script): ``orga:{p:NN}:review_claim:{review_id}``."""
     return _in(partition, f"review_claim:{review_id}")
+
+
+def token_stream(task_id: str, partition: int) -> str:
+    """The model's answer of one task as it streams, in deltas (the API's events read it with
+    the journal, in one ``XREAD`` of one slot): ``orga:{p:NN}:tokens:{task_id}``."""
+    return _in(partition, f"tokens:{task_id}")
