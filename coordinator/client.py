@@ -45,6 +45,7 @@ __all__ = [
     "WaitTimeoutError",
     "critic_status",
     "task_text",
+    "watch_block_ms",
 ]
 
 
@@ -111,8 +112,11 @@ class OrgaClient:
                 self._count = check_partitions(stored, self.partitions, "client")
         return self._count
 
-    def _p(self, task_id: str) -> int:
+    def partition(self, task_id: str) -> int:
+        """The partition of a task (of its root id)."""
         return keys.partition_of(task_id, self.partition_count)
+
+    _p = partition
 
     def _task_key(self, task_id: str) -> str:
         return keys.task_key(task_id, self._p(task_id))
@@ -307,6 +311,60 @@ class OrgaClient:
             rows.append(row)
         return rows
 
+    def page_tasks(
+        self,
+        status: str | None = None,
+        since: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of tasks, newest first, over every partition: those created at ``since``
+        (unix seconds) or later, in ``status`` if given, after ``cursor`` (the one a previous
+        page returned); the page and the cursor of the next (None after the last)."""
+        before = _page_cursor(cursor)
+        rows: list[dict[str, Any]] = []
+        while len(rows) < limit:
+            batch = self._index_before(before, since, max(limit * 2, 50))
+            if not batch:
+                return rows, None
+            statuses = self._statuses([task_id for _at, task_id in batch])
+            for (at, task_id), found in zip(batch, statuses, strict=True):
+                before = (at, task_id)
+                if found is not None and status in (None, found):
+                    rows.append({"task_id": task_id, "status": found, "created_at": at})
+                    if len(rows) == limit:
+                        break
+        return rows, f"{before[0]!r}:{before[1]}"
+
+    def _index_before(
+        self, before: tuple[float, str], since: float | None, count: int
+    ) -> list[tuple[float, str]]:
+        """The newest ``count`` tasks of the partitions' indexes ordered before ``before``
+        (creation time, then id, both descending)."""
+        low = "-inf" if since is None else since
+        merged: list[tuple[float, str]] = []
+        for p in range(self.partition_count):
+            got = self.redis.zrevrangebyscore(
+                keys.task_index_key(p), before[0], low, start=0, num=count, withscores=True
+            )
+            merged += [(float(at), str(i)) for i, at in cast("list[Any]", got)]
+        return sorted((row for row in merged if row < before), reverse=True)[:count]
+
+    def _statuses(self, task_ids: list[str]) -> list[str | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hget(self._task_key(task_id), "status")
+        return [None if s is None else str(s) for s in pipe.execute()]
+
+    def idempotent_task(self, key: str) -> str | None:
+        """The task an idempotency key was first submitted with, while it is remembered."""
+        p = keys.idempotency_partition(key, self.partition_count)
+        return self._get(keys.idempotency_key(key, p))
+
+    def _get(self, key: str) -> str | None:
+        found = cast("str | None", self.redis.get(key))
+        return None if found is None else str(found)
+
     def rejection(self, task_id: str) -> str | None:
         """The validation error of a rejected submission, if it was rejected."""
         rejected = keys.rejected_stream(self._p(task_id))
@@ -338,7 +396,7 @@ class OrgaClient:
         while True:
             with contextlib.suppress(TaskNotFoundError):
                 return self.existing(task_id)
-            reply = self.redis.xread({events: after}, block=_block_ms(deadline), count=1000)
+            reply = self.redis.xread({events: after}, block=watch_block_ms(deadline), count=1000)
             for _name, rows in cast("list[Any]", reply or []):
                 after = str(rows[-1][0]) if rows else after
             if deadline is not None and time.monotonic() > deadline:
@@ -353,7 +411,7 @@ class OrgaClient:
         watch = TaskWatch(real, self._p(real), Cursor.parse(after))
         watch.events_after = self._last_id(watch.events_stream)
         woke = True
-        while not watch.ended:
+        while True:
             if woke:
                 pipe = self.redis.pipeline(transaction=True)
                 watch.queue_reads(pipe)
@@ -362,7 +420,7 @@ class OrgaClient:
                     return
             if deadline is not None and time.monotonic() > deadline:
                 return
-            reply = self.redis.xread(watch.wake_streams(), block=_block_ms(deadline))
+            reply = self.redis.xread(watch.wake_streams(), block=watch_block_ms(deadline))
             woke = watch.woke(reply) or not reply  # a quiet while: look again anyway
 
     def _last_id(self, stream: str) -> str:
@@ -577,11 +635,26 @@ WATCH_BLOCK_MS = 5_000
 journal entry nor lifecycle event is seen this late at worst)."""
 
 
-def _block_ms(deadline: float | None) -> int:
+def watch_block_ms(deadline: float | None) -> int:
     """How long one blocking read may wait: ``WATCH_BLOCK_MS``, less near ``deadline``."""
     if deadline is None:
         return WATCH_BLOCK_MS
     return max(1, min(WATCH_BLOCK_MS, int((deadline - time.monotonic()) * 1000)))
+
+
+def _page_cursor(cursor: str | None) -> tuple[float, str]:
+    """The (creation time, id) a page cursor stands for: the row before which the next page
+    starts; ConfigError naming a cursor that is not one."""
+    if not cursor:
+        return (float("inf"), "")
+    at, _, task_id = cursor.partition(":")
+    try:
+        return (float(at), check_task_id(task_id))
+    except (ValueError, OrgaError) as exc:
+        raise ConfigError(
+            f"cursor {cursor[:80]!r} is not a page cursor: send the `next_cursor` of the "
+            "previous page, or none for the first page"
+        ) from exc
 
 
 def _stream_order(entry_id: str) -> tuple[int, int]:

@@ -121,7 +121,7 @@ class TaskWatch:
     def events_stream(self) -> str:
         return keys.events_stream(self.partition)
 
-    def wake_streams(self) -> dict[str, str]:
+    def wake_streams(self) -> dict[Any, Any]:
         """The streams to block on, each after what was seen (one slot: the task's partition)."""
         return {
             self.journal_stream: self.cursor.journal,

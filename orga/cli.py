@@ -785,6 +785,25 @@ def inbox(
 
 
 @app.command()
+def api(
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Address to bind (beyond this host: behind TLS).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8766,
+) -> None:
+    """Serve the HTTP API (/v1/..., OpenAPI at /v1/openapi.json; needs ORGA_API_TOKENS)."""
+    from orga.api import ApiConfigError, run_api
+
+    settings = _settings()
+    key_fds = None if settings.redis_url else _hand_off_model_keys(settings)
+    with _errors():
+        try:
+            run_api(settings, _home(), host, port, announce=_say, key_fds=key_fds)
+        except ApiConfigError as exc:  # no tokens, or a weak one: exit 2, as bad input
+            raise _fail("error:", exc, 2) from exc
+
+
+@app.command()
 def schema() -> None:
     """The JSON Schema of a task file."""
     out.print_json(json.dumps(task_json_schema()))
