@@ -38,7 +38,12 @@ from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from orga.cli_agents import agents_app
 from orga.cli_schedules import schedule_app
-from orga.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
+from orga.embedded import (
+    EmbeddedRuntime,
+    EmbeddedRuntimeError,
+    coordinator_settings,
+    webhook_deliverer,
+)
 from orga.topology import Role, supervisor_exec, worker_commands
 from shared import aio
 from shared.errors import OrgaError
@@ -691,8 +696,19 @@ def coordinator() -> None:
             publisher=CeleryPublisher.from_settings(settings.model_copy(update={"redis_url": url})),
         )
         where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
+        webhooks = webhook_deliverer(settings, client)
+        if webhooks is not None:
+            where += f", {len(settings.webhooks)} webhook(s)"
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")
-        await node.run()
+        if webhooks is None:
+            await node.run()
+            return
+        delivering = asyncio.create_task(webhooks.run())
+        try:
+            await node.run()
+        finally:
+            webhooks.stop()
+            await asyncio.wait_for(delivering, 5)
 
     with _errors():  # a Redis that evicts keys is refused at start (shared.eviction)
         aio.run(main_loop())
