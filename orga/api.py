@@ -218,7 +218,9 @@ async def _call(coroutine: Any) -> Any:
         raise ApiError(504, str(exc), "check that a coordinator is running, then retry") from exc
     except ReviewerError as exc:
         raise ApiError(422, str(exc), "send a valid `by`", "body.by") from exc
-    except (ConfigError, CursorError) as exc:
+    except CursorError as exc:
+        raise ApiError(400, str(exc), "send an event's id, or none", "Last-Event-ID") from exc
+    except ConfigError as exc:
         raise ApiError(400, str(exc), "see the message", "cursor") from exc
     except OrgaError as exc:
         raise ApiError(400, str(exc), "see the message") from exc

@@ -47,18 +47,25 @@ class BodyLimit:
             await self._refusal(f"a body of Content-Length {declared[:20]}")(scope, receive, send)
             return
         received = 0
-        started = False
+        started = over = False
+        too_large = f"a body of more than {self.max_body_bytes} bytes"
 
         async def capped_receive() -> Message:
-            nonlocal received
+            nonlocal received, over
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_body_bytes:
+                over = True
                 raise _BodyTooLargeError
             return message
 
         async def tracked_send(message: Message) -> None:
             nonlocal started
+            if over:  # the app turned the refusal into an answer of its own: ours instead
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await self._refusal(too_large)(scope, receive, send)
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
@@ -67,9 +74,7 @@ class BodyLimit:
         except _BodyTooLargeError:
             if started:  # nothing reads a body after answering: never seen, but never a 2nd start
                 raise
-            await self._refusal(f"a body of more than {self.max_body_bytes} bytes")(
-                scope, receive, send
-            )
+            await self._refusal(too_large)(scope, receive, send)
 
     def _refusal(self, what: str) -> Response:
         return self.refusal(what, self.max_body_bytes)
