@@ -24,6 +24,7 @@ from typing import Any, cast
 from redis.asyncio import Redis
 
 from coordinator.client import (
+    WATCH_SOCKET_TIMEOUT_S,
     OrgaClient,
     TaskNotFoundError,
     WaitTimeoutError,
@@ -43,7 +44,10 @@ class AsyncOrgaClient:
 
     def __init__(self, redis_url: str, partitions: int | None = None) -> None:
         self.sync = OrgaClient(redis_url, partitions=partitions)
-        self.redis: Redis = Redis.from_url(redis_url, decode_responses=True)
+        self.redis: Redis = Redis.from_url(
+            redis_url, decode_responses=True, socket_timeout=WATCH_SOCKET_TIMEOUT_S
+        )
+        """Blocks in ``XREAD`` (its socket timeout is longer than a block)."""
 
     async def __aenter__(self) -> AsyncOrgaClient:
         return self

@@ -37,6 +37,7 @@ from shared.partitions import check_partitions
 from shared.task_spec import TaskSpec, as_task_text, check_task_id, load_task_file
 
 __all__ = [
+    "WATCH_SOCKET_TIMEOUT_S",
     "OrgaClient",
     "ReviewDecidedError",
     "TaskFinishedError",
@@ -95,6 +96,11 @@ class OrgaClient:
 
     def __post_init__(self) -> None:
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        self.watcher = redis.Redis.from_url(
+            self.redis_url, decode_responses=True, socket_timeout=WATCH_SOCKET_TIMEOUT_S
+        )
+        """The connections that block in ``XREAD`` (:meth:`watch`): their socket timeout is
+        longer than a block."""
         self._count: int | None = None
 
     @property
@@ -396,7 +402,7 @@ class OrgaClient:
         while True:
             with contextlib.suppress(TaskNotFoundError):
                 return self.existing(task_id)
-            reply = self.redis.xread({events: after}, block=watch_block_ms(deadline), count=1000)
+            reply = self.watcher.xread({events: after}, block=watch_block_ms(deadline), count=1000)
             for _name, rows in cast("list[Any]", reply or []):
                 after = str(rows[-1][0]) if rows else after
             if deadline is not None and time.monotonic() > deadline:
@@ -420,7 +426,7 @@ class OrgaClient:
                     return
             if deadline is not None and time.monotonic() > deadline:
                 return
-            reply = self.redis.xread(watch.wake_streams(), block=watch_block_ms(deadline))
+            reply = self.watcher.xread(watch.wake_streams(), block=watch_block_ms(deadline))
             woke = watch.woke(reply) or not reply  # a quiet while: look again anyway
 
     def _last_id(self, stream: str) -> str:
@@ -626,13 +632,17 @@ class OrgaClient:
         )
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
         self.redis.close()
+        self.watcher.close()
 
 
 WATCH_BLOCK_MS = 5_000
 """The longest a watcher blocks before it looks at its task again (a status changed by no
 journal entry nor lifecycle event is seen this late at worst)."""
+WATCH_SOCKET_TIMEOUT_S = WATCH_BLOCK_MS / 1000 + 10
+"""The socket timeout of a watcher's connections: a block, and time for a loaded server to
+answer (redis-py's default, 5 s, is no longer than a block)."""
 
 
 def watch_block_ms(deadline: float | None) -> int:

@@ -274,3 +274,24 @@ def test_orga_api_refuses_to_start_without_tokens(tmp_path: Path) -> None:
     )
     assert short.returncode == 2 and "shorter than 16" in short.stderr, short.stderr
     assert "short" not in short.stderr.replace("shorter", "")
+
+
+def test_orga_api_serves_the_embedded_runtime(tmp_path: Path) -> None:
+    """Without ORGA_REDIS_URL, `orga api` holds the embedded runtime (its Redis, workers and
+    coordinator): a task submitted over HTTP completes, and its events end with the status."""
+    port = _free_port()
+    env = cli_env(tmp_path, ORGA_API_TOKENS=TOKEN)
+    command = [str(ORGA), "api", "--port", str(port)]
+    process = Process("embedded-api", command, env, tmp_path / "api.log").start()
+    try:
+        process.wait_for_log(f"API on http://127.0.0.1:{port}/v1/ (tasks of the embedded runtime")
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as api:
+            task_id = _submit(api, _quick("embedded"))
+            with api.stream("GET", f"/v1/tasks/{task_id}/events") as response:
+                seen = _events(response)
+            assert seen[-1]["event"] == "status" and seen[-1]["data"]["status"] == "completed"
+            assert api.get(f"/v1/tasks/{task_id}/result").json()["output"] == "embedded"
+    finally:
+        process.stop()
+    assert process.popen is not None and process.popen.returncode == 0, process.tail()

@@ -37,13 +37,14 @@ def _reads(url: str) -> int:
 
 
 def test_wait_blocks_until_completion_without_polling(cluster: Cluster) -> None:
-    """A task whose tool sleeps 3 s: ``wait`` returns its result once it completes, having
-    issued a handful of blocking reads (one per wake), where polling every 50 ms would have
-    sent sixty; ``events()`` then replays it, ending with the completed status."""
+    """A task whose tool sleeps 6 s (longer than one blocking read, 5 s, and than redis-py's
+    default socket timeout): ``wait`` returns its result once it completes, having issued a
+    handful of blocking reads (one per wake, one per quiet 5 s), where polling every 50 ms
+    would have sent 120; ``events()`` then replays it, ending with the completed status."""
 
     async def scenario() -> tuple[dict[str, Any], float, int, list[str]]:
         async with AsyncOrgaClient(cluster.redis_url, partitions=PARTITIONS) as client:
-            task_id = await client.submit(_slow_task(3))
+            task_id = await client.submit(_slow_task(6))
             before, started = _reads(cluster.redis_url), time.monotonic()
             result = await client.wait(task_id, timeout_s=90)
             elapsed, reads = time.monotonic() - started, _reads(cluster.redis_url) - before
@@ -52,10 +53,10 @@ def test_wait_blocks_until_completion_without_polling(cluster: Cluster) -> None:
 
     result, elapsed, reads, kinds = asyncio.run(scenario())
     assert result["status"] == "completed" and result["output"] == "slept well", result
-    assert elapsed >= 3.0
+    assert elapsed >= 6.0
     assert reads <= 15, f"{reads} XREADs in {elapsed:.1f}s: is wait polling?"
     assert kinds[-1] == "status:completed" and kinds.count("status:completed") == 1, kinds
-    print(f"RESULT wait_xreads_for_3s_task {reads}")
+    print(f"RESULT wait_xreads_for_6s_task {reads}")
 
 
 def test_wait_returns_when_the_task_awaits_review(cluster: Cluster) -> None:
