@@ -100,9 +100,30 @@ class AsyncOrgaClient:
         by: str = "api",
         timeout_s: float = 30.0,
     ) -> str:
-        """Send a decision and wait until a coordinator applied it; the task's id
-        (:meth:`OrgaClient.decide`: ReviewDecidedError when another decision came first)."""
-        return await asyncio.to_thread(self.sync.decide, review_id, decision, hint, by, timeout_s)
+        """Send a decision and wait, blocking on the task's partition's lifecycle events, until
+        a coordinator applied it; the task's id. ReviewDecidedError when another decision came
+        first or it was refused; WaitTimeoutError when none applied it within ``timeout_s``."""
+        sync = self.sync
+        task_id, entry = await asyncio.to_thread(sync.send_decision, review_id, decision, hint, by)
+        events = keys.events_stream(sync.partition(task_id))
+        after = await self._last_id(events)  # read before looking: nothing falls in between
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if await asyncio.to_thread(sync.decision_applied, review_id, task_id, entry):
+                return task_id
+            if time.monotonic() > deadline:
+                raise WaitTimeoutError(
+                    f"no coordinator applied the decision within {timeout_s}s; "
+                    "is `orga coordinator` running?"
+                )
+            after = await self._next(events, after, deadline)
+
+    async def _next(self, stream: str, after: str, deadline: float | None) -> str:
+        """Block until ``stream`` has an entry after ``after`` (or ``deadline``); its last id."""
+        reply = await self.redis.xread({stream: after}, block=watch_block_ms(deadline), count=1000)
+        for _name, rows in cast("list[Any]", reply or []):
+            after = str(rows[-1][0]) if rows else after
+        return after
 
     # -- following (native asyncio) --------------------------------------------------------
 
@@ -129,11 +150,7 @@ class AsyncOrgaClient:
                 return await asyncio.to_thread(self.sync.existing, task_id)
             except TaskNotFoundError:
                 pass
-            reply = await self.redis.xread(
-                {events: after}, block=watch_block_ms(deadline), count=1000
-            )
-            for _name, rows in cast("list[Any]", reply or []):
-                after = str(rows[-1][0]) if rows else after
+            after = await self._next(events, after, deadline)
             if deadline is not None and time.monotonic() > deadline:
                 raise WaitTimeoutError(f"task {task_id} was not accepted in time")
 

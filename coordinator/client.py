@@ -528,31 +528,46 @@ class OrgaClient:
         ReviewDecidedError when another decision was sent first or applied first (the default
         at the review's deadline); ReviewerError for a reserved or malformed ``by``.
         """
+        task_id, entry = self.send_decision(review_id, decision, hint, by)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.decision_applied(review_id, task_id, entry):
+                return task_id
+            time.sleep(self.poll_interval_s)
+        raise WaitTimeoutError(
+            f"no coordinator applied the decision within {timeout_s}s; "
+            "is `orga coordinator` running?"
+        )
+
+    def send_decision(
+        self, review_id: str, decision: str, hint: str | None = None, by: str = "cli"
+    ) -> tuple[str, str]:
+        """Claim an open review and send the decision (the first half of :meth:`decide`):
+        the review's task and the control entry's id. ReviewDecidedError when another decision
+        was sent first; TaskNotFoundError for a review not open."""
         check_reviewer(by)
         try:
             item = self.review(review_id)
         except TaskNotFoundError:
             self._refuse_decided(review_id)
             raise
-        entry = self._claim(item, decision, hint or "", by)
-        p = self._p(item.task_id)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            refused = self._control_refusal(entry, p)
-            if refused is not None:
-                raise ReviewDecidedError(f"decision refused: {refused}")
-            decided = self._decided(review_id, p)
-            if decided is not None and decided.get("entry_id") == entry:
-                return item.task_id
-            if decided is not None:
-                raise ReviewDecidedError(
-                    f"decision refused: review {review_id} was decided first by "
-                    f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was applied"
-                )
-            time.sleep(self.poll_interval_s)
-        raise WaitTimeoutError(
-            f"no coordinator applied the decision within {timeout_s}s; "
-            "is `orga coordinator` running?"
+        return item.task_id, self._claim(item, decision, hint or "", by)
+
+    def decision_applied(self, review_id: str, task_id: str, entry: str) -> bool:
+        """True once a coordinator applied the decision sent as control ``entry``, False
+        while none did; ReviewDecidedError when it was refused, or another applied first."""
+        p = self._p(task_id)
+        refused = self._control_refusal(entry, p)
+        if refused is not None:
+            raise ReviewDecidedError(f"decision refused: {refused}")
+        decided = self._decided(review_id, p)
+        if decided is None:
+            return False
+        if decided.get("entry_id") == entry:
+            return True
+        raise ReviewDecidedError(
+            f"decision refused: review {review_id} was decided first by "
+            f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was applied"
         )
 
     def _claim(self, item: ReviewItem, decision: str, hint: str, by: str) -> str:

@@ -202,8 +202,9 @@ class WebhookDeliverer:
         async with self._slots:
             try:
                 response = await http.post(str(subscription.url), content=content, headers=headers)
-            except httpx.HTTPError as exc:
-                return f"{type(exc).__name__}: {str(exc)[:200]}"
+            except httpx.HTTPError as exc:  # its text may quote the URL: shown without secrets
+                url = str(subscription.url)
+                return f"{type(exc).__name__}: {str(exc).replace(url, public_url(url))[:200]}"
         if 200 <= response.status_code < 300:
             return None
         return f"HTTP {response.status_code}"
