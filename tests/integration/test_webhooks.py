@@ -20,7 +20,13 @@ import pytest
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.webhooks import verify_signature
-from tests.integration.harness import PARTITIONS, Cluster, running_cluster, wait_until
+from tests.integration.harness import (
+    PARTITIONS,
+    Cluster,
+    running_cluster,
+    status_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -168,9 +174,9 @@ def test_a_receiver_that_never_accepts_is_dead_lettered(
         "goal": "wait", "provider": {"kind": "scripted", "replies": [{"tool_calls": [call]}]},
         "steps": [{"id": "s", "instruction": "wait"}],
     })  # fmt: skip
-    wait_until(lambda: client.status(task_id)["status"] == "running", 30, "the task to run")
+    wait_until(lambda: status_of(client, task_id) == "running", 30, "the task to run")
     client.cancel(task_id, "stop it")
-    wait_until(lambda: client.status(task_id)["status"] == "aborted", 30, "the abort")
+    wait_until(lambda: status_of(client, task_id) == "aborted", 30, "the abort")
     dead = keys.dead_letter_stream(keys.partition_of(task_id, PARTITIONS))
 
     def letters() -> list[dict[str, str]]:
