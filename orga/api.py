@@ -305,7 +305,7 @@ def _task_routes(app: FastAPI, client: AsyncOrgaClient, guard: Any) -> None:
         return EventSourceResponse(_sse(first, stream), ping=15)
 
 
-ACCEPT_WAIT_S = 3.0
+ACCEPT_WAIT_S = 10.0
 """How long the events of a task just submitted wait for a coordinator to accept it."""
 
 
