@@ -43,7 +43,7 @@ from coordinator.client import (
     WaitTimeoutError,
 )
 from coordinator.inbox.middleware import BodyLimit
-from coordinator.state import ReviewerError
+from coordinator.state import ReviewerError, TaskStatus
 from coordinator.watch import CursorError, TaskEvent
 from orga.embedded import EmbeddedRuntime
 from orga.inbox import SignalledServer, serve_announced
@@ -195,10 +195,11 @@ def _invalid_field(error: Any) -> dict[str, Any]:
             "field": "body",
             "fix": "send the task as a JSON object (Content-Type: application/json)",
         }
+    where = "a task and each route's body" if location.startswith("body") else "each parameter"
     return {
-        "message": f"{location}: {error.get('msg')}",
+        "message": f"{location}: {error.get('msg')} (got {str(error.get('input'))[:80]!r})",
         "field": location,
-        "fix": "correct or remove that field; /v1/openapi.json describes a task",
+        "fix": f"correct or remove that field; /v1/openapi.json describes {where}",
     }
 
 
@@ -247,14 +248,16 @@ def _task_routes(app: FastAPI, client: AsyncOrgaClient, guard: Any) -> None:
 
     @app.get("/v1/tasks", dependencies=[guard])
     async def tasks(
-        status: str | None = None,
+        status: TaskStatus | None = None,
         since: Annotated[float | None, Query(description="unix seconds")] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: str | None = None,
     ) -> dict[str, Any]:
         """Tasks newest first, by page: ``next_cursor`` asks for the next one."""
         rows, following = await _call(
-            asyncio.to_thread(client.sync.page_tasks, status, since, limit, cursor)
+            asyncio.to_thread(
+                client.sync.page_tasks, status.value if status else None, since, limit, cursor
+            )
         )
         return {"tasks": rows, "next_cursor": following}
 

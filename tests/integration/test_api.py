@@ -258,6 +258,8 @@ def test_tasks_are_listed_by_page_and_status(api: httpx.Client) -> None:
     assert seen == list(reversed(ids)), (seen, ids)
     done = api.get("/v1/tasks", params={"status": "completed", "limit": 500}).json()["tasks"]
     assert {t["status"] for t in done} == {"completed"} and set(ids) <= {t["task_id"] for t in done}
+    unknown = api.get("/v1/tasks", params={"status": "done"})
+    assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "query.status"
     bad = api.get("/v1/tasks", params={"cursor": "not a cursor"})
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "cursor"
     assert api.post(f"/v1/tasks/{ids[0]}/cancel", json={"reason": "late"}).status_code == 409
