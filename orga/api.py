@@ -30,6 +30,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -132,13 +133,18 @@ def create_api(client: AsyncOrgaClient, tokens: list[bytes]) -> Any:
 # -- authentication and errors ----------------------------------------------------------------
 
 
-def _bearer(tokens: list[bytes]) -> Callable[[str | None], None]:
-    def check(authorization: Annotated[str | None, Header()] = None) -> None:
-        scheme, _, given = (authorization or "").partition(" ")
-        offered = given.strip().encode()
+_BEARER = HTTPBearer(auto_error=False, description="a token of ORGA_API_TOKENS")
+"""Reads ``Authorization: Bearer`` (None when absent), and names the scheme in the OpenAPI."""
+
+
+def _bearer(tokens: list[bytes]) -> Callable[..., None]:
+    def check(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    ) -> None:
+        offered = credentials.credentials.encode() if credentials is not None else b""
         # Every token compared, in constant time each: no early exit tells which was close.
         matched = [hmac.compare_digest(offered, token) for token in tokens]
-        if scheme.lower() != "bearer" or not any(matched):
+        if not any(matched):
             raise ApiError(
                 401,
                 "missing or invalid bearer token",

@@ -127,6 +127,7 @@ def test_bad_tokens_are_refused(api: httpx.Client) -> None:
     paths = spec.json()["paths"]
     assert "/v1/tasks/{task_id}/events" in paths and "/v1/reviews/{review_id}/decision" in paths
     assert "TaskSpec" in spec.json()["components"]["schemas"]
+    assert spec.json()["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 
 def test_bad_json_and_bad_fields_are_named(api: httpx.Client) -> None:
