@@ -209,8 +209,9 @@ def _invalid_field(error: Any) -> dict[str, Any]:
     }
 
 
-async def _call(coroutine: Any) -> Any:
-    """Await a client call, turning its errors into answers."""
+async def _call(coroutine: Any, config_field: str | None = None) -> Any:
+    """Await a client call, turning its errors into answers (a ConfigError names
+    ``config_field``: the request's value the client refused)."""
     try:
         return await coroutine
     except TaskRejectedError as exc:
@@ -228,7 +229,7 @@ async def _call(coroutine: Any) -> Any:
     except CursorError as exc:
         raise ApiError(400, str(exc), "send an event's id, or none", "Last-Event-ID") from exc
     except ConfigError as exc:
-        raise ApiError(400, str(exc), "see the message", "cursor") from exc
+        raise ApiError(400, str(exc), "see the message", config_field) from exc
     except OrgaError as exc:
         raise ApiError(400, str(exc), "see the message") from exc
 
@@ -263,7 +264,8 @@ def _task_routes(app: FastAPI, client: AsyncOrgaClient, guard: Any) -> None:
         rows, following = await _call(
             asyncio.to_thread(
                 client.sync.page_tasks, status.value if status else None, since, limit, cursor
-            )
+            ),
+            config_field="cursor",
         )
         return {"tasks": rows, "next_cursor": following}
 
