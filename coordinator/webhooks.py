@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from shared import keys
 from shared.webhooks import (
@@ -96,13 +96,25 @@ class WebhookDeliverer:
         async with httpx.AsyncClient(timeout=self.timeout_s, transport=self.transport) as http:
             last_claim = 0.0
             while not self._stopping.is_set():
-                if time.monotonic() - last_claim > self.claim_idle_ms / 3000:
-                    await self._keep_and_take_over(http)
-                    last_claim = time.monotonic()
-                await self._read(http)
+                try:
+                    if time.monotonic() - last_claim > self.claim_idle_ms / 3000:
+                        await self._keep_and_take_over(http)
+                        last_claim = time.monotonic()
+                    await self._read(http)
+                except RedisError as exc:  # Redis away or restarted: the coordinator waits too
+                    await self._recover(exc)
             for task in list(self._in_flight.values()):
                 task.cancel()
             await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+
+    async def _recover(self, exc: RedisError) -> None:
+        """After a Redis error: wait a little, and create the groups again if Redis lost them
+        (restarted empty)."""
+        log.warning("webhook.redis_error", extra={"error": f"{type(exc).__name__}: {exc}"})
+        await asyncio.sleep(1.0)
+        if "NOGROUP" in str(exc):
+            with contextlib.suppress(RedisError):
+                await self._create_groups()
 
     async def _create_groups(self) -> None:
         """The consumer group on every events stream, from now on (events written before

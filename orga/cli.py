@@ -708,7 +708,8 @@ def coordinator() -> None:
             await node.run()
         finally:
             webhooks.stop()
-            await asyncio.wait_for(delivering, 5)
+            with contextlib.suppress(Exception):  # posts in flight stay pending for another
+                await asyncio.wait_for(delivering, 5)
 
     with _errors():  # a Redis that evicts keys is refused at start (shared.eviction)
         aio.run(main_loop())

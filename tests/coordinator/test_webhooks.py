@@ -153,3 +153,32 @@ def test_a_delivery_survives_its_deliverer_stopping_mid_retry(
         assert json.loads(second_seen[0].content)["event"] == "review_opened"
 
     asyncio.run(scenario())
+
+
+def test_a_deliverer_outlives_redis_losing_its_group(redis_client: RedisClientFactory) -> None:
+    """Redis restarted empty (FLUSHALL here): the deliverer's reads fail with NOGROUP, it
+    creates its groups again, and the events written after are posted."""
+
+    async def scenario() -> None:
+        seen: list[httpx.Request] = []
+        async with redis_client() as redis:
+            deliverer = WebhookDeliverer(redis, [_hook()], block_ms=50,
+                                         transport=_receiver([200], seen))  # fmt: skip
+            running = await _started(deliverer)
+            await redis.flushall()
+
+            async def regrouped() -> bool:
+                return bool(await redis.exists(EVENTS))
+
+            await _until(regrouped)
+            await redis.xadd(EVENTS, {"task_id": "t4", "event": "completed"})
+
+            async def posted() -> bool:
+                return bool(seen)
+
+            await _until(posted)
+            deliverer.stop()
+            await running
+        assert json.loads(seen[0].content)["task_id"] == "t4"
+
+    asyncio.run(scenario())
