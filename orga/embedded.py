@@ -78,6 +78,7 @@ def webhook_deliverer(settings: OrgaSettings, redis: Redis) -> WebhookDeliverer 
         partitions=settings.partitions,
         deadline_s=settings.webhook_deadline_s,
         timeout_s=settings.webhook_timeout_s,
+        claim_idle_ms=settings.webhook_claim_idle_ms,
     )
 
 

@@ -237,6 +237,12 @@ class OrgaSettings(BaseSettings):
     webhook_timeout_s: float = Field(
         default=10.0, gt=0, description="One webhook post's timeout (connect, send and answer)"
     )
+    webhook_claim_idle_ms: int = Field(
+        default=60_000,
+        ge=100,
+        description="A webhook post left pending this long by a coordinator that stopped is "
+        "taken over by another (or by itself, restarted)",
+    )
 
 
 class TelemetrySettings(BaseSettings):

@@ -31,6 +31,8 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 SECRET = "webhook-secret-0123456789"
+HOOKED_ENV: dict[str, str] = {}
+"""The coordinators' webhook settings (filled by the ``hooked`` fixture)."""
 DEADLINE_S = 5
 
 
@@ -51,10 +53,12 @@ class Received:
 @dataclass
 class Receiver:
     """A local HTTP server: ``/flaky`` answers 500 to the first two posts of a delivery,
-    then 204; ``/down`` always 503; ``/hang`` never answers (until the test ends)."""
+    then 204; ``/down`` always 503; ``/hang`` never answers (until the test ends);
+    ``/toggle`` 500 until ``accept_toggle`` is set, then 204."""
 
     posts: list[Received] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
+    accept_toggle: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_post(self, handler: BaseHTTPRequestHandler) -> int:
@@ -75,6 +79,8 @@ class Receiver:
             return 204
         if post.path.startswith("/down"):
             return 503
+        if post.path.startswith("/toggle"):
+            return 204 if self.accept_toggle.is_set() else 500
         return 500 if len(earlier) < 2 else 204
 
     def at(self, path: str) -> list[Received]:
@@ -119,11 +125,18 @@ def hooked(
         {"url": f"{base}/flaky", "events": ["task_finished"], "secret": SECRET},
         {"url": f"{base}/down?token=query-credential", "events": ["task_failed"]},
         {"url": f"{base}/hang", "events": ["task_finished"]},
+        {"url": f"{base}/toggle", "events": ["review_opened"]},
     ]
-    env = {"ORGA_WEBHOOKS": json.dumps(hooks), "ORGA_WEBHOOK_DEADLINE_S": str(DEADLINE_S),
-           "ORGA_WEBHOOK_TIMEOUT_S": "30"}  # fmt: skip
+    HOOKED_ENV.update(
+        {
+            "ORGA_WEBHOOKS": json.dumps(hooks),
+            "ORGA_WEBHOOK_DEADLINE_S": str(DEADLINE_S),
+            "ORGA_WEBHOOK_TIMEOUT_S": "30",
+            "ORGA_WEBHOOK_CLAIM_IDLE_MS": "1000",
+        }
+    )
     root = tmp_path_factory.mktemp("hooked")
-    with running_cluster(private_redis.url, root, coordinator_env=env) as running:
+    with running_cluster(private_redis.url, root, coordinator_env=HOOKED_ENV) as running:
         yield running
 
 
@@ -207,3 +220,33 @@ def test_a_hanging_receiver_delays_no_task(hooked: Cluster, receiver: tuple[Rece
     assert not state.release.is_set() and len(state.at("/hang")) > hanging
     assert max(durations) < 5.0, durations
     print(f"RESULT task_seconds_with_a_hanging_webhook {max(durations):.2f}")
+
+
+def test_a_post_pending_when_its_coordinator_dies_is_made_by_the_next(
+    hooked: Cluster, receiver: tuple[Receiver, str]
+) -> None:
+    """review_opened to /toggle fails (500); the coordinator is killed (SIGKILL) while it backs
+    off; a coordinator started after takes the pending post over (ORGA_WEBHOOK_CLAIM_IDLE_MS)
+    and makes it, with the same delivery id, once the receiver accepts. Runs last: it replaces
+    the module's coordinator."""
+    state, _ = receiver
+    client = hooked.client()
+    task_id = client.submit({
+        "goal": "write notes",
+        "provider": {"kind": "scripted", "replies": ["I wrote notes.txt"]},
+        "steps": [{"id": "notes", "instruction": "write notes",
+                   "critic": {"human": True, "rubric": "clear notes", "max_rounds": 1}}],
+    })  # fmt: skip
+
+    def posts() -> list[Received]:
+        return [p for p in state.at("/toggle") if p.json["task_id"] == task_id]
+
+    wait_until(posts, 60, "the first post of review_opened")
+    first = next(p for p in hooked.processes if p.name == "c1")
+    first.kill()
+    state.accept_toggle.set()
+    killed_at = time.time()
+    hooked.coordinator("c2", **HOOKED_ENV)
+    wait_until(lambda: any(p.at > killed_at for p in posts()), 60, "the post taken over")
+    assert len({p.headers["X-Orga-Delivery"] for p in posts()}) == 1
+    assert posts()[0].json["event"] == "review_opened"
