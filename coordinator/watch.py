@@ -163,7 +163,10 @@ class TaskWatch:
         if status is not None and status["status"] != self.cursor.status:
             self.cursor = replace(self.cursor, status=status["status"])
             found.append(self._event("status", {"task_id": self.task_id, **status}))
-        self.ended = self.cursor.status in _TERMINAL
+        # A task seen once and gone now was purged (its retention passed): nothing more comes.
+        self.ended = self.cursor.status in _TERMINAL or (
+            status is None and bool(self.cursor.status)
+        )
         return found
 
     def _event(self, kind: EventKind, data: dict[str, Any]) -> TaskEvent:

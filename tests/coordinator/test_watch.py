@@ -60,3 +60,12 @@ def test_woke_is_true_only_for_this_task() -> None:
     assert watch.woke([[events, [("10-0", {"task_id": "t1", "event": "escalated"})]]])
     assert watch.woke({keys.journal_stream("t1", 0): [[_entry(0)]]})  # RESP3: a map
     assert watch.wake_streams()[events] == "10-0"
+
+
+def test_a_task_purged_while_watched_ends_the_watch() -> None:
+    """A task whose state is gone after it was seen (the retention purge) ends the watch; one
+    not stored yet does not."""
+    watch = TaskWatch("t1", 0)
+    assert watch.advance([[], [], None]) == [] and not watch.ended
+    watch.advance([[], [], _state("running")])
+    assert watch.advance([[], [], None]) == [] and watch.ended
