@@ -412,8 +412,10 @@ def run_api(
     async def serve(redis_url: str, where: str) -> None:
         async with AsyncOrgaClient(redis_url, partitions=settings.partitions) as client:
             app = create_api(client, tokens)
+            # An open event stream must not hold the shutdown: 5 s, then it is closed.
             config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                    access_log=False, lifespan="off")  # fmt: skip
+                                    access_log=False, lifespan="off",
+                                    timeout_graceful_shutdown=5)  # fmt: skip
             await serve_announced(SignalledServer(config), where, announce, "API", "/v1/")
 
     async def embedded() -> None:
