@@ -454,10 +454,15 @@ class OrgaClient:
         """Journal entries as they are written, until the task ends (or nothing for a while).
 
         TaskNotFoundError at once for an unknown task, and when the task is purged meanwhile.
+        Between reads it blocks on the journal and the partition's lifecycle events (which
+        say when the task ends), never sleeping a fixed interval.
         """
         real = self.existing(task_id)
         last = -1
         quiet_since = time.monotonic()
+        p = self._p(real)
+        journal, events = keys.journal_stream(real, p), keys.events_stream(p)
+        events_after = self._last_id(events)
         while True:
             entries = self.journal(real, after=last)
             for entry in entries:
@@ -470,9 +475,15 @@ class OrgaClient:
                 self.existing(task_id)  # purged while followed: says so
             if status in {s.value for s in TERMINAL_STATUSES} and not entries:
                 return
-            if idle_timeout_s is not None and time.monotonic() - quiet_since > idle_timeout_s:
+            idle_deadline = None if idle_timeout_s is None else quiet_since + idle_timeout_s
+            if idle_deadline is not None and time.monotonic() > idle_deadline:
                 return
-            time.sleep(self.poll_interval_s)
+            # The journal's ids are ``0-{sequence + 1}``: block until one after ``last``.
+            wake: dict[Any, Any] = {journal: f"0-{last + 1}", events: events_after}
+            reply = self.watcher.xread(wake, block=watch_block_ms(idle_deadline))
+            for name, rows in cast("list[Any]", reply or []):
+                if name == events and rows:
+                    events_after = str(rows[-1][0])
 
     def events(self, after: str = "0-0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
         """Lifecycle events after a stream id (what upstream pipelines follow), merged over

@@ -89,3 +89,17 @@ def test_wait_times_out_on_a_task_that_never_comes(cluster: Cluster) -> None:
     with pytest.raises(WaitTimeoutError):
         asyncio.run(scenario())
     assert time.monotonic() - started < 10
+
+
+def test_follow_journal_blocks_and_ends_with_the_task(cluster: Cluster) -> None:
+    """`OrgaClient.follow_journal` (``orga journal --follow``) yields every entry once, in
+    order, and returns when the task ends, blocking between reads instead of sleeping."""
+    client = cluster.client()
+    task_id = client.submit(_slow_task(3))
+    client.accepted(task_id, time.monotonic() + 30)
+    before = _reads(cluster.redis_url)
+    sequences = [entry.sequence for entry in client.follow_journal(task_id)]
+    reads = _reads(cluster.redis_url) - before
+    assert sequences == list(range(len(sequences))) and len(sequences) >= 6, sequences
+    assert client.status(task_id)["status"] == "completed"
+    assert reads <= 15, f"{reads} XREADs: is follow_journal polling?"
