@@ -30,6 +30,7 @@ from coordinator.state import (
     TaskRecord,
     check_reviewer,
 )
+from coordinator.watch import Cursor, TaskEvent, TaskWatch
 from shared import keys
 from shared.approval import CALL_DECISIONS, DecisionError, DecisionRequest, check_arguments
 from shared.errors import ConfigError, OrgaError
@@ -39,6 +40,7 @@ from shared.task_spec import TaskSpec, as_task_text, check_task_id, load_task_fi
 from shared.tokens import TokenEntry, token_entry
 
 __all__ = [
+    "WATCH_SOCKET_TIMEOUT_S",
     "OrgaClient",
     "ReviewDecidedError",
     "TaskFinishedError",
@@ -47,6 +49,7 @@ __all__ = [
     "WaitTimeoutError",
     "critic_status",
     "task_text",
+    "watch_block_ms",
 ]
 
 
@@ -102,6 +105,11 @@ class OrgaClient:
 
     def __post_init__(self) -> None:
         self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        self.watcher = redis.Redis.from_url(
+            self.redis_url, decode_responses=True, socket_timeout=WATCH_SOCKET_TIMEOUT_S
+        )
+        """The connections that block in ``XREAD`` (:meth:`watch`): their socket timeout is
+        longer than a block."""
         self._count: int | None = None
 
     @property
@@ -119,8 +127,11 @@ class OrgaClient:
                 self._count = check_partitions(stored, self.partitions, "client")
         return self._count
 
-    def _p(self, task_id: str) -> int:
+    def partition(self, task_id: str) -> int:
+        """The partition of a task (of its root id)."""
         return keys.partition_of(task_id, self.partition_count)
+
+    _p = partition
 
     def _task_key(self, task_id: str) -> str:
         return keys.task_key(task_id, self._p(task_id))
@@ -315,6 +326,60 @@ class OrgaClient:
             rows.append(row)
         return rows
 
+    def page_tasks(
+        self,
+        status: str | None = None,
+        since: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of tasks, newest first, over every partition: those created at ``since``
+        (unix seconds) or later, in ``status`` if given, after ``cursor`` (the one a previous
+        page returned); the page and the cursor of the next (None after the last)."""
+        before = _page_cursor(cursor)
+        rows: list[dict[str, Any]] = []
+        while len(rows) < limit:
+            batch = self._index_before(before, since, max(limit * 2, 50))
+            if not batch:
+                return rows, None
+            statuses = self._statuses([task_id for _at, task_id in batch])
+            for (at, task_id), found in zip(batch, statuses, strict=True):
+                before = (at, task_id)
+                if found is not None and status in (None, found):
+                    rows.append({"task_id": task_id, "status": found, "created_at": at})
+                    if len(rows) == limit:
+                        break
+        return rows, f"{before[0]!r}:{before[1]}"
+
+    def _index_before(
+        self, before: tuple[float, str], since: float | None, count: int
+    ) -> list[tuple[float, str]]:
+        """The newest ``count`` tasks of the partitions' indexes ordered before ``before``
+        (creation time, then id, both descending)."""
+        low = "-inf" if since is None else since
+        merged: list[tuple[float, str]] = []
+        for p in range(self.partition_count):
+            got = self.redis.zrevrangebyscore(
+                keys.task_index_key(p), before[0], low, start=0, num=count, withscores=True
+            )
+            merged += [(float(at), str(i)) for i, at in cast("list[Any]", got)]
+        return sorted((row for row in merged if row < before), reverse=True)[:count]
+
+    def _statuses(self, task_ids: list[str]) -> list[str | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hget(self._task_key(task_id), "status")
+        return [None if s is None else str(s) for s in pipe.execute()]
+
+    def idempotent_task(self, key: str) -> str | None:
+        """The task an idempotency key was first submitted with, while it is remembered."""
+        p = keys.idempotency_partition(key, self.partition_count)
+        return self._get(keys.idempotency_key(key, p))
+
+    def _get(self, key: str) -> str | None:
+        found = cast("str | None", self.redis.get(key))
+        return None if found is None else str(found)
+
     def rejection(self, task_id: str) -> str | None:
         """The validation error of a rejected submission, if it was rejected."""
         rejected = keys.rejected_stream(self._p(task_id))
@@ -324,18 +389,59 @@ class OrgaClient:
         return None
 
     def wait(self, task_id: str, timeout_s: float = 600.0) -> dict[str, Any]:
-        """Block until the task is completed, failed or aborted; return its result."""
+        """Block until the task is completed, failed or aborted, or waits for a review; return
+        its result (with ``review_id`` when a review is open). Blocks on the task's streams
+        (:meth:`watch`), never polls; WaitTimeoutError past ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
+        real = self.accepted(task_id, deadline)
+        for event in self.watch(real, deadline=deadline):
+            if event.kind == "status" and (event.terminal or event.data["review_id"]):
+                result = self.record(real).result()
+                if event.data["review_id"]:
+                    result["review_id"] = event.data["review_id"]
+                return result
+        raise WaitTimeoutError(f"task {task_id} did not finish within {timeout_s}s")
+
+    def accepted(self, task_id: str, deadline: float | None = None) -> str:
+        """The id of the stored task ``task_id`` stands for, once the coordinator accepted it:
+        blocks on the partition's lifecycle events until then (TaskRejectedError if it was
+        rejected; WaitTimeoutError past ``deadline``, a ``time.monotonic()``)."""
+        events = keys.events_stream(self._p(task_id))
+        after = self._last_id(events)
         while True:
-            try:
-                record = self.record(task_id)
-                if record.status in TERMINAL_STATUSES:
-                    return record.result()
-            except TaskNotFoundError:
-                pass
-            if time.monotonic() > deadline:
-                raise WaitTimeoutError(f"task {task_id} did not finish within {timeout_s}s")
-            time.sleep(self.poll_interval_s)
+            with contextlib.suppress(TaskNotFoundError):
+                return self.existing(task_id)
+            reply = self.watcher.xread({events: after}, block=watch_block_ms(deadline), count=1000)
+            for _name, rows in cast("list[Any]", reply or []):
+                after = str(rows[-1][0]) if rows else after
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeoutError(f"task {task_id} was not accepted in time")
+
+    def watch(
+        self, task_id: str, after: str | None = None, deadline: float | None = None
+    ) -> Iterator[TaskEvent]:
+        """The task's events after the cursor ``after`` (:mod:`coordinator.watch`), as they
+        come, until it ends or ``deadline`` (a ``time.monotonic()``) passes."""
+        real = self.existing(task_id)
+        watch = TaskWatch(real, self._p(real), Cursor.parse(after))
+        watch.events_after = self._last_id(watch.events_stream)
+        woke = True
+        while True:
+            if woke:
+                pipe = self.redis.pipeline(transaction=True)
+                watch.queue_reads(pipe)
+                yield from watch.advance(pipe.execute())
+                if watch.ended:
+                    return
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            reply = self.watcher.xread(watch.wake_streams(), block=watch_block_ms(deadline))
+            woke = watch.woke(reply) or not reply  # a quiet while: look again anyway
+
+    def _last_id(self, stream: str) -> str:
+        """The id of a stream's newest entry ("0-0" for an empty one)."""
+        rows = self._rows(self.redis.xrevrange(stream, count=1))
+        return rows[0][0] if rows else "0-0"
 
     def journal(
         self, task_id: str, after: int = -1, count: int | None = None
@@ -391,10 +497,15 @@ class OrgaClient:
         """Journal entries as they are written, until the task ends (or nothing for a while).
 
         TaskNotFoundError at once for an unknown task, and when the task is purged meanwhile.
+        Between reads it blocks on the journal and the partition's lifecycle events (which
+        say when the task ends), never sleeping a fixed interval.
         """
         real = self.existing(task_id)
         last = -1
         quiet_since = time.monotonic()
+        p = self._p(real)
+        journal, events = keys.journal_stream(real, p), keys.events_stream(p)
+        events_after = self._last_id(events)
         while True:
             entries = self.journal(real, after=last)
             for entry in entries:
@@ -407,9 +518,15 @@ class OrgaClient:
                 self.existing(task_id)  # purged while followed: says so
             if status in {s.value for s in TERMINAL_STATUSES} and not entries:
                 return
-            if idle_timeout_s is not None and time.monotonic() - quiet_since > idle_timeout_s:
+            idle_deadline = None if idle_timeout_s is None else quiet_since + idle_timeout_s
+            if idle_deadline is not None and time.monotonic() > idle_deadline:
                 return
-            time.sleep(self.poll_interval_s)
+            # The journal's ids are ``0-{sequence + 1}``: block until one after ``last``.
+            wake: dict[Any, Any] = {journal: f"0-{last + 1}", events: events_after}
+            reply = self.watcher.xread(wake, block=watch_block_ms(idle_deadline))
+            for name, rows in cast("list[Any]", reply or []):
+                if name == events and rows:
+                    events_after = str(rows[-1][0])
 
     def events(self, after: str = "0-0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
         """Lifecycle events after a stream id (what upstream pipelines follow), merged over
@@ -471,6 +588,31 @@ class OrgaClient:
         that does not fit the tool's schema) for a decision the review does not take, before
         anything is sent: the review stays open.
         """
+        task_id, entry = self.send_decision(review_id, decision, hint, by, arguments=arguments)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.decision_applied(review_id, task_id, entry):
+                return task_id
+            time.sleep(self.poll_interval_s)
+        raise WaitTimeoutError(
+            f"no coordinator applied the decision within {timeout_s}s; "
+            "is `orga coordinator` running?"
+        )
+
+    def send_decision(
+        self,
+        review_id: str,
+        decision: str,
+        hint: str | None = None,
+        by: str = "cli",
+        *,
+        arguments: dict[str, Any] | None = None,
+    ) -> tuple[str, str]:
+        """Claim an open review and send the decision (the first half of :meth:`decide`):
+        the review's task and the control entry's id. ReviewDecidedError when another decision
+        was sent first; TaskNotFoundError for a review not open; ValueError (ArgumentsError for
+        an edit that does not fit the tool's schema) for a decision the review does not take,
+        before anything is sent."""
         check_reviewer(by)
         try:
             item = self.review(review_id)
@@ -478,25 +620,23 @@ class OrgaClient:
             self._refuse_decided(review_id)
             raise
         edited = _checked_call_decision(item, decision, arguments)
-        entry = self._claim(item, decision, hint or "", by, edited)
-        p = self._p(item.task_id)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            refused = self._control_refusal(entry, p)
-            if refused is not None:
-                raise ReviewDecidedError(f"decision refused: {refused}")
-            decided = self._decided(review_id, p)
-            if decided is not None and decided.get("entry_id") == entry:
-                return item.task_id
-            if decided is not None:
-                raise ReviewDecidedError(
-                    f"decision refused: review {review_id} was decided first by "
-                    f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was applied"
-                )
-            time.sleep(self.poll_interval_s)
-        raise WaitTimeoutError(
-            f"no coordinator applied the decision within {timeout_s}s; "
-            "is `orga coordinator` running?"
+        return item.task_id, self._claim(item, decision, hint or "", by, edited)
+
+    def decision_applied(self, review_id: str, task_id: str, entry: str) -> bool:
+        """True once a coordinator applied the decision sent as control ``entry``, False
+        while none did; ReviewDecidedError when it was refused, or another applied first."""
+        p = self._p(task_id)
+        refused = self._control_refusal(entry, p)
+        if refused is not None:
+            raise ReviewDecidedError(f"decision refused: {refused}")
+        decided = self._decided(review_id, p)
+        if decided is None:
+            return False
+        if decided.get("entry_id") == entry:
+            return True
+        raise ReviewDecidedError(
+            f"decision refused: review {review_id} was decided first by "
+            f"{decided.get('by')!r} ({decided.get('decision')}); nothing else was applied"
         )
 
     def decide_request(
@@ -592,8 +732,39 @@ class OrgaClient:
         )
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
         self.redis.close()
+        self.watcher.close()
+
+
+WATCH_BLOCK_MS = 5_000
+"""The longest a watcher blocks before it looks at its task again (a status changed by no
+journal entry nor lifecycle event is seen this late at worst)."""
+WATCH_SOCKET_TIMEOUT_S = WATCH_BLOCK_MS / 1000 + 10
+"""The socket timeout of a watcher's connections: a block, and time for a loaded server to
+answer (redis-py's default, 5 s, is no longer than a block)."""
+
+
+def watch_block_ms(deadline: float | None) -> int:
+    """How long one blocking read may wait: ``WATCH_BLOCK_MS``, less near ``deadline``."""
+    if deadline is None:
+        return WATCH_BLOCK_MS
+    return max(1, min(WATCH_BLOCK_MS, int((deadline - time.monotonic()) * 1000)))
+
+
+def _page_cursor(cursor: str | None) -> tuple[float, str]:
+    """The (creation time, id) a page cursor stands for: the row before which the next page
+    starts; ConfigError naming a cursor that is not one."""
+    if not cursor:
+        return (float("inf"), "")
+    at, _, task_id = cursor.partition(":")
+    try:
+        return (float(at), check_task_id(task_id))
+    except (ValueError, OrgaError) as exc:
+        raise ConfigError(
+            f"cursor {cursor[:80]!r} is not a page cursor: send the `next_cursor` of the "
+            "previous page, or none for the first page"
+        ) from exc
 
 
 def _checked_call_decision(

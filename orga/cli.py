@@ -39,7 +39,12 @@ from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from orga.cli_agents import agents_app
 from orga.cli_schedules import schedule_app
 from orga.cli_tokens import TokenPrinter
-from orga.embedded import EmbeddedRuntime, EmbeddedRuntimeError, coordinator_settings
+from orga.embedded import (
+    EmbeddedRuntime,
+    EmbeddedRuntimeError,
+    coordinator_settings,
+    webhook_deliverer,
+)
 from orga.topology import Role, supervisor_exec, worker_commands
 from shared import aio
 from shared.errors import OrgaError
@@ -787,8 +792,20 @@ def coordinator() -> None:
             publisher=CeleryPublisher.from_settings(settings.model_copy(update={"redis_url": url})),
         )
         where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
+        webhooks = webhook_deliverer(settings, client)
+        if webhooks is not None:
+            where += f", {len(settings.webhooks)} webhook(s)"
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")
-        await node.run()
+        if webhooks is None:
+            await node.run()
+            return
+        delivering = asyncio.create_task(webhooks.run())
+        try:
+            await node.run()
+        finally:
+            webhooks.stop()
+            with contextlib.suppress(Exception):  # posts in flight stay pending for another
+                await asyncio.wait_for(delivering, 5)
 
     with _errors():  # a Redis that evicts keys is refused at start (shared.eviction)
         aio.run(main_loop())
@@ -877,6 +894,25 @@ def inbox(
         try:
             run_inbox(settings, _home(), host, port, announce=_say, key_fds=key_fds)
         except InboxConfigError as exc:  # a missing or invalid setting: exit 2, as bad input
+            raise _fail("error:", exc, 2) from exc
+
+
+@app.command()
+def api(
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Address to bind (beyond this host: behind TLS).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", help="Port to serve on.")] = 8766,
+) -> None:
+    """Serve the HTTP API (/v1/..., OpenAPI at /v1/openapi.json; needs ORGA_API_TOKENS)."""
+    from orga.api import ApiConfigError, run_api
+
+    settings = _settings()
+    key_fds = None if settings.redis_url else _hand_off_model_keys(settings)
+    with _errors():
+        try:
+            run_api(settings, _home(), host, port, announce=_say, key_fds=key_fds)
+        except ApiConfigError as exc:  # no tokens, or a weak one: exit 2, as bad input
             raise _fail("error:", exc, 2) from exc
 
 

@@ -25,6 +25,7 @@ from coordinator.liveness import LivenessSettings
 from coordinator.machine import MachineSettings
 from coordinator.relay import CeleryPublisher
 from coordinator.service import Coordinator, CoordinatorSettings
+from coordinator.webhooks import WebhookDeliverer
 from orga import topology
 from orga.embedded_redis import EmbeddedRedis
 from orga.topology import Role, worker_commands
@@ -32,7 +33,7 @@ from shared.errors import OrgaError
 from shared.redaction import Redactor, secret_values
 from shared.settings import OrgaSettings
 
-__all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings"]
+__all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings", "webhook_deliverer"]
 
 
 class EmbeddedRuntimeError(OrgaError):
@@ -69,6 +70,20 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
     )
 
 
+def webhook_deliverer(settings: OrgaSettings, redis: Redis) -> WebhookDeliverer | None:
+    """The deliverer of ``ORGA_WEBHOOKS`` that runs next to a coordinator (None: none set)."""
+    if not settings.webhooks:
+        return None
+    return WebhookDeliverer(
+        redis,
+        list(settings.webhooks),
+        partitions=settings.partitions,
+        deadline_s=settings.webhook_deadline_s,
+        timeout_s=settings.webhook_timeout_s,
+        claim_idle_ms=settings.webhook_claim_idle_ms,
+    )
+
+
 @dataclass
 class EmbeddedRuntime:
     """Start with ``async with EmbeddedRuntime(settings, home) as runtime:``."""
@@ -87,6 +102,8 @@ class EmbeddedRuntime:
     _coordinator: Coordinator | None = field(default=None, init=False, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _client: Redis | None = field(default=None, init=False, repr=False)
+    _webhooks: WebhookDeliverer | None = field(default=None, init=False, repr=False)
+    _webhooks_task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -115,9 +132,16 @@ class EmbeddedRuntime:
             publisher=CeleryPublisher.from_settings(settings),
         )
         self._task = asyncio.create_task(self._coordinator.run())
+        self._webhooks = webhook_deliverer(settings, self._client)
+        if self._webhooks is not None:
+            self._webhooks_task = asyncio.create_task(self._webhooks.run())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._webhooks is not None and self._webhooks_task is not None:
+            self._webhooks.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._webhooks_task, 5)
         if self._coordinator is not None and self._task is not None:
             self._coordinator.stop()
             with contextlib.suppress(Exception):

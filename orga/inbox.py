@@ -23,7 +23,7 @@ from coordinator.inbox.auth import ReviewerAuth
 from orga.embedded import EmbeddedRuntime
 from shared.settings import OrgaSettings
 
-__all__ = ["run_inbox"]
+__all__ = ["SignalledServer", "run_inbox", "serve_announced"]
 
 
 def run_inbox(
@@ -46,7 +46,7 @@ def run_inbox(
             app = create_app(client, auth, secret, secure_cookies=settings.inbox_secure_cookies)
             config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                     access_log=False, lifespan="off")  # fmt: skip
-            await _serve_announced(_Server(config), where, announce)
+            await serve_announced(SignalledServer(config), where, announce)
         finally:
             client.close()
 
@@ -60,7 +60,7 @@ def run_inbox(
         asyncio.run(embedded())
 
 
-class _Server(uvicorn.Server):
+class SignalledServer(uvicorn.Server):
     """uvicorn's server, but SIGINT and SIGTERM end :func:`run_inbox` normally (uvicorn re-raises
     the signal after its shutdown, which would kill the process before the embedded runtime
     stops its workers and its Redis)."""
@@ -79,8 +79,12 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def _serve_announced(
-    server: uvicorn.Server, where: str, announce: Callable[[str], None]
+async def serve_announced(
+    server: uvicorn.Server,
+    where: str,
+    announce: Callable[[str], None],
+    what: str = "review inbox",
+    path: str = "/",
 ) -> None:
     """Serve, and say where once the socket is bound (the actual port when 0 was asked)."""
     serving = asyncio.create_task(server.serve())
@@ -88,5 +92,5 @@ async def _serve_announced(
         await asyncio.sleep(0.05)
     if server.started:
         port = server.servers[0].sockets[0].getsockname()[1]
-        announce(f"review inbox on http://{server.config.host}:{port}/ (tasks of {where})")
+        announce(f"{what} on http://{server.config.host}:{port}{path} (tasks of {where})")
     await serving

@@ -31,6 +31,7 @@ Streams (one per partition)
 Consumer groups
     ``orga-coordinators``        the coordinators reading the intake and observations streams
     ``orga-relays``              the coordinators' outbox relays reading ``orga:P:outbox``
+    ``orga-webhooks``            the webhook deliverers reading ``orga:P:events``
 
 Keys
     ``orga:partitions``          string: the number of partitions (``partitions_key``)
@@ -182,6 +183,7 @@ __all__ = [
     "tokens_ttl_s",
     "tool_task_name",
     "tools_queue",
+    "webhook_group",
     "workspace_claim_key",
     "workspace_claim_key_prefix",
     "workspace_claim_ttl_s",
@@ -198,6 +200,10 @@ key_prefix: Final = "orga:"
 coordinator_group: Final = "orga-coordinators"
 outbox_group: Final = "orga-relays"
 """The coordinators' outbox relays: each reads every ``outbox_stream(p)`` as its own consumer."""
+webhook_group: Final = "orga-webhooks"
+"""The webhook deliverers (coordinator/webhooks.py): each reads every ``events_stream(p)`` as its
+own consumer, so one event is delivered by one of them; an entry is acknowledged once every
+subscription matching it was delivered or dead-lettered."""
 
 # -- keys ----------------------------------------------------------------------------------
 

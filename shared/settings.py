@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
+from shared.webhooks import WebhookSubscription
 
 __all__ = [
     "AMQP_SCHEMES",
@@ -223,6 +224,32 @@ class OrgaSettings(BaseSettings):
         "when the request came over HTTPS (uvicorn's TLS, or `X-Forwarded-Proto` from a proxy "
         "in uvicorn's FORWARDED_ALLOW_IPS); `true` always (behind a TLS proxy uvicorn does not "
         "trust); `false` never",
+    )
+    api_tokens: SecretStr | None = Field(
+        default=None,
+        description="`orga api`: bearer tokens it accepts (`Authorization: Bearer TOKEN`), "
+        "separated by commas, each of 16 characters or more; the API refuses to start without",
+    )
+    webhooks: list[WebhookSubscription] = Field(
+        default_factory=list,
+        description="Webhooks (JSON): a list of {url, events: [review_opened, task_finished, "
+        "task_failed, budget_exhausted], secret?}; the coordinators post each event, signed "
+        "with HMAC-SHA256 when a secret is given",
+    )
+    webhook_deadline_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="A webhook post not accepted (2xx) within this time of its event is "
+        "dead-lettered to the partition's dead-letter stream",
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, description="One webhook post's timeout (connect, send and answer)"
+    )
+    webhook_claim_idle_ms: int = Field(
+        default=60_000,
+        ge=100,
+        description="A webhook post left pending this long by a coordinator that stopped is "
+        "taken over by another (or by itself, restarted)",
     )
 
 

@@ -7,10 +7,11 @@ sent without one passes the cap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from starlette.datastructures import Headers
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["MAX_BODY_BYTES", "BodyLimit", "SecureCookies"]
@@ -24,11 +25,18 @@ class _BodyTooLargeError(Exception):
 
 
 class BodyLimit:
-    """413 for a request body over ``max_body_bytes``, read no further than the cap."""
+    """413 for a request body over ``max_body_bytes``, read no further than the cap;
+    ``refusal`` makes the answer from what was refused and the cap (the inbox's: plain text)."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        refusal: Callable[[str, int], Response] | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.refusal = refusal or _plain_refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,18 +47,25 @@ class BodyLimit:
             await self._refusal(f"a body of Content-Length {declared[:20]}")(scope, receive, send)
             return
         received = 0
-        started = False
+        started = over = False
+        too_large = f"a body of more than {self.max_body_bytes} bytes"
 
         async def capped_receive() -> Message:
-            nonlocal received
+            nonlocal received, over
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_body_bytes:
+                over = True
                 raise _BodyTooLargeError
             return message
 
         async def tracked_send(message: Message) -> None:
             nonlocal started
+            if over:  # the app turned the refusal into an answer of its own: ours instead
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await self._refusal(too_large)(scope, receive, send)
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
@@ -59,17 +74,19 @@ class BodyLimit:
         except _BodyTooLargeError:
             if started:  # nothing reads a body after answering: never seen, but never a 2nd start
                 raise
-            await self._refusal(f"a body of more than {self.max_body_bytes} bytes")(
-                scope, receive, send
-            )
+            await self._refusal(too_large)(scope, receive, send)
 
-    def _refusal(self, what: str) -> PlainTextResponse:
-        return PlainTextResponse(
-            f"request refused: {what}; the inbox reads at most {self.max_body_bytes} bytes "
-            "(shorten the hint or the reason)",
-            status_code=413,
-            headers={"Connection": "close"},
-        )
+    def _refusal(self, what: str) -> Response:
+        return self.refusal(what, self.max_body_bytes)
+
+
+def _plain_refusal(what: str, max_body_bytes: int) -> Response:
+    return PlainTextResponse(
+        f"request refused: {what}; the inbox reads at most {max_body_bytes} bytes "
+        "(shorten the hint or the reason)",
+        status_code=413,
+        headers={"Connection": "close"},
+    )
 
 
 class SecureCookies:

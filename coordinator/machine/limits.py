@@ -38,6 +38,7 @@ class Limits(Section):
         # context, the skip note, the abort error all show it).
         reason = f"{decision.reason}; last error: {error[:500]}" if decision.reason else error
         action = m.tracker.limit_action
+        m.event("budget_exhausted", step_id=step.spec.id, action=action.value, reason=reason[:500])
         if action is LimitAction.SKIP_STEP:
             m.steps.skip(reason)
         elif action is LimitAction.ABORT_TASK:

@@ -1,0 +1,267 @@
+"""Webhook delivery: the partitions' lifecycle events, posted to ``ORGA_WEBHOOKS``.
+
+A :class:`WebhookDeliverer` runs next to each coordinator, as its own asyncio task: it reads
+every ``orga:P:events`` stream in the consumer group ``orga-webhooks`` (so one event goes to
+one deliverer), posts each event a subscription asked for (:mod:`shared.webhooks`: JSON,
+signed), retries a post that fails (an error, a timeout, an answer other than 2xx) with
+exponential back-off, and dead-letters it to the partition's dead-letter stream (``kind:
+webhook``, the URL without credentials or query, never the secret) once ``deadline_s`` has
+passed since the event. The entry is acknowledged when every post of it was accepted or
+dead-lettered.
+
+A receiver that hangs costs one awaiting socket until ``timeout_s``: the coordinator's loop
+never waits for it, and the other posts go on (each post is its own asyncio task, at most
+``concurrency`` at a time). A deliverer that dies leaves its entries pending in the group;
+another (or itself, restarted) takes them over after ``claim_idle_ms`` (``XAUTOCLAIM``), so
+deliveries survive a restart: at least once, with the same ``X-Orga-Delivery`` id each time,
+for the receiver to drop a duplicate. A live deliverer keeps its entries from being taken over
+by claiming them again (``XCLAIM``) while it retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from shared import keys
+from shared.webhooks import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    WebhookEvent,
+    WebhookSubscription,
+    sign,
+    webhook_event,
+)
+
+__all__ = ["WebhookDeliverer", "public_url"]
+
+log = logging.getLogger("orga.coordinator.webhooks")
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One lifecycle event to post: where it is (stream, id) and the JSON body."""
+
+    stream: str
+    entry_id: str
+    body: dict[str, Any]
+
+
+@dataclass
+class WebhookDeliverer:
+    """Posts the lifecycle events its subscriptions ask for; ``await run()``, ``stop()``."""
+
+    redis: Redis
+    subscriptions: list[WebhookSubscription]
+    partitions: int = 1
+    deadline_s: float = 3600.0
+    timeout_s: float = 10.0
+    first_backoff_s: float = 1.0
+    max_backoff_s: float = 300.0
+    claim_idle_ms: int = 60_000
+    concurrency: int = 32
+    block_ms: int = 1000
+    transport: httpx.AsyncBaseTransport | None = None
+    """The HTTP seam (tests may give an ``httpx.MockTransport``); None: the network."""
+    name: str = field(default_factory=lambda: f"webhooks-{uuid.uuid4().hex[:12]}")
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _in_flight: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict, init=False)
+    _slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._slots = asyncio.Semaphore(self.concurrency)
+
+    @property
+    def streams(self) -> list[str]:
+        return keys.partition_streams(self.partitions, keys.events_stream)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return (posts in flight stay pending, for a later deliverer)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Deliver until stopped."""
+        await self._create_groups()
+        async with httpx.AsyncClient(timeout=self.timeout_s, transport=self.transport) as http:
+            last_claim = 0.0
+            while not self._stopping.is_set():
+                try:
+                    if time.monotonic() - last_claim > self.claim_idle_ms / 3000:
+                        await self._keep_and_take_over(http)
+                        last_claim = time.monotonic()
+                    await self._read(http)
+                except RedisError as exc:  # Redis away or restarted: the coordinator waits too
+                    await self._recover(exc)
+            for task in list(self._in_flight.values()):
+                task.cancel()
+            await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+
+    async def _recover(self, exc: RedisError) -> None:
+        """After a Redis error: wait a little, and create the groups again if Redis lost them
+        (restarted empty)."""
+        log.warning("webhook.redis_error", extra={"error": f"{type(exc).__name__}: {exc}"})
+        await asyncio.sleep(1.0)
+        if "NOGROUP" in str(exc):
+            with contextlib.suppress(RedisError):
+                await self._create_groups()
+
+    async def _create_groups(self) -> None:
+        """The consumer group on every events stream, from now on (events written before
+        the first deliverer started are not posted)."""
+        for stream in self.streams:
+            with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
+                await self.redis.xgroup_create(stream, keys.webhook_group, id="$", mkstream=True)
+
+    async def _read(self, http: httpx.AsyncClient) -> None:
+        reply = await self.redis.xreadgroup(
+            keys.webhook_group, self.name, dict.fromkeys(self.streams, ">"),
+            count=64, block=self.block_ms,
+        )  # fmt: skip
+        for stream, entries in cast("list[Any]", reply or []):
+            for entry_id, fields in entries:
+                await self._start(http, _text(stream), _text(entry_id), fields)
+
+    async def _keep_and_take_over(self, http: httpx.AsyncClient) -> None:
+        """Claim again the entries this deliverer still retries (so none takes them over),
+        and take over those another left pending for ``claim_idle_ms``."""
+        for stream in self.streams:
+            mine: list[Any] = [entry_id for (s, entry_id) in self._in_flight if s == stream]
+            if mine:
+                await self.redis.xclaim(stream, keys.webhook_group, self.name, 0, mine, justid=True)
+            reply = await self.redis.xautoclaim(
+                stream, keys.webhook_group, self.name, self.claim_idle_ms, "0-0", count=100
+            )
+            for entry_id, fields in cast("list[Any]", reply[1] if reply else []):
+                await self._start(http, stream, _text(entry_id), fields)
+
+    async def _start(
+        self, http: httpx.AsyncClient, stream: str, entry_id: str, raw: dict[Any, Any] | None
+    ) -> None:
+        """Post an entry to every subscription asking for it, in its own task; acknowledge at
+        once an entry nobody asked for."""
+        if (stream, entry_id) in self._in_flight:
+            return
+        fields = {_text(k): _text(v) for k, v in (raw or {}).items()}
+        kind = webhook_event(fields.get("event", ""))
+        targets = [s for s in self.subscriptions if kind is not None and s.wants(kind)]
+        if kind is None or not targets:
+            await self.redis.xack(stream, keys.webhook_group, entry_id)
+            return
+        entry = _Entry(stream, entry_id, _payload(entry_id, kind, fields))
+        self._in_flight[(stream, entry_id)] = asyncio.create_task(
+            self._deliver(http, entry, targets)
+        )
+
+    async def _deliver(
+        self, http: httpx.AsyncClient, entry: _Entry, targets: list[WebhookSubscription]
+    ) -> None:
+        try:
+            await asyncio.gather(*(self._post_until_deadline(http, entry, s) for s in targets))
+            await self.redis.xack(entry.stream, keys.webhook_group, entry.entry_id)
+        finally:
+            self._in_flight.pop((entry.stream, entry.entry_id), None)
+
+    async def _post_until_deadline(
+        self, http: httpx.AsyncClient, entry: _Entry, subscription: WebhookSubscription
+    ) -> None:
+        """Post until accepted, backing off; dead-letter past the deadline."""
+        deadline = _entry_time(entry.entry_id) + self.deadline_s
+        delivery = f"{entry.entry_id}:{self.subscriptions.index(subscription)}"
+        attempt = 0
+        while True:
+            attempt += 1
+            error = await self._post(http, subscription, delivery, entry.body)
+            if error is None:
+                return
+            delay = min(self.first_backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
+            url = public_url(str(subscription.url))
+            if time.time() + delay > deadline:
+                await self._dead_letter(entry, url, attempt, error)
+                return
+            log.warning(
+                "webhook.retry",
+                extra={"url": url, "delivery": delivery, "attempt": attempt, "error": error,
+                       "retry_in_s": delay},
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+
+    async def _post(
+        self,
+        http: httpx.AsyncClient,
+        subscription: WebhookSubscription,
+        delivery: str,
+        body: dict[str, Any],
+    ) -> str | None:
+        """One post; None when accepted (2xx), else what went wrong (no secret in it)."""
+        content = json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "X-Orga-Event": body["event"],
+                   "X-Orga-Delivery": delivery}  # fmt: skip
+        if subscription.secret is not None:
+            at = int(time.time())
+            headers[TIMESTAMP_HEADER] = str(at)
+            headers[SIGNATURE_HEADER] = sign(subscription.secret.get_secret_value(), at, content)
+        async with self._slots:
+            try:
+                response = await http.post(str(subscription.url), content=content, headers=headers)
+            except httpx.HTTPError as exc:  # its text may quote the URL: shown without secrets
+                url = str(subscription.url)
+                return f"{type(exc).__name__}: {str(exc).replace(url, public_url(url))[:200]}"
+        if 200 <= response.status_code < 300:
+            return None
+        return f"HTTP {response.status_code}"
+
+    async def _dead_letter(self, entry: _Entry, url: str, attempts: int, error: str) -> None:
+        stream, entry_id, body = entry.stream, entry.entry_id, entry.body
+        partition = self.streams.index(stream)
+        log.error(
+            "webhook.dead_lettered",
+            extra={"url": url, "entry_id": entry_id, "attempts": attempts, "error": error},
+        )
+        await self.redis.xadd(
+            keys.dead_letter_stream(partition),
+            {"kind": "webhook", "url": url, "event": body["event"], "entry_id": entry_id,
+             "task_id": body.get("task_id") or "", "attempts": str(attempts),
+             "error": f"not accepted within {self.deadline_s:g}s of the event: {error}"},
+            maxlen=keys.dead_letter_maxlen, approximate=True,
+        )  # fmt: skip
+
+
+def _payload(entry_id: str, kind: WebhookEvent, fields: dict[str, str]) -> dict[str, Any]:
+    """The JSON posted: the webhook event, its task, when, and the lifecycle event's fields."""
+    return {
+        "id": entry_id,
+        "event": kind,
+        "task_id": fields.get("task_id"),
+        "at": float(fields.get("at") or _entry_time(entry_id)),
+        "lifecycle_event": fields.get("event"),
+        "data": {k: v for k, v in fields.items() if k not in ("task_id", "event", "at")},
+    }
+
+
+def public_url(url: str) -> str:
+    """A URL as logs and dead letters show it: no user, password, query or fragment (where
+    tokens hide)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
+
+
+def _entry_time(entry_id: str) -> float:
+    """When a stream entry was written (its id's milliseconds), in unix seconds."""
+    return int(entry_id.partition("-")[0]) / 1000
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
