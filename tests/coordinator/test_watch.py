@@ -37,7 +37,7 @@ def test_advance_emits_journal_tokens_then_a_changed_status() -> None:
     when it changed, each with the cursor after it; the same status again emits nothing; a
     terminal status ends the watch."""
     watch = TaskWatch("t1", 0)
-    tokens = [("5-0", {"delta": "Hel"}), ("6-0", {"event": "stream_restarted"})]
+    tokens = [("5-0", {"kind": "token", "text": "Hel"}), ("6-0", {"kind": "stream_restarted"})]
     events = watch.advance([[_entry(0), _entry(1)], tokens, _state("running")])
     assert [e.kind for e in events] == ["journal", "journal", "token", "stream_restarted", "status"]
     assert [e.id for e in events] == ["0-1/0-0/", "0-2/0-0/", "0-2/5-0/", "0-2/6-0/",

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -22,6 +24,7 @@ from tests.integration.harness import (
     ORGA,
     REPO,
     Cluster,
+    Process,
     cli_env,
     run_orga,
     wait_until,
@@ -166,6 +169,36 @@ def test_a_worker_killed_mid_stream_restarts_the_answer_for_watchers(killable: C
     lines = [json.loads(line) for line in followed.stdout.splitlines()]
     assert [x["tokens"]["kind"] for x in lines if "tokens" in x] == kinds
     assert any("event" in x for x in lines)
+    # The HTTP API's Server-Sent Events carry the same entries, in order, then the end.
+    sse = _sse_kinds(killable, task_id)
+    assert [kind for kind in sse if kind in ("token", "stream_restarted")] == [
+        "stream_restarted" if kind == "stream_restarted" else "token" for kind in kinds
+    ], sse
+    assert sse[-1] == "status"
+
+
+def _sse_kinds(cluster: Cluster, task_id: str) -> list[str]:
+    """The kinds of a task's events from `orga api`'s `GET /v1/tasks/{id}/events`."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    token = "stream-test-token-0123456789"
+    command = [str(ORGA), "api", "--host", "127.0.0.1", "--port", str(port)]
+    env = cluster._env({"ORGA_API_TOKENS": token})
+    process = Process("api", command, env, cluster.root / "api.log").start()
+    try:
+        process.wait_for_log(f"API on http://127.0.0.1:{port}/v1/")
+        found: list[str] = []
+        headers = {"Authorization": f"Bearer {token}"}
+        url = f"http://127.0.0.1:{port}/v1/tasks/{task_id}/events"
+        with httpx.stream("GET", url, headers=headers, timeout=60) as response:
+            assert response.status_code == 200, response.read()
+            for line in response.iter_lines():
+                if line.startswith("event:"):
+                    found.append(line.partition(":")[2].strip())
+        return found
+    finally:
+        process.stop()
 
 
 def test_a_deployment_streams_only_when_asked(killable: Cluster) -> None:
