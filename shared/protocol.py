@@ -19,7 +19,7 @@ from shared.actions import Observation, ProposedAction, ToolCallAction
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import WireFormatError
 from shared.events import RecoveryTriggered
-from shared.inference import ProviderWait, Usage
+from shared.inference import ModelCall, ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry, TerminationReason
 from shared.policy import PolicySpec
 from shared.task_spec import ProviderSpec
@@ -313,6 +313,8 @@ class ReasonedMessage(BaseModel):
     provider_waits: list[ProviderWait] = Field(default_factory=list)
     """Transient provider errors and shared rate-limit holds the model call waited out (the
     coordinator journals them; they are not failed attempts)."""
+    model_call: ModelCall | None = None
+    """The model call this iteration made (None: none was sent, e.g. over budget)."""
 
 
 class WorkerFailedMessage(BaseModel):

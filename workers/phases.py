@@ -21,6 +21,7 @@ Differences from Symbiont, all deliberate:
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from shared.actions import (
@@ -38,13 +39,22 @@ from shared.actions import (
 from shared.context_manager import ContextManager
 from shared.conversation import ConversationMessage
 from shared.delegation import is_delegate
-from shared.inference import FinishReason, InferenceOptions, ToolCall, Usage
+from shared.genai import chat_span, record_chat_response
+from shared.inference import (
+    FinishReason,
+    InferenceOptions,
+    InferenceResponse,
+    ModelCall,
+    ToolCall,
+    Usage,
+)
 from shared.loop_types import (
     LoopConfig,
     LoopState,
     TerminationKind,
     TerminationReason,
 )
+from shared.pricing import Price, format_usd
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.providers.base import InferenceError, InferenceProvider
@@ -91,10 +101,14 @@ def _terminate(kind: TerminationKind, message: str | None = None) -> LoopTermina
 
 @dataclass(slots=True)
 class Reasoning:
-    """Ready to ask the model for the next actions."""
+    """Ready to ask the model for the next actions; ``price`` prices its call (None: the
+    model has no known price, and the call costs ``$0`` in the usage)."""
 
     state: LoopState
     config: LoopConfig
+    price: Price | None = None
+    call: ModelCall | None = None
+    """The model call made, once made (for the metrics)."""
 
     async def produce_output(
         self,
@@ -108,10 +122,9 @@ class Reasoning:
         compacted = context_manager.manage_context(
             self.state.conversation, self.config.context_token_budget
         )
-        try:
-            response = await provider.complete(self.state.conversation, self._options())
-        except InferenceError as exc:
-            raise _terminate(TerminationKind.ERROR, f"Inference failed: {exc}") from exc
+        options = self._options()
+        self._check_budget(options)
+        response = await self._call(provider, options)
         self.state.add_usage(response.usage)
         if response.finish_reason is FinishReason.REFUSAL:
             raise _terminate(
@@ -136,6 +149,53 @@ class Reasoning:
             raise _terminate(
                 TerminationKind.MAX_TOKENS,
                 f"used {used} tokens of max_total_tokens ({self.config.max_total_tokens})",
+            )
+
+    async def _call(
+        self, provider: InferenceProvider, options: InferenceOptions
+    ) -> InferenceResponse:
+        """The model call, in its ``chat {model}`` span, its usage priced."""
+        model = options.model or provider.default_model()
+        name = provider.provider_name()
+        started = time.monotonic()
+        with chat_span(
+            name,
+            model,
+            self.state.conversation,
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+        ) as span:
+            try:
+                response = await provider.complete(self.state.conversation, options)
+            except InferenceError as exc:
+                raise _terminate(TerminationKind.ERROR, f"Inference failed: {exc}") from exc
+            finally:
+                elapsed_ms = (time.monotonic() - started) * 1000
+                self.call = ModelCall(provider=name, model=model, duration_ms=elapsed_ms)
+            if self.price is not None:
+                usage = response.usage
+                priced = usage.model_copy(update={"cost_usd": self.price.cost(usage)})
+                response = response.model_copy(update={"usage": priced})
+            self.call = self.call.model_copy(update={"response_model": response.model})
+            record_chat_response(span, response)
+        return response
+
+    def _check_budget(self, options: InferenceOptions) -> None:
+        """Not sent when its worst case (the prompt's estimated tokens at the input rate,
+        ``max_tokens`` at the output rate) costs more than the task has left."""
+        left = self.config.max_cost_usd
+        if left is None or self.price is None:
+            return
+        prompt = self.state.conversation.estimate_tokens()
+        worst = self.price.worst_case(prompt, options.max_tokens)
+        if worst > left:
+            raise _terminate(
+                TerminationKind.BUDGET_EXHAUSTED,
+                f"budget exhausted: the next model call could cost up to {format_usd(worst)} "
+                f"(~{prompt} prompt tokens, max_tokens {options.max_tokens}, "
+                f"{self.price.model or 'model'} at ${self.price.input_per_mtok:g}/"
+                f"${self.price.output_per_mtok:g} per million tokens) and the task has "
+                f"{format_usd(left)} left of limits.max_cost_usd",
             )
 
     def _options(self) -> InferenceOptions:
