@@ -150,14 +150,14 @@ def _task_price(model: str, input_per_mtok: float, output_per_mtok: float) -> Pr
 
 
 def unpriced_message(model: str | None, where: str = "provider") -> str:
-    """Why a cost limit cannot be enforced, and the fix."""
-    named = (
+    """Why a cost limit cannot be enforced for the model at ``where``, and the fix."""
+    what = (
         f"model {model!r} is not in the price table (genai-prices)"
         if model
-        else (f"{where}.model is not set, so its price cannot be looked up")
+        else "no model is named (provider.model), so no price can be looked up"
     )
     return (
-        f"a cost limit needs the price of every model call, and the {named}; set "
+        f"{where}: {what}, and limits.max_cost_usd needs the price of every model call; set "
         f"`{where}.pricing: {{input_per_mtok: USD, output_per_mtok: USD}}` (US dollars per "
         "million tokens), name a model the table knows, or remove limits.max_cost_usd"
     )

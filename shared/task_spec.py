@@ -263,11 +263,11 @@ class TaskSpec(_Strict):
             seen.add(step.id)
         return steps
 
-    @model_validator(mode="after")
-    def _priced(self) -> TaskSpec:
-        """A task with a cost limit must have a price for its model, known at intake."""
+    def unpriced(self) -> str | None:
+        """Why the task's money limit cannot be enforced (a model with no known price: the
+        task's own, or a critic's it names), None when it can or there is none."""
         if self.max_cost_usd is None:
-            return self
+            return None
         providers = [("provider", self.provider)] + [
             (f"steps.{i}.critic.provider", step.critic.provider)
             for i, step in enumerate(self.steps)
@@ -275,8 +275,8 @@ class TaskSpec(_Strict):
         ]
         for where, provider in providers:
             if price_of(provider.model, provider.kind, provider.pricing) is None:
-                raise ValueError(unpriced_message(provider.model, where))
-        return self
+                return unpriced_message(provider.model, where)
+        return None
 
     @property
     def max_cost_usd(self) -> float | None:
@@ -340,7 +340,7 @@ def parse_task(data: Any, source: str = "task") -> TaskSpec:
     if problem is not None:
         raise TaskSpecError(f"{source}: {problem}")
     try:
-        return TaskSpec.model_validate(data, extra="forbid")
+        spec = TaskSpec.model_validate(data, extra="forbid")
     except ValidationError as exc:
         raise TaskSpecError(f"{source}: {describe_validation_error(exc)}") from exc
     except (ArithmeticError, TypeError, LookupError) as exc:
@@ -350,6 +350,10 @@ def parse_task(data: Any, source: str = "task") -> TaskSpec:
             f"{source}: {_failing_section(data)}: value out of range "
             f"({type(exc).__name__}: {exc}); use smaller numbers and durations"
         ) from exc
+    unpriced = spec.unpriced()
+    if unpriced is not None:
+        raise TaskSpecError(f"{source}: {unpriced}")
+    return spec
 
 
 def check_task_id(task_id: str) -> str:
