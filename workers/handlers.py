@@ -241,9 +241,9 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     known = len(state.conversation)
     with recording_waits() as waits:
         provider = services.provider(request)
-        reasoning = Reasoning(
-            state, _reasoning_config(request, services), _price(request, provider)
-        )
+        model = request.provider.model or provider.default_model()
+        config = _reasoning_config(request, services)
+        reasoning = Reasoning(state, config, _price(request, model), model)
         try:
             checking = await reasoning.produce_output(provider, AlreadyFitted())
         except LoopTermination as stop:
@@ -474,11 +474,10 @@ def _loop_state(request: ReasonRequest, conversation: Conversation) -> LoopState
     )
 
 
-def _price(request: ReasonRequest, provider: InferenceProvider) -> Price | None:
+def _price(request: ReasonRequest, model: str) -> Price | None:
     """The price of this request's model call (cached per model); a ConfigError naming the
     model when the task has a money limit and the model has no known price."""
     spec = request.provider
-    model = spec.model or provider.default_model()
     price = price_of(model, spec.kind, spec.pricing)
     if price is None and request.config.max_cost_usd is not None:
         raise ConfigError(unpriced_message(model))

@@ -107,6 +107,8 @@ class Reasoning:
     state: LoopState
     config: LoopConfig
     price: Price | None = None
+    model: str | None = None
+    """The model as the task names it (None: the provider's default)."""
     call: ModelCall | None = None
     """The model call made, once made (for the metrics)."""
 
@@ -155,7 +157,7 @@ class Reasoning:
         self, provider: InferenceProvider, options: InferenceOptions
     ) -> InferenceResponse:
         """The model call, in its ``chat {model}`` span, its usage priced."""
-        model = options.model or provider.default_model()
+        model = options.model or self.model or provider.default_model()
         name = provider.provider_name()
         started = time.monotonic()
         with chat_span(

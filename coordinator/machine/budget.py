@@ -16,7 +16,7 @@ when it ends.
 from __future__ import annotations
 
 from coordinator.machine.core import Section
-from coordinator.state import TaskStatus
+from coordinator.state import StepStatus, TaskStatus
 from shared.loop_types import LoopConfig, TerminationKind, TerminationReason
 from shared.protocol import ReasonedMessage
 
@@ -66,8 +66,10 @@ class Budget(Section):
         if record.spec.limits.on_budget_exhausted == "escalate" and record.steps:
             m.reviews.escalate("budget", reason)
             return
-        if record.steps:
-            m.steps.end_loop(
-                TerminationReason(kind=TerminationKind.BUDGET_EXHAUSTED, message=reason)
-            )
+        if record.steps and record.step().status is StepStatus.RUNNING:
+            step = record.step()
+            step.status = StepStatus.FAILED
+            step.note = reason
+            kind = TerminationKind.BUDGET_EXHAUSTED
+            m.steps.end_loop(TerminationReason(kind=kind, message=reason))
         m.steps.finish(TaskStatus.FAILED, reason)

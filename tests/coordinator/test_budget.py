@@ -73,8 +73,8 @@ def _not_sent(record: TaskRecord) -> Effects:
 
 def test_each_request_carries_the_money_left() -> None:
     """The first call may spend the whole dollar; after a $0.35 call, the next gets $0.65."""
-    data = {"goal": "g", "provider": PRICED, "limits": {"max_cost_usd": 1.0},
-            "steps": [{"id": "s", "instruction": "i"}, {"id": "t", "instruction": "j"}]}  # fmt: skip
+    steps = [{"id": "s", "instruction": "i"}, {"id": "t", "instruction": "j"}]
+    data = {"goal": "g", "provider": PRICED, "limits": {"max_cost_usd": 1.0}, "steps": steps}
     fresh = TaskRecord(task_id="f", spec=parse_task(data), created_at=0.0, updated_at=0.0)
     (start,) = _apply(fresh, lambda m: m.start(), now=1.0).reason_dispatches
     assert start.config.max_cost_usd == pytest.approx(1.0)
@@ -176,8 +176,6 @@ def test_a_parent_with_no_money_left_refuses_to_delegate() -> None:
     assert not effects.children
     assert record.awaiting is not None
     result = next(iter(record.awaiting.results.values()), None)
-    if result is None:  # the refusal was observed at once: it is in the conversation
-        text = record.conversation.messages[-1].content
-    else:
-        text = result.content
+    # the refusal is the call's result, or, once observed, the conversation's last message
+    text = record.conversation.messages[-1].content if result is None else result.content
     assert "no money left" in text
