@@ -29,8 +29,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from shared.conversation import Conversation
-from shared.inference import InferenceResponse
-from shared.tracing import TRACER_NAME
+from shared.inference import InferenceResponse, Usage
+from shared.tracing import TRACER_NAME, tracing_installed
 
 __all__ = [
     "OPERATION_DURATION_BUCKETS_S",
@@ -84,6 +84,9 @@ def chat_span(
     temperature: float | None = None,
 ) -> Iterator[trace.Span]:
     """The ``chat {model}`` span of one model call (exceptions recorded, and raised on)."""
+    if not tracing_installed():  # the API's no-op: skip building what it would drop
+        yield trace.INVALID_SPAN
+        return
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": provider,
@@ -103,11 +106,14 @@ def chat_span(
         yield span
 
 
-def record_chat_response(span: trace.Span, response: InferenceResponse) -> None:
-    """The answer's model, tokens, finish reason and cost on its ``chat`` span."""
+def record_chat_response(
+    span: trace.Span, response: InferenceResponse, usage: Usage | None = None
+) -> None:
+    """The answer's model, tokens, finish reason and cost (``usage``: priced; default the
+    response's) on its ``chat`` span."""
     if not span.is_recording():
         return
-    usage = response.usage
+    usage = response.usage if usage is None else usage
     span.set_attributes(
         {
             "gen_ai.response.model": response.model,
@@ -129,6 +135,9 @@ def tool_span(
     name: str, call_id: str | None, arguments: str | None = None, *, task_id: str | None = None
 ) -> Iterator[trace.Span]:
     """The ``execute_tool {name}`` span of one tool call."""
+    if not tracing_installed():
+        yield trace.INVALID_SPAN
+        return
     attributes: dict[str, Any] = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
     if call_id:
         attributes["gen_ai.tool.call.id"] = call_id

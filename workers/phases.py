@@ -126,8 +126,8 @@ class Reasoning:
         )
         options = self._options()
         self._check_budget(options)
-        response = await self._call(provider, options)
-        self.state.add_usage(response.usage)
+        response, usage = await self._call(provider, options)
+        self.state.add_usage(usage)
         if response.finish_reason is FinishReason.REFUSAL:
             raise _terminate(
                 TerminationKind.ERROR, "model refused the request (stop_reason=refusal)"
@@ -138,7 +138,7 @@ class Reasoning:
             )
         actions = self._record(response.tool_calls, response.content, delegation_available)
         self.state.iteration += 1
-        return PolicyCheck(self.state, self.config, actions, response.usage, compacted)
+        return PolicyCheck(self.state, self.config, actions, usage, compacted)
 
     def _check_limits(self) -> None:
         if self.state.iteration >= self.config.max_iterations:
@@ -155,8 +155,8 @@ class Reasoning:
 
     async def _call(
         self, provider: InferenceProvider, options: InferenceOptions
-    ) -> InferenceResponse:
-        """The model call, in its ``chat {model}`` span, its usage priced."""
+    ) -> tuple[InferenceResponse, Usage]:
+        """The model call, in its ``chat {model}`` span, and its usage, priced."""
         model = options.model or self.model or provider.default_model()
         name = provider.provider_name()
         started = time.monotonic()
@@ -170,17 +170,19 @@ class Reasoning:
             try:
                 response = await provider.complete(self.state.conversation, options)
             except InferenceError as exc:
+                self.call = _model_call(name, model, "", started)
                 raise _terminate(TerminationKind.ERROR, f"Inference failed: {exc}") from exc
-            finally:
-                elapsed_ms = (time.monotonic() - started) * 1000
-                self.call = ModelCall(provider=name, model=model, duration_ms=elapsed_ms)
+            self.call = _model_call(name, model, response.model, started)
+            usage = response.usage
             if self.price is not None:
-                usage = response.usage
-                priced = usage.model_copy(update={"cost_usd": self.price.cost(usage)})
-                response = response.model_copy(update={"usage": priced})
-            self.call = self.call.model_copy(update={"response_model": response.model})
-            record_chat_response(span, response)
-        return response
+                usage = Usage.model_construct(
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    total_tokens=usage.total_tokens,
+                    cost_usd=self.price.cost(usage),
+                )
+            record_chat_response(span, response, usage)
+        return response, usage
 
     def _check_budget(self, options: InferenceOptions) -> None:
         """Not sent when its worst case (the prompt's estimated tokens at the input rate,
@@ -218,6 +220,13 @@ class Reasoning:
             return [tool_call_to_action(call, delegation_available) for call in calls]
         conversation.push(ConversationMessage.assistant(content))
         return [RespondAction(content=content)]
+
+
+def _model_call(provider: str, model: str, answered_by: str, started: float) -> ModelCall:
+    elapsed_ms = (time.monotonic() - started) * 1000
+    return ModelCall.model_construct(
+        provider=provider, model=model, response_model=answered_by, duration_ms=elapsed_ms
+    )
 
 
 # -- Gate -----------------------------------------------------------------------------------
