@@ -179,3 +179,24 @@ def test_a_parent_with_no_money_left_refuses_to_delegate() -> None:
     # the refusal is the call's result, or, once observed, the conversation's last message
     text = record.conversation.messages[-1].content if result is None else result.content
     assert "no money left" in text
+
+
+def test_a_critics_call_carries_the_money_left_and_its_exhaustion_ends_the_step() -> None:
+    """The step's answer goes to its critic with what the task has left after the worker's
+    $0.60; a critic call not sent for want of money fails the task like the worker's."""
+    critic = {"agent": "rev", "rubric": "r", "provider": PRICED, "system_prompt": "judge"}
+    data = {
+        "goal": "g",
+        "provider": PRICED,
+        "steps": [{"id": "s", "instruction": "i", "critic": critic}],
+        "limits": {"max_cost_usd": 1.0},
+    }
+    record = TaskRecord(task_id="c", spec=parse_task(data), created_at=0.0, updated_at=0.0)
+    _apply(record, lambda m: m.start(), now=1.0)
+    effects = _answer(record, 0.6)
+    (request,) = effects.reason_dispatches
+    assert request.purpose == "critic"
+    assert request.config.max_cost_usd == pytest.approx(0.4)
+    _not_sent(record)
+    assert record.status is TaskStatus.FAILED
+    assert record.error is not None and record.error.startswith("budget exhausted")

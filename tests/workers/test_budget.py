@@ -4,16 +4,22 @@ what the task has left is not sent; a call that is sent has its usage priced."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from shared.context_manager import DefaultContextManager
-from shared.conversation import ConversationMessage
+from shared.conversation import Conversation, ConversationMessage
+from shared.errors import ConfigError
 from shared.inference import Usage
 from shared.loop_types import LoopConfig, LoopState, TerminationKind
-from shared.pricing import Price
+from shared.pricing import ModelPricing, Price
+from shared.protocol import Fence, ReasonedMessage, ReasonRequest
+from shared.task_spec import ProviderSpec
+from workers.handlers import run_reasoning
 from workers.phases import LoopTermination, Reasoning
 from workers.providers.scripted import ScriptedProvider
+from workers.runtime import local_core
 
 PRICE = Price("m", input_per_mtok=1_000.0, output_per_mtok=2_000.0, source="task")
 """$0.001 a prompt token, $0.002 an output token: small numbers make visible sums."""
@@ -79,3 +85,52 @@ def test_no_limit_and_no_price_leave_the_call_alone() -> None:
     checking = asyncio.run(reasoning.produce_output(provider, DefaultContextManager()))
     assert checking.usage.cost_usd == 0.0
     assert len(provider.requests) == 1
+
+
+def _request(provider: ProviderSpec, left: float | None, tmp_path: Path) -> ReasonRequest:
+    conversation = Conversation()
+    conversation.push(ConversationMessage.user("Goal: g"))
+    return ReasonRequest(
+        fence=Fence(task_id="t", step_id="s", iteration=0, attempt=1),
+        agent_id="a",
+        conversation=conversation,
+        config=LoopConfig(max_cost_usd=left, max_output_tokens=100),
+        provider=provider,
+        workspace=str(tmp_path),
+    )
+
+
+def _run(request: ReasonRequest) -> ReasonedMessage:
+    async def go() -> ReasonedMessage:
+        core = local_core()
+        try:
+            return await run_reasoning(request, core)
+        finally:
+            await core.aclose()
+
+    return asyncio.run(go())
+
+
+def test_a_reasoning_worker_prices_the_call_and_names_it(tmp_path: Path) -> None:
+    """Through the worker's handler: the task's pricing prices the reported usage, and the
+    message names the call (provider, the model as the task names it, its duration)."""
+    usage = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+    spec = ProviderSpec(
+        kind="scripted",
+        model="house-model",
+        pricing=ModelPricing(input_per_mtok=1000.0, output_per_mtok=2000.0),
+        replies=[{"text": "done", "usage": usage}],
+    )
+    message = _run(_request(spec, 1.0, tmp_path))
+    assert message.usage.cost_usd == pytest.approx(0.14)
+    assert message.model_call is not None
+    assert (message.model_call.provider, message.model_call.model) == ("scripted", "house-model")
+
+
+def test_a_money_limit_on_a_model_with_no_price_is_a_configuration_error(tmp_path: Path) -> None:
+    """A request with money left whose model (here the deployment's default, unknown to the
+    price table) has no price fails as a configuration error naming the model and the fix."""
+    spec = ProviderSpec(kind="scripted", replies=["done"])
+    with pytest.raises(ConfigError, match=r"model 'scripted' is not in the price table"):
+        _run(_request(spec, 1.0, tmp_path))
+    assert _run(_request(spec, None, tmp_path)).usage.cost_usd == 0.0  # no limit: unpriced
