@@ -5,7 +5,10 @@ own ``provider.pricing``.
 ``UsageLimits.cost_limit`` uses) is read through its public API, from the snapshot the package
 ships: it never fetches prices at run time (its ``UpdatePrices`` is not used). A model's price
 is looked up once per process (:func:`table_price` is cached) and kept as plain floats, so
-pricing a call is a few multiplications, not the table's Decimal arithmetic.
+pricing a call is a few multiplications, not the table's Decimal arithmetic. The table itself
+is imported on the first lookup (it takes about a second to load): a process that prices calls
+loads it when it starts (:func:`preload`; the Celery workers do, ``orga/celery.py``), the
+others only when a task with a money limit needs it.
 
 A price in force from a number of prompt tokens up (Anthropic's and Gemini's long-context
 rates) applies to the whole call, input and output, as the providers bill it::
@@ -22,9 +25,6 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-from genai_prices import Usage as TableUsage
-from genai_prices import calc_price
-from genai_prices.types import TieredPrices
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.inference import Usage
@@ -34,6 +34,7 @@ __all__ = [
     "Price",
     "Tier",
     "format_usd",
+    "preload",
     "price_of",
     "table_price",
     "unpriced_message",
@@ -95,6 +96,8 @@ class Price:
 
 def _rate(value: Any) -> tuple[float, tuple[tuple[int, float], ...]]:
     """A table rate (a Decimal, a tiered price or None) as a base and its tiers."""
+    from genai_prices.types import TieredPrices  # loaded on first use
+
     if isinstance(value, TieredPrices):
         return float(value.base), tuple((t.start, float(t.price)) for t in value.tiers)
     return (float(value) if isinstance(value, Decimal | int | float) else 0.0), ()
@@ -104,6 +107,9 @@ def _rate(value: Any) -> tuple[float, tuple[tuple[int, float], ...]]:
 def table_price(model: str, kind: str | None = None) -> Price | None:
     """The table's price of ``model`` (at the provider ``kind`` names, else at any), None when
     the table does not know it. Looked up once per process and model."""
+    from genai_prices import Usage as TableUsage  # loaded on first use
+    from genai_prices import calc_price
+
     provider_id = _PROVIDER_IDS.get(kind or "")
     for provider in (provider_id, None) if provider_id else (None,):
         try:
@@ -132,6 +138,11 @@ def _at(tiers: tuple[tuple[int, float], ...], start: int, base: float) -> float:
         if start >= tier_start:
             rate = price
     return rate
+
+
+def preload() -> None:
+    """Load the price table now (about a second), not in a process's first model call."""
+    table_price("gpt-4o", "openai")
 
 
 def price_of(model: str | None, kind: str | None, pricing: ModelPricing | None) -> Price | None:
