@@ -117,7 +117,8 @@ DELEGATE_PARAMETERS: dict[str, Any] = {
             "type": "object",
             "description": "Optional limits per step of the sub-agent, within what this step "
             "has left after the budgets of the other sub-agents; without it, an even share of "
-            "that among this turn's delegations.",
+            "that among this turn's delegations. cost_usd: US dollars for the whole sub-agent, "
+            "out of the money this task has left (when it has a limit).",
             "properties": {
                 "iterations": {"type": "integer", "minimum": 1},
                 "tokens": {"type": "integer", "minimum": 1},
