@@ -3,10 +3,12 @@
 Three kinds of figures:
 
 - **Counters of this process**, updated after each commit from the journal entries it wrote:
-  iterations applied, steps by outcome, stagnation verdicts by level and kind, tokens used,
-  observations applied and ignored (duplicates or stale fences). Sum them over coordinators.
+  iterations applied, steps by outcome, stagnation verdicts by level and kind, observations
+  applied and ignored (duplicates or stale fences). Sum them over coordinators.
 - **Latencies and provider trouble of this process**, fed by the coordinator with what it
   already has: the ``duration_ms`` of each observation it applies (model calls, tool calls),
+  each model call's tokens and cost by provider and model, and OpenTelemetry's GenAI
+  histograms ``gen_ai_client_token_usage`` and ``gen_ai_client_operation_duration_seconds``,
   the time from a dispatch to the commit that applied its answer, the length of an iteration,
   and the provider errors and rate-limit waits the workers report (:meth:`observed`,
   :meth:`iteration_finished`, :meth:`provider_error`, :meth:`rate_limit_wait`).
@@ -32,6 +34,8 @@ from prometheus_client.registry import Collector
 from coordinator.machine import Effects
 from coordinator.state import TaskRecord
 from shared import keys
+from shared.genai import OPERATION_DURATION_BUCKETS_S, TOKEN_USAGE_BUCKETS
+from shared.inference import ModelCall, Usage
 from shared.protocol import (
     ChildFinishedMessage,
     ReasonedMessage,
@@ -81,7 +85,18 @@ class CoordinatorMetrics:
             registry=registry,
         )
         self.tokens = Counter(
-            "orga_tokens", "Model tokens used, by kind", ["kind"], registry=registry
+            "orga_tokens",
+            "Model tokens used, by kind (prompt, completion), provider and model (every model "
+            "call: the tasks', their plans' and their critics')",
+            ["kind", "provider", "model"],
+            registry=registry,
+        )
+        self.cost = Counter(
+            "orga_cost_usd",
+            "What the model calls cost in US dollars, by provider and model (calls of models "
+            "with no known price count 0; shared/pricing.py)",
+            ["provider", "model"],
+            registry=registry,
         )
         self.observations = Counter(
             "orga_observations",
@@ -152,6 +167,32 @@ class CoordinatorMetrics:
             buckets=ITERATION_BUCKETS_S,
             registry=registry,
         )
+        # OpenTelemetry's GenAI client metrics, under their Prometheus names.
+        self.genai_tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "Tokens used by one model call (gen_ai.client.token.usage), by token type",
+            [
+                "gen_ai_operation_name",
+                "gen_ai_provider_name",
+                "gen_ai_request_model",
+                "gen_ai_response_model",
+                "gen_ai_token_type",
+            ],
+            buckets=TOKEN_USAGE_BUCKETS,
+            registry=registry,
+        )
+        self.genai_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "One model call, its retries included (gen_ai.client.operation.duration)",
+            [
+                "gen_ai_operation_name",
+                "gen_ai_provider_name",
+                "gen_ai_request_model",
+                "gen_ai_response_model",
+            ],
+            buckets=OPERATION_DURATION_BUCKETS_S,
+            registry=registry,
+        )
         self.dispatch_seconds = Histogram(
             "orga_dispatch_to_applied_seconds",
             "From a dispatch to the commit that applied its answer, by message kind (queue "
@@ -185,8 +226,6 @@ class CoordinatorMetrics:
                 ).inc()
             elif event.type == "ReasoningComplete":
                 self.iterations.inc()
-                self.tokens.labels(kind="prompt").inc(event.usage.prompt_tokens)
-                self.tokens.labels(kind="completion").inc(event.usage.completion_tokens)
             elif event.type == "StagnationDetected":
                 kind = event.kind.value if event.kind else "none"
                 self.stagnation.labels(level=event.level.value, kind=kind).inc()
@@ -230,8 +269,25 @@ class CoordinatorMetrics:
     def _reasoned(self, message: ReasonedMessage) -> None:
         if message.duration_ms > 0:
             self.model_call_seconds.observe(message.duration_ms / 1000)
+        call = message.model_call
+        if call is not None:
+            self.model_called(call, message.usage)
         for acted in message.acted or ():
             self._tool(acted)
+
+    def model_called(self, call: ModelCall, usage: Usage) -> None:
+        """One model call: its tokens and cost by provider and model, and the GenAI
+        histograms."""
+        provider, model = call.provider, call.model
+        self.tokens.labels(kind="prompt", provider=provider, model=model).inc(usage.prompt_tokens)
+        self.tokens.labels(kind="completion", provider=provider, model=model).inc(
+            usage.completion_tokens
+        )
+        self.cost.labels(provider=provider, model=model).inc(usage.cost_usd)
+        labels = ("chat", provider, model, call.response_model or model)
+        self.genai_duration.labels(*labels).observe(call.duration_ms / 1000)
+        self.genai_tokens.labels(*labels, "input").observe(usage.prompt_tokens)
+        self.genai_tokens.labels(*labels, "output").observe(usage.completion_tokens)
 
     def _tool(self, message: ToolObservedMessage) -> None:
         if message.duration_ms > 0:

@@ -209,7 +209,9 @@ class Awaiting(BaseModel):
 ReviewDecision = DecisionKind
 """``approve`` and ``revise`` decide a step's result (a review with a critic payload);
 ``approve``, ``edit``, ``reject`` and ``abort`` decide a held tool call (source ``call``)."""
-ReviewSource = Literal["tracker", "detector", "recovery", "critic", "critic_escalation", "call"]
+ReviewSource = Literal[
+    "tracker", "detector", "recovery", "critic", "critic_escalation", "call", "budget"
+]
 
 RESERVED_REVIEWERS = frozenset({"deadline", "coordinator", "system"})
 """Names the runtime records decisions under (``deadline``: a review's default applied at its
@@ -275,9 +277,12 @@ class ChildRef(BaseModel):
     ``rejected`` (the intake refused it)."""
     reserved_iterations: int = 0
     reserved_tokens: int = 0
+    reserved_cost_usd: float = 0.0
     """The child's budget (``ParentLink.max_iterations`` / ``max_total_tokens``), held out of
     what its parent's step has left while it runs, so that siblings share the step's budget
-    instead of each getting all of it (0 in a record written before reservations)."""
+    instead of each getting all of it (0 in a record written before reservations);
+    ``reserved_cost_usd`` holds the money it may spend out of its parent's
+    (``ParentLink.max_cost_usd``)."""
 
     @property
     def finished(self) -> bool:
@@ -420,4 +425,5 @@ class TaskRecord(BaseModel):
                 for s in self.steps
             ],
             "usage": self.usage.model_dump(),
+            "max_cost_usd": self.spec.max_cost_usd,
         }

@@ -19,9 +19,15 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 
 from shared.errors import ConfigError
+from shared.pricing import preload as preload_prices
 from shared.settings import OrgaSettings, TelemetrySettings, celery_config
 from workers import key_handoff
 from workers.broker import serve_redis_urls
@@ -93,6 +99,13 @@ def quiet_per_task_loggers(settings: OrgaSettings) -> None:
 @after_setup_logger.connect  # type: ignore[untyped-decorator]
 def _quiet_per_task_lines(**_: Any) -> None:
     quiet_per_task_loggers(app.conf.orga_settings)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _load_prices(**_: Any) -> None:
+    """The price table, loaded as the worker starts (before a fork: shared by its pool
+    processes), not in its first model call."""
+    preload_prices()
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]

@@ -49,6 +49,7 @@ from orga.topology import Role, supervisor_exec, worker_commands
 from shared import aio
 from shared.errors import OrgaError
 from shared.events import JournalEntry
+from shared.pricing import format_usd
 from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
 from shared.tokens import TokenEntry
@@ -378,6 +379,7 @@ def _print_result(client: OrgaClient, result: dict[str, Any], embedded: bool) ->
         table.add_row(*(Text(cell) for cell in cells))
     out.print(table)
     _say(f"milestones: {', '.join(result['milestones']) or 'none'}")
+    _say(usage_line(result))
     if result.get("output"):
         _say(f"output: {result['output']}")
     if result.get("error"):
@@ -385,6 +387,18 @@ def _print_result(client: OrgaClient, result: dict[str, Any], embedded: bool) ->
     review_id = result.get("review")
     if review_id:
         _print_decide_commands(client, review_id, embedded)
+
+
+def usage_line(result: dict[str, Any]) -> str:
+    """``usage: 1234 tokens (1000 prompt, 234 completion), cost $0.0123 of $0.5000``."""
+    usage = result.get("usage") or {}
+    limit = result.get("max_cost_usd")
+    cost = format_usd(float(usage.get("cost_usd", 0.0)))
+    of = f" of {format_usd(float(limit))}" if limit is not None else ""
+    return (
+        f"usage: {usage.get('total_tokens', 0)} tokens ({usage.get('prompt_tokens', 0)} prompt, "
+        f"{usage.get('completion_tokens', 0)} completion), cost {cost}{of}"
+    )
 
 
 def _print_decide_commands(client: OrgaClient, review_id: str, embedded: bool) -> None:

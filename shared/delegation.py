@@ -68,6 +68,8 @@ class DelegationBudget(_Strict):
 
     iterations: int | None = Field(default=None, ge=1)
     tokens: int | None = Field(default=None, ge=1)
+    cost_usd: float | None = Field(default=None, gt=0)
+    """US dollars, out of what the parent task has left of its ``limits.max_cost_usd``."""
 
 
 class DelegateArguments(_Strict):
@@ -115,10 +117,12 @@ DELEGATE_PARAMETERS: dict[str, Any] = {
             "type": "object",
             "description": "Optional limits per step of the sub-agent, within what this step "
             "has left after the budgets of the other sub-agents; without it, an even share of "
-            "that among this turn's delegations.",
+            "that among this turn's delegations. cost_usd: US dollars for the whole sub-agent, "
+            "out of the money this task has left (when it has a limit).",
             "properties": {
                 "iterations": {"type": "integer", "minimum": 1},
                 "tokens": {"type": "integer", "minimum": 1},
+                "cost_usd": {"type": "number", "exclusiveMinimum": 0},
             },
             "additionalProperties": False,
         },
@@ -170,6 +174,9 @@ class ParentLink(_Strict):
     max_total_tokens: int | None = Field(default=None, ge=0)
     """The child's per-step limits are capped by these: what the parent's step had left
     (and the ``budget`` the parent asked for) when the child was created."""
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    """The money the child may spend (USD), reserved out of what its parent task had left of
+    its ``max_cost_usd`` (None: the parent has no money limit)."""
 
 
 def child_idempotency_key(parent_task_id: str, step_id: str, iteration: int, call_id: str) -> str:

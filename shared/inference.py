@@ -11,6 +11,7 @@ __all__ = [
     "FinishReason",
     "InferenceOptions",
     "InferenceResponse",
+    "ModelCall",
     "ProviderWait",
     "ResponseFormat",
     "ResponseFormatJsonObject",
@@ -57,19 +58,22 @@ class FinishReason(StrEnum):
 
 
 class Usage(BaseModel):
-    """Token counts of one call or of a whole run."""
+    """Token counts of one call or of a whole run, and what they cost in US dollars
+    (``cost_usd``: 0 when no price of the model is known; :mod:`shared.pricing`)."""
 
     model_config = ConfigDict(frozen=True)
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cost_usd: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
         )
 
     def delta_since(self, earlier: Usage) -> Usage:
@@ -78,6 +82,7 @@ class Usage(BaseModel):
             prompt_tokens=max(self.prompt_tokens - earlier.prompt_tokens, 0),
             completion_tokens=max(self.completion_tokens - earlier.completion_tokens, 0),
             total_tokens=max(self.total_tokens - earlier.total_tokens, 0),
+            cost_usd=max(self.cost_usd - earlier.cost_usd, 0.0),
         )
 
 
@@ -180,3 +185,16 @@ class InferenceResponse(BaseModel):
     def has_tool_calls(self) -> bool:
         """True when the model asked for at least one tool call."""
         return bool(self.tool_calls)
+
+
+class ModelCall(BaseModel):
+    """One model call as the metrics report it: who answered, which model, how long the call
+    took (its retries included)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider: str
+    model: str
+    """The model asked for."""
+    response_model: str = ""
+    duration_ms: float = Field(default=0.0, ge=0)

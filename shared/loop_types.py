@@ -130,6 +130,7 @@ class TerminationKind(StrEnum):
     ERROR = "error"
     ESCALATED = "escalated"
     STAGNATED = "stagnated"
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 _SYMBIONT_KINDS = {
@@ -196,6 +197,7 @@ class LoopConfig(OmitNoneModel):
             "pre_hydration",
             "stagnation",
             "knowledge",
+            "max_cost_usd",
         }
     )
 
@@ -219,6 +221,9 @@ class LoopConfig(OmitNoneModel):
     stagnation: StagnationConfig | None = None
     knowledge: KnowledgeSpec | None = None
     """The task's knowledge block: the bridge is on for the task when set."""
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    """The money the task has left for model calls (USD; None: no limit): its limit less
+    what it spent and what its running sub-agents reserved, when the call was dispatched."""
 
 
 class LoopState(BaseModel):

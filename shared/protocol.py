@@ -20,7 +20,7 @@ from shared.approval import HeldCall
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import WireFormatError
 from shared.events import RecoveryTriggered
-from shared.inference import ProviderWait, Usage
+from shared.inference import ModelCall, ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry, TerminationReason
 from shared.policy import PolicySpec
 from shared.task_spec import ProviderSpec
@@ -323,6 +323,8 @@ class ReasonedMessage(BaseModel):
     modifications: list[GateModification] = Field(default_factory=list)
     """The gate's Modify decisions of this iteration, before and after (journaled as
     ``GateModified``; optional, so older workers and coordinators still agree)."""
+    model_call: ModelCall | None = None
+    """The model call this iteration made (None: none was sent, e.g. over budget)."""
 
 
 class WorkerFailedMessage(BaseModel):

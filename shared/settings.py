@@ -268,6 +268,9 @@ class TelemetrySettings(BaseSettings):
     exporter_otlp_traces_endpoint: str | None = None
     service_name: str | None = None
     sdk_disabled: bool = False
+    instrumentation_genai_capture_message_content: bool = False
+    """``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``: the GenAI spans carry the
+    messages, tool arguments and results (off: names, models and token counts only)."""
 
     def exporters(self) -> list[str]:
         """The exporters to build, in order (empty: tracing stays a no-op)."""

@@ -26,6 +26,7 @@ from shared.errors import OrgaError
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
 from shared.policy import PolicySpec
 from shared.pre_hydration import PreHydrationConfig
+from shared.pricing import ModelPricing, price_of, unpriced_message
 from shared.progress_tracker import StepIterationConfig
 from shared.stagnation import StagnationConfig
 from shared.tool_profile import ToolProfile
@@ -122,6 +123,9 @@ class ProviderSpec(_Strict):
     base_url: str | None = None
     script: str | None = None
     replies: list[dict[str, Any] | str] | None = None
+    pricing: ModelPricing | None = None
+    """USD per million tokens of this model, for a model the price table (genai-prices) does
+    not know or to override it: ``{input_per_mtok, output_per_mtok}``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -200,6 +204,12 @@ class TaskLimits(_Strict):
     context_token_budget: int = Field(default=32_000, ge=256)
     temperature: float = Field(default=0.3, ge=0.0, le=2.0)
     max_output_tokens: int = Field(default=16_384, ge=1)
+    max_cost_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+    """The most the whole task may spend on model calls (its critics and sub-agents
+    included), in US dollars; a call whose worst case would pass it is not sent."""
+    on_budget_exhausted: Literal["fail", "escalate"] = "fail"
+    """When the money runs out: the task fails (``budget exhausted``, milestones kept), or
+    its step goes to a human for review."""
 
 
 class ReviewSpec(_Strict):
@@ -253,6 +263,31 @@ class TaskSpec(_Strict):
             seen.add(step.id)
         return steps
 
+    def unpriced(self) -> str | None:
+        """Why the task's money limit cannot be enforced (a model with no known price: the
+        task's own, or a critic's it names), None when it can or there is none."""
+        if self.max_cost_usd is None:
+            return None
+        providers = [("provider", self.provider)] + [
+            (f"steps.{i}.critic.provider", step.critic.provider)
+            for i, step in enumerate(self.steps)
+            if step.critic is not None and step.critic.provider is not None
+        ]
+        for where, provider in providers:
+            if price_of(provider.model, provider.kind, provider.pricing) is None:
+                return unpriced_message(provider.model, where)
+        return None
+
+    @property
+    def max_cost_usd(self) -> float | None:
+        """The task's money limit: its own ``limits.max_cost_usd``, capped by what its parent
+        reserved for it (a sub-agent's ``delegation.max_cost_usd``)."""
+        own = self.limits.max_cost_usd
+        cap = self.delegation.max_cost_usd if self.delegation is not None else None
+        if cap is None:
+            return own
+        return cap if own is None else min(own, cap)
+
     def loop_config(self, step: StepSpec | None = None) -> LoopConfig:
         """The loop configuration of one step."""
         limits = self.limits
@@ -273,6 +308,7 @@ class TaskSpec(_Strict):
             pre_hydration=self.pre_hydration,
             knowledge=self.knowledge,
             delegation_depth=self.delegation.depth if self.delegation is not None else 0,
+            max_cost_usd=self.max_cost_usd,
         )
 
 
@@ -304,7 +340,7 @@ def parse_task(data: Any, source: str = "task") -> TaskSpec:
     if problem is not None:
         raise TaskSpecError(f"{source}: {problem}")
     try:
-        return TaskSpec.model_validate(data, extra="forbid")
+        spec = TaskSpec.model_validate(data, extra="forbid")
     except ValidationError as exc:
         raise TaskSpecError(f"{source}: {describe_validation_error(exc)}") from exc
     except (ArithmeticError, TypeError, LookupError) as exc:
@@ -314,6 +350,10 @@ def parse_task(data: Any, source: str = "task") -> TaskSpec:
             f"{source}: {_failing_section(data)}: value out of range "
             f"({type(exc).__name__}: {exc}); use smaller numbers and durations"
         ) from exc
+    unpriced = spec.unpriced()
+    if unpriced is not None:
+        raise TaskSpecError(f"{source}: {unpriced}")
+    return spec
 
 
 def check_task_id(task_id: str) -> str:

@@ -28,9 +28,11 @@ from shared.conversation import Conversation
 from shared.delegation import is_delegate
 from shared.durations import format_duration
 from shared.errors import ConfigError, ProviderUnavailableError, ServiceUnavailableError
+from shared.genai import record_tool_result, tool_span
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
 from shared.policy import PolicySpec
+from shared.pricing import Price, price_of, unpriced_message
 from shared.protocol import (
     ActMode,
     CompleteReasoning,
@@ -239,10 +241,11 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     known = len(state.conversation)
     with recording_waits() as waits:
         provider = services.provider(request)
+        model = request.provider.model or provider.default_model()
+        config = _reasoning_config(request, services)
+        reasoning = Reasoning(state, config, _price(request, model), model)
         try:
-            checking = await Reasoning(state, _reasoning_config(request, services)).produce_output(
-                provider, AlreadyFitted()
-            )
+            checking = await reasoning.produce_output(provider, AlreadyFitted())
         except LoopTermination as stop:
             _raise_not_the_attempts(stop, provider)
             return ReasonedMessage(
@@ -252,6 +255,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
                 termination=stop.reason,
                 duration_ms=(time.monotonic() - started) * 1000,
                 provider_waits=waits,
+                model_call=reasoning.call,
             )
     offered = [t.name for t in checking.config.tool_definitions]
     registered = [t.name for t in services.tool_definitions()]
@@ -280,6 +284,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
         duration_ms=reasoned_ms,
         provider_waits=waits,
         modifications=dispatching.modifications,
+        model_call=reasoning.call,
     )
 
 
@@ -471,6 +476,16 @@ def _loop_state(request: ReasonRequest, conversation: Conversation) -> LoopState
     )
 
 
+def _price(request: ReasonRequest, model: str) -> Price | None:
+    """The price of this request's model call (cached per model); a ConfigError naming the
+    model when the task has a money limit and the model has no known price."""
+    spec = request.provider
+    price = price_of(model, spec.kind, spec.pricing)
+    if price is None and request.config.max_cost_usd is not None:
+        raise ConfigError(unpriced_message(model))
+    return price
+
+
 def _reasoning_config(request: ReasonRequest, services: WorkerServices) -> LoopConfig:
     """The model sees the allowed tools (none when it is asked for a plan or a verdict)."""
     if request.purpose in ("plan", "critic"):
@@ -587,8 +602,13 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         task_id=request.fence.task_id,
         idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
     )
-    with expecting_workspace(identity):
+    action = request.action
+    with (
+        tool_span(action.name, action.call_id, action.arguments, task_id=context.task_id) as span,
+        expecting_workspace(identity),
+    ):
         message = redacted(await services.execute(request, context), services.redactor())
+        record_tool_result(span, message.observation.content, message.observation.is_error)
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
 
 

@@ -23,6 +23,7 @@ Differences from Symbiont, all deliberate:
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from shared.actions import (
@@ -43,13 +44,22 @@ from shared.approval import HeldCall
 from shared.context_manager import ContextManager
 from shared.conversation import ConversationMessage
 from shared.delegation import is_delegate
-from shared.inference import FinishReason, InferenceOptions, ToolCall, Usage
+from shared.genai import chat_span, record_chat_response
+from shared.inference import (
+    FinishReason,
+    InferenceOptions,
+    InferenceResponse,
+    ModelCall,
+    ToolCall,
+    Usage,
+)
 from shared.loop_types import (
     LoopConfig,
     LoopState,
     TerminationKind,
     TerminationReason,
 )
+from shared.pricing import Price, format_usd
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
 from workers.providers.base import InferenceError, InferenceProvider
@@ -96,10 +106,16 @@ def _terminate(kind: TerminationKind, message: str | None = None) -> LoopTermina
 
 @dataclass(slots=True)
 class Reasoning:
-    """Ready to ask the model for the next actions."""
+    """Ready to ask the model for the next actions; ``price`` prices its call (None: the
+    model has no known price, and the call costs ``$0`` in the usage)."""
 
     state: LoopState
     config: LoopConfig
+    price: Price | None = None
+    model: str | None = None
+    """The model as the task names it (None: the provider's default)."""
+    call: ModelCall | None = None
+    """The model call made, once made (for the metrics)."""
 
     async def produce_output(
         self,
@@ -113,11 +129,10 @@ class Reasoning:
         compacted = context_manager.manage_context(
             self.state.conversation, self.config.context_token_budget
         )
-        try:
-            response = await provider.complete(self.state.conversation, self._options())
-        except InferenceError as exc:
-            raise _terminate(TerminationKind.ERROR, f"Inference failed: {exc}") from exc
-        self.state.add_usage(response.usage)
+        options = self._options()
+        self._check_budget(options)
+        response, usage = await self._call(provider, options)
+        self.state.add_usage(usage)
         if response.finish_reason is FinishReason.REFUSAL:
             raise _terminate(
                 TerminationKind.ERROR, "model refused the request (stop_reason=refusal)"
@@ -128,7 +143,7 @@ class Reasoning:
             )
         actions = self._record(response.tool_calls, response.content, delegation_available)
         self.state.iteration += 1
-        return PolicyCheck(self.state, self.config, actions, response.usage, compacted)
+        return PolicyCheck(self.state, self.config, actions, usage, compacted)
 
     def _check_limits(self) -> None:
         if self.state.iteration >= self.config.max_iterations:
@@ -141,6 +156,55 @@ class Reasoning:
             raise _terminate(
                 TerminationKind.MAX_TOKENS,
                 f"used {used} tokens of max_total_tokens ({self.config.max_total_tokens})",
+            )
+
+    async def _call(
+        self, provider: InferenceProvider, options: InferenceOptions
+    ) -> tuple[InferenceResponse, Usage]:
+        """The model call, in its ``chat {model}`` span, and its usage, priced."""
+        model = options.model or self.model or provider.default_model()
+        name = provider.provider_name()
+        started = time.monotonic()
+        with chat_span(
+            name,
+            model,
+            self.state.conversation,
+            max_tokens=options.max_tokens,
+            temperature=options.temperature,
+        ) as span:
+            try:
+                response = await provider.complete(self.state.conversation, options)
+            except InferenceError as exc:
+                self.call = _model_call(name, model, "", started)
+                raise _terminate(TerminationKind.ERROR, f"Inference failed: {exc}") from exc
+            self.call = _model_call(name, model, response.model, started)
+            usage = response.usage
+            if self.price is not None:
+                usage = Usage.model_construct(
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    total_tokens=usage.total_tokens,
+                    cost_usd=self.price.cost(usage),
+                )
+            record_chat_response(span, response, usage)
+        return response, usage
+
+    def _check_budget(self, options: InferenceOptions) -> None:
+        """Not sent when its worst case (the prompt's estimated tokens at the input rate,
+        ``max_tokens`` at the output rate) costs more than the task has left."""
+        left = self.config.max_cost_usd
+        if left is None or self.price is None:
+            return
+        prompt = self.state.conversation.estimate_tokens()
+        worst = self.price.worst_case(prompt, options.max_tokens)
+        if worst > left:
+            raise _terminate(
+                TerminationKind.BUDGET_EXHAUSTED,
+                f"budget exhausted: the next model call could cost up to {format_usd(worst)} "
+                f"(~{prompt} prompt tokens, max_tokens {options.max_tokens}, "
+                f"{self.price.model or 'model'} at ${self.price.input_per_mtok:g}/"
+                f"${self.price.output_per_mtok:g} per million tokens) and the task has "
+                f"{format_usd(left)} left of limits.max_cost_usd",
             )
 
     def _options(self) -> InferenceOptions:
@@ -161,6 +225,13 @@ class Reasoning:
             return [tool_call_to_action(call, delegation_available) for call in calls]
         conversation.push(ConversationMessage.assistant(content))
         return [RespondAction(content=content)]
+
+
+def _model_call(provider: str, model: str, answered_by: str, started: float) -> ModelCall:
+    elapsed_ms = (time.monotonic() - started) * 1000
+    return ModelCall.model_construct(
+        provider=provider, model=model, response_model=answered_by, duration_ms=elapsed_ms
+    )
 
 
 # -- Gate -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from shared.errors import ConfigError
+from shared.genai import capture_content
 from shared.settings import TelemetrySettings
 
 __all__ = ["EXPORTERS", "check_exporters", "configure_tracing", "flush_tracing"]
@@ -44,6 +45,7 @@ def configure_tracing(
     None when no exporter is configured). An unknown exporter is a ConfigError naming it."""
     global _provider  # noqa: PLW0603
     names = check_exporters(settings)
+    capture_content(settings.instrumentation_genai_capture_message_content)
     with _lock:
         if _provider is not None or not names:
             return _provider

@@ -126,6 +126,9 @@ class Critics(Section):
         record.usage = record.usage + message.usage
         step.usage = step.usage + message.usage
         step.attempt_usage = step.attempt_usage + message.usage
+        if self.m.budget.is_exhausted(message):
+            self.m.budget.exhausted(message)
+            return
         try:
             if message.termination is not None:
                 raise CriticReplyError(

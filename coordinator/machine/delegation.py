@@ -11,11 +11,11 @@ The parent's awaited iteration then waits, in its persisted record, for a
 the commit that ends it (or the intake, when it rejects the child). Sub-agents of one turn run
 in parallel; their usage and iterations count against the parent's step.
 
-Siblings share the step's budget: each child reserves, when it is created, the iterations and
-tokens it may spend (its ``budget``, else an even share among the turn's delegations not yet
-created), out of what the step has left after the reservations of the siblings still running
-(:attr:`ChildRef.reserved_iterations`). A finished child's actual usage replaces its
-reservation, so what it left unused is free again.
+Siblings share the step's budget: each child reserves, when it is created, the iterations,
+tokens and money (:mod:`coordinator.machine.budget`) it may spend (its ``budget``, else an
+even share among the turn's delegations not yet created), out of what the step has left after
+the reservations of the siblings still running (:attr:`ChildRef.reserved_iterations`). A
+finished child's actual usage replaces its reservation, so what it left unused is free again.
 """
 
 from __future__ import annotations
@@ -94,6 +94,13 @@ class Delegation(Section):
                 f"the limit per task (ORGA_MAX_CHILDREN_PER_TASK={cap}); do the rest yourself, "
                 "or ask the operator to raise the limit"
             )
+        money = self.m.budget.left()
+        if money is not None and money <= 0:
+            return (
+                f"delegation refused: this task has no money left of its limits.max_cost_usd "
+                f"({record.spec.max_cost_usd} USD, after what its running sub-agents reserved); "
+                "finish the step yourself, or wait for the running sub-agents"
+            )
         iterations, tokens = self.remaining(awaiting)
         if iterations < 1 or tokens < 1:
             held, held_tokens = self.reserved(awaiting)
@@ -157,6 +164,7 @@ class Delegation(Section):
                 goal=arguments.goal[:500],
                 reserved_iterations=link.max_iterations or 0,
                 reserved_tokens=link.max_total_tokens or 0,
+                reserved_cost_usd=link.max_cost_usd or 0.0,
             )
         )
         m.event("delegated", child_task_id=task_id, agent=arguments.agent, call_id=call.call_id)
@@ -167,6 +175,8 @@ class Delegation(Section):
         :meth:`budget`)."""
         m, record = self.m, self.record
         iterations, tokens = self.budget(awaiting, arguments)
+        asked = arguments.budget.cost_usd if arguments.budget is not None else None
+        money = m.budget.share(asked, self.waiting(awaiting))
         parent = record.spec.delegation
         return ParentLink(
             task_id=record.task_id,
@@ -182,6 +192,7 @@ class Delegation(Section):
             copy_from=m.workspace() if self.workspace_used() else m.workspace_template(),
             max_iterations=iterations,
             max_total_tokens=tokens,
+            max_cost_usd=money,
         )
 
     def budget(self, awaiting: Awaiting, arguments: DelegateArguments) -> tuple[int, int]:
@@ -189,15 +200,20 @@ class Delegation(Section):
         share among this turn's delegations not yet created (itself included); never more
         than the step has left after its running siblings' reservations."""
         iterations, tokens = self.remaining(awaiting)
-        waiting = 1 + sum(
-            1
-            for c in awaiting.calls
-            if is_delegate(c.name) and c.call_id not in awaiting.dispatched
-        )
+        waiting = self.waiting(awaiting)
         asked = arguments.budget or DelegationBudget()
         return (
             _share(asked.iterations, iterations, waiting),
             _share(asked.tokens, tokens, waiting),
+        )
+
+    @staticmethod
+    def waiting(awaiting: Awaiting) -> int:
+        """This turn's delegations not yet created, the one being created included."""
+        return 1 + sum(
+            1
+            for c in awaiting.calls
+            if is_delegate(c.name) and c.call_id not in awaiting.dispatched
         )
 
     def workspace_used(self) -> bool:

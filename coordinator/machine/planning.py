@@ -50,6 +50,9 @@ class Planning(Section):
     def apply(self, message: ReasonedMessage) -> None:
         record = self.record
         record.usage = record.usage + message.usage
+        if self.m.budget.is_exhausted(message):
+            self.m.budget.exhausted(message)
+            return
         steps = parse_plan(message.terminal_output or "") or [
             StepSpec(id="main", instruction=record.spec.goal)
         ]

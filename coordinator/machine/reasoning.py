@@ -73,7 +73,7 @@ class Reasoning(Section):
                 if by_reference
                 else None
             ),
-            config=m.attempt_config(),
+            config=m.budget.config(m.attempt_config()),
             provider=record.spec.provider,
             policy=record.spec.policy,
             workspace=m.workspace(),
@@ -114,6 +114,9 @@ class Reasoning(Section):
         record.usage = record.usage + message.usage
         step.usage = step.usage + message.usage
         step.attempt_usage = step.attempt_usage + message.usage
+        if m.budget.is_exhausted(message):
+            m.budget.exhausted(message)
+            return
         if message.termination is not None:
             m.limits.attempt_failed(str(message.termination))
             return

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from coordinator.liveness import Liveness
 from coordinator.machine.acting import Acting
 from coordinator.machine.approvals import Approvals
+from coordinator.machine.budget import Budget
 from coordinator.machine.core import Effects, MachineCore, MachineSettings
 from coordinator.machine.critics import Critics
 from coordinator.machine.delegation import Delegation
@@ -30,6 +31,7 @@ from coordinator.state import (
 )
 from shared import keys
 from shared.conversation import Conversation, ConversationMessage
+from shared.genai import agent_span
 from shared.protocol import (
     ChildFinishedMessage,
     ReasonedMessage,
@@ -82,6 +84,7 @@ class TaskMachine(MachineCore):
         self.critics = Critics(self)
         self.outages = Outages(self)
         self.approvals = Approvals(self)
+        self.budget = Budget(self)
 
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step (ignored when
@@ -288,6 +291,7 @@ def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effe
         effects = step(machine)
         effects.traced(task_traceparent(record.task_id))
         return effects
+    was_terminal = record.terminal
     with phase_span(
         "decide",
         task_id=record.task_id,
@@ -298,4 +302,30 @@ def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effe
     ) as span:
         effects = step(machine)
         effects.traced(traceparent(span))
+    if machine.record.terminal and not was_terminal:
+        invoked(machine.record, machine.now)
     return effects
+
+
+def invoked(record: TaskRecord, now: float) -> None:
+    """The task's ``invoke_agent`` span, from its submission to its end (GenAI conventions),
+    in the task's trace (a sub-agent's: under its parent's root as well, by its own id)."""
+    usage = record.usage
+    agent_span(
+        record.spec.agent or record.spec.agent_id,
+        record.task_id,
+        start_ns=int(record.created_at * 1e9),
+        end_ns=int(max(now, record.created_at) * 1e9),
+        parent=task_context(record.task_id),
+        attributes={
+            "gen_ai.usage.input_tokens": usage.prompt_tokens,
+            "gen_ai.usage.output_tokens": usage.completion_tokens,
+            "orga.cost_usd": usage.cost_usd,
+            "orga.status": record.status.value,
+            **(
+                {"orga.parent_task_id": record.spec.delegation.task_id}
+                if record.spec.delegation is not None
+                else {}
+            ),
+        },
+    )

@@ -27,7 +27,7 @@ from coordinator.store import TaskStore
 from shared import keys
 from shared.actions import Observation, RespondAction
 from shared.conversation import ConversationMessage
-from shared.inference import Usage
+from shared.inference import ModelCall, Usage
 from shared.protocol import Fence, ReasonedMessage, ToolObservedMessage
 from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
@@ -53,11 +53,15 @@ async def _run_one_task(url: str, metrics: CoordinatorMetrics) -> None:
         new_messages=[ConversationMessage.assistant("done")],
         actions=[RespondAction(content="done")],
         terminal_output="done",
-        usage=Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10),
+        usage=Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10, cost_usd=0.25),
+        model_call=ModelCall(
+            provider="openai", model="gpt-4o", response_model="gpt-4o-2024-08-06", duration_ms=700
+        ),
     )
     machine = TaskMachine(record, 2.0, MachineSettings(workspace_root="/ws"))
     effects = machine.on_reasoned(answer)
     await store.commit(machine.record, effects)
+    metrics.observed(answer)
     metrics.record(machine.record, effects)
     stale = TaskMachine(record, 3.0, MachineSettings(workspace_root="/ws")).on_reasoned(answer)
     assert not stale.changed
@@ -66,7 +70,7 @@ async def _run_one_task(url: str, metrics: CoordinatorMetrics) -> None:
 
 
 def _value(text: str, name: str, **labels: str) -> float:
-    label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    label_text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # as exposed
     wanted = f"{name}{{{label_text}}}" if labels else name
     for line in text.splitlines():
         if line.startswith(wanted + " "):
@@ -75,7 +79,9 @@ def _value(text: str, name: str, **labels: str) -> float:
 
 
 def test_counters_and_gauges(redis_url: str, redis_client: Any) -> None:
-    """A finished task shows in tasks-by-status; its iteration and tokens are counted."""
+    """A finished task shows in tasks-by-status; its iteration is counted, and its model
+    call's tokens and cost by provider and model, with the GenAI histograms (the
+    conventions' bucket boundaries)."""
     registry = CollectorRegistry()
     registry.register(RedisStateCollector(redis_url))
     metrics = CoordinatorMetrics(registry)
@@ -84,7 +90,23 @@ def test_counters_and_gauges(redis_url: str, redis_client: Any) -> None:
     assert _value(text, "orga_tasks", status="completed") == 1
     assert _value(text, "orga_tasks", status="running") == 0
     assert _value(text, "orga_iterations_total") == 1
-    assert _value(text, "orga_tokens_total", kind="prompt") == 7
+    model = {"provider": "openai", "model": "gpt-4o"}
+    assert _value(text, "orga_tokens_total", kind="prompt", **model) == 7
+    assert _value(text, "orga_tokens_total", kind="completion", **model) == 3
+    assert _value(text, "orga_cost_usd_total", **model) == 0.25
+    genai = {
+        "gen_ai_operation_name": "chat",
+        "gen_ai_provider_name": "openai",
+        "gen_ai_request_model": "gpt-4o",
+        "gen_ai_response_model": "gpt-4o-2024-08-06",
+    }
+    duration = "gen_ai_client_operation_duration_seconds_bucket"
+    assert _value(text, duration, **genai, le="0.64") == 0
+    assert _value(text, duration, **genai, le="1.28") == 1
+    tokens = "gen_ai_client_token_usage_bucket"
+    assert _value(text, tokens, **genai, gen_ai_token_type="input", le="4.0") == 0
+    assert _value(text, tokens, **genai, gen_ai_token_type="input", le="16.0") == 1
+    assert _value(text, "gen_ai_client_token_usage_sum", **genai, gen_ai_token_type="output") == 3
     assert _value(text, "orga_steps_total", outcome="completed") == 1
     assert _value(text, "orga_observations_total", result="ignored") == 1
     assert _value(text, "orga_escalations_waiting") == 0

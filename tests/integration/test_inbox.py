@@ -402,3 +402,39 @@ def test_a_human_critic_revises_then_approves_in_the_browser(
         for m in messages
     ), messages
     assert _png_size(tmp_path / "critic.png") == (1280, 800)
+
+
+def test_the_task_page_shows_what_the_task_cost(
+    cluster: Cluster, inbox_url: str, chromium: Any
+) -> None:
+    """A task priced by its ``provider.pricing``: its page shows the tokens and the cost
+    against its ``max_cost_usd``, in a real browser."""
+    from playwright.sync_api import expect
+
+    usage = {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}
+    client = cluster.client()
+    task_id = client.submit(
+        {
+            "goal": "answer on a budget",
+            "provider": {
+                "kind": "scripted",
+                "pricing": {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
+                "replies": [{"text": "done", "usage": usage}],
+            },
+            "steps": [{"id": "s", "instruction": "answer"}],
+            "limits": {"max_cost_usd": 0.5},
+        }
+    )
+    wait_until(lambda: status_of(client, task_id) == "completed", 60, "the task completed")
+    context = chromium.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(f"{inbox_url}/login?next=/tasks/{task_id}")
+    page.fill("input[name=name]", "sam")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+    page.goto(f"{inbox_url}/tasks/{task_id}")
+    expect(page.locator("#task-cost")).to_have_text("$0.0060")  # 1000 x $3 + 200 x $15 per M
+    expect(page.locator("#task-usage")).to_contain_text("1200 tokens")
+    expect(page.locator("#task-usage")).to_contain_text("of at most $0.5000")
+    context.close()

@@ -25,6 +25,7 @@ from coordinator.inbox import InboxConfigError, ReviewerAuth, create_app
 from coordinator.state import ChildRef, ReviewItem, StepRecord, TaskRecord, TaskStatus
 from shared import keys
 from shared.events import JournalEntry, Started
+from shared.inference import Usage
 from shared.loop_types import LoopConfig
 from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
@@ -288,6 +289,22 @@ def test_a_task_page_shows_the_last_200_journal_entries(
     sequences = [int(n) for n in re.findall(r"<tr[^>]*><td>(\d+)</td><td>\d\d:\d\d", page)]
     assert sequences == list(range(249, 49, -1))
     assert "last 200 entries, newest first" in page
+
+
+def test_a_task_page_shows_its_usage_and_cost(orga: OrgaClient, browser: TestClient) -> None:
+    """The task page shows the tokens used and what they cost, against the task's limit."""
+    key = keys.task_key("t1", 0)
+    state = TaskRecord.model_validate_json(str(orga.redis.hget(key, "state")))
+    data = state.spec.model_dump(mode="json", exclude_unset=True)
+    data["limits"] = {"max_cost_usd": 0.5}
+    data["provider"] = {"model": "gpt-4o"}
+    state.spec = parse_task(data)
+    state.usage = Usage(
+        prompt_tokens=900, completion_tokens=100, total_tokens=1000, cost_usd=0.1234
+    )
+    orga.redis.hset(key, "state", state.model_dump_json())
+    live = browser.get("/tasks/t1/live").text
+    assert '1000 tokens · cost <b id="task-cost">$0.1234</b> of at most $0.5000' in live
 
 
 def test_an_unknown_task_page_says_so(browser: TestClient) -> None:
