@@ -12,6 +12,7 @@ from shared.conventions import KnowledgeSpec
 from shared.conversation import Conversation
 from shared.durations import Duration
 from shared.inference import ToolChoice, ToolDefinition, Usage
+from shared.mcp import McpServerSpec
 from shared.pre_hydration import PreHydrationConfig
 from shared.progress_tracker import StepIterationConfig
 from shared.stagnation.config import StagnationConfig
@@ -196,6 +197,7 @@ class LoopConfig(OmitNoneModel):
             "pre_hydration",
             "stagnation",
             "knowledge",
+            "mcp_servers",
         }
     )
 
@@ -219,6 +221,8 @@ class LoopConfig(OmitNoneModel):
     stagnation: StagnationConfig | None = None
     knowledge: KnowledgeSpec | None = None
     """The task's knowledge block: the bridge is on for the task when set."""
+    mcp_servers: list[McpServerSpec] | None = None
+    """The task's MCP servers (the deployment's are added by the worker): :mod:`shared.mcp`."""
 
 
 class LoopState(BaseModel):

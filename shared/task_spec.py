@@ -24,6 +24,7 @@ from shared.delegation import ParentLink, WorkspaceMode
 from shared.durations import Duration, DurationDefaultsSchema
 from shared.errors import OrgaError
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
+from shared.mcp import McpServerSpec, check_unique_names
 from shared.policy import PolicySpec
 from shared.pre_hydration import PreHydrationConfig
 from shared.progress_tracker import StepIterationConfig
@@ -222,6 +223,8 @@ class TaskSpec(_Strict):
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     tools: list[str] | None = None
     tool_profile: ToolProfile | None = None
+    mcp_servers: list[McpServerSpec] = Field(default_factory=list)
+    """MCP tool servers whose tools the agent may call as ``<server>__<tool>`` (shared.mcp)."""
     policy: PolicySpec = Field(default_factory=PolicySpec)
     step_iteration: StepIterationConfig = Field(default_factory=StepIterationConfig)
     pre_hydration: PreHydrationConfig | None = None
@@ -253,6 +256,12 @@ class TaskSpec(_Strict):
             seen.add(step.id)
         return steps
 
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_mcp_servers(cls, servers: list[McpServerSpec]) -> list[McpServerSpec]:
+        check_unique_names(servers, "mcp_servers")
+        return servers
+
     def loop_config(self, step: StepSpec | None = None) -> LoopConfig:
         """The loop configuration of one step."""
         limits = self.limits
@@ -272,6 +281,7 @@ class TaskSpec(_Strict):
             step_iteration=self.step_iteration,
             pre_hydration=self.pre_hydration,
             knowledge=self.knowledge,
+            mcp_servers=list(self.mcp_servers) or None,
             delegation_depth=self.delegation.depth if self.delegation is not None else 0,
         )
 
