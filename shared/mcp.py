@@ -36,6 +36,7 @@ from shared.errors import ConfigError
 __all__ = [
     "MCP_NAME_SEPARATOR",
     "MCP_SERVER_NAME_PATTERN",
+    "McpListRequest",
     "McpListing",
     "McpServerSpec",
     "McpTarget",
@@ -221,6 +222,22 @@ class McpTarget(BaseModel):
 
     server: McpServerSpec
     tool: str
+
+
+class McpListRequest(BaseModel):
+    """A reasoning worker's request to a tool worker (task ``orga.mcp_list``): start the
+    task's MCP servers in its workspace, list their tools, store the listing and answer on
+    ``reply_key``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    workspace: str
+    workspace_template: str | None = None
+    workspace_base: str | None = None
+    servers: list[McpServerSpec] = Field(default_factory=list)
+    """The task's own servers (the tool worker adds its deployment's)."""
+    reply_key: str
 
 
 class McpListing(BaseModel):

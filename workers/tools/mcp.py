@@ -44,10 +44,10 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx2
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
@@ -57,8 +57,15 @@ from mcp.types import Tool as McpToolInfo
 
 from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
-from shared.mcp import McpListing, McpServerSpec, McpTarget, McpToolEntry, offered_tool_name
-from workers.tools.base import ToolContext, ToolOutput
+from shared.mcp import (
+    McpListing,
+    McpServerSpec,
+    McpTarget,
+    McpToolEntry,
+    is_mcp_tool,
+    offered_tool_name,
+)
+from workers.tools.base import Tool, ToolContext, ToolOutput
 from workers.tools.command import CommandEnvironment
 from workers.tools.errors import WorkspacePathError
 from workers.tools.output import error_output
@@ -70,15 +77,20 @@ __all__ = [
     "McpServerError",
     "McpSessions",
     "McpTool",
+    "McpToolLookup",
     "definitions",
     "result_output",
 ]
+
+if TYPE_CHECKING:
+    from workers.executor import ToolLookup
 
 log = logging.getLogger("orga.worker.mcp")
 
 _STDERR_TAIL = 600
 _CLOSE_GRACE_S = 5.0
 _LIST_PAGES = 100
+_TOOLS_KEPT = 4096
 ATTEMPT_SHARE = 0.45
 """Each of a call's two attempts may take this share of the tool timeout."""
 _BROKEN_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
@@ -451,6 +463,32 @@ def result_output(server: str, tool: str, result: CallToolResult) -> ToolOutput:
             "output_hash": hashlib.sha256(content.encode()).hexdigest(),
         },
     )
+
+
+class McpToolLookup:
+    """The executor's tools plus the MCP tools: a name ``<server>__<tool>`` that no registered
+    tool has is an :class:`McpTool` (the call's ``ToolContext.mcp`` says where it goes)."""
+
+    def __init__(self, tools: Mapping[str, Tool] | ToolLookup, sessions: McpSessions) -> None:
+        self._tools = tools
+        self._sessions = sessions
+        self._mcp: dict[str, McpTool] = {}
+
+    def get(self, name: str, /) -> Tool | None:
+        """The registered tool, else the MCP tool of that name (None for other names)."""
+        tool = self._tools.get(name)
+        if tool is not None or not is_mcp_tool(name):
+            return tool
+        mcp_tool = self._mcp.get(name)
+        if mcp_tool is None:
+            mcp_tool = self._mcp[name] = McpTool(name, self._sessions)
+            while len(self._mcp) > _TOOLS_KEPT:
+                self._mcp.pop(next(iter(self._mcp)))
+        return mcp_tool
+
+    def __iter__(self) -> Iterator[str]:
+        """The registered names (MCP tools are per task, listed apart)."""
+        return iter(self._tools)
 
 
 class McpTool:
