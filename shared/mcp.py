@@ -159,21 +159,24 @@ def parse_mcp_servers(text: str | bytes, source: str) -> tuple[McpServerSpec, ..
             f"{source}: expected a list of MCP servers (or {{mcp_servers: [...]}}), "
             f"got {type(data).__name__}"
         )
+    servers = []
+    for index, item in enumerate(data):
+        try:
+            servers.append(McpServerSpec.model_validate(item))
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: server {index}: {_first_error(exc)}") from exc
     try:
-        servers = tuple(McpServerSpec.model_validate(item) for item in data)
         check_unique_names(servers, source)
-    except (ValidationError, ValueError) as exc:
-        raise ConfigError(f"{source}: {_first_error(exc)}") from exc
-    return servers
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return tuple(servers)
 
 
-def _first_error(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = str(first["msg"]).removeprefix("Value error, ")
-        return f"{where}: {message}" if where else message
-    return str(exc)
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 def is_mcp_tool(name: str) -> bool:

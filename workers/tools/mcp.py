@@ -154,7 +154,7 @@ class McpConnection:
         assert self._ready is not None
         try:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
+                read, write = await stack.enter_async_context(await self._transport(stack))
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await session.initialize()
                 self._session = session
@@ -169,7 +169,9 @@ class McpConnection:
             if not self._ready.done():
                 self._ready.set_exception(ConnectionError("closed before it was initialized"))
 
-    def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
+    async def _transport(
+        self, stack: AsyncExitStack
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
         spec = self.spec
         if spec.command is not None:
             # Kept open until aclose, so a failure can quote what the server wrote.
@@ -182,7 +184,10 @@ class McpConnection:
             )
             return stdio_client(parameters, errlog=self._stderr)
         assert spec.url is not None
-        client = httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        # The SDK leaves a client it was given open: the stack closes it with the session.
+        client = await stack.enter_async_context(
+            httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        )
         return streamable_http_client(spec.url, http_client=client)
 
     def _cwd(self) -> Path:
@@ -298,6 +303,7 @@ class McpSessions:
         """How long a server may take to start and answer ``initialize``."""
         self._connections: dict[tuple[str, str], McpConnection] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._dropped: set[tuple[str, str]] = set()
         self.restarts = 0
         """How many connections were opened again after one broke (for tests and logs)."""
 
@@ -312,7 +318,9 @@ class McpSessions:
                 return current
             if current is not None:
                 await current.aclose()
+            if current is not None or key in self._dropped:
                 self.restarts += 1
+                self._dropped.discard(key)
             fresh = McpConnection(spec, workspace, self.environment)
             self._connections.pop(key, None)
             await fresh.open(self.start_timeout_s)
@@ -324,7 +332,7 @@ class McpSessions:
         async with self._locks.setdefault(key, asyncio.Lock()):
             if self._connections.get(key) is broken:
                 del self._connections[key]
-                self.restarts += 1
+                self._dropped.add(key)
         await broken.aclose()
 
     async def list_tools(
@@ -389,6 +397,7 @@ class McpSessions:
         for key in [k for k in self._connections if k[0] == task_id]:
             connection = self._connections.pop(key)
             self._locks.pop(key, None)
+            self._dropped.discard(key)
             await connection.aclose()
 
     async def close_idle(self) -> None:
