@@ -13,8 +13,10 @@ circuit breakers, the result cache and the heartbeats of running calls live on t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -25,6 +27,7 @@ from typing import Any, TypeVar
 import httpx
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
 
 from shared import keys
 from shared.aio import new_event_loop
@@ -109,6 +112,8 @@ CONVERSATIONS_KEPT = 512
 """How many tasks' conversations a worker process keeps, to read only what it lacks."""
 SCRIPTS_KEPT = 64
 """How many tasks' LlmRecovery counts a worker process remembers."""
+
+log = logging.getLogger("orga.worker.runtime")
 
 _T = TypeVar("_T")
 
@@ -530,6 +535,8 @@ class ProcessServices(WorkerCore):
         self._hold_keys: dict[tuple[str | None, ...], str | None] = {}
         self.mcp_list_sender: Callable[[McpListRequest], object] | None = None
         """Sends ``orga.mcp_list`` to the tools queue (set by :mod:`workers.tasks`)."""
+        self._mcp_reaper: asyncio.Task[None] | None = None
+        self.mcp.on_open = self._reap_mcp_connections
         """A task's provider choice → the rate-limit hold its model calls read."""
 
     async def started(
@@ -669,6 +676,10 @@ class ProcessServices(WorkerCore):
         self.loop.close()
 
     async def _aclose(self) -> None:
+        if self._mcp_reaper is not None:
+            self._mcp_reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._mcp_reaper
         await self.liveness.close()
         await self.aclose()
         await self.pipelines.aclose()
@@ -741,6 +752,31 @@ class ProcessServices(WorkerCore):
                 f"{wait_s:g}s; is a tool worker (orga worker --role tools) running?"
             )
         return McpListing.model_validate_json(answer[1])
+
+    def _reap_mcp_connections(self) -> None:
+        """Start the reaper of this process's MCP connections, unless it runs."""
+        if self._mcp_reaper is None or self._mcp_reaper.done():
+            self._mcp_reaper = asyncio.get_running_loop().create_task(self._reap_mcp())
+
+    async def _reap_mcp(self) -> None:
+        """While connections are open: every heartbeat interval, close those of the tasks
+        that ended (``orga:P:tasks:finished``) and those idle past ORGA_MCP_IDLE_TIMEOUT_S."""
+        while self.mcp.task_ids():
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await self.mcp.close_idle()
+            by_partition: dict[int, list[str]] = {}
+            for task_id in sorted(self.mcp.task_ids()):
+                by_partition.setdefault(self._partition(task_id), []).append(task_id)
+            for partition, task_ids in by_partition.items():
+                try:
+                    ended = await self.redis.zmscore(keys.finished_tasks_key(partition), task_ids)
+                except RedisError as exc:
+                    log.warning("mcp.reap_failed", extra={"error": str(exc)[:300]})
+                    continue
+                for task_id, ended_at in zip(task_ids, ended, strict=True):
+                    if ended_at is not None:
+                        log.info("mcp.task_ended", extra={"task_id": task_id})
+                        await self.mcp.close_task(task_id)
 
     async def answer_mcp_listing(self, request: McpListRequest) -> None:
         """A tool worker's side of ``orga.mcp_list``: list, then push the answer."""

@@ -21,7 +21,7 @@ from shared.task_spec import TaskSpec
 from tests.fakes.llm_server import FakeOpenAIServer, RecordedRequest
 from tests.fakes.mcp_http import HttpMcpServer, stdio_command
 from tests.fakes.opa_server import FakeOpaServer
-from tests.integration.harness import ORGA, REPO, Cluster, cli_env
+from tests.integration.harness import ORGA, REPO, Cluster, cli_env, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +64,18 @@ def _tool_replies(requests: list[RecordedRequest]) -> dict[str, str]:
             if message.get("role") == "tool":
                 seen[message["tool_call_id"]] = message["content"]
     return seen
+
+
+def _working_in(folder: Path) -> list[int]:
+    """The processes whose current folder is in ``folder``."""
+    found = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if cwd.resolve().is_relative_to(folder.resolve()):
+                found.append(int(cwd.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def _offered(request: RecordedRequest) -> dict[str, dict[str, Any]]:
@@ -189,6 +201,9 @@ def test_a_deployment_lists_and_calls_stdio_and_http_servers(
             result = client.wait(task_id, timeout_s=180)
             assert result["status"] == "completed", (result, cluster.logs())
             replies = _tool_replies(model.requests)
+            # The task ended: the tool worker closes its connections, and the stdio server
+            # (the one process working in the task's workspace) is gone.
+            wait_until(lambda: not _working_in(cluster.workspaces), what="the MCP server to stop")
         finally:
             cluster.stop()
     assert replies == {"c1": "echo: deployed", "c2": "survived a restart", "c3": "3"}

@@ -44,7 +44,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -306,6 +306,8 @@ class McpSessions:
         self._dropped: set[tuple[str, str]] = set()
         self.restarts = 0
         """How many connections were opened again after one broke (for tests and logs)."""
+        self.on_open: Callable[[], None] | None = None
+        """Called when a connection opens (a worker process starts its reaper there)."""
 
     async def connection(self, task_id: str, spec: McpServerSpec, workspace: Path) -> McpConnection:
         """The task's open connection to ``spec``, opened when there is none (or it broke)."""
@@ -325,6 +327,8 @@ class McpSessions:
             self._connections.pop(key, None)
             await fresh.open(self.start_timeout_s)
             self._connections[key] = fresh
+            if self.on_open is not None:
+                self.on_open()
             return fresh
 
     async def _drop(self, task_id: str, spec: McpServerSpec, broken: McpConnection) -> None:
@@ -412,6 +416,10 @@ class McpSessions:
         """Close every connection."""
         for task_id in {k[0] for k in self._connections}:
             await self.close_task(task_id)
+
+    def task_ids(self) -> set[str]:
+        """The tasks that have a connection here."""
+        return {task_id for task_id, _server in self._connections}
 
     def open_count(self) -> int:
         """How many connections are open."""
