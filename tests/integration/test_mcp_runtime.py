@@ -208,3 +208,17 @@ def test_a_deployment_lists_and_calls_stdio_and_http_servers(
             cluster.stop()
     assert replies == {"c1": "echo: deployed", "c2": "survived a restart", "c3": "3"}
     assert {"fake__echo", "web__add"} <= set(_offered(model.requests[0]))
+
+
+def test_the_mcp_example_runs_with_orga_run(tmp_path: Path) -> None:
+    """`orga run examples/mcp/task.yaml`: the notes server (over stdio, started with the
+    worker's interpreter) multiplies and saves the note the step's check verifies."""
+    run = subprocess.run(
+        [str(ORGA), "run", "examples/mcp/task.yaml", "--json"], env=cli_env(tmp_path),
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    result = json.loads(run.stdout[run.stdout.index("{") :])
+    assert result["status"] == "completed", (result, run.stderr[-3000:])
+    assert result["milestones"] == ["step:note"]
+    notes = list((tmp_path / "workspaces").rglob("notes/answer.txt"))
+    assert [n.read_text() for n in notes] == ["6 x 7 = 42\n"]

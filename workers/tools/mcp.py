@@ -8,6 +8,8 @@ Decisions:
   ``starts_processes``): a stdio server is then a child of a process that never had a model
   key in its environment or its memory (:mod:`workers.key_handoff`), as a command is. A
   reasoning worker asks a tool worker for the listing (:mod:`workers.runtime`).
+- **Program.** ``command[0]`` is looked up on the command ``PATH``; ``{python}`` stands for the
+  worker's own interpreter, which has the SDK (``command: ["{python}", "server.py"]``).
 - **Confinement of a stdio server.** It runs with the task's workspace as its current folder
   (or ``cwd``, a folder inside it), in a session of its own (the SDK starts it with
   ``start_new_session`` and kills its process group on close), with the environment of a
@@ -42,6 +44,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -72,6 +75,7 @@ from workers.tools.output import error_output
 from workers.tools.workspace import resolve_in_workspace
 
 __all__ = [
+    "PYTHON_PLACEHOLDER",
     "McpConfigError",
     "McpConnection",
     "McpServerError",
@@ -91,6 +95,9 @@ _STDERR_TAIL = 600
 _CLOSE_GRACE_S = 5.0
 _LIST_PAGES = 100
 _TOOLS_KEPT = 4096
+PYTHON_PLACEHOLDER = "{python}"
+"""A stdio server's program written ``{python}`` runs with the worker's own interpreter (it has
+the ``mcp`` SDK installed): ``command: ["{python}", "server.py"]``."""
 ATTEMPT_SHARE = 0.45
 """Each of a call's two attempts may take this share of the tool timeout."""
 _BROKEN_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
@@ -113,11 +120,16 @@ class McpConnection:
     """One live session with one server, owned by an asyncio task of its own."""
 
     def __init__(
-        self, spec: McpServerSpec, workspace: Path, environment: CommandEnvironment
+        self,
+        spec: McpServerSpec,
+        workspace: Path,
+        environment: CommandEnvironment,
+        python: str = sys.executable,
     ) -> None:
         self.spec = spec
         self.workspace = workspace
         self.environment = environment
+        self.python = python
         self.last_used = time.monotonic()
         self._session: ClientSession | None = None
         self._stop = asyncio.Event()
@@ -176,8 +188,9 @@ class McpConnection:
         if spec.command is not None:
             # Kept open until aclose, so a failure can quote what the server wrote.
             self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
+            program = spec.command[0]
             parameters = StdioServerParameters(
-                command=spec.command[0],
+                command=self.python if program == PYTHON_PLACEHOLDER else program,
                 args=spec.command[1:],
                 env={**self.environment.variables(self.workspace), **spec.env},
                 cwd=str(self._cwd()),
@@ -296,8 +309,11 @@ class McpSessions:
         environment: CommandEnvironment | None = None,
         idle_timeout_s: float = 300.0,
         start_timeout_s: float = 60.0,
+        python: str = sys.executable,
     ) -> None:
         self.environment = environment or CommandEnvironment()
+        self.python = python
+        """What ``{python}`` as a server's program stands for: the worker's interpreter."""
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
         """How long a server may take to start and answer ``initialize``."""
@@ -323,7 +339,7 @@ class McpSessions:
             if current is not None or key in self._dropped:
                 self.restarts += 1
                 self._dropped.discard(key)
-            fresh = McpConnection(spec, workspace, self.environment)
+            fresh = McpConnection(spec, workspace, self.environment, self.python)
             self._connections.pop(key, None)
             await fresh.open(self.start_timeout_s)
             self._connections[key] = fresh
