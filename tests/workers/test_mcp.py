@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,3 +211,22 @@ def test_the_tool_lookup_runs_mcp_names_through_their_target(tmp_path: Path) -> 
         assert output.metadata["mcp_server"] == "fake" and output.metadata["kind"] == "other"
 
     asyncio.run(scenario())
+
+
+def test_the_sdk_is_imported_by_the_first_connection_only() -> None:
+    """A worker that runs no MCP server does not pay for importing the SDK (seconds)."""
+    probe = "import sys, workers.runtime, workers.tasks; print('mcp' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "False"
+
+
+def test_the_broken_connection_codes_are_the_sdks() -> None:
+    """The codes that make a call restart the server are the SDK's connection-closed and
+    request-timeout codes."""
+    from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+    from workers.tools import mcp as module
+
+    assert frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT}) == module.RESTART_CODES

@@ -52,12 +52,6 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import httpx2
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, TextContent
-from mcp.types import Tool as McpToolInfo
-
 from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
 from shared.mcp import (
@@ -76,6 +70,7 @@ from workers.tools.workspace import resolve_in_workspace
 
 __all__ = [
     "PYTHON_PLACEHOLDER",
+    "RESTART_CODES",
     "McpConfigError",
     "McpConnection",
     "McpServerError",
@@ -87,6 +82,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from mcp import ClientSession
+    from mcp.types import CallToolResult
+    from mcp.types import Tool as McpToolInfo
+
     from workers.executor import ToolLookup
 
 log = logging.getLogger("orga.worker.mcp")
@@ -100,7 +99,8 @@ PYTHON_PLACEHOLDER = "{python}"
 the ``mcp`` SDK installed): ``command: ["{python}", "server.py"]``."""
 ATTEMPT_SHARE = 0.45
 """Each of a call's two attempts may take this share of the tool timeout."""
-_BROKEN_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
+RESTART_CODES = frozenset({-32000, -32001})
+"""``mcp.types.CONNECTION_CLOSED`` and ``REQUEST_TIMEOUT``: the connection is unusable."""
 
 
 class McpServerError(OrgaError):
@@ -164,6 +164,8 @@ class McpConnection:
         """Enter the SDK's contexts, serve until told to stop (or until the transport
         fails), and leave them on this same task."""
         assert self._ready is not None
+        from mcp import ClientSession  # the SDK is imported by the first connection only
+
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(await self._transport(stack))
@@ -184,6 +186,10 @@ class McpConnection:
     async def _transport(
         self, stack: AsyncExitStack
     ) -> contextlib.AbstractAsyncContextManager[Any]:
+        import httpx2
+        from mcp import StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
         spec = self.spec
         if spec.command is not None:
             # Kept open until aclose, so a failure can quote what the server wrote.
@@ -264,7 +270,7 @@ class McpConnection:
         """What happened to a call, naming the server (and quoting its stderr's end)."""
         failure = self._failure
         cause = _reason(exc)
-        if failure is not None and failure is not exc and not isinstance(failure, MCPError):
+        if failure is not None and failure is not exc and not _answered(failure):
             cause = f"{cause} (the connection ended with {_reason(failure)})"
         return self._describe(cause)
 
@@ -283,6 +289,8 @@ class McpConnection:
 
 
 def _reason(exc: BaseException) -> str:
+    from mcp import MCPError
+
     if isinstance(exc, MCPError):
         return f"MCP error {exc.code}: {exc.message}"
     if isinstance(exc, TimeoutError):
@@ -293,11 +301,19 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _answered(exc: BaseException) -> bool:
+    from mcp import MCPError
+
+    return isinstance(exc, MCPError)
+
+
 def _broken(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection is unusable (then restart once) rather than that the
     server answered with an error."""
+    from mcp import MCPError
+
     if isinstance(exc, MCPError):
-        return exc.code in _BROKEN_CODES
+        return exc.code in RESTART_CODES
     return isinstance(exc, Exception)
 
 
@@ -477,6 +493,8 @@ def result_output(server: str, tool: str, result: CallToolResult) -> ToolOutput:
     """A tool result as an observation: text parts joined, other parts as JSON; the
     structured content when there is no text. Metadata for the stagnation detector:
     ``kind=other``, ``mcp_server``, ``mcp_tool``, ``output_hash``."""
+    from mcp.types import TextContent
+
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, TextContent):
