@@ -61,6 +61,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 class McpServerSpec(BaseModel):
     """One MCP server: ``command`` (stdio) or ``url`` (streamable HTTP), never both.
 
+    ``command[0]`` is looked up on the command ``PATH``; ``{python}`` stands for the worker's
+    own interpreter (which has the ``mcp`` SDK).
     ``env`` is added to the scrubbed environment of a command (``PATH``, ``LANG``,
     ``HOME``=workspace); ``cwd`` is a folder inside the workspace (default: the workspace).
     ``headers`` go with every HTTP request (e.g. an ``Authorization`` the server expects).
