@@ -22,6 +22,7 @@ from tests.fakes.llm_server import FakeOpenAIServer, RecordedRequest
 from tests.fakes.mcp_http import HttpMcpServer, stdio_command
 from tests.fakes.opa_server import FakeOpaServer
 from tests.integration.harness import ORGA, REPO, Cluster, cli_env, wait_until
+from workers.key_handoff import MODEL_KEY_VARIABLES
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +100,7 @@ def test_orga_run_calls_a_stdio_server_gated_modified_denied_restarted_and_timed
     model.respond_tool_calls([("c2", "fake__write_note", {"name": "n.txt", "text": "x"})])
     model.respond_tool_calls([("c3", "fake__crash_once", {})])
     model.respond_tool_calls([("c4", "fake__hang", {})])
+    model.respond_tool_calls([("c5", "fake__environment", {})])
     model.respond_text("all MCP calls made")
 
     def decide(request: dict[str, Any]) -> object:
@@ -126,6 +128,9 @@ def test_orga_run_calls_a_stdio_server_gated_modified_denied_restarted_and_timed
     assert "notes are read-only here" in replies["c2"]
     assert replies["c3"] == "survived a restart"
     assert "fake__hang" in replies["c4"] and "timed out" in replies["c4"]
+    seen = json.loads(replies["c5"])  # the server's environment, and its parent's (the worker)
+    assert not (set(seen["names"]) | set(seen["parent_names"])) & MODEL_KEY_VARIABLES
+    assert seen["parent_names"] and "ORGA_API_KEY" not in seen["names"]
     assert not list((tmp_path / "workspaces").rglob("n.txt"))
     calls = [q for q in seen_by_opa if q.get("type") == "tool_call"]
     assert {(q["mcp_server"], q["mcp_tool"]) for q in calls} >= {("fake", "echo"), ("fake", "hang")}
