@@ -230,3 +230,24 @@ def test_the_broken_connection_codes_are_the_sdks() -> None:
     from workers.tools import mcp as module
 
     assert frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT}) == module.RESTART_CODES
+
+
+def test_the_tool_profile_and_allow_list_filter_mcp_tools_by_glob() -> None:
+    """MCP tools join the registry's before the allow-list and the tool profile's globs, so
+    ``notes__*`` keeps a server's tools and ``*__delete*`` drops some of them."""
+    from shared.inference import ToolDefinition
+    from shared.loop_types import LoopConfig
+    from shared.tool_profile import ToolProfile
+    from workers.handlers import prepare_tools
+
+    builtin = [ToolDefinition(name="file_read", description="", parameters={"type": "object"})]
+    mcp = [
+        ToolDefinition(name=name, description="", parameters={"type": "object"})
+        for name in ("notes__save", "notes__delete_all", "search__query")
+    ]
+    profile = ToolProfile(include=["notes__*", "file_*"], exclude=["*__delete*"])
+    config = LoopConfig(tool_profile=profile)
+    offered = prepare_tools(builtin, config, None, mcp).tool_definitions
+    assert [d.name for d in offered] == ["file_read", "notes__save"]
+    allowed = prepare_tools(builtin, LoopConfig(), ["search__query"], mcp).tool_definitions
+    assert [d.name for d in allowed] == ["search__query"]
