@@ -120,3 +120,14 @@ def test_a_listing_resolves_the_target_of_an_offered_name() -> None:
     assert target is not None and (target.server.name, target.tool) == ("srv", "a.b")
     assert listing.target("srv__other", [spec]) is None
     assert McpListing.model_validate_json(listing.to_json()) == listing
+
+
+def test_a_task_naming_an_agent_gets_its_servers_unless_it_declares_its_own() -> None:
+    """An agent profile's ``mcp_servers`` are the task's default; a task's own replace them."""
+    from shared.agent_profile import resolve_agent
+
+    profile = parse_agent({"name": "p", "mcp_servers": [{"name": "a", "command": ["x"]}]})
+    inherited = resolve_agent({"goal": "g", "agent": "p"}, {"p": profile}, "t")
+    assert [s.name for s in inherited.mcp_servers] == ["a"]
+    own = {"goal": "g", "agent": "p", "mcp_servers": [{"name": "b", "url": "http://h/mcp"}]}
+    assert [s.name for s in resolve_agent(own, {"p": profile}, "t").mcp_servers] == ["b"]
