@@ -251,3 +251,22 @@ def test_the_tool_profile_and_allow_list_filter_mcp_tools_by_glob() -> None:
     assert [d.name for d in offered] == ["file_read", "notes__save"]
     allowed = prepare_tools(builtin, LoopConfig(), ["search__query"], mcp).tool_definitions
     assert [d.name for d in allowed] == ["search__query"]
+
+
+def test_an_idle_connection_is_closed_and_started_again_when_needed(tmp_path: Path) -> None:
+    """A connection unused past the idle timeout is closed (its server stops); the task's next
+    call starts a new one."""
+
+    async def scenario() -> None:
+        sessions = McpSessions(idle_timeout_s=0.3)
+        try:
+            count = McpTarget(server=STDIO, tool="calls")
+            assert _text(await sessions.call("t1", count, tmp_path, {}, 10)) == "1"
+            await asyncio.sleep(0.5)
+            await sessions.close_idle()
+            assert sessions.open_count() == 0
+            assert _text(await sessions.call("t1", count, tmp_path, {}, 10)) == "1"  # new one
+        finally:
+            await sessions.aclose()
+
+    asyncio.run(scenario())

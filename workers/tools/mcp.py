@@ -440,8 +440,10 @@ class McpSessions:
         """Close the connections unused for ``idle_timeout_s``."""
         cutoff = time.monotonic() - self.idle_timeout_s
         for key, connection in list(self._connections.items()):
-            if connection.last_used < cutoff and not self._locks[key].locked():
+            lock = self._locks.get(key)
+            if connection.last_used < cutoff and (lock is None or not lock.locked()):
                 self._connections.pop(key, None)
+                self._locks.pop(key, None)
                 await connection.aclose()
 
     async def aclose(self) -> None:
