@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shared.delegation import WorkspaceMode
 from shared.errors import OrgaError
-from shared.mcp import McpServerSpec, check_unique_names
+from shared.mcp import McpServerSpec, check_no_credentials, check_unique_names
 from shared.policy import PolicySpec
 from shared.task_spec import (
     AGENT_NAME_PATTERN,
@@ -72,6 +72,7 @@ class AgentProfile(BaseModel):
     @classmethod
     def _unique_mcp_servers(cls, servers: list[McpServerSpec] | None) -> list[McpServerSpec] | None:
         check_unique_names(servers or [], "mcp_servers")
+        check_no_credentials(servers or [], "mcp_servers")
         return servers
 
     def task_defaults(self) -> dict[str, Any]:

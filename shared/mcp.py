@@ -41,6 +41,7 @@ __all__ = [
     "McpServerSpec",
     "McpTarget",
     "McpToolEntry",
+    "check_no_credentials",
     "check_unique_names",
     "combined_servers",
     "is_mcp_tool",
@@ -56,6 +57,9 @@ _MAX_SERVER_NAME = 40
 """A server name leaves room for a tool name within the 64 characters providers accept."""
 _MAX_OFFERED = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_CREDENTIAL = re.compile(
+    r"(^ORGA_)|(^AWS_)|KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.IGNORECASE
+)
 
 
 class McpServerSpec(BaseModel):
@@ -130,6 +134,22 @@ def check_unique_names(servers: Sequence[McpServerSpec], where: str) -> None:
                 f"MCP server name {server.name!r} is used twice in {where}; names must be unique"
             )
         seen.add(server.name)
+
+
+def check_no_credentials(servers: Sequence[McpServerSpec], where: str) -> None:
+    """Raise ValueError when a server of a task or profile carries a credential (a header or
+    an environment variable whose name says so): a task is stored in Redis and its loop config
+    in the journal, so credentials belong in the workers' ``ORGA_MCP_SERVERS`` file."""
+    for server in servers:
+        names = [("headers", n) for n in server.headers] + [("env", n) for n in server.env]
+        for field, name in names:
+            if _CREDENTIAL.search(name):
+                raise ValueError(
+                    f"{where}: MCP server {server.name!r} {field}.{name} looks like a "
+                    "credential, and a task file holds no secrets (it is stored in Redis and "
+                    "its config in the journal); declare the server in the workers' "
+                    "ORGA_MCP_SERVERS file instead"
+                )
 
 
 def combined_servers(

@@ -24,7 +24,7 @@ from shared.delegation import ParentLink, WorkspaceMode
 from shared.durations import Duration, DurationDefaultsSchema
 from shared.errors import OrgaError
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
-from shared.mcp import McpServerSpec, check_unique_names
+from shared.mcp import McpServerSpec, check_no_credentials, check_unique_names
 from shared.policy import PolicySpec
 from shared.pre_hydration import PreHydrationConfig
 from shared.progress_tracker import StepIterationConfig
@@ -260,6 +260,7 @@ class TaskSpec(_Strict):
     @classmethod
     def _unique_mcp_servers(cls, servers: list[McpServerSpec]) -> list[McpServerSpec]:
         check_unique_names(servers, "mcp_servers")
+        check_no_credentials(servers, "mcp_servers")
         return servers
 
     def loop_config(self, step: StepSpec | None = None) -> LoopConfig:

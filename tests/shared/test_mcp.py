@@ -3,6 +3,7 @@ ORGA_MCP_SERVERS file, and their place in tasks and agent profiles."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -47,6 +48,20 @@ def test_a_bad_server_is_refused_naming_the_fault(data: dict[str, object], fragm
     """Each mistake is refused with a message that names it and the fix."""
     with pytest.raises(TaskSpecError, match=re.escape(fragment)):
         parse_task({"goal": "g", "mcp_servers": [data]})
+
+
+def test_a_credential_in_a_task_or_profile_is_refused_but_not_in_the_deployment_file() -> None:
+    """A task and its config are stored (Redis, the journal): an Authorization header or a
+    token variable is refused there, with the fix; the workers' file may hold them."""
+    header = {"name": "s", "url": "http://h/mcp", "headers": {"Authorization": "Bearer x"}}
+    env = {"name": "c", "command": ["x"], "env": {"SEARCH_API_TOKEN": "t"}}
+    for server in (header, env):
+        with pytest.raises(TaskSpecError, match=r"looks like a credential.*ORGA_MCP_SERVERS"):
+            parse_task({"goal": "g", "mcp_servers": [server]})
+        with pytest.raises(AgentProfileError, match="looks like a credential"):
+            parse_agent({"name": "p", "mcp_servers": [server]})
+    assert parse_mcp_servers(json.dumps([header, env]), "f.json")[0].headers
+    assert parse_task({"goal": "g", "mcp_servers": [{**env, "env": {"NOTES": "n"}}]})
 
 
 def test_a_server_name_used_twice_is_refused_in_a_task_and_a_profile() -> None:
