@@ -745,12 +745,14 @@ class ProcessServices(WorkerCore):
         reply = keys.mcp_reply_key(request.task_id, nonce, self._partition(request.task_id))
         await asyncio.to_thread(send, request.model_copy(update={"reply_key": reply}))
         wait_s = self.settings.mcp_list_timeout_s * 2 + 5
-        answer = await self.redis.blpop([reply], timeout=wait_s)
-        if answer is None:
-            raise TimeoutError(
-                f"no tool worker listed the MCP tools of task {request.task_id} within "
-                f"{wait_s:g}s; is a tool worker (orga worker --role tools) running?"
-            )
+        deadline = time.monotonic() + wait_s
+        # Short waits: one blocking read longer than the client's socket timeout would fail.
+        while (answer := await self.redis.blpop([reply], timeout=1)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no tool worker listed the MCP tools of task {request.task_id} within "
+                    f"{wait_s:g}s; is a tool worker (orga worker --role tools) running?"
+                )
         return McpListing.model_validate_json(answer[1])
 
     def _reap_mcp_connections(self) -> None:
