@@ -79,6 +79,13 @@ def _working_in(folder: Path) -> list[int]:
     return found
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"
+
+
 def _offered(request: RecordedRequest) -> dict[str, dict[str, Any]]:
     return {t["function"]["name"]: t["function"] for t in request.body.get("tools", [])}
 
@@ -208,7 +215,15 @@ def test_a_deployment_lists_and_calls_stdio_and_http_servers(
             replies = _tool_replies(model.requests)
             # The task ended: the tool worker closes its connections, and the stdio server
             # (the one process working in the task's workspace) is gone.
-            wait_until(lambda: not _working_in(cluster.workspaces), what="the MCP server to stop")
+            try:
+                wait_until(
+                    lambda: not _working_in(cluster.workspaces),
+                    timeout_s=120,
+                    what="the MCP server to stop",
+                )
+            except AssertionError as exc:
+                left = {pid: _cmdline(pid) for pid in _working_in(cluster.workspaces)}
+                raise AssertionError(f"{exc}; still there: {left}\n{cluster.logs()}") from exc
         finally:
             cluster.stop()
     assert replies == {"c1": "echo: deployed", "c2": "survived a restart", "c3": "3"}
