@@ -32,6 +32,7 @@ from shared.settings import OrgaSettings, TelemetrySettings, celery_config
 from workers import key_handoff
 from workers.broker import serve_redis_urls
 from workers.redis_policy import EvictionCheck
+from workers.runtime import deployment_mcp_servers
 from workers.telemetry import check_exporters
 
 __all__ = [
@@ -51,6 +52,7 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
     """A Celery app configured from ``settings`` (read from the environment by default)."""
     settings = settings or OrgaSettings()
     check_exporters(TelemetrySettings())  # a typo stops the worker now, not each dispatch
+    deployment_mcp_servers(settings)  # so does a bad ORGA_MCP_SERVERS file
     if settings.redis_url is None:
         raise ConfigError(
             "ORGA_REDIS_URL is not set: the workers need the Redis that the coordinator uses "

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shared.delegation import WorkspaceMode
 from shared.errors import OrgaError
+from shared.mcp import McpServerSpec, check_no_credentials, check_unique_names
 from shared.policy import PolicySpec
 from shared.task_spec import (
     AGENT_NAME_PATTERN,
@@ -60,10 +61,19 @@ class AgentProfile(BaseModel):
     system_prompt: str | None = None
     tools: list[str] | None = None
     tool_profile: ToolProfile | None = None
+    mcp_servers: list[McpServerSpec] | None = None
+    """The profile's MCP servers; a task that declares ``mcp_servers`` replaces them."""
     policy: PolicySpec | None = None
     limits: TaskLimits | None = None
     delegated_workspace: WorkspaceMode | None = None
     """As a sub-agent: ``subfolder`` (the default) of the parent's workspace, or a ``copy``."""
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_mcp_servers(cls, servers: list[McpServerSpec] | None) -> list[McpServerSpec] | None:
+        check_unique_names(servers or [], "mcp_servers")
+        check_no_credentials(servers or [], "mcp_servers")
+        return servers
 
     def task_defaults(self) -> dict[str, Any]:
         """The task fields this profile sets, as JSON data (what a task's fields override).

@@ -53,6 +53,9 @@ Keys
     ``orga:workspace:{sha256}``  string: the identity (device:inode) of a sub-agent's workspace
                                  folder the runtime created, by a digest of its path
                                  (``workspace_claim_key``)
+    ``orga:P:mcp_tools:{task_id}``  string: the task's MCP tool listing (JSON), kept for the
+                                 task so a flapping server does not make tools vanish
+    ``orga:P:mcp_reply:{task_id}:{nonce}``  list: a tool worker's answer to one listing request
     ``orga:P:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
                                  decision, entry_id), set with the control entry by one script
     ``orga:P:stats:status``      hash: number of tasks in each status (kept by the commit script)
@@ -142,6 +145,11 @@ __all__ = [
     "legacy_active_tasks_key",
     "legacy_intake_stream",
     "legacy_outbox_stream",
+    "mcp_list_task_name",
+    "mcp_reply_key",
+    "mcp_reply_ttl_s",
+    "mcp_tools_key",
+    "mcp_tools_ttl_s",
     "observations_maxlen",
     "observations_stream",
     "open_reviews_key",
@@ -231,6 +239,8 @@ reasoning_queue: Final = "orga.reasoning"
 tools_queue: Final = "orga.tools"
 reason_task_name: Final = "orga.reason"
 tool_task_name: Final = "orga.tool_call"
+mcp_list_task_name: Final = "orga.mcp_list"
+"""A reasoning worker asks a tool worker (on ``tools_queue``) to list a task's MCP tools."""
 
 # -- stream lengths (approximate trimming, MAXLEN ~) -----------------------------------------
 
@@ -266,6 +276,9 @@ result_cache_ttl_s: Final = 3600
 heartbeats_retention_s: Final = 600
 review_claim_ttl_s: Final = 7 * 24 * 3600
 applied_call_ttl_s: Final = 24 * 3600
+mcp_tools_ttl_s: Final = 7 * 24 * 3600
+"""A task's MCP tool listing is kept this long (tasks that run longer list again)."""
+mcp_reply_ttl_s: Final = 300
 """How long the result of a call applied once is kept (a duplicate later than this runs again)."""
 workspace_claim_ttl_s: Final = 30 * 24 * 3600
 """How long the runtime remembers creating a sub-agent's workspace folder after it was last
@@ -496,3 +509,15 @@ def review_claim_key(review_id: str, partition: int) -> str:
     """The one decision sent for a review, in its task's partition (written with the control
     entry by one script): ``orga:{p:NN}:review_claim:{review_id}``."""
     return _in(partition, f"review_claim:{review_id}")
+
+
+def mcp_tools_key(task_id: str, partition: int) -> str:
+    """A task's MCP tool listing (:class:`shared.mcp.McpListing` JSON), written by the tool
+    worker that listed it: ``orga:{p:NN}:mcp_tools:{task_id}``."""
+    return _in(partition, f"mcp_tools:{task_id}")
+
+
+def mcp_reply_key(task_id: str, nonce: str, partition: int) -> str:
+    """Where a tool worker pushes its answer to one listing request (the reasoning worker
+    waits on it): ``orga:{p:NN}:mcp_reply:{task_id}:{nonce}``."""
+    return _in(partition, f"mcp_reply:{task_id}:{nonce}")

@@ -12,6 +12,7 @@ from shared.conventions import KnowledgeSpec
 from shared.conversation import Conversation
 from shared.durations import Duration
 from shared.inference import ToolChoice, ToolDefinition, Usage
+from shared.mcp import McpServerSpec
 from shared.pre_hydration import PreHydrationConfig
 from shared.progress_tracker import StepIterationConfig
 from shared.stagnation.config import StagnationConfig
@@ -198,6 +199,7 @@ class LoopConfig(OmitNoneModel):
             "stagnation",
             "knowledge",
             "max_cost_usd",
+            "mcp_servers",
         }
     )
 
@@ -224,6 +226,8 @@ class LoopConfig(OmitNoneModel):
     max_cost_usd: float | None = Field(default=None, ge=0)
     """The money the task has left for model calls (USD; None: no limit): its limit less
     what it spent and what its running sub-agents reserved, when the call was dispatched."""
+    mcp_servers: list[McpServerSpec] | None = None
+    """The task's MCP servers (the deployment's are added by the worker): :mod:`shared.mcp`."""
 
 
 class LoopState(BaseModel):

@@ -145,6 +145,23 @@ class OrgaSettings(BaseSettings):
     allow_private_network: bool = Field(
         default=False, description="Let web_fetch reach loopback and private addresses"
     )
+    mcp_servers: Path | None = Field(
+        default=None,
+        description="A JSON or YAML file of MCP servers every task may use (a list of "
+        "`{name, command, env, cwd}` or `{name, url, headers}`); read by the workers at start",
+    )
+    mcp_idle_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A task's MCP server process or HTTP session unused this long is closed "
+        "(a later call starts it again)",
+    )
+    mcp_list_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a reasoning worker waits for a tool worker to start a task's "
+        "MCP servers and list their tools",
+    )
     allow_inline_tools: bool = Field(
         default=True,
         description="Honour `tool_dispatch: inline` (tools then run in the reasoning worker, "

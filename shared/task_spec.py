@@ -24,6 +24,7 @@ from shared.delegation import ParentLink, WorkspaceMode
 from shared.durations import Duration, DurationDefaultsSchema
 from shared.errors import OrgaError
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
+from shared.mcp import McpServerSpec, check_no_credentials, check_unique_names
 from shared.policy import PolicySpec
 from shared.pre_hydration import PreHydrationConfig
 from shared.pricing import ModelPricing, price_of, unpriced_message
@@ -232,6 +233,8 @@ class TaskSpec(_Strict):
     provider: ProviderSpec = Field(default_factory=ProviderSpec)
     tools: list[str] | None = None
     tool_profile: ToolProfile | None = None
+    mcp_servers: list[McpServerSpec] = Field(default_factory=list)
+    """MCP tool servers whose tools the agent may call as ``<server>__<tool>`` (shared.mcp)."""
     policy: PolicySpec = Field(default_factory=PolicySpec)
     step_iteration: StepIterationConfig = Field(default_factory=StepIterationConfig)
     pre_hydration: PreHydrationConfig | None = None
@@ -288,6 +291,13 @@ class TaskSpec(_Strict):
             return own
         return cap if own is None else min(own, cap)
 
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_mcp_servers(cls, servers: list[McpServerSpec]) -> list[McpServerSpec]:
+        check_unique_names(servers, "mcp_servers")
+        check_no_credentials(servers, "mcp_servers")
+        return servers
+
     def loop_config(self, step: StepSpec | None = None) -> LoopConfig:
         """The loop configuration of one step."""
         limits = self.limits
@@ -307,6 +317,7 @@ class TaskSpec(_Strict):
             step_iteration=self.step_iteration,
             pre_hydration=self.pre_hydration,
             knowledge=self.knowledge,
+            mcp_servers=list(self.mcp_servers) or None,
             delegation_depth=self.delegation.depth if self.delegation is not None else 0,
             max_cost_usd=self.max_cost_usd,
         )

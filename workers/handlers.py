@@ -31,6 +31,7 @@ from shared.errors import ConfigError, ProviderUnavailableError, ServiceUnavaila
 from shared.genai import record_tool_result, tool_span
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig, LoopState
+from shared.mcp import McpListing, McpServerSpec, McpTarget, is_mcp_tool
 from shared.policy import PolicySpec
 from shared.pricing import Price, price_of, unpriced_message
 from shared.protocol import (
@@ -62,6 +63,8 @@ from workers.providers.base import (
 from workers.providers.rate_limit import recording_waits
 from workers.providers.waiting import CallAbandonedError
 from workers.tools.base import ToolContext
+from workers.tools.mcp import McpConfigError
+from workers.tools.mcp import definitions as mcp_definitions
 from workers.tools.workspace import expecting_workspace, resolving_once
 from workers.workspaces import (
     SubagentsFolderGate,
@@ -119,6 +122,17 @@ class WorkerServices(Protocol):
         calls here)."""
         ...
 
+    def mcp_servers(self, config: LoopConfig) -> tuple[McpServerSpec, ...]:
+        """The MCP servers of a task: the deployment's, then its own."""
+        ...
+
+    async def mcp_listing(
+        self, request: ReasonRequest | ToolRequest, *, here: bool = False
+    ) -> McpListing | None:
+        """The task's MCP tools, listed once for the task (None: it has no MCP server); when
+        not kept yet, listed by this process (``here``, a tool worker) or by a tool worker."""
+        ...
+
     def starts_processes(self, tool: str) -> bool:
         """Whether ``tool`` starts processes (``run_command``): never run inline, next to the
         model key, but by a tool worker."""
@@ -158,11 +172,14 @@ class WorkerServices(Protocol):
 
 
 def prepare_tools(
-    definitions: Sequence[ToolDefinition], config: LoopConfig, allowed: Sequence[str] | None
+    definitions: Sequence[ToolDefinition],
+    config: LoopConfig,
+    allowed: Sequence[str] | None,
+    mcp: Sequence[ToolDefinition] = (),
 ) -> LoopConfig:
     """Tool definitions for the model: the knowledge tools only in tasks with a knowledge
-    block, then the allow-list, then the task's tool profile."""
-    tools = list(config.tool_definitions) or list(definitions)
+    block, the task's MCP tools, then the allow-list, then the task's tool profile."""
+    tools = [*(list(config.tool_definitions) or list(definitions)), *mcp]
     if config.knowledge is None:
         tools = [t for t in tools if not is_knowledge_tool(t.name)]
     if allowed is not None:
@@ -239,10 +256,11 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
     if knowledge is not None and request.purpose == "act":
         await _inject_knowledge(request, services, state.conversation, knowledge)
     known = len(state.conversation)
+    mcp = await _mcp_definitions(request, services)
     with recording_waits() as waits:
         provider = services.provider(request)
         model = request.provider.model or provider.default_model()
-        config = _reasoning_config(request, services)
+        config = _reasoning_config(request, services, mcp)
         reasoning = Reasoning(state, config, _price(request, model), model)
         try:
             checking = await reasoning.produce_output(provider, AlreadyFitted())
@@ -258,7 +276,7 @@ async def run_reasoning(request: ReasonRequest, services: WorkerServices) -> Rea
                 model_call=reasoning.call,
             )
     offered = [t.name for t in checking.config.tool_definitions]
-    registered = [t.name for t in services.tool_definitions()]
+    registered = [t.name for t in [*services.tool_definitions(), *mcp]]
     gate = SubagentsFolderGate(OfferedToolsGate(services.gate(request.policy), offered, registered))
     # The file tools run here reuse the real paths the gate resolved (resolving_once says why
     # that is as safe as resolving again).
@@ -486,11 +504,29 @@ def _price(request: ReasonRequest, model: str) -> Price | None:
     return price
 
 
-def _reasoning_config(request: ReasonRequest, services: WorkerServices) -> LoopConfig:
+def _reasoning_config(
+    request: ReasonRequest, services: WorkerServices, mcp: Sequence[ToolDefinition] = ()
+) -> LoopConfig:
     """The model sees the allowed tools (none when it is asked for a plan or a verdict)."""
     if request.purpose in ("plan", "critic"):
         return request.config.model_copy(update={"tool_definitions": []})
-    return prepare_tools(services.tool_definitions(), request.config, request.allowed_tools)
+    return prepare_tools(services.tool_definitions(), request.config, request.allowed_tools, mcp)
+
+
+async def _mcp_definitions(
+    request: ReasonRequest, services: WorkerServices
+) -> list[ToolDefinition]:
+    """The task's MCP tools as the model sees them (listed once per task by a tool worker);
+    a server that cannot start or list fails the reasoning with a configuration error
+    naming it."""
+    if request.purpose in ("plan", "critic"):
+        return []
+    listing = await services.mcp_listing(request)
+    if listing is None:
+        return []
+    if listing.error is not None:
+        raise McpConfigError(listing.error)
+    return mcp_definitions(listing)
 
 
 def _reads_here(
@@ -601,6 +637,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         agent_id=request.agent_id,
         task_id=request.fence.task_id,
         idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
+        mcp=await _mcp_target(request, services),
     )
     action = request.action
     with (
@@ -610,6 +647,17 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         message = redacted(await services.execute(request, context), services.redactor())
         record_tool_result(span, message.observation.content, message.observation.is_error)
     return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
+
+
+async def _mcp_target(request: ToolRequest, services: WorkerServices) -> McpTarget | None:
+    """Where a call of an MCP tool goes: the server and tool its task's listing names."""
+    name = request.action.name
+    if not is_mcp_tool(name):
+        return None
+    listing = await services.mcp_listing(request, here=True)
+    if listing is None or listing.error is not None:
+        return None
+    return listing.target(name, services.mcp_servers(request.config))
 
 
 async def open_workspace(

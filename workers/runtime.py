@@ -13,10 +13,13 @@ circuit breakers, the result cache and the heartbeats of running calls live on t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +27,7 @@ from typing import Any, TypeVar
 import httpx
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
 
 from shared import keys
 from shared.aio import new_event_loop
@@ -31,6 +35,14 @@ from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeS
 from shared.conversation import Conversation, ConversationMessage
 from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
+from shared.loop_types import LoopConfig
+from shared.mcp import (
+    McpListing,
+    McpListRequest,
+    McpServerSpec,
+    combined_servers,
+    parse_mcp_servers,
+)
 from shared.outbox import tool_entry
 from shared.policy import PolicySpec
 from shared.protocol import (
@@ -74,8 +86,17 @@ from workers.redis_batch import CoalescedPipeline
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only, starts_processes
+from workers.tools.command import CommandEnvironment, RunCommandTool
+from workers.tools.errors import WorkspacePathError
+from workers.tools.mcp import McpSessions, McpToolLookup
 from workers.tools.registry import ToolRegistry, default_registry
-from workers.workspaces import InMemoryWorkspaceClaims, RedisWorkspaceClaims, WorkspaceClaims
+from workers.workspaces import (
+    InMemoryWorkspaceClaims,
+    RedisWorkspaceClaims,
+    WorkspaceClaims,
+    open_subagent_workspace,
+    prepare_workspace,
+)
 
 __all__ = [
     "LEDGERS_KEPT",
@@ -91,6 +112,8 @@ CONVERSATIONS_KEPT = 512
 """How many tasks' conversations a worker process keeps, to read only what it lacks."""
 SCRIPTS_KEPT = 64
 """How many tasks' LlmRecovery counts a worker process remembers."""
+
+log = logging.getLogger("orga.worker.runtime")
 
 _T = TypeVar("_T")
 
@@ -145,9 +168,20 @@ class WorkerCore:
         self._providers: dict[tuple[str | None, ...], InferenceProvider] = {}
         self._workspace_claims: WorkspaceClaims = InMemoryWorkspaceClaims()
         self._redactor = Redactor(secret_values(settings, provider_settings))
+        self.mcp = McpSessions(
+            _command_environment(registry),
+            idle_timeout_s=settings.mcp_idle_timeout_s,
+            start_timeout_s=settings.mcp_list_timeout_s,
+        )
+        """This process's MCP connections (tool workers start servers; reasoning workers ask
+        them for listings)."""
+        self.mcp_deployment_servers = deployment_mcp_servers(settings)
+        self._mcp_listings: dict[str, McpListing] = {}
+        executor.tools = McpToolLookup(executor.tools, self.mcp)
 
     async def aclose(self) -> None:
-        """Close the HTTP clients."""
+        """Close the MCP connections and the HTTP clients."""
+        await self.mcp.aclose()
         self._providers.clear()
         for client in self._http.values():
             await client.aclose()
@@ -288,13 +322,83 @@ class WorkerCore:
         """Every tool of the registry."""
         return self.registry.definitions()
 
+    def mcp_servers(self, config: LoopConfig) -> tuple[McpServerSpec, ...]:
+        """The deployment's MCP servers and the task's (ConfigError on a name clash)."""
+        return combined_servers(self.mcp_deployment_servers, config.mcp_servers or ())
+
+    async def mcp_listing(
+        self, request: ReasonRequest | ToolRequest, *, here: bool = False
+    ) -> McpListing | None:
+        """The task's MCP tools, listed once for the task (None: it has no MCP server); when
+        not kept yet, listed by this process (``here``: a tool worker) or by a tool worker."""
+        servers = self.mcp_servers(request.config)
+        if not servers:
+            return None
+        task_id = request.fence.task_id
+        listing = await self.cached_mcp_listing(task_id)
+        if listing is not None:
+            return listing
+        ask = self.serve_mcp_listing if here else self.request_mcp_listing
+        return await ask(
+            McpListRequest(
+                task_id=task_id,
+                workspace=request.workspace,
+                workspace_template=request.workspace_template,
+                workspace_base=request.workspace_base,
+                servers=list(request.config.mcp_servers or ()),
+                reply_key="",
+            )
+        )
+
+    async def cached_mcp_listing(self, task_id: str) -> McpListing | None:
+        """The listing kept for the task (in this process; in Redis for a worker process)."""
+        return self._mcp_listings.get(task_id)
+
+    async def request_mcp_listing(self, request: McpListRequest) -> McpListing:
+        """List here (this core runs tools itself); a worker process asks a tool worker."""
+        return await self.serve_mcp_listing(request)
+
+    async def serve_mcp_listing(self, request: McpListRequest) -> McpListing:
+        """Start the task's servers in its workspace and list their tools; keep the listing
+        when it succeeded."""
+        try:
+            servers = combined_servers(self.mcp_deployment_servers, request.servers)
+            workspace = await self._mcp_workspace(request)
+        except (ConfigError, WorkspacePathError) as exc:
+            return McpListing(error=str(exc))
+        listing = await self.mcp.list_tools(
+            request.task_id, servers, workspace, self.settings.mcp_list_timeout_s
+        )
+        if listing.error is None:
+            await self.keep_mcp_listing(request.task_id, listing)
+        return listing
+
+    async def keep_mcp_listing(self, task_id: str, listing: McpListing) -> None:
+        """Keep a successful listing for the rest of the task."""
+        self._mcp_listings.pop(task_id, None)
+        self._mcp_listings[task_id] = listing
+        while len(self._mcp_listings) > LEDGERS_KEPT:
+            self._mcp_listings.pop(next(iter(self._mcp_listings)))
+
+    async def _mcp_workspace(self, request: McpListRequest) -> Path:
+        workspace = Path(request.workspace)
+        if request.workspace_base is None:
+            return prepare_workspace(workspace, request.workspace_template)
+        opened, _identity = await open_subagent_workspace(
+            workspace,
+            Path(request.workspace_base),
+            self.workspace_claims(),
+            request.workspace_template,
+        )
+        return opened
+
     def reads_only(self, tool: str) -> bool:
         """Whether ``tool`` is a read-only tool of the registry."""
         return reads_only(self.registry.get(tool))
 
     def starts_processes(self, tool: str) -> bool:
-        """Whether ``tool`` (of the registry) starts processes."""
-        return starts_processes(self.registry.get(tool))
+        """Whether ``tool`` (of the registry, or an MCP tool) starts processes."""
+        return starts_processes(self.executor.tools.get(tool))
 
     async def execute(self, request: ToolRequest, context: ToolContext) -> ToolObservedMessage:
         """Run one call through the executor (breakers and cache shared through Redis)."""
@@ -429,6 +533,10 @@ class ProcessServices(WorkerCore):
         self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}
         """Task id → ((created_at, epoch), the messages of its conversation read so far)."""
         self._hold_keys: dict[tuple[str | None, ...], str | None] = {}
+        self.mcp_list_sender: Callable[[McpListRequest], object] | None = None
+        """Sends ``orga.mcp_list`` to the tools queue (set by :mod:`workers.tasks`)."""
+        self._mcp_reaper: asyncio.Task[None] | None = None
+        self.mcp.on_open = self._reap_mcp_connections
         """A task's provider choice → the rate-limit hold its model calls read."""
 
     async def started(
@@ -568,6 +676,10 @@ class ProcessServices(WorkerCore):
         self.loop.close()
 
     async def _aclose(self) -> None:
+        if self._mcp_reaper is not None:
+            self._mcp_reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._mcp_reaper
         await self.liveness.close()
         await self.aclose()
         await self.pipelines.aclose()
@@ -602,6 +714,79 @@ class ProcessServices(WorkerCore):
 
     def _partition(self, task_id: str) -> int:
         return keys.partition_of(task_id, self.settings.partitions)
+
+    # -- MCP listings ----------------------------------------------------------------------
+
+    async def cached_mcp_listing(self, task_id: str) -> McpListing | None:
+        """The task's listing as a tool worker stored it in Redis (shared by every worker)."""
+        kept = await super().cached_mcp_listing(task_id)
+        if kept is not None:
+            return kept
+        raw = await self.redis.get(keys.mcp_tools_key(task_id, self._partition(task_id)))
+        if raw is None:
+            return None
+        listing = McpListing.model_validate_json(raw)
+        await super().keep_mcp_listing(task_id, listing)
+        return listing
+
+    async def keep_mcp_listing(self, task_id: str, listing: McpListing) -> None:
+        """Keep the listing here and in Redis, for the task's other workers."""
+        await super().keep_mcp_listing(task_id, listing)
+        key = keys.mcp_tools_key(task_id, self._partition(task_id))
+        await self.redis.set(key, listing.to_json(), ex=keys.mcp_tools_ttl_s)
+
+    async def request_mcp_listing(self, request: McpListRequest) -> McpListing:
+        """Ask a tool worker (``orga.mcp_list`` on the tools queue) to list the task's MCP
+        tools, and wait for its answer; list here when no sender is set (a tool worker)."""
+        send = self.mcp_list_sender
+        if send is None:
+            return await self.serve_mcp_listing(request)
+        nonce = uuid.uuid4().hex
+        reply = keys.mcp_reply_key(request.task_id, nonce, self._partition(request.task_id))
+        await asyncio.to_thread(send, request.model_copy(update={"reply_key": reply}))
+        wait_s = self.settings.mcp_list_timeout_s * 2 + 5
+        deadline = time.monotonic() + wait_s
+        # Short waits: one blocking read longer than the client's socket timeout would fail.
+        while (answer := await self.redis.blpop([reply], timeout=1)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no tool worker listed the MCP tools of task {request.task_id} within "
+                    f"{wait_s:g}s; is a tool worker (orga worker --role tools) running?"
+                )
+        return McpListing.model_validate_json(answer[1])
+
+    def _reap_mcp_connections(self) -> None:
+        """Start the reaper of this process's MCP connections, unless it runs."""
+        if self._mcp_reaper is None or self._mcp_reaper.done():
+            self._mcp_reaper = asyncio.get_running_loop().create_task(self._reap_mcp())
+
+    async def _reap_mcp(self) -> None:
+        """While connections are open: every heartbeat interval, close those of the tasks
+        that ended (``orga:P:tasks:finished``) and those idle past ORGA_MCP_IDLE_TIMEOUT_S."""
+        while self.mcp.task_ids():
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await self.mcp.close_idle()
+            by_partition: dict[int, list[str]] = {}
+            for task_id in sorted(self.mcp.task_ids()):
+                by_partition.setdefault(self._partition(task_id), []).append(task_id)
+            for partition, task_ids in by_partition.items():
+                try:
+                    ended = await self.redis.zmscore(keys.finished_tasks_key(partition), task_ids)
+                except RedisError as exc:
+                    log.warning("mcp.reap_failed", extra={"error": str(exc)[:300]})
+                    continue
+                for task_id, ended_at in zip(task_ids, ended, strict=True):
+                    if ended_at is not None:
+                        log.info("mcp.task_ended", extra={"task_id": task_id})
+                        await self.mcp.close_task(task_id)
+
+    async def answer_mcp_listing(self, request: McpListRequest) -> None:
+        """A tool worker's side of ``orga.mcp_list``: list, then push the answer."""
+        listing = await self.serve_mcp_listing(request)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(request.reply_key, listing.to_json())
+            pipe.expire(request.reply_key, keys.mcp_reply_ttl_s)
+            await pipe.execute()
 
     def _conversation_key(self, task_id: str) -> str:
         return keys.conversation_key(task_id, self._partition(task_id))
@@ -653,3 +838,25 @@ def with_knowledge(registry: ToolRegistry, store: KnowledgeStore) -> ToolRegistr
         if tool.definition.name not in registry:
             registry.register(tool)
     return registry
+
+
+def deployment_mcp_servers(settings: OrgaSettings) -> tuple[McpServerSpec, ...]:
+    """The servers of the ``ORGA_MCP_SERVERS`` file, read once at the process edge;
+    ConfigError naming the file when it cannot be read or is not valid."""
+    path = settings.mcp_servers
+    if path is None:
+        return ()
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"ORGA_MCP_SERVERS={str(path)!r} cannot be read: {exc.strerror}; point it at a "
+            "JSON or YAML file listing the MCP servers, or unset it"
+        ) from exc
+    return parse_mcp_servers(text, f"ORGA_MCP_SERVERS file {str(path)!r}")
+
+
+def _command_environment(registry: ToolRegistry) -> CommandEnvironment | None:
+    """The environment ``run_command`` gives commands (a stdio MCP server gets the same)."""
+    tool = registry.get("run_command")
+    return tool.environment if isinstance(tool, RunCommandTool) else None

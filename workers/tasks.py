@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
+from shared.mcp import McpListRequest
 from shared.protocol import (
     Fence,
     ReasonRequest,
@@ -84,6 +85,7 @@ def services(app: Celery | None = None) -> ProcessServices:
                 _services = ProcessServices(
                     settings, provider, settings.redis_url, registry=_registry(conf)
                 )
+                _services.mcp_list_sender = functools.partial(_send_mcp_list, app or current_app)
     return _services
 
 
@@ -100,6 +102,28 @@ def _registry(conf: Any) -> ToolRegistry | None:
     for tool in extra:
         registry.register(tool)
     return registry
+
+
+def _send_mcp_list(app: Celery, request: McpListRequest) -> None:
+    """Ask a tool worker to list a task's MCP tools (blocking: a broker call)."""
+    app.send_task(
+        keys.mcp_list_task_name,
+        args=[request.model_dump_json()],
+        queue=keys.tools_queue,
+        declare=[],  # as the relay sends: the workers declare their queues
+    )
+
+
+async def list_mcp_tools(payload: str) -> None:
+    """The body of ``orga.mcp_list``: list the task's MCP tools and answer on its reply key
+    (an undecodable payload is dead-lettered)."""
+    runtime = services()
+    try:
+        request = McpListRequest.model_validate_json(payload)
+    except ValidationError as exc:
+        await runtime.dead_letter_payload(keys.mcp_list_task_name, payload, str(exc))
+        raise DispatchFailedError(f"undecodable MCP listing request: {str(exc)[:500]}") from exc
+    await runtime.answer_mcp_listing(request)
 
 
 def close_services() -> None:
@@ -244,3 +268,22 @@ _TASKS: dict[str, tuple[type[ReasonRequest] | type[ToolRequest], str]] = {
 }
 """Each task's request model and queue."""
 ASYNC_BODIES.update({name: functools.partial(handle, name) for name in _TASKS})
+
+
+@shared_task(  # type: ignore[untyped-decorator]
+    name=keys.mcp_list_task_name,
+    bind=True,
+    autoretry_for=(RedisConnectionError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def mcp_list(self: Task, payload: str) -> None:
+    """Start a task's MCP servers and list their tools (for a reasoning worker)."""
+    ran = ran_on_loop(payload)
+    if ran is not None:
+        ran.result()
+        return
+    services(self.app).run(list_mcp_tools(payload))
+
+
+ASYNC_BODIES[keys.mcp_list_task_name] = list_mcp_tools

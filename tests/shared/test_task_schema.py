@@ -18,8 +18,12 @@ from shared.task_spec import load_task_file
 Wrap = Callable[[dict[str, Any]], dict[str, Any]]
 Hold = Callable[[Any], Any]
 
-ACROSS_FIELDS: dict[str, dict[str, Any]] = {"CriticSpec": {"human": True}}
-"""What a rule across fields needs beyond the defaults (a critic names its reviewer)."""
+ACROSS_FIELDS: dict[str, dict[str, Any]] = {
+    "CriticSpec": {"human": True},
+    "McpServerSpec": {"command": ["python3", "server.py"]},
+}
+"""What a rule across fields needs beyond the defaults (a critic names its reviewer, an MCP
+server its command or URL)."""
 
 
 def _printed_schema() -> dict[str, Any]:

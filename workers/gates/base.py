@@ -9,8 +9,9 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.actions import GateDecision, ProposedAction
+from shared.mcp import is_mcp_tool, split_tool_name
 
-__all__ = ["GateContext", "ReasoningPolicyGate"]
+__all__ = ["GateContext", "ReasoningPolicyGate", "mcp_fields"]
 
 
 class GateContext(BaseModel):
@@ -39,3 +40,13 @@ class ReasoningPolicyGate(Protocol):
     async def evaluate_action(self, action: ProposedAction, context: GateContext) -> GateDecision:
         """The decision for ``action``."""
         ...
+
+
+def mcp_fields(tool_name: str) -> dict[str, str]:
+    """For a call of an MCP tool (``<server>__<tool>``), what a policy sees of it besides the
+    tool name: ``mcp_server`` and ``mcp_tool`` (the tool's offered name without the server);
+    nothing for other tools. OPA's input and Cedar's context carry them."""
+    if not is_mcp_tool(tool_name):
+        return {}
+    server, tool = split_tool_name(tool_name)
+    return {"mcp_server": server, "mcp_tool": tool}

@@ -16,7 +16,8 @@ input (:func:`workers.gates.opa.opa_input`) minus those already in the request: 
 and ``arguments`` (the parsed arguments object) for a tool call; ``call_id`` and
 ``message_length`` for a delegation; ``content_length`` for respond; ``reason`` for terminate;
 plus ``task_id`` and ``step_id`` when known, ``iteration``, ``delegation_depth`` and
-``attributes`` (``GateContext.attributes``).
+``attributes`` (``GateContext.attributes``). A call of an MCP tool (``Tool::"notes__search"``)
+adds ``mcp_server`` (``"notes"``) and ``mcp_tool`` (``"search"``) to the context.
 
 Cedar values are not JSON: there is no null and no float. JSON nulls are left out (test them
 with ``has``), floats and integers outside 64 bits are passed as their decimal text. A key
@@ -62,7 +63,7 @@ from shared.actions import (
     ToolCallAction,
 )
 from shared.errors import ConfigError
-from workers.gates.base import GateContext
+from workers.gates.base import GateContext, mcp_fields
 
 __all__ = ["CedarGate", "cedar_request"]
 
@@ -220,6 +221,7 @@ def _action_parts(action: ProposedAction) -> tuple[str, dict[str, str], dict[str
     fields: dict[str, Any]
     if isinstance(action, ToolCallAction):
         fields = {"call_id": action.call_id, "arguments": action.parsed_arguments()}
+        fields |= mcp_fields(action.name)
         return "tool_call", {"type": "Tool", "id": action.name}, fields
     if isinstance(action, DelegateAction):
         fields = {"call_id": action.call_id, "message_length": len(action.message)}

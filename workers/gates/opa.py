@@ -7,6 +7,7 @@ defaults to ``orga/allow``, as ``PolicySpec.opa_path`` does; ``orga.allow`` and
 
     {"type": "tool_call", "call_id": "c1", "tool_name": "run_command",
      "arguments": {"command": "ls"},                  # the parsed object, not JSON text
+     # an MCP tool (tool_name "notes__search") adds "mcp_server": "notes", "mcp_tool": "search"
      "agent_id": "coder", "task_id": "t1", "step_id": "s1", "iteration": 3,
      "delegation_depth": 0, "workspace": "/work/t1", "attributes": {}}
     {"type": "delegate", "call_id": "c2", "target": "reviewer", "message_length": 120, ...}
@@ -59,7 +60,7 @@ from shared.actions import (
     ToolCallAction,
 )
 from shared.errors import ConfigError, PolicyUnavailableError
-from workers.gates.base import GateContext
+from workers.gates.base import GateContext, mcp_fields
 
 __all__ = [
     "DEFAULT_OPA_PATH",
@@ -258,6 +259,7 @@ def _action_input(action: ProposedAction) -> dict[str, Any]:
             "call_id": action.call_id,
             "tool_name": action.name,
             "arguments": action.parsed_arguments(),
+            **mcp_fields(action.name),
         }
     if isinstance(action, DelegateAction):
         return {

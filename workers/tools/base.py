@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.inference import ToolDefinition
+from shared.mcp import McpTarget
 
 __all__ = ["Tool", "ToolContext", "ToolOutput", "reads_only"]
 
@@ -26,6 +27,8 @@ class ToolContext(BaseModel):
     idempotency_key: str | None = None
     """The same for every delivery of this call, re-dispatches included (its fence without the
     attempt and nonce, with the tool and a digest of its arguments); None outside a task."""
+    mcp: McpTarget | None = None
+    """For a call of an MCP tool (``<server>__<tool>``): the server and tool it goes to."""
 
 
 class ToolOutput(BaseModel):

@@ -215,6 +215,11 @@ class RunCommandTool:
         self._check = ArgumentCheck(RUN_COMMAND_DEFINITION)
 
     @property
+    def environment(self) -> CommandEnvironment:
+        """The environment of the commands (a stdio MCP server gets the same)."""
+        return self._environment
+
+    @property
     def definition(self) -> ToolDefinition:
         """Name, description and JSON Schema of ``run_command``."""
         return RUN_COMMAND_DEFINITION
