@@ -1172,6 +1172,9 @@ def sweep_configs() -> dict[str, StagnationConfig]:
         "plan 1/3/5/8": base.model_copy(update={"plan": _ladder(1, 3, 5, 8)}),
         "plan_similarity 0.8": base.model_copy(update={"plan_similarity": 0.8}),
         "plan_similarity 0.95": base.model_copy(update={"plan_similarity": 0.95}),
+        "plan_paraphrase 0.5": base.model_copy(update={"plan_paraphrase": 0.5}),
+        "plan_paraphrase 0.7": base.model_copy(update={"plan_paraphrase": 0.7}),
+        "plan_paraphrase 1.0": base.model_copy(update={"plan_paraphrase": 1.0}),
         "model side off": base.model_copy(update={"plan": _ladder(*[10**6] * 4)}),
     }
 
