@@ -971,6 +971,7 @@ def print_results(labelled: LabelledResults | None, results: Results) -> None:
 # -- held out: leave one source out, bootstrap -------------------------------------------------
 
 EXTRA_LABELS = REPO_ROOT / "bench" / "data" / "stagnation-labels-extra.jsonl"
+HARD_LABELS = REPO_ROOT / "bench" / "data" / "stagnation-labels-hard.jsonl"
 """Our own labels (labels only, never trajectories), scored apart from the shared set."""
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -1171,6 +1172,9 @@ def sweep_configs() -> dict[str, StagnationConfig]:
         "plan 1/3/5/8": base.model_copy(update={"plan": _ladder(1, 3, 5, 8)}),
         "plan_similarity 0.8": base.model_copy(update={"plan_similarity": 0.8}),
         "plan_similarity 0.95": base.model_copy(update={"plan_similarity": 0.95}),
+        "plan_paraphrase 0.5": base.model_copy(update={"plan_paraphrase": 0.5}),
+        "plan_paraphrase 0.7": base.model_copy(update={"plan_paraphrase": 0.7}),
+        "plan_paraphrase 1.0": base.model_copy(update={"plan_paraphrase": 1.0}),
         "model side off": base.model_copy(update={"plan": _ladder(*[10**6] * 4)}),
     }
 
@@ -1224,6 +1228,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--extra-labels", help=f"our own labels (default: {EXTRA_LABELS.relative_to(REPO_ROOT)})"
     )
+    parser.add_argument(
+        "--hard-labels",
+        help=f"our hand-read labels (default: {HARD_LABELS.relative_to(REPO_ROOT)})",
+    )
     args = parser.parse_args(argv)
     folder = trajectories_dir()
     if not folder.is_dir():
@@ -1233,7 +1241,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trajectories: {folder}\nconfig: {config.model_dump_json()}\n")
     started = time.perf_counter()
     scorer = load_scorer(labels_dir())
-    labelled = held = extra = None
+    labelled = held = extra = hard = None
     if scorer is None:
         print(f"no labelled set at {labels_dir()}; set ORGA_STAGNATION_LABELS. Skipping it.\n")
     else:
@@ -1244,6 +1252,7 @@ def main(argv: list[str] | None = None) -> int:
         print_stalls(labelled)
         held = _held_out(scorer, folder, labelled, config)
         extra = _extra_held_out(scorer, folder, args.extra_labels, config)
+        hard = _extra_held_out(scorer, folder, args.hard_labels, config, HARD_LABELS)
     results = Results()
     if not args.labelled_only:
         timings: list[float] = []
@@ -1261,6 +1270,8 @@ def main(argv: list[str] | None = None) -> int:
         print_held_out_results(held, "stagnation")
     if extra is not None:
         print_held_out_results(extra, "stagnation_extra")
+    if hard is not None:
+        print_held_out_results(hard, "stagnation_hard")
     return 0
 
 
@@ -1284,10 +1295,14 @@ def _held_out(
 
 
 def _extra_held_out(
-    scorer: ModuleType, folder: Path, path: str | None, config: StagnationConfig
+    scorer: ModuleType,
+    folder: Path,
+    path: str | None,
+    config: StagnationConfig,
+    default: Path = EXTRA_LABELS,
 ) -> HeldOut | None:
     """Our own labels (``bench/data``), scored apart: the defaults, then LOSO on them."""
-    labels_file = Path(path) if path else EXTRA_LABELS
+    labels_file = Path(path) if path else default
     if not labels_file.exists():
         print(f"no extra labels at {labels_file}; skipping them.\n")
         return None

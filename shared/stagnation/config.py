@@ -88,7 +88,8 @@ class StagnationConfig(BaseModel):
       *other* tool's), in the last ``history`` events whatever came between;
     - ``plan``: the model's stale turns (:meth:`StagnationDetector.observe_turn`), a leaky
       count: a turn that re-issues one of the last ``plan_memory`` plans (similarity at least
-      ``plan_similarity`` on the masked text, plans of ``plan_min_chars`` or more) with nothing
+      ``plan_similarity`` on the masked text, or content words at least ``plan_paraphrase``
+      alike: the same request in other words; plans of ``plan_min_chars`` or more) with nothing
       new since, or that says the model is stuck, adds one; any other turn of at least
       ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
       side's); a milestone resets it.
@@ -115,6 +116,7 @@ class StagnationConfig(BaseModel):
     error: Ladder = Field(default_factory=_error_default)
     plan: Ladder = Field(default_factory=_plan_default)
     plan_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
+    plan_paraphrase: float = Field(default=0.6, gt=0.0, le=1.0)
     plan_memory: int = Field(default=16, ge=1, le=256)
     plan_min_chars: int = Field(default=40, ge=1)
     max_period: int = Field(default=5, ge=2, le=10)

@@ -143,6 +143,7 @@ class StagnationDetector:
         self._plans = PlanMemory(cfg.plan_memory)
         self._plan_stale = 0
         self._plan_kind: StagnationKind | None = None
+        self._turn_mark: int | None = None  # the plan memory's mark at the last turn
         self._turns_since_milestone = 0
         self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
@@ -168,7 +169,9 @@ class StagnationDetector:
         the leaky count of stale turns, which feeds the ``plan`` ladder. Any other turn of at
         least ``plan_min_chars`` takes one off. New tool results do not: an orchestrator that
         sends the same instruction again while every page it gets back differs by OCR noise is
-        not learning from those pages.
+        not learning from those pages. Nor does a turn that follows no news: a reply with nothing
+        new come back since the previous turn (an agent answering the user's side questions
+        between requests for the same missing id) neither adds nor takes off.
         """
         self._climbed = False
         self._turn_open = True
@@ -178,9 +181,13 @@ class StagnationDetector:
         # a turn of calls alone, or a word ("TERMINATE"), is too short to say anything as a
         # plan: the output side judges its calls, and it neither adds nor takes off
         comparable = len(plan[0]) >= cfg.plan_min_chars
-        reissued = comparable and self._plans.reissue(plan, cfg.plan_similarity)
+        reissued = comparable and self._plans.reissue(
+            plan, cfg.plan_similarity, cfg.plan_paraphrase
+        )
+        news = self._plans.mark != self._turn_mark
+        self._turn_mark = self._plans.mark
         if not reissued and turn.stuck is not True:
-            if comparable:
+            if comparable and news:
                 self._plan_stale = max(0, self._plan_stale - 1)
             return self._verdict(escalated=False)
         self._plan_stale += 1
@@ -600,6 +607,7 @@ class StagnationDetector:
             "plan_mark": mark,
             "plan_stale": self._plan_stale,
             "plan_kind": self._plan_kind.value if self._plan_kind is not None else None,
+            "turn_mark": self._turn_mark,
             "turns_since_milestone": self._turns_since_milestone,
             "turn_open": self._turn_open,
             "climbed": self._climbed,
@@ -655,6 +663,7 @@ class StagnationDetector:
         )
         detector._plan_stale = saved.plan_stale
         detector._plan_kind = saved.plan_kind
+        detector._turn_mark = saved.turn_mark
         detector._turns_since_milestone = saved.turns_since_milestone
         detector._turn_open = saved.turn_open
         detector._climbed = saved.climbed

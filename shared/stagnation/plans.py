@@ -23,6 +23,7 @@ from rapidfuzz.distance import Indel
 
 from shared.conversation import ConversationMessage, MessageRole
 from shared.stagnation.fingerprint import canonical_json, digest, mask
+from shared.stagnation.paraphrase import content_words, paraphrase_similarity
 
 __all__ = ["MAX_PLAN_CHARS", "ModelTurn", "Plan", "PlanMemory", "plan_of", "self_report"]
 
@@ -146,20 +147,33 @@ class PlanMemory:
         mark: int = 0,
     ) -> None:
         self._plans: deque[tuple[str, str, int]] = deque(plans, maxlen=capacity)
+        # the content words of each remembered plan, computed once (not persisted)
+        self._words: deque[frozenset[str]] = deque(
+            (content_words(text) for text, _, _ in plans), maxlen=capacity
+        )
         self._gists: deque[str] = deque(gists, maxlen=capacity)
         self.mark = mark
 
-    def reissue(self, plan: Plan, threshold: float) -> bool:
-        """True when ``plan`` re-issues a plan made at the current mark (the same calls, the
-        text near-identical); it is remembered either way."""
+    def reissue(self, plan: Plan, threshold: float, paraphrase: float = 1.0) -> bool:
+        """True when ``plan`` re-issues a plan made at the current mark with the same calls:
+        the text near-identical (Indel similarity at least ``threshold``) or the same request
+        in other words (content words at least ``paraphrase`` alike, Jaccard; 1.0: the same
+        words only); it is remembered either way."""
         text, calls = plan
+        words = content_words(text)
         found = any(
             since == self.mark
             and calls == earlier_calls
-            and Indel.normalized_similarity(text, earlier) >= threshold
-            for earlier, earlier_calls, since in self._plans
+            and (
+                Indel.normalized_similarity(text, earlier) >= threshold
+                or paraphrase_similarity(words, earlier_words) >= paraphrase
+            )
+            for (earlier, earlier_calls, since), earlier_words in zip(
+                self._plans, self._words, strict=True
+            )
         )
         self._plans.append((text, calls, self.mark))
+        self._words.append(words)
         return found
 
     def result(self, gist: str, threshold: float) -> None:
@@ -175,6 +189,7 @@ class PlanMemory:
     def clear(self) -> None:
         """Forget every plan and result (a milestone, a genuine user message)."""
         self._plans.clear()
+        self._words.clear()
         self._gists.clear()
 
     def dump(self) -> tuple[list[tuple[str, str, int]], list[str], int]:

@@ -72,6 +72,7 @@ class DetectorState(BaseModel):
     plan_mark: int = Field(default=0, ge=0)
     plan_stale: int = Field(default=0, ge=0)
     plan_kind: StagnationKind | None = None
+    turn_mark: int | None = Field(default=None, ge=0)
     turns_since_milestone: int = Field(default=0, ge=0)
     turn_open: bool = False
     climbed: bool = False

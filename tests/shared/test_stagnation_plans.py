@@ -124,8 +124,9 @@ def test_a_batch_of_lookups_in_the_same_words_is_not_a_reissue() -> None:
 
 
 def test_self_reports_feed_the_ladder_and_fresh_plans_drain_it() -> None:
-    """Three "we are looping" ledgers reach REPLAN; a fresh plan takes one off the count, a
-    word too short to compare neither adds nor takes off."""
+    """Three "we are looping" ledgers reach REPLAN; a fresh plan after news takes one off the
+    count; a fresh plan with nothing new since the last turn, or a word too short to compare,
+    neither adds nor takes off."""
     detector = StagnationDetector(NO_GATE)
     for k in range(3):
         verdict = detector.observe_turn(
@@ -137,6 +138,9 @@ def test_self_reports_feed_the_ladder_and_fresh_plans_drain_it() -> None:
     detector.observe_turn(ModelTurn(text="TERMINATE"))
     assert detector.counters()["stale_turns"] == 3, "a word is too short to judge as a plan"
     detector.observe_turn(ModelTurn(text="Write to the agency and ask for the ridership data."))
+    assert detector.counters()["stale_turns"] == 3, "no news since the last turn: no drain"
+    detector.observe(read("agency/reply.txt", "The ridership data for 2023 is attached here."))
+    detector.observe_turn(ModelTurn(text="Sum the ridership of the twelve months in the reply."))
     assert detector.counters()["stale_turns"] == 2
 
 

@@ -131,6 +131,7 @@ def _validated_state(detector: StagnationDetector) -> dict[str, Any]:
         plan_mark=mark,
         plan_stale=detector._plan_stale,
         plan_kind=detector._plan_kind,
+        turn_mark=detector._turn_mark,
         turns_since_milestone=detector._turns_since_milestone,
         turn_open=detector._turn_open,
         climbed=detector._climbed,

@@ -25,8 +25,8 @@ class PlanSignal:
                 StagnationKind.REPEAT,
                 (ReasonCode.REISSUED_PLAN,),
                 lambda: (
-                    f"{count} of your recent messages repeated an earlier plan or request "
-                    "almost word for word, with nothing new come back in between"
+                    f"{count} of your recent messages repeated an earlier plan or request, "
+                    "word for word or reworded, with nothing new come back in between"
                 ),
             )
         return Evidence(

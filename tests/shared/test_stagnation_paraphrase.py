@@ -1,0 +1,112 @@
+"""Paraphrased re-issues (``shared.stagnation.paraphrase``) and turns that follow no news."""
+
+from __future__ import annotations
+
+import time
+
+from shared.stagnation import ModelTurn, StagnationConfig, StagnationDetector, StagnationLevel
+from shared.stagnation.paraphrase import content_words, paraphrase_similarity
+from shared.stagnation.verdict import ReasonCode
+from tests.shared.test_stagnation_trajectories import read
+
+NO_GATE = StagnationConfig(min_steps=0)
+
+# the same request three times in other words (Who&When 23's USPS instructions, shortened)
+REWORDED = (
+    "Please look up the shipping rates for mailing a DVD from Hartford, Connecticut to "
+    "Colombia using USPS.",
+    "Please continue to look up the shipping rates for mailing a DVD from Hartford, "
+    "Connecticut to Colombia using USPS.",
+    "Look up the USPS shipping rates for mailing a DVD from Hartford, Connecticut to Colombia, "
+    "then revisit DHL.",
+    "Find the USPS rate for mailing one DVD from Hartford, Connecticut to Colombia.",
+)
+
+
+def test_content_words_drop_function_words_and_endings() -> None:
+    """Function and instruction words go, a plural or -ing/-ed ending is cut, case is folded."""
+    assert content_words("Please search for the Shipping rates of DVDs") == frozenset(
+        {"shipp", "rate", "dvd"}
+    )
+    assert content_words("a to of") == frozenset()
+
+
+def test_paraphrases_read_alike_and_batches_do_not() -> None:
+    """Reworded requests share most content words; the same sentence about another film (a
+    batch) shares only the instruction's words, and an empty text is like nothing."""
+    first, second, third, _ = (content_words(text) for text in REWORDED)
+    assert paraphrase_similarity(first, second) == 1.0
+    assert paraphrase_similarity(first, third) >= 0.6
+    munich = content_words("Please check the availability of 'Munich' on Netflix (US).")
+    royale = content_words("Please check the availability of 'Casino Royale' on Netflix (US).")
+    assert paraphrase_similarity(munich, royale) < 0.6
+    assert paraphrase_similarity(frozenset(), munich) == 0.0
+
+
+def test_a_reworded_request_with_nothing_new_since_climbs_the_plan_ladder() -> None:
+    """Character similarity sees four plans; content words see one request asked four times
+    with nothing new come back: the third re-issue reaches REPLAN, from ``reissued_plan``."""
+    detector = StagnationDetector(NO_GATE)
+    levels = [detector.observe_turn(ModelTurn(text=text)).level for text in REWORDED]
+    assert levels == [
+        StagnationLevel.NONE,
+        StagnationLevel.NONE,
+        StagnationLevel.NUDGE,
+        StagnationLevel.REPLAN,
+    ]
+    assert detector.verdict().reason_codes == (ReasonCode.REISSUED_PLAN,)
+    strict = StagnationDetector(NO_GATE.model_copy(update={"plan_paraphrase": 1.0}))
+    for text in REWORDED:
+        strict.observe_turn(ModelTurn(text=text))
+    assert strict.counters()["stale_turns"] == 1, "only the same content words count then"
+
+
+def test_a_reworded_request_after_news_is_a_new_plan() -> None:
+    """The same request asked again after a page that says something new is fair: no count."""
+    detector = StagnationDetector(NO_GATE)
+    pages = ("Priority Mail International", "First-Class Package", "Global Express", "Flat Rate")
+    for text, page in zip(REWORDED, pages, strict=True):
+        detector.observe_turn(ModelTurn(text=text))
+        detector.observe(read(f"rates/{page}.html", f"USPS service offered: {page}"))
+    assert detector.counters()["stale_turns"] == 0
+    assert detector.verdict().level is StagnationLevel.NONE
+
+
+def test_replies_with_no_news_between_do_not_drain_the_count() -> None:
+    """A conversation stall: self-reports between other replies, no tool result at all. The
+    other replies follow no news, so they take nothing off and the ladder climbs."""
+    detector = StagnationDetector(NO_GATE)
+    replies = (
+        "I can help once I have the reservation number of the booking.",
+        "Basic economy bookings cannot be changed, only cancelled within the rules.",
+        "Certificates can be combined with a gift card on one booking.",
+    )
+    for reply in replies:
+        detector.observe_turn(ModelTurn(text="We are going round in circles.", stuck=True))
+        detector.observe_turn(ModelTurn(text=reply))
+    assert detector.counters()["stale_turns"] == 3
+    assert detector.verdict().level is StagnationLevel.REPLAN
+
+
+def test_the_turn_mark_survives_a_restore() -> None:
+    """The mark of the last turn is saved: a restored detector drains exactly as the original."""
+    config = NO_GATE
+    original = StagnationDetector(config)
+    original.observe_turn(ModelTurn(text="We are stuck.", stuck=True))
+    restored = StagnationDetector.from_state(config, original.to_state())
+    for detector in (original, restored):
+        detector.observe_turn(ModelTurn(text="Write to the agency and ask for the ridership."))
+    assert original.counters() == restored.counters()
+    assert restored.counters()["stale_turns"] == 1
+
+
+def test_content_words_cost_well_under_a_millisecond() -> None:
+    """A 600-character plan against 16 remembered ones: well under 1 ms per turn."""
+    text = " ".join(REWORDED) * 3
+    started = time.perf_counter()
+    for _ in range(200):
+        words = content_words(text[:600])
+        for _ in range(16):
+            paraphrase_similarity(words, words)
+    per_turn = (time.perf_counter() - started) / 200
+    assert per_turn < 1e-3, f"{per_turn * 1e6:.0f} µs per turn"
