@@ -1143,8 +1143,10 @@ def result_lines(measurements: Sequence[Measurement], unavailable: dict[str, str
             if m.waits.seconds:
                 wait = statistics.median(m.waits.seconds)
                 lower = " (lower bound)" if m.waits.unstarted else ""
+                again = f" (repeat {m.repeat + 1})" if m.repeat else ""
                 lines.append(
-                    f"RESULT slow_model_{m.latency_s:g}s_schedule_to_start_p50_s {wait:.2f}{lower}"
+                    f"RESULT slow_model_{m.latency_s:g}s_schedule_to_start_p50_s {wait:.2f}"
+                    f"{lower}{again}"
                 )
     for peer in measurements:
         if peer.key != "slow_model" and peer.latency_s == (orga[0].latency_s if orga else 1.0):
