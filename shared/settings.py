@@ -329,14 +329,8 @@ def _amqp_transport_options() -> dict[str, Any]:
 def _redis_transport_options(settings: OrgaSettings) -> dict[str, Any]:
     """kombu's Redis transport's. Socket timeouts: a half-open connection to the broker fails
     a command (which Celery and kombu retry on a new connection) instead of blocking its
-    caller for the kernel's TCP timeout (about 15 minutes). kombu's BRPOP waits 1 s at most.
-
-    One priority level (``priority_steps``): nothing publishes with a priority, and kombu's
-    default four levels make every queue four lists, each fetch ``RPOP`` all four and each
-    ``BRPOP`` watch four keys (3 commands per task of the 15 or so a model call costs Redis;
-    issue 27). A message published with a priority goes to the one list."""
+    caller for the kernel's TCP timeout (about 15 minutes). kombu's BRPOP waits 1 s at most."""
     return {
-        "priority_steps": [0],
         "visibility_timeout": settings.visibility_timeout_s,
         "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
         "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
