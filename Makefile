@@ -47,12 +47,13 @@ flower: $(STAMP)
 	$(VENV)/bin/celery -A orga flower --port=$${FLOWER_PORT:-5555} \
 		--basic-auth=$${FLOWER_BASIC_AUTH:-admin:change-me}
 
-# The benchmarks' extra (LangGraph, the slow-model benchmark's peer). When it cannot be
-# installed the benchmark runs without that peer and says so; the install is tried again next time.
+# The benchmarks' extra (LangGraph, aiohttp and arq: the slow-model benchmark's peers). When it
+# cannot be installed the benchmark runs without those peers and says so; the install is tried
+# again next time.
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]' && touch $(BENCH_STAMP) \
-		|| echo "the bench extra (langgraph) could not be installed: its peer is skipped"
+		|| echo "the bench extra (langgraph, aiohttp, arq) could not be installed: their peers are skipped"
 
 bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/tracker_cost.py

@@ -1,10 +1,11 @@
-"""The runtime against a slow model: calls in flight, share of the latency limit, memory per
-in-flight run and duplicate model calls, next to LangGraph and plain asyncio (issue 10).
+"""The runtime against a slow model, side by side with the peers a competent user would run:
+calls in flight, share of the latency limit, CPU and Redis commands per model call, memory, and
+duplicate model calls (issues 10 and 27).
 
 Run: ``.venv/bin/python bench/slow_model_bench.py`` (``--quick`` for a smoke run,
 ``--fairness`` for the 2,000-task fairness run, ``--events`` for task events on and off side
 by side, ``--streaming`` for token streaming off and on side by side, ``--help`` for the
-sizes). Method and results:
+sizes and ``--peers``). Method and results:
 ``docs/performance.md``, *Slow model*.
 
 Everything is real and on this machine (127.0.0.1 only):
@@ -20,19 +21,29 @@ Everything is real and on this machine (127.0.0.1 only):
   ``ORGA_PROVIDER=openai``, ``ORGA_BASE_URL``, ``ORGA_API_KEY``, ``ORGA_MODEL`` and
   ``ORGA_WORKSPACE_ROOT``. Each task names a marker in its goal and reads one line of
   ``note.txt`` in a shared workspace per turn;
-- the peers, each in a process of its own (``bench/slow_model_peers.py``): a LangGraph
-  two-node graph with its in-memory checkpointer, and plain asyncio loops, both over one
-  shared ``httpx.AsyncClient``.
+- the peers (:data:`PEERS`), each in processes of their own: plain asyncio loops and a
+  LangGraph two-node graph with its in-memory checkpointer, each with ``aiohttp`` and with
+  ``httpx`` in pools of 20 (``bench/slow_model_peers.py``), and arq, the distributed peer: one
+  arq job per iteration, as many arq worker processes as the runtime's reasoning processes,
+  with arq's default poll (0.5 s) and a fast one (0.05 s) (``bench/slow_model_arq.py``). The
+  footnote set-ups (:data:`FOOTNOTE_PEERS`: one httpx client of 200 connections, the peer
+  before issue 27; plain asyncio on the runtime's own HTTP client) are printed apart.
 
-For each latency (1 s and 3 s by default), ``--tasks`` runs of ``--iterations`` model calls
-submitted at once, and for each system: iterations per second (distinct model calls answered
-over the wall time from the first submission to the last task finished), as a share of the
-latency limit (``tasks / latency``); peak and mean calls in flight; peak RSS of every process
-of the system (the worker trees for orga-queue, sampled every 0.5 s) and that over the peak in
-flight; CPU per model call; duplicate calls; and for orga-queue how long a reasoning request
+Fairness of the comparison: every system gets one warm-up run alone before its batch, runs on
+uvloop's event loop, and has its CPU counted over the timed batch only, summed over all of its
+processes (the runtime: coordinator, every worker process and its Redis; arq: its workers and
+its Redis); the order of the systems is reversed every other batch. For each latency (1 s and
+3 s by default; the first ``--repeats`` times), ``--tasks`` runs of ``--iterations`` model
+calls submitted at once, and for each system: iterations per second (distinct model calls
+answered over the wall time from the first submission to the last run finished), as a share of
+the latency limit (``tasks / latency``); peak and mean calls in flight; peak RSS and PSS of
+every process of the system (sampled every 0.5 s); CPU per model call; Redis commands per call
+(``INFO commandstats`` over the batch, commands run by Lua scripts included, the benchmark's
+own status polls left out); duplicate calls; and for orga-queue how long a reasoning request
 waits between its dispatch (the coordinator's journal) and its arrival at the model
-(schedule-to-start). Every batch is bounded in time: a batch still running at its bound is
-reported as it stands, with how many tasks finished.
+(schedule-to-start). Then the runtime, arq and plain asyncio against a model that answers at
+once (iterations per second). Every batch is bounded in time: a batch still running at its
+bound is reported as it stands, with how many tasks finished.
 
 The fairness run submits ``--fairness-tasks`` tasks of ``--fairness-iterations`` calls at
 once (1 s latency) and reports the spread of the tasks' first model calls, and the peak RSS of
@@ -44,6 +55,7 @@ Headline figures are printed as ``RESULT name value`` lines; the script exits 0 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -77,6 +89,22 @@ SAMPLE_EVERY_S = 0.5
 POLL_EVERY_S = 0.2
 READY_TIMEOUT_S = 180.0
 MB = 1024 * 1024
+PEERS = (
+    "asyncio-aiohttp",
+    "asyncio-httpx20",
+    "langgraph-aiohttp",
+    "langgraph-httpx20",
+    "arq-default",
+    "arq-fast",
+)
+"""The peers, as a competent user would set each up (``bench/slow_model_peers.py``,
+``bench/slow_model_arq.py``)."""
+FOOTNOTE_PEERS = ("asyncio-httpx200", "asyncio-orgapool")
+"""Set-ups printed as footnotes only: one httpx client of 200 connections (the handicapped
+peer of the benchmark before issue 27), and plain asyncio on the runtime's own HTTP client."""
+ZERO_LATENCY_SYSTEMS = ("orga", "arq-fast", "arq-default", "asyncio-aiohttp")
+ARQ_POLLS = {"arq-default": 0.5, "arq-fast": 0.05}
+"""arq's default ``poll_delay`` and a fast one."""
 FAIRNESS_BOUND_S = 300.0
 """How long the fairness batch may run (``--timeout`` overrides it)."""
 
@@ -89,7 +117,12 @@ class Plan:
     iterations: int = 5
     latencies: tuple[float, ...] = (1.0, 3.0)
     jitter: float = 0.2
-    peers: tuple[str, ...] = ("langgraph", "asyncio")
+    peers: tuple[str, ...] = PEERS
+    footnote_peers: tuple[str, ...] = FOOTNOTE_PEERS
+    repeats: int = 2
+    """Repeats at the first latency (once at the others), the order reversed every other one."""
+    zero_latency: bool = True
+    """Also run orga-queue, arq and plain asyncio against a model that answers at once."""
     timeout_s: float | None = None
     fairness_tasks: int = 2000
     fairness_iterations: int = 2
@@ -375,14 +408,21 @@ def task_spec(marker: str, workspace: Path) -> dict[str, Any]:
 
 
 def wait_terminal(
-    client: OrgaClient, ids: Sequence[str], deadline: float, tick: Callable[[], None]
+    client: OrgaClient,
+    ids: Sequence[str],
+    deadline: float,
+    tick: Callable[[], None],
+    sent: list[int] | None = None,
 ) -> dict[str, str]:
     """Poll until every task is terminal or ``deadline`` (monotonic) passes; the terminal
-    statuses seen. Cheap on purpose, like ``runtime_bench.wait_all``."""
+    statuses seen. Cheap on purpose, like ``runtime_bench.wait_all``. The Redis commands the
+    polls send are added to ``sent[0]`` (they are the benchmark's, not the runtime's)."""
     statuses: dict[str, str] = {}
     pending = list(ids)
     while pending and time.monotonic() < deadline:
         window = pending[:POLL_WINDOW]
+        if sent is not None:
+            sent[0] += len(window)
         pipe = client.redis.pipeline(transaction=False)
         for task_id in window:
             pipe.hget(keys.task_key(task_id, 0), "status")
@@ -405,6 +445,10 @@ class Batch:
     submitted: float
     end: float
     statuses: dict[str, str]
+    redis_commands: int = 0
+    """Commands the runtime's Redis ran from the first submission to the last task's end
+    (``INFO commandstats``, each command a Lua script runs counted too), the benchmark's own
+    status polls and ``INFO`` calls left out."""
 
     @property
     def finished(self) -> bool:
@@ -420,14 +464,23 @@ def submit_batch(
 ) -> Batch:
     """Submit one task per marker at once; wait for them all, at most ``bound_s``."""
     specs = [task_spec(marker, workspace) for marker in markers]
+    sent = [0]
+    commands_before = redis_commands(client.redis)
     started = time.time()
     deadline = time.monotonic() + bound_s
     ids = [client.submit(spec) for spec in specs]
     submitted = time.time()
-    statuses = wait_terminal(client, ids, deadline, sampler.sample)
+    statuses = wait_terminal(client, ids, deadline, sampler.sample, sent)
+    commands = redis_commands(client.redis) - commands_before - sent[0]
     sampler.sample(force=True)
     end = finished_at(client, ids) if len(statuses) == len(ids) else started + bound_s
-    return Batch(ids, markers, started, submitted, end, statuses)
+    return Batch(ids, markers, started, submitted, end, statuses, commands)
+
+
+def redis_commands(redis: Any) -> int:
+    """Commands this Redis has run (``INFO commandstats``), its ``INFO`` calls left out."""
+    stats: dict[str, Any] = redis.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if not k.startswith("cmdstat_info"))
 
 
 def wait_ready(stack: OrgaStack, client: OrgaClient, workspace: Path, run: str) -> float:
@@ -515,6 +568,13 @@ class Measurement:
     """CPU seconds by process role (orga-queue only)."""
     gaps: Gaps = field(default_factory=Gaps)
     """The runs' time outside their model calls (orga-queue only)."""
+    redis_commands: int = 0
+    """Commands the system's Redis ran over the timed batch (orga-queue and arq)."""
+    repeat: int = 0
+
+    @property
+    def redis_commands_per_call(self) -> float:
+        return self.redis_commands / self.calls if self.calls else 0.0
 
     @property
     def iterations_per_s(self) -> float:
@@ -523,11 +583,11 @@ class Measurement:
     @property
     def limit_per_s(self) -> float:
         """Every run with one call in flight all the time: ``runs / latency``."""
-        return self.runs / self.latency_s
+        return self.runs / self.latency_s if self.latency_s > 0 else float("inf")
 
     @property
     def share(self) -> float:
-        return self.iterations_per_s / self.limit_per_s
+        return self.iterations_per_s / self.limit_per_s if self.latency_s > 0 else 0.0
 
     @property
     def mb_per_inflight(self) -> float:
@@ -624,7 +684,7 @@ def measure_orga(
             alone_s = wait_ready(stack, client, workspace, run)
             server.reset()
             groups = stack.pids()
-            sampler = Sampler({"workers": groups["workers"]})
+            sampler = Sampler(groups)
             cpu_before = cpu_by_process(groups)
             markers = [f"{run}-{n}" for n in range(plan.tasks)]
             print(f"   ready; {plan.tasks} tasks x {plan.iterations} iterations", flush=True)
@@ -632,7 +692,7 @@ def measure_orga(
             cpu = cpu_spent(cpu_before, cpu_by_process(groups))
             stats = server.stats(records=True)
             observed = Observed(
-                stats, sampler.peak_sum_mb, sum(cpu.values()), sampler.processes["workers"],
+                stats, sampler.peak_sum_mb, sum(cpu.values()), sum(sampler.processes.values()),
                 sampler.peak_pss_sum_mb, cpu_by_role=cpu,
             )  # fmt: skip
             waits = schedule_to_start(client, batch, stats["records"])
@@ -663,8 +723,8 @@ def orga_measurement(
         f"ready {alone_s:.1f} s after start (a first task of {plan.iterations} iterations, "
         "submitted as the processes start, completed)",
         f"submitting took {batch.submitted - batch.started:.2f} s",
-        f"the worker trees had {observed.processes} processes at most (RSS summed; PSS "
-        "splits each shared page between the processes sharing it)",
+        f"coordinator, worker trees and Redis: {observed.processes} processes at most (RSS "
+        "summed; PSS splits each shared page between the processes sharing it)",
     ]
     if not batch.finished:
         notes.append(
@@ -693,31 +753,54 @@ def orga_measurement(
         notes=tuple(notes),
         waits=waits,
         cpu_by_role=observed.cpu_by_role,
+        redis_commands=batch.redis_commands,
     )
 
 
 PEER_SYSTEMS = {
-    "langgraph": "LangGraph, InMemorySaver, asyncio",
-    "asyncio": "plain asyncio, one httpx client",
+    "asyncio-aiohttp": "plain asyncio, aiohttp (one session)",
+    "asyncio-httpx20": "plain asyncio, httpx in pools of 20",
+    "langgraph-aiohttp": "LangGraph (InMemorySaver), aiohttp",
+    "langgraph-httpx20": "LangGraph (InMemorySaver), httpx in pools of 20",
+    "asyncio-httpx200": "footnote: plain asyncio, ONE httpx client of 200 (handicapped)",
+    "asyncio-orgapool": "footnote: plain asyncio, the runtime's HTTP client (pooled_client)",
+    "arq-default": "arq, a job per iteration, default poll (0.5 s)",
+    "arq-fast": "arq, a job per iteration, poll 0.05 s",
 }
+
+
+def result_key(system: str) -> str:
+    """``asyncio-aiohttp`` -> ``asyncio_aiohttp``; ``arq-fast`` -> ``arq_fast_poll``."""
+    if system.startswith("arq-"):
+        return f"arq_{system.removeprefix('arq-')}_poll"
+    return system.replace("-", "_")
 
 
 def measure_peer(setting: Setting, peer: str) -> Measurement | str:
     """One peer in a process of its own; its measurement, or why it could not run."""
+    if peer in ARQ_POLLS:
+        return measure_arq(setting, peer)
     plan, server, latency, bound_s = setting.plan, setting.server, setting.latency, setting.bound_s
-    server.reset()
+    name = f"peer-{peer}-{latency:g}s-{uuid.uuid4().hex[:4]}"
+    go_file = setting.root / f"{name}.go"
     command = [
         sys.executable, "-m", "bench.slow_model_peers", peer, "--base-url", server.url,
         "--api-key", API_KEY, "--model", MODEL, "--tasks", str(plan.tasks),
         "--iterations", str(plan.iterations), "--workspace", str(setting.workspace),
         "--run-id", f"{peer}{uuid.uuid4().hex[:6]}", "--timeout", str(bound_s),
+        "--go-file", str(go_file),
     ]  # fmt: skip
-    log = setting.root / f"peer-{peer}-{latency:g}s.log"
+    log = setting.root / f"{name}.log"
     print(f"-- {peer} at {latency:g} s", flush=True)
     child = Child(f"peer-{peer}", command, dict(os.environ), log)
     child.start()
     sampler = Sampler({"peer": [child.pid]})
-    deadline = time.monotonic() + bound_s + 60
+    # An unavailable peer prints why and exits instead: read below.
+    with contextlib.suppress(AssertionError):
+        child.wait_for_log("warmed up", READY_TIMEOUT_S)
+    server.reset()
+    go_file.touch()
+    deadline = time.monotonic() + bound_s + 120
     while child.alive() and time.monotonic() < deadline:
         sampler.sample()
         time.sleep(POLL_EVERY_S)
@@ -726,57 +809,103 @@ def measure_peer(setting: Setting, peer: str) -> Measurement | str:
     if outcome is None:
         return f"{peer} printed no result:\n{child.tail()}"
     if "unavailable" in outcome:
-        return str(outcome["unavailable"])
+        return f"{peer}: {outcome['unavailable']}"
+    stats = server.stats(records=True)
     observed = Observed(
-        server.stats(records=True), sampler.peak_sum_mb, float(outcome["cpu_s"]),
-        peak_pss_mb=sampler.peak_pss_sum_mb,
+        stats, sampler.peak_sum_mb, float(outcome["cpu_s"]), peak_pss_mb=sampler.peak_pss_sum_mb,
     )  # fmt: skip
     return peer_measurement(setting, peer, outcome, observed)
 
 
-def _peer_outcome(log: Path) -> dict[str, Any] | None:
-    for line in reversed(log.read_text(errors="replace").splitlines()):
-        if line.startswith("{"):
-            outcome: dict[str, Any] = json.loads(line)
-            return outcome
-    return None
+def measure_arq(setting: Setting, peer: str) -> Measurement | str:
+    """arq: a private Redis, as many arq workers as the runtime starts reasoning processes
+    (``ORGA_REASONING_PROCESSES``' default), each holding ``ORGA_REASONING_CONCURRENCY``'s
+    default jobs at once; one warm-up run, then the batch. CPU and memory of the workers and
+    their Redis over the batch, Redis commands from ``INFO commandstats``."""
+    import redis as redis_py
+
+    from bench.slow_model_arq import arq_missing
+    from orga.embedded_redis import EmbeddedRedis
+    from shared.settings import OrgaSettings
+
+    missing = arq_missing()
+    if missing is not None:
+        return f"{peer}: {missing}"
+    plan, server, latency, bound_s = setting.plan, setting.server, setting.latency, setting.bound_s
+    processes = int(OrgaSettings.model_fields["reasoning_processes"].default)
+    max_jobs = int(OrgaSettings.model_fields["reasoning_concurrency"].default)
+    root = setting.root / f"{peer}-{latency:g}s-{uuid.uuid4().hex[:4]}"
+    root.mkdir(parents=True)
+    print(f"-- {peer} at {latency:g} s ({processes} arq workers)", flush=True)
+    redis_server = EmbeddedRedis().start()
+    workers: list[Child] = []
+    client = redis_py.Redis.from_url(redis_server.url)
+    try:
+        for n in range(processes):
+            command = [
+                sys.executable, "-m", "bench.slow_model_arq", "worker",
+                "--redis-url", redis_server.url, "--base-url", server.url,
+                "--api-key", API_KEY, "--model", MODEL, "--workspace", str(setting.workspace),
+                "--max-jobs", str(max_jobs), "--poll-delay", str(ARQ_POLLS[peer]),
+            ]  # fmt: skip
+            workers.append(Child(f"arq-{n}", command, dict(os.environ), root / f"w{n}.log"))
+            workers[-1].start()
+        for worker in workers:
+            worker.wait_for_log("arq worker ready")
+
+        def submit(tasks: int, run_id: str) -> dict[str, Any] | None:
+            command = [
+                sys.executable, "-m", "bench.slow_model_arq", "submit", "--redis-url",
+                redis_server.url, "--tasks", str(tasks), "--run-id", run_id,
+                "--timeout", str(bound_s),
+            ]  # fmt: skip
+            log = root / f"submit-{run_id}.log"
+            child = Child("arq-submit", command, dict(os.environ), log).start()
+            deadline = time.monotonic() + bound_s + 60
+            while child.alive() and time.monotonic() < deadline:
+                sampler.sample()
+                time.sleep(POLL_EVERY_S)
+            child.stop()
+            return _peer_outcome(log)
+
+        groups = {"workers": [w.pid for w in workers], "redis": [redis_server.pid or 0]}
+        sampler = Sampler(groups)
+        warm = submit(1, f"{peer}{uuid.uuid4().hex[:6]}-warmup")
+        if warm is None or warm.get("completed") != 1:
+            return f"{peer}: the warm-up run did not finish: {warm}"
+        server.reset()
+        commands_before = redis_commands(client)
+        cpu_before = cpu_by_process(groups)
+        outcome = submit(plan.tasks, f"{peer}{uuid.uuid4().hex[:6]}")
+        cpu = cpu_spent(cpu_before, cpu_by_process(groups))
+        commands = redis_commands(client) - commands_before
+        if outcome is None:
+            return f"{peer} printed no result:\n{workers[0].tail()}"
+        stats = server.stats(records=True)
+    finally:
+        client.close()
+        for worker in workers:
+            worker.stop()
+        redis_server.close()
+    observed = Observed(
+        stats, sampler.peak_sum_mb, sum(cpu.values()), sum(sampler.processes.values()),
+        sampler.peak_pss_sum_mb, cpu_by_role=cpu,
+    )  # fmt: skip
+    measured = peer_measurement(setting, peer, outcome, observed)
+    return replace(measured, redis_commands=commands)
 
 
-def peer_measurement(
-    setting: Setting, peer: str, outcome: dict[str, Any], observed: Observed
-) -> Measurement:
-    plan, stats = setting.plan, observed.stats
-    notes = [f"{outcome['failed']} runs failed: {outcome['errors']}"] if outcome["failed"] else []
-    if outcome["unfinished"]:
-        notes.append(f"NOT FINISHED: {outcome['unfinished']} runs still going at the bound")
-    return Measurement(
-        system=PEER_SYSTEMS[peer],
-        key=peer,
-        latency_s=setting.latency,
-        runs=plan.tasks,
-        iterations=plan.iterations,
-        completed=int(outcome["completed"]),
-        seconds=float(outcome["finished"]) - float(outcome["started"]),
-        calls=answered_calls(stats["records"], float(outcome["finished"])),
-        total_calls=int(stats["calls"]),
-        duplicates=int(stats["duplicates"]),
-        peak_inflight=int(stats["peak_inflight"]),
-        mean_inflight=float(stats["mean_inflight"]),
-        peak_rss_mb=observed.peak_rss_mb,
-        peak_pss_mb=observed.peak_pss_mb,
-        cpu_s=observed.cpu_s,
-        notes=tuple(notes),
-    )
-
-
-def measure_latency(root: Path, plan: Plan, latency: float) -> list[Measurement | str]:
-    """orga-queue, then each peer (the runtime stopped by then), against one model server."""
+def measure_latency(
+    root: Path, plan: Plan, latency: float, systems: Sequence[str], repeat: int = 0
+) -> list[Measurement | str]:
+    """Each system in turn (``orga`` the runtime, else a peer) against one model server."""
     workspace = make_workspace(root)
     results: list[Measurement | str] = []
     with model_server(root, plan, latency, plan.iterations) as server:
         setting = Setting(root, server, plan, latency, workspace)
-        results.append(measure_orga(setting))
-        results.extend(measure_peer(setting, peer) for peer in plan.peers)
+        for system in systems:
+            outcome = measure_orga(setting) if system == "orga" else measure_peer(setting, system)
+            results.append(outcome if isinstance(outcome, str) else replace(outcome, repeat=repeat))
     return results
 
 
@@ -826,6 +955,41 @@ def measure_streaming(root: Path, plan: Plan) -> list[str]:
             name = "slow_model_cpu_ms_per_call_streaming" + ("" if on else "_off")
             lines.append(f"RESULT {name} {measured.cpu_ms_per_call:.2f}")
     return lines
+
+
+def _peer_outcome(log: Path) -> dict[str, Any] | None:
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("{"):
+            outcome: dict[str, Any] = json.loads(line)
+            return outcome
+    return None
+
+
+def peer_measurement(
+    setting: Setting, peer: str, outcome: dict[str, Any], observed: Observed
+) -> Measurement:
+    plan, stats = setting.plan, observed.stats
+    notes = [f"{outcome['failed']} runs failed: {outcome['errors']}"] if outcome["failed"] else []
+    if outcome["unfinished"]:
+        notes.append(f"NOT FINISHED: {outcome['unfinished']} runs still going at the bound")
+    return Measurement(
+        system=PEER_SYSTEMS[peer],
+        key=result_key(peer),
+        latency_s=setting.latency,
+        runs=plan.tasks,
+        iterations=plan.iterations,
+        completed=int(outcome["completed"]),
+        seconds=float(outcome["finished"]) - float(outcome["started"]),
+        calls=answered_calls(stats["records"], float(outcome["finished"])),
+        total_calls=int(stats["calls"]),
+        duplicates=int(stats["duplicates"]),
+        peak_inflight=int(stats["peak_inflight"]),
+        mean_inflight=float(stats["mean_inflight"]),
+        peak_rss_mb=observed.peak_rss_mb,
+        peak_pss_mb=observed.peak_pss_mb,
+        cpu_s=observed.cpu_s,
+        notes=tuple(notes),
+    )
 
 
 # -- fairness ---------------------------------------------------------------------------------
@@ -925,18 +1089,20 @@ def spread_text(values: Sequence[float]) -> str:
 def table(measurements: Sequence[Measurement]) -> str:
     """The comparison, as Markdown."""
     lines = [
-        "| system | latency | iterations/s | share of the latency limit | calls in flight, "
-        "peak / mean | peak RSS (sum) | peak PSS | MB per in-flight run (PSS) | CPU ms per "
-        "call | duplicate calls | completed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | latency | repeat | iterations/s | share of the latency limit | calls in "
+        "flight, peak / mean | peak RSS (sum) | peak PSS | MB per in-flight run (PSS) | CPU ms "
+        "per call | Redis commands per call | duplicate calls | completed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in measurements:
+        share = f"{m.share:.0%} of {m.limit_per_s:.0f}/s" if m.latency_s > 0 else "-"
+        commands = f"{m.redis_commands_per_call:.1f}" if m.redis_commands else "-"
         lines.append(
-            f"| {m.system} | {m.latency_s:g} s | {m.iterations_per_s:.1f} ({m.calls} in "
-            f"{m.seconds:.1f} s) | {m.share:.0%} of {m.limit_per_s:.0f}/s | {m.peak_inflight} "
+            f"| {m.system} | {m.latency_s:g} s | {m.repeat + 1} | {m.iterations_per_s:.1f} "
+            f"({m.calls} in {m.seconds:.1f} s) | {share} | {m.peak_inflight} "
             f"/ {m.mean_inflight:.0f} | {m.peak_rss_mb:.0f} MB | {m.peak_pss_mb:.0f} MB | "
             f"{m.mb_per_inflight:.2f} | "
-            f"{m.cpu_ms_per_call:.1f} | {m.duplicates} | {m.completed} of {m.runs} |"
+            f"{m.cpu_ms_per_call:.1f} | {commands} | {m.duplicates} | {m.completed} of {m.runs} |"
         )
     return "\n".join(lines)
 
@@ -974,33 +1140,79 @@ def notes(measurements: Sequence[Measurement]) -> list[str]:
 
 
 def result_lines(measurements: Sequence[Measurement], unavailable: dict[str, str]) -> list[str]:
-    """The ``RESULT`` lines: per system and latency, then the runtime's headline figures."""
+    """The ``RESULT`` lines: the share of the latency limit per system and latency (the mean
+    over the repeats, each repeat beside it), then the runtime's headline figures, then the
+    zero-latency iterations per second."""
     lines = []
+    grouped: dict[tuple[str, float], list[Measurement]] = {}
     for m in measurements:
-        unfinished = m.completed < m.runs
-        tail = f" (not finished: {m.completed} of {m.runs} completed)" if unfinished else ""
-        lines.append(f"RESULT {m.key}_{m.latency_s:g}s_limit_share {m.share:.3f}{tail}")
+        grouped.setdefault((m.key, m.latency_s), []).append(m)
+    for (key, latency), group in grouped.items():
+        if latency <= 0:
+            continue
+        shares = [m.share for m in group]
+        unfinished = [m for m in group if m.completed < m.runs]
+        tail = " (repeats " + " / ".join(f"{v:.3f}" for v in shares) + ")" if len(group) > 1 else ""
+        if unfinished:
+            tail += f" (not finished: {unfinished[0].completed} of {unfinished[0].runs} completed)"
+        lines.append(f"RESULT {key}_{latency:g}s_limit_share {statistics.fmean(shares):.3f}{tail}")
     for peer, why in unavailable.items():
-        lines.append(f"RESULT {peer}_1s_limit_share unavailable: {why}")
-    orga = [m for m in measurements if m.key == "slow_model"]
+        lines.append(f"RESULT {result_key(peer)}_1s_limit_share unavailable: {why}")
+    orga = [m for m in measurements if m.key == "slow_model" and m.latency_s > 0]
     if orga:
-        first = orga[0]
+        first_latency = orga[0].latency_s
+        first = [m for m in orga if m.latency_s == first_latency]
+
+        def spread(values: Sequence[float]) -> str:
+            if len(values) < 2:
+                return ""
+            return " (repeats " + " / ".join(f"{v:.2f}" for v in values) + ")"
+
+        cpu = [m.cpu_ms_per_call for m in first]
+        commands = [m.redis_commands_per_call for m in first]
         lines.append(f"RESULT slow_model_peak_inflight {max(m.peak_inflight for m in orga)}")
-        lines.append(f"RESULT slow_model_mb_per_inflight {first.mb_per_inflight:.2f}")
-        lines.append(f"RESULT slow_model_cpu_ms_per_call {first.cpu_ms_per_call:.2f}")
-        for m in orga[1:]:
-            lines.append(
-                f"RESULT slow_model_{m.latency_s:g}s_cpu_ms_per_call {m.cpu_ms_per_call:.2f}"
-            )
+        lines.append(f"RESULT slow_model_mb_per_inflight {first[0].mb_per_inflight:.2f}")
+        lines.append(
+            f"RESULT slow_model_peak_pss_mb {max(m.peak_pss_mb for m in first):.0f} "
+            "(coordinator, workers and Redis)"
+        )
+        lines.append(f"RESULT slow_model_cpu_ms_per_call {statistics.fmean(cpu):.2f}{spread(cpu)}")
+        lines.append(
+            f"RESULT redis_commands_per_call {statistics.fmean(commands):.1f}{spread(commands)}"
+        )
+        for m in orga:
+            if m.latency_s != first_latency:
+                lines.append(
+                    f"RESULT slow_model_{m.latency_s:g}s_cpu_ms_per_call {m.cpu_ms_per_call:.2f}"
+                )
         lines.append(f"RESULT slow_model_duplicate_calls {sum(m.duplicates for m in orga)}")
         lines.append(f"RESULT slow_model_completed {sum(m.completed for m in orga)}")
         for m in orga:
             if m.waits.seconds:
                 wait = statistics.median(m.waits.seconds)
                 lower = " (lower bound)" if m.waits.unstarted else ""
+                again = f" (repeat {m.repeat + 1})" if m.repeat else ""
                 lines.append(
-                    f"RESULT slow_model_{m.latency_s:g}s_schedule_to_start_p50_s {wait:.2f}{lower}"
+                    f"RESULT slow_model_{m.latency_s:g}s_schedule_to_start_p50_s {wait:.2f}"
+                    f"{lower}{again}"
                 )
+    for peer in measurements:
+        if peer.key != "slow_model" and peer.latency_s == (orga[0].latency_s if orga else 1.0):
+            lines.append(
+                f"RESULT {peer.key}_cpu_ms_per_call {peer.cpu_ms_per_call:.2f} (repeat "
+                f"{peer.repeat + 1})"
+            )
+    for m in measurements:
+        if m.latency_s <= 0:
+            name = (
+                "zero_latency_iter_per_s"
+                if m.key == "slow_model"
+                else (f"{m.key}_zero_latency_iter_per_s")
+            )
+            lines.append(
+                f"RESULT {name} {m.iterations_per_s:.0f} ({m.cpu_ms_per_call:.2f} ms CPU per "
+                "iteration)"
+            )
     return lines
 
 
@@ -1035,7 +1247,7 @@ def fairness_report(f: Fairness) -> str:
 
 
 def parse_plan(args: argparse.Namespace) -> Plan:
-    plan = Plan(tasks=50, latencies=(1.0,), fairness_tasks=300) if args.quick else Plan()
+    plan = Plan(tasks=50, latencies=(1.0,), fairness_tasks=300, repeats=1) if args.quick else Plan()
     chosen: dict[str, Any] = {
         "tasks": args.tasks,
         "iterations": args.iterations,
@@ -1047,25 +1259,63 @@ def parse_plan(args: argparse.Namespace) -> Plan:
         chosen["latencies"] = tuple(float(v) for v in args.latency.split(",") if v)
     if args.no_peers:
         chosen["peers"] = ()
+        chosen["footnote_peers"] = ()
+    elif args.peers:
+        chosen["peers"] = tuple(p for p in args.peers.split(",") if p)
+    if args.repeats is not None:
+        chosen["repeats"] = args.repeats
+    if args.no_zero_latency:
+        chosen["zero_latency"] = False
+    if args.no_footnotes:
+        chosen["footnote_peers"] = ()
     return replace(plan, **{k: v for k, v in chosen.items() if v is not None})
 
 
 def run_comparison(root: Path, plan: Plan) -> None:
+    """Every system at every latency (the first ``plan.repeats`` times, the order reversed
+    every other batch), the footnote set-ups, then the zero-latency run."""
     measured: list[Measurement] = []
+    footnotes: list[Measurement] = []
     unavailable: dict[str, str] = {}
-    for latency in plan.latencies:
-        for outcome in measure_latency(root / f"{latency:g}s", plan, latency):
+
+    def keep(outcomes: list[Measurement | str], into: list[Measurement]) -> None:
+        for outcome in outcomes:
             if isinstance(outcome, str):
-                peer = "langgraph" if "langgraph" in outcome else "peer"
+                peer = outcome.split(":", 1)[0].split()[0]
                 unavailable[peer] = outcome.splitlines()[0]
                 print(f"   {outcome}", flush=True)
             else:
-                measured.append(outcome)
+                into.append(outcome)
+
+    systems = ("orga", *plan.peers)
+    batch = 0
+    for index, latency in enumerate(plan.latencies):
+        for repeat in range(plan.repeats if index == 0 else 1):
+            order = systems if batch % 2 == 0 else tuple(reversed(systems))
+            batch += 1
+            print(f"== {latency:g} s, repeat {repeat + 1}: {', '.join(order)}", flush=True)
+            folder = root / f"{latency:g}s-{repeat}"
+            keep(measure_latency(folder, plan, latency, order, repeat), measured)
+    if plan.footnote_peers and plan.latencies:
+        latency = plan.latencies[0]
+        print(f"== footnotes at {latency:g} s", flush=True)
+        folder = root / "footnotes"
+        keep(measure_latency(folder, plan, latency, plan.footnote_peers), footnotes)
+    if plan.zero_latency:
+        zero = [s for s in ZERO_LATENCY_SYSTEMS if s == "orga" or s in plan.peers]
+        print(f"== zero latency: {', '.join(zero)}", flush=True)
+        keep(measure_latency(root / "0s", plan, 0.0, zero), measured)
     print(f"\n{plan.tasks} runs x {plan.iterations} model calls, latency ±{plan.jitter:.0%}, "
-          f"{os.cpu_count()} CPUs\n")  # fmt: skip
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end\n")  # fmt: skip
     print(table(measured))
-    print("\n".join(["", *notes(measured), ""]))
+    if footnotes:
+        print("\nFootnotes (not peers: set-ups for comparison only)\n")
+        print(table(footnotes))
+    print("\n".join(["", *notes(measured), *notes(footnotes), ""]))
     print("\n".join(result_lines(measured, unavailable)))
+    for m in footnotes:
+        print(f"footnote {m.key}_{m.latency_s:g}s_limit_share {m.share:.3f}, "
+              f"{m.cpu_ms_per_call:.2f} ms CPU per call")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1076,7 +1326,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, help="runs submitted at once (200)")
     parser.add_argument("--iterations", type=int, help="model calls per run (5)")
     parser.add_argument("--timeout", type=float, help="bound of each batch in seconds")
-    parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and asyncio")
+    parser.add_argument("--no-peers", action="store_true", help="orga-queue alone")
+    parser.add_argument("--peers", help=f"peers, comma-separated ({','.join(PEERS)})")
+    parser.add_argument("--repeats", type=int, help="repeats at the first latency (2)")
+    parser.add_argument("--no-zero-latency", action="store_true", help="skip the 0 s run")
+    parser.add_argument("--no-footnotes", action="store_true", help="skip the footnote set-ups")
     parser.add_argument("--fairness-tasks", type=int, help="tasks of the fairness run (2000)")
     parser.add_argument("--fairness-iterations", type=int, help="calls per fairness task (2)")
     parser.add_argument("--keep", action="store_true", help="keep the logs' folder")

@@ -1,26 +1,44 @@
-"""The peers of the slow-model benchmark: the same agent loop in LangGraph and in plain asyncio.
+"""The peers of the slow-model benchmark: the same agent loop in plain asyncio and LangGraph,
+each with the HTTP client set-up a competent user would pick (issue 27).
 
-Run by ``bench/slow_model_bench.py``, each in a process of its own so that its memory can be
-measured alone::
+Run by ``bench/slow_model_bench.py``, each in a process of its own so that its memory and CPU
+can be measured alone::
 
-    python -m bench.slow_model_peers langgraph --base-url http://127.0.0.1:PORT/v1 \\
+    python -m bench.slow_model_peers asyncio-aiohttp --base-url http://127.0.0.1:PORT/v1 \\
         --tasks 200 --iterations 5 --workspace DIR --run-id ID
 
-Both run ``--tasks`` agent loops at once on one event loop, against the fake model server
-(``bench/fake_model_server.py``), with one shared ``httpx.AsyncClient`` whose pool holds a
-connection per loop. Each loop sends the chat completions request the runtime sends (model,
-messages, the ``file_read`` tool), runs the tool call the model asks for (one line of
-``note.txt`` in ``--workspace``), appends its result, and stops at the model's final answer:
-``--iterations`` model calls per loop.
+Every peer runs ``--tasks`` agent loops at once on one event loop (uvloop's where installed,
+as the runtime's workers use: :func:`shared.aio.run`), against the fake model server
+(``bench/fake_model_server.py``). Each loop sends the chat completions request the runtime
+sends (model, messages, the ``file_read`` tool), runs the tool call the model asks for (one
+line of ``note.txt`` in ``--workspace``), appends its result, and stops at the model's final
+answer: ``--iterations`` model calls per loop.
 
+The loop (before the dash):
+
+- ``asyncio``: a plain ``for`` loop per run;
 - ``langgraph``: a two-node ``StateGraph`` (``model`` → ``tools`` → ``model`` … until the model
   answers) compiled with LangGraph's in-memory checkpointer (``InMemorySaver``), one thread id
-  per run, ``ainvoke`` for each;
-- ``asyncio``: a plain ``for`` loop per run.
+  per run, ``ainvoke`` for each.
 
-Prints one JSON line: ``peer``, ``started`` and ``finished`` (wall clock), ``completed``,
-``failed``, the first ``errors``, the CPU seconds the process used (``cpu_s``), and
-``unavailable`` when LangGraph is not installed.
+The HTTP client (after the dash):
+
+- ``aiohttp``: one ``aiohttp.ClientSession`` (its connector keeps a connection per run; its
+  pool is a dict of deques, cheap at any size);
+- ``httpx20``: ``httpx.AsyncClient`` in pools of 20 connections (``tasks / 20`` clients, run
+  ``i`` on client ``i mod n``): httpcore's pool scans every connection it holds for each queued
+  request, so a competent user keeps pools small;
+- ``httpx200``: one ``httpx.AsyncClient`` of ``tasks`` connections, the handicapped set-up the
+  benchmark used before issue 27 (printed as a footnote only);
+- ``orgapool``: the runtime's own client (:func:`workers.http_pool.pooled_client`, pools of 20
+  behind one client), for the HTTP client comparison.
+
+Before the timed batch each peer runs one warm-up run alone (as the runtime gets one warm-up
+task; with ``--go-file`` it then says so and waits for that file, so that the benchmark can
+zero the model server's counts); CPU is counted over the timed batch only. Prints one JSON
+line: ``peer``, ``started`` and ``finished`` (wall clock), ``completed``, ``failed``, the first
+``errors``, the CPU seconds of the batch (``cpu_s``), and ``unavailable`` when LangGraph or
+aiohttp is not installed.
 """
 
 from __future__ import annotations
@@ -35,15 +53,27 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, Protocol, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
 from bench.fake_model_server import task_marker
+from shared.aio import run as run_on_loop
 
-__all__ = ["FILE_READ_TOOL", "PeerSettings", "initial_messages", "main", "run_peer"]
+__all__ = [
+    "CLIENTS",
+    "FILE_READ_TOOL",
+    "LOOPS",
+    "PeerSettings",
+    "chat_body",
+    "initial_messages",
+    "main",
+    "peer_missing",
+    "run_peer",
+    "run_tool",
+]
 
 FILE_READ_TOOL = {
     "type": "function",
@@ -62,6 +92,10 @@ FILE_READ_TOOL = {
     },
 }
 ERRORS_KEPT = 5
+POOL_SIZE = 20
+"""Connections per httpx pool in the ``httpx20`` set-up."""
+LOOPS = ("asyncio", "langgraph")
+CLIENTS = ("aiohttp", "httpx20", "httpx200", "orgapool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,24 +124,15 @@ def initial_messages(marker: str) -> list[dict[str, Any]]:
     ]
 
 
-async def chat(
-    client: httpx.AsyncClient, settings: PeerSettings, messages: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """One chat completions call; the reply's ``choices[0].message``."""
-    response = await client.post(
-        f"{settings.base_url}/chat/completions",
-        headers={"Authorization": f"Bearer {settings.api_key}"},
-        json={
-            "model": settings.model,
-            "messages": messages,
-            "tools": [FILE_READ_TOOL],
-            "max_tokens": 1024,
-            "temperature": 0.3,
-        },
-    )
-    response.raise_for_status()
-    message: dict[str, Any] = response.json()["choices"][0]["message"]
-    return message
+def chat_body(model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat completions request the runtime sends."""
+    return {
+        "model": model,
+        "messages": messages,
+        "tools": [FILE_READ_TOOL],
+        "max_tokens": 1024,
+        "temperature": 0.3,
+    }
 
 
 def run_tool(call: dict[str, Any], workspace: Path) -> dict[str, Any]:
@@ -120,14 +145,102 @@ def run_tool(call: dict[str, Any], workspace: Path) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call["id"], "content": content}
 
 
+# -- HTTP clients -------------------------------------------------------------------------
+
+
+class Chat(Protocol):
+    """One chat completions call for run ``index``; the reply's ``choices[0].message``."""
+
+    async def __call__(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]: ...
+
+
+class Client(Protocol):
+    """An HTTP set-up: its chat function, closed at the end."""
+
+    chat: Chat
+
+    async def aclose(self) -> None: ...
+
+
+class HttpxClients:
+    """``count`` httpx clients of ``size`` connections each; run ``i`` uses client ``i % count``."""
+
+    def __init__(self, settings: PeerSettings, count: int, size: int, pooled: bool = False):
+        self.settings = settings
+        self.url = f"{settings.base_url}/chat/completions"
+        self.headers = {"Authorization": f"Bearer {settings.api_key}"}
+        timeout = httpx.Timeout(120.0)
+        if pooled:
+            from workers.http_pool import pooled_client
+
+            client = pooled_client(max(64, settings.tasks + 16), POOL_SIZE)
+            client.timeout = timeout
+            self.clients = [client]
+        else:
+            limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+            self.clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(count)]
+
+    async def chat(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        client = self.clients[index % len(self.clients)]
+        body = chat_body(self.settings.model, messages)
+        response = await client.post(self.url, headers=self.headers, json=body)
+        response.raise_for_status()
+        message: dict[str, Any] = response.json()["choices"][0]["message"]
+        return message
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+
+class AiohttpClient:
+    """One ``aiohttp.ClientSession`` with a connection per run."""
+
+    def __init__(self, settings: PeerSettings) -> None:
+        import aiohttp
+
+        self.settings = settings
+        self.url = f"{settings.base_url}/chat/completions"
+        self.headers = {"Authorization": f"Bearer {settings.api_key}"}
+        connector = aiohttp.TCPConnector(limit=settings.tasks + 16, limit_per_host=0)
+        self.session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=120.0)
+        )
+
+    async def chat(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = chat_body(self.settings.model, messages)
+        async with self.session.post(self.url, headers=self.headers, json=body) as response:
+            response.raise_for_status()
+            reply = await response.json()
+        message: dict[str, Any] = reply["choices"][0]["message"]
+        return message
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+def make_client(kind: str, settings: PeerSettings) -> Client:
+    """The HTTP set-up named ``kind`` (one of :data:`CLIENTS`)."""
+    if kind == "aiohttp":
+        return AiohttpClient(settings)
+    if kind == "httpx20":
+        count = max(1, -(-settings.tasks // POOL_SIZE))
+        return HttpxClients(settings, count, POOL_SIZE)
+    if kind == "httpx200":
+        return HttpxClients(settings, 1, settings.tasks)
+    if kind == "orgapool":
+        return HttpxClients(settings, 1, 0, pooled=True)
+    raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(CLIENTS)}")
+
+
 # -- plain asyncio ------------------------------------------------------------------------
 
 
-async def plain_run(client: httpx.AsyncClient, settings: PeerSettings, marker: str) -> None:
+async def plain_run(chat: Chat, settings: PeerSettings, index: int, marker: str) -> None:
     """One agent loop: call the model, run its tool calls, until it answers."""
     messages = initial_messages(marker)
     for _ in range(settings.iterations + 1):
-        message = await chat(client, settings, messages)
+        message = await chat(index, messages)
         messages.append(message)
         calls = message.get("tool_calls") or []
         if not calls:
@@ -140,20 +253,19 @@ async def plain_run(client: httpx.AsyncClient, settings: PeerSettings, marker: s
 
 
 class AgentState(TypedDict):
-    """The graph's state: the conversation, appended to by each node."""
+    """The graph's state: the conversation, appended to by each node, and the run's index."""
 
     messages: Annotated[list[dict[str, Any]], operator.add]
+    index: int
 
 
-def langgraph_runner(
-    client: httpx.AsyncClient, settings: PeerSettings
-) -> Callable[[str], Awaitable[None]]:
+def langgraph_runner(chat: Chat, settings: PeerSettings) -> Callable[[int, str], Awaitable[None]]:
     """A function running one agent loop in a compiled two-node graph with ``InMemorySaver``."""
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.graph import END, START, StateGraph
 
     async def model(state: AgentState) -> dict[str, Any]:
-        return {"messages": [await chat(client, settings, state["messages"])]}
+        return {"messages": [await chat(state["index"], state["messages"])]}
 
     async def tools(state: AgentState) -> dict[str, Any]:
         calls = state["messages"][-1].get("tool_calls") or []
@@ -170,12 +282,13 @@ def langgraph_runner(
     graph.add_edge("tools", "model")
     compiled = graph.compile(checkpointer=InMemorySaver())
 
-    async def run(marker: str) -> None:
+    async def run(index: int, marker: str) -> None:
         config: Any = {
             "configurable": {"thread_id": marker},
             "recursion_limit": 2 * settings.iterations + 5,
         }
-        state = await compiled.ainvoke({"messages": initial_messages(marker)}, config)
+        start = {"messages": initial_messages(marker), "index": index}
+        state = await compiled.ainvoke(start, config)
         if state["messages"][-1].get("tool_calls"):
             raise RuntimeError(f"{marker}: the graph stopped before the final answer")
 
@@ -185,23 +298,48 @@ def langgraph_runner(
 # -- running ------------------------------------------------------------------------------
 
 
-async def run_peer(peer: str, settings: PeerSettings) -> dict[str, Any]:
-    """``settings.tasks`` runs at once; what the benchmark reads back."""
-    limits = httpx.Limits(max_connections=settings.tasks, max_keepalive_connections=settings.tasks)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as client:
-        one: Callable[[str], Awaitable[None]] = (
-            langgraph_runner(client, settings)
-            if peer == "langgraph"
-            else functools.partial(plain_run, client, settings)
+def split_peer(peer: str) -> tuple[str, str]:
+    """``asyncio-aiohttp`` -> (``asyncio``, ``aiohttp``)."""
+    loop, _, client = peer.partition("-")
+    if loop not in LOOPS or client not in CLIENTS:
+        raise ValueError(
+            f"unknown peer {peer!r}: LOOP-CLIENT with LOOP one of {', '.join(LOOPS)} and "
+            f"CLIENT one of {', '.join(CLIENTS)}"
         )
+    return loop, client
+
+
+async def run_peer(
+    peer: str, settings: PeerSettings, go_file: Path | None = None
+) -> dict[str, Any]:
+    """One warm-up run, then (once ``go_file`` exists, when given) ``settings.tasks`` runs at
+    once; what the benchmark reads back."""
+    loop, kind = split_peer(peer)
+    client = make_client(kind, settings)
+    try:
+        one: Callable[[int, str], Awaitable[None]] = (
+            langgraph_runner(client.chat, settings)
+            if loop == "langgraph"
+            else functools.partial(plain_run, client.chat, settings)
+        )
+        await asyncio.wait_for(one(0, task_marker(f"{settings.run_id}-warmup")), 120)
+        if go_file is not None:
+            # The benchmark zeroes the model server's counts, then lets the batch start.
+            print("warmed up", flush=True)
+            while not go_file.exists():
+                await asyncio.sleep(0.02)
         markers = [task_marker(f"{settings.run_id}-{n}") for n in range(settings.tasks)]
+        cpu_before = time.process_time()
         started = time.time()
-        runs = [asyncio.ensure_future(one(marker)) for marker in markers]
+        runs = [asyncio.ensure_future(one(n, m)) for n, m in enumerate(markers)]
         done, pending = await asyncio.wait(runs, timeout=settings.timeout_s)
         finished = time.time()
-        for run in pending:
-            run.cancel()
+        cpu_s = time.process_time() - cpu_before
+        for task in pending:
+            task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        await client.aclose()
     errors = [repr(r.exception()) for r in done if r.exception() is not None]
     return {
         "peer": peer,
@@ -211,23 +349,28 @@ async def run_peer(peer: str, settings: PeerSettings) -> dict[str, Any]:
         "failed": len(errors),
         "unfinished": len(pending),
         "errors": errors[:ERRORS_KEPT],
-        "cpu_s": time.process_time(),
+        "cpu_s": cpu_s,
     }
 
 
-def langgraph_missing() -> str | None:
-    """Why LangGraph cannot run here, or None."""
-    try:
-        import langgraph.graph  # noqa: F401
-    except ImportError as exc:
-        return f"langgraph is not installed ({exc}); install the extra: pip install -e '.[bench]'"
+def peer_missing(peer: str) -> str | None:
+    """Why ``peer`` cannot run here (a library not installed), or None."""
+    loop, client = split_peer(peer)
+    needed = [m for m in (loop, client) if m in ("langgraph", "aiohttp")]
+    for module in needed:
+        try:
+            __import__(module)
+        except ImportError as exc:
+            return (
+                f"{module} is not installed ({exc}); install the extra: pip install -e '.[bench]'"
+            )
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m bench.slow_model_peers PEER ...``; prints one JSON line."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("peer", choices=["langgraph", "asyncio"])
+    parser.add_argument("peer", help=f"LOOP-CLIENT: {'|'.join(LOOPS)} - {'|'.join(CLIENTS)}")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--api-key", default="bench-key")
     parser.add_argument("--model", default="fake-model")
@@ -236,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace", type=Path, required=True)
     parser.add_argument("--run-id", default="peer")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for all runs")
+    parser.add_argument(
+        "--go-file", type=Path, help="after the warm-up, print 'warmed up' and wait for this file"
+    )
     args = parser.parse_args(argv)
-    missing = langgraph_missing() if args.peer == "langgraph" else None
+    missing = peer_missing(args.peer)
     if missing is not None:
         print(json.dumps({"peer": args.peer, "unavailable": missing}), flush=True)
         return 0
@@ -251,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id=args.run_id,
         timeout_s=args.timeout,
     )
-    print(json.dumps(asyncio.run(run_peer(args.peer, settings))), flush=True)
+    print(json.dumps(run_on_loop(run_peer(args.peer, settings, args.go_file))), flush=True)
     return 0
 
 

@@ -49,9 +49,10 @@ class CommitConflictError(OrgaError):
 
 
 _COMMIT = """
-local current = redis.call('HGET', KEYS[1], 'version')
+local held = redis.call('HMGET', KEYS[1], 'version', 'status')
+local current = held[1]
 if (current or '') ~= ARGV[1] then return {0, current or ''} end
-local previous = redis.call('HGET', KEYS[1], 'status')
+local previous = held[2]
 if previous ~= ARGV[4] then
   if previous then redis.call('HINCRBY', KEYS[10], previous, -1) end
   redis.call('HINCRBY', KEYS[10], ARGV[4], 1)
@@ -63,11 +64,13 @@ if ARGV[5] ~= '' then
   -- An applied observation (a tool output, maybe large) is in the conversation now.
   if extra.delete_acked then redis.call('XDEL', ARGV[6], ARGV[5]) end
 end
+local last_sequence = nil
 for _, e in ipairs(extra.journal) do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, '0-' .. (e[1] + 1),
              'sequence', e[1], 'data', e[2])
-  redis.call('SET', KEYS[3], e[1])
+  last_sequence = e[1]
 end
+if last_sequence then redis.call('SET', KEYS[3], last_sequence) end
 for _, ev in ipairs(extra.events) do
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(ev))
 end
@@ -95,7 +98,11 @@ end
 local conversation = extra.conversation
 if conversation.rewrite then redis.call('DEL', KEYS[12]) end
 local first = 8 + #extra.outbox
-for j = 1, conversation.count do redis.call('RPUSH', KEYS[12], ARGV[first + j]) end
+-- One RPUSH per 256 messages (unpack's stack stays small).
+for j = 1, conversation.count, 256 do
+  local last = first + math.min(j + 255, conversation.count)
+  redis.call('RPUSH', KEYS[12], unpack(ARGV, first + j, last))
+end
 if extra.terminal then
   redis.call('HSET', KEYS[1], 'finished_at', extra.now)
   redis.call('ZADD', KEYS[11], extra.now, extra.task_id)

@@ -283,14 +283,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # ARGV[2] recovery timeout ms, ARGV[3] half-open max calls
 #   -> {allowed, failures, remaining_ms[, clean]}; clean: 1 when closed with no failure counted
-_CHECK_LUA = (
-    _PROLOGUE
-    + """
+#   The server's clock is read only for an open breaker: a closed one (nearly every check)
+#   costs HMGET and PEXPIRE, and HSET when the breaker is new.
+_CHECK_LUA = """
+local key = KEYS[1]
+local ttl_ms = tonumber(ARGV[1])
 local recovery_ms = tonumber(ARGV[2])
 local half_open_max = tonumber(ARGV[3])
 local f = redis.call('HMGET', key, 'state', 'failures', 'opened_at', 'half_open_calls')
 local state = f[1]
-redis.call('HSETNX', key, 'state', 'closed')
+if not state then redis.call('HSET', key, 'state', 'closed') end
 redis.call('PEXPIRE', key, ttl_ms)
 if (not state) or state == 'closed' then
   local failures = tonumber(f[2] or 0)
@@ -299,6 +301,8 @@ if (not state) or state == 'closed' then
 end
 local failures = tonumber(f[2] or 0)
 if state == 'open' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local elapsed = math.max(0, now - tonumber(f[3] or now))
   if elapsed >= recovery_ms then
     redis.call('HSET', key, 'state', 'half_open', 'half_open_calls', 1)
@@ -312,17 +316,17 @@ if tonumber(f[4] or 0) < half_open_max then
 end
 return {0, failures, 0}
 """
-)
 
 _SUCCESS_LUA = """
 local key = KEYS[1]
 local ttl_ms = tonumber(ARGV[1])
-local state = redis.call('HGET', key, 'state')
+local f = redis.call('HMGET', key, 'state', 'failures')
+local state = f[1]
 if not state then
   return 0
 end
 if state == 'closed' then
-  redis.call('HSET', key, 'failures', 0)
+  if f[2] and tonumber(f[2]) ~= 0 then redis.call('HSET', key, 'failures', 0) end
   redis.call('HINCRBY', key, 'successes', 1)
 elseif state == 'half_open' then
   redis.call('HSET', key, 'state', 'closed', 'failures', 0, 'successes', 1, 'half_open_calls', 0)

@@ -13,76 +13,24 @@ busy of several small pools::
 A request counts against its shard until its response is closed, so a streamed body keeps its
 connection's slot for as long as it is read.
 
-Each time a pool assigns a request (and each time a response is closed), httpcore asks every
-idle connection of the pool whether its socket became readable (the server closed it):
-``get_extra_info("is_readable")``, which looks the raw socket up through anyio's typed
-attributes (a dict of lambdas built on every call) before polling it. The shards' connections
-keep their raw socket instead (:class:`SocketKeepingBackend`): the same poll of the same
-socket, without the lookup, about a quarter of the client's CPU per request with 200 calls in
-flight. And the shards share one TLS context (:func:`shared_ssl_context`) instead of loading
-the certificate store once per shard.
+The shards share one TLS context (:func:`shared_ssl_context`) instead of loading the
+certificate store once per shard. Only httpx's public API is used (``AsyncHTTPTransport``,
+``verify=``); an earlier version swapped httpcore's private network backend for one that kept
+each connection's raw socket (about a quarter of the client's CPU per request with 200 calls in
+flight), removed for issue 27: httpcore is not a declared dependency and its private modules
+may change in any release (docs/performance.md, *The HTTP client*).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
-import anyio
-import httpcore
 import httpx
-from httpcore._backends.anyio import AnyIOBackend, AnyIOStream
-from httpcore._utils import is_socket_readable
 
-__all__ = ["ShardedTransport", "SocketKeepingBackend", "pooled_client", "shared_ssl_context"]
-
-
-class _SocketKeepingStream(AnyIOStream):
-    """httpcore's anyio stream, which looks its raw socket up once (it never changes)."""
-
-    def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        super().__init__(stream)
-        raw = anyio.abc.SocketAttribute.raw_socket
-        # anyio's typed attributes (ruff takes ``extra`` for Django's).
-        self._socket: socket.socket | None = stream.extra(raw, None)  # noqa: S610
-
-    def get_extra_info(self, info: str) -> Any:
-        """As httpcore's, with ``is_readable`` polling the kept socket."""
-        if info == "is_readable":
-            return is_socket_readable(self._socket)
-        return super().get_extra_info(info)
-
-    async def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        """As httpcore's; the TLS stream keeps the same raw socket."""
-        tls = await super().start_tls(ssl_context, server_hostname, timeout)
-        assert isinstance(tls, AnyIOStream)
-        return _SocketKeepingStream(tls._stream)
-
-
-class SocketKeepingBackend(AnyIOBackend):
-    """httpcore's anyio network backend, whose TCP streams keep their raw socket."""
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        """Connect as httpcore does."""
-        stream = await super().connect_tcp(host, port, timeout, local_address, socket_options)
-        assert isinstance(stream, AnyIOStream)
-        return _SocketKeepingStream(stream._stream)
+__all__ = ["ShardedTransport", "pooled_client", "shared_ssl_context"]
 
 
 @functools.cache
@@ -94,14 +42,7 @@ def shared_ssl_context() -> ssl.SSLContext:
 
 
 def _http_shard(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
-    transport = httpx.AsyncHTTPTransport(limits=limits, verify=shared_ssl_context())
-    pool = getattr(transport, "_pool", None)
-    # httpx builds its httpcore pool without a way to pass a network backend; the pool keeps
-    # it in this attribute and hands it to each connection it opens (an httpcore that no
-    # longer does keeps its own backend: correct, only slower; a test watches for it).
-    if isinstance(pool, httpcore.AsyncConnectionPool) and hasattr(pool, "_network_backend"):
-        pool._network_backend = SocketKeepingBackend()
-    return transport
+    return httpx.AsyncHTTPTransport(limits=limits, verify=shared_ssl_context())
 
 
 class ShardedTransport(httpx.AsyncBaseTransport):

@@ -175,6 +175,35 @@ def test_the_conversation_is_stored_append_only_and_rewritten_after_compaction(
     _scenario(redis_url, body)
 
 
+def test_a_commit_of_hundreds_of_messages_keeps_them_in_order(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The commit pushes a conversation's messages 256 to an RPUSH: 600 appended at once
+    arrive whole and in order, and the journal's last sequence is the last entry's."""
+    from shared.conversation import ConversationMessage
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("many")
+        await store.create(record)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())
+        for n in range(600):
+            record.conversation.push(ConversationMessage.user(f"message {n}"))
+        delta = store.conversation_delta(record)
+        assert not delta.rewrite and len(delta.messages) == 600
+        await store.commit(record, _machine(record).effects, delta=delta)
+        loaded = await TaskStore(client).load("many")
+        assert loaded is not None
+        assert [m.content for m in loaded.conversation.messages] == [
+            m.content for m in record.conversation.messages
+        ]
+        last = await client.xrevrange(keys.journal_stream("many", 0), count=1)
+        sequence = await client.get(keys.journal_sequence_key("many", 0))
+        assert int(sequence) == int(last[0][1][b"sequence"])
+
+    _scenario(redis_url, body)
+
+
 def test_a_record_written_before_conversations_were_stored_apart_keeps_its_conversation(
     redis_url: str, redis_client: Any
 ) -> None:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import ssl
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from httpcore._backends.anyio import AnyIOStream
 
+from workers import http_pool
 from workers.http_pool import (
     ShardedTransport,
-    SocketKeepingBackend,
     pooled_client,
     shared_ssl_context,
 )
@@ -114,13 +110,17 @@ def test_pooled_client_serves_a_real_local_server() -> None:
     asyncio.run(scenario())
 
 
-def test_default_shards_open_connections_that_keep_their_socket() -> None:
-    """The default shards' pools use :class:`SocketKeepingBackend` (an httpx or httpcore that
-    stops taking it fails here, not silently slower)."""
-    transport = ShardedTransport(40, 20)
-    for shard in transport.shards:
-        assert isinstance(shard, httpx.AsyncHTTPTransport)
-        assert isinstance(shard._pool._network_backend, SocketKeepingBackend)
+def test_the_pool_uses_public_modules_only() -> None:
+    """No private module of httpx, httpcore or anyio is imported (issue 27)."""
+    imports = [
+        line.split()[1]
+        for line in Path(http_pool.__file__).read_text().splitlines()
+        if line.startswith(("import ", "from "))
+    ]
+    assert imports, "the module's imports were not found"
+    private = [m for m in imports if m != "__future__" and ("._" in m or m.startswith("_"))]
+    assert not private
+    assert not [m for m in imports if m.startswith("httpcore")]
 
 
 async def _closing_server() -> tuple[asyncio.Server, list[asyncio.StreamWriter]]:
@@ -143,84 +143,37 @@ async def _closing_server() -> tuple[asyncio.Server, list[asyncio.StreamWriter]]
 
 
 def test_an_idle_connection_the_server_closed_is_seen_and_replaced() -> None:
-    """``is_readable`` on the kept socket: False while the idle connection is open, True once
-    the server closed it; the pool then opens a new connection for the next request."""
+    """An idle connection the server closed is not used again: the next request opens a new
+    connection and gets its answer."""
 
     async def scenario() -> None:
         server, writers = await _closing_server()
         port = server.sockets[0].getsockname()[1]
         async with server, pooled_client(4, 4) as client:
             assert (await client.get(f"http://127.0.0.1:{port}/")).text == "hello"
-            shard = client._transport.shards[0]  # type: ignore[attr-defined]
-            (connection,) = shard._pool.connections
-            stream = connection._connection._network_stream
-            assert isinstance(stream, AnyIOStream) and type(stream) is not AnyIOStream
-            assert stream.get_extra_info("is_readable") is False
             writers[0].close()
             await writers[0].wait_closed()
             await asyncio.sleep(0.05)
-            assert stream.get_extra_info("is_readable") is True
             assert (await client.get(f"http://127.0.0.1:{port}/")).text == "hello"
             assert len(writers) == 2
-            assert shard._pool.connections[0] is not connection
 
     asyncio.run(scenario())
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    """A certificate for ``localhost`` and its key, made with the ``openssl`` command."""
-    if shutil.which("openssl") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the TLS tests need the openssl command in CI", pytrace=False)
-        pytest.skip("no openssl command to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
+def test_default_shards_share_one_verifying_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shard's transport is built with the process's one TLS context, which verifies as
+    httpx's ``verify=True`` does (the same roots, hostname checked, certificates required)."""
+    verify: list[object] = []
+    built = httpx.AsyncHTTPTransport
 
+    def transport(**kwargs: object) -> httpx.AsyncHTTPTransport:
+        verify.append(kwargs.get("verify"))
+        return built(**kwargs)  # type: ignore[arg-type]
 
-def test_a_tls_stream_keeps_the_socket_too(tmp_path: Path) -> None:
-    """``start_tls`` gives a stream that keeps the same raw socket and polls it as httpcore's
-    own stream does."""
-    cert, key = _self_signed(tmp_path)
-    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_context.load_cert_chain(cert, key)
-    client_context = ssl.create_default_context(cafile=str(cert))
-
-    async def scenario() -> None:
-        accepted: list[asyncio.StreamWriter] = []
-
-        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            accepted.append(writer)
-
-        server = await asyncio.start_server(hold, "127.0.0.1", 0, ssl=server_context)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            plain = await SocketKeepingBackend().connect_tcp("127.0.0.1", port, timeout=5)
-            stream = await plain.start_tls(client_context, "localhost", timeout=5)
-            assert type(stream) is type(plain) and stream.get_extra_info("ssl_object")
-            raw = stream.get_extra_info("socket")
-            assert raw is not None and raw.fileno() == plain.get_extra_info("socket").fileno()
-            assert stream.get_extra_info("is_readable") is False
-            await asyncio.sleep(0.05)
-            accepted[0].close()
-            await asyncio.sleep(0.05)
-            assert stream.get_extra_info("is_readable") is True
-            await stream.aclose()
-
-    asyncio.run(scenario())
-
-
-def test_default_shards_share_one_verifying_tls_context() -> None:
-    """Every shard's pool holds the process's one TLS context, which verifies as httpx's
-    ``verify=True`` does (the same roots, hostname checked, certificates required)."""
-    transport = ShardedTransport(60, 20)
-    contexts = {id(shard._pool._ssl_context) for shard in transport.shards}
-    assert contexts == {id(shared_ssl_context())}
+    monkeypatch.setattr(httpx, "AsyncHTTPTransport", transport)
+    ShardedTransport(60, 20)
+    assert len(verify) == 3
+    assert all(v is shared_ssl_context() for v in verify)
     own = httpx.create_ssl_context()
     shared = shared_ssl_context()
     assert shared.verify_mode == own.verify_mode == ssl.CERT_REQUIRED
