@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -118,8 +118,10 @@ class OutboxRelay:
     name: str
     batch: int = keys.outbox_batch
     partitions: int = 1
-    """The deployment's partition count: the relay reads every partition's outbox (leasing
-    partitions between coordinators is a later step)."""
+    """The deployment's partition count."""
+    serving: Callable[[], Collection[int]] | None = None
+    """The partitions whose outbox this relay reads, asked at the start of each
+    :meth:`relay_once` (the coordinator's partition leases); None: every partition."""
     block_ms: int = 1000
     claim_idle_ms: int = keys.outbox_claim_idle_ms
     claim_interval_s: float = 1.0
@@ -137,6 +139,13 @@ class OutboxRelay:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orga-relay")
         self._remove = self.redis.register_script(_REMOVE)
         self._streams = {keys.outbox_stream(p): p for p in range(self.partitions)}
+        self._served: list[str] = list(self._streams)
+
+    def _outboxes(self) -> list[str]:
+        """The outbox streams of the partitions served now."""
+        if self.serving is None:
+            return list(self._streams)
+        return [keys.outbox_stream(p) for p in sorted(self.serving())]
 
     async def ensure_group(self) -> bool:
         """Create the group on each partition's outbox (from the start of the stream) unless
@@ -181,6 +190,7 @@ class OutboxRelay:
         """Send one batch and remove what was sent; how many were sent. Entries this relay
         left pending come first, then a dead relay's (every ``claim_interval_s``), then new
         ones (waiting up to ``block_ms`` for them)."""
+        self._served = self._outboxes()
         batches = await self._own() if self._retry_own else []
         if not batches:
             batches = await self.claim()
@@ -203,7 +213,7 @@ class OutboxRelay:
             return []
         self._last_claim = now
         batches = []
-        for stream in self._streams:
+        for stream in self._served:
             reply = await self.redis.xautoclaim(
                 stream, keys.outbox_group, self.name, self.claim_idle_ms,
                 start_id="0-0", count=self.batch,
@@ -279,8 +289,11 @@ class OutboxRelay:
     async def _read(
         self, start: str, block_ms: int | None
     ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
+        if not self._served:  # no partition served: wait as a blocking read would
+            await asyncio.sleep((block_ms or 0) / 1000)
+            return []
         response = await self.redis.xreadgroup(
-            keys.outbox_group, self.name, dict.fromkeys(self._streams, start),
+            keys.outbox_group, self.name, dict.fromkeys(self._served, start),
             count=self.batch, block=block_ms,
         )  # fmt: skip
         rows = cast(list[Any], response or [])

@@ -42,6 +42,7 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
     """The coordinator's timings from the process settings."""
     return CoordinatorSettings(
         lease_ttl_s=settings.lease_ttl_s,
+        partition_lease_ttl_s=settings.partition_lease_ttl_s,
         tick_interval_s=settings.tick_interval_s,
         claim_idle_ms=settings.claim_idle_ms,
         journal_maxlen=settings.journal_maxlen,
