@@ -283,7 +283,22 @@ class OrgaClient:
         pipe.zcount(keys.heartbeats_key, time.time() - heartbeat_timeout_s, "+inf")
         reasoning, tools, running = cast("list[int]", pipe.execute())
         return {"queued": {keys.reasoning_queue: reasoning, keys.tools_queue: tools},
-                "running": running}  # fmt: skip
+                "running": running, "partitions": self.partition_holders()}  # fmt: skip
+
+    def partition_holders(self) -> dict[str, Any]:
+        """Which coordinator serves which partitions (their leases): ``{"held": {name:
+        [partition, ...]}, "unheld": [partition, ...]}``."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.partition_count):
+            pipe.get(keys.partition_lease_key(p))
+        held: dict[str, list[int]] = {}
+        unheld: list[int] = []
+        for p, owner in enumerate(cast("list[str | None]", pipe.execute())):
+            if owner is None:
+                unheld.append(p)
+            else:
+                held.setdefault(owner, []).append(p)
+        return {"held": dict(sorted(held.items())), "unheld": unheld}
 
     def result(self, task_id: str) -> dict[str, Any]:
         """What the task produced (also for a task that stopped: its completed steps)."""

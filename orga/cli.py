@@ -471,6 +471,26 @@ def status(
     out.print(table)
     queued = ", ".join(f"{queue} {n}" for queue, n in load["queued"].items())
     _say(f"queued: {queued}; running: {load['running']}")
+    _say(f"partitions: {_holders(load['partitions'])}")
+
+
+def _holders(partitions: dict[str, Any]) -> str:
+    """``c1 8 (0-7), c2 8 (8-15)``: each coordinator's partition leases; the unheld ones."""
+    held = [f"{name} {len(ps)} ({_ranges(ps)})" for name, ps in partitions["held"].items()]
+    if partitions["unheld"]:
+        held.append(f"unheld {len(partitions['unheld'])} ({_ranges(partitions['unheld'])})")
+    return ", ".join(held) or "none"
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``0-3,7,9-10`` for [0, 1, 2, 3, 7, 9, 10]."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _waits_on(row: dict[str, Any]) -> str:
