@@ -14,8 +14,8 @@ Membership
     ``P // N + (1 if i < P % N else 0)``: the shares add up to ``P``, and every coordinator
     computes the same ones from the same members.
 
-Heartbeat (every third of ``ttl_s``; every tick while this coordinator holds less than its
-share, so a newcomer fills up quickly)
+Heartbeat (every third of ``ttl_s``; at once when a tick finds the members changed, a
+newcomer or a coordinator gone; every tick while this coordinator holds less than its share)
     1. renew every lease this coordinator holds; one found expired or held by another is
        *lost*: it stops being served at once;
     2. more than the share: the excess (the highest partitions) is *drained*: no longer served
@@ -158,23 +158,25 @@ class PartitionLeases:
         return frozenset(self._valid_until) | frozenset(self._draining)
 
     async def tick(self) -> None:
-        """A heartbeat when one is due (every third of the TTL, or every call while short of
-        the share), and the drains whose loops have moved on released."""
-        now = self.clock()
-        due = self._last_beat is None or now - self._last_beat >= self.ttl_s / 3
-        if due or self._short:
-            await self.heartbeat()
+        """The membership looked at (one round trip); a heartbeat when it changed, when one
+        is due (every third of the TTL) or while short of the share; else the drains whose
+        loops have moved on released."""
+        sent = self.clock()
+        members = await self._members()
+        due = self._last_beat is None or sent - self._last_beat >= self.ttl_s / 3
+        if due or self._short or members != self.members:
+            await self.heartbeat(members, sent)
         else:
             await self._finish_draining()
 
-    async def heartbeat(self) -> None:
-        """Membership, renewals, then drain or take partitions towards the fair share."""
-        sent = self.clock()
+    async def heartbeat(self, members: tuple[str, ...] | None = None, sent: float = 0.0) -> None:
+        """Membership (``members``: as just read), renewals, then drain or take partitions
+        towards the fair share."""
+        if members is None:
+            sent = self.clock()
+            members = await self._members()
         self._last_beat = sent
-        members = await self._members_script(
-            keys=[keys.coordinators_key], args=[self.name, self.ttl_ms, "0"]
-        )
-        self.members = tuple(sorted(_text(m) for m in members))
+        self.members = members
         owners = await self._owners()
         lost = self._renewed(owners, sent)
         await self._finish_draining()
@@ -202,6 +204,13 @@ class PartitionLeases:
             )
 
     # -- steps ----------------------------------------------------------------------------
+
+    async def _members(self) -> tuple[str, ...]:
+        """This coordinator's membership renewed; the live members, in name order."""
+        members = await self._members_script(
+            keys=[keys.coordinators_key], args=[self.name, self.ttl_ms, "0"]
+        )
+        return tuple(sorted(_text(m) for m in members))
 
     async def _owners(self) -> dict[int, str | None]:
         """Every partition's lease holder, this coordinator's leases renewed on the way."""

@@ -712,6 +712,9 @@ def coordinator() -> None:
         )
         where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")
+        # SIGTERM (systemd, Kubernetes): finish the batches in hand and hand the partitions
+        # over at once (their leases released), instead of after ORGA_PARTITION_LEASE_TTL_S.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, node.stop)
         await node.run()
 
     with _errors():  # a Redis that evicts keys is refused at start (shared.eviction)
