@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Sequence
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -64,10 +65,19 @@ class CeleryPublisher:
 
     The app is a client only: it declares the queues and routes of the workers' configuration
     (:func:`shared.settings.celery_config`, JSON only) and imports no task.
+
+    With ``broker_depths`` (a broker other than the state Redis: RabbitMQ), it also tells how
+    deep the queues are (:class:`~coordinator.transport.QueueDepths`): kombu's
+    ``Channel.queue_declare(passive=True)``, whose reply counts the messages ready (AMQP's
+    ``declare-ok``), on a connection of its own.
     """
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, broker_depths: bool = False) -> None:
         self.app = app
+        self.broker_depths = broker_depths
+        self._depths_lock = threading.Lock()
+        self._depths_connection: Any = None
+        """A ``kombu.Connection`` (untyped) to the broker, for :meth:`queue_depths` only."""
 
     @classmethod
     def from_settings(cls, settings: OrgaSettings) -> CeleryPublisher:
@@ -79,7 +89,25 @@ class CeleryPublisher:
             )
         app = Celery("orga-relay", set_as_current=False)
         app.conf.update(celery_config(settings, settings.broker_url or settings.redis_url))
-        return cls(app)
+        own_broker = settings.broker_url not in (None, settings.redis_url)
+        return cls(app, broker_depths=own_broker)
+
+    def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
+        """Messages ready in each queue on the broker (a queue not declared yet: 0); None on
+        the state Redis's own broker (its lists are read there)."""
+        if not self.broker_depths:
+            return None
+        with self._depths_lock:
+            if self._depths_connection is None:
+                self._depths_connection = self.app.connection_for_read()
+            connection: Any = self._depths_connection
+            try:
+                connection.ensure_connection(max_retries=1)
+                return {queue: _ready(connection, queue) for queue in queues}
+            except Exception:
+                self._depths_connection = None  # a new connection next time
+                connection.release()
+                raise
 
     def publish(self, entries: Sequence[OutboxEntry]) -> None:
         """Send each entry as task ``entry.task`` with the one argument ``entry.payload``."""
@@ -106,7 +134,24 @@ class CeleryPublisher:
 
     def close(self) -> None:
         """Release the broker connections."""
+        with self._depths_lock:
+            if self._depths_connection is not None:
+                self._depths_connection.release()
+                self._depths_connection = None
         self.app.close()
+
+
+def _ready(connection: Any, queue: str) -> int:
+    """Messages ready in ``queue`` (passive declare, on a channel of its own: a broker closes
+    the channel of a declare that names no queue); 0 when the queue does not exist yet."""
+    channel = connection.channel()
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except connection.channel_errors:
+        return 0
+    finally:
+        with contextlib.suppress(*connection.connection_errors, *connection.channel_errors):
+            channel.close()
 
 
 @dataclass

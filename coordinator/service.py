@@ -78,7 +78,7 @@ from coordinator.relay import OutboxRelay
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
-from coordinator.transport import Transport
+from coordinator.transport import QueueDepths, Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
 from shared.errors import WireFormatError
@@ -241,7 +241,8 @@ class Coordinator:
         it together write one ``state_lost`` event, not one each."""
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
-        self._queues = QueueGauge(partitions=self.settings.partitions)
+        depths = self.publisher if isinstance(self.publisher, QueueDepths) else None
+        self._queues = QueueGauge(partitions=self.settings.partitions, broker=depths)
         self._refusals = RateGate(self.settings.refusal_log_interval_s)
         self._starting: set[str] = set()
         """Tasks an intake read created whose start commit waits to be sent with the others
