@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import redis
-import yaml
 
 from coordinator.state import (
     TERMINAL_STATUSES,
@@ -33,7 +32,14 @@ from shared import keys
 from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
 from shared.partitions import check_partitions
-from shared.task_spec import TaskSpec, as_task_text, check_task_id, load_task_file
+from shared.task_spec import (
+    TaskSpec,
+    TaskSpecError,
+    as_task_text,
+    check_task_id,
+    decode_task_text,
+    load_task_file,
+)
 
 __all__ = [
     "OrgaClient",
@@ -552,10 +558,11 @@ def _stream_order(entry_id: str) -> tuple[int, int]:
 
 def _idempotency_key(text: str) -> str | None:
     """The idempotency key a task's text names, if it parses (else the coordinator rejects it,
-    naming the error)."""
+    naming the error). Parsed as the intake does (:func:`~shared.task_spec.decode_task_text`:
+    size and nesting limits), never a bare YAML load of what a caller sent."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:  # not a task: the coordinator says why
+        data = decode_task_text(text)
+    except TaskSpecError:  # not a task: the coordinator says why
         return None
     key = data.get("idempotency_key") if isinstance(data, dict) else None
     return key if isinstance(key, str) and key else None
