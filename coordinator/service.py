@@ -1,6 +1,6 @@
 """The coordinator process: intake, observations, control, deadlines and leases.
 
-Six loops share one Redis connection pool:
+Seven loops share one Redis connection pool:
 
 - **intake**: ``XREADGROUP`` on ``orga:intake``; a malformed task goes to ``orga:rejected`` with
   its validation error and is acknowledged; a valid one is persisted (idempotency key honoured)
