@@ -57,13 +57,21 @@ PARTITIONS = int(os.environ.get(TEST_PARTITIONS_VAR) or "1")
 partitions (``make test-partitions``)."""
 
 
+def clean_env(drop: tuple[str, ...] = ("ORGA_",)) -> dict[str, str]:
+    """This process's environment without the variables starting with ``drop`` (its ``ORGA_``
+    settings), on the suite's partitions (``ORGA_PARTITIONS`` set when it is not 1): what a
+    test gives the processes it starts before adding its own settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    if PARTITIONS != 1:
+        env[PARTITIONS_VAR] = str(PARTITIONS)
+    return env
+
+
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of an ``orga`` command on the embedded runtime in ``tmp_path``: this
     process's, without its ``ORGA_`` settings or an OpenAI key, on the suite's partitions."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env = clean_env()
     env.pop("OPENAI_API_KEY", None)
-    if PARTITIONS != 1:
-        env[PARTITIONS_VAR] = str(PARTITIONS)
     env.update(
         COLUMNS="200",
         ORGA_HOME=str(tmp_path / "home"),

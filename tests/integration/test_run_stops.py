@@ -21,9 +21,9 @@ from orga.embedded_redis import EmbeddedRedis
 from shared.settings import OrgaSettings
 from tests.integration.harness import (
     ORGA,
-    PARTITIONS_VAR,
     REPO,
     Cluster,
+    clean_env,
     run_orga,
     status_of,
     wait_until,
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(
         COLUMNS="200",
         ORGA_HOME=str(tmp_path / "home"),
