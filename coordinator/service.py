@@ -278,6 +278,7 @@ class Coordinator:
             await asyncio.gather(*loops)
         finally:
             with contextlib.suppress(Exception):  # unreachable: the leases expire instead
+                await self._partitions_released(leases.held)  # its tasks, then the partitions
                 await leases.leave()
 
     def serving(self, loop: str | None = None) -> frozenset[int]:

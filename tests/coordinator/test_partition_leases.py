@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
 
+from coordinator.machine import MachineSettings
 from coordinator.partition_leases import PartitionLeases, fair_share, plan_leases
+from coordinator.service import Coordinator, CoordinatorSettings
 from shared import keys
 from tests.redis_server import RedisClientFactory
 
@@ -192,3 +195,67 @@ def test_a_coordinator_leaving_hands_its_partitions_over_at_once(
         assert a.members == ("a",) and a.serving() == frozenset(range(P))
 
     _run(redis_client, body)
+
+
+def test_running_coordinators_each_serve_only_the_partitions_they_hold(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Two running coordinators on 4 partitions hold 2 each; every task submitted to any
+    partition's intake is created by the holder of its partition (its task lease names it);
+    stopped, each releases its task and partition leases and leaves the members."""
+
+    async def body(client: Redis) -> None:
+        settings = CoordinatorSettings(
+            machine=MachineSettings(workspace_root="/ws"),
+            block_ms=10,
+            tick_interval_s=0.05,
+            partitions=4,
+            partition_lease_ttl_s=30,
+        )
+        a, b = (Coordinator(client, settings=settings, name=name) for name in "ab")
+        runs = [asyncio.create_task(a.run())]
+        await _until(lambda: len(a.serving()) == 4)
+        runs.append(asyncio.create_task(b.run()))
+        await _until(lambda: len(a.serving()) == 2 and len(b.serving()) == 2)
+        assert not a.serving() & b.serving()
+        task_ids = [f"t{n}" for n in range(12)]
+        for task_id in task_ids:
+            p = keys.partition_of(task_id, 4)
+            await client.xadd(keys.intake_stream(p), {"task_id": task_id, "task": json.dumps(TASK)})
+        holder = {p: x.name for x in (a, b) for p in x.serving()}
+
+        async def created() -> bool:
+            lease_keys = [keys.lease_key(t, keys.partition_of(t, 4)) for t in task_ids]
+            return all([await client.get(key) for key in lease_keys])
+
+        await _until_async(created)
+        for task_id in task_ids:
+            p = keys.partition_of(task_id, 4)
+            assert (await client.get(keys.lease_key(task_id, p))) == holder[p].encode()
+        a.stop()
+        b.stop()
+        await asyncio.wait_for(asyncio.gather(*runs), 10)
+        assert await client.zcard(keys.coordinators_key) == 0
+        for p in range(4):
+            assert await client.get(keys.partition_lease_key(p)) is None
+        for task_id in task_ids:
+            assert await client.get(keys.lease_key(task_id, keys.partition_of(task_id, 4))) is None
+
+    _run(redis_client, body)
+
+
+TASK = {"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]}
+
+
+async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    async def check() -> bool:
+        return predicate()
+
+    await _until_async(check, timeout_s)
+
+
+async def _until_async(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
