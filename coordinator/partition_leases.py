@@ -48,7 +48,7 @@ from redis.exceptions import NoScriptError
 
 from shared import keys
 
-__all__ = ["LeasePlan", "PartitionLeases", "fair_share", "plan_leases"]
+__all__ = ["LeasePlan", "PartitionLeases", "fair_share", "forget_holders", "plan_leases"]
 
 log = logging.getLogger("orga.coordinator.partitions")
 
@@ -74,6 +74,15 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+async def forget_holders(redis: Redis, partitions: int) -> None:
+    """Delete every partition lease and the members: for a process that knows it is the only
+    coordinator of its Redis (the embedded runtime, holding its home's lock), so that leases
+    left by a predecessor killed with SIGKILL do not keep it waiting for their TTL."""
+    await redis.delete(keys.coordinators_key)
+    for p in range(partitions):
+        await redis.delete(keys.partition_lease_key(p))
 
 
 def fair_share(partitions: int, members: Iterable[str], name: str) -> int:

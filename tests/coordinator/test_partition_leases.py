@@ -11,7 +11,12 @@ import pytest
 from redis.asyncio import Redis
 
 from coordinator.machine import MachineSettings
-from coordinator.partition_leases import PartitionLeases, fair_share, plan_leases
+from coordinator.partition_leases import (
+    PartitionLeases,
+    fair_share,
+    forget_holders,
+    plan_leases,
+)
 from coordinator.service import Coordinator, CoordinatorSettings
 from shared import keys
 from tests.redis_server import RedisClientFactory
@@ -259,3 +264,20 @@ async def _until_async(predicate: Callable[[], Awaitable[bool]], timeout_s: floa
     while not await predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+def test_the_sole_coordinator_forgets_a_killed_predecessors_leases(
+    redis_client: RedisClientFactory,
+) -> None:
+    """forget_holders (the embedded runtime, sole coordinator of its Redis) drops the leases
+    and membership a SIGKILLed process left: its successor serves every partition at once."""
+
+    async def body(client: Redis) -> None:
+        dead = PartitionLeases(client, "dead", P, ttl_s=30)
+        await dead.heartbeat()
+        await forget_holders(client, P)
+        successor = PartitionLeases(client, "next", P, ttl_s=30)
+        await successor.heartbeat()
+        assert successor.members == ("next",) and successor.serving() == frozenset(range(P))
+
+    _run(redis_client, body)
