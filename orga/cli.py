@@ -469,9 +469,27 @@ def status(
     for row in data:
         table.add_row(Text(row["task_id"]), Text(row["status"] or "?"), Text(_waits_on(row)))
     out.print(table)
-    queued = ", ".join(f"{queue} {n}" for queue, n in load["queued"].items())
+    queued = ", ".join(f"{queue} {n}" for queue, n in _on_the_broker(load["queued"]).items())
     _say(f"queued: {queued}; running: {load['running']}")
     _say(f"partitions: {_holders(load['partitions'])}")
+
+
+def _on_the_broker(queued: dict[str, int]) -> dict[str, Any]:
+    """The queues' depths: read from the broker when it is not the state Redis (RabbitMQ),
+    whose lists are empty then; the broker unreachable is said so."""
+    from coordinator.relay import CeleryPublisher
+
+    settings = _settings()
+    if settings.broker_url in (None, settings.redis_url):
+        return queued
+    publisher = CeleryPublisher.from_settings(settings)
+    try:
+        depths = publisher.queue_depths(list(queued))
+    except Exception as exc:
+        return dict.fromkeys(queued, f"? (broker unreachable: {type(exc).__name__})")
+    finally:
+        publisher.close()
+    return dict(depths) if depths is not None else queued
 
 
 def _holders(partitions: dict[str, Any]) -> str:

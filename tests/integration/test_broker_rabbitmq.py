@@ -32,7 +32,14 @@ from shared.loop_types import LoopConfig
 from shared.protocol import Fence, ToolObservedMessage, ToolRequest, decode_entry
 from shared.settings import OrgaSettings, celery_config
 from tests.ci import require
-from tests.integration.harness import REPO, Cluster, Process, wait_until
+from tests.integration.harness import (
+    REPO,
+    Cluster,
+    Process,
+    _environment,
+    run_orga,
+    wait_until,
+)
 from tests.rabbitmq_server import RabbitMQServer, RabbitMQUnavailableError
 
 pytestmark = pytest.mark.integration
@@ -206,8 +213,8 @@ def test_a_worker_outlives_a_restart_of_the_node(
 def test_the_coordinator_reads_queue_depths_from_rabbitmq(cluster: Cluster, amqp_url: str) -> None:
     """A backlog on RabbitMQ is seen as such: the relay's publisher reads each queue's ready
     messages with a passive declare (a queue not declared yet: 0, and the next one still
-    answers), and the coordinator's queue gauge takes them instead of the empty Redis lists;
-    once a worker drains the queue, the depth falls to 0."""
+    answers), the coordinator's queue gauge and `orga status` take them instead of the empty
+    Redis lists; once a worker drains the queue, the depth falls to 0."""
     worker = _worker(cluster, amqp_url, "w1")  # declares the quorum queues
     worker.stop()
     settings = OrgaSettings(redis_url=cluster.redis_url, broker_url=amqp_url)
@@ -228,6 +235,10 @@ def test_the_coordinator_reads_queue_depths_from_rabbitmq(cluster: Cluster, amqp
             return gauge.depth(keys.tools_queue)
 
         assert asyncio.run(sampled()) == 5
+        env = _environment(cluster.redis_url, cluster.workspaces, {"ORGA_BROKER_URL": amqp_url})
+        status = run_orga("status", env=env)
+        assert status.returncode == 0, status.stderr
+        assert "queued: orga.reasoning 0, orga.tools 5;" in status.stdout, status.stdout
         _worker(cluster, amqp_url, "w2")
         for request in requests:
             _observed(cluster, request)
