@@ -33,6 +33,7 @@ from shared.protocol import Fence, ToolObservedMessage, ToolRequest, decode_entr
 from shared.settings import OrgaSettings, celery_config
 from tests.ci import require
 from tests.integration.harness import (
+    PARTITIONS,
     REPO,
     Cluster,
     Process,
@@ -119,7 +120,7 @@ def _command_call(cluster: Cluster, command: str) -> ToolRequest:
 def _observations(cluster: Cluster, task_id: str) -> list[ToolObservedMessage]:
     """The ``tool_observed`` answers to ``task_id`` on the observations stream."""
     with redis.Redis.from_url(cluster.redis_url, decode_responses=True) as raw:
-        entries = raw.xrange(keys.observations_stream(0))
+        entries = raw.xrange(keys.observations_stream(keys.partition_of(task_id, PARTITIONS)))
     found = []
     for _, fields in entries:
         message = decode_entry(fields)
