@@ -132,6 +132,9 @@ class ChaosPlan:
     observation_deadline_s: float = 20.0
     tick_interval_s: float = 0.2
     lease_ttl_s: float = 3.0
+    partition_lease_ttl_s: float = 3.0
+    """A coordinator restarted after SIGKILL (another name) serves the partitions once the dead
+    one's partition leases expire."""
     claim_idle_ms: int = 1500
     max_redeliveries: int = 3
     visibility_timeout_s: int = 60
@@ -149,6 +152,7 @@ class ChaosPlan:
                 "ORGA_HEARTBEAT_INTERVAL_S": str(self.observation_deadline_s / 8),
                 "ORGA_TICK_INTERVAL_S": str(self.tick_interval_s),
                 "ORGA_LEASE_TTL_S": str(self.lease_ttl_s),
+                "ORGA_PARTITION_LEASE_TTL_S": str(self.partition_lease_ttl_s),
                 "ORGA_CLAIM_IDLE_MS": str(self.claim_idle_ms),
                 "ORGA_MAX_REDELIVERIES": str(self.max_redeliveries),
                 "ORGA_VISIBILITY_TIMEOUT_S": str(self.visibility_timeout_s),
@@ -1024,7 +1028,9 @@ class ChaosReport:
             )
         if kind == "coordinator":
             return (
-                f"restart + claim idle {plan.claim_idle_ms / 1000:g}s + tick; its deadline work: "
+                f"restart, then the dead one's partition leases (TTL "
+                f"{plan.partition_lease_ttl_s:g}s) and claim idle {plan.claim_idle_ms / 1000:g}s "
+                f"+ tick; its deadline work: "
                 f"lease TTL {plan.lease_ttl_s:g}s, then {lost}"
             )
         return (

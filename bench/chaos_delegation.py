@@ -67,6 +67,7 @@ class DelegationChaosPlan:
             "ORGA_HEARTBEAT_INTERVAL_S": str(self.observation_deadline_s / 8),
             "ORGA_TICK_INTERVAL_S": "0.2",
             "ORGA_LEASE_TTL_S": "3",
+            "ORGA_PARTITION_LEASE_TTL_S": "3",
             "ORGA_CLAIM_IDLE_MS": "1500",
         }
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import redis
-import yaml
 from pydantic import ValidationError
 
 from coordinator.state import (
@@ -36,7 +35,14 @@ from shared.approval import CALL_DECISIONS, DecisionError, DecisionRequest, chec
 from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
 from shared.partitions import check_partitions
-from shared.task_spec import TaskSpec, as_task_text, check_task_id, load_task_file
+from shared.task_spec import (
+    TaskSpec,
+    TaskSpecError,
+    as_task_text,
+    check_task_id,
+    decode_task_text,
+    load_task_file,
+)
 from shared.tokens import TokenEntry, token_entry
 
 __all__ = [
@@ -303,7 +309,22 @@ class OrgaClient:
         pipe.zcount(keys.heartbeats_key, time.time() - heartbeat_timeout_s, "+inf")
         reasoning, tools, running = cast("list[int]", pipe.execute())
         return {"queued": {keys.reasoning_queue: reasoning, keys.tools_queue: tools},
-                "running": running}  # fmt: skip
+                "running": running, "partitions": self.partition_holders()}  # fmt: skip
+
+    def partition_holders(self) -> dict[str, Any]:
+        """Which coordinator serves which partitions (their leases): ``{"held": {name:
+        [partition, ...]}, "unheld": [partition, ...]}``."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in range(self.partition_count):
+            pipe.get(keys.partition_lease_key(p))
+        held: dict[str, list[int]] = {}
+        unheld: list[int] = []
+        for p, owner in enumerate(cast("list[str | None]", pipe.execute())):
+            if owner is None:
+                unheld.append(p)
+            else:
+                held.setdefault(owner, []).append(p)
+        return {"held": dict(sorted(held.items())), "unheld": unheld}
 
     def result(self, task_id: str) -> dict[str, Any]:
         """What the task produced (also for a task that stopped: its completed steps)."""
@@ -807,10 +828,11 @@ def _stream_order(entry_id: str) -> tuple[int, int]:
 
 def _idempotency_key(text: str) -> str | None:
     """The idempotency key a task's text names, if it parses (else the coordinator rejects it,
-    naming the error)."""
+    naming the error). Parsed as the intake does (:func:`~shared.task_spec.decode_task_text`:
+    size and nesting limits), never a bare YAML load of what a caller sent."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:  # not a task: the coordinator says why
+        data = decode_task_text(text)
+    except TaskSpecError:  # not a task: the coordinator says why
         return None
     key = data.get("idempotency_key") if isinstance(data, dict) else None
     return key if isinstance(key, str) and key else None

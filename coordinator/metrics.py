@@ -379,11 +379,30 @@ class RedisStateCollector(Collector):
             "Entries on the dead-letter stream",
             _total(client.xlen(keys.dead_letter_stream(p)) for p in parts),
         )
+        yield _partition_gauge(client, self._partitions)
         yield _gauge(
             "orga_rejected_tasks",
             "Entries on the rejected stream",
             _total(client.xlen(keys.rejected_stream(p)) for p in parts),
         )
+
+
+def _partition_gauge(client: redis.Redis, partitions: int) -> GaugeMetricFamily:
+    """``orga_partitions_held{coordinator}``: partition leases by holder (``""``: unheld)."""
+    pipe = client.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.get(keys.partition_lease_key(p))
+    counts: dict[str, int] = {}
+    for owner in cast("list[str | None]", pipe.execute()):
+        counts[owner or ""] = counts.get(owner or "", 0) + 1
+    gauge = GaugeMetricFamily(
+        "orga_partitions_held",
+        'Partitions whose streams and relay each coordinator serves (coordinator "": no one)',
+        labels=["coordinator"],
+    )
+    for owner, count in sorted(counts.items()):
+        gauge.add_metric([owner], float(count))
+    return gauge
 
 
 def observation_backlog(

@@ -6,10 +6,16 @@ task's deadline makes it look, and keeps an exponentially weighted drain rate pe
 deadline of a dispatch that has not started grows with the queue it waits in
 (:mod:`coordinator.liveness`), and a queue that holds messages but drains nothing has no
 consumer: that is logged, once a minute per queue.
+
+The queues' lengths are the lists of the Redis broker on the state Redis; on a broker of its own
+(RabbitMQ: ``ORGA_BROKER_URL=amqp://``) they are asked of the broker through the transport
+(:class:`~coordinator.transport.QueueDepths`), in a thread; a broker that does not answer
+leaves the last depths read (logged once a minute).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,6 +24,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from coordinator.liveness import UNKNOWN_PROGRESS, StreamProgress
+from coordinator.transport import QueueDepths
 from shared import keys
 
 __all__ = ["QueueGauge"]
@@ -43,6 +50,10 @@ class QueueGauge:
     partitions: int = 1
     """The deployment's partition count: the observations stream of each is sampled."""
     _progress: list[StreamProgress] = field(default_factory=list)
+    broker: QueueDepths | None = None
+    """Where the queues' depths are read when the broker is not the state Redis (None, or a
+    broker answering None: the lists on the state Redis)."""
+    _broker_warned_at: float = -WARN_EVERY_S
 
     @property
     def observations(self) -> StreamProgress:
@@ -79,13 +90,34 @@ class QueueGauge:
         failed = [r for r in replies[: 2 * len(QUEUES)] if isinstance(r, Exception)]
         if failed:  # only the stream's replies may fail (no stream or group yet)
             raise failed[0]
+        on_broker = await self._broker_depths(now)
         elapsed = now - self._sampled_at if self._sampled_at else 0.0
         self._sampled_at = now
         for index, queue in enumerate(QUEUES):
             depth, started = int(replies[2 * index]), int(replies[2 * index + 1] or 0)
+            if on_broker is not None:
+                depth = on_broker.get(queue, self._depth.get(queue, 0))
             self._update(queue, depth, started, elapsed, now)
         streams = replies[2 * len(QUEUES) :]
         self._progress = [_progress(*streams[2 * p : 2 * p + 2]) for p in range(self.partitions)]
+
+    async def _broker_depths(self, now: float) -> dict[str, int] | None:
+        """The depths the broker tells (None: read the lists); the last ones read when it
+        does not answer."""
+        if self.broker is None:
+            return None
+        try:
+            depths = await asyncio.to_thread(self.broker.queue_depths, QUEUES)
+        except Exception as exc:
+            if now - self._broker_warned_at >= WARN_EVERY_S:
+                self._broker_warned_at = now
+                log.warning(
+                    "queue.depth_unavailable",
+                    extra={"error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                           "kept": dict(self._depth)},
+                )  # fmt: skip
+            return dict(self._depth)
+        return None if depths is None else dict(depths)
 
     def _update(self, queue: str, depth: int, started: int, elapsed: float, now: float) -> None:
         previous = self._started.get(queue)

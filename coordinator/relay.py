@@ -34,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -64,10 +65,19 @@ class CeleryPublisher:
 
     The app is a client only: it declares the queues and routes of the workers' configuration
     (:func:`shared.settings.celery_config`, JSON only) and imports no task.
+
+    With ``broker_depths`` (a broker other than the state Redis: RabbitMQ), it also tells how
+    deep the queues are (:class:`~coordinator.transport.QueueDepths`): kombu's
+    ``Channel.queue_declare(passive=True)``, whose reply counts the messages ready (AMQP's
+    ``declare-ok``), on a connection of its own.
     """
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, broker_depths: bool = False) -> None:
         self.app = app
+        self.broker_depths = broker_depths
+        self._depths_lock = threading.Lock()
+        self._depths_connection: Any = None
+        """A ``kombu.Connection`` (untyped) to the broker, for :meth:`queue_depths` only."""
 
     @classmethod
     def from_settings(cls, settings: OrgaSettings) -> CeleryPublisher:
@@ -79,7 +89,25 @@ class CeleryPublisher:
             )
         app = Celery("orga-relay", set_as_current=False)
         app.conf.update(celery_config(settings, settings.broker_url or settings.redis_url))
-        return cls(app)
+        own_broker = settings.broker_url not in (None, settings.redis_url)
+        return cls(app, broker_depths=own_broker)
+
+    def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
+        """Messages ready in each queue on the broker (a queue not declared yet: 0); None on
+        the state Redis's own broker (its lists are read there)."""
+        if not self.broker_depths:
+            return None
+        with self._depths_lock:
+            if self._depths_connection is None:
+                self._depths_connection = self.app.connection_for_read()
+            connection: Any = self._depths_connection
+            try:
+                connection.ensure_connection(max_retries=1)
+                return {queue: _ready(connection, queue) for queue in queues}
+            except Exception:
+                self._depths_connection = None  # a new connection next time
+                connection.release()
+                raise
 
     def publish(self, entries: Sequence[OutboxEntry]) -> None:
         """Send each entry as task ``entry.task`` with the one argument ``entry.payload``."""
@@ -106,7 +134,24 @@ class CeleryPublisher:
 
     def close(self) -> None:
         """Release the broker connections."""
+        with self._depths_lock:
+            if self._depths_connection is not None:
+                self._depths_connection.release()
+                self._depths_connection = None
         self.app.close()
+
+
+def _ready(connection: Any, queue: str) -> int:
+    """Messages ready in ``queue`` (passive declare, on a channel of its own: a broker closes
+    the channel of a declare that names no queue); 0 when the queue does not exist yet."""
+    channel = connection.channel()
+    try:
+        return int(channel.queue_declare(queue=queue, passive=True).message_count)
+    except connection.channel_errors:
+        return 0
+    finally:
+        with contextlib.suppress(*connection.connection_errors, *connection.channel_errors):
+            channel.close()
 
 
 @dataclass
@@ -118,8 +163,10 @@ class OutboxRelay:
     name: str
     batch: int = keys.outbox_batch
     partitions: int = 1
-    """The deployment's partition count: the relay reads every partition's outbox (leasing
-    partitions between coordinators is a later step)."""
+    """The deployment's partition count."""
+    serving: Callable[[], Collection[int]] | None = None
+    """The partitions whose outbox this relay reads, asked at the start of each
+    :meth:`relay_once` (the coordinator's partition leases); None: every partition."""
     block_ms: int = 1000
     claim_idle_ms: int = keys.outbox_claim_idle_ms
     claim_interval_s: float = 1.0
@@ -137,6 +184,13 @@ class OutboxRelay:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orga-relay")
         self._remove = self.redis.register_script(_REMOVE)
         self._streams = {keys.outbox_stream(p): p for p in range(self.partitions)}
+        self._served: list[str] = list(self._streams)
+
+    def _outboxes(self) -> list[str]:
+        """The outbox streams of the partitions served now."""
+        if self.serving is None:
+            return list(self._streams)
+        return [keys.outbox_stream(p) for p in sorted(self.serving())]
 
     async def ensure_group(self) -> bool:
         """Create the group on each partition's outbox (from the start of the stream) unless
@@ -181,6 +235,7 @@ class OutboxRelay:
         """Send one batch and remove what was sent; how many were sent. Entries this relay
         left pending come first, then a dead relay's (every ``claim_interval_s``), then new
         ones (waiting up to ``block_ms`` for them)."""
+        self._served = self._outboxes()
         batches = await self._own() if self._retry_own else []
         if not batches:
             batches = await self.claim()
@@ -203,7 +258,7 @@ class OutboxRelay:
             return []
         self._last_claim = now
         batches = []
-        for stream in self._streams:
+        for stream in self._served:
             reply = await self.redis.xautoclaim(
                 stream, keys.outbox_group, self.name, self.claim_idle_ms,
                 start_id="0-0", count=self.batch,
@@ -279,8 +334,11 @@ class OutboxRelay:
     async def _read(
         self, start: str, block_ms: int | None
     ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
+        if not self._served:  # no partition served: wait as a blocking read would
+            await asyncio.sleep((block_ms or 0) / 1000)
+            return []
         response = await self.redis.xreadgroup(
-            keys.outbox_group, self.name, dict.fromkeys(self._streams, start),
+            keys.outbox_group, self.name, dict.fromkeys(self._served, start),
             count=self.batch, block=block_ms,
         )  # fmt: skip
         rows = cast(list[Any], response or [])

@@ -1,6 +1,6 @@
 """The coordinator process: intake, observations, control, deadlines and leases.
 
-Six loops share one Redis connection pool:
+Seven loops share one Redis connection pool:
 
 - **intake**: ``XREADGROUP`` on ``orga:intake``; a malformed task goes to ``orga:rejected`` with
   its validation error and is acknowledged; a valid one is persisted (idempotency key honoured)
@@ -14,6 +14,12 @@ Six loops share one Redis connection pool:
 - **schedules**: due schedules are submitted to the intake (:mod:`coordinator.schedules`).
 - **relay** (with a ``publisher``): the outbox's dispatches are sent to Celery
   (:mod:`coordinator.relay`).
+- **partitions**: the partition leases' heartbeat (:mod:`coordinator.partition_leases`).
+
+A running coordinator serves a fair share of the partitions: the intake, observations, control
+and relay loops and the tick read only the partitions it holds the lease of
+(:meth:`Coordinator.serving`). A coordinator driven without :meth:`Coordinator.run` (tests)
+serves every partition.
 
 A task naming an agent (``agent: NAME``) is merged with the registered profile before it is
 validated (:mod:`coordinator.agents`).
@@ -66,12 +72,13 @@ from coordinator.logs import RateGate
 from coordinator.machine import PLAN_FENCE_STEP, Effects, MachineSettings, TaskMachine, decide
 from coordinator.machine.delegation import rejected_child
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.partition_leases import PartitionLeases
 from coordinator.queues import QueueGauge
 from coordinator.relay import OutboxRelay
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
-from coordinator.transport import Transport
+from coordinator.transport import QueueDepths, Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
 from shared.errors import WireFormatError
@@ -169,8 +176,11 @@ class CoordinatorSettings:
     schedule_interval_s: float = 1.0
     partitions: int = 1
     """The deployment's partition count (``ORGA_PARTITIONS``); refused at start when Redis
-    holds another. This coordinator reads every partition's streams (leasing partitions
-    between coordinators is a later step)."""
+    holds another. A running coordinator serves the partitions it leases
+    (:mod:`coordinator.partition_leases`)."""
+    partition_lease_ttl_s: float = float(keys.partition_lease_ttl_s)
+    """A dead coordinator's partitions are taken over this long after its last renewal
+    (``ORGA_PARTITION_LEASE_TTL_S``)."""
     machine: MachineSettings = field(default_factory=MachineSettings)
 
 
@@ -208,12 +218,15 @@ class Coordinator:
             for p in range(self.settings.partitions)
             for kind in (keys.intake_stream, keys.observations_stream, keys.control_stream)
         }
+        self.partition_leases: PartitionLeases | None = None
+        """Set by :meth:`run`: the partitions this coordinator serves (None: every one)."""
         self.relay = (
             OutboxRelay(
                 self.redis,
                 self.publisher,
                 self.name,
                 partitions=self.settings.partitions,
+                serving=lambda: self.serving("relay"),
                 # A dead coordinator's unsent dispatches are taken over no later than its
                 # observations are (ORGA_CLAIM_IDLE_MS), and never later than 10 s.
                 claim_idle_ms=min(keys.outbox_claim_idle_ms, self.settings.claim_idle_ms),
@@ -228,7 +241,8 @@ class Coordinator:
         it together write one ``state_lost`` event, not one each."""
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
-        self._queues = QueueGauge(partitions=self.settings.partitions)
+        depths = self.publisher if isinstance(self.publisher, QueueDepths) else None
+        self._queues = QueueGauge(partitions=self.settings.partitions, broker=depths)
         self._refusals = RateGate(self.settings.refusal_log_interval_s)
         self._starting: set[str] = set()
         """Tasks an intake read created whose start commit waits to be sent with the others
@@ -242,6 +256,15 @@ class Coordinator:
         await check_redis_keeps_keys(self.redis)
         await check_layout(self.redis, self.settings.partitions)
         await self._ensure_groups()
+        leases = self.partition_leases = PartitionLeases(
+            self.redis,
+            self.name,
+            self.settings.partitions,
+            ttl_s=self.settings.partition_lease_ttl_s,
+            on_released=self._partitions_released,
+        )
+        leases.register(*_READ_LOOPS, "tick", *(["relay"] if self.relay is not None else []))
+        await leases.heartbeat()  # serve a share from the first read on
         loops = [self.relay.run(self._stopping)] if self.relay is not None else []
         loops += [
             self._loop(self._intake_once),
@@ -249,8 +272,30 @@ class Coordinator:
             self._loop(self._control_once),
             self._loop(self._tick_once, self.settings.tick_interval_s),
             self._loop(self._schedules_once, self.settings.schedule_interval_s),
+            self._loop(leases.tick, self.settings.tick_interval_s),
         ]
-        await asyncio.gather(*loops)
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            with contextlib.suppress(Exception):  # unreachable: the leases expire instead
+                await self._partitions_released(leases.held)  # its tasks, then the partitions
+                await leases.leave()
+
+    def serving(self, loop: str | None = None) -> frozenset[int]:
+        """The partitions this coordinator works on now (every one when it was not started by
+        :meth:`run`); ``loop``, one of its loops starting an iteration, says it is done with
+        any partition dropped since its last look."""
+        if self.partition_leases is None:
+            return frozenset(range(self.settings.partitions))
+        return self.partition_leases.serving(loop)
+
+    async def _partitions_released(self, partitions: frozenset[int]) -> None:
+        """Partitions this coordinator no longer holds: their tasks' leases are given back so
+        that the next holder drives them at once (a lost partition's are probably gone)."""
+        tasks = sorted(t for t in self._held if self.store.partition(t) in partitions)
+        self._held.difference_update(tasks)
+        if tasks:
+            await self.store.renew_leases([], self.name, self._lease_ms, release=tasks)
 
     def stop(self) -> None:
         """Ask every loop to finish after its current batch."""
@@ -328,17 +373,24 @@ class Coordinator:
                     self.metrics.state_lost()
 
     def _streams(self, kind: Callable[[int], str]) -> list[str]:
-        return keys.partition_streams(self.settings.partitions, kind)
+        """One stream of each partition this coordinator serves (the read loop of that stream
+        starting an iteration)."""
+        return [kind(p) for p in sorted(self.serving(kind.__name__))]
 
     async def _read(
         self, kind: Callable[[int], str]
     ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        """One read of a stream of every partition (one multi-stream ``XREADGROUP``): the
-        entries of each stream that had some, by stream."""
+        """One read of a stream of every partition served (one multi-stream ``XREADGROUP``):
+        the entries of each stream that had some, by stream (none served: a pause instead)."""
+        streams = self._streams(kind)
+        if not streams:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.settings.block_ms / 1000)
+            return []
         response = await self.redis.xreadgroup(
             keys.coordinator_group,
             self.name,
-            dict.fromkeys(self._streams(kind), ">"),
+            dict.fromkeys(streams, ">"),
             count=self.settings.batch,
             block=self.settings.block_ms,
         )
@@ -797,13 +849,14 @@ class Coordinator:
     # -- ticks ----------------------------------------------------------------------------
 
     async def _tick_once(self) -> None:
-        for p in range(self.settings.partitions):
+        served = sorted(self.serving("tick"))
+        for p in served:
             await self._reclaim(keys.observations_stream(p), self._observation)
             await self._reclaim(keys.intake_stream(p), self._intake)
             await self._reclaim(keys.control_stream(p), self._control)
         await self._renew_leases()
-        await self._purge()
-        due = await self.store.due_task_ids(time.time(), self.settings.batch * 4)
+        await self._purge(served)
+        due = await self.store.due_task_ids(time.time(), self.settings.batch * 4, served)
         if due:
             await self._queues.sample(self.redis)
         for task_id in due:
@@ -871,14 +924,16 @@ class Coordinator:
         renewed = await self.store.renew_leases(live, self.name, self._lease_ms, release=ended)
         self._held.difference_update(t for t, ok in zip(live, renewed, strict=True) if not ok)
 
-    async def _purge(self) -> None:
-        """Delete finished tasks older than the retention (state, journal, aliases)."""
+    async def _purge(self, partitions: list[int]) -> None:
+        """Delete the served partitions' finished tasks older than the retention (state,
+        journal, aliases)."""
         now = time.monotonic()
         if now - self._last_purge < self.settings.purge_interval_s:
             return
         self._last_purge = now
         await self.store.forget_heartbeats(time.time() - keys.heartbeats_retention_s)
-        purged = await self.store.purge_finished(time.time() - self.settings.retention_s)
+        retained = time.time() - self.settings.retention_s
+        purged = await self.store.purge_finished(retained, partitions=partitions)
         if purged:
             log.info("tasks.purged", extra={"count": purged, "coordinator": self.name})
 
@@ -1008,6 +1063,11 @@ async def check_layout(redis: Redis, partitions: int) -> int:
     if found:
         raise legacy_layout_error(found)
     return partitions
+
+
+_READ_LOOPS = (keys.intake_stream.__name__, keys.observations_stream.__name__,
+               keys.control_stream.__name__)  # fmt: skip
+"""The read loops, named after the stream they read (:meth:`Coordinator._streams`)."""
 
 
 def _wrong(record: TaskRecord, fence: Fence) -> str | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -593,11 +593,13 @@ class TaskStore:
             pipe.smembers(keys.active_tasks_key(p))
         return sorted(_text(m) for members in await pipe.execute() for m in members)
 
-    async def due_task_ids(self, now: float, limit: int) -> list[str]:
+    async def due_task_ids(
+        self, now: float, limit: int, partitions: Iterable[int] | None = None
+    ) -> list[str]:
         """Tasks whose next deadline has passed (observation, review or start), oldest first,
-        merged over every partition."""
+        merged over ``partitions`` (None: every partition)."""
         pipe = self.redis.pipeline(transaction=False)
-        for p in range(self.partitions):
+        for p in range(self.partitions) if partitions is None else partitions:
             pipe.zrangebyscore(
                 keys.deadlines_key(p), "-inf", now, start=0, num=limit, withscores=True
             )
@@ -622,14 +624,17 @@ class TaskStore:
             pipe.sismember(keys.active_tasks_key(self.partition(task_id)), task_id)
         return [bool(int(f)) for f in await pipe.execute()]
 
-    async def purge_finished(self, finished_before: float, batch: int = 500) -> int:
-        """Delete tasks that finished before ``finished_before``; returns how many.
+    async def purge_finished(
+        self, finished_before: float, batch: int = 500, partitions: Iterable[int] | None = None
+    ) -> int:
+        """Delete tasks (of ``partitions``; None: every one) that finished before
+        ``finished_before``; returns how many.
 
         Candidates come from the index of finished tasks by end time, so tasks still running
         never block the purge.
         """
         purged = 0
-        for p in range(self.partitions):
+        for p in range(self.partitions) if partitions is None else partitions:
             candidates = await self.redis.zrangebyscore(
                 keys.finished_tasks_key(p), "-inf", finished_before, start=0, num=batch
             )

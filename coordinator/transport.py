@@ -12,17 +12,22 @@ The one implementation today is :class:`coordinator.relay.CeleryPublisher`:
 ``Celery.send_task`` over the configured broker (Redis, or RabbitMQ with ``ORGA_BROKER_URL``).
 Inside the coordinator only the transport modules (this one and :mod:`coordinator.relay`) may
 import Celery or kombu (``tests/test_layers.py``).
+
+How deep the task queues are is the broker's to say too: a transport that can tell implements
+:class:`QueueDepths` (``CeleryPublisher`` does on a broker of its own, RabbitMQ through a
+passive ``queue_declare``), and the coordinator's queue gauge asks it instead of reading the
+queues' lists on the state Redis, which only the Redis broker keeps there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from shared.errors import OrgaError
 from shared.outbox import OutboxEntry
 
-__all__ = ["OutboxEntry", "PublishError", "Transport"]
+__all__ = ["OutboxEntry", "PublishError", "QueueDepths", "Transport"]
 
 
 class PublishError(OrgaError):
@@ -40,4 +45,14 @@ class Transport(Protocol):
     def publish(self, entries: Sequence[OutboxEntry]) -> None:
         """Send ``entries`` in order; on a failure raise :class:`PublishError` saying how many
         of the first ones were sent."""
+        ...
+
+
+@runtime_checkable
+class QueueDepths(Protocol):
+    """Reads how many messages wait in the task queues, on the broker itself."""
+
+    def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
+        """Messages ready in each of ``queues`` (blocking; a queue not declared yet: 0); None
+        when the broker is the state Redis, whose lists the caller reads itself."""
         ...

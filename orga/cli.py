@@ -508,8 +508,46 @@ def status(
     for row in data:
         table.add_row(Text(row["task_id"]), Text(row["status"] or "?"), Text(_waits_on(row)))
     out.print(table)
-    queued = ", ".join(f"{queue} {n}" for queue, n in load["queued"].items())
+    queued = ", ".join(f"{queue} {n}" for queue, n in _on_the_broker(load["queued"]).items())
     _say(f"queued: {queued}; running: {load['running']}")
+    _say(f"partitions: {_holders(load['partitions'])}")
+
+
+def _on_the_broker(queued: dict[str, int]) -> dict[str, Any]:
+    """The queues' depths: read from the broker when it is not the state Redis (RabbitMQ),
+    whose lists are empty then; the broker unreachable is said so."""
+    from coordinator.relay import CeleryPublisher
+
+    settings = _settings()
+    if settings.broker_url in (None, settings.redis_url):
+        return queued
+    publisher = CeleryPublisher.from_settings(settings)
+    try:
+        depths = publisher.queue_depths(list(queued))
+    except Exception as exc:
+        return dict.fromkeys(queued, f"? (broker unreachable: {type(exc).__name__})")
+    finally:
+        publisher.close()
+    return dict(depths) if depths is not None else queued
+
+
+def _holders(partitions: dict[str, Any]) -> str:
+    """``c1 8 (0-7), c2 8 (8-15)``: each coordinator's partition leases; the unheld ones."""
+    held = [f"{name} {len(ps)} ({_ranges(ps)})" for name, ps in partitions["held"].items()]
+    if partitions["unheld"]:
+        held.append(f"unheld {len(partitions['unheld'])} ({_ranges(partitions['unheld'])})")
+    return ", ".join(held) or "none"
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``0-3,7,9-10`` for [0, 1, 2, 3, 7, 9, 10]."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _waits_on(row: dict[str, Any]) -> str:
@@ -810,6 +848,9 @@ def coordinator() -> None:
         if webhooks is not None:
             where += f", {len(settings.webhooks)} webhook(s)"
         _say(f"coordinator {node.name} on {redact_url(url)}{where}")
+        # SIGTERM (systemd, Kubernetes): finish the batches in hand and hand the partitions
+        # over at once (their leases released), instead of after ORGA_PARTITION_LEASE_TTL_S.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, node.stop)
         if webhooks is None:
             await node.run()
             return

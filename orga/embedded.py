@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 
 from coordinator.liveness import LivenessSettings
 from coordinator.machine import MachineSettings
+from coordinator.partition_leases import forget_holders
 from coordinator.relay import CeleryPublisher
 from coordinator.service import Coordinator, CoordinatorSettings
 from coordinator.webhooks import WebhookDeliverer
@@ -44,6 +45,7 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
     """The coordinator's timings from the process settings."""
     return CoordinatorSettings(
         lease_ttl_s=settings.lease_ttl_s,
+        partition_lease_ttl_s=settings.partition_lease_ttl_s,
         tick_interval_s=settings.tick_interval_s,
         claim_idle_ms=settings.claim_idle_ms,
         journal_maxlen=settings.journal_maxlen,
@@ -126,6 +128,9 @@ class EmbeddedRuntime:
             self._workers = self._spawn_workers()
         self._client = Redis.from_url(self.url)
         settings = self.runtime_settings
+        # This process holds the home's lock: it is the only coordinator of this Redis, and a
+        # partition lease found there is a killed predecessor's (kept by the AOF).
+        await forget_holders(self._client, settings.partitions)
         self._coordinator = Coordinator(
             self._client,
             settings=coordinator_settings(settings),

@@ -37,6 +37,10 @@ Keys
     ``orga:partitions``          string: the number of partitions (``partitions_key``)
     ``orga:P:task:{task_id}``    hash: the persisted state of a task (``task_key``)
     ``orga:P:lease:{task_id}``   string: the coordinator holding a task (``lease_key``)
+    ``orga:P:partition_lease``   string: the coordinator serving the partition's streams and
+                                 relay (``partition_lease_key``)
+    ``orga:coordinators``        sorted set: coordinator name -> its last membership heartbeat
+                                 (Redis server time, ms; ``coordinators_key``)
     ``orga:P:idem:{key}``        string: task id for an idempotency key (``idempotency_key``)
     ``orga:knowledge:{agent_id}``  the knowledge of one agent (``knowledge_key``)
     ``orga:breaker:{tool}``      hash: the circuit breaker of one tool, shared by every worker
@@ -88,6 +92,8 @@ Celery (the Redis broker stores each queue as a list under its name)
 
 TTLs
     ``lease_ttl_s``              a task lease not renewed within this time may be taken over
+    ``partition_lease_ttl_s``    a partition lease (and a coordinator's membership) not renewed
+                                 within this time may be taken over
     ``idempotency_ttl_s``        how long a resubmission with the same key returns the same task
     ``breaker_ttl_s``            an idle breaker expires (at least twice its recovery timeout)
     ``result_cache_ttl_s``       a cached tool result expires; caps CachedResult's max_staleness
@@ -117,6 +123,7 @@ __all__ = [
     "control_stream",
     "conversation_key",
     "coordinator_group",
+    "coordinators_key",
     "dead_letter_maxlen",
     "dead_letter_stream",
     "deadlines_key",
@@ -159,6 +166,8 @@ __all__ = [
     "outbox_maxlen",
     "outbox_stream",
     "partition_key_prefix",
+    "partition_lease_key",
+    "partition_lease_ttl_s",
     "partition_of",
     "partition_streams",
     "partition_tag",
@@ -270,6 +279,10 @@ published again by another relay: its relay died, or its publish hung."""
 # -- TTLs ----------------------------------------------------------------------------------
 
 lease_ttl_s: Final = 30
+partition_lease_ttl_s: Final = 10
+"""A coordinator renews its partition leases and its membership every third of this; a dead
+one's partitions are taken over this long after its last renewal
+(``ORGA_PARTITION_LEASE_TTL_S``)."""
 idempotency_ttl_s: Final = 7 * 24 * 3600
 breaker_ttl_s: Final = 24 * 3600
 result_cache_ttl_s: Final = 3600
@@ -466,6 +479,17 @@ def status_counts_key(partition: int) -> str:
 def partition_streams(partitions: int, stream: Callable[[int], str]) -> list[str]:
     """One stream (``intake_stream``, ...) of every partition, partition 0 first."""
     return [stream(p) for p in range(partitions)]
+
+
+coordinators_key: Final = "orga:coordinators"
+"""The live coordinators, each scored by its last heartbeat (Redis server time in ms): each
+takes a fair share of the partitions, counted from this set."""
+
+
+def partition_lease_key(partition: int) -> str:
+    """The coordinator serving one partition (reading its streams, running its relay):
+    ``orga:{p:NN}:partition_lease``."""
+    return _in(partition, "partition_lease")
 
 
 def task_key(task_id: str, partition: int) -> str:

@@ -80,6 +80,12 @@ class OrgaSettings(BaseSettings):
         "doubling, at most 300 s)",
     )
     lease_ttl_s: float = Field(default=float(keys.lease_ttl_s), gt=0)
+    partition_lease_ttl_s: float = Field(
+        default=float(keys.partition_lease_ttl_s),
+        gt=0,
+        description="A coordinator renews its partition leases every third of this; a dead "
+        "coordinator's partitions are taken over this long after its last renewal",
+    )
     tick_interval_s: float = Field(default=0.5, gt=0)
     claim_idle_ms: int = Field(default=30_000, ge=100)
     visibility_timeout_s: int = Field(

@@ -61,3 +61,18 @@ def test_a_client_with_another_partition_count_is_refused(
     with pytest.raises(ConfigError, match=r"ORGA_PARTITIONS=4 .* created with 16"):
         OrgaClient(redis_url, partitions=4).submit(TASK)
     assert OrgaClient(redis_url).partition_count == 16  # none given: the stored one
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"goal": "g", "x": ' + "[" * 100_000, "goal: [unclosed", "goal: !!timestamp nope\n"],
+)
+def test_bad_text_is_submitted_for_the_coordinator_to_refuse(
+    plain: redis.Redis, redis_url: str, text: str
+) -> None:
+    """Looking for an idempotency key on several partitions parses the text as the intake
+    does: text nested 100,000 deep, broken or badly tagged is sent as is (the coordinator
+    rejects it, naming why), never a RecursionError in the client."""
+    client = OrgaClient(redis_url, partitions=16)
+    task_id = client.submit(text)
+    assert task_id in _intake_ids(plain, keys.partition_of(task_id, 16))

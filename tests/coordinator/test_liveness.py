@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 
 import fakeredis
 import pytest
@@ -178,3 +179,39 @@ def test_the_queue_gauge_reads_each_partitions_observations_apart(
     quiet, busy = asyncio.run(run())
     assert quiet == StreamProgress(delivered_ms=0, oldest_pending_ms=None)
     assert busy == StreamProgress(delivered_ms=2000, oldest_pending_ms=2000)
+
+
+class _Broker:
+    """A broker that tells its queues' depths (or fails, or defers to the Redis lists)."""
+
+    def __init__(self) -> None:
+        self.depths: dict[str, int] | None = {keys.reasoning_queue: 12, keys.tools_queue: 3}
+        self.down = False
+
+    def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
+        if self.down:
+            raise ConnectionError("broker unreachable")
+        return None if self.depths is None else {q: self.depths[q] for q in queues}
+
+
+def test_the_queue_gauge_asks_a_broker_of_its_own_for_the_depths() -> None:
+    """With a broker that tells its depths (RabbitMQ), those are the depths, not the empty
+    lists on the state Redis; a broker that does not answer leaves the last depths; one that
+    answers None leaves the Redis lists in charge."""
+    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    broker = _Broker()
+    gauge = QueueGauge(broker=broker)
+    seen: list[tuple[int, int]] = []
+
+    async def run() -> None:
+        await redis.rpush(keys.reasoning_queue, b"m")
+        for now, change in ((1.0, None), (3.0, "down"), (5.0, "redis")):
+            if change == "down":
+                broker.down = True
+            elif change == "redis":
+                broker.down, broker.depths = False, None
+            await gauge.sample(redis, now=now)
+            seen.append((gauge.depth(keys.reasoning_queue), gauge.depth(keys.tools_queue)))
+
+    asyncio.run(run())
+    assert seen == [(12, 3), (12, 3), (1, 0)]

@@ -288,3 +288,20 @@ def test_the_gauges_sum_every_partition(redis_url: str, redis_client: Any) -> No
     assert _value(text, "orga_escalations_waiting") == 2
     assert _value(text, "orga_dead_letters") == 2
     assert _value(text, "orga_observations_undelivered") == 2
+
+
+def test_the_partitions_held_gauge_counts_leases_by_coordinator(
+    redis_url: str, redis_client: Any
+) -> None:
+    """orga_partitions_held{coordinator} counts each coordinator's partition leases; the
+    partitions no one holds are counted under coordinator=""."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        for p in range(3):
+            client.set(keys.partition_lease_key(p), "c1")
+        client.set(keys.partition_lease_key(3), "c2")
+    registry = CollectorRegistry()
+    registry.register(RedisStateCollector(redis_url, partitions=6))
+    text = generate_latest(registry).decode()
+    assert _value(text, "orga_partitions_held", coordinator="c1") == 3
+    assert _value(text, "orga_partitions_held", coordinator="c2") == 1
+    assert _value(text, "orga_partitions_held", coordinator="") == 2

@@ -42,21 +42,36 @@ FAST_COORDINATOR = {
     "ORGA_OBSERVATION_DEADLINE_S": "6",
     "ORGA_TICK_INTERVAL_S": "0.2",
     "ORGA_LEASE_TTL_S": "3",
+    "ORGA_PARTITION_LEASE_TTL_S": "3",
     "ORGA_CLAIM_IDLE_MS": "1500",
     "ORGA_MAX_REDELIVERIES": "3",
 }
 
 
 PARTITIONS_VAR = "ORGA_PARTITIONS"
-PARTITIONS = int(os.environ.get(PARTITIONS_VAR, "1"))
-"""The partition count the suite runs with: ``ORGA_PARTITIONS=16 pytest ...`` runs every
-process the harness starts (and its clients) on 16 partitions."""
+"""The setting every process started by the harness gets the partition count in."""
+TEST_PARTITIONS_VAR = "ORGA_TEST_PARTITIONS"
+PARTITIONS = int(os.environ.get(TEST_PARTITIONS_VAR) or "1")
+"""The partition count the integration suite runs with, from one place:
+``ORGA_TEST_PARTITIONS=16 pytest tests/integration`` runs every process the harness starts
+(coordinators, workers, ``orga`` commands, the embedded runtime) and its clients on 16
+partitions (``make test-partitions``)."""
+
+
+def clean_env(drop: tuple[str, ...] = ("ORGA_",)) -> dict[str, str]:
+    """This process's environment without the variables starting with ``drop`` (its ``ORGA_``
+    settings), on the suite's partitions (``ORGA_PARTITIONS`` set when it is not 1): what a
+    test gives the processes it starts before adding its own settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    if PARTITIONS != 1:
+        env[PARTITIONS_VAR] = str(PARTITIONS)
+    return env
 
 
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of an ``orga`` command on the embedded runtime in ``tmp_path``: this
-    process's, without its ``ORGA_`` settings (the partition count kept) or an OpenAI key."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    process's, without its ``ORGA_`` settings or an OpenAI key, on the suite's partitions."""
+    env = clean_env()
     env.pop("OPENAI_API_KEY", None)
     env.update(
         COLUMNS="200",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +18,13 @@ from coordinator.client import OrgaClient
 from coordinator.schedules import Scheduler
 from shared import keys
 from shared.schedule import Schedule, fire_key, fire_task_id
-from tests.integration.harness import PARTITIONS_VAR, REPO, Cluster, wait_until
+from tests.integration.harness import (
+    PARTITIONS,
+    REPO,
+    Cluster,
+    clean_env,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +35,7 @@ SCHEDULED_TASK = REPO / "examples" / "schedule" / "task.yaml"
 
 
 def _orga(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(ORGA_REDIS_URL=cluster.redis_url, ORGA_WORKSPACE_ROOT=str(cluster.workspaces))
     env["COLUMNS"] = "200"
     return subprocess.run(
@@ -163,11 +168,15 @@ def _scheduled_tasks(client: OrgaClient, name: str) -> dict[str, list[str]]:
 
 
 def _intake_read(client: OrgaClient) -> bool:
-    """Whether the coordinators have read every intake entry and acknowledged it."""
-    groups = cast("list[dict[str, Any]]", client.redis.xinfo_groups(keys.intake_stream(0)))
-    group = next(g for g in groups if g["name"] in (keys.coordinator_group,
-                                                    keys.coordinator_group.encode()))  # fmt: skip
-    return group["lag"] == 0 and group["pending"] == 0
+    """Whether the coordinators have read every intake entry (of every partition) and
+    acknowledged it."""
+    for p in range(PARTITIONS):
+        groups = cast("list[dict[str, Any]]", client.redis.xinfo_groups(keys.intake_stream(p)))
+        names = (keys.coordinator_group, keys.coordinator_group.encode())
+        group = next(g for g in groups if g["name"] in names)
+        if group["lag"] != 0 or group["pending"] != 0:
+            return False
+    return True
 
 
 def test_two_coordinator_processes_fire_a_due_schedule_once(cluster: Cluster) -> None:
@@ -206,8 +215,8 @@ def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> 
         try:
             await client.hset(keys.schedules_key, "clocked", schedule.model_dump_json())
             await client.zadd(keys.schedules_due_key, {"clocked": due})
-            first = Scheduler(client, clock=lambda: due + 2)
-            second = Scheduler(client, clock=lambda: due + 3)
+            first = Scheduler(client, clock=lambda: due + 2, partitions=PARTITIONS)
+            second = Scheduler(client, clock=lambda: due + 3, partitions=PARTITIONS)
             return list(await asyncio.gather(first.fire_due(), second.fire_due()))
         finally:
             await client.aclose()
@@ -217,7 +226,8 @@ def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> 
     assert {t for ids in submitted for t in ids} == {task_id}
     client = cluster.client()
     assert client.wait(task_id, timeout_s=60)["status"] == "completed", cluster.logs()
-    entries = [f for _id, f in client.redis.xrange(keys.intake_stream(0))
+    entries = [f for _id, f in client.redis.xrange(
+        keys.intake_stream(keys.partition_of(task_id, PARTITIONS)))
                if f.get("task_id") == task_id]  # fmt: skip
     assert len(entries) == sum(len(ids) for ids in submitted)
     if len(entries) == 2:
@@ -242,7 +252,7 @@ SCHEDULED_TASK_JSON = json.dumps(
 
 
 def _embedded(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"))
     return subprocess.run(
         [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=180,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
@@ -28,7 +29,7 @@ from shared.protocol import (
 )
 from shared.task_spec import MAX_TASK_BYTES
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import Cluster, assert_journal_is_clean, wait_until
+from tests.integration.harness import PARTITIONS, Cluster, assert_journal_is_clean, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +113,11 @@ BAD_TASKS: dict[str, tuple[str, str]] = {
 }
 
 
+def _p(task_id: str) -> int:
+    """The partition of a task (its streams are that partition's)."""
+    return keys.partition_of(task_id, PARTITIONS)
+
+
 def _fence(task_id: str, **fields: Any) -> Fence:
     return Fence(task_id=task_id, **{"step_id": "work", "iteration": 0, "attempt": 0, **fields})
 
@@ -176,7 +182,7 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     confused = client.submit(_llm_task(model.base_url))
     bad = {name: client.submit(text) for name, (text, _why) in BAD_TASKS.items()}
     _xadd(raw, keys.intake_stream(0), {"task": "goal: [unclosed"})  # no task_id: one is made up
-    _xadd(raw, keys.intake_stream(0), {"task_id": "no-task-field"})
+    _xadd(raw, keys.intake_stream(_p("no-task-field")), {"task_id": "no-task-field"})
 
     # Observations: undecodable entries go to the dead-letter stream...
     garbage = {
@@ -220,20 +226,23 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     ]:
         stale = ReasonedMessage(fence=fence, terminal_output="stale")
         failed = WorkerFailedMessage(fence=fence, error="x")
-        _xadd(raw, keys.observations_stream(0), encode_entry(stale))
-        _xadd(raw, keys.observations_stream(0), encode_entry(failed))
+        _xadd(raw, keys.observations_stream(_p(slow)), encode_entry(stale))
+        _xadd(raw, keys.observations_stream(_p(slow)), encode_entry(failed))
 
     # Control messages that make no sense.
+    # (Each in its task's partition's stream; one id each, as the events name only the id.)
+    first_ms = int(time.time() * 1000) + 1000
     controls = [
-        _xadd(raw, keys.control_stream(0), fields)
-        for fields in [
+        str(raw.xadd(keys.control_stream(_p(fields.get("task_id", ""))), cast("Any", fields),
+                     id=f"{first_ms}-{n}"))
+        for n, fields in enumerate([
             {"action": "explode", "task_id": good[0]},
             {"action": "review", "task_id": slow, "review_id": "nope", "decision": "retry"},
             {"action": "review", "task_id": good[0], "decision": "maybe"},
             {"action": "cancel", "task_id": "no-such-task"},
             {os.urandom(4).hex(): os.urandom(16).hex()},
-        ]
-    ]
+        ])
+    ]  # fmt: skip
 
     # The valid work completes.
     for task_id in good:
@@ -248,10 +257,12 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
 
     # A duplicate of an observation already applied to a finished task changes nothing.
     applied = [
-        f for _i, f in _entries(raw, keys.observations_stream(0)) if good[0] in f.get("body", "")
+        f
+        for _i, f in _entries(raw, keys.observations_stream(_p(good[0])))
+        if good[0] in f.get("body", "")
     ]
     for fields in applied:
-        _xadd(raw, keys.observations_stream(0), fields)
+        _xadd(raw, keys.observations_stream(_p(good[0])), fields)
 
     _assert_rejections(client, bad)
     _assert_dead_letters(raw, garbage, stray)
@@ -260,7 +271,8 @@ def test_bad_input_is_refused_with_reasons_and_valid_work_completes(
     _assert_the_model_saw_every_refusal(client, confused, model)
     assert client.result(good[0])["output"] == "hello 0"
 
-    for stream in (keys.intake_stream(0), keys.observations_stream(0), keys.control_stream(0)):
+    streams = (keys.intake_stream, keys.observations_stream, keys.control_stream)
+    for stream in (kind(p) for kind in streams for p in range(PARTITIONS)):
         wait_until(lambda s=stream: _pending(raw, s) == 0, 20, f"no pending entry on {stream}")
     assert worker.popen is not None
     assert coordinator.popen is not None

@@ -8,6 +8,7 @@ Celery configuration (:func:`shared.settings.celery_config`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,7 +21,10 @@ import pytest
 import redis
 from amqp.exceptions import NotFound, PreconditionFailed
 from celery import Celery
+from redis.asyncio import Redis as AsyncRedis
 
+from coordinator.queues import QueueGauge
+from coordinator.relay import CeleryPublisher
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.actions import ToolCallAction
@@ -28,7 +32,15 @@ from shared.loop_types import LoopConfig
 from shared.protocol import Fence, ToolObservedMessage, ToolRequest, decode_entry
 from shared.settings import OrgaSettings, celery_config
 from tests.ci import require
-from tests.integration.harness import REPO, Cluster, Process, wait_until
+from tests.integration.harness import (
+    PARTITIONS,
+    REPO,
+    Cluster,
+    Process,
+    _environment,
+    run_orga,
+    wait_until,
+)
 from tests.rabbitmq_server import RabbitMQServer, RabbitMQUnavailableError
 
 pytestmark = pytest.mark.integration
@@ -108,7 +120,7 @@ def _command_call(cluster: Cluster, command: str) -> ToolRequest:
 def _observations(cluster: Cluster, task_id: str) -> list[ToolObservedMessage]:
     """The ``tool_observed`` answers to ``task_id`` on the observations stream."""
     with redis.Redis.from_url(cluster.redis_url, decode_responses=True) as raw:
-        entries = raw.xrange(keys.observations_stream(0))
+        entries = raw.xrange(keys.observations_stream(keys.partition_of(task_id, PARTITIONS)))
     found = []
     for _, fields in entries:
         message = decode_entry(fields)
@@ -197,6 +209,43 @@ def test_a_worker_outlives_a_restart_of_the_node(
     publisher.send_task(keys.tool_task_name, args=[after.model_dump_json()])
     assert "after the restart" in _observed(cluster, after, timeout_s=90), cluster.logs()
     assert worker.popen.poll() is None, worker.tail()
+
+
+def test_the_coordinator_reads_queue_depths_from_rabbitmq(cluster: Cluster, amqp_url: str) -> None:
+    """A backlog on RabbitMQ is seen as such: the relay's publisher reads each queue's ready
+    messages with a passive declare (a queue not declared yet: 0, and the next one still
+    answers), the coordinator's queue gauge and `orga status` take them instead of the empty
+    Redis lists; once a worker drains the queue, the depth falls to 0."""
+    worker = _worker(cluster, amqp_url, "w1")  # declares the quorum queues
+    worker.stop()
+    settings = OrgaSettings(redis_url=cluster.redis_url, broker_url=amqp_url)
+    publisher = CeleryPublisher.from_settings(settings)
+    try:
+        app = _publisher(cluster, amqp_url)
+        requests = [_command_call(cluster, f"echo backlog-{n}") for n in range(5)]
+        for request in requests:
+            app.send_task(keys.tool_task_name, args=[request.model_dump_json()])
+        depths = publisher.queue_depths(["orga.not-declared", keys.tools_queue, *QUEUES])
+        assert depths == {"orga.not-declared": 0, keys.tools_queue: 5, keys.reasoning_queue: 0}
+
+        async def sampled() -> int:
+            gauge = QueueGauge(broker=publisher)
+            async with AsyncRedis.from_url(cluster.redis_url) as client:
+                assert await client.llen(keys.tools_queue) == 0  # nothing on the Redis lists
+                await gauge.sample(client, now=1.0)
+            return gauge.depth(keys.tools_queue)
+
+        assert asyncio.run(sampled()) == 5
+        env = _environment(cluster.redis_url, cluster.workspaces, {"ORGA_BROKER_URL": amqp_url})
+        status = run_orga("status", env=env)
+        assert status.returncode == 0, status.stderr
+        assert "queued: orga.reasoning 0, orga.tools 5;" in status.stdout, status.stdout
+        _worker(cluster, amqp_url, "w2")
+        for request in requests:
+            _observed(cluster, request)
+        wait_until(lambda: publisher.queue_depths(QUEUES) == dict.fromkeys(QUEUES, 0), 30)
+    finally:
+        publisher.close()
 
 
 EXAMPLES = REPO / "examples"

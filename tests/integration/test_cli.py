@@ -26,7 +26,14 @@ from coordinator.state import TaskRecord, TaskStatus
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.task_spec import parse_task
-from tests.integration.harness import ORGA, PARTITIONS, PARTITIONS_VAR, REPO, run_orga
+from tests.integration.harness import (
+    ORGA,
+    PARTITIONS,
+    PARTITIONS_VAR,
+    REPO,
+    clean_env,
+    run_orga,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +42,7 @@ WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env["COLUMNS"] = "80"
     env.update(extra)
     return env

@@ -14,7 +14,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from coordinator.store import TaskStore
 from shared import keys
-from tests.integration.harness import Cluster, status_of, wait_until
+from tests.integration.harness import PARTITIONS, Cluster, status_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +42,16 @@ def test_outputs_are_stored_once_and_purged_with_the_task(cluster: Cluster) -> N
         return status_of(client, task_id) == "completed"
 
     wait_until(finished, timeout_s=60, what="the task to complete")
-    conversation = raw.lrange(keys.conversation_key(task_id, 0), 0, -1)
+    p = keys.partition_of(task_id, PARTITIONS)
+    conversation = raw.lrange(keys.conversation_key(task_id, p), 0, -1)
     outputs = [m for m in conversation if json.loads(m)["role"] == "tool"]
     assert len(outputs) == 4 and all(len(m) > 20_000 for m in outputs)
-    assert len(raw.hget(keys.task_key(task_id, 0), "state") or b"") < 20_000
+    assert len(raw.hget(keys.task_key(task_id, p), "state") or b"") < 20_000
     assert all(size < 20_000 for size in seen_requests), seen_requests
-    assert raw.xlen(keys.observations_stream(0)) == 0
+    assert raw.xlen(keys.observations_stream(p)) == 0
     assert asyncio.run(_purge(cluster.redis_url)) >= 1
-    assert not raw.exists(keys.task_key(task_id, 0))
-    assert not raw.exists(keys.conversation_key(task_id, 0))
+    assert not raw.exists(keys.task_key(task_id, p))
+    assert not raw.exists(keys.conversation_key(task_id, p))
     raw.close()
 
 
@@ -58,6 +59,6 @@ async def _purge(url: str) -> int:
     """What the coordinators do once a finished task is past its retention."""
     client = AsyncRedis.from_url(url)
     try:
-        return await TaskStore(client).purge_finished(time.time() + 1)
+        return await TaskStore(client, partitions=PARTITIONS).purge_finished(time.time() + 1)
     finally:
         await client.aclose()

@@ -5,7 +5,6 @@ process), a critic agent's model behind a local server that speaks the OpenAI wi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,14 @@ from coordinator.agents import AgentRegistry
 from orga.embedded_redis import EmbeddedRedis
 from shared.agent_profile import AgentProfile
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import PARTITIONS_VAR, REPO, Cluster, run_orga, status_of, wait_until
+from tests.integration.harness import (
+    REPO,
+    Cluster,
+    clean_env,
+    run_orga,
+    status_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +50,7 @@ def cluster(
 
 
 def _deployed(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(ORGA_REDIS_URL=cluster.redis_url, ORGA_WORKSPACE_ROOT=str(cluster.workspaces))
     env.update(COLUMNS="200", USER="rene")
     return run_orga(*args, env=env, timeout_s=120)
@@ -66,7 +72,7 @@ def _journal(lines: str) -> list[dict[str, Any]]:
 def test_the_critic_example_runs_with_orga_run(tmp_path: Path) -> None:
     """examples/critic on the embedded runtime: the registered critic agent asks for one
     revision, the worker answers again, the critic approves; journal and status show it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(ORGA_HOME=str(tmp_path / ".orga"), ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"))
     assert "agent code-reviewer registered" in _ok(
         run_orga("agents", "add", str(REVIEWER), env=env)

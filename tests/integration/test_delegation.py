@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,9 @@ from coordinator.client import OrgaClient
 from shared import keys
 from tests.integration.harness import (
     PARTITIONS,
-    PARTITIONS_VAR,
     REPO,
     Cluster,
+    clean_env,
     run_orga,
     status_of,
     wait_until,
@@ -29,7 +28,7 @@ AGENTS = [EXAMPLE / "agents" / f"{name}.yaml" for name in ("summarizer", "checke
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(ORGA_HOME=str(tmp_path / "home"), ORGA_WORKSPACE_ROOT=str(tmp_path / "ws"))
     env["COLUMNS"] = "200"
     return env

@@ -3,13 +3,15 @@ they exit non-zero saying the policy, the setting and the fix, before serving an
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import PARTITIONS_VAR, run_orga
+from tests.integration.harness import (
+    clean_env,
+    run_orga,
+)
 from tests.redis_server import RedisServer
 
 
@@ -23,7 +25,7 @@ def test_a_process_started_on_an_evicting_redis_exits_naming_the_fix(
 ) -> None:
     """Under allkeys-lru the process exits 1 with the refusal (the value, the setting, the fix)."""
     server = redis_server_factory(options=("--maxmemory-policy", "allkeys-lru"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(ORGA_REDIS_URL=server.url, ORGA_WORKSPACE_ROOT=str(tmp_path))
     ran = run_orga(*command, env=env, timeout_s=60)
     output = ran.stdout + ran.stderr

@@ -18,10 +18,10 @@ import redis
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from tests.integration.harness import (
-    PARTITIONS_VAR,
     REPO,
     Cluster,
     assert_journal_is_clean,
+    clean_env,
     status_of,
     wait_until,
 )
@@ -102,7 +102,7 @@ def test_worker_killed_mid_iteration_is_redelivered(fresh_cluster: Cluster) -> N
 
 def test_make_run_example_runs_on_the_embedded_runtime(tmp_path: Path) -> None:
     """What `make run` does: `orga run` with no ORGA_REDIS_URL starts its own Redis and worker."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update({"ORGA_HOME": str(tmp_path / "home"), "ORGA_WORKSPACE_ROOT": str(tmp_path / "ws")})
     command = [sys.executable, "-m", "orga.cli", "run"]
     bugfix = subprocess.run(

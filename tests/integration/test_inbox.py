@@ -19,7 +19,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.harness import PARTITIONS_VAR, REPO, Cluster, Process, status_of, wait_until
+from tests.integration.harness import (
+    REPO,
+    Cluster,
+    Process,
+    clean_env,
+    status_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +43,7 @@ def _free_port() -> int:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(extra)
     return env
 

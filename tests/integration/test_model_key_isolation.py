@@ -5,7 +5,6 @@ runtime) and under a real `orga worker` (a deployment), with a model that needs 
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import yaml
 from orga.embedded_redis import EmbeddedRedis
 from shared.task_spec import TaskSpec
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import ORGA, REPO, Cluster, wait_until
+from tests.integration.harness import ORGA, REPO, Cluster, clean_env, wait_until
 from workers.key_handoff import MODEL_KEY_VARIABLES
 
 pytestmark = pytest.mark.integration
@@ -44,11 +43,7 @@ print("read the environment of", len(os.listdir(out)), "processes")
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("ORGA_") and k not in MODEL_KEY_VARIABLES
-    }
+    env = {k: v for k, v in clean_env().items() if k not in MODEL_KEY_VARIABLES}
     env.update(COLUMNS="200", ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"))
     env.update(extra)
     return env

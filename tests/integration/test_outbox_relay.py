@@ -12,12 +12,18 @@ import redis
 from redis.asyncio import Redis
 
 from coordinator.relay import CeleryPublisher, OutboxRelay
-from coordinator.service import Coordinator
+from coordinator.service import Coordinator, CoordinatorSettings
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.outbox import OutboxEntry
 from shared.settings import OrgaSettings
-from tests.integration.harness import Cluster, assert_journal_is_clean, status_of, wait_until
+from tests.integration.harness import (
+    PARTITIONS,
+    Cluster,
+    assert_journal_is_clean,
+    status_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,28 +40,31 @@ async def _start_without_relay(url: str) -> None:
     its first dispatch waits on the outbox."""
     client = Redis.from_url(url)
     try:
-        coordinator = Coordinator(client, name="starter")
+        settings = CoordinatorSettings(partitions=PARTITIONS)
+        coordinator = Coordinator(client, name="starter", settings=settings)
         await coordinator._ensure_groups()
         await coordinator._intake_once()
     finally:
         await client.aclose()
 
 
-async def _sent_twice(url: str) -> None:
+async def _sent_twice(url: str, outbox: str) -> None:
     """Relay ``dead`` reads the entry and sends it, then dies before removing it; relay
     ``live`` takes it over and sends it again."""
     client = Redis.from_url(url)
-    publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=url))
-    dead = OutboxRelay(client, publisher, "dead", block_ms=1000)
-    live = OutboxRelay(client, publisher, "live", block_ms=1, claim_idle_ms=0)
+    publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=url, partitions=PARTITIONS))
+    dead = OutboxRelay(client, publisher, "dead", block_ms=1000, partitions=PARTITIONS)
+    live = OutboxRelay(
+        client, publisher, "live", block_ms=1, claim_idle_ms=0, partitions=PARTITIONS
+    )
     try:
         await dead.ensure_group()
         [(_stream, rows)] = await dead.read()
         assert len(rows) == 1, rows
         publisher.publish([OutboxEntry.from_fields(i, f) for i, f in rows])  # no removal
-        assert await client.xlen(keys.outbox_stream(0)) == 1
+        assert await client.xlen(outbox) == 1
         assert await live.relay_once() == 1
-        assert await client.xlen(keys.outbox_stream(0)) == 0
+        assert await client.xlen(outbox) == 0
     finally:
         await live.close()
         await client.aclose()
@@ -73,7 +82,8 @@ def test_a_dispatch_sent_twice_is_applied_once(
         client = cluster.client()
         task_id = client.submit(TASK)
         asyncio.run(_start_without_relay(private_redis.url))
-        asyncio.run(_sent_twice(private_redis.url))
+        p = keys.partition_of(task_id, PARTITIONS)
+        asyncio.run(_sent_twice(private_redis.url, keys.outbox_stream(p)))
         queued = [json.loads(m)["headers"]["id"] for m in raw.lrange(keys.reasoning_queue, 0, -1)]
         assert len(queued) == 2 and queued[0] == queued[1], queued
 
@@ -81,14 +91,14 @@ def test_a_dispatch_sent_twice_is_applied_once(
         cluster.coordinator()
 
         def answered_twice() -> bool:
-            info = raw.xinfo_stream(keys.observations_stream(0))
+            info = raw.xinfo_stream(keys.observations_stream(p))
             return int(info["entries-added"]) == 2 and int(info["length"]) == 0
 
         wait_until(lambda: status_of(client, task_id) == "completed", 60, "the task to complete")
         # Both copies ran and answered; each answer was handled (applied, or ignored as a
         # duplicate: an observation is deleted once handled), and nothing else was sent.
         wait_until(answered_twice, 60, "both answers published and handled")
-        assert raw.llen(keys.reasoning_queue) == 0 and raw.xlen(keys.outbox_stream(0)) == 0
+        assert raw.llen(keys.reasoning_queue) == 0 and raw.xlen(keys.outbox_stream(p)) == 0
         journal = client.journal(task_id)
         assert_journal_is_clean(journal)
         reasoned = [e for e in journal if e.event.type == "ReasoningComplete"]

@@ -11,7 +11,6 @@ the coordinator's and the workers' spans.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,10 @@ import pytest
 import yaml
 
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import PARTITIONS_VAR, REPO
+from tests.integration.harness import (
+    REPO,
+    clean_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,11 +77,7 @@ def _task(tmp_path: Path, base_url: str) -> Path:
 def test_orga_run_recalls_conventions_keeps_the_task_and_exports_spans(tmp_path: Path) -> None:
     """Recall by directory answers the seeded conventions; every request keeps the task."""
     home = tmp_path / "home"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ORGA_", "OTEL_")) or k == PARTITIONS_VAR
-    }
+    env = clean_env(("ORGA_", "OTEL_"))
     env.update(
         ORGA_HOME=str(home), ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"),
         ORGA_ALLOW_TASK_BASE_URL="true", OTEL_TRACES_EXPORTER="console",

@@ -21,9 +21,10 @@ from orga.embedded_redis import EmbeddedRedis
 from shared.settings import OrgaSettings
 from tests.integration.harness import (
     ORGA,
-    PARTITIONS_VAR,
+    PARTITIONS,
     REPO,
     Cluster,
+    clean_env,
     run_orga,
     status_of,
     wait_until,
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_") or k == PARTITIONS_VAR}
+    env = clean_env()
     env.update(
         COLUMNS="200",
         ORGA_HOME=str(tmp_path / "home"),
@@ -160,11 +161,11 @@ def test_sigterm_stops_the_embedded_redis_and_workers_and_cancels_the_task(
 def _leave_running(env: dict[str, str]) -> str:
     """A task left running in ORGA_HOME: accepted by an embedded coordinator that then stopped
     (no worker ran it); its id."""
-    settings = OrgaSettings(workspace_root=env["ORGA_WORKSPACE_ROOT"])
+    settings = OrgaSettings(workspace_root=env["ORGA_WORKSPACE_ROOT"], partitions=PARTITIONS)
 
     async def leave_running() -> str:
         async with EmbeddedRuntime(settings, Path(env["ORGA_HOME"]), start_worker=False) as rt:
-            client = OrgaClient(rt.url)
+            client = OrgaClient(rt.url, partitions=PARTITIONS)
             task_id = client.submit(_sleeper("30.55"))
             await asyncio.to_thread(
                 wait_until, lambda: status_of(client, task_id) == "running", 30, "accepted"
