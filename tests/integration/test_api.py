@@ -298,3 +298,50 @@ def test_orga_api_serves_the_embedded_runtime(tmp_path: Path) -> None:
     finally:
         process.stop()
     assert process.popen is not None and process.popen.returncode == 0, process.tail()
+
+
+def test_a_held_call_is_edited_through_the_api(api: httpx.Client, cluster: Cluster) -> None:
+    """A gate's `ask` holds a `git push`; its review shows the call and its schema; an edit
+    that does not fit the schema is a 422 naming `body.arguments` (the review stays open); an
+    edit that fits runs instead of the push, and the journal says who edited what."""
+    push = {"command": "git push origin main"}
+    edited = {"command": "echo edited through the api"}
+    task = {
+        "goal": "ship the fix",
+        "provider": {
+            "kind": "scripted",
+            "replies": [{"tool_calls": [{"name": "run_command", "arguments": push}]}, "shipped"],
+        },
+        "steps": [{"id": "ship", "instruction": "push the branch"}],
+        "policy": {"require_approval": ["run_command:git push*"]},
+        "stagnation": {"enabled": False},
+    }
+    task_id = _submit(api, task)
+    wait_until(
+        lambda: api.get(f"/v1/tasks/{task_id}").json().get("status") == "awaiting_review",
+        120,
+        "the held call's review",
+    )
+    review_id = api.get(f"/v1/tasks/{task_id}").json()["review_id"]
+    shown = api.get(f"/v1/reviews/{review_id}").json()
+    assert shown["source"] == "call" and shown["snapshot"]["call"]["arguments"] == push, shown
+    bad = api.post(
+        f"/v1/reviews/{review_id}/decision",
+        json={"decision": "edit", "arguments": {"command": 3}, "by": "bob"},
+    )
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["error"]["field"] == "body.arguments", bad.json()
+    assert "is not of type 'string'" in bad.json()["error"]["message"]
+    assert review_id in [r["review_id"] for r in api.get("/v1/reviews").json()["reviews"]]
+    no_arguments = api.post(f"/v1/reviews/{review_id}/decision", json={"decision": "edit"})
+    assert no_arguments.status_code == 422, no_arguments.text
+    good = api.post(
+        f"/v1/reviews/{review_id}/decision",
+        json={"decision": "edit", "arguments": edited, "by": "bob"},
+    )
+    assert good.status_code == 200, good.text
+    assert _ended(api, task_id)["status"] == "completed"
+    journal = api.get(f"/v1/tasks/{task_id}/journal").json()["entries"]
+    (decision,) = [e["event"] for e in journal if e["event"]["type"] == "CallDecided"]
+    assert decision["decision"] == "edit" and decision["decided_by"] == "api:bob", decision
+    assert json.loads(decision["arguments_after"]) == edited
