@@ -43,11 +43,12 @@ from celery import Celery
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from coordinator.streams import read_group
 from coordinator.transport import PublishError, Transport
 from shared import keys
 from shared.errors import ConfigError
 from shared.outbox import OutboxEntry, OutboxEntryError
-from shared.settings import OrgaSettings, celery_config
+from shared.settings import OrgaSettings, celery_broker_url, celery_config
 
 __all__ = ["CeleryPublisher", "OutboxRelay", "PublishError"]
 
@@ -78,7 +79,7 @@ class CeleryPublisher:
                 "Celery broker on the Redis it uses (e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0)"
             )
         app = Celery("orga-relay", set_as_current=False)
-        app.conf.update(celery_config(settings, settings.broker_url or settings.redis_url))
+        app.conf.update(celery_config(settings, celery_broker_url(settings)))
         return cls(app)
 
     def publish(self, entries: Sequence[OutboxEntry]) -> None:
@@ -279,13 +280,10 @@ class OutboxRelay:
     async def _read(
         self, start: str, block_ms: int | None
     ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        response = await self.redis.xreadgroup(
-            keys.outbox_group, self.name, dict.fromkeys(self._streams, start),
-            count=self.batch, block=block_ms,
+        return await read_group(
+            self.redis, keys.outbox_group, self.name, self._streams,
+            start=start, count=self.batch, block_ms=block_ms,
         )  # fmt: skip
-        rows = cast(list[Any], response or [])
-        batches = [(_text(name), [(_text(i), f) for i, f in got if f]) for name, got in rows]
-        return [(stream, got) for stream, got in batches if got]
 
     async def _dead_letter(
         self, malformed: list[tuple[str, dict[Any, Any], str]], stream: str

@@ -42,7 +42,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard, cast, get_args
 
@@ -71,6 +71,7 @@ from coordinator.relay import OutboxRelay
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
+from coordinator.streams import read_group
 from coordinator.transport import Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
@@ -327,23 +328,27 @@ class Coordinator:
                 if self.metrics is not None:
                     self.metrics.state_lost()
 
+    def served_partitions(self) -> Sequence[int]:
+        """The partitions whose streams this coordinator reads (today every partition)."""
+        return range(self.settings.partitions)
+
     def _streams(self, kind: Callable[[int], str]) -> list[str]:
-        return keys.partition_streams(self.settings.partitions, kind)
+        return [kind(p) for p in self.served_partitions()]
 
     async def _read(
         self, kind: Callable[[int], str]
     ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        """One read of a stream of every partition (one multi-stream ``XREADGROUP``): the
-        entries of each stream that had some, by stream."""
-        response = await self.redis.xreadgroup(
+        """One read of a stream of each served partition: the entries of each stream that had
+        some, by stream (one multi-stream ``XREADGROUP``; one per partition on a Redis Cluster,
+        :func:`coordinator.streams.read_group`)."""
+        return await read_group(
+            self.redis,
             keys.coordinator_group,
             self.name,
-            dict.fromkeys(self._streams(kind), ">"),
+            self._streams(kind),
             count=self.settings.batch,
-            block=self.settings.block_ms,
+            block_ms=self.settings.block_ms,
         )
-        rows: list[Any] = cast(list[Any], response or [])
-        return [(_text(name), [(_text(i), f) for i, f in entries]) for name, entries in rows]
 
     # -- intake ---------------------------------------------------------------------------
 

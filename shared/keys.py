@@ -68,7 +68,7 @@ Keys
     ``orga:inbox:session:{sha256}``  string: the reviewer of one inbox login, by a hash of the
                                  session id its signed cookie carries; deleted at logout
                                  (``inbox_session_key``)
-    ``orga:inbox:login_failures:{kind}:{sha256}``  string: failed inbox logins in the current
+    ``orga:inbox:{login_failures}:{kind}:{sha256}``  string: failed inbox logins in the current
                                  window, from one client address (``addr``) or for one user
                                  name (``user``), by a hash of it (``inbox_login_failures_key``)
     ``orga:provider_wait:{liveness_id}``  string: a model call held in a retry wait (JSON:
@@ -202,7 +202,8 @@ applied_call_key_prefix: Final = "orga:applied:"
 workspace_claim_key_prefix: Final = "orga:workspace:"
 provider_limit_key_prefix: Final = "orga:ratelimit:"
 inbox_session_key_prefix: Final = "orga:inbox:session:"
-inbox_login_failures_key_prefix: Final = "orga:inbox:login_failures:"
+inbox_login_failures_key_prefix: Final = "orga:inbox:{login_failures}:"
+"""One hash tag: the throttle script reads the address's and the name's counters in one slot."""
 provider_wait_key_prefix: Final = "orga:provider_wait:"
 
 heartbeats_key: Final = "orga:heartbeats"
@@ -308,7 +309,7 @@ def inbox_session_key(session_digest: str) -> str:
 
 def inbox_login_failures_key(kind: str, digest: str) -> str:
     """Failed inbox logins in the current window, from one address (``kind`` ``addr``) or for one
-    user name (``user``): ``orga:inbox:login_failures:{kind}:{sha256}``."""
+    user name (``user``): ``orga:inbox:{login_failures}:{kind}:{sha256}``."""
     return f"{inbox_login_failures_key_prefix}{kind}:{digest}"
 
 

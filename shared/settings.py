@@ -13,12 +13,14 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
+from shared.errors import ConfigError
 
 __all__ = [
     "AMQP_SCHEMES",
     "BROKER_SOCKET_TIMEOUT_S",
     "OrgaSettings",
     "TelemetrySettings",
+    "celery_broker_url",
     "celery_config",
     "is_amqp",
 ]
@@ -39,6 +41,12 @@ class OrgaSettings(BaseSettings):
         description="Celery's broker, when it is not ORGA_REDIS_URL: another Redis "
         "(`redis://`, `rediss://`) or RabbitMQ (`amqp://`, `amqps://`, `pyamqp://`; the queues "
         "are quorum queues)",
+    )
+    redis_cluster: bool = Field(
+        default=False,
+        description="ORGA_REDIS_URL names one node of a Redis Cluster (any node: the others are "
+        "discovered); needs ORGA_PARTITIONS > 1 to spread the state and ORGA_BROKER_URL (Celery "
+        "cannot use a cluster as its broker)",
     )
     workspace_root: str = Field(
         default_factory=lambda: str(Path.home() / ".orga" / "workspaces"),
@@ -258,6 +266,27 @@ def is_amqp(broker_url: str) -> bool:
     ``pyamqp://``) rather than a Redis one."""
     scheme, _, _ = broker_url.partition("://")
     return scheme.lower() in AMQP_SCHEMES
+
+
+def celery_broker_url(settings: OrgaSettings) -> str:
+    """Celery's broker: ``ORGA_BROKER_URL``, else ``ORGA_REDIS_URL`` on a standalone Redis.
+    ConfigError when neither is set, and on a Redis Cluster without ``ORGA_BROKER_URL``:
+    Celery cannot use a cluster as its broker (celery/celery#2852)."""
+    if settings.broker_url:
+        return settings.broker_url
+    if settings.redis_cluster:
+        raise ConfigError(
+            "ORGA_REDIS_CLUSTER=true needs ORGA_BROKER_URL: Celery cannot use a Redis Cluster "
+            "as its broker (celery/celery#2852); set ORGA_BROKER_URL to a standalone Redis "
+            "(redis://host:6379/0) or RabbitMQ (amqp://user:pass@host:5672//)"
+        )
+    if settings.redis_url is None:
+        raise ConfigError(
+            "ORGA_REDIS_URL is not set: the workers and the coordinator need the Redis that "
+            "holds the state (e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0); `orga run` sets "
+            "it for you"
+        )
+    return settings.redis_url
 
 
 def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:
