@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard, cast, get_args
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
@@ -71,7 +72,7 @@ from coordinator.relay import OutboxRelay
 from coordinator.schedules import Scheduler
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
-from coordinator.streams import read_group
+from coordinator.streams import is_cluster, read_group
 from coordinator.transport import Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
@@ -122,18 +123,31 @@ _TRANSIENT_REPLY = re.compile(
 async def check_redis_keeps_keys(redis: Redis) -> str:
     """The Redis's ``maxmemory-policy`` (``noeviction``), read by ``CONFIG GET``, else from
     ``INFO memory`` where CONFIG is renamed, disabled or refused; an
-    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other."""
+    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other.
+    On a Redis Cluster every node (a replica may be promoted) is asked and checked."""
+    if is_cluster(redis):
+        cluster = await cast(RedisCluster, redis).initialize()  # discovers the nodes, once
+        nodes = cluster.get_nodes()
+        policies = [
+            await _check_policy(redis, f"{node.host}:{node.port}", target_nodes=node)
+            for node in nodes
+        ]
+        return policies[0]
+    address = redis_address(redis.connection_pool.connection_kwargs)
+    return await _check_policy(redis, address)
+
+
+async def _check_policy(redis: Redis, address: str, **target: Any) -> str:
     unread = ""
     try:
-        policy = policy_from_config(await redis.config_get(POLICY_SETTING))
+        policy = policy_from_config(await redis.config_get(POLICY_SETTING, **target))
     except ResponseError as exc:
         policy, unread = None, f"CONFIG GET: {exc}"
     if policy is None:
         try:
-            policy = policy_from_info(await redis.info("memory"))
+            policy = policy_from_info(await redis.info("memory", **target))
         except ResponseError as exc:
             unread = f"{unread}; INFO memory: {exc}".lstrip("; ")
-    address = redis_address(redis.connection_pool.connection_kwargs)
     return check_eviction_policy(policy, address, unread)
 
 

@@ -70,7 +70,7 @@ from workers.providers.rate_limit import (
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
-from workers.redis_batch import CoalescedPipeline
+from workers.redis_batch import CoalescedPipeline, OwnPipeline
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only, starts_processes
@@ -415,7 +415,10 @@ class ProcessServices(WorkerCore):
         knowledge = RedisKnowledgeStore(self.redis)
         registry = with_knowledge(registry or default_registry(), knowledge)
         tools: dict[str, Tool] = {t.definition.name: t for t in registry}
-        self.pipelines = CoalescedPipeline(self.redis)
+        # redis-py's cluster pipeline has no command stack to coalesce into: one per caller.
+        self.pipelines: CoalescedPipeline | OwnPipeline = (
+            OwnPipeline(self.redis) if settings.redis_cluster else CoalescedPipeline(self.redis)
+        )
         """The starts and breaker checks of one loop turn go out in one pipeline."""
         # A success that changes nothing but the breaker's counters goes out with the
         # observation (publish), not in a round trip of its own.
