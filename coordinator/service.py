@@ -69,7 +69,7 @@ from coordinator.machine.delegation import rejected_child
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queues import QueueGauge
 from coordinator.relay import OutboxRelay
-from coordinator.schedules import Scheduler
+from coordinator.schedules import Scheduler, adopt_legacy_schedules
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
 from coordinator.streams import is_cluster, read_group
@@ -256,6 +256,7 @@ class Coordinator:
         """Run every loop until ``stop()`` (refused at once on a Redis that evicts keys)."""
         await check_redis_keeps_keys(self.redis)
         await check_layout(self.redis, self.settings.partitions)
+        await adopt_legacy_schedules(self.redis)
         await self._ensure_groups()
         loops = [self.relay.run(self._stopping)] if self.relay is not None else []
         loops += [

@@ -56,11 +56,11 @@ Keys
                                  running call), or minus its end time (answered); workers write
     ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
     ``orga:agents``              hash: agent name -> registered agent profile (JSON)
-    ``orga:schedules``           hash: schedule name -> schedule (JSON)
-    ``orga:schedules:due``       sorted set: active schedule name -> its next fire time
-    ``orga:schedules:fired``     hash: schedule name -> its last fire (JSON: time, task id,
+    ``orga:{schedules}``           hash: schedule name -> schedule (JSON)
+    ``orga:{schedules}:due``       sorted set: active schedule name -> its next fire time
+    ``orga:{schedules}:fired``     hash: schedule name -> its last fire (JSON: time, task id,
                                  intake entry)
-    ``orga:schedules:queued``    hash: schedule name -> the one fire waiting for its last run to
+    ``orga:{schedules}:queued``    hash: schedule name -> the one fire waiting for its last run to
                                  end (``overlap: queue``; JSON: fire time, the run waited for)
     ``orga:ratelimit:{provider}:{digest}``  string: until when (unix ms) every worker holds off
                                  calling one provider with one key (``provider_limit_key``;
@@ -138,6 +138,7 @@ __all__ = [
     "legacy_active_tasks_key",
     "legacy_intake_stream",
     "legacy_outbox_stream",
+    "legacy_schedule_keys",
     "observations_maxlen",
     "observations_stream",
     "open_reviews_key",
@@ -209,10 +210,19 @@ provider_wait_key_prefix: Final = "orga:provider_wait:"
 heartbeats_key: Final = "orga:heartbeats"
 queue_started_key_prefix: Final = "orga:started:"
 agents_key: Final = "orga:agents"
-schedules_key: Final = "orga:schedules"
-schedules_due_key: Final = "orga:schedules:due"
-schedule_fires_key: Final = "orga:schedules:fired"
-schedules_queued_key: Final = "orga:schedules:queued"
+schedules_key: Final = "orga:{schedules}"
+schedules_due_key: Final = "orga:{schedules}:due"
+schedule_fires_key: Final = "orga:{schedules}:fired"
+schedules_queued_key: Final = "orga:{schedules}:queued"
+legacy_schedule_keys: Final = {
+    "orga:schedules": schedules_key,
+    "orga:schedules:due": schedules_due_key,
+    "orga:schedules:fired": schedule_fires_key,
+    "orga:schedules:queued": schedules_queued_key,
+}
+"""The schedules' keys before they shared the hash tag ``{schedules}`` (one slot on a Redis
+Cluster, for the fire's script and the CLI's transactions) → their names now: a coordinator
+renames them at start (:func:`coordinator.schedules.adopt_legacy_schedules`)."""
 
 # -- Celery queues and task names ----------------------------------------------------------
 
