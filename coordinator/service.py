@@ -56,6 +56,7 @@ from redis.exceptions import (
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -113,6 +114,7 @@ _TRANSIENT_TYPES = (
     TryAgainError,
     MasterDownError,
     ClusterDownError,
+    SlotNotCoveredError,  # a Redis Cluster while a master's replica is promoted
 )
 _TRANSIENT_REPLY = re.compile(
     r"(?:^|caused error: )(?:OOM|BUSY|LOADING|MASTERDOWN|READONLY|TRYAGAIN|MISCONF|CLUSTERDOWN"
