@@ -132,7 +132,8 @@ class RedisCluster:
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-node-timeout", str(self.node_timeout_ms),
              "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-             "--maxmemory-policy", "noeviction", "--protected-mode", "no"],
+             "--maxmemory-policy", "noeviction", "--protected-mode", "no",
+             "--repl-diskless-sync-delay", "0"],  # replicas in sync at once, not after 5 s
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         log.close()
@@ -155,16 +156,43 @@ class RedisCluster:
                 raise RedisClusterUnavailableError(f"redis-server on port {port} never answered")
             time.sleep(0.05)
 
-    def wait_ok(self, deadline: float | None = None) -> None:
-        """Until every running node says ``cluster_state:ok`` and 3 masters hold the slots."""
+    def wait_ok(
+        self, deadline: float | None = None, *, replicas: int = 3, without: int | None = None
+    ) -> None:
+        """Until every running node says ``cluster_state:ok``, 3 masters hold the slots (none on
+        port ``without``: a killed master's replica took over) and ``replicas`` replicas are
+        attached."""
         deadline = deadline or time.monotonic() + 60.0
         while True:
             states = [self._state(port) for port in self.running_ports]
-            if states and all(s == ("ok", 3) for s in states):
+            masters, attached = self._roles()
+            if (
+                states
+                and all(s == ("ok", 3) for s in states)
+                and len(masters) == 3
+                and without not in masters
+                and attached >= replicas
+                and self._replicas_in_sync()
+            ):
                 return
             if time.monotonic() > deadline:
-                raise RedisClusterUnavailableError(f"the cluster never became ok: {states}")
+                raise RedisClusterUnavailableError(
+                    f"the cluster never became ok: {states}, masters {masters}, {attached} replicas"
+                )
             time.sleep(0.1)
+
+    def _replicas_in_sync(self) -> bool:
+        """Whether every running replica's link to its master is up (else it cannot take over
+        from it: its data would be too old)."""
+        for port in self.running_ports:
+            try:
+                with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
+                    info = client.info("replication")
+            except redis.RedisError:
+                return False
+            if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                return False
+        return True
 
     def _state(self, port: int) -> tuple[str, int]:
         try:
@@ -182,19 +210,25 @@ class RedisCluster:
         return [p for p in self.ports if p in self._processes and self._processes[p].poll() is None]
 
     def masters(self) -> list[int]:
-        """The ports of the nodes that are masters now (as the first running node sees it)."""
+        """The ports of the masters that hold slots now (as the first running node sees it)."""
+        return self._roles()[0]
+
+    def _roles(self) -> tuple[list[int], int]:
+        """The masters holding slots and how many replicas are attached, not failed."""
         for port in self.running_ports:
             try:
                 with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
-                    nodes = client.cluster_nodes()
+                    nodes = client.execute_command("CLUSTER NODES")  # parsed: address -> node
             except redis.RedisError:
                 continue
-            return sorted(
+            alive = {a: n for a, n in nodes.items() if "fail" not in n["flags"]}
+            masters = sorted(
                 int(address.split("@")[0].rsplit(":", 1)[1])
-                for address, node in nodes.items()
-                if "master" in node["flags"] and "fail" not in node["flags"]
+                for address, node in alive.items()
+                if "master" in node["flags"] and node["slots"]
             )
-        return []
+            return masters, sum("slave" in node["flags"] for node in alive.values())
+        return [], 0
 
     def kill(self, port: int) -> None:
         """SIGKILL the node on ``port`` (it stays down)."""
