@@ -173,6 +173,19 @@ class Run:
 
         return _retrying(read)
 
+    def groups(self, partition: int) -> str:
+        """Each stream's consumer groups (lag, pending) in one partition, for a report."""
+        seen = []
+        for stream in (keys.observations_stream(partition), keys.outbox_stream(partition),
+                       keys.intake_stream(partition), keys.control_stream(partition)):  # fmt: skip
+            try:
+                groups = self.client.redis.xinfo_groups(stream)
+            except (RedisError, RedisClusterException) as exc:
+                seen.append(f"{stream}: {exc}")
+                continue
+            seen += [f"{stream} {g['name']} lag {g['lag']} pending {g['pending']}" for g in groups]
+        return "; ".join(seen)
+
     def received(self) -> int:
         """Celery messages the workers' logs say they received."""
         return sum(len(RECEIVED.findall(w.log.read_text("utf-8", "replace"))) for w in self.workers)
@@ -182,7 +195,7 @@ class Run:
         counts: Counter[str] = Counter()
         for worker in self.workers:
             counts.update(
-                m.group(2) for m in RECEIVED.finditer(worker.log.read_text("utf-8", "replace"))
+                m.group(1) for m in RECEIVED.finditer(worker.log.read_text("utf-8", "replace"))
             )
         return sum(n - 1 for n in counts.values() if n > 1)
 
@@ -232,6 +245,9 @@ def run(plan: ChaosPlan, root: Path, say: Callable[[str], None] = print) -> bool
                 twice += _journal_violations(task_id, journal)
         commands_twice, _missing = _side_effects(root / "workspaces", task_ids, plan.iterations)
         published_twice = chaos.received_twice()
+        if lost:  # where the lost tasks' partitions stand: unread or unacknowledged entries
+            for p in sorted({keys.partition_of(t, PARTITIONS) for t in lost}):
+                say(f"  partition {p}: {chaos.groups(p)}")
     finally:
         chaos.stop()
         broker.close()

@@ -27,6 +27,11 @@ CLUSTER_BLOCK_MS = 50
 """On a cluster, how long each partition's read blocks at most: the latency an entry may wait
 while the reads of the other partitions end (idle: one read per partition and loop this often)."""
 
+CLUSTER_READ_TIMEOUT_S = 5.0
+"""On a cluster, how long a partition's read may take beyond its block before it is abandoned
+as failed (the client reconnects; entries it may have delivered stay pending under this
+consumer and are claimed again). A read was seen to hang for good across a failover."""
+
 Rows = list[tuple[str, list[tuple[str, dict[Any, Any]]]]]
 """Entries by stream: ``[(stream, [(entry id, fields), ...]), ...]``, streams without entries
 left out."""
@@ -64,9 +69,13 @@ async def read_group(
         )
         return _rows(response)
     block = None if block_ms is None else min(block_ms, CLUSTER_BLOCK_MS) or CLUSTER_BLOCK_MS
+    limit_s = (block or 0) / 1000 + CLUSTER_READ_TIMEOUT_S
     replies = await asyncio.gather(
         *(
-            redis.xreadgroup(group, consumer, {name: start}, count=count, block=block)
+            asyncio.wait_for(
+                redis.xreadgroup(group, consumer, {name: start}, count=count, block=block),
+                limit_s,
+            )
             for name in names
         ),
         return_exceptions=True,
@@ -74,6 +83,8 @@ async def read_group(
     rows: Rows = []
     errors: list[BaseException] = []
     for reply in replies:
+        if isinstance(reply, asyncio.CancelledError):
+            raise reply
         if isinstance(reply, BaseException):
             errors.append(reply)
         else:

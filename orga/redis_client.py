@@ -30,7 +30,17 @@ from redis.asyncio.cluster import RedisCluster
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, celery_broker_url
 
-__all__ = ["RedisClients"]
+__all__ = ["COMMAND_TIMEOUT_S", "CONNECT_TIMEOUT_S", "RedisClients"]
+
+CONNECT_TIMEOUT_S = 5.0
+"""On a cluster, how long connecting to a node may take (unless the caller says)."""
+
+COMMAND_TIMEOUT_S = 10.0
+"""On a cluster, how long a command's reply may take (unless the caller says): a command sent
+to a master as it failed was seen to wait for its reply for good (redis-py 8.2's asyncio
+``RedisCluster``); the timeout makes it fail, the client re-reads the topology and the caller's
+retry reaches the promoted replica. Every stream read blocks at most 50 ms on a cluster
+(:mod:`coordinator.streams`), far below it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +68,17 @@ class RedisClients:
     def asyncio(self, **options: Any) -> Redis:
         """An asyncio client (``decode_responses``, timeouts, pool size as ``options`` say)."""
         if self.cluster:
-            # RedisCluster's pool is per node: max_connections bounds each node's.
+            # RedisCluster's pool is per node: max_connections bounds each node's. A node that
+            # is down without refusing (its host gone) must not hold a command for minutes.
+            options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
+            options.setdefault("socket_timeout", COMMAND_TIMEOUT_S)
             return cast("Redis", RedisCluster.from_url(self.url, **options))
         return Redis.from_url(self.url, **options)
 
     def sync(self, **options: Any) -> redis.Redis:
         """A blocking client, for the CLI, the inbox, the metrics and the workers' checks."""
         if self.cluster:
+            options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
+            options.setdefault("socket_timeout", COMMAND_TIMEOUT_S)
             return cast("redis.Redis", redis.cluster.RedisCluster.from_url(self.url, **options))
         return redis.Redis.from_url(self.url, **options)
