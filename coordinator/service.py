@@ -207,6 +207,9 @@ class Coordinator:
     metrics: CoordinatorMetrics | None = None
     scheduler: Scheduler | None = None
     """Fires due schedules (:mod:`coordinator.schedules`); None: one on the real clock."""
+    queue_redis: Redis | None = None
+    """The Redis broker that holds the Celery queues when it is not the state's (a separate
+    ``ORGA_BROKER_URL``, always so on a Redis Cluster): their depths are read there."""
 
     def __post_init__(self) -> None:
         # This store keeps each conversation in Redis: reasoning requests carry a reference.
@@ -823,7 +826,7 @@ class Coordinator:
         await self._purge()
         due = await self.store.due_task_ids(time.time(), self.settings.batch * 4)
         if due:
-            await self._queues.sample(self.redis)
+            await self._queues.sample(self.redis, broker=self.queue_redis)
         for task_id in due:
             if task_id in self._starting:
                 continue  # started by the intake read that created it

@@ -43,7 +43,7 @@ from orga.redis_client import RedisClients
 from orga.topology import Role, supervisor_exec, worker_commands
 from shared import aio
 from shared.errors import OrgaError
-from shared.settings import OrgaSettings, TelemetrySettings
+from shared.settings import OrgaSettings, TelemetrySettings, is_amqp
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
 from workers import key_handoff
 from workers.telemetry import configure_tracing
@@ -680,6 +680,8 @@ def _exit_after_decision(decision: str, data: dict[str, Any]) -> None:
 @app.command()
 def coordinator() -> None:
     """Run a coordinator against ORGA_REDIS_URL (several may run at once)."""
+    from redis.asyncio import Redis as AsyncRedis
+
     from coordinator.metrics import serve_metrics
     from coordinator.relay import CeleryPublisher
     from coordinator.service import Coordinator
@@ -698,10 +700,15 @@ def coordinator() -> None:
         else None
     )
 
+    broker = settings.broker_url
+    queues_apart = broker is not None and broker != url and not is_amqp(broker)
+
     async def main_loop() -> None:
         client = clients.asyncio()
         node = Coordinator(
             client,
+            # the Celery queues' depths, where they are: a Redis broker of their own
+            queue_redis=AsyncRedis.from_url(broker) if queues_apart and broker else None,
             settings=coordinator_settings(settings),
             metrics=metrics,
             publisher=CeleryPublisher.from_settings(settings.model_copy(update={"redis_url": url})),
