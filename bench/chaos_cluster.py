@@ -200,7 +200,9 @@ class Run:
         return sum(n - 1 for n in counts.values() if n > 1)
 
 
-def run(plan: ChaosPlan, root: Path, say: Callable[[str], None] = print) -> bool:
+def run(
+    plan: ChaosPlan, root: Path, say: Callable[[str], None] = print, *, faults_on: bool = True
+) -> bool:
     cluster = RedisCluster(directory=root / "cluster").start()
     broker = EmbeddedRedis(directory=root / "broker").start()
     chaos = Run(plan, cluster, broker, root)
@@ -223,6 +225,8 @@ def run(plan: ChaosPlan, root: Path, say: Callable[[str], None] = print) -> bool
             (0.35, chaos.kill_a_coordinator),
             (0.55, chaos.kill_a_relay_holding_entries),
         ]
+        if not faults_on:  # the same load without faults: what the cluster costs by itself
+            faults = []
         while time.monotonic() - started < plan.duration_s:
             share = done_share()
             while faults and share >= faults[0][0]:
@@ -267,11 +271,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--keep", action="store_true", help="keep the logs of a passing run")
+    parser.add_argument("--no-faults", action="store_true", help="the same load, no fault")
     args = parser.parse_args(argv)
     plan = replace(ChaosPlan(), tasks=args.tasks, iterations=args.iterations, duration_s=400.0)
     print(f"chaos on a Redis Cluster: {plan.tasks} tasks x {plan.iterations + 1} iterations")
     return run_in_scratch(
-        "orga-chaos-cluster-", lambda root: run(plan, root), keep=args.keep, kept="logs"
+        "orga-chaos-cluster-",
+        lambda root: run(plan, root, faults_on=not args.no_faults),
+        keep=args.keep,
+        kept="logs",
     )
 
 
