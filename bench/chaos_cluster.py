@@ -201,7 +201,11 @@ class Run:
 
 
 def run(
-    plan: ChaosPlan, root: Path, say: Callable[[str], None] = print, *, faults_on: bool = True
+    plan: ChaosPlan,
+    root: Path,
+    say: Callable[[str], None] = print,
+    *,
+    kinds: Sequence[str] = ("master", "coordinator", "relay"),
 ) -> bool:
     cluster = RedisCluster(directory=root / "cluster").start()
     broker = EmbeddedRedis(directory=root / "broker").start()
@@ -220,13 +224,12 @@ def run(
             """The share of the run's dispatches the workers have received."""
             return chaos.received() / dispatches
 
-        faults = [
-            (0.1, chaos.kill_a_master),
-            (0.35, chaos.kill_a_coordinator),
-            (0.55, chaos.kill_a_relay_holding_entries),
-        ]
-        if not faults_on:  # the same load without faults: what the cluster costs by itself
-            faults = []
+        planned = {
+            "master": (0.1, chaos.kill_a_master),
+            "coordinator": (0.35, chaos.kill_a_coordinator),
+            "relay": (0.55, chaos.kill_a_relay_holding_entries),
+        }
+        faults = [planned[kind] for kind in planned if kind in kinds]
         while time.monotonic() - started < plan.duration_s:
             share = done_share()
             while faults and share >= faults[0][0]:
@@ -271,13 +274,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--keep", action="store_true", help="keep the logs of a passing run")
-    parser.add_argument("--no-faults", action="store_true", help="the same load, no fault")
+    parser.add_argument(
+        "--faults",
+        default="master,coordinator,relay",
+        help="which faults, comma-separated (empty: the same load without faults)",
+    )
     args = parser.parse_args(argv)
     plan = replace(ChaosPlan(), tasks=args.tasks, iterations=args.iterations, duration_s=400.0)
     print(f"chaos on a Redis Cluster: {plan.tasks} tasks x {plan.iterations + 1} iterations")
     return run_in_scratch(
         "orga-chaos-cluster-",
-        lambda root: run(plan, root, faults_on=not args.no_faults),
+        lambda root: run(plan, root, kinds=[k for k in args.faults.split(",") if k]),
         keep=args.keep,
         kept="logs",
     )
