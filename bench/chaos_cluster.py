@@ -73,7 +73,8 @@ class Run:
 
     def __init__(self, plan: ChaosPlan, cluster: RedisCluster, broker: EmbeddedRedis, root: Path):
         self.plan, self.cluster, self.root = plan, cluster, root
-        self.env = plan.environment(cluster.url, root / "workspaces")
+        # every node: a process started after a master died reaches the others
+        self.env = plan.environment(cluster.urls, root / "workspaces")
         self.env.update(
             ORGA_REDIS_CLUSTER="true",
             ORGA_BROKER_URL=broker.url,
@@ -86,7 +87,7 @@ class Run:
         self.client = OrgaClient(
             cluster.url,
             partitions=PARTITIONS,
-            client=RedisClients(cluster.url, cluster=True).sync(decode_responses=True),
+            client=RedisClients(cluster.urls, cluster=True).sync(decode_responses=True),
         )
 
     def start(self) -> None:

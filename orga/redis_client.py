@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import redis
 import redis.cluster
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster
 
 from shared.errors import ConfigError
@@ -72,7 +74,10 @@ class RedisClients:
             # is down without refusing (its host gone) must not hold a command for minutes.
             options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
             options.setdefault("socket_timeout", COMMAND_TIMEOUT_S)
-            return cast("Redis", RedisCluster.from_url(self.url, **options))
+            first, others = self._nodes()
+            if others:
+                options["startup_nodes"] = [AsyncClusterNode(h, p) for h, p in others]
+            return cast("Redis", RedisCluster.from_url(first, **options))
         return Redis.from_url(self.url, **options)
 
     def sync(self, **options: Any) -> redis.Redis:
@@ -80,5 +85,22 @@ class RedisClients:
         if self.cluster:
             options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
             options.setdefault("socket_timeout", COMMAND_TIMEOUT_S)
-            return cast("redis.Redis", redis.cluster.RedisCluster.from_url(self.url, **options))
+            first, others = self._nodes()
+            if others:
+                options["startup_nodes"] = [
+                    redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                    for h, p in others
+                ]
+            return cast("redis.Redis", redis.cluster.RedisCluster.from_url(first, **options))
         return redis.Redis.from_url(self.url, **options)
+
+    def _nodes(self) -> tuple[str, list[tuple[str, int]]]:
+        """A cluster's URL may name several nodes, comma-separated (``redis://a:7000/0,
+        redis://b:7000/0``): the first gives the credentials and options, each is a node to
+        start from, so that a process starting while one node is down finds the others."""
+        first, *others = (part.strip() for part in self.url.split(",") if part.strip())
+        nodes = []
+        for other in others:
+            parsed = urlsplit(other if "://" in other else f"redis://{other}")
+            nodes.append((parsed.hostname or "127.0.0.1", parsed.port or 6379))
+        return first, nodes

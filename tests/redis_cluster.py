@@ -96,6 +96,11 @@ class RedisCluster:
         """One node's URL (any node will do: the client discovers the others)."""
         return f"redis://127.0.0.1:{self.ports[0]}/0"
 
+    @property
+    def urls(self) -> str:
+        """Every node's URL, comma-separated (``ORGA_REDIS_URL`` that survives any node down)."""
+        return ",".join(f"redis://127.0.0.1:{port}/0" for port in self.ports)
+
     def start(self, timeout_s: float = 60.0) -> RedisCluster:
         """Start the nodes, create the cluster, wait for ``cluster_state:ok`` everywhere."""
         try:

@@ -72,6 +72,9 @@ def test_the_factory_builds_cluster_clients(cluster: RedisCluster) -> None:
         ]
     finally:
         sync.close()
+    down_first = RedisClients(f"redis://127.0.0.1:1/0,{cluster.urls}", cluster=True)
+    with down_first.sync(decode_responses=True) as reached:  # a node down: the next is asked
+        assert reached.get(keys.status_counts_key(0) + ":probe") == "0"
     assert isinstance(clients.asyncio(), AsyncRedisCluster)
     assert not isinstance(RedisClients(cluster.url).asyncio(), AsyncRedisCluster)
 
