@@ -44,9 +44,10 @@ class OrgaSettings(BaseSettings):
     )
     redis_cluster: bool = Field(
         default=False,
-        description="ORGA_REDIS_URL names a node of a Redis Cluster (the others are discovered; "
-        "several comma-separated survive one being down at start); needs ORGA_PARTITIONS > 1 to spread the state and ORGA_BROKER_URL (Celery "
-        "cannot use a cluster as its broker)",
+        description="ORGA_REDIS_URL names a node of a Redis Cluster (the others are "
+        "discovered; several comma-separated survive one being down at start); needs "
+        "ORGA_PARTITIONS > 1 to spread the state and ORGA_BROKER_URL (Celery cannot use a "
+        "cluster as its broker)",
     )
     workspace_root: str = Field(
         default_factory=lambda: str(Path.home() / ".orga" / "workspaces"),
