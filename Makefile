@@ -77,12 +77,15 @@ bench: $(STAMP) $(BENCH_STAMP)
 # Then the slow-model variant: the reasoning worker is killed while model calls are in flight
 # (`CHAOS_SLOW_ARGS="--tasks 20"` for a shorter one). Then the delegation case: the coordinator
 # killed while parents wait on their two sub-agents (`CHAOS_DELEGATION_ARGS="--parents 4"`).
+# Then on a Redis Cluster (3 masters, 3 replicas): a master killed while 100 tasks run, a
+# coordinator killed, a relay killed holding outbox entries (`CHAOS_CLUSTER_ARGS="--tasks 30"`).
 # All run; the target fails if any does.
 chaos: $(STAMP)
 	status=0; \
 	$(PY) bench/chaos.py $(CHAOS_ARGS) || status=1; \
 	$(PY) bench/chaos_slow_model.py $(CHAOS_SLOW_ARGS) || status=1; \
 	$(PY) bench/chaos_delegation.py $(CHAOS_DELEGATION_ARGS) || status=1; \
+	$(PY) bench/chaos_cluster.py $(CHAOS_CLUSTER_ARGS) || status=1; \
 	exit $$status
 
 clean:

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, cast
@@ -109,13 +109,17 @@ class OrgaClient:
     """``ORGA_PARTITIONS`` of the deployment: refused (ConfigError naming both) when Redis
     holds another, stored when none is; None: the stored count (1 when none is stored yet)."""
 
+    client: redis.Redis | None = field(default=None, repr=False)
+    """The state's client, ``decode_responses`` on (``orga.redis_client.RedisClients.sync``: a
+    RedisCluster on a cluster); None: a standalone Redis at ``redis_url``."""
+
     def __post_init__(self) -> None:
-        self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
-        self.watcher = redis.Redis.from_url(
+        self.redis = self.client or redis.Redis.from_url(self.redis_url, decode_responses=True)
+        self.watcher = self.client or redis.Redis.from_url(
             self.redis_url, decode_responses=True, socket_timeout=WATCH_SOCKET_TIMEOUT_S
         )
         """The connections that block in ``XREAD`` (:meth:`watch`): their socket timeout is
-        longer than a block."""
+        longer than a block (a cluster's client, built by the assembly, serves both)."""
         self._count: int | None = None
 
     @property

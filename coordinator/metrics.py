@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import redis
@@ -322,14 +322,22 @@ class CoordinatorMetrics:
 class RedisStateCollector(Collector):
     """Gauges read from Redis when Prometheus scrapes, and ``orga_redis_up``."""
 
-    def __init__(self, redis_url: str, timeout_s: float = 2.0, partitions: int = 1) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        timeout_s: float = 2.0,
+        partitions: int = 1,
+        connect: Callable[..., redis.Redis] | None = None,
+    ) -> None:
+        """``connect``: builds the state's client (a RedisCluster on a cluster); None: a
+        standalone Redis at ``redis_url``."""
         self._partitions = partitions
-        self._redis = redis.Redis.from_url(
-            redis_url,
-            decode_responses=True,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-        )
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": timeout_s,
+            "socket_connect_timeout": timeout_s,
+        }
+        self._redis = connect(**options) if connect else redis.Redis.from_url(redis_url, **options)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """One scrape: every gauge when Redis answers, only ``orga_redis_up 0`` when not."""
@@ -450,11 +458,15 @@ def _gauge(name: str, documentation: str, value: Any) -> GaugeMetricFamily:
 
 
 def serve_metrics(
-    port: int, redis_url: str, host: str = DEFAULT_METRICS_HOST, partitions: int = 1
+    port: int,
+    redis_url: str,
+    host: str = DEFAULT_METRICS_HOST,
+    partitions: int = 1,
+    connect: Callable[..., redis.Redis] | None = None,
 ) -> CoordinatorMetrics:
     """Start the HTTP endpoint on ``host:port`` (a daemon thread); return what to update."""
     registry = CollectorRegistry()
-    registry.register(RedisStateCollector(redis_url, partitions=partitions))
+    registry.register(RedisStateCollector(redis_url, partitions=partitions, connect=connect))
     metrics = CoordinatorMetrics(registry)
     start_http_server(port, addr=host, registry=registry)
     return metrics

@@ -75,18 +75,19 @@ class QueueGauge:
         return self._rate.get(queue, 0.0)
 
     async def sample(self, redis: Redis, now: float | None = None) -> None:
-        """Read the queues' lengths and start counters (at most once a second)."""
+        """Read the queues' lengths and start counters (at most once a second); the depths
+        come from the broker instead when it is not the state Redis (:attr:`broker`)."""
         now = time.monotonic() if now is None else now
         if now - self._sampled_at < SAMPLE_EVERY_S:
             return
         pipe = redis.pipeline(transaction=False)
+        _lengths(pipe)
         for queue in QUEUES:
-            pipe.llen(queue)
             pipe.get(keys.queue_started_key(queue))
         for p in range(self.partitions):  # each task is judged on its partition's stream
             pipe.xinfo_groups(keys.observations_stream(p))
             pipe.xpending(keys.observations_stream(p), keys.coordinator_group)
-        replies = await pipe.execute(raise_on_error=False)
+        replies = list(await pipe.execute(raise_on_error=False))
         failed = [r for r in replies[: 2 * len(QUEUES)] if isinstance(r, Exception)]
         if failed:  # only the stream's replies may fail (no stream or group yet)
             raise failed[0]
@@ -94,7 +95,7 @@ class QueueGauge:
         elapsed = now - self._sampled_at if self._sampled_at else 0.0
         self._sampled_at = now
         for index, queue in enumerate(QUEUES):
-            depth, started = int(replies[2 * index]), int(replies[2 * index + 1] or 0)
+            depth, started = int(replies[index]), int(replies[len(QUEUES) + index] or 0)
             if on_broker is not None:
                 depth = on_broker.get(queue, self._depth.get(queue, 0))
             self._update(queue, depth, started, elapsed, now)
@@ -135,6 +136,12 @@ class QueueGauge:
                 "queue.no_consumer",
                 extra={"queue": queue, "depth": depth, "fix": f"orga worker --role {role}"},
             )
+
+
+def _lengths(pipe: Any) -> None:
+    """Add the queues' ``LLEN`` to ``pipe``."""
+    for queue in QUEUES:
+        pipe.llen(queue)
 
 
 def _progress(groups: Any, pending: Any) -> StreamProgress:

@@ -44,11 +44,12 @@ from celery import Celery
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from coordinator.streams import read_group
 from coordinator.transport import PublishError, Transport
 from shared import keys
 from shared.errors import ConfigError
 from shared.outbox import OutboxEntry, OutboxEntryError
-from shared.settings import OrgaSettings, celery_config
+from shared.settings import OrgaSettings, celery_broker_url, celery_config
 
 __all__ = ["CeleryPublisher", "OutboxRelay", "PublishError"]
 
@@ -88,7 +89,7 @@ class CeleryPublisher:
                 "Celery broker on the Redis it uses (e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0)"
             )
         app = Celery("orga-relay", set_as_current=False)
-        app.conf.update(celery_config(settings, settings.broker_url or settings.redis_url))
+        app.conf.update(celery_config(settings, celery_broker_url(settings)))
         own_broker = settings.broker_url not in (None, settings.redis_url)
         return cls(app, broker_depths=own_broker)
 
@@ -337,13 +338,10 @@ class OutboxRelay:
         if not self._served:  # no partition served: wait as a blocking read would
             await asyncio.sleep((block_ms or 0) / 1000)
             return []
-        response = await self.redis.xreadgroup(
-            keys.outbox_group, self.name, dict.fromkeys(self._served, start),
-            count=self.batch, block=block_ms,
+        return await read_group(
+            self.redis, keys.outbox_group, self.name, self._served,
+            start=start, count=self.batch, block_ms=block_ms,
         )  # fmt: skip
-        rows = cast(list[Any], response or [])
-        batches = [(_text(name), [(_text(i), f) for i, f in got if f]) for name, got in rows]
-        return [(stream, got) for stream, got in batches if got]
 
     async def _dead_letter(
         self, malformed: list[tuple[str, dict[Any, Any], str]], stream: str

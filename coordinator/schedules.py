@@ -1,9 +1,9 @@
 """Schedules in Redis: the book the CLI edits, and the scheduler every coordinator runs.
 
-Keys (:mod:`shared.keys`): ``orga:schedules`` (name -> schedule JSON), ``orga:schedules:due``
+Keys (:mod:`shared.keys`): ``orga:{schedules}`` (name -> schedule JSON), ``orga:{schedules}:due``
 (active schedules by their next fire time; a paused schedule is not in it),
-``orga:schedules:fired`` (name -> the last fire: the schedule's last run, ``orga schedule run``'s
-too) and ``orga:schedules:queued`` (name -> the one fire waiting for that run to end).
+``orga:{schedules}:fired`` (name -> the last fire: the schedule's last run, ``orga schedule run``'s
+too) and ``orga:{schedules}:queued`` (name -> the one fire waiting for that run to end).
 
 Firing is safe with any number of coordinators. Each looks at the schedules that are due, submits
 the fire to the intake stream with the fire's idempotency key and task id
@@ -16,7 +16,7 @@ Overlap (``Schedule.overlap``). Before submitting a fire of a schedule whose pol
 ``allow``, the scheduler asks whether the schedule's last run is still going: its task is active
 (``orga:tasks:active``), or it is not a task yet because its intake entry is still unread or
 being read (an entry rejected, or acknowledged as a duplicate, has nothing running). If so,
-``skip`` drops the fire and ``queue`` keeps it in ``orga:schedules:queued`` unless a fire waits
+``skip`` drops the fire and ``queue`` keeps it in ``orga:{schedules}:queued`` unless a fire waits
 there already (one is kept: the first), both in the compare-and-set that moves the due time, so
 one coordinator decides. Every look also submits the queued fires whose run has ended, under
 their own fire's key, so two coordinators releasing one make one task.
@@ -35,6 +35,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import ResponseError
 
+from coordinator.streams import is_cluster
 from shared import keys
 from shared.errors import OrgaError
 from shared.schedule import (
@@ -52,6 +53,7 @@ __all__ = [
     "ScheduleNotFoundError",
     "ScheduleView",
     "Scheduler",
+    "adopt_legacy_schedules",
     "intake_fields",
 ]
 
@@ -197,7 +199,7 @@ class ScheduleBook:
 def _fire_record(
     fire_at: float, task_id: str, key: str, entry: str, now: float, **flags: bool
 ) -> dict[str, Any]:
-    """What ``orga:schedules:fired`` keeps of a fire (``entry``: its intake entry's id)."""
+    """What ``orga:{schedules}:fired`` keeps of a fire (``entry``: its intake entry's id)."""
     return {"fire_at": fire_at, "task_id": task_id, "key": key, "entry": entry, "at": now,
             "caught_up": False, **flags}  # fmt: skip
 
@@ -388,6 +390,22 @@ class Scheduler:
                   json.dumps(fire) if fire else "", json.dumps(wait) if wait else ""],
         )  # fmt: skip
         return int(moved)
+
+
+async def adopt_legacy_schedules(redis: AsyncRedis) -> int:
+    """Rename the schedules' keys of a deployment from before their ``{schedules}`` hash tag
+    (``orga:schedules`` → ``orga:{schedules}``, and the others of
+    :data:`shared.keys.legacy_schedule_keys`), unless the new key exists; how many were
+    renamed. A Redis Cluster never held the old names (it was not supported then)."""
+    renamed = 0
+    if is_cluster(redis):
+        return renamed
+    for old, new in keys.legacy_schedule_keys.items():
+        if await redis.exists(old):
+            renamed += int(await redis.renamenx(old, new))
+    if renamed:
+        log.warning("schedules.keys_renamed", extra={"renamed": renamed})
+    return renamed
 
 
 def _text(value: Any) -> str:

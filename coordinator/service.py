@@ -48,11 +48,12 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard, cast, get_args
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
@@ -61,6 +62,7 @@ from redis.exceptions import (
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -75,9 +77,10 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.partition_leases import PartitionLeases
 from coordinator.queues import QueueGauge
 from coordinator.relay import OutboxRelay
-from coordinator.schedules import Scheduler
+from coordinator.schedules import Scheduler, adopt_legacy_schedules
 from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
+from coordinator.streams import is_cluster, read_group
 from coordinator.transport import QueueDepths, Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
@@ -118,6 +121,7 @@ _TRANSIENT_TYPES = (
     TryAgainError,
     MasterDownError,
     ClusterDownError,
+    SlotNotCoveredError,  # a Redis Cluster while a master's replica is promoted
 )
 _TRANSIENT_REPLY = re.compile(
     r"(?:^|caused error: )(?:OOM|BUSY|LOADING|MASTERDOWN|READONLY|TRYAGAIN|MISCONF|CLUSTERDOWN"
@@ -128,18 +132,31 @@ _TRANSIENT_REPLY = re.compile(
 async def check_redis_keeps_keys(redis: Redis) -> str:
     """The Redis's ``maxmemory-policy`` (``noeviction``), read by ``CONFIG GET``, else from
     ``INFO memory`` where CONFIG is renamed, disabled or refused; an
-    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other."""
+    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other.
+    On a Redis Cluster every node (a replica may be promoted) is asked and checked."""
+    if is_cluster(redis):
+        cluster = await cast(RedisCluster, redis).initialize()  # discovers the nodes, once
+        nodes = cluster.get_nodes()
+        policies = [
+            await _check_policy(redis, f"{node.host}:{node.port}", target_nodes=node)
+            for node in nodes
+        ]
+        return policies[0]
+    address = redis_address(redis.connection_pool.connection_kwargs)
+    return await _check_policy(redis, address)
+
+
+async def _check_policy(redis: Redis, address: str, **target: Any) -> str:
     unread = ""
     try:
-        policy = policy_from_config(await redis.config_get(POLICY_SETTING))
+        policy = policy_from_config(await redis.config_get(POLICY_SETTING, **target))
     except ResponseError as exc:
         policy, unread = None, f"CONFIG GET: {exc}"
     if policy is None:
         try:
-            policy = policy_from_info(await redis.info("memory"))
+            policy = policy_from_info(await redis.info("memory", **target))
         except ResponseError as exc:
             unread = f"{unread}; INFO memory: {exc}".lstrip("; ")
-    address = redis_address(redis.connection_pool.connection_kwargs)
     return check_eviction_policy(policy, address, unread)
 
 
@@ -255,6 +272,7 @@ class Coordinator:
         """Run every loop until ``stop()`` (refused at once on a Redis that evicts keys)."""
         await check_redis_keeps_keys(self.redis)
         await check_layout(self.redis, self.settings.partitions)
+        await adopt_legacy_schedules(self.redis)
         await self._ensure_groups()
         leases = self.partition_leases = PartitionLeases(
             self.redis,
@@ -380,22 +398,22 @@ class Coordinator:
     async def _read(
         self, kind: Callable[[int], str]
     ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        """One read of a stream of every partition served (one multi-stream ``XREADGROUP``):
-        the entries of each stream that had some, by stream (none served: a pause instead)."""
+        """One read of a stream of each served partition: the entries of each stream that had
+        some, by stream (one multi-stream ``XREADGROUP``; one per partition on a Redis Cluster,
+        :func:`coordinator.streams.read_group`); none served: a pause instead."""
         streams = self._streams(kind)
         if not streams:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.settings.block_ms / 1000)
             return []
-        response = await self.redis.xreadgroup(
+        return await read_group(
+            self.redis,
             keys.coordinator_group,
             self.name,
-            dict.fromkeys(streams, ">"),
+            streams,
             count=self.settings.batch,
-            block=self.settings.block_ms,
+            block_ms=self.settings.block_ms,
         )
-        rows: list[Any] = cast(list[Any], response or [])
-        return [(_text(name), [(_text(i), f) for i, f in entries]) for name, entries in rows]
 
     # -- intake ---------------------------------------------------------------------------
 

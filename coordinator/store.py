@@ -60,9 +60,11 @@ end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
 local extra = cjson.decode(ARGV[8])
 if ARGV[5] ~= '' then
-  redis.call('XACK', ARGV[6], ARGV[7], ARGV[5])
+  -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
+  local acked = KEYS[tonumber(ARGV[6])]
+  redis.call('XACK', acked, ARGV[7], ARGV[5])
   -- An applied observation (a tool output, maybe large) is in the conversation now.
-  if extra.delete_acked then redis.call('XDEL', ARGV[6], ARGV[5]) end
+  if extra.delete_acked then redis.call('XDEL', acked, ARGV[5]) end
 end
 local last_sequence = nil
 for _, e in ipairs(extra.journal) do
@@ -127,12 +129,12 @@ if ARGV[1] ~= '' then
       redis.call('HSET', KEYS[1], 'alias_of', existing)
       redis.call('EXPIRE', KEYS[1], ARGV[5])
     end
-    if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
+    if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
     return {0, existing}
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
+  if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
   return {0, ARGV[2]}
 end
 redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4])
@@ -141,7 +143,7 @@ if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[5]) end
 redis.call('SADD', KEYS[3], ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[6], ARGV[2])
 redis.call('ZADD', KEYS[5], ARGV[6], ARGV[2])
-if ARGV[7] ~= '' then redis.call('XACK', ARGV[8], ARGV[9], ARGV[7]) end
+if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
 local leased = 0
 if ARGV[10] ~= '' and redis.call('SET', KEYS[7], ARGV[10], 'NX', 'PX', ARGV[11]) then leased = 1 end
 return {1, ARGV[2], leased}
@@ -385,6 +387,7 @@ class TaskStore:
                 keys.deadlines_key(p),
                 keys.status_counts_key(p),
                 keys.lease_key(record.task_id, p),
+                stream or keys.intake_stream(p),  # the acknowledged stream: in KEYS, one slot
             ],
             args=[
                 idem,
@@ -394,7 +397,7 @@ class TaskStore:
                 keys.idempotency_ttl_s,
                 f"{record.created_at:.6f}",
                 entry_id,
-                stream,
+                "8" if stream else "",  # KEYS[8] (the stream is in KEYS)
                 group,
                 owner,
                 ttl_ms,
@@ -487,7 +490,7 @@ class TaskStore:
             state,
             record.status.value,
             entry_id,
-            stream,
+            _key_index(commit_keys, stream),
             group,
             orjson.dumps(extra),
             *(d.payload for d in dispatches),
@@ -788,6 +791,20 @@ def _flat(fields: dict[str, str]) -> list[str]:
     for key, value in fields.items():
         out.extend((key, value))
     return out
+
+
+def _key_index(script_keys: list[str], stream: str) -> str:
+    """Which of a script's KEYS (1-based, as Lua counts) is the acknowledged ``stream``: a script
+    names every key it touches in KEYS (Redis Cluster routes and checks them). "" for none."""
+    if not stream:
+        return ""
+    try:
+        return str(script_keys.index(stream) + 1)
+    except ValueError:
+        raise ValueError(
+            f"{stream!r} is not a stream of the commit's partition ({script_keys[0]!r}): an entry "
+            "is acknowledged by the commit of a task of its own partition"
+        ) from None
 
 
 def _text(value: Any) -> str:

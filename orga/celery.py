@@ -26,9 +26,10 @@ from celery.signals import (
     worker_process_shutdown,
 )
 
+from orga.redis_client import RedisClients
 from shared.errors import ConfigError
 from shared.pricing import preload as preload_prices
-from shared.settings import OrgaSettings, TelemetrySettings, celery_config
+from shared.settings import OrgaSettings, TelemetrySettings, celery_broker_url, celery_config
 from workers import key_handoff
 from workers.broker import serve_redis_urls
 from workers.redis_policy import EvictionCheck
@@ -58,13 +59,17 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
             "ORGA_REDIS_URL is not set: the workers need the Redis that the coordinator uses "
             "(e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0); `orga run` sets it for you"
         )
-    broker_url = settings.broker_url or settings.redis_url  # ORGA_BROKER_URL's default
+    broker_url = celery_broker_url(settings)  # refused on a cluster without ORGA_BROKER_URL
     celery = Celery("orga", include=["workers.tasks"])
     celery.conf.update(celery_config(settings, broker_url))
     # redis:// is workers.broker's transport (survives Redis out of memory); amqp:// is kombu's
     serve_redis_urls()
     celery.conf.worker_concurrency = settings.worker_concurrency
     celery.conf.orga_settings = settings
+    # The workers' state clients (a RedisCluster on ORGA_REDIS_CLUSTER), built in their process.
+    clients = RedisClients.from_settings(settings)
+    celery.conf.orga_async_redis = clients.asyncio
+    celery.conf.orga_sync_redis = clients.sync
     celery.steps["worker"].add(EvictionCheck)
     celery.conf.orga_model_keys = received_model_keys()
     return celery

@@ -45,12 +45,13 @@ from orga.embedded import (
     coordinator_settings,
     webhook_deliverer,
 )
+from orga.redis_client import RedisClients
 from orga.topology import Role, supervisor_exec, worker_commands
 from shared import aio
 from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.pricing import format_usd
-from shared.settings import OrgaSettings, TelemetrySettings
+from shared.settings import OrgaSettings, TelemetrySettings, is_amqp
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
 from shared.tokens import TokenEntry
 from workers import key_handoff
@@ -117,6 +118,16 @@ def _settings() -> OrgaSettings:
     return OrgaSettings()
 
 
+def _deployment(settings: OrgaSettings) -> OrgaClient:
+    """A client of the deployment at ORGA_REDIS_URL (a Redis Cluster on ORGA_REDIS_CLUSTER)."""
+    clients = RedisClients.from_settings(settings)
+    return OrgaClient(
+        clients.url,
+        partitions=settings.partitions,
+        client=clients.sync(decode_responses=True),
+    )
+
+
 def _home() -> Path:
     return Path(os.environ.get("ORGA_HOME", ".orga")).resolve()
 
@@ -135,7 +146,7 @@ def _with_runtime(body: Callable[[OrgaClient, bool], Any]) -> Any:
     """Run ``body(client, embedded)`` against ORGA_REDIS_URL, or inside the embedded runtime."""
     settings = _settings()
     if settings.redis_url:
-        return body(OrgaClient(settings.redis_url, partitions=settings.partitions), False)
+        return body(_deployment(settings), False)
 
     key_fds = _hand_off_model_keys(settings)
     # The coordinator runs in this process: its spans go to stderr, stdout is the result's.
@@ -471,7 +482,8 @@ def submit(
     """Submit a task to ORGA_REDIS_URL and print its id (needs a running coordinator)."""
     with _errors():
         spec = load_task_file(task_file)
-        client = OrgaClient(_require_url())
+        _require_url()
+        client = _deployment(_settings())
         task_id = client.submit(spec)
     out.print_json(json.dumps({"task_id": task_id})) if as_json else _say(task_id)
 
@@ -567,7 +579,7 @@ def _read(body: Callable[[OrgaClient], Any]) -> Any:
     """A read-only command: against ORGA_REDIS_URL, or the embedded Redis without a worker."""
     settings = _settings()
     if settings.redis_url:
-        return body(OrgaClient(settings.redis_url, partitions=settings.partitions))
+        return body(_deployment(settings))
 
     async def embedded() -> Any:
         _STOP.on_signals(asyncio.get_running_loop(), interrupt=asyncio.current_task())
@@ -821,7 +833,7 @@ def _exit_after_decision(decision: str, data: dict[str, Any]) -> None:
 @app.command()
 def coordinator() -> None:
     """Run a coordinator against ORGA_REDIS_URL (several may run at once)."""
-    from redis.asyncio import Redis
+    from redis.asyncio import Redis as AsyncRedis
 
     from coordinator.metrics import serve_metrics
     from coordinator.relay import CeleryPublisher
@@ -833,10 +845,19 @@ def coordinator() -> None:
     with _errors():
         configure_tracing(TelemetrySettings(), "orga-coordinator")
     port, host = settings.metrics_port, settings.metrics_host
-    metrics = serve_metrics(port, url, host=host, partitions=settings.partitions) if port else None
+    with _errors():  # a cluster without ORGA_BROKER_URL is refused
+        clients = RedisClients.from_settings(settings)
+    metrics = (
+        serve_metrics(port, url, host=host, partitions=settings.partitions, connect=clients.sync)
+        if port
+        else None
+    )
+
+    broker = settings.broker_url
+    queues_apart = broker is not None and broker != url and not is_amqp(broker)
 
     async def main_loop() -> None:
-        client = Redis.from_url(url)
+        client = clients.asyncio()
         node = Coordinator(
             client,
             settings=coordinator_settings(settings),
@@ -925,7 +946,7 @@ def cancel(
     with _errors():
         url = _settings().redis_url
         if url:
-            OrgaClient(url).cancel(task_id, reason)
+            _deployment(_settings()).cancel(task_id, reason)
             _say(f"cancellation of {task_id} sent")
             return
         status = _read(lambda client: _cancel_and_wait(client, task_id, reason))

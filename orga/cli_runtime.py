@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from orga.embedded import EmbeddedRuntime, EmbeddedRuntimeError
+from orga.redis_client import RedisClients
 from shared import aio
 from shared.settings import OrgaSettings
 
@@ -45,12 +46,12 @@ def with_redis(body: Callable[[redis.Redis], T]) -> T:
     coordinator runs meanwhile, no worker)."""
     settings = OrgaSettings()
     if settings.redis_url:
-        return _on(settings.redis_url, body)
+        return _on(RedisClients.from_settings(settings), body)
     home = Path(os.environ.get("ORGA_HOME", ".orga")).resolve()
 
     async def embedded() -> T:
         async with EmbeddedRuntime(settings, home, start_worker=False) as runtime:
-            return await asyncio.to_thread(_on, runtime.url, body)
+            return await asyncio.to_thread(_on, RedisClients(runtime.url), body)
 
     try:
         return aio.run(embedded())
@@ -58,8 +59,8 @@ def with_redis(body: Callable[[redis.Redis], T]) -> T:
         raise fail("error:", exc, 1) from exc
 
 
-def _on(url: str, body: Callable[[redis.Redis], T]) -> T:
-    client = redis.Redis.from_url(url, decode_responses=True)
+def _on(clients: RedisClients, body: Callable[[redis.Redis], T]) -> T:
+    client = clients.sync(decode_responses=True)
     try:
         return body(client)
     finally:

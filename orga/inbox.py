@@ -21,6 +21,7 @@ from coordinator.client import OrgaClient
 from coordinator.inbox.app import create_app
 from coordinator.inbox.auth import ReviewerAuth
 from orga.embedded import EmbeddedRuntime
+from orga.redis_client import RedisClients
 from shared.settings import OrgaSettings
 
 __all__ = ["SignalledServer", "run_inbox", "serve_announced"]
@@ -41,7 +42,10 @@ def run_inbox(
     secret = settings.inbox_secret.get_secret_value() if settings.inbox_secret else None
 
     async def serve(redis_url: str, where: str) -> None:
-        client = OrgaClient(redis_url)
+        # The deployment's Redis may be a cluster (ORGA_REDIS_CLUSTER); the embedded one is not.
+        embedded_url = redis_url != settings.redis_url
+        clients = RedisClients(redis_url) if embedded_url else RedisClients.from_settings(settings)
+        client = OrgaClient(redis_url, client=clients.sync(decode_responses=True))
         try:
             app = create_app(client, auth, secret, secure_cookies=settings.inbox_secure_cookies)
             config = uvicorn.Config(app, host=host, port=port, log_level="warning",

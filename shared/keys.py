@@ -67,11 +67,11 @@ Keys
                                  running call), or minus its end time (answered); workers write
     ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
     ``orga:agents``              hash: agent name -> registered agent profile (JSON)
-    ``orga:schedules``           hash: schedule name -> schedule (JSON)
-    ``orga:schedules:due``       sorted set: active schedule name -> its next fire time
-    ``orga:schedules:fired``     hash: schedule name -> its last fire (JSON: time, task id,
+    ``orga:{schedules}``           hash: schedule name -> schedule (JSON)
+    ``orga:{schedules}:due``       sorted set: active schedule name -> its next fire time
+    ``orga:{schedules}:fired``     hash: schedule name -> its last fire (JSON: time, task id,
                                  intake entry)
-    ``orga:schedules:queued``    hash: schedule name -> the one fire waiting for its last run to
+    ``orga:{schedules}:queued``    hash: schedule name -> the one fire waiting for its last run to
                                  end (``overlap: queue``; JSON: fire time, the run waited for)
     ``orga:ratelimit:{provider}:{digest}``  string: until when (unix ms) every worker holds off
                                  calling one provider with one key (``provider_limit_key``;
@@ -79,7 +79,7 @@ Keys
     ``orga:inbox:session:{sha256}``  string: the reviewer of one inbox login, by a hash of the
                                  session id its signed cookie carries; deleted at logout
                                  (``inbox_session_key``)
-    ``orga:inbox:login_failures:{kind}:{sha256}``  string: failed inbox logins in the current
+    ``orga:inbox:{login_failures}:{kind}:{sha256}``  string: failed inbox logins in the current
                                  window, from one client address (``addr``) or for one user
                                  name (``user``), by a hash of it (``inbox_login_failures_key``)
     ``orga:provider_wait:{liveness_id}``  string: a model call held in a retry wait (JSON:
@@ -152,6 +152,7 @@ __all__ = [
     "legacy_active_tasks_key",
     "legacy_intake_stream",
     "legacy_outbox_stream",
+    "legacy_schedule_keys",
     "mcp_list_task_name",
     "mcp_reply_key",
     "mcp_reply_ttl_s",
@@ -231,16 +232,26 @@ applied_call_key_prefix: Final = "orga:applied:"
 workspace_claim_key_prefix: Final = "orga:workspace:"
 provider_limit_key_prefix: Final = "orga:ratelimit:"
 inbox_session_key_prefix: Final = "orga:inbox:session:"
-inbox_login_failures_key_prefix: Final = "orga:inbox:login_failures:"
+inbox_login_failures_key_prefix: Final = "orga:inbox:{login_failures}:"
+"""One hash tag: the throttle script reads the address's and the name's counters in one slot."""
 provider_wait_key_prefix: Final = "orga:provider_wait:"
 
 heartbeats_key: Final = "orga:heartbeats"
 queue_started_key_prefix: Final = "orga:started:"
 agents_key: Final = "orga:agents"
-schedules_key: Final = "orga:schedules"
-schedules_due_key: Final = "orga:schedules:due"
-schedule_fires_key: Final = "orga:schedules:fired"
-schedules_queued_key: Final = "orga:schedules:queued"
+schedules_key: Final = "orga:{schedules}"
+schedules_due_key: Final = "orga:{schedules}:due"
+schedule_fires_key: Final = "orga:{schedules}:fired"
+schedules_queued_key: Final = "orga:{schedules}:queued"
+legacy_schedule_keys: Final = {
+    "orga:schedules": schedules_key,
+    "orga:schedules:due": schedules_due_key,
+    "orga:schedules:fired": schedule_fires_key,
+    "orga:schedules:queued": schedules_queued_key,
+}
+"""The schedules' keys before they shared the hash tag ``{schedules}`` (one slot on a Redis
+Cluster, for the fire's script and the CLI's transactions) → their names now: a coordinator
+renames them at start (:func:`coordinator.schedules.adopt_legacy_schedules`)."""
 
 # -- Celery queues and task names ----------------------------------------------------------
 
@@ -352,7 +363,7 @@ def inbox_session_key(session_digest: str) -> str:
 
 def inbox_login_failures_key(kind: str, digest: str) -> str:
     """Failed inbox logins in the current window, from one address (``kind`` ``addr``) or for one
-    user name (``user``): ``orga:inbox:login_failures:{kind}:{sha256}``."""
+    user name (``user``): ``orga:inbox:{login_failures}:{kind}:{sha256}``."""
     return f"{inbox_login_failures_key_prefix}{kind}:{digest}"
 
 

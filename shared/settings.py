@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
+from shared.errors import ConfigError
 from shared.webhooks import WebhookSubscription
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "BROKER_SOCKET_TIMEOUT_S",
     "OrgaSettings",
     "TelemetrySettings",
+    "celery_broker_url",
     "celery_config",
     "is_amqp",
 ]
@@ -40,6 +42,13 @@ class OrgaSettings(BaseSettings):
         description="Celery's broker, when it is not ORGA_REDIS_URL: another Redis "
         "(`redis://`, `rediss://`) or RabbitMQ (`amqp://`, `amqps://`, `pyamqp://`; the queues "
         "are quorum queues)",
+    )
+    redis_cluster: bool = Field(
+        default=False,
+        description="ORGA_REDIS_URL names a node of a Redis Cluster (the others are "
+        "discovered; several comma-separated survive one being down at start); needs "
+        "ORGA_PARTITIONS > 1 to spread the state and ORGA_BROKER_URL (Celery cannot use a "
+        "cluster as its broker)",
     )
     workspace_root: str = Field(
         default_factory=lambda: str(Path.home() / ".orga" / "workspaces"),
@@ -319,6 +328,27 @@ def is_amqp(broker_url: str) -> bool:
     ``pyamqp://``) rather than a Redis one."""
     scheme, _, _ = broker_url.partition("://")
     return scheme.lower() in AMQP_SCHEMES
+
+
+def celery_broker_url(settings: OrgaSettings) -> str:
+    """Celery's broker: ``ORGA_BROKER_URL``, else ``ORGA_REDIS_URL`` on a standalone Redis.
+    ConfigError when neither is set, and on a Redis Cluster without ``ORGA_BROKER_URL``:
+    Celery cannot use a cluster as its broker (celery/celery#2852)."""
+    if settings.broker_url:
+        return settings.broker_url
+    if settings.redis_cluster:
+        raise ConfigError(
+            "ORGA_REDIS_CLUSTER=true needs ORGA_BROKER_URL: Celery cannot use a Redis Cluster "
+            "as its broker (celery/celery#2852); set ORGA_BROKER_URL to a standalone Redis "
+            "(redis://host:6379/0) or RabbitMQ (amqp://user:pass@host:5672//)"
+        )
+    if settings.redis_url is None:
+        raise ConfigError(
+            "ORGA_REDIS_URL is not set: the workers and the coordinator need the Redis that "
+            "holds the state (e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0); `orga run` sets "
+            "it for you"
+        )
+    return settings.redis_url
 
 
 def celery_config(settings: OrgaSettings, broker_url: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ bootstep fails to start, with exit code 1 and the error logged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -25,11 +26,21 @@ from shared.partitions import check_partitions
 __all__ = ["EvictionCheck", "check_redis_keeps_keys", "check_worker_partitions"]
 
 
-def check_redis_keeps_keys(url: str) -> str:
+Connect = Callable[..., redis.Redis]
+"""Builds a client of the state's Redis (the app's ``orga_sync_redis``: a RedisCluster on a
+cluster); None: a standalone Redis at the URL."""
+
+
+def _client(url: str, connect: Connect | None) -> redis.Redis:
+    return connect() if connect is not None else redis.Redis.from_url(url)
+
+
+def check_redis_keeps_keys(url: str, connect: Connect | None = None) -> str:
     """The ``maxmemory-policy`` of the Redis at ``url`` (``noeviction``), by ``CONFIG GET``,
     else ``INFO memory`` where CONFIG is renamed, disabled or refused; an
-    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other."""
-    with redis.Redis.from_url(url) as client:
+    :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other.
+    On a cluster, CONFIG GET asks the nodes redis-py sends it to (the primaries)."""
+    with _client(url, connect) as client:
         unread = ""
         try:
             policy = policy_from_config(client.config_get(POLICY_SETTING))
@@ -40,14 +51,15 @@ def check_redis_keeps_keys(url: str) -> str:
                 policy = policy_from_info(client.info("memory"))
             except redis.ResponseError as exc:
                 unread = f"{unread}; INFO memory: {exc}".lstrip("; ")
-        address = redis_address(client.connection_pool.connection_kwargs)
+        pool = getattr(client, "connection_pool", None)  # a RedisCluster has one per node
+        address = redis_address(pool.connection_kwargs) if pool is not None else url
     return check_eviction_policy(policy, address, unread)
 
 
-def check_worker_partitions(url: str, partitions: int) -> int:
+def check_worker_partitions(url: str, partitions: int, connect: Connect | None = None) -> int:
     """The deployment's partition count, stored if none is; ConfigError (naming both) when
     the worker's ``ORGA_PARTITIONS`` is another."""
-    with redis.Redis.from_url(url) as client:
+    with _client(url, connect) as client:
         client.set(keys.partitions_key, partitions, nx=True)
         stored = client.get(keys.partitions_key)
     return check_partitions(stored, partitions, "worker")
@@ -59,5 +71,6 @@ class EvictionCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, parent: Any) -> None:
         settings = parent.app.conf.orga_settings
-        check_redis_keeps_keys(settings.redis_url)
-        check_worker_partitions(settings.redis_url, settings.partitions)
+        connect = parent.app.conf.get("orga_sync_redis")
+        check_redis_keeps_keys(settings.redis_url, connect)
+        check_worker_partitions(settings.redis_url, settings.partitions, connect)

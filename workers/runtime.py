@@ -82,7 +82,7 @@ from workers.providers.rate_limit import (
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
-from workers.redis_batch import CoalescedPipeline
+from workers.redis_batch import CoalescedPipeline, OwnPipeline
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only, starts_processes
@@ -494,16 +494,21 @@ class ProcessServices(WorkerCore):
         provider_settings: ProviderSettings,
         redis_url: str,
         registry: ToolRegistry | None = None,
+        connect: Callable[..., Redis] | None = None,
     ) -> None:
+        """``connect``: builds the state's client (the Celery app's ``orga_async_redis``, a
+        RedisCluster on a cluster); None: a standalone Redis at ``redis_url``."""
         self.loop = new_event_loop()
         self._loop_thread = threading.Thread(
             target=self.loop.run_forever, name="orga-loop", daemon=True
         )
         self._loop_thread.start()
-        self.redis: Redis = Redis.from_url(
-            redis_url,
-            max_connections=max(64, settings.reasoning_concurrency + 16),
-            driver_info=DRIVER_INFO,
+        options: dict[str, Any] = {
+            "max_connections": max(64, settings.reasoning_concurrency + 16),
+            "driver_info": DRIVER_INFO,
+        }
+        self.redis: Redis = (
+            connect(**options) if connect is not None else Redis.from_url(redis_url, **options)
         )
         self.liveness = Liveness(
             self.redis,
@@ -514,7 +519,10 @@ class ProcessServices(WorkerCore):
         knowledge = RedisKnowledgeStore(self.redis)
         registry = with_knowledge(registry or default_registry(), knowledge)
         tools: dict[str, Tool] = {t.definition.name: t for t in registry}
-        self.pipelines = CoalescedPipeline(self.redis)
+        # redis-py's cluster pipeline has no command stack to coalesce into: one per caller.
+        self.pipelines: CoalescedPipeline | OwnPipeline = (
+            OwnPipeline(self.redis) if settings.redis_cluster else CoalescedPipeline(self.redis)
+        )
         """The starts and breaker checks of one loop turn go out in one pipeline."""
         # A success that changes nothing but the breaker's counters goes out with the
         # observation (publish), not in a round trip of its own.
@@ -530,6 +538,8 @@ class ProcessServices(WorkerCore):
         )
         super().__init__(settings, provider_settings, executor, registry, knowledge)
         self._workspace_claims = RedisWorkspaceClaims(self.redis)
+        self._cluster = settings.redis_cluster
+        """A Redis Cluster: one transaction per slot (:meth:`publish`)."""
         self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}
         """Task id → ((created_at, epoch), the messages of its conversation read so far)."""
         self._hold_keys: dict[tuple[str | None, ...], str | None] = {}
@@ -696,10 +706,17 @@ class ProcessServices(WorkerCore):
         """Send an observation to the coordinators and the tool calls a reasoning worker
         chains to the tool workers (on the outbox), in one transaction: all or nothing; with
         them, the dispatches now ``answered`` (:class:`~workers.liveness.Liveness`) and the breaker
-        successes deferred since the last publish."""
+        successes deferred since the last publish.
+
+        On a Redis Cluster a transaction must stay in one slot: the observation and the chained
+        calls (one task, so one partition) are the transaction, then the heartbeats and the
+        breaker counters (not in a partition) follow in a pipeline of their own. A worker that
+        dies between the two leaves its heartbeat unmarked, as one that dies right after a
+        publish does: the coordinator has the answer, and a re-sent dispatch is fenced."""
         pipe = self.redis.pipeline(transaction=True)
-        self.breaker_store.flush_deferred(pipe)
-        self.liveness.answered(pipe, answered)
+        rest = self.redis.pipeline(transaction=False) if self._cluster else pipe
+        self.breaker_store.flush_deferred(rest)
+        self.liveness.answered(rest, answered)
         if message is not None:  # the task's partition (chained calls are the same task's)
             pipe.xadd(
                 keys.observations_stream(self._partition(message.fence.task_id)),
@@ -710,7 +727,10 @@ class ProcessServices(WorkerCore):
         for request in onward:  # sent to Celery by a coordinator's relay (coordinator.relay)
             outbox = keys.outbox_stream(self._partition(request.fence.task_id))
             pipe.xadd(outbox, tool_entry(request).fields())  # type: ignore[arg-type]
-        await pipe.execute()
+        if len(pipe):
+            await pipe.execute()
+        if rest is not pipe and len(rest):
+            await rest.execute()
 
     def _partition(self, task_id: str) -> int:
         return keys.partition_of(task_id, self.settings.partitions)

@@ -83,7 +83,11 @@ def services(app: Celery | None = None) -> ProcessServices:
                 configure_tracing(TelemetrySettings(), "orga-worker", out=sys.__stdout__)
                 provider = ProviderSettings.with_keys(conf.orga_model_keys)
                 _services = ProcessServices(
-                    settings, provider, settings.redis_url, registry=_registry(conf)
+                    settings,
+                    provider,
+                    settings.redis_url,
+                    registry=_registry(conf),
+                    connect=conf.get("orga_async_redis"),
                 )
                 _services.mcp_list_sender = functools.partial(_send_mcp_list, app or current_app)
     return _services

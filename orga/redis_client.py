@@ -1,0 +1,106 @@
+"""The one place the state's Redis clients are built: a standalone Redis, or a Redis Cluster.
+
+``ORGA_REDIS_URL`` names the Redis that holds the state. With ``ORGA_REDIS_CLUSTER=true`` it
+names any node of a Redis Cluster, and every client of the state is redis-py's
+``RedisCluster`` (``redis.asyncio.cluster`` for the coordinator and the workers, ``redis.cluster``
+for the CLI, the inbox and the metrics), which discovers the other nodes, routes each command
+to the node that holds its slot and follows ``MOVED``/``ASK`` during a reshard or a failover.
+The processes are assembled here (``orga/``), so this module builds the clients and hands them
+to the coordinator, the workers (:mod:`orga.celery` puts :meth:`RedisClients.asyncio` and
+:meth:`RedisClients.sync` in the Celery app's configuration) and the CLI.
+
+A ``RedisCluster`` offers the commands, scripts and pipelines a ``Redis`` does, with one
+difference that the code respects everywhere (docs/deploy.md, "Redis Cluster"): every script and
+every ``MULTI`` names its keys in ``KEYS`` and all of them are in one slot (one partition's hash
+tag ``{p:NN}``, or one single key), and a stream read names streams of one slot. The clients are
+typed as ``Redis`` for the code that uses them: redis-py has no common base class of the two,
+and the commands the code calls are the same methods (the ``*Commands`` mixins both inherit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import redis
+import redis.cluster
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster
+
+from shared.errors import ConfigError
+from shared.settings import OrgaSettings, celery_broker_url
+
+__all__ = ["COMMAND_TIMEOUT_S", "CONNECT_TIMEOUT_S", "RedisClients"]
+
+CONNECT_TIMEOUT_S = 5.0
+"""On a cluster, how long connecting to a node may take (unless the caller says)."""
+
+COMMAND_TIMEOUT_S = 10.0
+"""On a cluster, how long a command's reply may take (unless the caller says): a command sent
+to a master as it failed was seen to wait for its reply for good (redis-py 8.2's asyncio
+``RedisCluster``); the timeout makes it fail, the client re-reads the topology and the caller's
+retry reaches the promoted replica. Every stream read blocks at most 50 ms on a cluster
+(:mod:`coordinator.streams`), far below it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RedisClients:
+    """Builds the state's clients for one URL: a standalone Redis, or (``cluster``) a Redis
+    Cluster reached through any of its nodes."""
+
+    url: str
+    cluster: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: OrgaSettings, url: str | None = None) -> RedisClients:
+        """The clients of ``ORGA_REDIS_URL`` (or ``url``) as ``ORGA_REDIS_CLUSTER`` says. A
+        cluster without ``ORGA_BROKER_URL`` is refused (ConfigError naming the fix)."""
+        url = url or settings.redis_url
+        if url is None:
+            raise ConfigError(
+                "ORGA_REDIS_URL is not set: name the Redis that holds the state "
+                "(e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0)"
+            )
+        if settings.redis_cluster:
+            celery_broker_url(settings)  # Celery cannot use the cluster: ORGA_BROKER_URL
+        return cls(url, settings.redis_cluster)
+
+    def asyncio(self, **options: Any) -> Redis:
+        """An asyncio client (``decode_responses``, timeouts, pool size as ``options`` say)."""
+        if self.cluster:
+            # RedisCluster's pool is per node: max_connections bounds each node's. A node that
+            # is down without refusing (its host gone) must not hold a command for minutes.
+            options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
+            options.setdefault("socket_timeout", COMMAND_TIMEOUT_S)
+            first, others = self._nodes()
+            if others:
+                options["startup_nodes"] = [AsyncClusterNode(h, p) for h, p in others]
+            return cast("Redis", RedisCluster.from_url(first, **options))
+        return Redis.from_url(self.url, **options)
+
+    def sync(self, **options: Any) -> redis.Redis:
+        """A blocking client, for the CLI, the inbox, the metrics and the workers' checks."""
+        if self.cluster:
+            options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
+            options.setdefault("socket_timeout", COMMAND_TIMEOUT_S)
+            first, others = self._nodes()
+            if others:
+                options["startup_nodes"] = [
+                    redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                    for h, p in others
+                ]
+            return cast("redis.Redis", redis.cluster.RedisCluster.from_url(first, **options))
+        return redis.Redis.from_url(self.url, **options)
+
+    def _nodes(self) -> tuple[str, list[tuple[str, int]]]:
+        """A cluster's URL may name several nodes, comma-separated (``redis://a:7000/0,
+        redis://b:7000/0``): the first gives the credentials and options, each is a node to
+        start from, so that a process starting while one node is down finds the others."""
+        first, *others = (part.strip() for part in self.url.split(",") if part.strip())
+        nodes = []
+        for other in others:
+            parsed = urlsplit(other if "://" in other else f"redis://{other}")
+            nodes.append((parsed.hostname or "127.0.0.1", parsed.port or 6379))
+        return first, nodes

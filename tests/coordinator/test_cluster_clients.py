@@ -1,0 +1,146 @@
+"""The state's clients on a Redis Cluster (a real one: 3 masters, 3 replicas, started by
+:mod:`tests.redis_cluster`): the factory, a cluster refused without a broker, the per-partition
+stream reads, the eviction check of every node, the workers' publish split per slot, and one
+commit per slot; plus the schedules' keys renamed under their hash tag on a standalone Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+import redis.cluster
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.exceptions import RedisClusterException
+
+from coordinator.schedules import adopt_legacy_schedules
+from coordinator.service import check_redis_keeps_keys
+from coordinator.streams import read_group
+from orga.redis_client import RedisClients
+from shared import keys
+from shared.errors import ConfigError
+from shared.settings import OrgaSettings, celery_broker_url
+from tests.ci import require
+from tests.redis_cluster import RedisCluster, RedisClusterUnavailableError
+
+PARTITIONS = 16
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    running = RedisCluster()
+    try:
+        running.start()
+    except RedisClusterUnavailableError as exc:
+        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def test_a_cluster_needs_a_broker_of_its_own() -> None:
+    """Celery cannot use a Redis Cluster as its broker: refused, naming the fix."""
+    on_cluster = OrgaSettings(redis_url="redis://n1:7000/0", redis_cluster=True)
+    with pytest.raises(ConfigError, match="ORGA_REDIS_CLUSTER=true needs ORGA_BROKER_URL"):
+        celery_broker_url(on_cluster)
+    with pytest.raises(ConfigError, match="ORGA_BROKER_URL"):
+        RedisClients.from_settings(on_cluster)
+    brokered = on_cluster.model_copy(update={"broker_url": "amqp://rabbit//"})
+    assert celery_broker_url(brokered) == "amqp://rabbit//"
+    assert RedisClients.from_settings(brokered) == RedisClients("redis://n1:7000/0", True)
+    standalone = OrgaSettings(redis_url="redis://r:6379/0")
+    assert celery_broker_url(standalone) == "redis://r:6379/0"  # the default stays
+    assert RedisClients.from_settings(standalone) == RedisClients("redis://r:6379/0", False)
+
+
+def test_the_factory_builds_cluster_clients(cluster: RedisCluster) -> None:
+    clients = RedisClients(cluster.url, cluster=True)
+    sync = clients.sync(decode_responses=True)
+    try:
+        assert isinstance(sync, redis.cluster.RedisCluster)
+        for p in range(PARTITIONS):  # every partition's keys, wherever their slot is
+            sync.set(keys.status_counts_key(p) + ":probe", p)
+        assert [int(sync.get(keys.status_counts_key(p) + ":probe")) for p in range(4)] == [
+            0,
+            1,
+            2,
+            3,
+        ]
+    finally:
+        sync.close()
+    down_first = RedisClients(f"redis://127.0.0.1:1/0,{cluster.urls}", cluster=True)
+    with down_first.sync(decode_responses=True) as reached:  # a node down: the next is asked
+        assert reached.get(keys.status_counts_key(0) + ":probe") == "0"
+    assert isinstance(clients.asyncio(), AsyncRedisCluster)
+    assert not isinstance(RedisClients(cluster.url).asyncio(), AsyncRedisCluster)
+
+
+def test_reads_and_checks_go_to_each_partition_and_node(cluster: RedisCluster) -> None:
+    """One XREADGROUP over several partitions is refused by the cluster; read_group reads each
+    partition's stream apart and returns every entry; the eviction check asks every node."""
+
+    async def scenario() -> None:
+        client: Redis = RedisClients(cluster.url, cluster=True).asyncio()
+        try:
+            streams = [keys.observations_stream(p) for p in range(PARTITIONS)]
+            for stream in streams:
+                await client.xgroup_create(stream, "g", id="0", mkstream=True)
+                await client.xadd(stream, {"from": stream})
+            with pytest.raises(RedisClusterException):
+                await client.xreadgroup("g", "c", dict.fromkeys(streams, ">"), count=10)
+            rows = await read_group(client, "g", "c", streams, count=10, block_ms=100)
+            assert sorted(stream for stream, _entries in rows) == sorted(streams)
+            assert all(len(entries) == 1 for _stream, entries in rows)
+            pending = await read_group(client, "g", "c", streams, start="0", count=10)
+            assert len(pending) == PARTITIONS  # not acknowledged: this consumer's own
+            assert await read_group(client, "g", "c", streams, count=10, block_ms=50) == []
+            assert await check_redis_keeps_keys(client) == "noeviction"
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_transaction_stays_in_one_slot(cluster: RedisCluster) -> None:
+    """A partition's MULTI (its streams, one hash tag) goes through; one that adds a key of no
+    partition (the heartbeats) is refused before it is sent: the workers' publish is split."""
+
+    async def scenario() -> None:
+        client: Redis = RedisClients(cluster.url, cluster=True).asyncio()
+        try:
+            pipe = client.pipeline(transaction=True)
+            pipe.xadd(keys.observations_stream(3), {"a": "1"})
+            pipe.xadd(keys.outbox_stream(3), {"b": "2"})
+            assert len(await pipe.execute()) == 2
+            crossing = client.pipeline(transaction=True)
+            crossing.xadd(keys.observations_stream(3), {"a": "1"})
+            crossing.zadd(keys.heartbeats_key, {"x": 1.0})
+            with pytest.raises(RedisClusterException, match="same slot"):
+                await crossing.execute()
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_schedules_of_a_deployment_before_the_hash_tag_are_renamed() -> None:
+    """A coordinator renames ``orga:schedules`` and the others under ``{schedules}``, once,
+    never over a key of the new name."""
+
+    async def scenario() -> None:
+        client = fakeredis.FakeAsyncRedis()
+        await client.hset("orga:schedules", "nightly", "{}")
+        await client.zadd("orga:schedules:due", {"nightly": 1.0})
+        await client.hset(keys.schedule_fires_key, "nightly", "new")
+        await client.hset("orga:schedules:fired", "nightly", "old")
+        assert await adopt_legacy_schedules(client) == 2
+        assert await client.hget(keys.schedules_key, "nightly") == b"{}"
+        assert await client.zscore(keys.schedules_due_key, "nightly") == 1.0
+        assert await client.hget(keys.schedule_fires_key, "nightly") == b"new"
+        assert await adopt_legacy_schedules(client) == 0
+
+    asyncio.run(scenario())

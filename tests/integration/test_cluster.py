@@ -1,0 +1,388 @@
+"""The runtime on a real Redis Cluster: 3 masters and 3 replicas started from ``redis-server``
+processes by the tests (:mod:`tests.redis_cluster`), 16 partitions, Celery's broker on a private
+standalone Redis (``ORGA_BROKER_URL``: Celery cannot use a cluster), real Celery worker processes
+and ``orga coordinator`` processes with ``ORGA_REDIS_CLUSTER=true``.
+
+The examples, a review decided with the ``orga`` CLI, a delegation and 50 scripted tasks
+complete; ``orga status``, the inbox (HTTP) and the metrics see every partition; and each of
+issue 25's hard parts holds on the cluster: a child's ``child_finished`` written by the commit
+that ends it, an idempotency key checked and its task created in one step, a review's claim
+written with its control entry, a client writing to its task's partition's intake, and a
+schedule firing once with two coordinators.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from coordinator.client import OrgaClient
+from orga.embedded_redis import EmbeddedRedis
+from orga.redis_client import RedisClients
+from shared import keys
+from shared.schedule import Schedule, fire_key, fire_task_id
+from tests.ci import require
+from tests.integration.harness import (
+    REPO,
+    Cluster,
+    Process,
+    _environment,
+    started_redis,
+    status_of,
+    wait_until,
+)
+from tests.redis_cluster import RedisCluster, RedisClusterUnavailableError
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 16
+ORGA = Path(sys.executable).with_name("orga")
+TOKEN = "cluster-inbox-token-0123456789"
+EXAMPLES = REPO / "examples"
+DELEGATION_AGENTS = [
+    EXAMPLES / "delegation" / "agents" / f"{name}.yaml"
+    for name in ("summarizer", "checker", "editor")
+]
+
+
+def _scripted(goal: str, reply: str = "done", **extra: Any) -> dict[str, Any]:
+    return {
+        "goal": goal,
+        "provider": {"kind": "scripted", "replies": [reply]},
+        "steps": [{"id": "s", "instruction": "answer"}],
+        **extra,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class OnCluster(Cluster):
+    """The harness's processes with the state on a Redis Cluster and the broker elsewhere."""
+
+    def __init__(self, redis_url: str, root: Path, broker_url: str, metrics_port: int) -> None:
+        super().__init__(redis_url, root)
+        self.broker_url = broker_url
+        self.metrics_port = metrics_port
+        self._client: OrgaClient | None = None
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        return _environment(self.redis_url, self.workspaces, {**self.cluster_env(), **extra})
+
+    def cluster_env(self) -> dict[str, str]:
+        return {
+            "ORGA_REDIS_CLUSTER": "true",
+            "ORGA_BROKER_URL": self.broker_url,
+            "ORGA_PARTITIONS": str(PARTITIONS),
+            "COLUMNS": "250",
+        }
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of an ``orga`` command against this deployment."""
+        return self._env(extra)
+
+    def client(self) -> OrgaClient:
+        if self._client is None:
+            clients = RedisClients(self.redis_url, cluster=True)
+            self._client = OrgaClient(
+                self.redis_url,
+                partitions=PARTITIONS,
+                client=clients.sync(decode_responses=True),
+            )
+        return self._client
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[RedisCluster]:
+    cluster = RedisCluster()
+    try:
+        cluster.start()
+    except RedisClusterUnavailableError as exc:
+        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = started_redis(tmp_path_factory.mktemp("broker"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    redis_cluster: RedisCluster, broker: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OnCluster]:
+    """A worker and a coordinator (serving its metrics) on the cluster, 16 partitions."""
+    running = OnCluster(
+        redis_cluster.url, tmp_path_factory.mktemp("deployment"), broker.url, _free_port()
+    )
+    try:
+        running.worker(concurrency=4)
+        running.coordinator(ORGA_METRICS_PORT=str(running.metrics_port))
+        yield running
+    finally:
+        running.stop()
+
+
+def _ok(done: Any) -> str:
+    assert done.returncode == 0, (done.args, done.stdout, done.stderr)
+    return str(done.stdout)
+
+
+# -- the deployment ----------------------------------------------------------------------------
+
+
+def test_a_cluster_without_a_broker_url_is_refused(redis_cluster: RedisCluster) -> None:
+    """Celery cannot use a cluster as its broker: a coordinator and a worker started with
+    ``ORGA_REDIS_CLUSTER=true`` and no ``ORGA_BROKER_URL`` refuse, naming the fix."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
+    env.update(ORGA_REDIS_URL=redis_cluster.url, ORGA_REDIS_CLUSTER="true")
+    for command in (["coordinator"], ["worker"]):
+        refused = _run(command, env, timeout_s=60)
+        assert refused.returncode != 0, refused.stdout
+        said = refused.stdout + refused.stderr
+        assert "ORGA_REDIS_CLUSTER=true needs ORGA_BROKER_URL" in said, said
+
+
+def _run(args: list[str], env: dict[str, str], timeout_s: float = 120.0) -> Any:
+    import subprocess
+
+    return subprocess.run(
+        [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def test_the_examples_complete(deployment: OnCluster) -> None:
+    """The bugfix and conventions examples, and the delegation example with its agents
+    registered by ``orga agents add``, complete on the cluster."""
+    for agent in DELEGATION_AGENTS:
+        _ok(deployment.orga("agents", "add", str(agent), "--replace"))
+    client = deployment.client()
+    submitted = {
+        client.submit(EXAMPLES / "bugfix" / "task.yaml"): "step:verify",
+        client.submit(EXAMPLES / "conventions" / "task.yaml"): None,
+        client.submit(EXAMPLES / "delegation" / "task.yaml"): "step:combine",
+    }
+    for task_id, milestone in submitted.items():
+        result = client.wait(task_id, timeout_s=180)
+        assert result["status"] == "completed", (task_id, result, deployment.logs())
+        if milestone:
+            assert milestone in result["milestones"], result
+
+
+def test_a_review_is_escalated_and_decided_with_the_cli(deployment: OnCluster) -> None:
+    """The wanderer escalates; ``orga review list`` shows it and ``orga review decide --abort``
+    ends it."""
+    client = deployment.client()
+    task_id = client.submit(EXAMPLES / "wanderer" / "task.yaml")
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 120, "the escalation")
+    review_id = str(client.status(task_id)["review_id"])
+    assert review_id in _ok(deployment.orga("review", "list"))
+    _ok(deployment.orga("review", "decide", review_id, "--abort"))
+    assert client.wait(task_id, timeout_s=60)["status"] == "aborted"
+
+
+def test_fifty_tasks_complete_and_status_inbox_and_metrics_see_every_partition(
+    deployment: OnCluster,
+) -> None:
+    """50 scripted tasks on 16 partitions complete; ``orga status`` lists them all, the
+    coordinator's metrics count them, and the inbox over HTTP shows an escalation of a
+    partition other than the first."""
+    client = deployment.client()
+    task_ids = [client.submit(_scripted(f"task {n}")) for n in range(50)]
+    used = {keys.partition_of(t, PARTITIONS) for t in task_ids}
+    assert len(used) > 8, used
+    for task_id in task_ids:
+        assert client.wait(task_id, timeout_s=180)["status"] == "completed", deployment.logs()
+
+    listed = json.loads(_ok(deployment.orga("status", "--json")))
+    statuses = {row["task_id"]: row["status"] for row in listed}
+    missing = [t for t in task_ids if statuses.get(t) != "completed"]
+    assert not missing, (missing, listed)  # the 50 newest tasks, every partition's merged
+
+    metrics = httpx.get(f"http://127.0.0.1:{deployment.metrics_port}/metrics", timeout=30).text
+    completed = re.search(r'^orga_tasks\{status="completed"\} ([0-9.e+]+)$', metrics, re.M)
+    assert completed is not None, metrics[:2000]
+    assert float(completed.group(1)) >= 50
+    assert re.search(r"^orga_redis_up 1\.0$", metrics, re.M), metrics[:2000]
+
+    wanderer = client.submit(EXAMPLES / "wanderer" / "task.yaml", task_id=_id_in_partition(5))
+    wait_until(lambda: status_of(client, wanderer) == "awaiting_review", 120, "the escalation")
+    review_id = str(client.status(wanderer)["review_id"])
+    with _inbox(deployment) as base_url, httpx.Client(base_url=base_url, timeout=60) as session:
+        page = session.get("/login")
+        csrf = re.search(r'name="csrftoken" value="([^"]+)"', page.text)
+        assert csrf, page.text
+        logged_in = session.post(
+            "/login", data={"csrftoken": csrf.group(1), "token": TOKEN, "name": "ann"}
+        )
+        assert logged_in.status_code == 303, logged_in.text
+        assert review_id in session.get("/").text
+    _ok(deployment.orga("review", "decide", review_id, "--abort"))
+    assert client.wait(wanderer, timeout_s=60)["status"] == "aborted"
+
+
+def _id_in_partition(partition: int, prefix: str = "task") -> str:
+    return next(
+        f"{prefix}-{n}"
+        for n in range(100_000)
+        if keys.partition_of(f"{prefix}-{n}", PARTITIONS) == partition
+    )
+
+
+class _inbox:  # noqa: N801 - used as a context manager, like a function
+    """``orga inbox`` (the console script) serving the deployment, with a token."""
+
+    def __init__(self, deployment: OnCluster) -> None:
+        self.port = _free_port()
+        env = deployment.env(ORGA_INBOX_TOKEN=TOKEN)
+        command = [str(ORGA), "inbox", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.process = Process("inbox", command, env, deployment.root / "inbox.log")
+
+    def __enter__(self) -> str:
+        self.process.start()
+        self.process.wait_for_log(f"review inbox on http://127.0.0.1:{self.port}/")
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.stop()
+
+
+# -- the hard parts --------------------------------------------------------------------------
+
+
+def test_a_childs_end_reaches_its_parent_in_the_commit_that_ends_it(deployment: OnCluster) -> None:
+    """A delegation tree lives in its root's partition (one slot): each child's end is one
+    ``child_finished`` applied by the parent, in the parent's partition."""
+    for agent in DELEGATION_AGENTS:
+        _ok(deployment.orga("agents", "add", str(agent), "--replace"))
+    client = deployment.client()
+    task_id = client.submit(EXAMPLES / "delegation" / "task.yaml", task_id=_id_in_partition(11))
+    result = client.wait(task_id, timeout_s=180)
+    assert result["status"] == "completed", (result, deployment.logs())
+    children = [f"{task_id}.1", f"{task_id}.2"]
+    assert {keys.partition_of(t, PARTITIONS) for t in [task_id, *children]} == {11}
+    raw = client.redis.xrange(keys.events_stream(11))
+    finished = [
+        f["child_task_id"]
+        for _i, f in raw  # type: ignore[union-attr]
+        if f.get("event") == "child_finished" and f.get("task_id") == task_id
+    ]
+    assert sorted(finished) == children
+
+
+def test_one_idempotency_key_submitted_twice_at_once_makes_one_task(deployment: OnCluster) -> None:
+    """Two clients submit one idempotency key at the same moment, each with an id of its own
+    (both drawn in the key's partition): one task is created, the other id is its alias."""
+    spec = _scripted("once only", idempotency_key=f"key-{time.time_ns()}")
+    clients = [deployment.client(), OrgaClient(
+        deployment.redis_url, partitions=PARTITIONS,
+        client=RedisClients(deployment.redis_url, cluster=True).sync(decode_responses=True),
+    )]  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:
+        ids = list(pool.map(lambda c: c.submit(spec), clients))
+    assert ids[0] != ids[1]
+    client = clients[0]
+    wait_until(lambda: client.resolve(ids[0]) == client.resolve(ids[1]), 60, "one task")
+    real = client.resolve(ids[0])
+    assert client.wait(real, timeout_s=60)["status"] == "completed"
+    accepted = [
+        f
+        for _i, f in client.events(count=100_000)
+        if f.get("event") == "accepted" and f.get("task_id") in ids
+    ]
+    assert len(accepted) == 1, accepted
+
+
+def test_a_review_claim_is_written_with_its_control_entry(deployment: OnCluster) -> None:
+    """Two operators decide one review at once: one claim, one control entry, in the task's
+    partition; the other is told the review was already decided."""
+    client = deployment.client()
+    task_id = client.submit(EXAMPLES / "wanderer" / "task.yaml", task_id=_id_in_partition(9))
+    wait_until(lambda: status_of(client, task_id) == "awaiting_review", 120, "the escalation")
+    review_id = str(client.status(task_id)["review_id"])
+    outcomes: list[str] = []
+
+    def decide(decision: str) -> None:
+        try:
+            client.decide(review_id, decision)
+            outcomes.append("sent")
+        except Exception as exc:
+            outcomes.append(f"refused: {exc}")
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(decide, ["abort", "skip"]))
+    assert sorted(o.split(":")[0] for o in outcomes) == ["refused", "sent"], outcomes
+    control = [
+        f
+        for _i, f in client.redis.xrange(keys.control_stream(9))  # type: ignore[union-attr]
+        if f.get("review_id") == review_id
+    ]
+    assert len(control) == 1, control
+    assert client.wait(task_id, timeout_s=60)["status"] in {"aborted", "completed", "failed"}
+
+
+def test_a_client_writes_to_its_tasks_partition_intake(deployment: OnCluster) -> None:
+    """The client computes the task's partition and writes to that partition's intake (no
+    global intake stream, no hot key): each task lands on its own partition's intake."""
+    client = deployment.client()
+    task_ids = [
+        client.submit(_scripted("intake"), task_id=_id_in_partition(p, "in")) for p in (2, 13)
+    ]
+    for task_id, p in zip(task_ids, (2, 13), strict=True):
+        assert client.wait(task_id, timeout_s=60)["status"] == "completed"
+        on_intake = [
+            f["task_id"]
+            for _i, f in client.redis.xrange(keys.intake_stream(p))  # type: ignore[union-attr]
+        ]
+        assert task_id in on_intake
+    assert not client.redis.exists("orga:intake")
+
+
+def test_a_schedule_fires_once_with_two_coordinators(deployment: OnCluster) -> None:
+    """Two coordinators on the cluster make one task of a due fire."""
+    second = deployment.coordinator(name="c2")
+    try:
+        task = deployment.root / "scheduled.json"
+        task.write_text(json.dumps(_scripted("scheduled")))
+        _ok(deployment.orga("schedule", "add", "cl-minute", "--cron", "* * * * *", str(task)))
+        client = deployment.client()
+        raw = client.redis.hget(keys.schedules_key, "cl-minute")
+        schedule = Schedule.model_validate_json(str(raw))
+        due = schedule.last_fire_at_or_before(time.time())
+        client.redis.zadd(keys.schedules_due_key, {"cl-minute": due})
+        wait_until(lambda: client.redis.hexists(keys.schedule_fires_key, "cl-minute"), 30, "a fire")
+        _ok(deployment.orga("schedule", "pause", "cl-minute"))
+        fired = json.loads(str(client.redis.hget(keys.schedule_fires_key, "cl-minute")))
+        assert fired["task_id"] == fire_task_id(fire_key("cl-minute", fired["fire_at"]))
+        assert client.wait(fired["task_id"], timeout_s=60)["status"] == "completed"
+        time.sleep(2)  # both coordinators had their turn
+        accepted = [
+            f
+            for _i, f in client.events(count=100_000)
+            if f.get("event") == "accepted" and f.get("task_id") == fired["task_id"]
+        ]
+        assert len(accepted) == 1, accepted
+        _ok(deployment.orga("schedule", "remove", "cl-minute"))
+    finally:
+        second.stop()
+        deployment.processes.remove(second)
