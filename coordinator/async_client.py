@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+import redis
 from redis.asyncio import Redis
 
 from coordinator.client import (
@@ -43,9 +44,20 @@ __all__ = ["AsyncOrgaClient"]
 class AsyncOrgaClient:
     """Submits tasks, follows them and decides their reviews, from asyncio code."""
 
-    def __init__(self, redis_url: str, partitions: int | None = None) -> None:
-        self.sync = OrgaClient(redis_url, partitions=partitions)
-        self.redis: Redis = Redis.from_url(
+    def __init__(
+        self,
+        redis_url: str,
+        partitions: int | None = None,
+        *,
+        client: Redis | None = None,
+        sync_client: redis.Redis | None = None,
+    ) -> None:
+        """``client`` and ``sync_client``: the state's clients, ``decode_responses`` on, as
+        the assembly builds them (``orga.redis_client.RedisClients``: RedisCluster on a
+        cluster; the asyncio one's socket timeout longer than a block); None: a standalone
+        Redis at ``redis_url``."""
+        self.sync = OrgaClient(redis_url, partitions=partitions, client=sync_client)
+        self.redis: Redis = client or Redis.from_url(
             redis_url, decode_responses=True, socket_timeout=WATCH_SOCKET_TIMEOUT_S
         )
         """Blocks in ``XREAD`` (its socket timeout is longer than a block)."""

@@ -34,6 +34,7 @@ import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from coordinator.streams import read_group
 from shared import keys
 from shared.webhooks import (
     SIGNATURE_HEADER,
@@ -124,13 +125,14 @@ class WebhookDeliverer:
                 await self.redis.xgroup_create(stream, keys.webhook_group, id="$", mkstream=True)
 
     async def _read(self, http: httpx.AsyncClient) -> None:
-        reply = await self.redis.xreadgroup(
-            keys.webhook_group, self.name, dict.fromkeys(self.streams, ">"),
-            count=64, block=self.block_ms,
+        # one XREADGROUP on a Redis; one per partition's stream on a Redis Cluster
+        rows = await read_group(
+            self.redis, keys.webhook_group, self.name, self.streams, count=64,
+            block_ms=self.block_ms,
         )  # fmt: skip
-        for stream, entries in cast("list[Any]", reply or []):
+        for stream, entries in rows:
             for entry_id, fields in entries:
-                await self._start(http, _text(stream), _text(entry_id), fields)
+                await self._start(http, stream, entry_id, fields)
 
     async def _keep_and_take_over(self, http: httpx.AsyncClient) -> None:
         """Claim again the entries this deliverer still retries (so none takes them over),

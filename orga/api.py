@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.async_client import AsyncOrgaClient
 from coordinator.client import (
+    WATCH_SOCKET_TIMEOUT_S,
     ReviewDecidedError,
     TaskFinishedError,
     TaskNotFoundError,
@@ -48,6 +49,7 @@ from coordinator.state import ReviewerError, TaskStatus
 from coordinator.watch import CursorError, TaskEvent
 from orga.embedded import EmbeddedRuntime
 from orga.inbox import SignalledServer, serve_announced
+from orga.redis_client import RedisClients
 from shared import approval
 from shared.errors import ConfigError, OrgaError
 from shared.settings import OrgaSettings
@@ -418,8 +420,16 @@ def run_api(
     """Serve until interrupted; ApiConfigError, before anything starts, without tokens."""
     tokens = api_tokens(settings)
 
-    async def serve(redis_url: str, where: str) -> None:
-        async with AsyncOrgaClient(redis_url, partitions=settings.partitions) as client:
+    async def serve(redis_url: str, where: str, clients: RedisClients | None = None) -> None:
+        injected: dict[str, Any] = {}
+        if clients is not None:  # a deployment's, a Redis Cluster's among them
+            injected = {
+                "client": clients.asyncio(
+                    decode_responses=True, socket_timeout=WATCH_SOCKET_TIMEOUT_S
+                ),
+                "sync_client": clients.sync(decode_responses=True),
+            }
+        async with AsyncOrgaClient(redis_url, partitions=settings.partitions, **injected) as client:
             app = create_api(client, tokens)
             # An open event stream must not hold the shutdown: 5 s, then it is closed.
             config = uvicorn.Config(app, host=host, port=port, log_level="warning",
@@ -432,6 +442,7 @@ def run_api(
             await serve(runtime.url, f"the embedded runtime in {home}")
 
     if settings.redis_url:
-        asyncio.run(serve(settings.redis_url, "ORGA_REDIS_URL"))
+        clients = RedisClients.from_settings(settings)
+        asyncio.run(serve(settings.redis_url, "ORGA_REDIS_URL", clients))
     else:
         asyncio.run(embedded())

@@ -51,7 +51,7 @@ from shared import aio
 from shared.errors import OrgaError
 from shared.events import JournalEntry
 from shared.pricing import format_usd
-from shared.settings import OrgaSettings, TelemetrySettings, is_amqp
+from shared.settings import OrgaSettings, TelemetrySettings
 from shared.task_spec import TaskSpec, TaskSpecError, load_task_file, task_json_schema
 from shared.tokens import TokenEntry
 from workers import key_handoff
@@ -833,7 +833,6 @@ def _exit_after_decision(decision: str, data: dict[str, Any]) -> None:
 @app.command()
 def coordinator() -> None:
     """Run a coordinator against ORGA_REDIS_URL (several may run at once)."""
-    from redis.asyncio import Redis as AsyncRedis
 
     from coordinator.metrics import serve_metrics
     from coordinator.relay import CeleryPublisher
@@ -852,9 +851,6 @@ def coordinator() -> None:
         if port
         else None
     )
-
-    broker = settings.broker_url
-    queues_apart = broker is not None and broker != url and not is_amqp(broker)
 
     async def main_loop() -> None:
         client = clients.asyncio()
