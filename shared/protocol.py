@@ -283,6 +283,10 @@ class ToolObservedMessage(BaseModel):
     recovery_events: list[RecoveryTriggered] = Field(default_factory=list)
     escalation_reason: str | None = None
     duration_ms: float = 0.0
+    modification: GateModification | None = None
+    """The gate's Modify when the tool worker gated the call itself (a pre-hydration
+    resolution), before and after (journaled as ``GateModified``; optional, so older workers
+    and coordinators still agree)."""
 
 
 class ReasonedMessage(BaseModel):

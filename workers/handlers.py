@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from opentelemetry import trace
 
-from shared.actions import Observation, ToolCallAction
+from shared.actions import GateModification, Observation, ToolCallAction
 from shared.conventions import KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation
 from shared.delegation import is_delegate
@@ -617,8 +617,9 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         )
         action = request.action.model_copy(update={"arguments": json.dumps(arguments)})
         request = request.model_copy(update={"action": action})
+    modification: GateModification | None = None
     if request.gated:
-        refusal, action = await _gated(request, services)
+        refusal, action, modification = await _gated(request, services)
         if refusal is not None:
             return ToolObservedMessage(
                 fence=request.fence,
@@ -646,7 +647,8 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
     ):
         message = redacted(await services.execute(request, context), services.redactor())
         record_tool_result(span, message.observation.content, message.observation.is_error)
-    return message.model_copy(update={"duration_ms": (time.monotonic() - started) * 1000})
+    duration_ms = (time.monotonic() - started) * 1000
+    return message.model_copy(update={"duration_ms": duration_ms, "modification": modification})
 
 
 async def _mcp_target(request: ToolRequest, services: WorkerServices) -> McpTarget | None:
@@ -708,31 +710,39 @@ def redacted(message: ToolObservedMessage, redactor: Redactor) -> ToolObservedMe
 
 async def _gated(
     request: ToolRequest, services: WorkerServices
-) -> tuple[Observation | None, ToolCallAction]:
+) -> tuple[Observation | None, ToolCallAction, GateModification | None]:
     """The schema check and the gate for a call no reasoning worker gated: a refusal, or the
-    action to run (the gate's modified one when it modifies)."""
+    action to run (the gate's modified one when it modifies, with the change to journal)."""
     action = request.action
     failure = validate_tool_arguments(action, services.tool_definitions())
     if failure is not None:
         content = schema_failure_message(failure)
-        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
+        return _refused(action, content)
     decision = await services.gate(request.policy).evaluate_action(
         action, _gate_context(request, request.fence.iteration)
     )
     if decision.decision == "deny":
         content = denial_message(decision.reason)
-        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
+        return _refused(action, content)
     if decision.decision == "ask" and request.edited_by is None:
         # nobody reviews a pre-hydration: it runs before the loop
         content = denial_message(
             f"{decision.reason}; a pre-hydration resolution cannot wait for a reviewer"
         )
-        return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
+        return _refused(action, content)
     if decision.decision == "modify" and isinstance(decision.action, ToolCallAction):
         modified = decision.action.model_copy(update={"call_id": action.call_id})
         failure = validate_tool_arguments(modified, services.tool_definitions())
         if failure is not None:  # as the reasoning path checks a modified call again
             content = schema_failure_message(failure)
-            return Observation.tool_error(action.name, content).with_call_id(action.call_id), action
-        return None, modified
-    return None, action
+            return _refused(action, content)
+        change = GateModification(before=action, after=modified, reason=decision.reason)
+        return None, modified, change
+    return None, action, None
+
+
+def _refused(
+    action: ToolCallAction, content: str
+) -> tuple[Observation, ToolCallAction, GateModification | None]:
+    """A gated call refused with ``content`` (what the model reads)."""
+    return Observation.tool_error(action.name, content).with_call_id(action.call_id), action, None

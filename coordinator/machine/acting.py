@@ -9,6 +9,7 @@ from coordinator.state import Awaiting, AwaitKind
 from shared.actions import ToolCallAction
 from shared.approval import HeldCall
 from shared.delegation import is_delegate
+from shared.events import GateModified
 from shared.protocol import Fence, RunEach, ToolObservedMessage, ToolRequest
 
 __all__ = ["Acting"]
@@ -108,9 +109,13 @@ class Acting(Section):
         )
 
     def remember_recovery(self, message: ToolObservedMessage) -> None:
-        """Journal a call's recovery events; keep its duration and its escalation, if any."""
+        """Journal a call's recovery events and the gate's Modify its worker applied (a
+        pre-hydration resolution's); keep its duration and its escalation, if any."""
         awaiting = self.record.awaiting
         assert awaiting is not None
+        if message.modification is not None:
+            redactor = self.m.settings.journal_redactor
+            self.m.journal(GateModified.of(self.record.iteration, message.modification, redactor))
         for event in message.recovery_events:
             self.m.journal(event.model_copy(update={"iteration": self.record.iteration}))
         # The calls of an iteration run concurrently: the batch took as long as its longest.

@@ -288,6 +288,13 @@ def _modified_resolution(outcome: Outcome) -> None:
     assert REDACTED in context
     assert SPEC not in context
     assert outcome.status == "completed"
+    [change] = outcome.events_of("GateModified")  # the tool worker's Modify, journaled too
+    assert change.iteration == 0 and change.call_id is not None
+    assert isinstance(change.before, ToolCallAction) and isinstance(change.after, ToolCallAction)
+    assert json.loads(change.before.arguments) == {"path": "./spec.md"}
+    assert json.loads(change.after.arguments) == {"path": "redacted.md"}
+    kinds = [e.event.type for e in outcome.journal]
+    assert kinds.index("GateModified") < kinds.index("PreHydrationComplete")
 
 
 def _resolution_timed_out(outcome: Outcome) -> None:
