@@ -19,7 +19,7 @@ import yaml
 
 from orga.embedded_redis import EmbeddedRedis
 from shared.tokens import AnswerView
-from tests.fakes.llm_server import FakeOpenAIServer
+from tests.fakes.llm_server import FakeAnthropicServer, FakeLLMServer, FakeOpenAIServer
 from tests.integration.harness import (
     ORGA,
     REPO,
@@ -47,8 +47,16 @@ def _task(tmp_path: Path) -> Path:
     return path
 
 
-def _provider_env(model: FakeOpenAIServer) -> dict[str, str]:
-    return {"ORGA_PROVIDER": "openai", "ORGA_BASE_URL": model.base_url, "ORGA_API_KEY": "sk-s"}
+def _provider_env(model: FakeLLMServer, kind: str = "openai") -> dict[str, str]:
+    return {"ORGA_PROVIDER": kind, "ORGA_BASE_URL": model.base_url, "ORGA_API_KEY": "sk-s"}
+
+
+# The provider kinds that stream, each with its fake server speaking its streaming wire format
+# (OpenAI's ``data:`` chunks with usage, Anthropic's named events) and a model it accepts.
+STREAMING_PROVIDERS: dict[str, tuple[type[FakeOpenAIServer] | type[FakeAnthropicServer], str]] = {
+    "openai": (FakeOpenAIServer, "gpt-test"),
+    "anthropic": (FakeAnthropicServer, "claude-test"),
+}
 
 
 class _Reader:
@@ -113,10 +121,11 @@ def test_orga_run_shows_the_answer_as_it_streams(tmp_path: Path) -> None:
         assert "answer · iteration 2\nword0" in output
 
 
-def _slow_task(tmp_path: Path) -> dict[str, object]:
+def _slow_task(tmp_path: Path, kind: str = "openai") -> dict[str, object]:
+    model = STREAMING_PROVIDERS[kind][1]
     return {
         "goal": "answer the question at length",
-        "provider": {"kind": "openai", "model": "gpt-test"},
+        "provider": {"kind": kind, "model": model},
         "steps": [{"id": "answer", "instruction": "answer it"}],
         "stagnation": {"enabled": False},
     }
@@ -132,19 +141,24 @@ def killable(private_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[Cluster]:
         running.stop()
 
 
-def test_a_worker_killed_mid_stream_restarts_the_answer_for_watchers(killable: Cluster) -> None:
-    """SIGKILL the reasoning worker's pool process while the answer streams: the dispatch is
-    re-sent, the tokens stream says stream_restarted with the new attempt, and what a watcher
-    shows is the one whole answer, the task's result."""
-    with FakeOpenAIServer(api_key="sk-s", chunk_delay_s=0.1) as model:
+@pytest.mark.parametrize("kind", sorted(STREAMING_PROVIDERS))
+def test_a_worker_killed_mid_stream_restarts_the_answer_for_watchers(
+    killable: Cluster, kind: str
+) -> None:
+    """SIGKILL the reasoning worker's pool process while the answer streams (from the fake
+    OpenAI server, or the fake Anthropic one): the dispatch is re-sent, the tokens stream says
+    stream_restarted with the new attempt, and what a watcher shows is the one whole answer,
+    the task's result."""
+    server = STREAMING_PROVIDERS[kind][0]
+    with server(api_key="sk-s", chunk_delay_s=0.1) as model:
         model.respond_text(ANSWER)
         model.respond_text(ANSWER)
         fast = {"ORGA_HEARTBEAT_INTERVAL_S": "0.5", "ORGA_HEARTBEAT_TIMEOUT_S": "2"}
-        streams = {**_provider_env(model), **fast, "ORGA_STREAM_TOKENS": "true"}
+        streams = {**_provider_env(model, kind), **fast, "ORGA_STREAM_TOKENS": "true"}
         worker = killable.worker(name="ws1", concurrency=1, **streams)
         killable.coordinator(name="cs1", **fast)
         client = killable.client()
-        task_id = client.submit(_slow_task(killable.root))
+        task_id = client.submit(_slow_task(killable.root, kind))
         wait_until(
             lambda: any(e.kind == "token" for e in client.tokens(task_id)), 60, "streamed tokens"
         )
@@ -154,6 +168,7 @@ def test_a_worker_killed_mid_stream_restarts_the_answer_for_watchers(killable: C
         entries = client.tokens(task_id)
     assert result["status"] == "completed", killable.logs()
     assert result["output"] == ANSWER
+    assert all(r.body.get("stream") is True for r in model.requests), model.requests
     kinds = [e.kind for e in entries]
     assert "stream_restarted" in kinds, kinds
     restart = entries[kinds.index("stream_restarted")]
