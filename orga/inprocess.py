@@ -16,6 +16,12 @@ do across tool workers; their answers are applied one at a time, in arrival orde
 coordinator applies them from its stream. An escalation asks the :class:`Reviewer`, if there
 is one; without one (or when it leaves the review open) the run returns waiting for review.
 
+With ``stream_tokens`` a reasoning's model call streams its answer (OpenAI ``stream: true``,
+Anthropic's event stream), and the run keeps the entries a deployment's worker writes to the
+task's tokens stream (:class:`~workers.token_stream.ListTokenSink`: the same fields and the
+same ``stream_restarted`` rule) in :attr:`InProcessRun.tokens`, readable while it runs through
+:meth:`InProcessDriver.live`.
+
 A ``delegate`` call's child task runs as a run of its own, concurrently, resolved against
 ``agents`` as the intake would; its end comes back to the parent's answers
 (:class:`ChildFinishedMessage`), and a parent that ends cancels its children still running.
@@ -29,6 +35,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -44,7 +51,10 @@ from shared.events import JournalEntry
 from shared.journal import JournalWriter
 from shared.protocol import ChildFinishedMessage, ReasonRequest, ToolRequest
 from shared.task_spec import TaskSpec, TaskSpecError, decode_task_text
+from shared.tokens import TokenEntry
 from workers.handlers import Answer, WorkerServices, run_dispatch
+from workers.providers.streaming import streaming_to
+from workers.token_stream import ListTokenSink
 
 __all__ = ["InProcessDriver", "InProcessRun", "LoopStalledError", "ReviewVerdict", "Reviewer"]
 
@@ -87,6 +97,8 @@ class InProcessRun:
     dead_letters: list[dict[str, str]] = field(default_factory=list)
     children: dict[str, InProcessRun] = field(default_factory=dict)
     """The runs of the sub-agent tasks this task created, by task id."""
+    tokens: list[TokenEntry] = field(default_factory=list)
+    """The task's tokens stream (``stream_tokens``): the streamed answers' entries, in order."""
 
     @property
     def status(self) -> TaskStatus:
@@ -109,6 +121,8 @@ class InProcessDriver:
     clock: Callable[[], float] = time.time
     agents: Mapping[str, AgentProfile] = field(default_factory=dict)
     """The agents a task may name (``agent: NAME``), as the registry in Redis holds them."""
+    stream_tokens: bool = False
+    """Stream the model's answers into :attr:`InProcessRun.tokens` (``ORGA_STREAM_TOKENS``)."""
     _running: dict[str, _Run] = field(default_factory=dict, init=False, repr=False)
 
     def cancel(self, task_id: str, reason: str = "cancelled by operator") -> bool:
@@ -331,8 +345,16 @@ class _Run:
 
     async def _dispatch(self, request: ReasonRequest | ToolRequest) -> None:
         """Run one dispatch as a worker would; what it chains runs as dispatches of its own."""
-        outcome = await run_dispatch(request, self.driver.services)
+        with self._streaming(request):
+            outcome = await run_dispatch(request, self.driver.services)
         for chained in outcome.chained:
             self._start(chained)
         for answer in outcome.answers:
             self.inbox.put_nowait(answer)
+
+    def _streaming(self, request: ReasonRequest | ToolRequest) -> AbstractContextManager[None]:
+        """A reasoning's model call streams its answer into the run's tokens, as a worker's
+        does into the task's tokens stream, when the driver streams tokens."""
+        if not isinstance(request, ReasonRequest) or not self.driver.stream_tokens:
+            return nullcontext()
+        return streaming_to(ListTokenSink(self.out.tokens, request.fence, request.purpose))

@@ -44,9 +44,10 @@ from redis.exceptions import RedisError
 
 from shared import keys
 from shared.protocol import Fence
+from shared.tokens import TokenEntry, token_entry
 from workers.providers.streaming import TokenKind
 
-__all__ = ["RedisTokenSink"]
+__all__ = ["ListTokenSink", "RedisTokenSink", "answer_fields"]
 
 log = logging.getLogger("orga.worker.tokens")
 
@@ -69,12 +70,7 @@ class RedisTokenSink:
         self._stream = keys.tokens_stream(
             fence.task_id, keys.partition_of(fence.task_id, partitions)
         )
-        self._fields = {
-            "step": fence.step_id,
-            "iteration": str(fence.iteration + 1),
-            "attempt": str(fence.attempt),
-            "purpose": purpose,
-        }
+        self._fields = answer_fields(fence, purpose)
         self._maxlen = maxlen
         self._ttl_s = ttl_s
         self._flush_every_s = flush_every_s
@@ -132,9 +128,7 @@ class RedisTokenSink:
 
     def _same_answer(self, entry: dict[bytes | str, bytes | str]) -> bool:
         fields = {_text(k): _text(v) for k, v in entry.items()}
-        return all(
-            fields.get(name) == self._fields[name] for name in ("step", "iteration", "purpose")
-        )
+        return _same_answer(fields, self._fields)
 
     async def _write(self, kind: TokenKind, text: str = "", *, expire: bool = False) -> None:
         if self._broken:
@@ -160,6 +154,52 @@ class RedisTokenSink:
     def _fail(self, exc: RedisError) -> None:
         self._broken = True
         log.warning("tokens.unpublished", extra={"stream": self._stream, "error": str(exc)[:300]})
+
+
+class ListTokenSink:
+    """The in-process driver's sink: the entries a :class:`RedisTokenSink` writes, with the
+    same fields and the same ``stream_restarted`` rule, appended to a run's list (ids
+    ``1-0``, ``2-0``, ...). Nothing to coalesce: each piece is one entry."""
+
+    def __init__(self, entries: list[TokenEntry], fence: Fence, purpose: str = "act") -> None:
+        self._entries = entries
+        self._fields = answer_fields(fence, purpose)
+        self._opened = False
+
+    async def emit(self, kind: TokenKind, text: str = "") -> None:
+        """One entry; a restart first when the list's last entry is of the same answer."""
+        if not self._opened:
+            self._opened = True
+            last = self._entries[-1] if self._entries else None
+            if last is not None and _same_answer(
+                {"step": last.step, "iteration": str(last.iteration), "purpose": last.purpose},
+                self._fields,
+            ):
+                self._append("stream_restarted")
+        self._append(kind, text)
+
+    def _append(self, kind: TokenKind, text: str = "") -> None:
+        fields = {"kind": kind, **self._fields}
+        if kind == "token":
+            fields["text"] = text
+        entry = token_entry(f"{len(self._entries) + 1}-0", fields)
+        assert entry is not None  # the fields are a token entry's by construction
+        self._entries.append(entry)
+
+
+def answer_fields(fence: Fence, purpose: str) -> dict[str, str]:
+    """The fields every entry of one dispatch's answer carries (the table above)."""
+    return {
+        "step": fence.step_id,
+        "iteration": str(fence.iteration + 1),
+        "attempt": str(fence.attempt),
+        "purpose": purpose,
+    }
+
+
+def _same_answer(fields: dict[str, str], answer: dict[str, str]) -> bool:
+    """Whether an entry's ``fields`` are of the ``answer`` (its step, iteration and purpose)."""
+    return all(fields.get(name) == answer[name] for name in ("step", "iteration", "purpose"))
 
 
 def _text(value: bytes | str) -> str:

@@ -21,6 +21,7 @@ from orga.inprocess import InProcessDriver, InProcessRun
 from shared.conventions import InMemoryKnowledgeStore
 from shared.conversation import MessageRole
 from shared.inference import ToolDefinition
+from shared.tokens import AnswerView
 from tests.fakes.llm_server import FakeAnthropicServer, FakeOpenAIServer
 from workers.providers.settings import ProviderKind, ProviderSettings
 from workers.runtime import WorkerCore, local_core
@@ -54,9 +55,12 @@ class _ScriptedTool:
         return ToolOutput(content=f"{self._definition.name} answered call {self.calls}")
 
 
-def _run(core: WorkerCore, root: Path, task: dict[str, Any]) -> InProcessRun:
+def _run(
+    core: WorkerCore, root: Path, task: dict[str, Any], *, stream_tokens: bool = False
+) -> InProcessRun:
     async def scenario() -> InProcessRun:
-        driver = InProcessDriver(core, MachineSettings(workspace_root=str(root)))
+        settings = MachineSettings(workspace_root=str(root))
+        driver = InProcessDriver(core, settings, stream_tokens=stream_tokens)
         try:
             return await driver.run(task)
         finally:
@@ -227,6 +231,67 @@ def test_anthropic_wire_runs_the_loop(tmp_path: Path) -> None:
     assert (tmp_path / "calc.py").read_text() == FIXED
     assert last["messages"][-1]["content"][0]["type"] == "tool_result"
     assert "autonomous software agent" in json.dumps(last["system"])
+
+
+ANSWER = " ".join(f"word{n}" for n in range(30)) + "."
+
+
+def _streamed_run(kind: str, root: Path, stream_tokens: bool) -> tuple[InProcessRun, list[Any]]:
+    """A two-iteration run against the fake server of ``kind``: a call with a line of text,
+    then the answer; the run and the request bodies the model got."""
+    task = {
+        "goal": "answer at length",
+        "provider": {"kind": kind},
+        "steps": [{"id": "answer", "instruction": "answer it"}],
+        "workspace": str(root),
+        "stagnation": {"enabled": False},
+    }
+    if kind == "openai":
+        with FakeOpenAIServer(api_key="k", chunk_delay_s=0.01) as openai:
+            openai.respond_tool_calls([("call_1", "file_list", {"path": "."})], content="Looking.")
+            openai.respond_text(ANSWER)
+            run = _run(_served_core(ProviderKind.OPENAI, openai.base_url, "k"), root, task,
+                       stream_tokens=stream_tokens)  # fmt: skip
+            return run, [r.body for r in openai.requests]
+    with FakeAnthropicServer(api_key="k", chunk_delay_s=0.01) as anthropic:
+        anthropic.respond_tool_use([("call_1", "file_list", {"path": "."})], text="Looking.")
+        anthropic.respond_text(ANSWER)
+        run = _run(_served_core(ProviderKind.ANTHROPIC, anthropic.base_url, "k"), root, task,
+                   stream_tokens=stream_tokens)  # fmt: skip
+        return run, [r.body for r in anthropic.requests]
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+def test_the_in_process_driver_streams_tokens_as_a_worker_does(tmp_path: Path, kind: str) -> None:
+    """With stream_tokens the model is asked to stream and the run keeps the entries a worker
+    writes to the task's tokens stream: each answer's pieces then stream_done, of the step and
+    the iteration its ReasoningComplete carries; the answer a watcher shows is the result."""
+    run, bodies = _streamed_run(kind, tmp_path, stream_tokens=True)
+    assert run.result()["output"] == ANSWER
+    assert [body.get("stream") for body in bodies] == [True, True]
+    iterations = [e.event.iteration for e in run.journal if e.event.type == "ReasoningComplete"]
+    assert iterations == [1, 2]
+    done = [e for e in run.tokens if e.kind == "stream_done"]
+    assert [(e.step, e.iteration, e.purpose) for e in done] == [
+        ("answer", 1, "act"),
+        ("answer", 2, "act"),
+    ]
+    assert "stream_restarted" not in [e.kind for e in run.tokens]
+    assert [e.id for e in run.tokens] == [f"{n}-0" for n in range(1, len(run.tokens) + 1)]
+    views: dict[int, AnswerView] = {}
+    for entry in run.tokens:
+        views.setdefault(entry.iteration, AnswerView()).apply(entry)
+    assert (views[1].text, views[1].done) == ("Looking.", True)
+    assert (views[2].text, views[2].done) == (ANSWER, True)
+    assert len([e for e in run.tokens if e.iteration == 2 and e.kind == "token"]) > 1
+
+
+def test_the_in_process_driver_streams_only_when_asked(tmp_path: Path) -> None:
+    """Without stream_tokens (the default) the model is asked for whole answers; no tokens."""
+    run, bodies = _streamed_run("openai", tmp_path, stream_tokens=False)
+    assert run.result()["output"] == ANSWER
+    assert all("stream" not in body for body in bodies)
+    assert run.tokens == []
 
 
 @pytest.mark.parametrize(("auto_persist", "kept"), [(False, 2), (True, 3)])

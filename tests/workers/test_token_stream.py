@@ -11,7 +11,8 @@ from shared import keys
 from shared.protocol import Fence
 from shared.tokens import AnswerView, TokenEntry, token_entry
 from tests.conftest import RedisClientFactory
-from workers.token_stream import RedisTokenSink
+from workers.providers.streaming import TokenKind
+from workers.token_stream import ListTokenSink, RedisTokenSink
 
 pytestmark = pytest.mark.redis
 
@@ -89,5 +90,46 @@ def test_the_stream_is_capped(redis_client: RedisClientFactory) -> None:
                 await sink.emit("token", str(i))
                 await sink.emit("stream_done")
             assert await client.xlen(keys.tokens_stream("tok-task", 0)) < 150
+
+    asyncio.run(scenario())
+
+
+def _merged(entries: list[TokenEntry]) -> list[tuple[str, str, int, int, str, str]]:
+    """The entries with consecutive pieces of one answer joined (a Redis sink coalesces a
+    burst into one write; which pieces go together depends only on timing)."""
+    merged: list[tuple[str, str, int, int, str, str]] = []
+    for e in entries:
+        row = (e.kind, e.step, e.iteration, e.attempt, e.purpose, e.text)
+        if merged and e.kind == "token" and merged[-1][0] == "token" and merged[-1][:5] == row[:5]:
+            merged[-1] = (*row[:5], merged[-1][5] + e.text)
+        else:
+            merged.append(row)
+    return merged
+
+
+def test_the_in_process_sink_keeps_the_entries_the_redis_sink_writes(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The in-process driver's ListTokenSink and the worker's RedisTokenSink, told the same
+    answers (one cut short and re-sent, then the next iteration's), hold the same entries:
+    the same fields, the same stream_restarted, the same text."""
+    script: list[tuple[Fence, list[tuple[TokenKind, str]]]] = [
+        (_fence(attempt=0), [("token", "half an "), ("token", "ans")]),
+        (_fence(attempt=1), [("token", "The whole "), ("token", "answer."), ("stream_done", "")]),
+        (_fence(attempt=1, iteration=3), [("token", "Next."), ("stream_done", "")]),
+    ]
+
+    async def scenario() -> None:
+        kept: list[TokenEntry] = []
+        async with redis_client() as client:
+            for fence, emits in script:
+                sinks = (RedisTokenSink(client, fence, "plan"), ListTokenSink(kept, fence, "plan"))
+                for sink in sinks:
+                    for kind, text in emits:
+                        await sink.emit(kind, text)
+                await asyncio.sleep(0.06)  # the Redis sink's last burst written
+            written = await _entries(client)
+        assert _merged(kept) == _merged(written)
+        assert [e.kind for e in kept].count("stream_restarted") == 1
 
     asyncio.run(scenario())
