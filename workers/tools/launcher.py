@@ -1,5 +1,6 @@
-"""The process ``run_command`` starts for each command: it applies the limits, runs the shell,
-and when the shell ends or the tool says stop, kills every process the command left.
+"""The process ``run_command`` starts for each command (and :mod:`workers.tools.mcp` for each
+stdio MCP server, in serve mode below): it applies the limits, runs the shell, and when the
+shell ends or the tool says stop, kills every process the command left.
 
 :mod:`workers.tools.command` runs it as ``python -I -S launcher.py`` (standard library only: it
 imports nothing of the project). It reads one JSON request on stdin (the shell, the command,

@@ -283,7 +283,7 @@ class McpConnection:
         )
 
     async def aclose(self) -> None:
-        """Close the session and stop the server (its process group is killed)."""
+        """Close the session and stop the server (the launcher kills every process it started)."""
         self._stop.set()
         owner = self._owner
         if owner is not None and not owner.done():
