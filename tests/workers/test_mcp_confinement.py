@@ -181,3 +181,48 @@ def test_nothing_of_a_server_outlives_its_worker(tmp_path: Path) -> None:
         assert _gone_within(pids, 5), [pid for pid in pids if _alive(pid)]
     finally:
         _kill(pids)
+
+
+def _serve(request: object, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    from workers.tools import launcher
+
+    env = {} if request is None else {launcher.REQUEST_VARIABLE: json.dumps(request)}
+    return subprocess.run(
+        [sys.executable, "-I", "-S", launcher.__file__, launcher.SERVE_FLAG],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_launcher_serves_on_its_own_stdio_and_exits_with_the_childs_status(
+    tmp_path: Path,
+) -> None:
+    """In serve mode the child reads the launcher's stdin and writes its stdout, sees only the
+    request's environment (not the request), and its exit status is the launcher's; a missing
+    request or program is a line on stderr and status 127."""
+    script = 'read line; echo "got $line"; env | sort; exit 7'
+    request = {
+        "argv": ["sh", "-c", script],
+        "env": {"PATH": "/usr/bin:/bin", "ONLY": "this"},
+        "limits": CommandLimits().model_dump(),
+        "parent_pid": os.getpid(),
+    }
+    done = _serve(request, tmp_path)
+    assert done.returncode == 7, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "got hello"
+    names = {line.split("=", 1)[0] for line in lines[1:]}
+    assert "ONLY=this" in lines and "ORGA_LAUNCH_REQUEST" not in names
+    killed = _serve({**request, "argv": ["sh", "-c", "kill -9 $$"]}, tmp_path)
+    assert killed.returncode == 128 + 9
+    missing = _serve({**request, "argv": ["no-such-mcp-server"]}, tmp_path)
+    assert missing.returncode == 127
+    assert "could not start 'no-such-mcp-server'" in missing.stderr
+    assert "No such file" in missing.stderr
+    nothing = _serve(None, tmp_path)
+    assert nothing.returncode == 127 and "ORGA_LAUNCH_REQUEST" in nothing.stderr
