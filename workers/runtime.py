@@ -86,7 +86,7 @@ from workers.redis_batch import CoalescedPipeline, OwnPipeline
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only, starts_processes
-from workers.tools.command import CommandEnvironment, RunCommandTool
+from workers.tools.command import CommandEnvironment, CommandLimits, RunCommandTool
 from workers.tools.errors import WorkspacePathError
 from workers.tools.mcp import McpSessions, McpToolLookup
 from workers.tools.registry import ToolRegistry, default_registry
@@ -172,6 +172,7 @@ class WorkerCore:
             _command_environment(registry),
             idle_timeout_s=settings.mcp_idle_timeout_s,
             start_timeout_s=settings.mcp_list_timeout_s,
+            limits=_command_limits(registry),
         )
         """This process's MCP connections (tool workers start servers; reasoning workers ask
         them for listings)."""
@@ -874,6 +875,12 @@ def deployment_mcp_servers(settings: OrgaSettings) -> tuple[McpServerSpec, ...]:
             "JSON or YAML file listing the MCP servers, or unset it"
         ) from exc
     return parse_mcp_servers(text, f"ORGA_MCP_SERVERS file {str(path)!r}")
+
+
+def _command_limits(registry: ToolRegistry) -> CommandLimits | None:
+    """The rlimits ``run_command`` gives commands (a stdio MCP server gets the same)."""
+    tool = registry.get("run_command")
+    return tool.limits if isinstance(tool, RunCommandTool) else None
 
 
 def _command_environment(registry: ToolRegistry) -> CommandEnvironment | None:

@@ -9,13 +9,17 @@ Tools: ``echo(text)``, ``add(a, b)``, ``write_note(name, text)`` (a file in its 
 folder), ``environment()`` (its environment's names, its current folder and its parent's
 environment names), ``crash_once()`` (exits the first time it is called in a folder, answers
 after a restart), ``crash()`` (always exits), ``hang()`` (never answers), ``calls()`` (how
-many calls this process answered: shows that a process is reused).
+many calls this process answered: shows that a process is reused), ``limits()`` (its rlimits,
+pid and parent pid), ``spawn_detached()`` (starts a ``sleep`` that double-forks away in a
+session of its own and returns its pid).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,6 +101,35 @@ async def hang() -> str:
 def calls() -> int:
     """The process's call count."""
     return _count()
+
+
+@server.tool(description="This process's rlimits (soft, hard), pid and parent pid.")
+def limits() -> dict[str, object]:
+    """What the launcher set."""
+    _count()
+    names = ("NPROC", "AS", "FSIZE", "CPU", "CORE")
+    return {
+        "limits": {n: list(resource.getrlimit(getattr(resource, f"RLIMIT_{n}"))) for n in names},
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+    }
+
+
+_DETACH = (
+    "import subprocess, sys; p = subprocess.Popen(['sleep', '300'], start_new_session=True, "
+    "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+    "print(p.pid)"
+)
+
+
+@server.tool(description="Start a sleep that leaves this process's tree and session.")
+def spawn_detached() -> int:
+    """Double-fork: an intermediate process starts ``sleep 300`` with setsid and exits."""
+    _count()
+    done = subprocess.run(
+        [sys.executable, "-c", _DETACH], capture_output=True, check=True, stdin=subprocess.DEVNULL
+    )
+    return int(done.stdout)
 
 
 def main(argv: list[str]) -> None:

@@ -186,6 +186,11 @@ def test_a_stdio_server_runs_confined_in_the_workspace(
         assert seen["cwd"] == str(tmp_path)
         assert "OPENAI_API_KEY" not in seen["names"] and "ORGA_REDIS_URL" not in seen["names"]
         assert {"PATH", "HOME", "LANG", "TERM", "NOTES_DIR"} <= set(seen["names"])
+        assert "ORGA_LAUNCH_REQUEST" not in seen["names"]  # the launcher's request stays its own
+        # Its parent is the launcher, whose environment holds no key or setting either.
+        assert seen["parent_names"] and "OPENAI_API_KEY" not in seen["parent_names"]
+        settings = {name for name in seen["parent_names"] if name.startswith("ORGA_")}
+        assert settings <= {"ORGA_LAUNCH_REQUEST"}
 
     asyncio.run(scenario())
 

@@ -220,6 +220,11 @@ class RunCommandTool:
         return self._environment
 
     @property
+    def limits(self) -> CommandLimits:
+        """The rlimits of the commands (a stdio MCP server gets the same)."""
+        return self._limits
+
+    @property
     def definition(self) -> ToolDefinition:
         """Name, description and JSON Schema of ``run_command``."""
         return RUN_COMMAND_DEFINITION

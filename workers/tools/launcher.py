@@ -1,5 +1,6 @@
-"""The process ``run_command`` starts for each command: it applies the limits, runs the shell,
-and when the shell ends or the tool says stop, kills every process the command left.
+"""The process ``run_command`` starts for each command (and :mod:`workers.tools.mcp` for each
+stdio MCP server, in serve mode below): it applies the limits, runs the shell, and when the
+shell ends or the tool says stop, kills every process the command left.
 
 :mod:`workers.tools.command` runs it as ``python -I -S launcher.py`` (standard library only: it
 imports nothing of the project). It reads one JSON request on stdin (the shell, the command,
@@ -21,6 +22,17 @@ Why a process of its own:
 - **The worker's death ends the command.** ``PR_SET_PDEATHSIG`` sends the launcher SIGTERM when
   the worker dies, which it handles like the tool's own stop: kill everything, then exit.
 
+**Serve mode** (``launcher.py --serve``, for a stdio MCP server, :mod:`workers.tools.mcp`): the
+request comes from the environment variable ``ORGA_LAUNCH_REQUEST`` (never argv, which ``ps``
+shows; stdin and stdout are the server's protocol), which the launcher removes before it
+starts anything. It holds the server's ``argv`` (the program looked up on the request
+environment's ``PATH``), that environment, the limits and the worker's pid. The child keeps the
+launcher's stdin, stdout and stderr; the launcher then lets go of its own copies of stdin and
+stdout, applies the same limits and the same subreaper, death signal and kill of the whole
+tree as for a command (when the server exits, when the client's SIGTERM comes, when the worker
+dies), writes a line on stderr when it could not start the server, and exits with the server's
+status (``128 + N`` after signal N, 127 when it could not start it).
+
 ``RLIMIT_NPROC`` counts every process (thread, on Linux) of the *user*, so ``max_processes`` is
 how many more the command may start: the launcher counts the tasks its user runs and sets the
 limit to that count plus ``max_processes``. The kernel does not apply it to root.
@@ -40,6 +52,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+SERVE_FLAG = "--serve"
+"""The argument that selects serve mode (the request then comes from :data:`REQUEST_VARIABLE`)."""
+REQUEST_VARIABLE = "ORGA_LAUNCH_REQUEST"
+"""The environment variable holding a serve-mode request (JSON); removed before any exec."""
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
@@ -157,7 +173,14 @@ def _lower(which: int, value: int) -> None:
     resource.setrlimit(which, (min(value, hard), hard))
 
 
-def _exec_shell(request: Mapping[str, Any], rlimits: Mapping[int, int], error_fd: int) -> None:
+def _argv(request: Mapping[str, Any]) -> list[str]:
+    """The child's argv: ``shell -c command``, or the serve request's own ``argv``."""
+    if "argv" in request:
+        return [str(part) for part in request["argv"]]
+    return [str(request["shell"]), "-c", str(request["command"])]
+
+
+def _exec_child(request: Mapping[str, Any], rlimits: Mapping[int, int], error_fd: int) -> None:
     """In the forked child: limits, default signals, then exec; never returns."""
     try:
         for which, value in rlimits.items():
@@ -165,9 +188,9 @@ def _exec_shell(request: Mapping[str, Any], rlimits: Mapping[int, int], error_fd
         for number in _RESET_SIGNALS:
             signal.signal(number, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        shell = str(request["shell"])
-        argv = [shell, "-c", str(request["command"])]
-        os.execve(shell, argv, dict(request["env"]))  # noqa: S606 - the shell runs the command
+        argv = _argv(request)
+        # A program without a slash is looked up on the request environment's PATH.
+        os.execvpe(argv[0], argv, dict(request["env"]))  # noqa: S606 - the approved program
     except OSError as exc:
         os.write(error_fd, f"{exc.errno or 0}:{exc.strerror or exc}".encode())
     except BaseException as exc:
@@ -177,12 +200,12 @@ def _exec_shell(request: Mapping[str, Any], rlimits: Mapping[int, int], error_fd
 
 
 def _spawn(request: Mapping[str, Any], rlimits: Mapping[int, int]) -> int:
-    """Fork and exec the shell; raises OSError when it cannot be started."""
+    """Fork and exec the child; raises OSError when it cannot be started."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        _exec_shell(request, rlimits, write_fd)
+        _exec_child(request, rlimits, write_fd)
     os.close(write_fd)
     try:
         failure = os.read(read_fd, 4096)
@@ -243,8 +266,18 @@ def _stop_requested(parent_pid: int) -> bool:
     return os.getppid() != parent_pid
 
 
-def run(request: Mapping[str, Any]) -> dict[str, Any]:
-    """Run the request's command to its end (or a stop signal); the report."""
+def _release_stdio() -> None:
+    """Let go of stdin and stdout (the child has its own copies): the server's client then
+    sees the end of its output when the server's processes have closed theirs."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+def run(request: Mapping[str, Any], *, release_stdio: bool = False) -> dict[str, Any]:
+    """Run the request's command (or server) to its end (or a stop signal); the report.
+    ``release_stdio``: drop the launcher's stdin and stdout once the child runs."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1) and os.path.isdir("/proc/self")
     if _stop_requested(int(request["parent_pid"])):
@@ -263,6 +296,8 @@ def run(request: Mapping[str, Any]) -> dict[str, Any]:
         shell_pid = _spawn(request, rlimits)
     except OSError as exc:
         return {"error": exc.strerror or str(exc), "subreaper": subreaper}
+    if release_stdio:
+        _release_stdio()
     reaper = _Reaper(shell_pid)
     ended = _wait(reaper)
     kills = _kill_all(reaper) if subreaper else _fallback_kill(reaper)
@@ -290,5 +325,32 @@ def main() -> int:
     return 0
 
 
+def exit_status(report: Mapping[str, Any]) -> int:
+    """The launcher's exit status in serve mode: the child's, as a shell reports it."""
+    status = report.get("status")
+    if report.get("error") or status is None:
+        return 127
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 127
+
+
+def serve() -> int:
+    """Serve mode: the request from :data:`REQUEST_VARIABLE` (removed first), the child on the
+    launcher's own stdin, stdout and stderr; its exit status."""
+    request = json.loads(os.environ.pop(REQUEST_VARIABLE, "") or "null")
+    if not isinstance(request, dict):
+        sys.stderr.write(f"orga launcher: no request in {REQUEST_VARIABLE}\n")
+        return 127
+    report = run(request, release_stdio=True)
+    if report.get("error"):
+        program = _argv(request)[0] if request.get("argv") else "?"
+        sys.stderr.write(f"orga launcher: could not start {program!r}: {report['error']}\n")
+    if report.get("survivors"):
+        sys.stderr.write(f"orga launcher: {report['survivors']} process(es) survived the kill\n")
+    sys.stderr.flush()
+    return exit_status(report)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve() if sys.argv[1:] == [SERVE_FLAG] else main())

@@ -10,13 +10,19 @@ Decisions:
   reasoning worker asks a tool worker for the listing (:mod:`workers.runtime`).
 - **Program.** ``command[0]`` is looked up on the command ``PATH``; ``{python}`` stands for the
   worker's own interpreter, which has the SDK (``command: ["{python}", "server.py"]``).
-- **Confinement of a stdio server.** It runs with the task's workspace as its current folder
-  (or ``cwd``, a folder inside it), in a session of its own (the SDK starts it with
-  ``start_new_session`` and kills its process group on close), with the environment of a
-  command (:class:`~workers.tools.command.CommandEnvironment`: ``PATH``, ``LANG``,
-  ``HOME``=workspace, ``TERM``, the operator's extras) plus the server's own ``env``; nothing
-  else of the worker's environment reaches it. Its stderr goes to a private temporary file,
-  whose end is quoted when the server fails.
+- **Confinement of a stdio server.** It runs under the command launcher
+  (:mod:`workers.tools.launcher` in serve mode: the SDK starts ``python -I -S launcher.py
+  --serve``, whose request, in an environment variable the launcher removes, names the
+  server's argv), so it gets what a command gets: the rlimits of
+  :class:`~workers.tools.command.CommandLimits` (the same values as ``run_command``'s), a
+  subreaper that kills every process the server started (double-forked or ``setsid``'d ones
+  included) when the server exits, when the connection closes (the SDK's SIGTERM) or when the
+  worker dies (``PR_SET_PDEATHSIG``). Its current folder is the task's workspace (or ``cwd``,
+  a folder inside it); its environment is exactly a command's
+  (:class:`~workers.tools.command.CommandEnvironment`: ``PATH``, ``LANG``, ``HOME``=workspace,
+  ``TERM``, the operator's extras) plus the server's own ``env``; nothing else of the worker's
+  environment reaches it. Its stderr (and the launcher's, when it cannot start the program)
+  goes to a private temporary file, whose end is quoted when the server fails.
 - **Reuse.** One connection per task and server (by the server's declaration digest) in each
   worker process, kept between calls, closed when the task's dispatches stop using it for
   ``ORGA_MCP_IDLE_TIMEOUT_S`` or when the worker stops (:meth:`McpSessions.close_task` closes
@@ -44,6 +50,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -62,8 +69,9 @@ from shared.mcp import (
     is_mcp_tool,
     offered_tool_name,
 )
+from workers.tools import launcher
 from workers.tools.base import Tool, ToolContext, ToolOutput
-from workers.tools.command import CommandEnvironment
+from workers.tools.command import CommandEnvironment, CommandLimits
 from workers.tools.errors import WorkspacePathError
 from workers.tools.output import error_output
 from workers.tools.workspace import resolve_in_workspace
@@ -94,6 +102,10 @@ _STDERR_TAIL = 600
 _CLOSE_GRACE_S = 5.0
 _LIST_PAGES = 100
 _TOOLS_KEPT = 4096
+_LAUNCHER = Path(launcher.__file__)
+_MAX_REQUEST_BYTES = 100_000
+"""A serve request larger than this is refused (the kernel caps one environment string at
+128 KiB)."""
 PYTHON_PLACEHOLDER = "{python}"
 """A stdio server's program written ``{python}`` runs with the worker's own interpreter (it has
 the ``mcp`` SDK installed): ``command: ["{python}", "server.py"]``."""
@@ -125,11 +137,13 @@ class McpConnection:
         workspace: Path,
         environment: CommandEnvironment,
         python: str = sys.executable,
+        limits: CommandLimits | None = None,
     ) -> None:
         self.spec = spec
         self.workspace = workspace
         self.environment = environment
         self.python = python
+        self.limits = limits or CommandLimits()
         self.last_used = time.monotonic()
         self._session: ClientSession | None = None
         self._stop = asyncio.Event()
@@ -192,14 +206,15 @@ class McpConnection:
 
         spec = self.spec
         if spec.command is not None:
+            cwd = self._cwd()
+            request = self._launch_request()
             # Kept open until aclose, so a failure can quote what the server wrote.
             self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
-            program = spec.command[0]
             parameters = StdioServerParameters(
-                command=self.python if program == PYTHON_PLACEHOLDER else program,
-                args=spec.command[1:],
-                env={**self.environment.variables(self.workspace), **spec.env},
-                cwd=str(self._cwd()),
+                command=self.python,
+                args=["-I", "-S", str(_LAUNCHER), launcher.SERVE_FLAG],
+                env={launcher.REQUEST_VARIABLE: request},
+                cwd=str(cwd),
             )
             return stdio_client(parameters, errlog=self._stderr)
         assert spec.url is not None
@@ -208,6 +223,27 @@ class McpConnection:
             httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
         )
         return streamable_http_client(spec.url, http_client=client)
+
+    def _launch_request(self) -> str:
+        """The launcher's serve request (JSON): the server's argv, its environment (a
+        command's plus its own ``env``), the command limits and this worker's pid."""
+        assert self.spec.command is not None
+        program, *args = self.spec.command
+        request = json.dumps(
+            {
+                "argv": [self.python if program == PYTHON_PLACEHOLDER else program, *args],
+                "env": {**self.environment.variables(self.workspace), **self.spec.env},
+                "limits": self.limits.model_dump(),
+                "parent_pid": os.getpid(),
+            }
+        )
+        if len(request.encode()) > _MAX_REQUEST_BYTES:
+            raise ValueError(
+                f"its command and env take {len(request.encode())} bytes, more than the "
+                f"{_MAX_REQUEST_BYTES} a server's launch request may hold; shorten them "
+                "(put long settings in a file in the workspace)"
+            )
+        return request
 
     def _cwd(self) -> Path:
         if self.spec.cwd is None:
@@ -247,7 +283,7 @@ class McpConnection:
         )
 
     async def aclose(self) -> None:
-        """Close the session and stop the server (its process group is killed)."""
+        """Close the session and stop the server (the launcher kills every process it started)."""
         self._stop.set()
         owner = self._owner
         if owner is not None and not owner.done():
@@ -326,8 +362,11 @@ class McpSessions:
         idle_timeout_s: float = 300.0,
         start_timeout_s: float = 60.0,
         python: str = sys.executable,
+        limits: CommandLimits | None = None,
     ) -> None:
         self.environment = environment or CommandEnvironment()
+        self.limits = limits or CommandLimits()
+        """The rlimits of a stdio server: those of ``run_command``'s commands."""
         self.python = python
         """What ``{python}`` as a server's program stands for: the worker's interpreter."""
         self.idle_timeout_s = idle_timeout_s
@@ -355,7 +394,7 @@ class McpSessions:
             if current is not None or key in self._dropped:
                 self.restarts += 1
                 self._dropped.discard(key)
-            fresh = McpConnection(spec, workspace, self.environment, self.python)
+            fresh = McpConnection(spec, workspace, self.environment, self.python, self.limits)
             self._connections.pop(key, None)
             await fresh.open(self.start_timeout_s)
             self._connections[key] = fresh
