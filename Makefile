@@ -64,6 +64,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/slow_model_bench.py --fairness
 	$(PY) bench/slow_model_bench.py --events
 	$(PY) bench/conversation_cost.py
+	$(PY) bench/scale_bench.py
 
 # Fault injection under load: worker processes, the coordinator and Redis are killed while
 # 200 tasks run (docs/reliability.md). `make chaos CHAOS_ARGS="--tasks 50"` for a shorter run.

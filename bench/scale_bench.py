@@ -19,7 +19,11 @@ Measured over the timed batch (after a warm-up task has gone through every proce
 answered (the model server's count), calls/s (those calls over the wall time from the first
 submission to the last task seen terminal), and CPU per model call of each state Redis node
 (``INFO cpu`` ``used_cpu_sys + used_cpu_user`` deltas, masters and replicas apart), of the
-coordinators and of the worker tree (``psutil``: user + system of each process tree).
+coordinators and of the worker tree (``psutil``: user + system of each process tree). Each
+figure is gross (all the CPU spent over the batch, divided by its calls) and net of idle: an idle
+window of ``--idle`` seconds before the batch measures what each process spends with nothing to
+do (a coordinator polls every partition's streams, the workers heartbeat), and that rate times
+the batch's duration is taken off. The gross figure is the upper bound the sizing uses.
 
 Headline figures: ``RESULT scale_redis_cpu_ms_per_call`` (the busiest master, the cluster
 configuration with the most calls/s), ``RESULT scale_cluster_calls_per_s`` (the best cluster
@@ -124,6 +128,9 @@ class Cost:
     worker_peak_rss_mb: float
     coordinator_peak_rss_mb: float
     redis_used_mb: dict[str, float] = field(default_factory=dict)
+    idle_cpu_per_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds per second of each (node name, ``broker``, ``coordinators``, ``worker``)
+    over an idle window before the batch: what they cost with nothing to do."""
 
     @property
     def calls_per_s(self) -> float:
@@ -131,6 +138,12 @@ class Cost:
 
     def ms(self, cpu_s: float) -> float:
         return cpu_ms_per_call(cpu_s, self.calls)
+
+    def net_ms(self, name: str, cpu_s: float) -> float:
+        """``ms(cpu_s)`` less what ``name`` spent idle over as long as the batch (the polling
+        an idle process does anyway), at least 0."""
+        idle = self.idle_cpu_per_s.get(name, 0.0) * self.seconds
+        return self.ms(max(0.0, cpu_s - idle))
 
     @property
     def hottest_master(self) -> tuple[str, float]:
@@ -332,8 +345,28 @@ def sample_rss(config: Config, peaks: dict[str, float]) -> None:
         peaks[name] = max(peaks.get(name, 0.0), trees_rss_mb(pids))
 
 
+def reading(config: Config, nodes: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each state node, the broker, the coordinators and the worker."""
+    assert config.broker is not None
+    seen = node_cpu({**nodes, "broker": config.broker.port})
+    seen["coordinators"] = trees_cpu_s(config.coordinator_pids())
+    seen["worker"] = trees_cpu_s([config.worker_pid()])
+    return seen
+
+
+def spent(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """CPU seconds each spent between two readings, divided by ``seconds``."""
+    return {name: (after[name] - before[name]) / seconds for name in after}
+
+
 def measure(
-    config: Config, server: ModelServer, plan: Plan, workspace: Path, bound_s: float
+    config: Config,
+    server: ModelServer,
+    plan: Plan,
+    workspace: Path,
+    *,
+    bound_s: float,
+    idle_s: float,
 ) -> Cost:
     """One configuration: start, warm up, run the timed batch, read the costs, stop."""
     config.start()
@@ -347,12 +380,13 @@ def measure(
                 raise RuntimeError(
                     f"{config.name}: the warm-up task ended {done.get(warm, 'not finished')!r}"
                 )
-            server.reset()
             nodes = config.nodes()
-            broker_port = {"broker": config.broker.port} if config.broker else {}
-            redis_before, broker_before = node_cpu(nodes), node_cpu(broker_port)
-            coordinators_before = trees_cpu_s(config.coordinator_pids())
-            worker_before = trees_cpu_s([config.worker_pid()])
+            idle_from = time.monotonic()
+            idle_before = reading(config, nodes)
+            time.sleep(idle_s)  # nothing in flight: what the processes cost doing nothing
+            before = reading(config, nodes)
+            idle = spent(idle_before, before, time.monotonic() - idle_from)
+            server.reset()
             specs = [task_spec(f"{run}-{n}", workspace) for n in range(plan.tasks)]
             started = time.monotonic()
             ids = [client.submit(spec) for spec in specs]
@@ -362,18 +396,19 @@ def measure(
             wait_calls(config, server, plan.tasks * plan.iterations, started + bound_s, peaks)
             statuses = wait_terminal(config, client, ids, started + bound_s, peaks)
             seconds = time.monotonic() - started
-            redis_after, broker_after = node_cpu(nodes), node_cpu(broker_port)
+            batch = spent(before, reading(config, nodes), 1.0)
             cost = Cost(
                 name=config.name,
                 calls=int(server.stats()["calls"]),
                 seconds=seconds,
                 completed=sum(1 for s in statuses.values() if s == "completed"),
                 tasks=len(ids),
-                redis_cpu_s={n: redis_after[n] - redis_before[n] for n in nodes},
-                broker_cpu_s=sum(broker_after.values()) - sum(broker_before.values()),
-                coordinator_cpu_s=trees_cpu_s(config.coordinator_pids()) - coordinators_before,
+                redis_cpu_s={n: batch[n] for n in nodes},
+                broker_cpu_s=batch["broker"],
+                coordinator_cpu_s=batch["coordinators"],
                 coordinators=config.coordinators,
-                worker_cpu_s=trees_cpu_s([config.worker_pid()]) - worker_before,
+                worker_cpu_s=batch["worker"],
+                idle_cpu_per_s=idle,
                 worker_peak_rss_mb=peaks.get("worker", 0.0),
                 coordinator_peak_rss_mb=peaks.get("coordinator", 0.0),
                 redis_used_mb=node_used_mb(nodes),
@@ -389,35 +424,46 @@ def measure(
 
 
 def describe(cost: Cost) -> list[str]:
+    """A configuration's figures: gross CPU per call (everything over the batch) and net (less
+    what the same process spent idle over as long)."""
+
+    def figures(name: str, cpu_s: float) -> str:
+        idle = cost.idle_cpu_per_s.get(name, 0.0)
+        return (
+            f"{cost.ms(cpu_s):.3f} ms CPU per call (net of idle {cost.net_ms(name, cpu_s):.3f}; "
+            f"idle {1000 * idle:.0f} ms/s)"
+        )
+
     lines = [
         f"== {cost.name}: {cost.completed}/{cost.tasks} tasks completed, {cost.calls} model calls "
         f"in {cost.seconds:.1f} s = {cost.calls_per_s:.1f} calls/s",
-        f"   coordinators ({cost.coordinators}): {cost.ms(cost.coordinator_cpu_s):.2f} ms CPU per "
-        f"call in all, peak RSS {cost.coordinator_peak_rss_mb:.0f} MiB in all",
-        f"   worker tree: {cost.ms(cost.worker_cpu_s):.2f} ms CPU per call, peak RSS "
-        f"{cost.worker_peak_rss_mb:.0f} MiB",
-        f"   broker Redis: {cost.ms(cost.broker_cpu_s):.2f} ms CPU per call",
+        f"   coordinators ({cost.coordinators}, in all): "
+        f"{figures('coordinators', cost.coordinator_cpu_s)}, "
+        f"peak RSS {cost.coordinator_peak_rss_mb:.0f} MiB",
+        f"   worker tree: {figures('worker', cost.worker_cpu_s)}, "
+        f"peak RSS {cost.worker_peak_rss_mb:.0f} MiB",
+        f"   broker Redis: {figures('broker', cost.broker_cpu_s)}",
     ]
     for node, cpu_s in sorted(cost.redis_cpu_s.items()):
         used = cost.redis_used_mb.get(node, math.nan)
-        lines.append(
-            f"   state {node}: {cost.ms(cpu_s):.3f} ms CPU per call, used_memory {used:.1f} MiB"
-        )
+        lines.append(f"   state {node}: {figures(node, cpu_s)}, used_memory {used:.1f} MiB")
     return lines
 
 
 def sizing(cluster: Cost, standalone: Cost | None) -> list[str]:
-    """The processes for ``AGENTS`` at ``MODEL_CALL_S`` per call, from the measured costs."""
+    """The processes for ``AGENTS`` at ``MODEL_CALL_S`` per call, from the measured gross
+    per-call costs (the idle polling included: an upper bound)."""
     _, master_ms = cluster.hottest_master
     coordinator_ms = cluster.ms(cluster.coordinator_cpu_s)
     worker_ms = cluster.ms(cluster.worker_cpu_s)
-    lines = [
-        f"sizing at {MODEL_CALL_S:g} s per model call, each process at most {UTILISATION:.0%} of a "
-        f"core, from {cluster.name}'s per-call costs (hottest master {master_ms:.3f} ms, "
-        f"coordinators {coordinator_ms:.2f} ms, worker tree {worker_ms:.2f} ms):"
-    ]
     masters_cpu = {n: s for n, s in cluster.redis_cpu_s.items() if n.startswith("master")}
     all_ms = cluster.ms(sum(masters_cpu.values()))
+    lines = [
+        f"sizing at {MODEL_CALL_S:g} s per model call, each process at most {UTILISATION:.0%} of "
+        f"a core, from {cluster.name}'s gross per-call costs (hottest master {master_ms:.3f} ms, "
+        f"all masters {all_ms:.3f} ms, coordinators {coordinator_ms:.2f} ms, worker tree "
+        f"{worker_ms:.2f} ms):"
+    ]
     for agents in AGENTS:
         rate = agents / MODEL_CALL_S
         # even: the masters' summed CPU spread evenly; skewed: the hottest master keeps its
@@ -425,17 +471,18 @@ def sizing(cluster: Cost, standalone: Cost | None) -> list[str]:
         even = processes_needed(rate, all_ms)
         skewed = processes_needed(rate, master_ms * len(masters_cpu))
         lines.append(
-            f"  {agents:>7,} agents = {rate:,.0f} calls/s: masters {even} (summed master CPU "
-            f"{all_ms:.3f} ms/call spread evenly) to {skewed} (the hottest master's share kept), "
-            f"coordinators {processes_needed(rate, coordinator_ms)}, "
-            f"worker trees like this one {processes_needed(rate, worker_ms)}"
+            f"  {agents:>7,} agents = {rate:,.0f} calls/s: masters {even} (spread evenly) to "
+            f"{skewed} (the hottest master's share kept), coordinator processes "
+            f"{processes_needed(rate, coordinator_ms)}, worker trees like this one "
+            f"{processes_needed(rate, worker_ms)}"
         )
     if standalone is not None:
         ms = standalone.hottest_master[1]
         ceiling = 1000.0 * UTILISATION / ms if ms > 0 else math.inf
         lines.append(
             f"  one standalone Redis at {UTILISATION:.0%} of a core: about {ceiling:,.0f} calls/s "
-            f"= {ceiling * MODEL_CALL_S:,.0f} agents"
+            f"= {ceiling * MODEL_CALL_S:,.0f} agents ({ceiling * 2 * MODEL_CALL_S:,.0f} at a "
+            "whole core)"
         )
     return lines
 
@@ -451,6 +498,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--coordinators", default=None, help="cluster configurations (1,2,4)")
     parser.add_argument("--partitions", type=int, default=16, help="partitions on the cluster")
     parser.add_argument("--bound", type=float, default=120.0, help="seconds a batch may run")
+    parser.add_argument(
+        "--idle", type=float, default=5.0, help="seconds of the idle window before each batch"
+    )
     parser.add_argument("--no-standalone", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     args = parser.parse_args(argv)
@@ -480,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, coordinators, cluster, partitions in configs:
             config = Config(name, root / name, server.url, coordinators, cluster, partitions)
             print(f"-- {name}: starting", flush=True)
-            cost = measure(config, server, plan, workspace, args.bound)
+            cost = measure(config, server, plan, workspace, bound_s=args.bound, idle_s=args.idle)
             costs.append(cost)
             print("\n".join(describe(cost)), flush=True)
     finally:
@@ -503,7 +553,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"RESULT scale_cluster_coordinators {best.coordinators}",
             f"RESULT scale_coordinator_cpu_ms_per_call {best.ms(best.coordinator_cpu_s):.2f}",
             f"RESULT scale_worker_cpu_ms_per_call {best.ms(best.worker_cpu_s):.2f}",
+            "RESULT scale_coordinator_cpu_ms_per_call_net "
+            f"{best.net_ms('coordinators', best.coordinator_cpu_s):.2f}",
+            "RESULT scale_worker_cpu_ms_per_call_net "
+            f"{best.net_ms('worker', best.worker_cpu_s):.2f}",
         ]
+        for cost in clusters:
+            name, ms = cost.hottest_master
+            lines.append(
+                f"RESULT scale_{cost.name.replace('-', '_')}_calls_per_s {cost.calls_per_s:.1f}"
+            )
+            lines.append(
+                f"RESULT scale_{cost.name.replace('-', '_')}_redis_cpu_ms_per_call {ms:.3f}"
+            )
     if standalone is not None:
         lines += [
             f"RESULT scale_standalone_redis_cpu_ms_per_call {standalone.hottest_master[1]:.3f}",

@@ -60,3 +60,24 @@ def test_the_hottest_master_is_the_one_that_spent_most_and_replicas_are_not_mast
     assert cost.hottest_master == ("master :2", pytest.approx(2.0))
     assert cost.calls_per_s == pytest.approx(50.0)
     assert cost.ms(cost.coordinator_cpu_s) == pytest.approx(4.0)
+
+
+def test_net_cost_takes_off_the_idle_rate_over_the_batch_and_never_goes_below_zero() -> None:
+    cost = Cost(
+        name="cluster-2",
+        calls=100,
+        seconds=10.0,
+        completed=20,
+        tasks=20,
+        redis_cpu_s={"master :1": 0.2},
+        broker_cpu_s=0.0,
+        coordinator_cpu_s=1.0,
+        coordinators=2,
+        worker_cpu_s=0.5,
+        worker_peak_rss_mb=0.0,
+        coordinator_peak_rss_mb=0.0,
+        idle_cpu_per_s={"coordinators": 0.05, "worker": 0.1},
+    )
+    assert cost.net_ms("coordinators", cost.coordinator_cpu_s) == pytest.approx(5.0)
+    assert cost.net_ms("worker", cost.worker_cpu_s) == 0.0
+    assert cost.net_ms("master :1", 0.2) == pytest.approx(2.0)  # no idle figure: gross
