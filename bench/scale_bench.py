@@ -128,6 +128,8 @@ class Cost:
     worker_peak_rss_mb: float
     coordinator_peak_rss_mb: float
     redis_used_mb: dict[str, float] = field(default_factory=dict)
+    holdings: dict[str, str] = field(default_factory=dict)
+    """What each master holds (partitions, the heartbeats key)."""
     idle_cpu_per_s: dict[str, float] = field(default_factory=dict)
     """CPU seconds per second of each (node name, ``broker``, ``coordinators``, ``worker``)
     over an idle window before the batch: what they cost with nothing to do."""
@@ -226,6 +228,37 @@ class Config:
             }
         assert isinstance(self.state, EmbeddedRedis)
         return {f"master :{self.state.port}": self.state.port}
+
+    def holdings(self, nodes: dict[str, int]) -> dict[str, str]:
+        """What each master holds: how many partitions, and whether ``orga:heartbeats`` (the
+        busiest key of no partition: every model call's start and heartbeats)."""
+        if not isinstance(self.state, RedisCluster):
+            return dict.fromkeys(nodes, f"{self.partitions} partitions, every key")
+        port = next(iter(nodes.values()))
+        with redis.Redis(port=port, socket_timeout=5, decode_responses=True) as client:
+            # unparsed on a plain client: [start, end, [host, port, id], replicas...] each
+            ranges = client.execute_command("CLUSTER SLOTS")
+            slots = {
+                key: int(client.execute_command("CLUSTER KEYSLOT", key))
+                for key in [keys.partition_tag(p) for p in range(self.partitions)]
+                + [keys.heartbeats_key]
+            }
+        owner = {
+            slot: int(primary[1])
+            for start, end, primary, *_replicas in ranges
+            for slot in slots.values()
+            if int(start) <= slot <= int(end)
+        }
+        held = {}
+        for name, node_port in nodes.items():
+            if not name.startswith("master"):
+                continue
+            count = sum(
+                1 for key, slot in slots.items() if key.startswith("{") and owner[slot] == node_port
+            )
+            beats = owner[slots[keys.heartbeats_key]] == node_port
+            held[name] = f"{count} partitions" + (", orga:heartbeats" if beats else "")
+        return held
 
     def coordinator_pids(self) -> list[int]:
         return [c.pid for c in self.children if c.name.startswith("coordinator")]
@@ -409,6 +442,7 @@ def measure(
                 coordinators=config.coordinators,
                 worker_cpu_s=batch["worker"],
                 idle_cpu_per_s=idle,
+                holdings=config.holdings(nodes),
                 worker_peak_rss_mb=peaks.get("worker", 0.0),
                 coordinator_peak_rss_mb=peaks.get("coordinator", 0.0),
                 redis_used_mb=node_used_mb(nodes),
@@ -446,7 +480,8 @@ def describe(cost: Cost) -> list[str]:
     ]
     for node, cpu_s in sorted(cost.redis_cpu_s.items()):
         used = cost.redis_used_mb.get(node, math.nan)
-        lines.append(f"   state {node}: {figures(node, cpu_s)}, used_memory {used:.1f} MiB")
+        held = f" [{cost.holdings[node]}]" if node in cost.holdings else ""
+        lines.append(f"   state {node}{held}: {figures(node, cpu_s)}, used_memory {used:.1f} MiB")
     return lines
 
 
