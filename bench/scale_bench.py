@@ -511,6 +511,21 @@ def sizing(cluster: Cost, standalone: Cost | None) -> list[str]:
             f"{processes_needed(rate, coordinator_ms)}, worker trees like this one "
             f"{processes_needed(rate, worker_ms)}"
         )
+    net_masters = sum(cluster.net_ms(n, s) for n, s in masters_cpu.items())
+    net_coordinators = cluster.net_ms("coordinators", cluster.coordinator_cpu_s)
+    net_worker = cluster.net_ms("worker", cluster.worker_cpu_s)
+    lines.append(
+        f"  net of idle (masters {net_masters:.3f} ms, coordinators {net_coordinators:.2f} ms, "
+        f"worker tree {net_worker:.2f} ms; the idle polling comes on top, per coordinator and "
+        "partition, and a short batch makes the gross figures mostly that polling):"
+    )
+    for agents in AGENTS:
+        rate = agents / MODEL_CALL_S
+        lines.append(
+            f"  {agents:>7,} agents: masters {processes_needed(rate, net_masters)} (even), "
+            f"coordinator processes {processes_needed(rate, net_coordinators)}, worker trees "
+            f"{processes_needed(rate, net_worker)}"
+        )
     if standalone is not None:
         ms = standalone.hottest_master[1]
         ceiling = 1000.0 * UTILISATION / ms if ms > 0 else math.inf
