@@ -71,6 +71,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/slow_model_bench.py --events
 	$(PY) bench/slow_model_bench.py --streaming
 	$(PY) bench/conversation_cost.py
+	$(PY) bench/scale_bench.py
 
 # Fault injection under load: worker processes, the coordinator and Redis are killed while
 # 200 tasks run (docs/reliability.md). `make chaos CHAOS_ARGS="--tasks 50"` for a shorter run.
