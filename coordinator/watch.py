@@ -10,16 +10,17 @@ state in one transaction, so a status is never seen before the journal entries c
 it.
 
 Every event carries the cursor after it, ``{journal id}/{token id}/{status}`` (two Redis stream
-ids and the status the watcher last saw): the SSE event id. Given back (``Last-Event-ID``), it
-resumes with the entries after both ids and a status event only when the status changed since:
-no gap, no duplicate.
+ids and the status the watcher last saw), followed by ``/{review id}`` while a review is open:
+the SSE event id. Given back (``Last-Event-ID``), it resumes with the entries after both ids and
+a status event only when the status or the open review changed since: no gap, no duplicate.
 
 Kinds: ``journal`` (a journal entry, as ``orga journal --json`` prints it), ``status`` (the
-task's status changed: ``status``, ``review_id``, ``error``), ``token`` (a delta of the
-model's answer: the token stream entry's fields) and ``stream_restarted`` (a token stream entry
-with ``event: stream_restarted``: the answer being streamed was abandoned, a new one starts;
-a watcher drops what it showed of it). The watch ends after the status event of a terminal
-status.
+task's status or its open review changed: ``status``, ``review_id``, ``error``; a second held
+call's review opening as the first is decided is one, the status staying ``awaiting_review``),
+``token`` (a delta of the model's answer: the token stream entry's fields) and
+``stream_restarted`` (a token stream entry with ``event: stream_restarted``: the answer being
+streamed was abandoned, a new one starts; a watcher drops what it showed of it).
+The watch ends after the status event of a terminal status.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ __all__ = [
 EventKind = Literal["journal", "status", "token", "stream_restarted"]
 
 _STREAM_ID = r"\d+-\d+"
-_CURSOR = re.compile(rf"^({_STREAM_ID})/({_STREAM_ID})/([a-z_]*)$")
+_CURSOR = re.compile(rf"^({_STREAM_ID})/({_STREAM_ID})/([a-z_]*)(?:/([A-Za-z0-9_-]+))?$")
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 
 
@@ -54,14 +55,17 @@ class CursorError(OrgaError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Cursor:
-    """Where a watcher is: the last journal and token stream ids it has, the status it saw."""
+    """Where a watcher is: the last journal and token stream ids it has, the status and the
+    open review (``""``: none) it saw."""
 
     journal: str = "0-0"
     tokens: str = "0-0"
     status: str = ""
+    review: str = ""
 
     def __str__(self) -> str:
-        return f"{self.journal}/{self.tokens}/{self.status}"
+        text = f"{self.journal}/{self.tokens}/{self.status}"
+        return f"{text}/{self.review}" if self.review else text
 
     @classmethod
     def parse(cls, text: str | None) -> Cursor:
@@ -75,7 +79,8 @@ class Cursor:
                 "`<journal id>/<token id>/<status>`, e.g. `0-12/0-0/running`); send the id "
                 "of the last event received, or none to start from the beginning"
             )
-        return cls(*found.groups())
+        journal, tokens, status, review = found.groups()
+        return cls(journal, tokens, status, review or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +154,7 @@ class TaskWatch:
 
     def advance(self, replies: list[Any]) -> list[TaskEvent]:
         """The events the reads of :meth:`queue_reads` hold, in order: the journal entries,
-        the token deltas, then the status when it changed."""
+        the token deltas, then the status when it or the open review changed."""
         journal, tokens, state = replies
         found: list[TaskEvent] = []
         for entry_id, fields in _rows(journal):
@@ -160,8 +165,12 @@ class TaskWatch:
             restarted = fields.get("kind") == "stream_restarted"
             found.append(self._event("stream_restarted" if restarted else "token", fields))
         status = _status(state)
-        if status is not None and status["status"] != self.cursor.status:
-            self.cursor = replace(self.cursor, status=status["status"])
+        review = (status or {}).get("review_id") or ""
+        if status is not None and (status["status"], review) != (
+            self.cursor.status,
+            self.cursor.review,
+        ):
+            self.cursor = replace(self.cursor, status=status["status"], review=review)
             found.append(self._event("status", {"task_id": self.task_id, **status}))
         # A task seen once and gone now was purged (its retention passed): nothing more comes.
         self.ended = self.cursor.status in _TERMINAL or (

@@ -298,12 +298,16 @@ idempotency_ttl_s: Final = 7 * 24 * 3600
 breaker_ttl_s: Final = 24 * 3600
 result_cache_ttl_s: Final = 3600
 heartbeats_retention_s: Final = 600
+"""Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 review_claim_ttl_s: Final = 7 * 24 * 3600
+"""How long the claim of a decided review is kept (a late second decision is refused by it)."""
 applied_call_ttl_s: Final = 24 * 3600
+"""How long the result of a call applied once is kept (a duplicate later than this runs again)."""
 mcp_tools_ttl_s: Final = 7 * 24 * 3600
 """A task's MCP tool listing is kept this long (tasks that run longer list again)."""
 mcp_reply_ttl_s: Final = 300
-"""How long the result of a call applied once is kept (a duplicate later than this runs again)."""
+"""How long a tool worker's answer to an MCP tool listing request (``mcp_reply_key``) is kept
+for the coordinator waiting on it (an answer nobody took expires with it)."""
 workspace_claim_ttl_s: Final = 30 * 24 * 3600
 """How long the runtime remembers creating a sub-agent's workspace folder after it was last
 opened (a sub-agent idle for longer is refused its folder: it was not seen to be the runtime's)."""
@@ -314,8 +318,6 @@ inbox_login_window_s: Final = 60
 tokens_ttl_s: Final = 3600
 """A task's ``tokens_stream`` expires this long after its last write (its answers are in the
 conversation and the journal; the stream is only for watching them come)."""
-"""How long the claim of a decided review is kept (a late second decision is refused by it)."""
-"""Liveness entries (running, answered) older than this are trimmed by the coordinators."""
 
 
 def knowledge_key(agent_id: str) -> str:

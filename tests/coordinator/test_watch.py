@@ -69,3 +69,24 @@ def test_a_task_purged_while_watched_ends_the_watch() -> None:
     assert watch.advance([[], [], None]) == [] and not watch.ended
     watch.advance([[], [], _state("running")])
     assert watch.advance([[], [], None]) == [] and watch.ended
+
+
+def test_a_second_held_calls_review_is_a_status_event() -> None:
+    """Held calls A and B: A decided, B's review opens with the status still
+    ``awaiting_review``; the watcher emits a status event carrying B's review id, its cursor
+    names B, and a watcher resuming from A's cursor gets B's review (resuming from B's: none)."""
+    watch = TaskWatch("t1", 0)
+    (first,) = watch.advance([[], [], _state("awaiting_review", {"review_id": "a1"})])
+    assert first.data["review_id"] == "a1" and first.id == "0-0/0-0/awaiting_review/a1"
+    assert Cursor.parse(first.id) == Cursor("0-0", "0-0", "awaiting_review", "a1")
+    (second,) = watch.advance([[], [], _state("awaiting_review", {"review_id": "b2"})])
+    assert second.kind == "status" and second.data["review_id"] == "b2"
+    assert second.id == "0-0/0-0/awaiting_review/b2"
+    assert watch.advance([[], [], _state("awaiting_review", {"review_id": "b2"})]) == []
+    resumed = TaskWatch("t1", 0, Cursor.parse(first.id))
+    (caught_up,) = resumed.advance([[], [], _state("awaiting_review", {"review_id": "b2"})])
+    assert caught_up.data["review_id"] == "b2"
+    current = TaskWatch("t1", 0, Cursor.parse(second.id))
+    assert current.advance([[], [], _state("awaiting_review", {"review_id": "b2"})]) == []
+    (running,) = watch.advance([[], [], _state("running")])
+    assert running.id == "0-0/0-0/running" and running.data["review_id"] is None
