@@ -46,7 +46,7 @@ from coordinator.client import (
 )
 from coordinator.inbox.middleware import BodyLimit
 from coordinator.state import ReviewerError, TaskStatus
-from coordinator.watch import CursorError, TaskEvent
+from coordinator.watch import Cursor, CursorError, TaskEvent
 from orga.embedded import EmbeddedRuntime
 from orga.inbox import SignalledServer, serve_announced
 from orga.redis_client import RedisClients
@@ -317,12 +317,12 @@ def _task_routes(app: FastAPI, client: AsyncOrgaClient, guard: Any) -> None:
         """Server-Sent Events of the task (journal, status, token, stream_restarted) until it
         ends; resume with ``Last-Event-ID`` (or ``?after=``)."""
         cursor = last_event_id or after
-        real = await _accepted(client, task_id)
-        stream = client.events(real, after=cursor)
-        first = await _call(
-            _first(stream)
-        )  # an unknown task or a bad cursor: an error, not a stream
-        return EventSourceResponse(_sse(first, stream), ping=15)
+        await _call(_parsed(cursor))  # a bad cursor: a 400, not a stream
+        real = await _accepted(client, task_id)  # an unknown task: a 404, not a stream
+        # The response starts at once: a resumed watch of a quiet task (one awaiting review
+        # for hours) has no event to send, and the pings keep it alive and notice a client
+        # that left (no event awaited before the headers).
+        return EventSourceResponse(_sse(client.events(real, after=cursor)), ping=SSE_PING_S)
 
 
 ACCEPT_WAIT_S = 10.0
@@ -356,23 +356,20 @@ def _with_key(task: TaskSpec, key: str) -> TaskSpec:
     return task.model_copy(update={"idempotency_key": key})
 
 
-_END = object()
+SSE_PING_S = 15
+"""How often a task's event stream sends a comment (``: ping``) while no event comes."""
 
 
-async def _first(stream: AsyncIterator[Any]) -> Any:
-    """The first event of a stream (``_END`` when it has none): errors raised before any."""
+async def _parsed(cursor: str | None) -> Cursor:
+    return Cursor.parse(cursor)
+
+
+async def _sse(stream: AsyncIterator[TaskEvent]) -> AsyncIterator[ServerSentEvent]:
     try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        return _END
-
-
-async def _sse(first: Any, stream: AsyncIterator[Any]) -> AsyncIterator[ServerSentEvent]:
-    if first is _END:
+        async for event in stream:
+            yield _as_sse(event)
+    except TaskNotFoundError:  # purged between the check and the first read: nothing to send
         return
-    yield _as_sse(first)
-    async for event in stream:
-        yield _as_sse(event)
 
 
 def _as_sse(event: TaskEvent) -> ServerSentEvent:

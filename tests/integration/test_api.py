@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from coordinator.client import task_text
+from orga.api import SSE_PING_S
 from shared.task_spec import load_task_file
 from tests.integration.harness import (
     REPO,
@@ -345,3 +347,57 @@ def test_a_held_call_is_edited_through_the_api(api: httpx.Client, cluster: Clust
     (decision,) = [e["event"] for e in journal if e["event"]["type"] == "CallDecided"]
     assert decision["decision"] == "edit" and decision["decided_by"] == "api:bob", decision
     assert json.loads(decision["arguments_after"]) == edited
+
+
+def test_resuming_the_events_of_a_quiet_task_answers_at_once(api: httpx.Client) -> None:
+    """A task awaiting review sends nothing new: a client resuming with the last event's id
+    gets the response's headers at once (not after the next event, which may be hours away)
+    and a ping comment while nothing happens; an unknown task is still a 404 and a bad
+    cursor a 400, before any stream."""
+    task = {
+        "goal": "ship the fix",
+        "provider": {
+            "kind": "scripted",
+            "replies": [{"tool_calls": [{"name": "run_command", "arguments": {
+                "command": "git push origin main"}}]}, "shipped"],
+        },
+        "steps": [{"id": "ship", "instruction": "push the branch"}],
+        "policy": {"require_approval": ["run_command:git push*"]},
+        "stagnation": {"enabled": False},
+    }  # fmt: skip
+    task_id = _submit(api, task)
+    with api.stream("GET", f"/v1/tasks/{task_id}/events") as response:
+        seen = []
+        for event in _events_until(response, "awaiting_review"):
+            seen.append(event)
+    resume = {"Last-Event-ID": seen[-1]["id"]}
+    started = time.monotonic()
+    with api.stream(
+        "GET", f"/v1/tasks/{task_id}/events", headers=resume, timeout=SSE_PING_S + 20
+    ) as response:
+        assert response.status_code == 200 and time.monotonic() - started < 5
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        first = next(line for line in lines if line)
+        assert first.startswith(":") and "ping" in first, first  # a comment, not an event
+    assert time.monotonic() - started < SSE_PING_S + 15
+    assert api.get("/v1/tasks/nope-0/events", headers=resume).status_code == 404
+    bad = api.get(f"/v1/tasks/{task_id}/events", headers={"Last-Event-ID": "yesterday"})
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "Last-Event-ID"
+    assert api.post(f"/v1/tasks/{task_id}/cancel").status_code == 202
+
+
+def _events_until(response: httpx.Response, status: str) -> Iterator[dict[str, Any]]:
+    """The events of a streamed response up to the status event ``status`` (included)."""
+    current: dict[str, Any] = {}
+    for line in response.iter_lines():
+        if not line:
+            if "event" in current:
+                yield current
+                if current["event"] == "status" and current["data"]["status"] == status:
+                    return
+            current = {}
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        current[name] = json.loads(value) if name == "data" else value
