@@ -3,8 +3,9 @@
 Reasoning workers write them (:mod:`workers.token_stream`, which documents the fields);
 ``orga run``, ``orga journal --follow``, the inbox and the API read them with
 :func:`token_entry`. A watcher shows the ``token`` texts of one answer in order, starts that
-answer over on ``stream_restarted`` (never joining two answers), and knows it whole at
-``stream_done``; :class:`AnswerView` does exactly that.
+answer over on ``stream_restarted`` or a newer attempt (never joining two answers), drops the
+entries of an attempt older than one it saw of the same answer (an old attempt still
+streaming), and knows it whole at ``stream_done``; :class:`AnswerView` does exactly that.
 """
 
 from __future__ import annotations
@@ -78,14 +79,25 @@ class AnswerView:
     restarts: int = 0
     answer: tuple[str, int, str] | None = field(default=None)
     """(step, iteration, purpose) of the answer shown."""
+    attempt: int = 0
+    """The attempt of the answer shown."""
+    highest: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    """The highest attempt seen of each answer: an older attempt that keeps streaming (its
+    worker was thought dead, the call sent again) is dropped, never joined to the newer one."""
 
     def apply(self, entry: TokenEntry) -> None:
-        """Take one entry: a piece appends, a restart or a new answer starts over."""
+        """Take one entry: a piece appends, a restart or a new answer starts over; an entry of
+        an attempt older than one seen of the same answer is dropped."""
         answer = (entry.step, entry.iteration, entry.purpose)
-        if answer != self.answer or entry.kind == "stream_restarted":
+        if entry.attempt < self.highest.get(answer, entry.attempt):
+            return
+        self.highest[answer] = entry.attempt
+        newer = answer == self.answer and entry.attempt > self.attempt
+        if answer != self.answer or entry.kind == "stream_restarted" or newer:
             if answer == self.answer:
                 self.restarts += 1
             self.answer, self.text, self.done = answer, "", False
+            self.attempt = entry.attempt
         if entry.kind == "token":
             self.text += entry.text
         elif entry.kind == "stream_done":

@@ -4,6 +4,7 @@ s, each tool result folded under its line), on a real deployment with a streamin
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from orga.embedded_redis import EmbeddedRedis
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import Cluster, Process, status_of, wait_until
+from tests.integration.harness import REPO, Cluster, Process, status_of, wait_until
 from tests.integration.test_inbox import (  # the browser fixture and the inbox's settings
     ORGA,
     TOKEN,
@@ -107,4 +108,53 @@ def test_the_task_page_streams_the_answer_and_reads_as_a_timeline(
     expect(result.locator("pre")).to_be_visible()
     expect(result.locator("pre")).to_contain_text("a.txt")
     page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
+    context.close()
+
+
+def test_the_live_answer_drops_an_old_attempt_still_streaming(chromium: Any) -> None:  # noqa: F811
+    """inbox.js in a real browser, its tokens endpoint answered by the test: attempt 0 of an
+    answer keeps streaming after attempt 1 started; its late pieces are dropped, never joined
+    to attempt 1's (as ``AnswerView`` does)."""
+    from playwright.sync_api import expect
+
+    def entry(kind: str, attempt: int, text: str = "") -> dict[str, Any]:
+        return {"kind": kind, "step": "s", "iteration": 1, "attempt": attempt,
+                "purpose": "act", "text": text}  # fmt: skip
+
+    entries = [
+        entry("token", 0, "old "),
+        entry("stream_restarted", 1),
+        entry("token", 1, "new "),
+        entry("token", 0, "stale "),
+        entry("stream_restarted", 0),
+        entry("token", 1, "answer"),
+        entry("stream_done", 1),
+    ]
+    for number, found in enumerate(entries):
+        found["id"] = f"{number + 1}-0"
+    script = (REPO / "coordinator" / "inbox" / "static" / "inbox.js").read_text()
+    page_html = (
+        '<html><head><script src="/static/inbox.js"></script></head>'
+        '<body><pre id="live-answer" data-tokens="/tokens"></pre></body></html>'
+    )
+
+    def answer(route: Any) -> None:
+        url = route.request.url
+        if url.endswith("/static/inbox.js"):
+            route.fulfill(body=script, content_type="text/javascript")
+        elif "/tokens" in url:
+            first = url.endswith("after=0-0")
+            body = {"entries": entries if first else [], "ended": True}
+            route.fulfill(body=json.dumps(body), content_type="application/json")
+        else:
+            route.fulfill(body=page_html, content_type="text/html")
+
+    context = chromium.new_context()
+    page = context.new_page()
+    page.route("http://inbox.test/**", answer)
+    page.goto("http://inbox.test/page")
+    live = page.locator("#live-answer")
+    expect(live).to_have_attribute("data-done", "s/1/act")
+    text = page.locator("#live-answer .answer-text").inner_text()
+    assert text == "new answer", live.inner_text()
     context.close()

@@ -44,3 +44,20 @@ def test_a_watcher_shows_one_whole_answer() -> None:
     assert (view.text, view.done, view.restarts) == ("whole answer", True, 1)
     view.apply(_entry("token", "next", iteration=2))
     assert (view.text, view.done, view.answer) == ("next", False, ("s", 2, "act"))
+
+
+def test_an_old_attempt_still_streaming_is_dropped() -> None:
+    """Attempt 0 of an answer keeps streaming after attempt 1 started (its worker was thought
+    dead): its late pieces are dropped, never joined to attempt 1's; attempt 1's first piece
+    starts the answer over even before its ``stream_restarted``."""
+    view = AnswerView()
+    view.apply(_entry("token", "old "))
+    view.apply(_entry("token", "new ", attempt=1))
+    assert (view.text, view.restarts) == ("new ", 1)
+    view.apply(_entry("token", "stale", attempt=0))
+    view.apply(_entry("stream_restarted", attempt=0))
+    view.apply(_entry("token", "answer", attempt=1))
+    view.apply(_entry("stream_done", attempt=0))
+    assert (view.text, view.done) == ("new answer", False)
+    view.apply(_entry("stream_done", attempt=1))
+    assert (view.text, view.done, view.attempt) == ("new answer", True, 1)

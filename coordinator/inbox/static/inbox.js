@@ -17,15 +17,19 @@
   }
 
   // The model's answer as it streams (the task's tokens stream, docs/protocol.md): each
-  // answer (step, iteration, purpose) replaces the one before; stream_restarted starts it over,
-  // so two attempts of one answer are never joined. Text is set with textContent (no HTML).
+  // answer (step, iteration, purpose) replaces the one before; stream_restarted or a newer
+  // attempt starts it over, and the entries of an attempt older than one seen of the same
+  // answer (an old attempt still streaming) are dropped, so two attempts of one answer are
+  // never joined (shared/tokens.py AnswerView does the same). Text is set with textContent.
   var TOKENS_MS = 300;
 
   function follow(element) {
     var url = element.getAttribute("data-tokens");
     var after = "0-0";
     var answer = null;
+    var attempt = 0;
     var text = null;
+    var highest = {};
 
     function head(label, className) {
       var span = document.createElement("span");
@@ -36,7 +40,11 @@
 
     function apply(entry) {
       var key = entry.step + "/" + entry.iteration + "/" + entry.purpose;
-      if (key !== answer || entry.kind === "stream_restarted") {
+      var tried = Number(entry.attempt);
+      if (Object.prototype.hasOwnProperty.call(highest, key) && tried < highest[key]) { return; }
+      highest[key] = tried;
+      var newer = key === answer && tried > attempt;
+      if (key !== answer || entry.kind === "stream_restarted" || newer) {
         element.textContent = "";
         var label = entry.step + " · iteration " + entry.iteration;
         if (entry.purpose !== "act") { label += " · " + entry.purpose; }
@@ -48,6 +56,7 @@
         text.className = "answer-text";
         element.appendChild(text);
         answer = key;
+        attempt = tried;
       }
       if (entry.kind === "token") { text.textContent += entry.text; }
       if (entry.kind === "stream_done") { element.setAttribute("data-done", key); }
