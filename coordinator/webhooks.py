@@ -9,13 +9,18 @@ webhook``, the URL without credentials or query, never the secret) once ``deadli
 passed since the event. The entry is acknowledged when every post of it was accepted or
 dead-lettered.
 
-A receiver that hangs costs one awaiting socket until ``timeout_s``: the coordinator's loop
-never waits for it, and the other posts go on (each post is its own asyncio task, at most
-``concurrency`` at a time). A deliverer that dies leaves its entries pending in the group;
+A receiver that hangs, or answers one byte at a time, costs one awaiting socket until
+``timeout_s``: a total timeout over the whole post (connecting, sending, the answer's headers and
+the first ``response_read_max`` bytes of its body, the rest discarded unread). The coordinator's
+loop never waits for it, and the other posts go on: each post is its own asyncio task, at most
+``concurrency`` at a time *per subscription* (a receiver that hangs holds its own slots, never
+another's). At most ``max_in_flight`` entries are delivered at once: past that the deliverer
+reads no new entries until some are done (they wait in the stream, not in memory). A deliverer
+that dies leaves its entries pending in the group;
 another (or itself, restarted) takes them over after ``claim_idle_ms`` (``XAUTOCLAIM``), so
 deliveries survive a restart: at least once, with the same ``X-Orga-Delivery`` id each time,
 for the receiver to drop a duplicate. A live deliverer keeps its entries from being taken over
-by claiming them again (``XCLAIM``) while it retries.
+by claiming them again (``XCLAIM``, ``claim_chunk`` ids per command) while it retries.
 """
 
 from __future__ import annotations
@@ -72,16 +77,23 @@ class WebhookDeliverer:
     max_backoff_s: float = 300.0
     claim_idle_ms: int = 60_000
     concurrency: int = 32
+    """Posts in flight at once, per subscription."""
+    max_in_flight: int = 1024
+    """Entries being delivered at once; past it no new entries are read."""
+    response_read_max: int = 4096
+    """Bytes of a receiver's answer read at most (the rest is discarded unread)."""
+    claim_chunk: int = 256
+    """Entry ids per ``XCLAIM`` when this deliverer claims its own again."""
     block_ms: int = 1000
     transport: httpx.AsyncBaseTransport | None = None
     """The HTTP seam (tests may give an ``httpx.MockTransport``); None: the network."""
     name: str = field(default_factory=lambda: f"webhooks-{uuid.uuid4().hex[:12]}")
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _in_flight: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict, init=False)
-    _slots: asyncio.Semaphore = field(init=False)
+    _slots: list[asyncio.Semaphore] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._slots = asyncio.Semaphore(self.concurrency)
+        self._slots = [asyncio.Semaphore(self.concurrency) for _ in self.subscriptions]
 
     @property
     def streams(self) -> list[str]:
@@ -101,7 +113,10 @@ class WebhookDeliverer:
                     if time.monotonic() - last_claim > self.claim_idle_ms / 3000:
                         await self._keep_and_take_over(http)
                         last_claim = time.monotonic()
-                    await self._read(http)
+                    if len(self._in_flight) < self.max_in_flight:
+                        await self._read(http)
+                    else:  # full: read nothing new until some deliveries end
+                        await asyncio.sleep(min(self.block_ms, 100) / 1000)
                 except RedisError as exc:  # Redis away or restarted: the coordinator waits too
                     await self._recover(exc)
             for task in list(self._in_flight.values()):
@@ -126,8 +141,9 @@ class WebhookDeliverer:
 
     async def _read(self, http: httpx.AsyncClient) -> None:
         # one XREADGROUP on a Redis; one per partition's stream on a Redis Cluster
+        room = max(1, min(64, self.max_in_flight - len(self._in_flight)))
         rows = await read_group(
-            self.redis, keys.webhook_group, self.name, self.streams, count=64,
+            self.redis, keys.webhook_group, self.name, self.streams, count=room,
             block_ms=self.block_ms,
         )  # fmt: skip
         for stream, entries in rows:
@@ -139,11 +155,18 @@ class WebhookDeliverer:
         and take over those another left pending for ``claim_idle_ms``."""
         for stream in self.streams:
             mine: list[Any] = [entry_id for (s, entry_id) in self._in_flight if s == stream]
-            if mine:
-                await self.redis.xclaim(stream, keys.webhook_group, self.name, 0, mine, justid=True)
+            for at in range(0, len(mine), self.claim_chunk):
+                chunk = mine[at : at + self.claim_chunk]
+                await self.redis.xclaim(
+                    stream, keys.webhook_group, self.name, 0, chunk, justid=True
+                )
+            room = self.max_in_flight - len(self._in_flight)
+            if room <= 0:
+                continue  # full: what others left pending waits for room
             reply = await self.redis.xautoclaim(
-                stream, keys.webhook_group, self.name, self.claim_idle_ms, "0-0", count=100
-            )
+                stream, keys.webhook_group, self.name, self.claim_idle_ms, "0-0",
+                count=min(100, room),
+            )  # fmt: skip
             for entry_id, fields in cast("list[Any]", reply[1] if reply else []):
                 await self._start(http, stream, _text(entry_id), fields)
 
@@ -213,15 +236,30 @@ class WebhookDeliverer:
             at = int(time.time())
             headers[TIMESTAMP_HEADER] = str(at)
             headers[SIGNATURE_HEADER] = sign(subscription.secret.get_secret_value(), at, content)
-        async with self._slots:
+        url = str(subscription.url)
+        async with self._slots[self.subscriptions.index(subscription)]:
             try:
-                response = await http.post(str(subscription.url), content=content, headers=headers)
+                async with asyncio.timeout(self.timeout_s):  # the whole post, not one read
+                    status = await self._send(http, url, content, headers)
+            except TimeoutError:
+                return f"not answered in full within {self.timeout_s:g}s"
             except httpx.HTTPError as exc:  # its text may quote the URL: shown without secrets
-                url = str(subscription.url)
                 return f"{type(exc).__name__}: {str(exc).replace(url, public_url(url))[:200]}"
-        if 200 <= response.status_code < 300:
+        if 200 <= status < 300:
             return None
-        return f"HTTP {response.status_code}"
+        return f"HTTP {status}"
+
+    async def _send(
+        self, http: httpx.AsyncClient, url: str, content: bytes, headers: dict[str, str]
+    ) -> int:
+        """Post, read at most ``response_read_max`` bytes of the answer; its status."""
+        async with http.stream("POST", url, content=content, headers=headers) as response:
+            read = 0
+            async for chunk in response.aiter_bytes():
+                read += len(chunk)
+                if read >= self.response_read_max:
+                    break  # the rest is discarded: the connection is closed, not drained
+            return response.status_code
 
     async def _dead_letter(self, entry: _Entry, url: str, attempts: int, error: str) -> None:
         stream, entry_id, body = entry.stream, entry.entry_id, entry.body

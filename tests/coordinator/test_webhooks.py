@@ -182,3 +182,160 @@ def test_a_deliverer_outlives_redis_losing_its_group(redis_client: RedisClientFa
         assert json.loads(seen[0].content)["task_id"] == "t4"
 
     asyncio.run(scenario())
+
+
+class _Receivers:
+    """A real local HTTP server (asyncio, raw sockets): ``/drip`` answers 200 then its body
+        one byte every 0.1 s for a minute; ``/big`` answers 200 and the first 64 KiB of a 1 GB body,
+    then nothing; ``/hang`` never answers; anything else 204 at once.
+        Each request's path, as it arrived, in ``seen``."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, float]] = []
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> _Receivers:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode()
+            path = head.split(" ", 2)[1]
+            length = next((int(line.split(":", 1)[1]) for line in head.split("\r\n")
+                           if line.lower().startswith("content-length:")), 0)  # fmt: skip
+            await reader.readexactly(length)
+            self.seen.append((path, time.monotonic()))
+            if path.startswith("/hang"):
+                await asyncio.sleep(60)
+            elif path.startswith("/big"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                await asyncio.sleep(60)
+            elif path.startswith("/drip"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 600\r\n\r\n")
+                for _ in range(600):
+                    writer.write(b".")
+                    await writer.drain()
+                    await asyncio.sleep(0.1)
+            else:
+                writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+def test_a_dripping_receiver_is_cut_at_the_timeout_and_retried(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A receiver answering one byte every 0.1 s (each read well within ``timeout_s``): the
+    post is cut ``timeout_s`` after it started, and retried."""
+
+    async def scenario() -> list[float]:
+        async with redis_client() as redis, _Receivers() as receivers:
+            deliverer = WebhookDeliverer(redis, [_hook(f"{receivers.url}/drip")], timeout_s=0.5,
+                                         first_backoff_s=0.1, block_ms=50)  # fmt: skip
+            task = await _started(deliverer)
+            await redis.xadd(EVENTS, {"task_id": "t5", "event": "completed"})
+
+            async def retried() -> bool:
+                return len(receivers.seen) >= 2
+
+            try:
+                await _until(retried, timeout_s=8)
+            finally:
+                deliverer.stop()
+                await task
+            return [at for _, at in receivers.seen]
+
+    first, second, *_ = asyncio.run(scenario())
+    assert 0.5 <= second - first < 3, second - first  # cut at 0.5 s, retried 0.1 s later
+
+
+def test_a_hanging_receiver_does_not_delay_another_subscriptions_deliveries(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Two subscriptions, two posts in flight each: one receiver never answers (its posts wait
+    out a long timeout), the other gets every event at once."""
+
+    async def scenario() -> None:
+        async with redis_client() as redis, _Receivers() as receivers:
+            hooks = [_hook(f"{receivers.url}/hang"), _hook(f"{receivers.url}/ok")]
+            deliverer = WebhookDeliverer(redis, hooks, timeout_s=30, concurrency=2, block_ms=50)
+            task = await _started(deliverer)
+            for number in range(6):
+                await redis.xadd(EVENTS, {"task_id": f"t{number}", "event": "completed"})
+
+            async def all_at_ok() -> bool:
+                return len([p for p, _ in receivers.seen if p == "/ok"]) == 6
+
+            try:
+                await _until(all_at_ok, timeout_s=5)
+            finally:
+                deliverer.stop()
+                await task
+            assert len([p for p, _ in receivers.seen if p == "/hang"]) == 2  # its own 2 slots
+
+    asyncio.run(scenario())
+
+
+def test_the_entries_in_flight_are_bounded(redis_client: RedisClientFactory) -> None:
+    """A receiver that never answers: the deliverer reads at most ``max_in_flight`` entries;
+    the others wait in the stream, unread (no growing memory)."""
+
+    async def scenario() -> None:
+        async with redis_client() as redis, _Receivers() as receivers:
+            deliverer = WebhookDeliverer(redis, [_hook(f"{receivers.url}/hang")], timeout_s=30,
+                                         max_in_flight=3, block_ms=50)  # fmt: skip
+            task = await _started(deliverer)
+            for number in range(10):
+                await redis.xadd(EVENTS, {"task_id": f"t{number}", "event": "completed"})
+
+            async def three() -> bool:
+                return len(receivers.seen) >= 3
+
+            try:
+                await _until(three)
+                await asyncio.sleep(0.5)
+                assert len(receivers.seen) == 3 and await _pending(redis) == 3
+            finally:
+                deliverer.stop()
+                await task
+
+    asyncio.run(scenario())
+
+
+def test_a_receivers_answer_is_read_only_so_far(redis_client: RedisClientFactory) -> None:
+    """A receiver accepting with a 1 GB body it sends slowly: the deliverer reads a few KB of
+    it, takes the 200 and acknowledges the entry, without waiting for (or keeping) the rest."""
+
+    async def scenario() -> None:
+        async with redis_client() as redis, _Receivers() as receivers:
+            deliverer = WebhookDeliverer(redis, [_hook(f"{receivers.url}/big")], timeout_s=5,
+                                         first_backoff_s=0.1, block_ms=50)  # fmt: skip
+            task = await _started(deliverer)
+            await redis.xadd(EVENTS, {"task_id": "t6", "event": "completed"})
+
+            async def acknowledged() -> bool:
+                return bool(receivers.seen) and await _pending(redis) == 0
+
+            try:
+                await _until(acknowledged, timeout_s=3)  # before the 5 s timeout
+            finally:
+                deliverer.stop()
+                await task
+            assert len(receivers.seen) == 1
+
+    asyncio.run(scenario())
