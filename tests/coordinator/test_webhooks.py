@@ -339,3 +339,44 @@ def test_a_receivers_answer_is_read_only_so_far(redis_client: RedisClientFactory
             assert len(receivers.seen) == 1
 
     asyncio.run(scenario())
+
+
+def test_a_deliverer_keeps_all_its_entries_claiming_them_by_chunks(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Five entries in flight (their receiver hangs), claimed again two ids per ``XCLAIM``
+    every third of ``claim_idle_ms``: every one stays this deliverer's and never idles longer
+    than that third (and a little), so none can be taken over from a live deliverer."""
+
+    async def scenario() -> list[int]:
+        async with redis_client() as redis, _Receivers() as receivers:
+            hang = _hook(f"{receivers.url}/hang")
+            deliverer = WebhookDeliverer(redis, [hang], timeout_s=30, claim_idle_ms=1500,
+                                         claim_chunk=2, block_ms=50)  # fmt: skip
+            task = await _started(deliverer)
+            for number in range(5):
+                await redis.xadd(EVENTS, {"task_id": f"t{number}", "event": "completed"})
+
+            async def five() -> bool:
+                return len(receivers.seen) == 5
+
+            idles: list[int] = []
+            try:
+                await _until(five)
+                for _ in range(30):  # 3 s: past claim_idle_ms, a claim missed would show
+                    rows = await redis.xpending_range(EVENTS, keys.webhook_group, "-", "+", 10)
+                    assert len(rows) == 5
+                    assert {_name(r["consumer"]) for r in rows} == {deliverer.name}
+                    idles.append(max(int(r["time_since_delivered"]) for r in rows))
+                    await asyncio.sleep(0.1)
+            finally:
+                deliverer.stop()
+                await task
+            return idles
+
+    idles = asyncio.run(scenario())
+    assert max(idles) < 1000, idles  # claimed every 0.5 s; XAUTOCLAIM alone: up to 1.5 s
+
+
+def _name(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
