@@ -275,3 +275,24 @@ def test_an_idle_connection_is_closed_and_started_again_when_needed(tmp_path: Pa
             await sessions.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_failing_server_s_error_quotes_no_credential(tmp_path: Path) -> None:
+    """A deployment server may hold credentials in its URL or argv: the error that reaches the
+    journal names the server without userinfo, query or a credential option's value."""
+    web = McpServerSpec(name="gone", url="http://me:hunter2@127.0.0.1:9/mcp?token=s3cr3t")
+    stdio = McpServerSpec(name="missing", command=["/nonexistent/mcp", "--api-key", "s3cr3t"])
+
+    async def scenario() -> None:
+        sessions = McpSessions(start_timeout_s=20)
+        try:
+            for spec in (web, stdio):
+                listing = await sessions.list_tools("t1", [spec], tmp_path, 20)
+                assert listing.error is not None and f"'{spec.name}'" in listing.error
+                assert "s3cr3t" not in listing.error and "hunter2" not in listing.error
+            again = await sessions.list_tools("t1", [web], tmp_path, 20)
+            assert again.error is not None and "http://127.0.0.1:9/mcp?***" in again.error
+        finally:
+            await sessions.aclose()
+
+    asyncio.run(scenario())

@@ -68,6 +68,8 @@ from shared.mcp import (
     McpToolEntry,
     is_mcp_tool,
     offered_tool_name,
+    redact_command,
+    redact_url,
 )
 from workers.tools import launcher
 from workers.tools.base import Tool, ToolContext, ToolOutput
@@ -297,7 +299,12 @@ class McpConnection:
             self._stderr.close()
 
     def _describe(self, cause: str) -> str:
-        where = f"command {self.spec.command!r}" if self.spec.command else f"url {self.spec.url!r}"
+        spec = self.spec
+        where = (
+            f"command {redact_command(spec.command)!r}"
+            if spec.command
+            else f"url {redact_url(spec.url or '')!r}"
+        )
         tail = self.stderr_tail()
         said = f"; its stderr ends with: {tail!r}" if tail else ""
         return f"MCP server {self.spec.name!r} ({where}): {cause}{said}"
