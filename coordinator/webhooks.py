@@ -7,8 +7,8 @@ signed), retries a post that fails (an error, a timeout, an answer other than 2x
 exponential back-off, and dead-letters it to the partition's dead-letter stream (``kind:
 webhook``, the URL without credentials or query, never the secret) once ``deadline_s`` has
 passed since the event. Every field of an event (a failure's ``error``, an abort's
-``reason``) is redacted with the coordinator's redactor before it is posted. The entry is acknowledged when every post of it was accepted or
-dead-lettered.
+``reason``) is redacted with the coordinator's redactor before it is posted. The entry is
+acknowledged when every post of it was accepted or dead-lettered.
 
 A receiver that hangs costs one awaiting socket until ``timeout_s``: the coordinator's loop
 never waits for it, and the other posts go on (each post is its own asyncio task, at most

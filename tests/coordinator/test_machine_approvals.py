@@ -263,9 +263,7 @@ def test_held_and_decided_call_arguments_are_redacted_and_capped(
     effects = _apply(
         record,
         4.0,
-        lambda m: m.on_review_decision(
-            _review_id(record), "edit", f"use {secret}", "ann", edited
-        ),
+        lambda m: m.on_review_decision(_review_id(record), "edit", f"use {secret}", "ann", edited),
     )
     (decided,) = [e.event for e in effects.journal if isinstance(e.event, CallDecided)]
     texts = [decided.arguments_before, decided.arguments_after or "", decided.message or ""]
