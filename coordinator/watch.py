@@ -200,10 +200,16 @@ def _text(value: Any) -> str:
 
 
 def _rows(entries: Any) -> list[tuple[str, dict[str, str]]]:
-    return [
-        (_text(entry_id), {_text(k): _text(v) for k, v in (fields or {}).items()})
-        for entry_id, fields in entries or []
-    ]
+    return [(_text(entry_id), _fields(fields)) for entry_id, fields in entries or []]
+
+
+def _fields(fields: Any) -> dict[str, str]:
+    """An entry's fields: a dict, or the flat ``[name, value, ...]`` list Redis sends, which
+    redis-py's cluster transaction pipeline hands over without its usual parsing."""
+    if isinstance(fields, dict):
+        return {_text(k): _text(v) for k, v in fields.items()}
+    flat = list(fields or [])
+    return {_text(k): _text(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def _stream_rows(reply: Any) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:

@@ -6,8 +6,9 @@ one deliverer), posts each event a subscription asked for (:mod:`shared.webhooks
 signed), retries a post that fails (an error, a timeout, an answer other than 2xx) with
 exponential back-off, and dead-letters it to the partition's dead-letter stream (``kind:
 webhook``, the URL without credentials or query, never the secret) once ``deadline_s`` has
-passed since the event. The entry is acknowledged when every post of it was accepted or
-dead-lettered.
+passed since the event. Every field of an event (a failure's ``error``, an abort's
+``reason``) is redacted with the coordinator's redactor before it is posted. The entry is
+acknowledged when every post of it was accepted or dead-lettered.
 
 A receiver that hangs, or answers one byte at a time, costs one awaiting socket until
 ``timeout_s``: a total timeout over the whole post (connecting, sending, the answer's headers and
@@ -41,6 +42,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from coordinator.streams import read_group
 from shared import keys
+from shared.redaction import Redactor
 from shared.webhooks import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -87,6 +89,9 @@ class WebhookDeliverer:
     block_ms: int = 1000
     transport: httpx.AsyncBaseTransport | None = None
     """The HTTP seam (tests may give an ``httpx.MockTransport``); None: the network."""
+    redactor: Redactor = field(default_factory=lambda: Redactor(()))
+    """The coordinator's (its settings' secrets): every field of a lifecycle event (a failure's
+    ``error``, an abort's ``reason``) is redacted with it before it is posted to a receiver."""
     name: str = field(default_factory=lambda: f"webhooks-{uuid.uuid4().hex[:12]}")
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _in_flight: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict, init=False)
@@ -183,7 +188,8 @@ class WebhookDeliverer:
         if kind is None or not targets:
             await self.redis.xack(stream, keys.webhook_group, entry_id)
             return
-        entry = _Entry(stream, entry_id, _payload(entry_id, kind, fields))
+        clean = {k: self.redactor.redact(v) for k, v in fields.items()}
+        entry = _Entry(stream, entry_id, _payload(entry_id, kind, clean))
         self._in_flight[(stream, entry_id)] = asyncio.create_task(
             self._deliver(http, entry, targets)
         )

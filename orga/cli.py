@@ -115,7 +115,37 @@ def _fail(prefix: str, message: object, code: int) -> typer.Exit:
 
 
 def _settings() -> OrgaSettings:
-    return OrgaSettings()
+    """The settings, with the secrets this command handed itself before it ran again without
+    them in its environment (:func:`_hand_off_model_keys`)."""
+    return OrgaSettings(**_handed_secrets())
+
+
+_HANDED_SECRETS: dict[str, Any] | None = None
+
+
+def _handed_secrets() -> dict[str, Any]:
+    """The :data:`~workers.key_handoff.PROCESS_SECRET_VARIABLES` this command wrote into the
+    socket :data:`~workers.key_handoff.SECRETS_FD_VARIABLE` names, as settings fields; read
+    once, at the process edge, and the socket closed (before any worker starts)."""
+    global _HANDED_SECRETS  # noqa: PLW0603 - read once per process, like the environment
+    if _HANDED_SECRETS is None:
+        text = os.environ.pop(key_handoff.SECRETS_FD_VARIABLE, "").strip()
+        secrets = key_handoff.receive(int(text), key_handoff.SECRETS_FD_VARIABLE) if text else {}
+        fields: dict[str, Any] = {}
+        for name, value in secrets.items():
+            field = name.removeprefix("ORGA_").lower()
+            fields[field] = _json_or_text(value) if field == "webhooks" else value
+        _HANDED_SECRETS = fields
+    return _HANDED_SECRETS
+
+
+def _json_or_text(value: str) -> Any:
+    """``value`` parsed as JSON (as the settings parse a list from the environment); the
+    text itself when it is not JSON, for the settings to refuse with their own message."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def _deployment(settings: OrgaSettings) -> OrgaClient:
@@ -219,15 +249,23 @@ CANCEL_WAIT_S = 30.0
 
 def _hand_off_model_keys(settings: OrgaSettings) -> list[int] | None:
     """Before this command starts the embedded runtime's workers, of which it is then an
-    ancestor: keep its model keys out of its ``/proc/PID/environ`` (which ``os.environ.pop``
-    does not change). When the environment holds keys, they go into one socket per reasoning
-    worker and the command runs again in the same process (``execve``) without them; it
-    returns those sockets, for :class:`EmbeddedRuntime` to hand over."""
+    ancestor: keep its model keys and the serving side's secrets (API tokens, webhooks, the
+    inbox's credentials) out of its ``/proc/PID/environ`` (which ``os.environ.pop`` does not
+    change). When the environment holds any, the keys go into one socket per reasoning
+    worker, the other secrets into one socket for this command itself, and the command runs
+    again in the same process (``execve``) without them; it returns the key sockets, for
+    :class:`EmbeddedRuntime` to hand over (:func:`_settings` reads the secrets back)."""
     keys = key_handoff.model_keys(os.environ)
-    if keys:
-        fds = [key_handoff.send(keys) for _ in range(settings.reasoning_processes)]
+    secrets = key_handoff.process_secrets(os.environ)
+    if keys or secrets:
         env = key_handoff.without_keys(os.environ)
-        env[key_handoff.KEYS_FD_VARIABLE] = ",".join(str(fd) for fd in fds)
+        if keys:
+            fds = [key_handoff.send(keys) for _ in range(settings.reasoning_processes)]
+            env[key_handoff.KEYS_FD_VARIABLE] = ",".join(str(fd) for fd in fds)
+        elif key_handoff.KEYS_FD_VARIABLE in os.environ:
+            env[key_handoff.KEYS_FD_VARIABLE] = os.environ[key_handoff.KEYS_FD_VARIABLE]
+        if secrets:
+            env[key_handoff.SECRETS_FD_VARIABLE] = str(key_handoff.send(secrets))
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, sys.orig_argv, env)  # noqa: S606 - this same command

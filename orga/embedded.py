@@ -83,6 +83,7 @@ def webhook_deliverer(settings: OrgaSettings, redis: Redis) -> WebhookDeliverer 
         deadline_s=settings.webhook_deadline_s,
         timeout_s=settings.webhook_timeout_s,
         claim_idle_ms=settings.webhook_claim_idle_ms,
+        redactor=Redactor(secret_values(settings)),
     )
 
 

@@ -10,11 +10,11 @@ orga.supervisor``, which holds about 10 MB.
 
 The commands reach it in the environment variable :data:`COMMANDS_VARIABLE`, as JSON: each
 child's argv, the variables of the supervisor's environment it must not inherit, the few it
-sets, and the file descriptors it inherits. No model key is in the supervisor's environment,
-nor in any child's: each reasoning worker inherits a socket holding the keys
-(:mod:`workers.key_handoff`), which the supervisor closes as soon as that worker has started,
-before it starts the tool worker. :func:`start` and :func:`stop` are also what the embedded
-runtime uses.
+sets, and the file descriptors it inherits. No model key (nor API token, webhook or inbox
+secret) is in the supervisor's environment, nor in any child's: each reasoning worker
+inherits a socket holding the keys (:mod:`workers.key_handoff`), which the supervisor closes
+as soon as that worker has started, before it starts the tool worker. :func:`start` and
+:func:`stop` are also what the embedded runtime uses.
 """
 
 from __future__ import annotations

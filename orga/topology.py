@@ -11,10 +11,12 @@ Tool calls may burn CPU or block: a tool worker runs the prefork pool with
 in its environment: each reasoning worker gets the keys through a socket of its own
 (:mod:`workers.key_handoff`), so neither the supervisor of ``--role all`` nor the ``orga run``
 that starts the embedded runtime, both ancestors of every agent command, holds one in its
-``/proc/PID/environ``. That is not isolation from a process of the same user that may read the
-reasoning worker's memory (``ptrace``, when the system's Yama policy allows it): to keep a key
-from the agents' commands against that too, run the tool workers as another user or in another
-container, as the compose file does.
+``/proc/PID/environ``. Nor does any worker's or the supervisor's environment hold the serving
+side's secrets (:data:`workers.key_handoff.PROCESS_SECRET_VARIABLES`: API tokens, webhooks,
+the inbox's credentials), which no worker needs. That is not isolation from a process of the
+same user that may read the reasoning worker's memory (``ptrace``, when the system's Yama
+policy allows it): to keep a key from the agents' commands against that too, run the tool
+workers as another user or in another container, as the compose file does.
 
 This module builds the commands only (no Celery import): ``orga worker`` and the embedded
 runtime start them.
@@ -87,7 +89,8 @@ def worker_command(
 ) -> WorkerCommand:
     """The command of one reasoning or tool worker; ``extra`` (Celery's own options) last,
     so that an operator's ``-c`` or ``-P`` wins. Its environment is ``environ`` without model
-    keys; a reasoning worker gets them from the socket ``key_fd`` (:func:`key_handoff.send`)."""
+    keys and the serving side's secrets (:func:`key_handoff.without_keys`); a reasoning worker
+    gets the keys from the socket ``key_fd`` (:func:`key_handoff.send`)."""
     if role is Role.ALL:
         raise ValueError("worker_command takes one role; use worker_commands for 'all'")
     reasoning = role is Role.REASONING

@@ -226,6 +226,29 @@ class CallHeld(_Event):
     reason: str
     deadline: datetime
 
+    @classmethod
+    def of(
+        cls,
+        *,
+        review_id: str,
+        call_id: str,
+        tool: str,
+        arguments: str,
+        reason: str,
+        deadline: datetime,
+        redactor: Redactor | None,
+    ) -> CallHeld:
+        """The event for one held call, its arguments and reason redacted and capped (as a
+        tool's result is: a held call's arguments may carry a secret the model read)."""
+        return cls(
+            review_id=review_id,
+            call_id=call_id,
+            tool=tool,
+            arguments=_capped(arguments, redactor),
+            reason=_capped(reason, redactor),
+            deadline=deadline,
+        )
+
 
 class CallDecided(_Event):
     """A held call was decided: ``approve`` (run as proposed), ``edit`` (run with
@@ -241,6 +264,32 @@ class CallDecided(_Event):
     arguments_before: str
     arguments_after: str | None = None
     message: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        review_id: str,
+        call_id: str,
+        tool: str,
+        decision: str,
+        decided_by: str,
+        arguments_before: str,
+        arguments_after: str | None,
+        message: str | None,
+        redactor: Redactor | None,
+    ) -> CallDecided:
+        """The event for one decision, its arguments and message redacted and capped."""
+        return cls(
+            review_id=review_id,
+            call_id=call_id,
+            tool=tool,
+            decision=decision,
+            decided_by=_capped(decided_by, redactor),
+            arguments_before=_capped(arguments_before, redactor),
+            arguments_after=None if arguments_after is None else _capped(arguments_after, redactor),
+            message=None if message is None else _capped(message, redactor),
+        )
 
 
 class ReferenceFailure(_Event):

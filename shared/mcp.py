@@ -27,6 +27,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -47,6 +48,8 @@ __all__ = [
     "is_mcp_tool",
     "offered_tool_name",
     "parse_mcp_servers",
+    "redact_command",
+    "redact_url",
     "split_tool_name",
 ]
 
@@ -60,6 +63,76 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _CREDENTIAL = re.compile(
     r"(^ORGA_)|(^AWS_)|KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.IGNORECASE
 )
+
+_CREDENTIAL_PARAM = re.compile(
+    r"TOKEN|KEY|SECRET|PASSW|AUTH|SIG|CREDENTIAL|COOKIE|SESSION", re.IGNORECASE
+)
+"""A URL query parameter whose name says it carries a credential (``token``, ``api_key``,
+``X-Amz-Signature``, ``password``, ``auth``)."""
+_CREDENTIAL_FLAG = re.compile(
+    r"^--?[\w-]*(?:token|api[-_]?key|secret|passw(?:or)?d|credential|auth)[\w-]*$",
+    re.IGNORECASE,
+)
+"""An argv option whose name says it takes a credential (``--token``, ``--api-key``,
+``--password``, ``--client-secret``)."""
+_NAMES_A_PLACE = re.compile(r"[-_](?:file|path|env|var|dir)$", re.IGNORECASE)
+"""``--token-file x``, ``--api-key-env NAME``: the option names where the secret is, not it."""
+_REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its userinfo and its query (what an error may quote)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "<url not shown>"
+    query = _REDACTED if parts.query else ""
+    return urlunsplit((parts.scheme, f"{host}{port}", parts.path, query, ""))
+
+
+def redact_command(command: Sequence[str]) -> list[str]:
+    """``command`` with the values of credential-looking options (``--token=x``,
+    ``--api-key x``) replaced by ``***`` (what an error may quote)."""
+    shown: list[str] = []
+    hide_next = False
+    for item in command:
+        flag, eq, _ = item.partition("=")
+        if hide_next:
+            shown.append(_REDACTED)
+            hide_next = False
+        elif _CREDENTIAL_FLAG.match(flag):
+            shown.append(f"{flag}={_REDACTED}" if eq else item)
+            hide_next = not eq
+        else:
+            shown.append(item)
+    return shown
+
+
+def _url_credential(url: str) -> str | None:
+    """What in ``url`` looks like a credential (userinfo, a credential query parameter)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    if parts.username is not None or parts.password is not None:
+        return "user information (user:password@)"
+    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+        if _CREDENTIAL_PARAM.search(name):
+            return f"the query parameter {name!r}"
+    return None
+
+
+def _argv_credential(command: Sequence[str]) -> str | None:
+    """The credential-looking option of ``command`` that carries a value, if any."""
+    for index, item in enumerate(command[1:], start=1):
+        flag, eq, value = item.partition("=")
+        if not _CREDENTIAL_FLAG.match(flag) or _NAMES_A_PLACE.search(flag):
+            continue
+        if (eq and value) or (not eq and index + 1 < len(command)):
+            return flag
+    return None
 
 
 class McpServerSpec(BaseModel):
@@ -106,7 +179,8 @@ class McpServerSpec(BaseModel):
     def _check_http(self) -> None:
         if not self.url or not re.match(r"\Ahttps?://[^/\s]+", self.url):
             raise ValueError(
-                f"MCP server {self.name!r}: url {self.url!r} is not an http(s) URL; "
+                f"MCP server {self.name!r}: url {redact_url(self.url or '')!r} is not an "
+                "http(s) URL; "
                 "write it as http://host:port/mcp"
             )
         if self.env or self.cwd is not None:
@@ -138,18 +212,26 @@ def check_unique_names(servers: Sequence[McpServerSpec], where: str) -> None:
 
 def check_no_credentials(servers: Sequence[McpServerSpec], where: str) -> None:
     """Raise ValueError when a server of a task or profile carries a credential (a header or
-    an environment variable whose name says so): a task is stored in Redis and its loop config
-    in the journal, so credentials belong in the workers' ``ORGA_MCP_SERVERS`` file."""
+    an environment variable whose name says so, user information or a credential-named query
+    parameter in its URL, a ``--token=…``/``--api-key …``/``--password …`` argument of its
+    command): a task is stored in Redis and its loop config in the journal, so credentials belong
+    in the workers' ``ORGA_MCP_SERVERS`` file."""
     for server in servers:
-        names = [("headers", n) for n in server.headers] + [("env", n) for n in server.env]
-        for field, name in names:
-            if _CREDENTIAL.search(name):
-                raise ValueError(
-                    f"{where}: MCP server {server.name!r} {field}.{name} looks like a "
-                    "credential, and a task file holds no secrets (it is stored in Redis and "
-                    "its config in the journal); declare the server in the workers' "
-                    "ORGA_MCP_SERVERS file instead"
-                )
+        found: list[str] = [
+            *(f"headers.{n}" for n in server.headers if _CREDENTIAL.search(n)),
+            *(f"env.{n}" for n in server.env if _CREDENTIAL.search(n)),
+        ]
+        if server.url is not None and (in_url := _url_credential(server.url)) is not None:
+            found.append(f"url {redact_url(server.url)!r} ({in_url})")
+        if server.command is not None and (flag := _argv_credential(server.command)):
+            found.append(f"command argument {flag} with a value")
+        if found:
+            raise ValueError(
+                f"{where}: MCP server {server.name!r} {found[0]} looks like a "
+                "credential, and a task file holds no secrets (it is stored in Redis and "
+                "its config in the journal); declare the server in the workers' "
+                "ORGA_MCP_SERVERS file instead"
+            )
 
 
 def combined_servers(

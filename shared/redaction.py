@@ -82,14 +82,32 @@ class Redactor:
 
 
 def secret_values(*models: BaseModel) -> list[str]:
-    """The values of every ``SecretStr`` field of ``models`` (settings objects), set or not."""
+    """The values of every ``SecretStr`` field of ``models`` (settings objects), set or not,
+    looked for in nested models and in lists too (the secret of each ``ORGA_WEBHOOKS`` entry).
+    A comma-separated value (``ORGA_API_TOKENS``) is a secret as a whole and each of its parts
+    is one: a single token is what an echo would show."""
     found: list[str] = []
     for model in models:
         for name in type(model).model_fields:
-            value = getattr(model, name)
-            if isinstance(value, SecretStr) and value.get_secret_value().strip():
-                found.append(value.get_secret_value().strip())
+            _collect(getattr(model, name), found)
     return found
+
+
+def _collect(value: object, found: list[str]) -> None:
+    """Append the secrets ``value`` holds (a SecretStr, a model, a list of them) to ``found``."""
+    if isinstance(value, SecretStr):
+        secret = value.get_secret_value().strip()
+        if secret:
+            found.append(secret)
+            parts = [part.strip() for part in secret.split(",") if part.strip()]
+            if len(parts) > 1:
+                found.extend(parts)
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _collect(getattr(value, name), found)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _collect(item, found)
 
 
 def _extent(text: str, start: int, form: str) -> int:

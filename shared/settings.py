@@ -169,7 +169,7 @@ class OrgaSettings(BaseSettings):
         default=300.0,
         gt=0,
         description="A task's MCP server process or HTTP session unused this long is closed "
-        "(a later call starts it again)",
+        "once its task is no longer active (a later call starts it again)",
     )
     mcp_list_timeout_s: float = Field(
         default=60.0,

@@ -17,6 +17,14 @@ the key in its environment:
 
 A socket, unlike a pipe or a file, cannot be opened again through ``/proc/PID/fd/N``, so a tool
 command cannot read one another process holds. Standard library only: the supervisor imports it.
+
+The secrets of the serving side (:data:`PROCESS_SECRET_VARIABLES`: the API's bearer tokens, the
+webhooks with their secrets, the inbox's token, accounts and session secret) are kept from the
+workers the same way: no worker's environment holds them (:func:`without_keys`; no worker
+needs them), and ``orga run`` / ``orga api`` / ``orga inbox`` on the embedded runtime, an
+ancestor of every tool command, write them into one socket for themselves
+(:data:`SECRETS_FD_VARIABLE`) before they run again without them, and read them back at their
+process edge (:func:`process_secrets`, :func:`receive`).
 """
 
 from __future__ import annotations
@@ -29,8 +37,11 @@ from collections.abc import Mapping
 __all__ = [
     "KEYS_FD_VARIABLE",
     "MODEL_KEY_VARIABLES",
+    "PROCESS_SECRET_VARIABLES",
+    "SECRETS_FD_VARIABLE",
     "fds",
     "model_keys",
+    "process_secrets",
     "receive",
     "send",
     "without_keys",
@@ -47,6 +58,23 @@ MODEL_KEY_VARIABLES = frozenset(
 )
 """Environment variables that can hold a model key: in no environment but the one they were
 given in (the reasoning workers receive them through :func:`send`)."""
+
+PROCESS_SECRET_VARIABLES = frozenset(
+    {
+        "ORGA_API_TOKENS",
+        "ORGA_WEBHOOKS",
+        "ORGA_INBOX_TOKEN",
+        "ORGA_INBOX_BASIC_AUTH",
+        "ORGA_INBOX_SECRET",
+    }
+)
+"""Environment variables holding a secret of the serving side (API tokens, webhook secrets,
+the inbox's credentials): in no worker's environment, and handed by ``orga run`` / ``api`` /
+``inbox`` to themselves through a socket (:data:`SECRETS_FD_VARIABLE`)."""
+
+SECRETS_FD_VARIABLE = "ORGA_PROCESS_SECRETS_FD"
+"""The file descriptor (a number, not a secret) of the socket holding the
+:data:`PROCESS_SECRET_VARIABLES` a command handed to itself before it ran again without them."""
 
 KEYS_FD_VARIABLE = "ORGA_MODEL_KEYS_FD"
 """The file descriptor (a number, not a secret) of a reasoning worker's key socket; in
@@ -74,13 +102,25 @@ def model_keys(environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
+def process_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """The :data:`PROCESS_SECRET_VARIABLES` set (non-blank) in ``environ``, by their
+    upper-case names (a name in upper case wins over another spelling of it)."""
+    found: dict[str, str] = {}
+    for name, value in sorted(environ.items(), key=lambda item: item[0].isupper()):
+        if name.upper() in PROCESS_SECRET_VARIABLES and value.strip():
+            found[name.upper()] = value
+    return found
+
+
 def without_keys(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without the model keys (in any letter case) and without
-    :data:`KEYS_FD_VARIABLE`."""
+    """``environ`` without the model keys and the :data:`PROCESS_SECRET_VARIABLES` (in any
+    letter case), and without :data:`KEYS_FD_VARIABLE` and :data:`SECRETS_FD_VARIABLE`."""
     return {
         name: value
         for name, value in environ.items()
-        if _key_variable(name) is None and name != KEYS_FD_VARIABLE
+        if _key_variable(name) is None
+        and name.upper() not in PROCESS_SECRET_VARIABLES
+        and name not in (KEYS_FD_VARIABLE, SECRETS_FD_VARIABLE)
     }
 
 
@@ -98,9 +138,9 @@ def send(keys: Mapping[str, str]) -> int:
     return fd
 
 
-def receive(fd: int) -> dict[str, str]:
-    """Read the keys :func:`send` wrote on socket ``fd`` and close it; a ``ValueError`` that
-    says what is wrong when it holds something else."""
+def receive(fd: int, variable: str = KEYS_FD_VARIABLE) -> dict[str, str]:
+    """Read the keys :func:`send` wrote on socket ``fd`` (named by ``variable``) and close it;
+    a ``ValueError`` that says what is wrong when it holds something else."""
     with socket.socket(fileno=fd) as sock:
         chunks = []
         received = 0
@@ -113,14 +153,14 @@ def receive(fd: int) -> dict[str, str]:
         keys = json.loads(b"".join(chunks))
     except ValueError as exc:
         raise ValueError(
-            f"{KEYS_FD_VARIABLE}={fd} does not hold the model keys ({exc}); it is set by `orga "
-            "worker` and `orga run` for the reasoning workers they start: start them that way, "
-            f"or unset {KEYS_FD_VARIABLE} and set ORGA_API_KEY"
+            f"{variable}={fd} does not hold the secrets `orga` handed over ({exc}); it is set "
+            "by `orga worker`, `orga run`, `orga api` and `orga inbox` for the processes they "
+            f"start: start them that way, or unset {variable} and set the variables it replaced"
         ) from exc
     if not isinstance(keys, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in keys.items()
     ):
-        raise ValueError(f"{KEYS_FD_VARIABLE}={fd} holds no mapping of variable names to keys")
+        raise ValueError(f"{variable}={fd} holds no mapping of variable names to secrets")
     return keys
 
 

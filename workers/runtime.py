@@ -548,6 +548,7 @@ class ProcessServices(WorkerCore):
         """Sends ``orga.mcp_list`` to the tools queue (set by :mod:`workers.tasks`)."""
         self._mcp_reaper: asyncio.Task[None] | None = None
         self.mcp.on_open = self._reap_mcp_connections
+        self.mcp.active_tasks = self._active_tasks
         """A task's provider choice → the rate-limit hold its model calls read."""
 
     async def started(
@@ -781,9 +782,22 @@ class ProcessServices(WorkerCore):
         if self._mcp_reaper is None or self._mcp_reaper.done():
             self._mcp_reaper = asyncio.get_running_loop().create_task(self._reap_mcp())
 
+    async def _active_tasks(self, task_ids: list[str]) -> set[str]:
+        """Those of ``task_ids`` that have not ended (``orga:P:tasks:active``; a task awaiting
+        a review is active)."""
+        by_partition: dict[int, list[str]] = {}
+        for task_id in task_ids:
+            by_partition.setdefault(self._partition(task_id), []).append(task_id)
+        active: set[str] = set()
+        for partition, members in by_partition.items():
+            found = await self.redis.smismember(keys.active_tasks_key(partition), members)
+            active.update(t for t, is_member in zip(members, found, strict=True) if is_member)
+        return active
+
     async def _reap_mcp(self) -> None:
         """While connections are open: every heartbeat interval, close those of the tasks
-        that ended (``orga:P:tasks:finished``) and those idle past ORGA_MCP_IDLE_TIMEOUT_S."""
+        that ended (``orga:P:tasks:finished``) and those idle past ORGA_MCP_IDLE_TIMEOUT_S
+        whose task is no longer active (:meth:`_active_tasks`)."""
         while self.mcp.task_ids():
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             await self.mcp.close_idle()

@@ -63,13 +63,14 @@ class Approvals(Section):
             awaiting.held[one.call.call_id] = item
             m.effects.reviews.append(item)
             m.journal(
-                CallHeld(
+                CallHeld.of(
                     review_id=item.review_id,
                     call_id=one.call.call_id,
                     tool=one.call.name,
                     arguments=one.call.arguments,
                     reason=one.reason,
                     deadline=datetime.fromtimestamp(item.deadline, UTC),
+                    redactor=m.settings.journal_redactor,
                 )
             )
             m.journal(
@@ -156,7 +157,7 @@ class Approvals(Section):
         item.decision, item.hint, item.decided_by = decision, message, decided_by
         m.event("review_decided", review_id=item.review_id, decision=decision, by=decided_by)
         m.journal(
-            CallDecided(
+            CallDecided.of(
                 review_id=item.review_id,
                 call_id=call.call_id,
                 tool=call.name,
@@ -165,6 +166,7 @@ class Approvals(Section):
                 arguments_before=call.arguments,
                 arguments_after=arguments if decision == "edit" else None,
                 message=message,
+                redactor=m.settings.journal_redactor,
             )
         )
         if decision == "abort":

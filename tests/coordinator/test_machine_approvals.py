@@ -5,6 +5,7 @@ through a restart (a JSON round trip)."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ from coordinator.state import AwaitKind, TaskRecord, TaskStatus
 from shared.actions import Observation, ToolCallAction
 from shared.approval import ArgumentsError, HeldCall
 from shared.conversation import ConversationMessage
+from shared.events import JOURNAL_TEXT_CHARS, CallDecided, CallHeld
 from shared.inference import ToolCall, Usage
 from shared.protocol import ReasonedMessage, ToolObservedMessage
+from shared.redaction import REDACTED, Redactor
 from shared.task_spec import parse_task
 
 SETTINGS = MachineSettings(observation_deadline_s=10.0, workspace_root="/ws")
@@ -233,3 +236,37 @@ def test_cancel_closes_the_held_review() -> None:
     assert {"event": "review_closed", "review_id": review_id}.items() <= next(
         e for e in effects.events if e["event"] == "review_closed"
     ).items()
+
+
+def test_held_and_decided_call_arguments_are_redacted_and_capped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CallHeld and CallDecided journal a call's arguments, the reason, the reviewer's
+    arguments and message: a secret in any of them is redacted, and each is capped at
+    JOURNAL_TEXT_CHARS (as GateModified and a tool's result are)."""
+    secret = "sk-held-call-secret-0123456789abcdef"
+    settings = MachineSettings(
+        observation_deadline_s=10.0, workspace_root="/ws", journal_redactor=Redactor([secret])
+    )
+    monkeypatch.setattr(sys.modules[__name__], "SETTINGS", settings)
+    long_push = ToolCallAction(
+        call_id="c1",
+        name="run_command",
+        arguments=json.dumps({"command": f"curl -H 'x: {secret}' " + "x" * 5000}),
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PUSH", long_push)
+    record, effects = _held_turn()
+    (held,) = [e.event for e in effects.journal if isinstance(e.event, CallHeld)]
+    assert secret not in held.arguments and REDACTED in held.arguments
+    assert len(held.arguments) == JOURNAL_TEXT_CHARS
+    edited = json.dumps({"command": f"echo {secret}"})
+    effects = _apply(
+        record,
+        4.0,
+        lambda m: m.on_review_decision(_review_id(record), "edit", f"use {secret}", "ann", edited),
+    )
+    (decided,) = [e.event for e in effects.journal if isinstance(e.event, CallDecided)]
+    texts = [decided.arguments_before, decided.arguments_after or "", decided.message or ""]
+    assert all(secret not in text for text in texts), texts
+    assert len(decided.arguments_before) == JOURNAL_TEXT_CHARS
+    assert decided.arguments_after is not None and REDACTED in decided.arguments_after

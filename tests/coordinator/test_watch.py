@@ -90,3 +90,15 @@ def test_a_second_held_calls_review_is_a_status_event() -> None:
     assert current.advance([[], [], _state("awaiting_review", {"review_id": "b2"})]) == []
     (running,) = watch.advance([[], [], _state("running")])
     assert running.id == "0-0/0-0/running" and running.data["review_id"] is None
+
+
+def test_entries_read_as_flat_lists_read_as_dicts() -> None:
+    """redis-py's cluster transaction pipeline hands XRANGE's entries over unparsed (fields as
+    a flat ``[name, value, ...]`` list): they read the same as the parsed ones."""
+    watch = TaskWatch("t1", 0)
+    flat = [("5-0", ["kind", "token", "text", "Hel"])]
+    parsed = [("5-0", {"kind": "token", "text": "Hel"})]
+    events = watch.advance([[], flat, _state("running")])
+    again = TaskWatch("t1", 0).advance([[], parsed, _state("running")])
+    assert [(e.kind, e.data) for e in events] == [(e.kind, e.data) for e in again]
+    assert events[0].data["text"] == "Hel"

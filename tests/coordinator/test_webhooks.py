@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from coordinator.webhooks import WebhookDeliverer, public_url
 from shared import keys
+from shared.redaction import REDACTED, Redactor
 from shared.webhooks import WebhookSubscription
 from tests.redis_server import RedisClientFactory
 
@@ -114,6 +115,38 @@ def test_past_the_deadline_a_post_is_dead_lettered_without_credentials(
     )
     assert "HTTP 503" in letter["error"] and int(letter["attempts"]) >= 2
     assert "s3cret" not in json.dumps(letter) and "token=abc" not in json.dumps(letter)
+
+
+def test_an_events_error_and_reason_are_redacted_before_they_are_posted(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A failure's ``error`` and ``reason`` that echo a secret of the coordinator's settings
+    reach the receiver (a third party) redacted."""
+    secret = "sk-webhook-redaction-0123456789abcdef"
+
+    async def scenario() -> list[httpx.Request]:
+        seen: list[httpx.Request] = []
+        async with redis_client() as redis:
+            deliverer = WebhookDeliverer(redis, [_hook()], block_ms=50,
+                                         transport=_receiver([200], seen),
+                                         redactor=Redactor([secret]))  # fmt: skip
+            task = await _started(deliverer)
+            fields = {"task_id": "t4", "event": "failed", "error": f"401 for key {secret}",
+                      "reason": f"the key {secret} was refused"}  # fmt: skip
+            await redis.xadd(EVENTS, fields)
+            await _until(lambda: _posted(redis, seen))
+            deliverer.stop()
+            await task
+        return seen
+
+    async def _posted(redis: Redis, seen: list[httpx.Request]) -> bool:
+        return len(seen) == 1 and await _pending(redis) == 0
+
+    (request,) = asyncio.run(scenario())
+    body = json.loads(request.content)
+    assert secret not in request.content.decode()
+    assert body["data"]["error"] == f"401 for key {REDACTED}"
+    assert body["data"]["reason"] == f"the key {REDACTED} was refused"
 
 
 def test_a_delivery_survives_its_deliverer_stopping_mid_retry(

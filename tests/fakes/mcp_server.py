@@ -10,20 +10,21 @@ folder), ``environment()`` (its environment's names, its current folder and its 
 environment names), ``crash_once()`` (exits the first time it is called in a folder, answers
 after a restart), ``crash()`` (always exits), ``hang()`` (never answers), ``calls()`` (how
 many calls this process answered: shows that a process is reused), ``limits()`` (its rlimits,
-pid and parent pid), ``spawn_detached()`` (starts a ``sleep`` that double-forks away in a
-session of its own and returns its pid).
+pid and parent pid), ``request_meta()`` (the request's ``_meta``), ``spawn_detached()``
+(starts a ``sleep`` that double-forks away in a session of its own and returns its pid).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
 import subprocess
 import sys
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("fake-tools")
 _calls = 0
@@ -40,6 +41,21 @@ def echo(text: str) -> str:
     """Echo ``text``."""
     _count()
     return f"echo: {text}"
+
+
+@server.tool(description="The _meta of this request (logged to meta.log in the folder).")
+def request_meta(ctx: Context, crash_first: bool = False) -> dict[str, object]:
+    """What the client sent in the request's ``_meta``, each one logged to ``meta.log``; with
+    ``crash_first`` the first call in this folder exits after logging (answers after a restart)."""
+    _count()
+    meta = dict(ctx.request_context.meta or {})
+    log = Path("meta.log")
+    first = not log.exists()
+    with log.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(meta, sort_keys=True) + "\n")
+    if crash_first and first:
+        os._exit(3)
+    return meta
 
 
 @server.tool(description="Add two integers.")

@@ -386,3 +386,51 @@ def test_a_schedule_fires_once_with_two_coordinators(deployment: OnCluster) -> N
     finally:
         second.stop()
         deployment.processes.remove(second)
+
+
+def test_the_http_api_serves_the_cluster(deployment: OnCluster) -> None:
+    """`orga api` on the cluster: one Idempotency-Key sent again once the task is accepted is
+    answered with its id (a submission racing the first one is made an alias by the create
+    script, tested above), and the task's
+    Server-Sent Events (journal entries and status, read in one slot) end with its completion."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    token = "cluster-api-token-0123456789"
+    command = [str(ORGA), "api", "--port", str(port)]
+    api = Process(
+        "api", command, deployment.env(ORGA_API_TOKENS=token), deployment.root / "api.log"
+    )
+    api.start()
+    try:
+        api.wait_for_log(f"API on http://127.0.0.1:{port}/v1/")
+        task = {
+            "goal": "say hi",
+            "provider": {"kind": "scripted", "replies": ["hi from the cluster"]},
+            "steps": [{"id": "s", "instruction": "say hi"}],
+        }
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as c:
+            first = c.post("/v1/tasks", json=task, headers={"Idempotency-Key": "cluster-k1"})
+            assert first.status_code == 201, first.text
+            accepted = first.json()["task_id"]
+            wait_until(lambda: c.get(f"/v1/tasks/{accepted}").status_code == 200, 60, "acceptance")
+            again = c.post("/v1/tasks", json=task, headers={"Idempotency-Key": "cluster-k1"})
+            assert first.status_code == 201 and again.status_code == 201, (first.text, again.text)
+            task_id = first.json()["task_id"]
+            assert again.json()["task_id"] == task_id
+            kinds: list[str] = []
+            last: dict[str, Any] = {}
+            with c.stream("GET", f"/v1/tasks/{task_id}/events") as response:
+                assert response.status_code == 200, response.read()
+                for line in response.iter_lines():
+                    if line.startswith("event:"):
+                        kinds.append(line.partition(":")[2].strip())
+                    elif line.startswith("data:") and kinds and kinds[-1] == "status":
+                        last = json.loads(line.partition(":")[2])
+            assert "journal" in kinds and kinds[-1] == "status", kinds
+            assert last["status"] == "completed", last
+            assert c.get(f"/v1/tasks/{task_id}/result").json()["output"] == "hi from the cluster"
+    finally:
+        api.stop()
+    assert deployment.client().wait(task_id, timeout_s=10)["status"] == "completed"

@@ -1,27 +1,46 @@
-"""No ancestor of an agent's command holds the model key in its environment, and the key never
-reaches the conversation or Redis's files: checked from a real command, which reads
-``/proc/PID/environ`` of itself and of every ancestor, under a real `orga run` (the embedded
-runtime) and under a real `orga worker` (a deployment), with a model that needs an API key."""
+"""No ancestor of an agent's command holds the model key, nor a secret of the serving side (the
+API's tokens, the webhooks' secrets, the inbox's credentials), in its environment, and the key
+never reaches the conversation or Redis's files: checked from a real command, which reads
+``/proc/PID/environ`` of itself and of every ancestor, under a real `orga run` and a real
+`orga api` (the embedded runtime) and under a real `orga worker` (a deployment), with a model
+that needs an API key."""
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from orga.embedded_redis import EmbeddedRedis
 from shared.task_spec import TaskSpec
 from tests.fakes.llm_server import FakeOpenAIServer
-from tests.integration.harness import ORGA, REPO, Cluster, clean_env, wait_until
-from workers.key_handoff import MODEL_KEY_VARIABLES
+from tests.integration.harness import ORGA, REPO, Cluster, Process, clean_env, wait_until
+from workers.key_handoff import MODEL_KEY_VARIABLES, PROCESS_SECRET_VARIABLES
 
 pytestmark = pytest.mark.integration
 
 KEY = "sk-walk-every-ancestor-8d1f2c"
+API_TOKEN = "api-walk-every-ancestor-0123456789"
+WEBHOOK_SECRET = "whsec-walk-every-ancestor-4e7a91"
+SECRETS = {
+    "ORGA_API_TOKENS": f"api-walk-another-token-9876543210,{API_TOKEN}",
+    "ORGA_WEBHOOKS": json.dumps(
+        [{"url": "http://127.0.0.1:9/hook", "events": ["review_opened"], "secret": WEBHOOK_SECRET}]
+    ),
+    "ORGA_INBOX_TOKEN": "inbox-walk-every-ancestor-0123456789",
+    "ORGA_INBOX_BASIC_AUTH": "ann:inbox-walk-password-0123456789",
+    "ORGA_INBOX_SECRET": "inbox-walk-session-secret-0123456789",
+}
+"""The serving side's secrets, given to every command under test: none may reach a worker."""
+SECRET_VALUES = [KEY, API_TOKEN, WEBHOOK_SECRET, *list(SECRETS.values())[2:]]
 
 PROBE = """
 import os, sys
@@ -43,8 +62,10 @@ print("read the environment of", len(os.listdir(out)), "processes")
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in clean_env().items() if k not in MODEL_KEY_VARIABLES}
+    hidden = MODEL_KEY_VARIABLES | PROCESS_SECRET_VARIABLES
+    env = {k: v for k, v in clean_env().items() if k.upper() not in hidden}
     env.update(COLUMNS="200", ORGA_WORKSPACE_ROOT=str(tmp_path / "workspaces"))
+    env.update(SECRETS)
     env.update(extra)
     return env
 
@@ -84,14 +105,16 @@ def _files_under(*folders: Path) -> Iterator[tuple[Path, bytes]]:
 
 def _assert_no_key(seen: dict[int, bytes], holder: int) -> None:
     """The probe read ``holder`` (the process that was given the key), and no environment it
-    read holds the key or a key variable."""
+    read holds the key, a secret of the serving side, or a variable of either."""
     assert holder in seen, f"{holder} is not an ancestor of the command: {sorted(seen)}"
     assert not seen[holder].startswith(b"UNREADABLE"), seen[holder]
     assert b"ORGA_WORKSPACE_ROOT=" in seen[holder]  # it really is that process's environment
     for pid, environ in seen.items():
-        assert KEY.encode() not in environ, f"process {pid} holds the key in its environment"
+        for secret in SECRET_VALUES:
+            assert secret.encode() not in environ, f"process {pid} holds {secret!r}"
         names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
-        assert not names & MODEL_KEY_VARIABLES, (pid, names & MODEL_KEY_VARIABLES)
+        hidden = MODEL_KEY_VARIABLES | PROCESS_SECRET_VARIABLES
+        assert not names & hidden, (pid, names & hidden)
 
 
 def test_orga_run_keeps_the_key_from_every_ancestor_of_a_command(
@@ -122,6 +145,54 @@ def test_orga_run_keeps_the_key_from_every_ancestor_of_a_command(
     assert KEY not in stdout + stderr
     for path, data in _files_under(home):
         assert KEY.encode() not in data, f"the key is in {path}"
+
+
+def test_orga_api_keeps_its_tokens_from_every_ancestor_of_a_command(
+    tmp_path: Path, model: FakeOpenAIServer
+) -> None:
+    """`ORGA_API_TOKENS=… orga api` on the embedded runtime (an ancestor of every command): no
+    ancestor of a command, `orga api` among them, has a token, a webhook secret, an inbox
+    credential or the model key in its environment; the API still accepts its tokens (each
+    of them) and the model still gets its key."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = _env(
+        tmp_path,
+        ORGA_HOME=str(tmp_path / "home"),
+        ORGA_PROVIDER="openai",
+        ORGA_BASE_URL=model.base_url,
+        ORGA_API_KEY=KEY,
+    )
+    orga = Path(sys.executable).with_name("orga")
+    command = [str(orga), "api", "--port", str(port)]
+    process = Process("embedded-api", command, env, tmp_path / "api.log").start()
+    try:
+        process.wait_for_log(f"API on http://127.0.0.1:{port}/v1/", timeout_s=120)
+        base = f"http://127.0.0.1:{port}"
+        other = SECRETS["ORGA_API_TOKENS"].split(",")[0]
+        with httpx.Client(base_url=base, timeout=60) as api:
+            headers = {"Authorization": f"Bearer {API_TOKEN}"}
+            response = api.post("/v1/tasks", json=_task(tmp_path), headers=headers)
+            assert response.status_code == 201, response.text
+            task_id = response.json()["task_id"]
+            wait_until(
+                lambda: (
+                    api.get(f"/v1/tasks/{task_id}", headers=headers).json().get("status")
+                    == "completed"
+                ),
+                120,
+                f"task {task_id} to complete",
+            )
+            listed = api.get("/v1/tasks", headers={"Authorization": f"Bearer {other}"})
+            assert listed.status_code == 200, listed.text
+            refused = api.get("/v1/tasks", headers={"Authorization": "Bearer not-a-token-at-all"})
+            assert refused.status_code == 401
+        _assert_no_key(_seen(tmp_path), process.pid)
+        assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in model.requests)
+    finally:
+        process.stop()
+    assert all(secret not in process.tail() for secret in SECRET_VALUES)
 
 
 def test_orga_worker_keeps_the_key_from_every_ancestor_of_a_command(

@@ -17,6 +17,8 @@ from shared.mcp import (
     combined_servers,
     offered_tool_name,
     parse_mcp_servers,
+    redact_command,
+    redact_url,
     split_tool_name,
 )
 from shared.task_spec import TaskSpecError, parse_task
@@ -62,6 +64,65 @@ def test_a_credential_in_a_task_or_profile_is_refused_but_not_in_the_deployment_
             parse_agent({"name": "p", "mcp_servers": [server]})
     assert parse_mcp_servers(json.dumps([header, env]), "f.json")[0].headers
     assert parse_task({"goal": "g", "mcp_servers": [{**env, "env": {"NOTES": "n"}}]})
+
+
+@pytest.mark.parametrize(
+    ("server", "fragment"),
+    [
+        ({"url": "http://me:hunter2@h/mcp"}, "user information"),
+        ({"url": "http://me@h/mcp"}, "user information"),
+        ({"url": "https://h/mcp?access_token=abc"}, "'access_token'"),
+        ({"url": "https://h/mcp?x=1&api_key=abc"}, "'api_key'"),
+        ({"url": "https://h/mcp?X-Amz-Signature=abc"}, "'X-Amz-Signature'"),
+        ({"url": "https://h/mcp?password=abc"}, "'password'"),
+        ({"url": "https://h/mcp?auth=abc"}, "'auth'"),
+        ({"url": "https://h/mcp?client_secret=abc"}, "'client_secret'"),
+        ({"command": ["srv", "--token=abc"]}, "--token"),
+        ({"command": ["srv", "--api-key", "abc"]}, "--api-key"),
+        ({"command": ["srv", "--password", "abc"]}, "--password"),
+        ({"command": ["srv", "--client-secret=abc"]}, "--client-secret"),
+    ],
+)
+def test_a_credential_in_a_url_or_argv_is_refused_in_a_task_and_a_profile(
+    server: dict[str, object], fragment: str
+) -> None:
+    """Userinfo, a credential-named query parameter or a ``--token=``-like argument is refused
+    in a task and a profile (the value never quoted); the deployment file may hold them."""
+    spec = {"name": "s", **server}
+    with pytest.raises(TaskSpecError, match="looks like a credential") as raised:
+        parse_task({"goal": "g", "mcp_servers": [spec]})
+    assert fragment in str(raised.value)
+    assert "abc" not in str(raised.value) and "hunter2" not in str(raised.value)
+    with pytest.raises(AgentProfileError, match="looks like a credential"):
+        parse_agent({"name": "p", "mcp_servers": [spec]})
+    assert parse_mcp_servers(json.dumps([spec]), "f.json")[0].name == "s"
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        {"url": "https://h/mcp?page=2&lang=en"},
+        {"command": ["srv", "--verbose", "--port", "9"]},
+        {"command": ["srv", "--token-file", "/run/secrets/t"]},
+        {"command": ["srv", "--api-key"]},
+    ],
+)
+def test_harmless_urls_and_arguments_are_accepted(server: dict[str, object]) -> None:
+    """Other query parameters and options, and a credential flag without a value, pass."""
+    assert parse_task({"goal": "g", "mcp_servers": [{"name": "s", **server}]})
+
+
+def test_urls_and_commands_are_redacted_for_errors() -> None:
+    """What an error quotes carries no userinfo, no query and no credential option's value."""
+    assert redact_url("https://me:pw@h:8443/mcp?token=abc#f") == "https://h:8443/mcp?***"
+    assert redact_url("http://h/mcp") == "http://h/mcp"
+    assert redact_command(["srv", "--token=abc", "--api-key", "k", "-v"]) == [
+        "srv",
+        "--token=***",
+        "--api-key",
+        "***",
+        "-v",
+    ]
 
 
 def test_a_server_name_used_twice_is_refused_in_a_task_and_a_profile() -> None:

@@ -107,6 +107,32 @@ def test_secret_values_are_read_from_settings() -> None:
     assert found == [KEY]
 
 
+def test_secret_values_split_token_lists_and_find_nested_secrets() -> None:
+    """Each token of a comma-separated list is a secret of its own (an echo shows one), and
+    the secret of a model nested in a list (an ``ORGA_WEBHOOKS`` entry) is found."""
+
+    class Hook(BaseModel):
+        url: str = "https://example.test/hook"
+        secret: SecretStr | None = None
+
+    class Settings(BaseModel):
+        api_tokens: SecretStr | None = None
+        webhooks: list[Hook] = []
+
+    first, second, hook = "a" * 24 + "-first", "b" * 24 + "-second", "c" * 24 + "-hook"
+    found = secret_values(
+        Settings(
+            api_tokens=SecretStr(f"{first}, {second}"),
+            webhooks=[Hook(), Hook(secret=SecretStr(hook))],
+        )
+    )
+    assert {first, second, hook} <= set(found)
+    redactor = Redactor(found)
+    text = f"token {second} and {hook}"
+    assert second not in redactor.redact(text)
+    assert hook not in redactor.redact(text)
+
+
 def test_redaction_is_linear_on_a_large_output(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 4 MB output full of near-misses is redacted with one scan for the anchors plus the
     characters of each hit compared: fewer characters compared than the text holds, counted

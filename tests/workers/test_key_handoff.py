@@ -67,3 +67,27 @@ def test_a_key_under_another_letter_case_is_a_key_too() -> None:
     assert key_handoff.without_keys(environ) == {"PATH": "/usr/bin"}
     both = {"orga_api_key": "sk-low", "ORGA_API_KEY": "sk-up"}
     assert key_handoff.model_keys(both) == {"ORGA_API_KEY": "sk-up"}
+
+
+def test_the_serving_sides_secrets_leave_a_workers_environment_in_any_case() -> None:
+    """API tokens, webhooks and the inbox's credentials (in any letter case) and the secrets
+    socket's variable are in no environment :func:`without_keys` makes for a worker; the
+    command's own hand-off finds them under their upper-case names."""
+    environ = {
+        "PATH": "/usr/bin",
+        "ORGA_API_TOKENS": "tok-a,tok-b",
+        "orga_webhooks": '[{"url": "https://x.test", "secret": "s"}]',
+        "ORGA_INBOX_TOKEN": "inbox",
+        "Orga_Inbox_Basic_Auth": "ann:pw",
+        "ORGA_INBOX_SECRET": "session",
+        "ORGA_INBOX_SECURE_COOKIES": "auto",
+        key_handoff.SECRETS_FD_VARIABLE: "7",
+    }
+    assert key_handoff.without_keys(environ) == {
+        "PATH": "/usr/bin",
+        "ORGA_INBOX_SECURE_COOKIES": "auto",
+    }
+    assert set(key_handoff.process_secrets(environ)) == key_handoff.PROCESS_SECRET_VARIABLES
+    fd = key_handoff.send(key_handoff.process_secrets(environ))
+    received = key_handoff.receive(fd, key_handoff.SECRETS_FD_VARIABLE)
+    assert received["ORGA_API_TOKENS"] == "tok-a,tok-b"

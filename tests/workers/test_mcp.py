@@ -17,7 +17,14 @@ import pytest
 from shared.mcp import McpListing, McpServerSpec, McpTarget
 from tests.fakes.mcp_http import HttpMcpServer, stdio_command
 from workers.tools.base import ToolContext
-from workers.tools.mcp import McpServerError, McpSessions, McpTool, McpToolLookup, definitions
+from workers.tools.mcp import (
+    IDEMPOTENCY_META_KEY,
+    McpServerError,
+    McpSessions,
+    McpTool,
+    McpToolLookup,
+    definitions,
+)
 
 STDIO = McpServerSpec(name="fake", command=stdio_command())
 
@@ -275,3 +282,86 @@ def test_an_idle_connection_is_closed_and_started_again_when_needed(tmp_path: Pa
             await sessions.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_failing_server_s_error_quotes_no_credential(tmp_path: Path) -> None:
+    """A deployment server may hold credentials in its URL or argv: the error that reaches the
+    journal names the server without userinfo, query or a credential option's value."""
+    web = McpServerSpec(name="gone", url="http://me:hunter2@127.0.0.1:9/mcp?token=s3cr3t")
+    stdio = McpServerSpec(name="missing", command=["/nonexistent/mcp", "--api-key", "s3cr3t"])
+
+    async def scenario() -> None:
+        sessions = McpSessions(start_timeout_s=20)
+        try:
+            for spec in (web, stdio):
+                listing = await sessions.list_tools("t1", [spec], tmp_path, 20)
+                assert listing.error is not None and f"'{spec.name}'" in listing.error
+                assert "s3cr3t" not in listing.error and "hunter2" not in listing.error
+            again = await sessions.list_tools("t1", [web], tmp_path, 20)
+            assert again.error is not None and "http://127.0.0.1:9/mcp?***" in again.error
+        finally:
+            await sessions.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_connection_of_an_active_task_is_kept(tmp_path: Path) -> None:
+    """A task still active (e.g. awaiting a reviewer) keeps its idle connection: the server's
+    state survives; once the task is no longer active the idle connection is closed. When the
+    active tasks cannot be read nothing is closed."""
+    active: set[str] = {"t1"}
+    asked: list[list[str]] = []
+
+    async def active_tasks(task_ids: list[str]) -> set[str]:
+        asked.append(task_ids)
+        if "unreadable" in active:
+            raise ConnectionError("redis down")
+        return active & set(task_ids)
+
+    async def scenario() -> None:
+        sessions = McpSessions(idle_timeout_s=0.3)
+        sessions.active_tasks = active_tasks
+        try:
+            count = McpTarget(server=STDIO, tool="calls")
+            assert _text(await sessions.call("t1", count, tmp_path, {}, 10)) == "1"
+            await asyncio.sleep(0.5)
+            await sessions.close_idle()
+            assert sessions.open_count() == 1 and asked == [["t1"]]
+            assert _text(await sessions.call("t1", count, tmp_path, {}, 10)) == "2"  # same one
+            active.clear()
+            active.add("unreadable")
+            await asyncio.sleep(0.5)
+            await sessions.close_idle()
+            assert sessions.open_count() == 1
+            active.clear()
+            await sessions.close_idle()
+            assert sessions.open_count() == 0
+        finally:
+            await sessions.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_call_carries_its_idempotency_key_in_meta_also_when_sent_again(tmp_path: Path) -> None:
+    """``tools/call`` carries the call's idempotency key in ``_meta``; the resend after a crash
+    (the call may have run: at least once) carries the same key, so a server can run it once."""
+
+    async def scenario() -> None:
+        sessions = McpSessions()
+        tool = McpToolLookup({}, sessions).get("fake__request_meta")
+        assert isinstance(tool, McpTool)
+        target = McpTarget(server=STDIO, tool="request_meta")
+        context = ToolContext(
+            workspace=tmp_path, task_id="t1", timeout_s=20, idempotency_key="k-1", mcp=target
+        )
+        try:
+            output = await tool.run({"crash_first": True}, context)
+        finally:
+            await sessions.aclose()
+        assert not output.is_error, output.content
+        assert json.loads(output.content)[IDEMPOTENCY_META_KEY] == "k-1"
+        assert sessions.restarts == 1
+
+    asyncio.run(scenario())
+    sent = [json.loads(line) for line in (tmp_path / "meta.log").read_text().splitlines()]
+    assert [m.get(IDEMPOTENCY_META_KEY) for m in sent] == ["k-1", "k-1"]

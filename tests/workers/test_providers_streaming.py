@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from shared.conversation import Conversation, ConversationMessage
 from shared.inference import FinishReason, InferenceOptions, InferenceResponse, ToolCall, Usage
@@ -21,6 +22,7 @@ from tests.fakes.llm_server import (
     load_fixture,
 )
 from workers.providers import AnthropicProvider, OpenAICompatProvider
+from workers.providers._http import Endpoint
 from workers.providers.anthropic import parse_anthropic_response
 from workers.providers.base import (
     AuthenticationError,
@@ -35,6 +37,7 @@ from workers.providers.streaming import (
     SseDecoder,
     SseEvent,
     StreamAssembler,
+    StreamReader,
     TokenKind,
     sse_events,
     streaming_to,
@@ -147,6 +150,27 @@ def test_stream_errors_name_what_is_wrong() -> None:
         OpenAIStreamAssembler().feed(bad)
     with pytest.raises(ResponseParseError, match="not JSON"):
         OpenAIStreamAssembler().feed(SseEvent("message", "{nope"))
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_an_error_in_a_stream_is_redacted(provider: str) -> None:
+    """An error the provider sends inside its stream that echoes the key reaches the caller
+    redacted by the endpoint, as one in an unstreamed answer does."""
+    endpoint = Endpoint(provider, "http://127.0.0.1:9", "ORGA_API_KEY", SecretStr(KEY))
+    error = {"type": "error", "error": {"type": "invalid", "message": f"bad key {KEY}"}}
+    assembler: type[StreamAssembler] = (
+        OpenAIStreamAssembler if provider == "openai" else AnthropicStreamAssembler
+    )
+    reader = StreamReader(assembler, ListSink(), endpoint.redact)
+
+    async def lines() -> AsyncIterator[str]:
+        yield "event: error"
+        yield f"data: {json.dumps(error)}"
+        yield ""
+
+    with pytest.raises(ProviderError, match="bad key") as raised:
+        asyncio.run(reader(lines()))
+    assert KEY not in str(raised.value)
 
 
 # -- the providers against the fake servers -------------------------------------------------

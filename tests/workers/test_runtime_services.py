@@ -403,3 +403,18 @@ def test_a_start_that_fails_or_is_cancelled_stops_heartbeating(
         return live.liveness.running
 
     assert live.run(cancelled_start()) == 0
+
+
+def test_the_mcp_reaper_reads_which_tasks_are_active(redis_url: str, redis_client: Any) -> None:
+    """A worker process's MCP sessions keep idle connections of the tasks in the partitions'
+    active sets (a task awaiting a reviewer is there) and close those of the others."""
+    services = ProcessServices(
+        OrgaSettings(redis_url=redis_url, partitions=2), ProviderSettings(), redis_url
+    )
+    _OPEN.append(services)
+    assert services.mcp.active_tasks is not None
+    tasks = ["t-held", "t-ended", "t-other"]
+    with redis.Redis.from_url(redis_url) as client:
+        for task_id in ("t-held", "t-other"):
+            client.sadd(keys.active_tasks_key(services._partition(task_id)), task_id)
+    assert services.run(services.mcp.active_tasks(tasks)) == {"t-held", "t-other"}

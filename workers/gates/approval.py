@@ -10,8 +10,18 @@ A rule is ``<tool>:<glob>``:
 
   - a command tool (``run_command``): the command as the deny-list reads it (whitespace
     collapsed, quotes removed: :func:`~workers.gates.command_rules.normalise_command`), and also
-    each simple command of it (split at ``;``, ``&&``, ``||``, ``|``, ``&`` and newlines), so
-    ``run_command:git push*`` asks about ``cd repo && git push origin main`` too;
+    each simple command of it, split at ``;``, ``&&``, ``||``, ``|``, ``&``, newlines, subshells
+    ``( … )``, groups ``{ …; }``, ``$( … )`` and backticks, and each *normalised*
+    (:func:`simple_command`): leading wrappers dropped (``sudo [opts]``, ``env [opts] [VAR=x]``,
+    ``VAR=x``, ``command``, ``exec``, ``nice``, ``nohup``, ``timeout N``, ``time``, ``doas``,
+    ``stdbuf``, ``ionice``), the program's path reduced to its base name (``/usr/bin/git`` is
+    ``git``), ``sh|bash|zsh|dash|ksh -c "…"`` read as the code it runs, and git's global options
+    before the subcommand dropped (``-C dir``, ``-c k=v``, ``--git-dir=…``, ``--work-tree=…``).
+    So ``run_command:git push*`` asks about ``cd repo && git push origin main``,
+    ``sudo git push``, ``bash -c "git push"``, ``$(git push)`` and ``git -C repo push`` too.
+    This is a guard rail against an agent's mistakes, not a sandbox boundary: a command the
+    line does not spell out (a script file that runs ``git push``, an alias, ``eval $X``,
+    ``python -c``) is not seen;
   - a file tool (``file_read``, ``file_write``, ``file_list``, ``grep``): its path argument;
   - any other tool: its arguments as compact JSON with sorted keys
     (``{"owner":"me","repo":"x"}``).
@@ -35,11 +45,37 @@ from typing import Any
 from shared.actions import ToolCallAction
 from workers.gates.command_rules import normalise_command
 
-__all__ = ["APPROVAL_RULE", "MCP_KIND", "ApprovalRule", "ApprovalRules", "canonical_arguments"]
+__all__ = [
+    "APPROVAL_RULE",
+    "MCP_KIND",
+    "ApprovalRule",
+    "ApprovalRules",
+    "canonical_arguments",
+    "simple_command",
+]
 
 APPROVAL_RULE = "require-approval"
 MCP_KIND = "mcp"
-_SEPARATORS = re.compile(r"\|\||&&|[;|&\n]")
+_SEPARATORS = re.compile(r"\|\||&&|\$\(|[;|&\n(){}`]")
+# Wrappers that run the rest of the line as a command, with the options that take a value.
+_WRAPPERS: dict[str, frozenset[str]] = {
+    "sudo": frozenset(("-u", "-g", "-C", "-h", "-p", "-U", "-r", "-t", "-D", "-R", "-T")),
+    "doas": frozenset(("-u", "-C")),
+    "env": frozenset(("-u", "-C", "-S", "--unset", "--chdir", "--split-string")),
+    "command": frozenset(),
+    "builtin": frozenset(),
+    "exec": frozenset(("-a",)),
+    "nice": frozenset(("-n", "--adjustment")),
+    "nohup": frozenset(),
+    "time": frozenset(("-f", "-o", "--format", "--output")),
+    "timeout": frozenset(("-s", "-k", "--signal", "--kill-after")),
+    "stdbuf": frozenset(("-i", "-o", "-e")),
+    "ionice": frozenset(("-c", "-n", "-p", "-P", "-u")),
+}
+_TAKES_DURATION = frozenset(("timeout",))
+_SHELLS = frozenset(("sh", "bash", "zsh", "dash", "ksh", "ash", "fish"))
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_GIT_OPTIONS_WITH_VALUE = frozenset(("-C", "-c", "--git-dir", "--work-tree", "--namespace"))
 _SHOWN_CHARS = 200
 
 
@@ -118,14 +154,73 @@ def canonical_arguments(
             command = shlex.join(command)
         if isinstance(command, str):
             whole = " ".join(normalise_command(command).split())
-            parts = [" ".join(p.split()) for p in _SEPARATORS.split(whole)]
-            return [whole, *(p for p in parts if p and p != whole)]
+            parts: list[str] = []
+            for part in _SEPARATORS.split(whole):
+                for simple in (" ".join(part.split()), simple_command(part)):
+                    if simple and simple != whole and simple not in parts:
+                        parts.append(simple)
+            return [whole, *parts]
     if name in file_tools:
         for key in ("path", "file_path", "directory"):
             value = arguments.get(key)
             if isinstance(value, str):
                 return [value]
     return [json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)]
+
+
+def simple_command(text: str) -> str:
+    """One simple command (no separators left) as a rule reads it: wrappers dropped, the program
+    by its base name, ``sh -c`` read as its code, git's global options dropped."""
+    words = text.split()
+    while words:
+        program = words[0].rsplit("/", 1)[-1] or words[0]
+        if _ASSIGNMENT.match(words[0]):
+            words = words[1:]
+        elif program in _WRAPPERS:
+            words = _after_wrapper(program, words[1:])
+        elif program in _SHELLS and _shell_code(words[1:]) is not None:
+            words = _shell_code(words[1:]) or []
+        else:
+            words = [program, *words[1:]]
+            break
+    if words and words[0] == "git":
+        words = ["git", *_after_git_options(words[1:])]
+    return " ".join(words)
+
+
+def _after_wrapper(wrapper: str, words: list[str]) -> list[str]:
+    """The words after a wrapper's own options (and ``timeout``'s duration)."""
+    takes_value = _WRAPPERS[wrapper]
+    while words and words[0].startswith("-") and words[0] != "-":
+        option = words[0]
+        words = words[1:]
+        if option == "--":
+            break
+        if option in takes_value and words:
+            words = words[1:]
+    if wrapper in _TAKES_DURATION and words:
+        words = words[1:]
+    return words
+
+
+def _shell_code(words: list[str]) -> list[str] | None:
+    """The words after ``-c`` (or ``-xc``) of a shell's options; None when it runs no ``-c``."""
+    for index, word in enumerate(words):
+        if not word.startswith("-"):
+            return None
+        if word.startswith("-") and not word.startswith("--") and "c" in word[1:]:
+            return words[index + 1 :]
+    return None
+
+
+def _after_git_options(words: list[str]) -> list[str]:
+    """git's arguments from the subcommand on (``-C dir``, ``-c k=v``, ``--git-dir=…`` dropped)."""
+    while words and words[0].startswith("-"):
+        option = words[0]
+        words = words[1:]
+        if option in _GIT_OPTIONS_WITH_VALUE and words:
+            words = words[1:]
+    return words
 
 
 def _show(value: str) -> str:

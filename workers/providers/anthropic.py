@@ -137,7 +137,7 @@ class AnthropicProvider:
         sink, reader = current_sink(), None
         if sink is not None:  # streamed: the text goes to the sink as it comes
             body = {**body, "stream": True}
-            reader = StreamReader(AnthropicStreamAssembler, sink)
+            reader = StreamReader(AnthropicStreamAssembler, sink, self._endpoint.redact)
         data = await self._poster.post(
             "messages", headers=self._request_headers(), body=body, model=model, consume=reader
         )

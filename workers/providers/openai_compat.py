@@ -165,7 +165,9 @@ class OpenAICompatProvider:
         self, body: dict[str, Any], model: str, sink: TokenSink
     ) -> InferenceResponse:
         streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        reader = StreamReader(lambda: OpenAIStreamAssembler(self._name), sink)
+        reader = StreamReader(
+            lambda: OpenAIStreamAssembler(self._name), sink, self._endpoint.redact
+        )
         data = await self._poster.post(
             "chat/completions",
             headers=self._request_headers(),

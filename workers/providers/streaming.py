@@ -373,9 +373,15 @@ class StreamReader:
     """Reads one call's streamed answer (each try of it) into its reply object, telling the
     sink each piece; a try after one that streamed text starts with ``stream_restarted``."""
 
-    def __init__(self, assembler: Callable[[], StreamAssembler], sink: TokenSink) -> None:
+    def __init__(
+        self,
+        assembler: Callable[[], StreamAssembler],
+        sink: TokenSink,
+        redact: Callable[[str], str],
+    ) -> None:
         self._assembler = assembler
         self._sink = sink
+        self._redact = redact
         self._streamed = False
 
     async def __call__(self, lines: AsyncIterator[str]) -> dict[str, Any]:
@@ -396,8 +402,12 @@ class StreamReader:
         return assembler.result()
 
     async def _take(self, assembler: StreamAssembler, event: SseEvent) -> bool:
-        """Feed one event; whether the answer is finished."""
-        text = assembler.feed(event)
+        """Feed one event; whether the answer is finished. An error the provider sent in
+        its stream is redacted (``redact``: the endpoint's), as one in a whole answer is."""
+        try:
+            text = assembler.feed(event)
+        except ProviderError as exc:
+            raise ProviderError(self._redact(str(exc))) from None
         if text:
             self._streamed = True
             await self._sink.emit("token", text)

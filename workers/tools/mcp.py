@@ -24,12 +24,17 @@ Decisions:
   environment reaches it. Its stderr (and the launcher's, when it cannot start the program)
   goes to a private temporary file, whose end is quoted when the server fails.
 - **Reuse.** One connection per task and server (by the server's declaration digest) in each
-  worker process, kept between calls, closed when the task's dispatches stop using it for
-  ``ORGA_MCP_IDLE_TIMEOUT_S`` or when the worker stops (:meth:`McpSessions.close_task` closes
-  a task's at once).
+  worker process, kept between calls: with several tool workers a task's calls may reach
+  several processes, each with its own connection (a stateful server sees them split). A
+  connection is closed when its task ends, when the worker stops (:meth:`McpSessions.close_task`
+  closes a task's at once), or when unused for ``ORGA_MCP_IDLE_TIMEOUT_S`` *and* its task is
+  no longer active (:attr:`McpSessions.active_tasks`: a task awaiting a reviewer keeps it).
 - **One restart.** A call that fails because the connection broke (the server exited, the
   HTTP session was lost) or the server did not answer within the tool timeout closes the
-  connection, opens a new one and sends the call once more; a second failure is
+  connection, opens a new one and sends the call once more, so an MCP call is *at least
+  once* after a timeout (it may have run before the server stopped answering); both sends
+  carry the call's idempotency key in the request's ``_meta`` (:data:`IDEMPOTENCY_META_KEY`)
+  for a server that deduplicates; a second failure is
   :class:`McpServerError`, naming the server and the error, which the executor counts on the
   tool's circuit breaker and hands to the recovery strategy. An error the server *answers*
   (an unknown tool, invalid arguments, a tool result with ``isError``) is not retried.
@@ -54,10 +59,10 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
@@ -68,6 +73,8 @@ from shared.mcp import (
     McpToolEntry,
     is_mcp_tool,
     offered_tool_name,
+    redact_command,
+    redact_url,
 )
 from workers.tools import launcher
 from workers.tools.base import Tool, ToolContext, ToolOutput
@@ -77,6 +84,7 @@ from workers.tools.output import error_output
 from workers.tools.workspace import resolve_in_workspace
 
 __all__ = [
+    "IDEMPOTENCY_META_KEY",
     "PYTHON_PLACEHOLDER",
     "RESTART_CODES",
     "McpConfigError",
@@ -91,7 +99,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from mcp import ClientSession
-    from mcp.types import CallToolResult
+    from mcp.types import CallToolResult, RequestParamsMeta
     from mcp.types import Tool as McpToolInfo
 
     from workers.executor import ToolLookup
@@ -111,6 +119,9 @@ PYTHON_PLACEHOLDER = "{python}"
 the ``mcp`` SDK installed): ``command: ["{python}", "server.py"]``."""
 ATTEMPT_SHARE = 0.45
 """Each of a call's two attempts may take this share of the tool timeout."""
+IDEMPOTENCY_META_KEY = "orga/idempotency_key"
+"""The ``_meta`` key of a ``tools/call`` that carries the call's idempotency key: the same on
+the resend after a timeout or a broken connection, so a server may run the call once."""
 RESTART_CODES = frozenset({-32000, -32001})
 """``mcp.types.CONNECTION_CLOSED`` and ``REQUEST_TIMEOUT``: the connection is unusable."""
 
@@ -275,11 +286,26 @@ class McpConnection:
                 break
         return tools
 
-    async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> CallToolResult:
-        """One ``tools/call``; MCPError or a transport error when it fails."""
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout_s: float,
+        *,
+        idempotency_key: str | None = None,
+    ) -> CallToolResult:
+        """One ``tools/call`` (with ``_meta`` carrying ``idempotency_key`` when given);
+        MCPError or a transport error when it fails."""
         session = self.session()
+        # An open map (extra items allowed): the SDK's TypedDict names only the reserved keys.
+        meta = (
+            None
+            if idempotency_key is None
+            else cast("RequestParamsMeta", {IDEMPOTENCY_META_KEY: idempotency_key})
+        )
         return await asyncio.wait_for(
-            session.call_tool(tool, arguments, read_timeout_seconds=timeout_s), timeout_s + 1.0
+            session.call_tool(tool, arguments, read_timeout_seconds=timeout_s, meta=meta),
+            timeout_s + 1.0,
         )
 
     async def aclose(self) -> None:
@@ -297,7 +323,12 @@ class McpConnection:
             self._stderr.close()
 
     def _describe(self, cause: str) -> str:
-        where = f"command {self.spec.command!r}" if self.spec.command else f"url {self.spec.url!r}"
+        spec = self.spec
+        where = (
+            f"command {redact_command(spec.command)!r}"
+            if spec.command
+            else f"url {redact_url(spec.url or '')!r}"
+        )
         tail = self.stderr_tail()
         said = f"; its stderr ends with: {tail!r}" if tail else ""
         return f"MCP server {self.spec.name!r} ({where}): {cause}{said}"
@@ -379,6 +410,10 @@ class McpSessions:
         """How many connections were opened again after one broke (for tests and logs)."""
         self.on_open: Callable[[], None] | None = None
         """Called when a connection opens (a worker process starts its reaper there)."""
+        self.active_tasks: Callable[[list[str]], Awaitable[set[str]]] | None = None
+        """Which of the given tasks are still active (not ended; awaiting a review counts):
+        their idle connections are kept. A worker process answers from Redis; None keeps
+        none (an idle connection is closed whatever its task)."""
 
     async def connection(self, task_id: str, spec: McpServerSpec, workspace: Path) -> McpConnection:
         """The task's open connection to ``spec``, opened when there is none (or it broke)."""
@@ -440,9 +475,13 @@ class McpSessions:
         workspace: Path,
         arguments: dict[str, Any],
         timeout_s: float,
+        *,
+        idempotency_key: str | None = None,
     ) -> CallToolResult:
         """``tools/call`` on the task's connection; a broken connection or a call that timed
-        out is restarted once and the call sent again; McpServerError after that."""
+        out is restarted once and the call sent again (at least once: a call that timed out
+        may have run, and runs again), with the same ``idempotency_key`` in its ``_meta``;
+        McpServerError after that."""
         spec = target.server
         for attempt in (1, 2):
             try:
@@ -450,7 +489,9 @@ class McpSessions:
             except McpConfigError as exc:
                 raise McpServerError(str(exc), spec.name) from exc
             try:
-                return await connection.call(target.tool, arguments, timeout_s)
+                return await connection.call(
+                    target.tool, arguments, timeout_s, idempotency_key=idempotency_key
+                )
             except Exception as exc:
                 if not _broken(exc):
                     raise McpServerError(connection.describe_failure(exc), spec.name) from exc
@@ -476,14 +517,32 @@ class McpSessions:
             await connection.aclose()
 
     async def close_idle(self) -> None:
-        """Close the connections unused for ``idle_timeout_s``."""
+        """Close the connections unused for ``idle_timeout_s`` whose task is no longer active
+        (:attr:`active_tasks`): a task waiting for a reviewer keeps its servers' state. When
+        the active tasks cannot be read, nothing is closed this time."""
         cutoff = time.monotonic() - self.idle_timeout_s
-        for key, connection in list(self._connections.items()):
-            lock = self._locks.get(key)
-            if connection.last_used < cutoff and (lock is None or not lock.locked()):
-                self._connections.pop(key, None)
-                self._locks.pop(key, None)
-                await connection.aclose()
+        idle = [
+            key
+            for key, connection in self._connections.items()
+            if connection.last_used < cutoff
+            and ((lock := self._locks.get(key)) is None or not lock.locked())
+        ]
+        if not idle:
+            return
+        keep: set[str] = set()
+        if self.active_tasks is not None:
+            try:
+                keep = await self.active_tasks(sorted({task_id for task_id, _ in idle}))
+            except Exception as exc:
+                log.warning("mcp.active_tasks_unknown", extra={"error": str(exc)[:300]})
+                return
+        for key in idle:
+            connection = self._connections.get(key)
+            if key[0] in keep or connection is None or connection.last_used >= cutoff:
+                continue
+            self._connections.pop(key, None)
+            self._locks.pop(key, None)
+            await connection.aclose()
 
     async def aclose(self) -> None:
         """Close every connection."""
@@ -614,6 +673,11 @@ class McpTool:
         # Two attempts (and a restart between them) fit in the executor's timeout.
         attempt_s = max(context.timeout_s * ATTEMPT_SHARE, 0.1)
         result = await self._sessions.call(
-            context.task_id, target, context.workspace, arguments, attempt_s
+            context.task_id,
+            target,
+            context.workspace,
+            arguments,
+            attempt_s,
+            idempotency_key=context.idempotency_key,
         )
         return result_output(target.server.name, target.tool, result)

@@ -221,3 +221,40 @@ def test_gate_phase_holds_the_call(tmp_path: Path) -> None:
     asking = PolicyCheck(state, config, [respond()], Usage())
     gated = asyncio.run(asking.check_policy(CompositeGate([_Asking()]), context(tmp_path)))
     assert gated.denied_count == 1 and not gated.held
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "(git push)",
+        "sudo git push",
+        "sudo -u deploy -E git push origin main",
+        'bash -c "git push"',
+        "sh -xc 'git push origin'",
+        "git -C repo push",
+        "git -c user.name=x --git-dir=.git --work-tree=. push",
+        "env git push",
+        "env -i HOME=/tmp git push",
+        "/usr/bin/git push",
+        "GIT_DIR=. git push",
+        "echo $(git push)",
+        "echo `git push`",
+        "{ git push; }",
+        "nohup nice -n 5 timeout 10 command exec git push",
+    ],
+)
+def test_push_bypasses_are_held(gate: DefaultPolicyGate, command: str, tmp_path: Path) -> None:
+    """The ways around a glob over the raw line (finding 6) are each read as ``git push``."""
+    decision = asked(decide(gate, tool("run_command", {"command": command}), context(tmp_path)))
+    assert "'run_command:git push*'" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "command", ["echo git push", "git status", "grep -r 'git push' docs", "bash -c 'git status'"]
+)
+def test_push_lookalikes_are_not_held(
+    gate: DefaultPolicyGate, command: str, tmp_path: Path
+) -> None:
+    """Normalising does not make a mention of ``git push`` into one."""
+    decision = decide(gate, tool("run_command", {"command": command}), context(tmp_path))
+    assert not isinstance(decision, Ask), decision
