@@ -189,7 +189,9 @@ class WebhookDeliverer:
             await self.redis.xack(stream, keys.webhook_group, entry_id)
             return
         clean = {k: self.redactor.redact(v) for k, v in fields.items()}
-        entry = _Entry(stream, entry_id, _payload(entry_id, kind, clean))
+        # the id names the partition too: stream ids are per stream, two partitions repeat them
+        body = _payload(entry_id, kind, clean) | {"id": f"{self.streams.index(stream)}:{entry_id}"}
+        entry = _Entry(stream, entry_id, body)
         self._in_flight[(stream, entry_id)] = asyncio.create_task(
             self._deliver(http, entry, targets)
         )
@@ -208,7 +210,7 @@ class WebhookDeliverer:
     ) -> None:
         """Post until accepted, backing off; dead-letter past the deadline."""
         deadline = _entry_time(entry.entry_id) + self.deadline_s
-        delivery = f"{entry.entry_id}:{self.subscriptions.index(subscription)}"
+        delivery = f"{entry.body['id']}:{self.subscriptions.index(subscription)}"
         attempt = 0
         while True:
             attempt += 1

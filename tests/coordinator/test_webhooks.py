@@ -413,3 +413,38 @@ def test_a_deliverer_keeps_all_its_entries_claiming_them_by_chunks(
 
 def _name(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def test_two_partitions_events_with_the_same_stream_id_get_distinct_delivery_ids(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Each partition has its own events stream, so two entries can share a stream id: the
+    body's id and X-Orga-Delivery name the partition, so a receiver dropping duplicates by them
+    keeps both events."""
+
+    async def scenario() -> None:
+        seen: list[httpx.Request] = []
+        async with redis_client() as redis:
+            deliverer = WebhookDeliverer(redis, [_hook()], partitions=2, block_ms=50,
+                                         transport=_receiver([200], seen))  # fmt: skip
+            task = asyncio.create_task(deliverer.run())
+            for p in (0, 1):
+                while not await redis.exists(keys.events_stream(p)):
+                    await asyncio.sleep(0.01)
+            for p in (0, 1):  # the same explicit id in both partitions' streams
+                await redis.xadd(keys.events_stream(p),
+                                 {"task_id": f"t{p}", "event": "completed", "at": "1"},
+                                 id="9999999999999-0")  # fmt: skip
+            await _until(lambda: _posted(seen, 2))
+            deliverer.stop()
+            await task
+        bodies = {json.loads(r.content)["task_id"]: r for r in seen}
+        assert json.loads(bodies["t0"].content)["id"] == "0:9999999999999-0"
+        assert json.loads(bodies["t1"].content)["id"] == "1:9999999999999-0"
+        assert bodies["t0"].headers["X-Orga-Delivery"] == "0:9999999999999-0:0"
+        assert bodies["t1"].headers["X-Orga-Delivery"] == "1:9999999999999-0:0"
+
+    async def _posted(seen: list[httpx.Request], posts: int) -> bool:
+        return len(seen) >= posts
+
+    asyncio.run(scenario())
