@@ -712,9 +712,12 @@ class ProcessServices(WorkerCore):
 
         On a Redis Cluster a transaction must stay in one slot: the observation and the chained
         calls (one task, so one partition) are the transaction, then the heartbeats and the
-        breaker counters (not in a partition) follow in a pipeline of their own. A worker that
-        dies between the two leaves its heartbeat unmarked, as one that dies right after a
-        publish does: the coordinator has the answer, and a re-sent dispatch is fenced."""
+        breaker counters (not in a partition) follow in a pipeline of their own, best effort:
+        the transaction is committed, so an error there is logged, never raised (a caller
+        retrying the publish would send the observation and the chained calls twice). A
+        heartbeat left unmarked is as a worker dying right after a publish: the coordinator has
+        the answer, and a re-sent dispatch is fenced; the deferred breaker successes (clean ones,
+        which change only a closed breaker's success count and TTL) are lost, and logged."""
         pipe = self.redis.pipeline(transaction=True)
         rest = self.redis.pipeline(transaction=False) if self._cluster else pipe
         self.breaker_store.flush_deferred(rest)
@@ -732,7 +735,13 @@ class ProcessServices(WorkerCore):
         if len(pipe):
             await pipe.execute()
         if rest is not pipe and len(rest):
-            await rest.execute()
+            try:
+                await rest.execute()
+            except RedisError as exc:  # after the commit: re-sending it would duplicate it
+                log.warning(
+                    "publish.after_commit_failed",
+                    extra={"error": str(exc)[:300], "commands": len(rest)},
+                )
 
     def _partition(self, task_id: str) -> int:
         return keys.partition_of(task_id, self.settings.partitions)

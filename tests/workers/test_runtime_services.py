@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.exceptions import ReadOnlyError
 
 from shared import keys
 from shared.actions import ToolCallAction
@@ -26,6 +27,7 @@ from workers.handlers import onward, run_reasoning, run_tool_calls
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderSettings
 from workers.runtime import LEDGERS_KEPT, ProcessServices
+from workers.tasks import _publish
 
 _OPEN: list[ProcessServices] = []
 
@@ -418,3 +420,44 @@ def test_the_mcp_reaper_reads_which_tasks_are_active(redis_url: str, redis_clien
         for task_id in ("t-held", "t-other"):
             client.sadd(keys.active_tasks_key(services._partition(task_id)), task_id)
     assert services.run(services.mcp.active_tasks(tasks)) == {"t-held", "t-other"}
+
+
+def test_on_a_cluster_a_failing_heartbeat_pipeline_never_sends_the_observation_twice(
+    redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster the observation and chained calls are one transaction, the heartbeats a
+    pipeline after it. That pipeline refused once (ReadOnlyError, a transient write error the
+    task's publish retries): the committed transaction is not sent again, one observation and
+    one outbox entry."""
+    settings = OrgaSettings(redis_url=redis_url, redis_cluster=True)
+    services = ProcessServices(settings, ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    reply = {"tool_calls": [{"name": "file_read", "arguments": {"path": p}} for p in "ab"]}
+    request = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
+        update={"act": ActMode.CHAIN, "config": LoopConfig(max_concurrent_tools=1)}
+    )
+    message = services.run(run_reasoning(request, services))
+    observation, calls = onward(request, message)
+    assert observation is message and len(calls) == 1
+    refusals: list[str] = []
+    pipeline = services.redis.pipeline
+
+    def refusing_once(transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = pipeline(transaction=transaction, shard_hint=shard_hint)
+        if not transaction and not refusals:
+
+            async def refuse(raise_on_error: bool = True) -> Any:
+                refusals.append("heartbeats")
+                await pipe.reset()
+                raise ReadOnlyError("You can't write against a read only replica.")
+
+            monkeypatch.setattr(pipe, "execute", refuse)
+        return pipe
+
+    monkeypatch.setattr(services.redis, "pipeline", refusing_once)
+    services.run(_publish(services, observation, calls, [request.fence]))
+
+    assert refusals == ["heartbeats"]
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.xlen(keys.observations_stream(0)) == 1
+        assert client.xlen(keys.outbox_stream(0)) == 1
