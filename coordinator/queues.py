@@ -9,8 +9,9 @@ consumer: that is logged, once a minute per queue.
 
 The queues' lengths are the lists of the Redis broker on the state Redis; on a broker of its own
 (RabbitMQ: ``ORGA_BROKER_URL=amqp://``) they are asked of the broker through the transport
-(:class:`~coordinator.transport.QueueDepths`), in a thread; a broker that does not answer
-leaves the last depths read (logged once a minute).
+(:class:`~coordinator.transport.QueueDepths`), in a thread; a broker that does not answer (an
+error, or no answer within ``BROKER_TIMEOUT_S``: a hung socket does not stall the tick) leaves
+the last depths read (logged once a minute).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ SAMPLE_EVERY_S = 1.0
 SMOOTHING = 0.3
 """Weight of the newest sample in the drain rate."""
 WARN_EVERY_S = 60.0
+BROKER_TIMEOUT_S = 3.0
+"""How long a tick waits for the broker's depths (a hung broker socket must not stall it)."""
 
 
 @dataclass
@@ -54,6 +57,10 @@ class QueueGauge:
     """Where the queues' depths are read when the broker is not the state Redis (None, or a
     broker answering None: the lists on the state Redis)."""
     _broker_warned_at: float = -WARN_EVERY_S
+    broker_timeout_s: float = BROKER_TIMEOUT_S
+    """How long a sample waits for the broker; past it, the last depths read stay."""
+    _broker_call: asyncio.Future[Any] | None = None
+    """The broker's answer still awaited (one at a time: a hung call is not asked again)."""
 
     @property
     def observations(self) -> StreamProgress:
@@ -107,17 +114,25 @@ class QueueGauge:
         does not answer."""
         if self.broker is None:
             return None
+        call = self._broker_call
+        if call is None:  # the thread of a call that timed out is awaited again, not doubled
+            call = asyncio.ensure_future(asyncio.to_thread(self.broker.queue_depths, QUEUES))
+            self._broker_call = call
         try:
-            depths = await asyncio.to_thread(self.broker.queue_depths, QUEUES)
+            depths = await asyncio.wait_for(asyncio.shield(call), self.broker_timeout_s)
         except Exception as exc:
+            if call.done():
+                self._broker_call = None
+            error = (f"no answer within {self.broker_timeout_s:g}s"
+                     if isinstance(exc, TimeoutError) and not call.done()
+                     else f"{type(exc).__name__}: {str(exc)[:300]}")  # fmt: skip
             if now - self._broker_warned_at >= WARN_EVERY_S:
                 self._broker_warned_at = now
                 log.warning(
-                    "queue.depth_unavailable",
-                    extra={"error": f"{type(exc).__name__}: {str(exc)[:300]}",
-                           "kept": dict(self._depth)},
-                )  # fmt: skip
+                    "queue.depth_unavailable", extra={"error": error, "kept": dict(self._depth)}
+                )
             return dict(self._depth)
+        self._broker_call = None
         return None if depths is None else dict(depths)
 
     def _update(self, queue: str, depth: int, started: int, elapsed: float, now: float) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import fakeredis
@@ -192,6 +194,52 @@ class _Broker:
         if self.down:
             raise ConnectionError("broker unreachable")
         return None if self.depths is None else {q: self.depths[q] for q in queues}
+
+
+class _HungBroker(_Broker):
+    """A broker whose socket hangs until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hung = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
+        self.calls += 1
+        if self.hung.is_set():
+            self.release.wait(30)
+        return super().queue_depths(queues)
+
+
+def test_a_hung_broker_does_not_stall_the_queue_gauge() -> None:
+    """A broker that never answers: a sample returns after the gauge's timeout with the last
+    depths read, the hung call is not asked again while it hangs, and its answer counts once it
+    comes."""
+    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    broker = _HungBroker()
+    gauge = QueueGauge(broker=broker, broker_timeout_s=0.2)
+    took: list[float] = []
+
+    async def run() -> None:
+        await gauge.sample(redis, now=1.0)
+        broker.hung.set()
+        broker.depths = {keys.reasoning_queue: 40, keys.tools_queue: 7}
+        for now in (3.0, 5.0):
+            started = time.monotonic()
+            await gauge.sample(redis, now=now)
+            took.append(time.monotonic() - started)
+            assert gauge.depth(keys.reasoning_queue) == 12  # the last depths read
+        assert broker.calls == 2  # the hung call awaited again, not a second thread
+        broker.release.set()
+        await gauge.sample(redis, now=7.0)
+        assert gauge.depth(keys.reasoning_queue) == 40
+
+    try:
+        asyncio.run(run())
+    finally:
+        broker.release.set()
+    assert max(took) < 2.0
 
 
 def test_the_queue_gauge_asks_a_broker_of_its_own_for_the_depths() -> None:
