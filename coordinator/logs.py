@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from shared.settings import node_urls
+
 __all__ = ["EventFormatter", "RateGate", "configure_logging", "redact_url"]
 
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -54,7 +56,16 @@ def configure_logging(level: str) -> None:
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (for logs and banners)."""
+    """The URL with its password replaced by ``***`` (for logs and banners); a URL naming
+    several nodes (a Redis Cluster's ``redis://:pw@a:7000/0,redis://:pw@b:7000/0``) has each
+    node's password replaced."""
+    nodes = node_urls(url)
+    if len(nodes) > 1:
+        return ",".join(_redact_one(node) for node in nodes)
+    return _redact_one(url)
+
+
+def _redact_one(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -30,7 +30,7 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster
 
 from shared.errors import ConfigError
-from shared.settings import OrgaSettings, celery_broker_url
+from shared.settings import OrgaSettings, celery_broker_url, node_urls
 
 __all__ = ["COMMAND_TIMEOUT_S", "CONNECT_TIMEOUT_S", "RedisClients"]
 
@@ -97,8 +97,9 @@ class RedisClients:
     def _nodes(self) -> tuple[str, list[tuple[str, int]]]:
         """A cluster's URL may name several nodes, comma-separated (``redis://a:7000/0,
         redis://b:7000/0``): the first gives the credentials and options, each is a node to
-        start from, so that a process starting while one node is down finds the others."""
-        first, *others = (part.strip() for part in self.url.split(",") if part.strip())
+        start from, so that a process starting while one node is down finds the others. A
+        comma inside a password is not a separator (:func:`shared.settings.node_urls`)."""
+        first, *others = node_urls(self.url)
         nodes = []
         for other in others:
             parsed = urlsplit(other if "://" in other else f"redis://{other}")

@@ -6,6 +6,7 @@ Library code never reads ``os.environ``: the CLI, the Celery app and the coordin
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ __all__ = [
     "celery_broker_url",
     "celery_config",
     "is_amqp",
+    "node_urls",
 ]
 
 
@@ -328,6 +330,17 @@ def is_amqp(broker_url: str) -> bool:
     ``pyamqp://``) rather than a Redis one."""
     scheme, _, _ = broker_url.partition("://")
     return scheme.lower() in AMQP_SCHEMES
+
+
+_NEXT_NODE = re.compile(r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://|[^,/@:\s]+:\d+(?:/|,|\s*$))")
+"""A comma that starts another node: a URL (``redis://``, ``rediss://``) or a bare
+``host:port``; not one inside a password (no ``://`` and an ``@`` after it)."""
+
+
+def node_urls(url: str) -> list[str]:
+    """The parts of a URL naming several nodes (``redis://:pw@a:7000/0,redis://b:7000/0``,
+    or ``…,b:7000``), split only where another node begins: a password may hold a comma."""
+    return [part.strip() for part in _NEXT_NODE.split(url) if part.strip()]
 
 
 def celery_broker_url(settings: OrgaSettings) -> str:

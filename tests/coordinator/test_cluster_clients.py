@@ -144,3 +144,14 @@ def test_schedules_of_a_deployment_before_the_hash_tag_are_renamed() -> None:
         assert await adopt_legacy_schedules(client) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_password_holding_a_comma_is_not_split_into_nodes() -> None:
+    """The URL is split into nodes only where another node begins (a URL, or a bare
+    host:port), never at a comma inside a password."""
+    clients = RedisClients("redis://:se,cret@n1:7000/0,rediss://n2:7001/0, n3:7002", True)
+    assert clients._nodes() == ("redis://:se,cret@n1:7000/0", [("n2", 7001), ("n3", 7002)])
+    assert RedisClients("redis://:a,b:c@n1:7000/0", True)._nodes() == (
+        "redis://:a,b:c@n1:7000/0",
+        [],
+    )
