@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+import redis.cluster
 from celery import bootsteps
 
 from shared import keys
@@ -39,20 +40,31 @@ def check_redis_keeps_keys(url: str, connect: Connect | None = None) -> str:
     """The ``maxmemory-policy`` of the Redis at ``url`` (``noeviction``), by ``CONFIG GET``,
     else ``INFO memory`` where CONFIG is renamed, disabled or refused; an
     :class:`~shared.eviction.EvictingRedisError` naming the value and the fix for any other.
-    On a cluster, CONFIG GET asks the nodes redis-py sends it to (the primaries)."""
+    On a Redis Cluster every node (primaries and replicas: a replica may be promoted) is asked
+    and checked, each named by its ``host:port`` (never the URL: it may hold a password)."""
     with _client(url, connect) as client:
-        unread = ""
+        if isinstance(client, redis.cluster.RedisCluster):
+            nodes = client.get_nodes()  # type: ignore[no-untyped-call]
+            policies = [
+                _check_policy(client, f"{node.host}:{node.port}", target_nodes=node)
+                for node in nodes
+            ]
+            return policies[0]
+        address = redis_address(client.connection_pool.connection_kwargs)
+        return _check_policy(client, address)
+
+
+def _check_policy(client: redis.Redis | redis.cluster.RedisCluster, address: str, **target: Any) -> str:
+    unread = ""
+    try:
+        policy = policy_from_config(client.config_get(POLICY_SETTING, **target))
+    except redis.ResponseError as exc:
+        policy, unread = None, f"CONFIG GET: {exc}"
+    if policy is None:
         try:
-            policy = policy_from_config(client.config_get(POLICY_SETTING))
+            policy = policy_from_info(client.info("memory", **target))
         except redis.ResponseError as exc:
-            policy, unread = None, f"CONFIG GET: {exc}"
-        if policy is None:
-            try:
-                policy = policy_from_info(client.info("memory"))
-            except redis.ResponseError as exc:
-                unread = f"{unread}; INFO memory: {exc}".lstrip("; ")
-        pool = getattr(client, "connection_pool", None)  # a RedisCluster has one per node
-        address = redis_address(pool.connection_kwargs) if pool is not None else url
+            unread = f"{unread}; INFO memory: {exc}".lstrip("; ")
     return check_eviction_policy(policy, address, unread)
 
 

@@ -22,9 +22,11 @@ from coordinator.streams import read_group
 from orga.redis_client import RedisClients
 from shared import keys
 from shared.errors import ConfigError
+from shared.eviction import EvictingRedisError
 from shared.settings import OrgaSettings, celery_broker_url
 from tests.ci import require
 from tests.redis_cluster import RedisCluster, RedisClusterUnavailableError
+from workers.redis_policy import check_redis_keeps_keys as worker_check
 
 PARTITIONS = 16
 
@@ -103,6 +105,38 @@ def test_reads_and_checks_go_to_each_partition_and_node(cluster: RedisCluster) -
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_one_evicting_node_that_is_not_the_default_is_refused_by_both_checks(
+    cluster: RedisCluster,
+) -> None:
+    """A replica (never the node a plain CONFIG GET goes to) set to allkeys-lru: the
+    coordinator's and the worker's checks each ask every node and refuse, naming that node by
+    host:port (not the URL, which may hold a password)."""
+    replica = next(port for port in cluster.ports if port not in cluster.masters())
+    clients = RedisClients(cluster.url, cluster=True)
+
+    async def coordinator_check() -> str:
+        client: Redis = clients.asyncio()
+        try:
+            return await check_redis_keeps_keys(client)
+        finally:
+            await client.aclose()
+
+    with redis.Redis(port=replica) as node:
+        node.config_set("maxmemory-policy", "allkeys-lru")
+        try:
+            refusals = []
+            for check in (lambda: asyncio.run(coordinator_check()),
+                          lambda: worker_check(cluster.url, clients.sync)):  # fmt: skip
+                with pytest.raises(EvictingRedisError) as refused:
+                    check()
+                refusals.append(str(refused.value))
+        finally:
+            node.config_set("maxmemory-policy", "noeviction")
+    for said in refusals:
+        assert "allkeys-lru" in said and f":{replica}" in said and "redis://" not in said
+    assert worker_check(cluster.url, clients.sync) == "noeviction"
 
 
 def test_a_transaction_stays_in_one_slot(cluster: RedisCluster) -> None:
