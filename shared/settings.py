@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import keys
@@ -285,6 +285,20 @@ class OrgaSettings(BaseSettings):
         description="A webhook post left pending this long by a coordinator that stopped is "
         "taken over by another (or by itself, restarted)",
     )
+
+    @model_validator(mode="after")
+    def _leases_renewed_in_time(self) -> OrgaSettings:
+        """The partition leases are renewed every third of their TTL, checked each tick: a
+        tick as long as that third would let a live coordinator's leases lapse."""
+        ttl, tick = self.partition_lease_ttl_s, self.tick_interval_s
+        if ttl <= 3 * tick:
+            raise ValueError(
+                f"ORGA_PARTITION_LEASE_TTL_S={ttl:g} must be more than 3 x "
+                f"ORGA_TICK_INTERVAL_S={tick:g} (the leases are renewed every third of their "
+                f"TTL, checked each tick): raise ORGA_PARTITION_LEASE_TTL_S above {3 * tick:g} "
+                "or lower ORGA_TICK_INTERVAL_S"
+            )
+        return self
 
 
 class TelemetrySettings(BaseSettings):
