@@ -554,13 +554,42 @@ class OrgaClient:
                     events_after = str(rows[-1][0])
 
     def events(self, after: str = "0-0", count: int = 1000) -> list[tuple[str, dict[str, str]]]:
-        """Lifecycle events after a stream id (what upstream pipelines follow), merged over
-        the partitions by id (one Redis stamps every stream's ids with its own clock)."""
+        """Lifecycle events after a stream id, merged over the partitions by id.
+
+        One id for every partition's stream: on one partition a follow API (pass the last id
+        seen); on several, an event of one partition with an id below another's last one (a
+        later page's count cut, another master's clock) is skipped: follow them with
+        :meth:`follow_events`, or a task with :meth:`watch`."""
         rows: list[tuple[str, dict[str, str]]] = []
         for p in range(self.partition_count):
             got = self.redis.xrange(keys.events_stream(p), min=f"({after}", max="+", count=count)
             rows += self._rows(got)
         return sorted(rows, key=lambda row: _stream_order(row[0]))[:count]
+
+    def follow_events(
+        self, cursor: str = "0-0", count: int = 1000
+    ) -> tuple[list[tuple[str, dict[str, str]]], str]:
+        """The lifecycle events after ``cursor`` and the cursor to pass next: one position per
+        partition (``id0,id1,…`` in partition order), so no partition's event is skipped
+        whatever the others' ids. A plain stream id starts every partition from it (on one
+        partition the cursor is that id). ConfigError for a cursor of another partition count."""
+        positions = [position.strip() for position in cursor.split(",")]
+        if len(positions) == 1:
+            positions *= self.partition_count
+        if len(positions) != self.partition_count:
+            raise ConfigError(
+                f"events cursor {cursor!r} names {len(positions)} partitions, the deployment "
+                f"has {self.partition_count} (ORGA_PARTITIONS): pass the cursor this "
+                "deployment's follow_events returned, or a plain stream id to start from"
+            )
+        rows: list[tuple[int, str, dict[str, str]]] = []
+        for p, position in enumerate(positions):
+            got = self.redis.xrange(keys.events_stream(p), min=f"({position}", max="+", count=count)
+            rows += [(p, entry_id, fields) for entry_id, fields in self._rows(got)]
+        taken = sorted(rows, key=lambda row: (_stream_order(row[1]), row[0]))[:count]
+        for p, entry_id, _fields in taken:  # sorted: each partition's last taken is kept
+            positions[p] = entry_id
+        return [(entry_id, fields) for _p, entry_id, fields in taken], ",".join(positions)
 
     # -- reviews --------------------------------------------------------------------------
 

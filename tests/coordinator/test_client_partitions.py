@@ -76,3 +76,34 @@ def test_bad_text_is_submitted_for_the_coordinator_to_refuse(
     client = OrgaClient(redis_url, partitions=16)
     task_id = client.submit(text)
     assert task_id in _intake_ids(plain, keys.partition_of(task_id, 16))
+
+
+def test_following_events_skips_no_partitions_event(redis_url: str, plain: redis.Redis) -> None:
+    """Partition 1's events stamped below partition 0's last one (another master's clock, or
+    cut by a page's count): one id for every partition skips them; follow_events' cursor, one
+    position per partition, gets each event once."""
+    client = OrgaClient(redis_url, partitions=2)
+    plain.xadd(keys.events_stream(0), {"event": "a"}, id="5-0")
+    plain.xadd(keys.events_stream(0), {"event": "f"}, id="6-0")
+    plain.xadd(keys.events_stream(1), {"event": "b"}, id="1-0")
+    seen: list[str] = []
+    rows, cursor = client.follow_events(count=2)  # 1-0 (p1) and 5-0 (p0); 6-0 waits
+    seen += [f["event"] for _i, f in rows]
+    assert cursor == "5-0,1-0"
+    plain.xadd(keys.events_stream(1), {"event": "d"}, id="4-0")  # below the last id seen
+    plain.xadd(keys.events_stream(1), {"event": "c"}, id="7-0")
+    plain.xadd(keys.events_stream(0), {"event": "e"}, id="9-0")
+    while True:
+        rows, cursor = client.follow_events(cursor, count=2)
+        if not rows:
+            break
+        seen += [f["event"] for _i, f in rows]
+    assert seen == ["b", "a", "d", "f", "c", "e"]
+    assert cursor == "9-0,7-0"
+    assert [f["event"] for _i, f in client.events(after="5-0")] == ["f", "c", "e"]  # d skipped
+    with pytest.raises(ConfigError, match="names 3 partitions"):
+        client.follow_events("1-0,2-0,3-0")
+    plain.flushdb()  # one partition: the cursor is a plain stream id
+    plain.xadd(keys.events_stream(0), {"event": "a"}, id="5-0")
+    single = OrgaClient(redis_url, partitions=1)
+    assert single.follow_events("4-0") == ([("5-0", {"event": "a"})], "5-0")
