@@ -31,6 +31,8 @@ from shared.errors import ConfigError
 from shared.pricing import preload as preload_prices
 from shared.settings import OrgaSettings, TelemetrySettings, celery_broker_url, celery_config
 from workers import key_handoff
+from workers.app_config import WorkerConfig, worker_config
+from workers.app_config import register as register_worker_config
 from workers.broker import serve_redis_urls
 from workers.redis_policy import EvictionCheck
 from workers.runtime import deployment_mcp_servers
@@ -65,13 +67,15 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
     # redis:// is workers.broker's transport (survives Redis out of memory); amqp:// is kombu's
     serve_redis_urls()
     celery.conf.worker_concurrency = settings.worker_concurrency
-    celery.conf.orga_settings = settings
     # The workers' state clients (a RedisCluster on ORGA_REDIS_CLUSTER), built in their process.
+    # Kept beside the app, not in app.conf: `celery inspect conf` shows app.conf uncensored,
+    # and the settings' and clients' reprs show the Redis URL with its password.
     clients = RedisClients.from_settings(settings)
-    celery.conf.orga_async_redis = clients.asyncio
-    celery.conf.orga_sync_redis = clients.sync
+    register_worker_config(
+        celery,
+        WorkerConfig(settings, received_model_keys(), clients.asyncio, clients.sync),
+    )
     celery.steps["worker"].add(EvictionCheck)
-    celery.conf.orga_model_keys = received_model_keys()
     return celery
 
 
@@ -105,7 +109,7 @@ def quiet_per_task_loggers(settings: OrgaSettings) -> None:
 
 @after_setup_logger.connect  # type: ignore[untyped-decorator]
 def _quiet_per_task_lines(**_: Any) -> None:
-    quiet_per_task_loggers(app.conf.orga_settings)
+    quiet_per_task_loggers(worker_config(app).settings)
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

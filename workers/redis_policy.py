@@ -23,12 +23,14 @@ from shared.eviction import (
     redis_address,
 )
 from shared.partitions import check_partitions
+from workers.app_config import worker_config
 
 __all__ = ["EvictionCheck", "check_redis_keeps_keys", "check_worker_partitions"]
 
 
 Connect = Callable[..., redis.Redis]
-"""Builds a client of the state's Redis (the app's ``orga_sync_redis``: a RedisCluster on a
+"""Builds a client of the state's Redis (the app's :class:`~workers.app_config.WorkerConfig`
+``sync_redis``: a RedisCluster on a
 cluster); None: a standalone Redis at the URL."""
 
 
@@ -54,7 +56,9 @@ def check_redis_keeps_keys(url: str, connect: Connect | None = None) -> str:
         return _check_policy(client, address)
 
 
-def _check_policy(client: redis.Redis | redis.cluster.RedisCluster, address: str, **target: Any) -> str:
+def _check_policy(
+    client: redis.Redis | redis.cluster.RedisCluster, address: str, **target: Any
+) -> str:
     unread = ""
     try:
         policy = policy_from_config(client.config_get(POLICY_SETTING, **target))
@@ -82,7 +86,8 @@ class EvictionCheck(bootsteps.StartStopStep):  # type: ignore[misc]
     count than the deployment's."""
 
     def start(self, parent: Any) -> None:
-        settings = parent.app.conf.orga_settings
-        connect = parent.app.conf.get("orga_sync_redis")
+        config = worker_config(parent.app)
+        settings, connect = config.settings, config.sync_redis
+        assert settings.redis_url is not None  # create_app refuses a worker without it
         check_redis_keeps_keys(settings.redis_url, connect)
         check_worker_partitions(settings.redis_url, settings.partitions, connect)

@@ -497,7 +497,7 @@ class ProcessServices(WorkerCore):
         registry: ToolRegistry | None = None,
         connect: Callable[..., Redis] | None = None,
     ) -> None:
-        """``connect``: builds the state's client (the Celery app's ``orga_async_redis``, a
+        """``connect``: builds the state's client (the Celery app's ``WorkerConfig.async_redis``, a
         RedisCluster on a cluster); None: a standalone Redis at ``redis_url``."""
         self.loop = new_event_loop()
         self._loop_thread = threading.Thread(

@@ -35,6 +35,7 @@ from shared.protocol import (
     WorkerFailedMessage,
 )
 from shared.settings import OrgaSettings, TelemetrySettings
+from workers.app_config import worker_config
 from workers.broker import TRANSIENT_WRITE_ERRORS
 from workers.handlers import live_fences, run_dispatch
 from workers.pool import ASYNC_BODIES, ran_on_loop
@@ -78,16 +79,17 @@ def services(app: Celery | None = None) -> ProcessServices:
         with _services_lock:
             if _services is None:
                 conf = (app or current_app).conf
-                settings: OrgaSettings = conf.orga_settings
+                config = worker_config(app or current_app)
+                settings: OrgaSettings = config.settings
                 assert settings.redis_url is not None
                 configure_tracing(TelemetrySettings(), "orga-worker", out=sys.__stdout__)
-                provider = ProviderSettings.with_keys(conf.orga_model_keys)
+                provider = ProviderSettings.with_keys(config.model_keys)
                 _services = ProcessServices(
                     settings,
                     provider,
                     settings.redis_url,
                     registry=_registry(conf),
-                    connect=conf.get("orga_async_redis"),
+                    connect=config.async_redis,
                 )
                 _services.mcp_list_sender = functools.partial(_send_mcp_list, app or current_app)
     return _services

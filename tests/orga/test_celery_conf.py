@@ -1,0 +1,32 @@
+"""The worker's Celery app keeps the state's settings, clients and model keys off ``app.conf``,
+which ``celery inspect conf`` and Flower's configuration view show."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from shared.settings import OrgaSettings
+from workers.app_config import worker_config
+
+
+def test_the_celery_conf_holds_no_redis_password_nor_orga_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``app.conf.table()`` (what a worker's ``conf`` control command answers, uncensored) has
+    neither the state Redis's password nor the orga settings or client builders; the censored
+    table hides the broker's password too; the worker's config is kept beside the app."""
+    settings = OrgaSettings(
+        redis_url="redis://:state-pw@n1:7000/0,redis://:state-pw@n2:7000/0",
+        redis_cluster=True,
+        broker_url="amqp://orga:broker-pw@rabbit:5672//",
+    )
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    app = importlib.import_module("orga.celery").create_app(settings)
+    shown = repr(app.conf.table(with_defaults=False))
+    assert "state-pw" not in shown
+    assert not [key for key in app.conf.table() if key.startswith("orga_")]
+    assert "broker-pw" not in repr(app.conf.table(with_defaults=True, censored=True))
+    assert worker_config(app).settings is settings
+    assert "state-pw" not in repr(worker_config(app))
