@@ -6,6 +6,7 @@ commit per slot; plus the schedules' keys renamed under their hash tag on a stan
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import fakeredis
@@ -107,14 +108,28 @@ def test_reads_and_checks_go_to_each_partition_and_node(cluster: RedisCluster) -
     asyncio.run(scenario())
 
 
+def _a_replica_the_clients_see(clients: RedisClients, timeout_s: float = 20.0) -> int:
+    """The port of a replica in the topology a new client reads (a replica just started is
+    listed once it has joined its master)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with clients.sync() as client:
+            nodes = client.get_nodes()  # type: ignore[no-untyped-call]
+        replicas = [node.port for node in nodes if node.server_type == "replica"]
+        if replicas:
+            return int(replicas[0])
+        assert time.monotonic() < deadline, f"no replica in the topology: {nodes}"
+        time.sleep(0.2)
+
+
 def test_one_evicting_node_that_is_not_the_default_is_refused_by_both_checks(
     cluster: RedisCluster,
 ) -> None:
     """A replica (never the node a plain CONFIG GET goes to) set to allkeys-lru: the
     coordinator's and the worker's checks each ask every node and refuse, naming that node by
     host:port (not the URL, which may hold a password)."""
-    replica = next(port for port in cluster.ports if port not in cluster.masters())
     clients = RedisClients(cluster.url, cluster=True)
+    replica = _a_replica_the_clients_see(clients)
 
     async def coordinator_check() -> str:
         client: Redis = clients.asyncio()
