@@ -49,6 +49,7 @@ from shared.stagnation.signal import (
     Evidence,
     Signal,
     SignalInput,
+    SignalMemory,
     recurrence_key,
     world_error,
 )
@@ -186,13 +187,14 @@ class StagnationDetector:
         )
         news = self._plans.mark != self._turn_mark
         self._turn_mark = self._plans.mark
-        if not reissued and turn.stuck is not True:
-            if comparable and news:
-                self._plan_stale = max(0, self._plan_stale - 1)
-            return self._verdict(escalated=False)
-        self._plan_stale += 1
-        self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
-        evidence = self._evidence(self._signal_input())
+        stale = reissued or turn.stuck is True
+        if stale:
+            self._plan_stale += 1
+            self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
+        elif comparable and news:
+            self._plan_stale = max(0, self._plan_stale - 1)
+        # every turn reaches every signal (a re-asked slot is no stale turn of the plan rules)
+        evidence = self._evidence(self._signal_input(turn=turn, stale_turn=stale))
         if not evidence:
             return self._verdict(escalated=False)
         strongest = max(evidence, key=Evidence.rank)
@@ -245,6 +247,12 @@ class StagnationDetector:
         self._plans.clear()
         self._plan_stale = 0
         self._plan_kind = None
+        for memory in self._signal_memories():
+            memory.clear()
+
+    def _signal_memories(self) -> list[SignalMemory]:
+        """The signals that keep a memory of their own (saved with the state)."""
+        return [signal for signal in self.signals if isinstance(signal, SignalMemory)]
 
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
@@ -485,8 +493,11 @@ class StagnationDetector:
         event: ToolEvent | None = None,
         fp: EventFingerprint | None = None,
         pair: str | None = None,
+        *,
+        turn: ModelTurn | None = None,
+        stale_turn: bool = False,
     ) -> SignalInput:
-        """What the signals see of this step (a stale tool event, or a stale turn)."""
+        """What the signals see of this step (a stale tool event, or a turn)."""
         return SignalInput(
             config=self.config,
             window=self._window,
@@ -497,6 +508,9 @@ class StagnationDetector:
             event=event,
             fingerprint=fp,
             pair=pair,
+            turn=turn,
+            stale_turn=stale_turn,
+            mark=self._plans.mark,
         )
 
     def _evidence(self, step: SignalInput) -> list[Evidence]:
@@ -611,6 +625,7 @@ class StagnationDetector:
             "turns_since_milestone": self._turns_since_milestone,
             "turn_open": self._turn_open,
             "climbed": self._climbed,
+            "signal_memory": {memory.name: memory.dump() for memory in self._signal_memories()},
         }
 
     def _config_state(self) -> dict[str, Any]:
@@ -667,4 +682,6 @@ class StagnationDetector:
         detector._turns_since_milestone = saved.turns_since_milestone
         detector._turn_open = saved.turn_open
         detector._climbed = saved.climbed
+        for memory in detector._signal_memories():
+            memory.load(saved.signal_memory.get(memory.name))
         return detector

@@ -5,20 +5,25 @@ A signal is a module of :mod:`shared.stagnation.signals`, not a private method o
 the detector keeps the shared memories (what was seen, the stale window, the episode's counts,
 the model's stale turns), hands each signal a read-only :class:`SignalInput` for the step it
 just judged, and takes the strongest :class:`Evidence` to the ladder. A tool event reaches every
-signal when it was judged stale; a model turn reaches every signal when it was a stale turn
-(``event`` is None then: the tool-side signals answer None).
+signal when it was judged stale; every model turn reaches every signal (``event`` is None then:
+the tool-side signals answer None; ``stale_turn`` says whether the plan rules found it stale).
+
+A signal that needs a memory of its own (the slots asked for, :mod:`.signals.slot`) also
+implements :class:`SignalMemory`: the detector saves it with its state and clears it at a
+milestone or a genuine user message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from shared.stagnation.config import StagnationConfig
 from shared.stagnation.events import ToolEvent, ToolKind
 from shared.stagnation.fingerprint import EventFingerprint, digest
 from shared.stagnation.memory import StaleWindow
+from shared.stagnation.plans import ModelTurn
 from shared.stagnation.verdict import ReasonCode, StagnationKind, StagnationLevel
 
 __all__ = [
@@ -26,6 +31,7 @@ __all__ = [
     "Evidence",
     "Signal",
     "SignalInput",
+    "SignalMemory",
     "first_line",
     "recurrence_key",
     "world_error",
@@ -58,7 +64,9 @@ class Evidence:
 class SignalInput:
     """What a signal sees of one step, read-only: the event and its fingerprint (None for a
     model turn), the pair it was counted under, the detector's stale window, the episode's
-    stale and amnesia counts, and the model side's stale-turn count and kind.
+    stale and amnesia counts, and the model side's stale-turn count and kind; for a turn, the
+    turn itself, whether it was a stale turn, and the plan memory's mark (it moves when a new
+    result comes back or a write changes something: the same mark means nothing new since).
 
     ``window`` is the detector's own memory: read it, never change it.
     """
@@ -72,6 +80,9 @@ class SignalInput:
     event: ToolEvent | None = None
     fingerprint: EventFingerprint | None = None
     pair: str | None = None
+    turn: ModelTurn | None = None
+    stale_turn: bool = False
+    mark: int = 0
 
 
 class Signal(Protocol):
@@ -79,6 +90,29 @@ class Signal(Protocol):
 
     def observe(self, step: SignalInput) -> Evidence | None:
         """The rung this signal reaches on ``step`` (None: it has nothing to say)."""
+        ...
+
+
+@runtime_checkable
+class SignalMemory(Protocol):
+    """A signal with a memory of its own, persisted with the detector's state under ``name``.
+
+    ``dump`` returns JSON values, ``load`` restores them, ``clear`` forgets everything (a
+    milestone, a genuine user message). Such a signal instance belongs to one detector.
+    """
+
+    name: str
+
+    def dump(self) -> Any:
+        """The memory as JSON values."""
+        ...
+
+    def load(self, state: Any) -> None:
+        """Restore what :meth:`dump` returned."""
+        ...
+
+    def clear(self) -> None:
+        """Forget everything."""
         ...
 
 

@@ -82,6 +82,7 @@ class ReasonCode(StrEnum):
     RETRIED_FAILURE = "retried_failure"
     REISSUED_PLAN = "reissued_plan"
     SELF_REPORTED_STALL = "self_reported_stall"
+    REASKED_SLOT = "reasked_slot"
 
 
 class StagnationVerdict(BaseModel):

@@ -135,6 +135,7 @@ def _validated_state(detector: StagnationDetector) -> dict[str, Any]:
         turns_since_milestone=detector._turns_since_milestone,
         turn_open=detector._turn_open,
         climbed=detector._climbed,
+        signal_memory={memory.name: memory.dump() for memory in detector._signal_memories()},
     )
     return state.model_dump(mode="json")
 

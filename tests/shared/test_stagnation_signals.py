@@ -4,6 +4,7 @@ detector; the production signals behind it give the detector's verdicts."""
 from __future__ import annotations
 
 from shared.stagnation import (
+    ModelTurn,
     ReasonCode,
     StagnationConfig,
     StagnationDetector,
@@ -18,6 +19,7 @@ from shared.stagnation.signals import (
     PlanSignal,
     RepeatSignal,
     RetrySignal,
+    SlotSignal,
     StaleSignal,
     default_signals,
 )
@@ -50,7 +52,7 @@ def _reread(times: int) -> list[ToolEvent]:
 
 def test_default_signals_are_the_production_set_in_tie_order() -> None:
     """Stale run first (it answers on every stale event), then cycle, repeat, error, retry,
-    and the model side; every one satisfies the protocol."""
+    the model side and re-asked slots; every one satisfies the protocol."""
     signals = default_signals()
     assert [type(s) for s in signals] == [
         StaleSignal,
@@ -59,6 +61,7 @@ def test_default_signals_are_the_production_set_in_tie_order() -> None:
         ErrorSignal,
         RetrySignal,
         PlanSignal,
+        SlotSignal,
     ]
     typed: tuple[Signal, ...] = signals
     assert all(callable(signal.observe) for signal in typed)
@@ -91,7 +94,8 @@ def test_without_signals_nothing_escalates() -> None:
 
 
 def test_tool_side_signals_say_nothing_on_a_turn() -> None:
-    """A stale turn reaches the signals with no event: only the model side answers."""
+    """A stale turn reaches the signals with no event: only the model side answers (the slot
+    signal too, when the turn asks for something; this one does not)."""
     step = SignalInput(
         config=NO_GATE,
         window=StagnationDetector()._window,
@@ -99,6 +103,8 @@ def test_tool_side_signals_say_nothing_on_a_turn() -> None:
         amnesia_steps=0,
         plan_stale=3,
         plan_kind=StagnationKind.NO_GRADIENT,
+        turn=ModelTurn(text="We are going round in circles."),
+        stale_turn=True,
     )
     answers = {type(s).__name__: s.observe(step) for s in default_signals()}
     assert {name for name, e in answers.items() if e is not None} == {"PlanSignal"}
@@ -117,3 +123,19 @@ def test_restored_detector_keeps_the_host_signals() -> None:
     restored = StagnationDetector.from_state(None, detector.to_state(), signals=[own])
     assert restored.signals == (own,)
     assert restored.observe(_reread(1)[0]).level is StagnationLevel.NUDGE
+
+
+def test_the_plan_signal_says_nothing_on_a_turn_that_was_not_stale() -> None:
+    """Every turn reaches every signal now; the plan count answers only on a stale turn (or a
+    stale tool event), so a fresh reply cannot climb a rung on an earlier count."""
+    step = SignalInput(
+        config=NO_GATE,
+        window=StagnationDetector()._window,
+        stale_steps=0,
+        amnesia_steps=0,
+        plan_stale=3,
+        plan_kind=StagnationKind.REPEAT,
+        turn=ModelTurn(text="Here is something else entirely, a fresh reply."),
+        stale_turn=False,
+    )
+    assert PlanSignal().observe(step) is None

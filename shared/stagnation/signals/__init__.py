@@ -2,7 +2,8 @@
 
 :func:`default_signals` is the production set, in the order ties are broken (the first of equal
 evidence wins): the stale run (always first: it answers on every stale tool event), cycles,
-repeated results, repeated errors, retried failures, and the model's stale turns. A new signal
+repeated results, repeated errors, retried failures, the model's stale turns, and slots
+(an id, a number) asked for again with nothing new since. A new signal
 is a new module here with an ``observe`` method, added to this list or passed to
 :class:`~shared.stagnation.detector.StagnationDetector` by a host.
 """
@@ -14,6 +15,7 @@ from shared.stagnation.signals.cycle import CycleSignal
 from shared.stagnation.signals.error import ErrorSignal
 from shared.stagnation.signals.plan import PlanSignal
 from shared.stagnation.signals.repeat import RepeatSignal, RetrySignal
+from shared.stagnation.signals.slot import SlotSignal
 from shared.stagnation.signals.stale import StaleSignal
 
 __all__ = [
@@ -22,13 +24,15 @@ __all__ = [
     "PlanSignal",
     "RepeatSignal",
     "RetrySignal",
+    "SlotSignal",
     "StaleSignal",
     "default_signals",
 ]
 
 
 def default_signals() -> tuple[Signal, ...]:
-    """The production signals, stale run first, in tie-breaking order."""
+    """The production signals, stale run first, in tie-breaking order (fresh instances: the
+    slot signal keeps a memory of its own)."""
     return (
         StaleSignal(),
         CycleSignal(),
@@ -36,4 +40,5 @@ def default_signals() -> tuple[Signal, ...]:
         ErrorSignal(),
         RetrySignal(),
         PlanSignal(),
+        SlotSignal(),
     )

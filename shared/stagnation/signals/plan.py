@@ -10,11 +10,13 @@ __all__ = ["PlanSignal"]
 
 class PlanSignal:
     """The ``plan`` ladder on the detector's leaky count of stale turns (counted by
-    :meth:`~shared.stagnation.detector.StagnationDetector.observe_turn`); it answers on turns
-    and on stale tool events alike."""
+    :meth:`~shared.stagnation.detector.StagnationDetector.observe_turn`); it answers on stale
+    turns and on stale tool events alike."""
 
     def observe(self, step: SignalInput) -> Evidence | None:
         """Evidence when the stale turns reach a rung; None otherwise."""
+        if step.turn is not None and not step.stale_turn:
+            return None  # a turn that neither re-issued a plan nor said it is stuck
         count = step.plan_stale
         level = step.config.plan.rung(count)
         if level is StagnationLevel.NONE or step.plan_kind is None:
