@@ -26,7 +26,7 @@ from typing import Any
 from shared.stagnation.signal import Evidence, SignalInput
 from shared.stagnation.verdict import ReasonCode, StagnationKind, StagnationLevel
 
-__all__ = ["MAX_SLOT_CHARS", "MAX_SLOTS", "SlotSignal", "asked_slots"]
+__all__ = ["MAX_SLOTS", "MAX_SLOT_CHARS", "SlotSignal", "asked_slots"]
 
 MAX_SLOTS = 16
 """Slots remembered at once (the least recently asked is forgotten first)."""
