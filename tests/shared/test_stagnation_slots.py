@@ -4,7 +4,7 @@ with nothing new come back since it last asked (tau-bench conversation stalls)."
 from __future__ import annotations
 
 import json
-import time
+import timeit
 
 from shared.stagnation import (
     ModelTurn,
@@ -155,11 +155,10 @@ def test_the_slot_signal_is_a_signal_with_a_memory_and_bounded() -> None:
 
 
 def test_a_turn_costs_well_under_a_millisecond() -> None:
-    """Regular expressions on the first 2,000 characters: well under 1 ms for a long reply."""
+    """One pass of a regular expression over the first 2,000 characters: under 1 ms for a long
+    reply (the best of five batches, so that a busy shared box measures the rule, not the
+    other processes)."""
     text = " ".join(REASKS) * 10
-    started = time.perf_counter()
-    for _ in range(200):
-        asked_slots(text)
-    per_turn = (time.perf_counter() - started) / 200
+    per_turn = min(timeit.repeat(lambda: asked_slots(text), number=50, repeat=5)) / 50
     print(f"RESULT slot_signal_us_per_turn {per_turn * 1e6:.1f}")
     assert per_turn < 1e-3
