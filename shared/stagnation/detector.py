@@ -149,6 +149,7 @@ class StagnationDetector:
         self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
         self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
+        self._memories: tuple[SignalMemory, ...] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -250,9 +251,12 @@ class StagnationDetector:
         for memory in self._signal_memories():
             memory.clear()
 
-    def _signal_memories(self) -> list[SignalMemory]:
-        """The signals that keep a memory of their own (saved with the state)."""
-        return [signal for signal in self.signals if isinstance(signal, SignalMemory)]
+    def _signal_memories(self) -> tuple[SignalMemory, ...]:
+        """The signals that keep a memory of their own (saved with the state), found once: the
+        coordinator snapshots the detector at every observation."""
+        if self._memories is None:
+            self._memories = tuple(s for s in self.signals if isinstance(s, SignalMemory))
+        return self._memories
 
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
