@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from shared.conversation import Conversation
@@ -92,8 +92,7 @@ class AnthropicProvider:
         retry: RetryPolicy | None = None,
         sleep: SleepFn = asyncio.sleep,
         rand: Callable[[], float] | None = None,
-        client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        session: aiohttp.ClientSession | None = None,
         throttle: ProviderThrottle | None = None,
     ) -> None:
         self._model = model
@@ -107,8 +106,7 @@ class AnthropicProvider:
             retry=retry if retry is not None else RetryPolicy(),
             sleep=sleep,
             rand=rand,
-            client=client,
-            transport=transport,
+            session=session,
             throttle=throttle,
         )
 

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from shared.conversation import Conversation
@@ -105,8 +105,7 @@ class OpenAICompatProvider:
         retry: RetryPolicy | None = None,
         sleep: SleepFn = asyncio.sleep,
         rand: Callable[[], float] | None = None,
-        client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        session: aiohttp.ClientSession | None = None,
         throttle: ProviderThrottle | None = None,
     ) -> None:
         self._model = model
@@ -120,8 +119,7 @@ class OpenAICompatProvider:
             retry=retry if retry is not None else RetryPolicy(),
             sleep=sleep,
             rand=rand,
-            client=client,
-            transport=transport,
+            session=session,
             throttle=throttle,
         )
 
