@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import ssl
+import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -155,17 +158,37 @@ def test_the_session_verifies_tls_with_the_shared_context(monkeypatch: pytest.Mo
     assert shared.minimum_version == own.minimum_version
 
 
-def test_a_self_signed_server_is_refused() -> None:
-    """TLS verification is on: a server whose certificate no trusted root signed is refused
-    before any request is sent (here: a plain-HTTP server spoken to over https)."""
+def test_a_server_with_a_self_signed_certificate_is_refused(tmp_path: Path) -> None:
+    """TLS verification is on: a local TLS server whose certificate no trusted root signed is
+    refused before any request reaches it."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    requests: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            requests.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.close()
 
     async def scenario() -> None:
-        server, _, _ = await _keep_alive_server()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=served)
         port = server.sockets[0].getsockname()[1]
         session = pooled_session(2)
         async with server, session:
-            with pytest.raises(aiohttp.ClientConnectionError):
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
                 await session.get(f"https://127.0.0.1:{port}/")
+        assert requests == []
 
     asyncio.run(scenario())
 

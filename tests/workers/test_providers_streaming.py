@@ -22,7 +22,7 @@ from tests.fakes.llm_server import (
     load_fixture,
 )
 from workers.providers import AnthropicProvider, OpenAICompatProvider
-from workers.providers._http import Endpoint
+from workers.providers._http import Endpoint, _lines
 from workers.providers.anthropic import parse_anthropic_response
 from workers.providers.base import (
     AuthenticationError,
@@ -87,6 +87,42 @@ def test_sse_decoder_joins_data_lines_and_skips_comments() -> None:
     assert got[:-1] == [None] * 5
     assert got[-1] == SseEvent("message_start", '{"a":\n1}')
     assert decoder.feed("") is None  # no data, no event
+
+
+async def _chunks(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+def _split(*chunks: bytes) -> list[str]:
+    async def collect() -> list[str]:
+        return [line async for line in _lines(_chunks(*chunks))]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        (b"data: a\n\ndata: \xc3\xa9\r\n\r\nlast",),
+        (b"data: a\n", b"\ndata: \xc3", b"\xa9\r", b"\n\r", b"\nla", b"st"),
+        tuple(bytes([b]) for b in b"data: a\n\ndata: \xc3\xa9\r\n\r\nlast"),
+        (b"data: a\r\rdata: \xc3\xa9\r", b"\rlast"),
+    ],
+    ids=["whole", "cut-anywhere", "byte-by-byte", "bare-cr"],
+)
+def test_stream_lines_are_split_wherever_the_chunks_end(chunks: tuple[bytes, ...]) -> None:
+    """``\\n``, ``\\r\\n`` and ``\\r`` end a line (SSE) even when a chunk ends between the
+    two bytes of a ``\\r\\n`` or inside a UTF-8 character; the last line needs no end."""
+    assert _split(*chunks) == ["data: a", "", "data: é", "", "last"]
+
+
+def test_a_stream_line_has_no_length_limit() -> None:
+    """A 1 MB line in 64 KB chunks is one line (aiohttp's own readline stops at 128 KB)."""
+    line = b"data: " + b"x" * 1_000_000
+    body = line + b"\n\n"
+    chunks = [body[i : i + 65_536] for i in range(0, len(body), 65_536)]
+    assert _split(*chunks) == [line.decode(), ""]
 
 
 def test_openai_recorded_text_stream_parses_like_the_whole_reply() -> None:
