@@ -28,12 +28,18 @@ from __future__ import annotations
 import functools
 import ssl
 import urllib.request
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
 
-__all__ = ["KEEPALIVE_S", "env_proxy", "pooled_session", "shared_ssl_context"]
+__all__ = ["KEEPALIVE_S", "SessionSource", "env_proxy", "pooled_session", "shared_ssl_context"]
+
+SessionSource = Callable[[], aiohttp.ClientSession]
+"""Gives the session of the running loop, called on it for each request (a worker's
+:meth:`workers.runtime.WorkerCore.http_session`): a provider can be built before the loop
+runs, and outlive a loop."""
 
 KEEPALIVE_S = 5.0
 """How long an idle connection is kept for the next call: httpx's default keep-alive expiry,

@@ -192,13 +192,14 @@ class WorkerCore:
     def http_session(self) -> aiohttp.ClientSession:
         """The process's one HTTP session for every model call (built on first use, on the
         running loop: call it from a coroutine), keeping up to ``ORGA_HTTP_MAX_CONNECTIONS``
-        connections to each model endpoint. A core used on another loop since (the
-        in-process driver run twice with ``asyncio.run``) gets a new session, and the
-        providers built on the old one are dropped."""
+        connections to each model endpoint. The providers ask for it at each call: a core
+        used on another loop since (the in-process driver run twice with ``asyncio.run``)
+        gets a new session."""
         loop = asyncio.get_running_loop()
-        if self._http is not None and self._http[0] is loop:
-            return self._http[1]
-        self._providers.clear()
+        if self._http is not None:
+            if self._http[0] is loop:
+                return self._http[1]
+            self._http[1].detach()  # its loop is gone: nothing to close on it
         session = pooled_session(self.settings.http_max_connections)
         self._http = (loop, session)
         return session
@@ -227,11 +228,10 @@ class WorkerCore:
         """The provider of a model behind HTTP, built once per task choice (kind, model, base
         URL) in this process: it holds no state of a call (the pooled session, the throttle)."""
         key = (spec.kind, spec.model, spec.base_url, spec.script)
-        session = self.http_session()
         provider = self._providers.get(key)
         if provider is None:
             base_url = settings.resolved_base_url() or ""
-            provider = self._build(settings, session, self._throttle(settings, base_url))
+            provider = self._build(settings, self._throttle(settings, base_url))
             self._providers[key] = provider
             while len(self._providers) > SCRIPTS_KEPT:
                 self._providers.pop(next(iter(self._providers)))
@@ -273,12 +273,11 @@ class WorkerCore:
             self._scripts.pop(next(iter(self._scripts)))
         return script
 
-    def _build(
-        self, settings: ProviderSettings, session: aiohttp.ClientSession, throttle: ProviderThrottle
-    ) -> InferenceProvider:
-        """The provider; a task that switched provider without a key bound to it is told so."""
+    def _build(self, settings: ProviderSettings, throttle: ProviderThrottle) -> InferenceProvider:
+        """The provider, on the process's session; a task that switched provider without a
+        key bound to it is told so."""
         try:
-            return build_provider(settings, session=session, throttle=throttle)
+            return build_provider(settings, session=self.http_session, throttle=throttle)
         except ConfigError as exc:
             deployment = self.provider_settings
             defaults = PROVIDER_DEFAULTS.get(settings.provider)

@@ -52,7 +52,7 @@ from shared.errors import ConfigError
 from shared.inference import ProviderWait
 from shared.redaction import REDACTED, Redactor
 from shared.safe_regex import UserPattern, compile_user_pattern
-from workers.http_pool import env_proxy, shared_ssl_context
+from workers.http_pool import SessionSource, env_proxy, shared_ssl_context
 from workers.providers.base import (
     AuthenticationError,
     ContextOverflowError,
@@ -236,10 +236,11 @@ class JsonPoster:
     """POSTs a JSON body and returns the JSON object answered, with retries and clear errors.
 
     ``session`` is the process's ``aiohttp.ClientSession`` (:func:`workers.http_pool.
-    pooled_session`), used as is and never closed; it belongs to the loop it was built on.
-    Without it a fresh session serves each call (safe across event loops, which a caller
-    running ``asyncio.run`` per call needs) and the call goes through the proxy the
-    environment names (:func:`workers.http_pool.env_proxy`), as a fresh httpx client did.
+    pooled_session`), used as is and never closed (it belongs to the loop it was built on), or
+    a :data:`~workers.http_pool.SessionSource` asked for it at each call. Without it a fresh
+    session serves each call (safe across event loops, which a caller running ``asyncio.run``
+    per call needs) and the call goes through the proxy the environment names
+    (:func:`workers.http_pool.env_proxy`), as a fresh httpx client did.
     ``throttle`` is the rate limit shared with every caller of the same provider and key
     (:mod:`workers.providers.rate_limit`): each try waits for it, and a 429 extends it.
 
@@ -257,7 +258,7 @@ class JsonPoster:
         retry: RetryPolicy,
         sleep: SleepFn,
         rand: Callable[[], float] | None = None,
-        session: aiohttp.ClientSession | None = None,
+        session: aiohttp.ClientSession | SessionSource | None = None,
         throttle: ProviderThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -271,7 +272,11 @@ class JsonPoster:
         self._retry = retry
         self._sleep = sleep
         self._rand = rand if rand is not None else random.SystemRandom().random
-        self._session = session
+        self._session: SessionSource | None = (
+            functools.partial(_same, session)
+            if isinstance(session, aiohttp.ClientSession)
+            else session
+        )
         self._proxy = env_proxy(endpoint.base_url) if session is None else None
 
     async def post(
@@ -337,7 +342,7 @@ class JsonPoster:
     @asynccontextmanager
     async def _open_session(self) -> AsyncIterator[aiohttp.ClientSession]:
         if self._session is not None:
-            yield self._session
+            yield self._session()
             return
         connector = aiohttp.TCPConnector(ssl=shared_ssl_context())
         async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
@@ -423,6 +428,10 @@ class JsonPoster:
                 "error": str(failure.error),
             },
         )
+
+
+def _same(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
+    return session
 
 
 def _is_event_stream(response: aiohttp.ClientResponse) -> bool:

@@ -41,6 +41,7 @@ from shared.inference import (
     ToolChoiceTool,
     Usage,
 )
+from workers.http_pool import SessionSource
 from workers.providers._http import (
     Endpoint,
     JsonPoster,
@@ -92,7 +93,7 @@ class AnthropicProvider:
         retry: RetryPolicy | None = None,
         sleep: SleepFn = asyncio.sleep,
         rand: Callable[[], float] | None = None,
-        session: aiohttp.ClientSession | None = None,
+        session: aiohttp.ClientSession | SessionSource | None = None,
         throttle: ProviderThrottle | None = None,
     ) -> None:
         self._model = model

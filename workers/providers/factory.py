@@ -17,6 +17,7 @@ import aiohttp
 from pydantic import SecretStr
 
 from shared.errors import ConfigError
+from workers.http_pool import SessionSource
 from workers.providers.anthropic import AnthropicProvider
 from workers.providers.base import InferenceProvider
 from workers.providers.openai_compat import OpenAICompatProvider
@@ -33,13 +34,14 @@ def build_provider(
     *,
     sleep: SleepFn = asyncio.sleep,
     rand: Callable[[], float] | None = None,
-    session: aiohttp.ClientSession | None = None,
+    session: aiohttp.ClientSession | SessionSource | None = None,
     throttle: ProviderThrottle | None = None,
 ) -> InferenceProvider:
     """The provider ``settings`` describe; ``sleep`` and ``rand`` are test seams.
 
     ``session``: the pooled ``aiohttp.ClientSession`` the provider uses and never closes (a
-    worker process keeps one, :mod:`workers.http_pool`); without it each call opens its own.
+    worker process keeps one, :mod:`workers.http_pool`), or what gives it at each call; without
+    it each call opens its own.
     ``throttle``: the rate limit shared by every worker calling this provider with this key
     (none: not shared).
     """
@@ -57,7 +59,7 @@ class _Seams:
 
     sleep: SleepFn
     rand: Callable[[], float] | None
-    session: aiohttp.ClientSession | None
+    session: aiohttp.ClientSession | SessionSource | None
     throttle: ProviderThrottle | None
 
 
