@@ -21,6 +21,7 @@ from tests.fakes.llm_server import (
     RecordingSleep,
     load_fixture,
 )
+from workers.http_pool import pooled_session
 from workers.providers import AnthropicProvider, OpenAICompatProvider
 from workers.providers._http import Endpoint, _lines
 from workers.providers.anthropic import parse_anthropic_response
@@ -337,3 +338,36 @@ def test_a_server_that_refuses_streaming_is_asked_for_a_whole_answer(
     with pytest.raises(AuthenticationError):
         call(bad_key, ListSink())
     assert len(openai.requests) == 3
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_a_cancelled_stream_closes_its_connection(wire: str) -> None:
+    """Cancelling a streamed call on the worker's pooled session (a task aborted mid-answer)
+    closes its connection: the server's next writes fail and it never finishes the answer;
+    the session stays open and serves the next call."""
+    server_class = FakeOpenAIServer if wire == "openai" else FakeAnthropicServer
+    build = OpenAICompatProvider if wire == "openai" else AnthropicProvider
+    with server_class(api_key=KEY, chunk_delay_s=0.02) as server:
+        server.respond_text(" ".join(f"word{n}" for n in range(10)))  # about 20 frames: 0.4 s
+        server.respond_text("done")
+        conversation = Conversation(messages=[ConversationMessage.user("hello")])
+
+        async def scenario() -> str:
+            session = pooled_session(4)
+            async with session:
+                provider = build(base_url=server.base_url, api_key=KEY, session=session)
+                sink = ListSink()
+                with streaming_to(sink):
+                    call = asyncio.create_task(provider.complete(conversation, InferenceOptions()))
+                    while not sink.heard:
+                        await asyncio.sleep(0.01)
+                    call.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await call
+                await asyncio.sleep(1.5)  # the whole answer would have been written by now
+                return (await provider.complete(conversation, InferenceOptions())).content
+
+        assert asyncio.run(scenario()) == "done"
+        assert len(server.stream_starts) == 1
+        assert server.stream_ends == []
+    assert not server.errors, server.errors
