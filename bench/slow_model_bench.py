@@ -763,7 +763,7 @@ PEER_SYSTEMS = {
     "langgraph-aiohttp": "LangGraph (InMemorySaver), aiohttp",
     "langgraph-httpx20": "LangGraph (InMemorySaver), httpx in pools of 20",
     "asyncio-httpx200": "footnote: plain asyncio, ONE httpx client of 200 (handicapped)",
-    "asyncio-orgapool": "footnote: plain asyncio, the runtime's HTTP client (pooled_client)",
+    "asyncio-orgapool": "footnote: plain asyncio, the runtime's HTTP path (JsonPoster, aiohttp)",
     "arq-default": "arq, a job per iteration, default poll (0.5 s)",
     "arq-fast": "arq, a job per iteration, poll 0.05 s",
 }

@@ -30,8 +30,9 @@ The HTTP client (after the dash):
   request, so a competent user keeps pools small;
 - ``httpx200``: one ``httpx.AsyncClient`` of ``tasks`` connections, the handicapped set-up the
   benchmark used before issue 27 (printed as a footnote only);
-- ``orgapool``: the runtime's own client (:func:`workers.http_pool.pooled_client`, pools of 20
-  behind one client), for the HTTP client comparison.
+- ``orgapool``: the runtime's own HTTP path, the providers' ``JsonPoster`` (retries, status
+  mapping, JSON decoding) on the worker's session (:func:`workers.http_pool.pooled_session`,
+  aiohttp since issue 27), for the HTTP client comparison.
 
 Before the timed batch each peer runs one warm-up run alone (as the runtime gets one warm-up
 task; with ``--go-file`` it then says so and waits for that file, so that the benchmark can
@@ -165,20 +166,13 @@ class Client(Protocol):
 class HttpxClients:
     """``count`` httpx clients of ``size`` connections each; run ``i`` uses client ``i % count``."""
 
-    def __init__(self, settings: PeerSettings, count: int, size: int, pooled: bool = False):
+    def __init__(self, settings: PeerSettings, count: int, size: int):
         self.settings = settings
         self.url = f"{settings.base_url}/chat/completions"
         self.headers = {"Authorization": f"Bearer {settings.api_key}"}
         timeout = httpx.Timeout(120.0)
-        if pooled:
-            from workers.http_pool import pooled_client
-
-            client = pooled_client(max(64, settings.tasks + 16), POOL_SIZE)
-            client.timeout = timeout
-            self.clients = [client]
-        else:
-            limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-            self.clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(count)]
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        self.clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(count)]
 
     async def chat(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
         client = self.clients[index % len(self.clients)]
@@ -219,6 +213,38 @@ class AiohttpClient:
         await self.session.close()
 
 
+class RuntimeClient:
+    """The runtime's HTTP path: the providers' ``JsonPoster`` on the worker's pooled session."""
+
+    def __init__(self, settings: PeerSettings) -> None:
+        from workers.http_pool import pooled_session
+        from workers.providers._http import Endpoint, JsonPoster
+        from workers.providers.retry import RetryPolicy
+
+        self.settings = settings
+        self.headers = {
+            "content-type": "application/json",
+            "authorization": f"Bearer {settings.api_key}",
+        }
+        self.session = pooled_session(max(64, settings.tasks + 16))
+        endpoint = Endpoint("openai", settings.base_url, "ORGA_API_KEY")
+        self.poster = JsonPoster(
+            endpoint, timeout_s=120.0, retry=RetryPolicy(), sleep=asyncio.sleep,
+            session=self.session,
+        )  # fmt: skip
+
+    async def chat(self, index: int, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = chat_body(self.settings.model, messages)
+        reply = await self.poster.post(
+            "chat/completions", headers=self.headers, body=body, model=self.settings.model
+        )
+        message: dict[str, Any] = reply["choices"][0]["message"]
+        return message
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
 def make_client(kind: str, settings: PeerSettings) -> Client:
     """The HTTP set-up named ``kind`` (one of :data:`CLIENTS`)."""
     if kind == "aiohttp":
@@ -229,7 +255,7 @@ def make_client(kind: str, settings: PeerSettings) -> Client:
     if kind == "httpx200":
         return HttpxClients(settings, 1, settings.tasks)
     if kind == "orgapool":
-        return HttpxClients(settings, 1, 0, pooled=True)
+        return RuntimeClient(settings)
     raise ValueError(f"unknown HTTP client {kind!r}: one of {', '.join(CLIENTS)}")
 
 

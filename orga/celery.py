@@ -47,8 +47,9 @@ __all__ = [
 ]
 
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "httpx")
-"""Loggers that write a line at INFO for every task (received; succeeded or retried) or model
-request: quiet unless ``ORGA_LOG_EACH_TASK`` is set."""
+"""Loggers that write a line at INFO for every task (received; succeeded or retried) or httpx
+request (a tool's; the model calls' aiohttp logs none): quiet unless ``ORGA_LOG_EACH_TASK``
+is set."""
 
 
 def create_app(settings: OrgaSettings | None = None) -> Celery:

@@ -131,14 +131,8 @@ class OrgaSettings(BaseSettings):
     http_max_connections: int = Field(
         default=512,
         ge=1,
-        description="Connections one worker process keeps to each model endpoint",
-    )
-    http_connections_per_pool: int = Field(
-        default=20,
-        ge=1,
-        description="Connections per pool: an endpoint's connections are split into pools of "
-        "this size, each request going to the least busy one (a large pool costs CPU per "
-        "request to pick a connection)",
+        description="Connections one worker process keeps to each model endpoint (host and "
+        "port), in its one aiohttp session (workers/http_pool.py)",
     )
     metrics_port: int | None = Field(default=None, description="Prometheus endpoint port")
     metrics_host: str = Field(
@@ -155,7 +149,7 @@ class OrgaSettings(BaseSettings):
     log_each_task: bool = Field(
         default=False,
         description="Workers log Celery's two INFO lines per task (received, succeeded or "
-        "retried) and httpx's one per model request; off, those loggers log warnings and "
+        "retried) and httpx's one per tool HTTP request; off, those loggers log warnings and "
         "errors only (a failed task is still logged): the lines cost about 0.3 ms of CPU per "
         "model call (docs/performance.md)",
     )

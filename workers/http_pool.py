@@ -1,127 +1,103 @@
-"""One HTTP client per model endpoint, its connections split over small pools.
+"""The model calls' HTTP client: one ``aiohttp.ClientSession`` per worker process, reused.
 
-httpcore's connection pool scans every connection it holds for each queued request
-(``_assign_requests_to_connections``), so one pool of 200 connections spends most of a
-worker's CPU choosing a connection: measured 16.9 ms of CPU per model call with 1 pool of 200
-connections against 1.4 ms with 10 pools of 20 (docs/performance.md). :class:`ShardedTransport`
-keeps the one-client-per-endpoint API the providers use and routes each request to the least
-busy of several small pools::
+A reasoning worker holds 200 model calls in flight on one event loop. Every model call goes
+through the session :func:`pooled_session` builds (``workers/providers/_http.py`` posts on it),
+built once per process on its loop (:meth:`workers.runtime.WorkerCore.http_session`)::
 
-    transport = ShardedTransport(max_connections=512, per_shard=20)
-    client = httpx.AsyncClient(transport=transport)
+    session = pooled_session(max_per_host=512)      # inside a coroutine, on the loop
+    ...
+    await session.close()
 
-A request counts against its shard until its response is closed, so a streamed body keeps its
-connection's slot for as long as it is read.
+Why aiohttp: its request path costs a third of httpx's CPU per call with 200 calls in flight
+(0.4-0.5 ms against 1.4-1.6 ms for the same plain asyncio loop on the runtime's former
+sharded httpx client; docs/performance.md, *What was changed for issue 27*, item 1). Its
+connection pool takes a free connection in constant time, so the one pool of up to
+``max_per_host`` connections per endpoint needs none of the sharding httpcore's pool scan made
+necessary (16.9 ms of CPU per call with one httpx pool of 200 connections).
 
-The shards share one TLS context (:func:`shared_ssl_context`) instead of loading the
-certificate store once per shard. Only httpx's public API is used (``AsyncHTTPTransport``,
-``verify=``); an earlier version swapped httpcore's private network backend for one that kept
-each connection's raw socket (about a quarter of the client's CPU per request with 200 calls in
-flight), removed for issue 27: httpcore is not a declared dependency and its private modules
-may change in any release (docs/performance.md, *The HTTP client*).
+Only aiohttp's public API is used (``ClientSession``, ``TCPConnector``). The connections verify
+TLS with the process's one context (:func:`shared_ssl_context`, what httpx's ``verify=True``
+builds: certifi's roots, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``). The pooled session ignores
+``HTTP_PROXY`` / ``HTTPS_PROXY`` (``trust_env`` off), as the sharded httpx client it replaces
+did; a provider built without a session honours them (:func:`env_proxy`), as a fresh
+``httpx.AsyncClient`` did.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import ssl
-from collections.abc import AsyncIterator, Callable
+import urllib.request
+from collections.abc import Callable
+from urllib.parse import urlsplit
 
+import aiohttp
 import httpx
 
-__all__ = ["ShardedTransport", "pooled_client", "shared_ssl_context"]
+__all__ = ["KEEPALIVE_S", "SessionSource", "env_proxy", "pooled_session", "shared_ssl_context"]
+
+SessionSource = Callable[[], aiohttp.ClientSession]
+"""Gives the session of the running loop, called on it for each request (a worker's
+:meth:`workers.runtime.WorkerCore.http_session`): a provider can be built before the loop
+runs, and outlive a loop."""
+
+KEEPALIVE_S = 5.0
+"""How long an idle connection is kept for the next call: httpx's default keep-alive expiry,
+below the idle timeouts of common servers, so a connection the server is closing is rarely
+taken."""
 
 
 @functools.cache
 def shared_ssl_context() -> ssl.SSLContext:
     """One verifying TLS context per process, what ``verify=True`` builds (certifi's roots, or
-    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``): building one costs about 20 ms of CPU and 1 MB, and
-    each shard's transport would build its own (26 per endpoint by default)."""
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``): building one costs about 20 ms of CPU and 1 MB."""
     return httpx.create_ssl_context()
 
 
-def _http_shard(limits: httpx.Limits) -> httpx.AsyncBaseTransport:
-    return httpx.AsyncHTTPTransport(limits=limits, verify=shared_ssl_context())
+def pooled_session(max_per_host: int) -> aiohttp.ClientSession:
+    """A session keeping up to ``max_per_host`` connections to each model endpoint (host and
+    port), verifying TLS with :func:`shared_ssl_context`. Call it inside a coroutine: the
+    session belongs to the running loop, and whoever builds it closes it (``await
+    session.close()``).
 
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """Routes each request to the shard with the fewest requests in flight.
-
-    ``max_connections`` is the endpoint's whole budget; it is split into shards of at most
-    ``per_shard`` connections, so no shard's pool grows past the size where choosing a
-    connection stays cheap.
+    The session sets no timeout and follows no redirect of its own accord: the caller passes
+    both per request (``workers/providers/_http.py``). aiohttp's ``trust_env`` stays off: it
+    would also read ``~/.netrc`` in a thread for every request, and refuse a request with an
+    ``Authorization`` header when that file names the host.
     """
-
-    def __init__(
-        self,
-        max_connections: int,
-        per_shard: int,
-        shard: Callable[[httpx.Limits], httpx.AsyncBaseTransport] = _http_shard,
-    ) -> None:
-        if max_connections < 1 or per_shard < 1:
-            raise ValueError(
-                f"max_connections ({max_connections}) and per_shard ({per_shard}) must be "
-                "at least 1"
-            )
-        count = math.ceil(max_connections / per_shard)
-        size = math.ceil(max_connections / count)
-        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-        self.shards = [shard(limits) for _ in range(count)]
-        self.in_flight = [0] * count
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` through the least busy shard."""
-        index = min(range(len(self.shards)), key=self.in_flight.__getitem__)
-        self.in_flight[index] += 1
-        try:
-            response = await self.shards[index].handle_async_request(request)
-        except BaseException:
-            self.in_flight[index] -= 1
-            raise
-        stream = response.stream
-        if not isinstance(stream, httpx.AsyncByteStream):  # pragma: no cover - httpx's contract
-            self.in_flight[index] -= 1
-            raise TypeError(f"an async transport returned a sync stream: {stream!r}")
-        response.stream = _Counted(stream, self, index)
-        return response
-
-    def release(self, index: int) -> None:
-        """One request of shard ``index`` is over (its response closed)."""
-        self.in_flight[index] -= 1
-
-    async def aclose(self) -> None:
-        """Close every shard's connections."""
-        for shard in self.shards:
-            await shard.aclose()
-
-
-class _Counted(httpx.AsyncByteStream):
-    """A response stream that frees its shard's slot once, when it is closed."""
-
-    def __init__(
-        self, stream: httpx.AsyncByteStream, transport: ShardedTransport, index: int
-    ) -> None:
-        self._stream = stream
-        self._transport = transport
-        self._index = index
-        self._open = True
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            yield chunk
-
-    async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            if self._open:
-                self._open = False
-                self._transport.release(self._index)
-
-
-def pooled_client(max_connections: int, per_shard: int) -> httpx.AsyncClient:
-    """An ``AsyncClient`` whose connections are spread over shards of ``per_shard``."""
-    return httpx.AsyncClient(
-        transport=ShardedTransport(max_connections=max_connections, per_shard=per_shard)
+    if max_per_host < 1:
+        raise ValueError(
+            f"max_per_host must be at least 1, got {max_per_host}: set ORGA_HTTP_MAX_CONNECTIONS "
+            "to the connections one worker process may keep to each model endpoint"
+        )
+    connector = aiohttp.TCPConnector(
+        limit=0,  # no cap over all endpoints: each has its own, and the calls in flight are few
+        limit_per_host=max_per_host,
+        ssl=shared_ssl_context(),
+        keepalive_timeout=KEEPALIVE_S,
     )
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None), trust_env=False
+    )
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``ALL_PROXY`` (either case) name for
+    ``url``, or None (none set, or ``NO_PROXY`` covers the host): what httpx's ``trust_env``
+    chose for a client built without a transport."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or _bypassed(parts.hostname or "", proxies.get("no", "")):
+        return None
+    return proxy
+
+
+def _bypassed(host: str, no_proxy: str) -> bool:
+    """Whether ``NO_PROXY`` covers ``host``: ``*``, the host itself, or a domain it is in."""
+    host = host.lower().rstrip(".")
+    for entry in no_proxy.split(","):
+        domain = entry.strip().lower().lstrip(".").rstrip(".")
+        if domain == "*" or (domain and (host == domain or host.endswith("." + domain))):
+            return True
+    return False

@@ -6,7 +6,7 @@ settings read at the process edge. The library is async: each process runs one e
 (:class:`workers.pool.LoopPool`) runs each Celery task as an asyncio task on that loop; in
 other pools (prefork, threads, solo) a task hands its coroutine to the loop and waits
 (:meth:`ProcessServices.run`). A reasoning worker thus holds 200 model calls in flight on one
-loop, over one pooled HTTP client per provider and base URL; the Redis client, the shared
+loop, over one aiohttp session (``workers/http_pool.py``); the Redis client, the shared
 circuit breakers, the result cache and the heartbeats of running calls live on that loop too.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
@@ -67,7 +67,7 @@ from workers.circuit_breaker import (
 from workers.executor import ToolExecutor
 from workers.gates.base import ReasoningPolicyGate
 from workers.gates.factory import build_gate
-from workers.http_pool import pooled_client
+from workers.http_pool import pooled_session
 from workers.knowledge import RedisKnowledgeStore, knowledge_tools
 from workers.liveness import START_REPLIES, Liveness
 from workers.providers.base import InferenceProvider
@@ -161,7 +161,7 @@ class WorkerCore:
         self.executor = executor
         self._knowledge = knowledge
         self._seeded: dict[tuple[str, bytes], None] = {}
-        self._http: dict[tuple[str, str], httpx.AsyncClient] = {}
+        self._http: tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession] | None = None
         self._gates: dict[str, ReasoningPolicyGate] = {}
         self._ledgers: dict[str, RecoveryLedger] = {}
         self._scripts: dict[bytes, Script] = {}
@@ -184,20 +184,25 @@ class WorkerCore:
         """Close the MCP connections and the HTTP clients."""
         await self.mcp.aclose()
         self._providers.clear()
-        for client in self._http.values():
-            await client.aclose()
-        self._http.clear()
+        if self._http is not None:
+            _, session = self._http
+            self._http = None
+            await session.close()
 
-    def http_client(self, kind: str, base_url: str) -> httpx.AsyncClient:
-        """The process's pooled client for one provider and base URL (built on first use, on
-        the loop: call it from a coroutine)."""
-        key = (kind, base_url.rstrip("/"))
-        client = self._http.get(key)
-        if client is None:
-            client = self._http[key] = pooled_client(
-                self.settings.http_max_connections, self.settings.http_connections_per_pool
-            )
-        return client
+    def http_session(self) -> aiohttp.ClientSession:
+        """The process's one HTTP session for every model call (built on first use, on the
+        running loop: call it from a coroutine), keeping up to ``ORGA_HTTP_MAX_CONNECTIONS``
+        connections to each model endpoint. The providers ask for it at each call: a core
+        used on another loop since (the in-process driver run twice with ``asyncio.run``)
+        gets a new session."""
+        loop = asyncio.get_running_loop()
+        if self._http is not None:
+            if self._http[0] is loop:
+                return self._http[1]
+            self._http[1].detach()  # its loop is gone: nothing to close on it
+        session = pooled_session(self.settings.http_max_connections)
+        self._http = (loop, session)
+        return session
 
     # -- WorkerServices -------------------------------------------------------------------
 
@@ -221,13 +226,12 @@ class WorkerCore:
 
     def _http_provider(self, spec: ProviderSpec, settings: ProviderSettings) -> InferenceProvider:
         """The provider of a model behind HTTP, built once per task choice (kind, model, base
-        URL) in this process: it holds no state of a call (the pooled client, the throttle)."""
+        URL) in this process: it holds no state of a call (the pooled session, the throttle)."""
         key = (spec.kind, spec.model, spec.base_url, spec.script)
         provider = self._providers.get(key)
         if provider is None:
             base_url = settings.resolved_base_url() or ""
-            client = self.http_client(settings.provider.value, base_url)
-            provider = self._build(settings, client, self._throttle(settings, base_url))
+            provider = self._build(settings, self._throttle(settings, base_url))
             self._providers[key] = provider
             while len(self._providers) > SCRIPTS_KEPT:
                 self._providers.pop(next(iter(self._providers)))
@@ -269,12 +273,11 @@ class WorkerCore:
             self._scripts.pop(next(iter(self._scripts)))
         return script
 
-    def _build(
-        self, settings: ProviderSettings, client: httpx.AsyncClient, throttle: ProviderThrottle
-    ) -> InferenceProvider:
-        """The provider; a task that switched provider without a key bound to it is told so."""
+    def _build(self, settings: ProviderSettings, throttle: ProviderThrottle) -> InferenceProvider:
+        """The provider, on the process's session; a task that switched provider without a
+        key bound to it is told so."""
         try:
-            return build_provider(settings, client=client, throttle=throttle)
+            return build_provider(settings, session=self.http_session, throttle=throttle)
         except ConfigError as exc:
             deployment = self.provider_settings
             defaults = PROVIDER_DEFAULTS.get(settings.provider)

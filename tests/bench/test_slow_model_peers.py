@@ -10,7 +10,13 @@ import pytest
 from bench.fake_model_server import FakeModelServer, ScriptConfig
 from bench.slow_model_peers import PeerSettings, peer_missing, run_peer, split_peer
 
-PEERS = ["asyncio-aiohttp", "asyncio-httpx20", "langgraph-aiohttp", "langgraph-httpx20"]
+PEERS = [
+    "asyncio-aiohttp",
+    "asyncio-httpx20",
+    "asyncio-orgapool",
+    "langgraph-aiohttp",
+    "langgraph-httpx20",
+]
 
 
 @pytest.mark.parametrize("peer", PEERS)

@@ -96,11 +96,13 @@ class ProgrammedResponse:
     delay_s: float = 0.0
     cut_after: int | None = None
     """Streamed: close the connection after this many frames (None: send them all)."""
+    content_type: str | None = None
+    """The content type of a ``bytes`` body (None: ``application/octet-stream``)."""
 
     def encoded(self) -> tuple[bytes, str]:
         """The body bytes and their content type."""
         if isinstance(self.body, bytes):
-            return self.body, "application/octet-stream"
+            return self.body, self.content_type or "application/octet-stream"
         if isinstance(self.body, str):
             return self.body.encode(), "text/html; charset=utf-8"
         return json.dumps(self.body).encode(), "application/json"

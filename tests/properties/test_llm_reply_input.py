@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +18,7 @@ from shared.context_manager import DefaultContextManager
 from shared.conversation import Conversation, ConversationMessage, MessageRole
 from shared.inference import InferenceOptions, InferenceResponse, ToolCall
 from shared.loop_types import LoopConfig, LoopState
+from tests.fakes.llm_server import FakeAnthropicServer, FakeOpenAIServer, ProgrammedResponse
 from workers.gates.base import GateContext
 from workers.gates.default import DefaultPolicyGate
 from workers.gates.schema import DENIAL_PREFIX, SCHEMA_FAILURE_PREFIX
@@ -239,36 +239,17 @@ def test_empty_and_null_replies_parse_to_empty_responses() -> None:
 # -- the HTTP path: bodies that are not JSON, too deep, or 10 MB ------------------------------
 
 
-def _openai(body: bytes, content_type: str = "application/json") -> OpenAICompatProvider:
-    transport = httpx.MockTransport(
-        lambda request: httpx.Response(200, content=body, headers={"content-type": content_type})
-    )
-    return OpenAICompatProvider(
-        base_url="http://llm.test/v1",
-        api_key="k",
-        transport=transport,
-        retry=RetryPolicy(max_retries=0),
-    )
-
-
-def _anthropic(body: bytes) -> AnthropicProvider:
-    transport = httpx.MockTransport(
-        lambda request: httpx.Response(
-            200, content=body, headers={"content-type": "application/json"}
-        )
-    )
-    return AnthropicProvider(
-        base_url="http://llm.test/v1",
-        api_key="k",
-        transport=transport,
-        retry=RetryPolicy(max_retries=0),
-    )
-
-
-def _complete(provider: OpenAICompatProvider | AnthropicProvider) -> InferenceResponse:
-    conversation = Conversation.with_system("s")
-    conversation.push(ConversationMessage.user("hi"))
-    return asyncio.run(provider.complete(conversation, InferenceOptions()))
+def _answer(wire: str, body: bytes) -> InferenceResponse:
+    """One completion of the ``wire`` provider against a fake server answering ``body`` (200,
+    ``application/json``) through the real HTTP client."""
+    server_class = FakeOpenAIServer if wire == "openai" else FakeAnthropicServer
+    build = OpenAICompatProvider if wire == "openai" else AnthropicProvider
+    with server_class(api_key="k") as server:
+        server.enqueue(ProgrammedResponse(200, body, content_type="application/json"))
+        provider = build(base_url=server.base_url, api_key="k", retry=RetryPolicy(max_retries=0))
+        conversation = Conversation.with_system("s")
+        conversation.push(ConversationMessage.user("hi"))
+        return asyncio.run(provider.complete(conversation, InferenceOptions()))
 
 
 BODIES = [
@@ -287,9 +268,9 @@ def test_bodies_that_are_not_a_json_object_are_response_parse_errors(
     body: bytes, expected: str
 ) -> None:
     """Through the real HTTP client: a short ResponseParseError, for both providers."""
-    for provider in (_openai(body), _anthropic(body)):
+    for wire in ("openai", "anthropic"):
         with pytest.raises(ResponseParseError) as caught:
-            _complete(provider)
+            _answer(wire, body)
         assert expected in str(caught.value)
         assert len(str(caught.value)) < MAX_ERROR_CHARS
 
@@ -310,7 +291,7 @@ def test_a_ten_megabyte_reply_is_parsed() -> None:
             }
         ]
     }
-    response = _complete(_openai(json.dumps(body).encode()))
+    response = _answer("openai", json.dumps(body).encode())
     assert len(response.content) == 10_000_000
     assert response.tool_calls[0].arguments == arguments
 

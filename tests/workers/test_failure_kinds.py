@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from shared.errors import ConfigError, PolicyUnavailableError, ProviderUnavailableError
@@ -19,7 +18,7 @@ from workers.providers import (
     RateLimitedError,
     ScriptError,
 )
-from workers.providers._http import Endpoint, status_error
+from workers.providers._http import Endpoint, HttpAnswer, status_error
 
 
 @pytest.mark.parametrize(
@@ -49,7 +48,9 @@ def test_failure_kind(error: Exception, kind: str) -> None:
 def test_rejected_key_and_unknown_model_are_configuration_errors(status: int) -> None:
     """A provider's 401/403 (the key) and 404 (the model) are ConfigErrors naming the fix."""
     endpoint = Endpoint("openai", "http://model.test/v1", "ORGA_API_KEY")
-    response = httpx.Response(status, json={"error": {"message": "nope"}})
+    response = HttpAnswer(
+        status, "", {"content-type": "application/json"}, b'{"error": {"message": "nope"}}'
+    )
     error = status_error(response, endpoint, endpoint.url("chat/completions"), "gpt-test")
     assert isinstance(error, ConfigError)
     assert "ORGA_API_KEY" in str(error) or "ORGA_MODEL" in str(error)

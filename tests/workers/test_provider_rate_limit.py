@@ -4,13 +4,13 @@ caller of the same provider and key off through one Redis key (real Redis: a Lua
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from shared import keys
 from tests.conftest import RedisClientFactory
+from tests.fakes.llm_server import FakeOpenAIServer
 from workers.providers import RateLimitedError
 from workers.providers._http import Endpoint, JsonPoster
 from workers.providers.rate_limit import (
@@ -20,8 +20,8 @@ from workers.providers.rate_limit import (
 )
 from workers.providers.retry import RetryPolicy
 
-ENDPOINT = Endpoint("openai", "http://model.test/v1", "ORGA_API_KEY")
 OK = {"choices": []}
+BODY = {"model": "m", "messages": []}
 
 
 class FakeClock:
@@ -39,43 +39,49 @@ class FakeClock:
         self.now += seconds
 
 
-def _answers(*statuses: int, retry_after: str = "2") -> Callable[[httpx.Request], httpx.Response]:
-    """A server answering the given statuses in order (429s with Retry-After), then 200."""
-    queue = list(statuses)
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    """A fake OpenAI server without a key check; it must end without handler errors."""
+    with FakeOpenAIServer() as fake:
+        yield fake
+    assert not fake.errors, fake.errors
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if not queue:
-            return httpx.Response(200, json=OK)
-        status = queue.pop(0)
+
+def _answers(server: FakeOpenAIServer, *statuses: int, retry_after: str = "2") -> None:
+    """Queue the given statuses in order (429s with Retry-After), then 200."""
+    for status in statuses:
         headers = {"retry-after": retry_after} if status == 429 else {}
-        return httpx.Response(status, json={"error": {"message": "slow down"}}, headers=headers)
+        server.respond_json({"error": {"message": "slow down"}}, status=status, headers=headers)
+    server.respond_json(OK)
 
-    return handler
+
+def _endpoint(server: FakeOpenAIServer) -> Endpoint:
+    return Endpoint("openai", server.base_url, "ORGA_API_KEY")
 
 
-def _poster(
-    handler: Callable[[httpx.Request], httpx.Response], clock: FakeClock, deadline_s: float
-) -> JsonPoster:
+def _poster(server: FakeOpenAIServer, clock: FakeClock, deadline_s: float) -> JsonPoster:
     return JsonPoster(
-        ENDPOINT,
+        _endpoint(server),
         timeout_s=5,
         retry=RetryPolicy(max_retries=3, deadline_s=deadline_s),
         sleep=clock.sleep,
         rand=lambda: 0.0,
-        transport=httpx.MockTransport(handler),
         clock=clock,
     )
 
 
-def test_rate_limits_are_waited_out_past_the_retry_count_within_the_deadline() -> None:
+def test_rate_limits_are_waited_out_past_the_retry_count_within_the_deadline(
+    server: FakeOpenAIServer,
+) -> None:
     """Eight 429s (more than max_retries) and a 503 are waited out, honouring Retry-After;
     every wait is recorded with its status and whether the server set it."""
     clock = FakeClock()
-    poster = _poster(_answers(*[429] * 8, 503), clock, deadline_s=60)
+    _answers(server, *[429] * 8, 503)
+    poster = _poster(server, clock, deadline_s=60)
 
     async def call() -> list[float]:
         with recording_waits() as waits:
-            await poster.post("chat/completions", headers={}, body={}, model="m")
+            await poster.post("chat/completions", headers={}, body=BODY, model="m")
         assert [w.status for w in waits] == [429] * 8 + [503]
         assert all(w.retry_after for w in waits[:8]) and not waits[8].retry_after
         return [w.wait_s for w in waits]
@@ -85,29 +91,34 @@ def test_rate_limits_are_waited_out_past_the_retry_count_within_the_deadline() -
     assert clock.delays == [2.0] * 8 + [8.0]
 
 
-def test_past_the_deadline_the_rate_limit_is_an_error() -> None:
+def test_past_the_deadline_the_rate_limit_is_an_error(server: FakeOpenAIServer) -> None:
     """When the next wait would end past the deadline, the 429 is raised with its message."""
     clock = FakeClock()
-    poster = _poster(_answers(*[429] * 20), clock, deadline_s=7)
+    _answers(server, *[429] * 20)
+    poster = _poster(server, clock, deadline_s=7)
     with pytest.raises(RateLimitedError, match="HTTP 429"):
-        asyncio.run(poster.post("chat/completions", headers={}, body={}, model="m"))
+        asyncio.run(poster.post("chat/completions", headers={}, body=BODY, model="m"))
     assert clock.delays == [2.0, 2.0, 2.0]
 
 
-def test_without_a_deadline_the_retry_count_applies() -> None:
+def test_without_a_deadline_the_retry_count_applies(server: FakeOpenAIServer) -> None:
     """deadline_s=0 keeps the old rule: max_retries retries, then the error."""
     clock = FakeClock()
-    poster = _poster(_answers(*[429] * 20), clock, deadline_s=0)
+    _answers(server, *[429] * 20)
+    poster = _poster(server, clock, deadline_s=0)
     with pytest.raises(RateLimitedError):
-        asyncio.run(poster.post("chat/completions", headers={}, body={}, model="m"))
+        asyncio.run(poster.post("chat/completions", headers={}, body=BODY, model="m"))
     assert len(clock.delays) == 3
 
 
-def test_a_429_holds_every_caller_of_the_key_off(redis_client: RedisClientFactory) -> None:
+def test_a_429_holds_every_caller_of_the_key_off(
+    redis_client: RedisClientFactory, server: FakeOpenAIServer
+) -> None:
     """One poster's 429 (Retry-After 30) makes another poster of the same provider and key wait
     before its first call; the hold only moves later; the key name holds a hash, not the key."""
     secret = "sk-very-secret"
-    key = keys.provider_limit_key("openai", key_digest(ENDPOINT.base_url, secret))
+    endpoint = _endpoint(server)
+    key = keys.provider_limit_key("openai", key_digest(endpoint.base_url, secret))
     assert secret not in key
 
     async def scenario() -> None:
@@ -120,17 +131,17 @@ def test_a_429_holds_every_caller_of_the_key_off(redis_client: RedisClientFactor
             await first.block(5)  # an earlier end does not shorten the hold
             assert await second.blocked_for_s() == pytest.approx(30, abs=0.01)
             clock = FakeClock()
+            _answers(server)
             poster = JsonPoster(
-                ENDPOINT,
+                endpoint,
                 timeout_s=5,
                 retry=RetryPolicy(deadline_s=300),
                 sleep=clock.sleep,
-                transport=httpx.MockTransport(_answers()),
                 throttle=second,
                 clock=clock,
             )
             with recording_waits() as waits:
-                await poster.post("chat/completions", headers={}, body={}, model="m")
+                await poster.post("chat/completions", headers={}, body=BODY, model="m")
             assert clock.delays == [pytest.approx(30, abs=0.01)]
             assert waits[0].shared and waits[0].status == 0
             assert 0 < await redis.pttl(key) <= 31_000

@@ -14,7 +14,6 @@ from email.utils import format_datetime
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -27,6 +26,7 @@ from tests.fakes.llm_server import (
     RecordingSleep,
     closed_port_url,
 )
+from workers.http_pool import pooled_session
 from workers.providers import (
     AnthropicProvider,
     ContextOverflowError,
@@ -431,18 +431,45 @@ def test_a_slow_answer_is_a_timeout(harness: Harness) -> None:
     assert len(harness.server.requests) == 1
 
 
-def test_a_shared_client_is_used_and_left_open(harness: Harness) -> None:
-    """A caller's httpx client serves the calls and is not closed by the provider."""
+def test_a_shared_session_is_used_and_left_open(harness: Harness) -> None:
+    """A caller's aiohttp session (the worker's pooled one) serves the calls over one kept-alive
+    connection and is not closed by the provider."""
     harness.respond_success()
     harness.respond_success()
 
     async def two_calls() -> bool:
-        async with httpx.AsyncClient() as client:
-            provider = harness.provider(client=client)
+        session = pooled_session(8)
+        try:
+            provider = harness.provider(session=session)
             conversation = Conversation(messages=[ConversationMessage.user("hi")])
             await provider.complete(conversation, InferenceOptions())
             await provider.complete(conversation, InferenceOptions())
-            return client.is_closed
+            return session.closed
+        finally:
+            await session.close()
 
     assert asyncio.run(two_calls()) is False
     assert len(harness.server.requests) == 2
+
+
+def test_a_redirect_is_not_followed_and_the_key_stays(harness: Harness) -> None:
+    """A 307 to another host is an invalid request naming the status; nothing is sent there."""
+    with type(harness.server)(api_key=KEY) as elsewhere:
+        harness.server.respond_json(
+            {"error": {"message": "moved"}},
+            status=307,
+            headers={"location": f"{elsewhere.base_url}/chat/completions"},
+        )
+        error = failure(harness.provider(), InvalidRequestError)
+        assert "HTTP 307" in str(error)
+        assert elsewhere.requests == []
+    assert len(harness.server.requests) == 1
+
+
+def test_a_session_on_the_fake_server_sees_the_headers_once(harness: Harness) -> None:
+    """The request carries the provider's headers as given (one content type, JSON body)."""
+    harness.respond_success()
+    complete(harness.provider())
+    request = harness.server.last_request
+    assert request.headers["content-type"] == "application/json"
+    assert json.loads(request.raw_body) == request.body

@@ -7,7 +7,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from shared.conversation import Conversation, ConversationMessage
@@ -414,16 +413,10 @@ def test_the_provider_implements_the_protocol_and_hides_the_key() -> None:
     assert "api_key=set" in repr(provider)
 
 
-def test_an_httpx_mock_transport_can_stand_in_for_the_network() -> None:
-    """The ``transport`` seam serves fresh clients: httpx.MockTransport answers in-process."""
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json=load_fixture("openai_text.json"))
-
-    provider = OpenAICompatProvider(
-        base_url="https://api.example/v1", api_key=KEY, transport=httpx.MockTransport(handler)
-    )
+def test_a_base_url_with_a_trailing_slash_is_joined_by_one_slash(server: FakeOpenAIServer) -> None:
+    """``base_url/`` and ``chat/completions`` make ``/v1/chat/completions`` on the wire (the
+    fake server answers 404 to any other path)."""
+    server.respond_fixture("openai_text.json")
+    provider = OpenAICompatProvider(base_url=f"{server.base_url}/", api_key=KEY)
     assert complete(provider).content == "Hello!"
-    assert str(seen[0].url) == "https://api.example/v1/chat/completions"
+    assert server.last_request.path == "/v1/chat/completions"

@@ -21,8 +21,9 @@ from tests.fakes.llm_server import (
     RecordingSleep,
     load_fixture,
 )
+from workers.http_pool import pooled_session
 from workers.providers import AnthropicProvider, OpenAICompatProvider
-from workers.providers._http import Endpoint
+from workers.providers._http import Endpoint, _lines
 from workers.providers.anthropic import parse_anthropic_response
 from workers.providers.base import (
     AuthenticationError,
@@ -87,6 +88,43 @@ def test_sse_decoder_joins_data_lines_and_skips_comments() -> None:
     assert got[:-1] == [None] * 5
     assert got[-1] == SseEvent("message_start", '{"a":\n1}')
     assert decoder.feed("") is None  # no data, no event
+
+
+async def _chunks(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+def _split(*chunks: bytes) -> list[str]:
+    async def collect() -> list[str]:
+        return [line async for line in _lines(_chunks(*chunks))]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        (b"data: a\n\ndata: \xc3\xa9\r\n\r\nlast",),
+        (b"data: a\n", b"\ndata: \xc3", b"\xa9\r", b"\n\r", b"\nla", b"st"),
+        tuple(bytes([b]) for b in b"data: a\n\ndata: \xc3\xa9\r\n\r\nlast"),
+        (b"data: a\r\rdata: \xc3\xa9\r", b"\rlast"),
+    ],
+    ids=["whole", "cut-anywhere", "byte-by-byte", "bare-cr"],
+)
+def test_stream_lines_are_split_wherever_the_chunks_end(chunks: tuple[bytes, ...]) -> None:
+    """``\\n``, ``\\r\\n`` and ``\\r`` end a line (SSE) even when a chunk ends between the
+    two bytes of a ``\\r\\n`` or inside a UTF-8 character; the last line needs no end."""
+    assert _split(*chunks) == ["data: a", "", "data: é", "", "last"]
+
+
+def test_a_stream_line_has_no_length_limit() -> None:
+    """A 1 MB line in 64 KB chunks is one line (aiohttp's own ``readline`` refuses one over
+    512 KB in 3.14)."""
+    line = b"data: " + b"x" * 1_000_000
+    body = line + b"\n\n"
+    chunks = [body[i : i + 65_536] for i in range(0, len(body), 65_536)]
+    assert _split(*chunks) == [line.decode(), ""]
 
 
 def test_openai_recorded_text_stream_parses_like_the_whole_reply() -> None:
@@ -300,3 +338,36 @@ def test_a_server_that_refuses_streaming_is_asked_for_a_whole_answer(
     with pytest.raises(AuthenticationError):
         call(bad_key, ListSink())
     assert len(openai.requests) == 3
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_a_cancelled_stream_closes_its_connection(wire: str) -> None:
+    """Cancelling a streamed call on the worker's pooled session (a task aborted mid-answer)
+    closes its connection: the server's next writes fail and it never finishes the answer;
+    the session stays open and serves the next call."""
+    server_class = FakeOpenAIServer if wire == "openai" else FakeAnthropicServer
+    build = OpenAICompatProvider if wire == "openai" else AnthropicProvider
+    with server_class(api_key=KEY, chunk_delay_s=0.02) as server:
+        server.respond_text(" ".join(f"word{n}" for n in range(10)))  # about 20 frames: 0.4 s
+        server.respond_text("done")
+        conversation = Conversation(messages=[ConversationMessage.user("hello")])
+
+        async def scenario() -> str:
+            session = pooled_session(4)
+            async with session:
+                provider = build(base_url=server.base_url, api_key=KEY, session=session)
+                sink = ListSink()
+                with streaming_to(sink):
+                    call = asyncio.create_task(provider.complete(conversation, InferenceOptions()))
+                    while not sink.heard:
+                        await asyncio.sleep(0.01)
+                    call.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await call
+                await asyncio.sleep(1.5)  # the whole answer would have been written by now
+                return (await provider.complete(conversation, InferenceOptions())).content
+
+        assert asyncio.run(scenario()) == "done"
+        assert len(server.stream_starts) == 1
+        assert server.stream_ends == []
+    assert not server.errors, server.errors

@@ -16,17 +16,19 @@ from redis.exceptions import ReadOnlyError
 
 from shared import keys
 from shared.actions import ToolCallAction
-from shared.conversation import Conversation
+from shared.conversation import Conversation, ConversationMessage
 from shared.errors import ConfigError
+from shared.inference import InferenceOptions
 from shared.loop_types import LoopConfig
 from shared.outbox import OutboxEntry
 from shared.protocol import ActMode, Fence, ReasonedMessage, ReasonRequest, ToolRequest
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
+from tests.fakes.llm_server import FakeOpenAIServer
 from workers.handlers import onward, run_reasoning, run_tool_calls
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderSettings
-from workers.runtime import LEDGERS_KEPT, ProcessServices
+from workers.runtime import LEDGERS_KEPT, ProcessServices, local_core
 from workers.tasks import _publish
 
 _OPEN: list[ProcessServices] = []
@@ -461,3 +463,36 @@ def test_on_a_cluster_a_failing_heartbeat_pipeline_never_sends_the_observation_t
     with redis.Redis.from_url(redis_url) as client:
         assert client.xlen(keys.observations_stream(0)) == 1
         assert client.xlen(keys.outbox_stream(0)) == 1
+
+
+def test_a_core_serves_model_calls_from_one_session_on_each_loop() -> None:
+    """A provider built before any loop runs makes its calls on the core's one session; the
+    same core used again under a new loop (the in-process driver run twice) gets a new one."""
+    with FakeOpenAIServer(api_key="sk-secret") as server:
+        core = local_core(
+            provider_settings=ProviderSettings(
+                provider="openai",  # type: ignore[arg-type]
+                api_key="sk-secret",  # type: ignore[arg-type]
+                base_url=server.base_url,
+            )
+        )
+        provider = core.provider(_request(ProviderSpec()))
+        sessions: list[object] = []
+
+        async def two_calls(close: bool) -> list[str]:
+            conversation = Conversation(messages=[ConversationMessage.user("hi")])
+            answers = []
+            for _ in range(2):
+                server.respond_text("hello")
+                answers.append((await provider.complete(conversation, InferenceOptions())).content)
+                sessions.append(core.http_session())
+            if close:
+                await core.aclose()
+            return answers
+
+        assert asyncio.run(two_calls(close=False)) == ["hello", "hello"]
+        assert asyncio.run(two_calls(close=True)) == ["hello", "hello"]
+        assert sessions[0] is sessions[1]
+        assert sessions[2] is sessions[3] and sessions[2] is not sessions[0]
+        assert len(server.requests) == 4
+    assert not server.errors, server.errors

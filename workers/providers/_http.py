@@ -1,7 +1,8 @@
 """One JSON-over-HTTP implementation for every HTTP provider: timeouts, retries, error mapping.
 
 The providers build a body and parse a reply; everything between (the client, the retry loop,
-``Retry-After``, turning statuses into the ``InferenceError`` tree) lives here, once.
+``Retry-After``, turning statuses into the ``InferenceError`` tree) lives here, once. The
+client is aiohttp: the worker process's one ``ClientSession`` (:mod:`workers.http_pool`).
 
 Status mapping after the retries:
 
@@ -31,7 +32,9 @@ linear in the body.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import functools
+import json
 import logging
 import random
 import re
@@ -42,14 +45,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from shared.errors import ConfigError
 from shared.inference import ProviderWait
 from shared.redaction import REDACTED, Redactor
 from shared.safe_regex import UserPattern, compile_user_pattern
-from workers.http_pool import shared_ssl_context
+from workers.http_pool import SessionSource, env_proxy, shared_ssl_context
 from workers.providers.base import (
     AuthenticationError,
     ContextOverflowError,
@@ -72,6 +75,7 @@ from workers.providers.waiting import wait_out
 
 __all__ = [
     "Endpoint",
+    "HttpAnswer",
     "JsonPoster",
     "StreamConsumer",
     "json_count",
@@ -182,13 +186,37 @@ StreamConsumer = Callable[[AsyncIterator[str]], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
+class HttpAnswer:
+    """A whole HTTP answer, read: what the status mapping and the JSON decoding look at."""
+
+    status: int
+    reason: str
+    headers: Mapping[str, str]
+    body: bytes
+    charset: str | None = None
+    """The ``charset`` of the content type (None: UTF-8)."""
+
+    @property
+    def text(self) -> str:
+        """The body as text, undecodable bytes replaced (a snippet for an error message)."""
+        try:
+            return self.body.decode(self.charset or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know
+            return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON (``ValueError`` when it is not JSON)."""
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True, slots=True)
 class _Request:
-    """One POST: where, with which headers and body, for which model (named in errors);
-    ``consume`` reads a streamed answer (None: the answer is one JSON body)."""
+    """One POST: where, with which headers and body (JSON, encoded once for every try), for
+    which model (named in errors); ``consume`` reads a streamed answer (None: one JSON body)."""
 
     url: str
     headers: dict[str, str]
-    body: dict[str, Any]
+    payload: bytes
     model: str
     consume: StreamConsumer | None = None
 
@@ -207,11 +235,19 @@ class _RetryableFailure:
 class JsonPoster:
     """POSTs a JSON body and returns the JSON object answered, with retries and clear errors.
 
-    Without ``client`` a fresh ``httpx.AsyncClient`` serves each call (safe across event loops,
-    which Celery tasks running ``asyncio.run`` need); a given ``client`` is used as is and never
-    closed. ``transport`` is the test seam (``httpx.MockTransport``) for the fresh clients.
+    ``session`` is the process's ``aiohttp.ClientSession`` (:func:`workers.http_pool.
+    pooled_session`), used as is and never closed (it belongs to the loop it was built on), or
+    a :data:`~workers.http_pool.SessionSource` asked for it at each call. Without it a fresh
+    session serves each call (safe across event loops, which a caller running ``asyncio.run``
+    per call needs) and the call goes through the proxy the environment names
+    (:func:`workers.http_pool.env_proxy`), as a fresh httpx client did.
     ``throttle`` is the rate limit shared with every caller of the same provider and key
     (:mod:`workers.providers.rate_limit`): each try waits for it, and a 429 extends it.
+
+    Timeouts per try: ``timeout_s`` to get a connection (from the pool or a new one), between
+    two reads of the answer, and for the whole try (``asyncio.timeout``, which also bounds a
+    stream); redirects are not followed (a 3xx is an invalid request, and the key never
+    leaves for another host).
     """
 
     def __init__(
@@ -222,8 +258,7 @@ class JsonPoster:
         retry: RetryPolicy,
         sleep: SleepFn,
         rand: Callable[[], float] | None = None,
-        client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        session: aiohttp.ClientSession | SessionSource | None = None,
         throttle: ProviderThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -231,11 +266,18 @@ class JsonPoster:
         self._clock = clock
         self._endpoint = endpoint
         self._timeout_s = timeout_s
+        self._http_timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeout_s, sock_connect=timeout_s, sock_read=timeout_s
+        )
         self._retry = retry
         self._sleep = sleep
         self._rand = rand if rand is not None else random.SystemRandom().random
-        self._client = client
-        self._transport = transport
+        self._session: SessionSource | None = (
+            functools.partial(_same, session)
+            if isinstance(session, aiohttp.ClientSession)
+            else session
+        )
+        self._proxy = env_proxy(endpoint.base_url) if session is None else None
 
     async def post(
         self,
@@ -250,13 +292,17 @@ class JsonPoster:
 
         With ``consume`` the answer is read as it streams (a ``text/event-stream`` 2xx); a
         server that answers one JSON body instead is read as without it."""
-        request = _Request(self._endpoint.url(path), dict(headers), dict(body), model, consume)
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        sent = dict(headers)
+        if not any(name.lower() == "content-type" for name in sent):
+            sent["content-type"] = "application/json"
+        request = _Request(self._endpoint.url(path), sent, payload.encode(), model, consume)
         started = self._clock()
-        async with self._open_client() as client:
+        async with self._open_session() as session:
             attempt = 0
             while True:
                 await self._wait_turn(started)
-                outcome = await self._attempt(client, request, attempt)
+                outcome = await self._attempt(session, request, attempt)
                 if not isinstance(outcome, _RetryableFailure):
                     return outcome
                 if not self._retry.allows(attempt, self._clock() - started, outcome.delay_s):
@@ -294,60 +340,67 @@ class JsonPoster:
         await wait_out(wait, failure.delay_s, self._sleep)
 
     @asynccontextmanager
-    async def _open_client(self) -> AsyncIterator[httpx.AsyncClient]:
-        if self._client is not None:
-            yield self._client
+    async def _open_session(self) -> AsyncIterator[aiohttp.ClientSession]:
+        if self._session is not None:
+            yield self._session()
             return
-        async with httpx.AsyncClient(
-            transport=self._transport, verify=shared_ssl_context()
-        ) as client:
-            yield client
+        connector = aiohttp.TCPConnector(ssl=shared_ssl_context())
+        async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+            yield session
 
     async def _attempt(
-        self, client: httpx.AsyncClient, request: _Request, attempt: int
+        self, session: aiohttp.ClientSession, request: _Request, attempt: int
     ) -> dict[str, Any] | _RetryableFailure:
         try:
             async with asyncio.timeout(self._timeout_s):
-                answered = await self._exchange(client, request)
-        except (httpx.TimeoutException, TimeoutError) as exc:
+                answered = await self._exchange(session, request)
+        except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
             timed_out = self._timeout_error(request.url, request.model)
             if self._retry.deadline_s <= 0:
                 raise timed_out from exc
             return _RetryableFailure(self._retry.backoff_delay(attempt, self._rand()), timed_out)
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:  # refused, reset, cut short, a stream without its end
             delay = self._retry.backoff_delay(attempt, self._rand())
             return _RetryableFailure(delay, self._unreachable_error(request.url, attempt + 1, exc))
         if isinstance(answered, dict):
             return answered
         response = answered
-        if is_retryable_status(response.status_code):
+        if is_retryable_status(response.status):
             delay = self._retry.retry_delay(response.headers, attempt, self._rand())
             error = exhausted_error(response, self._endpoint, request.url, delay)
             hinted = parse_retry_after(response.headers) is not None
-            return _RetryableFailure(delay, error, response.status_code, hinted)
+            return _RetryableFailure(delay, error, response.status, hinted)
         raise status_error(response, self._endpoint, request.url, request.model)
 
     async def _exchange(
-        self, client: httpx.AsyncClient, request: _Request
-    ) -> dict[str, Any] | httpx.Response:
-        """The 2xx answer's JSON object (streamed or not), or the error response, read."""
-        if request.consume is None:
-            response = await client.post(
-                request.url, headers=request.headers, json=request.body, timeout=self._timeout_s
-            )
-            if response.is_success:
-                return decode_json_object(response, self._endpoint, request.url)
-            return response
-        async with client.stream(
-            "POST", request.url, headers=request.headers, json=request.body, timeout=self._timeout_s
+        self, session: aiohttp.ClientSession, request: _Request
+    ) -> dict[str, Any] | HttpAnswer:
+        """The 2xx answer's JSON object (streamed or not), or the error answer, read.
+
+        Leaving the ``async with`` early (an error, a cancellation, the stream's end marker
+        before the connection's end) closes the connection instead of returning it to the
+        pool, so the server sees the caller go."""
+        async with session.post(
+            request.url,
+            data=request.payload,
+            headers=request.headers,
+            timeout=self._http_timeout,
+            allow_redirects=False,
+            proxy=self._proxy,
         ) as response:
-            streamed = "text/event-stream" in response.headers.get("content-type", "")
-            if response.is_success and streamed:
-                return await request.consume(response.aiter_lines())
-            await response.aread()
-        if response.is_success:
-            return decode_json_object(response, self._endpoint, request.url)
-        return response
+            success = 200 <= response.status < 300
+            if request.consume is not None and success and _is_event_stream(response):
+                return await request.consume(_lines(response.content.iter_any()))
+            answer = HttpAnswer(
+                response.status,
+                response.reason or "",
+                response.headers,
+                await response.read(),
+                response.charset,
+            )
+        if success:
+            return decode_json_object(answer, self._endpoint, request.url)
+        return answer
 
     def _timeout_error(self, url: str, model: str) -> InferenceTimeoutError:
         return InferenceTimeoutError(
@@ -356,7 +409,7 @@ class JsonPoster:
         )
 
     def _unreachable_error(
-        self, url: str, attempts: int, exc: httpx.TransportError
+        self, url: str, attempts: int, exc: aiohttp.ClientError
     ) -> ProviderError:
         reason = self._endpoint.redact(str(exc) or type(exc).__name__)
         return ProviderError(
@@ -377,19 +430,49 @@ class JsonPoster:
         )
 
 
-def decode_json_object(response: httpx.Response, endpoint: Endpoint, url: str) -> dict[str, Any]:
+def _same(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
+    return session
+
+
+def _is_event_stream(response: aiohttp.ClientResponse) -> bool:
+    return "text/event-stream" in response.headers.get("content-type", "")
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The text lines of a byte stream as the chunks arrive (``\\n``, ``\\r\\n`` or ``\\r``
+    end a line, as in SSE), without a limit on a line's length; the last line without its
+    end is given at the end."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    async for chunk in chunks:
+        text = pending + decoder.decode(chunk)
+        if text.endswith("\r"):  # its "\n" may be in the next chunk
+            text, pending = text[:-1], "\r"
+        else:
+            pending = ""
+        lines = text.splitlines()
+        if text and text[-1] not in "\r\n":
+            pending = lines.pop() + pending
+        for line in lines:
+            yield line
+    tail = pending + decoder.decode(b"", final=True)
+    for line in tail.splitlines():
+        yield line
+
+
+def decode_json_object(response: HttpAnswer, endpoint: Endpoint, url: str) -> dict[str, Any]:
     """The body as a JSON object, or ``ResponseParseError`` quoting the start of it."""
     try:
         data = response.json()
     except ValueError:
         kind = response.headers.get("content-type", "no content-type")
         raise ResponseParseError(
-            f"{endpoint.provider} at {url} answered HTTP {response.status_code} with a body that "
+            f"{endpoint.provider} at {url} answered HTTP {response.status} with a body that "
             f"is not JSON ({kind}): {_snippet(response.text, endpoint)!r}"
         ) from None
     except RecursionError:
         raise ResponseParseError(
-            f"{endpoint.provider} at {url} answered HTTP {response.status_code} with JSON nested "
+            f"{endpoint.provider} at {url} answered HTTP {response.status} with JSON nested "
             f"too deeply to read: {_snippet(response.text, endpoint)!r}"
         ) from None
     if not isinstance(data, dict):
@@ -401,10 +484,10 @@ def decode_json_object(response: httpx.Response, endpoint: Endpoint, url: str) -
 
 
 def exhausted_error(
-    response: httpx.Response, endpoint: Endpoint, url: str, next_delay_s: float
+    response: HttpAnswer, endpoint: Endpoint, url: str, next_delay_s: float
 ) -> InferenceError:
     """The error for a 429 or 5xx that is still there after the last retry."""
-    status = response.status_code
+    status = response.status
     message = provider_error_message(response, endpoint)
     if status == 429:
         return RateLimitedError(
@@ -413,16 +496,14 @@ def exhausted_error(
             retry_after_s=next_delay_s,
         )
     return ProviderError(
-        f"{endpoint.provider} at {url} answered HTTP {status} {response.reason_phrase} through "
+        f"{endpoint.provider} at {url} answered HTTP {status} {response.reason} through "
         f"the retries; the provider is failing, try again later: {message}"
     )
 
 
-def status_error(
-    response: httpx.Response, endpoint: Endpoint, url: str, model: str
-) -> InferenceError:
+def status_error(response: HttpAnswer, endpoint: Endpoint, url: str, model: str) -> InferenceError:
     """The error for a 4xx answer other than 429 (never retried)."""
-    status = response.status_code
+    status = response.status
     message = provider_error_message(response, endpoint)
     where = f"{endpoint.provider} at {url}"
     if status in (401, 403):
@@ -444,7 +525,7 @@ def status_error(
     return InvalidRequestError(f"{where} rejected the request (HTTP {status}): {message}")
 
 
-def provider_error_message(response: httpx.Response, endpoint: Endpoint) -> str:
+def provider_error_message(response: HttpAnswer, endpoint: Endpoint) -> str:
     """The provider's own explanation from an error body, or the start of the body."""
     try:
         data = response.json()
@@ -484,7 +565,7 @@ def json_count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _is_context_overflow(message: str, response: httpx.Response, endpoint: Endpoint) -> bool:
+def _is_context_overflow(message: str, response: HttpAnswer, endpoint: Endpoint) -> bool:
     haystack = f"{message} {_snippet(response.text, endpoint)}".lower()
     return any(marker in haystack for marker in _CONTEXT_MARKERS)
 

@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from shared.conversation import Conversation
@@ -41,6 +41,7 @@ from shared.inference import (
     ToolChoiceTool,
     Usage,
 )
+from workers.http_pool import SessionSource
 from workers.providers._http import (
     Endpoint,
     JsonPoster,
@@ -92,8 +93,7 @@ class AnthropicProvider:
         retry: RetryPolicy | None = None,
         sleep: SleepFn = asyncio.sleep,
         rand: Callable[[], float] | None = None,
-        client: httpx.AsyncClient | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        session: aiohttp.ClientSession | SessionSource | None = None,
         throttle: ProviderThrottle | None = None,
     ) -> None:
         self._model = model
@@ -107,8 +107,7 @@ class AnthropicProvider:
             retry=retry if retry is not None else RetryPolicy(),
             sleep=sleep,
             rand=rand,
-            client=client,
-            transport=transport,
+            session=session,
             throttle=throttle,
         )
 

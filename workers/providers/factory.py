@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from shared.errors import ConfigError
+from workers.http_pool import SessionSource
 from workers.providers.anthropic import AnthropicProvider
 from workers.providers.base import InferenceProvider
 from workers.providers.openai_compat import OpenAICompatProvider
@@ -33,19 +34,20 @@ def build_provider(
     *,
     sleep: SleepFn = asyncio.sleep,
     rand: Callable[[], float] | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-    client: httpx.AsyncClient | None = None,
+    session: aiohttp.ClientSession | SessionSource | None = None,
     throttle: ProviderThrottle | None = None,
 ) -> InferenceProvider:
-    """The provider ``settings`` describe; ``sleep``, ``rand`` and ``transport`` are test seams.
+    """The provider ``settings`` describe; ``sleep`` and ``rand`` are test seams.
 
-    ``client``: a pooled client the provider uses and never closes (a worker process keeps one
-    per provider and base URL); without it each call opens its own. ``throttle``: the rate
-    limit shared by every worker calling this provider with this key (none: not shared).
+    ``session``: the pooled ``aiohttp.ClientSession`` the provider uses and never closes (a
+    worker process keeps one, :mod:`workers.http_pool`), or what gives it at each call; without
+    it each call opens its own.
+    ``throttle``: the rate limit shared by every worker calling this provider with this key
+    (none: not shared).
     """
     if settings.provider is ProviderKind.SCRIPTED:
         return _scripted(settings)
-    seams = _Seams(sleep=sleep, rand=rand, transport=transport, client=client, throttle=throttle)
+    seams = _Seams(sleep=sleep, rand=rand, session=session, throttle=throttle)
     if settings.provider is ProviderKind.ANTHROPIC:
         return _anthropic(settings, seams)
     return _openai_compat(settings, seams)
@@ -57,8 +59,7 @@ class _Seams:
 
     sleep: SleepFn
     rand: Callable[[], float] | None
-    transport: httpx.AsyncBaseTransport | None
-    client: httpx.AsyncClient | None
+    session: aiohttp.ClientSession | SessionSource | None
     throttle: ProviderThrottle | None
 
 
@@ -86,8 +87,7 @@ def _anthropic(settings: ProviderSettings, seams: _Seams) -> AnthropicProvider:
         retry=_retry(settings),
         sleep=seams.sleep,
         rand=seams.rand,
-        transport=seams.transport,
-        client=seams.client,
+        session=seams.session,
         throttle=seams.throttle,
     )
 
@@ -110,8 +110,7 @@ def _openai_compat(settings: ProviderSettings, seams: _Seams) -> OpenAICompatPro
         retry=_retry(settings),
         sleep=seams.sleep,
         rand=seams.rand,
-        transport=seams.transport,
-        client=seams.client,
+        session=seams.session,
         throttle=seams.throttle,
     )
 

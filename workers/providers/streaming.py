@@ -20,7 +20,7 @@ format turns events into text deltas and the final object:
   a tool_use block's input) / ``content_block_stop``, ``message_delta`` (``stop_reason``, the
   output usage), ``message_stop``; ``ping`` is ignored and ``error`` raises.
 
-A stream that ends before its end marker is a broken connection (``httpx.RemoteProtocolError``,
+A stream that ends before its end marker is a broken connection (``aiohttp.ClientPayloadError``,
 retried like one); when a retried call had already streamed text, the sink hears
 ``stream_restarted`` before the new answer's first piece, so a watcher never joins two answers.
 """
@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import httpx
+import aiohttp
 
 from workers.providers._http import json_error_message, shown
 from workers.providers.base import ProviderError, ResponseParseError
@@ -397,7 +397,7 @@ class StreamReader:
         else:
             last = decoder.flush()
             if last is None or not await self._take(assembler, last):
-                raise httpx.RemoteProtocolError("the model's stream ended before its end marker")
+                raise aiohttp.ClientPayloadError("the model's stream ended before its end marker")
         await self._sink.emit("stream_done")
         return assembler.result()
 
