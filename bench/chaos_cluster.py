@@ -22,6 +22,7 @@ iteration applied twice.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -187,6 +188,18 @@ class Run:
             seen += [f"{stream} {g['name']} lag {g['lag']} pending {g['pending']}" for g in groups]
         return "; ".join(seen)
 
+    def events(self) -> list[dict[str, str]]:
+        """Every partition's lifecycle events (``orga:{p:NN}:events``), oldest first."""
+
+        def read() -> list[dict[str, str]]:
+            found: list[dict[str, str]] = []
+            for p in range(PARTITIONS):
+                rows = self.client.redis.xrange(keys.events_stream(p), "-", "+")
+                found += [{"id": str(i), **{str(k): str(v) for k, v in f.items()}} for i, f in rows]
+            return found
+
+        return _retrying(read)
+
     def received(self) -> int:
         """Celery messages the workers' logs say they received."""
         return sum(len(RECEIVED.findall(w.log.read_text("utf-8", "replace"))) for w in self.workers)
@@ -199,6 +212,11 @@ class Run:
                 m.group(1) for m in RECEIVED.finditer(worker.log.read_text("utf-8", "replace"))
             )
         return sum(n - 1 for n in counts.values() if n > 1)
+
+
+def _reason(reason: str) -> str:
+    """A ``dispatch_lost`` reason with its figures taken out, to count the reasons."""
+    return re.sub(r"[0-9]+(\.[0-9]+)?", "N", reason)
 
 
 def run(
@@ -253,6 +271,8 @@ def run(
                 twice += _journal_violations(task_id, journal)
         commands_twice, _missing = _side_effects(root / "workspaces", task_ids, plan.iterations)
         published_twice = chaos.received_twice()
+        events = chaos.events()
+        (root / "events.json").write_text(json.dumps(events, indent=1), "utf-8")
         if lost:  # where the lost tasks' partitions stand: unread or unacknowledged entries
             for p in sorted({keys.partition_of(t, PARTITIONS) for t in lost}):
                 say(f"  partition {p}: {chaos.groups(p)}")
@@ -261,12 +281,16 @@ def run(
         broker.close()
         cluster.close()
     say(f"  {len(task_ids) - len(lost)}/{len(task_ids)} completed in {elapsed:.1f}s")
+    redispatched = sum(1 for e in events if e.get("event") == "redispatched")
+    why = Counter(_reason(e.get("reason", "")) for e in events if e.get("event") == "dispatch_lost")
+    say(f"  re-dispatched {redispatched}; judged lost because: {dict(why.most_common())}")
     for problem in [*(f"lost: {t} ({statuses[t]})" for t in lost[:10]), *twice[:10]]:
         say(f"  {problem}")
     print(f"RESULT cluster_chaos_lost_tasks {len(lost)}")
     print(f"RESULT cluster_chaos_iterations_applied_twice {len(twice)}")
     print(f"RESULT cluster_chaos_dispatches_published_twice {published_twice}")
     print(f"RESULT cluster_chaos_commands_run_twice {commands_twice}")
+    print(f"RESULT cluster_chaos_redispatches {redispatched}")
     return not lost and not twice
 
 
