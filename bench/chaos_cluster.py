@@ -16,7 +16,11 @@ second answer never), and ``RESULT cluster_chaos_commands_run_twice <n>`` (side 
 twice: a command re-run after its worker's answer was lost). Exit 0 when no task was lost and no
 iteration applied twice.
 
-    python bench/chaos_cluster.py [--tasks 100] [--keep]
+    python bench/chaos_cluster.py [--tasks 100] [--keep] [--faults master,coordinator,relay]
+        [--kill-named-node]
+
+A harsher run: ``--faults master,coordinator,relay,master2 --kill-named-node`` (the node the
+processes' ``ORGA_REDIS_URL`` names first killed, then a second master at 75 %).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ PARTITIONS = 16
 RECEIVED = re.compile(r"\[([0-9a-f-]{36})\] received")
 """A worker's log line for a Celery message received (``Task reason <task> ... act[<id>]``)."""
 TERMINAL = {s.value for s in TERMINAL_STATUSES}
+FAULTS = ("master", "coordinator", "relay", "master2")
 
 
 def _retrying(what: Callable[[], T], timeout_s: float = 60.0) -> T:
@@ -118,13 +123,22 @@ class Run:
 
     # -- faults --------------------------------------------------------------------------
 
-    def kill_a_master(self) -> str:
-        """SIGKILL a master; wait until its replica is promoted and the cluster is ok."""
-        port = self.cluster.masters()[0]
+    def kill_a_master(self, named_first: bool = False) -> str:
+        """SIGKILL a master that has a replica (``named_first``: the node ``ORGA_REDIS_URL``
+        names first, when it is such a master); wait until its replica is promoted and the
+        cluster is ok."""
+        masters = self.cluster.replicated_masters()
+        first = self.cluster.ports[0]
+        port = first if named_first and first in masters else masters[0]
         self.cluster.kill(port)
         started = time.monotonic()
-        self.cluster.wait_ok(time.monotonic() + 60, replicas=2, without=port)
-        return f"master :{port} killed, cluster ok again after {time.monotonic() - started:.1f}s"
+        replicas = sum(1 for p in self.cluster.running_ports if p not in self.cluster.masters())
+        self.cluster.wait_ok(time.monotonic() + 60, replicas=replicas - 1, without=port)
+        named = " (named first in ORGA_REDIS_URL)" if port == first else ""
+        return (
+            f"master :{port}{named} killed, cluster ok again after "
+            f"{time.monotonic() - started:.1f}s"
+        )
 
     def kill_a_coordinator(self) -> str:
         old = self.coordinators.pop(0)
@@ -225,6 +239,7 @@ def run(
     say: Callable[[str], None] = print,
     *,
     kinds: Sequence[str] = ("master", "coordinator", "relay"),
+    named_first: bool = False,
 ) -> bool:
     cluster = RedisCluster(directory=root / "cluster").start()
     broker = EmbeddedRedis(directory=root / "broker").start()
@@ -244,9 +259,10 @@ def run(
             return chaos.received() / dispatches
 
         planned = {
-            "master": (0.1, chaos.kill_a_master),
+            "master": (0.1, partial(chaos.kill_a_master, named_first=named_first)),
             "coordinator": (0.35, chaos.kill_a_coordinator),
             "relay": (0.55, chaos.kill_a_relay_holding_entries),
+            "master2": (0.75, chaos.kill_a_master),
         }
         faults = [planned[kind] for kind in planned if kind in kinds]
         while time.monotonic() - started < plan.duration_s:
@@ -260,7 +276,7 @@ def run(
                     break
             time.sleep(0.2)
         for _at, fault in faults:
-            say(f"  not injected (the run ended first): {fault.__name__}")
+            say(f"  not injected (the run ended first): {getattr(fault, '__name__', fault)}")
         elapsed = time.monotonic() - started
         statuses = chaos.statuses(task_ids)
         lost = [t for t, s in statuses.items() if s != "completed"]
@@ -302,14 +318,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--faults",
         default="master,coordinator,relay",
-        help="which faults, comma-separated (empty: the same load without faults)",
+        help="which faults, comma-separated, of master (10%%), coordinator (35%%), relay (55%%) "
+        "and master2 (a second master killed at 75%%); empty: the same load without faults",
+    )
+    parser.add_argument(
+        "--kill-named-node",
+        action="store_true",
+        help="the first master killed is the node ORGA_REDIS_URL names first (every process "
+        "started after it must reach the cluster through the others)",
     )
     args = parser.parse_args(argv)
+    unknown = [k for k in args.faults.split(",") if k and k not in FAULTS]
+    if unknown:
+        parser.error(f"--faults {args.faults!r}: unknown {unknown}; known: {', '.join(FAULTS)}")
     plan = replace(ChaosPlan(), tasks=args.tasks, iterations=args.iterations, duration_s=400.0)
     print(f"chaos on a Redis Cluster: {plan.tasks} tasks x {plan.iterations + 1} iterations")
     return run_in_scratch(
         "orga-chaos-cluster-",
-        lambda root: run(plan, root, kinds=[k for k in args.faults.split(",") if k]),
+        lambda root: run(
+            plan,
+            root,
+            kinds=[k for k in args.faults.split(",") if k],
+            named_first=args.kill_named_node,
+        ),
         keep=args.keep,
         kept="logs",
     )
