@@ -281,10 +281,16 @@ def run(
         statuses = chaos.statuses(task_ids)
         lost = [t for t, s in statuses.items() if s != "completed"]
         twice: list[str] = []
+        failed: Counter[str] = Counter()
         for task_id in task_ids:
             if statuses[task_id] is not None:
                 journal = _retrying(partial(chaos.client.journal, task_id))
                 twice += _journal_violations(task_id, journal)
+                failed += Counter(  # a worker's failure: re-sent, and counted as a re-dispatch
+                    str(getattr(e.event, "error_kind", "?"))
+                    for e in journal
+                    if e.event.type == "DispatchFailed"
+                )
         commands_twice, _missing = _side_effects(root / "workspaces", task_ids, plan.iterations)
         published_twice = chaos.received_twice()
         events = chaos.events()
@@ -300,6 +306,7 @@ def run(
     redispatched = sum(1 for e in events if e.get("event") == "redispatched")
     why = Counter(_reason(e.get("reason", "")) for e in events if e.get("event") == "dispatch_lost")
     say(f"  re-dispatched {redispatched}; judged lost because: {dict(why.most_common())}")
+    say(f"  failures workers reported, by kind: {dict(failed)}")
     for problem in [*(f"lost: {t} ({statuses[t]})" for t in lost[:10]), *twice[:10]]:
         say(f"  {problem}")
     print(f"RESULT cluster_chaos_lost_tasks {len(lost)}")
@@ -307,6 +314,7 @@ def run(
     print(f"RESULT cluster_chaos_dispatches_published_twice {published_twice}")
     print(f"RESULT cluster_chaos_commands_run_twice {commands_twice}")
     print(f"RESULT cluster_chaos_redispatches {redispatched}")
+    print(f"RESULT cluster_chaos_dispatch_failures {sum(failed.values())}")
     return not lost and not twice
 
 
