@@ -16,12 +16,17 @@ second answer never), and ``RESULT cluster_chaos_commands_run_twice <n>`` (side 
 twice: a command re-run after its worker's answer was lost). Exit 0 when no task was lost and no
 iteration applied twice.
 
-    python bench/chaos_cluster.py [--tasks 100] [--keep]
+    python bench/chaos_cluster.py [--tasks 100] [--keep] [--faults master,coordinator,relay]
+        [--kill-named-node]
+
+A harsher run: ``--faults master,coordinator,relay,master2 --kill-named-node`` (the node the
+processes' ``ORGA_REDIS_URL`` names first killed, then a second master at 75 %).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -54,6 +59,7 @@ PARTITIONS = 16
 RECEIVED = re.compile(r"\[([0-9a-f-]{36})\] received")
 """A worker's log line for a Celery message received (``Task reason <task> ... act[<id>]``)."""
 TERMINAL = {s.value for s in TERMINAL_STATUSES}
+FAULTS = ("master", "coordinator", "relay", "master2")
 
 
 def _retrying(what: Callable[[], T], timeout_s: float = 60.0) -> T:
@@ -117,13 +123,22 @@ class Run:
 
     # -- faults --------------------------------------------------------------------------
 
-    def kill_a_master(self) -> str:
-        """SIGKILL a master; wait until its replica is promoted and the cluster is ok."""
-        port = self.cluster.masters()[0]
+    def kill_a_master(self, named_first: bool = False) -> str:
+        """SIGKILL a master that has a replica (``named_first``: the node ``ORGA_REDIS_URL``
+        names first, when it is such a master); wait until its replica is promoted and the
+        cluster is ok."""
+        masters = self.cluster.replicated_masters()
+        first = self.cluster.ports[0]
+        port = first if named_first and first in masters else masters[0]
         self.cluster.kill(port)
         started = time.monotonic()
-        self.cluster.wait_ok(time.monotonic() + 60, replicas=2, without=port)
-        return f"master :{port} killed, cluster ok again after {time.monotonic() - started:.1f}s"
+        replicas = sum(1 for p in self.cluster.running_ports if p not in self.cluster.masters())
+        self.cluster.wait_ok(time.monotonic() + 60, replicas=replicas - 1, without=port)
+        named = " (named first in ORGA_REDIS_URL)" if port == first else ""
+        return (
+            f"master :{port}{named} killed, cluster ok again after "
+            f"{time.monotonic() - started:.1f}s"
+        )
 
     def kill_a_coordinator(self) -> str:
         old = self.coordinators.pop(0)
@@ -187,6 +202,18 @@ class Run:
             seen += [f"{stream} {g['name']} lag {g['lag']} pending {g['pending']}" for g in groups]
         return "; ".join(seen)
 
+    def events(self) -> list[dict[str, str]]:
+        """Every partition's lifecycle events (``orga:{p:NN}:events``), oldest first."""
+
+        def read() -> list[dict[str, str]]:
+            found: list[dict[str, str]] = []
+            for p in range(PARTITIONS):
+                rows = self.client.redis.xrange(keys.events_stream(p), "-", "+")
+                found += [{"id": str(i), **{str(k): str(v) for k, v in f.items()}} for i, f in rows]
+            return found
+
+        return _retrying(read)
+
     def received(self) -> int:
         """Celery messages the workers' logs say they received."""
         return sum(len(RECEIVED.findall(w.log.read_text("utf-8", "replace"))) for w in self.workers)
@@ -201,12 +228,18 @@ class Run:
         return sum(n - 1 for n in counts.values() if n > 1)
 
 
+def _reason(reason: str) -> str:
+    """A ``dispatch_lost`` reason with its figures taken out, to count the reasons."""
+    return re.sub(r"[0-9]+(\.[0-9]+)?", "N", reason)
+
+
 def run(
     plan: ChaosPlan,
     root: Path,
     say: Callable[[str], None] = print,
     *,
     kinds: Sequence[str] = ("master", "coordinator", "relay"),
+    named_first: bool = False,
 ) -> bool:
     cluster = RedisCluster(directory=root / "cluster").start()
     broker = EmbeddedRedis(directory=root / "broker").start()
@@ -226,9 +259,10 @@ def run(
             return chaos.received() / dispatches
 
         planned = {
-            "master": (0.1, chaos.kill_a_master),
+            "master": (0.1, partial(chaos.kill_a_master, named_first=named_first)),
             "coordinator": (0.35, chaos.kill_a_coordinator),
             "relay": (0.55, chaos.kill_a_relay_holding_entries),
+            "master2": (0.75, chaos.kill_a_master),
         }
         faults = [planned[kind] for kind in planned if kind in kinds]
         while time.monotonic() - started < plan.duration_s:
@@ -242,17 +276,25 @@ def run(
                     break
             time.sleep(0.2)
         for _at, fault in faults:
-            say(f"  not injected (the run ended first): {fault.__name__}")
+            say(f"  not injected (the run ended first): {getattr(fault, '__name__', fault)}")
         elapsed = time.monotonic() - started
         statuses = chaos.statuses(task_ids)
         lost = [t for t, s in statuses.items() if s != "completed"]
         twice: list[str] = []
+        failed: Counter[str] = Counter()
         for task_id in task_ids:
             if statuses[task_id] is not None:
                 journal = _retrying(partial(chaos.client.journal, task_id))
                 twice += _journal_violations(task_id, journal)
+                failed += Counter(  # a worker's failure: re-sent, and counted as a re-dispatch
+                    str(getattr(e.event, "error_kind", "?"))
+                    for e in journal
+                    if e.event.type == "DispatchFailed"
+                )
         commands_twice, _missing = _side_effects(root / "workspaces", task_ids, plan.iterations)
         published_twice = chaos.received_twice()
+        events = chaos.events()
+        (root / "events.json").write_text(json.dumps(events, indent=1), "utf-8")
         if lost:  # where the lost tasks' partitions stand: unread or unacknowledged entries
             for p in sorted({keys.partition_of(t, PARTITIONS) for t in lost}):
                 say(f"  partition {p}: {chaos.groups(p)}")
@@ -261,12 +303,18 @@ def run(
         broker.close()
         cluster.close()
     say(f"  {len(task_ids) - len(lost)}/{len(task_ids)} completed in {elapsed:.1f}s")
+    redispatched = sum(1 for e in events if e.get("event") == "redispatched")
+    why = Counter(_reason(e.get("reason", "")) for e in events if e.get("event") == "dispatch_lost")
+    say(f"  re-dispatched {redispatched}; judged lost because: {dict(why.most_common())}")
+    say(f"  failures workers reported, by kind: {dict(failed)}")
     for problem in [*(f"lost: {t} ({statuses[t]})" for t in lost[:10]), *twice[:10]]:
         say(f"  {problem}")
     print(f"RESULT cluster_chaos_lost_tasks {len(lost)}")
     print(f"RESULT cluster_chaos_iterations_applied_twice {len(twice)}")
     print(f"RESULT cluster_chaos_dispatches_published_twice {published_twice}")
     print(f"RESULT cluster_chaos_commands_run_twice {commands_twice}")
+    print(f"RESULT cluster_chaos_redispatches {redispatched}")
+    print(f"RESULT cluster_chaos_dispatch_failures {sum(failed.values())}")
     return not lost and not twice
 
 
@@ -278,14 +326,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--faults",
         default="master,coordinator,relay",
-        help="which faults, comma-separated (empty: the same load without faults)",
+        help="which faults, comma-separated, of master (10%%), coordinator (35%%), relay (55%%) "
+        "and master2 (a second master killed at 75%%); empty: the same load without faults",
+    )
+    parser.add_argument(
+        "--kill-named-node",
+        action="store_true",
+        help="the first master killed is the node ORGA_REDIS_URL names first (every process "
+        "started after it must reach the cluster through the others)",
     )
     args = parser.parse_args(argv)
+    unknown = [k for k in args.faults.split(",") if k and k not in FAULTS]
+    if unknown:
+        parser.error(f"--faults {args.faults!r}: unknown {unknown}; known: {', '.join(FAULTS)}")
     plan = replace(ChaosPlan(), tasks=args.tasks, iterations=args.iterations, duration_s=400.0)
     print(f"chaos on a Redis Cluster: {plan.tasks} tasks x {plan.iterations + 1} iterations")
     return run_in_scratch(
         "orga-chaos-cluster-",
-        lambda root: run(plan, root, kinds=[k for k in args.faults.split(",") if k]),
+        lambda root: run(
+            plan,
+            root,
+            kinds=[k for k in args.faults.split(",") if k],
+            named_first=args.kill_named_node,
+        ),
         keep=args.keep,
         kept="logs",
     )

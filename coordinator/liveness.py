@@ -13,8 +13,14 @@ coordinator reads those scores and the depth and drain rate of the dispatch's qu
   coordinators may not have read or applied it yet (their group has not been delivered entries
   that new, or still has one that old pending), it is never re-sent: on a saturated
   coordinator an observation can wait longer than any fixed grace, and re-sending would pay for
-  the model call twice. It is lost once it must have been read and was not applied (two
-  timeouts after the answer), and in any case past ``start_to_close_s``;
+  the model call twice. A reasoning that chained its one approved call handed its answer to
+  that call (:class:`~shared.protocol.CompleteReasoning`): it is marked answered at once, and
+  its observation is written only once a tool worker ran the call; while the tools queue holds
+  messages that call may be among them, so it is queued (or has no consumer) as below, not
+  lost, and once that queue is empty it gets one look more (taken, not started yet). It is
+  lost once it must have been read and was not applied (two timeouts after the answer, and
+  no chained call it may travel with still waiting), and in any case past
+  ``start_to_close_s``;
 - **stale** (beats stopped): its worker is gone, it is lost and re-sent;
 - **not started**: while its queue holds messages and drains, it is queued, and the next look
   is when the queue should have drained (twice the depth over the drain rate); a queue that
@@ -112,6 +118,13 @@ class Liveness:
     """Dispatches started per second on that queue, lately (0: none started)."""
     observations: StreamProgress = UNKNOWN_PROGRESS
     """How far the coordinators have read and applied the observations stream."""
+    chains: bool = False
+    """The dispatch is a reasoning that may chain its calls: its answer may travel with the one
+    call it chained, queued in the tools queue (``chained_depth``) or about to start."""
+    chained_depth: int = 0
+    """Messages waiting in the tools queue (read with ``chains``)."""
+    chained_drain_per_s: float = 0.0
+    """Dispatches started per second on the tools queue, lately (read with ``chains``)."""
 
     def judge(
         self,
@@ -126,18 +139,30 @@ class Liveness:
         scores = [s for s in (self.scores.get(i) for i in ids) if s is not None]
         beats = [s for s in scores if s > 0]
         if any(s < 0 for s in scores):
-            return self._answered(-min(s for s in scores if s < 0), now, settings)
+            return self._answered(-min(s for s in scores if s < 0), now, unstarted_looks, settings)
         if beats:
             return self._started(max(beats), now, dispatched_at, settings)
         return self._unstarted(now, unstarted_looks, timeout)
 
-    def _answered(self, answered: float, now: float, settings: LivenessSettings) -> Judgement:
+    def _answered(
+        self, answered: float, now: float, unstarted_looks: int, settings: LivenessSettings
+    ) -> Judgement:
         timeout = settings.heartbeat_timeout_s
         age = now - answered
         queued = self.observations.may_hold(int(answered * 1000), ANSWER_SLACK_MS)
         if age < settings.start_to_close_s and (age < 2 * timeout or queued):
             return Judgement(Verdict.ANSWERED, "answered; its observation is on its way",
                              now + timeout)  # fmt: skip
+        if age < settings.start_to_close_s and self.chains:
+            why = f"answered {age:.0f}s ago, its answer maybe with the call it chained: "
+            if self.chained_depth > 0:
+                return self._queued(
+                    keys.tools_queue, self.chained_depth, self.chained_drain_per_s, now=now,
+                    timeout=timeout, why=why,
+                )  # fmt: skip
+            if unstarted_looks == 0:  # one grace look: taken from the queue, not started yet
+                reason = why + f"{keys.tools_queue} is empty"
+                return Judgement(Verdict.UNSTARTED, reason, now + timeout)
         return Judgement(Verdict.LOST, f"answered {age:.0f}s ago and never applied", None)
 
     @staticmethod
@@ -159,21 +184,27 @@ class Liveness:
         return Judgement(Verdict.RUNNING, "running", beat + timeout)
 
     def _unstarted(self, now: float, unstarted_looks: int, timeout: float) -> Judgement:
-        if self.queue_depth > 0 and self.drain_per_s > 0:
-            wait = min(max(2 * self.queue_depth / self.drain_per_s, timeout), MAX_QUEUED_WAIT_S)
-            reason = (
-                f"queued behind {self.queue_depth} messages on {self.queue} "
-                f"(draining {self.drain_per_s:.1f}/s)"
-            )
-            return Judgement(Verdict.QUEUED, reason, now + wait)
         if self.queue_depth > 0:
-            role = "reasoning" if self.queue == keys.reasoning_queue else "tools"
-            reason = (
-                f"{self.queue} holds {self.queue_depth} messages and no worker started one "
-                f"lately: start a worker for that queue (orga worker --role {role}, or "
-                f"celery -A orga worker -Q {self.queue})"
+            return self._queued(
+                self.queue, self.queue_depth, self.drain_per_s, now=now, timeout=timeout
             )
-            return Judgement(Verdict.NO_CONSUMER, reason, now + timeout)
         if unstarted_looks == 0:
             return Judgement(Verdict.UNSTARTED, "not started; its queue is empty", now + timeout)
         return Judgement(Verdict.LOST, "never started and no longer queued", None)
+
+    @staticmethod
+    def _queued(
+        queue: str, depth: int, drain_per_s: float, *, now: float, timeout: float, why: str = ""
+    ) -> Judgement:
+        """Waiting in ``queue`` (``depth`` > 0): look again once it should have drained, or,
+        when no worker started one of its messages lately, one timeout later (and say so)."""
+        if drain_per_s > 0:
+            wait = min(max(2 * depth / drain_per_s, timeout), MAX_QUEUED_WAIT_S)
+            reason = f"queued behind {depth} messages on {queue} (draining {drain_per_s:.1f}/s)"
+            return Judgement(Verdict.QUEUED, why + reason, now + wait)
+        role = "reasoning" if queue == keys.reasoning_queue else "tools"
+        reason = (
+            f"{queue} holds {depth} messages and no worker started one lately: start a worker "
+            f"for that queue (orga worker --role {role}, or celery -A orga worker -Q {queue})"
+        )
+        return Judgement(Verdict.NO_CONSUMER, why + reason, now + timeout)

@@ -78,7 +78,13 @@ from coordinator.partition_leases import PartitionLeases
 from coordinator.queues import QueueGauge
 from coordinator.relay import OutboxRelay
 from coordinator.schedules import Scheduler, adopt_legacy_schedules
-from coordinator.state import TERMINAL_STATUSES, ReviewDecision, TaskRecord, check_reviewer
+from coordinator.state import (
+    TERMINAL_STATUSES,
+    AwaitKind,
+    ReviewDecision,
+    TaskRecord,
+    check_reviewer,
+)
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
 from coordinator.streams import is_cluster, read_group
 from coordinator.transport import QueueDepths, Transport
@@ -904,12 +910,18 @@ class Coordinator:
             return None
         scores = await self.redis.zmscore(keys.heartbeats_key, ids)
         queue = machine.awaited_queue()
+        # a reasoning that chains its one call is answered by the tool worker that runs it
+        awaiting = record.awaiting
+        chains = awaiting is not None and awaiting.kind is AwaitKind.REASON and awaiting.chained
         return Liveness(
             scores=dict(zip(ids, scores, strict=True)),
             queue=queue,
             queue_depth=self._queues.depth(queue),
             drain_per_s=self._queues.drain_per_s(queue),
             observations=self._queues.progress(self.store.partition(task_id)),
+            chains=chains,
+            chained_depth=self._queues.depth(keys.tools_queue),
+            chained_drain_per_s=self._queues.drain_per_s(keys.tools_queue),
         )
 
     async def _hold(self, task_id: str) -> bool:

@@ -218,6 +218,24 @@ class RedisCluster:
         """The ports of the masters that hold slots now (as the first running node sees it)."""
         return self._roles()[0]
 
+    def replicated_masters(self) -> list[int]:
+        """The ports of the masters holding slots with a replica attached and not failed (one
+        that can be killed and taken over from)."""
+        for port in self.running_ports:
+            try:
+                with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
+                    nodes = client.execute_command("CLUSTER NODES")  # parsed: address -> node
+            except redis.RedisError:
+                continue
+            alive = {a: n for a, n in nodes.items() if "fail" not in n["flags"]}
+            followed = {n["master_id"] for n in alive.values() if "slave" in n["flags"]}
+            return sorted(
+                int(address.split("@")[0].rsplit(":", 1)[1])
+                for address, node in alive.items()
+                if "master" in node["flags"] and node["slots"] and node["node_id"] in followed
+            )
+        return []
+
     def _roles(self) -> tuple[list[int], int]:
         """The masters holding slots and how many replicas are attached, not failed."""
         for port in self.running_ports:

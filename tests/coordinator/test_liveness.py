@@ -79,6 +79,39 @@ def test_an_answered_dispatch_waits_while_its_observation_may_be_unapplied() -> 
     assert judged(stuck, age=901) is Verdict.LOST
 
 
+def test_an_answered_reasoning_waits_while_the_call_it_chained_may_be_queued() -> None:
+    """A reasoning that chained its one call is answered by the tool worker running it
+    (issue 25's chaos loss: judged "answered and never applied" behind a long tools queue,
+    re-sent four times, failed). Read past and nothing pending: while the tools queue holds
+    messages it is queued (draining) or has no consumer (not draining), never lost; with the
+    tools queue empty it gets one look more, then is lost as before (and past start-to-close
+    at once)."""
+    answered_ms = int((NOW - 300) * 1000)
+    applied = StreamProgress(delivered_ms=answered_ms + 60_000, oldest_pending_ms=None)
+
+    def judged(depth: int, drain: float, age: float = 300, looks: int = 0, chains: bool = True):
+        live = Liveness(
+            scores={"d": -(NOW - age)}, queue="orga.reasoning", queue_depth=0, drain_per_s=0.0,
+            observations=applied, chains=chains, chained_depth=depth, chained_drain_per_s=drain,
+        )  # fmt: skip
+        return _judge(live, looks=looks)
+
+    queued = judged(1000, 10.0)
+    assert queued.verdict is Verdict.QUEUED and queued.look_again_at == NOW + 200
+    assert "queued behind 1000 messages on orga.tools" in queued.reason
+    assert "chained" in queued.reason
+    idle = judged(5, 0.0)
+    assert idle.verdict is Verdict.NO_CONSUMER and idle.look_again_at == NOW + 30
+    assert "orga worker --role tools" in idle.reason
+    # the tools queue empty: one look more (the call taken, not started yet), then lost
+    grace = judged(0, 10.0)
+    assert grace.verdict is Verdict.UNSTARTED and grace.look_again_at == NOW + 30
+    assert judged(0, 10.0, looks=1).verdict is Verdict.LOST
+    assert judged(1000, 10.0, age=901).verdict is Verdict.LOST
+    # a dispatch that chains nothing is not held by the tools queue
+    assert judged(1000, 10.0, chains=False).verdict is Verdict.LOST
+
+
 def test_a_queued_dispatch_waits_as_long_as_its_queue_takes_to_drain() -> None:
     """Not started, 1000 messages ahead draining 10/s: look again in 200 s, not re-send."""
     judgement = _judge(_liveness(None, depth=1000, drain=10.0))

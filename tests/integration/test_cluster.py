@@ -19,6 +19,7 @@ import re
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from coordinator.client import OrgaClient
 from orga.embedded_redis import EmbeddedRedis
@@ -38,6 +40,7 @@ from tests.integration.harness import (
     Cluster,
     Process,
     _environment,
+    assert_journal_is_clean,
     started_redis,
     status_of,
     wait_until,
@@ -49,6 +52,8 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 16
 ORGA = Path(sys.executable).with_name("orga")
 TOKEN = "cluster-inbox-token-0123456789"
+RECEIVED = re.compile(r"\] received")
+"""A Celery worker's log line for a message received."""
 EXAMPLES = REPO / "examples"
 DELEGATION_AGENTS = [
     EXAMPLES / "delegation" / "agents" / f"{name}.yaml"
@@ -440,3 +445,84 @@ def test_the_http_api_serves_the_cluster(deployment: OnCluster) -> None:
     finally:
         api.stop()
     assert deployment.client().wait(task_id, timeout_s=10)["status"] == "completed"
+
+
+def _queue_worker(running: OnCluster, queue: str, **env: str) -> Process:
+    """A Celery worker of one queue of the deployment."""
+    name = f"worker-{queue.rsplit('.', 1)[-1]}"
+    command = [
+        sys.executable, "-m", "celery", "-A", "orga", "worker", "-Q", queue, "-c", "1",
+        "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "-n", f"{name}-{os.getpid()}@%h",
+    ]  # fmt: skip
+    worker = Process(name, command, running.env(**env), running.root / f"{name}.log").start()
+    running.processes.append(worker)
+    worker.wait_for_log("ready.")
+    return worker
+
+
+def test_a_reasoning_answered_with_its_chained_call_waits_for_the_tools_queue(
+    tmp_path: Path,
+) -> None:
+    """Issue 25's chaos loss (51 of 100 tasks, "no observation after 4 dispatches"). A
+    reasoning that chains its one approved call hands its ``reasoned`` answer to that call
+    (``CompleteReasoning``) and is marked answered at once; nothing reaches the observations
+    stream until a tool worker runs the call. While the call waits in the tools queue, the
+    coordinator must see queueing (that queue's depth, read from the broker), not an answer
+    lost: it judged the reasoning "answered and never applied" at twice the heartbeat timeout
+    and re-sent it, each re-send chaining one more call behind the others, until the task
+    failed. Here the tools queue has no worker for 4 observation deadlines, then one: the
+    task completes with one reasoning and one run of its call."""
+    cluster = RedisCluster(directory=tmp_path / "cluster")
+    try:
+        cluster.start()
+    except RedisClusterUnavailableError as exc:
+        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
+    broker = started_redis(tmp_path / "broker")
+    (tmp_path / "deployment").mkdir()
+    running = OnCluster(cluster.url, tmp_path / "deployment", broker.url, _free_port())
+    # a deadline of 6 s; an answered dispatch judged after 2 x 1 s
+    timing = {"ORGA_HEARTBEAT_TIMEOUT_S": "1", "ORGA_HEARTBEAT_INTERVAL_S": "0.25"}
+    try:
+        running.coordinator(**timing)
+        _queue_worker(running, keys.reasoning_queue, ORGA_LOG_EACH_TASK="true", **timing)
+        client = running.client()
+        call = {"name": "run_command", "arguments": {"command": "echo ran >> effects.log"}}
+        task = _scripted("chained", **{"limits": {"max_iterations": 4}})
+        task["provider"]["replies"] = [{"tool_calls": [call]}, "done"]
+        task_id = client.submit(task)
+        with redis.Redis.from_url(broker.url) as queues:
+            wait_until(lambda: queues.llen(keys.tools_queue) == 1, 60, "the chained call queued")
+        # 4 deadlines (the 4 dispatches after which the task used to fail), with other tasks'
+        # observations read from its partition's stream meanwhile, as under load: the stream's
+        # progress then says its answer is not in it, unread or unapplied
+        partition = keys.partition_of(task_id, PARTITIONS)
+        others = []
+        for _ in range(13):
+            other = next(
+                t for t in (uuid.uuid4().hex for _ in range(1000))
+                if keys.partition_of(t, PARTITIONS) == partition
+            )  # fmt: skip
+            others.append(client.submit(_scripted("beside"), task_id=other))
+            time.sleep(2)
+        assert all(client.wait(t, timeout_s=30)["status"] == "completed" for t in others)
+        assert status_of(client, task_id) == "running", running.logs()
+        seen = [f for _i, f in client.events(count=100_000) if f.get("task_id") == task_id]
+        kinds = [f["event"] for f in seen]
+        assert "dispatch_lost" not in kinds and "redispatched" not in kinds, seen
+        waiting = [f for f in seen if f["event"] == "no_consumer"]
+        assert waiting and keys.tools_queue in waiting[-1]["reason"], seen
+
+        tools = _queue_worker(running, keys.tools_queue, ORGA_LOG_EACH_TASK="true", **timing)
+        assert client.wait(task_id, timeout_s=60)["status"] == "completed", running.logs()
+        assert_journal_is_clean(client.journal(task_id))
+        seen = [f for _i, f in client.events(count=100_000) if f.get("task_id") == task_id]
+        kinds = [f["event"] for f in seen]
+        assert "dispatch_lost" not in kinds and "redispatched" not in kinds, seen
+        assert len(RECEIVED.findall(tools.log.read_text("utf-8", "replace"))) == 1
+        effects = list(running.workspaces.glob(f"{task_id}*/**/effects.log"))
+        assert [e.read_text().splitlines() for e in effects] == [["ran"]], effects
+    finally:
+        running.stop()
+        broker.close()
+        cluster.close()
