@@ -55,7 +55,7 @@ SETTINGS = CoordinatorSettings(
         TryAgainError("Multiple keys request during rehashing of slot"),
         ClusterError("TTL exhausted."),
         MovedError("5013 127.0.0.1:24994"),
-        AskError("Command # 1 (XADD orga:{p:02}:observations) of pipeline caused error: 5013 x:1"),
+        AskError("5013 127.0.0.1:24994"),
         ResponseError("UNBLOCKED the stream key no longer exists"),
     ],
 )
