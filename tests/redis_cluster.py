@@ -299,9 +299,13 @@ class RedisCluster:
                 batch = list(slots[start : start + chunk])
                 self._each(dst, batch, "IMPORTING", source_id)
                 self._each(src, batch, "MIGRATING", target_id)
-                for slot in batch:
-                    pauses = (key_pause_s, hold_s)
-                    moved += self._move_keys(src, dst, slot, target, pauses, on_key=on_key)
+                counts = src.pipeline(transaction=False)
+                for slot in batch:  # MIGRATING: no new key lands on the source from now on
+                    counts.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+                for slot, count in zip(batch, counts.execute(), strict=True):
+                    if int(count):
+                        pauses = (key_pause_s, hold_s)
+                        moved += self._move_keys(src, dst, slot, target, pauses, on_key=on_key)
                 self._each(dst, batch, "NODE", target_id)
                 self._each(src, batch, "NODE", target_id)
                 for port in masters:

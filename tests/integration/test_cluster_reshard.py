@@ -293,9 +293,16 @@ class HalfMoved:
 
 
 def _partition_of_a_master(cluster: RedisCluster) -> int:
-    masters = cluster.masters()
-    held = set(cluster.slots_of(masters[0]))
-    return next(p for p in range(PARTITIONS) if _slot(cluster, keys.partition_tag(p)) in held)
+    """The partition whose slot holds the fewest keys (it is half moved soonest)."""
+    counts: dict[int, int] = {}
+    for port in cluster.masters():
+        held = set(cluster.slots_of(port))
+        with redis.Redis(port=port, socket_timeout=5) as master:
+            for p in range(PARTITIONS):
+                slot = _slot(cluster, keys.partition_tag(p))
+                if slot in held:
+                    counts[p] = int(master.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
+    return min(counts, key=lambda p: (counts[p], p))
 
 
 async def _warm(client: Any, cluster: RedisCluster) -> None:
