@@ -26,6 +26,8 @@ import redis
 from redis.asyncio import Redis
 
 from coordinator.client import (
+    SLOT_MOVING_ERRORS,
+    SLOT_MOVING_PATIENCE_S,
     WATCH_SOCKET_TIMEOUT_S,
     OrgaClient,
     TaskNotFoundError,
@@ -188,9 +190,7 @@ class AsyncOrgaClient:
         woke = True
         while True:
             if woke:
-                pipe = self.redis.pipeline(transaction=True)
-                watch.queue_reads(pipe)
-                for event in watch.advance(await pipe.execute()):
+                for event in watch.advance(await self._read_together(watch)):
                     yield event
                 if watch.ended:
                     return
@@ -198,6 +198,23 @@ class AsyncOrgaClient:
                 return
             reply = await self.redis.xread(watch.wake_streams(), block=watch_block_ms(deadline))
             woke = watch.woke(reply) or not reply
+
+    async def _read_together(self, watch: TaskWatch) -> list[Any]:
+        """The watch's reads in one ``MULTI``, sent again while a Redis Cluster moves their
+        slot (:data:`~coordinator.client.SLOT_MOVING_ERRORS`: the transaction did not run),
+        for up to :data:`~coordinator.client.SLOT_MOVING_PATIENCE_S`."""
+        deadline = time.monotonic() + SLOT_MOVING_PATIENCE_S
+        delay_s = 0.1
+        while True:
+            pipe = self.redis.pipeline(transaction=True)
+            watch.queue_reads(pipe)
+            try:
+                return list(await pipe.execute())
+            except SLOT_MOVING_ERRORS:
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 1.0)
 
     async def _last_id(self, stream: str) -> str:
         rows = cast("list[Any]", await self.redis.xrevrange(stream, count=1))

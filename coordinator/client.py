@@ -21,6 +21,7 @@ from typing import Any, NoReturn, cast
 
 import redis
 from pydantic import ValidationError
+from redis.exceptions import AskError, ClusterError, ExecAbortError, TryAgainError
 
 from coordinator.state import (
     TERMINAL_STATUSES,
@@ -57,6 +58,14 @@ __all__ = [
     "task_text",
     "watch_block_ms",
 ]
+
+SLOT_MOVING_ERRORS = (AskError, TryAgainError, ClusterError, ExecAbortError)
+"""What redis-py's cluster client raises for a ``MULTI`` of reads while a Redis Cluster moves
+the slot of its keys (a live reshard): ``ASK``/``MOVED`` or ``TRYAGAIN`` on a queued command,
+the transaction then discarded (``EXECABORT``), redirects run out. Nothing ran: the reads are
+made again (:meth:`OrgaClient._read_together`)."""
+SLOT_MOVING_PATIENCE_S = 30.0
+"""How long a read waits for a slot being moved (a slot moves in milliseconds to seconds)."""
 
 
 class TaskNotFoundError(OrgaError, LookupError):
@@ -221,10 +230,12 @@ class OrgaClient:
     def record(self, task_id: str) -> TaskRecord:
         """The task's full state; TaskNotFoundError if it was rejected or not yet accepted."""
         real = self.resolve(task_id)
-        pipe = self.redis.pipeline(transaction=True)  # the state and its conversation, together
-        pipe.hget(self._task_key(real), "state")
-        pipe.lrange(keys.conversation_key(real, self._p(real)), 0, -1)
-        state, stored = pipe.execute()
+
+        def reads(pipe: Any) -> None:  # the state and its conversation, together
+            pipe.hget(self._task_key(real), "state")
+            pipe.lrange(keys.conversation_key(real, self._p(real)), 0, -1)
+
+        state, stored = self._read_together(reads)
         if state is None:
             self._not_found(task_id)
         record = TaskRecord.model_validate_json(str(state))
@@ -453,15 +464,31 @@ class OrgaClient:
         woke = True
         while True:
             if woke:
-                pipe = self.redis.pipeline(transaction=True)
-                watch.queue_reads(pipe)
-                yield from watch.advance(pipe.execute())
+                yield from watch.advance(self._read_together(watch.queue_reads))
                 if watch.ended:
                     return
             if deadline is not None and time.monotonic() > deadline:
                 return
             reply = self.watcher.xread(watch.wake_streams(), block=watch_block_ms(deadline))
             woke = watch.woke(reply) or not reply  # a quiet while: look again anyway
+
+    def _read_together(self, reads: Any) -> list[Any]:
+        """The replies of the reads ``reads(pipe)`` queues, in one ``MULTI`` (one slot: one
+        task's keys). While a Redis Cluster moves that slot the transaction is refused before
+        it runs (:data:`SLOT_MOVING_ERRORS`): it is sent again, every 0.1 s to 1 s, for up to
+        :data:`SLOT_MOVING_PATIENCE_S`."""
+        deadline = time.monotonic() + SLOT_MOVING_PATIENCE_S
+        delay_s = 0.1
+        while True:
+            pipe = self.redis.pipeline(transaction=True)
+            reads(pipe)
+            try:
+                return list(pipe.execute())
+            except SLOT_MOVING_ERRORS:
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 1.0)
 
     def _last_id(self, stream: str) -> str:
         """The id of a stream's newest entry ("0-0" for an empty one)."""

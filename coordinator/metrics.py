@@ -17,13 +17,20 @@ Three kinds of figures:
   observation stream's pending entries and how far the coordinators are behind it, dead
   letters and rejected submissions. ``orga_redis_up`` says whether Redis answered: a scrape
   while Redis is down still answers (200) with this process's figures and ``orga_redis_up 0``.
+- **The Celery queues' depths, read from the broker at scrape time**
+  (:class:`QueueDepthCollector`): ``orga_queue_depth{queue}``, asked of the broker through the
+  transport's :class:`~coordinator.transport.QueueDepths` (kombu's passive ``queue_declare``,
+  on Redis and RabbitMQ alike), in a thread of its own, waited for at most 3 s; a broker that
+  does not answer leaves the last depths read, with ``orga_broker_up 0``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 import redis
@@ -32,7 +39,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from coordinator.machine import Effects
+from coordinator.queues import BROKER_TIMEOUT_S, QUEUES, WARN_EVERY_S
 from coordinator.state import TaskRecord
+from coordinator.transport import QueueDepths
 from shared import keys
 from shared.genai import OPERATION_DURATION_BUCKETS_S, TOKEN_USAGE_BUCKETS
 from shared.inference import ModelCall, Usage
@@ -46,6 +55,7 @@ from shared.protocol import (
 __all__ = [
     "DEFAULT_METRICS_HOST",
     "CoordinatorMetrics",
+    "QueueDepthCollector",
     "RedisStateCollector",
     "observation_backlog",
     "serve_metrics",
@@ -395,6 +405,85 @@ class RedisStateCollector(Collector):
         )
 
 
+class QueueDepthCollector(Collector):
+    """``orga_queue_depth{queue}`` and ``orga_broker_up``, asked of the broker at each scrape.
+
+    The depths come from ``depths`` (:class:`~coordinator.transport.QueueDepths`; the relay's
+    :class:`~coordinator.relay.CeleryPublisher`: kombu's passive ``queue_declare``, whose reply
+    counts the messages ready, on Redis as on RabbitMQ), called in a thread of its own and
+    waited for at most ``timeout_s``: a hung broker socket does not hold the scrape, and a call
+    still hanging is waited for again, never doubled. A broker that fails or does not answer in
+    time leaves the last depths read (none before the first answer) and ``orga_broker_up 0``,
+    logged once a minute as ``metrics.queue_depth_unavailable``.
+    """
+
+    def __init__(
+        self,
+        depths: QueueDepths,
+        queues: Sequence[str] = QUEUES,
+        timeout_s: float = BROKER_TIMEOUT_S,
+    ) -> None:
+        self._depths = depths
+        self._queues = list(queues)
+        self._timeout_s = timeout_s
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orga-queue-depths")
+        self._lock = threading.Lock()
+        self._call: Future[Mapping[str, int] | None] | None = None
+        self._last: dict[str, int] = {}
+        self._warned_at = -WARN_EVERY_S
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One scrape: the depths the broker gives now, else the last ones read."""
+        with self._lock:  # scrapes may come together; one broker call at a time
+            answered = self._read()
+            depths = dict(self._last)
+        gauge = GaugeMetricFamily(
+            "orga_queue_depth",
+            "Messages waiting in each Celery queue, as the broker says (the last depths read "
+            "when it does not answer)",
+            labels=["queue"],
+        )
+        for queue, depth in sorted(depths.items()):
+            gauge.add_metric([queue], float(depth))
+        yield gauge
+        yield _gauge(
+            "orga_broker_up",
+            f"Whether the broker told the queues' depths for this scrape (within "
+            f"{self._timeout_s:g}s)",
+            int(answered),
+        )
+
+    def _read(self) -> bool:
+        call = self._call
+        if call is None:
+            call = self._call = self._thread.submit(self._depths.queue_depths, self._queues)
+        try:
+            depths = call.result(timeout=self._timeout_s)
+        except Exception as exc:  # the broker's error, or no answer in time (TimeoutError)
+            if call.done():
+                self._call = None
+            self._warn(exc, call.done())
+            return False
+        self._call = None
+        if depths is None:  # a transport that cannot tell
+            return False
+        self._last = {queue: int(depths.get(queue, 0)) for queue in self._queues}
+        return True
+
+    def _warn(self, exc: BaseException, done: bool) -> None:
+        now = time.monotonic()
+        if now - self._warned_at < WARN_EVERY_S:
+            return
+        self._warned_at = now
+        error = (f"{type(exc).__name__}: {str(exc)[:300]}" if done
+                 else f"no answer within {self._timeout_s:g}s")  # fmt: skip
+        log.warning("metrics.queue_depth_unavailable", extra={"error": error, "kept": self._last})
+
+    def close(self) -> None:
+        """Stop the thread (a call in progress ends on its own)."""
+        self._thread.shutdown(wait=False)
+
+
 def _partition_gauge(client: redis.Redis, partitions: int) -> GaugeMetricFamily:
     """``orga_partitions_held{coordinator}``: partition leases by holder (``""``: unheld)."""
     pipe = client.pipeline(transaction=False)
@@ -460,13 +549,18 @@ def _gauge(name: str, documentation: str, value: Any) -> GaugeMetricFamily:
 def serve_metrics(
     port: int,
     redis_url: str,
+    *,
     host: str = DEFAULT_METRICS_HOST,
     partitions: int = 1,
     connect: Callable[..., redis.Redis] | None = None,
+    queue_depths: QueueDepths | None = None,
 ) -> CoordinatorMetrics:
-    """Start the HTTP endpoint on ``host:port`` (a daemon thread); return what to update."""
+    """Start the HTTP endpoint on ``host:port`` (a daemon thread); return what to update.
+    ``queue_depths``: where the queues' depths are asked (None: no queue gauge)."""
     registry = CollectorRegistry()
     registry.register(RedisStateCollector(redis_url, partitions=partitions, connect=connect))
+    if queue_depths is not None:
+        registry.register(QueueDepthCollector(queue_depths))
     metrics = CoordinatorMetrics(registry)
     start_http_server(port, addr=host, registry=registry)
     return metrics

@@ -67,10 +67,11 @@ class CeleryPublisher:
     The app is a client only: it declares the queues and routes of the workers' configuration
     (:func:`shared.settings.celery_config`, JSON only) and imports no task.
 
-    With ``broker_depths`` (a broker other than the state Redis: RabbitMQ), it also tells how
-    deep the queues are (:class:`~coordinator.transport.QueueDepths`): kombu's
-    ``Channel.queue_declare(passive=True)``, whose reply counts the messages ready (AMQP's
-    ``declare-ok``), on a connection of its own.
+    With ``broker_depths`` (a broker other than the state Redis, Redis or RabbitMQ; any broker
+    for the Prometheus queue gauge), it also tells how deep the queues are
+    (:class:`~coordinator.transport.QueueDepths`): kombu's ``Channel.queue_declare(passive=True)``,
+    whose reply counts the messages ready (AMQP's ``declare-ok``; the lists' lengths on kombu's
+    Redis transport), on a connection of its own.
     """
 
     def __init__(self, app: Celery, broker_depths: bool = False) -> None:
@@ -81,8 +82,13 @@ class CeleryPublisher:
         """A ``kombu.Connection`` (untyped) to the broker, for :meth:`queue_depths` only."""
 
     @classmethod
-    def from_settings(cls, settings: OrgaSettings) -> CeleryPublisher:
-        """A publisher to the workers' broker: ``settings.broker_url``, else ``redis_url``."""
+    def from_settings(
+        cls, settings: OrgaSettings, broker_depths: bool | None = None
+    ) -> CeleryPublisher:
+        """A publisher to the workers' broker: ``settings.broker_url``, else ``redis_url``.
+        ``broker_depths``: whether :meth:`queue_depths` asks the broker (None: only when it is
+        not the state Redis, whose lists the coordinator's queue gauge reads itself; True for
+        the Prometheus queue gauge, which asks the broker whichever it is)."""
         if settings.redis_url is None:
             raise ConfigError(
                 "ORGA_REDIS_URL is not set: the coordinator's relay sends dispatches to the "
@@ -90,8 +96,9 @@ class CeleryPublisher:
             )
         app = Celery("orga-relay", set_as_current=False)
         app.conf.update(celery_config(settings, celery_broker_url(settings)))
-        own_broker = settings.broker_url not in (None, settings.redis_url)
-        return cls(app, broker_depths=own_broker)
+        if broker_depths is None:
+            broker_depths = settings.broker_url not in (None, settings.redis_url)
+        return cls(app, broker_depths=broker_depths)
 
     def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
         """Messages ready in each queue on the broker (a queue not declared yet: 0); None on

@@ -26,8 +26,9 @@ validated (:mod:`coordinator.agents`).
 
 A coordinator refuses to start on a Redis whose ``maxmemory-policy`` is not ``noeviction``
 (:func:`check_redis_keeps_keys`, :mod:`shared.eviction`): an evicting Redis deletes tasks
-without a word. Redis refusing writes or unreachable (:func:`is_transient`) never makes an
-entry poison: the entries not handled get their delivery back and the loops back off. Redis
+without a word. Redis refusing writes or unreachable, or a Redis Cluster moving the slot of a
+key the coordinator touches (a live reshard: :func:`is_transient`), never makes an entry
+poison: the entries not handled get their delivery back and the loops back off. Redis
 answering NOGROUP (restarted empty) makes the coordinator recreate its groups and write a
 ``state_lost`` event.
 
@@ -55,9 +56,12 @@ from typing import Any, TypeGuard, cast, get_args
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
+    AskError,
     BusyLoadingError,
     ClusterDownError,
+    ClusterError,
     MasterDownError,
+    MovedError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
@@ -128,11 +132,20 @@ _TRANSIENT_TYPES = (
     MasterDownError,
     ClusterDownError,
     SlotNotCoveredError,  # a Redis Cluster while a master's replica is promoted
+    # A Redis Cluster moving a slot (a live reshard), which refused the command before it ran:
+    # TRYAGAIN (a script's keys split between the nodes), and what redis-py 8.2's asyncio
+    # RedisCluster raises for a key already moved: "TTL exhausted" (its ASKING goes out on
+    # another pooled connection than the command, so the new node answers MOVED back to the
+    # old one until the redirects run out) and MOVED/ASK out of a MULTI or pipeline.
+    ClusterError,
+    AskError,
+    MovedError,
 )
 _TRANSIENT_REPLY = re.compile(
     r"(?:^|caused error: )(?:OOM|BUSY|LOADING|MASTERDOWN|READONLY|TRYAGAIN|MISCONF|CLUSTERDOWN"
-    r"|NOREPLICAS)\b"
+    r"|NOREPLICAS|UNBLOCKED)\b"
 )
+"""``UNBLOCKED``: a blocked stream read whose stream left the node (moved by a reshard)."""
 
 
 async def check_redis_keeps_keys(redis: Redis) -> str:
@@ -168,8 +181,9 @@ async def _check_policy(redis: Redis, address: str, **target: Any) -> str:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether a Redis error says nothing about the entry being handled: Redis unreachable,
-    loading, out of memory (``maxmemory``), busy with a script, read-only or failing to persist.
-    Such an entry is retried, never counted towards poison."""
+    loading, out of memory (``maxmemory``), busy with a script, read-only or failing to persist,
+    or a Redis Cluster moving the slot of a key (``TRYAGAIN``, redirects run out; the command
+    did not run). Such an entry is retried, never counted towards poison."""
     if isinstance(exc, _TRANSIENT_TYPES):
         return True
     return isinstance(exc, ResponseError) and bool(_TRANSIENT_REPLY.search(str(exc)))

@@ -884,11 +884,20 @@ def coordinator() -> None:
     port, host = settings.metrics_port, settings.metrics_host
     with _errors():  # a cluster without ORGA_BROKER_URL is refused
         clients = RedisClients.from_settings(settings)
-    metrics = (
-        serve_metrics(port, url, host=host, partitions=settings.partitions, connect=clients.sync)
-        if port
-        else None
-    )
+    metrics = None
+    if port:
+        # the queues' depths are asked of the broker, whichever it is (orga_queue_depth)
+        depths = CeleryPublisher.from_settings(
+            settings.model_copy(update={"redis_url": url}), broker_depths=True
+        )
+        metrics = serve_metrics(
+            port,
+            url,
+            host=host,
+            partitions=settings.partitions,
+            connect=clients.sync,
+            queue_depths=depths,
+        )
 
     async def main_loop() -> None:
         client = clients.asyncio()

@@ -9,6 +9,7 @@ every node says ``cluster_state:ok`` and knows its replica::
     cluster.start()        # RedisClusterUnavailableError says why when it cannot
     ...                    # cluster.url: any node, for ORGA_REDIS_URL with ORGA_REDIS_CLUSTER
     cluster.kill(port)     # SIGKILL one node (chaos: a master's replica is promoted)
+    cluster.migrate_slots(slots, source, target)  # a live reshard, slot by slot
     cluster.close()        # every node stopped, the directory removed
 
 The binaries are the ``redis-server`` on the PATH (with the ``redis-cli`` next to it or on the
@@ -25,14 +26,16 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from orga.embedded_redis import EmbeddedRedisError, find_redis_server
 
-__all__ = ["RedisCluster", "RedisClusterUnavailableError"]
+__all__ = ["MigratedKey", "RedisCluster", "RedisClusterUnavailableError"]
 
 NODES = 6
 """3 masters and 3 replicas (``--cluster-replicas 1``)."""
@@ -43,6 +46,18 @@ BUS_OFFSET = 10_000
 
 class RedisClusterUnavailableError(EmbeddedRedisError):
     """A private Redis Cluster could not be started (the reason and the fix in the message)."""
+
+
+@dataclass(frozen=True)
+class MigratedKey:
+    """One key moved by :meth:`RedisCluster.migrate_slots`, with what its stream's consumer
+    groups held just before and just after the ``MIGRATE`` (empty for a key that is no
+    stream): ``{group: (last-delivered-id, pending count)}``."""
+
+    key: str
+    slot: int
+    groups_before: dict[str, tuple[str, int]]
+    groups_after: dict[str, tuple[str, int]]
 
 
 def _free(port: int) -> bool:
@@ -253,6 +268,107 @@ class RedisCluster:
             return masters, sum("slave" in node["flags"] for node in alive.values())
         return [], 0
 
+    def node_id(self, port: int) -> str:
+        """The cluster node id of the node on ``port``."""
+        with redis.Redis(port=port, socket_timeout=5, decode_responses=True) as client:
+            return str(client.execute_command("CLUSTER", "MYID"))
+
+    def slots_of(self, port: int) -> list[int]:
+        """The slots the master on ``port`` holds now (as it says itself)."""
+        with redis.Redis(port=port, socket_timeout=5, decode_responses=True) as client:
+            ranges = client.execute_command("CLUSTER", "SLOTS")
+            me = self.node_id(port)
+        held: list[int] = []
+        for first, last, master, *_replicas in ranges:
+            if str(master[2]) == me:
+                held.extend(range(int(first), int(last) + 1))
+        return held
+
+    def migrate_slots(
+        self,
+        slots: Sequence[int],
+        source: int,
+        target: int,
+        *,
+        key_pause_s: float = 0.0,
+        hold_s: float = 0.0,
+        chunk: int = 256,
+        on_key: Callable[[MigratedKey], None] | None = None,
+    ) -> int:
+        """Move ``slots`` from the master on port ``source`` to the master on port ``target``,
+        live, by the protocol ``redis-cli --cluster reshard`` drives: ``CLUSTER SETSLOT
+        IMPORTING`` on the target and ``MIGRATING`` on the source, every key moved by
+        ``MIGRATE`` (one key at a time, ``key_pause_s`` between keys and ``hold_s`` once about
+        half a slot's keys are moved, so that clients meet a slot partly moved: ``ASK`` for a
+        key moved, ``TRYAGAIN`` for a script or ``MULTI`` whose keys are split), then ``SETSLOT
+        NODE`` on the target, the source and the other masters.
+        ``chunk`` slots are opened at once. Each key moved is told to ``on_key``; the number of
+        keys moved is returned."""
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        masters = [p for p in self.masters() if p not in (source, target)]
+        moved = 0
+        with (
+            redis.Redis(port=source, socket_timeout=30, decode_responses=True) as src,
+            redis.Redis(
+                port=target, socket_timeout=30, decode_responses=True, single_connection_client=True
+            ) as dst,
+        ):
+            for start in range(0, len(slots), chunk):
+                batch = list(slots[start : start + chunk])
+                self._each(dst, batch, "IMPORTING", source_id)
+                self._each(src, batch, "MIGRATING", target_id)
+                counts = src.pipeline(transaction=False)
+                for slot in batch:  # MIGRATING: no new key lands on the source from now on
+                    counts.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+                for slot, count in zip(batch, counts.execute(), strict=True):
+                    if int(count):
+                        pauses = (key_pause_s, hold_s)
+                        moved += self._move_keys(src, dst, slot, target, pauses, on_key=on_key)
+                self._each(dst, batch, "NODE", target_id)
+                self._each(src, batch, "NODE", target_id)
+                for port in masters:
+                    with redis.Redis(port=port, socket_timeout=30) as other:
+                        self._each(other, batch, "NODE", target_id)
+        return moved
+
+    @staticmethod
+    def _each(client: redis.Redis, slots: Sequence[int], state: str, node: str) -> None:
+        pipe = client.pipeline(transaction=False)
+        for slot in slots:
+            pipe.execute_command("CLUSTER", "SETSLOT", slot, state, node)
+        pipe.execute()
+
+    @staticmethod
+    def _move_keys(
+        src: redis.Redis,
+        dst: redis.Redis,
+        slot: int,
+        target: int,
+        pauses: tuple[float, float],
+        *,
+        on_key: Callable[[MigratedKey], None] | None,
+    ) -> int:
+        key_pause_s, hold_s = pauses
+        half = int(src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) // 2
+        moved = 0
+        while True:
+            names = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10)
+            if not names:
+                return moved
+            for key in names:
+                if hold_s and moved == half:
+                    time.sleep(hold_s)
+                before = _groups(src, key, asking=False)
+                reply = src.execute_command("MIGRATE", "127.0.0.1", target, key, 0, 10_000)
+                if reply not in ("OK", "NOKEY"):
+                    raise RedisClusterUnavailableError(f"MIGRATE {key} to :{target}: {reply}")
+                after = _groups(dst, key, asking=True)
+                moved += 1
+                if on_key is not None:
+                    on_key(MigratedKey(key, slot, before, after))
+                if key_pause_s:
+                    time.sleep(key_pause_s)
+
     def kill(self, port: int) -> None:
         """SIGKILL the node on ``port`` (it stays down)."""
         process = self._processes.pop(port, None)
@@ -278,3 +394,19 @@ class RedisCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _groups(client: redis.Redis, key: str, *, asking: bool) -> dict[str, tuple[str, int]]:
+    """``{group: (last-delivered-id, pending)}`` of the stream ``key`` ({} for another type or
+    no key); ``asking``: on the importing node (``ASKING`` first, on the same connection)."""
+    try:
+        if asking:
+            client.execute_command("ASKING")
+        if client.type(key) != "stream":
+            return {}
+        if asking:
+            client.execute_command("ASKING")
+        groups: list[dict[str, Any]] = client.xinfo_groups(key)
+    except redis.ResponseError:  # ASK: the key left the source before it was asked
+        return {}
+    return {str(g["name"]): (str(g["last-delivered-id"]), int(g["pending"])) for g in groups}

@@ -24,6 +24,7 @@ from typing import Any
 
 from celery import Celery, Task, current_app, shared_task
 from pydantic import ValidationError
+from redis.exceptions import AskError, ClusterError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
@@ -61,6 +62,19 @@ log = logging.getLogger("orga.worker")
 
 PUBLISH_PATIENCE_S = 120.0
 """How long a worker keeps trying to publish an answer while Redis refuses writes."""
+SLOT_MOVING_ERRORS: tuple[type[Exception], ...] = (TryAgainError, ClusterError, AskError)
+"""What a Redis Cluster moving a slot (a live reshard) makes redis-py raise for a command it
+did not run: ``TRYAGAIN`` (a script's or ``MULTI``'s keys split between the two nodes), ``TTL
+exhausted`` (redis-py 8.2's asyncio ``RedisCluster`` sends ``ASKING`` on another pooled
+connection than the command, so a key already moved is redirected back and forth until the
+redirects run out) and ``MOVED``/``ASK`` (a ``MovedError`` is an ``AskError``) out of a
+``MULTI``. A dispatch that meets one is retried like one that found Redis unreachable (Celery
+runs it again after a back-off, no attempt of the task spent), and a publish waits it out."""
+_PUBLISH_WAITS_OUT: tuple[type[Exception], ...] = (*TRANSIENT_WRITE_ERRORS, *SLOT_MOVING_ERRORS)
+"""What :func:`_publish` waits out: Redis refusing writes, a slot being moved."""
+RETRIED_REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, *SLOT_MOVING_ERRORS)
+"""A dispatch failing with one of these is run again by Celery (``autoretry_for``, with
+back-off), not answered ``worker_failed``."""
 _services: ProcessServices | None = None
 _services_lock = threading.Lock()
 
@@ -185,7 +199,7 @@ async def _answer(
     watch = RedisWaitWatch(runtime.redis, request.fence, partitions=runtime.settings.partitions)
     with watching(watch), _streaming(request, runtime):
         work = asyncio.ensure_future(
-            run_dispatch(request, runtime, passthrough=(RedisConnectionError,))
+            run_dispatch(request, runtime, passthrough=RETRIED_REDIS_ERRORS)
         )
     try:
         with runtime.liveness.watching(request.fence.task_id, work):
@@ -228,15 +242,17 @@ async def _publish(
     fences: Sequence[Fence],
     give_up_after_s: float = PUBLISH_PATIENCE_S,
 ) -> None:
-    """Publish the answer; while Redis refuses writes (out of memory), try again with back-off
-    for up to ``give_up_after_s``, so a dispatch that ran is not lost to a short episode."""
+    """Publish the answer; while Redis refuses writes (out of memory) or a Redis Cluster moves
+    the slot of its keys (:data:`SLOT_MOVING_ERRORS`: the transaction did not run), try again
+    with back-off for up to ``give_up_after_s``, so a dispatch that ran is not lost to a short
+    episode."""
     deadline = time.monotonic() + give_up_after_s
     delay_s = 0.25
     while True:
         try:
             await runtime.publish(message, calls, answered=fences)
             return
-        except TRANSIENT_WRITE_ERRORS as exc:
+        except _PUBLISH_WAITS_OUT as exc:
             if time.monotonic() + delay_s > deadline:
                 raise
             log.warning("publish.refused", extra={"error": str(exc)[:300], "retry_in_s": delay_s})
@@ -247,7 +263,7 @@ async def _publish(
 @shared_task(  # type: ignore[untyped-decorator]
     name=keys.reason_task_name,
     bind=True,
-    autoretry_for=(RedisConnectionError,),
+    autoretry_for=RETRIED_REDIS_ERRORS,
     retry_backoff=True,
     max_retries=5,
 )
@@ -259,7 +275,7 @@ def reason(self: Task, payload: str) -> None:
 @shared_task(  # type: ignore[untyped-decorator]
     name=keys.tool_task_name,
     bind=True,
-    autoretry_for=(RedisConnectionError,),
+    autoretry_for=RETRIED_REDIS_ERRORS,
     retry_backoff=True,
     max_retries=5,
 )
@@ -279,7 +295,7 @@ ASYNC_BODIES.update({name: functools.partial(handle, name) for name in _TASKS})
 @shared_task(  # type: ignore[untyped-decorator]
     name=keys.mcp_list_task_name,
     bind=True,
-    autoretry_for=(RedisConnectionError,),
+    autoretry_for=RETRIED_REDIS_ERRORS,
     retry_backoff=True,
     max_retries=5,
 )

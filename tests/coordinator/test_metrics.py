@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -18,10 +19,12 @@ from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.metrics import (
     DEFAULT_METRICS_HOST,
     CoordinatorMetrics,
+    QueueDepthCollector,
     RedisStateCollector,
     observation_backlog,
     serve_metrics,
 )
+from coordinator.relay import CeleryPublisher
 from coordinator.state import TaskRecord
 from coordinator.store import TaskStore
 from shared import keys
@@ -305,3 +308,109 @@ def test_the_partitions_held_gauge_counts_leases_by_coordinator(
     assert _value(text, "orga_partitions_held", coordinator="c1") == 3
     assert _value(text, "orga_partitions_held", coordinator="c2") == 1
     assert _value(text, "orga_partitions_held", coordinator="") == 2
+
+
+# -- the queue gauge -------------------------------------------------------------------------
+
+
+class _Broker:
+    """A stand-in broker: tells ``depths``, fails while ``down``, hangs while ``hung`` is set
+    until ``release`` is."""
+
+    def __init__(self) -> None:
+        self.depths: dict[str, int] = {keys.reasoning_queue: 12, keys.tools_queue: 3}
+        self.down = False
+        self.hung = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
+        self.calls += 1
+        if self.hung.is_set():
+            self.release.wait(30)
+        if self.down:
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+        return {q: self.depths[q] for q in queues if q in self.depths}
+
+
+def _collect(collector: QueueDepthCollector) -> str:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def test_the_queue_gauge_tells_the_brokers_depths_and_keeps_the_last_ones() -> None:
+    """``orga_queue_depth{queue}`` is what the broker tells at each scrape; a broker that fails
+    leaves the last depths read, with ``orga_broker_up 0``."""
+    broker = _Broker()
+    collector = QueueDepthCollector(broker)
+    text = _collect(collector)
+    assert _value(text, "orga_queue_depth", queue=keys.reasoning_queue) == 12
+    assert _value(text, "orga_queue_depth", queue=keys.tools_queue) == 3
+    assert _value(text, "orga_broker_up") == 1
+    broker.depths = {keys.reasoning_queue: 40}  # a queue the broker does not know: 0
+    text = _collect(collector)
+    assert _value(text, "orga_queue_depth", queue=keys.reasoning_queue) == 40
+    assert _value(text, "orga_queue_depth", queue=keys.tools_queue) == 0
+    broker.down, broker.depths = True, {keys.reasoning_queue: 99, keys.tools_queue: 99}
+    text = _collect(collector)
+    assert _value(text, "orga_queue_depth", queue=keys.reasoning_queue) == 40  # the last read
+    assert _value(text, "orga_broker_up") == 0
+
+
+def test_a_hung_broker_does_not_hold_a_scrape_of_the_queue_gauge() -> None:
+    """A broker that never answers: each scrape returns after the timeout with the last depths
+    read and ``orga_broker_up 0``; the hung call is waited for again, not asked twice; its
+    answer counts once it comes."""
+    broker = _Broker()
+    collector = QueueDepthCollector(broker, timeout_s=0.2)
+    try:
+        _collect(collector)
+        broker.hung.set()
+        broker.depths = {keys.reasoning_queue: 40, keys.tools_queue: 7}
+        took = []
+        for _ in range(2):
+            started = time.monotonic()
+            text = _collect(collector)
+            took.append(time.monotonic() - started)
+            assert _value(text, "orga_queue_depth", queue=keys.reasoning_queue) == 12
+            assert _value(text, "orga_broker_up") == 0
+        assert broker.calls == 2  # one before, one hanging: not asked again while it hangs
+        assert max(took) < 2.0, took
+        broker.hung.clear()
+        broker.release.set()
+        wait = time.monotonic() + 10
+        while time.monotonic() < wait:
+            text = _collect(collector)
+            if _value(text, "orga_broker_up") == 1:
+                break
+        assert _value(text, "orga_queue_depth", queue=keys.reasoning_queue) == 40
+    finally:
+        broker.release.set()
+        collector.close()
+
+
+def test_the_queue_gauge_reads_a_redis_broker(redis_url: str) -> None:
+    """On a Redis broker (the Celery app the relay uses, kombu's passive ``queue_declare``):
+    5 calls sent with no worker read as 5 in ``orga.tools``, 0 in ``orga.reasoning``; served
+    on the coordinator's endpoint by ``serve_metrics``."""
+    settings = OrgaSettings(redis_url=redis_url)  # type: ignore[call-arg]
+    sender = CeleryPublisher.from_settings(settings)
+    depths = CeleryPublisher.from_settings(settings, broker_depths=True)
+    try:
+        with redis.Redis.from_url(redis_url) as client:
+            client.delete(keys.reasoning_queue, keys.tools_queue)
+        for n in range(5):
+            sender.app.send_task(keys.tool_task_name, args=["{}"], queue=keys.tools_queue,
+                                 task_id=f"depth-{n}")  # fmt: skip
+        port = _free_port()
+        serve_metrics(port, redis_url, queue_depths=depths)
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert _value(text, "orga_queue_depth", queue=keys.tools_queue) == 5
+        assert _value(text, "orga_queue_depth", queue=keys.reasoning_queue) == 0
+        assert _value(text, "orga_broker_up") == 1
+    finally:
+        sender.close()
+        depths.close()
+        with redis.Redis.from_url(redis_url) as client:
+            client.delete(keys.reasoning_queue, keys.tools_queue)

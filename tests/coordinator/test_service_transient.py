@@ -15,10 +15,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import (
+    AskError,
     BusyLoadingError,
+    ClusterError,
+    MovedError,
     OutOfMemoryError,
     RedisError,
     ResponseError,
+    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -47,11 +51,17 @@ SETTINGS = CoordinatorSettings(
         ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's failing"),
         BusyLoadingError("Redis is loading the dataset in memory"),
         RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+        # a Redis Cluster moving a slot (a live reshard; tests/integration/test_cluster_reshard)
+        TryAgainError("Multiple keys request during rehashing of slot"),
+        ClusterError("TTL exhausted."),
+        MovedError("5013 127.0.0.1:24994"),
+        AskError("5013 127.0.0.1:24994"),
+        ResponseError("UNBLOCKED the stream key no longer exists"),
     ],
 )
 def test_redis_refusing_or_unreachable_is_transient(error: RedisError) -> None:
-    """Out of memory (plain, in a script, in a pipeline), busy, failing to persist, loading and
-    unreachable are transient: they say nothing about the entry."""
+    """Out of memory (plain, in a script, in a pipeline), busy, failing to persist, loading,
+    unreachable and a slot being moved are transient: they say nothing about the entry."""
     assert is_transient(error)
 
 

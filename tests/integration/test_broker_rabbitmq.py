@@ -12,10 +12,12 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import kombu
 import pytest
 import redis
@@ -246,6 +248,47 @@ def test_the_coordinator_reads_queue_depths_from_rabbitmq(cluster: Cluster, amqp
         wait_until(lambda: publisher.queue_depths(QUEUES) == dict.fromkeys(QUEUES, 0), 30)
     finally:
         publisher.close()
+
+
+def _metric(port: int, name: str, **labels: str) -> float | None:
+    """One sample of the coordinator's /metrics (None: not there)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    label_text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    wanted = f"{name}{{{label_text}}} " if labels else f"{name} "
+    line = next((line for line in text.splitlines() if line.startswith(wanted)), None)
+    return None if line is None else float(line.split()[-1])
+
+
+def test_the_prometheus_queue_gauge_reads_rabbitmq(cluster: Cluster, amqp_url: str) -> None:
+    """``orga coordinator`` with ``ORGA_METRICS_PORT`` on RabbitMQ: ``orga_queue_depth`` is the
+    queues' backlog as RabbitMQ tells it (5 calls waiting in ``orga.tools`` with no worker, 0
+    in ``orga.reasoning``; the Redis lists are empty), ``orga_broker_up 1``; 0 once a worker
+    drained them."""
+    worker = _worker(cluster, amqp_url, "w1")  # declares the quorum queues
+    worker.stop()
+    port = _free_port()
+    cluster.coordinator(ORGA_BROKER_URL=amqp_url, ORGA_METRICS_PORT=str(port))
+    app = _publisher(cluster, amqp_url)
+    for n in range(5):
+        request = _command_call(cluster, f"echo gauge-{n}")
+        app.send_task(keys.tool_task_name, args=[request.model_dump_json()])
+    wait_until(
+        lambda: _metric(port, "orga_queue_depth", queue=keys.tools_queue) == 5, 30, "a depth of 5"
+    )
+    assert _metric(port, "orga_queue_depth", queue=keys.reasoning_queue) == 0
+    assert _metric(port, "orga_broker_up") == 1
+    with redis.Redis.from_url(cluster.redis_url) as raw:
+        assert raw.llen(keys.tools_queue) == 0  # nothing on the Redis lists
+    _worker(cluster, amqp_url, "w2")  # runs them (their answers name no task: dropped)
+    wait_until(
+        lambda: _metric(port, "orga_queue_depth", queue=keys.tools_queue) == 0, 60, "drained"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 EXAMPLES = REPO / "examples"

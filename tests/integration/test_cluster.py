@@ -207,9 +207,13 @@ def test_a_review_is_escalated_and_decided_with_the_cli(deployment: OnCluster) -
 
 
 def _completed_gauge(deployment: OnCluster) -> int:
-    """``orga_tasks{status="completed"}`` on the coordinator's /metrics (0 before any)."""
+    """``orga_tasks{status="completed"}`` on the coordinator's /metrics (0 before any); the
+    broker told the queue gauge its depths."""
     metrics = httpx.get(f"http://127.0.0.1:{deployment.metrics_port}/metrics", timeout=30).text
     assert re.search(r"^orga_redis_up 1\.0$", metrics, re.M), metrics[:2000]
+    # the queues' depths, asked of the broker of its own (a standalone Redis)
+    assert re.search(r"^orga_broker_up 1\.0$", metrics, re.M), metrics[:2000]
+    assert re.search(r'^orga_queue_depth\{queue="orga.tools"\} [0-9.e+]+$', metrics, re.M)
     completed = re.search(r'^orga_tasks\{status="completed"\} ([0-9.e+]+)$', metrics, re.M)
     return 0 if completed is None else round(float(completed.group(1)))
 

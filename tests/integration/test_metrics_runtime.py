@@ -44,7 +44,8 @@ def _count(text: str, name: str) -> float:
 
 
 def test_the_latency_histograms_are_fed_by_a_real_run(cluster: Cluster, metrics_port: int) -> None:
-    """Two iterations (a tool call, then an answer): every histogram has observations."""
+    """Two iterations (a tool call, then an answer): every histogram has observations; the
+    queue gauge reads the Redis broker's queues, empty once the work is done."""
     client = cluster.client()
     write = {"name": "file_write", "arguments": {"path": "a.txt", "content": "hi"}}
     other = {"name": "file_list", "arguments": {}}
@@ -64,3 +65,7 @@ def test_the_latency_histograms_are_fed_by_a_real_run(cluster: Cluster, metrics_
         "orga_dispatch_to_applied_seconds",
     ):
         assert _count(text, name) >= 1, (name, [n for n in text.splitlines() if name in n])
+    # the queues' depths, asked of the broker (the Redis the worker consumes: drained by now)
+    for queue in ("orga.reasoning", "orga.tools"):
+        assert re.search(rf'^orga_queue_depth{{queue="{queue}"}} 0\.0$', text, re.M), text
+    assert re.search(r"^orga_broker_up 1\.0$", text, re.M), text
