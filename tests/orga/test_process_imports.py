@@ -109,9 +109,7 @@ def _why(code: str, package: str) -> str:
         ),
     ],
 )
-def test_a_long_running_process_imports_no_feature_it_does_not_use(
-    process: str, code: str
-) -> None:
+def test_a_long_running_process_imports_no_feature_it_does_not_use(process: str, code: str) -> None:
     modules = _imported(code)
     found = _offending(modules, NEVER_IN_A_WORKER_OR_COORDINATOR)
     assert not found, (
