@@ -29,7 +29,7 @@ from celery.signals import (
 )
 
 from orga.redis_client import RedisClients
-from shared import aio, keys
+from shared import keys
 from shared.errors import ConfigError
 from shared.pricing import preload as preload_prices
 from shared.settings import OrgaSettings, TelemetrySettings, celery_broker_url, celery_config
@@ -127,14 +127,13 @@ def _load_prices(sender: Any = None, **_: Any) -> None:
 
 @worker_before_create_process.connect  # type: ignore[untyped-decorator]
 def _share_with_pool_processes(**_: Any) -> None:
-    """Just before a prefork pool process is forked: what every pool process imports after
-    the fork (the event loop's module) imported here, in the parent, and every object the
-    parent holds moved to the collector's permanent generation (:func:`gc.freeze`), so that a
-    collection in the child does not write to the pages it shares with the parent (Python's
-    documented recipe for ``fork`` without ``exec``). Each pool process then pays for what it
-    allocates itself, not for a copy of the parent's modules. The frozen objects are never
-    collected: they are the modules and the app, which live as long as the process anyway."""
-    aio.new_event_loop().close()
+    """Just before a prefork pool process is forked: every object the parent holds moved to
+    the collector's permanent generation (:func:`gc.freeze`), so that a collection in the child
+    does not write to the pages it shares with the parent (Python's documented recipe for
+    ``fork`` without ``exec``). Each pool process then pays for what it allocates itself, not
+    for a copy of the parent's modules. The frozen objects are never collected: they are the
+    modules and the app, which live as long as the process anyway. (No event loop is made in
+    the parent to share its module: a libuv loop made before a fork is not the child's.)"""
     gc.collect()  # what is garbage now is freed, not frozen
     gc.freeze()
 

@@ -154,8 +154,7 @@ def test_a_reasoning_worker_loads_the_price_table_as_it_starts() -> None:
 
 def test_a_pool_process_is_forked_from_a_frozen_parent() -> None:
     """Before a prefork pool process is forked, the parent's objects are frozen (no
-    collection in the child writes to the pages it shares with its parent) and the event
-    loop's module is imported in the parent, not in each child."""
+    collection in the child writes to the pages it shares with its parent)."""
     code = (
         "import gc, sys\n"
         "from celery.signals import worker_before_create_process\n"
@@ -164,5 +163,4 @@ def test_a_pool_process_is_forked_from_a_frozen_parent() -> None:
         "worker_before_create_process.send(sender=None)\n"
         "assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()\n"
     )
-    modules = _imported(code)
-    assert "uvloop" in modules or sys.platform == "win32"
+    _imported(code)
