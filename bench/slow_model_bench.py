@@ -185,7 +185,7 @@ def process_role(group: str, process: psutil.Process) -> str:
         argv = process.cmdline()
     except psutil.Error:
         return group
-    if "celery" not in " ".join(argv):
+    if not _is_worker(argv):
         return group
     queue = argv[argv.index("-Q") + 1] if "-Q" in argv[:-1] else "all queues"
     try:
@@ -193,8 +193,14 @@ def process_role(group: str, process: psutil.Process) -> str:
         parent_argv = parent.cmdline() if parent is not None else []
     except psutil.Error:
         parent_argv = []
-    child = "celery" in " ".join(parent_argv)
+    child = _is_worker(parent_argv)
     return f"worker {queue}{' (pool process)' if child else ''}"
+
+
+def _is_worker(argv: Sequence[str]) -> bool:
+    """A Celery worker's command: ``celery -A ... worker`` or ``python -m orga.worker_main``
+    (what ``orga worker`` starts)."""
+    return "celery" in " ".join(argv) or "orga.worker_main" in argv
 
 
 def cpu_by_process(groups: dict[str, list[int]]) -> dict[tuple[str, int], float]:

@@ -14,6 +14,7 @@ A worker refuses to start on a Redis that may evict keys (a bootstep of the work
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from typing import Any
@@ -21,12 +22,14 @@ from typing import Any
 from celery import Celery
 from celery.signals import (
     after_setup_logger,
+    worker_before_create_process,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
 )
 
 from orga.redis_client import RedisClients
+from shared import keys
 from shared.errors import ConfigError
 from shared.pricing import preload as preload_prices
 from shared.settings import OrgaSettings, TelemetrySettings, celery_broker_url, celery_config
@@ -114,10 +117,26 @@ def _quiet_per_task_lines(**_: Any) -> None:
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]
-def _load_prices(**_: Any) -> None:
-    """The price table, loaded as the worker starts (before a fork: shared by its pool
-    processes), not in its first model call."""
-    preload_prices()
+def _load_prices(sender: Any = None, **_: Any) -> None:
+    """In a worker that consumes the reasoning queue, the price table, loaded as the worker
+    starts, not in its first model call (every model call is priced: ``orga_cost_usd``). A tool
+    worker never prices a call: it does not load the table (about 5 MB)."""
+    consumed = sender.app.amqp.queues.consume_from if sender is not None else None
+    if not consumed or keys.reasoning_queue in consumed:
+        preload_prices()
+
+
+@worker_before_create_process.connect  # type: ignore[untyped-decorator]
+def _share_with_pool_processes(**_: Any) -> None:
+    """Just before a prefork pool process is forked: every object the parent holds moved to
+    the collector's permanent generation (:func:`gc.freeze`), so that a collection in the child
+    does not write to the pages it shares with the parent (Python's documented recipe for
+    ``fork`` without ``exec``). Each pool process then pays for what it allocates itself, not
+    for a copy of the parent's modules. The frozen objects are never collected: they are the
+    modules and the app, which live as long as the process anyway. (No event loop is made in
+    the parent to share its module: a libuv loop made before a fork is not the child's.)"""
+    gc.collect()  # what is garbage now is freed, not frozen
+    gc.freeze()
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]
