@@ -1,11 +1,12 @@
 """Task state in Redis: created once, updated by compare-and-set together with its effects.
 
 ``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
-state, acknowledges the stream entry that caused the change, appends the journal entries (with
-the stream id ``0-{sequence+1}``, like :class:`workers.journal.RedisStreamJournal`), the
-lifecycle events, the review items and the dead letters, the sub-agent tasks it submits to the
-intake, a finished sub-agent's result for its parent (on the observations stream) and the
-cancellations of its running children (on the control stream), and appends the dispatches the
+state, acknowledges the stream entry that caused the change, appends the commit's journal
+records (in one stream entry of id ``0-{last sequence+1}``,
+:func:`shared.journal.journal_stream_entry`), the lifecycle events, the review items and the
+dead letters, the sub-agent tasks it submits to the intake, a finished sub-agent's result for
+its parent (on the observations stream) and the cancellations of its running children (on the
+control stream), and appends the dispatches the
 new state awaits to the outbox stream (:mod:`shared.outbox`; a relay sends them to Celery,
 :mod:`coordinator.relay`). A coordinator killed at any moment therefore leaves either the old
 state with the entry still pending (it is redelivered and applied) or the new state with the
@@ -31,6 +32,7 @@ from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
 from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
+from shared.journal import journal_stream_entry
 from shared.outbox import OutboxEntry
 from shared.protocol import encode_entry
 from shared.task_spec import TaskSpec
@@ -66,13 +68,13 @@ if ARGV[5] ~= '' then
   -- An applied observation (a tool output, maybe large) is in the conversation now.
   if extra.delete_acked then redis.call('XDEL', acked, ARGV[5]) end
 end
-local last_sequence = nil
-for _, e in ipairs(extra.journal) do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, '0-' .. (e[1] + 1),
-             'sequence', e[1], 'data', e[2])
-  last_sequence = e[1]
+-- The commit's journal records in one stream entry (shared.journal.journal_stream_entry).
+local journal = extra.journal
+if journal.id ~= '' then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, journal.id,
+             unpack(journal.fields))
+  redis.call('SET', KEYS[3], journal.last)
 end
-if last_sequence then redis.call('SET', KEYS[3], last_sequence) end
 for _, ev in ipairs(extra.events) do
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(ev))
 end
@@ -573,7 +575,7 @@ class TaskStore:
             "now": f"{record.updated_at:.6f}",
             "journal_maxlen": self.journal_maxlen,
             "events_maxlen": self.events_maxlen,
-            "journal": [[e.sequence, e.model_dump_json()] for e in effects.journal],
+            "journal": _journal(effects),
             "events": [_flat(e) for e in effects.events],
             "reviews": [[r.review_id, r.model_dump_json()] for r in effects.reviews],
             "closed_reviews": closed,
@@ -784,6 +786,15 @@ class TaskStore:
 
     def _lease_key(self, task_id: str) -> str:
         return keys.lease_key(task_id, self.partition(task_id))
+
+
+def _journal(effects: Effects) -> dict[str, Any]:
+    """The commit's journal records as one stream entry (``id`` "" for none)."""
+    if not effects.journal:
+        return {"id": "", "last": 0, "fields": []}
+    records = [(e.sequence, e.model_dump_json()) for e in effects.journal]
+    entry_id, fields = journal_stream_entry(records)
+    return {"id": entry_id, "last": records[-1][0], "fields": fields}
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
