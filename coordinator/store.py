@@ -116,7 +116,9 @@ if extra.terminal then
     redis.call('DEL', KEYS[16])
   end
 else
-  redis.call('SADD', KEYS[8], extra.task_id)
+  -- A task is in the active set from its creation and from any commit that changed its
+  -- status to a live one; only a terminal commit takes it out.
+  if previous ~= ARGV[4] then redis.call('SADD', KEYS[8], extra.task_id) end
   redis.call('ZADD', KEYS[9], extra.deadline, extra.task_id)
 end
 return {1, ARGV[2]}
