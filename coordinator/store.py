@@ -270,6 +270,9 @@ class TaskStore:
         default_factory=OrderedDict, init=False, repr=False
     )
     _specs_bytes: int = field(default=0, init=False, repr=False)
+    _partitions_keys: dict[int, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
@@ -278,6 +281,27 @@ class TaskStore:
         self._purge = self.redis.register_script(_PURGE)
         self._release = self.redis.register_script(_RELEASE)
         self._acquire = self.redis.register_script(_ACQUIRE)
+
+    def _partition_keys(self, p: int) -> tuple[str, ...]:
+        """The keys of partition ``p`` every commit names, in the commit script's order
+        (computed once per partition)."""
+        found = self._partitions_keys.get(p)
+        if found is None:
+            found = self._partitions_keys[p] = (
+                keys.events_stream(p),
+                keys.review_stream(p),
+                keys.open_reviews_key(p),
+                keys.dead_letter_stream(p),
+                keys.active_tasks_key(p),
+                keys.deadlines_key(p),
+                keys.status_counts_key(p),
+                keys.finished_tasks_key(p),
+                keys.intake_stream(p),
+                keys.observations_stream(p),
+                keys.control_stream(p),
+                keys.outbox_stream(p),
+            )
+        return found
 
     def partition(self, task_id: str) -> int:
         """The partition of a task (:func:`shared.keys.partition_of`)."""
@@ -465,28 +489,21 @@ class TaskStore:
         extra["outbox"] = [d.head() for d in dispatches]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
-        extra["delete_acked"] = stream == keys.observations_stream(p)
+        shared = self._partition_keys(p)
+        extra["delete_acked"] = stream == shared[9]
         extra["lease_owner"] = lease_owner
         # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
         # finished child tells and the children it cancels are all in this task's partition.
+        task_id = record.task_id
         commit_keys = [
-            keys.task_key(record.task_id, p),
-            keys.journal_stream(record.task_id, p),
-            keys.journal_sequence_key(record.task_id, p),
-            keys.events_stream(p),
-            keys.review_stream(p),
-            keys.open_reviews_key(p),
-            keys.dead_letter_stream(p),
-            keys.active_tasks_key(p),
-            keys.deadlines_key(p),
-            keys.status_counts_key(p),
-            keys.finished_tasks_key(p),
-            keys.conversation_key(record.task_id, p),
-            keys.intake_stream(p),
-            keys.observations_stream(p),
-            keys.control_stream(p),
-            keys.lease_key(record.task_id, p),
-            keys.outbox_stream(p),
+            keys.task_key(task_id, p),
+            keys.journal_stream(task_id, p),
+            keys.journal_sequence_key(task_id, p),
+            *shared[:8],
+            keys.conversation_key(task_id, p),
+            *shared[8:11],
+            keys.lease_key(task_id, p),
+            shared[11],
         ]
         args: list[str | bytes] = [
             expected,
