@@ -83,6 +83,35 @@ def test_a_commits_journal_records_share_one_stream_entry(
     _scenario(redis_url, body)
 
 
+def test_the_active_set_is_written_only_when_the_status_changes(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A commit that keeps a live status sends no SADD (the task is in the set since its
+    creation); the task stays active, and the commit that ends it takes it out."""
+
+    async def sadds(client: Redis) -> int:
+        stats = await client.info("commandstats")
+        return int(stats.get("cmdstat_sadd", {}).get("calls", 0))
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("live")
+        await store.create(record)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())  # pending -> running
+        before = await sadds(client)
+        same = _machine(record, now=12.0)
+        same.record.error = "touched"
+        await store.commit(same.record, same.effects)  # still running
+        assert await sadds(client) == before
+        assert await store.still_active(["live"]) == [True]
+        ended = _machine(record, now=13.0)
+        await store.commit(ended.record, ended.cancel("stop"))
+        assert ended.record.terminal
+        assert await store.still_active(["live"]) == [False]
+
+    _scenario(redis_url, body)
+
+
 def test_commit_is_compare_and_set(redis_url: str, redis_client: Any) -> None:
     """A commit from a stale version is refused and writes nothing."""
 
