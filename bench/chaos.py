@@ -575,13 +575,14 @@ class Progress:
         """Update ``share`` (journal entries written / expected) and ``terminal``."""
         pipe = self.redis.pipeline(transaction=False)
         for task_id in self.task_ids:
-            pipe.xlen(keys.journal_stream(task_id, 0))
+            # the last journal sequence (a stream entry carries a commit's records)
+            pipe.get(keys.journal_sequence_key(task_id, 0))
             pipe.hget(keys.task_key(task_id, 0), "status")
         try:
             replies = pipe.execute()
         except RedisError:
             return
-        self.share = sum(int(n) for n in replies[0::2]) / self.expected
+        self.share = sum(int(n) + 1 for n in replies[0::2] if n is not None) / self.expected
         done = {s.value for s in TERMINAL_STATUSES}
         self.terminal = sum(1 for s in replies[1::2] if s in done)
 

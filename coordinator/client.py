@@ -35,6 +35,7 @@ from shared import keys
 from shared.approval import CALL_DECISIONS, DecisionError, DecisionRequest, check_arguments
 from shared.errors import ConfigError, OrgaError
 from shared.events import JournalEntry
+from shared.journal import journal_records
 from shared.partitions import check_partitions
 from shared.task_spec import (
     TaskSpec,
@@ -507,7 +508,10 @@ class OrgaClient:
                 keys.journal_stream(real, self._p(real)), min=start, max="+", count=count
             )
         )
-        return [JournalEntry.model_validate_json(fields["data"]) for _id, fields in rows]
+        # A stream entry carries the records of one commit (shared.journal): the first one
+        # read may hold records at or below ``after``; ``count`` counts records.
+        entries = [e for _id, fields in rows for e in journal_records(fields, after)]
+        return entries if count is None else entries[:count]
 
     def tokens(self, task_id: str, after: str = "0-0", count: int = 1000) -> list[TokenEntry]:
         """Entries of the task's tokens stream after the stream id ``after`` (the text of its

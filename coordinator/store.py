@@ -1,11 +1,12 @@
 """Task state in Redis: created once, updated by compare-and-set together with its effects.
 
 ``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
-state, acknowledges the stream entry that caused the change, appends the journal entries (with
-the stream id ``0-{sequence+1}``, like :class:`workers.journal.RedisStreamJournal`), the
-lifecycle events, the review items and the dead letters, the sub-agent tasks it submits to the
-intake, a finished sub-agent's result for its parent (on the observations stream) and the
-cancellations of its running children (on the control stream), and appends the dispatches the
+state, acknowledges the stream entry that caused the change, appends the commit's journal
+records (in one stream entry of id ``0-{last sequence+1}``,
+:func:`shared.journal.journal_stream_entry`), the lifecycle events, the review items and the
+dead letters, the sub-agent tasks it submits to the intake, a finished sub-agent's result for
+its parent (on the observations stream) and the cancellations of its running children (on the
+control stream), and appends the dispatches the
 new state awaits to the outbox stream (:mod:`shared.outbox`; a relay sends them to Celery,
 :mod:`coordinator.relay`). A coordinator killed at any moment therefore leaves either the old
 state with the entry still pending (it is redelivered and applied) or the new state with the
@@ -31,6 +32,7 @@ from coordinator.state import TERMINAL_STATUSES, ReviewItem, TaskRecord
 from shared import keys
 from shared.conversation import ConversationMessage
 from shared.errors import OrgaError
+from shared.journal import journal_stream_entry
 from shared.outbox import OutboxEntry
 from shared.protocol import encode_entry
 from shared.task_spec import TaskSpec
@@ -66,13 +68,13 @@ if ARGV[5] ~= '' then
   -- An applied observation (a tool output, maybe large) is in the conversation now.
   if extra.delete_acked then redis.call('XDEL', acked, ARGV[5]) end
 end
-local last_sequence = nil
-for _, e in ipairs(extra.journal) do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, '0-' .. (e[1] + 1),
-             'sequence', e[1], 'data', e[2])
-  last_sequence = e[1]
+-- The commit's journal records in one stream entry (shared.journal.journal_stream_entry).
+local journal = extra.journal
+if journal.id ~= '' then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, journal.id,
+             unpack(journal.fields))
+  redis.call('SET', KEYS[3], journal.last)
 end
-if last_sequence then redis.call('SET', KEYS[3], last_sequence) end
 for _, ev in ipairs(extra.events) do
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(ev))
 end
@@ -114,7 +116,9 @@ if extra.terminal then
     redis.call('DEL', KEYS[16])
   end
 else
-  redis.call('SADD', KEYS[8], extra.task_id)
+  -- A task is in the active set from its creation and from any commit that changed its
+  -- status to a live one; only a terminal commit takes it out.
+  if previous ~= ARGV[4] then redis.call('SADD', KEYS[8], extra.task_id) end
   redis.call('ZADD', KEYS[9], extra.deadline, extra.task_id)
 end
 return {1, ARGV[2]}
@@ -266,6 +270,9 @@ class TaskStore:
         default_factory=OrderedDict, init=False, repr=False
     )
     _specs_bytes: int = field(default=0, init=False, repr=False)
+    _partitions_keys: dict[int, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
@@ -274,6 +281,27 @@ class TaskStore:
         self._purge = self.redis.register_script(_PURGE)
         self._release = self.redis.register_script(_RELEASE)
         self._acquire = self.redis.register_script(_ACQUIRE)
+
+    def _partition_keys(self, p: int) -> tuple[str, ...]:
+        """The keys of partition ``p`` every commit names, in the commit script's order
+        (computed once per partition)."""
+        found = self._partitions_keys.get(p)
+        if found is None:
+            found = self._partitions_keys[p] = (
+                keys.events_stream(p),
+                keys.review_stream(p),
+                keys.open_reviews_key(p),
+                keys.dead_letter_stream(p),
+                keys.active_tasks_key(p),
+                keys.deadlines_key(p),
+                keys.status_counts_key(p),
+                keys.finished_tasks_key(p),
+                keys.intake_stream(p),
+                keys.observations_stream(p),
+                keys.control_stream(p),
+                keys.outbox_stream(p),
+            )
+        return found
 
     def partition(self, task_id: str) -> int:
         """The partition of a task (:func:`shared.keys.partition_of`)."""
@@ -461,28 +489,21 @@ class TaskStore:
         extra["outbox"] = [d.head() for d in dispatches]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
-        extra["delete_acked"] = stream == keys.observations_stream(p)
+        shared = self._partition_keys(p)
+        extra["delete_acked"] = stream == shared[9]
         extra["lease_owner"] = lease_owner
         # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
         # finished child tells and the children it cancels are all in this task's partition.
+        task_id = record.task_id
         commit_keys = [
-            keys.task_key(record.task_id, p),
-            keys.journal_stream(record.task_id, p),
-            keys.journal_sequence_key(record.task_id, p),
-            keys.events_stream(p),
-            keys.review_stream(p),
-            keys.open_reviews_key(p),
-            keys.dead_letter_stream(p),
-            keys.active_tasks_key(p),
-            keys.deadlines_key(p),
-            keys.status_counts_key(p),
-            keys.finished_tasks_key(p),
-            keys.conversation_key(record.task_id, p),
-            keys.intake_stream(p),
-            keys.observations_stream(p),
-            keys.control_stream(p),
-            keys.lease_key(record.task_id, p),
-            keys.outbox_stream(p),
+            keys.task_key(task_id, p),
+            keys.journal_stream(task_id, p),
+            keys.journal_sequence_key(task_id, p),
+            *shared[:8],
+            keys.conversation_key(task_id, p),
+            *shared[8:11],
+            keys.lease_key(task_id, p),
+            shared[11],
         ]
         args: list[str | bytes] = [
             expected,
@@ -573,7 +594,7 @@ class TaskStore:
             "now": f"{record.updated_at:.6f}",
             "journal_maxlen": self.journal_maxlen,
             "events_maxlen": self.events_maxlen,
-            "journal": [[e.sequence, e.model_dump_json()] for e in effects.journal],
+            "journal": _journal(effects),
             "events": [_flat(e) for e in effects.events],
             "reviews": [[r.review_id, r.model_dump_json()] for r in effects.reviews],
             "closed_reviews": closed,
@@ -784,6 +805,15 @@ class TaskStore:
 
     def _lease_key(self, task_id: str) -> str:
         return keys.lease_key(task_id, self.partition(task_id))
+
+
+def _journal(effects: Effects) -> dict[str, Any]:
+    """The commit's journal records as one stream entry (``id`` "" for none)."""
+    if not effects.journal:
+        return {"id": "", "last": 0, "fields": []}
+    records = [(e.sequence, e.model_dump_json()) for e in effects.journal]
+    entry_id, fields = journal_stream_entry(records)
+    return {"id": entry_id, "last": records[-1][0], "fields": fields}
 
 
 def _flat(fields: dict[str, str]) -> list[str]:

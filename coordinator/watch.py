@@ -33,6 +33,7 @@ from typing import Any, Literal
 from coordinator.state import TERMINAL_STATUSES
 from shared import keys
 from shared.errors import OrgaError
+from shared.journal import journal_dicts
 
 __all__ = [
     "Cursor",
@@ -158,8 +159,13 @@ class TaskWatch:
         journal, tokens, state = replies
         found: list[TaskEvent] = []
         for entry_id, fields in _rows(journal):
-            self.cursor = replace(self.cursor, journal=entry_id)
-            found.append(self._event("journal", json.loads(fields.get("data", "{}"))))
+            # One stream entry holds a commit's records (shared.journal); the cursor names the
+            # last record given, ``0-{sequence+1}``, as if each had its entry.
+            for record in journal_dicts(fields, after=_sequence_seen(self.cursor.journal)):
+                sequence = record.get("sequence")
+                at = f"0-{sequence + 1}" if isinstance(sequence, int) else entry_id
+                self.cursor = replace(self.cursor, journal=at)
+                found.append(self._event("journal", record))
         for entry_id, fields in _rows(tokens):
             self.cursor = replace(self.cursor, tokens=entry_id)
             restarted = fields.get("kind") == "stream_restarted"
@@ -180,6 +186,12 @@ class TaskWatch:
 
     def _event(self, kind: EventKind, data: dict[str, Any]) -> TaskEvent:
         return TaskEvent(id=str(self.cursor), kind=kind, data=data)
+
+
+def _sequence_seen(journal_id: str) -> int:
+    """The last journal sequence a cursor's journal id ``0-{sequence+1}`` says was given."""
+    _ms, _, seq = journal_id.partition("-")
+    return int(seq) - 1 if seq.isdigit() else -1
 
 
 def _status(state: Any) -> dict[str, Any] | None:

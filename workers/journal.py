@@ -29,7 +29,12 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared.events import JournalEntry
-from shared.journal import JournalReadError, JournalSequenceError, JournalWriteError
+from shared.journal import (
+    JournalReadError,
+    JournalSequenceError,
+    JournalWriteError,
+    journal_records,
+)
 from shared.keys import journal_sequence_key, journal_stream, partition_of
 
 __all__ = [
@@ -182,7 +187,14 @@ class JournalReader:
             messages = await self._redis.xrange(stream, start, "+", count)
         except RedisError as exc:
             raise JournalReadError(f"journal of task {task_id!r}: cannot read: {exc}") from exc
-        return [_decode(task_id, fields) for _, fields in messages or [] if fields is not None]
+        after = -1 if after_sequence is None else after_sequence
+        entries = [
+            entry
+            for _, fields in messages or []
+            if fields is not None
+            for entry in _decode(task_id, fields, after)
+        ]
+        return entries if count is None else entries[:count]
 
     async def follow(
         self,
@@ -199,15 +211,17 @@ class JournalReader:
         no new entry; with neither it runs until the consumer stops iterating.
         """
         last_id = "0-0" if after_sequence is None else _stream_id(after_sequence)
+        seen = -1 if after_sequence is None else after_sequence
         idle_since = time.monotonic()
         while True:
             batch = await self._next_batch(task_id, last_id, block_ms)
             for stream_id, fields in batch:
                 last_id = _text(stream_id)
-                entry = _decode(task_id, fields)
-                yield entry
-                if until is not None and until(entry):
-                    return
+                for entry in _decode(task_id, fields, seen):
+                    seen = entry.sequence
+                    yield entry
+                    if until is not None and until(entry):
+                        return
             if batch:
                 idle_since = time.monotonic()
             elif _idle_expired(idle_since, idle_timeout_ms):
@@ -240,14 +254,15 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _decode(task_id: str, fields: dict[Any, Any]) -> JournalEntry:
-    data = fields.get(b"data", fields.get("data"))
-    if data is None:
+def _decode(task_id: str, fields: dict[Any, Any], after: int = -1) -> list[JournalEntry]:
+    """The entries of one stream message above sequence ``after``: its ``data``, or the
+    ``entries`` of a coordinator's commit (:func:`shared.journal.journal_records`)."""
+    if not any(name in fields for name in (b"data", "data", b"entries", "entries")):
         raise JournalReadError(
             f"journal of task {task_id!r}: a stream message has no 'data' field: {fields!r}"
         )
     try:
-        return JournalEntry.model_validate_json(data)
+        return journal_records(fields, after)
     except ValidationError as exc:
         raise JournalReadError(
             f"journal of task {task_id!r}: a stored entry is not a JournalEntry: {exc}"

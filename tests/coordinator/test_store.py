@@ -12,6 +12,7 @@ from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.state import TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
 from shared import keys
+from shared.events import ObservationsCollected
 from shared.task_spec import parse_task
 
 
@@ -45,6 +46,68 @@ def test_create_honours_the_idempotency_key(redis_url: str, redis_client: Any) -
         second = await store.create(_record("b", idem="k"))
         assert first.created and not second.created and second.task_id == "a"
         assert await store.load("b") is None
+
+    _scenario(redis_url, body)
+
+
+def test_a_commits_journal_records_share_one_stream_entry(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The records of one commit are one stream entry (id ``0-{last+1}``): the client reads
+    them back in order, after any sequence (one in the middle of an entry too) and counted
+    in records; the sequence key holds the last one."""
+    from coordinator.client import OrgaClient
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("j")
+        await store.create(record)
+        machine = _machine(record)
+        effects = machine.start()
+        for n in (1, 2):  # two more records in the same commit
+            machine.journal(ObservationsCollected(iteration=0, observation_count=n))
+        assert len(effects.journal) >= 3
+        await store.commit(machine.record, effects)
+        rows = await client.xrange(keys.journal_stream("j", 0))
+        assert len(rows) == 1
+        sequences = [e.sequence for e in effects.journal]
+        assert rows[0][0] == f"0-{sequences[-1] + 1}".encode()
+        assert int(await client.get(keys.journal_sequence_key("j", 0))) == sequences[-1]
+        sync = OrgaClient(redis_url)
+        try:
+            assert [e.sequence for e in sync.journal("j")] == sequences
+            assert [e.sequence for e in sync.journal("j", after=sequences[0])] == sequences[1:]
+            assert [e.sequence for e in sync.journal("j", count=1)] == sequences[:1]
+        finally:
+            sync.close()
+
+    _scenario(redis_url, body)
+
+
+def test_the_active_set_is_written_only_when_the_status_changes(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A commit that keeps a live status sends no SADD (the task is in the set since its
+    creation); the task stays active, and the commit that ends it takes it out."""
+
+    async def sadds(client: Redis) -> int:
+        stats = await client.info("commandstats")
+        return int(stats.get("cmdstat_sadd", {}).get("calls", 0))
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("live")
+        await store.create(record)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())  # pending -> running
+        before = await sadds(client)
+        same = _machine(record, now=12.0)
+        same.record.error = "touched"
+        await store.commit(same.record, same.effects)  # still running
+        assert await sadds(client) == before
+        assert await store.still_active(["live"]) == [True]
+        ended = _machine(record, now=13.0)
+        await store.commit(ended.record, ended.cancel("stop"))
+        assert ended.record.terminal
+        assert await store.still_active(["live"]) == [False]
 
     _scenario(redis_url, body)
 

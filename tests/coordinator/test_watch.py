@@ -102,3 +102,18 @@ def test_entries_read_as_flat_lists_read_as_dicts() -> None:
     again = TaskWatch("t1", 0).advance([[], parsed, _state("running")])
     assert [(e.kind, e.data) for e in events] == [(e.kind, e.data) for e in again]
     assert events[0].data["text"] == "Hel"
+
+
+def test_a_commits_records_in_one_entry_are_events_of_their_own() -> None:
+    """A stream entry carrying several records (one commit's) gives one journal event each,
+    with the cursor after each record; resumed from a cursor in the middle of that entry, the
+    watch gives the records after it only."""
+    records = [json.dumps({"sequence": n}) for n in (0, 1, 2)]
+    entry = ("0-3", {"sequence": "2", "first": "0", "entries": "[" + ",".join(records) + "]"})
+    watch = TaskWatch("t1", 0)
+    events = watch.advance([[entry], [], _state("running")])
+    assert [e.data.get("sequence") for e in events if e.kind == "journal"] == [0, 1, 2]
+    assert [e.id for e in events] == ["0-1/0-0/", "0-2/0-0/", "0-3/0-0/", "0-3/0-0/running"]
+    resumed = TaskWatch("t1", 0, Cursor.parse(events[0].id))
+    again = resumed.advance([[entry], [], _state("running")])
+    assert [e.data.get("sequence") for e in again if e.kind == "journal"] == [1, 2]

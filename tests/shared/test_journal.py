@@ -7,7 +7,15 @@ import asyncio
 import pytest
 
 from shared.events import JournalEntry, ObservationsCollected
-from shared.journal import BufferedJournal, JournalSequenceError, JournalWriter
+from shared.journal import (
+    BufferedJournal,
+    JournalReadError,
+    JournalSequenceError,
+    JournalWriter,
+    journal_dicts,
+    journal_records,
+    journal_stream_entry,
+)
 
 
 def _entry(sequence: int) -> JournalEntry:
@@ -80,3 +88,24 @@ def test_sequence_error_names_both_sequences() -> None:
     error = JournalSequenceError(expected=3, actual=5)
     assert (error.expected, error.actual) == (3, 5)
     assert "expected sequence 3, got 5" in str(error)
+
+
+def test_one_stream_entry_carries_a_commits_records() -> None:
+    """One record keeps the old fields (``sequence``, ``data``); several share one entry of id
+    ``0-{last+1}`` with ``first`` and ``entries``; readers skip the records at or below
+    ``after``; sequences that are not consecutive are refused, naming them."""
+    made = {n: _entry(n) for n in range(4, 8)}
+    one = journal_stream_entry([(4, made[4].model_dump_json())])
+    assert one == ("0-5", ["sequence", "4", "data", made[4].model_dump_json()])
+    entry_id, flat = journal_stream_entry([(n, made[n].model_dump_json()) for n in (5, 6, 7)])
+    fields = dict(zip(flat[0::2], flat[1::2], strict=True))
+    assert entry_id == "0-8" and fields["sequence"] == "7" and fields["first"] == "5"
+    assert journal_records(fields) == [made[5], made[6], made[7]]
+    assert journal_records(fields, after=5) == [made[6], made[7]]
+    raw = {k.encode(): v.encode() for k, v in fields.items()}  # as redis-py returns them
+    assert [r["sequence"] for r in journal_dicts(raw, after=6)] == [7]
+    assert journal_records(dict(zip(one[1][0::2], one[1][1::2], strict=True))) == [made[4]]
+    with pytest.raises(ValueError, match=r"consecutive sequences; got \[1, 3\]"):
+        journal_stream_entry([(1, "{}"), (3, "{}")])
+    with pytest.raises(JournalReadError, match="neither 'data' nor 'entries'"):
+        journal_records({"sequence": "1"})
