@@ -9,9 +9,11 @@ instead, so one message carries every event of the window (Celery's own ``task.m
 batch, which Flower and every event receiver read as the events one by one, in order).
 
 What it changes: an event reaches Flower up to :data:`FLUSH_INTERVAL_S` later. A worker that
-stops sends what its window holds when Celery closes the dispatcher (best effort: an error is
-logged at debug and the events dropped, as Celery drops a buffer it cannot send). Events are
-for monitoring only: no guarantee of the runtime rests on them (docs/reliability.md).
+stops sends what its window holds when Celery closes the dispatcher, as Celery's own flush does
+(best effort: what cannot be published stays in the dispatcher's outbound buffer, which Celery
+hands to the next dispatcher when the consumer restarts and which is lost when the process
+ends). Events are for monitoring only: no guarantee of the runtime rests on them
+(docs/reliability.md).
 
 The app selects it through Celery's public ``events`` argument (:class:`BatchedEvents`,
 ``Celery(..., events="workers.events:BatchedEvents")``).
@@ -111,7 +113,7 @@ class BatchedEventDispatcher(EventDispatcher):  # type: ignore[misc]
         if self._flush_soon is not None:
             try:
                 self.flush()
-            except Exception as exc:  # the connection may be gone: dropped, as Celery drops it
+            except Exception as exc:  # as Celery's own flush, never raised at a close
                 log.debug("events.final_flush_failed", extra={"error": str(exc)[:300]})
         super().close()
 
