@@ -26,7 +26,9 @@ written, in any case, percent-, hex- or base64-encoded, or cut short to 12 chara
 (:mod:`shared.redaction`), and as JSON may escape it at any depth of nesting (``\\/``,
 ``\\"``, ``\\\\``, ``\\u00e9`` in either case of hex, surrogate pairs, JSON inside a JSON
 string) or as a URL percent-encodes it. The pattern of those echoes is matched by RE2, in time
-linear in the body.
+linear in the body. The credentials of a URL an error quotes (a proxy named
+``http://user:password@host``, as aiohttp's proxy errors quote it) are replaced too
+(:func:`without_credentials`).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ __all__ = [
     "json_error_message",
     "provider_error_message",
     "shown",
+    "without_credentials",
 ]
 
 _log = logging.getLogger(__name__)
@@ -411,10 +414,13 @@ class JsonPoster:
     def _unreachable_error(
         self, url: str, attempts: int, exc: aiohttp.ClientError
     ) -> ProviderError:
-        reason = self._endpoint.redact(str(exc) or type(exc).__name__)
+        # aiohttp's errors quote URLs, a proxy's among them (``HTTPS_PROXY`` may hold a user
+        # and password): a URL's credentials never reach the message.
+        reason = self._endpoint.redact(without_credentials(str(exc) or type(exc).__name__))
         return ProviderError(
-            f"could not reach {self._endpoint.provider} at {url} after {attempts} attempt(s): "
-            f"{reason}; check the base URL (ORGA_BASE_URL) and the network"
+            f"could not reach {self._endpoint.provider} at {without_credentials(url)} after "
+            f"{attempts} attempt(s): {reason}; check the base URL (ORGA_BASE_URL), the proxy "
+            "(HTTPS_PROXY / HTTP_PROXY) and the network"
         )
 
     def _log_retry(self, url: str, attempt: int, failure: _RetryableFailure) -> None:
@@ -428,6 +434,17 @@ class JsonPoster:
                 "error": str(failure.error),
             },
         )
+
+
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@'\"<>]+@")
+"""The ``user:password@`` of a URL (what follows the scheme, up to the ``@`` of the host)."""
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it (``scheme://user:password@host``)
+    replaced by ``**********`` (``scheme://**********@host``): an HTTP error quotes the URL of
+    the proxy it went through, and a proxy may be named with its password."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{_REDACTED}@", text)
 
 
 def _same(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
