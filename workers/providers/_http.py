@@ -18,7 +18,12 @@ timeout               ``InferenceTimeoutError``: no complete answer within ``tim
                       (a deadline per attempt); not retried, the wait was long
 connection failure    retried like a 5xx, then ``ProviderError``
 2xx, body not JSON    ``ResponseParseError``
+2xx, body too large   ``ResponseParseError``: more than ``max_body_bytes`` (64 MiB;
+                      a stream counts all its bytes), refused as it comes in
 ====================  ==========================================================
+
+An error answer's body is read up to that limit too (what is past it is dropped, the
+connection closed): a 500 whose body never ends is a ``ProviderError``, not a timeout.
 
 The API key never reaches a message: it lives in a ``SecretStr``, the request headers are never
 quoted, and any echo of the key in a provider's error body is replaced by ``**********``: as
@@ -76,6 +81,7 @@ from workers.providers.retry import (
 from workers.providers.waiting import wait_out
 
 __all__ = [
+    "MAX_BODY_BYTES",
     "Endpoint",
     "HttpAnswer",
     "JsonPoster",
@@ -90,6 +96,10 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _SNIPPET_CHARS = 500
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The most an answer may hold, decompressed (a whole body, or all the lines of a stream): a
+model's longest answer is a few MB, streamed perhaps 30 MB with each token's event; a body
+past it is refused as it comes, never held (200 calls in flight share one process)."""
 _SHOWN = reprlib.Repr()
 _SHOWN.maxlevel = 3
 _SHOWN.maxdict = 6
@@ -250,7 +260,9 @@ class JsonPoster:
     Timeouts per try: ``timeout_s`` to get a connection (from the pool or a new one), between
     two reads of the answer, and for the whole try (``asyncio.timeout``, which also bounds a
     stream); redirects are not followed (a 3xx is an invalid request, and the key never
-    leaves for another host).
+    leaves for another host). An answer is read up to ``max_body_bytes``
+    (:data:`MAX_BODY_BYTES`): a 2xx body or stream past it is a ``ResponseParseError``, an
+    error body past it is cut there.
     """
 
     def __init__(
@@ -264,7 +276,11 @@ class JsonPoster:
         session: aiohttp.ClientSession | SessionSource | None = None,
         throttle: ProviderThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
+        self._max_body_bytes = max_body_bytes
         self._throttle: ProviderThrottle = throttle if throttle is not None else NoThrottle()
         self._clock = clock
         self._endpoint = endpoint
@@ -393,17 +409,58 @@ class JsonPoster:
         ) as response:
             success = 200 <= response.status < 300
             if request.consume is not None and success and _is_event_stream(response):
-                return await request.consume(_lines(response.content.iter_any()))
+                chunks = self._capped(response.content.iter_any(), request)
+                return await request.consume(_lines(chunks))
             answer = HttpAnswer(
                 response.status,
                 response.reason or "",
                 response.headers,
-                await response.read(),
+                await self._body(response, request, success),
                 response.charset,
             )
         if success:
             return decode_json_object(answer, self._endpoint, request.url)
         return answer
+
+    async def _body(
+        self, response: aiohttp.ClientResponse, request: _Request, success: bool
+    ) -> bytes:
+        """The body, up to ``max_body_bytes``: past it, a 2xx is refused (ResponseParseError)
+        and an error answer's body is cut (only its start is ever quoted)."""
+        limit = self._max_body_bytes
+        declared = response.content_length
+        if success and declared is not None and declared > limit:
+            raise self._too_large(request, f"declared a body of {declared} bytes")
+        kept: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_any():
+            if size + len(chunk) > limit:
+                if success:
+                    raise self._too_large(request, "answered a body")
+                kept.append(chunk[: limit - size])
+                break  # the rest is dropped with the connection
+            kept.append(chunk)
+            size += len(chunk)
+        return b"".join(kept)
+
+    async def _capped(
+        self, chunks: AsyncIterator[bytes], request: _Request
+    ) -> AsyncIterator[bytes]:
+        """A stream's chunks, ResponseParseError once they pass ``max_body_bytes`` in all."""
+        size = 0
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > self._max_body_bytes:
+                raise self._too_large(request, "streamed an answer")
+            yield chunk
+
+    def _too_large(self, request: _Request, what: str) -> ResponseParseError:
+        return ResponseParseError(
+            f"{self._endpoint.provider} at {without_credentials(request.url)} {what} larger "
+            f"than the {self._max_body_bytes} bytes an answer may hold (model "
+            f"{request.model!r}); refused unread: no model answer is that large, check the base "
+            "URL (ORGA_BASE_URL) names a model endpoint"
+        )
 
     def _timeout_error(self, url: str, model: str) -> InferenceTimeoutError:
         return InferenceTimeoutError(

@@ -1,0 +1,148 @@
+"""A provider's answer has a size limit: a huge body (or stream) is refused, not held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from workers.providers import ProviderError, ResponseParseError, RetryPolicy
+from workers.providers._http import Endpoint, JsonPoster, StreamConsumer
+
+LIMIT = 1 << 20  # 1 MiB
+
+Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+def _chunked(head: bytes, pieces: Callable[[], Any]) -> Answer:
+    """An answer of ``head`` and a chunked body of ``pieces()`` (an iterable, maybe endless)."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(head + b"transfer-encoding: chunked\r\n\r\n")
+        for piece in pieces():
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    return answer
+
+
+def _post(answer: Answer, consume: StreamConsumer | None = None) -> Any:
+    """POST once (no retry) to a local server answering with ``answer``, ``max_body_bytes``
+    at :data:`LIMIT`; the server's handlers are ended before the loop closes."""
+    handlers: set[asyncio.Task[Any]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.add(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            await reader.readexactly(length)
+            await answer(writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def scenario() -> Any:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        endpoint = Endpoint("fake", f"http://127.0.0.1:{port}/v1", "FAKE_API_KEY")
+        poster = JsonPoster(
+            endpoint,
+            timeout_s=20.0,
+            retry=RetryPolicy(max_retries=0),
+            sleep=asyncio.sleep,
+            max_body_bytes=LIMIT,
+        )
+        try:
+            async with server:
+                return await poster.post(
+                    "chat", headers={}, body={"q": 1}, model="m", consume=consume
+                )
+        finally:
+            for task in handlers:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*handlers, return_exceptions=True)
+
+    return asyncio.run(scenario())
+
+
+def _forever(piece: bytes) -> Callable[[], Any]:
+    def pieces() -> Any:
+        while True:
+            yield piece
+
+    return pieces
+
+
+def test_a_success_body_over_the_limit_is_refused_naming_the_limit() -> None:
+    """A 2xx JSON body of 4 MiB against a 1 MiB limit: a ResponseParseError saying so (the
+    whole body is never held)."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    pieces = [b'{"content": "', *[b"a" * 65536] * 64, b'"}']
+    with pytest.raises(ResponseParseError) as caught:
+        _post(_chunked(head, lambda: pieces))
+    message = str(caught.value)
+    assert f"{LIMIT} bytes" in message and "ORGA_BASE_URL" in message
+
+
+def test_a_body_within_the_limit_is_read_whole() -> None:
+    """Just under the limit, the JSON body is the answer."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    text = b"a" * (LIMIT - 100)
+    pieces = [b'{"content": "', text[: LIMIT // 2], text[LIMIT // 2 :], b'"}']
+    assert _post(_chunked(head, lambda: pieces)) == {"content": text.decode()}
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_reading() -> None:
+    """A ``content-length`` above the limit is refused on the head alone."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: 10000000000\r\n\r\n{"
+        )
+        await writer.drain()
+        await asyncio.sleep(30)  # never sends the rest
+
+    started = time.monotonic()
+    with pytest.raises(ResponseParseError, match="10000000000"):
+        _post(answer)
+    assert time.monotonic() - started < 10
+
+
+def test_an_endless_error_body_is_cut_at_the_limit() -> None:
+    """A 500 whose body never ends: the error is a ProviderError quoting its start, given
+    once the limit is read, not a timeout."""
+    head = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
+    started = time.monotonic()
+    with pytest.raises(ProviderError, match="HTTP 500"):
+        _post(_chunked(head, _forever(b"x" * 65536)))
+    assert time.monotonic() - started < 10
+
+
+def test_a_stream_over_the_limit_is_refused() -> None:
+    """A streamed answer that never ends (an SSE comment line after another) is refused once
+    it passed the limit, not read until the timeout."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+
+    async def consume(lines: AsyncIterator[str]) -> dict[str, Any]:
+        async for _line in lines:
+            pass
+        return {}
+
+    started = time.monotonic()
+    with pytest.raises(ResponseParseError, match=f"{LIMIT} bytes"):
+        _post(_chunked(head, _forever(b": keep-alive\n" * 4096)), consume)
+    assert time.monotonic() - started < 10
