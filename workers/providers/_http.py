@@ -17,6 +17,7 @@ Status mapping after the retries:
 timeout               ``InferenceTimeoutError``: no complete answer within ``timeout_s``
                       (a deadline per attempt); not retried, the wait was long
 connection failure    retried like a 5xx, then ``ProviderError``
+URL not parsable      ``ConfigError`` naming ORGA_BASE_URL, at once (not an outage)
 2xx, body not JSON    ``ResponseParseError``
 2xx, body too large   ``ResponseParseError``: more than ``max_body_bytes`` (64 MiB;
                       a stream counts all its bytes), refused as it comes in
@@ -51,6 +52,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import SecretStr
@@ -281,6 +283,8 @@ class JsonPoster:
         if max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
         self._max_body_bytes = max_body_bytes
+        self._endpoint = endpoint
+        self._check_url("")  # a base URL that cannot be parsed is refused when built
         self._throttle: ProviderThrottle = throttle if throttle is not None else NoThrottle()
         self._clock = clock
         self._endpoint = endpoint
@@ -315,7 +319,7 @@ class JsonPoster:
         sent = dict(headers)
         if not any(name.lower() == "content-type" for name in sent):
             sent["content-type"] = "application/json"
-        request = _Request(self._endpoint.url(path), sent, payload.encode(), model, consume)
+        request = _Request(self._check_url(path), sent, payload.encode(), model, consume)
         started = self._clock()
         async with self._open_session() as session:
             attempt = 0
@@ -328,6 +332,23 @@ class JsonPoster:
                     raise outcome.error
                 await self._back_off(request.url, attempt, outcome)
                 attempt += 1
+
+    def _check_url(self, path: str) -> str:
+        """The URL of ``path``, or ConfigError when it cannot be parsed (a bad port, an open
+        ``[``): the deployment's mistake, which retries (as an outage) would not mend."""
+        url = self._endpoint.url(path)
+        try:
+            urlsplit(url).port  # noqa: B018 - parsed for its ValueError
+        except ValueError as exc:
+            raise self._bad_url(url, str(exc)) from None
+        return url
+
+    def _bad_url(self, url: str, why: str) -> ConfigError:
+        return ConfigError(
+            f"{self._endpoint.provider}: {without_credentials(url)} is not a valid URL "
+            f"({without_credentials(why)}); set ORGA_BASE_URL (or the task's provider.base_url) "
+            "to a URL such as https://api.openai.com/v1"
+        )
 
     async def _wait_turn(self, started: float) -> None:
         """Wait while the deployment holds this provider and key off (another call's 429),
@@ -378,6 +399,8 @@ class JsonPoster:
             if self._retry.deadline_s <= 0:
                 raise timed_out from exc
             return _RetryableFailure(self._retry.backoff_delay(attempt, self._rand()), timed_out)
+        except aiohttp.InvalidURL as exc:  # the base URL (or the proxy's) aiohttp cannot use
+            raise self._bad_url(request.url, str(exc) or type(exc).__name__) from None
         except aiohttp.ClientError as exc:  # refused, reset, cut short, a stream without its end
             delay = self._retry.backoff_delay(attempt, self._rand())
             return _RetryableFailure(delay, self._unreachable_error(request.url, attempt + 1, exc))
