@@ -1,4 +1,5 @@
-"""A provider's answer has a size limit: a huge body (or stream) is refused, not held."""
+"""A provider's answer has limits: a huge body (or stream) is refused, not held; a server
+that accepts and never answers, or a stream that stalls mid-way, is a timeout."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from workers.providers import ProviderError, ResponseParseError, RetryPolicy
+from workers.providers import (
+    InferenceTimeoutError,
+    ProviderError,
+    ResponseParseError,
+    RetryPolicy,
+)
 from workers.providers._http import Endpoint, JsonPoster, StreamConsumer
 
 LIMIT = 1 << 20  # 1 MiB
@@ -32,7 +38,7 @@ def _chunked(head: bytes, pieces: Callable[[], Any]) -> Answer:
     return answer
 
 
-def _post(answer: Answer, consume: StreamConsumer | None = None) -> Any:
+def _post(answer: Answer, consume: StreamConsumer | None = None, timeout_s: float = 20.0) -> Any:
     """POST once (no retry) to a local server answering with ``answer``, ``max_body_bytes``
     at :data:`LIMIT`; the server's handlers are ended before the loop closes."""
     handlers: set[asyncio.Task[Any]] = set()
@@ -59,7 +65,7 @@ def _post(answer: Answer, consume: StreamConsumer | None = None) -> Any:
         endpoint = Endpoint("fake", f"http://127.0.0.1:{port}/v1", "FAKE_API_KEY")
         poster = JsonPoster(
             endpoint,
-            timeout_s=20.0,
+            timeout_s=timeout_s,
             retry=RetryPolicy(max_retries=0),
             sleep=asyncio.sleep,
             max_body_bytes=LIMIT,
@@ -146,3 +152,62 @@ def test_a_stream_over_the_limit_is_refused() -> None:
     with pytest.raises(ResponseParseError, match=f"{LIMIT} bytes"):
         _post(_chunked(head, _forever(b": keep-alive\n" * 4096)), consume)
     assert time.monotonic() - started < 10
+
+
+async def _read_all(lines: AsyncIterator[str]) -> dict[str, Any]:
+    async for _line in lines:
+        pass
+    return {}
+
+
+def test_a_server_that_accepts_and_never_answers_is_a_timeout() -> None:
+    """The request is read, no status line ever comes: InferenceTimeoutError after about
+    ``timeout_s``, naming it."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(60)
+
+    started = time.monotonic()
+    with pytest.raises(InferenceTimeoutError, match="within 1 s"):
+        _post(answer, timeout_s=1.0)
+    assert time.monotonic() - started < 5
+
+
+def test_a_stream_that_stalls_mid_way_is_a_timeout() -> None:
+    """A 200 event stream that sends a first event and then nothing: a timeout, not a wait
+    for ever."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        event = b'data: {"choices": []}\n\n'
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await asyncio.sleep(60)
+
+    started = time.monotonic()
+    with pytest.raises(InferenceTimeoutError):
+        _post(answer, _read_all, timeout_s=1.0)
+    assert time.monotonic() - started < 5
+
+
+def test_a_stream_that_keeps_trickling_is_bounded_by_the_whole_try() -> None:
+    """A comment line every 0.2 s (each read within ``timeout_s``) for ever: the try's own
+    deadline ends it."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        while True:
+            writer.write(b"%x\r\n%s\r\n" % (len(b": x\n"), b": x\n"))
+            await writer.drain()
+            await asyncio.sleep(0.2)
+
+    started = time.monotonic()
+    with pytest.raises(InferenceTimeoutError):
+        _post(answer, _read_all, timeout_s=1.0)
+    assert time.monotonic() - started < 5
