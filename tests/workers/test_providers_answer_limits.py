@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -211,3 +212,22 @@ def test_a_stream_that_keeps_trickling_is_bounded_by_the_whole_try() -> None:
     with pytest.raises(InferenceTimeoutError):
         _post(answer, _read_all, timeout_s=1.0)
     assert time.monotonic() - started < 5
+
+
+def test_a_compressed_body_is_limited_as_it_decompresses() -> None:
+    """A gzip body of about 8 KiB that inflates to 8 MiB (a "zip bomb" of JSON): the limit
+    counts the inflated bytes, refused as they come, not once all are held."""
+    inflated = b'{"content": "' + b"0" * (8 << 20) + b'"}'
+    body = gzip.compress(inflated, compresslevel=9)
+    assert len(body) < LIMIT // 16
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+
+    with pytest.raises(ResponseParseError, match=f"{LIMIT} bytes"):
+        _post(answer)
