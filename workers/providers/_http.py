@@ -64,6 +64,7 @@ from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.http_pool import SessionSource, env_proxy, shared_ssl_context
 from workers.providers.base import (
     AuthenticationError,
+    BaseUrlError,
     ContextOverflowError,
     InferenceError,
     InferenceTimeoutError,
@@ -343,8 +344,8 @@ class JsonPoster:
             raise self._bad_url(url, str(exc)) from None
         return url
 
-    def _bad_url(self, url: str, why: str) -> ConfigError:
-        return ConfigError(
+    def _bad_url(self, url: str, why: str) -> BaseUrlError:
+        return BaseUrlError(
             f"{self._endpoint.provider}: {without_credentials(url)} is not a valid URL "
             f"({without_credentials(why)}); set ORGA_BASE_URL (or the task's provider.base_url) "
             "to a URL such as https://api.openai.com/v1"
