@@ -8,7 +8,9 @@ coordinator reads those scores and the depth and drain rate of the dispatch's qu
 :meth:`Liveness.judge` decides:
 
 - **running** (a beat younger than the heartbeat timeout): look again one timeout after the
-  last beat, unless it has run longer than ``start_to_close_s`` (then it is lost);
+  last beat, unless it has run longer than ``start_to_close_s`` (then it is lost); a
+  reasoning that may chain its one call, whose call's tool worker beats its fence too, has
+  :data:`CHAINED_LEGS` of them (the model call, the call's wait in the tools queue, the call);
 - **answered** (the observation is in the stream): look again one timeout later. While the
   coordinators may not have read or applied it yet (their group has not been delivered entries
   that new, or still has one that old pending), it is never re-sent: on a saturated
@@ -52,6 +54,10 @@ ANSWER_SLACK_MS = 5000
 
 MAX_QUEUED_WAIT_S = 600.0
 """The longest a queued dispatch waits before the coordinator looks at it again."""
+CHAINED_LEGS = 3
+"""A reasoning that may chain its one call runs in three legs, each within start-to-close:
+its model call, the call's wait in the tools queue, the call (its worker beats the
+reasoning's fence too)."""
 
 
 class Verdict(StrEnum):
@@ -141,7 +147,7 @@ class Liveness:
         if any(s < 0 for s in scores):
             return self._answered(-min(s for s in scores if s < 0), now, unstarted_looks, settings)
         if beats:
-            return self._started(max(beats), now, dispatched_at, settings)
+            return self._started(max(beats), now, dispatched_at, settings, self.chains)
         return self._unstarted(now, unstarted_looks, timeout)
 
     def _answered(
@@ -167,18 +173,26 @@ class Liveness:
 
     @staticmethod
     def _started(
-        beat: float, now: float, dispatched_at: float | None, settings: LivenessSettings
+        beat: float,
+        now: float,
+        dispatched_at: float | None,
+        settings: LivenessSettings,
+        chains: bool = False,
     ) -> Judgement:
         timeout = settings.heartbeat_timeout_s
         if now - beat >= timeout:
             return Judgement(
                 Verdict.LOST, f"its worker stopped heartbeating {now - beat:.0f}s ago", None
             )
-        if dispatched_at is not None and now - dispatched_at > settings.start_to_close_s:
+        # A reasoning that chains its one call is beaten by its model call, then by the call
+        # (after its wait in the tools queue): each leg has its start-to-close.
+        legs = CHAINED_LEGS if chains else 1
+        if dispatched_at is not None and now - dispatched_at > legs * settings.start_to_close_s:
             return Judgement(
                 Verdict.LOST,
                 f"still running after {now - dispatched_at:.0f}s "
-                f"(ORGA_START_TO_CLOSE_S={settings.start_to_close_s:g})",
+                f"(ORGA_START_TO_CLOSE_S={settings.start_to_close_s:g}"
+                f"{f' for each of its {legs} legs' if legs > 1 else ''})",
                 None,
             )
         return Judgement(Verdict.RUNNING, "running", beat + timeout)

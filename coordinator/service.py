@@ -95,7 +95,7 @@ from coordinator.streams import is_cluster, read_group
 from coordinator.transport import QueueDepths, Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
-from shared.errors import WireFormatError
+from shared.errors import ConfigError, WireFormatError
 from shared.eviction import (
     POLICY_SETTING,
     check_eviction_policy,
@@ -116,6 +116,7 @@ from shared.task_spec import MAX_TASK_ID_CHARS, TaskSpecError, check_task_id
 __all__ = [
     "Coordinator",
     "CoordinatorSettings",
+    "check_cluster_mode",
     "check_layout",
     "check_redis_keeps_keys",
     "is_transient",
@@ -164,6 +165,29 @@ async def check_redis_keeps_keys(redis: Redis) -> str:
         return policies[0]
     address = redis_address(redis.connection_pool.connection_kwargs)
     return await _check_policy(redis, address)
+
+
+async def check_cluster_mode(redis: Redis) -> None:
+    """Refuse (ConfigError naming the node and the fix) a node of a Redis Cluster reached with
+    a standalone client (``ORGA_REDIS_CLUSTER`` off): the keys of the slots on the other nodes
+    answer MOVED, which :func:`is_transient` takes for a slot being moved and waits out, so
+    the coordinator would wait forever instead of saying what is wrong. ``INFO cluster`` says
+    ``cluster_enabled:1`` on a cluster's node; a Redis refusing INFO is let through."""
+    if is_cluster(redis):
+        return
+    try:
+        info = await redis.info("cluster")
+    except ResponseError:  # INFO renamed away: nothing to tell
+        return
+    if str(info.get("cluster_enabled", 0)) != "1":
+        return
+    address = redis_address(redis.connection_pool.connection_kwargs)
+    raise ConfigError(
+        f"Redis at {address} is a node of a Redis Cluster (INFO cluster: cluster_enabled:1), "
+        "reached as a standalone Redis: the keys on its other nodes would answer MOVED for "
+        "ever. Set ORGA_REDIS_CLUSTER=true (and ORGA_BROKER_URL: Celery cannot use a cluster), "
+        "or point ORGA_REDIS_URL at a standalone Redis"
+    )
 
 
 async def _check_policy(redis: Redis, address: str, **target: Any) -> str:
@@ -296,6 +320,7 @@ class Coordinator:
         (``gc.freeze``): they live as long as the process, and a full collection walked them
         all each time."""
         await check_redis_keeps_keys(self.redis)
+        await check_cluster_mode(self.redis)
         await check_layout(self.redis, self.settings.partitions)
         await adopt_legacy_schedules(self.redis)
         await self._ensure_groups()

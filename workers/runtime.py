@@ -70,7 +70,7 @@ from workers.gates.factory import build_gate
 from workers.http_pool import pooled_session
 from workers.knowledge import RedisKnowledgeStore, knowledge_tools
 from workers.liveness import START_REPLIES, Liveness
-from workers.providers.base import InferenceProvider
+from workers.providers.base import BaseUrlError, InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.rate_limit import (
     NoThrottle,
@@ -278,6 +278,8 @@ class WorkerCore:
         key bound to it is told so."""
         try:
             return build_provider(settings, session=self.http_session, throttle=throttle)
+        except BaseUrlError:
+            raise  # the URL is wrong, whichever key
         except ConfigError as exc:
             deployment = self.provider_settings
             defaults = PROVIDER_DEFAULTS.get(settings.provider)

@@ -112,6 +112,28 @@ def test_an_answered_reasoning_waits_while_the_call_it_chained_may_be_queued() -
     assert judged(1000, 10.0, chains=False).verdict is Verdict.LOST
 
 
+def test_a_reasoning_whose_chained_call_runs_is_not_lost_to_the_reasonings_start() -> None:
+    """A reasoning that chained its one call may wait up to start-to-close for the call to
+    leave the tools queue (above); once the call runs, its tool worker beats the reasoning's
+    fence. Judged from the reasoning's dispatch alone, a call started 950 s after it was
+    "still running after 950s" and the reasoning was re-sent while its call ran. Each leg
+    (the model call, the wait in the tools queue, the call) has start-to-close: a chaining
+    reasoning running is lost past three of them, one that chains nothing past one."""
+
+    def judged(running_for: float, chains: bool = True) -> Verdict:
+        live = Liveness(
+            scores={"d": NOW - 5}, queue="orga.reasoning", queue_depth=0, drain_per_s=0.0,
+            chains=chains,
+        )  # fmt: skip
+        return _judge(live, dispatched_at=NOW - running_for).verdict
+
+    assert judged(950) is Verdict.RUNNING
+    assert judged(2699) is Verdict.RUNNING
+    assert judged(2701) is Verdict.LOST
+    assert judged(950, chains=False) is Verdict.LOST
+    assert judged(899, chains=False) is Verdict.RUNNING
+
+
 def test_a_queued_dispatch_waits_as_long_as_its_queue_takes_to_drain() -> None:
     """Not started, 1000 messages ahead draining 10/s: look again in 200 s, not re-send."""
     judgement = _judge(_liveness(None, depth=1000, drain=10.0))

@@ -10,8 +10,9 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from coordinator.service import Coordinator, check_redis_keeps_keys
+from coordinator.service import Coordinator, check_cluster_mode, check_redis_keeps_keys
 from shared import keys
+from shared.errors import ConfigError
 from shared.eviction import EvictingRedisError
 from tests.redis_server import RedisServer
 from workers.redis_policy import check_redis_keeps_keys as worker_check
@@ -80,3 +81,41 @@ def test_a_coordinator_on_an_evicting_redis_stops_before_serving(
     asyncio.run(scenario())
     with redis.Redis.from_url(server.url) as client:
         assert not client.exists(keys.intake_stream(0))
+
+
+def test_a_coordinator_given_a_cluster_node_as_a_standalone_redis_stops_before_serving(
+    redis_server_factory: Factory,
+) -> None:
+    """A node of a Redis Cluster reached without ``ORGA_REDIS_CLUSTER``: every key of a slot
+    on another node answers MOVED, which the coordinator waits out as a slot being moved
+    (a reshard), forever. It refuses at start instead, naming the node and the setting."""
+    server = redis_server_factory(options=("--cluster-enabled", "yes"))
+
+    async def scenario() -> None:
+        client = Redis.from_url(server.url)
+        try:
+            with pytest.raises(ConfigError) as caught:
+                await asyncio.wait_for(Coordinator(client).run(), 10)
+        finally:
+            await client.aclose()
+        message = str(caught.value)
+        assert f"127.0.0.1:{server.port}/0" in message
+        assert "cluster_enabled:1" in message and "ORGA_REDIS_CLUSTER=true" in message
+
+    asyncio.run(scenario())
+
+
+def test_a_standalone_redis_is_not_taken_for_a_cluster_node(
+    redis_server_factory: Factory,
+) -> None:
+    """The check reads ``INFO cluster``: a standalone Redis (cluster_enabled:0) passes."""
+    server = redis_server_factory()
+
+    async def scenario() -> None:
+        client = Redis.from_url(server.url)
+        try:
+            await check_cluster_mode(client)
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())

@@ -268,3 +268,44 @@ def test_a_provider_without_a_session_goes_through_the_environment_proxy(
             assert len(seen) == 1
 
     asyncio.run(scenario())
+
+
+def test_a_proxy_refusing_the_call_never_shows_its_credentials(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A proxy named with a user and password (``HTTPS_PROXY=http://user:pw@host:port``) that
+    refuses the tunnel (407): aiohttp's error quotes the proxy's URL, password included; the
+    provider's error and its retry log say which proxy without the credentials."""
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        monkeypatch.setenv("HTTPS_PROXY", f"http://orga-user:Pr0xyS3cret@127.0.0.1:{port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        conversation = Conversation(messages=[ConversationMessage.user("hi")])
+        async with server:
+            provider = OpenAICompatProvider(
+                base_url="https://llm.test/v1",
+                api_key="k",
+                retry=RetryPolicy(max_retries=1, backoff_base_s=0, jitter_s=0),
+            )
+            with pytest.raises(ProviderError) as caught:
+                await provider.complete(conversation, InferenceOptions())
+        message = str(caught.value)
+        assert f"127.0.0.1:{port}" in message  # which proxy, still said
+        assert "Pr0xyS3cret" not in message
+        assert "orga-user" not in message
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(scenario())
+    logged = " ".join(str(vars(r)) for r in caplog.records)
+    assert "inference.retry" in logged
+    assert "Pr0xyS3cret" not in logged

@@ -11,7 +11,12 @@ from redis.asyncio import Redis
 
 from shared.events import JournalEntry, ObservationsCollected, Terminated
 from shared.inference import Usage
-from shared.journal import JournalSequenceError, JournalWriteError, JournalWriter
+from shared.journal import (
+    JournalSequenceError,
+    JournalWriteError,
+    JournalWriter,
+    journal_stream_entry,
+)
 from shared.keys import journal_stream
 from shared.loop_types import TerminationReason
 from tests.conftest import RedisClientFactory
@@ -261,3 +266,36 @@ def test_invalid_settings_are_refused() -> None:
         RedisStreamJournal(client, TASK, maxlen=0)
     with pytest.raises(ValueError, match="got 0"):
         JournalReader(client, batch_size=0)
+
+
+def test_the_reader_reads_a_coordinators_commit_entries_from_any_sequence(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A coordinator writes a commit's records in one stream entry (``shared.journal``):
+    read and follow give each record once, in order, after any sequence (one inside an entry
+    too), and ``count`` counts records."""
+    commits = [[0], [1, 2, 3], [4], [5, 6]]
+    made = {n: _entry(n) for commit in commits for n in commit}
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            stream = journal_stream(TASK, 0)
+            for commit in commits:
+                entry_id, flat = journal_stream_entry(
+                    [(n, made[n].model_dump_json()) for n in commit]
+                )
+                await client.xadd(
+                    stream, dict(zip(flat[::2], flat[1::2], strict=True)), id=entry_id
+                )
+            reader = JournalReader(client)
+            for after in [None, *range(7)]:
+                start = -1 if after is None else after
+                expected = [made[n] for n in range(start + 1, 7)]
+                assert await reader.read(TASK, after) == expected, after
+                assert await reader.read(TASK, after, count=2) == expected[:2], after
+                followed = [
+                    e async for e in reader.follow(TASK, after, block_ms=20, idle_timeout_ms=50)
+                ]
+                assert followed == expected, after
+
+    asyncio.run(scenario())

@@ -18,6 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from shared.conversation import Conversation, ConversationMessage
+from shared.errors import ConfigError
 from shared.inference import InferenceOptions, InferenceResponse
 from tests.fakes.llm_server import (
     FakeAnthropicServer,
@@ -231,6 +232,28 @@ def test_retries_are_logged_as_events_without_the_key(
 
 
 # -- 4xx and bodies ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("base_url", ["http://[llm.test/v1", "http://llm.test:99999/v1"])
+def test_a_malformed_base_url_is_a_config_error_at_once(harness: Harness, base_url: str) -> None:
+    """A base URL aiohttp cannot parse (it passed the settings' scheme check) is the
+    deployment's mistake, not an outage of the provider: a ConfigError naming the setting,
+    never tried (an outage would be waited out again and again)."""
+    with pytest.raises(ConfigError) as caught:  # refused when built
+        harness.provider(base_url=base_url, retry=RetryPolicy(max_retries=3))
+    assert "ORGA_BASE_URL" in str(caught.value)
+    assert "llm.test" in str(caught.value)
+    assert harness.sleep.delays == []
+
+
+def test_a_base_url_without_a_host_is_a_config_error_at_the_call(harness: Harness) -> None:
+    """``http:///v1`` parses, and aiohttp refuses it (no host): a ConfigError too, never
+    retried."""
+    provider = harness.provider(base_url="http:///v1", retry=RetryPolicy(max_retries=3))
+    conversation = Conversation(messages=[ConversationMessage.user("hi")])
+    with pytest.raises(ConfigError, match="ORGA_BASE_URL"):
+        asyncio.run(provider.complete(conversation, InferenceOptions()))
+    assert harness.sleep.delays == []
 
 
 def test_a_400_is_an_invalid_request_with_the_provider_message(harness: Harness) -> None:

@@ -496,3 +496,24 @@ def test_a_core_serves_model_calls_from_one_session_on_each_loop() -> None:
         assert sessions[2] is sessions[3] and sessions[2] is not sessions[0]
         assert len(server.requests) == 4
     assert not server.errors, server.errors
+
+
+def test_a_task_base_url_that_cannot_be_used_is_named_as_such() -> None:
+    """A task's provider.base_url aiohttp cannot use (port 99999) is a ConfigError naming the
+    URL, for a task that switched provider too (not "no key is set": the key is)."""
+    services = ProcessServices(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0", allow_task_base_url=True),
+        ProviderSettings(
+            provider="openai",
+            api_key="sk-orga",
+            base_url="https://api.example/v1",
+            anthropic_api_key="sk-ant",
+        ),  # type: ignore[arg-type]
+        "redis://127.0.0.1:1/0",
+    )
+    _OPEN.append(services)
+    for kind in ("openai", "anthropic"):
+        spec = ProviderSpec(kind=kind, base_url="http://llm.test:99999/v1")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"llm\.test:99999") as caught:
+            services.provider(_request(spec))
+        assert "is not a valid URL" in str(caught.value), kind

@@ -7,6 +7,7 @@ classes can also be built directly. Every provider implements ``InferenceProvide
 from workers.providers.anthropic import AnthropicProvider
 from workers.providers.base import (
     AuthenticationError,
+    BaseUrlError,
     ContextOverflowError,
     InferenceError,
     InferenceProvider,
@@ -40,6 +41,7 @@ __all__ = [
     "SCRIPT_EXHAUSTED_TEXT",
     "AnthropicProvider",
     "AuthenticationError",
+    "BaseUrlError",
     "ContextOverflowError",
     "FunctionProvider",
     "InferenceError",

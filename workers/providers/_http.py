@@ -17,8 +17,14 @@ Status mapping after the retries:
 timeout               ``InferenceTimeoutError``: no complete answer within ``timeout_s``
                       (a deadline per attempt); not retried, the wait was long
 connection failure    retried like a 5xx, then ``ProviderError``
+URL not parsable      ``ConfigError`` naming ORGA_BASE_URL, at once (not an outage)
 2xx, body not JSON    ``ResponseParseError``
+2xx, body too large   ``ResponseParseError``: more than ``max_body_bytes`` (64 MiB;
+                      a stream counts all its bytes), refused as it comes in
 ====================  ==========================================================
+
+An error answer's body is read up to that limit too (what is past it is dropped, the
+connection closed): a 500 whose body never ends is a ``ProviderError``, not a timeout.
 
 The API key never reaches a message: it lives in a ``SecretStr``, the request headers are never
 quoted, and any echo of the key in a provider's error body is replaced by ``**********``: as
@@ -26,7 +32,9 @@ written, in any case, percent-, hex- or base64-encoded, or cut short to 12 chara
 (:mod:`shared.redaction`), and as JSON may escape it at any depth of nesting (``\\/``,
 ``\\"``, ``\\\\``, ``\\u00e9`` in either case of hex, surrogate pairs, JSON inside a JSON
 string) or as a URL percent-encodes it. The pattern of those echoes is matched by RE2, in time
-linear in the body.
+linear in the body. The credentials of a URL an error quotes (a proxy named
+``http://user:password@host``, as aiohttp's proxy errors quote it) are replaced too
+(:func:`without_credentials`).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import SecretStr
@@ -55,6 +64,7 @@ from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.http_pool import SessionSource, env_proxy, shared_ssl_context
 from workers.providers.base import (
     AuthenticationError,
+    BaseUrlError,
     ContextOverflowError,
     InferenceError,
     InferenceTimeoutError,
@@ -74,6 +84,7 @@ from workers.providers.retry import (
 from workers.providers.waiting import wait_out
 
 __all__ = [
+    "MAX_BODY_BYTES",
     "Endpoint",
     "HttpAnswer",
     "JsonPoster",
@@ -82,11 +93,16 @@ __all__ = [
     "json_error_message",
     "provider_error_message",
     "shown",
+    "without_credentials",
 ]
 
 _log = logging.getLogger(__name__)
 
 _SNIPPET_CHARS = 500
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The most an answer may hold, decompressed (a whole body, or all the lines of a stream): a
+model's longest answer is a few MB, streamed perhaps 30 MB with each token's event; a body
+past it is refused as it comes, never held (200 calls in flight share one process)."""
 _SHOWN = reprlib.Repr()
 _SHOWN.maxlevel = 3
 _SHOWN.maxdict = 6
@@ -247,7 +263,9 @@ class JsonPoster:
     Timeouts per try: ``timeout_s`` to get a connection (from the pool or a new one), between
     two reads of the answer, and for the whole try (``asyncio.timeout``, which also bounds a
     stream); redirects are not followed (a 3xx is an invalid request, and the key never
-    leaves for another host).
+    leaves for another host). An answer is read up to ``max_body_bytes``
+    (:data:`MAX_BODY_BYTES`): a 2xx body or stream past it is a ``ResponseParseError``, an
+    error body past it is cut there.
     """
 
     def __init__(
@@ -261,7 +279,13 @@ class JsonPoster:
         session: aiohttp.ClientSession | SessionSource | None = None,
         throttle: ProviderThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
+        self._max_body_bytes = max_body_bytes
+        self._endpoint = endpoint
+        self._check_url("")  # a base URL that cannot be parsed is refused when built
         self._throttle: ProviderThrottle = throttle if throttle is not None else NoThrottle()
         self._clock = clock
         self._endpoint = endpoint
@@ -296,7 +320,7 @@ class JsonPoster:
         sent = dict(headers)
         if not any(name.lower() == "content-type" for name in sent):
             sent["content-type"] = "application/json"
-        request = _Request(self._endpoint.url(path), sent, payload.encode(), model, consume)
+        request = _Request(self._check_url(path), sent, payload.encode(), model, consume)
         started = self._clock()
         async with self._open_session() as session:
             attempt = 0
@@ -309,6 +333,23 @@ class JsonPoster:
                     raise outcome.error
                 await self._back_off(request.url, attempt, outcome)
                 attempt += 1
+
+    def _check_url(self, path: str) -> str:
+        """The URL of ``path``, or ConfigError when it cannot be parsed (a bad port, an open
+        ``[``): the deployment's mistake, which retries (as an outage) would not mend."""
+        url = self._endpoint.url(path)
+        try:
+            urlsplit(url).port  # noqa: B018 - parsed for its ValueError
+        except ValueError as exc:
+            raise self._bad_url(url, str(exc)) from None
+        return url
+
+    def _bad_url(self, url: str, why: str) -> BaseUrlError:
+        return BaseUrlError(
+            f"{self._endpoint.provider}: {without_credentials(url)} is not a valid URL "
+            f"({without_credentials(why)}); set ORGA_BASE_URL (or the task's provider.base_url) "
+            "to a URL such as https://api.openai.com/v1"
+        )
 
     async def _wait_turn(self, started: float) -> None:
         """Wait while the deployment holds this provider and key off (another call's 429),
@@ -359,6 +400,8 @@ class JsonPoster:
             if self._retry.deadline_s <= 0:
                 raise timed_out from exc
             return _RetryableFailure(self._retry.backoff_delay(attempt, self._rand()), timed_out)
+        except aiohttp.InvalidURL as exc:  # the base URL (or the proxy's) aiohttp cannot use
+            raise self._bad_url(request.url, str(exc) or type(exc).__name__) from None
         except aiohttp.ClientError as exc:  # refused, reset, cut short, a stream without its end
             delay = self._retry.backoff_delay(attempt, self._rand())
             return _RetryableFailure(delay, self._unreachable_error(request.url, attempt + 1, exc))
@@ -390,17 +433,58 @@ class JsonPoster:
         ) as response:
             success = 200 <= response.status < 300
             if request.consume is not None and success and _is_event_stream(response):
-                return await request.consume(_lines(response.content.iter_any()))
+                chunks = self._capped(response.content.iter_any(), request)
+                return await request.consume(_lines(chunks))
             answer = HttpAnswer(
                 response.status,
                 response.reason or "",
                 response.headers,
-                await response.read(),
+                await self._body(response, request, success),
                 response.charset,
             )
         if success:
             return decode_json_object(answer, self._endpoint, request.url)
         return answer
+
+    async def _body(
+        self, response: aiohttp.ClientResponse, request: _Request, success: bool
+    ) -> bytes:
+        """The body, up to ``max_body_bytes``: past it, a 2xx is refused (ResponseParseError)
+        and an error answer's body is cut (only its start is ever quoted)."""
+        limit = self._max_body_bytes
+        declared = response.content_length
+        if success and declared is not None and declared > limit:
+            raise self._too_large(request, f"declared a body of {declared} bytes")
+        kept: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_any():
+            if size + len(chunk) > limit:
+                if success:
+                    raise self._too_large(request, "answered a body")
+                kept.append(chunk[: limit - size])
+                break  # the rest is dropped with the connection
+            kept.append(chunk)
+            size += len(chunk)
+        return b"".join(kept)
+
+    async def _capped(
+        self, chunks: AsyncIterator[bytes], request: _Request
+    ) -> AsyncIterator[bytes]:
+        """A stream's chunks, ResponseParseError once they pass ``max_body_bytes`` in all."""
+        size = 0
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > self._max_body_bytes:
+                raise self._too_large(request, "streamed an answer")
+            yield chunk
+
+    def _too_large(self, request: _Request, what: str) -> ResponseParseError:
+        return ResponseParseError(
+            f"{self._endpoint.provider} at {without_credentials(request.url)} {what} larger "
+            f"than the {self._max_body_bytes} bytes an answer may hold (model "
+            f"{request.model!r}); refused unread: no model answer is that large, check the base "
+            "URL (ORGA_BASE_URL) names a model endpoint"
+        )
 
     def _timeout_error(self, url: str, model: str) -> InferenceTimeoutError:
         return InferenceTimeoutError(
@@ -411,10 +495,13 @@ class JsonPoster:
     def _unreachable_error(
         self, url: str, attempts: int, exc: aiohttp.ClientError
     ) -> ProviderError:
-        reason = self._endpoint.redact(str(exc) or type(exc).__name__)
+        # aiohttp's errors quote URLs, a proxy's among them (``HTTPS_PROXY`` may hold a user
+        # and password): a URL's credentials never reach the message.
+        reason = self._endpoint.redact(without_credentials(str(exc) or type(exc).__name__))
         return ProviderError(
-            f"could not reach {self._endpoint.provider} at {url} after {attempts} attempt(s): "
-            f"{reason}; check the base URL (ORGA_BASE_URL) and the network"
+            f"could not reach {self._endpoint.provider} at {without_credentials(url)} after "
+            f"{attempts} attempt(s): {reason}; check the base URL (ORGA_BASE_URL), the proxy "
+            "(HTTPS_PROXY / HTTP_PROXY) and the network"
         )
 
     def _log_retry(self, url: str, attempt: int, failure: _RetryableFailure) -> None:
@@ -428,6 +515,17 @@ class JsonPoster:
                 "error": str(failure.error),
             },
         )
+
+
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@'\"<>]+@")
+"""The ``user:password@`` of a URL (what follows the scheme, up to the ``@`` of the host)."""
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it (``scheme://user:password@host``)
+    replaced by ``**********`` (``scheme://**********@host``): an HTTP error quotes the URL of
+    the proxy it went through, and a proxy may be named with its password."""
+    return _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{_REDACTED}@", text)
 
 
 def _same(session: aiohttp.ClientSession) -> aiohttp.ClientSession:

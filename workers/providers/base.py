@@ -12,7 +12,8 @@ InferenceError
 
 The errors that are also :class:`~shared.errors.ConfigError` are the deployment's fault, not the
 moment's: the worker reports them as ``error_kind: config`` and the coordinator fails the task
-at once instead of trying again.
+at once instead of trying again; so is :class:`BaseUrlError` (the base URL cannot be used),
+raised when the provider is built or called.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from shared.inference import InferenceOptions, InferenceResponse
 
 __all__ = [
     "AuthenticationError",
+    "BaseUrlError",
     "ContextOverflowError",
     "InferenceError",
     "InferenceProvider",
@@ -35,6 +37,10 @@ __all__ = [
     "RateLimitedError",
     "ResponseParseError",
 ]
+
+
+class BaseUrlError(ConfigError):
+    """The provider's base URL cannot be used (a bad port, an open ``[``, no host)."""
 
 
 class InferenceError(OrgaError):
