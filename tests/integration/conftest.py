@@ -15,7 +15,8 @@ from tests.integration.harness import PARTITIONS, Cluster, running_cluster, star
 def partitions(request: pytest.FixtureRequest) -> int:
     """The partition count of the module's Redis and cluster: the suite's
     (``ORGA_TEST_PARTITIONS``), or the one a test marked ``on_16_partitions`` runs on."""
-    return int(getattr(request, "param", PARTITIONS))
+    count = getattr(request, "param", None)  # None: the suite's (the key unmarked tests share)
+    return PARTITIONS if count is None else int(count)
 
 
 @pytest.fixture(scope="module")

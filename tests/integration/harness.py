@@ -106,14 +106,16 @@ CROSS_PARTITIONS = 16
 """The count the tests marked :data:`on_16_partitions` also run on in ``make test``."""
 
 on_16_partitions = pytest.mark.parametrize(
-    "partitions", sorted({PARTITIONS, CROSS_PARTITIONS}), indirect=True, scope="module",
-    ids=lambda count: f"{count}p",
+    "partitions", [None] + ([CROSS_PARTITIONS] if PARTITIONS != CROSS_PARTITIONS else []),
+    indirect=True, scope="module", ids=lambda count: f"{count or PARTITIONS}p",
 )  # fmt: skip
 """A test that exercises a path across partitions (delegation, idempotency, reviews, schedules,
 the views merging partitions) runs on the suite's partitions and on 16, so ``make test`` proves
 the 16-partition path each run: the module's ``partitions`` fixture takes the value, and the
 ``private_redis`` and ``cluster`` fixtures (a fresh Redis: its partition count is fixed at
-creation) are the ones of that count. Under ``ORGA_TEST_PARTITIONS=16`` it runs once."""
+creation) are the ones of that count. ``None`` is the suite's count, so that variant shares the
+module's Redis and cluster with its unmarked tests (one more cluster per module, not two).
+Under ``ORGA_TEST_PARTITIONS=16`` it runs once."""
 
 
 def _environment(

@@ -179,7 +179,6 @@ def _intake_read(client: OrgaClient) -> bool:
     return True
 
 
-@on_16_partitions
 def test_two_coordinator_processes_fire_a_due_schedule_once(cluster: Cluster) -> None:
     """Two `orga coordinator` processes make one task of a schedule's due fire."""
     cluster.coordinator(name="c2")

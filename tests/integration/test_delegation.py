@@ -105,7 +105,6 @@ def _register(cluster: Cluster, tmp_path: Path, profile: dict[str, Any]) -> None
     _ok(cluster.orga("agents", "add", str(path), "--replace"))
 
 
-@on_16_partitions
 def test_cancelling_a_parent_cancels_its_children_keeping_their_milestones(
     cluster: Cluster, tmp_path: Path
 ) -> None:
