@@ -82,7 +82,8 @@ bench: $(STAMP) $(BENCH_STAMP)
 # killed while parents wait on their two sub-agents (`CHAOS_DELEGATION_ARGS="--parents 4"`).
 # Then on a Redis Cluster (3 masters, 3 replicas): a master killed while 100 tasks run, a
 # coordinator killed, a relay killed holding outbox entries (`CHAOS_CLUSTER_ARGS="--tasks 30"`).
-# All run; the target fails if any does.
+# All run; the target fails if any does. The first three take `--partitions 16` (in their ARGS)
+# to run every process on 16 partitions; the cluster one always does.
 chaos: $(STAMP)
 	status=0; \
 	$(PY) bench/chaos.py $(CHAOS_ARGS) || status=1; \
