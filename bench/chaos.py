@@ -454,12 +454,15 @@ class ChaosCluster:
         return keys.partition_streams(self.plan.partitions, keys.observations_stream)
 
     def _pending_count(self) -> int:
-        """Observations read by a coordinator and not acknowledged, over every partition."""
-        pending = 0
+        """Observations read by a coordinator and not acknowledged, over every partition, in
+        one round trip (the coordinator applies a batch in milliseconds: a poll of one
+        ``XPENDING`` per partition would mostly look after it)."""
+        pipe = self.redis.pipeline(transaction=False)
         for stream in self._observations_streams():
-            try:
-                summary: Any = self.redis.xpending(stream, keys.coordinator_group)
-            except ResponseError:  # no group yet: the partition has had no observation
+            pipe.xpending(stream, keys.coordinator_group)
+        pending = 0
+        for summary in pipe.execute(raise_on_error=False):
+            if isinstance(summary, ResponseError):  # no group yet: no observation there yet
                 continue
             pending += int(summary.get("pending") or 0) if summary else 0
         return pending
