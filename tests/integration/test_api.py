@@ -248,12 +248,17 @@ def test_a_review_is_listed_shown_and_decided(api: httpx.Client, cluster: Cluste
 
 
 @on_16_partitions
-def test_tasks_are_listed_by_page_and_status(api: httpx.Client) -> None:
-    """Pages of one task follow each other by cursor with no task twice; a status filter
-    keeps only that status; a bad cursor is a 400 naming it; cancel of an ended task is 409."""
-    ids = [_submit(api, _quick(f"n{i}")) for i in range(3)]
-    for task_id in ids:
+def test_tasks_are_listed_by_page_and_status(api: httpx.Client, cluster: Cluster) -> None:
+    """Pages of one task follow each other by cursor with no task twice, newest first by
+    creation time (the coordinator's, then the id; on several partitions not the order of
+    submission: each partition's intake is read apart); a status filter keeps only that
+    status; a bad cursor is a 400 naming it; cancel of an ended task is 409."""
+    submitted = [_submit(api, _quick(f"n{i}")) for i in range(3)]
+    for task_id in submitted:
         _ended(api, task_id)
+    client = cluster.client()
+    created = {task_id: client.record(task_id).created_at for task_id in submitted}
+    ids = sorted(submitted, key=lambda task_id: (created[task_id], task_id))
     seen: list[str] = []
     cursor = None
     for _ in range(3):
