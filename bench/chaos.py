@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 from celery import Celery
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from coordinator.client import OrgaClient
 from coordinator.state import TERMINAL_STATUSES, TaskRecord
@@ -138,6 +138,9 @@ class ChaosPlan:
     claim_idle_ms: int = 1500
     max_redeliveries: int = 3
     visibility_timeout_s: int = 60
+    partitions: int = 1
+    """``ORGA_PARTITIONS`` of every process and of the client: the checks read every
+    partition's streams (``tests/integration`` passes the suite's count)."""
 
     def environment(self, redis_url: str, workspaces: Path) -> dict[str, str]:
         """The environment of every process started: this Redis and these timings."""
@@ -157,6 +160,7 @@ class ChaosPlan:
                 "ORGA_MAX_REDELIVERIES": str(self.max_redeliveries),
                 "ORGA_VISIBILITY_TIMEOUT_S": str(self.visibility_timeout_s),
                 "ORGA_WORKER_CONCURRENCY": str(self.concurrency),
+                "ORGA_PARTITIONS": str(self.partitions),
             }
         )
         return env
@@ -445,21 +449,40 @@ class ChaosCluster:
                 os.kill(pid, signal.SIGCONT)
             time.sleep(0.001)
 
+    def _observations_streams(self) -> list[str]:
+        """Every partition's observations stream."""
+        return keys.partition_streams(self.plan.partitions, keys.observations_stream)
+
     def _pending_count(self) -> int:
-        summary: Any = self.redis.xpending(keys.observations_stream(0), keys.coordinator_group)
-        return int(summary.get("pending") or 0) if summary else 0
+        """Observations read by a coordinator and not acknowledged, over every partition, in
+        one round trip (the coordinator applies a batch in milliseconds: a poll of one
+        ``XPENDING`` per partition would mostly look after it)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in self._observations_streams():
+            pipe.xpending(stream, keys.coordinator_group)
+        pending = 0
+        for summary in pipe.execute(raise_on_error=False):
+            if isinstance(summary, ResponseError):  # no group yet: no observation there yet
+                continue
+            pending += int(summary.get("pending") or 0) if summary else 0
+        return pending
 
     def _pending_observations(self) -> dict[str, dict[Any, Any]]:
-        """The observations read by a coordinator and not acknowledged yet, by entry id."""
-        rows = self.redis.xpending_range(
-            keys.observations_stream(0), keys.coordinator_group, min="-", max="+", count=10_000
-        )
+        """The observations read by a coordinator and not acknowledged yet, by entry id (the
+        stream's name and the id: ids of two partitions' streams can be equal)."""
         found: dict[str, dict[Any, Any]] = {}
-        for row in rows:
-            entry_id = row["message_id"]
-            entries: Any = self.redis.xrange(keys.observations_stream(0), entry_id, entry_id)
-            for _id, fields in entries or []:
-                found[_text(entry_id)] = dict(fields or {})
+        for stream in self._observations_streams():
+            try:
+                rows = self.redis.xpending_range(
+                    stream, keys.coordinator_group, min="-", max="+", count=10_000
+                )
+            except ResponseError:  # no group yet
+                continue
+            for row in rows:
+                entry_id = row["message_id"]
+                entries: Any = self.redis.xrange(stream, entry_id, entry_id)
+                for _id, fields in entries or []:
+                    found[f"{stream} {_text(entry_id)}"] = dict(fields or {})
         return found
 
     def restart_redis(self) -> Fault:
@@ -491,10 +514,15 @@ class ChaosCluster:
         return self._record(fault)
 
     def _stream_lengths(self) -> dict[str, int]:
-        """Entries in the observations and events streams (what a lost write takes away)."""
-        streams = {"observations": keys.observations_stream(0), "events": keys.events_stream(0)}
+        """Entries in the observations and events streams, every partition's summed (what a
+        lost write takes away)."""
+        streams = {"observations": keys.observations_stream, "events": keys.events_stream}
+        count = self.plan.partitions
         try:
-            return {name: int(self.redis.xlen(stream)) for name, stream in streams.items()}
+            return {
+                name: sum(int(self.redis.xlen(s)) for s in keys.partition_streams(count, of))
+                for name, of in streams.items()
+            }
         except RedisError:
             return dict.fromkeys(streams, -1)
 
@@ -564,9 +592,12 @@ def _text(value: Any) -> str:
 class Progress:
     """How far the tasks are, read from Redis (tolerates Redis being down)."""
 
-    def __init__(self, redis_url: str, task_ids: Sequence[str], expected_entries: int) -> None:
+    def __init__(
+        self, redis_url: str, task_ids: Sequence[str], expected_entries: int, partitions: int = 1
+    ) -> None:
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=2, decode_responses=True)
         self.task_ids = list(task_ids)
+        self.partitions = {t: keys.partition_of(t, partitions) for t in self.task_ids}
         self.expected = expected_entries * len(task_ids)
         self.share = 0.0
         self.terminal = 0
@@ -576,8 +607,8 @@ class Progress:
         pipe = self.redis.pipeline(transaction=False)
         for task_id in self.task_ids:
             # the last journal sequence (a stream entry carries a commit's records)
-            pipe.get(keys.journal_sequence_key(task_id, 0))
-            pipe.hget(keys.task_key(task_id, 0), "status")
+            pipe.get(keys.journal_sequence_key(task_id, self.partitions[task_id]))
+            pipe.hget(keys.task_key(task_id, self.partitions[task_id]), "status")
         try:
             replies = pipe.execute()
         except RedisError:
@@ -674,11 +705,13 @@ class TaskOutcome:
 
 
 def _all_events(client: OrgaClient) -> list[dict[str, str]]:
+    """Every lifecycle event of every partition (one cursor position per partition, as
+    ``follow_events`` gives it: no partition's event is skipped whatever the others' ids)."""
     found: list[dict[str, str]] = []
-    after = "0-0"
-    while batch := client.events(after=after, count=5000):
+    batch, cursor = client.follow_events(count=5000)
+    while batch:
         found += [fields for _id, fields in batch]
-        after = batch[-1][0]
+        batch, cursor = client.follow_events(cursor, count=5000)
     return found
 
 
@@ -944,7 +977,9 @@ def _duplicates(client: OrgaClient, outcomes: Sequence[TaskOutcome]) -> int:
     del outcomes  # the stream itself says it
     seen: set[tuple[str, str, int, str | None, str]] = set()
     duplicates = 0
-    for _entry_id, fields in client.redis.xrange(keys.observations_stream(0)):
+    streams = keys.partition_streams(client.partition_count, keys.observations_stream)
+    every = [fields for stream in streams for _entry_id, fields in client.redis.xrange(stream)]
+    for fields in every:
         try:
             message = decode_entry(fields)
         except WireFormatError:
@@ -1139,13 +1174,13 @@ def run_chaos(
     """Run the plan against a started Redis (AOF on); the processes' logs go under ``root``."""
     cluster = ChaosCluster(plan, server, root, say)
     celery_events = CeleryEvents(server.url).start()
-    client = OrgaClient(server.url)
+    client = OrgaClient(server.url, partitions=plan.partitions)
     try:
         cluster.start()
         started = time.time()
         task_ids = [client.submit(plan.task(i)) for i in range(plan.tasks)]
         say(f"  submitted {len(task_ids)} tasks")
-        progress = Progress(server.url, task_ids, plan.journal_entries_per_task)
+        progress = Progress(server.url, task_ids, plan.journal_entries_per_task, plan.partitions)
         _drive(cluster, progress, started)
         progress.close()
         elapsed = time.time() - started
@@ -1186,7 +1221,10 @@ def _report(
         iterations_applied=sum(
             1 for o in outcomes for e in o.journal if e.event.type == "ReasoningComplete"
         ),
-        dead_letters=int(client.redis.xlen(keys.dead_letter_stream(0))),
+        dead_letters=sum(
+            int(client.redis.xlen(stream))
+            for stream in keys.partition_streams(client.partition_count, keys.dead_letter_stream)
+        ),
         latencies=_dispatch_latencies(outcomes),
         duplicates=_duplicates(client, outcomes),
         duplicate_starts=sum(o.duplicate_starts for o in outcomes),
@@ -1225,6 +1263,8 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--deadline", type=float, default=defaults.observation_deadline_s,
         help="ORGA_OBSERVATION_DEADLINE_S of the coordinator")  # fmt: skip
     add("--seed", type=int, default=defaults.seed)
+    add("--partitions", type=int, default=defaults.partitions,
+        help="ORGA_PARTITIONS of every process (the checks read every partition)")  # fmt: skip
     add("--keep", action="store_true", help="keep the logs and the AOF directory")
     return parser.parse_args(argv)
 
@@ -1244,6 +1284,7 @@ def _plan(args: argparse.Namespace) -> ChaosPlan:
         redis_loss_s=args.redis_loss,
         observation_deadline_s=args.deadline,
         seed=args.seed,
+        partitions=args.partitions,
     )
 
 
@@ -1269,7 +1310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def run(root: Path) -> bool:
         (root / "redis").mkdir()
-        print(f"chaos: {plan.tasks} tasks x {plan.iterations + 1} iterations; logs in {root}")
+        print(
+            f"chaos: {plan.tasks} tasks x {plan.iterations + 1} iterations on "
+            f"{plan.partitions} partition(s); logs in {root}"
+        )
         server = EmbeddedRedis(appendonly=True, directory=root / "redis").start()
         try:
             report = run_chaos(plan, server, root)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from bench.chaos import run_in_scratch
+from bench.chaos import _all_events, run_in_scratch
 from coordinator.client import OrgaClient, TaskNotFoundError
 from coordinator.state import TaskRecord
 from orga.embedded_redis import EmbeddedRedis
@@ -59,9 +59,14 @@ class DelegationChaosPlan:
     child_command_s: float = 2.0
     observation_deadline_s: float = 8.0
     duration_s: float = 240.0
+    partitions: int = 1
+    """``ORGA_PARTITIONS`` of every process and of the client: a tree lives in its root's
+    partition, the parents spread over them, and the checks read every partition's intake and
+    events (``tests/integration`` passes the suite's count)."""
 
     def environment(self) -> dict[str, str]:
         return {
+            "ORGA_PARTITIONS": str(self.partitions),
             "ORGA_OBSERVATION_DEADLINE_S": str(self.observation_deadline_s),
             "ORGA_HEARTBEAT_TIMEOUT_S": str(self.observation_deadline_s / 2),
             "ORGA_HEARTBEAT_INTERVAL_S": str(self.observation_deadline_s / 8),
@@ -155,7 +160,7 @@ def run_delegation_chaos(
     try:
         cluster.worker(concurrency=4, **plan.environment())
         coordinator = cluster.coordinator(**plan.environment())
-        client = cluster.client()
+        client = OrgaClient(server.url, partitions=plan.partitions)
         client.redis.hset(keys.agents_key, "helper", json.dumps(plan.helper()))
         parents = [
             client.submit(plan.parent(i), task_id=f"dchaos-{i}") for i in range(plan.parents)
@@ -234,12 +239,16 @@ def _some_child_ended(client: OrgaClient, parents: Sequence[str]) -> bool:
 
 
 def _check(client: OrgaClient, parents: Sequence[str], report: DelegationChaosReport) -> None:
+    """Every partition's intake entries and events (a child is in its parent's partition, the
+    parents are spread over all of them)."""
     plain = redis.Redis.from_url(client.redis_url, decode_responses=True)
     submitted: dict[str, int] = {}
-    for _id, fields in plain.xrange(keys.intake_stream(0)):
-        submitted[fields.get("task_id", "")] = submitted.get(fields.get("task_id", ""), 0) + 1
-    events: list[dict[str, str]] = [f for _i, f in plain.xrange(keys.events_stream(0))]
+    for stream in keys.partition_streams(client.partition_count, keys.intake_stream):
+        for _id, fields in plain.xrange(stream):
+            task_id = fields.get("task_id", "")
+            submitted[task_id] = submitted.get(task_id, 0) + 1
     plain.close()
+    events = _all_events(client)
     for parent in parents:
         _check_parent(client, parent, submitted, events, report)
 
@@ -297,6 +306,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--parents", type=int, default=10)
     parser.add_argument("--child-command", type=float, default=2.0, help="seconds per command")
+    parser.add_argument(
+        "--partitions", type=int, default=1, help="ORGA_PARTITIONS of every process"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the logs even when it passed")
     return parser.parse_args(argv)
 
@@ -304,11 +316,16 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run it; 0 when every criterion held."""
     args = _arguments(argv)
-    plan = DelegationChaosPlan(parents=args.parents, child_command_s=args.child_command)
+    plan = DelegationChaosPlan(
+        parents=args.parents, child_command_s=args.child_command, partitions=args.partitions
+    )
 
     def run(root: Path) -> bool:
         (root / "redis").mkdir()
-        print(f"delegation chaos: {plan.parents} parents x 2 children; logs in {root}")
+        print(
+            f"delegation chaos: {plan.parents} parents x 2 children on {plan.partitions} "
+            f"partition(s); logs in {root}"
+        )
         server = EmbeddedRedis(appendonly=True, directory=root / "redis").start()
         try:
             report = run_delegation_chaos(plan, server, root)

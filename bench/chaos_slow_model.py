@@ -118,6 +118,9 @@ class SlowChaosPlan:
     tick_interval_s: float = 0.2
     visibility_timeout_s: int = 900
     duration_s: float = 400.0
+    partitions: int = 1
+    """``ORGA_PARTITIONS`` of every process and of the client (the checks read every
+    partition's streams; ``tests/integration`` passes the suite's count)."""
 
     def environment(self, redis_url: str, model_url: str, root: Path) -> dict[str, str]:
         """The environment of every process started: this Redis, this model, these timings."""
@@ -134,6 +137,7 @@ class SlowChaosPlan:
             ORGA_OBSERVATION_DEADLINE_S=str(self.observation_deadline_s),
             ORGA_TICK_INTERVAL_S=str(self.tick_interval_s),
             ORGA_VISIBILITY_TIMEOUT_S=str(self.visibility_timeout_s),
+            ORGA_PARTITIONS=str(self.partitions),
         )
         return env
 
@@ -284,7 +288,7 @@ def wait_ended(
     while time.time() < until:
         pipe = client.redis.pipeline(transaction=False)
         for task_id in task_ids:
-            pipe.hget(keys.task_key(task_id, 0), "status")
+            pipe.hget(keys.task_key(task_id, client.partition(task_id)), "status")
         ended = sum(1 for status in pipe.execute() if status in ENDED)
         if ended == len(task_ids):
             return
@@ -544,7 +548,7 @@ def run_slow_chaos(
     """Run the plan against a started Redis; logs go under ``root``."""
     model = ModelServer.start(root, plan.latency_s, plan.jitter, plan.iterations)
     cluster = SlowCluster(plan, plan.environment(server.url, model.url, root), root, say)
-    client = OrgaClient(server.url)
+    client = OrgaClient(server.url, partitions=plan.partitions)
     run = uuid.uuid4().hex[:8]
     try:
         cluster.start()
@@ -623,6 +627,8 @@ def _arguments(argv: Sequence[str] | None) -> SlowChaosPlan:
         help="ORGA_HEARTBEAT_TIMEOUT_S of the coordinator")  # fmt: skip
     add("--deadline", type=float, default=defaults.observation_deadline_s,
         help="ORGA_OBSERVATION_DEADLINE_S of the coordinator")  # fmt: skip
+    add("--partitions", type=int, default=defaults.partitions,
+        help="ORGA_PARTITIONS of every process (the checks read every partition)")  # fmt: skip
     args = parser.parse_args(argv)
     return SlowChaosPlan(
         tasks=args.tasks,
@@ -635,6 +641,7 @@ def _arguments(argv: Sequence[str] | None) -> SlowChaosPlan:
         heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_timeout_s=args.heartbeat_timeout,
         observation_deadline_s=args.deadline,
+        partitions=args.partitions,
     )
 
 

@@ -8,21 +8,34 @@ from collections.abc import Iterator
 import pytest
 
 from orga.embedded_redis import EmbeddedRedis
-from tests.integration.harness import Cluster, running_cluster, started_redis
+from tests.integration.harness import PARTITIONS, Cluster, running_cluster, started_redis
 
 
 @pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    """A real redis-server for this module (AOF on, so a restart keeps the data)."""
-    server = started_redis(tmp_path_factory.mktemp("redis"), appendonly=True)
+def partitions(request: pytest.FixtureRequest) -> int:
+    """The partition count of the module's Redis and cluster: the suite's
+    (``ORGA_TEST_PARTITIONS``), or the one a test marked ``on_16_partitions`` runs on."""
+    count = getattr(request, "param", None)  # None: the suite's (the key unmarked tests share)
+    return PARTITIONS if count is None else int(count)
+
+
+@pytest.fixture(scope="module")
+def private_redis(
+    partitions: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedRedis]:
+    """A real redis-server for this module (AOF on, so a restart keeps the data); one per
+    partition count (a Redis keeps the count it was first used with)."""
+    server = started_redis(tmp_path_factory.mktemp(f"redis-{partitions}p"), appendonly=True)
     yield server
     server.close()
 
 
 @pytest.fixture(scope="module")
 def cluster(
-    private_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+    private_redis: EmbeddedRedis, partitions: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
-    """One worker (3 processes) and one coordinator, shared by the tests of a module."""
-    with running_cluster(private_redis.url, tmp_path_factory.mktemp("cluster")) as running:
+    """One worker (3 processes) and one coordinator on ``partitions``, shared by the tests of a
+    module."""
+    root = tmp_path_factory.mktemp(f"cluster-{partitions}p")
+    with running_cluster(private_redis.url, root, partitions=partitions) as running:
         yield running

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from coordinator.client import OrgaClient, TaskNotFoundError
 from orga.embedded_redis import EmbeddedRedis, EmbeddedRedisError
 from shared.events import JournalEntry
@@ -100,10 +102,28 @@ def started_redis(directory: Path, *, appendonly: bool = False) -> EmbeddedRedis
     return server
 
 
-def _environment(redis_url: str, workspaces: Path, extra: dict[str, str]) -> dict[str, str]:
+CROSS_PARTITIONS = 16
+"""The count the tests marked :data:`on_16_partitions` also run on in ``make test``."""
+
+on_16_partitions = pytest.mark.parametrize(
+    "partitions", [None] + ([CROSS_PARTITIONS] if PARTITIONS != CROSS_PARTITIONS else []),
+    indirect=True, scope="module", ids=lambda count: f"{count or PARTITIONS}p",
+)  # fmt: skip
+"""A test that exercises a path across partitions (delegation, idempotency, reviews, schedules,
+the views merging partitions) runs on the suite's partitions and on 16, so ``make test`` proves
+the 16-partition path each run: the module's ``partitions`` fixture takes the value, and the
+``private_redis`` and ``cluster`` fixtures (a fresh Redis: its partition count is fixed at
+creation) are the ones of that count. ``None`` is the suite's count, so that variant shares the
+module's Redis and cluster with its unmarked tests (one more cluster per module, not two).
+Under ``ORGA_TEST_PARTITIONS=16`` it runs once."""
+
+
+def _environment(
+    redis_url: str, workspaces: Path, extra: dict[str, str], partitions: int = PARTITIONS
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
     env.update({"ORGA_REDIS_URL": redis_url, "ORGA_WORKSPACE_ROOT": str(workspaces)})
-    env["ORGA_PARTITIONS"] = str(PARTITIONS)
+    env["ORGA_PARTITIONS"] = str(partitions)
     env.update(FAST_COORDINATOR)
     env.update(extra)
     return env
@@ -180,6 +200,9 @@ class Cluster:
     redis_url: str
     root: Path
     processes: list[Process] = field(default_factory=list)
+    partitions: int = PARTITIONS
+    """``ORGA_PARTITIONS`` of its processes and of :meth:`client` (an ``ORGA_PARTITIONS`` in a
+    process's extra environment wins for that process)."""
 
     @property
     def workspaces(self) -> Path:
@@ -205,11 +228,10 @@ class Cluster:
         return process
 
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
-        return _environment(self.redis_url, self.workspaces, extra)
+        return _environment(self.redis_url, self.workspaces, extra, self.partitions)
 
     def client(self) -> OrgaClient:
-        partitions = int(self._env({}).get("ORGA_PARTITIONS", PARTITIONS))
-        return OrgaClient(self.redis_url, partitions=partitions)
+        return OrgaClient(self.redis_url, partitions=self.partitions)
 
     def orga(self, *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run the ``orga`` CLI against this cluster."""
@@ -270,9 +292,11 @@ def running_cluster(
     root: Path,
     worker_env: dict[str, str] | None = None,
     coordinator_env: dict[str, str] | None = None,
+    partitions: int = PARTITIONS,
 ) -> Iterator[Cluster]:
-    """One worker and one coordinator (each with its extra environment), stopped afterwards."""
-    running = Cluster(redis_url, root)
+    """One worker and one coordinator (each with its extra environment) on ``partitions``,
+    stopped afterwards."""
+    running = Cluster(redis_url, root, partitions=partitions)
     try:
         running.worker(**(worker_env or {}))
         running.coordinator(**(coordinator_env or {}))

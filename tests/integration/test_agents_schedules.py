@@ -19,10 +19,10 @@ from coordinator.schedules import Scheduler
 from shared import keys
 from shared.schedule import Schedule, fire_key, fire_task_id
 from tests.integration.harness import (
-    PARTITIONS,
     REPO,
     Cluster,
     clean_env,
+    on_16_partitions,
     wait_until,
 )
 
@@ -37,7 +37,7 @@ SCHEDULED_TASK = REPO / "examples" / "schedule" / "task.yaml"
 def _orga(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     env = clean_env()
     env.update(ORGA_REDIS_URL=cluster.redis_url, ORGA_WORKSPACE_ROOT=str(cluster.workspaces))
-    env["COLUMNS"] = "200"
+    env.update(ORGA_PARTITIONS=str(cluster.partitions), COLUMNS="200")
     return subprocess.run(
         [str(ORGA), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
         check=False,
@@ -170,7 +170,7 @@ def _scheduled_tasks(client: OrgaClient, name: str) -> dict[str, list[str]]:
 def _intake_read(client: OrgaClient) -> bool:
     """Whether the coordinators have read every intake entry (of every partition) and
     acknowledged it."""
-    for p in range(PARTITIONS):
+    for p in range(client.partition_count):
         groups = cast("list[dict[str, Any]]", client.redis.xinfo_groups(keys.intake_stream(p)))
         names = (keys.coordinator_group, keys.coordinator_group.encode())
         group = next(g for g in groups if g["name"] in names)
@@ -203,6 +203,7 @@ def test_two_coordinator_processes_fire_a_due_schedule_once(cluster: Cluster) ->
     _ok(_orga(cluster, "schedule", "remove", "every-minute"))
 
 
+@on_16_partitions
 def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> None:
     """One fire submitted by two clock-driven schedulers is one task at the real intake."""
     schedule = Schedule.model_validate(
@@ -215,8 +216,8 @@ def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> 
         try:
             await client.hset(keys.schedules_key, "clocked", schedule.model_dump_json())
             await client.zadd(keys.schedules_due_key, {"clocked": due})
-            first = Scheduler(client, clock=lambda: due + 2, partitions=PARTITIONS)
-            second = Scheduler(client, clock=lambda: due + 3, partitions=PARTITIONS)
+            first = Scheduler(client, clock=lambda: due + 2, partitions=cluster.partitions)
+            second = Scheduler(client, clock=lambda: due + 3, partitions=cluster.partitions)
             return list(await asyncio.gather(first.fire_due(), second.fire_due()))
         finally:
             await client.aclose()
@@ -226,8 +227,7 @@ def test_a_fire_submitted_by_two_schedulers_makes_one_task(cluster: Cluster) -> 
     assert {t for ids in submitted for t in ids} == {task_id}
     client = cluster.client()
     assert client.wait(task_id, timeout_s=60)["status"] == "completed", cluster.logs()
-    entries = [f for _id, f in client.redis.xrange(
-        keys.intake_stream(keys.partition_of(task_id, PARTITIONS)))
+    entries = [f for _id, f in client.redis.xrange(keys.intake_stream(client.partition(task_id)))
                if f.get("task_id") == task_id]  # fmt: skip
     assert len(entries) == sum(len(ids) for ids in submitted)
     if len(entries) == 2:

@@ -11,6 +11,7 @@ import pytest
 
 from bench.chaos import SIDE_EFFECT, ChaosPlan, ChaosReport, run_chaos
 from orga.embedded_redis import EmbeddedRedis
+from tests.integration.harness import PARTITIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -27,6 +28,7 @@ SHORT = ChaosPlan(
     duration_s=100.0,
     observation_deadline_s=8.0,
     visibility_timeout_s=30,
+    partitions=PARTITIONS,
 )
 """Light load (20 tasks, about a second of queueing), so an 8 s observation deadline never fires
 for work that is only waiting; each command takes 0.3 s so the faults land mid-iteration."""

@@ -10,10 +10,11 @@ import pytest
 
 from bench.chaos_delegation import DelegationChaosPlan, DelegationChaosReport, run_delegation_chaos
 from orga.embedded_redis import EmbeddedRedis
+from tests.integration.harness import PARTITIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-SHORT = DelegationChaosPlan(parents=4, child_command_s=2.0, duration_s=180.0)
+SHORT = DelegationChaosPlan(parents=4, child_command_s=2.0, duration_s=180.0, partitions=PARTITIONS)
 
 
 @pytest.fixture(scope="module")

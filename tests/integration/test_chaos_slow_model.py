@@ -11,6 +11,7 @@ import pytest
 
 from bench.chaos_slow_model import SlowChaosPlan, SlowChaosReport, run_slow_chaos
 from orga.embedded_redis import EmbeddedRedis
+from tests.integration.harness import PARTITIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -25,6 +26,7 @@ SHORT = SlowChaosPlan(
     heartbeat_timeout_s=15.0,
     observation_deadline_s=3.0,
     duration_s=120.0,
+    partitions=PARTITIONS,
 )
 """Five tasks of four model calls (0.7 to 1.3 s each), one kill once calls are in flight. The
 heartbeat timeout stays above the few seconds a just-started worker goes without a beat around

@@ -12,10 +12,10 @@ import pytest
 from coordinator.client import OrgaClient
 from shared import keys
 from tests.integration.harness import (
-    PARTITIONS,
     REPO,
     Cluster,
     clean_env,
+    on_16_partitions,
     run_orga,
     status_of,
     wait_until,
@@ -185,6 +185,7 @@ def test_a_childs_review_shows_its_parents_goal_and_step(cluster: Cluster, tmp_p
     assert result.content.startswith(f"[Error] sub-agent 'wanderer' (task {child}) aborted")
 
 
+@on_16_partitions
 def test_child_submissions_and_results_are_on_the_streams_once(cluster: Cluster) -> None:
     """Each child is submitted once on the intake, and its end is one child_finished
     observation (the completed parent applied it once)."""
@@ -194,7 +195,7 @@ def test_child_submissions_and_results_are_on_the_streams_once(cluster: Cluster)
     client = cluster.client()
     task_id = client.submit(_parent("nobody-either"), task_id="deleg-once")
     wait_until(lambda: status_of(client, task_id) == "completed", 60, "parent completed")
-    p = keys.partition_of(task_id, PARTITIONS)  # the tree's, its children's too
+    p = client.partition(task_id)  # the tree's, its children's too
     submitted = [
         f for _i, f in plain.xrange(keys.intake_stream(p)) if f["task_id"] == f"{task_id}.1"
     ]

@@ -163,8 +163,12 @@ def test_an_out_of_memory_redis_loses_no_submission_and_no_process(
             events = [f for _i, f in client.events(count=100_000) if f.get("task_id") == task_id]
             raise AssertionError(f"{exc}: {client.status(task_id)} {events}") from exc
         assert client.result(task_id)["status"] == "completed", fresh_cluster.logs()
-    assert raw.xlen(keys.dead_letter_stream(0)) == 0
-    assert raw.xlen(keys.rejected_stream(0)) == 0
+    partitions = client.partition_count
+    for stream in [
+        *keys.partition_streams(partitions, keys.dead_letter_stream),
+        *keys.partition_streams(partitions, keys.rejected_stream),
+    ]:
+        assert raw.xlen(stream) == 0, (stream, raw.xrange(stream, count=5))
     raw.close()
     assert worker.popen is not None and worker.popen.poll() is None, worker.tail()
     assert coordinator.popen is not None and coordinator.popen.poll() is None, coordinator.tail()

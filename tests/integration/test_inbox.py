@@ -24,6 +24,7 @@ from tests.integration.harness import (
     Cluster,
     Process,
     clean_env,
+    on_16_partitions,
     status_of,
     wait_until,
 )
@@ -52,7 +53,11 @@ def _env(**extra: str) -> dict[str, str]:
 def inbox_url(cluster: Cluster) -> Iterator[str]:
     """`orga inbox` (the console script) serving the cluster, with a token."""
     port = _free_port()
-    env = _env(ORGA_REDIS_URL=cluster.redis_url, ORGA_INBOX_TOKEN=TOKEN)
+    env = _env(
+        ORGA_REDIS_URL=cluster.redis_url,
+        ORGA_INBOX_TOKEN=TOKEN,
+        ORGA_PARTITIONS=str(cluster.partitions),
+    )
     command = [str(ORGA), "inbox", "--host", "127.0.0.1", "--port", str(port)]
     process = Process("inbox", command, env, cluster.root / "inbox.log").start()
     try:
@@ -108,6 +113,7 @@ def test_nothing_is_served_without_the_token(inbox_url: str) -> None:
         assert anonymous.post("/decide", data={"review_id": "x"}).status_code == 401
 
 
+@on_16_partitions
 def test_two_reviewers_race_and_one_decision_wins(cluster: Cluster, inbox_url: str) -> None:
     """Two reviewers decide one review at once: the coordinator applies one, the other reviewer
     is told whose decision won, and the audit trail names the winner."""

@@ -15,6 +15,7 @@ from tests.integration.harness import (
     REPO,
     Cluster,
     assert_journal_is_clean,
+    on_16_partitions,
     status_of,
     wait_until,
 )
@@ -85,6 +86,7 @@ def test_malformed_task_is_rejected_and_a_valid_one_beside_it_completes(cluster:
     assert "goal: Field required" in (client.rejection(missing) or "")
 
 
+@on_16_partitions
 def test_idempotency_key_returns_the_existing_task(cluster: Cluster) -> None:
     """A resubmission with the same idempotency key resolves to the first task."""
     client = cluster.client()
@@ -151,6 +153,7 @@ def _finished(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     return process.returncode, out, err
 
 
+@on_16_partitions
 def test_two_operators_deciding_one_review_one_is_applied(cluster: Cluster) -> None:
     """Two `orga review decide` processes at once on one review: exactly one decision is
     applied and exits 0 (aborted as decided); the other exits 1 saying who decided first,
@@ -204,6 +207,7 @@ def test_wrong_review_decision_is_refused(cluster: Cluster) -> None:
     assert "no open review 'nope'" in outcome.stderr
 
 
+@on_16_partitions
 def test_orga_result_and_status_from_the_cli(cluster: Cluster) -> None:
     """`orga status ID` and `orga result ID` print JSON for a finished task."""
     client = cluster.client()
