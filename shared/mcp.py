@@ -27,12 +27,13 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.errors import ConfigError
+from shared.redaction import CREDENTIAL_QUERY_PARAM, redact_url
 
 __all__ = [
     "MCP_NAME_SEPARATOR",
@@ -64,11 +65,7 @@ _CREDENTIAL = re.compile(
     r"(^ORGA_)|(^AWS_)|KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE", re.IGNORECASE
 )
 
-_CREDENTIAL_PARAM = re.compile(
-    r"TOKEN|KEY|SECRET|PASSW|AUTH|SIG|CREDENTIAL|COOKIE|SESSION", re.IGNORECASE
-)
-"""A URL query parameter whose name says it carries a credential (``token``, ``api_key``,
-``X-Amz-Signature``, ``password``, ``auth``)."""
+_CREDENTIAL_PARAM = CREDENTIAL_QUERY_PARAM
 _CREDENTIAL_FLAG = re.compile(
     r"^--?[\w-]*(?:token|api[-_]?key|secret|passw(?:or)?d|credential|auth)[\w-]*$",
     re.IGNORECASE,
@@ -78,18 +75,6 @@ _CREDENTIAL_FLAG = re.compile(
 _NAMES_A_PLACE = re.compile(r"[-_](?:file|path|env|var|dir)$", re.IGNORECASE)
 """``--token-file x``, ``--api-key-env NAME``: the option names where the secret is, not it."""
 _REDACTED = "***"
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its userinfo and its query (what an error may quote)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port is not None else ""
-    except ValueError:
-        return "<url not shown>"
-    query = _REDACTED if parts.query else ""
-    return urlunsplit((parts.scheme, f"{host}{port}", parts.path, query, ""))
 
 
 def redact_command(command: Sequence[str]) -> list[str]:

@@ -18,11 +18,20 @@ import base64
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, SecretStr
 
-__all__ = ["MIN_ECHO_CHARS", "REDACTED", "Redactor", "secret_values"]
+__all__ = [
+    "CREDENTIAL_QUERY_PARAM",
+    "MIN_ECHO_CHARS",
+    "REDACTED",
+    "Redactor",
+    "redact_url",
+    "redact_urls",
+    "secret_values",
+    "url_secrets",
+]
 
 REDACTED = "**********"
 MIN_ECHO_CHARS = 12
@@ -32,6 +41,61 @@ secret shorter than this is redacted whole only)."""
 _MIN_ENCODED_SECRET_CHARS = 8
 """Encoded forms of shorter secrets are not looked for: four base64 or hex characters would
 match ordinary text."""
+
+
+CREDENTIAL_QUERY_PARAM = re.compile(
+    r"TOKEN|KEY|SECRET|PASSW|AUTH|SIG|CREDENTIAL|COOKIE|SESSION", re.IGNORECASE
+)
+"""A URL query parameter whose name says it carries a credential (``token``, ``api_key``,
+``api-key``, ``key``, ``X-Amz-Signature``, ``password``, ``auth``)."""
+_URL_QUERY_SHOWN = "***"
+_URL_IN_TEXT = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+")
+"""A URL inside a text (an exception's message): scheme, then up to a space or a quote."""
+_USERINFO = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://)[^/?#]*@")
+"""The ``user:password@`` of a URL's authority (up to its last ``@``)."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its userinfo (``user:password@``) and with its query shown as ``***``
+    (``?api-key=...``, ``?key=...``, a signed URL's signature), its fragment dropped: the form
+    every error message and log record that names a URL uses. A URL that cannot be parsed (a
+    bad port, an open ``[``) loses the same parts, cut by text."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        base, has_query, _ = url.partition("#")[0].partition("?")
+        return _USERINFO.sub(r"\1", base) + (f"?{_URL_QUERY_SHOWN}" if has_query else "")
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    query = _URL_QUERY_SHOWN if parts.query else ""
+    return urlunsplit((parts.scheme, f"{host}{port}", parts.path, query, ""))
+
+
+def redact_urls(text: str) -> str:
+    """``text`` (an HTTP library's error message, which may quote a URL) with every URL in it
+    passed through :func:`redact_url`."""
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secrets a URL carries: the password of its userinfo and the value of each
+    credential-named query parameter (:data:`CREDENTIAL_QUERY_PARAM`), decoded: what a
+    :class:`Redactor` must know to keep a server's echo of them (``POST /v1?api-key=...``)
+    out of a message. A URL that cannot be parsed gives none."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return []
+    found = [unquote(password)] if password else []
+    found += [
+        value
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        if value and CREDENTIAL_QUERY_PARAM.search(name)
+    ]
+    return found
 
 
 class Redactor:

@@ -55,7 +55,7 @@ from shared.protocol import (
     WorkerFailedMessage,
     encode_entry,
 )
-from shared.redaction import Redactor, secret_values
+from shared.redaction import Redactor, redact_url, secret_values
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
 from workers.applied_calls import RedisAppliedCalls
@@ -307,11 +307,13 @@ class WorkerCore:
         configured = None if switched else deployment.base_url
         own_url = spec.base_url and spec.base_url.rstrip("/") != (configured or "").rstrip("/")
         if own_url and not self.settings.allow_task_base_url:
+            asked = redact_url(spec.base_url or "")  # its credentials never shown
             raise ConfigError(
-                f"the task asks for provider.base_url {spec.base_url!r}, but this worker "
-                "only sends its API key to ORGA_BASE_URL "
-                f"({configured or 'the provider default'}); remove base_url from the task "
-                "or set ORGA_ALLOW_TASK_BASE_URL=true for trusted submitters"
+                f"the task asks for provider.base_url {asked!r}, but this "
+                "worker only sends its API key to ORGA_BASE_URL "
+                f"({redact_url(configured) if configured else 'the provider default'}); "
+                "remove base_url from the task or set ORGA_ALLOW_TASK_BASE_URL=true for trusted "
+                "submitters"
             )
         overrides: dict[str, Any] = {
             "provider": ProviderKind(spec.kind) if spec.kind else None,

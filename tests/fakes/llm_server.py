@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
+from urllib.parse import urlsplit
 
 from bench.model_streams import anthropic_frames, openai_frames
 
@@ -259,7 +260,7 @@ class FakeLLMServer(ABC):
 
     def refuse(self, request: RecordedRequest) -> ProgrammedResponse | None:
         """What the real server would answer to a malformed request, or None."""
-        if request.path != self.endpoint_path:
+        if urlsplit(request.path).path != self.endpoint_path:  # routed by path, as servers do
             return self._error(404, f"Unknown request URL: POST {request.path}")
         if request.method != "POST":
             return self._error(405, f"Method {request.method} not allowed")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,62 @@ def test_learnings_are_persisted_only_with_auto_persist(
     run = _run(local_core(knowledge=store), tmp_path, task)
     assert run.status.value == "completed"
     assert len(store.items("keeper")) == kept
+
+
+@pytest.mark.parametrize("failure", ["http 500", "timeout", "not json", "refused"])
+def test_a_failing_model_never_journals_or_logs_its_base_urls_credentials(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, failure: str
+) -> None:
+    """A run whose model fails (a 500 through the retries, a timeout, a reply that is not
+    JSON, a refused connection) at ``http://user:secretpw@.../v1?api-key=secretkey``: the
+    task's error, its journal, its events and the captured logs never hold the password or
+    the query's key."""
+    with FakeAnthropicServer(api_key="ak-test") as server:
+        port = server.port
+        if failure == "refused":
+            server.stop()
+        for _ in range(3):
+            if failure == "http 500":
+                server.respond_error(500, "upstream down")
+            elif failure == "timeout":
+                server.respond_json({}, delay_s=3.0)
+            elif failure == "not json":
+                server.respond_raw("<html>proxy login page</html>")
+        settings = ProviderSettings(
+            provider=ProviderKind.ANTHROPIC,
+            base_url=f"http://user:secretpw@127.0.0.1:{port}/v1?api-key=secretkey",
+            api_key="ak-test",
+            model="m",
+            timeout_s=0.3,
+            max_retries=1,
+            provider_retry_deadline_s=0,  # max_retries tries, then the outage is the task's
+        )
+        task = _bugfix_task(tmp_path) | {"provider": {"kind": "anthropic"}}
+        core = local_core(provider_settings=settings)
+        machine = MachineSettings(
+            workspace_root=str(tmp_path), outage_deadline_s=0.5, outage_backoff_s=0.1
+        )
+
+        async def scenario() -> InProcessRun:
+            try:
+                return await InProcessDriver(core, machine).run(task)
+            finally:
+                await core.aclose()
+
+        with caplog.at_level(logging.DEBUG):
+            run = asyncio.run(scenario())
+    shown = " ".join(
+        [
+            json.dumps(run.result(), default=str),
+            run.record.model_dump_json(),
+            *(entry.model_dump_json() for entry in run.journal),
+            json.dumps(run.events),
+            json.dumps(run.dead_letters),
+            caplog.text,
+            *(str(vars(record)) for record in caplog.records),
+        ]
+    )
+    assert run.status.value == "failed", run.result()
+    assert f"127.0.0.1:{port}" in json.dumps(run.result(), default=str)  # the error says where
+    assert "secretpw" not in shown
+    assert "secretkey" not in shown

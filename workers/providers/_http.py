@@ -18,6 +18,10 @@ timeout               ``InferenceTimeoutError``: no complete answer within ``tim
                       (a deadline per attempt); not retried, the wait was long
 connection failure    retried like a 5xx, then ``ProviderError``
 URL not parsable      ``ConfigError`` naming ORGA_BASE_URL, at once (not an outage)
+URL with user:pass@   ``ConfigError`` too, when the provider sends its key in an
+                      ``Authorization`` header (OpenAI-compatible): the two cannot go
+                      together (the Anthropic wire sends them as Basic auth, its key in
+                      ``x-api-key``)
 2xx, body not JSON    ``ResponseParseError``
 2xx, body too large   ``ResponseParseError``: more than ``max_body_bytes`` (64 MiB;
                       a stream counts all its bytes), refused as it comes in
@@ -32,9 +36,12 @@ written, in any case, percent-, hex- or base64-encoded, or cut short to 12 chara
 (:mod:`shared.redaction`), and as JSON may escape it at any depth of nesting (``\\/``,
 ``\\"``, ``\\\\``, ``\\u00e9`` in either case of hex, surrogate pairs, JSON inside a JSON
 string) or as a URL percent-encodes it. The pattern of those echoes is matched by RE2, in time
-linear in the body. The credentials of a URL an error quotes (a proxy named
-``http://user:password@host``, as aiohttp's proxy errors quote it) are replaced too
-(:func:`without_credentials`).
+linear in the body.
+
+A URL is never quoted whole: every error message and the retry log name the base URL, the
+URL called, and any URL an aiohttp error quotes (a proxy named ``http://user:password@host``)
+without its userinfo and with its query shown as ``***`` (``?api-key=...``)
+(:func:`shared.redaction.redact_url`, :func:`without_credentials` for a text).
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from pydantic import SecretStr
 
 from shared.errors import ConfigError
 from shared.inference import ProviderWait
-from shared.redaction import REDACTED, Redactor
+from shared.redaction import REDACTED, Redactor, redact_url, redact_urls, url_secrets
 from shared.safe_regex import UserPattern, compile_user_pattern
 from workers.http_pool import SessionSource, env_proxy, shared_ssl_context
 from workers.providers.base import (
@@ -124,7 +131,8 @@ _CONTEXT_MARKERS = (
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """Who is called: what error messages name. The key is only used to redact echoes of it."""
+    """Who is called: what error messages name. The key, and the secrets the base URL carries
+    (a password, an ``api-key`` query parameter), are only used to redact echoes of them."""
 
     provider: str
     base_url: str
@@ -132,20 +140,38 @@ class Endpoint:
     api_key: SecretStr | None = None
 
     def url(self, path: str) -> str:
-        """``base_url`` joined with ``path`` by exactly one slash."""
-        return f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
+        """``base_url`` joined with ``path`` by exactly one slash (the query, if the base URL
+        has one, stays after the path: ``https://h/v1?api-key=k`` gives
+        ``https://h/v1/chat/completions?api-key=k``)."""
+        base, has_query, query = self.base_url.partition("?")
+        joined = f"{base.rstrip('/')}/{path.lstrip('/')}"
+        return f"{joined}?{query}" if has_query else joined
+
+    @property
+    def shown_base_url(self) -> str:
+        """``base_url`` as messages show it (:func:`shared.redaction.redact_url`)."""
+        return redact_url(self.base_url)
 
     def redact(self, text: str) -> str:
-        """``text`` with every occurrence of the API key, plain or escaped, replaced."""
-        secret = self.api_key.get_secret_value() if self.api_key is not None else ""
-        if not secret:
-            return text
-        text = _redactor_of(secret).redact(text)
-        echoes = _echoes_of(secret)
-        return echoes.sub(_REDACTED, text) if echoes is not None else text
+        """``text`` with every occurrence of the API key and of the base URL's secrets
+        (:func:`shared.redaction.url_secrets`), plain or escaped, replaced."""
+        key = self.api_key.get_secret_value() if self.api_key is not None else ""
+        for secret in (key, *_url_secrets_of(self.base_url)):
+            if not secret:
+                continue
+            text = _redactor_of(secret).redact(text)
+            echoes = _echoes_of(secret)
+            text = echoes.sub(_REDACTED, text) if echoes is not None else text
+        return text
 
 
 @functools.lru_cache(maxsize=8)
+def _url_secrets_of(base_url: str) -> tuple[str, ...]:
+    """The base URL's secrets, found once per URL."""
+    return tuple(url_secrets(base_url))
+
+
+@functools.lru_cache(maxsize=32)
 def _redactor_of(secret: str) -> Redactor:
     """The key's plain, upper/lower-cased, percent-, hex- and base64-encoded and cut-short
     echoes (:mod:`shared.redaction`), computed once per key."""
@@ -158,7 +184,7 @@ _ESCAPE = r"\\+"  # one backslash per level of JSON nesting: \u00e9, \\\u00e9, .
 """RE2 text of the backslashes that introduce a JSON escape, at any depth of nesting."""
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=32)
 def _echoes_of(secret: str) -> UserPattern | None:
     """An RE2 pattern of the key as an error body may echo it (escaped), or None.
 
@@ -320,7 +346,14 @@ class JsonPoster:
         sent = dict(headers)
         if not any(name.lower() == "content-type" for name in sent):
             sent["content-type"] = "application/json"
-        request = _Request(self._check_url(path), sent, payload.encode(), model, consume)
+        url = self._check_url(path)
+        if _has_userinfo(url) and any(name.lower() == "authorization" for name in sent):
+            raise self._bad_url(
+                url,
+                "it carries user:password@, which cannot be sent with the API key's "
+                "Authorization header; remove it",
+            )
+        request = _Request(url, sent, payload.encode(), model, consume)
         started = self._clock()
         async with self._open_session() as session:
             attempt = 0
@@ -346,7 +379,7 @@ class JsonPoster:
 
     def _bad_url(self, url: str, why: str) -> BaseUrlError:
         return BaseUrlError(
-            f"{self._endpoint.provider}: {without_credentials(url)} is not a valid URL "
+            f"{self._endpoint.provider}: {redact_url(url)} is not a valid URL "
             f"({without_credentials(why)}); set ORGA_BASE_URL (or the task's provider.base_url) "
             "to a URL such as https://api.openai.com/v1"
         )
@@ -480,7 +513,7 @@ class JsonPoster:
 
     def _too_large(self, request: _Request, what: str) -> ResponseParseError:
         return ResponseParseError(
-            f"{self._endpoint.provider} at {without_credentials(request.url)} {what} larger "
+            f"{self._endpoint.provider} at {redact_url(request.url)} {what} larger "
             f"than the {self._max_body_bytes} bytes an answer may hold (model "
             f"{request.model!r}); refused unread: no model answer is that large, check the base "
             "URL (ORGA_BASE_URL) names a model endpoint"
@@ -488,8 +521,9 @@ class JsonPoster:
 
     def _timeout_error(self, url: str, model: str) -> InferenceTimeoutError:
         return InferenceTimeoutError(
-            f"{self._endpoint.provider} at {url} gave no answer within {self._timeout_s:g} s "
-            f"(model {model!r}); raise the timeout (ORGA_TIMEOUT_S) or use a faster model"
+            f"{self._endpoint.provider} at {redact_url(url)} gave no answer within "
+            f"{self._timeout_s:g} s (model {model!r}); raise the timeout (ORGA_TIMEOUT_S) "
+            "or use a faster model"
         )
 
     def _unreachable_error(
@@ -499,7 +533,7 @@ class JsonPoster:
         # and password): a URL's credentials never reach the message.
         reason = self._endpoint.redact(without_credentials(str(exc) or type(exc).__name__))
         return ProviderError(
-            f"could not reach {self._endpoint.provider} at {without_credentials(url)} after "
+            f"could not reach {self._endpoint.provider} at {redact_url(url)} after "
             f"{attempts} attempt(s): {reason}; check the base URL (ORGA_BASE_URL), the proxy "
             "(HTTPS_PROXY / HTTP_PROXY) and the network"
         )
@@ -509,7 +543,7 @@ class JsonPoster:
             "inference.retry",
             extra={
                 "provider": self._endpoint.provider,
-                "url": url,
+                "url": redact_url(url),
                 "attempt": attempt + 1,
                 "delay_s": round(failure.delay_s, 3),
                 "error": str(failure.error),
@@ -517,15 +551,17 @@ class JsonPoster:
         )
 
 
-_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@'\"<>]+@")
-"""The ``user:password@`` of a URL (what follows the scheme, up to the ``@`` of the host)."""
-
-
 def without_credentials(text: str) -> str:
-    """``text`` with the credentials of every URL in it (``scheme://user:password@host``)
-    replaced by ``**********`` (``scheme://**********@host``): an HTTP error quotes the URL of
-    the proxy it went through, and a proxy may be named with its password."""
-    return _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{_REDACTED}@", text)
+    """``text`` with every URL in it shown without its userinfo and its query
+    (:func:`shared.redaction.redact_urls`): an HTTP error quotes the URL it called or the
+    proxy it went through, and either may carry a password or a key."""
+    return redact_urls(text)
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether ``url`` (parsable) names a user or a password (``user:password@host``)."""
+    parts = urlsplit(url)
+    return parts.username is not None or parts.password is not None
 
 
 def _same(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
@@ -560,6 +596,7 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
 
 def decode_json_object(response: HttpAnswer, endpoint: Endpoint, url: str) -> dict[str, Any]:
     """The body as a JSON object, or ``ResponseParseError`` quoting the start of it."""
+    url = redact_url(url)
     try:
         data = response.json()
     except ValueError:
@@ -585,6 +622,7 @@ def exhausted_error(
     response: HttpAnswer, endpoint: Endpoint, url: str, next_delay_s: float
 ) -> InferenceError:
     """The error for a 429 or 5xx that is still there after the last retry."""
+    url = redact_url(url)
     status = response.status
     message = provider_error_message(response, endpoint)
     if status == 429:
@@ -601,6 +639,7 @@ def exhausted_error(
 
 def status_error(response: HttpAnswer, endpoint: Endpoint, url: str, model: str) -> InferenceError:
     """The error for a 4xx answer other than 429 (never retried)."""
+    url = redact_url(url)
     status = response.status
     message = provider_error_message(response, endpoint)
     where = f"{endpoint.provider} at {url}"
@@ -611,9 +650,9 @@ def status_error(response: HttpAnswer, endpoint: Endpoint, url: str, model: str)
         )
     if status == 404:
         return ModelUnavailableError(
-            f"model {model!r} is not available from {endpoint.provider} at {endpoint.base_url} "
-            f"(HTTP 404 for {url}): {message}; check the model (ORGA_MODEL) and the base URL "
-            "(ORGA_BASE_URL)"
+            f"model {model!r} is not available from {endpoint.provider} at "
+            f"{endpoint.shown_base_url} (HTTP 404 for {url}): {message}; check the model "
+            "(ORGA_MODEL) and the base URL (ORGA_BASE_URL)"
         )
     if status == 413 or _is_context_overflow(message, response, endpoint):
         return ContextOverflowError(

@@ -113,7 +113,7 @@ class AnthropicProvider:
 
     def __repr__(self) -> str:
         return (
-            f"AnthropicProvider(base_url={self._endpoint.base_url!r}, model={self._model!r}, "
+            f"AnthropicProvider(base_url={self._endpoint.shown_base_url!r}, model={self._model!r}, "
             "api_key=set)"
         )
 

@@ -126,8 +126,9 @@ class OpenAICompatProvider:
 
     def __repr__(self) -> str:
         return (
-            f"OpenAICompatProvider(name={self._name!r}, base_url={self._endpoint.base_url!r}, "
-            f"model={self._model!r}, api_key={'set' if self._api_key else 'none'})"
+            f"OpenAICompatProvider(name={self._name!r}, "
+            f"base_url={self._endpoint.shown_base_url!r}, model={self._model!r}, "
+            f"api_key={'set' if self._api_key else 'none'})"
         )
 
     def provider_name(self) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.redaction import redact_url
 from workers.providers.anthropic import ANTHROPIC_BASE_URL, ANTHROPIC_DEFAULT_MODEL
 from workers.providers.openai_compat import OPENAI_BASE_URL, OPENAI_DEFAULT_MODEL
 from workers.providers.scripted import OnExhausted
@@ -134,7 +135,7 @@ class ProviderSettings(BaseSettings):
         cleaned = value.strip().rstrip("/")
         if not cleaned.startswith(("http://", "https://")):
             raise ValueError(
-                f"base_url must start with http:// or https://, got {cleaned!r}; "
+                f"base_url must start with http:// or https://, got {redact_url(cleaned)!r}; "
                 "set ORGA_BASE_URL to e.g. https://api.openai.com/v1"
             )
         return cleaned
