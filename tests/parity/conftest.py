@@ -9,11 +9,11 @@ import pytest
 
 from orga.embedded_redis import EmbeddedRedis
 from tests.fakes.opa_server import FakeOpaServer
-from tests.integration.conftest import private_redis
+from tests.integration.conftest import partitions, private_redis
 from tests.integration.harness import Cluster
 from tests.parity.drivers import DistributedLoop, InProcessLoop, LoopDriver
 
-__all__ = ["cluster", "driver", "opa", "private_redis", "reference"]
+__all__ = ["cluster", "driver", "opa", "partitions", "private_redis", "reference"]
 
 
 @pytest.fixture(scope="module")
