@@ -304,9 +304,13 @@ class EmbeddedRedis:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                stderr = self._process.stderr.read().decode() if self._process.stderr else ""
+                process, self._process = self._process, None
+                stderr = ""
+                if process.stderr is not None:  # read, then closed: a retry starts another
+                    stderr = process.stderr.read().decode()
+                    process.stderr.close()
                 raise EmbeddedRedisError(
-                    f"redis-server exited with code {self._process.returncode} on port "
+                    f"redis-server exited with code {process.returncode} on port "
                     f"{self.port}: {stderr.strip() or 'no output'}"
                 )
             if self._pings():
