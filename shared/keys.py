@@ -255,7 +255,7 @@ ANSWERED_VIAS: Final = (ANSWERED_DIRECT, ANSWERED_CHAINED)
 
 
 def answered_via_member(liveness_id: str, via: str) -> str:
-    """The member of ``orga:heartbeats`` a worker scores, with its dispatch's answer (minus the
+    """The member of ``orga:heartbeats`` a worker scores, with a reasoning's answer (minus the
     same time, so that the same retention forgets both), to say how the answer went out:
     ``via`` is :data:`ANSWERED_DIRECT` or :data:`ANSWERED_CHAINED`. A dispatch answered by a
     worker older than these marks has neither."""

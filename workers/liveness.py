@@ -109,14 +109,16 @@ class Liveness:
         """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer, with
         how the answer went out (:func:`shared.keys.answered_via_member`, in the same ``ZADD``):
         ``chained``, inside the one call a reasoning chained (the coordinator then waits for the
-        tools queue), else on the observations stream."""
-        ids = [f.liveness_id() for f in fences]
-        if not ids:
+        tools queue), else on the observations stream. Only a reasoning's fence (no call id) is
+        marked so: the coordinator reads the marks of an awaited reasoning alone."""
+        fences = list(fences)
+        if not fences:
             return
         at = -time.time()
         via = keys.ANSWERED_CHAINED if chained else keys.ANSWERED_DIRECT
-        marks = dict.fromkeys(ids, at)
-        marks.update(dict.fromkeys((keys.answered_via_member(i, via) for i in ids), at))
+        marks = {f.liveness_id(): at for f in fences}
+        reasonings = (f.liveness_id() for f in fences if f.call_id is None)
+        marks.update(dict.fromkeys((keys.answered_via_member(i, via) for i in reasonings), at))
         pipe.zadd(keys.heartbeats_key, marks)
 
     def finished(self, fences: Iterable[Fence]) -> None:
