@@ -65,8 +65,8 @@ Keys
     ``orga:P:stats:status``      hash: number of tasks in each status (kept by the commit script)
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write;
-                                 with each answer, its mark (:func:`answered_via_member`: how
-                                 the answer went out) -> minus the same time
+                                 with a reasoning's answer, its mark (how the answer went
+                                 out, :func:`answered_via_member`) -> minus the same time
     ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
     ``orga:agents``              hash: agent name -> registered agent profile (JSON)
     ``orga:{schedules}``           hash: schedule name -> schedule (JSON)
