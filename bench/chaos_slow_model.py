@@ -444,7 +444,10 @@ def last_beats(redis: Any, task_ids: Sequence[str]) -> Beats:
     found: Beats = defaultdict(list)
     for member, score in redis.zscan_iter(keys.heartbeats_key):
         text = member.decode() if isinstance(member, bytes) else str(member)
-        task_id, _nonce, iteration, call = text.split("|")
+        parts = text.split("|")
+        if len(parts) != 4:  # an answer mark (keys.answered_via_member), never positive
+            continue
+        task_id, _nonce, iteration, call = parts
         if call == "-" and score > 0 and task_id in index:
             found[(index[task_id], int(iteration) + 1)].append(float(score))
     return dict(found)

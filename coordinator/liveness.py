@@ -16,10 +16,14 @@ coordinator reads those scores and the depth and drain rate of the dispatch's qu
   that new, or still has one that old pending), it is never re-sent: on a saturated
   coordinator an observation can wait longer than any fixed grace, and re-sending would pay for
   the model call twice. A reasoning that chained its one approved call handed its answer to
-  that call (:class:`~shared.protocol.CompleteReasoning`): it is marked answered at once, and
+  that call (:class:`~shared.protocol.CompleteReasoning`): it is marked answered at once (its
+  worker marks the answer "chained", :func:`shared.keys.answered_via_member`), and
   its observation is written only once a tool worker ran the call; while the tools queue holds
   messages that call may be among them, so it is queued (or has no consumer) as below, not
-  lost, and once that queue is empty it gets one look more (taken, not started yet). It is
+  lost, and once that queue is empty it gets one look more (taken, not started yet). A
+  reasoning whose answer is marked as published on the observations stream ("direct") has no
+  such wait (nor the three legs below), whatever it may have chained; one with no mark (a
+  worker older than the marks) may have chained. It is
   lost once it must have been read and was not applied (two timeouts after the answer, and
   no chained call it may travel with still waiting), and in any case past
   ``start_to_close_s``;
@@ -35,7 +39,7 @@ This module is pure (no Redis): the service reads the scores, the machine applie
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from shared import keys
@@ -126,7 +130,12 @@ class Liveness:
     """How far the coordinators have read and applied the observations stream."""
     chains: bool = False
     """The dispatch is a reasoning that may chain its calls: its answer may travel with the one
-    call it chained, queued in the tools queue (``chained_depth``) or about to start."""
+    call it chained, queued in the tools queue (``chained_depth``) or about to start. The
+    answer marks (``marks``) narrow it: an answer its worker marked as published on the
+    observations stream did not travel with a call."""
+    marks: Mapping[str, float | None] = field(default_factory=dict)
+    """Heartbeat score of the answer marks (:func:`shared.keys.answered_via_member`) of each
+    liveness id of the dispatch (None, or missing: no such mark)."""
     chained_depth: int = 0
     """Messages waiting in the tools queue (read with ``chains``)."""
     chained_drain_per_s: float = 0.0
@@ -144,14 +153,35 @@ class Liveness:
         timeout = settings.heartbeat_timeout_s
         scores = [s for s in (self.scores.get(i) for i in ids) if s is not None]
         beats = [s for s in scores if s > 0]
+        chains = self.may_have_chained(ids)
         if any(s < 0 for s in scores):
-            return self._answered(-min(s for s in scores if s < 0), now, unstarted_looks, settings)
+            answered = -min(s for s in scores if s < 0)
+            return self._answered(answered, now, unstarted_looks, settings, chains)
         if beats:
-            return self._started(max(beats), now, dispatched_at, settings, self.chains)
+            return self._started(max(beats), now, dispatched_at, settings, chains)
         return self._unstarted(now, unstarted_looks, timeout)
 
+    def may_have_chained(self, ids: Sequence[str]) -> bool:
+        """Whether the dispatch's answer may travel with a call it chained: it may chain
+        (``chains``) and the latest answer mark of ``ids`` says so; no mark (not answered
+        yet, or answered by a worker older than the marks) keeps "may have chained"."""
+        if not self.chains:
+            return False
+        latest: tuple[float, str] | None = None
+        for via in (keys.ANSWERED_CHAINED, keys.ANSWERED_DIRECT):  # a tie: direct
+            for i in ids:
+                score = self.marks.get(keys.answered_via_member(i, via))
+                if score is not None and (latest is None or -score >= latest[0]):
+                    latest = (-score, via)
+        return latest is None or latest[1] == keys.ANSWERED_CHAINED
+
     def _answered(
-        self, answered: float, now: float, unstarted_looks: int, settings: LivenessSettings
+        self,
+        answered: float,
+        now: float,
+        unstarted_looks: int,
+        settings: LivenessSettings,
+        chains: bool,
     ) -> Judgement:
         timeout = settings.heartbeat_timeout_s
         age = now - answered
@@ -159,7 +189,7 @@ class Liveness:
         if age < settings.start_to_close_s and (age < 2 * timeout or queued):
             return Judgement(Verdict.ANSWERED, "answered; its observation is on its way",
                              now + timeout)  # fmt: skip
-        if age < settings.start_to_close_s and self.chains:
+        if age < settings.start_to_close_s and chains:
             why = f"answered {age:.0f}s ago, its answer maybe with the call it chained: "
             if self.chained_depth > 0:
                 return self._queued(

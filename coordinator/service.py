@@ -957,13 +957,20 @@ class Coordinator:
         ids = machine.liveness_ids()
         if not ids:
             return None
-        scores = await self.redis.zmscore(keys.heartbeats_key, ids)
         queue = machine.awaited_queue()
-        # a reasoning that chains its one call is answered by the tool worker that runs it
+        # a reasoning that chains its one call is answered by the tool worker that runs it;
+        # its answer marks say whether it did (keys.answered_via_member)
         awaiting = record.awaiting
         chains = awaiting is not None and awaiting.kind is AwaitKind.REASON and awaiting.chained
+        marks = (
+            [keys.answered_via_member(i, v) for i in ids for v in keys.ANSWERED_VIAS]
+            if chains
+            else []
+        )
+        scores = await self.redis.zmscore(keys.heartbeats_key, [*ids, *marks])
         return Liveness(
-            scores=dict(zip(ids, scores, strict=True)),
+            scores=dict(zip(ids, scores[: len(ids)], strict=True)),
+            marks=dict(zip(marks, scores[len(ids) :], strict=True)),
             queue=queue,
             queue_depth=self._queues.depth(queue),
             drain_per_s=self._queues.drain_per_s(queue),

@@ -64,7 +64,9 @@ Keys
                                  decision, entry_id), set with the control entry by one script
     ``orga:P:stats:status``      hash: number of tasks in each status (kept by the commit script)
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
-                                 running call), or minus its end time (answered); workers write
+                                 running call), or minus its end time (answered); workers write;
+                                 with a reasoning's answer, its mark (how the answer went
+                                 out, :func:`answered_via_member`) -> minus the same time
     ``orga:started:{queue}``     string: how many dispatches of a queue workers have started
     ``orga:agents``              hash: agent name -> registered agent profile (JSON)
     ``orga:{schedules}``           hash: schedule name -> schedule (JSON)
@@ -111,8 +113,12 @@ from collections.abc import Callable
 from typing import Final
 
 __all__ = [
+    "ANSWERED_CHAINED",
+    "ANSWERED_DIRECT",
+    "ANSWERED_VIAS",
     "active_tasks_key",
     "agents_key",
+    "answered_via_member",
     "applied_call_key",
     "applied_call_key_prefix",
     "applied_call_ttl_s",
@@ -237,6 +243,25 @@ inbox_login_failures_key_prefix: Final = "orga:inbox:{login_failures}:"
 provider_wait_key_prefix: Final = "orga:provider_wait:"
 
 heartbeats_key: Final = "orga:heartbeats"
+ANSWERED_DIRECT: Final = "direct"
+"""An answer mark: the answer went out on the observations stream (or nothing went out)."""
+ANSWERED_CHAINED: Final = "chained"
+"""An answer mark: the answer went out inside the one call a reasoning chained
+(``CompleteReasoning``), on the outbox: it reaches the observations stream only once a tool
+worker has run that call."""
+
+ANSWERED_VIAS: Final = (ANSWERED_DIRECT, ANSWERED_CHAINED)
+"""Every answer mark."""
+
+
+def answered_via_member(liveness_id: str, via: str) -> str:
+    """The member of ``orga:heartbeats`` a worker scores, with a reasoning's answer (minus the
+    same time, so that the same retention forgets both), to say how the answer went out:
+    ``via`` is :data:`ANSWERED_DIRECT` or :data:`ANSWERED_CHAINED`. A dispatch answered by a
+    worker older than these marks has neither."""
+    return f"{liveness_id}|answered:{via}"
+
+
 queue_started_key_prefix: Final = "orga:started:"
 agents_key: Final = "orga:agents"
 schedules_key: Final = "orga:{schedules}"

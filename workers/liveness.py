@@ -3,7 +3,9 @@
 Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
 (``orga:heartbeats``: the dispatch's liveness id scored with the time), refreshes the score of
 every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
-the dispatch answered (minus the time) in the same transaction that publishes its observation.
+the dispatch answered (minus the time) in the same transaction that publishes its observation,
+with a mark of how the answer went out (on the observations stream, or inside the one call a
+reasoning chained: :func:`shared.keys.answered_via_member`).
 The coordinator reads those scores only when a dispatch's deadline passes: a fresh heartbeat
 means the call is running (the deadline moves on), a stale one means its worker is gone (the
 call is re-sent), no entry means it has not started (still queued, or lost before it started).
@@ -103,11 +105,21 @@ class Liveness:
             if isinstance(reply, Exception):
                 raise reply
 
-    def answered(self, pipe: Pipeline, fences: Iterable[Fence]) -> None:
-        """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer."""
-        ids = [f.liveness_id() for f in fences]
-        if ids:
-            pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, -time.time()))
+    def answered(self, pipe: Pipeline, fences: Iterable[Fence], *, chained: bool = False) -> None:
+        """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer, with
+        how the answer went out (:func:`shared.keys.answered_via_member`, in the same ``ZADD``):
+        ``chained``, inside the one call a reasoning chained (the coordinator then waits for the
+        tools queue), else on the observations stream. Only a reasoning's fence (no call id) is
+        marked so: the coordinator reads the marks of an awaited reasoning alone."""
+        fences = list(fences)
+        if not fences:
+            return
+        at = -time.time()
+        via = keys.ANSWERED_CHAINED if chained else keys.ANSWERED_DIRECT
+        marks = {f.liveness_id(): at for f in fences}
+        reasonings = (f.liveness_id() for f in fences if f.call_id is None)
+        marks.update(dict.fromkeys((keys.answered_via_member(i, via) for i in reasonings), at))
+        pipe.zadd(keys.heartbeats_key, marks)
 
     def finished(self, fences: Iterable[Fence]) -> None:
         """Stop heartbeating ``fences`` (answered, or given up on by this process)."""

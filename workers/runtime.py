@@ -728,7 +728,9 @@ class ProcessServices(WorkerCore):
         pipe = self.redis.pipeline(transaction=True)
         rest = self.redis.pipeline(transaction=False) if self._cluster else pipe
         self.breaker_store.flush_deferred(rest)
-        self.liveness.answered(rest, answered)
+        # A reasoning's lone chained call carries its answer (CompleteReasoning): no
+        # observation now, it is written once a tool worker has run that call.
+        self.liveness.answered(rest, answered, chained=message is None and bool(onward))
         if message is not None:  # the task's partition (chained calls are the same task's)
             pipe.xadd(
                 keys.observations_stream(self._partition(message.fence.task_id)),

@@ -134,6 +134,71 @@ def test_a_reasoning_whose_chained_call_runs_is_not_lost_to_the_reasonings_start
     assert judged(899, chains=False) is Verdict.RUNNING
 
 
+def _marked(*marks: tuple[str, float]) -> dict[str, float | None]:
+    """The answer marks of dispatch ``d``: (how, when answered)."""
+    return {keys.answered_via_member("d", via): -at for via, at in marks}
+
+
+def test_a_reasoning_whose_answer_went_out_directly_keeps_the_answered_rule() -> None:
+    """Every act iteration "may chain" its one call; the worker's answer mark says whether it
+    did. An answer marked as published on the observations stream is judged as any other
+    answer, read past and not applied: lost two timeouts after it, not held while the tools
+    queue holds messages (nor a no-consumer warning for that queue); one marked as gone out
+    inside its chained call waits for the tools queue; no mark (a worker older than the
+    marks) may have chained, as before. The latest mark counts (the tool worker that ran the
+    chained call marks the same fence answered directly)."""
+    answered_at = NOW - 300
+    applied = StreamProgress(delivered_ms=int(answered_at * 1000) + 60_000, oldest_pending_ms=None)
+
+    def judged(marks: dict[str, float | None], depth: int = 1000, drain: float = 10.0,
+               age: float = 300):  # fmt: skip
+        live = Liveness(
+            scores={"d": -(NOW - age)}, queue="orga.reasoning", queue_depth=0, drain_per_s=0.0,
+            observations=applied, chains=True, chained_depth=depth, chained_drain_per_s=drain,
+            marks=marks,
+        )  # fmt: skip
+        return _judge(live)
+
+    direct = _marked((keys.ANSWERED_DIRECT, answered_at))
+    lost = judged(direct)
+    assert lost.verdict is Verdict.LOST and lost.look_again_at is None
+    assert "answered 300s ago and never applied" in lost.reason
+    assert judged(direct, depth=5, drain=0.0).verdict is Verdict.LOST  # no no_consumer
+    assert judged(direct, depth=0).verdict is Verdict.LOST  # no grace look either
+    assert judged(_marked((keys.ANSWERED_DIRECT, NOW - 40)), age=40).verdict is Verdict.ANSWERED
+    chained = _marked((keys.ANSWERED_CHAINED, answered_at))
+    assert judged(chained).verdict is Verdict.QUEUED
+    assert judged(chained, depth=5, drain=0.0).verdict is Verdict.NO_CONSUMER
+    assert judged({}).verdict is Verdict.QUEUED  # no mark: may have chained
+    assert judged(_marked((keys.ANSWERED_CHAINED, answered_at))
+                  | {keys.answered_via_member("d", keys.ANSWERED_DIRECT): None}
+                  ).verdict is Verdict.QUEUED  # fmt: skip
+    # the chained call's tool worker answered later, on the stream: the answered rule
+    both = _marked((keys.ANSWERED_CHAINED, answered_at - 100), (keys.ANSWERED_DIRECT, answered_at))
+    assert judged(both).verdict is Verdict.LOST
+    reversed_ = _marked(
+        (keys.ANSWERED_DIRECT, answered_at - 100), (keys.ANSWERED_CHAINED, answered_at)
+    )
+    assert judged(reversed_).verdict is Verdict.QUEUED
+
+
+def test_only_a_reasoning_marked_chained_or_unmarked_runs_in_three_legs() -> None:
+    """A running reasoning whose answer is marked chained (its call's tool worker beats its
+    fence) or not marked yet (its model call, or a worker older than the marks) has three
+    start-to-close periods; one marked answered on the stream has one."""
+
+    def judged(marks: dict[str, float | None]) -> Verdict:
+        live = Liveness(
+            scores={"d": NOW - 5}, queue="orga.reasoning", queue_depth=0, drain_per_s=0.0,
+            chains=True, marks=marks,
+        )  # fmt: skip
+        return _judge(live, dispatched_at=NOW - 950).verdict
+
+    assert judged(_marked((keys.ANSWERED_CHAINED, NOW - 100))) is Verdict.RUNNING
+    assert judged({}) is Verdict.RUNNING
+    assert judged(_marked((keys.ANSWERED_DIRECT, NOW - 100))) is Verdict.LOST
+
+
 def test_a_queued_dispatch_waits_as_long_as_its_queue_takes_to_drain() -> None:
     """Not started, 1000 messages ahead draining 10/s: look again in 200 s, not re-send."""
     judgement = _judge(_liveness(None, depth=1000, drain=10.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from redis.asyncio import Redis
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.service import Coordinator, CoordinatorSettings
 from coordinator.state import TaskRecord
+from shared import keys
 from shared.task_spec import parse_task
 
 SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"))
@@ -86,3 +88,35 @@ def test_a_refusal_on_the_current_record_stands(redis_url: str, redis_client: An
             await mine._apply("t", refuse)
 
     _scenario(redis_url, body)
+
+
+def test_the_liveness_read_carries_the_answer_marks_of_a_reasoning_that_may_chain(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The coordinator reads, with the awaited reasoning's scores, its answer marks: one
+    marked direct is not held for the tools queue, one marked chained or not marked (a worker
+    older than the marks) is."""
+
+    async def run() -> None:
+        client = Redis.from_url(redis_url)
+        coordinator = Coordinator(client, settings=SETTINGS, name="mine")
+        try:
+            await coordinator.store.create(_record("t"))
+            assert await coordinator._apply("t", lambda m: m.start())
+            unmarked = await coordinator._liveness("t")
+            assert unmarked is not None and unmarked.chains
+            (fence_id,) = unmarked.scores
+            assert unmarked.may_have_chained([fence_id])
+            for via, chained in ((keys.ANSWERED_CHAINED, True), (keys.ANSWERED_DIRECT, False)):
+                at = -time.time()
+                member = keys.answered_via_member(fence_id, via)
+                await client.zadd(keys.heartbeats_key, {fence_id: at, member: at})
+                marked = await coordinator._liveness("t")
+                assert marked is not None and marked.scores == {fence_id: at}
+                assert marked.marks[member] == at
+                assert marked.may_have_chained([fence_id]) is chained
+                await asyncio.sleep(0.01)
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())

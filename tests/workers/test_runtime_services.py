@@ -25,7 +25,7 @@ from shared.protocol import ActMode, Fence, ReasonedMessage, ReasonRequest, Tool
 from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
 from tests.fakes.llm_server import FakeOpenAIServer
-from workers.handlers import onward, run_reasoning, run_tool_calls
+from workers.handlers import live_fences, onward, run_reasoning, run_tool_calls
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderSettings
 from workers.runtime import LEDGERS_KEPT, ProcessServices, local_core
@@ -217,6 +217,65 @@ def test_a_lone_call_carries_its_reasoning_to_the_tool_worker(
     (acted,) = answer.acted or []
     assert acted.fence == call.fence
     assert "print('a')" in acted.observation.content
+
+
+def test_the_answer_mark_says_whether_the_answer_went_out_in_its_chained_call(
+    redis_url: str, redis_client: Any, tmp_path: Path
+) -> None:
+    """A reasoning that chains its lone call marks its dispatch answered at once, its answer
+    inside that call: the mark says "chained" (the coordinator then waits for the tools
+    queue). The tool worker that runs the call publishes the iteration's observation and
+    marks both fences answered "direct", later. A reasoning that publishes its ``reasoned``
+    message marks it "direct" (its answer is on the observations stream)."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    (tmp_path / "a.py").write_text("print('a')\n")
+    reply = {"tool_calls": [{"name": "file_read", "arguments": {"path": "a.py"}}]}
+    request = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
+        update={"act": ActMode.CHAIN, "workspace": str(tmp_path)}
+    )
+    reasoning = request.fence.liveness_id()
+
+    def marks(liveness_id: str) -> dict[str, float | None]:
+        with redis.Redis.from_url(redis_url) as client:
+            names = [keys.answered_via_member(liveness_id, v) for v in keys.ANSWERED_VIAS]
+            scores = client.zmscore(keys.heartbeats_key, names)
+            return dict(zip(keys.ANSWERED_VIAS, scores, strict=True))
+
+    message = services.run(run_reasoning(request, services))
+    observation, calls = onward(request, message)
+    assert observation is None
+    services.run(services.publish(observation, calls, answered=live_fences(request)))
+    chained = marks(reasoning)
+    assert chained[keys.ANSWERED_DIRECT] is None
+    answered_at = chained[keys.ANSWERED_CHAINED]
+    assert answered_at is not None and answered_at < 0
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.zscore(keys.heartbeats_key, reasoning) == answered_at
+
+    (call,) = calls
+    answer = services.run(run_tool_calls(call, services))
+    services.run(services.publish(answer, (), answered=live_fences(call)))
+    after = marks(reasoning)
+    assert after[keys.ANSWERED_CHAINED] == answered_at
+    assert after[keys.ANSWERED_DIRECT] is not None and after[keys.ANSWERED_DIRECT] <= answered_at
+    # a tool call's own fence is not marked (the coordinator reads a reasoning's marks only)
+    assert marks(call.fence.liveness_id()) == dict.fromkeys(keys.ANSWERED_VIAS)
+    with redis.Redis.from_url(redis_url) as client:
+        assert (client.zscore(keys.heartbeats_key, call.fence.liveness_id()) or 0) < 0
+
+    # a reasoning that chains one of two calls answers on the stream: "direct" only
+    two = {"tool_calls": [{"name": "file_read", "arguments": {"path": p}} for p in "ab"]}
+    plain = _request(ProviderSpec(kind="scripted", replies=[two])).model_copy(
+        update={"act": ActMode.CHAIN, "config": LoopConfig(max_concurrent_tools=1)}
+    )
+    plain = plain.model_copy(update={"fence": plain.fence.model_copy(update={"nonce": "n2"})})
+    said = services.run(run_reasoning(plain, services))
+    observation, calls = onward(plain, said)
+    assert observation is not None and len(calls) == 1
+    services.run(services.publish(observation, calls, answered=live_fences(plain)))
+    direct = marks(plain.fence.liveness_id())
+    assert direct[keys.ANSWERED_CHAINED] is None and direct[keys.ANSWERED_DIRECT] is not None
 
 
 def test_a_script_file_is_parsed_again_only_when_it_changes(tmp_path: Path) -> None:
