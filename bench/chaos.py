@@ -1014,6 +1014,10 @@ class ChaosReport:
     missing_side_effects: int
     controls: list[Fault] = field(default_factory=list)
     exits: list[str] = field(default_factory=list)
+    lost_reasons: dict[str, int] = field(default_factory=dict)
+    """Why the coordinator judged dispatches lost (``dispatch_lost`` events), numbers elided."""
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    """What the dead letters say (their ``error``), numbers and ids elided."""
 
     @property
     def passed(self) -> bool:
@@ -1115,6 +1119,8 @@ class ChaosReport:
             f"idle {plan.claim_idle_ms}ms, tick {plan.tick_interval_s:g}s; Redis "
             f"{plan.redis_signal}, down {plan.redis_down_s:g}s, "
             f"last {plan.redis_loss_s:g}s of writes lost",
+            _reasons_line("dispatches judged lost", self.lost_reasons),
+            _reasons_line("dead letters", self.dead_letter_reasons),
             *self.fault_lines(),
             *(f"UNEXPECTED EXIT {line}" for line in self.exits),
             *(f"VIOLATION {v}" for v in self.violations[:50]),
@@ -1123,6 +1129,31 @@ class ChaosReport:
             lines.append(f"... and {len(self.violations) - 50} more violations")
         lines.append("PASS" if self.passed else f"FAIL: {len(self.violations)} violations")
         return "\n".join(lines)
+
+
+def _reasons_line(what: str, reasons: dict[str, int]) -> str:
+    """``what: n "reason", ...``, most frequent first (``none`` when empty)."""
+    if not reasons:
+        return f"{what}: none"
+    ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
+    return f"{what}: " + "; ".join(f'{n} "{reason}"' for reason, n in ranked)
+
+
+_NUMBERS = re.compile(r"[0-9a-f]{32}(/[^\s]*)?|\d+(\.\d+)?")
+
+
+def _elided(text: str) -> str:
+    """``text`` with task ids, fences and numbers replaced by ``N``, so that the same reason
+    given for different dispatches counts once."""
+    return _NUMBERS.sub("N", text)[:200]
+
+
+def _counted(texts: Sequence[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for text in texts:
+        key = _elided(text)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _hit_text(hit: Sequence[Dispatch]) -> str:
@@ -1232,6 +1263,21 @@ def _report(
         missing_side_effects=missing,
         controls=_control(cluster.faults, outcomes, plan.kill_every_s),
         exits=cluster.exits,
+        lost_reasons=_counted(
+            [e.get("reason", "") for e in events if e.get("event") == "dispatch_lost"]
+        ),
+        dead_letter_reasons=_counted(
+            [
+                text.get("error") or text.get("kind") or "?"
+                for text in (
+                    {_text(k): _text(v) for k, v in fields.items()}
+                    for stream in keys.partition_streams(
+                        client.partition_count, keys.dead_letter_stream
+                    )
+                    for _id, fields in client.redis.xrange(stream)
+                )
+            ]
+        ),
     )
 
 

@@ -40,7 +40,9 @@ def report(private_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactor
     lines: list[str] = []
     root = tmp_path_factory.mktemp("chaos")
     result = run_chaos(SHORT, private_redis, Path(root), say=lines.append)
-    print("\n".join([*lines, result.table(), result.summary()]))
+    # The processes' logs stay under ``root`` (pytest keeps its last three base folders); the
+    # path is printed with the report so a failed run can be read afterwards.
+    print("\n".join([*lines, result.table(), result.summary(), f"logs kept in {root}"]))
     return result
 
 
