@@ -66,8 +66,7 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
             "(e.g. ORGA_REDIS_URL=redis://127.0.0.1:6379/0); `orga run` sets it for you"
         )
     broker_url = celery_broker_url(settings)  # refused on a cluster without ORGA_BROKER_URL
-    # Task events go out in batches, one broker message per window (workers.events).
-    celery = Celery("orga", include=["workers.tasks"], events="workers.events:BatchedEvents")
+    celery = Celery("orga", include=["workers.tasks"])
     celery.conf.update(celery_config(settings, broker_url))
     # redis:// is workers.broker's transport (survives Redis out of memory); amqp:// is kombu's
     serve_redis_urls()

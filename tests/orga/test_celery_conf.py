@@ -30,15 +30,3 @@ def test_the_celery_conf_holds_no_redis_password_nor_orga_objects(
     assert "broker-pw" not in repr(app.conf.table(with_defaults=True, censored=True))
     assert worker_config(app).settings is settings
     assert "state-pw" not in repr(worker_config(app))
-
-
-def test_the_workers_send_task_events_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The app's events are :mod:`workers.events`' (one broker message per window of events)."""
-    from workers.events import BatchedEventDispatcher, BatchedEvents
-
-    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
-    app = importlib.import_module("orga.celery").create_app(
-        OrgaSettings(redis_url="redis://127.0.0.1:1/0")
-    )
-    assert isinstance(app.events, BatchedEvents)
-    assert issubclass(app.events.Dispatcher, BatchedEventDispatcher)
