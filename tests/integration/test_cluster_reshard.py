@@ -272,18 +272,23 @@ class HalfMoved:
 
     def __enter__(self) -> HalfMoved:
         with redis.Redis(port=self.source, socket_timeout=5) as source:
-            for n in range(6):  # keys enough that the slot holds half moved
-                source.set(f"orga:{self.tag}:filler:{n}", n)
+            held = int(source.execute_command("CLUSTER", "COUNTKEYSINSLOT", self.slot))
+            # more fillers than half the slot's keys: whatever order the keys move in (an
+            # earlier test's task keys may share the slot), a filler string stays unmoved
+            fillers = [f"orga:{self.tag}:filler:{n}" for n in range(held + 6)]
+            for n, name in enumerate(fillers):
+                source.set(name, n)
             half = int(source.execute_command("CLUSTER", "COUNTKEYSINSLOT", self.slot)) // 2
         self.thread.start()
-        wait_until(lambda: len(self.thread.moved) >= half, 30, "half the slot's keys moved")
-        self.moved_key = self.thread.moved[0].key
-        moved = {k.key for k in self.thread.moved}
-        self.unmoved_key = next(
-            f"orga:{self.tag}:filler:{n}"
-            for n in range(6)
-            if f"orga:{self.tag}:filler:{n}" not in moved
-        )
+        try:
+            wait_until(lambda: len(self.thread.moved) >= half, 30, "half the slot's keys moved")
+            moved = {k.key for k in self.thread.moved}
+            # fillers on both sides (strings: a GET of a task's hash would answer WRONGTYPE)
+            self.moved_key = next(name for name in fillers if name in moved)
+            self.unmoved_key = next(name for name in fillers if name not in moved)
+        except BaseException:
+            self.thread.join(60)  # the slot finishes moving: the next test starts on a stable one
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
