@@ -54,6 +54,18 @@ async def _until(predicate: object, timeout_s: float = 10.0) -> None:
     raise AssertionError("timed out")
 
 
+async def _dead_letter_of(deliverer: WebhookDeliverer, fields: dict[str, str]) -> dict[str, str]:
+    """Run ``deliverer``, write one event of ``fields``, wait for its dead letter, stop; the
+    dead letter (the deliverer's Redis decodes its replies)."""
+    task = await _started(deliverer)
+    await deliverer.redis.xadd(EVENTS, {**fields, "error": "boom"})
+    dead = keys.dead_letter_stream(0)
+    await _until(lambda: deliverer.redis.xlen(dead))
+    deliverer.stop()
+    await task
+    return dict((await deliverer.redis.xrange(dead))[0][1])
+
+
 async def _pending(redis: Redis) -> int:
     return int((await redis.xpending(EVENTS, keys.webhook_group))["pending"])
 
@@ -99,15 +111,10 @@ def test_past_the_deadline_a_post_is_dead_lettered_without_credentials(
             hook = _hook(secret="s3cret-value")
             deliverer = WebhookDeliverer(redis, [hook], deadline_s=0.5, first_backoff_s=0.1,
                                          block_ms=50, transport=_receiver([503], seen))  # fmt: skip
-            task = await _started(deliverer)
-            await redis.xadd(EVENTS, {"task_id": "t2", "event": "failed", "error": "boom"})
-            dead = keys.dead_letter_stream(0)
-            await _until(lambda: redis.xlen(dead))
-            deliverer.stop()
-            await task
+            letter = await _dead_letter_of(deliverer, {"task_id": "t2", "event": "failed"})
             assert await _pending(redis) == 0
             assert seen[0].headers["X-Orga-Signature"].startswith("sha256=")
-            return dict((await redis.xrange(dead))[0][1])
+            return letter
 
     letter = asyncio.run(scenario())
     assert letter["kind"] == "webhook" and letter["event"] == "task_failed"
@@ -139,13 +146,7 @@ def test_a_webhook_urls_credentials_never_reach_the_log_records(
             deliverer = WebhookDeliverer(redis, [_hook(url)], deadline_s=0.5,
                                          first_backoff_s=0.1, block_ms=50,
                                          transport=httpx.MockTransport(refuse))  # fmt: skip
-            task = await _started(deliverer)
-            await redis.xadd(EVENTS, {"task_id": "t3", "event": "failed", "error": "boom"})
-            dead = keys.dead_letter_stream(0)
-            await _until(lambda: redis.xlen(dead))
-            deliverer.stop()
-            await task
-            return dict((await redis.xrange(dead))[0][1])
+            return await _dead_letter_of(deliverer, {"task_id": "t3", "event": "failed"})
 
     with caplog.at_level(logging.DEBUG, logger="orga.coordinator.webhooks"):
         letter = asyncio.run(scenario())
