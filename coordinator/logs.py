@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
-from shared.settings import node_urls
+from shared.redaction import redact_url as shared_redact_url
 
 __all__ = ["EventFormatter", "RateGate", "configure_logging", "redact_url"]
 
@@ -56,20 +55,6 @@ def configure_logging(level: str) -> None:
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (for logs and banners); a URL naming
-    several nodes (a Redis Cluster's ``redis://:pw@a:7000/0,redis://:pw@b:7000/0``) has each
-    node's password replaced."""
-    nodes = node_urls(url)
-    if len(nodes) > 1:
-        return ",".join(_redact_one(node) for node in nodes)
-    return _redact_one(url)
-
-
-def _redact_one(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    """The URL as logs and banners show it: :func:`shared.redaction.redact_url` (no userinfo,
+    the query as ``***``, each node of a cluster URL redacted), the one implementation."""
+    return shared_redact_url(url)

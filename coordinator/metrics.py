@@ -12,6 +12,12 @@ Three kinds of figures:
   the time from a dispatch to the commit that applied its answer, the length of an iteration,
   and the provider errors and rate-limit waits the workers report (:meth:`observed`,
   :meth:`iteration_finished`, :meth:`provider_error`, :meth:`rate_limit_wait`).
+- **Bounded labels.** A label whose values a task or a model can choose (``model`` and the
+  GenAI ``gen_ai_request_model``/``gen_ai_response_model``, ``provider``, ``tool``,
+  ``service``) keeps the first :data:`LABEL_VALUES_LIMIT` distinct values this process sees
+  (per label); every later value is counted as ``other`` (:class:`BoundedLabel`), and
+  ``orga_metric_label_overflow_total{label}`` counts the observations folded so. A task that
+  names a fresh model on every call costs at most that many series, not one per call.
 - **Gauges read from Redis at scrape time**, the same whichever coordinator serves them: tasks
   by status (the commit script keeps ``orga:stats:status``), escalations waiting, the
   observation stream's pending entries and how far the coordinators are behind it, dead
@@ -54,6 +60,9 @@ from shared.protocol import (
 
 __all__ = [
     "DEFAULT_METRICS_HOST",
+    "LABEL_VALUES_LIMIT",
+    "OTHER_LABEL_VALUE",
+    "BoundedLabel",
     "CoordinatorMetrics",
     "QueueDepthCollector",
     "RedisStateCollector",
@@ -73,13 +82,54 @@ DISPATCH_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 
 Message = ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | ChildFinishedMessage
 
+LABEL_VALUES_LIMIT = 64
+"""Distinct values one caller-controlled label keeps per process (then ``other``)."""
+OTHER_LABEL_VALUE = "other"
+
+
+class BoundedLabel:
+    """The first ``limit`` distinct values of one label seen by this process pass as they
+    are; any later value is :data:`OTHER_LABEL_VALUE` (a value already seen stays itself)."""
+
+    __slots__ = ("_lock", "_seen", "limit", "overflowed")
+
+    def __init__(self, limit: int = LABEL_VALUES_LIMIT) -> None:
+        if limit < 1:
+            raise ValueError(f"a label's limit must be at least 1, got {limit}")
+        self.limit = limit
+        self.overflowed = 0
+        """Values turned into ``other`` so far."""
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+            self.overflowed += 1
+        return OTHER_LABEL_VALUE
+
 
 class CoordinatorMetrics:
-    """The counters and histograms one coordinator process updates."""
+    """The counters and histograms one coordinator process updates; the labels a task or a
+    model chooses are bounded to ``label_limit`` values each (:class:`BoundedLabel`)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, label_limit: int = LABEL_VALUES_LIMIT) -> None:
+        self._bounded = {
+            name: BoundedLabel(label_limit) for name in ("provider", "model", "tool", "service")
+        }
         self._counters(registry)
         self._histograms(registry)
+
+    def _label(self, name: str, value: str) -> str:
+        """``value`` of the bounded label ``name``, or ``other`` past its limit (counted)."""
+        shown = self._bounded[name](value)
+        if shown != value:
+            self.label_overflow.labels(label=name).inc()
+        return shown
 
     def _counters(self, registry: CollectorRegistry) -> None:
         self.iterations = Counter(
@@ -146,6 +196,13 @@ class CoordinatorMetrics:
             "orga_rate_limit_waits",
             "Times a worker waited for a provider's rate limit, by provider",
             ["provider"],
+            registry=registry,
+        )
+        self.label_overflow = Counter(
+            "orga_metric_label_overflow",
+            "Observations whose label value was counted as 'other': the label (model, "
+            "provider, tool, service) already had its limit of distinct values in this process",
+            ["label"],
             registry=registry,
         )
         self.rate_limit_wait_seconds = Counter(
@@ -231,9 +288,8 @@ class CoordinatorMetrics:
                 self.provider_error(provider, event.error_kind)
             elif event.type == "ServiceUnavailable":
                 outcome = "held" if event.retry_at is not None else "gave_up"
-                self.outages.labels(
-                    kind=event.error_kind, service=event.service, outcome=outcome
-                ).inc()
+                service = self._label("service", event.service)
+                self.outages.labels(kind=event.error_kind, service=service, outcome=outcome).inc()
             elif event.type == "ReasoningComplete":
                 self.iterations.inc()
             elif event.type == "StagnationDetected":
@@ -288,20 +344,22 @@ class CoordinatorMetrics:
     def model_called(self, call: ModelCall, usage: Usage) -> None:
         """One model call: its tokens and cost by provider and model, and the GenAI
         histograms."""
-        provider, model = call.provider, call.model
+        provider = self._label("provider", call.provider)
+        model = self._label("model", call.model)
+        response_model = self._label("model", call.response_model) if call.response_model else model
         self.tokens.labels(kind="prompt", provider=provider, model=model).inc(usage.prompt_tokens)
         self.tokens.labels(kind="completion", provider=provider, model=model).inc(
             usage.completion_tokens
         )
         self.cost.labels(provider=provider, model=model).inc(usage.cost_usd)
-        labels = ("chat", provider, model, call.response_model or model)
+        labels = ("chat", provider, model, response_model)
         self.genai_duration.labels(*labels).observe(call.duration_ms / 1000)
         self.genai_tokens.labels(*labels, "input").observe(usage.prompt_tokens)
         self.genai_tokens.labels(*labels, "output").observe(usage.completion_tokens)
 
     def _tool(self, message: ToolObservedMessage) -> None:
         if message.duration_ms > 0:
-            tool = message.observation.source or "unknown"
+            tool = self._label("tool", message.observation.source or "unknown")
             self.tool_call_seconds.labels(tool=tool).observe(message.duration_ms / 1000)
 
     def iteration_finished(self, started_at: float, now: float | None = None) -> None:
@@ -313,6 +371,7 @@ class CoordinatorMetrics:
 
     def provider_error(self, provider: str, status: int | str) -> None:
         """A model request failed: ``status`` is the HTTP status, or ``connect``/``timeout``."""
+        provider = self._label("provider", provider)
         self.provider_errors.labels(provider=provider, status=str(status)).inc()
 
     def _waited(self, provider: str, status: int, seconds: float, shared: bool) -> None:
@@ -325,6 +384,7 @@ class CoordinatorMetrics:
 
     def rate_limit_wait(self, provider: str, seconds: float) -> None:
         """A worker waited ``seconds`` for a provider's rate limit (a 429, Retry-After)."""
+        provider = self._label("provider", provider)
         self.rate_limit_waits.labels(provider=provider).inc()
         self.rate_limit_wait_seconds.labels(provider=provider).inc(max(seconds, 0.0))
 

@@ -5,10 +5,13 @@ every ``orga:P:events`` stream in the consumer group ``orga-webhooks`` (so one e
 one deliverer), posts each event a subscription asked for (:mod:`shared.webhooks`: JSON,
 signed), retries a post that fails (an error, a timeout, an answer other than 2xx) with
 exponential back-off, and dead-letters it to the partition's dead-letter stream (``kind:
-webhook``, the URL without credentials or query, never the secret) once ``deadline_s`` has
-passed since the event. Every field of an event (a failure's ``error``, an abort's
-``reason``) is redacted with the coordinator's redactor before it is posted. The entry is
-acknowledged when every post of it was accepted or dead-lettered.
+webhook``, the URL as :func:`shared.redaction.redact_url` shows it: no ``user:password@``, its
+query as ``***``; never the secret) once ``deadline_s`` has passed since the event. An error
+text (an HTTP library's message, which may quote the URL in any form or echo a token) loses
+every URL's credentials and every echo of the URL's password, credential-like query values and
+signing secret before it is logged or dead-lettered. Every field of an event (a failure's
+``error``, an abort's ``reason``) is redacted with the coordinator's redactor before it is
+posted. The entry is acknowledged when every post of it was accepted or dead-lettered.
 
 A receiver that hangs, or answers one byte at a time, costs one awaiting socket until
 ``timeout_s``: a total timeout over the whole post (connecting, sending, the answer's headers and
@@ -34,7 +37,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from redis.asyncio import Redis
@@ -42,7 +44,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from coordinator.streams import read_group
 from shared import keys
-from shared.redaction import Redactor
+from shared.redaction import Redactor, redact_url, redact_urls, url_secrets
 from shared.webhooks import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -96,9 +98,17 @@ class WebhookDeliverer:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _in_flight: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict, init=False)
     _slots: list[asyncio.Semaphore] = field(init=False)
+    _url_redactors: list[Redactor] = field(init=False)
+    """Per subscription: its URL's password and credential-like query values, its secret."""
 
     def __post_init__(self) -> None:
         self._slots = [asyncio.Semaphore(self.concurrency) for _ in self.subscriptions]
+        self._url_redactors = [
+            Redactor(
+                [*url_secrets(str(s.url)), *([s.secret.get_secret_value()] if s.secret else [])]
+            )
+            for s in self.subscriptions
+        ]
 
     @property
     def streams(self) -> list[str]:
@@ -131,7 +141,8 @@ class WebhookDeliverer:
     async def _recover(self, exc: RedisError) -> None:
         """After a Redis error: wait a little, and create the groups again if Redis lost them
         (restarted empty)."""
-        log.warning("webhook.redis_error", extra={"error": f"{type(exc).__name__}: {exc}"})
+        error = f"{type(exc).__name__}: {redact_urls(str(exc))}"
+        log.warning("webhook.redis_error", extra={"error": error})
         await asyncio.sleep(1.0)
         if "NOGROUP" in str(exc):
             with contextlib.suppress(RedisError):
@@ -252,10 +263,17 @@ class WebhookDeliverer:
             except TimeoutError:
                 return f"not answered in full within {self.timeout_s:g}s"
             except httpx.HTTPError as exc:  # its text may quote the URL: shown without secrets
-                return f"{type(exc).__name__}: {str(exc).replace(url, public_url(url))[:200]}"
+                return f"{type(exc).__name__}: {self._clean(subscription, str(exc))[:200]}"
         if 200 <= status < 300:
             return None
         return f"HTTP {status}"
+
+    def _clean(self, subscription: WebhookSubscription, text: str) -> str:
+        """``text`` with every URL in it redacted and every echo of ``subscription``'s URL
+        credentials (password, credential-like query values) and secret, and of the
+        coordinator's own secrets, replaced."""
+        redactor = self._url_redactors[self.subscriptions.index(subscription)]
+        return self.redactor.redact(redactor.redact(redact_urls(text)))
 
     async def _send(
         self, http: httpx.AsyncClient, url: str, content: bytes, headers: dict[str, str]
@@ -298,12 +316,9 @@ def _payload(entry_id: str, kind: WebhookEvent, fields: dict[str, str]) -> dict[
 
 
 def public_url(url: str) -> str:
-    """A URL as logs and dead letters show it: no user, password, query or fragment (where
-    tokens hide)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit((parts.scheme, f"{host}{port}", parts.path, "", ""))
+    """A URL as logs and dead letters show it: :func:`shared.redaction.redact_url` (no user
+    or password, the query as ``***``, no fragment)."""
+    return redact_url(url)
 
 
 def _entry_time(entry_id: str) -> float:

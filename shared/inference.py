@@ -59,7 +59,11 @@ class FinishReason(StrEnum):
 
 class Usage(BaseModel):
     """Token counts of one call or of a whole run, and what they cost in US dollars
-    (``cost_usd``: 0 when no price of the model is known; :mod:`shared.pricing`)."""
+    (``cost_usd``: 0 when no price of the model is known; :mod:`shared.pricing`).
+
+    ``cache_write_tokens`` and ``cache_read_tokens`` are the part of ``prompt_tokens`` the
+    provider wrote to or read from its prompt cache (Anthropic's ``cache_creation_input_tokens``
+    and ``cache_read_input_tokens``), priced at the cache-write and cache-read rates."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -67,6 +71,8 @@ class Usage(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     cost_usd: float = 0.0
+    cache_write_tokens: int = 0
+    cache_read_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -74,6 +80,8 @@ class Usage(BaseModel):
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,
             cost_usd=self.cost_usd + other.cost_usd,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
         )
 
     def delta_since(self, earlier: Usage) -> Usage:
@@ -83,6 +91,8 @@ class Usage(BaseModel):
             completion_tokens=max(self.completion_tokens - earlier.completion_tokens, 0),
             total_tokens=max(self.total_tokens - earlier.total_tokens, 0),
             cost_usd=max(self.cost_usd - earlier.cost_usd, 0.0),
+            cache_write_tokens=max(self.cache_write_tokens - earlier.cache_write_tokens, 0),
+            cache_read_tokens=max(self.cache_read_tokens - earlier.cache_read_tokens, 0),
         )
 
 

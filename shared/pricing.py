@@ -57,41 +57,76 @@ class ModelPricing(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Tier:
-    """Rates in force from ``start`` prompt tokens up (USD per million tokens)."""
+    """Rates in force from ``start`` prompt tokens up (USD per million tokens; a cache rate of
+    None: the input rate)."""
 
     start: int
     input_per_mtok: float
     output_per_mtok: float
+    cache_write_per_mtok: float | None = None
+    cache_read_per_mtok: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Price:
     """One model's price: base rates, higher tiers by prompt size, and where it came from
-    (``table``: genai-prices; ``task``: ``provider.pricing``)."""
+    (``table``: genai-prices; ``task``: ``provider.pricing``).
+
+    ``cache_write_per_mtok`` and ``cache_read_per_mtok`` price the prompt tokens the provider
+    wrote to or read from its prompt cache (:attr:`Usage.cache_write_tokens`,
+    :attr:`Usage.cache_read_tokens`; Anthropic's cache writes cost 1.25 times the input rate,
+    its reads a tenth); None: the input rate."""
 
     model: str
     input_per_mtok: float
     output_per_mtok: float
     tiers: tuple[Tier, ...] = ()
     source: str = "table"
+    cache_write_per_mtok: float | None = None
+    cache_read_per_mtok: float | None = None
 
     def rates(self, prompt_tokens: int) -> tuple[float, float]:
         """The input and output rates of a call with ``prompt_tokens`` prompt tokens."""
-        rates = (self.input_per_mtok, self.output_per_mtok)
+        return self._tier(prompt_tokens)[:2]
+
+    def _tier(self, prompt_tokens: int) -> tuple[float, float, float, float]:
+        """The input, output, cache-write and cache-read rates at ``prompt_tokens``."""
+        found: Price | Tier = self
         for tier in self.tiers:
             if prompt_tokens >= tier.start:
-                rates = (tier.input_per_mtok, tier.output_per_mtok)
-        return rates
+                found = tier
+        write, read = found.cache_write_per_mtok, found.cache_read_per_mtok
+        return (
+            found.input_per_mtok,
+            found.output_per_mtok,
+            found.input_per_mtok if write is None else write,
+            found.input_per_mtok if read is None else read,
+        )
 
     def cost(self, usage: Usage) -> float:
-        """What the provider's reported usage of one call costs."""
-        return self.worst_case(usage.prompt_tokens, usage.completion_tokens)
+        """What the provider's reported usage of one call costs: its cache writes and reads
+        at their rates, the rest of the prompt at the input rate, its output at the output
+        rate."""
+        input_rate, output_rate, write_rate, read_rate = self._tier(usage.prompt_tokens)
+        written, read = usage.cache_write_tokens, usage.cache_read_tokens
+        uncached = max(usage.prompt_tokens - written - read, 0)
+        return (
+            uncached * input_rate
+            + written * write_rate
+            + read * read_rate
+            + usage.completion_tokens * output_rate
+        ) / 1_000_000
+
+    def worst_rates(self, prompt_tokens: int) -> tuple[float, float]:
+        """The prompt and output rates of a call's worst case: the prompt at the input rate,
+        or the cache-write rate when higher (a cached prompt may be written whole)."""
+        input_rate, output_rate, write_rate, _ = self._tier(prompt_tokens)
+        return max(input_rate, write_rate), output_rate
 
     def worst_case(self, prompt_tokens: int, max_tokens: int) -> float:
-        """The most a call can cost: its prompt at the input rate and ``max_tokens`` at the
-        output rate."""
-        input_rate, output_rate = self.rates(prompt_tokens)
-        return (prompt_tokens * input_rate + max_tokens * output_rate) / 1_000_000
+        """The most a call can cost: its prompt and ``max_tokens`` at :meth:`worst_rates`."""
+        prompt_rate, output_rate = self.worst_rates(prompt_tokens)
+        return (prompt_tokens * prompt_rate + max_tokens * output_rate) / 1_000_000
 
 
 def _rate(value: Any) -> tuple[float, tuple[tuple[int, float], ...]]:
@@ -119,17 +154,28 @@ def table_price(model: str, kind: str | None = None) -> Price | None:
         prices = found.model_price
         input_base, input_tiers = _rate(prices.input_mtok)
         output_base, output_tiers = _rate(prices.output_mtok)
-        starts = sorted({s for s, _ in input_tiers} | {s for s, _ in output_tiers})
+        write_base, write_tiers = _cache_rate(prices.cache_write_mtok)
+        read_base, read_tiers = _cache_rate(prices.cache_read_mtok)
+        starts = sorted(
+            {s for tiers in (input_tiers, output_tiers, write_tiers, read_tiers) for s, _ in tiers}
+        )
         tiers = tuple(
             Tier(
                 start,
                 _at(input_tiers, start, input_base),
                 _at(output_tiers, start, output_base),
+                None if write_base is None else _at(write_tiers, start, write_base),
+                None if read_base is None else _at(read_tiers, start, read_base),
             )
             for start in starts
         )
-        return Price(model, input_base, output_base, tiers, source="table")
+        return Price(model, input_base, output_base, tiers, "table", write_base, read_base)
     return None
+
+
+def _cache_rate(value: Any) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+    """A table's cache rate as a base and its tiers; None when the table has none."""
+    return (None, ()) if value is None else _rate(value)
 
 
 def _at(tiers: tuple[tuple[int, float], ...], start: int, base: float) -> float:

@@ -22,6 +22,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, SecretStr
 
+from shared.settings import node_urls
+
 __all__ = [
     "CREDENTIAL_QUERY_PARAM",
     "MIN_ECHO_CHARS",
@@ -58,8 +60,23 @@ _USERINFO = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://)[^/?#]*@")
 def redact_url(url: str) -> str:
     """``url`` without its userinfo (``user:password@``) and with its query shown as ``***``
     (``?api-key=...``, ``?key=...``, a signed URL's signature), its fragment dropped: the form
-    every error message and log record that names a URL uses. A URL that cannot be parsed (a
-    bad port, an open ``[``) loses the same parts, cut by text."""
+    every error message, banner and log record that names a URL uses (the one implementation:
+    :func:`coordinator.logs.redact_url` and :func:`coordinator.webhooks.public_url` call it).
+    A URL naming several nodes (a Redis Cluster's ``redis://:pw@a:7000/0,redis://:pw@b:7000/0``,
+    :func:`shared.settings.node_urls`) has each node redacted, unless a query or fragment comes
+    before the second node (a comma inside a query value is not a node boundary: the whole
+    query is then hidden). A URL that cannot be parsed (a bad port, an open ``[``) loses the
+    same parts, cut by text."""
+    nodes = node_urls(url)
+    if len(nodes) > 1 and not any(c in nodes[0] for c in "?#"):
+        return ",".join(_redact_one(node) for node in nodes)
+    return _redact_one(url.strip())
+
+
+def _redact_one(url: str) -> str:
+    if "://" not in url:  # a bare ``host:port`` node of a cluster URL: no scheme to parse by
+        base = url.partition("#")[0].partition("?")[0]
+        return base.rpartition("@")[2]
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""

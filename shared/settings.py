@@ -30,9 +30,13 @@ __all__ = [
 
 
 class OrgaSettings(BaseSettings):
-    """Runtime settings of the coordinator, the workers and the CLI."""
+    """Runtime settings of the coordinator, the workers and the CLI.
 
-    model_config = SettingsConfigDict(env_prefix="ORGA_", extra="ignore")
+    A validation error names the variable and what is wrong, never the value given: a URL
+    (``ORGA_WEBHOOKS``' entries, ``ORGA_REDIS_URL``) may carry a password or a token, and the
+    process prints the error at start."""
+
+    model_config = SettingsConfigDict(env_prefix="ORGA_", extra="ignore", hide_input_in_errors=True)
 
     redis_url: str | None = Field(
         default=None,

@@ -20,7 +20,7 @@ import hmac
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, SecretStr, field_validator
 
 __all__ = [
     "SIGNATURE_HEADER",
@@ -57,14 +57,30 @@ TIMESTAMP_HEADER = "X-Orga-Timestamp"
 
 
 class WebhookSubscription(BaseModel):
-    """One entry of ``ORGA_WEBHOOKS``: ``{"url": ..., "events": [...], "secret": ...}``."""
+    """One entry of ``ORGA_WEBHOOKS``: ``{"url": ..., "events": [...], "secret": ...}``.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    A validation error names the field and what is wrong, never the value given (its URL may
+    carry a password or a token, its secret is one)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     url: HttpUrl
     events: tuple[WebhookEvent, ...] = Field(default=WEBHOOK_EVENTS, min_length=1)
     secret: SecretStr | None = None
     """Signs each post (HMAC-SHA256); never logged, never in a dead letter."""
+
+    @field_validator("events", mode="before")
+    @classmethod
+    def _known_events(cls, value: object) -> object:
+        """An unknown event is named in the error (the model hides every input value)."""
+        if isinstance(value, list | tuple):
+            unknown = [e for e in value if e not in WEBHOOK_EVENTS]
+            if unknown:
+                raise ValueError(
+                    f"unknown webhook event(s) {', '.join(map(repr, unknown))}; the events "
+                    f"are {', '.join(WEBHOOK_EVENTS)}"
+                )
+        return value
 
     def wants(self, event: WebhookEvent) -> bool:
         """True when this subscription asked for ``event``."""

@@ -26,7 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,9 @@ from typing import Any
 import redis
 
 from orga.embedded_redis import EmbeddedRedisError, find_redis_server
+from tests.ci import require
 
-__all__ = ["MigratedKey", "RedisCluster", "RedisClusterUnavailableError"]
+__all__ = ["MigratedKey", "RedisCluster", "RedisClusterUnavailableError", "started_or_required"]
 
 NODES = 6
 """3 masters and 3 replicas (``--cluster-replicas 1``)."""
@@ -236,37 +237,29 @@ class RedisCluster:
     def replicated_masters(self) -> list[int]:
         """The ports of the masters holding slots with a replica attached and not failed (one
         that can be killed and taken over from)."""
-        for port in self.running_ports:
-            try:
-                with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
-                    nodes = client.execute_command("CLUSTER NODES")  # parsed: address -> node
-            except redis.RedisError:
-                continue
-            alive = {a: n for a, n in nodes.items() if "fail" not in n["flags"]}
-            followed = {n["master_id"] for n in alive.values() if "slave" in n["flags"]}
-            return sorted(
-                int(address.split("@")[0].rsplit(":", 1)[1])
-                for address, node in alive.items()
-                if "master" in node["flags"] and node["slots"] and node["node_id"] in followed
-            )
-        return []
+        alive = self._alive_nodes()
+        followed = {n["master_id"] for n in alive.values() if "slave" in n["flags"]}
+        return _ports_of(
+            a for a, n in alive.items() if _holds_slots(n) and n["node_id"] in followed
+        )
 
     def _roles(self) -> tuple[list[int], int]:
         """The masters holding slots and how many replicas are attached, not failed."""
+        alive = self._alive_nodes()
+        masters = _ports_of(a for a, n in alive.items() if _holds_slots(n))
+        return masters, sum("slave" in node["flags"] for node in alive.values())
+
+    def _alive_nodes(self) -> dict[str, dict[str, Any]]:
+        """``CLUSTER NODES`` (parsed: address -> node) as the first running node that answers
+        sees it, without the nodes flagged ``fail``; {} when none answers."""
         for port in self.running_ports:
             try:
                 with redis.Redis(port=port, socket_timeout=1, decode_responses=True) as client:
-                    nodes = client.execute_command("CLUSTER NODES")  # parsed: address -> node
+                    nodes = client.execute_command("CLUSTER NODES")
             except redis.RedisError:
                 continue
-            alive = {a: n for a, n in nodes.items() if "fail" not in n["flags"]}
-            masters = sorted(
-                int(address.split("@")[0].rsplit(":", 1)[1])
-                for address, node in alive.items()
-                if "master" in node["flags"] and node["slots"]
-            )
-            return masters, sum("slave" in node["flags"] for node in alive.values())
-        return [], 0
+            return {a: n for a, n in nodes.items() if "fail" not in n["flags"]}
+        return {}
 
     def node_id(self, port: int) -> str:
         """The cluster node id of the node on ``port``."""
@@ -394,6 +387,25 @@ class RedisCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def started_or_required(cluster: RedisCluster) -> RedisCluster:
+    """``cluster`` started; where redis-server cannot make one, the test is skipped (failed
+    under ``CI=true``) naming the reason and the fix."""
+    try:
+        return cluster.start()
+    except RedisClusterUnavailableError as exc:
+        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
+
+
+def _holds_slots(node: dict[str, Any]) -> bool:
+    """Whether a ``CLUSTER NODES`` node is a master holding slots."""
+    return "master" in node["flags"] and bool(node["slots"])
+
+
+def _ports_of(addresses: Iterable[str]) -> list[int]:
+    """The sorted client ports of ``CLUSTER NODES`` addresses (``127.0.0.1:7000@17000``)."""
+    return sorted(int(address.split("@")[0].rsplit(":", 1)[1]) for address in addresses)
 
 
 def _groups(client: redis.Redis, key: str, *, asking: bool) -> dict[str, tuple[str, int]]:

@@ -180,30 +180,27 @@ class Reasoning:
             self.call = _model_call(name, model, response.model, started)
             usage = response.usage
             if self.price is not None:
-                usage = Usage.model_construct(
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    total_tokens=usage.total_tokens,
-                    cost_usd=self.price.cost(usage),
-                )
+                usage = usage.model_copy(update={"cost_usd": self.price.cost(usage)})
             record_chat_response(span, response, usage)
         return response, usage
 
     def _check_budget(self, options: InferenceOptions) -> None:
-        """Not sent when its worst case (the prompt's estimated tokens at the input rate,
-        ``max_tokens`` at the output rate) costs more than the task has left."""
+        """Not sent when its worst case (the prompt's estimated tokens at the input rate, or
+        the cache-write rate when higher; ``max_tokens`` at the output rate) costs more than
+        the task has left."""
         left = self.config.max_cost_usd
         if left is None or self.price is None:
             return
         prompt = self.state.conversation.estimate_tokens()
         worst = self.price.worst_case(prompt, options.max_tokens)
+        prompt_rate, output_rate = self.price.worst_rates(prompt)
         if worst > left:
             raise _terminate(
                 TerminationKind.BUDGET_EXHAUSTED,
                 f"budget exhausted: the next model call could cost up to {format_usd(worst)} "
                 f"(~{prompt} prompt tokens, max_tokens {options.max_tokens}, "
-                f"{self.price.model or 'model'} at ${self.price.input_per_mtok:g}/"
-                f"${self.price.output_per_mtok:g} per million tokens) and the task has "
+                f"{self.price.model or 'model'} at ${prompt_rate:g}/${output_rate:g} per "
+                "million tokens) and the task has "
                 f"{format_usd(left)} left of limits.max_cost_usd",
             )
 

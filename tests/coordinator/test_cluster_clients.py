@@ -25,8 +25,7 @@ from shared import keys
 from shared.errors import ConfigError
 from shared.eviction import EvictingRedisError
 from shared.settings import OrgaSettings, celery_broker_url
-from tests.ci import require
-from tests.redis_cluster import RedisCluster, RedisClusterUnavailableError
+from tests.redis_cluster import RedisCluster, started_or_required
 from workers.redis_policy import check_redis_keeps_keys as worker_check
 
 PARTITIONS = 16
@@ -34,11 +33,7 @@ PARTITIONS = 16
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisCluster]:
-    running = RedisCluster()
-    try:
-        running.start()
-    except RedisClusterUnavailableError as exc:
-        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
+    running = started_or_required(RedisCluster())
     try:
         yield running
     finally:

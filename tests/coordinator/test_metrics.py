@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.metrics import (
     DEFAULT_METRICS_HOST,
+    BoundedLabel,
     CoordinatorMetrics,
     QueueDepthCollector,
     RedisStateCollector,
@@ -257,6 +258,64 @@ def test_provider_errors_and_rate_limit_waits_are_counted() -> None:
     assert _value(text, "orga_provider_errors_total", provider="anthropic", status="timeout") == 1
     assert _value(text, "orga_rate_limit_waits_total", provider="openai") == 2
     assert _value(text, "orga_rate_limit_wait_seconds_total", provider="openai") == 4.0
+
+
+def test_a_task_minting_model_names_costs_a_bounded_number_of_series() -> None:
+    """Models named by tasks: the first ``label_limit`` distinct names keep their series, any
+    later one counts as ``other`` in orga_tokens, orga_cost_usd and the GenAI histograms (a
+    name already seen keeps its own); the folded observations are counted by label."""
+    registry = CollectorRegistry()
+    metrics = CoordinatorMetrics(registry, label_limit=3)
+    usage = Usage(prompt_tokens=10, completion_tokens=2, total_tokens=12, cost_usd=0.5)
+    for n in range(50):
+        call = ModelCall(provider="openai", model=f"minted-{n}", response_model=f"minted-{n}")
+        metrics.model_called(call, usage)
+    metrics.model_called(ModelCall(provider="openai", model="minted-1"), usage)
+    for n in range(10):
+        metrics.observed(_tool(f"tool-{n}", 5.0))
+    text = generate_latest(registry).decode()
+    models = {
+        line.split('model="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith("orga_cost_usd_total{")
+    }
+    assert models == {"minted-0", "minted-1", "minted-2", "other"}
+    assert _value(text, "orga_cost_usd_total", provider="openai", model="other") == 47 * 0.5
+    assert _value(text, "orga_cost_usd_total", provider="openai", model="minted-1") == 1.0
+    assert _value(text, "orga_tokens_total", kind="prompt", provider="openai", model="other") == 470
+    assert (
+        _value(text, "gen_ai_client_operation_duration_seconds_count",
+               gen_ai_operation_name="chat", gen_ai_provider_name="openai",
+               gen_ai_request_model="other", gen_ai_response_model="other")
+        == 47
+    )  # fmt: skip
+    series = [
+        line for line in text.splitlines() if line.startswith("gen_ai_client_token_usage_count")
+    ]
+    assert len(series) == 4 * 2  # 3 models and other, input and output
+    tools = {
+        line.split('tool="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith("orga_tool_call_duration_seconds_count")
+    }
+    assert tools == {"tool-0", "tool-1", "tool-2", "other"}
+    assert _value(text, "orga_metric_label_overflow_total", label="model") == 2 * 47
+    assert _value(text, "orga_metric_label_overflow_total", label="tool") == 7
+
+
+def test_a_bounded_label_keeps_its_first_values() -> None:
+    bound = BoundedLabel(2)
+    assert [bound(v) for v in ("a", "b", "c", "a", "d", "b")] == [
+        "a",
+        "b",
+        "other",
+        "a",
+        "other",
+        "b",
+    ]
+    assert bound.overflowed == 2
+    with pytest.raises(ValueError, match="at least 1, got 0"):
+        BoundedLabel(0)
 
 
 def test_observation_lag_is_the_age_of_the_oldest_undelivered_entry(

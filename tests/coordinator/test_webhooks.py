@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import httpx
+import pytest
 from redis.asyncio import Redis
 
+from coordinator.logs import EventFormatter
 from coordinator.webhooks import WebhookDeliverer, public_url
 from shared import keys
 from shared.redaction import REDACTED, Redactor
@@ -49,6 +52,18 @@ async def _until(predicate: object, timeout_s: float = 10.0) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("timed out")
+
+
+async def _dead_letter_of(deliverer: WebhookDeliverer, fields: dict[str, str]) -> dict[str, str]:
+    """Run ``deliverer``, write one event of ``fields``, wait for its dead letter, stop; the
+    dead letter (the deliverer's Redis decodes its replies)."""
+    task = await _started(deliverer)
+    await deliverer.redis.xadd(EVENTS, {**fields, "error": "boom"})
+    dead = keys.dead_letter_stream(0)
+    await _until(lambda: deliverer.redis.xlen(dead))
+    deliverer.stop()
+    await task
+    return dict((await deliverer.redis.xrange(dead))[0][1])
 
 
 async def _pending(redis: Redis) -> int:
@@ -96,25 +111,53 @@ def test_past_the_deadline_a_post_is_dead_lettered_without_credentials(
             hook = _hook(secret="s3cret-value")
             deliverer = WebhookDeliverer(redis, [hook], deadline_s=0.5, first_backoff_s=0.1,
                                          block_ms=50, transport=_receiver([503], seen))  # fmt: skip
-            task = await _started(deliverer)
-            await redis.xadd(EVENTS, {"task_id": "t2", "event": "failed", "error": "boom"})
-            dead = keys.dead_letter_stream(0)
-            await _until(lambda: redis.xlen(dead))
-            deliverer.stop()
-            await task
+            letter = await _dead_letter_of(deliverer, {"task_id": "t2", "event": "failed"})
             assert await _pending(redis) == 0
             assert seen[0].headers["X-Orga-Signature"].startswith("sha256=")
-            return dict((await redis.xrange(dead))[0][1])
+            return letter
 
     letter = asyncio.run(scenario())
     assert letter["kind"] == "webhook" and letter["event"] == "task_failed"
     assert (
         letter["url"]
-        == "https://hooks.example/in"
-        == public_url("https://u:p@hooks.example/in?token=abc")
+        == "https://hooks.example/in?***"
+        == public_url("https://u:p@hooks.example/in?token=abc#f")
     )
     assert "HTTP 503" in letter["error"] and int(letter["attempts"]) >= 2
     assert "s3cret" not in json.dumps(letter) and "token=abc" not in json.dumps(letter)
+
+
+def test_a_webhook_urls_credentials_never_reach_the_log_records(
+    redis_client: RedisClientFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A subscription whose URL carries a password (userinfo) and a token (query), and whose
+    receiver fails with an HTTP error quoting the URL in another form (a redirect's target)
+    and echoing the token bare: neither the retry nor the dead-letter log records, nor the
+    dead letter, hold the password or the token."""
+    password, token = "pw-s3cret-0123456789", "tok-s3cret-0123456789"
+    url = f"https://user:{password}@hooks.example/in?token={token}&x=1"
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        moved = request.url.copy_with(path="/moved")
+        raise httpx.ConnectError(f"redirected to {moved}, then refused (token {token})")
+
+    async def scenario() -> dict[str, str]:
+        async with redis_client(decode_responses=True) as redis:
+            deliverer = WebhookDeliverer(redis, [_hook(url)], deadline_s=0.5,
+                                         first_backoff_s=0.1, block_ms=50,
+                                         transport=httpx.MockTransport(refuse))  # fmt: skip
+            return await _dead_letter_of(deliverer, {"task_id": "t3", "event": "failed"})
+
+    with caplog.at_level(logging.DEBUG, logger="orga.coordinator.webhooks"):
+        letter = asyncio.run(scenario())
+    records = [r for r in caplog.records if r.name == "orga.coordinator.webhooks"]
+    events = {r.getMessage() for r in records}
+    assert {"webhook.retry", "webhook.dead_lettered"} <= events
+    for record in records:
+        line = EventFormatter("%(message)s").format(record)
+        assert "hooks.example/in?***" in line and "ConnectError" in line
+        assert password not in line and token not in line and "s3cret" not in line
+    assert "s3cret" not in json.dumps(letter)
 
 
 def test_an_events_error_and_reason_are_redacted_before_they_are_posted(

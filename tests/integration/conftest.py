@@ -1,5 +1,6 @@
 """Integration fixtures: one private Redis per test module, real worker and coordinator
-processes (see ``harness.py``)."""
+processes (see ``harness.py``); for the Redis Cluster tests (``test_cluster.py``,
+``test_cluster_reshard.py``) a private cluster and a standalone broker Redis per module."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from orga.embedded_redis import EmbeddedRedis
 from tests.integration.harness import PARTITIONS, Cluster, running_cluster, started_redis
+from tests.redis_cluster import RedisCluster, started_or_required
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +41,22 @@ def cluster(
     root = tmp_path_factory.mktemp(f"cluster-{partitions}p")
     with running_cluster(private_redis.url, root, partitions=partitions) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A private Redis Cluster (3 masters, 3 replicas; :mod:`tests.redis_cluster`) for this
+    module; skipped (or failed under CI) where redis-server cannot make one."""
+    cluster = started_or_required(RedisCluster())
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A private standalone Redis for Celery's broker (Celery cannot use a cluster)."""
+    server = started_redis(tmp_path_factory.mktemp("broker"))
+    yield server
+    server.close()

@@ -34,7 +34,6 @@ from orga.embedded_redis import EmbeddedRedis
 from orga.redis_client import RedisClients
 from shared import keys
 from shared.schedule import Schedule, fire_key, fire_task_id
-from tests.ci import require
 from tests.integration.harness import (
     REPO,
     Cluster,
@@ -45,7 +44,7 @@ from tests.integration.harness import (
     status_of,
     wait_until,
 )
-from tests.redis_cluster import RedisCluster, RedisClusterUnavailableError
+from tests.redis_cluster import RedisCluster, started_or_required
 
 pytestmark = pytest.mark.integration
 
@@ -109,26 +108,6 @@ class OnCluster(Cluster):
                 client=clients.sync(decode_responses=True),
             )
         return self._client
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[RedisCluster]:
-    cluster = RedisCluster()
-    try:
-        cluster.start()
-    except RedisClusterUnavailableError as exc:
-        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    server = started_redis(tmp_path_factory.mktemp("broker"))
-    yield server
-    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -477,11 +456,7 @@ def test_a_reasoning_answered_with_its_chained_call_waits_for_the_tools_queue(
     and re-sent it, each re-send chaining one more call behind the others, until the task
     failed. Here the tools queue has no worker for 4 observation deadlines, then one: the
     task completes with one reasoning and one run of its call."""
-    cluster = RedisCluster(directory=tmp_path / "cluster")
-    try:
-        cluster.start()
-    except RedisClusterUnavailableError as exc:
-        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
+    cluster = started_or_required(RedisCluster(directory=tmp_path / "cluster"))
     broker = started_redis(tmp_path / "broker")
     (tmp_path / "deployment").mkdir()
     running = OnCluster(cluster.url, tmp_path / "deployment", broker.url, _free_port())

@@ -43,10 +43,9 @@ from orga.redis_client import RedisClients
 from shared import keys
 from shared.protocol import Fence, WorkerFailedMessage
 from shared.settings import OrgaSettings
-from tests.ci import require
-from tests.integration.harness import assert_journal_is_clean, started_redis, wait_until
+from tests.integration.harness import assert_journal_is_clean, wait_until
 from tests.integration.test_cluster import PARTITIONS, OnCluster, _free_port
-from tests.redis_cluster import MigratedKey, RedisCluster, RedisClusterUnavailableError
+from tests.redis_cluster import MigratedKey, RedisCluster
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
 from workers.tasks import SLOT_MOVING_ERRORS, _publish
@@ -65,26 +64,6 @@ is redirected, every script or ``MULTI`` whose keys are split refused with ``TRY
 HOLD_PUBLISH_S = 8.0
 """Longer than redis-py's own retries of a ``MULTI`` refused on a slot being moved (4.7 s
 measured), so that the publish meets the error."""
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[RedisCluster]:
-    cluster = RedisCluster()
-    try:
-        cluster.start()
-    except RedisClusterUnavailableError as exc:
-        require("a Redis Cluster of redis-server processes", f"install redis-server ({exc})")
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    server = started_redis(tmp_path_factory.mktemp("broker"))
-    yield server
-    server.close()
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,48 @@ def test_a_long_prompt_pays_the_higher_tier_on_the_whole_call() -> None:
     assert price.cost(usage) == pytest.approx(1.8 + 0.0225)
 
 
+def test_anthropic_cache_writes_and_reads_are_priced_at_their_own_rates() -> None:
+    """Claude Sonnet 4: $3 in, $3.75 a cache write, $0.30 a cache read, $15 out per million
+    tokens (the table's public ``cache_write_mtok``/``cache_read_mtok``), as genai-prices
+    itself prices the same usage; a cache write is not priced at the base input rate."""
+    from genai_prices import Usage as TableUsage
+    from genai_prices import calc_price
+
+    price = table_price("claude-sonnet-4-20250514", "anthropic")
+    assert price is not None
+    assert (price.cache_write_per_mtok, price.cache_read_per_mtok) == (3.75, 0.3)
+    usage = Usage(prompt_tokens=10_000, completion_tokens=100, total_tokens=10_100,
+                  cache_write_tokens=6000, cache_read_tokens=3000)  # fmt: skip
+    expected = (1000 * 3 + 6000 * 3.75 + 3000 * 0.3 + 100 * 15) / 1e6
+    assert price.cost(usage) == pytest.approx(expected)
+    table = calc_price(
+        TableUsage(input_tokens=10_000, cache_write_tokens=6000, cache_read_tokens=3000,
+                   output_tokens=100),
+        "claude-sonnet-4-20250514", provider_id="anthropic",
+    )  # fmt: skip
+    assert price.cost(usage) == pytest.approx(float(table.total_price))
+    base_only = (10_000 * 3 + 100 * 15) / 1e6
+    assert price.cost(usage.model_copy(update={"cache_read_tokens": 0})) > base_only
+    # the worst case prices the prompt at the cache-write rate: a cached prompt may be written
+    assert price.worst_case(1000, 100) == pytest.approx((1000 * 3.75 + 100 * 15) / 1e6)
+
+
+def test_cache_rates_follow_the_long_context_tier() -> None:
+    """Past 200k prompt tokens Claude Sonnet 4.5's cache rates double with its input rate."""
+    price = table_price("claude-sonnet-4-5", "anthropic")
+    assert price is not None
+    usage = Usage(prompt_tokens=300_000, cache_write_tokens=100_000, cache_read_tokens=100_000)
+    assert price.cost(usage) == pytest.approx((100_000 * 6 + 100_000 * 7.5 + 100_000 * 0.6) / 1e6)
+
+
+def test_a_task_price_without_cache_rates_prices_cached_tokens_at_the_input_rate() -> None:
+    """``provider.pricing`` names no cache rates: every prompt token at its input rate."""
+    own = price_of("m", None, ModelPricing(input_per_mtok=1.0, output_per_mtok=2.0))
+    assert own is not None
+    usage = Usage(prompt_tokens=1000, completion_tokens=10, cache_write_tokens=600)
+    assert own.cost(usage) == pytest.approx((1000 * 1 + 10 * 2) / 1e6)
+
+
 def test_the_worst_case_is_the_prompt_and_max_tokens() -> None:
     """Worst case: the prompt at the input rate plus every allowed output token."""
     price = Price("m", input_per_mtok=2.0, output_per_mtok=8.0, tiers=(Tier(100, 4.0, 16.0),))

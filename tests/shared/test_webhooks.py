@@ -62,3 +62,26 @@ def test_orga_webhooks_is_read_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s3cret" not in repr(settings)
     with pytest.raises(ValidationError, match="task_started"):
         WebhookSubscription.model_validate({"url": "https://x.example", "events": ["task_started"]})
+
+
+@pytest.mark.parametrize(
+    "hook",
+    [
+        {"url": "ftp://u:pw-s3cret@h.example/in?token=tok-s3cret"},
+        {"url": "https://u:pw-s3cret@h.example/in?token=tok-s3cret", "events": []},
+        {
+            "url": "https://u:pw-s3cret@h.example/in?token=tok-s3cret",
+            "secret": "sig-s3cret",
+            "x": 1,
+        },
+    ],
+)
+def test_an_invalid_subscription_is_refused_without_its_url_or_secret(
+    monkeypatch: pytest.MonkeyPatch, hook: dict[str, object]
+) -> None:
+    """ORGA_WEBHOOKS with a bad entry: the error names the field, never the URL's password
+    or token nor the secret (the process prints it at start)."""
+    monkeypatch.setenv("ORGA_WEBHOOKS", json.dumps([hook]))
+    with pytest.raises(ValidationError, match=r"webhooks\.0\.") as caught:
+        OrgaSettings()
+    assert "s3cret" not in str(caught.value)

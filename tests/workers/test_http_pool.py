@@ -7,6 +7,7 @@ import contextlib
 import shutil
 import ssl
 import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -218,6 +219,26 @@ def test_env_proxy_follows_the_proxy_variables(
     assert env_proxy(url) == expected
 
 
+HI = Conversation(messages=[ConversationMessage.user("hi")])
+
+ProxyHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _proxy_in_env(
+    monkeypatch: pytest.MonkeyPatch, handler: ProxyHandler, variable: str, credentials: str = ""
+) -> AsyncIterator[int]:
+    """A local proxy serving ``handler``, named in ``variable`` (``HTTP_PROXY``,
+    ``HTTPS_PROXY``; ``credentials``: ``user:password@``) with no ``NO_PROXY``; its port."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    monkeypatch.setenv(variable, f"http://{credentials}127.0.0.1:{port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    async with server:
+        yield port
+
+
 def test_a_provider_without_a_session_goes_through_the_environment_proxy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -244,15 +265,9 @@ def test_a_provider_without_a_session_goes_through_the_environment_proxy(
         writer.close()
 
     async def scenario() -> None:
-        server = await asyncio.start_server(proxy, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        conversation = Conversation(messages=[ConversationMessage.user("hi")])
-        async with server:
+        async with _proxy_in_env(monkeypatch, proxy, "HTTP_PROXY"):
             fresh = OpenAICompatProvider(base_url="http://llm.test/v1", api_key="k")
-            answer = await fresh.complete(conversation, InferenceOptions())
+            answer = await fresh.complete(HI, InferenceOptions())
             assert answer.content == "via proxy"
             assert seen == [b"POST http://llm.test/v1/chat/completions HTTP/1.1"]
             session = pooled_session(2)
@@ -264,7 +279,7 @@ def test_a_provider_without_a_session_goes_through_the_environment_proxy(
                     retry=RetryPolicy(max_retries=0),
                 )
                 with pytest.raises(ProviderError, match="could not reach"):  # direct: refused
-                    await pooled.complete(conversation, InferenceOptions())
+                    await pooled.complete(HI, InferenceOptions())
             assert len(seen) == 1
 
     asyncio.run(scenario())
@@ -285,20 +300,15 @@ def test_a_proxy_refusing_the_call_never_shows_its_credentials(
         writer.close()
 
     async def scenario() -> None:
-        server = await asyncio.start_server(proxy, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        monkeypatch.setenv("HTTPS_PROXY", f"http://orga-user:Pr0xyS3cret@127.0.0.1:{port}")
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        conversation = Conversation(messages=[ConversationMessage.user("hi")])
-        async with server:
+        credentials = "orga-user:Pr0xyS3cret@"
+        async with _proxy_in_env(monkeypatch, proxy, "HTTPS_PROXY", credentials) as port:
             provider = OpenAICompatProvider(
                 base_url="https://llm.test/v1",
                 api_key="k",
                 retry=RetryPolicy(max_retries=1, backoff_base_s=0, jitter_s=0),
             )
             with pytest.raises(ProviderError) as caught:
-                await provider.complete(conversation, InferenceOptions())
+                await provider.complete(HI, InferenceOptions())
         message = str(caught.value)
         assert f"127.0.0.1:{port}" in message  # which proxy, still said
         assert "Pr0xyS3cret" not in message

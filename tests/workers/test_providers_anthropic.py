@@ -245,7 +245,13 @@ def test_text_blocks_are_joined_and_cache_tokens_counted() -> None:
     response = parse_anthropic_response(load_fixture("anthropic_max_tokens.json"), "m")
     assert response.content == "The first part of a long\nanswer that was cut"
     assert response.finish_reason is FinishReason.MAX_TOKENS
-    assert response.usage == Usage(prompt_tokens=2600, completion_tokens=64, total_tokens=2664)
+    assert response.usage == Usage(
+        prompt_tokens=2600,
+        completion_tokens=64,
+        total_tokens=2664,
+        cache_write_tokens=2000,
+        cache_read_tokens=500,
+    )
 
 
 def test_a_refusal_is_mapped(server: FakeAnthropicServer) -> None:

@@ -23,6 +23,7 @@ from shared.inference import (
     ToolDefinition,
     Usage,
 )
+from shared.pricing import table_price
 from tests.fakes.llm_server import FakeOpenAIServer, RecordingSleep, load_fixture
 from workers.providers import InferenceProvider, OpenAICompatProvider
 from workers.providers.base import ProviderError, ResponseParseError
@@ -402,6 +403,23 @@ def test_usage_defaults_and_model_fallback() -> None:
     response = parse_openai_response({"choices": [{"message": {"content": "x"}}]}, "requested")
     assert response.usage == Usage()
     assert response.model == "requested"
+
+
+def test_cached_prompt_tokens_are_read_for_pricing() -> None:
+    """``usage.prompt_tokens_details.cached_tokens`` (OpenAI's automatic prompt caching) is the
+    part of the prompt read from the cache; it is priced at the table's cache-read rate."""
+    usage = {"prompt_tokens": 2000, "completion_tokens": 10, "total_tokens": 2010,
+             "prompt_tokens_details": {"cached_tokens": 1536}}  # fmt: skip
+    data = {"choices": [{"message": {"content": "x"}}], "usage": usage}
+    response = parse_openai_response(data, "gpt-4o")
+    assert response.usage == Usage(
+        prompt_tokens=2000, completion_tokens=10, total_tokens=2010, cache_read_tokens=1536
+    )
+    price = table_price("gpt-4o", "openai")
+    assert price is not None and price.cache_read_per_mtok == 1.25
+    assert price.cost(response.usage) == pytest.approx((464 * 2.5 + 1536 * 1.25 + 10 * 10) / 1e6)
+    junk = {**usage, "prompt_tokens_details": {"cached_tokens": "many"}}
+    assert parse_openai_response({**data, "usage": junk}, "m").usage.cache_read_tokens == 0
 
 
 def test_the_provider_implements_the_protocol_and_hides_the_key() -> None:

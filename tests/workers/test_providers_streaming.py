@@ -156,7 +156,9 @@ def test_anthropic_recorded_text_stream_parses_like_the_whole_reply() -> None:
     response = parse_anthropic_response(reply, "claude")
     assert text == response.content == "Hello! How can I help?"
     assert response.finish_reason is FinishReason.STOP
-    assert response.usage == Usage(prompt_tokens=35, completion_tokens=15, total_tokens=50)
+    assert response.usage == Usage(
+        prompt_tokens=35, completion_tokens=15, total_tokens=50, cache_read_tokens=10
+    )
 
 
 def test_anthropic_recorded_input_json_deltas_make_the_tool_input() -> None:

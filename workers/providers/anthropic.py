@@ -14,7 +14,9 @@ json.dumps(input))`` (a block without id or name is a ``ResponseParseError``); `
 ``refusal`` → REFUSAL, ``tool_use`` → TOOL_CALLS, ``max_tokens`` and
 ``model_context_window_exceeded`` → MAX_TOKENS, anything else (``end_turn``, ``stop_sequence``,
 ``pause_turn``, missing) → TOOL_CALLS when there are tool calls, else STOP. Usage: prompt tokens
-are ``input_tokens`` plus any cache-read and cache-creation tokens, total = prompt + output.
+are ``input_tokens`` plus any cache-read and cache-creation tokens (kept apart too, as
+``cache_read_tokens`` and ``cache_write_tokens``: priced at their own rates), total = prompt +
+output.
 
 Inside :func:`~workers.providers.streaming.streaming_to` the request adds ``stream: true`` and
 the event stream is assembled into the same reply (:mod:`workers.providers.streaming`).
@@ -272,11 +274,14 @@ def _tool_call(index: int, block: Mapping[str, Any]) -> ToolCall:
 def _usage(raw: Any) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
-    prompt = sum(
-        json_count(raw.get(key))
-        for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    )
+    written = json_count(raw.get("cache_creation_input_tokens"))
+    read = json_count(raw.get("cache_read_input_tokens"))
+    prompt = json_count(raw.get("input_tokens")) + written + read
     completion = json_count(raw.get("output_tokens"))
     return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        cache_write_tokens=written,
+        cache_read_tokens=read,
     )

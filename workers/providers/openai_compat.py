@@ -9,7 +9,9 @@ Request (``POST {base_url}/chat/completions``): ``model``, ``messages``
 Reply: ``choices[0].message``. Unlike Symbiont, tool-call arguments sent as a JSON object are
 re-serialised instead of dropped, a tool call without id or name is a ``ResponseParseError``
 instead of vanishing, and ``message.refusal`` gives ``FinishReason.REFUSAL`` (its text becomes the
-content when there is no other). A missing ``usage.total_tokens`` is computed.
+content when there is no other). A missing ``usage.total_tokens`` is computed;
+``usage.prompt_tokens_details.cached_tokens`` is kept as ``cache_read_tokens`` (priced at the
+cache-read rate).
 
 Inside :func:`~workers.providers.streaming.streaming_to` the request adds ``stream: true`` and
 ``stream_options: {include_usage: true}``, and the chunks are assembled into the same reply
@@ -342,7 +344,14 @@ def _usage(raw: Any) -> Usage:
     prompt = json_count(raw.get("prompt_tokens"))
     completion = json_count(raw.get("completion_tokens"))
     total = json_count(raw.get("total_tokens")) or prompt + completion
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
+    details = raw.get("prompt_tokens_details")
+    cached = json_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+        cache_read_tokens=min(cached, prompt),
+    )
 
 
 def _describe(data: Mapping[str, Any]) -> str:
