@@ -20,6 +20,7 @@ as soon as that worker has started, before it starts the tool worker. :func:`sta
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -28,11 +29,33 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn, Protocol
 
-__all__ = ["COMMANDS_VARIABLE", "Child", "decode", "encode", "main", "start", "stop", "supervise"]
+__all__ = [
+    "COMMANDS_VARIABLE",
+    "FORK_VARIABLE",
+    "WORKER_MODULE",
+    "Child",
+    "Forked",
+    "decode",
+    "encode",
+    "fork_workers",
+    "main",
+    "start",
+    "stop",
+    "supervise",
+]
 
 COMMANDS_VARIABLE = "ORGA_SUPERVISE_COMMANDS"
 """Where ``orga worker`` hands the supervisor its children (see the module's docstring)."""
+FORK_VARIABLE = "ORGA_SUPERVISE_FORK"
+"""Set (to ``1``) by ``orga worker`` when ``ORGA_WORKER_FORK`` is on: the supervisor forks
+its workers instead of starting them (:func:`fork_workers`)."""
+CUSTOM_POOL_VARIABLE = "CELERY_CUSTOM_WORKER_POOL"
+"""Celery's ``-P custom`` pool, read when :mod:`celery.concurrency` is imported."""
+WORKER_MODULE = "orga.worker_main"
+"""The module of a worker command, ``[python, -m, orga.worker_main, ...]``: the only kind of
+child the supervisor forks."""
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
 
@@ -76,6 +99,7 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
             env = {k: v for k, v in environ.items() if k not in unset}
             env.update({str(k): str(v) for k, v in item["set"].items()})
             env.pop(COMMANDS_VARIABLE, None)
+            env.pop(FORK_VARIABLE, None)
             fds = tuple(int(fd) for fd in item.get("fds", ()))
             children.append(Child([str(a) for a in item["argv"]], env, fds))
     except (ValueError, TypeError, KeyError) as exc:
@@ -86,6 +110,129 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
     if not children:
         raise ValueError(f"{COMMANDS_VARIABLE} names no process to start")
     return children
+
+
+class Process(Protocol):
+    """What the supervisor needs of a child: a :class:`subprocess.Popen`, or :class:`Forked`."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class Forked:
+    """A worker forked by :func:`fork_workers`: ``poll``, ``send_signal`` and ``returncode``
+    as :class:`subprocess.Popen` has them (``-n`` when signal ``n`` killed it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: gone, its status unknown
+                self.returncode = 1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def forkable(children: Sequence[Child]) -> bool:
+    """Whether every child is a worker command of this interpreter (``python -m
+    orga.worker_main ...``), which :func:`fork_workers` can run in a forked process."""
+    return all(c.argv[:3] == [sys.executable, "-m", WORKER_MODULE] for c in children)
+
+
+def fork_workers(children: Sequence[Child]) -> list[Forked]:
+    """Run each worker command of ``children`` (:func:`forkable`) in a process forked from
+    this one, after importing what every worker imports (:func:`orga.worker_main.preload`)
+    and freezing it (:func:`gc.freeze`, Python's recipe for ``fork`` without ``exec``): the
+    workers share those modules' pages, as a prefork pool's processes share their parent's
+    (issue 27: about 70 MB less for ``orga worker``'s default of three workers). The app is
+    not built here: each worker builds it from its own environment, as a started one would,
+    reading its model keys from its own socket; the supervisor never reads them.
+
+    Each forked process gets what :func:`start` would give the command: its environment
+    (``os.environ``: what Python code and the processes it starts see; ``/proc/PID/environ``
+    still shows the supervisor's, which holds no secret), ``sys.argv``, the default signal
+    handlers, and, of the descriptors above 2, only its own ``pass_fds``. Its
+    ``/proc/PID/comm`` names its queue (``orga-reasoning``, ``orga-tools``): ``ps -o comm``
+    and ``top`` tell the workers apart; its command line stays the supervisor's."""
+    from orga import worker_main
+
+    # Celery reads its custom pool's name when celery.concurrency is imported: before the fork.
+    pools = {c.env[CUSTOM_POOL_VARIABLE] for c in children if CUSTOM_POOL_VARIABLE in c.env}
+    if len(pools) > 1:
+        raise ValueError(
+            f"the workers name different {CUSTOM_POOL_VARIABLE}s ({sorted(pools)}): forked "
+            "workers share one; set ORGA_WORKER_FORK=false"
+        )
+    if pools:
+        os.environ[CUSTOM_POOL_VARIABLE] = pools.pop()
+    queues = [_queue(c.argv) for c in children]
+    worker_main.preload(prices=any(q in (None, "orga.reasoning") for q in queues))
+    gc.collect()  # what is garbage now is freed, not frozen
+    gc.freeze()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    forked: list[Forked] = []
+    for index, (child, queue) in enumerate(zip(children, queues, strict=True)):
+        try:
+            pid = os.fork()
+        except BaseException:
+            for later in children[index:]:
+                _close(later.pass_fds)
+            raise
+        if pid == 0:
+            _run_worker(child, queue)  # raises the worker's SystemExit: never returns here
+        _close(child.pass_fds)
+        forked.append(Forked(pid))
+    return forked
+
+
+def _queue(argv: Sequence[str]) -> str | None:
+    """The ``-Q`` of a worker command (None: every queue)."""
+    return argv[argv.index("-Q") + 1] if "-Q" in argv[:-1] else None
+
+
+def _run_worker(child: Child, queue: str | None) -> NoReturn:
+    """In a forked process: become the worker ``child`` names. Its end is a ``SystemExit``
+    (Celery's exit code) or an exception, which unwinds to the interpreter's top level: the
+    process exits as a started worker would, its exit handlers run."""
+    for signum in (signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    keep = set(child.pass_fds)
+    for fd in _open_fds():
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    os.environ.clear()
+    os.environ.update(child.env)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(f"orga-{(queue or 'worker').removeprefix('orga.')}"[:15])
+    from orga import worker_main
+
+    args = child.argv[3:]
+    sys.argv = [worker_main.__file__ or WORKER_MODULE, *args]
+    raise SystemExit(worker_main.main(args))
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 256))
 
 
 def start(children: Sequence[Child], output: int | None = None) -> list[subprocess.Popen[bytes]]:
@@ -127,8 +274,10 @@ def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_T
             process.wait()
 
 
-def supervise(children: Sequence[Child]) -> int:
+def supervise(children: Sequence[Child], *, fork: bool = False) -> int:
     """Run ``children`` until one exits or this process is told to stop, then stop the others.
+    With ``fork`` (all :func:`forkable`), they are forked from this process
+    (:func:`fork_workers`), else started (:func:`start`).
 
     Stopping is Celery's: SIGTERM to each (a warm shutdown: the calls they run finish), then
     wait for all of them with no deadline of its own, so that a long model call is not killed
@@ -144,7 +293,7 @@ def supervise(children: Sequence[Child]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
-    processes = start(children)
+    processes: Sequence[Process] = fork_workers(children) if fork else start(children)
     code = 0
     while not signals:
         exited = [(c, p) for c, p in zip(children, processes, strict=True) if p.poll() is not None]
@@ -176,7 +325,7 @@ def exit_code(returncode: int) -> int:
     return returncode or 1
 
 
-def _send(processes: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
+def _send(processes: Sequence[Process], signum: int) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(signum)
@@ -198,7 +347,15 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     os.environ.pop(COMMANDS_VARIABLE, None)
-    return supervise(children)
+    fork = os.environ.pop(FORK_VARIABLE, "") == "1"
+    if fork and not forkable(children):
+        print(
+            f"error: {FORK_VARIABLE}=1 but not every command is `python -m {WORKER_MODULE}` "
+            "of this interpreter: it is set by `orga worker`, run that instead",
+            file=sys.stderr,
+        )
+        return 2
+    return supervise(children, fork=fork)
 
 
 if __name__ == "__main__":
