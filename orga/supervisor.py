@@ -1,6 +1,13 @@
 """What ``orga worker`` becomes when it starts more than one Celery worker: a process that
 starts them, stops them all when one exits or when it is told to stop, and imports nothing but
-the standard library.
+the standard library, until it forks its workers.
+
+By default (``ORGA_WORKER_FORK``, :data:`FORK_VARIABLE`) it does not start each worker as a
+new interpreter: it imports what every worker imports, freezes it (:func:`gc.freeze`), and
+forks the workers from itself (:func:`fork_workers`), so that the two reasoning workers, the
+tool worker and its pool processes share those modules' pages instead of holding a copy each
+(docs/performance.md, issue 27). Each forked worker builds its own Celery app from its own
+environment and reads its own model key socket, as a started one would.
 
 The CLI that builds the workers' commands has imported Typer, pydantic and the settings: about
 45 MB that a process doing nothing but wait on its children would keep for its whole life. So
@@ -56,6 +63,7 @@ CUSTOM_POOL_VARIABLE = "CELERY_CUSTOM_WORKER_POOL"
 WORKER_MODULE = "orga.worker_main"
 """The module of a worker command, ``[python, -m, orga.worker_main, ...]``: the only kind of
 child the supervisor forks."""
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
 
@@ -158,7 +166,7 @@ def fork_workers(children: Sequence[Child]) -> list[Forked]:
     this one, after importing what every worker imports (:func:`orga.worker_main.preload`)
     and freezing it (:func:`gc.freeze`, Python's recipe for ``fork`` without ``exec``): the
     workers share those modules' pages, as a prefork pool's processes share their parent's
-    (issue 27: about 70 MB less for ``orga worker``'s default of three workers). The app is
+    (issue 27: about 60 MB less for ``orga worker``'s default of three workers). The app is
     not built here: each worker builds it from its own environment, as a started one would,
     reading its model keys from its own socket; the supervisor never reads them.
 
@@ -187,14 +195,19 @@ def fork_workers(children: Sequence[Child]) -> list[Forked]:
     sys.stderr.flush()
     forked: list[Forked] = []
     for index, (child, queue) in enumerate(zip(children, queues, strict=True)):
+        # A stop signal that arrives during the fork waits until the child has Celery's
+        # handlers' defaults (or, in the supervisor, until its own handler is back).
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             pid = os.fork()
         except BaseException:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
             for later in children[index:]:
                 _close(later.pass_fds)
             raise
         if pid == 0:
             _run_worker(child, queue)  # raises the worker's SystemExit: never returns here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         _close(child.pass_fds)
         forked.append(Forked(pid))
     return forked
@@ -212,6 +225,7 @@ def _run_worker(child: Child, queue: str | None) -> NoReturn:
     for signum in (signal.SIGTERM, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     keep = set(child.pass_fds)
     for fd in _open_fds():
         if fd > 2 and fd not in keep:
