@@ -215,14 +215,21 @@ def _comm(pid: int) -> str:
     return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
-def _unix_sockets(pid: int) -> list[str]:
-    """The Unix-domain sockets among a process's open files (a model key socket is one)."""
-    unix = {line.split()[6] for line in Path("/proc/net/unix").read_text().splitlines()[1:]}
+def _unpaired_unix_sockets(pid: int) -> list[str]:
+    """The Unix-domain sockets a process holds whose other end is closed (``ss``: peer 0):
+    what a model key socket is (``key_handoff.send`` closes its writing end); a prefork
+    pool's socket pairs have both ends open."""
+    table = subprocess.run(["ss", "-xa"], capture_output=True, text=True, check=True).stdout
+    peers = {}
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8:
+            peers[fields[5]] = fields[7]
     found = []
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with contextlib.suppress(OSError):
             target = os.readlink(fd)
-            if target.startswith("socket:[") and target[8:-1] in unix:
+            if target.startswith("socket:[") and peers.get(target[8:-1]) == "0":
                 found.append(f"{fd.name} -> {target}")
     return found
 
@@ -271,7 +278,7 @@ def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             assert b"sk-not-in-the-supervisor" not in environ
         for pid in [tools, *pool]:
-            assert not _unix_sockets(pid), (pid, _unix_sockets(pid))
+            assert not _unpaired_unix_sockets(pid), (pid, _unpaired_unix_sockets(pid))
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(30)
