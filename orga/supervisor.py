@@ -310,13 +310,14 @@ def supervise(children: Sequence[Child], *, fork: bool = False) -> int:
     processes: Sequence[Process] = fork_workers(children) if fork else start(children)
     code = 0
     while not signals:
-        exited = [(c, p) for c, p in zip(children, processes, strict=True) if p.poll() is not None]
+        polled = [(c, p.poll()) for c, p in zip(children, processes, strict=True)]
+        exited = [(c, returncode) for c, returncode in polled if returncode is not None]
         if exited:
-            child, process = exited[0]
-            code = exit_code(process.returncode)
+            child, returncode = exited[0]
+            code = exit_code(returncode)
             print(
                 f"orga worker: {' '.join(child.argv[1:])} exited with code "
-                f"{process.returncode}; stopping the others",
+                f"{returncode}; stopping the others",
                 file=sys.stderr,
                 flush=True,
             )
