@@ -58,6 +58,9 @@ COMMANDS_VARIABLE = "ORGA_SUPERVISE_COMMANDS"
 FORK_VARIABLE = "ORGA_SUPERVISE_FORK"
 """Set (to ``1``) by ``orga worker`` when ``ORGA_WORKER_FORK`` is on: the supervisor forks
 its workers instead of starting them (:func:`fork_workers`)."""
+PIDS_VARIABLE = "ORGA_SUPERVISE_PIDS"
+"""The workers a supervisor forked before it ran again as itself (``execve``): it waits on
+them instead of starting its children."""
 CUSTOM_POOL_VARIABLE = "CELERY_CUSTOM_WORKER_POOL"
 """Celery's ``-P custom`` pool, read when :mod:`celery.concurrency` is imported."""
 WORKER_MODULE = "orga.worker_main"
@@ -197,17 +200,17 @@ def fork_workers(children: Sequence[Child]) -> list[Forked]:
     for index, (child, queue) in enumerate(zip(children, queues, strict=True)):
         # A stop signal that arrives during the fork waits until the child has Celery's
         # handlers' defaults (or, in the supervisor, until its own handler is back).
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             pid = os.fork()
         except BaseException:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for later in children[index:]:
                 _close(later.pass_fds)
             raise
         if pid == 0:
             _run_worker(child, queue)  # raises the worker's SystemExit: never returns here
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _close(child.pass_fds)
         forked.append(Forked(pid))
     return forked
@@ -288,10 +291,11 @@ def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_T
             process.wait()
 
 
-def supervise(children: Sequence[Child], *, fork: bool = False) -> int:
+def supervise(children: Sequence[Child], running: Sequence[Process] | None = None) -> int:
     """Run ``children`` until one exits or this process is told to stop, then stop the others.
-    With ``fork`` (all :func:`forkable`), they are forked from this process
-    (:func:`fork_workers`), else started (:func:`start`).
+    They are started (:func:`start`), unless ``running`` already are they (forked by
+    :func:`fork_workers`, maybe before an ``execve`` of this process that kept the stop
+    signals blocked: they are unblocked once the handlers are set).
 
     Stopping is Celery's: SIGTERM to each (a warm shutdown: the calls they run finish), then
     wait for all of them with no deadline of its own, so that a long model call is not killed
@@ -307,7 +311,8 @@ def supervise(children: Sequence[Child], *, fork: bool = False) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
-    processes: Sequence[Process] = fork_workers(children) if fork else start(children)
+    processes: Sequence[Process] = start(children) if running is None else running
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     code = 0
     while not signals:
         polled = [(c, p.poll()) for c, p in zip(children, processes, strict=True)]
@@ -361,8 +366,12 @@ def main() -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    environ = {k: v for k, v in os.environ.items() if k not in (FORK_VARIABLE, PIDS_VARIABLE)}
     os.environ.pop(COMMANDS_VARIABLE, None)
     fork = os.environ.pop(FORK_VARIABLE, "") == "1"
+    pids = os.environ.pop(PIDS_VARIABLE, None)
+    if pids is not None:  # this process forked them, then ran again as itself: see below
+        return supervise(children, [Forked(int(pid)) for pid in json.loads(pids)])
     if fork and not forkable(children):
         print(
             f"error: {FORK_VARIABLE}=1 but not every command is `python -m {WORKER_MODULE}` "
@@ -370,7 +379,21 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    return supervise(children, fork=fork)
+    if not fork:
+        return supervise(children)
+    # Fork the workers, then run again as this module (execve: the same pid, so they stay its
+    # children and the signals sent to it still reach it) without their modules: the pages
+    # the workers have since copied are dropped from this process, which is back to the
+    # standard library only. Stop signals stay blocked until the new image handles them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    forked = fork_workers(children)
+    environ[PIDS_VARIABLE] = json.dumps([process.pid for process in forked])
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "orga.supervisor"], environ)  # noqa: S606
+    except OSError as exc:
+        print(f"orga worker: the supervisor could not run again ({exc}); it keeps the "
+              "workers' modules", file=sys.stderr, flush=True)  # fmt: skip
+    return supervise(children, forked)
 
 
 if __name__ == "__main__":
