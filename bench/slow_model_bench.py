@@ -181,26 +181,33 @@ def tree_cpu_s(pids: Sequence[int]) -> float:
 def process_role(group: str, process: psutil.Process) -> str:
     """What a process of a measured group is: the group, and for a Celery worker its queue
     and whether it is the worker's main process or one of its pool's children."""
-    try:
-        argv = process.cmdline()
-    except psutil.Error:
+    queue = _worker_queue(process)
+    if queue is None:
         return group
-    if not _is_worker(argv):
-        return group
-    queue = argv[argv.index("-Q") + 1] if "-Q" in argv[:-1] else "all queues"
     try:
         parent = process.parent()
-        parent_argv = parent.cmdline() if parent is not None else []
+        child = parent is not None and _worker_queue(parent) is not None
     except psutil.Error:
-        parent_argv = []
-    child = _is_worker(parent_argv)
+        child = False
     return f"worker {queue}{' (pool process)' if child else ''}"
 
 
-def _is_worker(argv: Sequence[str]) -> bool:
-    """A Celery worker's command: ``celery -A ... worker`` or ``python -m orga.worker_main``
-    (what ``orga worker`` starts)."""
-    return "celery" in " ".join(argv) or "orga.worker_main" in argv
+def _worker_queue(process: psutil.Process) -> str | None:
+    """The queue of a Celery worker's process (``all queues`` without ``-Q``), None for
+    another process. A worker is ``celery -A ... worker``, ``python -m orga.worker_main``, or
+    a worker that ``orga worker``'s supervisor forked (its command line the supervisor's, its
+    name ``orga-reasoning`` or ``orga-tools``: :func:`orga.supervisor.fork_workers`)."""
+    try:
+        argv = process.cmdline()
+        name = process.name()
+    except psutil.Error:
+        return None
+    if "celery" in " ".join(argv) or "orga.worker_main" in argv:
+        return argv[argv.index("-Q") + 1] if "-Q" in argv[:-1] else "all queues"
+    if "orga.supervisor" in argv and name.startswith("orga-"):
+        queue = name.removeprefix("orga-")
+        return "all queues" if queue == "worker" else f"orga.{queue}"
+    return None
 
 
 def cpu_by_process(groups: dict[str, list[int]]) -> dict[tuple[str, int], float]:

@@ -972,7 +972,7 @@ def worker(
     if len(commands) == 1:
         argv, env = commands[0].argv, commands[0].env
     else:
-        argv, env = supervisor_exec(commands, os.environ)
+        argv, env = supervisor_exec(commands, os.environ, fork=settings.worker_fork)
     # Becomes the worker, or the supervisor of several (orga/supervisor.py): same pid.
     os.execve(sys.executable, argv, env)  # noqa: S606
 

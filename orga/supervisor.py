@@ -1,6 +1,15 @@
 """What ``orga worker`` becomes when it starts more than one Celery worker: a process that
 starts them, stops them all when one exits or when it is told to stop, and imports nothing but
-the standard library.
+the standard library, until it forks its workers.
+
+By default (``ORGA_WORKER_FORK``, :data:`FORK_VARIABLE`) it does not start each worker as a
+new interpreter: it imports what every worker imports, freezes it (:func:`gc.freeze`), and
+forks the workers from itself (:func:`fork_workers`), so that the two reasoning workers, the
+tool worker and its pool processes share those modules' pages instead of holding a copy each
+(docs/performance.md, issue 27). Each forked worker builds its own Celery app from its own
+environment and reads its own model key socket, as a started one would. The supervisor then
+runs again as itself (``execve``, the same pid: the workers stay its children), told their
+pids by :data:`PIDS_VARIABLE`, with the standard library only.
 
 The CLI that builds the workers' commands has imported Typer, pydantic and the settings: about
 45 MB that a process doing nothing but wait on its children would keep for its whole life. So
@@ -20,6 +29,7 @@ as soon as that worker has started, before it starts the tool worker. :func:`sta
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -28,11 +38,38 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn, Protocol
 
-__all__ = ["COMMANDS_VARIABLE", "Child", "decode", "encode", "main", "start", "stop", "supervise"]
+__all__ = [
+    "COMMANDS_VARIABLE",
+    "FORK_VARIABLE",
+    "PIDS_VARIABLE",
+    "WORKER_MODULE",
+    "Child",
+    "Forked",
+    "decode",
+    "encode",
+    "fork_workers",
+    "main",
+    "start",
+    "stop",
+    "supervise",
+]
 
 COMMANDS_VARIABLE = "ORGA_SUPERVISE_COMMANDS"
 """Where ``orga worker`` hands the supervisor its children (see the module's docstring)."""
+FORK_VARIABLE = "ORGA_SUPERVISE_FORK"
+"""Set (to ``1``) by ``orga worker`` when ``ORGA_WORKER_FORK`` is on: the supervisor forks
+its workers instead of starting them (:func:`fork_workers`)."""
+PIDS_VARIABLE = "ORGA_SUPERVISE_PIDS"
+"""The workers a supervisor forked before it ran again as itself (``execve``): it waits on
+them instead of starting its children."""
+CUSTOM_POOL_VARIABLE = "CELERY_CUSTOM_WORKER_POOL"
+"""Celery's ``-P custom`` pool, read when :mod:`celery.concurrency` is imported."""
+WORKER_MODULE = "orga.worker_main"
+"""The module of a worker command, ``[python, -m, orga.worker_main, ...]``: the only kind of
+child the supervisor forks."""
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
 
@@ -76,6 +113,7 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
             env = {k: v for k, v in environ.items() if k not in unset}
             env.update({str(k): str(v) for k, v in item["set"].items()})
             env.pop(COMMANDS_VARIABLE, None)
+            env.pop(FORK_VARIABLE, None)
             fds = tuple(int(fd) for fd in item.get("fds", ()))
             children.append(Child([str(a) for a in item["argv"]], env, fds))
     except (ValueError, TypeError, KeyError) as exc:
@@ -86,6 +124,135 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
     if not children:
         raise ValueError(f"{COMMANDS_VARIABLE} names no process to start")
     return children
+
+
+class Process(Protocol):
+    """What the supervisor needs of a child: a :class:`subprocess.Popen`, or :class:`Forked`."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class Forked:
+    """A worker forked by :func:`fork_workers`: ``poll``, ``send_signal`` and ``returncode``
+    as :class:`subprocess.Popen` has them (``-n`` when signal ``n`` killed it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: gone, its status unknown
+                self.returncode = 1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def forkable(children: Sequence[Child]) -> bool:
+    """Whether every child is a worker command of this interpreter (``python -m
+    orga.worker_main ...``), which :func:`fork_workers` can run in a forked process."""
+    return all(c.argv[:3] == [sys.executable, "-m", WORKER_MODULE] for c in children)
+
+
+def fork_workers(children: Sequence[Child]) -> list[Forked]:
+    """Run each worker command of ``children`` (:func:`forkable`) in a process forked from
+    this one, after importing what every worker imports (:func:`orga.worker_main.preload`)
+    and freezing it (:func:`gc.freeze`, Python's recipe for ``fork`` without ``exec``): the
+    workers share those modules' pages, as a prefork pool's processes share their parent's
+    (issue 27: about 80 MB less for ``orga worker``'s default of three workers). The app is
+    not built here: each worker builds it from its own environment, as a started one would,
+    reading its model keys from its own socket; the supervisor never reads them.
+
+    Each forked process gets what :func:`start` would give the command: its environment
+    (``os.environ``: what Python code and the processes it starts see; ``/proc/PID/environ``
+    still shows the supervisor's, which holds no secret), ``sys.argv``, the default signal
+    handlers, and, of the descriptors above 2, only its own ``pass_fds``. Its
+    ``/proc/PID/comm`` names its queue (``orga-reasoning``, ``orga-tools``): ``ps -o comm``
+    and ``top`` tell the workers apart; its command line stays the supervisor's."""
+    from orga import worker_main
+
+    # Celery reads its custom pool's name when celery.concurrency is imported: before the fork.
+    pools = {c.env[CUSTOM_POOL_VARIABLE] for c in children if CUSTOM_POOL_VARIABLE in c.env}
+    if len(pools) > 1:
+        raise ValueError(
+            f"the workers name different {CUSTOM_POOL_VARIABLE}s ({sorted(pools)}): forked "
+            "workers share one; set ORGA_WORKER_FORK=false"
+        )
+    if pools:
+        os.environ[CUSTOM_POOL_VARIABLE] = pools.pop()
+    queues = [_queue(c.argv) for c in children]
+    worker_main.preload(prices=any(q in (None, "orga.reasoning") for q in queues))
+    gc.collect()  # what is garbage now is freed, not frozen
+    gc.freeze()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    forked: list[Forked] = []
+    for index, (child, queue) in enumerate(zip(children, queues, strict=True)):
+        # A stop signal that arrives during the fork waits until the child has Celery's
+        # handlers' defaults (or, in the supervisor, until its own handler is back).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            pid = os.fork()
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            for later in children[index:]:
+                _close(later.pass_fds)
+            raise
+        if pid == 0:
+            _run_worker(child, queue)  # raises the worker's SystemExit: never returns here
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _close(child.pass_fds)
+        forked.append(Forked(pid))
+    return forked
+
+
+def _queue(argv: Sequence[str]) -> str | None:
+    """The ``-Q`` of a worker command (None: every queue)."""
+    return argv[argv.index("-Q") + 1] if "-Q" in argv[:-1] else None
+
+
+def _run_worker(child: Child, queue: str | None) -> NoReturn:
+    """In a forked process: become the worker ``child`` names. Its end is a ``SystemExit``
+    (Celery's exit code) or an exception, which unwinds to the interpreter's top level: the
+    process exits as a started worker would, its exit handlers run."""
+    for signum in (signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    keep = set(child.pass_fds)
+    for fd in _open_fds():
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    os.environ.clear()
+    os.environ.update(child.env)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(f"orga-{(queue or 'worker').removeprefix('orga.')}"[:15])
+    from orga import worker_main
+
+    args = child.argv[3:]
+    sys.argv = [worker_main.__file__ or WORKER_MODULE, *args]
+    raise SystemExit(worker_main.main(args))
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 256))
 
 
 def start(children: Sequence[Child], output: int | None = None) -> list[subprocess.Popen[bytes]]:
@@ -127,8 +294,11 @@ def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_T
             process.wait()
 
 
-def supervise(children: Sequence[Child]) -> int:
+def supervise(children: Sequence[Child], running: Sequence[Process] | None = None) -> int:
     """Run ``children`` until one exits or this process is told to stop, then stop the others.
+    They are started (:func:`start`), unless ``running`` already are they (forked by
+    :func:`fork_workers`, maybe before an ``execve`` of this process that kept the stop
+    signals blocked: they are unblocked once the handlers are set).
 
     Stopping is Celery's: SIGTERM to each (a warm shutdown: the calls they run finish), then
     wait for all of them with no deadline of its own, so that a long model call is not killed
@@ -144,16 +314,18 @@ def supervise(children: Sequence[Child]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
-    processes = start(children)
+    processes: Sequence[Process] = start(children) if running is None else running
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     code = 0
     while not signals:
-        exited = [(c, p) for c, p in zip(children, processes, strict=True) if p.poll() is not None]
+        polled = [(c, p.poll()) for c, p in zip(children, processes, strict=True)]
+        exited = [(c, returncode) for c, returncode in polled if returncode is not None]
         if exited:
-            child, process = exited[0]
-            code = exit_code(process.returncode)
+            child, returncode = exited[0]
+            code = exit_code(returncode)
             print(
                 f"orga worker: {' '.join(child.argv[1:])} exited with code "
-                f"{process.returncode}; stopping the others",
+                f"{returncode}; stopping the others",
                 file=sys.stderr,
                 flush=True,
             )
@@ -176,7 +348,7 @@ def exit_code(returncode: int) -> int:
     return returncode or 1
 
 
-def _send(processes: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
+def _send(processes: Sequence[Process], signum: int) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(signum)
@@ -197,8 +369,34 @@ def main() -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    environ = {k: v for k, v in os.environ.items() if k not in (FORK_VARIABLE, PIDS_VARIABLE)}
     os.environ.pop(COMMANDS_VARIABLE, None)
-    return supervise(children)
+    fork = os.environ.pop(FORK_VARIABLE, "") == "1"
+    pids = os.environ.pop(PIDS_VARIABLE, None)
+    if pids is not None:  # this process forked them, then ran again as itself: see below
+        return supervise(children, [Forked(int(pid)) for pid in json.loads(pids)])
+    if fork and not forkable(children):
+        print(
+            f"error: {FORK_VARIABLE}=1 but not every command is `python -m {WORKER_MODULE}` "
+            "of this interpreter: it is set by `orga worker`, run that instead",
+            file=sys.stderr,
+        )
+        return 2
+    if not fork:
+        return supervise(children)
+    # Fork the workers, then run again as this module (execve: the same pid, so they stay its
+    # children and the signals sent to it still reach it) without their modules: the pages
+    # the workers have since copied are dropped from this process, which is back to the
+    # standard library only. Stop signals stay blocked until the new image handles them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    forked = fork_workers(children)
+    environ[PIDS_VARIABLE] = json.dumps([process.pid for process in forked])
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "orga.supervisor"], environ)  # noqa: S606
+    except OSError as exc:
+        print(f"orga worker: the supervisor could not run again ({exc}); it keeps the "
+              "workers' modules", file=sys.stderr, flush=True)  # fmt: skip
+    return supervise(children, forked)
 
 
 if __name__ == "__main__":

@@ -188,13 +188,19 @@ def stop(
 
 
 def supervisor_exec(
-    commands: Sequence[WorkerCommand], environ: Mapping[str, str]
+    commands: Sequence[WorkerCommand], environ: Mapping[str, str], *, fork: bool = False
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of :mod:`orga.supervisor` running ``commands``: what
     ``orga worker`` executes instead of itself when it starts more than one worker.
     ``environ`` is its own environment, from which each command's is derived; the supervisor
-    runs without its model keys, holding only the reasoning workers' key sockets."""
+    runs without its model keys, holding only the reasoning workers' key sockets. With
+    ``fork`` (``ORGA_WORKER_FORK``) and worker commands only, the supervisor forks the workers
+    from itself once it imported their modules, so they share those pages
+    (:func:`orga.supervisor.fork_workers`)."""
     children = [supervisor.Child(c.argv, c.env, c.pass_fds) for c in commands]
     base = key_handoff.without_keys(environ)
     env = {**base, supervisor.COMMANDS_VARIABLE: supervisor.encode(children, base)}
+    env.pop(supervisor.FORK_VARIABLE, None)
+    if fork and supervisor.forkable(children):
+        env[supervisor.FORK_VARIABLE] = "1"
     return [sys.executable, "-m", "orga.supervisor"], env

@@ -13,13 +13,36 @@ configure the app, and ``python -m celery -A orga worker`` still works for anyth
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 
-__all__ = ["PROG_NAME", "main"]
+__all__ = ["PRELOAD", "PROG_NAME", "main", "preload"]
 
 PROG_NAME = "celery -A orga worker"
 """What usage and error messages call the command (it is Celery's)."""
+
+PRELOAD = (
+    "celery.bin.worker",
+    "celery.apps.worker",
+    "celery.worker.consumer",
+    "celery.concurrency.prefork",
+    "kombu.transport.redis",
+    "orga.redis_client",
+    "shared.aio",
+    "shared.pricing",
+    "shared.settings",
+    "workers.app_config",
+    "workers.broker",
+    "workers.pool",
+    "workers.redis_policy",
+    "workers.tasks",
+    "workers.telemetry",
+)
+"""What a worker of either role imports before its app exists: the modules
+:func:`preload` imports in a supervisor that forks its workers (:mod:`orga.supervisor`).
+Not :mod:`orga.celery`: importing it builds the app, which reads the process's settings and
+its model keys, and those are each worker's own."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,6 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ctx.exit(worker.exitcode) into a SystemExit, as `celery` does.
     worker.main(args=args, obj=context, prog_name=PROG_NAME, standalone_mode=True)
     return 0  # not reached: the command exits
+
+
+def preload(prices: bool) -> None:
+    """Import :data:`PRELOAD` (and load the price table when ``prices``: a reasoning worker
+    loads it at its start) without building the app, so that workers forked afterwards share
+    these modules' pages. Reads no setting, opens no connection, starts no thread."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    with contextlib.suppress(ImportError):  # the reasoning worker's loop, where installed
+        importlib.import_module("uvloop")
+    if prices:
+        from shared.pricing import preload as preload_prices
+
+        preload_prices()
 
 
 if __name__ == "__main__":

@@ -127,6 +127,12 @@ class OrgaSettings(BaseSettings):
         "reasoning, and the embedded runtime): each holds ORGA_REASONING_CONCURRENCY calls in "
         "flight on one event loop and can use one CPU",
     )
+    worker_fork: bool = Field(
+        default=True,
+        description="`orga worker` starting several workers forks them from its supervisor, "
+        "which imported their modules first, so they share those pages (issue 27's memory); "
+        "false: each is a `python -m orga.worker_main` process of its own",
+    )
     tool_concurrency: int = Field(
         default=2,
         ge=1,

@@ -7,7 +7,9 @@ prints literally, unknown ids fail with a message, help and options behave like 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -209,12 +211,37 @@ def _argv(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
 
 
-def _start_default_worker(tmp_path: Path, url: str) -> tuple[subprocess.Popen[str], Path]:
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def _unpaired_unix_sockets(pid: int) -> list[str]:
+    """The Unix-domain sockets a process holds whose other end is closed (``ss``: peer 0):
+    what a model key socket is (``key_handoff.send`` closes its writing end); a prefork
+    pool's socket pairs have both ends open."""
+    table = subprocess.run(["ss", "-xa"], capture_output=True, text=True, check=True).stdout
+    peers = {}
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8:
+            peers[fields[5]] = fields[7]
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:[") and peers.get(target[8:-1]) == "0":
+                found.append(f"{fd.name} -> {target}")
+    return found
+
+
+def _start_default_worker(
+    tmp_path: Path, url: str, **extra: str
+) -> tuple[subprocess.Popen[str], Path]:
     log = tmp_path / "worker.log"
     with log.open("w") as handle:
         process = subprocess.Popen(
             [str(ORGA), "worker", "--without-gossip", "--without-mingle"],
-            env=_env(ORGA_REDIS_URL=url, ORGA_API_KEY="sk-not-in-the-supervisor"),
+            env=_env(ORGA_REDIS_URL=url, ORGA_API_KEY="sk-not-in-the-supervisor", **extra),
             cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     deadline = time.monotonic() + 90
@@ -225,14 +252,50 @@ def _start_default_worker(tmp_path: Path, url: str) -> tuple[subprocess.Popen[st
     return process, log
 
 
-def test_default_worker_is_two_reasoning_processes_and_a_tool_worker_under_a_light_supervisor(
+def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its_supervisor(
     tmp_path: Path, private_redis: EmbeddedRedis
 ) -> None:
-    """`orga worker` with no option: the process becomes a supervisor that imports no pydantic
-    (it costs a few MB, not the CLI's 45), runs two reasoning workers and a tool worker with
-    distinct names, has no model key in its environment nor in any worker's (the reasoning
-    workers get it through a socket), and stops them all on SIGTERM."""
-    process, _ = _start_default_worker(tmp_path, private_redis.url)
+    """`orga worker` with no option: the process becomes a supervisor that imports the
+    workers' modules and forks two reasoning workers and a tool worker from itself (they share
+    those pages), with distinct names, named by queue in ``/proc/PID/comm``, then runs again
+    without those modules (no pydantic: a few MB, not the CLI's 45); no model key is in its
+    environment nor in any worker's, the model key sockets reached no tool process, and
+    SIGTERM stops them all."""
+    process, log = _start_default_worker(tmp_path, private_redis.url)
+    try:
+        assert _argv(process.pid)[1:] == ["-m", "orga.supervisor"]
+        assert "pydantic_core" not in Path(f"/proc/{process.pid}/maps").read_text()
+        children = _children(process.pid)
+        assert sorted(_comm(c) for c in children) == [
+            "orga-reasoning",
+            "orga-reasoning",
+            "orga-tools",
+        ]
+        ready = re.findall(r"\] (\S+@\S+) ready\.", log.read_text(errors="replace"))
+        assert len(set(ready)) == 3, ready
+        tools = next(c for c in children if _comm(c) == "orga-tools")
+        pool = _children(tools)
+        assert pool  # its prefork pool processes
+        for pid in [process.pid, *children, *pool]:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert b"sk-not-in-the-supervisor" not in environ
+        for pid in [tools, *pool]:
+            assert not _unpaired_unix_sockets(pid), (pid, _unpaired_unix_sockets(pid))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(30)
+    assert code == 0
+    assert all(not Path(f"/proc/{child}").exists() for child in children)
+
+
+def test_worker_started_apart_is_two_reasoning_processes_and_a_tool_worker_under_a_light_supervisor(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """`orga worker` with ORGA_WORKER_FORK=false: the process becomes a supervisor that
+    imports no pydantic (it costs a few MB, not the CLI's 45), runs two reasoning workers and a
+    tool worker with distinct names, has no model key in its environment nor in any worker's
+    (the reasoning workers get it through a socket), and stops them all on SIGTERM."""
+    process, _ = _start_default_worker(tmp_path, private_redis.url, ORGA_WORKER_FORK="false")
     try:
         assert _argv(process.pid)[1:] == ["-m", "orga.supervisor"]
         maps = Path(f"/proc/{process.pid}/maps").read_text()

@@ -102,3 +102,39 @@ def test_without_its_commands_it_says_who_starts_it() -> None:
     )  # fmt: skip
     assert outcome.returncode == 2
     assert "orga worker" in outcome.stderr
+
+
+def test_forking_anything_but_a_worker_command_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != supervisor.COMMANDS_VARIABLE}
+    children = [supervisor.Child([sys.executable, "-c", "pass"], env)]
+    env[supervisor.COMMANDS_VARIABLE] = supervisor.encode(children, env)
+    env[supervisor.FORK_VARIABLE] = "1"
+    outcome = subprocess.run(
+        [sys.executable, "-m", "orga.supervisor"], env=env, cwd=REPO, capture_output=True,
+        text=True, check=False, timeout=30,
+    )  # fmt: skip
+    assert outcome.returncode == 2
+    assert "orga worker" in outcome.stderr and supervisor.FORK_VARIABLE in outcome.stderr
+
+
+def test_a_forked_process_reports_its_exit_code_and_its_signal_as_popen_does() -> None:
+    exited = os.fork()
+    if exited == 0:
+        os._exit(3)
+    killed = os.fork()
+    if killed == 0:
+        time.sleep(60)
+        os._exit(0)
+    first, second = supervisor.Forked(exited), supervisor.Forked(killed)
+    deadline = time.monotonic() + 20
+    while first.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert first.returncode == 3
+    assert second.poll() is None
+    second.send_signal(signal.SIGKILL)
+    while second.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert second.returncode == -signal.SIGKILL
+    second.send_signal(signal.SIGTERM)  # gone: nothing is sent

@@ -94,6 +94,21 @@ def test_the_supervisor_gets_the_commands_but_no_secret() -> None:
     _close(commands)
 
 
+def test_the_supervisor_forks_the_workers_only_when_asked_and_all_are_workers() -> None:
+    commands = worker_commands(Role.ALL, _settings(), ENVIRON)
+    _, forked = supervisor_exec(commands, ENVIRON, fork=True)
+    _, started = supervisor_exec(commands, ENVIRON, fork=False)
+    assert forked[supervisor.FORK_VARIABLE] == "1"
+    assert supervisor.FORK_VARIABLE not in started
+    children = supervisor.decode(forked[supervisor.COMMANDS_VARIABLE], forked)
+    assert supervisor.forkable(children)
+    assert all(supervisor.FORK_VARIABLE not in c.env for c in children)
+    other = [*commands, WorkerCommand(Role.TOOLS, ["/bin/true"], {})]
+    _, env = supervisor_exec(other, ENVIRON, fork=True)
+    assert supervisor.FORK_VARIABLE not in env  # a command that is no worker: started
+    _close(commands)
+
+
 @pytest.mark.parametrize("text", ["", "{}", "[]", '[{"argv": ["x"]}]', "[1]"])
 def test_the_supervisor_refuses_what_orga_worker_did_not_write(text: str) -> None:
     with pytest.raises(ValueError, match=supervisor.COMMANDS_VARIABLE):
