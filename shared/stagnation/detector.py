@@ -46,6 +46,7 @@ from shared.stagnation.plans import ModelTurn, PlanMemory, plan_of
 from shared.stagnation.shell import as_shell_event
 from shared.stagnation.signal import (
     KIND_PRIORITY,
+    EventNotes,
     Evidence,
     Signal,
     SignalInput,
@@ -150,6 +151,7 @@ class StagnationDetector:
         self._climbed = False  # the level rose in the current iteration
         self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
         self._memories: tuple[SignalMemory, ...] | None = None
+        self._notes: tuple[EventNotes, ...] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -258,6 +260,12 @@ class StagnationDetector:
             self._memories = tuple(s for s in self.signals if isinstance(s, SignalMemory))
         return self._memories
 
+    def _noting_signals(self) -> tuple[EventNotes, ...]:
+        """The signals told of every tool event (:class:`EventNotes`), found once."""
+        if self._notes is None:
+            self._notes = tuple(s for s in self.signals if isinstance(s, EventNotes))
+        return self._notes
+
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
 
@@ -309,6 +317,8 @@ class StagnationDetector:
             return self._verdict(escalated=False)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
         self._window.note(recurrence_key(event, fp), world_error(event, fp))
+        for noting in self._noting_signals():
+            noting.note(event, fp, self.config)
         if event.kind is ToolKind.WRITE:
             return self._write(event, fp, first_seen, duplicate)
         if duplicate is not None:
