@@ -13,7 +13,9 @@ from shared.stagnation import (
     ToolEvent,
     ToolKind,
 )
-from shared.stagnation.signal import EventNotes, SignalMemory
+from shared.stagnation.fingerprint import fingerprint
+from shared.stagnation.memory import StaleWindow
+from shared.stagnation.signal import EventNotes, SignalInput, SignalMemory
 from shared.stagnation.signals import RefusalSignal, default_signals
 
 GIFT = "Error: gift card balance is not enough"
@@ -129,8 +131,28 @@ def test_one_retry_of_a_refusal_is_a_nudge() -> None:
     assert levels == [StagnationLevel.NONE, StagnationLevel.NUDGE]
 
 
-def test_the_same_refused_booking_three_times_reaches_replan() -> None:
-    # trial1/8: book_reservation refused three times the same way, a think between
+def _booking(amount: int) -> ToolEvent:
+    return ToolEvent(
+        tool_name="book_reservation",
+        arguments={"cabin": "economy", "payment_methods": [{"amount": amount}]},
+        output=f"Error: payment amount does not add up, total price is 1002, but paid {amount}",
+        kind=ToolKind.WRITE,
+        path="user_1",
+        is_error=True,
+    )
+
+
+def test_a_booking_back_to_an_amount_already_refused_reaches_replan() -> None:
+    # dev trial3/46: 957 refused, 1047 refused, then 957 again
+    detector = _detector()
+    levels = _levels(detector, [_booking(957), _booking(1047), _booking(957)])
+    assert levels == [StagnationLevel.NONE, StagnationLevel.NUDGE, StagnationLevel.REPLAN]
+
+
+def test_the_same_refused_call_alone_is_left_to_the_retried_failure_ladder() -> None:
+    # trial1/8: book_reservation refused three times the same way, a think between; no
+    # variant was tried, so this signal stays at NUDGE (the retried failure's ladder, 3 / 4,
+    # names the third a NUDGE too)
     detector = _detector()
     think = ToolEvent(tool_name="think", arguments={"thought": "verify"}, output="")
     booking = ToolEvent(
@@ -142,7 +164,13 @@ def test_the_same_refused_booking_three_times_reaches_replan() -> None:
         is_error=True,
     )
     levels = _levels(detector, [booking, think, booking, think, booking])
-    assert levels[-1] is StagnationLevel.REPLAN
+    assert levels[-1] is StagnationLevel.NUDGE
+    signal = RefusalSignal()
+    for event in (booking, booking, booking):
+        signal.note(event, fingerprint(event, frozenset()), StagnationConfig())
+    step = SignalInput(StagnationConfig(), StaleWindow(30, 5), 0, 0, 0, None, event=booking)
+    evidence = signal.observe(step)
+    assert evidence is not None and evidence.level is StagnationLevel.NUDGE
 
 
 def test_a_success_on_the_target_ends_its_refusals() -> None:

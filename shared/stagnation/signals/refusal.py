@@ -9,15 +9,19 @@ already rejected. The retried-failure signal counts the same refusal from the sa
 the refusals differ (the payment changed the error), and four refusals are under its REPLAN
 rung. What the stuck runs do and a progressing run that tries payment variants until one
 passes (dev ``trial0/3``: five refusals, each with a payment never tried, then the update
-succeeds) does not: they **re-send a call, argument for argument, that was already refused the
-same way**. That is an experiment whose result the agent already has.
+succeeds) does not: after trying another variant they **go back to a call, argument for
+argument, that was already refused the same way**. That is an experiment whose result the
+agent already has. The same call re-sent with no variant between is the retried-failure
+signal's (its ladder, which the held-out selection tunes): three identical refused edits
+then a fix are progressing SWE-agent runs (hard ``core-380``, ``databind-3666``).
 
 The signal notes every write (new ones too, :class:`~shared.stagnation.signal.EventNotes`):
 per target (tool and path: the reservation, the file), the refusals since the last success on
 it, in the last ``history`` events. On a stale refused write it counts them on the ``refusal``
 ladder (2 / 3 / 5 / 8), but above NUDGE only when this refusal re-sends a call already refused
-the same way: arguments compared exactly (unmasked: ``gift_card_7480005`` and
-``gift_card_7091239`` mask alike and are two payments), the refusal by its error fingerprint.
+the same way and another variant was refused on the target too: arguments compared exactly
+(unmasked: ``gift_card_7480005`` and ``gift_card_7091239`` mask alike and are two payments),
+the refusal by its error fingerprint.
 A one-off retry (``trial1/15``: the same downgrade refused twice for lack of seats, then a
 narrower one succeeds) stays at NUDGE. O(``history``) per refused write, nothing downloaded.
 """
@@ -38,7 +42,7 @@ __all__ = ["RefusalSignal"]
 
 class RefusalSignal:
     """The ``refusal`` ladder on a target's refusals since its last success, above NUDGE only
-    for a call re-sent unchanged after the same refusal.
+    for a call re-sent unchanged after the same refusal, with another variant refused too.
 
     It keeps a memory of its own (the writes of the last ``history`` events): :meth:`dump` and
     :meth:`load` persist it with the detector's state, :meth:`clear` forgets it at a milestone
@@ -83,7 +87,8 @@ class RefusalSignal:
             else:
                 refusals.append((other_call, other_refusal))
         count = len(refusals)
-        resent = (call, refusal) in refusals[:-1]
+        # back to a call already refused the same way, after another variant was refused too
+        resent = (call, refusal) in refusals[:-1] and any(c != call for c, _ in refusals)
         level = step.config.refusal.rung(count)
         if not resent:
             level = min(level, StagnationLevel.NUDGE)
@@ -96,7 +101,8 @@ class RefusalSignal:
             lambda: (
                 f"{event.tool_name} was refused {count} times on the same target "
                 + (
-                    "and this exact call was refused the same way before"
+                    "among variants of its arguments, and this exact call was refused the "
+                    "same way before"
                     if resent
                     else "among variants of its arguments"
                 )
