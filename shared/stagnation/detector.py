@@ -317,10 +317,11 @@ class StagnationDetector:
             return self._verdict(escalated=False)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
         self._window.note(recurrence_key(event, fp), world_error(event, fp))
+        held = False
         for noting in self._noting_signals():
-            noting.note(event, fp, self.config)
+            held = noting.note(event, fp, self.config) or held
         if event.kind is ToolKind.WRITE:
-            return self._write(event, fp, first_seen, duplicate)
+            return self._write(event, fp, first_seen, duplicate, held=held)
         if duplicate is not None:
             return self._stale(event, fp, first_seen, duplicate)
         return self._result(event, fp, first_seen)
@@ -389,6 +390,8 @@ class StagnationDetector:
         fp: EventFingerprint,
         first_seen: tuple[int, int] | None,
         duplicate: str | None,
+        *,
+        held: bool = False,
     ) -> StagnationVerdict:
         """A write is pending until a result shows what it changed, or stale right away.
 
@@ -397,13 +400,16 @@ class StagnationDetector:
         rejected code in between), one that left its target as it was, one that put back a
         state already seen, and the same edit of the same path made again (each application
         may change the bytes, as an insertion duplicated, but not what the agent knows). A
-        refusal never met before is a new result: the world said something new.
+        refusal never met before is a new result: the world said something new, unless a
+        signal ``held`` it (:class:`~shared.stagnation.signal.EventNotes`): the same target was
+        refused before since its last success, so another reason for the same refusal (the
+        certificate, after the gift card) is no progress; it is neutral.
         """
         if event.failed:
             refusal = digest("refused", event.tool_name, fp.error or fp.outcome)
             known = self._seen.remember(refusal, (self._epoch, self._total_steps))
             if duplicate is None and known is None:
-                return self._new_result(fp)
+                return self._verdict(escalated=False) if held else self._new_result(fp)
             return self._stale(event, fp, first_seen, duplicate)
         reapplied = fp.write_call is not None and self._remembered(fp.write_call)
         reverted = fp.after is not None and self._remembered(fp.after)

@@ -99,6 +99,28 @@ def test_a_refused_update_re_sent_unchanged_among_payment_variants_reaches_repla
     assert "refused the same way before" in verdict.message
 
 
+def test_a_new_reason_for_refusing_the_same_target_holds_the_level() -> None:
+    # trial3/23: gift card, the other gift card (NUDGE), the certificate (a refusal never met:
+    # news, which used to end the episode and its NUDGE), then the other gift card again
+    detector = _detector()
+    levels = _levels(
+        detector,
+        [
+            _update("gift_card_6941833", GIFT),
+            _update("gift_card_1646646", GIFT),
+            _update("certificate_2345996", CERTIFICATE),
+            _update("gift_card_1646646", GIFT),
+        ],
+    )
+    assert levels == [
+        StagnationLevel.NONE,
+        StagnationLevel.NUDGE,
+        StagnationLevel.NUDGE,
+        StagnationLevel.REPLAN,
+    ]
+    assert detector.counters()["stale_steps"] == 2  # the certificate's refusal was held
+
+
 def test_payment_variants_each_new_stay_at_nudge_until_one_passes() -> None:
     # dev trial0/3 (progressing): five refusals, no payment tried twice, then a success
     detector = _detector()

@@ -57,18 +57,28 @@ class RefusalSignal:
         # digest, or None for a success)
         self._writes: deque[tuple[int, str, str, str | None]] = deque()
 
-    def note(self, event: ToolEvent, fp: EventFingerprint, config: StagnationConfig) -> None:
-        """Count ``event`` on the window's clock; remember it if it is a write."""
+    def note(self, event: ToolEvent, fp: EventFingerprint, config: StagnationConfig) -> bool:
+        """Count ``event`` on the window's clock; remember it if it is a write. True for a
+        refusal of a target already refused since its last success (held neutral)."""
         self._events += 1
         writes = self._writes
         while writes and writes[0][0] <= self._events - config.history:
             writes.popleft()
         if event.kind is not ToolKind.WRITE:
-            return
+            return False
         target = digest(event.tool_name, event.path or "")
         call = digest(event.tool_name, canonical_json(event.arguments))
         refusal = digest(fp.error or fp.outcome) if event.failed else None
+        held = refusal is not None and self._refused(target)
         writes.append((self._events, target, call, refusal))
+        return held
+
+    def _refused(self, target: str) -> bool:
+        """True when ``target`` was refused since its last success (in the window)."""
+        for _, other, _, refusal in reversed(self._writes):
+            if other == target:
+                return refusal is not None
+        return False
 
     def observe(self, step: SignalInput) -> Evidence | None:
         """Evidence on a stale refused write; None otherwise."""
