@@ -151,6 +151,9 @@ def test_one_retry_of_a_refusal_is_a_nudge() -> None:
         ],
     )
     assert levels == [StagnationLevel.NONE, StagnationLevel.NUDGE]
+    assert "refused 2 times on the same target with the same arguments" in (
+        detector.verdict().message
+    )
 
 
 def _booking(amount: int) -> ToolEvent:

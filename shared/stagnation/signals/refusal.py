@@ -97,8 +97,9 @@ class RefusalSignal:
             else:
                 refusals.append((other_call, other_refusal))
         count = len(refusals)
+        varied = any(other_call != call for other_call, _ in refusals)
         # back to a call already refused the same way, after another variant was refused too
-        resent = (call, refusal) in refusals[:-1] and any(c != call for c, _ in refusals)
+        resent = varied and (call, refusal) in refusals[:-1]
         level = step.config.refusal.rung(count)
         if not resent:
             level = min(level, StagnationLevel.NUDGE)
@@ -110,12 +111,8 @@ class RefusalSignal:
             (ReasonCode.REFUSED_WRITE,),
             lambda: (
                 f"{event.tool_name} was refused {count} times on the same target "
-                + (
-                    "among variants of its arguments, and this exact call was refused the "
-                    "same way before"
-                    if resent
-                    else "among variants of its arguments"
-                )
+                + ("among variants of its arguments" if varied else "with the same arguments")
+                + (", and this exact call was refused the same way before" if resent else "")
                 + f" ({first_line(event.output)!r})"
             ),
         )
