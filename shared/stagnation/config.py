@@ -69,6 +69,10 @@ def _plan_default() -> Ladder:
     return Ladder(nudge=2, replan=3, ask_human=5, abort=8)
 
 
+def _refusal_default() -> Ladder:
+    return Ladder(nudge=2, replan=3, ask_human=5, abort=8)
+
+
 class StagnationConfig(BaseModel):
     """Every threshold of the detector; the defaults are the production values.
 
@@ -92,7 +96,11 @@ class StagnationConfig(BaseModel):
       alike: the same request in other words; plans of ``plan_min_chars`` or more) with nothing
       new since, or that says the model is stuck, adds one; any other turn of at least
       ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
-      side's); a milestone resets it.
+      side's); a milestone resets it;
+    - ``refusal``: refusals of the same write on the same target (tool and path) since its last
+      success, in the last ``history`` events, whatever the arguments; above NUDGE only when the
+      refused call was re-sent unchanged after the same refusal
+      (:mod:`shared.stagnation.signals.refusal`).
 
     ``history`` bounds the window in which repeats, cycles and errors are counted;
     ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen
@@ -115,6 +123,7 @@ class StagnationConfig(BaseModel):
     cycle: Ladder = Field(default_factory=_cycle_default)
     error: Ladder = Field(default_factory=_error_default)
     plan: Ladder = Field(default_factory=_plan_default)
+    refusal: Ladder = Field(default_factory=_refusal_default)
     plan_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
     plan_paraphrase: float = Field(default=0.6, gt=0.0, le=1.0)
     plan_memory: int = Field(default=16, ge=1, le=256)
@@ -137,7 +146,11 @@ class StagnationConfig(BaseModel):
                 f"history={self.history} is shorter than max_period={self.max_period}; "
                 f"raise history to at least {self.max_period}"
             )
-        for name, top in (("repeat", self.repeat.abort), ("error", self.error.abort)):
+        for name, top in (
+            ("repeat", self.repeat.abort),
+            ("error", self.error.abort),
+            ("refusal", self.refusal.abort),
+        ):
             if top > self.history:
                 raise ValueError(
                     f"{name}.abort is {top} but counts are kept over history={self.history} "

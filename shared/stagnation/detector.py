@@ -46,6 +46,7 @@ from shared.stagnation.plans import ModelTurn, PlanMemory, plan_of
 from shared.stagnation.shell import as_shell_event
 from shared.stagnation.signal import (
     KIND_PRIORITY,
+    EventNotes,
     Evidence,
     Signal,
     SignalInput,
@@ -150,6 +151,7 @@ class StagnationDetector:
         self._climbed = False  # the level rose in the current iteration
         self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
         self._memories: tuple[SignalMemory, ...] | None = None
+        self._notes: tuple[EventNotes, ...] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -258,6 +260,12 @@ class StagnationDetector:
             self._memories = tuple(s for s in self.signals if isinstance(s, SignalMemory))
         return self._memories
 
+    def _noting_signals(self) -> tuple[EventNotes, ...]:
+        """The signals told of every tool event (:class:`EventNotes`), found once."""
+        if self._notes is None:
+            self._notes = tuple(s for s in self.signals if isinstance(s, EventNotes))
+        return self._notes
+
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
 
@@ -309,8 +317,11 @@ class StagnationDetector:
             return self._verdict(escalated=False)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
         self._window.note(recurrence_key(event, fp), world_error(event, fp))
+        held = False
+        for noting in self._noting_signals():
+            held = noting.note(event, fp, self.config) or held
         if event.kind is ToolKind.WRITE:
-            return self._write(event, fp, first_seen, duplicate)
+            return self._write(event, fp, first_seen, duplicate, held=held)
         if duplicate is not None:
             return self._stale(event, fp, first_seen, duplicate)
         return self._result(event, fp, first_seen)
@@ -379,6 +390,8 @@ class StagnationDetector:
         fp: EventFingerprint,
         first_seen: tuple[int, int] | None,
         duplicate: str | None,
+        *,
+        held: bool = False,
     ) -> StagnationVerdict:
         """A write is pending until a result shows what it changed, or stale right away.
 
@@ -387,13 +400,16 @@ class StagnationDetector:
         rejected code in between), one that left its target as it was, one that put back a
         state already seen, and the same edit of the same path made again (each application
         may change the bytes, as an insertion duplicated, but not what the agent knows). A
-        refusal never met before is a new result: the world said something new.
+        refusal never met before is a new result: the world said something new, unless a
+        signal ``held`` it (:class:`~shared.stagnation.signal.EventNotes`): the same target was
+        refused before since its last success, so another reason for the same refusal (the
+        certificate, after the gift card) is no progress; it is neutral.
         """
         if event.failed:
             refusal = digest("refused", event.tool_name, fp.error or fp.outcome)
             known = self._seen.remember(refusal, (self._epoch, self._total_steps))
             if duplicate is None and known is None:
-                return self._new_result(fp)
+                return self._verdict(escalated=False) if held else self._new_result(fp)
             return self._stale(event, fp, first_seen, duplicate)
         reapplied = fp.write_call is not None and self._remembered(fp.write_call)
         reverted = fp.after is not None and self._remembered(fp.after)

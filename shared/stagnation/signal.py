@@ -28,6 +28,7 @@ from shared.stagnation.verdict import ReasonCode, StagnationKind, StagnationLeve
 
 __all__ = [
     "KIND_PRIORITY",
+    "EventNotes",
     "Evidence",
     "Signal",
     "SignalInput",
@@ -113,6 +114,20 @@ class SignalMemory(Protocol):
 
     def clear(self) -> None:
         """Forget everything."""
+        ...
+
+
+@runtime_checkable
+class EventNotes(Protocol):
+    """A signal that must see every tool event, new ones too: the detector hands signals only
+    the stale ones, so one that counts across new results (refusals among variants, the first
+    of which was news) is also told of each event, before it is judged."""
+
+    def note(self, event: ToolEvent, fp: EventFingerprint, config: StagnationConfig) -> bool:
+        """Remember what this signal needs of ``event`` (called for every non-acknowledgement
+        tool event, new, neutral or stale). True when a refused write continues a run this
+        signal counts (its target was refused before since its last success): a refusal never
+        met before is then held neutral instead of news, so the episode and its level go on."""
         ...
 
 

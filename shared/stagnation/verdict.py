@@ -83,6 +83,7 @@ class ReasonCode(StrEnum):
     REISSUED_PLAN = "reissued_plan"
     SELF_REPORTED_STALL = "self_reported_stall"
     REASKED_SLOT = "reasked_slot"
+    REFUSED_WRITE = "refused_write"
 
 
 class StagnationVerdict(BaseModel):

@@ -201,12 +201,16 @@ def test_the_same_edit_at_shifting_line_ranges_is_reapplied() -> None:
 
 
 def test_failed_write_with_a_refusal_already_met_is_stale() -> None:
-    """Refusals differing only by numbers are one refusal; a new refusal reason is news."""
+    """Refusals differing only by numbers are one refusal; a new refusal reason is news, unless
+    the same target was refused since its last success (the refusal signal holds it neutral:
+    another reason for refusing the same write is no progress)."""
     events = [failed_write("a.py", f"v{i}", f"lint error, line {i}: bad indent") for i in range(6)]
     verdicts = replay([read("a.py", "x"), *events])
     assert (verdicts[-1].new_state_changes, verdicts[-1].stale_steps) == (2, 5)
-    other = replay([*events[:2], failed_write("a.py", "v9", "permission denied")])
-    assert other[-1].new_state_changes == 2
+    same_target = replay([*events[:2], failed_write("a.py", "v9", "permission denied")])
+    assert (same_target[-1].new_state_changes, same_target[-1].stale_steps) == (1, 1)
+    other_target = replay([*events[:2], failed_write("b.py", "v9", "permission denied")])
+    assert other_target[-1].new_state_changes == 2
 
 
 def test_creating_a_file_is_a_change_once_its_effect_shows() -> None:

@@ -17,6 +17,7 @@ from shared.stagnation.signals import (
     CycleSignal,
     ErrorSignal,
     PlanSignal,
+    RefusalSignal,
     RepeatSignal,
     RetrySignal,
     SlotSignal,
@@ -52,7 +53,7 @@ def _reread(times: int) -> list[ToolEvent]:
 
 def test_default_signals_are_the_production_set_in_tie_order() -> None:
     """Stale run first (it answers on every stale event), then cycle, repeat, error, retry,
-    the model side and re-asked slots; every one satisfies the protocol."""
+    the model side, re-asked slots and refused writes; every one satisfies the protocol."""
     signals = default_signals()
     assert [type(s) for s in signals] == [
         StaleSignal,
@@ -62,6 +63,7 @@ def test_default_signals_are_the_production_set_in_tie_order() -> None:
         RetrySignal,
         PlanSignal,
         SlotSignal,
+        RefusalSignal,
     ]
     typed: tuple[Signal, ...] = signals
     assert all(callable(signal.observe) for signal in typed)

@@ -133,11 +133,11 @@ def test_the_slot_memory_is_saved_restored_and_cleared() -> None:
         StagnationLevel.REPLAN
     )
     restored.milestone("reservation found")
-    assert restored.to_state()["signal_memory"] == {"slot": []}
+    assert restored.to_state()["signal_memory"]["slot"] == []
     # a state saved before the signal existed loads with an empty memory
     del state["signal_memory"]
     older = StagnationDetector.from_state(None, state)
-    assert older.to_state()["signal_memory"] == {"slot": []}
+    assert older.to_state()["signal_memory"]["slot"] == []
 
 
 def test_the_slot_signal_is_a_signal_with_a_memory_and_bounded() -> None:

@@ -2,9 +2,9 @@
 
 :func:`default_signals` is the production set, in the order ties are broken (the first of equal
 evidence wins): the stale run (always first: it answers on every stale tool event), cycles,
-repeated results, repeated errors, retried failures, the model's stale turns, and slots
-(an id, a number) asked for again with nothing new since. A new signal
-is a new module here with an ``observe`` method, added to this list or passed to
+repeated results, repeated errors, retried failures, the model's stale turns, slots (an id,
+a number) asked for again with nothing new since, and writes refused again on one target. A new
+signal is a new module here with an ``observe`` method, added to this list or passed to
 :class:`~shared.stagnation.detector.StagnationDetector` by a host.
 """
 
@@ -14,6 +14,7 @@ from shared.stagnation.signal import Signal
 from shared.stagnation.signals.cycle import CycleSignal
 from shared.stagnation.signals.error import ErrorSignal
 from shared.stagnation.signals.plan import PlanSignal
+from shared.stagnation.signals.refusal import RefusalSignal
 from shared.stagnation.signals.repeat import RepeatSignal, RetrySignal
 from shared.stagnation.signals.slot import SlotSignal
 from shared.stagnation.signals.stale import StaleSignal
@@ -22,6 +23,7 @@ __all__ = [
     "CycleSignal",
     "ErrorSignal",
     "PlanSignal",
+    "RefusalSignal",
     "RepeatSignal",
     "RetrySignal",
     "SlotSignal",
@@ -41,4 +43,5 @@ def default_signals() -> tuple[Signal, ...]:
         RetrySignal(),
         PlanSignal(),
         SlotSignal(),
+        RefusalSignal(),
     )
