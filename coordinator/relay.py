@@ -80,6 +80,18 @@ class CeleryPublisher:
         self._depths_lock = threading.Lock()
         self._depths_connection: Any = None
         """A ``kombu.Connection`` (untyped) to the broker, for :meth:`queue_depths` only."""
+        self._routes: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def _route(self, task: str, queue: str) -> dict[str, Any]:
+        """The options Celery's router gives task ``task`` sent to ``queue`` (the queue's kombu
+        ``Queue``, and the exchange and routing key of a route that names them), worked out on
+        the first dispatch of that pair; a copy, since a send may add to it."""
+        routed = self._routes.get((task, queue))
+        if routed is None:
+            routed = self._routes[(task, queue)] = self.app.amqp.router.route(
+                {"queue": queue}, task, [], {}, None
+            )
+        return dict(routed)
 
     @classmethod
     def from_settings(
@@ -118,20 +130,46 @@ class CeleryPublisher:
                 raise
 
     def publish(self, entries: Sequence[OutboxEntry]) -> None:
-        """Send each entry as task ``entry.task`` with the one argument ``entry.payload``."""
-        with self.app.producer_or_acquire() as producer:
+        """Send each entry as task ``entry.task`` with the one argument ``entry.payload``.
+
+        The message is the one ``Celery.send_task`` would send for it (the same headers,
+        properties and body: ``tests/coordinator/test_transport.py``), built with the two
+        public calls ``send_task`` makes itself, ``app.amqp.create_task_message`` and
+        ``app.amqp.send_task_message``, with the route of each (task, queue)
+        (``app.amqp.router``) worked out on its first dispatch instead of at every one. What
+        ``send_task`` does besides, for callers this relay never is, is left out: the task
+        registry's options (the relay's app registers no task), a parent task's ids (it runs
+        in no worker), the result backend's ``on_task_call`` (there is none: ``result_backend``
+        is None) and the ``AsyncResult`` it returns."""
+        app = self.app
+        amqp = app.amqp
+        reply_to = app.thread_oid  # what send_task puts there: this app's oid in this thread
+        sent_event = app.conf.task_send_sent_event
+        with app.producer_or_acquire() as producer:
             for index, entry in enumerate(entries):
                 try:
-                    self.app.send_task(
+                    options = self._route(entry.task, entry.queue)
+                    message = amqp.create_task_message(
+                        entry.id,
                         entry.task,
-                        args=[entry.payload],
-                        queue=entry.queue,
-                        task_id=entry.id,
+                        [entry.payload],
+                        {},
+                        reply_to=reply_to,
+                        create_sent_event=sent_event,
                         shadow=entry.shadow,
                         argsrepr=entry.argsrepr,
                         kwargsrepr="{}",
-                        producer=producer,
+                        ignore_result=None,
+                        **options,
+                    )
+                    amqp.send_task_message(
+                        producer,
+                        entry.task,
+                        message,
+                        argsrepr=entry.argsrepr,  # as send_task passes them: message properties
+                        kwargsrepr="{}",
                         declare=[],  # the queue's list is named after it; workers declare
+                        **options,
                     )
                 except Exception as exc:
                     raise PublishError(

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from shared.stagnation.config import StagnationConfig
 from shared.stagnation.events import ToolEvent, ToolKind
@@ -111,6 +111,22 @@ _REASON_ORDER = {reason: index for index, reason in enumerate(ReasonCode)}
 
 def _reason_order(reason: ReasonCode) -> int:
     return _REASON_ORDER[reason]
+
+
+_MEMORY_KINDS: dict[type, bool] = {}
+"""Signal class -> whether it is a :class:`SignalMemory`, as ``isinstance`` said of its first
+instance seen (a check against a runtime protocol walks the protocol's members each time:
+about 10 µs per signal, for each detector a coordinator restores)."""
+
+
+def _keeps_memory(signal: Signal) -> TypeGuard[SignalMemory]:
+    """Whether ``signal`` keeps a memory of its own (:class:`SignalMemory`); asked once per
+    signal class."""
+    kind = type(signal)
+    keeps = _MEMORY_KINDS.get(kind)
+    if keeps is None:
+        keeps = _MEMORY_KINDS[kind] = isinstance(signal, SignalMemory)
+    return keeps
 
 
 class StagnationDetector:
@@ -257,7 +273,7 @@ class StagnationDetector:
         """The signals that keep a memory of their own (saved with the state), found once: the
         coordinator snapshots the detector at every observation."""
         if self._memories is None:
-            self._memories = tuple(s for s in self.signals if isinstance(s, SignalMemory))
+            self._memories = tuple(s for s in self.signals if _keeps_memory(s))
         return self._memories
 
     def _noting_signals(self) -> tuple[EventNotes, ...]:

@@ -7,6 +7,8 @@ import asyncio
 import json
 from collections.abc import Sequence
 
+import redis
+
 from coordinator.machine import MachineSettings
 from coordinator.relay import CeleryPublisher
 from coordinator.service import Coordinator, CoordinatorSettings
@@ -62,3 +64,61 @@ def test_the_coordinator_sends_its_dispatches_through_its_transport(
             assert await client.llen(keys.reasoning_queue) == 0
 
     asyncio.run(run())
+
+
+def _stored(message: bytes) -> dict[str, object]:
+    """A message as kombu's Redis transport stored it, without what differs between two sends
+    of the same dispatch by design: the delivery tag kombu draws for each."""
+    stored = json.loads(message)
+    properties = stored["properties"]
+    assert isinstance(properties, dict)
+    properties.pop("delivery_tag")
+    return stored
+
+
+def test_the_publisher_sends_the_message_send_task_sends(redis_url: str) -> None:
+    """The relay's publish builds each message with Celery's public ``app.amqp`` calls and a
+    route worked out once per (task, queue): the broker receives, for a reasoning and a tool
+    dispatch, exactly what ``Celery.send_task`` with the same arguments sends (headers,
+    properties, body), on the same list, the second dispatch of a pair as the first."""
+    publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=redis_url))
+    entries = [
+        OutboxEntry(
+            id=f"id-{n}-{queue}",
+            task=task,
+            queue=queue,
+            argsrepr=f"(task=t{n} step=s iteration={n})",
+            shadow=f"reason t{n} s #{n} act",
+            payload=json.dumps({"fence": {"task_id": f"t{n}"}, "text": "é" * n}),
+        )
+        for n in (1, 2)
+        for task, queue in (
+            (keys.reason_task_name, keys.reasoning_queue),
+            (keys.tool_task_name, keys.tools_queue),
+        )
+    ]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.delete(keys.reasoning_queue, keys.tools_queue)
+        publisher.publish(entries)
+        published = {q: client.lrange(q, 0, -1) for q in (keys.reasoning_queue, keys.tools_queue)}
+        client.delete(keys.reasoning_queue, keys.tools_queue)
+        for entry in entries:
+            publisher.app.send_task(
+                entry.task,
+                args=[entry.payload],
+                queue=entry.queue,
+                task_id=entry.id,
+                shadow=entry.shadow,
+                argsrepr=entry.argsrepr,
+                kwargsrepr="{}",
+                declare=[],
+            )
+        sent = {q: client.lrange(q, 0, -1) for q in (keys.reasoning_queue, keys.tools_queue)}
+    finally:
+        client.delete(keys.reasoning_queue, keys.tools_queue)
+        client.close()
+        publisher.close()
+    for queue in (keys.reasoning_queue, keys.tools_queue):
+        assert len(published[queue]) == 2, (queue, published)
+        assert [_stored(m) for m in published[queue]] == [_stored(m) for m in sent[queue]]
