@@ -103,7 +103,7 @@ def received_model_keys() -> dict[str, str]:
         raise ConfigError(f"the model keys could not be read: {exc}") from exc
 
 
-def received_connection_urls() -> dict[str, str]:
+def received_connection_urls() -> dict[str, Any]:
     """The connection URLs (``ORGA_REDIS_URL``, ``ORGA_BROKER_URL``) this process was handed
     through the socket ``ORGA_CONNECTION_FD`` names, as settings fields (read once: the
     variable is removed), else none: a worker started by hand reads them from its
