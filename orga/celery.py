@@ -2,9 +2,11 @@
 ``-Q orga.tools`` for one). Celery finds it as ``orga.celery:app``, the ``proj/celery.py``
 layout; the tasks are :mod:`workers.tasks`'s, which this app includes.
 
-Settings are read here, once, at the process edge, and so are the model keys a reasoning worker
-is handed through a socket (:mod:`workers.key_handoff`). JSON is the only serializer; tasks are
-acknowledged late and rejected (requeued) when their worker process dies; each process
+Settings are read here, once, at the process edge, and so are the model keys a reasoning
+worker is handed through a socket, and the connection URLs (``ORGA_REDIS_URL``,
+``ORGA_BROKER_URL``, which may hold a password) every worker is handed through another
+(:mod:`workers.key_handoff`). JSON is the only serializer; tasks are acknowledged late and
+rejected (requeued) when their worker process dies; each process
 prefetches one message; reasoning and tools have their own queues so each scales on its own.
 The broker is ``ORGA_BROKER_URL`` (else ``ORGA_REDIS_URL``): on Redis, kombu's Redis transport
 as :mod:`workers.broker` extends it; on RabbitMQ, kombu's py-amqp transport and quorum queues.
@@ -46,6 +48,7 @@ __all__ = [
     "app",
     "create_app",
     "quiet_per_task_loggers",
+    "received_connection_urls",
     "received_model_keys",
 ]
 
@@ -57,7 +60,7 @@ is set."""
 
 def create_app(settings: OrgaSettings | None = None) -> Celery:
     """A Celery app configured from ``settings`` (read from the environment by default)."""
-    settings = settings or OrgaSettings()
+    settings = settings or OrgaSettings(**received_connection_urls())
     check_exporters(TelemetrySettings())  # a typo stops the worker now, not each dispatch
     deployment_mcp_servers(settings)  # so does a bad ORGA_MCP_SERVERS file
     if settings.redis_url is None:
@@ -98,6 +101,18 @@ def received_model_keys() -> dict[str, str]:
         return key_handoff.receive(fds[0]) if fds else {}
     except (OSError, ValueError) as exc:
         raise ConfigError(f"the model keys could not be read: {exc}") from exc
+
+
+def received_connection_urls() -> dict[str, Any]:
+    """The connection URLs (``ORGA_REDIS_URL``, ``ORGA_BROKER_URL``) this process was handed
+    through the socket ``ORGA_CONNECTION_FD`` names, as settings fields (read once: the
+    variable is removed), else none: a worker started by hand reads them from its
+    environment."""
+    try:
+        urls = key_handoff.received_connection_urls(os.environ)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"the connection URLs could not be read: {exc}") from exc
+    return {name.removeprefix("ORGA_").lower(): value for name, value in urls.items()}
 
 
 app = create_app()

@@ -249,14 +249,17 @@ CANCEL_WAIT_S = 30.0
 
 def _hand_off_model_keys(settings: OrgaSettings) -> list[int] | None:
     """Before this command starts the embedded runtime's workers, of which it is then an
-    ancestor: keep its model keys and the serving side's secrets (API tokens, webhooks, the
-    inbox's credentials) out of its ``/proc/PID/environ`` (which ``os.environ.pop`` does not
-    change). When the environment holds any, the keys go into one socket per reasoning
-    worker, the other secrets into one socket for this command itself, and the command runs
-    again in the same process (``execve``) without them; it returns the key sockets, for
-    :class:`EmbeddedRuntime` to hand over (:func:`_settings` reads the secrets back)."""
+    ancestor: keep its model keys, the serving side's secrets (API tokens, webhooks, the
+    inbox's credentials) and ``ORGA_BROKER_URL`` out of its ``/proc/PID/environ`` (which
+    ``os.environ.pop`` does not change). When the environment holds any, the keys go into one
+    socket per reasoning worker, the other secrets into one socket for this command itself, and
+    the command runs again in the same process (``execve``) without them; it returns the key
+    sockets, for :class:`EmbeddedRuntime` to hand over (:func:`_settings` reads the secrets
+    back)."""
     keys = key_handoff.model_keys(os.environ)
-    secrets = key_handoff.process_secrets(os.environ)
+    # ORGA_BROKER_URL (on the embedded runtime ORGA_REDIS_URL is unset) rides with the
+    # serving side's secrets: the workers get it from EmbeddedRuntime, through their own socket.
+    secrets = key_handoff.process_secrets(os.environ) | key_handoff.connection_urls(os.environ)
     if keys or secrets:
         env = key_handoff.without_keys(os.environ)
         if keys:

@@ -5,7 +5,8 @@ same coordinator, a reasoning and a tool ``celery worker`` subprocess as ``orga 
 them, real Redis Streams), only all on this machine. State lives in ``ORGA_HOME`` (default
 ``./.orga``) with AOF on, so a later command, say ``orga review decide``, finds the tasks where
 the last one left them. One command at a time uses a home: a lock file says which process
-holds it.
+holds it. The private Redis requires a password, random at each start, which the workers get
+through a socket each (:mod:`workers.key_handoff`), never in an environment.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import secrets
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,7 @@ from orga import topology
 from orga.embedded_redis import EmbeddedRedis
 from orga.topology import Role, worker_commands
 from shared.errors import OrgaError
-from shared.redaction import Redactor, secret_values
+from shared.redaction import Redactor, redact_url, secret_values
 from shared.settings import OrgaSettings
 
 __all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings", "webhook_deliverer"]
@@ -124,7 +126,11 @@ class EmbeddedRuntime:
         self._take_lock()
         data = self.home / "redis"
         data.mkdir(exist_ok=True)
-        self.redis = EmbeddedRedis(appendonly=True, directory=data).start()
+        # A password of its own for each start: a command of an agent can reach 127.0.0.1, and
+        # without it could forge observations or approve its own held call. It lives in this
+        # process's memory and in each worker's, handed through a socket (worker_commands).
+        password = secrets.token_hex(32)
+        self.redis = EmbeddedRedis(appendonly=True, directory=data, password=password).start()
         if self.start_worker:
             self._workers = self._spawn_workers()
         self._client = Redis.from_url(self.url)
@@ -186,7 +192,11 @@ class EmbeddedRuntime:
         """The reasoning workers and a tool worker, as ``orga worker`` runs them: no worker's
         environment holds a model key, the reasoning workers read it from a socket
         (:mod:`orga.topology`)."""
+        # The URLs go to each worker through a socket, not its environment (worker_commands);
+        # ORGA_BROKER_URL is in the settings only, this command handed it to itself.
         environ = {**os.environ, "ORGA_REDIS_URL": self.url}
+        if self.settings.broker_url:
+            environ["ORGA_BROKER_URL"] = self.settings.broker_url
         # One person watches an embedded run: its answers stream unless they said otherwise.
         environ.setdefault("ORGA_STREAM_TOKENS", "true")
         settings = self.runtime_settings
@@ -213,6 +223,6 @@ class EmbeddedRuntime:
         """Where things are, for the CLI's first lines."""
         return {
             "home": str(self.home),
-            "redis": self.url,
+            "redis": redact_url(self.url),
             "worker_log": str(self.home / "worker.log"),
         }

@@ -13,6 +13,7 @@ when another binary is asked for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from shared.errors import OrgaError
 
@@ -205,6 +207,11 @@ def _write_record(directory: Path, binary: RedisBinary) -> None:
     partial.replace(directory / BINARY_RECORD)
 
 
+def _config_quoted(value: str) -> str:
+    """``value`` as a double-quoted string of a Redis configuration file."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -225,6 +232,10 @@ class EmbeddedRedis:
     options: tuple[str, ...] = ()
     """More ``redis-server`` options, after the runtime's own (which they override: tests
     start a Redis that evicts with ``("--maxmemory-policy", "allkeys-lru")``)."""
+    password: str | None = None
+    """The server's ``requirepass`` (None: none), in :attr:`url`. It reaches the server on its
+    standard input (``redis-server -`` reads its configuration there), never on its command
+    line or in its environment, which every process of the user can read in ``/proc``."""
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _started_once: bool = field(default=False, init=False, repr=False)
@@ -232,8 +243,10 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """``redis://127.0.0.1:<port>/0``, ``redis://:<password>@127.0.0.1:<port>/0`` with a
+        :attr:`password`."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -279,10 +292,15 @@ class EmbeddedRedis:
         # group) reaches the orga command, which stops this server last, after its coordinator.
         self._process = subprocess.Popen(
             self._command(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        assert self._process.stdin is not None
+        with contextlib.suppress(BrokenPipeError), self._process.stdin as stdin:
+            if self.password:  # `redis-server -` reads this up to end of file, then starts
+                stdin.write(f"requirepass {_config_quoted(self.password)}\n".encode())
         self._wait_ready()
 
     def _command(self) -> list[str]:
@@ -290,6 +308,7 @@ class EmbeddedRedis:
         assert self._server is not None
         return [
             self._server.path,
+            *(["-"] if self.password else []),  # the configuration (requirepass) on stdin
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.directory),
@@ -325,6 +344,11 @@ class EmbeddedRedis:
     def _pings(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                if self.password:
+                    secret = self.password.encode()
+                    sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(secret), secret))
+                    if not sock.recv(16).startswith(b"+OK"):
+                        return False
                 sock.sendall(b"PING\r\n")
                 return sock.recv(16).startswith(b"+PONG")
         except OSError:

@@ -13,7 +13,9 @@ in its environment: each reasoning worker gets the keys through a socket of its 
 that starts the embedded runtime, both ancestors of every agent command, holds one in its
 ``/proc/PID/environ``. Nor does any worker's or the supervisor's environment hold the serving
 side's secrets (:data:`workers.key_handoff.PROCESS_SECRET_VARIABLES`: API tokens, webhooks,
-the inbox's credentials), which no worker needs. That is not isolation from a process of the
+the inbox's credentials), which no worker needs, nor the connection URLs (``ORGA_REDIS_URL``,
+``ORGA_BROKER_URL``, a password in them): each worker gets them through a socket of its own
+(:data:`workers.key_handoff.CONNECTION_FD_VARIABLE`). That is not isolation from a process of the
 same user that may read the reasoning worker's memory (``ptrace``, when the system's Yama
 policy allows it): to keep a key from the agents' commands against that too, run the tool
 workers as another user or in another container, as the compose file does.
@@ -72,11 +74,14 @@ class WorkerCommand:
     argv: list[str]
     env: dict[str, str]
     key_fd: int | None = None
+    connection_fd: int | None = None
+    """The socket holding its connection URLs (``ORGA_REDIS_URL``, ``ORGA_BROKER_URL``), its
+    number in ``env`` as :data:`~workers.key_handoff.CONNECTION_FD_VARIABLE`."""
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
         """The file descriptors the process inherits."""
-        return () if self.key_fd is None else (self.key_fd,)
+        return tuple(fd for fd in (self.key_fd, self.connection_fd) if fd is not None)
 
 
 def worker_command(
@@ -90,8 +95,10 @@ def worker_command(
 ) -> WorkerCommand:
     """The command of one reasoning or tool worker; ``extra`` (Celery's own options) last,
     so that an operator's ``-c`` or ``-P`` wins. Its environment is ``environ`` without model
-    keys and the serving side's secrets (:func:`key_handoff.without_keys`); a reasoning worker
-    gets the keys from the socket ``key_fd`` (:func:`key_handoff.send`)."""
+    keys, the serving side's secrets and the connection URLs (:func:`key_handoff.without_keys`);
+    a reasoning worker gets the keys from the socket ``key_fd`` (:func:`key_handoff.send`), and
+    every worker its connection URLs (``ORGA_REDIS_URL``, ``ORGA_BROKER_URL`` of ``environ``)
+    from a socket of its own, made here (``connection_fd``)."""
     if role is Role.ALL:
         raise ValueError("worker_command takes one role; use worker_commands for 'all'")
     reasoning = role is Role.REASONING
@@ -106,13 +113,27 @@ def worker_command(
     if name is not None:
         argv += ["-n", name]
     env = key_handoff.without_keys(environ)
+    connection_fd = _connection_fd(environ, env)
     if reasoning:
         env["CELERY_CUSTOM_WORKER_POOL"] = POOL_PATH
         if key_fd is not None:
             env[key_handoff.KEYS_FD_VARIABLE] = str(key_fd)
     elif key_fd is not None:
         raise ValueError("a tool worker never receives the model keys: key_fd is for reasoning")
-    return WorkerCommand(role=role, argv=[*argv, *extra], env=env, key_fd=key_fd)
+    return WorkerCommand(
+        role=role, argv=[*argv, *extra], env=env, key_fd=key_fd, connection_fd=connection_fd
+    )
+
+
+def _connection_fd(environ: Mapping[str, str], env: dict[str, str]) -> int | None:
+    """A socket holding the connection URLs of ``environ`` for one worker, named in its
+    ``env`` (None, and nothing named, when ``environ`` has none)."""
+    urls = key_handoff.connection_urls(environ)
+    if not urls:
+        return None
+    fd = key_handoff.send(urls)
+    env[key_handoff.CONNECTION_FD_VARIABLE] = str(fd)
+    return fd
 
 
 def worker_commands(

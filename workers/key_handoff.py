@@ -25,6 +25,13 @@ needs them), and ``orga run`` / ``orga api`` / ``orga inbox`` on the embedded ru
 ancestor of every tool command, write them into one socket for themselves
 (:data:`SECRETS_FD_VARIABLE`) before they run again without them, and read them back at their
 process edge (:func:`process_secrets`, :func:`receive`).
+
+The connection URLs (:data:`CONNECTION_URL_VARIABLES`: ``ORGA_REDIS_URL``, ``ORGA_BROKER_URL``,
+which may carry a password) are handed the same way: no worker's or supervisor's environment
+holds them; each worker, of either role, gets them through a socket of its own
+(:data:`CONNECTION_FD_VARIABLE`, :func:`connection_urls`) and reads it once at its process edge
+(:func:`received_connection_urls`). Without them a tool command could read the Redis password
+from an ancestor's ``/proc/PID/environ``, then forge observations or approve its own held call.
 """
 
 from __future__ import annotations
@@ -32,17 +39,21 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 __all__ = [
+    "CONNECTION_FD_VARIABLE",
+    "CONNECTION_URL_VARIABLES",
     "KEYS_FD_VARIABLE",
     "MODEL_KEY_VARIABLES",
     "PROCESS_SECRET_VARIABLES",
     "SECRETS_FD_VARIABLE",
+    "connection_urls",
     "fds",
     "model_keys",
     "process_secrets",
     "receive",
+    "received_connection_urls",
     "send",
     "without_keys",
 ]
@@ -71,6 +82,16 @@ PROCESS_SECRET_VARIABLES = frozenset(
 """Environment variables holding a secret of the serving side (API tokens, webhook secrets,
 the inbox's credentials): in no worker's environment, and handed by ``orga run`` / ``api`` /
 ``inbox`` to themselves through a socket (:data:`SECRETS_FD_VARIABLE`)."""
+
+CONNECTION_URL_VARIABLES = frozenset({"ORGA_REDIS_URL", "ORGA_BROKER_URL"})
+"""The connection URLs a worker needs, which may carry a password (``redis://:pw@host``,
+``amqp://user:pw@host``): in no worker's or supervisor's environment; each worker receives
+them through a socket of its own (:data:`CONNECTION_FD_VARIABLE`). (Celery's result backend
+is off: no other URL holds a credential a worker needs.)"""
+
+CONNECTION_FD_VARIABLE = "ORGA_CONNECTION_FD"
+"""The file descriptor (a number, not a secret) of a worker's socket holding its
+:data:`CONNECTION_URL_VARIABLES`."""
 
 SECRETS_FD_VARIABLE = "ORGA_PROCESS_SECRETS_FD"
 """The file descriptor (a number, not a secret) of the socket holding the
@@ -112,15 +133,28 @@ def process_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
+def connection_urls(environ: Mapping[str, str]) -> dict[str, str]:
+    """The :data:`CONNECTION_URL_VARIABLES` set (non-blank) in ``environ``, by their
+    upper-case names (a name in upper case wins over another spelling of it)."""
+    found: dict[str, str] = {}
+    for name, value in sorted(environ.items(), key=lambda item: item[0].isupper()):
+        if name.upper() in CONNECTION_URL_VARIABLES and value.strip():
+            found[name.upper()] = value
+    return found
+
+
 def without_keys(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without the model keys and the :data:`PROCESS_SECRET_VARIABLES` (in any
-    letter case), and without :data:`KEYS_FD_VARIABLE` and :data:`SECRETS_FD_VARIABLE`."""
+    """``environ`` without the model keys, the :data:`PROCESS_SECRET_VARIABLES` and the
+    :data:`CONNECTION_URL_VARIABLES` (in any letter case), and without the variables naming
+    the sockets that replace them (:data:`KEYS_FD_VARIABLE`, :data:`SECRETS_FD_VARIABLE`,
+    :data:`CONNECTION_FD_VARIABLE`)."""
     return {
         name: value
         for name, value in environ.items()
         if _key_variable(name) is None
         and name.upper() not in PROCESS_SECRET_VARIABLES
-        and name not in (KEYS_FD_VARIABLE, SECRETS_FD_VARIABLE)
+        and name.upper() not in CONNECTION_URL_VARIABLES
+        and name not in (KEYS_FD_VARIABLE, SECRETS_FD_VARIABLE, CONNECTION_FD_VARIABLE)
     }
 
 
@@ -177,3 +211,29 @@ def fds(environ: Mapping[str, str]) -> list[int]:
             f"{KEYS_FD_VARIABLE}={text!r} is not a comma-separated list of file descriptors; "
             "it is set by `orga` for the processes it starts: unset it"
         ) from exc
+
+
+def received_connection_urls(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """The connection URLs this process was handed through the socket that
+    :data:`CONNECTION_FD_VARIABLE` names in ``environ`` (``os.environ``: read once, the
+    variable removed, the socket closed), else none: a worker started by hand reads them from
+    its environment. A ``ValueError`` that says what is wrong when it holds anything else."""
+    text = environ.pop(CONNECTION_FD_VARIABLE, "").strip()
+    if not text:
+        return {}
+    try:
+        fd = int(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"{CONNECTION_FD_VARIABLE}={text!r} is not a file descriptor; it is set by `orga "
+            "worker` and `orga run` for the workers they start: unset it"
+        ) from exc
+    urls = receive(fd, CONNECTION_FD_VARIABLE)
+    unknown = sorted(set(urls) - CONNECTION_URL_VARIABLES)
+    if unknown:
+        raise ValueError(
+            f"{CONNECTION_FD_VARIABLE}={fd} holds {unknown}, not connection URLs "
+            f"({sorted(CONNECTION_URL_VARIABLES)}): it is set by `orga worker` and `orga run`; "
+            "start the worker with those"
+        )
+    return urls

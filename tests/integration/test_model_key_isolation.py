@@ -3,7 +3,9 @@ API's tokens, the webhooks' secrets, the inbox's credentials), in its environmen
 never reaches the conversation or Redis's files: checked from a real command, which reads
 ``/proc/PID/environ`` of itself and of every ancestor, under a real `orga run` and a real
 `orga api` (the embedded runtime) and under a real `orga worker` (a deployment), with a model
-that needs an API key."""
+that needs an API key. Nor does any ancestor hold the Redis password (`orga worker`'s, in its
+ORGA_REDIS_URL; the embedded runtime's, made up by `orga run`), and a command's PING without
+it is refused."""
 
 from __future__ import annotations
 
@@ -23,11 +25,17 @@ from orga.embedded_redis import EmbeddedRedis
 from shared.task_spec import TaskSpec
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import ORGA, REPO, Cluster, Process, clean_env, wait_until
-from workers.key_handoff import MODEL_KEY_VARIABLES, PROCESS_SECRET_VARIABLES
+from workers.key_handoff import (
+    CONNECTION_URL_VARIABLES,
+    MODEL_KEY_VARIABLES,
+    PROCESS_SECRET_VARIABLES,
+)
 
 pytestmark = pytest.mark.integration
 
 KEY = "sk-walk-every-ancestor-8d1f2c"
+REDIS_PASSWORD = "redis-walk-every-ancestor-5b9e03"
+"""`orga worker`'s Redis's ``requirepass``, in its ORGA_REDIS_URL."""
 API_TOKEN = "api-walk-every-ancestor-0123456789"
 WEBHOOK_SECRET = "whsec-walk-every-ancestor-4e7a91"
 SECRETS = {
@@ -58,6 +66,24 @@ while pid > 1:
     with open(f"/proc/{pid}/stat") as handle:
         pid = int(handle.read().rsplit(")", 1)[1].split()[1])
 print("read the environment of", len(os.listdir(out)), "processes")
+# The Redis serving sys.argv[2] (its working directory; its command line is its title,
+# `redis-server 127.0.0.1:PORT`), asked for PING without a password.
+for entry in os.listdir("/proc"):
+    try:
+        if os.readlink(f"/proc/{entry}/cwd") != sys.argv[2]:
+            continue
+        with open(f"/proc/{entry}/cmdline", "rb") as handle:
+            title = handle.read().replace(b"\\0", b" ").decode().strip()
+    except (OSError, ValueError):
+        continue
+    if "redis-server" in title:
+        import socket
+        port = int(title.rsplit(":", 1)[1].split()[0])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"PING\\r\\n")
+            reply = sock.recv(100)
+        with open(out + ".redis", "wb") as handle:
+            handle.write(title.encode() + b"\\n" + reply)
 """
 
 
@@ -84,11 +110,24 @@ def model(tmp_path: Path) -> Iterator[FakeOpenAIServer]:
     """A model that needs KEY: it asks for the probe command once, then answers."""
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    command = f"python3 {probe} {tmp_path / 'seen'}"
+    command = f"python3 {probe} {tmp_path / 'seen'} {_redis_dir(tmp_path)}"
     with FakeOpenAIServer(api_key=KEY) as server:
         server.respond_tool_calls([("c1", "run_command", {"command": command})])
         server.respond_text("probed")
         yield server
+
+
+def _redis_dir(tmp_path: Path) -> Path:
+    """Where the Redis of a test keeps its files: the embedded runtime's under ORGA_HOME, and
+    the deployment's Redis of `orga worker`'s test."""
+    return tmp_path / "home" / "redis"
+
+
+def _redis_reply(tmp_path: Path) -> tuple[bytes, bytes]:
+    """The command line (its title) of the Redis the probe found, and its answer to a PING
+    without the password."""
+    argv, _, reply = (tmp_path / "seen.redis").read_bytes().partition(b"\n")
+    return argv, reply
 
 
 def _seen(tmp_path: Path) -> dict[int, bytes]:
@@ -103,18 +142,19 @@ def _files_under(*folders: Path) -> Iterator[tuple[Path, bytes]]:
                 yield path, path.read_bytes()
 
 
-def _assert_no_key(seen: dict[int, bytes], holder: int) -> None:
+def _assert_no_key(seen: dict[int, bytes], holder: int, *also: str) -> None:
     """The probe read ``holder`` (the process that was given the key), and no environment it
-    read holds the key, a secret of the serving side, or a variable of either."""
+    read holds the key, a secret of the serving side, a connection URL (``ORGA_REDIS_URL``,
+    ``ORGA_BROKER_URL``), ``also``, or a variable of any of them."""
     assert holder in seen, f"{holder} is not an ancestor of the command: {sorted(seen)}"
     assert not seen[holder].startswith(b"UNREADABLE"), seen[holder]
     assert b"ORGA_WORKSPACE_ROOT=" in seen[holder]  # it really is that process's environment
     for pid, environ in seen.items():
-        for secret in SECRET_VALUES:
+        for secret in [*SECRET_VALUES, *also]:
             assert secret.encode() not in environ, f"process {pid} holds {secret!r}"
         names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
-        hidden = MODEL_KEY_VARIABLES | PROCESS_SECRET_VARIABLES
-        assert not names & hidden, (pid, names & hidden)
+        hidden = MODEL_KEY_VARIABLES | PROCESS_SECRET_VARIABLES | CONNECTION_URL_VARIABLES
+        assert not {name.upper() for name in names} & hidden, (pid, names)
 
 
 def test_orga_run_keeps_the_key_from_every_ancestor_of_a_command(
@@ -142,6 +182,10 @@ def test_orga_run_keeps_the_key_from_every_ancestor_of_a_command(
     assert "probed" in stdout
     assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in model.requests)
     _assert_no_key(_seen(tmp_path), run.pid)
+    # The embedded Redis wants the password this run made up, which no command can read.
+    argv, reply = _redis_reply(tmp_path)
+    assert reply.startswith(b"-NOAUTH"), reply
+    assert b"requirepass" not in argv and b"@" not in argv, argv
     assert KEY not in stdout + stderr
     for path, data in _files_under(home):
         assert KEY.encode() not in data, f"the key is in {path}"
@@ -195,12 +239,26 @@ def test_orga_api_keeps_its_tokens_from_every_ancestor_of_a_command(
     assert all(secret not in process.tail() for secret in SECRET_VALUES)
 
 
+@pytest.fixture
+def passworded_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A real ``redis-server`` with ``requirepass`` :data:`REDIS_PASSWORD`, its files under
+    :func:`_redis_dir`."""
+    _redis_dir(tmp_path).mkdir(parents=True)
+    server = EmbeddedRedis(appendonly=True, directory=_redis_dir(tmp_path), password=REDIS_PASSWORD)
+    with server:
+        yield server
+
+
 def test_orga_worker_keeps_the_key_from_every_ancestor_of_a_command(
-    tmp_path: Path, model: FakeOpenAIServer, private_redis: EmbeddedRedis
+    tmp_path: Path, model: FakeOpenAIServer, passworded_redis: EmbeddedRedis
 ) -> None:
-    """`ORGA_API_KEY=… orga worker` (its supervisor, two reasoning workers and a tool worker):
-    no ancestor of a command, the supervisor among them, has the key in its environment; the
-    reasoning workers still call the model with it; Redis's files do not hold it."""
+    """`ORGA_API_KEY=… ORGA_REDIS_URL=redis://:password@… orga worker` (its supervisor, two
+    reasoning workers and a tool worker): no ancestor of a command, the supervisor among them,
+    has the key or the Redis password in its environment, and the command cannot talk to Redis
+    without it; the reasoning workers still call the model with the key; Redis's files do not
+    hold it."""
+    private_redis = passworded_redis
+    assert REDIS_PASSWORD in private_redis.url
     cluster = Cluster(private_redis.url, tmp_path / "cluster")
     cluster.root.mkdir()
     env = _env(
@@ -222,7 +280,9 @@ def test_orga_worker_keeps_the_key_from_every_ancestor_of_a_command(
         task_id = client.submit(TaskSpec.model_validate(_task(tmp_path)))
         result = client.wait(task_id, timeout_s=120)
         assert result["status"] == "completed", (result, log.read_text()[-3000:])
-        _assert_no_key(_seen(tmp_path), worker.pid)
+        _assert_no_key(_seen(tmp_path), worker.pid, REDIS_PASSWORD)
+        _, reply = _redis_reply(tmp_path)
+        assert reply.startswith(b"-NOAUTH"), reply
         assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in model.requests)
     finally:
         worker.terminate()

@@ -4,6 +4,7 @@ which ``celery inspect conf`` and Flower's configuration view show."""
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 
@@ -30,3 +31,22 @@ def test_the_celery_conf_holds_no_redis_password_nor_orga_objects(
     assert "broker-pw" not in repr(app.conf.table(with_defaults=True, censored=True))
     assert worker_config(app).settings is settings
     assert "state-pw" not in repr(worker_config(app))
+
+
+def test_a_worker_reads_its_connection_urls_from_its_socket_at_its_edge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's settings take ORGA_REDIS_URL and ORGA_BROKER_URL from the socket
+    ORGA_CONNECTION_FD names (over the environment's), once: the variable is then gone."""
+    from workers import key_handoff
+
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    celery_module = importlib.import_module("orga.celery")
+    urls = {"ORGA_REDIS_URL": "redis://:state-pw@h:6379/0", "ORGA_BROKER_URL": "amqp://u:b@r//"}
+    monkeypatch.setenv(key_handoff.CONNECTION_FD_VARIABLE, str(key_handoff.send(urls)))
+    app = celery_module.create_app()
+    settings = worker_config(app).settings
+    assert settings.redis_url == "redis://:state-pw@h:6379/0"
+    assert settings.broker_url == "amqp://u:b@r//"
+    assert app.conf.broker_url == "amqp://u:b@r//"
+    assert key_handoff.CONNECTION_FD_VARIABLE not in os.environ

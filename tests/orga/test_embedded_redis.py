@@ -208,3 +208,20 @@ def test_orga_status_refuses_a_home_whose_redis_is_gone(tmp_path: Path) -> None:
     assert str(missing) in outcome.stderr.replace("\n", "")
     assert "no longer there" in outcome.stderr.replace("\n", " ")
     assert outcome.stdout == ""
+
+
+def test_a_password_reaches_the_server_on_stdin_and_is_required(real_binary: str) -> None:
+    """With a password, the server refuses a client without it (NOAUTH), answers one with
+    the URL, and its command line, which any process of the user can read, does not hold it."""
+    password = "pw-not-on-any-command-line-7c1e"
+    with EmbeddedRedis(password=password, binary=real_binary) as server:
+        assert server.url == f"redis://:{password}@127.0.0.1:{server.port}/0"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port).ping()
+        assert redis.Redis.from_url(server.url).ping()
+        assert server.pid is not None
+        cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes()
+        assert password.encode() not in cmdline + environ
+        server.restart()  # the same password again
+        assert redis.Redis.from_url(server.url).ping()

@@ -113,3 +113,40 @@ def test_the_supervisor_forks_the_workers_only_when_asked_and_all_are_workers() 
 def test_the_supervisor_refuses_what_orga_worker_did_not_write(text: str) -> None:
     with pytest.raises(ValueError, match=supervisor.COMMANDS_VARIABLE):
         supervisor.decode(text, ENVIRON)
+
+
+def test_every_worker_gets_the_connection_urls_through_a_socket_of_its_own() -> None:
+    """No worker's environment, nor the supervisor's, holds ORGA_REDIS_URL or ORGA_BROKER_URL
+    (a password in them): each worker, tool workers too, reads them from its own socket."""
+    environ = {
+        **ENVIRON,
+        "ORGA_REDIS_URL": "redis://:state-pw@h:6379/0",
+        "ORGA_BROKER_URL": "redis://:broker-pw@b:6379/0",
+    }
+    commands = worker_commands(Role.ALL, _settings(reasoning_processes=2), environ)
+    _, env = supervisor_exec(commands, environ)
+    try:
+        assert [c.role for c in commands] == [Role.REASONING, Role.REASONING, Role.TOOLS]
+        fds = [c.connection_fd for c in commands]
+        assert None not in fds and len(set(fds)) == 3
+        for command in commands:
+            assert "pw@" not in "".join(command.env.values())
+            assert not {"ORGA_REDIS_URL", "ORGA_BROKER_URL"} & set(command.env)
+            assert command.connection_fd in command.pass_fds
+            named = command.env[key_handoff.CONNECTION_FD_VARIABLE]
+            assert named == str(command.connection_fd)
+        assert "pw@" not in "".join(env.values())
+        assert not {"ORGA_REDIS_URL", "ORGA_BROKER_URL"} & set(env)
+        tool = commands[-1]
+        assert tool.key_fd is None and tool.pass_fds == (tool.connection_fd,)
+        received = key_handoff.received_connection_urls(dict(tool.env))
+        assert received == {
+            "ORGA_REDIS_URL": "redis://:state-pw@h:6379/0",
+            "ORGA_BROKER_URL": "redis://:broker-pw@b:6379/0",
+        }
+    finally:
+        for command in commands[:-1]:
+            for fd in command.pass_fds:
+                os.close(fd)
+        if commands[-1].key_fd is not None:
+            os.close(commands[-1].key_fd)

@@ -91,3 +91,35 @@ def test_the_serving_sides_secrets_leave_a_workers_environment_in_any_case() -> 
     fd = key_handoff.send(key_handoff.process_secrets(environ))
     received = key_handoff.receive(fd, key_handoff.SECRETS_FD_VARIABLE)
     assert received["ORGA_API_TOKENS"] == "tok-a,tok-b"
+
+
+def test_connection_urls_leave_the_environment_and_arrive_through_their_socket() -> None:
+    """ORGA_REDIS_URL and ORGA_BROKER_URL (any letter case) are not in an environment handed
+    to a worker, nor is the variable naming their socket; the socket gives them once, at the
+    process edge, and the variable is removed."""
+    environ = {
+        "PATH": "/usr/bin",
+        "orga_redis_url": "redis://:lower@h/0",
+        "ORGA_REDIS_URL": "redis://:pw-1@h/0",
+        "ORGA_BROKER_URL": "amqp://u:pw-2@h//",
+        "ORGA_BASE_URL": "http://model",
+        key_handoff.CONNECTION_FD_VARIABLE: "7",
+    }
+    urls = key_handoff.connection_urls(environ)
+    assert urls == {"ORGA_REDIS_URL": "redis://:pw-1@h/0", "ORGA_BROKER_URL": "amqp://u:pw-2@h//"}
+    assert key_handoff.without_keys(environ) == {
+        "PATH": "/usr/bin",
+        "ORGA_BASE_URL": "http://model",
+    }
+    process_environ = {key_handoff.CONNECTION_FD_VARIABLE: str(key_handoff.send(urls))}
+    assert key_handoff.received_connection_urls(process_environ) == urls
+    assert process_environ == {}
+    assert key_handoff.received_connection_urls(process_environ) == {}  # none: read from env
+
+
+def test_a_connection_socket_holding_something_else_is_refused_saying_what() -> None:
+    fd = key_handoff.send({"ORGA_API_KEY": "sk-1"})
+    with pytest.raises(ValueError, match=r"holds \['ORGA_API_KEY'\], not connection URLs"):
+        key_handoff.received_connection_urls({key_handoff.CONNECTION_FD_VARIABLE: str(fd)})
+    with pytest.raises(ValueError, match="'x' is not a file descriptor"):
+        key_handoff.received_connection_urls({key_handoff.CONNECTION_FD_VARIABLE: "x"})
