@@ -10,14 +10,16 @@ timer, and the events buffered meanwhile go with it: one ``task.multi`` message 
 batch format, which Flower and every event receiver read as the events one by one, in order).
 
 Which thread does what: events are sent by the hub's thread (``task-received``; every event of
-a prefork or thread pool's parent), and in the reasoning worker (:class:`workers.pool.LoopPool`)
-also by its asyncio loop's thread (``task-started``) and its tracer threads
-(``task-succeeded``). Whatever the thread, the first event of a window hands the hub one
-callback with ``Hub.call_soon``, which kombu 5.7 makes safe from any thread (under its lock,
-waking the hub's poll through its waker socket); that callback, on the hub's thread, puts the
-flush on the hub's timer (``Hub.call_later``), which only the hub's thread touches. So the
-flush always runs on the hub's thread, at the end of the window, idle worker or not: the poll
-waits no longer than the timer's next entry.
+a prefork pool's parent), and in the reasoning worker (:class:`workers.pool.LoopPool`)
+also by its asyncio loop's thread (``task-started``, the request's accept callback) and its
+tracer threads (``task-succeeded``). The first event of a window, sent in the hub's thread, puts
+the flush on the hub's timer (``Hub.call_later``) at once; sent in another thread, it hands the
+hub one callback that does, with ``Hub.call_soon``, which kombu 5.7 makes safe from any thread
+(under its lock, waking the hub's poll through its waker socket). Only the hub's thread touches
+its timer, and the flush always runs there, at the window's end, idle worker or not: the hub
+computes its poll's timeout from the timer after running the callbacks handed to it. (A
+callback handed over in the hub's own thread, while the hub runs earlier ones, would wait for
+its next poll, which an idle hub may spend asleep: hence the timer set directly there.)
 
 A batching that was reverted on 2026-12-06 (docs/performance.md, issue 27, item 13) asked for
 the flush from a flusher thread of its own; this one has no thread.
