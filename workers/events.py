@@ -44,7 +44,6 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
-from vine import promise
 
 __all__ = ["BUFFER_LIMIT", "FLUSH_INTERVAL_S", "FlushWindow", "TaskEventWindows"]
 
@@ -92,7 +91,6 @@ class FlushWindow:
         self._open = False  # a window is open: its flush is scheduled or about to be
         self._closed = False
         self._entry: Any = None  # the hub timer's entry of the open window
-        self._arm_soon = promise(self._arm)  # one object, handed to the hub once per window
 
     @property
     def interval(self) -> float:
@@ -113,7 +111,7 @@ class FlushWindow:
         elif threading.get_ident() == self._hub_thread:
             self._arm()
         else:
-            self._hub.call_soon(self._arm_soon)  # thread-safe: kombu 5.7's lock and waker
+            self._hub.call_soon(self._arm)  # thread-safe: kombu 5.7's lock and waker
 
     def _arm(self) -> None:
         """On the hub's thread: the window's flush on the hub's timer."""

@@ -30,3 +30,15 @@ def test_the_celery_conf_holds_no_redis_password_nor_orga_objects(
     assert "broker-pw" not in repr(app.conf.table(with_defaults=True, censored=True))
     assert worker_config(app).settings is settings
     assert "state-pw" not in repr(worker_config(app))
+
+
+def test_the_workers_flush_task_events_once_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's consumer blueprint has :mod:`workers.events`' step (one flush per window of
+    task events, on the worker's event loop)."""
+    from workers.events import TaskEventWindows
+
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    app = importlib.import_module("orga.celery").create_app(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0")
+    )
+    assert TaskEventWindows in app.steps["consumer"]
