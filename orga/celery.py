@@ -39,6 +39,7 @@ from workers import key_handoff
 from workers.app_config import WorkerConfig, worker_config
 from workers.app_config import register as register_worker_config
 from workers.broker import serve_redis_urls
+from workers.events import TaskEventWindows
 from workers.redis_policy import EvictionCheck
 from workers.runtime import deployment_mcp_servers
 from workers.telemetry import check_exporters
@@ -83,6 +84,8 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
         WorkerConfig(settings, received_model_keys(), clients.asyncio, clients.sync),
     )
     celery.steps["worker"].add(EvictionCheck)
+    # Task events go out once per window, flushed on the hub's own timer (workers.events).
+    celery.steps["consumer"].add(TaskEventWindows)
     return celery
 
 

@@ -50,3 +50,15 @@ def test_a_worker_reads_its_connection_urls_from_its_socket_at_its_edge(
     assert settings.broker_url == "amqp://u:b@r//"
     assert app.conf.broker_url == "amqp://u:b@r//"
     assert key_handoff.CONNECTION_FD_VARIABLE not in os.environ
+
+
+def test_the_workers_flush_task_events_once_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's consumer blueprint has :mod:`workers.events`' step (one flush per window of
+    task events, on the worker's event loop)."""
+    from workers.events import TaskEventWindows
+
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    app = importlib.import_module("orga.celery").create_app(
+        OrgaSettings(redis_url="redis://127.0.0.1:1/0")
+    )
+    assert TaskEventWindows in app.steps["consumer"]
