@@ -117,6 +117,7 @@ class StagnationConfig(BaseModel):
     plan: Ladder = Field(default_factory=_plan_default)
     plan_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
     plan_paraphrase: float = Field(default=0.6, gt=0.0, le=1.0)
+    plan_novelty: int = Field(default=20, ge=0, le=1000)
     plan_memory: int = Field(default=16, ge=1, le=256)
     plan_min_chars: int = Field(default=40, ge=1)
     max_period: int = Field(default=5, ge=2, le=10)
