@@ -92,7 +92,11 @@ class StagnationConfig(BaseModel):
       alike: the same request in other words; plans of ``plan_min_chars`` or more) with nothing
       new since, or that says the model is stuck, adds one; any other turn of at least
       ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
-      side's); a milestone resets it.
+      side's); a milestone resets it. "Nothing new since" means no result that told the model
+      something: a result longer than 600 masked characters must show at least
+      ``plan_novelty`` content words no earlier result showed, a shorter one must not be a
+      near-duplicate (``plan_similarity``) of a recent one (``plan_novelty=0``: the
+      near-duplicate rule for every result, the first release's).
 
     ``history`` bounds the window in which repeats, cycles and errors are counted;
     ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen

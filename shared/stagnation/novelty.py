@@ -1,27 +1,21 @@
-"""New content words: whether a result told the model anything, whatever its page identity.
+"""New content words: whether a result told the model something, wherever on the page.
 
 The model's side counts a plan as re-issued only when nothing new has come back since it was
-made (:class:`~shared.stagnation.plans.PlanMemory`'s mark). The first rule moved the mark on
-any new result that was not a near-duplicate of a recent one (its first 600 masked characters
-at least 0.9 alike). On Who&When's web pages that rule errs both ways:
+made (:class:`~shared.stagnation.plans.PlanMemory`'s mark). The first rule moved the mark on a
+new result that was not a near-duplicate of a recent one: its first 600 masked characters at
+least 0.9 alike. A batch of web lookups defeats it: every page is the same search template for
+its first 600 characters, and its news (the film looked up, whether it streams) comes further
+down. The mark stood still, and the orchestrator's same-words requests about one film after
+another read as re-issues with nothing new since (Who&When ``36``, a false alarm).
 
-- a stuck WebSurfer that types into the same FedEx form, re-clicks a result that does not
-  open, or lands on another block page returns a page whose beginning differs (another field
-  filled in, another URL, another search box echo): the mark moves, and the orchestrator's
-  reworded instruction is never a re-issue "with nothing new since" (hard ``23``, ``38``,
-  ``47``; the ledger's own "in a loop" then drives the ladder rounds later);
-- a batch of lookups returns pages whose first 600 characters are the same search page
-  template and whose news (the film, its availability) is further down: the mark stands
-  still, and the batch's same-words instructions read as re-issues (hard ``36``, a false
-  alarm).
-
-:class:`WordNovelty` judges a result by its **new content words** instead: the content words
+:class:`WordNovelty` reads a result for its **new content words**: the content words
 (:func:`~shared.stagnation.paraphrase.content_words`) of its first :data:`NOVELTY_CHARS`
-masked characters that no earlier result showed. A result is news when it shows at least
-``threshold`` of them, or at least half of its own content words when it has fewer than twice
-``threshold`` (a short answer, a record looked up, a test's verdict, is judged against its
-size). Pure Python, nothing downloaded; only results the output side already counts as new
-are read (a repeated result shows no new word by construction).
+masked characters that no earlier result showed. A result that shows at least
+``plan_novelty`` (20) of them moves the mark too, whatever its beginning looks like. It only
+adds news: a result that is not a near-duplicate still moves the mark however few new words
+it shows (a new window of code shows new lines in words already seen; judging it by its words
+alone made a resolved Gemini run's paging through a file read as re-issued plans). Pure
+Python, nothing downloaded; only results the output side already counts as new are read.
 """
 
 from __future__ import annotations
