@@ -137,9 +137,9 @@ class PlanMemory:
     last ``capacity`` results (the same page re-rendered with OCR noise is no information), or
     that shows enough content words no earlier result showed, wherever they are
     (:class:`~shared.stagnation.novelty.WordNovelty`: a batch's pages that begin with the same
-    template), and when a write changes something. :meth:`reissue` answers whether a plan is a near-identical
-    re-issue (similarity at least ``threshold``) of a remembered plan issued at the current
-    mark: nothing has come back since that could explain asking again.
+    template), and when a write changes something. :meth:`reissue` answers whether a plan is
+    a near-identical re-issue (similarity at least ``threshold``) of a remembered plan issued
+    at the current mark: nothing has come back since that could explain asking again.
     """
 
     def __init__(

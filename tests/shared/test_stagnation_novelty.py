@@ -116,7 +116,7 @@ def test_a_near_duplicate_page_with_few_new_words_is_no_news() -> None:
     detector = StagnationDetector(NO_GATE)
     detector.observe(page("I clicked 'Calculate Shipping Rates - FedEx'."))
     typed = ("I typed 'Hartford' into 'From'.", "I typed 'Colombia' into 'To'.", "I scrolled.")
-    for request, action in zip(REQUESTS, typed + ("I scrolled up.",), strict=True):
+    for request, action in zip(REQUESTS, (*typed, "I scrolled up."), strict=True):
         detector.observe_turn(ModelTurn(text=request))
         detector.observe(page(action))
     assert detector.verdict().level is StagnationLevel.REPLAN
@@ -129,7 +129,7 @@ def test_a_page_that_begins_differently_is_news_however_few_new_words() -> None:
     code, the form's own words in another order)."""
     detector = StagnationDetector(NO_GATE)
     detector.observe(page("I clicked 'Calculate Shipping Rates - FedEx'."))
-    for request, action in zip(REQUESTS, ACTIONS + ("I scrolled up.",), strict=True):
+    for request, action in zip(REQUESTS, (*ACTIONS, "I scrolled up."), strict=True):
         detector.observe_turn(ModelTurn(text=request))
         detector.observe(page(action))
     assert detector.counters()["stale_turns"] <= 1
@@ -187,15 +187,17 @@ def test_the_words_seen_survive_a_restore() -> None:
 
 
 def test_reading_a_long_page_for_new_words_is_cheap() -> None:
-    """The words of a page's first NOVELTY_CHARS characters: well under 1 ms (best of five
-    batches of 200, on a shared box)."""
+    """The words of a page's first NOVELTY_CHARS characters: well under 1 ms of CPU (best of
+    five batches of 200; CPU time, since the box is shared and wall time counts the waits)."""
     text = (FORM + " " + " ".join(ANSWERS)) * (NOVELTY_CHARS // len(FORM) + 1)
-    best = float("inf")
+    best = wall = float("inf")
     for _ in range(5):
         novelty = WordNovelty()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for _ in range(200):
             novelty.is_news(text, 20)
-        best = min(best, (time.perf_counter() - started) / 200)
-    print(f"new content words of a {NOVELTY_CHARS}-character page: {best * 1e6:.0f} us")
+        best = min(best, (time.process_time() - cpu) / 200)
+        wall = min(wall, (time.perf_counter() - started) / 200)
+    print(f"new content words of a {NOVELTY_CHARS}-character page: {best * 1e6:.0f} us of CPU")
+    print(f"({wall * 1e6:.0f} us of wall time)")
     assert best < 1e-3
