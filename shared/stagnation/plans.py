@@ -133,11 +133,11 @@ def plan_of(turn: ModelTurn) -> Plan:
 class PlanMemory:
     """The last ``capacity`` plans and results, and a mark that moves with new information.
 
-    The mark moves when a result comes back that is new and not a near-duplicate of one of the
-    last ``capacity`` results (the same page re-rendered with OCR noise is no information), or
-    that shows enough content words no earlier result showed, wherever they are
-    (:class:`~shared.stagnation.novelty.WordNovelty`: a batch's pages that begin with the same
-    template), and when a write changes something. :meth:`reissue` answers whether a plan is
+    The mark moves when a result comes back that shows enough content words no earlier result
+    showed (:class:`~shared.stagnation.novelty.WordNovelty`; a result no longer than the
+    compared beginning also when it is not a near-duplicate of one of the last ``capacity``
+    results: the same page re-rendered with OCR noise is no information), and when a write
+    changes something. :meth:`reissue` answers whether a plan is
     a near-identical re-issue (similarity at least ``threshold``) of a remembered plan issued
     at the current mark: nothing has come back since that could explain asking again.
     """
@@ -182,12 +182,14 @@ class PlanMemory:
         return found
 
     def result(self, gist: str, threshold: float, text: str = "", novelty: int = 0) -> None:
-        """A new result came back: the mark moves unless its ``gist`` nearly repeats a recent
-        one (at least ``threshold`` alike) and its ``text`` (masked) shows fewer than
-        ``novelty`` content words no earlier result showed (``novelty`` 0: the gist alone)."""
+        """A new result came back. The mark moves when its ``text`` (masked) shows new content
+        words (:meth:`WordNovelty.is_news` with ``novelty``), or, for a text no longer than
+        :data:`MAX_PLAN_CHARS`, when its ``gist`` is not a near-duplicate of a recent one (at
+        least ``threshold`` alike). ``novelty`` 0: the near-duplicate rule for every result."""
         fresh = self._novelty.is_news(text, novelty) if novelty else False
-        if fresh or not any(
-            Indel.normalized_similarity(gist, seen) >= threshold for seen in self._gists
+        if fresh or (
+            (not novelty or len(text) <= MAX_PLAN_CHARS)
+            and not any(Indel.normalized_similarity(gist, s) >= threshold for s in self._gists)
         ):
             self.mark += 1
         self._gists.append(gist)

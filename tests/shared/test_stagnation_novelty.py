@@ -45,7 +45,7 @@ REQUESTS = (
     "Find the USPS rate for mailing one DVD from Hartford, Connecticut to Colombia.",
 )
 # what the surfer did, each time in the form's own words: the page begins differently (more
-# than a tenth of its first 600 characters) but shows nothing the form had not shown
+# than a tenth of its first 600 characters) and shows nothing the form had not shown
 ACTIONS = (
     "I clicked 'saturday delivery'. Selected options: hold at location, dry ice, alcohol "
     "shipment, special handling, signature options, declared value, customs clearance.",
@@ -71,6 +71,11 @@ ANSWERS = (
     "poker tournament in Montenegro against Le Chiffre, a banker to terrorists; Eva Green "
     "plays Vesper Lynd, Judi Dench returns as M, Mads Mikkelsen weeps blood",
 )
+
+
+def read_window(text: str) -> ToolEvent:
+    """A window of a file, as a shell read shows it."""
+    return ToolEvent(tool_name="bash", arguments={"command": "sed -n p"}, output=text)
 
 
 def page(head: str, body: str = "") -> ToolEvent:
@@ -109,31 +114,38 @@ def test_the_memory_of_words_is_bounded() -> None:
     assert WordNovelty(words).dump() == words
 
 
-def test_a_near_duplicate_page_with_few_new_words_is_no_news() -> None:
-    """The same form re-rendered (its beginning 0.9 alike) with a field typed in shows a few new
-    words, under the threshold: the same request again is a re-issue with nothing new since,
-    and the third re-issue reaches REPLAN, from ``reissued_plan``."""
+def test_reworded_requests_while_the_same_form_comes_back_climb_the_plan_ladder() -> None:
+    """Who&When 23: every page is a new hash and begins differently (another field filled in,
+    more than a tenth of its first 600 characters), so the near-duplicate rule moved the mark
+    and no reworded request counted. By new content words nothing came back: the third
+    re-issue reaches REPLAN, from ``reissued_plan``."""
     detector = StagnationDetector(NO_GATE)
-    detector.observe(page("I clicked 'Calculate Shipping Rates - FedEx'."))
-    typed = ("I typed 'Hartford' into 'From'.", "I typed 'Colombia' into 'To'.", "I scrolled.")
-    for request, action in zip(REQUESTS, (*typed, "I scrolled up."), strict=True):
-        detector.observe_turn(ModelTurn(text=request))
-        detector.observe(page(action))
+    old = StagnationDetector(OLD_RULE)
+    for each in (detector, old):
+        each.observe(page("I clicked 'Calculate Shipping Rates - FedEx'."))
+    for request, action in zip(REQUESTS, (*ACTIONS, "I scrolled up."), strict=True):
+        for each in (detector, old):
+            each.observe_turn(ModelTurn(text=request))
+            each.observe(page(action))
     assert detector.verdict().level is StagnationLevel.REPLAN
     assert detector.verdict().reason_codes == (ReasonCode.REISSUED_PLAN,)
+    assert old.verdict().level is StagnationLevel.NONE, "the first rule saw news on each page"
 
 
-def test_a_page_that_begins_differently_is_news_however_few_new_words() -> None:
-    """New words only add news: a page whose beginning differs (more than a tenth of its first
-    600 characters) moves the mark as before, even in words already seen (a new window of
-    code, the form's own words in another order)."""
+def test_a_new_window_in_words_already_seen_is_news() -> None:
+    """Paging through a file: each window is new lines in identifiers mostly seen before, fewer
+    than 20 new words but more than a quarter of its own: news, so the same short plan with
+    other line numbers is no re-issue (Gemini ``matplotlib-25775``)."""
     detector = StagnationDetector(NO_GATE)
-    detector.observe(page("I clicked 'Calculate Shipping Rates - FedEx'."))
-    for request, action in zip(REQUESTS, (*ACTIONS, "I scrolled up."), strict=True):
-        detector.observe_turn(ModelTurn(text=request))
-        detector.observe(page(action))
-    assert detector.counters()["stale_turns"] <= 1
-    assert detector.verdict().level is StagnationLevel.NONE
+    names = [f"name{chr(97 + k // 26)}{chr(97 + k % 26)}" for k in range(200)]
+    for start in range(0, 200, 10):
+        lines = [
+            f"def {n}(self, value): return self.{m}(value) + {n}"
+            for n, m in zip(names[start : start + 10], names[:10], strict=True)
+        ]
+        detector.observe_turn(ModelTurn(text="Let me read the next part of the module now."))
+        detector.observe(read_window("\n".join(lines * 3)))
+    assert detector.counters()["stale_turns"] == 0
 
 
 def test_a_batch_whose_news_is_past_the_page_beginning_is_no_reissue() -> None:
