@@ -94,9 +94,10 @@ class StagnationConfig(BaseModel):
       ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
       side's); a milestone resets it. "Nothing new since" means no result that told the model
       something: a result longer than 600 masked characters must show at least
-      ``plan_novelty`` content words no earlier result showed, a shorter one must not be a
-      near-duplicate (``plan_similarity``) of a recent one (``plan_novelty=0``: the
-      near-duplicate rule for every result, the first release's).
+      ``plan_novelty`` content words no earlier result showed, or have a quarter of its own
+      content words new; a shorter one must show such words or not be a near-duplicate
+      (``plan_similarity``) of a recent one (``plan_novelty=0``: the near-duplicate rule for
+      every result, the first release's).
 
     ``history`` bounds the window in which repeats, cycles and errors are counted;
     ``max_seen_hashes`` and ``max_paths`` bound the memory of seen content (least recently seen
