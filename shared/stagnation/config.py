@@ -96,7 +96,12 @@ class StagnationConfig(BaseModel):
       alike: the same request in other words; plans of ``plan_min_chars`` or more) with nothing
       new since, or that says the model is stuck, adds one; any other turn of at least
       ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
-      side's); a milestone resets it;
+      side's); a milestone resets it. "Nothing new since" means no result that told the model
+      something: a result longer than 600 masked characters must show at least
+      ``plan_novelty`` content words no earlier result showed, or have a quarter of its own
+      content words new; a shorter one must show such words or not be a near-duplicate
+      (``plan_similarity``) of a recent one (``plan_novelty=0``: the near-duplicate rule for
+      every result, the first release's);
     - ``refusal``: refusals of the same write on the same target (tool and path) since its last
       success, in the last ``history`` events, whatever the arguments; above NUDGE only when the
       refused call was re-sent unchanged after the same refusal
@@ -126,6 +131,7 @@ class StagnationConfig(BaseModel):
     refusal: Ladder = Field(default_factory=_refusal_default)
     plan_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
     plan_paraphrase: float = Field(default=0.6, gt=0.0, le=1.0)
+    plan_novelty: int = Field(default=20, ge=0, le=1000)
     plan_memory: int = Field(default=16, ge=1, le=256)
     plan_min_chars: int = Field(default=40, ge=1)
     max_period: int = Field(default=5, ge=2, le=10)

@@ -385,9 +385,9 @@ class StagnationDetector:
         """
         self._new_changes += 1 + self._pending_writes
         self._pending_writes = 0
-        self._plans.result(fp.gist, self.config.plan_similarity)
-        episode = self._episode
         cfg = self.config
+        self._plans.result(fp.gist, cfg.plan_similarity, fp.head, cfg.plan_novelty)
+        episode = self._episode
         recovery = max(cfg.recovery, int(episode.stale_steps * cfg.recovery_share))
         if cfg.recovery and episode.stale_steps > recovery:
             episode.stale_steps -= recovery
@@ -654,6 +654,7 @@ class StagnationDetector:
             "recent_errors": self._window.dump_errors(),
             "plans": [[plan, calls, news] for plan, calls, news in plans],
             "result_gists": gists,
+            "result_words": self._plans.dump_words(),
             "plan_mark": mark,
             "plan_stale": self._plan_stale,
             "plan_kind": self._plan_kind.value if self._plan_kind is not None else None,
@@ -710,7 +711,7 @@ class StagnationDetector:
         detector._episode = _Episode.load(saved.episode)
         detector._pending_writes = saved.pending_writes
         detector._plans = PlanMemory(
-            cfg.plan_memory, saved.plans, saved.result_gists, saved.plan_mark
+            cfg.plan_memory, saved.plans, saved.result_gists, saved.plan_mark, saved.result_words
         )
         detector._plan_stale = saved.plan_stale
         detector._plan_kind = saved.plan_kind

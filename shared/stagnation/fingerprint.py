@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.stagnation.events import ToolEvent, ToolKind
+from shared.stagnation.novelty import NOVELTY_CHARS
 from shared.volatile import normalize_volatile
 
 __all__ = [
@@ -194,7 +195,9 @@ class EventFingerprint:
     - ``is_ack``: an empty acknowledgement of a tool that is neither a read nor a command;
     - ``info_free``: a successful read or search that showed nothing;
     - ``gist``: the first :data:`GIST_CHARS` characters of the masked output, lower-cased, to
-      tell a near-duplicate result (the same page with OCR noise) from new information.
+      tell a near-duplicate result (the same page with OCR noise) from new information;
+    - ``head``: the first :data:`~shared.stagnation.novelty.NOVELTY_CHARS` characters of the
+      masked output, read for the content words it shows that no earlier result showed.
     """
 
     call: str
@@ -209,6 +212,7 @@ class EventFingerprint:
     is_ack: bool
     info_free: bool
     gist: str = ""
+    head: str = ""
 
 
 def _write_after(event: ToolEvent, masked_output: str) -> str:
@@ -308,4 +312,5 @@ def fingerprint(event: ToolEvent, acknowledgements: Collection[str]) -> EventFin
         is_ack=_is_ack(event, body, acknowledgements),
         info_free=event.kind is ToolKind.READ and not event.failed and _is_empty(masked),
         gist=" ".join(masked[: GIST_CHARS * 2].lower().split())[:GIST_CHARS],
+        head=masked[:NOVELTY_CHARS],
     )

@@ -43,7 +43,7 @@ def content_words(text: str) -> frozenset[str]:
     :data:`STOP_WORDS`, with one ``-ing``, ``-ed`` or plural ``-s`` (not ``-ss``) cut when a stem
     of three letters or more is left."""
     words = set()
-    for found in _WORD.findall(text.lower()):
+    for found in set(_WORD.findall(text.lower())):  # a long page repeats its words
         if len(found) < 3 or found in STOP_WORDS:
             continue
         stem = found

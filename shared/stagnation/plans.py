@@ -23,6 +23,7 @@ from rapidfuzz.distance import Indel
 
 from shared.conversation import ConversationMessage, MessageRole
 from shared.stagnation.fingerprint import canonical_json, digest, mask
+from shared.stagnation.novelty import WordNovelty
 from shared.stagnation.paraphrase import content_words, paraphrase_similarity
 
 __all__ = ["MAX_PLAN_CHARS", "ModelTurn", "Plan", "PlanMemory", "plan_of", "self_report"]
@@ -132,11 +133,13 @@ def plan_of(turn: ModelTurn) -> Plan:
 class PlanMemory:
     """The last ``capacity`` plans and results, and a mark that moves with new information.
 
-    The mark moves when a result comes back that is new and not a near-duplicate of one of the
-    last ``capacity`` results (the same page re-rendered with OCR noise is no information), and
-    when a write changes something. :meth:`reissue` answers whether a plan is a near-identical
-    re-issue (similarity at least ``threshold``) of a remembered plan issued at the current
-    mark: nothing has come back since that could explain asking again.
+    The mark moves when a result comes back that shows enough content words no earlier result
+    showed (:class:`~shared.stagnation.novelty.WordNovelty`; a result no longer than the
+    compared beginning also when it is not a near-duplicate of one of the last ``capacity``
+    results: the same page re-rendered with OCR noise is no information), and when a write
+    changes something. :meth:`reissue` answers whether a plan is
+    a near-identical re-issue (similarity at least ``threshold``) of a remembered plan issued
+    at the current mark: nothing has come back since that could explain asking again.
     """
 
     def __init__(
@@ -145,6 +148,7 @@ class PlanMemory:
         plans: Sequence[tuple[str, str, int]] = (),
         gists: Sequence[str] = (),
         mark: int = 0,
+        words: Sequence[str] = (),
     ) -> None:
         self._plans: deque[tuple[str, str, int]] = deque(plans, maxlen=capacity)
         # the content words of each remembered plan, computed once (not persisted)
@@ -152,6 +156,7 @@ class PlanMemory:
             (content_words(text) for text, _, _ in plans), maxlen=capacity
         )
         self._gists: deque[str] = deque(gists, maxlen=capacity)
+        self._novelty = WordNovelty(words)
         self.mark = mark
 
     def reissue(self, plan: Plan, threshold: float, paraphrase: float = 1.0) -> bool:
@@ -176,9 +181,16 @@ class PlanMemory:
         self._words.append(words)
         return found
 
-    def result(self, gist: str, threshold: float) -> None:
-        """A new result came back: the mark moves unless it nearly repeats a recent one."""
-        if not any(Indel.normalized_similarity(gist, seen) >= threshold for seen in self._gists):
+    def result(self, gist: str, threshold: float, text: str = "", novelty: int = 0) -> None:
+        """A new result came back. The mark moves when its ``text`` (masked) shows new content
+        words (:meth:`WordNovelty.is_news` with ``novelty``), or, for a text no longer than
+        :data:`MAX_PLAN_CHARS`, when its ``gist`` is not a near-duplicate of a recent one (at
+        least ``threshold`` alike). ``novelty`` 0: the near-duplicate rule for every result."""
+        fresh = self._novelty.is_news(text, novelty) if novelty else False
+        if fresh or (
+            (not novelty or len(text) <= MAX_PLAN_CHARS)
+            and not any(Indel.normalized_similarity(gist, s) >= threshold for s in self._gists)
+        ):
             self.mark += 1
         self._gists.append(gist)
 
@@ -191,7 +203,12 @@ class PlanMemory:
         self._plans.clear()
         self._words.clear()
         self._gists.clear()
+        self._novelty.clear()
 
     def dump(self) -> tuple[list[tuple[str, str, int]], list[str], int]:
         """Plans and results oldest first, and the mark, for the persisted state."""
         return list(self._plans), list(self._gists), self.mark
+
+    def dump_words(self) -> list[str]:
+        """The content words the results showed, least recently shown first."""
+        return self._novelty.dump()

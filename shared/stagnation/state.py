@@ -69,6 +69,8 @@ class DetectorState(BaseModel):
     # still open (its calls' results belong to it) and has already climbed a rung
     plans: list[tuple[str, str, int]] = Field(default_factory=list)
     result_gists: list[str] = Field(default_factory=list)
+    # the content words the results showed (a state saved before them loads with none)
+    result_words: list[str] = Field(default_factory=list)
     plan_mark: int = Field(default=0, ge=0)
     plan_stale: int = Field(default=0, ge=0)
     plan_kind: StagnationKind | None = None

@@ -18,6 +18,7 @@ from shared.stagnation import (
     ToolEvent,
     ToolKind,
 )
+from shared.stagnation.novelty import MAX_SEEN_WORDS
 from shared.stagnation.plans import self_report
 from tests.shared.test_stagnation_trajectories import read
 
@@ -177,7 +178,7 @@ def test_the_model_side_state_stays_bounded() -> None:
     """A thousand long, all different turns and pages: the model side persists no more after
     them than after forty (the last ``plan_memory`` plans and results, each cut short)."""
     detector = StagnationDetector()
-    sizes = []
+    sizes, kept = [], []
     for k in range(1000):
         words = " ".join(f"w{k}x{j}" for j in range(400))
         detector.observe_turn(ModelTurn(text=f"Plan {k}: {words}", calls=(f"search({k})",)))
@@ -185,8 +186,10 @@ def test_the_model_side_state_stays_bounded() -> None:
         if k in (40, 999):
             state = detector.to_state()
             sizes.append(len(json.dumps([state["plans"], state["result_gists"]])))
+            kept.append(len(state["result_words"]))
     assert sizes[1] <= sizes[0] * 1.1
     assert sizes[1] < 16 * 2 * 700
+    assert kept[1] <= MAX_SEEN_WORDS, "the content words the results showed: bounded too"
     restored = StagnationDetector.from_state(None, detector.to_state())
     assert restored.to_state() == detector.to_state()
 

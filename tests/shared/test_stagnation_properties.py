@@ -128,6 +128,7 @@ def _validated_state(detector: StagnationDetector) -> dict[str, Any]:
         recent_errors=errors,
         plans=plans,
         result_gists=gists,
+        result_words=detector._plans.dump_words(),
         plan_mark=mark,
         plan_stale=detector._plan_stale,
         plan_kind=detector._plan_kind,
