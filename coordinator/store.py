@@ -173,9 +173,10 @@ return 0
 
 _RENEW_HELD = """
 local active = redis.call('SMISMEMBER', KEYS[1], unpack(ARGV, 3))
+local owners = redis.call('MGET', unpack(KEYS, 2))
 local out = {}
 for i = 1, #ARGV - 2 do
-  local mine = redis.call('GET', KEYS[i + 1]) == ARGV[1]
+  local mine = owners[i] == ARGV[1]
   if active[i] == 0 then
     if mine then redis.call('DEL', KEYS[i + 1]) end
     out[i] = 2
@@ -189,9 +190,10 @@ end
 return out
 """
 """The leases of one partition's held tasks in one call (KEYS: the partition's active set, then
-the tasks' leases; ARGV: owner, TTL in ms, then the task ids): each task still active has its
-lease renewed if ``owner`` holds it (1) or is reported lost (0); each task that has ended has
-its lease released if ``owner`` holds it (2)."""
+the tasks' leases; ARGV: owner, TTL in ms, then the task ids): which are active and who holds
+each lease read with one ``SMISMEMBER`` and one ``MGET``; each task still active has its lease
+renewed if ``owner`` holds it (1) or is reported lost (0); each task that has ended has its
+lease released if ``owner`` holds it (2)."""
 
 RENEW_HELD_CHUNK: Final = 256
 """At most this many tasks per call of the batched renewal (a Lua ``unpack`` stays small)."""
@@ -826,10 +828,11 @@ class TaskStore:
     ) -> tuple[list[str], list[str]]:
         """The periodic renewal of the leases ``owner`` holds, batched per partition: one
         script call per partition (and per :data:`RENEW_HELD_CHUNK` tasks) reads which tasks
-        are still active (``SMISMEMBER``), renews the leases of those ``owner`` still holds and
-        releases those of the tasks that have ended. Returns the tasks whose lease was lost
-        (held by another owner, or expired) and the tasks that have ended; each call is atomic
-        on its own, the calls together are not a transaction (as :meth:`renew_leases`)."""
+        are still active (``SMISMEMBER``) and who holds their leases (``MGET``), renews the
+        leases of those ``owner`` still holds and releases those of the tasks that have ended.
+        Returns the tasks whose lease was lost (held by another owner, or expired) and the
+        tasks that have ended; each call is atomic on its own, the calls together are not a
+        transaction (as :meth:`renew_leases`)."""
         by_partition: dict[int, list[str]] = {}
         for task_id in task_ids:
             by_partition.setdefault(self.partition(task_id), []).append(task_id)
