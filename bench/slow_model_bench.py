@@ -1267,6 +1267,7 @@ def parse_plan(args: argparse.Namespace) -> Plan:
         "timeout_s": args.timeout,
         "fairness_tasks": args.fairness_tasks,
         "fairness_iterations": args.fairness_iterations,
+        "jitter": args.jitter,
     }
     if args.latency:
         chosen["latencies"] = tuple(float(v) for v in args.latency.split(",") if v)
@@ -1339,6 +1340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, help="runs submitted at once (200)")
     parser.add_argument("--iterations", type=int, help="model calls per run (5)")
     parser.add_argument("--timeout", type=float, help="bound of each batch in seconds")
+    parser.add_argument(
+        "--jitter", type=float, help="the model's latency drawn in latency × (1 ± this) (0.2)"
+    )
     parser.add_argument("--no-peers", action="store_true", help="orga-queue alone")
     parser.add_argument("--peers", help=f"peers, comma-separated ({','.join(PEERS)})")
     parser.add_argument("--repeats", type=int, help="repeats at the first latency (2)")

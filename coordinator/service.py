@@ -1002,13 +1002,11 @@ class Coordinator:
         if now - self._last_renewal < self.settings.lease_ttl_s / 3:
             return
         self._last_renewal = now
-        held = sorted(self._held)
-        active = await self.store.still_active(held)
-        live = [task_id for task_id, is_active in zip(held, active, strict=True) if is_active]
-        ended = [task_id for task_id, is_active in zip(held, active, strict=True) if not is_active]
-        self._held.difference_update(ended)  # finished by another coordinator: released below
-        renewed = await self.store.renew_leases(live, self.name, self._lease_ms, release=ended)
-        self._held.difference_update(t for t, ok in zip(live, renewed, strict=True) if not ok)
+        # one script call per partition: a task finished by another coordinator has its
+        # lease released, a lease lost (expired, taken over) is dropped
+        lost, ended = await self.store.renew_held(sorted(self._held), self.name, self._lease_ms)
+        self._held.difference_update(lost)
+        self._held.difference_update(ended)
 
     async def _purge(self, partitions: list[int]) -> None:
         """Delete the served partitions' finished tasks older than the retention (state,

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from pydantic import TypeAdapter
@@ -171,6 +171,33 @@ end
 return 0
 """
 
+_RENEW_HELD = """
+local active = redis.call('SMISMEMBER', KEYS[1], unpack(ARGV, 3))
+local owners = redis.call('MGET', unpack(KEYS, 2))
+local out = {}
+for i = 1, #ARGV - 2 do
+  local mine = owners[i] == ARGV[1]
+  if active[i] == 0 then
+    if mine then redis.call('DEL', KEYS[i + 1]) end
+    out[i] = 2
+  elseif mine then
+    redis.call('PEXPIRE', KEYS[i + 1], ARGV[2])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+"""The leases of one partition's held tasks in one call (KEYS: the partition's active set, then
+the tasks' leases; ARGV: owner, TTL in ms, then the task ids): which are active and who holds
+each lease read with one ``SMISMEMBER`` and one ``MGET``; each task still active has its lease
+renewed if ``owner`` holds it (1) or is reported lost (0); each task that has ended has its
+lease released if ``owner`` holds it (2)."""
+
+RENEW_HELD_CHUNK: Final = 256
+"""At most this many tasks per call of the batched renewal (a Lua ``unpack`` stays small)."""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -280,6 +307,7 @@ class TaskStore:
         self._renew = self.redis.register_script(_RENEW)
         self._purge = self.redis.register_script(_PURGE)
         self._release = self.redis.register_script(_RELEASE)
+        self._renew_held = self.redis.register_script(_RENEW_HELD)
         self._acquire = self.redis.register_script(_ACQUIRE)
 
     def _partition_keys(self, p: int) -> tuple[str, ...]:
@@ -794,6 +822,47 @@ class TaskStore:
             elif isinstance(reply, Exception):
                 raise reply
         return [bool(int(r)) for r in replies[: len(task_ids)]]
+
+    async def renew_held(
+        self, task_ids: Sequence[str], owner: str, ttl_ms: int
+    ) -> tuple[list[str], list[str]]:
+        """The periodic renewal of the leases ``owner`` holds, batched per partition: one
+        script call per partition (and per :data:`RENEW_HELD_CHUNK` tasks) reads which tasks
+        are still active (``SMISMEMBER``) and who holds their leases (``MGET``), renews the
+        leases of those ``owner`` still holds and releases those of the tasks that have ended.
+        Returns the tasks whose lease was lost (held by another owner, or expired) and the
+        tasks that have ended; each call is atomic on its own, the calls together are not a
+        transaction (as :meth:`renew_leases`)."""
+        by_partition: dict[int, list[str]] = {}
+        for task_id in task_ids:
+            by_partition.setdefault(self.partition(task_id), []).append(task_id)
+        calls: list[tuple[list[str], list[str], list[str]]] = []
+        for p, ids in by_partition.items():
+            for start in range(0, len(ids), RENEW_HELD_CHUNK):
+                chunk = ids[start : start + RENEW_HELD_CHUNK]
+                leases = [keys.lease_key(t, p) for t in chunk]
+                calls.append((chunk, [keys.active_tasks_key(p), *leases], [owner, str(ttl_ms)]))
+        if not calls:
+            return [], []
+        script = self._renew_held
+        pipe = self.redis.pipeline(transaction=False)
+        for chunk, script_keys, args in calls:  # EVALSHA alone: no SCRIPT EXISTS round trip
+            pipe.evalsha(script.sha, len(script_keys), *script_keys, *args, *chunk)
+        replies = await pipe.execute(raise_on_error=False)
+        lost: list[str] = []
+        ended: list[str] = []
+        for (chunk, script_keys, args), reply in zip(calls, replies, strict=True):
+            outcomes = reply
+            if isinstance(reply, NoScriptError):  # Redis lost the script: it did nothing
+                outcomes = await script(keys=script_keys, args=[*args, *chunk])  # loads it
+            elif isinstance(reply, Exception):
+                raise reply
+            for task_id, outcome in zip(chunk, outcomes, strict=True):
+                if int(outcome) == 0:
+                    lost.append(task_id)
+                elif int(outcome) == 2:
+                    ended.append(task_id)
+        return lost, ended
 
     async def renew_lease(self, task_id: str, owner: str, ttl_ms: int) -> bool:
         """Extend a lease we hold; False when it was lost."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from redis.asyncio import Redis
 
 from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.state import TaskRecord
-from coordinator.store import CommitConflictError, TaskStore
+from coordinator.store import RENEW_HELD_CHUNK, CommitConflictError, TaskStore
 from shared import keys
 from shared.events import ObservationsCollected
 from shared.task_spec import parse_task
@@ -179,6 +180,53 @@ def test_renewals_survive_redis_losing_the_scripts(redis_url: str, redis_client:
         assert await store.renew_leases(["a"], "c1", 60_000) == [True]
 
     _scenario(redis_url, body)
+
+
+def test_held_leases_are_renewed_in_one_call_per_partition(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The periodic renewal: a held lease of an active task is renewed, one taken over (or
+    expired) is reported lost and left to its holder, an ended task's lease is released and the
+    task reported ended (a lease of another owner on an ended task is left alone); tasks of
+    several partitions, more than one chunk of them, one script call per partition and chunk."""
+
+    async def run() -> None:
+        client = Redis.from_url(redis_url)
+        try:
+            store = TaskStore(client, partitions=2)
+            ids = [f"t{n}" for n in range(2 * RENEW_HELD_CHUNK + 100)]
+            for task_id in ids:
+                await client.sadd(keys.active_tasks_key(store.partition(task_id)), task_id)
+                assert await store.acquire_lease(task_id, "c1", 1_000)
+            lost, ended, foreign_end = ids[0], ids[1], ids[2]
+            await client.set(keys.lease_key(lost, store.partition(lost)), "c2")
+            await client.set(keys.lease_key(foreign_end, store.partition(foreign_end)), "c2")
+            for task_id in (ended, foreign_end):
+                await client.srem(keys.active_tasks_key(store.partition(task_id)), task_id)
+            await client.delete(keys.lease_key(ids[3], store.partition(ids[3])))  # expired
+            assert await store.renew_held(ids[-1:], "c1", 1_000) == ([], [])  # loads the script
+            await client.config_resetstat()
+            got_lost, got_ended = await store.renew_held(ids, "c1", 60_000)
+            calls = (await client.info("commandstats"))["cmdstat_evalsha"]["calls"]
+            sizes = Counter(store.partition(t) for t in ids)
+            assert len(sizes) == 2 and max(sizes.values()) > RENEW_HELD_CHUNK
+            assert calls == sum(-(-n // RENEW_HELD_CHUNK) for n in sizes.values())
+            assert sorted(got_lost) == sorted([lost, ids[3]])
+            assert sorted(got_ended) == sorted([ended, foreign_end])
+            for task_id in ids[4:]:
+                assert await client.pttl(keys.lease_key(task_id, store.partition(task_id))) > 1_000
+            assert await client.get(keys.lease_key(lost, store.partition(lost))) == b"c2"
+            assert await client.exists(keys.lease_key(ended, store.partition(ended))) == 0
+            assert await client.get(keys.lease_key(foreign_end, store.partition(foreign_end))) == (
+                b"c2"
+            )
+            await client.script_flush()  # Redis lost the script: sent again, loading it
+            assert await store.renew_held(ids[4:], "c1", 60_000) == ([], [])
+            assert await store.renew_held([], "c1", 60_000) == ([], [])
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
 
 
 def test_finished_tasks_are_purged_after_the_retention(redis_url: str, redis_client: Any) -> None:
