@@ -687,3 +687,24 @@ def test_a_refused_single_write_is_raised(redis_url: str, redis_client: Any) -> 
     services.run(services.publish(message, (), answered=live_fences(request)))
     assert plain.xlen(keys.observations_stream(0)) == 1
     plain.close()
+
+
+def test_requests_built_without_validation_equal_validated_ones() -> None:
+    """A chained call's ToolRequest and the gate's context are built with ``model_construct``
+    (their values come from a validated request): each equals the model validated from its
+    own dump, and round-trips through JSON as the wire needs."""
+    from workers.handlers import _gate_context
+
+    request = _request(ProviderSpec()).model_copy(
+        update={"allowed_tools": ["file_read"], "workspace_template": "/tmp/tpl"}
+    )
+    call = ToolCallAction(call_id="c1", name="file_read", arguments='{"path": "a"}')
+    built = request.tool_request(call)
+    assert built == ToolRequest.model_validate(built.model_dump())
+    assert ToolRequest.model_validate_json(built.model_dump_json()) == built
+    assert built.answer.kind == "each" and built.edited_by is None
+    context = _gate_context(request, 3)
+    from workers.gates.base import GateContext
+
+    assert context == GateContext.model_validate(context.model_dump())
+    assert context.allowed_tools == frozenset({"file_read"}) and context.attributes == {}
