@@ -75,7 +75,7 @@ def _use(services: ProcessServices, kind: str) -> CoalescedPipeline | None:
     """Switch the services' runner (the breaker store's too); the coalesced one, or None."""
     runner = CoalescedPipeline(services.redis) if kind == "coalesced" else None
     services.pipelines = runner or OwnPipeline(services.redis)  # type: ignore[assignment]
-    services.breaker_store._pipelines = runner  # the check by the script object, as before
+    services.breaker_store._pipelines = runner  # the check's HMGET on its own, as before
     return runner
 
 
@@ -100,7 +100,6 @@ async def _round(
 ) -> None:
     step = 1.0 / len(requests) if paced else 0.0
     await asyncio.gather(*(_call(services, r, i * step, work_ms) for i, r in enumerate(requests)))
-    services.breaker_store._deferred.clear()  # the publish, not measured here, would send them
 
 
 def _measure(

@@ -179,8 +179,10 @@ class ReasonRequest(BaseModel):
     """Who runs the calls this iteration's Gate approves (:class:`ActMode`)."""
 
     def tool_request(self, call: ToolCallAction) -> ToolRequest:
-        """The request that runs one approved call of this iteration on a tool worker."""
-        return ToolRequest(
+        """The request that runs one approved call of this iteration on a tool worker (built
+        without validation: every value comes from this validated request and the gated
+        call, of its field's type; the fields not given take their defaults)."""
+        return ToolRequest.model_construct(
             fence=self.fence.acting().for_call(call.call_id),
             purpose="act",
             agent_id=self.agent_id,

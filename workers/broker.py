@@ -99,44 +99,53 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 local more = tonumber(ARGV[4])
 local fetched = {}
+local function put_back(list, items, from)
+  for j = #items, from, -1 do
+    redis.call('RPUSH', list, items[j])
+  end
+end
 for k = 3, #KEYS do
-  while more > 0 do
-    local item = redis.call('RPOP', KEYS[k])
-    if not item then break end
-    local tag, exchange, routing_key
-    local decoded, message = pcall(cjson.decode, item)
-    if decoded and type(message) == 'table' then
-      local properties = message['properties']
-      if type(properties) == 'table' then
-        tag = properties['delivery_tag']
-        local info = properties['delivery_info']
-        if type(info) == 'table' then
-          exchange = info['exchange']
-          routing_key = info['routing_key']
+  if more <= 0 then break end
+  if k == 4 and redis.call('EXISTS', unpack(KEYS, 4)) == 0 then break end
+  local items = redis.call('RPOP', KEYS[k], more)
+  if items then
+    for i = 1, #items do
+      local item = items[i]
+      local tag, exchange, routing_key
+      local decoded, message = pcall(cjson.decode, item)
+      if decoded and type(message) == 'table' then
+        local properties = message['properties']
+        if type(properties) == 'table' then
+          tag = properties['delivery_tag']
+          local info = properties['delivery_info']
+          if type(info) == 'table' then
+            exchange = info['exchange']
+            routing_key = info['routing_key']
+          end
         end
       end
+      if type(tag) ~= 'string' or type(exchange) ~= 'string' or type(routing_key) ~= 'string' then
+        put_back(KEYS[k], items, i)
+        return fetched
+      end
+      local payload = '[' .. item .. ', ' .. cjson.encode(exchange) .. ', '
+        .. cjson.encode(routing_key) .. ']'
+      local indexed = redis.pcall('ZADD', KEYS[1], ARGV[2], tag)
+      if type(indexed) == 'table' and indexed['err'] then
+        put_back(KEYS[k], items, i)
+        return fetched
+      end
+      local stored = redis.pcall('HSET', KEYS[2], tag, payload)
+      if type(stored) == 'table' and stored['err'] then
+        redis.pcall('ZREM', KEYS[1], tag)
+        put_back(KEYS[k], items, i)
+        return fetched
+      end
+      fetched[#fetched + 1] = k - 2
+      fetched[#fetched + 1] = tag
+      fetched[#fetched + 1] = item
+      more = more - 1
     end
-    if type(tag) ~= 'string' or type(exchange) ~= 'string' or type(routing_key) ~= 'string' then
-      redis.call('RPUSH', KEYS[k], item)
-      return fetched
-    end
-    local payload = '[' .. item .. ', ' .. cjson.encode(exchange) .. ', '
-      .. cjson.encode(routing_key) .. ']'
-    local indexed = redis.pcall('ZADD', KEYS[1], ARGV[2], tag)
-    if type(indexed) == 'table' and indexed['err'] then
-      redis.call('RPUSH', KEYS[k], item)
-      return fetched
-    end
-    local stored = redis.pcall('HSET', KEYS[2], tag, payload)
-    if type(stored) == 'table' and stored['err'] then
-      redis.pcall('ZREM', KEYS[1], tag)
-      redis.call('RPUSH', KEYS[k], item)
-      return fetched
-    end
-    fetched[#fetched + 1] = k - 2
-    fetched[#fetched + 1] = tag
-    fetched[#fetched + 1] = item
-    more = more - 1
   end
 end
 return fetched
@@ -144,13 +153,17 @@ return fetched
 """kombu's fetch transaction (``QoS.append``: the message's delivery tag in the unacked index
 scored by the time of the fetch, and the message under its tag in the unacked hash), then
 up to ``ARGV[4]`` more messages popped from its queue's lists (``KEYS[3]`` on, in ``BRPOP``'s
-order), each indexed as kombu's transaction would: its tag scored by the same time, and under
+order; each list with one ``RPOP list count``, and the lists after the first, kombu's
+priority lists, which nothing fills unless a task is sent with a priority, only when one of
+them exists: one ``EXISTS`` instead of an empty ``RPOP`` each, since issue 27), each indexed
+as kombu's transaction would: its tag scored by the same time, and under
 it ``[message, exchange, routing_key]`` (the message as it was in the list, byte for byte, not
 decoded and encoded again: cjson turns an empty JSON array into an object). A message that is
 not kombu's (no string ``delivery_tag``, ``exchange`` or ``routing_key`` in its properties) is
-pushed back where it was, still next, and fetching stops: the ``BRPOP`` path deals with it. A
-script is not rolled back on an error, so nothing can fail between a pop and its indexing
-without the message being pushed back. Returns ``[list index, tag, message, ...]``."""
+pushed back where it was, still next, with the ones popped after it in their order, and
+fetching stops: the ``BRPOP`` path deals with it. A script is not rolled back on an error, so
+nothing can fail between a pop and its indexing without the message (and those popped after
+it) being pushed back. Returns ``[list index, tag, message, ...]``."""
 
 _UNFETCH_SCRIPT = b"""
 for i = #ARGV / 2, 1, -1 do

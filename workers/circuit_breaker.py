@@ -13,13 +13,19 @@ one half-open probe):
 
 The state lives behind :class:`BreakerStateStore`, whose operations are atomic:
 :class:`InMemoryBreakerStore` for one process (its clock is injectable), and
-:class:`RedisBreakerStore`, one Lua script per operation, so every worker process shares one
-breaker per tool. The Redis scripts read the server clock (``TIME``), so the clocks of the
-workers do not matter; an idle breaker's key expires after ``keys.breaker_ttl_s`` (and never
-before twice its recovery timeout).
+:class:`RedisBreakerStore`, so every worker process shares one breaker per tool. The Redis
+scripts read the server clock (``TIME``), so the clocks of the workers do not matter; an idle
+breaker's key expires after ``keys.breaker_ttl_s`` (and never before twice its recovery
+timeout).
 
-``check`` creates a missing breaker (closed); ``record_failure`` creates it too;
-``record_success`` on an unknown tool does nothing; ``get_state`` returns None for it.
+**A closed breaker with no failure counted is kept as no breaker at all** (issue 27): it has
+nothing to remember, and nearly every call finds its breaker so. ``check`` of a missing
+breaker lets the call through and creates nothing; ``record_failure`` creates the breaker;
+``record_success`` removes it (closed, no failure, no probe: what a success leaves); on an
+unknown tool it does nothing; ``get_state`` returns None for a missing breaker. A success is
+not counted (there is no success count). In Redis, a check is then one ``HMGET``, and a script
+runs only for an open or half-open breaker; a success after a check that found the breaker
+clean writes nothing (:class:`RedisBreakerStore`).
 
 **Scope.** A breaker protects the callers from a failing dependency. For a tool that works on
 the task's own workspace (``run_command``, the file tools, ``grep``), failures say something
@@ -45,8 +51,6 @@ from typing import Any, Final, Literal, Protocol, get_args, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
-from redis.exceptions import NoScriptError
 
 from shared import keys
 from shared.durations import Duration
@@ -113,7 +117,6 @@ class BreakerState:
 
     state: CircuitState = CircuitState.CLOSED
     failure_count: int = 0
-    success_count: int = 0
     half_open_calls: int = 0
     opened_at: float | None = None
     last_failure: float | None = None
@@ -180,11 +183,13 @@ class BreakerStateStore(Protocol):
     """Holds the breakers; every operation is atomic with respect to every other caller."""
 
     async def check(self, tool: str, config: CircuitBreakerConfig) -> BreakerVerdict:
-        """May ``tool`` run now? Creates the breaker when missing; may move open to half-open."""
+        """May ``tool`` run now? A missing breaker is closed (and stays missing); may move open
+        to half-open."""
         ...
 
     async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
-        """A call of ``tool`` succeeded; nothing happens for an unknown tool."""
+        """A call of ``tool`` succeeded: its breaker is closed with no failure, i.e. removed;
+        nothing happens for an unknown tool."""
         ...
 
     async def record_failure(self, tool: str, config: CircuitBreakerConfig) -> None:
@@ -217,16 +222,6 @@ def _check(
     return state, BreakerVerdict(False, state.failure_count, 0.0)
 
 
-def _on_success(state: BreakerState) -> BreakerState:
-    if state.state is CircuitState.CLOSED:
-        return replace(state, failure_count=0, success_count=state.success_count + 1)
-    if state.state is CircuitState.HALF_OPEN:
-        return replace(
-            state, state=CircuitState.CLOSED, failure_count=0, success_count=1, half_open_calls=0
-        )
-    return replace(state, state=CircuitState.CLOSED, failure_count=0)
-
-
 def _on_failure(state: BreakerState, now: float, config: CircuitBreakerConfig) -> BreakerState:
     state = replace(state, last_failure=now)
     if state.state is CircuitState.CLOSED:
@@ -250,15 +245,17 @@ class InMemoryBreakerStore:
         self._states: dict[str, BreakerState] = {}
 
     async def check(self, tool: str, config: CircuitBreakerConfig) -> BreakerVerdict:
-        """May ``tool`` run now?"""
-        state, verdict = _check(self._states.get(tool, BreakerState()), self._clock(), config)
+        """May ``tool`` run now? (A missing breaker is closed and stays missing.)"""
+        current = self._states.get(tool)
+        if current is None:
+            return BreakerVerdict(True)
+        state, verdict = _check(current, self._clock(), config)
         self._states[tool] = state
         return verdict
 
     async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
-        """Close or keep closed the breaker of ``tool``, if it exists."""
-        if tool in self._states:
-            self._states[tool] = _on_success(self._states[tool])
+        """Close the breaker of ``tool``: closed with no failure is no breaker."""
+        self._states.pop(tool, None)
 
     async def record_failure(self, tool: str, config: CircuitBreakerConfig) -> None:
         """Count a failure of ``tool``."""
@@ -281,10 +278,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# ARGV[2] recovery timeout ms, ARGV[3] half-open max calls
-#   -> {allowed, failures, remaining_ms[, clean]}; clean: 1 when closed with no failure counted
-#   The server's clock is read only for an open breaker: a closed one (nearly every check)
-#   costs HMGET and PEXPIRE, and HSET when the breaker is new.
+# ARGV[2] recovery timeout ms, ARGV[3] half-open max calls -> {allowed, failures, remaining_ms}
+#   Run only for a breaker an HMGET found open or half-open (its transitions must be atomic);
+#   one found closed (or gone) since is let through, as the HMGET would have. The server's
+#   clock is read only for an open breaker.
 _CHECK_LUA = """
 local key = KEYS[1]
 local ttl_ms = tonumber(ARGV[1])
@@ -292,49 +289,27 @@ local recovery_ms = tonumber(ARGV[2])
 local half_open_max = tonumber(ARGV[3])
 local f = redis.call('HMGET', key, 'state', 'failures', 'opened_at', 'half_open_calls')
 local state = f[1]
-if not state then redis.call('HSET', key, 'state', 'closed') end
-redis.call('PEXPIRE', key, ttl_ms)
-if (not state) or state == 'closed' then
-  local failures = tonumber(f[2] or 0)
-  if failures == 0 then return {1, 0, 0, 1} end
-  return {1, failures, 0, 0}
-end
 local failures = tonumber(f[2] or 0)
+if (not state) or state == 'closed' then
+  return {1, failures, 0}
+end
 if state == 'open' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local elapsed = math.max(0, now - tonumber(f[3] or now))
   if elapsed >= recovery_ms then
     redis.call('HSET', key, 'state', 'half_open', 'half_open_calls', 1)
+    redis.call('PEXPIRE', key, ttl_ms)
     return {1, failures, 0}
   end
   return {0, failures, recovery_ms - elapsed}
 end
 if tonumber(f[4] or 0) < half_open_max then
   redis.call('HINCRBY', key, 'half_open_calls', 1)
+  redis.call('PEXPIRE', key, ttl_ms)
   return {1, failures, 0}
 end
 return {0, failures, 0}
-"""
-
-_SUCCESS_LUA = """
-local key = KEYS[1]
-local ttl_ms = tonumber(ARGV[1])
-local f = redis.call('HMGET', key, 'state', 'failures')
-local state = f[1]
-if not state then
-  return 0
-end
-if state == 'closed' then
-  if f[2] and tonumber(f[2]) ~= 0 then redis.call('HSET', key, 'failures', 0) end
-  redis.call('HINCRBY', key, 'successes', 1)
-elseif state == 'half_open' then
-  redis.call('HSET', key, 'state', 'closed', 'failures', 0, 'successes', 1, 'half_open_calls', 0)
-else
-  redis.call('HSET', key, 'state', 'closed', 'failures', 0)
-end
-redis.call('PEXPIRE', key, ttl_ms)
-return 1
 """
 
 # ARGV[2] failure threshold
@@ -363,7 +338,11 @@ return 1
 """
 )
 
-_FIELDS = ("state", "failures", "successes", "half_open_calls", "opened_at", "last_failure")
+_FIELDS = ("state", "failures", "half_open_calls", "opened_at", "last_failure")
+_CHECK_FIELDS = ("state", "failures", "opened_at", "half_open_calls")
+CLEAN_CHECKS_KEPT = 4096
+"""How many breakers' clean checks a :class:`RedisBreakerStore` remembers (past it, it forgets
+them all: the successes that follow are then written, which is always correct)."""
 
 
 def _text(value: Any) -> str | None:
@@ -378,20 +357,31 @@ def _seconds(value: Any) -> float | None:
 
 
 class RedisBreakerStore:
-    """Breakers in Redis hashes (``keys.breaker_key``), updated by one Lua script per operation.
+    """Breakers in Redis hashes (``keys.breaker_key``); a closed breaker with no failure
+    counted has no hash.
 
     Works with any ``redis.asyncio.Redis`` client, ``decode_responses`` on or off, Redis 6.2+.
     ``ttl_s`` is how long an idle breaker lives (at least twice its recovery timeout).
 
-    With ``defer_clean_successes``, a success after a check that found the breaker closed with
-    no failure counted (which changes nothing but the success count and the TTL) is not written
-    at once: :meth:`flush_deferred` adds the writes to a pipeline the caller executes anyway (a
-    worker's observation publish), one round trip less per tool call. Any other success, and
-    every failure, is written at once.
+    What each operation sends:
 
-    With ``pipelines`` (a worker's :class:`~workers.redis_batch.CoalescedPipeline`), a check
-    goes out in the pipeline of its loop turn, with the other calls' checks and starts, instead
-    of a round trip of its own.
+    * **check**: one ``HMGET``. A breaker it finds missing or closed lets the call through;
+      one it finds open or half-open is checked again by a Lua script, which moves it to
+      half-open and counts the probes atomically.
+    * **success**: nothing after a check of this store that found the breaker clean (missing,
+      or closed with no failure) and no failure of that breaker recorded through this store
+      since: the success would leave it as that check found it. Otherwise one ``DEL``
+      (closed, no failure, no probe).
+    * **failure**: one Lua script (the count, the opening, the TTL).
+
+    With ``pipelines`` (a worker's :class:`~workers.redis_batch.CoalescedPipeline`), a
+    check's ``HMGET`` goes out in the pipeline of its loop turn, with the other calls' checks
+    and starts, instead of a round trip of its own.
+
+    The cost of a success that writes nothing: a failure recorded through *another* store
+    (another worker process) between this call's clean check and its success is not reset by
+    this success (before, every success reset the count), so where calls of one breaker
+    interleave across processes it may open one failure early.
     """
 
     def __init__(
@@ -399,53 +389,52 @@ class RedisBreakerStore:
         client: Redis,
         *,
         ttl_s: float = keys.breaker_ttl_s,
-        defer_clean_successes: bool = False,
         pipelines: PipelineRunner | None = None,
     ) -> None:
         self._client = client
         self._pipelines = pipelines
         self._ttl_s = ttl_s
-        self._defer = defer_clean_successes
         self._clean: dict[str, int] = {}
-        self._deferred: list[tuple[str, int]] = []
+        """Breaker -> checks of it that found it clean, whose success is not written yet."""
         self._check_script = client.register_script(_CHECK_LUA)
-        self._success_script = client.register_script(_SUCCESS_LUA)
         self._failure_script = client.register_script(_FAILURE_LUA)
 
     def _ttl_ms(self, config: CircuitBreakerConfig) -> int:
         return math.ceil(max(self._ttl_s, 2 * config.recovery_timeout_s) * 1000)
 
     async def check(self, tool: str, config: CircuitBreakerConfig) -> BreakerVerdict:
-        """May ``tool`` run now? One atomic script on the server's clock."""
-        recovery_ms = math.ceil(config.recovery_timeout_s * 1000)
-        args = [self._ttl_ms(config), recovery_ms, config.half_open_max_calls]
+        """May ``tool`` run now? One ``HMGET``; a script for an open or half-open breaker."""
         key = keys.breaker_key(tool)
         if self._pipelines is None:
-            reply = await self._check_script(keys=[key], args=args)
+            fields = await self._client.hmget(key, list(_CHECK_FIELDS))
         else:
-            reply = await self._check_in(self._pipelines, key, args)
-        allowed, failures, remaining_ms, *clean = reply
-        if self._defer and clean and int(clean[0]):
-            self._clean[tool] = self._clean.get(tool, 0) + 1
+            (fields,) = await self._pipelines.run(lambda pipe: pipe.hmget(key, _CHECK_FIELDS))
+            if isinstance(fields, Exception):
+                raise fields
+        state, failures = _text(fields[0]), int(_text(fields[1]) or 0)
+        if state is None or state == CircuitState.CLOSED.value:
+            if failures == 0:
+                self._remember_clean(tool)
+            else:
+                self._clean.pop(tool, None)  # older clean checks: a failure came since
+            return BreakerVerdict(True, failures)
+        self._clean.pop(tool, None)
+        recovery_ms = math.ceil(config.recovery_timeout_s * 1000)
+        args = [self._ttl_ms(config), recovery_ms, config.half_open_max_calls]
+        allowed, failures, remaining_ms = await self._check_script(keys=[key], args=args)
         return BreakerVerdict(bool(allowed), int(failures), int(remaining_ms) / 1000)
 
-    async def _check_in(self, pipelines: PipelineRunner, key: str, args: list[int]) -> Any:
-        """The check script's reply, run by SHA in a shared pipeline; where Redis lacks the
-        script (NOSCRIPT: it did not run), through the script object, which loads it."""
-        sha = self._check_script.sha
-        (reply,) = await pipelines.run(lambda pipe: pipe.evalsha(sha, 1, key, *args))
-        if isinstance(reply, NoScriptError):
-            return await self._check_script(keys=[key], args=args)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+    def _remember_clean(self, tool: str) -> None:
+        if tool not in self._clean and len(self._clean) >= CLEAN_CHECKS_KEPT:
+            self._clean.clear()  # forgotten checks only make their successes write
+        self._clean[tool] = self._clean.get(tool, 0) + 1
 
     async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
-        """Close or keep closed the breaker of ``tool``, if it exists."""
+        """Close the breaker of ``tool``: nothing to write after a clean check (see the class),
+        else remove it."""
         if self._take_clean(tool):
-            self._deferred.append((keys.breaker_key(tool), self._ttl_ms(config)))
             return
-        await self._success_script(keys=[keys.breaker_key(tool)], args=[self._ttl_ms(config)])
+        await self._client.delete(keys.breaker_key(tool))
 
     def _take_clean(self, tool: str) -> bool:
         count = self._clean.get(tool, 0)
@@ -457,29 +446,22 @@ class RedisBreakerStore:
             self._clean[tool] = count - 1
         return True
 
-    def flush_deferred(self, pipe: Pipeline) -> None:
-        """Add the deferred success writes to ``pipe`` (EVAL: no script cache needed)."""
-        for key, ttl_ms in self._deferred:
-            pipe.eval(_SUCCESS_LUA, 1, key, ttl_ms)
-        self._deferred.clear()
-
     async def record_failure(self, tool: str, config: CircuitBreakerConfig) -> None:
-        """Count a failure of ``tool``."""
-        self._take_clean(tool)
+        """Count a failure of ``tool`` (the checks that found it clean are clean no more)."""
+        self._clean.pop(tool, None)
         args = [self._ttl_ms(config), config.failure_threshold]
         await self._failure_script(keys=[keys.breaker_key(tool)], args=args)
 
     async def get_state(self, tool: str) -> BreakerState | None:
-        """The breaker of ``tool``, or None."""
+        """The breaker of ``tool``, or None (also for a closed one with no failure)."""
         values = await self._client.hmget(keys.breaker_key(tool), list(_FIELDS))
-        state, failures, successes, half_open, opened_at, last_failure = values
+        state, failures, half_open, opened_at, last_failure = values
         name = _text(state)
         if name is None:
             return None
         return BreakerState(
             state=CircuitState(name),
             failure_count=int(_text(failures) or 0),
-            success_count=int(_text(successes) or 0),
             half_open_calls=int(_text(half_open) or 0),
             opened_at=_seconds(opened_at),
             last_failure=_seconds(last_failure),

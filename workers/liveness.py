@@ -3,7 +3,8 @@
 Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
 (``orga:heartbeats``: the dispatch's liveness id scored with the time), refreshes the score of
 every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
-the dispatch answered (minus the time) in the same transaction that publishes its observation,
+the dispatch answered (minus the time) with the publish of its observation (in its
+transaction, or right after a single write in the same pipeline: ``ProcessServices.publish``),
 with a mark of how the answer went out (on the observations stream, or inside the one call a
 reasoning chained: :func:`shared.keys.answered_via_member`).
 The coordinator reads those scores only when a dispatch's deadline passes: a fresh heartbeat
@@ -106,11 +107,12 @@ class Liveness:
                 raise reply
 
     def answered(self, pipe: Pipeline, fences: Iterable[Fence], *, chained: bool = False) -> None:
-        """Mark ``fences`` answered in ``pipe``, the transaction that publishes the answer, with
-        how the answer went out (:func:`shared.keys.answered_via_member`, in the same ``ZADD``):
-        ``chained``, inside the one call a reasoning chained (the coordinator then waits for the
-        tools queue), else on the observations stream. Only a reasoning's fence (no call id) is
-        marked so: the coordinator reads the marks of an awaited reasoning alone."""
+        """Mark ``fences`` answered in ``pipe``, which publishes the answer (its transaction, or
+        the pipeline a single write opens), with how the answer went out
+        (:func:`shared.keys.answered_via_member`, in the same ``ZADD``): ``chained``, inside the
+        one call a reasoning chained (the coordinator then waits for the tools queue), else on
+        the observations stream. Only a reasoning's fence (no call id) is marked so: the
+        coordinator reads the marks of an awaited reasoning alone."""
         fences = list(fences)
         if not fences:
             return

@@ -1,8 +1,9 @@
 """Small non-transactional pipelines of many coroutines, sent as one (a worker's hot path).
 
 A reasoning worker holds 200 model calls in flight on one event loop. Each call's start
-(heartbeat, conversation read-ahead, rate-limit hold) and each inline tool call's breaker
-check is a pipeline of one to five commands of its own: a round trip each, paying redis-py's
+(heartbeat, conversation read-ahead, rate-limit hold), each inline tool call's breaker check
+and each single-write publish (the observation and its answered mark, no ``MULTI``) is a
+pipeline of one to five commands of its own: a round trip each, paying redis-py's
 per-pipeline overhead (a connection out of the pool and back, a socket write, the retry and
 metrics wrapping) for a handful of commands. :class:`CoalescedPipeline` sends every such
 pipeline asked for during one turn of the event loop as **one** pipeline, and hands each
@@ -22,13 +23,14 @@ Semantics, as each caller's own ``pipe.execute(raise_on_error=False)`` had them:
   connection error, configured on the client, applies as it did to each pipeline).
 
 Commands of different callers are not atomic together, nor were they: none of this is for
-``MULTI`` transactions (a worker's publish keeps its own, all or nothing per task).
+``MULTI`` transactions (a worker's publish of two writes or more keeps its own, all or
+nothing per task).
 
-Scripts: a builder calls ``pipe.evalsha(script.sha, ...)``, not ``script(..., client=pipe)``,
-which would make redis-py ask ``SCRIPT EXISTS`` in a round trip of its own before each
-pipeline; a ``NoScriptError`` reply (Redis restarted, ``SCRIPT FLUSH``) means the script did
-not run, and the caller runs it through the script object, which loads it
-(:meth:`workers.circuit_breaker.RedisBreakerStore.check`).
+Scripts: a builder would call ``pipe.evalsha(script.sha, ...)``, not ``script(...,
+client=pipe)``, which would make redis-py ask ``SCRIPT EXISTS`` in a round trip of its own
+before each pipeline; a ``NoScriptError`` reply (Redis restarted, ``SCRIPT FLUSH``) means the
+script did not run, and the caller runs it through the script object, which loads it. (No
+builder of the worker runs a script since issue 27: the breaker check is an ``HMGET``.)
 """
 
 from __future__ import annotations

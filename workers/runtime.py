@@ -73,6 +73,7 @@ from workers.liveness import START_REPLIES, Liveness
 from workers.providers.base import BaseUrlError, InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.rate_limit import (
+    HoldReads,
     NoThrottle,
     ProviderThrottle,
     RedisThrottle,
@@ -532,11 +533,9 @@ class ProcessServices(WorkerCore):
             OwnPipeline(self.redis) if settings.redis_cluster else CoalescedPipeline(self.redis)
         )
         """The starts and breaker checks of one loop turn go out in one pipeline."""
-        # A success that changes nothing but the breaker's counters goes out with the
-        # observation (publish), not in a round trip of its own.
-        self.breaker_store = RedisBreakerStore(
-            self.redis, defer_clean_successes=True, pipelines=self.pipelines
-        )
+        # A breaker check is an HMGET in the loop turn's pipeline; a success after a clean
+        # check writes nothing.
+        self.breaker_store = RedisBreakerStore(self.redis, pipelines=self.pipelines)
         executor = ToolExecutor(
             tools,
             CircuitBreakerRegistry(self.breaker_store),
@@ -551,6 +550,8 @@ class ProcessServices(WorkerCore):
         self._conversations: dict[str, tuple[tuple[float, int], list[ConversationMessage]]] = {}
         """Task id → ((created_at, epoch), the messages of its conversation read so far)."""
         self._hold_keys: dict[tuple[str | None, ...], str | None] = {}
+        self._hold_reads = HoldReads()
+        """The rate-limit holds read lately (a start within HOLD_FRESH_S takes the last read)."""
         self.mcp_list_sender: Callable[[McpListRequest], object] | None = None
         """Sends ``orga.mcp_list`` to the tools queue (set by :mod:`workers.tasks`)."""
         self._mcp_reaper: asyncio.Task[None] | None = None
@@ -572,20 +573,26 @@ class ProcessServices(WorkerCore):
         known = self._kept(task_id, ref) if ref is not None else []
         lacking = ref is not None and len(known) < ref.length
         hold = self._hold_key(request) if isinstance(request, ReasonRequest) else None
+        # A hold this process read less than HOLD_FRESH_S ago is taken as it was read.
+        fresh, kept_hold = self._hold_reads.fresh(hold) if hold is not None else (False, None)
+        read_hold = hold is not None and not fresh
 
         def build(pipe: Pipeline) -> None:
             self.liveness.start(pipe, fences, queue)
             if lacking and ref is not None:
                 pipe.lrange(self._conversation_key(task_id), len(known), ref.length - 1)
-            if hold is not None:
+            if read_hold and hold is not None:
                 pipe.get(hold)
 
         try:
             replies = await self.pipelines.run(build)
             Liveness.check_start(replies)
-            if hold is not None:
+            if hold is not None and not read_hold:
+                read_ahead(hold, kept_hold)
+            elif hold is not None:
                 held = replies.pop()
                 if held is None or isinstance(held, bytes):
+                    self._hold_reads.saw(hold, held)
                     read_ahead(hold, held)
             if ref is not None and len(replies) > START_REPLIES:
                 self._read_ahead(task_id, ref, known, replies[START_REPLIES])
@@ -672,7 +679,8 @@ class ProcessServices(WorkerCore):
     def throttle(self, provider: str, digest: str) -> ProviderThrottle:
         """Every worker of the deployment holds off together: one Redis key per provider and
         key (:mod:`workers.providers.rate_limit`)."""
-        return RedisThrottle(self.redis, keys.provider_limit_key(provider, digest))
+        key = keys.provider_limit_key(provider, digest)
+        return RedisThrottle(self.redis, key, reads=self._hold_reads)
 
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on this process's loop and wait for it (from any thread but the
@@ -713,36 +721,37 @@ class ProcessServices(WorkerCore):
         answered: Sequence[Fence] = (),
     ) -> None:
         """Send an observation to the coordinators and the tool calls a reasoning worker
-        chains to the tool workers (on the outbox), in one transaction: all or nothing; with
-        them, the dispatches now ``answered`` (:class:`~workers.liveness.Liveness`) and the breaker
-        successes deferred since the last publish.
+        chains to the tool workers (on the outbox), all or nothing, then mark the dispatches
+        now ``answered`` (:class:`~workers.liveness.Liveness`).
 
-        On a Redis Cluster a transaction must stay in one slot: the observation and the chained
-        calls (one task, so one partition) are the transaction, then the heartbeats and the
-        breaker counters (not in a partition) follow in a pipeline of their own, best effort:
-        the transaction is committed, so an error there is logged, never raised (a caller
-        retrying the publish would send the observation and the chained calls twice). A
-        heartbeat left unmarked is as a worker dying right after a publish: the coordinator has
-        the answer, and a re-sent dispatch is fenced; the deferred breaker successes (clean ones,
-        which change only a closed breaker's success count and TTL) are lost, and logged."""
+        The answer's writes are the task's (one partition). Two or more (an observation and
+        the calls it chains, several chained calls) are one ``MULTI`` transaction, with the
+        marks in it (on a Redis Cluster, where a transaction stays in one slot, the marks
+        follow in a pipeline of their own). A single write is atomic on its own: it goes out
+        without ``MULTI``/``EXEC`` (two commands fewer per model call), first in a
+        non-transactional pipeline with the marks after it, shared with the other calls of
+        this loop turn (:class:`~workers.redis_batch.CoalescedPipeline`).
+
+        Once the answer is written, an error of the marks is logged, never raised (a caller
+        retrying the publish would send the answer twice). A mark left unwritten is as a
+        worker dying right after a publish: the coordinator has the answer, and a re-sent
+        dispatch is fenced. The other way round, a mark written while its single write was
+        refused (Redis out of memory between the two commands, then not) makes the
+        coordinator wait for an answer that is not in the stream: the write's error is
+        raised, so the caller publishes again (:func:`workers.tasks._publish`), and if it
+        never can, the coordinator judges the dispatch lost two heartbeat timeouts after the
+        mark (``coordinator/liveness.py``) and sends it again."""
+        writes = (message is not None) + len(onward)
+        if writes <= 1:
+            await self._publish_one(message, onward, answered)
+            return
         pipe = self.redis.pipeline(transaction=True)
         rest = self.redis.pipeline(transaction=False) if self._cluster else pipe
-        self.breaker_store.flush_deferred(rest)
         # A reasoning's lone chained call carries its answer (CompleteReasoning): no
         # observation now, it is written once a tool worker has run that call.
         self.liveness.answered(rest, answered, chained=message is None and bool(onward))
-        if message is not None:  # the task's partition (chained calls are the same task's)
-            pipe.xadd(
-                keys.observations_stream(self._partition(message.fence.task_id)),
-                encode_entry(message),  # type: ignore[arg-type]
-                maxlen=keys.observations_maxlen,
-                approximate=True,
-            )
-        for request in onward:  # sent to Celery by a coordinator's relay (coordinator.relay)
-            outbox = keys.outbox_stream(self._partition(request.fence.task_id))
-            pipe.xadd(outbox, tool_entry(request).fields())  # type: ignore[arg-type]
-        if len(pipe):
-            await pipe.execute()
+        self._add_writes(pipe, message, onward)
+        await pipe.execute()
         if rest is not pipe and len(rest):
             try:
                 await rest.execute()
@@ -751,6 +760,51 @@ class ProcessServices(WorkerCore):
                     "publish.after_commit_failed",
                     extra={"error": str(exc)[:300], "commands": len(rest)},
                 )
+
+    async def _publish_one(
+        self,
+        message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | None,
+        onward: Sequence[ToolRequest],
+        answered: Sequence[Fence],
+    ) -> None:
+        """:meth:`publish` of at most one write: the write, then the marks, in a shared
+        non-transactional pipeline; the write's error is raised, the marks' logged."""
+        chained = message is None and bool(onward)
+        writes = (message is not None) + len(onward)
+
+        def build(pipe: Pipeline) -> None:
+            self._add_writes(pipe, message, onward)
+            self.liveness.answered(pipe, answered, chained=chained)
+
+        replies = await self.pipelines.run(build)
+        for reply in replies[:writes]:
+            if isinstance(reply, Exception):
+                raise reply
+        failed = [r for r in replies[writes:] if isinstance(r, Exception)]
+        if failed:
+            log.warning(
+                "publish.after_commit_failed",
+                extra={"error": str(failed[0])[:300], "commands": len(replies) - writes},
+            )
+
+    def _add_writes(
+        self,
+        pipe: Pipeline,
+        message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | None,
+        onward: Sequence[ToolRequest],
+    ) -> None:
+        """The answer's writes: the observation, then the chained calls (sent to Celery by a
+        coordinator's relay, :mod:`coordinator.relay`), all in the task's partition."""
+        if message is not None:
+            pipe.xadd(
+                keys.observations_stream(self._partition(message.fence.task_id)),
+                encode_entry(message),  # type: ignore[arg-type]
+                maxlen=keys.observations_maxlen,
+                approximate=True,
+            )
+        for request in onward:
+            outbox = keys.outbox_stream(self._partition(request.fence.task_id))
+            pipe.xadd(outbox, tool_entry(request).fields())  # type: ignore[arg-type]
 
     def _partition(self, task_id: str) -> int:
         return keys.partition_of(task_id, self.settings.partitions)

@@ -272,6 +272,48 @@ def test_a_burst_comes_with_one_brpop_in_order_indexed_as_kombu_indexes_it(
         assert all(raw.hget(channel.unacked_key, m.delivery_tag) is None for m in received)
 
 
+def test_a_message_not_kombus_in_a_burst_goes_back_next_with_those_after_it(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    """The fetch pops a list's messages with one RPOP (a count); one that is not kombu's is
+    pushed back where it was, still next, with the ones popped after it in their order, and
+    fetching stops there: the list is as it was but for the messages delivered."""
+    with _transport(redis_url) as connection:
+        queue = _declare(connection)
+        first = _publish(connection, queue, 3)
+        raw.lpush(queue, b"not a kombu message")
+        _publish(connection, queue, 2)
+        before = raw.lrange(queue, 0, -1)
+        received: list[Message] = []
+        channel = _consumer(connection, queue, received)
+        connection.drain_events(timeout=5)
+        assert [_marker(m) for m in received] == first
+        assert raw.lrange(queue, 0, -1) == before[:3]
+        assert raw.lindex(queue, -1) == b"not a kombu message"
+        assert not channel.qos._indexed and not channel._fetched
+        for message in received:
+            message.ack()
+
+
+def test_an_empty_fetch_sends_no_rpop_to_the_priority_lists(
+    redis_url: str, raw: redis.Redis
+) -> None:
+    """With nothing more in the queue, a fetch pops its first list once and looks at kombu's
+    priority lists (which nothing fills without a priority) with one EXISTS."""
+    with _transport(redis_url) as connection:
+        queue = _declare(connection)
+        _publish(connection, queue, 1)
+        received: list[Message] = []
+        _consumer(connection, queue, received)
+        raw.config_resetstat()
+        connection.drain_events(timeout=5)
+        assert len(received) == 1
+        stats = raw.info("commandstats")
+        assert stats["cmdstat_rpop"]["calls"] == 1
+        assert stats["cmdstat_exists"]["calls"] == 1
+        received[0].ack()
+
+
 def test_a_fetch_takes_at_most_fetch_more_and_what_the_prefetch_count_allows(
     redis_url: str,
     raw: redis.Redis,

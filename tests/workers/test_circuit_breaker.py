@@ -177,12 +177,15 @@ def test_stores_implement_the_protocol() -> None:
 
 
 def test_starts_closed(backend: Backend) -> None:
-    """A new breaker is closed with no failures."""
+    """A new breaker is closed with no failures: a check lets the call through and stores
+    nothing (a closed breaker with no failure is kept as no breaker at all)."""
 
     async def body(registry: CircuitBreakerRegistry) -> None:
         await registry.check("t")
+        assert await registry.get_state("t") is None
+        await registry.record_failure("t")
         state = await _state(registry, "t")
-        assert (state.state, state.failure_count) == (CircuitState.CLOSED, 0)
+        assert (state.state, state.failure_count) == (CircuitState.CLOSED, 1)
 
     _run(backend, body)
 
@@ -225,12 +228,8 @@ def test_recovery_moves_to_half_open_then_success_closes(backend: Backend) -> No
         await registry.check("t")
         assert (await _state(registry, "t")).state is CircuitState.HALF_OPEN
         await registry.record_success("t")
-        state = await _state(registry, "t")
-        assert (state.state, state.failure_count, state.half_open_calls) == (
-            CircuitState.CLOSED,
-            0,
-            0,
-        )
+        assert await registry.get_state("t") is None  # closed, no failure, no probe
+        await registry.check("t")
 
     _run(backend, body, CircuitBreakerConfig(failure_threshold=2, recovery_timeout=FAST))
 
@@ -263,8 +262,7 @@ def test_success_resets_failures(backend: Backend) -> None:
         await _fail(registry, "t", 2)
         assert (await _state(registry, "t")).failure_count == 2
         await registry.record_success("t")
-        state = await _state(registry, "t")
-        assert (state.failure_count, state.success_count) == (0, 1)
+        assert await registry.get_state("t") is None  # closed, no failure
         await _fail(registry, "t", 2)
         assert (await _state(registry, "t")).state is CircuitState.CLOSED
 
@@ -315,11 +313,13 @@ def test_registry_basic(backend: Backend) -> None:
 
 
 def test_registry_get_state(backend: Backend) -> None:
-    """An unknown tool has no state; a check creates a closed breaker."""
+    """An unknown tool has no state, nor has one only checked; a failure makes one."""
 
     async def body(registry: CircuitBreakerRegistry) -> None:
         assert await registry.get_state("unknown") is None
         await registry.check("known")
+        assert await registry.get_state("known") is None
+        await registry.record_failure("known")
         assert (await _state(registry, "known")).state is CircuitState.CLOSED
 
     _run(backend, body)
@@ -345,8 +345,7 @@ def test_success_while_open_closes(backend: Backend) -> None:
     async def body(registry: CircuitBreakerRegistry) -> None:
         await _fail(registry, "t", 3)
         await registry.record_success("t")
-        state = await _state(registry, "t")
-        assert (state.state, state.failure_count) == (CircuitState.CLOSED, 0)
+        assert await registry.get_state("t") is None  # closed, no failure
         await registry.check("t")
 
     _run(backend, body)
@@ -433,9 +432,8 @@ def test_task_scoped_breakers_are_separate_per_task(backend: Backend) -> None:
         assert caught.value.task_id == "A"
         assert "Circuit open for tool 'run_command' in task 'A': 3 consecutive" in str(caught.value)
         await in_b.check()
-        state = await in_b.get_state()
-        assert state is not None
-        assert (state.state, state.failure_count) == (CircuitState.CLOSED, 0)
+        assert await in_b.get_state() is None  # closed, no failure
+        assert (await in_a.get_state()) is not None
         assert await registry.get_state("run_command") is None, "no deployment-wide breaker"
 
     _run(backend, body)
@@ -519,6 +517,8 @@ def test_redis_breaker_key_has_a_ttl(redis_client: RedisClientFactory) -> None:
             assert 115_000 < ttl_ms <= 120_000
             store = RedisBreakerStore(client)
             await store.check("u", CircuitBreakerConfig())
+            assert await client.exists(keys.breaker_key("u")) == 0, "a check writes nothing"
+            await store.record_failure("u", CircuitBreakerConfig())
             ttl_ms = await client.pttl(keys.breaker_key("u"))
             assert keys.breaker_ttl_s * 1000 - 5_000 < ttl_ms <= keys.breaker_ttl_s * 1000
 
@@ -541,34 +541,67 @@ def test_redis_breaker_expires_when_idle(redis_client: RedisClientFactory) -> No
 
 
 @pytest.mark.redis
-def test_redis_breaker_defers_only_successes_that_change_nothing(
-    redis_client: RedisClientFactory,
-) -> None:
-    """After a clean check (closed, no failure counted) a success waits for the caller's next
-    pipeline; a success that resets failures, and every failure, is written at once."""
+def test_redis_breaker_sends_one_hmget_per_clean_call(redis_client: RedisClientFactory) -> None:
+    """A call whose breaker is closed with no failure costs one HMGET: the check writes
+    nothing and the success after it writes nothing. A success after a check that found
+    failures, or after a failure recorded through this store since a clean check, removes
+    the breaker (one DEL)."""
 
     async def scenario() -> None:
         async with redis_client() as client:
-            store = RedisBreakerStore(client, defer_clean_successes=True)
+            store = RedisBreakerStore(client)
             registry = CircuitBreakerRegistry(store)
-            await registry.check("t")
-            await registry.record_success("t")
-            assert (await _state(registry, "t")).success_count == 0, "deferred"
-            pipe = client.pipeline(transaction=False)
-            store.flush_deferred(pipe)
-            await pipe.execute()
-            assert (await _state(registry, "t")).success_count == 1
+            sent: list[str] = []
+            execute = client.execute_command
 
+            async def counting(*args: object, **options: object) -> object:
+                sent.append(str(args[0]).upper())
+                return await execute(*args, **options)
+
+            client.execute_command = counting  # type: ignore[method-assign]
             await registry.check("t")
-            await registry.record_failure("t")
-            assert (await _state(registry, "t")).failure_count == 1
-            await registry.check("t")  # not clean: one failure counted
             await registry.record_success("t")
-            state = await _state(registry, "t")
-            assert (state.failure_count, state.success_count) == (0, 2), "written at once"
-            pipe = client.pipeline(transaction=False)
-            store.flush_deferred(pipe)
-            assert len(pipe) == 0
+            assert sent == ["HMGET"]
+            assert await store.get_state("t") is None
+
+            await registry.check("t")  # clean
+            await registry.record_failure("t")  # since the clean check: not clean any more
+            sent.clear()
+            await registry.record_success("t")
+            assert sent == ["DEL"]
+            assert await store.get_state("t") is None
+
+            await registry.record_failure("t")
+            await registry.check("t")  # not clean: one failure counted
+            sent.clear()
+            await registry.record_success("t")
+            assert sent == ["DEL"]
+            assert await store.get_state("t") is None
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_a_failure_elsewhere_after_a_clean_check_is_the_documented_race(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A failure recorded through another store (another worker process) between a clean
+    check and its success is not reset by that success (RedisBreakerStore's cost); a success
+    whose own check saw the failure resets it."""
+
+    async def scenario() -> None:
+        async with redis_client() as a, redis_client() as b:
+            here, there = (
+                CircuitBreakerRegistry(RedisBreakerStore(a)),
+                CircuitBreakerRegistry(RedisBreakerStore(b)),
+            )
+            await here.check("t")
+            await there.record_failure("t")
+            await here.record_success("t")
+            assert (await _state(here, "t")).failure_count == 1
+            await here.check("t")
+            await here.record_success("t")
+            assert await here.get_state("t") is None
 
     asyncio.run(scenario())
 
@@ -640,7 +673,7 @@ def test_lua_scripts_match_the_python_state_machine(
     def shape(state: BreakerState | None) -> tuple[object, ...] | None:
         if state is None:
             return None
-        return (state.state, state.failure_count, state.success_count, state.half_open_calls)
+        return (state.state, state.failure_count, state.half_open_calls)
 
     async def scenario() -> None:
         memory = InMemoryBreakerStore(FakeClock())

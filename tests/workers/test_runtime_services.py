@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -437,7 +438,8 @@ def test_starts_and_breaker_checks_of_one_loop_turn_share_one_pipeline(
     with redis.Redis.from_url(redis_url) as plain:
         beats = plain.zrange(keys.heartbeats_key, 0, -1)
         assert len(beats) == len(requests)
-        assert plain.exists(keys.breaker_key("file_read:task:t3"))
+        # a breaker closed with no failure is kept as none: the checks wrote nothing
+        assert not plain.exists(keys.breaker_key("file_read:task:t3"))
 
 
 def test_a_start_that_fails_or_is_cancelled_stops_heartbeating(
@@ -576,3 +578,133 @@ def test_a_task_base_url_that_cannot_be_used_is_named_as_such() -> None:
         with pytest.raises(ConfigError, match=r"llm\.test:99999") as caught:
             services.provider(_request(spec))
         assert "is not a valid URL" in str(caught.value), kind
+
+
+def _commands(client: redis.Redis, *names: str) -> dict[str, int]:
+    """How many times Redis ran each of ``names`` since its stats were reset."""
+    stats = client.info("commandstats")
+    return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names}
+
+
+def test_a_start_reads_the_rate_limit_hold_at_most_once_per_fresh_window(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A dispatch that starts within HOLD_FRESH_S of the last read of its hold takes that read
+    (no GET); after it, the hold is read again; a hold this process sets is read at the next
+    start."""
+    from workers.providers.rate_limit import HoldReads, RedisThrottle, key_digest
+
+    provider = ProviderSettings(provider="openai", api_key="sk-x", base_url="http://m.test/v1")
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), provider, redis_url)
+    _OPEN.append(services)
+    now = [100.0]
+    services._hold_reads = HoldReads(fresh_s=0.1, clock=lambda: now[0])
+    hold = keys.provider_limit_key("openai", key_digest("http://m.test/v1", "sk-x"))
+    request = _request(ProviderSpec())
+    plain = redis.Redis.from_url(redis_url)
+
+    async def start_and_wait() -> float:
+        await services.started(request, [request.fence], keys.reasoning_queue)
+        services.liveness.finished([request.fence])
+        throttle = services.throttle("openai", key_digest("http://m.test/v1", "sk-x"))
+        return await throttle.blocked_for_s()
+
+    plain.config_resetstat()
+    assert services.run(start_and_wait()) == 0.0
+    assert _commands(plain, "get")["get"] == 1
+    plain.set(hold, str(int((time.time() + 60) * 1000)))  # another process's 429
+    now[0] += 0.05
+    assert services.run(start_and_wait()) == 0.0, "within the window: the last read stands"
+    assert _commands(plain, "get")["get"] == 1
+    now[0] += 0.1
+    assert services.run(start_and_wait()) > 50, "past the window: read again"
+    assert _commands(plain, "get")["get"] == 2
+
+    plain.delete(hold)
+    now[0] += 0.2
+    assert services.run(start_and_wait()) == 0.0
+    assert _commands(plain, "get")["get"] == 3
+
+    async def block() -> None:
+        await RedisThrottle(services.redis, hold, reads=services._hold_reads).block(30)
+
+    services.run(block())  # this process's own 429 (its script GETs the hold once) ...
+    assert _commands(plain, "get")["get"] == 4
+    assert services.run(start_and_wait()) > 25  # ... and the next start reads it at once
+    assert _commands(plain, "get")["get"] == 5
+    plain.close()
+
+
+def test_a_single_answer_goes_out_without_multi(redis_url: str, redis_client: Any) -> None:
+    """One observation (or one chained call) is one write, atomic on its own: no MULTI/EXEC,
+    the answer and its mark in one non-transactional pipeline. An observation with a chained
+    call is two writes: one transaction, all or nothing, as before."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    plain = redis.Redis.from_url(redis_url)
+    reply = {"tool_calls": [{"name": "file_read", "arguments": {"path": p}} for p in "ab"]}
+    request = _request(ProviderSpec(kind="scripted", replies=["done"]))
+    message = services.run(run_reasoning(request, services))
+
+    plain.config_resetstat()
+    services.run(services.publish(message, (), answered=live_fences(request)))
+    assert _commands(plain, "multi", "exec", "xadd", "zadd") == {
+        "multi": 0,
+        "exec": 0,
+        "xadd": 1,
+        "zadd": 1,
+    }
+    assert plain.xlen(keys.observations_stream(0)) == 1
+    assert (plain.zscore(keys.heartbeats_key, request.fence.liveness_id()) or 0) < 0
+
+    chaining = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
+        update={"act": ActMode.CHAIN, "config": LoopConfig(max_concurrent_tools=1)}
+    )
+    chaining = chaining.model_copy(
+        update={"fence": chaining.fence.model_copy(update={"nonce": "n2"})}
+    )
+    said = services.run(run_reasoning(chaining, services))
+    observation, calls = onward(chaining, said)
+    assert observation is not None and len(calls) == 1
+    plain.config_resetstat()
+    services.run(services.publish(observation, calls, answered=live_fences(chaining)))
+    assert _commands(plain, "multi", "exec", "xadd") == {"multi": 1, "exec": 1, "xadd": 2}
+    plain.close()
+
+
+def test_a_refused_single_write_is_raised(redis_url: str, redis_client: Any) -> None:
+    """The single write's error reply is raised (the task's publish tries again); nothing
+    else is."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    plain = redis.Redis.from_url(redis_url)
+    request = _request(ProviderSpec(kind="scripted", replies=["done"]))
+    message = services.run(run_reasoning(request, services))
+    plain.set(keys.observations_stream(0), "not a stream")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        services.run(services.publish(message, (), answered=live_fences(request)))
+    plain.delete(keys.observations_stream(0))
+    services.run(services.publish(message, (), answered=live_fences(request)))
+    assert plain.xlen(keys.observations_stream(0)) == 1
+    plain.close()
+
+
+def test_requests_built_without_validation_equal_validated_ones() -> None:
+    """A chained call's ToolRequest and the gate's context are built with ``model_construct``
+    (their values come from a validated request): each equals the model validated from its
+    own dump, and round-trips through JSON as the wire needs."""
+    from workers.handlers import _gate_context
+
+    request = _request(ProviderSpec()).model_copy(
+        update={"allowed_tools": ["file_read"], "workspace_template": "/tmp/tpl"}
+    )
+    call = ToolCallAction(call_id="c1", name="file_read", arguments='{"path": "a"}')
+    built = request.tool_request(call)
+    assert built == ToolRequest.model_validate(built.model_dump())
+    assert ToolRequest.model_validate_json(built.model_dump_json()) == built
+    assert built.answer.kind == "each" and built.edited_by is None
+    context = _gate_context(request, 3)
+    from workers.gates.base import GateContext
+
+    assert context == GateContext.model_validate(context.model_dump())
+    assert context.allowed_tools == frozenset({"file_read"}) and context.attributes == {}

@@ -8,8 +8,13 @@ when it sends none) moves it later, never earlier, in one Lua script; every call
 until then. The digest is a hash of the base URL and the key, never the key.
 
 A "blocked until" key fits ``Retry-After`` exactly (the provider says when, not a rate), so no
-token bucket is needed; it costs one ``GET`` per model call (a worker process reads it in the
-round trip that starts the dispatch: :func:`read_ahead`) and one script run per 429.
+token bucket is needed; it costs one script run per 429, and a ``GET`` per model call, which a
+worker process reads in the round trip that starts the dispatch (:func:`read_ahead`) and at
+most once per :data:`HOLD_FRESH_S` per key (:class:`HoldReads`): a dispatch that starts within
+that time of the last read of its key takes that answer. A hold another process sets is thus
+seen up to :data:`HOLD_FRESH_S` later (the calls started meanwhile go to the provider, which
+answers them 429 if it still limits, and they hold off then); one this process sets is seen at
+once.
 
 Waits are reported with the iteration (``ReasonedMessage.provider_waits``) and journaled by
 the coordinator: :func:`recording_waits` collects those of the model calls made inside it.
@@ -22,13 +27,15 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Final, Protocol
 
 from redis.asyncio import Redis
 
 from shared.inference import ProviderWait
 
 __all__ = [
+    "HOLD_FRESH_S",
+    "HoldReads",
     "NoThrottle",
     "ProviderThrottle",
     "RedisThrottle",
@@ -47,6 +54,11 @@ if until_ms > current then
 end
 return current
 """
+
+HOLD_FRESH_S: Final = 0.1
+"""How long a worker process takes the hold it last read of a key as current (seconds)."""
+HOLDS_KEPT: Final = 256
+"""How many keys' last reads :class:`HoldReads` keeps (the oldest forgotten first)."""
 
 _waits: contextvars.ContextVar[list[ProviderWait] | None] = contextvars.ContextVar(
     "orga_provider_waits", default=None
@@ -79,13 +91,53 @@ class NoThrottle:
         """Nothing to share."""
 
 
-class RedisThrottle:
-    """The shared hold of one provider and key, in Redis (see the module docstring)."""
+class HoldReads:
+    """The holds one worker process read lately, by key: a read younger than ``fresh_s`` is
+    taken as the hold's current value instead of reading it again (see the module docstring).
+    Used on one event loop."""
 
-    def __init__(self, redis: Redis, key: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, fresh_s: float = HOLD_FRESH_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._fresh_s = fresh_s
+        self._clock = clock
+        self._read: dict[str, tuple[float, bytes | None]] = {}
+
+    def fresh(self, key: str) -> tuple[bool, bytes | None]:
+        """``(True, raw)``: the hold ``key`` as read less than ``fresh_s`` ago (None: no hold);
+        ``(False, None)``: it must be read."""
+        entry = self._read.get(key)
+        if entry is None or self._clock() - entry[0] >= self._fresh_s:
+            return False, None
+        return True, entry[1]
+
+    def saw(self, key: str, raw: bytes | None) -> None:
+        """The hold ``key`` was read now: ``raw`` (None: no hold)."""
+        self._read.pop(key, None)
+        self._read[key] = (self._clock(), raw)
+        while len(self._read) > HOLDS_KEPT:
+            self._read.pop(next(iter(self._read)))
+
+    def forget(self, key: str) -> None:
+        """The hold ``key`` changed (this process set it): the next start reads it."""
+        self._read.pop(key, None)
+
+
+class RedisThrottle:
+    """The shared hold of one provider and key, in Redis (see the module docstring); with
+    ``reads``, the process's :class:`HoldReads`, which its reads and holds keep current."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        key: str,
+        clock: Callable[[], float] = time.time,
+        reads: HoldReads | None = None,
+    ) -> None:
         self._redis = redis
         self._key = key
         self._clock = clock
+        self._reads = reads
         self._hold = redis.register_script(_HOLD_SCRIPT)
 
     async def blocked_for_s(self) -> float:
@@ -96,6 +148,8 @@ class RedisThrottle:
             raw = ahead.pop(self._key)
         else:
             raw = await self._redis.get(self._key)
+            if self._reads is not None and (raw is None or isinstance(raw, bytes)):
+                self._reads.saw(self._key, raw)
         until_ms = int(raw) if raw is not None else 0
         return max(until_ms / 1000 - self._clock(), 0.0)
 
@@ -104,6 +158,8 @@ class RedisThrottle:
         until_ms = int((self._clock() + delay_s) * 1000)
         ttl_ms = int(delay_s * 1000) + 1000
         await self._hold(keys=[self._key], args=[until_ms, ttl_ms])
+        if self._reads is not None:
+            self._reads.forget(self._key)
 
 
 def read_ahead(key: str, raw: bytes | None) -> None:
