@@ -56,5 +56,6 @@ def configure_logging(level: str) -> None:
 
 def redact_url(url: str) -> str:
     """The URL as logs and banners show it: :func:`shared.redaction.redact_url` (no userinfo,
-    the query as ``***``, each node of a cluster URL redacted), the one implementation."""
+    the query as ``***``, token-like path segments as ``***``, each URL of a ``;`` or ``,``
+    list and each node of a cluster URL redacted), the one implementation."""
     return shared_redact_url(url)

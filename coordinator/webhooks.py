@@ -5,12 +5,14 @@ every ``orga:P:events`` stream in the consumer group ``orga-webhooks`` (so one e
 one deliverer), posts each event a subscription asked for (:mod:`shared.webhooks`: JSON,
 signed), retries a post that fails (an error, a timeout, an answer other than 2xx) with
 exponential back-off, and dead-letters it to the partition's dead-letter stream (``kind:
-webhook``, the URL as :func:`shared.redaction.redact_url` shows it: no ``user:password@``, its
-query as ``***``; never the secret) once ``deadline_s`` has passed since the event. An error
-text (an HTTP library's message, which may quote the URL in any form or echo a token) loses
-every URL's credentials and every echo of the URL's password, credential-like query values and
-signing secret before it is logged or dead-lettered. Every field of an event (a failure's
-``error``, an abort's ``reason``) is redacted with the coordinator's redactor before it is
+webhook``, the URL as :func:`public_url` shows it: no ``user:password@``, the path after its
+first segment as ``/***`` (Slack's, Discord's token), its query as ``***``; never the secret)
+once ``deadline_s`` has passed since the event. An error text (an HTTP library's message,
+which may quote the URL in any form or echo a token) loses every URL's credentials and
+token-like path segments, and every echo of the URL's password, hidden path segments,
+credential-like query values and signing secret, before it is logged or dead-lettered. Every
+field of an event (a failure's ``error``, an abort's ``reason``) is redacted with the
+coordinator's redactor before it is
 posted. The entry is acknowledged when every post of it was accepted or dead-lettered.
 
 A receiver that hangs, or answers one byte at a time, costs one awaiting socket until
@@ -37,6 +39,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import unquote, urlsplit
 
 import httpx
 from redis.asyncio import Redis
@@ -44,7 +47,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from coordinator.streams import read_group
 from shared import keys
-from shared.redaction import Redactor, redact_url, redact_urls, url_secrets
+from shared.redaction import MIN_ECHO_CHARS, Redactor, redact_url, redact_urls, url_secrets
 from shared.webhooks import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
@@ -99,13 +102,18 @@ class WebhookDeliverer:
     _in_flight: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict, init=False)
     _slots: list[asyncio.Semaphore] = field(init=False)
     _url_redactors: list[Redactor] = field(init=False)
-    """Per subscription: its URL's password and credential-like query values, its secret."""
+    """Per subscription: its URL's password, token-like path segments (those :func:`public_url`
+    hides) and credential-like query values, its secret."""
 
     def __post_init__(self) -> None:
         self._slots = [asyncio.Semaphore(self.concurrency) for _ in self.subscriptions]
         self._url_redactors = [
             Redactor(
-                [*url_secrets(str(s.url)), *([s.secret.get_secret_value()] if s.secret else [])]
+                [
+                    *url_secrets(str(s.url)),
+                    *_hidden_path_secrets(str(s.url)),
+                    *([s.secret.get_secret_value()] if s.secret else []),
+                ]
             )
             for s in self.subscriptions
         ]
@@ -316,9 +324,25 @@ def _payload(entry_id: str, kind: WebhookEvent, fields: dict[str, str]) -> dict[
 
 
 def public_url(url: str) -> str:
-    """A URL as logs and dead letters show it: :func:`shared.redaction.redact_url` (no user
-    or password, the query as ``***``, no fragment)."""
-    return redact_url(url)
+    """A webhook URL as logs and dead letters show it: :func:`shared.redaction.redact_url`
+    (no user or password, the query as ``***``, no fragment) keeping the scheme, the host and
+    at most the first path segment, the rest as ``/***``: Slack's and Discord's webhook URLs
+    carry their token in the path (``/services/T…/B…/<token>``, ``/api/webhooks/<id>/<token>``).
+    The cost: two subscriptions on one host and first segment look alike in a dead letter
+    (its ``event`` and ``entry_id`` still tell them apart)."""
+    return redact_url(url, path_segments=1)
+
+
+def _hidden_path_secrets(url: str) -> list[str]:
+    """The path segments :func:`public_url` hides, of at least ``MIN_ECHO_CHARS``
+    characters (a token), each as written and decoded: an error text's echo of them is
+    redacted."""
+    try:
+        segments = [s for s in urlsplit(url).path.split("/") if s][1:]
+    except ValueError:
+        return []
+    long = [s for s in segments if len(s) >= MIN_ECHO_CHARS]
+    return [*long, *(unquote(s) for s in long)]
 
 
 def _entry_time(entry_id: str) -> float:

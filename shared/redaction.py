@@ -51,29 +51,68 @@ CREDENTIAL_QUERY_PARAM = re.compile(
 """A URL query parameter whose name says it carries a credential (``token``, ``api_key``,
 ``api-key``, ``key``, ``X-Amz-Signature``, ``password``, ``auth``)."""
 _URL_QUERY_SHOWN = "***"
+_URL_PATH_SHOWN = "***"
 _URL_IN_TEXT = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+")
 """A URL inside a text (an exception's message): scheme, then up to a space or a quote."""
-_USERINFO = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://)[^/?#]*@")
-"""The ``user:password@`` of a URL's authority (up to its last ``@``)."""
+_USERINFO = re.compile(r"(?is)^([a-z][a-z0-9+.-]*://)(.*)@")
+"""The ``user:password@`` of a URL, on its raw text: everything from ``scheme://`` up to the
+URL's last ``@`` (a password may hold an unencoded ``/``, ``#``, ``?`` or ``@``)."""
+_DOTTED_HOST = re.compile(r"^[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+$")
+"""A host name with a dot and no port, user or password: what comes before the path of
+``https://x.webhook.office.com/webhookb2/a@b/...`` (an ``@`` in a path, not a userinfo)."""
+_NEXT_URL = re.compile(r"\s*([;,])\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+"""A ``;`` (kombu's failover brokers) or ``,`` (a cluster's nodes) that starts another URL."""
+_SECRET_SEGMENT = re.compile(r"^[A-Za-z0-9._~+=%@-]{16,}$")
+"""A path segment that may be a token: 16 or more token characters (and two of lower case,
+upper case and digits, :func:`_is_secret_segment`)."""
 
 
-def redact_url(url: str) -> str:
-    """``url`` without its userinfo (``user:password@``) and with its query shown as ``***``
-    (``?api-key=...``, ``?key=...``, a signed URL's signature), its fragment dropped: the form
-    every error message, banner and log record that names a URL uses (the one implementation:
-    :func:`coordinator.logs.redact_url` and :func:`coordinator.webhooks.public_url` call it).
-    A URL naming several nodes (a Redis Cluster's ``redis://:pw@a:7000/0,redis://:pw@b:7000/0``,
-    :func:`shared.settings.node_urls`) has each node redacted, unless a query or fragment comes
-    before the second node (a comma inside a query value is not a node boundary: the whole
-    query is then hidden). A URL that cannot be parsed (a bad port, an open ``[``) loses the
-    same parts, cut by text."""
+def redact_url(url: str, *, path_segments: int | None = None) -> str:
+    """``url`` without its userinfo (``user:password@``), with its query shown as ``***``
+    (``?api-key=...``, ``?key=...``, a signed URL's signature) and each path segment that may
+    be a token (``/services/T0/B0/<token>``: :func:`_is_secret_segment`) as ``***``, its
+    fragment dropped: the form every error message, banner and log record that names a URL
+    uses (the one implementation: :func:`coordinator.logs.redact_url` and
+    :func:`coordinator.webhooks.public_url` call it). ``path_segments``: keep at most that
+    many path segments, the rest shown as ``/***``.
+
+    The userinfo is cut on the raw text, before any parsing: everything between ``scheme://``
+    and the URL's last ``@`` (a password with an unencoded ``/``, ``#``, ``?`` is hidden
+    whole; the cost: a URL with an ``@`` in its path or query is shown from that ``@`` on,
+    unless its host is a dotted name without a port). Several URLs separated by ``;``
+    (kombu's failover brokers) or ``,`` are each redacted, and so is each node of a cluster
+    URL (``redis://:pw@a:7000/0,b:7001``, :func:`shared.settings.node_urls`) unless a query
+    or fragment comes before the second node (a comma inside a query value is not a node
+    boundary: the whole query is then hidden). A URL that cannot be parsed (a bad port, an
+    open ``[``) loses the same parts, cut by text."""
+    pieces = _NEXT_URL.split(url.strip())
+    shown = [_redact_nodes(pieces[0], path_segments)]
+    for separator, piece in zip(pieces[1::2], pieces[2::2], strict=True):
+        shown += [separator, _redact_nodes(piece, path_segments)]
+    return "".join(shown)
+
+
+def _without_userinfo(url: str) -> str:
+    """``url`` (one URL, raw) without everything between ``scheme://`` and its last ``@``."""
+    match = _USERINFO.match(url)
+    if match is None:
+        return url
+    userinfo = match.group(2)
+    before_path = re.split(r"[/?#]", userinfo, maxsplit=1)[0]
+    if before_path != userinfo and _DOTTED_HOST.match(before_path):
+        return url  # the ``@`` is in the path or query of a host named without a userinfo
+    return match.group(1) + url[match.end() :]
+
+
+def _redact_nodes(url: str, path_segments: int | None) -> str:
+    url = _without_userinfo(url)
     nodes = node_urls(url)
     if len(nodes) > 1 and not any(c in nodes[0] for c in "?#"):
-        return ",".join(_redact_one(node) for node in nodes)
-    return _redact_one(url.strip())
+        return ",".join(_redact_one(node, path_segments) for node in nodes)
+    return _redact_one(url.strip(), path_segments)
 
 
-def _redact_one(url: str) -> str:
+def _redact_one(url: str, path_segments: int | None = None) -> str:
     if "://" not in url:  # a bare ``host:port`` node of a cluster URL: no scheme to parse by
         base = url.partition("#")[0].partition("?")[0]
         return base.rpartition("@")[2]
@@ -83,11 +122,41 @@ def _redact_one(url: str) -> str:
         port = f":{parts.port}" if parts.port is not None else ""
     except ValueError:
         base, has_query, _ = url.partition("#")[0].partition("?")
-        return _USERINFO.sub(r"\1", base) + (f"?{_URL_QUERY_SHOWN}" if has_query else "")
+        scheme, _, rest = base.partition("://")
+        authority, slash, path = rest.partition("/")
+        path = _shown_path(slash + path, path_segments)
+        return f"{scheme}://{authority.rpartition('@')[2]}{path}" + (
+            f"?{_URL_QUERY_SHOWN}" if has_query else ""
+        )
     if ":" in host:  # an IPv6 literal keeps its brackets
         host = f"[{host}]"
     query = _URL_QUERY_SHOWN if parts.query else ""
-    return urlunsplit((parts.scheme, f"{host}{port}", parts.path, query, ""))
+    path = _shown_path(parts.path, path_segments)
+    return urlunsplit((parts.scheme, f"{host}{port}", path, query, ""))
+
+
+def _shown_path(path: str, path_segments: int | None) -> str:
+    """``path`` with each segment that may be a token as ``***``, and past ``path_segments``
+    segments (when given) the rest as ``/***``."""
+    if not path:
+        return ""
+    lead = "/" if path.startswith("/") else ""
+    segments = path[len(lead) :].split("/")
+    shown = [_URL_PATH_SHOWN if _is_secret_segment(s) else s for s in segments]
+    if path_segments is not None and any(segments[path_segments:]):
+        shown = [*shown[:path_segments], _URL_PATH_SHOWN]
+    return lead + "/".join(shown)
+
+
+def _is_secret_segment(segment: str) -> bool:
+    """A path segment that may be a token (Slack's and Discord's webhook tokens, a UUID, a
+    hex digest): 16 or more of ``A-Z a-z 0-9 . _ ~ + = % @ -`` mixing at least two of lower
+    case, upper case and digits (``chat-completions`` is not; the cost: an identifier that
+    looks like one, ``gpt-4o-mini-2024-07-18``, is hidden too)."""
+    if not _SECRET_SEGMENT.match(segment):
+        return False
+    kinds = (str.islower, str.isupper, str.isdigit)
+    return sum(any(test(c) for c in segment) for test in kinds) >= 2
 
 
 def redact_urls(text: str) -> str:
@@ -97,16 +166,22 @@ def redact_urls(text: str) -> str:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The secrets a URL carries: the password of its userinfo and the value of each
-    credential-named query parameter (:data:`CREDENTIAL_QUERY_PARAM`), decoded: what a
-    :class:`Redactor` must know to keep a server's echo of them (``POST /v1?api-key=...``)
-    out of a message. A URL that cannot be parsed gives none."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return []
+    """The secrets a URL carries: the password of its userinfo, each path segment that may be
+    a token (:func:`redact_url` shows it as ``***``) and the value of each credential-named
+    query parameter (:data:`CREDENTIAL_QUERY_PARAM`), decoded: what a :class:`Redactor` must
+    know to keep a server's echo of them (``POST /v1?api-key=...``) out of a message. A URL
+    that cannot be parsed gives its password only."""
+    match = _USERINFO.match(url.strip())
+    userinfo = match.group(2) if match else ""
+    if userinfo and _without_userinfo(url.strip()) == url.strip():
+        userinfo = ""  # an ``@`` in the path of a dotted host, no userinfo
+    password = userinfo.partition(":")[2]
     found = [unquote(password)] if password else []
+    try:
+        parts = urlsplit(_without_userinfo(url.strip()))
+    except ValueError:
+        return found
+    found += [unquote(s) for s in parts.path.split("/") if _is_secret_segment(s)]
     found += [
         value
         for name, value in parse_qsl(parts.query, keep_blank_values=True)

@@ -32,9 +32,12 @@ __all__ = [
 class OrgaSettings(BaseSettings):
     """Runtime settings of the coordinator, the workers and the CLI.
 
-    A validation error names the variable and what is wrong, never the value given: a URL
-    (``ORGA_WEBHOOKS``' entries, ``ORGA_REDIS_URL``) may carry a password or a token, and the
-    process prints the error at start."""
+    A validation error names the field (``max_redeliveries`` for ``ORGA_MAX_REDELIVERIES``:
+    the variable is ``ORGA_`` and the field's name in capitals) and what is wrong, never the
+    value given: a URL (``ORGA_WEBHOOKS``' entries, ``ORGA_REDIS_URL``) may carry a password
+    or a token, and the process prints the error at start. pydantic-settings names the
+    variable only for a field given an alias (``validation_alias``), which would also change
+    how the settings are built by name, so the field's name it is."""
 
     model_config = SettingsConfigDict(env_prefix="ORGA_", extra="ignore", hide_input_in_errors=True)
 

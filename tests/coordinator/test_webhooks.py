@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from coordinator.logs import EventFormatter
 from coordinator.webhooks import WebhookDeliverer, public_url
 from shared import keys
-from shared.redaction import REDACTED, Redactor
+from shared.redaction import REDACTED, Redactor, redact_urls
 from shared.webhooks import WebhookSubscription
 from tests.redis_server import RedisClientFactory
 
@@ -491,3 +491,27 @@ def test_two_partitions_events_with_the_same_stream_id_get_distinct_delivery_ids
         return len(seen) >= posts
 
     asyncio.run(scenario())
+
+
+WEBHOOK_TOKEN = "XyZsecretTOKEN123456"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://hooks.slack.com/services/T0AAAA/B0BBBB/{WEBHOOK_TOKEN}",
+        f"https://discord.com/api/webhooks/123456/{WEBHOOK_TOKEN}",
+    ],
+)
+def test_a_webhook_token_in_the_url_path_is_not_shown(url: str) -> None:
+    """Slack's and Discord's webhook URLs carry their token in the path: the public form keeps
+    the scheme, the host and the first path segment; an error text quoting the URL loses the
+    token too; the deliverer's redactor knows the hidden segments."""
+    assert WEBHOOK_TOKEN not in public_url(url)
+    assert public_url(url).endswith(".com/services/***") or public_url(url).endswith("/api/***")
+    assert WEBHOOK_TOKEN not in redact_urls(
+        f"ClientResponseError: 404, message='Not Found', url='{url}'"
+    )
+    deliverer = WebhookDeliverer(redis=None, subscriptions=[_hook(url)])  # type: ignore[arg-type]
+    cleaned = deliverer._clean(deliverer.subscriptions[0], f"bad token {WEBHOOK_TOKEN.lower()}")
+    assert WEBHOOK_TOKEN.lower() not in cleaned.lower()

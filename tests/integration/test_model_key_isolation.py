@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from orga.embedded_redis import EmbeddedRedis
+from orga.embedded_redis import EmbeddedRedis, find_redis_server
 from shared.task_spec import TaskSpec
 from tests.fakes.llm_server import FakeOpenAIServer
 from tests.integration.harness import ORGA, REPO, Cluster, Process, clean_env, wait_until
@@ -124,10 +124,27 @@ def _redis_dir(tmp_path: Path) -> Path:
 
 
 def _redis_reply(tmp_path: Path) -> tuple[bytes, bytes]:
-    """The command line (its title) of the Redis the probe found, and its answer to a PING
-    without the password."""
+    """The command line (its title, which Redis rewrites: not the argv it was given) of the
+    Redis the probe found, and its answer to a PING without the password."""
     argv, _, reply = (tmp_path / "seen.redis").read_bytes().partition(b"\n")
     return argv, reply
+
+
+def _recording_redis_server(tmp_path: Path) -> Path:
+    """A folder holding a ``redis-server`` that appends its argv (one argument a line, then a
+    line ``END-OF-ARGV``) to ``tmp_path/redis-argv`` and runs the real one: the argv handed
+    to it."""
+    folder = tmp_path / "recording-bin"
+    folder.mkdir()
+    script = folder / "redis-server"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"printf '%s\\n' \"$@\" >> '{tmp_path / 'redis-argv'}'\n"
+        f"printf 'END-OF-ARGV\\n' >> '{tmp_path / 'redis-argv'}'\n"
+        f'exec "{find_redis_server()}" "$@"\n'
+    )
+    script.chmod(0o755)
+    return folder
 
 
 def _seen(tmp_path: Path) -> dict[int, bytes]:
@@ -173,6 +190,7 @@ def test_orga_run_keeps_the_key_from_every_ancestor_of_a_command(
         ORGA_BASE_URL=model.base_url,
         ORGA_API_KEY=KEY,
     )
+    env["PATH"] = f"{_recording_redis_server(tmp_path)}:{env.get('PATH', '')}"
     run = subprocess.Popen(
         [str(ORGA), "run", str(task)], env=env, cwd=REPO, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -183,9 +201,17 @@ def test_orga_run_keeps_the_key_from_every_ancestor_of_a_command(
     assert all(r.headers.get("authorization") == f"Bearer {KEY}" for r in model.requests)
     _assert_no_key(_seen(tmp_path), run.pid)
     # The embedded Redis wants the password this run made up, which no command can read.
-    argv, reply = _redis_reply(tmp_path)
+    _, reply = _redis_reply(tmp_path)
     assert reply.startswith(b"-NOAUTH"), reply
-    assert b"requirepass" not in argv and b"@" not in argv, argv
+    # The argv `orga run` handed to redis-server (recorded by the wrapper first on the PATH;
+    # not /proc/PID/cmdline, which Redis overwrites with its title): the configuration, and
+    # its requirepass, come on stdin (`-`).
+    recorded = (tmp_path / "redis-argv").read_text().split("END-OF-ARGV\n")
+    started = [argv.split("\n")[:-1] for argv in recorded if argv not in ("", "--version\n")]
+    assert started, "the embedded runtime started no redis-server through the wrapper"
+    for argv in started:
+        assert not any("requirepass" in a or "@" in a for a in argv), argv
+        assert argv[0] == "-", argv
     assert KEY not in stdout + stderr
     for path, data in _files_under(home):
         assert KEY.encode() not in data, f"the key is in {path}"

@@ -210,18 +210,40 @@ def test_orga_status_refuses_a_home_whose_redis_is_gone(tmp_path: Path) -> None:
     assert outcome.stdout == ""
 
 
+class _ArgvPassword(EmbeddedRedis):
+    """The regression the argv check must catch: ``requirepass`` on the command line."""
+
+    def _command(self) -> list[str]:
+        command = [a for a in super()._command() if a != "-"]
+        return [*command, "--requirepass", self.password or ""]
+
+
 def test_a_password_reaches_the_server_on_stdin_and_is_required(real_binary: str) -> None:
     """With a password, the server refuses a client without it (NOAUTH), answers one with
-    the URL, and its command line, which any process of the user can read, does not hold it."""
+    the URL, and the argv handed to ``redis-server`` (its command line, which any process of
+    the user can read) does not hold it. Not checked on ``/proc/PID/cmdline``: Redis rewrites
+    its title (``redis-server 127.0.0.1:PORT``) before it answers, so that check passed with
+    the password on the command line."""
     password = "pw-not-on-any-command-line-7c1e"
     with EmbeddedRedis(password=password, binary=real_binary) as server:
         assert server.url == f"redis://:{password}@127.0.0.1:{server.port}/0"
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=server.port).ping()
         assert redis.Redis.from_url(server.url).ping()
+        assert password not in " ".join(server._command())
         assert server.pid is not None
-        cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()
         environ = Path(f"/proc/{server.pid}/environ").read_bytes()
-        assert password.encode() not in cmdline + environ
+        assert password.encode() not in environ
         server.restart()  # the same password again
         assert redis.Redis.from_url(server.url).ping()
+
+
+def test_the_argv_check_sees_a_password_on_the_command_line(real_binary: str) -> None:
+    """The argv check can fail: with ``--requirepass`` on the command line it does, while
+    ``/proc/PID/cmdline`` (the title Redis set) does not show the password."""
+    password = "pw-on-the-command-line-3f0a"
+    with _ArgvPassword(password=password, binary=real_binary) as bad:
+        assert redis.Redis.from_url(bad.url).ping()
+        assert password in " ".join(bad._command())
+        assert bad.pid is not None
+        assert password.encode() not in Path(f"/proc/{bad.pid}/cmdline").read_bytes()

@@ -151,3 +151,48 @@ def test_redaction_is_linear_on_a_large_output(monkeypatch: pytest.MonkeyPatch) 
     assert redactor.redact(text) == text.replace("sk-proj-Q7vX2mZ", REDACTED)
     assert len(compared) >= 60_000  # every near-miss was looked at
     assert sum(compared) < len(text)
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("redis://:Sec/ret9@h:6379/0", "Sec/ret9"),
+        ("redis://:Sec/ret9@h:6379/0", "Sec"),
+        ("redis://:Sec#ret9@h:6379/0", "Sec"),
+        ("redis://:Sec?ret9@h:6379/0", "Sec"),
+        ("amqp://user:Pa/ss9@rabbit:5672//", "Pa"),
+    ],
+)
+def test_redact_url_shows_no_part_of_an_unencoded_password(url: str, secret: str) -> None:
+    """A password with a raw ``/``, ``#`` or ``?`` (``openssl rand -base64`` pasted unencoded
+    into ``redis://:${REDIS_PASSWORD}@redis:6379/0``) is hidden whole: the userinfo is cut on
+    the raw text, up to the URL's last ``@``."""
+    assert secret not in redaction.redact_url(url), redaction.redact_url(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:Sec#r@h", "redis://h"),
+        ("amqp://user:Pa/ss9@rabbit//", "amqp://rabbit//"),
+        ("amqp://u:p1@a//;amqp://u:p2@b//", "amqp://a//;amqp://b//"),
+        ("redis://:p1@a:7000/0, redis://:p/2@b:7000/0,c:7002", "redis://a:7000/0,redis://b:7000/0,c:7002"),
+        ("https://example.com/in?email=a@b.test", "https://example.com/in?***"),
+    ],
+)  # fmt: skip
+def test_each_url_of_a_failover_or_cluster_list_loses_its_userinfo(url: str, shown: str) -> None:
+    """kombu's failover brokers (``;``) and a cluster's nodes (``,``) are each redacted; an
+    ``@`` in the query of a dotted host is no userinfo."""
+    assert redaction.redact_url(url) == shown
+
+
+def test_token_like_path_segments_are_hidden_and_known_as_secrets() -> None:
+    """A path segment that may be a token (long, mixing cases or digits) is shown as ``***``
+    and is one of the URL's secrets; an ordinary path is kept."""
+    url = "https://hooks.slack.com/services/T0AAAA/B0BBBB/XyZsecretTOKEN123456"
+    assert redaction.redact_url(url) == "https://hooks.slack.com/services/T0AAAA/B0BBBB/***"
+    assert redaction.url_secrets(url) == ["XyZsecretTOKEN123456"]
+    assert redaction.url_secrets("redis://:Sec/ret9@h:6379/0") == ["Sec/ret9"]
+    plain = "https://api.openai.com/v1/chat/completions"
+    assert redaction.redact_url(plain) == plain
+    assert redaction.redact_url(plain, path_segments=1) == "https://api.openai.com/v1/***"
