@@ -386,6 +386,20 @@ def _send(processes: Sequence[Process], signum: int) -> None:
             process.send_signal(signum)
 
 
+def _fork_refusal(children: Sequence[Child]) -> str | None:
+    """Why ``children`` cannot be forked from this process (None: they can)."""
+    if not forkable(children):
+        return (
+            f"{FORK_VARIABLE}=1 but not every command is `python -m {WORKER_MODULE}` of this "
+            "interpreter: it is set by `orga worker`, run that instead"
+        )
+    try:
+        shared_custom_pool(children)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def main() -> int:
     """Supervise the children named in :data:`COMMANDS_VARIABLE`."""
     text = os.environ.get(COMMANDS_VARIABLE)
@@ -407,19 +421,11 @@ def main() -> int:
     pids = os.environ.pop(PIDS_VARIABLE, None)
     if pids is not None:  # this process forked them, then ran again as itself: see below
         return supervise(children, [Forked(int(pid)) for pid in json.loads(pids)])
-    if fork and not forkable(children):
-        print(
-            f"error: {FORK_VARIABLE}=1 but not every command is `python -m {WORKER_MODULE}` "
-            "of this interpreter: it is set by `orga worker`, run that instead",
-            file=sys.stderr,
-        )
-        return 2
     if not fork:
         return supervise(children)
-    try:
-        shared_custom_pool(children)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    refusal = _fork_refusal(children)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
         return 2
     # Fork the workers, then run again as this module (execve: the same pid, so they stay its
     # children and the signals sent to it still reach it) without their modules: the pages
