@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "compose"
@@ -164,3 +165,37 @@ def test_only_reasoning_workers_get_the_model_key(
         environment = service.get("environment") or {}
         assert not [k for k in environment if key.search(k)], (name, sorted(environment))
         assert "sk-test-key" not in json.dumps(service), name
+
+
+def test_no_process_docker_starts_in_a_tool_worker_holds_the_redis_password() -> None:
+    """The tool-worker container's environment, which Docker gives its health check and every
+    `docker exec`'d process (as the worker's user, in its PID namespace: an agent's command
+    loops over /proc/*/environ), holds no Redis password (review1's finding). Static: no Docker
+    needed."""
+    document = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+    service = document["services"]["tool-worker"]
+    environment = service.get("environment") or {}
+    assert "healthcheck" in service  # a process Docker execs there, every 60 s
+    exposed = [name for name, value in environment.items() if "REDIS_PASSWORD" in str(value)]
+    assert not exposed, f"tool-worker's environment holds the Redis password: {exposed}"
+    assert "ORGA_REDIS_URL" not in environment
+
+
+def test_the_tool_worker_reads_the_password_as_root_and_runs_as_orga(
+    compose: tuple[list[str], dict[str, str]],
+) -> None:
+    """Resolved: the password is in no setting of the tool-worker service (while the other
+    orga services have it in their URL: the check is not vacuous); it reaches the container as
+    a secret under /root (0700) readable by root only, the container starts as root and the
+    entrypoint runs the command as orga (setpriv), with the URL in that process only."""
+    services = _resolved(compose)
+    tool = services["tool-worker"]
+    assert SECRETS["REDIS_PASSWORD"] not in json.dumps(tool)
+    assert SECRETS["REDIS_PASSWORD"] in services["coordinator"]["environment"]["ORGA_REDIS_URL"]
+    assert tool["user"] == "root"
+    [secret] = tool["secrets"]
+    assert secret["target"].startswith("/root/") and secret["mode"] in {"0400", 256, "256"}
+    script = tool["entrypoint"][2]
+    assert f"cat {secret['target']}" in script
+    assert "exec setpriv --reuid=orga --regid=orga --init-groups --" in script
+    assert secret["target"] in " ".join(tool["healthcheck"]["test"])
