@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -199,3 +200,45 @@ def test_the_tool_worker_reads_the_password_as_root_and_runs_as_orga(
     assert f"cat {secret['target']}" in script
     assert "exec setpriv --reuid=orga --regid=orga --init-groups --" in script
     assert secret["target"] in " ".join(tool["healthcheck"]["test"])
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="runs the tool worker's entrypoint as the container runs it: as root, with setpriv",
+)
+def test_the_tool_worker_entrypoint_hands_the_url_to_its_command_only(tmp_path: Path) -> None:
+    """The entrypoint script as written (its secret path a file of the test's, the `orga` user
+    this machine's `nobody`): its command runs as that user, with the URL built from the file
+    and HOME set, and the script's own command line holds no password."""
+    document = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+    shell, flags, script, name = document["services"]["tool-worker"]["entrypoint"]
+    secret = tmp_path / "redis_password"
+    secret.write_text("a-test-password")
+    nobody = pwd.getpwnam("nobody")
+    script = (
+        script.replace("$$", "$")
+        .replace("/root/orga/redis_password", str(secret))
+        .replace("--reuid=orga", f"--reuid={nobody.pw_uid}")
+        .replace("--regid=orga", f"--regid={nobody.pw_gid}")
+    )
+    probe = 'printf "%s %s %s" "$(id -u)" "$ORGA_REDIS_URL" "$HOME"'
+    done = subprocess.run(
+        [shell, flags, script, name, "sh", "-c", probe], env={"PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    uid, url, home = done.stdout.split(" ")
+    assert uid == str(nobody.pw_uid) != "0"
+    assert url == "redis://:a-test-password@redis:6379/0"
+    assert home == "/home/orga"
+    assert (
+        "--reuid=orga --regid=orga --init-groups"
+        in document["services"]["tool-worker"]["entrypoint"][2]
+    )  # what was replaced
+    assert "a-test-password" not in " ".join([shell, flags, script, name])
+    secret.unlink()
+    missing = subprocess.run(
+        [shell, flags, script, name, "true"], env={"PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert missing.returncode != 0  # no secret: the container does not start without a password
