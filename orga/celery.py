@@ -19,15 +19,18 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 from typing import Any
 
-from celery import Celery
+from celery import Celery, platforms
 from celery.signals import (
     after_setup_logger,
+    celeryd_after_setup,
     worker_before_create_process,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
 )
 
 from orga.redis_client import RedisClients
@@ -157,8 +160,47 @@ def _share_with_pool_processes(**_: Any) -> None:
     gc.freeze()
 
 
+SIGHUP_EXIT_CODE = 1
+"""The exit code of a worker stopped by SIGHUP (:func:`_stop_on_sighup`): not 0, so that a
+service manager restarting on failure (systemd's ``Restart=on-failure``) starts it again."""
+SIGHUP_MESSAGE = (
+    "worker: SIGHUP: warm shutdown, exit code 1 (an orga worker does not restart itself: its "
+    "connection URLs and model keys were read once from sockets that are closed now; its "
+    "supervisor or service manager starts it again)\n"
+)
+
+
+@celeryd_after_setup.connect  # type: ignore[untyped-decorator]
+def _hold_sighup(**_: Any) -> None:
+    """Block SIGHUP from here, before Celery installs its own handler (a restart that
+    re-executes ``sys.argv``: in an orga worker, without the connection URLs, which were read
+    once from a socket that is closed now), until :func:`_stop_on_sighup` replaces that
+    handler: a SIGHUP sent while the worker starts waits for it, none is lost."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _stop_on_sighup(**_: Any) -> None:
+    """SIGHUP to an orga worker is a warm shutdown (the running calls finish) with exit code
+    :data:`SIGHUP_EXIT_CODE`, said on stderr, instead of Celery's restart in place (docs/deploy.md,
+    "Signals"). Installed once the worker is ready, over Celery's handler; a SIGHUP held since
+    :func:`_hold_sighup` is delivered to it now."""
+    platforms.signals["SIGHUP"] = _on_sighup
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+
+
+def _on_sighup(_signum: int, _frame: Any) -> None:
+    from celery.worker import state
+
+    os.write(2, SIGHUP_MESSAGE.encode())
+    state.should_stop = SIGHUP_EXIT_CODE
+
+
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _start_services(**_: Any) -> None:
+    # A prefork pool process forked while SIGHUP was held (_hold_sighup): it does not keep it
+    # blocked, nor do the commands it starts.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     from workers.tasks import services
 
     services(app)

@@ -44,6 +44,7 @@ __all__ = [
     "COMMANDS_VARIABLE",
     "FORK_VARIABLE",
     "PIDS_VARIABLE",
+    "SIGHUP_EXIT_CODE",
     "WORKER_MODULE",
     "Child",
     "Forked",
@@ -51,6 +52,7 @@ __all__ = [
     "encode",
     "fork_workers",
     "main",
+    "shared_custom_pool",
     "start",
     "stop",
     "supervise",
@@ -69,7 +71,10 @@ CUSTOM_POOL_VARIABLE = "CELERY_CUSTOM_WORKER_POOL"
 WORKER_MODULE = "orga.worker_main"
 """The module of a worker command, ``[python, -m, orga.worker_main, ...]``: the only kind of
 child the supervisor forks."""
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP}
+SIGHUP_EXIT_CODE = 1
+"""The supervisor's exit code after SIGHUP: its workers stopped (a warm shutdown), not 0, so
+that a service manager restarting on failure starts ``orga worker`` again."""
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
 
@@ -185,14 +190,9 @@ def fork_workers(children: Sequence[Child]) -> list[Forked]:
     from orga import worker_main
 
     # Celery reads its custom pool's name when celery.concurrency is imported: before the fork.
-    pools = {c.env[CUSTOM_POOL_VARIABLE] for c in children if CUSTOM_POOL_VARIABLE in c.env}
-    if len(pools) > 1:
-        raise ValueError(
-            f"the workers name different {CUSTOM_POOL_VARIABLE}s ({sorted(pools)}): forked "
-            "workers share one; set ORGA_WORKER_FORK=false"
-        )
-    if pools:
-        os.environ[CUSTOM_POOL_VARIABLE] = pools.pop()
+    pool = shared_custom_pool(children)
+    if pool is not None:
+        os.environ[CUSTOM_POOL_VARIABLE] = pool
     queues = [_queue(c.argv) for c in children]
     worker_main.preload(prices=any(q in (None, "orga.reasoning") for q in queues))
     gc.collect()  # what is garbage now is freed, not frozen
@@ -219,6 +219,25 @@ def fork_workers(children: Sequence[Child]) -> list[Forked]:
     return forked
 
 
+def shared_custom_pool(children: Sequence[Child]) -> str | None:
+    """The one :data:`CUSTOM_POOL_VARIABLE` of ``children``'s environments (None: none sets
+    it), which workers forked from one process share: Celery reads it once, when
+    :mod:`celery.concurrency` is imported. Raises ``ValueError`` when they name different
+    pools: ``orga worker``'s reasoning workers set their own (:data:`orga.topology.POOL_PATH`),
+    so a ``CELERY_CUSTOM_WORKER_POOL`` of the operator's environment, which the tool worker
+    inherits, differs."""
+    pools = {c.env[CUSTOM_POOL_VARIABLE] for c in children if CUSTOM_POOL_VARIABLE in c.env}
+    if len(pools) > 1:
+        raise ValueError(
+            f"{CUSTOM_POOL_VARIABLE} is set in orga worker's environment, and the workers it "
+            f"forks from one process would name different pools ({', '.join(sorted(pools))}); "
+            "Celery reads that variable once per process. orga worker's reasoning workers set "
+            f"their own pool: unset {CUSTOM_POOL_VARIABLE}, or set ORGA_WORKER_FORK=false to "
+            "start each worker as its own process"
+        )
+    return pools.pop() if pools else None
+
+
 def _queue(argv: Sequence[str]) -> str | None:
     """The ``-Q`` of a worker command (None: every queue)."""
     return argv[argv.index("-Q") + 1] if "-Q" in argv[:-1] else None
@@ -228,7 +247,7 @@ def _run_worker(child: Child, queue: str | None) -> NoReturn:
     """In a forked process: become the worker ``child`` names. Its end is a ``SystemExit``
     (Celery's exit code) or an exception, which unwinds to the interpreter's top level: the
     process exits as a started worker would, its exit handlers run."""
-    for signum in (signal.SIGTERM, signal.SIGQUIT):
+    for signum in (signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
@@ -304,15 +323,18 @@ def supervise(children: Sequence[Child], running: Sequence[Process] | None = Non
     wait for all of them with no deadline of its own, so that a long model call is not killed
     and paid for twice; the service manager's stop timeout (systemd's ``TimeoutStopSec``,
     compose's ``stop_grace_period``) bounds the wait. A second SIGTERM or SIGINT sends SIGQUIT,
-    Celery's cold shutdown. The exit code is the first child to exit's (1 when it was 0: a
-    worker is not meant to end on its own; ``128 + n`` when signal ``n`` killed it), 0 when told
-    to stop."""
+    Celery's cold shutdown; a SIGQUIT is passed on as it is, at once (and then every later stop
+    signal). SIGHUP is a warm shutdown too, said on stderr, with exit code
+    :data:`SIGHUP_EXIT_CODE`: the workers do not restart in place (their sockets are read and
+    closed), the service manager starts ``orga worker`` again. The exit code is otherwise the
+    first child to exit's (1 when it was 0: a worker is not meant to end on its own; ``128 + n``
+    when signal ``n`` killed it), 0 when told to stop."""
     signals: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         signals.append(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(signum, on_signal)
     processes: Sequence[Process] = start(children) if running is None else running
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
@@ -331,8 +353,18 @@ def supervise(children: Sequence[Child], running: Sequence[Process] | None = Non
             )
             break
         time.sleep(POLL_S)
+    if signals and signals[0] == signal.SIGHUP:
+        print(
+            "orga worker: SIGHUP: warm shutdown of every worker, exit code "
+            f"{SIGHUP_EXIT_CODE} (a worker does not restart in place: its connection URLs and "
+            "model keys were read once from sockets that are closed now; the service manager "
+            "starts orga worker again)",
+            file=sys.stderr,
+            flush=True,
+        )
+        code = SIGHUP_EXIT_CODE
     told = len(signals)
-    _send(processes, signal.SIGTERM)
+    _send(processes, signal.SIGQUIT if signal.SIGQUIT in signals else signal.SIGTERM)
     while any(p.poll() is None for p in processes):
         if len(signals) > told:
             told = len(signals)
@@ -352,6 +384,20 @@ def _send(processes: Sequence[Process], signum: int) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(signum)
+
+
+def _fork_refusal(children: Sequence[Child]) -> str | None:
+    """Why ``children`` cannot be forked from this process (None: they can)."""
+    if not forkable(children):
+        return (
+            f"{FORK_VARIABLE}=1 but not every command is `python -m {WORKER_MODULE}` of this "
+            "interpreter: it is set by `orga worker`, run that instead"
+        )
+    try:
+        shared_custom_pool(children)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def main() -> int:
@@ -375,15 +421,12 @@ def main() -> int:
     pids = os.environ.pop(PIDS_VARIABLE, None)
     if pids is not None:  # this process forked them, then ran again as itself: see below
         return supervise(children, [Forked(int(pid)) for pid in json.loads(pids)])
-    if fork and not forkable(children):
-        print(
-            f"error: {FORK_VARIABLE}=1 but not every command is `python -m {WORKER_MODULE}` "
-            "of this interpreter: it is set by `orga worker`, run that instead",
-            file=sys.stderr,
-        )
-        return 2
     if not fork:
         return supervise(children)
+    refusal = _fork_refusal(children)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     # Fork the workers, then run again as this module (execve: the same pid, so they stay its
     # children and the signals sent to it still reach it) without their modules: the pages
     # the workers have since copied are dropped from this process, which is back to the

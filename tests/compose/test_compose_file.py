@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "compose"
@@ -164,3 +166,79 @@ def test_only_reasoning_workers_get_the_model_key(
         environment = service.get("environment") or {}
         assert not [k for k in environment if key.search(k)], (name, sorted(environment))
         assert "sk-test-key" not in json.dumps(service), name
+
+
+def test_no_process_docker_starts_in_a_tool_worker_holds_the_redis_password() -> None:
+    """The tool-worker container's environment, which Docker gives its health check and every
+    `docker exec`'d process (as the worker's user, in its PID namespace: an agent's command
+    loops over /proc/*/environ), holds no Redis password (review1's finding). Static: no Docker
+    needed."""
+    document = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+    service = document["services"]["tool-worker"]
+    environment = service.get("environment") or {}
+    assert "healthcheck" in service  # a process Docker execs there, every 60 s
+    exposed = [name for name, value in environment.items() if "REDIS_PASSWORD" in str(value)]
+    assert not exposed, f"tool-worker's environment holds the Redis password: {exposed}"
+    assert "ORGA_REDIS_URL" not in environment
+
+
+def test_the_tool_worker_reads_the_password_as_root_and_runs_as_orga(
+    compose: tuple[list[str], dict[str, str]],
+) -> None:
+    """Resolved: the password is in no setting of the tool-worker service (while the other
+    orga services have it in their URL: the check is not vacuous); it reaches the container as
+    a secret under /root (0700) readable by root only, the container starts as root and the
+    entrypoint runs the command as orga (setpriv), with the URL in that process only."""
+    services = _resolved(compose)
+    tool = services["tool-worker"]
+    assert SECRETS["REDIS_PASSWORD"] not in json.dumps(tool)
+    assert SECRETS["REDIS_PASSWORD"] in services["coordinator"]["environment"]["ORGA_REDIS_URL"]
+    assert tool["user"] == "root"
+    [secret] = tool["secrets"]
+    assert secret["target"].startswith("/root/") and secret["mode"] in {"0400", 256, "256"}
+    script = tool["entrypoint"][2]
+    assert f"cat {secret['target']}" in script
+    assert "exec setpriv --reuid=orga --regid=orga --init-groups --" in script
+    assert secret["target"] in " ".join(tool["healthcheck"]["test"])
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="runs the tool worker's entrypoint as the container runs it: as root, with setpriv",
+)
+def test_the_tool_worker_entrypoint_hands_the_url_to_its_command_only(tmp_path: Path) -> None:
+    """The entrypoint script as written (its secret path a file of the test's, the `orga` user
+    this machine's `nobody`): its command runs as that user, with the URL built from the file
+    and HOME set, and the script's own command line holds no password."""
+    document = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+    shell, flags, script, name = document["services"]["tool-worker"]["entrypoint"]
+    secret = tmp_path / "redis_password"
+    secret.write_text("a-test-password")
+    nobody = pwd.getpwnam("nobody")
+    script = (
+        script.replace("$$", "$")
+        .replace("/root/orga/redis_password", str(secret))
+        .replace("--reuid=orga", f"--reuid={nobody.pw_uid}")
+        .replace("--regid=orga", f"--regid={nobody.pw_gid}")
+    )
+    probe = 'printf "%s %s %s" "$(id -u)" "$ORGA_REDIS_URL" "$HOME"'
+    done = subprocess.run(
+        [shell, flags, script, name, "sh", "-c", probe], env={"PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    uid, url, home = done.stdout.split(" ")
+    assert uid == str(nobody.pw_uid) != "0"
+    assert url == "redis://:a-test-password@redis:6379/0"
+    assert home == "/home/orga"
+    assert (
+        "--reuid=orga --regid=orga --init-groups"
+        in document["services"]["tool-worker"]["entrypoint"][2]
+    )  # what was replaced
+    assert "a-test-password" not in " ".join([shell, flags, script, name])
+    secret.unlink()
+    missing = subprocess.run(
+        [shell, flags, script, name, "true"], env={"PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert missing.returncode != 0  # no secret: the container does not start without a password

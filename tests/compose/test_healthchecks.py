@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from tests.redis_server import RedisServer
@@ -72,10 +73,19 @@ def _wait(ready: Callable[[], bool], process: subprocess.Popen[bytes], log: Path
     raise AssertionError(f"never ready:\n{log.read_text(errors='replace')[-3000:]}")
 
 
+PASSWORD = "a-test-password"
+SECRET = "/root/orga/redis_password"
+"""Where compose's tool-worker finds the Redis password (a secret readable by root only)."""
+
+
 @pytest.fixture
 def broker_url(redis_server_factory: Callable[..., RedisServer]) -> str:
-    """A private Redis for the broker (the session's shared one is left alone)."""
-    return redis_server_factory().url
+    """A private Redis for the broker with a password, as compose's (the session's shared one is
+    left alone)."""
+    url = redis_server_factory().url
+    with redis.Redis.from_url(url) as client:
+        client.config_set("requirepass", PASSWORD)
+    return url.replace("redis://", f"redis://:{PASSWORD}@", 1)
 
 
 @pytest.fixture
@@ -93,14 +103,30 @@ def tool_worker(broker_url: str, tmp_path: Path) -> Iterator[str]:
         _stop(process)
 
 
-def test_worker_health_check_pings_its_own_node(tool_worker: str) -> None:
-    """`celery inspect ping -d tools@$HOSTNAME` passes on the tool worker's host; the reasoning
-    check fails there, since no reasoning node answers (the check is not vacuous)."""
+def test_worker_health_check_pings_its_own_node(tool_worker: str, tmp_path: Path) -> None:
+    """`celery inspect ping -d tools@$HOSTNAME` passes on the tool worker's host, given no Redis
+    URL: it builds one from the password's secret file (here a file of the test's, and this
+    Redis's address for `redis:6379`); the reasoning check fails there, since no reasoning node
+    answers (the check is not vacuous)."""
+    secret = tmp_path / "redis_password"
+    secret.write_text(PASSWORD)
+    address = tool_worker.rsplit("@", 1)[1].rsplit("/", 1)[0]
+    check = [
+        word.replace(SECRET, str(secret)).replace("@redis:6379/", f"@{address}/")
+        for word in _check("tool-worker")
+    ]
+    assert check != _check("tool-worker")  # both were there to replace
     env = _env(tool_worker, HOSTNAME=socket.gethostname())
-    passed = _run_check(_check("tool-worker"), env)
+    del env["ORGA_REDIS_URL"]  # not in the tool-worker container's environment
+    passed = _run_check(check, env)
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "pong" in passed.stdout
-    failed = _run_check(_check("reasoning-worker"), env)
+    secret.write_text("a-wrong-password")
+    refused = _run_check(check, env)
+    assert refused.returncode != 0
+    failed = _run_check(
+        _check("reasoning-worker"), _env(tool_worker, HOSTNAME=socket.gethostname())
+    )
     assert failed.returncode != 0
 
 

@@ -339,6 +339,143 @@ def test_default_worker_stops_all_when_one_worker_dies(
     assert all(not Path(f"/proc/{c}").exists() for c in children)
 
 
+def _sighup_when_ready(process: subprocess.Popen[str], log: Path) -> tuple[int, str]:
+    """SIGHUP to ``process`` once it logged ``ready.``: its exit code and its log."""
+    try:
+        _wait_for(process, log, ["ready."], 60)
+        process.send_signal(signal.SIGHUP)
+        code = process.wait(60)
+    finally:
+        _stop(process)
+    return code, log.read_text(errors="replace")
+
+
+def test_sighup_to_a_worker_is_a_warm_shutdown_said_with_exit_code_1(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """Celery's SIGHUP handler (installed when the output is not a terminal: systemd, docker)
+    re-executes ``sys.argv``, which an orga worker cannot do (its connection URLs were read
+    once from a socket closed since, and ``orga.worker_main`` run as a script shadows the
+    ``celery`` package). An orga worker stops instead, warm, says why, and exits 1: its
+    service manager starts it again with fresh sockets."""
+    log = tmp_path / "worker.log"
+    command = [str(ORGA), "worker", "--role", "tools", "-c", "1",
+               "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
+            stdout=handle, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    code, seen = _sighup_when_ready(process, log)
+    assert code == 1, seen[-3000:]
+    assert "worker: SIGHUP: warm shutdown, exit code 1" in seen, seen[-3000:]
+    assert "Restarting celery worker" not in seen
+    assert seen.count("ready.") == 1
+
+
+def test_a_sighup_while_the_worker_starts_waits_for_it_and_stops_it_warm(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """A SIGHUP sent once Celery printed its banner (after ``celeryd_after_setup``, around
+    when Celery installs its restart handler, before the worker is ready) is held until the
+    worker is ready, then stops it as above: it never reaches Celery's restart."""
+    log = tmp_path / "worker.log"
+    command = [str(ORGA), "worker", "--role", "tools", "-c", "1",
+               "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
+            stdout=handle, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        _wait_for(process, log, ["[queues]"], 60)
+        process.send_signal(signal.SIGHUP)
+        code = process.wait(60)
+    finally:
+        _stop(process)
+    seen = log.read_text(errors="replace")
+    assert code == 1, seen[-3000:]
+    assert "worker: SIGHUP: warm shutdown, exit code 1" in seen, seen[-3000:]
+    assert "Restarting celery worker" not in seen
+
+
+def test_sighup_to_a_celery_worker_handed_its_url_through_a_socket_stops_it_warm(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """The same for ``celery -A orga worker`` (Celery's own script, whose re-exec would work
+    but find no URL: ORGA_CONNECTION_FD was read and closed at the first start)."""
+    import sys
+
+    from workers import key_handoff
+
+    env = _env()
+    env.pop("ORGA_REDIS_URL", None)
+    fd = key_handoff.send({"ORGA_REDIS_URL": private_redis.url})
+    env[key_handoff.CONNECTION_FD_VARIABLE] = str(fd)
+    log = tmp_path / "worker.log"
+    celery = str(Path(sys.executable).with_name("celery"))
+    command = [celery, "-A", "orga", "worker", "-Q", "orga.tools", "-P", "solo",
+               "--loglevel", "INFO",
+               "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    try:
+        with log.open("w") as handle:
+            process = subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, text=True,
+                pass_fds=(fd,),
+            )  # fmt: skip
+    finally:
+        os.close(fd)
+    code, seen = _sighup_when_ready(process, log)
+    assert code == 1, seen[-3000:]
+    assert "worker: SIGHUP: warm shutdown, exit code 1" in seen, seen[-3000:]
+    assert "Restarting celery worker" not in seen
+
+
+def test_sighup_to_the_default_worker_stops_every_forked_worker_with_exit_code_1(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """SIGHUP to `orga worker` (the supervisor of forked workers): a warm shutdown of all of
+    them, a line saying why, exit code 1; no worker is left."""
+    process, log = _start_default_worker(tmp_path, private_redis.url)
+    children = _children(process.pid)
+    try:
+        process.send_signal(signal.SIGHUP)
+        code = process.wait(60)
+    finally:
+        _stop(process)
+    seen = log.read_text(errors="replace")
+    assert code == 1, seen[-3000:]
+    assert "orga worker: SIGHUP: warm shutdown of every worker" in seen
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(not Path(f"/proc/{c}").exists() for c in children)
+
+
+def test_sighup_to_a_forked_reasoning_worker_stops_it_warm_and_the_set_with_exit_code_1(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """SIGHUP to one reasoning worker of `orga worker` (its custom pool, its event loop): that
+    worker stops warm and says why, and the supervisor stops the others and exits 1."""
+    process, log = _start_default_worker(tmp_path, private_redis.url)
+    children = _children(process.pid)
+    reasoning = next(c for c in children if _comm(c) == "orga-reasoning")
+    try:
+        os.kill(reasoning, signal.SIGHUP)
+        code = process.wait(60)
+    finally:
+        _stop(process)
+    seen = log.read_text(errors="replace")
+    assert code == 1, seen[-3000:]
+    assert "worker: SIGHUP: warm shutdown, exit code 1" in seen, seen[-3000:]
+    assert "Restarting celery worker" not in seen
+    assert "stopping the others" in seen
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(not Path(f"/proc/{c}").exists() for c in children)
+
+
 def test_worker_refuses_an_option_celery_does_not_know(private_redis: EmbeddedRedis) -> None:
     """An unknown option goes to celery, which names it: the pass-through hides nothing."""
     outcome = run_orga(

@@ -3,6 +3,7 @@ place of Celery workers: how it stops them and what its exit code says."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -115,6 +116,109 @@ def test_forking_anything_but_a_worker_command_is_refused(tmp_path: Path) -> Non
     )  # fmt: skip
     assert outcome.returncode == 2
     assert "orga worker" in outcome.stderr and supervisor.FORK_VARIABLE in outcome.stderr
+
+
+STOPS_AT_SIGTERM = """
+import signal, sys, time, pathlib
+mark = pathlib.Path(sys.argv[1])
+def stop(*_):
+    mark.write_text("warm")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+mark.write_text("up")
+while True:
+    time.sleep(0.05)
+"""
+"""A child whose warm shutdown (SIGTERM) ends at once."""
+
+
+def _gone(pid: int, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not Path(f"/proc/{pid}").exists()
+
+
+def _kill(pids: list[int]) -> None:
+    """What a failed test leaves: the children it saw, if still there."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_sigquit_is_passed_on_at_once_and_no_worker_is_orphaned(tmp_path: Path) -> None:
+    """SIGQUIT (Celery's cold shutdown) to the supervisor reaches every child at once (no
+    SIGTERM first), the supervisor waits for them and exits 0: it does not die of the signal's
+    default action, leaving its workers to init."""
+    marks = [tmp_path / "a", tmp_path / "b"]
+    process = _start(
+        tmp_path / "log", *[[sys.executable, "-c", WARM_THEN_COLD, str(m)] for m in marks]
+    )
+    for mark in marks:
+        _wait_for(mark, "up")
+    children = _children(process.pid)
+    assert len(children) == 2
+    try:
+        process.send_signal(signal.SIGQUIT)
+        assert process.wait(20) == 0
+        assert all(mark.read_text() == "up" for mark in marks)  # no SIGTERM came first
+        assert all(_gone(child) for child in children)
+    finally:
+        _kill(children)
+
+
+def test_sighup_is_a_warm_shutdown_said_with_exit_code_1(tmp_path: Path) -> None:
+    """SIGHUP to the supervisor: a warm shutdown of every child (SIGTERM), a line on stderr
+    saying why nothing restarts in place, and exit code 1, so that a service manager
+    restarting on failure starts `orga worker` again; no child is left."""
+    marks = [tmp_path / "a", tmp_path / "b"]
+    process = _start(
+        tmp_path / "log", *[[sys.executable, "-c", STOPS_AT_SIGTERM, str(m)] for m in marks]
+    )
+    for mark in marks:
+        _wait_for(mark, "up")
+    children = _children(process.pid)
+    try:
+        process.send_signal(signal.SIGHUP)
+        assert process.wait(20) == supervisor.SIGHUP_EXIT_CODE == 1
+        assert all(mark.read_text() == "warm" for mark in marks)
+        assert all(_gone(child) for child in children)
+    finally:
+        _kill(children)
+    said = (tmp_path / "log").read_text()
+    assert "SIGHUP: warm shutdown" in said and "service manager" in said
+
+
+def test_a_custom_pool_of_the_environment_is_refused_when_forking_naming_the_fix(
+    tmp_path: Path,
+) -> None:
+    """CELERY_CUSTOM_WORKER_POOL in `orga worker`'s environment (inherited by the tool worker,
+    while the reasoning workers set their own pool): forked workers would share one, so the
+    supervisor refuses with an error naming the variable and both ways out, not a traceback."""
+    env = {k: v for k, v in os.environ.items() if k != supervisor.COMMANDS_VARIABLE}
+    worker = [sys.executable, "-m", supervisor.WORKER_MODULE]
+    children = [
+        supervisor.Child([*worker, "-Q", "orga.reasoning", "-P", "custom"],
+                         {**env, supervisor.CUSTOM_POOL_VARIABLE: "workers.pool:LoopPool"}),
+        supervisor.Child([*worker, "-Q", "orga.tools", "-P", "prefork"],
+                         {**env, supervisor.CUSTOM_POOL_VARIABLE: "my.pool:Pool"}),
+    ]  # fmt: skip
+    env[supervisor.COMMANDS_VARIABLE] = supervisor.encode(children, env)
+    env[supervisor.FORK_VARIABLE] = "1"
+    outcome = subprocess.run(
+        [sys.executable, "-m", "orga.supervisor"], env=env, cwd=REPO, capture_output=True,
+        text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert outcome.returncode == 2, outcome.stderr
+    assert "Traceback" not in outcome.stderr
+    assert outcome.stderr.startswith("error: CELERY_CUSTOM_WORKER_POOL is set")
+    assert "my.pool:Pool" in outcome.stderr
+    assert "unset CELERY_CUSTOM_WORKER_POOL" in outcome.stderr
+    assert "ORGA_WORKER_FORK=false" in outcome.stderr
 
 
 def test_a_forked_process_reports_its_exit_code_and_its_signal_as_popen_does() -> None:
