@@ -54,15 +54,13 @@ _URL_QUERY_SHOWN = "***"
 _URL_PATH_SHOWN = "***"
 _URL_IN_TEXT = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+")
 """A URL inside a text (an exception's message): scheme, then up to a space or a quote."""
-_USERINFO = re.compile(r"(?is)^([a-z][a-z0-9+.-]*://)(.*)@")
-"""The ``user:password@`` of a URL, on its raw text: everything from ``scheme://`` up to the
-URL's last ``@`` (a password may hold an unencoded ``/``, ``#``, ``?`` or ``@``)."""
-_DOTTED_HOST = re.compile(r"^[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+$")
-"""A host name with a dot and no port, user or password: what comes before the path of
-``https://x.webhook.office.com/webhookb2/a@b/...`` (an ``@`` in a path, not a userinfo)."""
+_SCHEME = re.compile(r"(?i)^[a-z][a-z0-9+.-]*://")
+_HOST_PORT = re.compile(r"^(?:[A-Za-z0-9._~%!$&'()*+;=-]+|\[[0-9A-Fa-f:.]+\])(?::\d*)?$")
+"""An authority that is a host (a name, an IPv4 or a bracketed IPv6 literal) and an optional
+numeric port, with no userinfo: ``api.example.com:8443``, ``[::1]:8080``."""
 _NEXT_URL = re.compile(r"\s*([;,])\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 """A ``;`` (kombu's failover brokers) or ``,`` (a cluster's nodes) that starts another URL."""
-_SECRET_SEGMENT = re.compile(r"^[A-Za-z0-9._~+=%@-]{16,}$")
+_SECRET_SEGMENT = re.compile(r"^[A-Za-z0-9._~+=%@:-]{16,}$")
 """A path segment that may be a token: 16 or more token characters (and two of lower case,
 upper case and digits, :func:`_is_secret_segment`)."""
 
@@ -76,15 +74,15 @@ def redact_url(url: str, *, path_segments: int | None = None) -> str:
     :func:`coordinator.webhooks.public_url` call it). ``path_segments``: keep at most that
     many path segments, the rest shown as ``/***``.
 
-    The userinfo is cut on the raw text, before any parsing: everything between ``scheme://``
-    and the URL's last ``@`` (a password with an unencoded ``/``, ``#``, ``?`` is hidden
-    whole; the cost: a URL with an ``@`` in its path or query is shown from that ``@`` on,
-    unless its host is a dotted name without a port). Several URLs separated by ``;``
-    (kombu's failover brokers) or ``,`` are each redacted, and so is each node of a cluster
-    URL (``redis://:pw@a:7000/0,b:7001``, :func:`shared.settings.node_urls`) unless a query
-    or fragment comes before the second node (a comma inside a query value is not a node
-    boundary: the whole query is then hidden). A URL that cannot be parsed (a bad port, an
-    open ``[``) loses the same parts, cut by text."""
+    The userinfo is cut on the raw text, before any parsing (:func:`_split_userinfo`): a
+    password with an unencoded ``/``, ``#``, ``?`` is hidden whole, and an ``@`` in the path or
+    query of a ``host[:port]`` is left where it is. The cost: a password made only of digits
+    before its unencoded ``/`` (``redis://u:1234/5@h``) reads as a port and is shown. Several
+    URLs separated by ``;`` (kombu's failover brokers) or ``,`` are each redacted, and so is
+    each node of a cluster URL (``redis://:pw@a:7000/0,b:7001``,
+    :func:`shared.settings.node_urls`) unless a query or fragment comes before the second node
+    (a comma inside a query value is not a node boundary: the whole query is then hidden). A URL
+    that cannot be parsed (a bad port, an open ``[``) loses the same parts, cut by text."""
     pieces = _NEXT_URL.split(url.strip())
     shown = [_redact_nodes(pieces[0], path_segments)]
     for separator, piece in zip(pieces[1::2], pieces[2::2], strict=True):
@@ -92,16 +90,31 @@ def redact_url(url: str, *, path_segments: int | None = None) -> str:
     return "".join(shown)
 
 
+def _split_userinfo(url: str) -> tuple[str, str, str]:
+    """``url`` (one URL, raw) as ``(scheme://, userinfo, the rest)``, the userinfo cut on the
+    raw text before any parsing. The authority is what comes before the first ``/``, ``?`` or
+    ``#``: with an ``@`` in it, the userinfo ends at its last ``@``; when it is a plain
+    ``host[:port]``, there is none (a later ``@`` is in the path or query:
+    ``?email=a@b``); otherwise (``:Sec``, ``user:Pa``: a password holding an unencoded
+    ``/``, ``?`` or ``#``) the userinfo ends at the URL's last ``@``."""
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return "", "", url
+    rest = url[scheme.end() :]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in authority:
+        at = authority.rindex("@")
+    elif "@" not in rest or _HOST_PORT.match(authority):
+        return scheme.group(0), "", rest
+    else:
+        at = rest.rindex("@")
+    return scheme.group(0), rest[:at], rest[at + 1 :]
+
+
 def _without_userinfo(url: str) -> str:
-    """``url`` (one URL, raw) without everything between ``scheme://`` and its last ``@``."""
-    match = _USERINFO.match(url)
-    if match is None:
-        return url
-    userinfo = match.group(2)
-    before_path = re.split(r"[/?#]", userinfo, maxsplit=1)[0]
-    if before_path != userinfo and _DOTTED_HOST.match(before_path):
-        return url  # the ``@`` is in the path or query of a host named without a userinfo
-    return match.group(1) + url[match.end() :]
+    """``url`` (one URL, raw) without its userinfo (:func:`_split_userinfo`)."""
+    scheme, _, rest = _split_userinfo(url)
+    return scheme + rest
 
 
 def _redact_nodes(url: str, path_segments: int | None) -> str:
@@ -150,7 +163,8 @@ def _shown_path(path: str, path_segments: int | None) -> str:
 
 def _is_secret_segment(segment: str) -> bool:
     """A path segment that may be a token (Slack's and Discord's webhook tokens, a UUID, a
-    hex digest): 16 or more of ``A-Z a-z 0-9 . _ ~ + = % @ -`` mixing at least two of lower
+    hex digest, Telegram's ``bot<id>:<token>``): 16 or more of ``A-Z a-z 0-9 . _ ~ + = % @ : -``
+    mixing at least two of lower
     case, upper case and digits (``chat-completions`` is not; the cost: an identifier that
     looks like one, ``gpt-4o-mini-2024-07-18``, is hidden too)."""
     if not _SECRET_SEGMENT.match(segment):
@@ -171,14 +185,14 @@ def url_secrets(url: str) -> list[str]:
     query parameter (:data:`CREDENTIAL_QUERY_PARAM`), decoded: what a :class:`Redactor` must
     know to keep a server's echo of them (``POST /v1?api-key=...``) out of a message. A URL
     that cannot be parsed gives its password only."""
-    match = _USERINFO.match(url.strip())
-    userinfo = match.group(2) if match else ""
-    if userinfo and _without_userinfo(url.strip()) == url.strip():
-        userinfo = ""  # an ``@`` in the path of a dotted host, no userinfo
+    pieces = _NEXT_URL.split(url.strip())
+    if len(pieces) > 1:  # kombu's failover brokers, several nodes: each URL's own secrets
+        return [secret for piece in pieces[::2] for secret in url_secrets(piece)]
+    scheme, userinfo, rest = _split_userinfo(url.strip())
     password = userinfo.partition(":")[2]
     found = [unquote(password)] if password else []
     try:
-        parts = urlsplit(_without_userinfo(url.strip()))
+        parts = urlsplit(scheme + rest)
     except ValueError:
         return found
     found += [unquote(s) for s in parts.path.split("/") if _is_secret_segment(s)]

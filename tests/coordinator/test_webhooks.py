@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from coordinator.logs import EventFormatter
 from coordinator.webhooks import WebhookDeliverer, public_url
 from shared import keys
-from shared.redaction import REDACTED, Redactor, redact_urls
+from shared.redaction import REDACTED, Redactor, redact_url, redact_urls, url_secrets
 from shared.webhooks import WebhookSubscription
 from tests.redis_server import RedisClientFactory
 
@@ -515,3 +515,14 @@ def test_a_webhook_token_in_the_url_path_is_not_shown(url: str) -> None:
     deliverer = WebhookDeliverer(redis=None, subscriptions=[_hook(url)])  # type: ignore[arg-type]
     cleaned = deliverer._clean(deliverer.subscriptions[0], f"bad token {WEBHOOK_TOKEN.lower()}")
     assert WEBHOOK_TOKEN.lower() not in cleaned.lower()
+
+
+def test_a_telegram_bot_token_in_the_first_path_segment_is_hidden() -> None:
+    """Telegram's bot API (a webhook target) carries its token as ``/bot<id>:<secret>/``: the
+    ``:`` is outside the token class, so redact_url and public_url (which keeps the first
+    segment) show it whole in logs and dead letters, and url_secrets does not list it."""
+    secret = "AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+    url = f"https://api.telegram.org/bot123456789:{secret}/sendMessage"
+    assert secret not in redact_url(url)
+    assert secret not in public_url(url)
+    assert any(secret in s for s in url_secrets(url))

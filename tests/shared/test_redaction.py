@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from shared import redaction
-from shared.redaction import REDACTED, Redactor, secret_values
+from shared.redaction import REDACTED, Redactor, redact_url, secret_values, url_secrets
 
 KEY = "sk-proj-Q7vX2mZp9LwK4tRb8NcY/+Hs1Ue=="
 OTHER = "sk-proj-Q7vX2mZp-a-second-key-with-the-same-start"
@@ -196,3 +196,29 @@ def test_token_like_path_segments_are_hidden_and_known_as_secrets() -> None:
     plain = "https://api.openai.com/v1/chat/completions"
     assert redaction.redact_url(plain) == plain
     assert redaction.redact_url(plain, path_segments=1) == "https://api.openai.com/v1/***"
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("https://api.example.com:8443/users?email=a@evil.com", "api.example.com:8443"),
+        ("http://localhost:8080/search?q=x@b", "localhost:8080"),
+        ("https://user@example.com/p@x", "example.com"),
+        ("https://[::1]:8080/a@b", "[::1]:8080"),
+    ],
+)
+def test_an_at_after_the_authority_does_not_replace_the_host(url: str, host: str) -> None:
+    """The redacted form still names the host the URL names (an operator must tell URLs
+    apart; ``https://evil.com`` for a call to api.example.com misleads)."""
+    assert redact_url(url).startswith(f"{url.split('://', maxsplit=1)[0]}://{host}")
+
+
+def test_url_secrets_of_failover_urls_are_each_password() -> None:
+    """redact_url splits ``;``-separated URLs; url_secrets must too, or the Redactor looks for
+    one "password" spanning both URLs and a server's echo of either is left in the text."""
+    assert set(url_secrets("amqp://u:pw1@h1:5672//;amqp://u:pw2@h2:5672//")) >= {"pw1", "pw2"}
+
+
+def test_url_secrets_has_no_url_fragment_for_a_password() -> None:
+    """A query ``@`` is no userinfo: nothing of the URL's own host, port or path is a secret."""
+    assert url_secrets("https://api.example.com:8443/users?email=a@evil.com") == []
