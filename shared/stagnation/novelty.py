@@ -65,7 +65,7 @@ class WordNovelty:
         words = content_words(text[:NOVELTY_CHARS])
         seen = self._seen
         new = 0
-        for word in words:
+        for word in sorted(words):  # a set's order follows the hash seed: replays must agree
             if word in seen:
                 seen.move_to_end(word)
             else:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from shared.stagnation import (
     ModelTurn,
@@ -213,3 +217,35 @@ def test_reading_a_long_page_for_new_words_is_cheap() -> None:
     print(f"new content words of a {NOVELTY_CHARS}-character page: {best * 1e6:.0f} us of CPU")
     print(f"({wall * 1e6:.0f} us of wall time)")
     assert best < 1e-3
+
+
+_PROBE = """
+from shared.stagnation import novelty
+from shared.stagnation.novelty import WordNovelty
+novelty.MAX_SEEN_WORDS = 200
+def w(i): return "word" + "".join(chr(97 + (i // 26**k) % 26) for k in range(3))
+A = [w(i) for i in range(30)]; B = [w(i) for i in range(30, 210)]
+n = WordNovelty()
+n.is_news(" ".join(A), 20); n.is_news(" ".join(B), 20)  # 210 seen: 10 of A forgotten
+print(n.is_news(" ".join(A[:12] + B), 5), " ".join(n.dump()[:5]))
+"""
+
+
+def test_the_same_results_give_the_same_memory_and_verdict_in_every_process() -> None:
+    """Past its bound the memory forgets the same words under every hash seed (a set's order
+    follows the seed): a replay in another process gives the same verdicts."""
+    root = Path(__file__).resolve().parents[2]
+    outputs = set()
+    for seed in range(1, 7):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": str(root)}
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            check=False,
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1, sorted(outputs)
