@@ -59,6 +59,7 @@ from workers.redis_batch import PipelineRunner
 
 __all__ = [
     "DEFAULT_BREAKER_SCOPES",
+    "TASK_BREAKER_MARK",
     "Breaker",
     "BreakerScope",
     "BreakerState",
@@ -87,6 +88,11 @@ class CircuitState(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+TASK_BREAKER_MARK = ":task:"
+"""What names a task's own breaker: ``{tool}:task:{task_id}`` (a tool's name alone is its
+deployment-wide breaker)."""
 
 
 class CircuitBreakerConfig(BaseModel):
@@ -378,10 +384,12 @@ class RedisBreakerStore:
     check's ``HMGET`` goes out in the pipeline of its loop turn, with the other calls' checks
     and starts, instead of a round trip of its own.
 
-    The cost of a success that writes nothing: a failure recorded through *another* store
-    (another worker process) between this call's clean check and its success is not reset by
-    this success (before, every success reset the count), so where calls of one breaker
-    interleave across processes it may open one failure early.
+    A success writes nothing only for a task's own breaker (``{tool}:task:{task_id}``): a
+    deployment-wide breaker's success is always one ``DEL``. The cost for a task's breaker: a
+    failure of the same task's parallel call recorded through *another* store (another
+    worker process) between this call's clean check and its success is not reset by this
+    success, so where one task's calls of one tool interleave across processes, its breaker
+    may open early.
     """
 
     def __init__(
@@ -430,9 +438,12 @@ class RedisBreakerStore:
         self._clean[tool] = self._clean.get(tool, 0) + 1
 
     async def record_success(self, tool: str, config: CircuitBreakerConfig) -> None:
-        """Close the breaker of ``tool``: nothing to write after a clean check (see the class),
-        else remove it."""
-        if self._take_clean(tool):
+        """Close the breaker of ``tool``: for a task's own breaker, nothing to write after a
+        clean check (see the class); else remove it. A deployment-wide breaker is always
+        removed: its calls run in every worker process, and another process's failure since
+        this call's check must be reset by this success, or failures that were never
+        consecutive would open it."""
+        if self._take_clean(tool) and TASK_BREAKER_MARK in tool:
             return
         await self._client.delete(keys.breaker_key(tool))
 
@@ -495,7 +506,7 @@ class CircuitBreakerRegistry:
         """The breaker a call of ``tool`` in task ``task_id`` goes through."""
         if task_id is None or self.scope(tool, declared) == "deployment":
             return Breaker(self, tool, tool)
-        return Breaker(self, tool, f"{tool}:task:{task_id}", task_id)
+        return Breaker(self, tool, f"{tool}{TASK_BREAKER_MARK}{task_id}", task_id)
 
     async def check(self, tool: str) -> None:
         """Return if ``tool`` may run now; raise :class:`CircuitOpenError` otherwise."""

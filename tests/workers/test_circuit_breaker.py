@@ -17,6 +17,7 @@ from shared import keys
 from shared.errors import ConfigError
 from tests.redis_server import RedisClientFactory, RedisServer
 from workers.circuit_breaker import (
+    TASK_BREAKER_MARK,
     BreakerState,
     BreakerStateStore,
     CircuitBreakerConfig,
@@ -540,10 +541,15 @@ def test_redis_breaker_expires_when_idle(redis_client: RedisClientFactory) -> No
     asyncio.run(scenario())
 
 
+TASK_T = f"t{TASK_BREAKER_MARK}task-1"
+"""A task's own breaker of tool ``t``."""
+
+
 @pytest.mark.redis
 def test_redis_breaker_sends_one_hmget_per_clean_call(redis_client: RedisClientFactory) -> None:
-    """A call whose breaker is closed with no failure costs one HMGET: the check writes
-    nothing and the success after it writes nothing. A success after a check that found
+    """A call whose (task's own) breaker is closed with no failure costs one HMGET: the
+    check writes nothing and the success after it writes nothing; a deployment-wide
+    breaker's success always removes it (one DEL). A success after a check that found
     failures, or after a failure recorded through this store since a clean check, removes
     the breaker (one DEL)."""
 
@@ -559,24 +565,29 @@ def test_redis_breaker_sends_one_hmget_per_clean_call(redis_client: RedisClientF
                 return await execute(*args, **options)
 
             client.execute_command = counting  # type: ignore[method-assign]
-            await registry.check("t")
-            await registry.record_success("t")
+            await registry.check(TASK_T)
+            await registry.record_success(TASK_T)
             assert sent == ["HMGET"]
-            assert await store.get_state("t") is None
+            assert await store.get_state(TASK_T) is None
 
-            await registry.check("t")  # clean
-            await registry.record_failure("t")  # since the clean check: not clean any more
             sent.clear()
-            await registry.record_success("t")
-            assert sent == ["DEL"]
-            assert await store.get_state("t") is None
+            await registry.check("web_fetch")  # a deployment-wide breaker
+            await registry.record_success("web_fetch")
+            assert sent == ["HMGET", "DEL"]
 
-            await registry.record_failure("t")
-            await registry.check("t")  # not clean: one failure counted
+            await registry.check(TASK_T)  # clean
+            await registry.record_failure(TASK_T)  # since the clean check: not clean any more
             sent.clear()
-            await registry.record_success("t")
+            await registry.record_success(TASK_T)
             assert sent == ["DEL"]
-            assert await store.get_state("t") is None
+            assert await store.get_state(TASK_T) is None
+
+            await registry.record_failure(TASK_T)
+            await registry.check(TASK_T)  # not clean: one failure counted
+            sent.clear()
+            await registry.record_success(TASK_T)
+            assert sent == ["DEL"]
+            assert await store.get_state(TASK_T) is None
 
     asyncio.run(scenario())
 
@@ -586,8 +597,8 @@ def test_a_failure_elsewhere_after_a_clean_check_is_the_documented_race(
     redis_client: RedisClientFactory,
 ) -> None:
     """A failure recorded through another store (another worker process) between a clean
-    check and its success is not reset by that success (RedisBreakerStore's cost); a success
-    whose own check saw the failure resets it."""
+    check of a task's own breaker and its success is not reset by that success
+    (RedisBreakerStore's cost); a success whose own check saw the failure resets it."""
 
     async def scenario() -> None:
         async with redis_client() as a, redis_client() as b:
@@ -595,13 +606,13 @@ def test_a_failure_elsewhere_after_a_clean_check_is_the_documented_race(
                 CircuitBreakerRegistry(RedisBreakerStore(a)),
                 CircuitBreakerRegistry(RedisBreakerStore(b)),
             )
-            await here.check("t")
-            await there.record_failure("t")
-            await here.record_success("t")
-            assert (await _state(here, "t")).failure_count == 1
-            await here.check("t")
-            await here.record_success("t")
-            assert await here.get_state("t") is None
+            await here.check(TASK_T)
+            await there.record_failure(TASK_T)
+            await here.record_success(TASK_T)
+            assert (await _state(here, TASK_T)).failure_count == 1
+            await here.check(TASK_T)
+            await here.record_success(TASK_T)
+            assert await here.get_state(TASK_T) is None
 
     asyncio.run(scenario())
 
@@ -684,5 +695,29 @@ def test_lua_scripts_match_the_python_state_machine(
                 assert shape(await memory.get_state(tool)) == shape(
                     await redis_store.get_state(tool)
                 )
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_failures_each_followed_by_a_success_elsewhere_do_not_open_the_breaker(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A deployment-wide breaker (web_fetch) across two worker processes: failures of one
+    process, each followed by a success of the other's calls checked while it was clean,
+    were never consecutive and do not open it."""
+
+    async def scenario() -> None:
+        async with redis_client() as a, redis_client() as b:
+            here = CircuitBreakerRegistry(RedisBreakerStore(a))  # process A, 3 calls in flight
+            there = CircuitBreakerRegistry(RedisBreakerStore(b))  # process B
+            for _ in range(3):
+                await here.check("web_fetch")  # each finds the breaker clean
+            for _ in range(3):  # threshold 3: fail, success, fail, success, fail
+                await there.record_failure("web_fetch")
+                await here.record_success("web_fetch")
+            state = await here.get_state("web_fetch")
+            # A success came after every failure: never more than one consecutive failure.
+            assert state is None or state.state is CircuitState.CLOSED, state
 
     asyncio.run(scenario())
