@@ -24,8 +24,9 @@ breaker lets the call through and creates nothing; ``record_failure`` creates th
 ``record_success`` removes it (closed, no failure, no probe: what a success leaves); on an
 unknown tool it does nothing; ``get_state`` returns None for a missing breaker. A success is
 not counted (there is no success count). In Redis, a check is then one ``HMGET``, and a script
-runs only for an open or half-open breaker; a success after a check that found the breaker
-clean writes nothing (:class:`RedisBreakerStore`).
+runs only for an open or half-open breaker; a success after a check that found a task's own
+breaker clean writes nothing, and a deployment-wide breaker's success is always one ``DEL``
+(:class:`RedisBreakerStore`).
 
 **Scope.** A breaker protects the callers from a failing dependency. For a tool that works on
 the task's own workspace (``run_command``, the file tools, ``grep``), failures say something
