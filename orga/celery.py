@@ -198,8 +198,11 @@ def _on_sighup(_signum: int, _frame: Any) -> None:
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _start_services(**_: Any) -> None:
-    # A prefork pool process forked while SIGHUP was held (_hold_sighup): it does not keep it
-    # blocked, nor do the commands it starts.
+    # A prefork pool process ignores SIGHUP (Celery resets it to the default, which kills it:
+    # a terminal closed or a SIGHUP to the process group would end its call, to be delivered
+    # again); its main process decides (_stop_on_sighup). Unblocked, as it was held while the
+    # pool was forked (_hold_sighup); the commands' launcher restores the default for them.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     from workers.tasks import services
 

@@ -323,12 +323,13 @@ def supervise(children: Sequence[Child], running: Sequence[Process] | None = Non
     wait for all of them with no deadline of its own, so that a long model call is not killed
     and paid for twice; the service manager's stop timeout (systemd's ``TimeoutStopSec``,
     compose's ``stop_grace_period``) bounds the wait. A second SIGTERM or SIGINT sends SIGQUIT,
-    Celery's cold shutdown; a SIGQUIT is passed on as it is, at once (and then every later stop
-    signal). SIGHUP is a warm shutdown too, said on stderr, with exit code
-    :data:`SIGHUP_EXIT_CODE`: the workers do not restart in place (their sockets are read and
-    closed), the service manager starts ``orga worker`` again. The exit code is otherwise the
-    first child to exit's (1 when it was 0: a worker is not meant to end on its own; ``128 + n``
-    when signal ``n`` killed it), 0 when told to stop."""
+    Celery's cold shutdown (a SIGHUP once the stop has begun changes nothing); a SIGQUIT is
+    passed on as it is, at once (and then every later stop signal but SIGHUP). SIGHUP is a warm
+    shutdown too, said on stderr, with exit code :data:`SIGHUP_EXIT_CODE`: the workers do not
+    restart in place (their sockets are read and closed), the service manager starts ``orga
+    worker`` again. The exit code is otherwise the first child to exit's (1 when it was 0: a
+    worker is not meant to end on its own; ``128 + n`` when signal ``n`` killed it), 0 when told
+    to stop."""
     signals: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -366,8 +367,10 @@ def supervise(children: Sequence[Child], running: Sequence[Process] | None = Non
     told = len(signals)
     _send(processes, signal.SIGQUIT if signal.SIGQUIT in signals else signal.SIGTERM)
     while any(p.poll() is None for p in processes):
-        if len(signals) > told:
-            told = len(signals)
+        later, told = signals[told:], len(signals)
+        # Only a later SIGTERM, SIGINT or SIGQUIT hurries the stop: a SIGHUP once it has begun
+        # (systemd's SendSIGHUP=yes, a terminal closed after Ctrl-C) changes nothing.
+        if any(s != signal.SIGHUP for s in later):
             _send(processes, signal.SIGQUIT)
         time.sleep(POLL_S)
     return code

@@ -20,6 +20,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import redis
 import yaml
@@ -371,6 +372,33 @@ def test_sighup_to_a_worker_is_a_warm_shutdown_said_with_exit_code_1(
     assert "worker: SIGHUP: warm shutdown, exit code 1" in seen, seen[-3000:]
     assert "Restarting celery worker" not in seen
     assert seen.count("ready.") == 1
+
+
+def test_a_sighup_to_a_pool_process_leaves_it_and_its_call_alive(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """A SIGHUP to the process group (a terminal closed, ``kill -HUP -PGID``) reaches the
+    prefork pool processes too, where Celery resets SIGHUP to its default action (death: the
+    call would be delivered again): an orga pool process ignores it, and its main process
+    decides."""
+    log = tmp_path / "worker.log"
+    command = [str(ORGA), "worker", "--role", "tools", "-c", "2",
+               "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
+            stdout=handle, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        _wait_for(process, log, ["ready."], 60)
+        pool = psutil.Process(process.pid).children()
+        assert pool, log.read_text(errors="replace")[-3000:]
+        os.kill(pool[0].pid, signal.SIGHUP)
+        time.sleep(2.0)
+        assert pool[0].is_running() and pool[0].status() != psutil.STATUS_ZOMBIE
+        assert process.poll() is None
+    finally:
+        _stop(process)
 
 
 def test_a_sighup_while_the_worker_starts_waits_for_it_and_stops_it_warm(

@@ -71,6 +71,25 @@ def test_a_stop_waits_for_the_warm_shutdown_and_a_second_one_is_cold(tmp_path: P
     assert process.wait(20) == 0
 
 
+def test_a_sighup_after_a_stop_began_does_not_make_it_cold(tmp_path: Path) -> None:
+    """systemd's ``SendSIGHUP=yes`` sends SIGHUP right after SIGTERM: the workers' warm
+    shutdown goes on (no SIGQUIT); a second SIGTERM still makes it cold."""
+    marks = [tmp_path / "a", tmp_path / "b"]
+    process = _start(
+        tmp_path / "log", *[[sys.executable, "-c", WARM_THEN_COLD, str(m)] for m in marks]
+    )
+    for mark in marks:
+        _wait_for(mark, "up")
+    process.send_signal(signal.SIGTERM)
+    for mark in marks:
+        _wait_for(mark, "warm")
+    process.send_signal(signal.SIGHUP)
+    time.sleep(1.5)
+    assert process.poll() is None  # still warm: the children left only at SIGQUIT
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(20) == 0
+
+
 def test_a_child_killed_by_a_signal_stops_the_others_with_128_plus_the_signal(
     tmp_path: Path,
 ) -> None:
