@@ -160,9 +160,12 @@ def test_flower_lists_dispatches_by_name_and_failed_calls_as_failed(
 
     wanted = {f"reason {good} look #0 act", f"act {good} look #1 run_command"}
     failed_name = f"reason {bad} never #0 act"
+    # A call's result reaches the coordinator before its worker's task-succeeded event reaches
+    # Flower (events are flushed once per window), so wait for the final states, not the names.
+    final = {**dict.fromkeys(wanted, "SUCCESS"), failed_name: "FAILURE"}
     deadline = time.monotonic() + 60
     seen = names_and_states()
-    while time.monotonic() < deadline and not (wanted <= set(seen) and failed_name in seen):
+    while time.monotonic() < deadline and any(seen.get(n) != s for n, s in final.items()):
         time.sleep(0.5)
         seen = names_and_states()
     assert wanted <= set(seen), seen
