@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: venv test test-partitions lint format typecheck unit bench run flower chaos clean
 
@@ -29,7 +30,8 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+# The bench extra too, so that the benchmark peers' own tests (tests/bench/) run rather than skip.
+unit: $(STAMP) $(BENCH_STAMP)
 	$(VENV)/bin/pytest -q
 
 test: lint typecheck unit
@@ -57,7 +59,6 @@ flower: $(STAMP)
 # The benchmarks' extra (LangGraph, aiohttp and arq: the slow-model benchmark's peers). When it
 # cannot be installed the benchmark runs without those peers and says so; the install is tried
 # again next time.
-BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]' && touch $(BENCH_STAMP) \
 		|| echo "the bench extra (langgraph, aiohttp, arq) could not be installed: their peers are skipped"
