@@ -1,9 +1,9 @@
 """``web_fetch``: GET a public http(s) URL and return its text, bounded in size and time.
 
-Address policy. Before any connection, the host is resolved and *every* address it resolves to
-is checked; a loopback, private, link-local, multicast, reserved, unspecified or otherwise
-non-global address refuses the whole URL (IPv4-mapped and 6to4 IPv6 addresses are checked as
-the IPv4 address they carry; site-local ``fec0::/10`` is refused). The connection then goes to
+Address policy (:mod:`workers.tools.address_policy`, shared with a task's MCP servers over
+HTTP). Before any connection, the host is resolved and *every* address it resolves to is
+checked; a loopback, private, link-local, multicast, reserved, unspecified or otherwise
+non-global address refuses the whole URL. The connection then goes to
 the address that was checked, not to a second DNS answer, so a rebinding DNS server cannot swap
 in an internal address after the check (the ``Host`` header and the TLS server name still carry
 the original host name). Redirects are followed by hand, at most ``MAX_REDIRECTS``, and every
@@ -23,19 +23,26 @@ Metadata: ``kind=other``, ``url`` (the final URL), ``status``, ``content_type``,
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import re
-import socket
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
 from shared.inference import ToolDefinition
+from workers.tools.address_policy import (
+    BLOCKED_KINDS,
+    IPAddress,
+    Resolver,
+    SystemResolver,
+    blocked_address_reason,
+    checked_addresses,
+    ip_literal,
+)
 from workers.tools.arguments import ArgumentCheck
 from workers.tools.base import ToolContext, ToolOutput
-from workers.tools.errors import BinaryContentError, BlockedUrlError
+from workers.tools.errors import BinaryContentError, BlockedAddressError, BlockedUrlError
 from workers.tools.output import cap_text, error_output, looks_binary, sha256_hex
 
 __all__ = [
@@ -50,8 +57,6 @@ __all__ = [
     "blocked_address_reason",
     "html_to_text",
 ]
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 DEFAULT_MAX_DOWNLOAD_BYTES = 2_000_000
 MAX_DOWNLOAD_BYTES = 10_000_000
@@ -102,54 +107,6 @@ WEB_FETCH_DEFINITION = ToolDefinition(
         "additionalProperties": False,
     },
 )
-
-
-class Resolver(Protocol):
-    """Turns a host name into the addresses a connection could reach."""
-
-    async def resolve(self, host: str, port: int) -> list[IPAddress]:
-        """Every address of ``host``; raises OSError when the name does not resolve."""
-        ...
-
-
-class SystemResolver:
-    """The operating system's resolver (``getaddrinfo``), run off the event loop."""
-
-    async def resolve(self, host: str, port: int) -> list[IPAddress]:
-        """Every distinct address of ``host``, in the resolver's order."""
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses: list[IPAddress] = []
-        for *_rest, sockaddr in infos:
-            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
-            if address not in addresses:
-                addresses.append(address)
-        return addresses
-
-
-def blocked_address_reason(address: IPAddress) -> str | None:
-    """Why ``address`` may not be fetched (``"loopback"``, ``"private"``, ...), or None.
-
-    An IPv6 address that carries an IPv4 one (IPv4-mapped ``::ffff:a.b.c.d``, 6to4
-    ``2002:aabb:ccdd::``) is judged by the IPv4 address it leads to; site-local ``fec0::/10``
-    (deprecated, still routed inside some networks) is refused.
-    """
-    if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour
-        if embedded is not None:
-            return blocked_address_reason(embedded)
-        if address.is_site_local:
-            return "site-local"
-    checks = (
-        ("loopback", address.is_loopback),
-        ("unspecified", address.is_unspecified),
-        ("link-local", address.is_link_local),
-        ("multicast", address.is_multicast),
-        ("reserved", address.is_reserved),
-        ("private", address.is_private),
-        ("non-global", not address.is_global),
-    )
-    return next((label for label, blocked in checks if blocked), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,27 +191,19 @@ class WebFetchTool:
         )
 
     async def _checked_addresses(self, url: httpx.URL, allow_private: bool) -> list[IPAddress]:
-        """The addresses of ``url``'s host, all allowed by the policy, in connection order."""
+        """The addresses of ``url``'s host, all allowed by the policy, in connection order;
+        a name that does not resolve is a network error."""
         port = url.port or (443 if url.scheme == "https" else 80)
-        literal = _ip_literal(_ascii_host(url))
-        addresses = [literal] if literal is not None else await self._resolve(url, port)
-        if not allow_private:
-            for address in addresses:
-                reason = blocked_address_reason(address)
-                if reason is not None:
-                    raise BlockedUrlError(_blocked_message(url, address, reason))
-        return addresses
-
-    async def _resolve(self, url: httpx.URL, port: int) -> list[IPAddress]:
-        """The addresses of ``url``'s host; a name that does not resolve is a network error."""
         host = _ascii_host(url)
         try:
-            addresses = await self._resolver.resolve(host, port)
+            return await checked_addresses(host, port, self._resolver, allow_private=allow_private)
+        except BlockedAddressError as exc:
+            raise BlockedUrlError(
+                f"web_fetch refused {str(url)!r}: {exc.finding}; {BLOCKED_KINDS} addresses "
+                "are blocked unless the operator allows the private network"
+            ) from exc
         except OSError as exc:
             raise httpx.ConnectError(f"could not resolve host {host!r}: {exc}") from exc
-        if not addresses:
-            raise httpx.ConnectError(f"host {host!r} resolves to no address")
-        return addresses
 
 
 def _ascii_host(url: httpx.URL) -> str:
@@ -275,23 +224,6 @@ def _parse_url(url: str) -> httpx.URL:
     if not parsed.host:
         raise BlockedUrlError(f"web_fetch refused {url!r}: the URL has no host")
     return parsed
-
-
-def _ip_literal(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None
-
-
-def _blocked_message(url: httpx.URL, address: IPAddress, reason: str) -> str:
-    literal = _ip_literal(_ascii_host(url)) is not None
-    where = f"{address} is" if literal else f"host {url.host!r} resolves to {address},"
-    return (
-        f"web_fetch refused {str(url)!r}: {where} a {reason} address; loopback, private, "
-        "link-local, multicast, reserved and unspecified addresses are blocked unless the "
-        "operator allows the private network"
-    )
 
 
 async def _send(
@@ -317,7 +249,7 @@ def _pinned_request(client: httpx.AsyncClient, url: httpx.URL, address: IPAddres
         "Accept-Encoding": "identity",
     }
     host = _ascii_host(url)
-    extensions = {} if _ip_literal(host) is not None else {"sni_hostname": host}
+    extensions = {} if ip_literal(host) is not None else {"sni_hostname": host}
     target = url.copy_with(host=str(address))
     return client.build_request("GET", target, headers=headers, extensions=extensions)
 
