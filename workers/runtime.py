@@ -169,15 +169,17 @@ class WorkerCore:
         self._providers: dict[tuple[str | None, ...], InferenceProvider] = {}
         self._workspace_claims: WorkspaceClaims = InMemoryWorkspaceClaims()
         self._redactor = Redactor(secret_values(settings, provider_settings))
+        self.mcp_deployment_servers = deployment_mcp_servers(settings)
         self.mcp = McpSessions(
             _command_environment(registry),
             idle_timeout_s=settings.mcp_idle_timeout_s,
             start_timeout_s=settings.mcp_list_timeout_s,
             limits=_command_limits(registry),
+            allow_private_network=settings.allow_private_network,
+            trusted=self.mcp_deployment_servers,
         )
         """This process's MCP connections (tool workers start servers; reasoning workers ask
         them for listings)."""
-        self.mcp_deployment_servers = deployment_mcp_servers(settings)
         self._mcp_listings: dict[str, McpListing] = {}
         executor.tools = McpToolLookup(executor.tools, self.mcp)
 

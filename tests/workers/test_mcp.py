@@ -78,7 +78,7 @@ def test_an_http_server_is_listed_and_called(tmp_path: Path, http_server: HttpMc
     spec = McpServerSpec(name="web", url=http_server.url)
 
     async def scenario() -> None:
-        sessions = McpSessions()
+        sessions = McpSessions(allow_private_network=True)  # the fake listens on 127.0.0.1
         try:
             listing = await _listed(sessions, spec, tmp_path)
             assert "web__echo" in {t.offered for t in listing.tools}
@@ -158,7 +158,7 @@ def test_a_server_that_cannot_start_is_a_listing_error_naming_it(tmp_path: Path)
     unreachable = McpServerSpec(name="gone", url="http://127.0.0.1:9/mcp")
 
     async def scenario() -> None:
-        sessions = McpSessions(start_timeout_s=20)
+        sessions = McpSessions(start_timeout_s=20, allow_private_network=True)
         try:
             listing = await sessions.list_tools("t1", [broken], tmp_path, 20)
             assert listing.error is not None and "MCP server 'broken'" in listing.error
@@ -291,7 +291,7 @@ def test_a_failing_server_s_error_quotes_no_credential(tmp_path: Path) -> None:
     stdio = McpServerSpec(name="missing", command=["/nonexistent/mcp", "--api-key", "s3cr3t"])
 
     async def scenario() -> None:
-        sessions = McpSessions(start_timeout_s=20)
+        sessions = McpSessions(start_timeout_s=20, trusted=(web, stdio))
         try:
             for spec in (web, stdio):
                 listing = await sessions.list_tools("t1", [spec], tmp_path, 20)

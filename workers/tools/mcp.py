@@ -23,6 +23,15 @@ Decisions:
   ``TERM``, the operator's extras) plus the server's own ``env``; nothing else of the worker's
   environment reaches it. Its stderr (and the launcher's, when it cannot start the program)
   goes to a private temporary file, whose end is quoted when the server fails.
+- **Address of a task's HTTP server.** A server over streamable HTTP that a task (or an agent
+  profile) declares may reach only public addresses, as ``web_fetch`` may
+  (:mod:`workers.tools.address_policy`): when the connection opens, its host is resolved and a
+  loopback, private, link-local, multicast, reserved or unspecified address refuses it with an
+  :class:`McpConfigError` naming the URL (redacted), the address, its kind and the fix. The
+  connection then goes to the checked addresses (:class:`~workers.tools.pinned_transport.
+  PinnedTransport`), not to a second DNS answer, follows no redirect and ignores the proxy
+  variables of the environment. The operator's servers (``ORGA_MCP_SERVERS``) are trusted and
+  not checked, nor is anything when ``ORGA_ALLOW_PRIVATE_NETWORK`` is set.
 - **Reuse.** One connection per task and server (by the server's declaration digest) in each
   worker process, kept between calls: with several tool workers a task's calls may reach
   several processes, each with its own connection (a stateful server sees them split). A
@@ -77,9 +86,16 @@ from shared.mcp import (
     redact_url,
 )
 from workers.tools import launcher
+from workers.tools.address_policy import (
+    BLOCKED_KINDS,
+    IPAddress,
+    Resolver,
+    SystemResolver,
+    checked_addresses,
+)
 from workers.tools.base import Tool, ToolContext, ToolOutput
 from workers.tools.command import CommandEnvironment, CommandLimits
-from workers.tools.errors import WorkspacePathError
+from workers.tools.errors import BlockedAddressError, WorkspacePathError
 from workers.tools.output import error_output
 from workers.tools.workspace import resolve_in_workspace
 
@@ -149,12 +165,18 @@ class McpConnection:
         environment: CommandEnvironment,
         python: str = sys.executable,
         limits: CommandLimits | None = None,
+        *,
+        address_check: Resolver | None = None,
     ) -> None:
         self.spec = spec
         self.workspace = workspace
         self.environment = environment
         self.python = python
         self.limits = limits or CommandLimits()
+        self.address_check = address_check
+        """The resolver of the address policy for a task's HTTP server; None: not checked (a
+        stdio server, an operator's server, or the private network allowed)."""
+        self._pinned: tuple[str, list[IPAddress]] | None = None
         self.last_used = time.monotonic()
         self._session: ClientSession | None = None
         self._stop = asyncio.Event()
@@ -171,6 +193,8 @@ class McpConnection:
     async def open(self, timeout_s: float) -> None:
         """Start the server (stdio) or the session (HTTP) and initialize it, within
         ``timeout_s``; McpConfigError naming the server and the cause otherwise."""
+        if self.spec.url is not None and self.address_check is not None:
+            self._pinned = await self._checked_host(self.spec.url, self.address_check, timeout_s)
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._owner = asyncio.create_task(self._own(), name=f"mcp-{self.spec.name}")
@@ -184,6 +208,35 @@ class McpConnection:
             message = self._describe(_reason(exc))
             await self.aclose()
             raise McpConfigError(message) from exc
+
+    async def _checked_host(
+        self, url: str, resolver: Resolver, timeout_s: float
+    ) -> tuple[str, list[IPAddress]]:
+        """``url``'s host (as on the wire) and its addresses, every one public; McpConfigError
+        naming the URL, the address, its kind and the fix otherwise."""
+        import httpx2
+
+        parsed = httpx2.URL(url)
+        host = parsed.raw_host.decode("ascii")
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return host, await checked_addresses(host, port, resolver, allow_private=False)
+        except BlockedAddressError as exc:
+            raise McpConfigError(
+                self._describe(
+                    f"{exc.finding}; a server that a task or an agent profile declares may not "
+                    f"reach {BLOCKED_KINDS} addresses (it would make a tool worker post to "
+                    "cloud metadata, Redis or internal hosts); declare the server in the "
+                    "workers' ORGA_MCP_SERVERS file, or set ORGA_ALLOW_PRIVATE_NETWORK=true "
+                    "on the workers when every submitter is trusted"
+                )
+            ) from exc
+        except (OSError, TimeoutError) as exc:
+            cause = "it did not resolve in time" if isinstance(exc, TimeoutError) else exc
+            raise McpConfigError(
+                self._describe(f"could not resolve host {host!r}: {cause}")
+            ) from exc
 
     async def _own(self) -> None:
         """Enter the SDK's contexts, serve until told to stop (or until the transport
@@ -229,10 +282,21 @@ class McpConnection:
             )
             return stdio_client(parameters, errlog=self._stderr)
         assert spec.url is not None
+        timeout = httpx2.Timeout(30.0, read=300.0)
+        if self._pinned is None:
+            client = httpx2.AsyncClient(headers=spec.headers, timeout=timeout)
+        else:
+            from workers.tools.pinned_transport import PinnedTransport
+
+            client = httpx2.AsyncClient(
+                headers=spec.headers,
+                timeout=timeout,
+                transport=PinnedTransport(*self._pinned),
+                follow_redirects=False,
+                trust_env=False,
+            )
         # The SDK leaves a client it was given open: the stack closes it with the session.
-        client = await stack.enter_async_context(
-            httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
-        )
+        await stack.enter_async_context(client)
         return streamable_http_client(spec.url, http_client=client)
 
     def _launch_request(self) -> str:
@@ -394,6 +458,10 @@ class McpSessions:
         start_timeout_s: float = 60.0,
         python: str = sys.executable,
         limits: CommandLimits | None = None,
+        *,
+        allow_private_network: bool = False,
+        trusted: Sequence[McpServerSpec] = (),
+        resolver: Resolver | None = None,
     ) -> None:
         self.environment = environment or CommandEnvironment()
         self.limits = limits or CommandLimits()
@@ -403,6 +471,11 @@ class McpSessions:
         self.idle_timeout_s = idle_timeout_s
         self.start_timeout_s = start_timeout_s
         """How long a server may take to start and answer ``initialize``."""
+        self.allow_private_network = allow_private_network
+        """``ORGA_ALLOW_PRIVATE_NETWORK``: a task's HTTP server may reach any address."""
+        self._trusted = frozenset((s.name, s.digest()) for s in trusted)
+        """The operator's servers (``ORGA_MCP_SERVERS``): never address-checked."""
+        self.resolver = resolver or SystemResolver()
         self._connections: dict[tuple[str, str], McpConnection] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._dropped: set[tuple[str, str]] = set()
@@ -429,13 +502,28 @@ class McpSessions:
             if current is not None or key in self._dropped:
                 self.restarts += 1
                 self._dropped.discard(key)
-            fresh = McpConnection(spec, workspace, self.environment, self.python, self.limits)
+            fresh = McpConnection(
+                spec,
+                workspace,
+                self.environment,
+                self.python,
+                self.limits,
+                address_check=self._address_check(spec),
+            )
             self._connections.pop(key, None)
             await fresh.open(self.start_timeout_s)
             self._connections[key] = fresh
             if self.on_open is not None:
                 self.on_open()
             return fresh
+
+    def _address_check(self, spec: McpServerSpec) -> Resolver | None:
+        """The resolver that checks ``spec``'s address: None for a stdio server, an operator's
+        server, or when the private network is allowed."""
+        trusted = (spec.name, spec.digest()) in self._trusted
+        if spec.url is None or trusted or self.allow_private_network:
+            return None
+        return self.resolver
 
     async def _drop(self, task_id: str, spec: McpServerSpec, broken: McpConnection) -> None:
         key = (task_id, spec.name + ":" + spec.digest())
