@@ -65,8 +65,9 @@ from workers.circuit_breaker import (
     RedisBreakerStore,
 )
 from workers.executor import ToolExecutor
-from workers.gates.base import ReasoningPolicyGate
+from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.factory import build_gate
+from workers.gates.server_start import refused_server_start
 from workers.http_pool import pooled_session
 from workers.knowledge import RedisKnowledgeStore, knowledge_tools
 from workers.liveness import START_REPLIES, Liveness
@@ -349,6 +350,9 @@ class WorkerCore:
         listing = await self.cached_mcp_listing(task_id)
         if listing is not None:
             return listing
+        refused = await self.refused_mcp_start(request)
+        if refused is not None:
+            return McpListing(error=refused)
         ask = self.serve_mcp_listing if here else self.request_mcp_listing
         return await ask(
             McpListRequest(
@@ -360,6 +364,28 @@ class WorkerCore:
                 reply_key="",
             )
         )
+
+    async def refused_mcp_start(self, request: ReasonRequest | ToolRequest) -> str | None:
+        """Why one of the task's own stdio servers may not start (its command judged by the
+        task's gate as a ``run_command`` call: :mod:`workers.gates.server_start`), or None.
+
+        Asked before a listing is served, on whichever worker asks for it (a reasoning worker,
+        or a tool worker that finds no listing kept): a listing is kept only after this
+        passed, and the tool workers start a task's servers only for a listing or a call of a
+        listed tool. The deployment's servers (``ORGA_MCP_SERVERS``) are not gated."""
+        own = request.config.mcp_servers or ()
+        if not any(spec.command is not None for spec in own):
+            return None
+        fence = request.fence
+        context = GateContext(
+            agent_id=request.agent_id,
+            workspace=Path(request.workspace),
+            task_id=fence.task_id,
+            step_id=fence.step_id,
+            iteration=fence.iteration,
+            delegation_depth=request.config.delegation_depth,
+        )
+        return await refused_server_start(self.gate(request.policy), own, context)
 
     async def cached_mcp_listing(self, task_id: str) -> McpListing | None:
         """The listing kept for the task (in this process; in Redis for a worker process)."""

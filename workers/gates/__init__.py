@@ -14,6 +14,7 @@ from workers.gates.factory import PolicySpec, build_gate
 from workers.gates.opa import DEFAULT_OPA_PATH, OpaGate, opa_input
 from workers.gates.permissive import PermissiveGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.gates.server_start import refused_server_start, start_action
 from workers.gates.tool_filter import ToolFilterGate
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "denial_message",
     "normalise_command",
     "opa_input",
+    "refused_server_start",
     "schema_failure_message",
+    "start_action",
     "validate_tool_arguments",
 ]
