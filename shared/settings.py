@@ -167,7 +167,9 @@ class OrgaSettings(BaseSettings):
         "model call (docs/performance.md)",
     )
     allow_private_network: bool = Field(
-        default=False, description="Let web_fetch reach loopback and private addresses"
+        default=False,
+        description="Let web_fetch, and the MCP servers over HTTP that tasks declare, reach "
+        "loopback and private addresses",
     )
     mcp_servers: Path | None = Field(
         default=None,

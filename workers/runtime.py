@@ -475,7 +475,8 @@ class WorkerCore:
         return self._redactor
 
     def allow_private_network(self) -> bool:
-        """Whether web_fetch may reach loopback and private addresses."""
+        """Whether web_fetch (and a task's MCP server over HTTP) may reach loopback and
+        private addresses."""
         return self.settings.allow_private_network
 
     def knowledge(self) -> KnowledgeStore:
