@@ -38,6 +38,7 @@ from shared.redaction import CREDENTIAL_QUERY_PARAM, redact_url
 __all__ = [
     "MCP_NAME_SEPARATOR",
     "MCP_SERVER_NAME_PATTERN",
+    "PYTHON_PLACEHOLDER",
     "McpListRequest",
     "McpListing",
     "McpServerSpec",
@@ -55,6 +56,9 @@ __all__ = [
 ]
 
 MCP_NAME_SEPARATOR = "__"
+PYTHON_PLACEHOLDER = "{python}"
+"""A stdio server's program written ``{python}`` runs with the worker's own interpreter (it has
+the ``mcp`` SDK installed): ``command: ["{python}", "server.py"]``."""
 MCP_SERVER_NAME_PATTERN = r"^[a-zA-Z0-9_-]+$"
 _SERVER_NAME = re.compile(MCP_SERVER_NAME_PATTERN)
 _MAX_SERVER_NAME = 40

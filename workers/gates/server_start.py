@@ -28,7 +28,7 @@ import shlex
 from collections.abc import Sequence
 
 from shared.actions import Ask, Deny, GateDecision, Modify, ToolCallAction
-from shared.mcp import McpServerSpec, redact_command
+from shared.mcp import PYTHON_PLACEHOLDER, McpServerSpec, redact_command
 from workers.gates.base import GateContext, ReasoningPolicyGate
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "START_TOOL",
     "refused_server_start",
     "start_action",
+    "start_context",
 ]
 
 START_TOOL = "run_command"
@@ -44,7 +45,6 @@ START_TOOL = "run_command"
 START_CALL_PREFIX = "mcp-start:"
 """The call id of a start is this prefix and the server's name."""
 START_ATTRIBUTE = "mcp_server_start"
-_PYTHON_PLACEHOLDER = "{python}"  # workers.tools.mcp.PYTHON_PLACEHOLDER: the worker's Python
 _FIX = (
     "declare the server in the workers' ORGA_MCP_SERVERS file (the operator's servers are "
     "not gated), or change the task's policy"
@@ -55,7 +55,7 @@ def start_action(spec: McpServerSpec) -> ToolCallAction:
     """The ``run_command`` call a stdio server's start is judged as."""
     assert spec.command is not None, "only a stdio server has a command to gate"
     program, *args = spec.command
-    argv = ["python" if program == _PYTHON_PLACEHOLDER else program, *args]
+    argv = ["python" if program == PYTHON_PLACEHOLDER else program, *args]
     arguments: dict[str, str] = {"command": shlex.join(argv)}
     if spec.cwd is not None:
         arguments["cwd"] = spec.cwd

@@ -76,6 +76,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
 from shared.mcp import (
+    PYTHON_PLACEHOLDER,
     McpListing,
     McpServerSpec,
     McpTarget,
@@ -130,9 +131,6 @@ _LAUNCHER = Path(launcher.__file__)
 _MAX_REQUEST_BYTES = 100_000
 """A serve request larger than this is refused (the kernel caps one environment string at
 128 KiB)."""
-PYTHON_PLACEHOLDER = "{python}"
-"""A stdio server's program written ``{python}`` runs with the worker's own interpreter (it has
-the ``mcp`` SDK installed): ``command: ["{python}", "server.py"]``."""
 ATTEMPT_SHARE = 0.45
 """Each of a call's two attempts may take this share of the tool timeout."""
 IDEMPOTENCY_META_KEY = "orga/idempotency_key"
