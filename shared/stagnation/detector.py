@@ -479,14 +479,16 @@ class StagnationDetector:
         pair = duplicate if duplicate is not None else fp.pair
         self._window.push(pair, fp.error)
         episode = self._episode
+        tested = 0  # the new, distinct writes whose outcome this result shows unchanged
         if event.kind is not ToolKind.WRITE:
+            tested = self._pending_writes
             # The writes pending since the last result changed bytes, not the outcome: they are
             # no progress (nor a loop of their own; the stale result counts).
             self._pending_writes = 0
         episode.stale_steps += 1
         if self._is_amnesia(event, fp, first_seen):
             episode.amnesia_steps += 1
-        signals = self._evidence(self._signal_input(event, fp, pair))
+        signals = self._evidence(self._signal_input(event, fp, pair, tested_writes=tested))
         if not signals:
             return self._verdict(escalated=False)
         strongest = self._naming_signal(signals)
@@ -532,6 +534,7 @@ class StagnationDetector:
         *,
         turn: ModelTurn | None = None,
         stale_turn: bool = False,
+        tested_writes: int = 0,
     ) -> SignalInput:
         """What the signals see of this step (a stale tool event, or a turn)."""
         return SignalInput(
@@ -547,6 +550,7 @@ class StagnationDetector:
             turn=turn,
             stale_turn=stale_turn,
             mark=self._plans.mark,
+            tested_writes=tested_writes,
         )
 
     def _evidence(self, step: SignalInput) -> list[Evidence]:

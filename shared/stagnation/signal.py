@@ -34,6 +34,7 @@ __all__ = [
     "SignalInput",
     "SignalMemory",
     "first_line",
+    "occurrences",
     "recurrence_key",
     "world_error",
 ]
@@ -84,6 +85,7 @@ class SignalInput:
     turn: ModelTurn | None = None
     stale_turn: bool = False
     mark: int = 0
+    tested_writes: int = 0
 
 
 class Signal(Protocol):
@@ -135,6 +137,22 @@ def first_line(text: str, limit: int = 100) -> str:
     """The first non-blank line of ``text``, cut to ``limit`` characters."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def occurrences(event: ToolEvent, count: int) -> int:
+    """The count a repeat ladder (repeated result, retried failure, same error) reads for
+    ``event`` that came back ``count`` times: a refused write's first refusal is not counted.
+
+    The same edit refused by a linter is re-sent while the model reads a message that hides what
+    is wrong (gpt-4o-mini ``core-380``, ``databind-3666``: three retries of the identical edit,
+    then a fix); by the labelling rules a stall is at least 4 steps from the first re-send, so
+    REPLAN comes at the fifth refusal (the fourth re-send), not the fourth. A refused write
+    changes nothing in the world, so waiting one more costs no state. Reads and commands keep
+    the fourth: the dev set's gpt-4o-mini ``databind-4249`` needs it within 8 steps.
+    """
+    if event.failed and event.kind is ToolKind.WRITE:
+        return max(count - 1, 0)
+    return count
 
 
 def recurrence_key(event: ToolEvent, fp: EventFingerprint) -> str | None:

@@ -672,13 +672,15 @@ def test_one_batch_raises_the_level_one_rung_at_most() -> None:
 
 def test_a_write_refused_for_the_same_reason_counts_across_new_results() -> None:
     """The same refusal of the same tool, whatever the arguments, counted across a new lookup:
-    the fourth one reaches REPLAN while the same-error count (since the lookup) is at three."""
+    the fifth one reaches REPLAN (a refused write's first refusal is not counted:
+    ``shared.stagnation.signal.occurrences``) while the same-error count (since the lookup) is
+    at four."""
 
     def refused(i: int) -> ToolEvent:
         return failed_write("r1", f"flights {i}", "Error: flight HAT030 not available")
 
     lookup = read("search", "[flight a]")
-    events = [refused(0), lookup, refused(1), lookup, refused(2), refused(3)]
+    events = [refused(0), lookup, refused(1), lookup, refused(2), refused(3), refused(4)]
     verdicts = replay(events, NO_GATE)
     assert [v.level for v in verdicts[-2:]] == [StagnationLevel.NUDGE, StagnationLevel.REPLAN]
     assert ReasonCode.RETRIED_FAILURE in verdicts[-1].reason_codes

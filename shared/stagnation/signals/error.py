@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from shared.stagnation.signal import Evidence, SignalInput, first_line, world_error
+from shared.stagnation.signal import (
+    Evidence,
+    SignalInput,
+    first_line,
+    occurrences,
+    world_error,
+)
 from shared.stagnation.verdict import ReasonCode, StagnationKind, StagnationLevel
 
 __all__ = ["ErrorSignal"]
@@ -22,7 +28,7 @@ class ErrorSignal:
         count = step.window.error_count(fp.error)
         if world_error(event, fp) is not None:
             count = max(count, step.window.recent_errors(fp.error))
-        level = step.config.error.rung(count)
+        level = step.config.error.rung(occurrences(event, count))
         if level is StagnationLevel.NONE:
             return None
         return Evidence(

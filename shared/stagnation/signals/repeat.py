@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from shared.stagnation.events import ToolKind
 from shared.stagnation.memory import StaleWindow
-from shared.stagnation.signal import Evidence, SignalInput, first_line, recurrence_key
+from shared.stagnation.signal import (
+    Evidence,
+    SignalInput,
+    first_line,
+    occurrences,
+    recurrence_key,
+)
 from shared.stagnation.verdict import ReasonCode, StagnationKind, StagnationLevel
 
 __all__ = ["RepeatSignal", "RetrySignal"]
@@ -23,17 +29,29 @@ class RepeatSignal:
     """The same (call, result) pair in the episode, or an answer (not a failure: that is
     :class:`RetrySignal`) that came back in the last ``history`` events, whatever came between:
     the same check run after every edit, answering the same each time although a search found
-    something new between two runs (gpt-4o-mini ``databind-4249``)."""
+    something new between two runs (gpt-4o-mini ``databind-4249``, whose edits re-apply ones
+    already made).
+
+    A **negative result** is no repeat: an answer with content that comes back unchanged after
+    a new, distinct edit (``SignalInput.tested_writes``) says the edit did not change it, which
+    is what a debugging experiment asks (resolved Gemini runs ``django-16100``, ``xarray-4695``,
+    ``sphinx-9320``: a debug print or a fix at another place each time, the same output, then
+    the explanation). It is left to the stale window, where it still counts. A silent answer
+    is not such a result: silence after a debug print in code the command never runs is what
+    the stuck doubao ``databind-4186`` gets seven times; it stays a repeat.
+    """
 
     def observe(self, step: SignalInput) -> Evidence | None:
         """Evidence on the ``repeat`` ladder; None below it and for a turn."""
         event, fp, pair = step.event, step.fingerprint, step.pair
         if event is None or fp is None or pair is None:
             return None
+        if step.tested_writes and not event.failed and fp.head.strip():
+            return None
         count = step.window.count(pair)
         if not event.failed and event.kind is not ToolKind.WRITE:
             count = max(count, _recurrences(step.window, fp.pair))
-        level = step.config.repeat.rung(count)
+        level = step.config.repeat.rung(occurrences(event, count))
         if level is StagnationLevel.NONE:
             return None
         return Evidence(
@@ -60,7 +78,7 @@ class RetrySignal:
         if key is None:
             return None
         count = step.window.retries(key)
-        level = step.config.repeat.rung(count)
+        level = step.config.repeat.rung(occurrences(event, count))
         if level is StagnationLevel.NONE:
             return None
         history = step.config.history
