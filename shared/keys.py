@@ -45,7 +45,9 @@ Keys
     ``orga:knowledge:{agent_id}``  the knowledge of one agent (``knowledge_key``)
     ``orga:breaker:{tool}``      hash: the circuit breaker of one tool, shared by every worker
     ``orga:result:{tool}:{sha256}``  string: last successful result of a call (CachedResult)
-    ``orga:P:journal_seq:{task_id}``  string: the last journal sequence of a task
+    ``orga:P:journal_seq:{task_id}``  string: the last journal sequence of a task, written by
+                                 versions before issue 27 only (the journal stream's last id
+                                 ``0-{last+1}`` holds it now); the retention purge deletes it
     ``orga:P:conversation:{task_id}``  list: a task's conversation (message JSON)
     ``orga:P:tasks:active``      set: tasks not yet completed, failed or aborted
     ``orga:P:tasks:index``       sorted set: every task by creation time
@@ -557,7 +559,9 @@ def lease_key(task_id: str, partition: int) -> str:
 
 
 def journal_sequence_key(task_id: str, partition: int) -> str:
-    """The last journal sequence appended for a task: ``orga:{p:NN}:journal_seq:{task_id}``."""
+    """The last journal sequence of a task as older versions kept it beside the journal,
+    ``orga:{p:NN}:journal_seq:{task_id}``: no longer written (the journal stream's last id,
+    ``0-{last+1}``, holds it), named so that the retention purge deletes one left behind."""
     return _in(partition, f"journal_seq:{task_id}")
 
 
