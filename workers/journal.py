@@ -81,9 +81,9 @@ def _stream_id(sequence: int) -> str:
     return f"0-{sequence + 1}"
 
 
-def _sequence_after(stream_id: bytes | str) -> int:
+def _sequence_after(stream_id: bytes | str | None) -> int:
     """The sequence after the last one an entry of id ``0-{last + 1}`` holds: ``last + 1``."""
-    return int(_text(stream_id).partition("-")[2])
+    return int(_text(stream_id or "0-0").partition("-")[2])
 
 
 class RedisStreamJournal:
