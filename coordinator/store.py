@@ -59,8 +59,13 @@ if previous ~= ARGV[4] then
   if previous then redis.call('HINCRBY', KEYS[9], previous, -1) end
   redis.call('HINCRBY', KEYS[9], ARGV[4], 1)
 end
-redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
 local extra = cjson.decode(ARGV[8])
+if extra.terminal then  -- the end's time with the state: one HSET
+  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4],
+             'finished_at', extra.now)
+else
+  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
+end
 if ARGV[5] ~= '' then
   -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
   local acked = KEYS[tonumber(ARGV[6])]
@@ -109,7 +114,6 @@ for j = 1, conversation.count, 256 do
   redis.call('RPUSH', KEYS[11], unpack(ARGV, first + j, last))
 end
 if extra.terminal then
-  redis.call('HSET', KEYS[1], 'finished_at', extra.now)
   redis.call('ZADD', KEYS[10], extra.now, extra.task_id)
   redis.call('SREM', KEYS[7], extra.task_id)
   redis.call('ZREM', KEYS[8], extra.task_id)
