@@ -606,14 +606,15 @@ class Progress:
         """Update ``share`` (journal entries written / expected) and ``terminal``."""
         pipe = self.redis.pipeline(transaction=False)
         for task_id in self.task_ids:
-            # the last journal sequence (a stream entry carries a commit's records)
-            pipe.get(keys.journal_sequence_key(task_id, self.partitions[task_id]))
+            # the last journal entry: its id 0-{last sequence + 1} counts the records written
+            pipe.xrevrange(keys.journal_stream(task_id, self.partitions[task_id]), count=1)
             pipe.hget(keys.task_key(task_id, self.partitions[task_id]), "status")
         try:
             replies = pipe.execute()
         except RedisError:
             return
-        self.share = sum(int(n) + 1 for n in replies[0::2] if n is not None) / self.expected
+        written = (int(rows[0][0].partition("-")[2]) for rows in replies[0::2] if rows)
+        self.share = sum(written) / self.expected
         done = {s.value for s in TERMINAL_STATUSES}
         self.terminal = sum(1 for s in replies[1::2] if s in done)
 

@@ -147,8 +147,9 @@ class Run:
         return f"{old.name} killed (SIGKILL), {self.coordinators[-1].name} started"
 
     def kill_a_relay_holding_entries(self, timeout_s: float = 30.0) -> str:
-        """SIGKILL a coordinator when its relay holds outbox entries it read and has not
-        removed (pending under its consumer name): they were being published, or were."""
+        """SIGKILL a coordinator when the outbox of a partition it serves holds entries (its
+        relay reads every entry still there, and removes each once published): they were
+        being published, or were about to be."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for coordinator in self.coordinators:
@@ -165,15 +166,11 @@ class Run:
         total = 0
         for p in range(PARTITIONS):
             try:
-                consumers = self.client.redis.xinfo_consumers(
-                    keys.outbox_stream(p), keys.outbox_group
-                )
+                holder = self.client.redis.get(keys.partition_lease_key(p))
+                if holder is not None and f"-{coordinator.pid}-" in str(holder):
+                    total += int(self.client.redis.xlen(keys.outbox_stream(p)))
             except (RedisError, RedisClusterException):
                 continue
-            for consumer in consumers:
-                name = str(consumer.get("name", ""))
-                if f"-{coordinator.pid}-" in name:
-                    total += int(consumer.get("pending", 0))
         return total
 
     # -- the outcome ---------------------------------------------------------------------

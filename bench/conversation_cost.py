@@ -70,7 +70,6 @@ def redis_bytes_of_task(client: OrgaClient, task_id: str) -> int:
     task_keys = [
         keys.task_key(task_id, 0),
         keys.journal_stream(task_id, 0),
-        keys.journal_sequence_key(task_id, 0),
         keys.conversation_key(task_id, 0),
     ]
     used = sum(int(client.redis.memory_usage(k, samples=0) or 0) for k in task_keys)

@@ -145,7 +145,6 @@ async def one_run(url: str, plan: Plan, workspace: str) -> tuple[float, Counter[
     assert relay is not None
     relay.block_ms = 1
     await coordinator._ensure_groups()
-    await relay.ensure_group()
     for n in range(plan.tasks):
         await feeder.xadd(keys.intake_stream(0), {"task": task_text(n, workspace)})
     ids = await coordinator.store.active_task_ids()

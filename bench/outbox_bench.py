@@ -73,7 +73,6 @@ def _relay_process(
         relay = OutboxRelay(
             client, publisher, "bench", batch=batch, block_ms=100, in_thread=in_thread
         )
-        await relay.ensure_group()
         stopping = asyncio.Event()
         task = asyncio.create_task(relay.run(stopping))
         await asyncio.sleep(0.2)  # imports and the first connection out of the measured CPU

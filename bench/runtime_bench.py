@@ -91,7 +91,6 @@ DEAD_LETTER_MAXLEN = 100_000
 KEPT_BOUND = {
     "orga:task:*": "deleted ORGA_RETENTION_S after the task ends",
     "orga:journal:*": "deleted with the task",
-    "orga:journal_seq:*": "deleted with the task",
     "orga:tasks:index (zset)": "entry deleted with the task",
     "orga:lease:*": "expire after the lease TTL",
     "orga:tasks:active (set)": "active tasks only",
@@ -582,7 +581,6 @@ def kept_keys(client: OrgaClient) -> dict[str, int]:
     families = {
         "orga:task:*": keys.task_key("*", 0),
         "orga:journal:*": keys.journal_stream("*", 0),
-        "orga:journal_seq:*": keys.journal_sequence_key("*", 0),
         "orga:lease:*": keys.lease_key("*", 0),
     }
     counts = {

@@ -3,19 +3,29 @@
 Every commit that dispatches work appends it to the outbox stream in the same atomic Redis
 operation as the state awaiting it (the coordinator's commit script; a reasoning worker's
 publish of the tool calls it chains, with its observation). A relay runs in each coordinator
-process (:meth:`coordinator.service.Coordinator.run`): it reads the outbox as a consumer of the
-group ``orga-relays`` (``XREADGROUP``, in batches), sends each entry through Celery's own API
-(:class:`CeleryPublisher`: ``Celery.send_task`` on one producer per batch; no message layout
-written here), then acknowledges and deletes the batch in one script.
+process (:meth:`coordinator.service.Coordinator.run`) and serves the outboxes of the partitions
+whose lease its coordinator holds (:mod:`coordinator.partition_leases`). It reads every entry
+still on them (``XREAD`` from ``0-0``, in batches, blocking while there are none), sends each
+through Celery's own API (:class:`CeleryPublisher`: ``Celery.send_task`` on one producer per
+batch; no message layout written here), then deletes the batch (one ``XDEL``).
+
+The outbox itself is the list of dispatches not yet sent: an entry leaves it only once sent,
+so there is no consumer group and no pending list to keep (one ``XREADGROUP``, one script
+with its ``XACK`` and ``XDEL``, and an ``XAUTOCLAIM`` a second per partition before issue 27;
+one ``XREAD`` and one ``XDEL`` now). The partition lease is what keeps two relays off one
+outbox: a handover overlaps no read (a drained partition's lease is released only once the
+relay has started a new round, :meth:`PartitionLeases.serving`), and a coordinator paused
+past its lease stops serving before, or as, another takes over.
 
 Delivery is at least once. A relay killed between the send and the removal leaves its entries
-pending; another relay takes them over with ``XAUTOCLAIM`` once they have been idle
-``claim_idle_ms`` and sends them again, with the same Celery task id. The fences make the
-second copy harmless: its observation carries the iteration and attempt already applied and
-is ignored, and a tool that must apply once replays its kept result
-(:mod:`workers.applied_calls`). A send that fails (the broker unreachable) leaves the rest of
-its batch pending under this relay, which sends them again after a back-off, before reading
-anything new.
+on the outbox; the next relay to serve the partition (the coordinator that takes its lease, or
+the same one restarted) reads them first and sends them again, with the same Celery task id.
+The fences make the second copy harmless: its observation carries the iteration and attempt
+already applied and is ignored, and a tool that must apply once replays its kept result
+(:mod:`workers.applied_calls`). A send that fails (the broker unreachable) removes what went
+out and leaves the rest on the outbox, in front of anything newer: the relay reads them first
+again after a back-off. A relay whose lease lapses during a blocking read (at most
+``block_ms``) may send what it read while the new holder reads it too: two copies, as above.
 
 The send is blocking (kombu's producer). By default it runs on the event loop, ``loop_chunk``
 (8) entries at a time with the loop let run between chunks (about 0.3 ms of CPU and one
@@ -38,13 +48,12 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from celery import Celery
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
-from coordinator.streams import read_group
+from coordinator.streams import read_streams
 from coordinator.transport import PublishError, Transport
 from shared import keys
 from shared.errors import ConfigError
@@ -54,11 +63,6 @@ from shared.settings import OrgaSettings, celery_broker_url, celery_config
 __all__ = ["CeleryPublisher", "OutboxRelay", "PublishError"]
 
 log = logging.getLogger("orga.coordinator.relay")
-
-_REMOVE = """
-redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
-return redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
-"""
 
 
 class CeleryPublisher:
@@ -202,7 +206,7 @@ def _ready(connection: Any, queue: str) -> int:
 
 @dataclass
 class OutboxRelay:
-    """One relay, consumer ``name`` of ``orga-relays`` on the outbox."""
+    """One relay (``name``, for its logs) of the outboxes of the partitions served."""
 
     redis: Redis
     publisher: Transport
@@ -214,21 +218,14 @@ class OutboxRelay:
     """The partitions whose outbox this relay reads, asked at the start of each
     :meth:`relay_once` (the coordinator's partition leases); None: every partition."""
     block_ms: int = 1000
-    claim_idle_ms: int = keys.outbox_claim_idle_ms
-    claim_interval_s: float = 1.0
-    """How often the relay looks for entries left by a dead relay."""
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
     in_thread: bool = False
     loop_chunk: int = 8
     _thread: ThreadPoolExecutor = field(init=False, repr=False)
-    _retry_own: bool = field(default=True, init=False, repr=False)
-    """Read this consumer's own pending entries first (at start, and after a failed send)."""
-    _last_claim: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orga-relay")
-        self._remove = self.redis.register_script(_REMOVE)
         self._streams = {keys.outbox_stream(p): p for p in range(self.partitions)}
         self._served: list[str] = list(self._streams)
 
@@ -237,20 +234,6 @@ class OutboxRelay:
         if self.serving is None:
             return list(self._streams)
         return [keys.outbox_stream(p) for p in sorted(self.serving())]
-
-    async def ensure_group(self) -> bool:
-        """Create the group on each partition's outbox (from the start of the stream) unless
-        it exists; whether one was created."""
-        created = False
-        for stream in self._streams:
-            try:
-                await self.redis.xgroup_create(stream, keys.outbox_group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-            else:
-                created = True
-        return created
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Relay until ``stopping`` is set; a failure backs off (Redis or the broker down)."""
@@ -263,9 +246,6 @@ class OutboxRelay:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    if "NOGROUP" in str(exc):  # Redis lost its data: the group goes first
-                        with contextlib.suppress(Exception):
-                            await self.ensure_group()
                     failures += 1
                     delay_s = min(self.backoff_s * 2 ** min(failures - 1, 10), self.max_backoff_s)
                     log.warning(
@@ -278,46 +258,29 @@ class OutboxRelay:
             await self.close()
 
     async def relay_once(self) -> int:
-        """Send one batch and remove what was sent; how many were sent. Entries this relay
-        left pending come first, then a dead relay's (every ``claim_interval_s``), then new
-        ones (waiting up to ``block_ms`` for them)."""
+        """Send one batch of the outboxes served and remove what was sent; how many were sent.
+        The oldest entries come first: a failed send's rest, a dead relay's, then new ones
+        (waiting up to ``block_ms`` for one when the outboxes are empty)."""
         self._served = self._outboxes()
-        batches = await self._own() if self._retry_own else []
-        if not batches:
-            batches = await self.claim()
-        if not batches:
-            batches = await self.read()
         sent = 0
-        for stream, rows in batches:
+        for stream, rows in await self.read():
             sent += await self.send(rows, stream)
         return sent
 
     async def read(self) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        """New entries (``XREADGROUP >`` on every partition's outbox), by stream."""
-        return await self._read(">", self.block_ms)
-
-    async def claim(self) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        """Entries idle ``claim_idle_ms`` under any relay, taken over (``XAUTOCLAIM``), by
-        stream; at most every ``claim_interval_s``."""
-        now = asyncio.get_running_loop().time()
-        if now - self._last_claim < self.claim_interval_s:
+        """Up to ``batch`` entries still on each outbox served, oldest first (``XREAD`` from
+        ``0-0``), by stream."""
+        if not self._served:  # no partition served: wait as a blocking read would
+            await asyncio.sleep(self.block_ms / 1000)
             return []
-        self._last_claim = now
-        batches = []
-        for stream in self._served:
-            reply = await self.redis.xautoclaim(
-                stream, keys.outbox_group, self.name, self.claim_idle_ms,
-                start_id="0-0", count=self.batch,
-            )  # fmt: skip
-            rows = [(_text(i), f) for i, f in cast(list[Any], reply[1]) if f is not None]
-            if rows:
-                batches.append((stream, rows))
-        return batches
+        return await read_streams(
+            self.redis, self._served, start="0-0", count=self.batch, block_ms=self.block_ms
+        )
 
     async def send(self, rows: Sequence[tuple[str, dict[Any, Any]]], stream: str) -> int:
         """Publish ``rows`` (of the outbox ``stream``) and remove those sent; raises
         PublishError after removing the ones that went out before the failure (the rest stay
-        pending for a retry)."""
+        on the outbox, the first ones the next read returns)."""
         if not rows:
             return 0
         entries, sendable, malformed = [], [], []
@@ -332,12 +295,8 @@ class OutboxRelay:
         try:
             await self._publish(entries)
         except PublishError as exc:
-            self._retry_own = True
             if exc.sent:
                 await self.remove(sendable[: exc.sent], stream)
-            raise
-        except Exception:
-            self._retry_own = True
             raise
         await self.remove(sendable, stream)
         return len(sendable)
@@ -357,9 +316,9 @@ class OutboxRelay:
             await asyncio.sleep(0)
 
     async def remove(self, entry_ids: Sequence[str], stream: str) -> None:
-        """Acknowledge and delete sent entries of the outbox ``stream``, in one script."""
+        """Delete sent entries from the outbox ``stream`` (one ``XDEL``)."""
         if entry_ids:
-            await self._remove(keys=[stream], args=[keys.outbox_group, *entry_ids])
+            await self.redis.xdel(stream, *entry_ids)
 
     async def close(self) -> None:
         """Stop the relay's thread (after its send in progress) and release the broker."""
@@ -369,24 +328,6 @@ class OutboxRelay:
             with contextlib.suppress(Exception):
                 await loop.run_in_executor(self._thread, close)
         self._thread.shutdown(wait=False)
-
-    async def _own(self) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        """This relay's pending entries (``XREADGROUP 0``): a failed send's, or a previous
-        process's under the same name."""
-        rows = await self._read("0", None)
-        self._retry_own = bool(rows)
-        return rows
-
-    async def _read(
-        self, start: str, block_ms: int | None
-    ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        if not self._served:  # no partition served: wait as a blocking read would
-            await asyncio.sleep((block_ms or 0) / 1000)
-            return []
-        return await read_group(
-            self.redis, keys.outbox_group, self.name, self._served,
-            start=start, count=self.batch, block_ms=block_ms,
-        )  # fmt: skip
 
     async def _dead_letter(
         self, malformed: list[tuple[str, dict[Any, Any], str]], stream: str
@@ -402,9 +343,7 @@ class OutboxRelay:
                 {**raw, "stream": stream, "entry_id": entry_id, "error": error},
                 maxlen=keys.dead_letter_maxlen, approximate=True,
             )  # fmt: skip
-        ids = [entry_id for entry_id, _f, _e in malformed]
-        pipe.xack(stream, keys.outbox_group, *ids)
-        pipe.xdel(stream, *ids)
+        pipe.xdel(stream, *[entry_id for entry_id, _f, _e in malformed])
         await pipe.execute()
 
 

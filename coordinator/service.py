@@ -289,9 +289,6 @@ class Coordinator:
                 self.name,
                 partitions=self.settings.partitions,
                 serving=lambda: self.serving("relay"),
-                # A dead coordinator's unsent dispatches are taken over no later than its
-                # observations are (ORGA_CLAIM_IDLE_MS), and never later than 10 s.
-                claim_idle_ms=min(keys.outbox_claim_idle_ms, self.settings.claim_idle_ms),
             )
             if self.publisher is not None
             else None
@@ -416,8 +413,6 @@ class Coordinator:
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
-        if self.relay is not None:
-            created += await self.relay.ensure_group()
         return created
 
     async def _state_lost(self, exc: ResponseError) -> None:

@@ -56,11 +56,16 @@ local current = held[1]
 if (current or '') ~= ARGV[1] then return {0, current or ''} end
 local previous = held[2]
 if previous ~= ARGV[4] then
-  if previous then redis.call('HINCRBY', KEYS[10], previous, -1) end
-  redis.call('HINCRBY', KEYS[10], ARGV[4], 1)
+  if previous then redis.call('HINCRBY', KEYS[9], previous, -1) end
+  redis.call('HINCRBY', KEYS[9], ARGV[4], 1)
 end
-redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
 local extra = cjson.decode(ARGV[8])
+if extra.terminal then  -- the end's time with the state: one HSET
+  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4],
+             'finished_at', extra.now)
+else
+  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
+end
 if ARGV[5] ~= '' then
   -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
   local acked = KEYS[tonumber(ARGV[6])]
@@ -69,57 +74,57 @@ if ARGV[5] ~= '' then
   if extra.delete_acked then redis.call('XDEL', acked, ARGV[5]) end
 end
 -- The commit's journal records in one stream entry (shared.journal.journal_stream_entry).
+-- Its id 0-{last sequence+1} is the journal's last sequence: no companion key (Redis refuses
+-- an id not above the stream's last one, trimmed or not, and the version check fences it).
 local journal = extra.journal
 if journal.id ~= '' then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', extra.journal_maxlen, journal.id,
              unpack(journal.fields))
-  redis.call('SET', KEYS[3], journal.last)
 end
 for _, ev in ipairs(extra.events) do
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(ev))
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(ev))
 end
 for _, r in ipairs(extra.reviews) do
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', extra.events_maxlen, '*',
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', extra.events_maxlen, '*',
              'review_id', r[1], 'item', r[2])
-  redis.call('HSET', KEYS[6], r[1], r[2])
+  redis.call('HSET', KEYS[5], r[1], r[2])
 end
-for _, id in ipairs(extra.closed_reviews) do redis.call('HDEL', KEYS[6], id) end
+for _, id in ipairs(extra.closed_reviews) do redis.call('HDEL', KEYS[5], id) end
 for _, d in ipairs(extra.dead_letters) do
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
 end
 for _, c in ipairs(extra.children) do
-  redis.call('XADD', KEYS[13], 'MAXLEN', '~', extra.intake_maxlen, '*', unpack(c))
+  redis.call('XADD', KEYS[12], 'MAXLEN', '~', extra.intake_maxlen, '*', unpack(c))
 end
 for _, o in ipairs(extra.child_results) do
-  redis.call('XADD', KEYS[14], 'MAXLEN', '~', extra.observations_maxlen, '*', unpack(o))
+  redis.call('XADD', KEYS[13], 'MAXLEN', '~', extra.observations_maxlen, '*', unpack(o))
 end
 for _, c in ipairs(extra.cancels) do
-  redis.call('XADD', KEYS[15], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
+  redis.call('XADD', KEYS[14], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
 end
 for i, head in ipairs(extra.outbox) do
-  redis.call('XADD', KEYS[17], '*', 'payload', ARGV[8 + i], unpack(head))
+  redis.call('XADD', KEYS[16], '*', 'payload', ARGV[8 + i], unpack(head))
 end
 local conversation = extra.conversation
-if conversation.rewrite then redis.call('DEL', KEYS[12]) end
+if conversation.rewrite then redis.call('DEL', KEYS[11]) end
 local first = 8 + #extra.outbox
 -- One RPUSH per 256 messages (unpack's stack stays small).
 for j = 1, conversation.count, 256 do
   local last = first + math.min(j + 255, conversation.count)
-  redis.call('RPUSH', KEYS[12], unpack(ARGV, first + j, last))
+  redis.call('RPUSH', KEYS[11], unpack(ARGV, first + j, last))
 end
 if extra.terminal then
-  redis.call('HSET', KEYS[1], 'finished_at', extra.now)
-  redis.call('ZADD', KEYS[11], extra.now, extra.task_id)
-  redis.call('SREM', KEYS[8], extra.task_id)
-  redis.call('ZREM', KEYS[9], extra.task_id)
-  if extra.lease_owner ~= '' and redis.call('GET', KEYS[16]) == extra.lease_owner then
-    redis.call('DEL', KEYS[16])
+  redis.call('ZADD', KEYS[10], extra.now, extra.task_id)
+  redis.call('SREM', KEYS[7], extra.task_id)
+  redis.call('ZREM', KEYS[8], extra.task_id)
+  if extra.lease_owner ~= '' and redis.call('GET', KEYS[15]) == extra.lease_owner then
+    redis.call('DEL', KEYS[15])
   end
 else
   -- A task is in the active set from its creation and from any commit that changed its
   -- status to a live one; only a terminal commit takes it out.
-  if previous ~= ARGV[4] then redis.call('SADD', KEYS[8], extra.task_id) end
-  redis.call('ZADD', KEYS[9], extra.deadline, extra.task_id)
+  if previous ~= ARGV[4] then redis.call('SADD', KEYS[7], extra.task_id) end
+  redis.call('ZADD', KEYS[8], extra.deadline, extra.task_id)
 end
 return {1, ARGV[2]}
 """
@@ -526,7 +531,6 @@ class TaskStore:
         commit_keys = [
             keys.task_key(task_id, p),
             keys.journal_stream(task_id, p),
-            keys.journal_sequence_key(task_id, p),
             *shared[:8],
             keys.conversation_key(task_id, p),
             *shared[8:11],
@@ -879,10 +883,10 @@ class TaskStore:
 def _journal(effects: Effects) -> dict[str, Any]:
     """The commit's journal records as one stream entry (``id`` "" for none)."""
     if not effects.journal:
-        return {"id": "", "last": 0, "fields": []}
+        return {"id": "", "fields": []}
     records = [(e.sequence, e.model_dump_json()) for e in effects.journal]
     entry_id, fields = journal_stream_entry(records)
-    return {"id": entry_id, "last": records[-1][0], "fields": fields}
+    return {"id": entry_id, "fields": fields}
 
 
 def _flat(fields: dict[str, str]) -> list[str]:

@@ -30,7 +30,9 @@ Streams (one per partition)
 
 Consumer groups
     ``orga-coordinators``        the coordinators reading the intake and observations streams
-    ``orga-relays``              the coordinators' outbox relays reading ``orga:P:outbox``
+    ``orga-relays``              legacy: the outbox relays' group before issue 27 (a relay now
+                                 reads ``orga:P:outbox`` with ``XREAD``, no group:
+                                 ``legacy_outbox_group``)
     ``orga-webhooks``            the webhook deliverers reading ``orga:P:events``
 
 Keys
@@ -45,7 +47,9 @@ Keys
     ``orga:knowledge:{agent_id}``  the knowledge of one agent (``knowledge_key``)
     ``orga:breaker:{tool}``      hash: the circuit breaker of one tool, shared by every worker
     ``orga:result:{tool}:{sha256}``  string: last successful result of a call (CachedResult)
-    ``orga:P:journal_seq:{task_id}``  string: the last journal sequence of a task
+    ``orga:P:journal_seq:{task_id}``  string: the last journal sequence of a task, written by
+                                 versions before issue 27 only (the journal stream's last id
+                                 ``0-{last+1}`` holds it now); the retention purge deletes it
     ``orga:P:conversation:{task_id}``  list: a task's conversation (message JSON)
     ``orga:P:tasks:active``      set: tasks not yet completed, failed or aborted
     ``orga:P:tasks:index``       sorted set: every task by creation time
@@ -157,6 +161,7 @@ __all__ = [
     "lease_ttl_s",
     "legacy_active_tasks_key",
     "legacy_intake_stream",
+    "legacy_outbox_group",
     "legacy_outbox_stream",
     "legacy_schedule_keys",
     "mcp_list_task_name",
@@ -168,8 +173,6 @@ __all__ = [
     "observations_stream",
     "open_reviews_key",
     "outbox_batch",
-    "outbox_claim_idle_ms",
-    "outbox_group",
     "outbox_maxlen",
     "outbox_stream",
     "partition_key_prefix",
@@ -222,8 +225,12 @@ key_prefix: Final = "orga:"
 # -- consumer groups -----------------------------------------------------------------------
 
 coordinator_group: Final = "orga-coordinators"
-outbox_group: Final = "orga-relays"
-"""The coordinators' outbox relays: each reads every ``outbox_stream(p)`` as its own consumer."""
+legacy_outbox_group: Final = "orga-relays"
+"""The group the outbox relays read every ``outbox_stream(p)`` in before issue 27. A relay now
+reads the outbox with ``XREAD`` (the outbox holds only what is not sent yet, and the partition
+lease keeps one relay on it): nothing reads or writes this group. A deployment upgraded from an
+older version may delete it (``XGROUP DESTROY orga:{p:NN}:outbox orga-relays``) once no older
+coordinator runs."""
 webhook_group: Final = "orga-webhooks"
 """The webhook deliverers (coordinator/webhooks.py): each reads every ``events_stream(p)`` as its
 own consumer, so one event is delivered by one of them; an entry is acknowledged once every
@@ -301,16 +308,13 @@ write was under way (a few tokens), so this is the last few thousand pieces of t
 outbox_maxlen: Final = None
 """The outbox is never trimmed (no ``MAXLEN`` on its ``XADD``): ``MAXLEN`` drops the oldest
 entries whether or not they were published, and an entry dropped unpublished is a dispatch
-lost until its task's observation deadline. A relay removes each entry (``XACK`` + ``XDEL``)
-once Celery has it, so the stream holds only what waits for a relay."""
+lost until its task's observation deadline. A relay removes each entry (``XDEL``) once Celery
+has it, so the stream holds only what waits for a relay: it is the relays' pending list."""
 
 # -- the outbox relay -------------------------------------------------------------------------
 
 outbox_batch: Final = 64
 """Entries a relay reads, publishes and removes at a time."""
-outbox_claim_idle_ms: Final = 10_000
-"""An entry a relay read and did not remove for this long is taken over (``XAUTOCLAIM``) and
-published again by another relay: its relay died, or its publish hung."""
 
 # -- TTLs ----------------------------------------------------------------------------------
 
@@ -557,7 +561,9 @@ def lease_key(task_id: str, partition: int) -> str:
 
 
 def journal_sequence_key(task_id: str, partition: int) -> str:
-    """The last journal sequence appended for a task: ``orga:{p:NN}:journal_seq:{task_id}``."""
+    """The last journal sequence of a task as older versions kept it beside the journal,
+    ``orga:{p:NN}:journal_seq:{task_id}``: no longer written (the journal stream's last id,
+    ``0-{last+1}``, holds it), named so that the retention purge deletes one left behind."""
     return _in(partition, f"journal_seq:{task_id}")
 
 

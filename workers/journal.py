@@ -5,17 +5,20 @@ stream message with two fields, ``sequence`` and ``data`` (the ``JournalEntry`` 
 the stream id ``0-{sequence + 1}``: ids are the sequence, so a reader can resume after any
 sequence and a re-append can be checked against what is stored.
 
-``append`` runs one Lua script that reads the last sequence from a companion key
-(``orga:journal_seq:{task_id}``) and then, atomically:
+``append`` runs one Lua script that reads the last sequence from the stream's own last entry
+(its id is ``0-{last + 1}``; ``XREVRANGE ... COUNT 1``) and then, atomically:
 
-- sequence == last + 1: ``XADD ... MAXLEN ~ maxlen`` and record it as the last;
+- sequence == last + 1: ``XADD ... MAXLEN ~ maxlen``;
 - sequence <= last with the same JSON as the stored entry: nothing (at-least-once delivery
   upstream may append the same entry twice);
 - anything else (a gap, a different entry under a used sequence, or an old sequence already
   trimmed away): ``JournalSequenceError(expected, actual)``.
 
-The companion key outlives trimming, so ``next_sequence`` stays right however long the
-journal. Only Redis 6.2 commands are used.
+``MAXLEN ~`` trims whole nodes from the head and keeps at least ``maxlen`` (>= 1) entries, so
+the last entry, and with it ``next_sequence``, outlives trimming however long the journal; a
+coordinator's commit (several records in one entry of id ``0-{last + 1}``) keeps the same rule.
+No companion key: an older version's ``orga:journal_seq:{task_id}`` is no longer read or
+written (the retention purge deletes what one left). Only Redis 6.2 commands are used.
 """
 
 from __future__ import annotations
@@ -35,26 +38,24 @@ from shared.journal import (
     JournalWriteError,
     journal_records,
 )
-from shared.keys import journal_sequence_key, journal_stream, partition_of
+from shared.keys import journal_stream, partition_of
 
 __all__ = [
     "DEFAULT_JOURNAL_MAXLEN",
     "JournalReader",
     "RedisStreamJournal",
-    "journal_sequence_key",
 ]
 
 DEFAULT_JOURNAL_MAXLEN = 10_000
 """Entries kept per task stream (approximately: ``MAXLEN ~`` trims whole stream nodes)."""
 
 _APPEND_SCRIPT = """
-local last = redis.call('GET', KEYS[2])
+local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local expected = 0
-if last then expected = tonumber(last) + 1 end
+if #newest > 0 then expected = tonumber(string.match(newest[1][1], '^0%-(%d+)$')) end
 local sequence = tonumber(ARGV[1])
 if sequence == expected then
   redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], ARGV[2], 'sequence', ARGV[1], 'data', ARGV[3])
-  redis.call('SET', KEYS[2], ARGV[1])
   return {1, expected}
 end
 if sequence > expected then return {-1, expected} end
@@ -78,6 +79,11 @@ _REJECTIONS = {
 
 def _stream_id(sequence: int) -> str:
     return f"0-{sequence + 1}"
+
+
+def _sequence_after(stream_id: bytes | str | None) -> int:
+    """The sequence after the last one an entry of id ``0-{last + 1}`` holds: ``last + 1``."""
+    return int(_text(stream_id or "0-0").partition("-")[2])
 
 
 class RedisStreamJournal:
@@ -110,7 +116,7 @@ class RedisStreamJournal:
         order raises ``JournalSequenceError``."""
         self._check_task(entry)
         p = self._partition
-        keys = [journal_stream(self._task_id, p), journal_sequence_key(self._task_id, p)]
+        keys = [journal_stream(self._task_id, p)]
         args: list[str | int] = [
             entry.sequence,
             _stream_id(entry.sequence),
@@ -128,13 +134,14 @@ class RedisStreamJournal:
 
     async def next_sequence(self) -> int:
         """One more than the last appended sequence; 0 for a new journal."""
+        stream = journal_stream(self._task_id, self._partition)
         try:
-            last = await self._redis.get(journal_sequence_key(self._task_id, self._partition))
+            newest = await self._redis.xrevrange(stream, count=1)
         except RedisError as exc:
             raise JournalReadError(
                 f"journal of task {self._task_id!r}: cannot read the last sequence: {exc}"
             ) from exc
-        return 0 if last is None else int(last) + 1
+        return _sequence_after(newest[0][0]) if newest else 0
 
     async def read(
         self, after_sequence: int | None = None, count: int | None = None

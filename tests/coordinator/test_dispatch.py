@@ -74,11 +74,6 @@ class _Recording:
             self.sent.append(entry)
 
 
-async def _pending(client: Redis) -> int:
-    summary = await client.xpending(keys.outbox_stream(0), keys.outbox_group)
-    return int(summary["pending"])
-
-
 def test_a_commit_appends_its_dispatches_and_a_refused_one_nothing(
     redis_url: str, redis_client: Any
 ) -> None:
@@ -114,7 +109,7 @@ def test_the_relay_sends_through_send_task_and_removes_the_entry(
     redis_url: str, redis_client: Any
 ) -> None:
     """The relay's message is Celery's own (kombu reads the task, the id fixed in the entry and
-    the one argument back); the entry is then acknowledged and deleted."""
+    the one argument back); the entry is then deleted."""
 
     async def scenario() -> list[OutboxEntry]:
         async with redis_client() as client:
@@ -122,10 +117,8 @@ def test_the_relay_sends_through_send_task_and_removes_the_entry(
             dispatches = await _started(store)
             publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=redis_url))
             relay = OutboxRelay(client, publisher, "r1")
-            await relay.ensure_group()
             assert await relay.relay_once() == 1
             assert await client.xlen(keys.outbox_stream(0)) == 0
-            assert await _pending(client) == 0
             await relay.close()
             return dispatches
 
@@ -150,7 +143,6 @@ def test_a_batch_is_read_sent_and_removed_together(redis_url: str, redis_client:
         async with redis_client() as client:
             publisher = _Recording()
             relay = OutboxRelay(client, publisher, "r1", batch=3, block_ms=1)
-            await relay.ensure_group()
             await _add(client, *map(_entry, range(5)))
             assert await relay.relay_once() == 3
             assert await relay.relay_once() == 2
@@ -162,30 +154,53 @@ def test_a_batch_is_read_sent_and_removed_together(redis_url: str, redis_client:
     asyncio.run(scenario())
 
 
-def test_a_dead_relays_entries_are_taken_over_once_idle(redis_url: str, redis_client: Any) -> None:
-    """Entries read by a relay that never removed them are sent again by another relay once
-    idle ``claim_idle_ms`` (XAUTOCLAIM), with the same Celery task id; not before."""
+def test_a_dead_relays_entries_are_sent_by_the_next_relay(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Entries read by a relay that never removed them stay on the outbox: the next relay to
+    serve the partition sends them, oldest first and with the same Celery task id, then the
+    newer ones."""
 
     async def scenario() -> None:
         async with redis_client() as client:
             dead = OutboxRelay(client, _Recording(), "dead", block_ms=1)
-            await dead.ensure_group()
             await _add(client, _entry(1), _entry(2))
             [(_stream, rows)] = await dead.read()
             assert len(rows) == 2  # read, then killed before sending
-
-            patient = _Recording()
-            waiting = OutboxRelay(client, patient, "patient", block_ms=1, claim_idle_ms=60_000)
-            assert await waiting.relay_once() == 0 and patient.sent == []
+            await _add(client, _entry(3))
 
             taker = _Recording()
-            live = OutboxRelay(client, taker, "live", block_ms=1, claim_idle_ms=0)
-            assert await live.relay_once() == 2
-            assert [e.id for e in taker.sent] == ["id-1", "id-2"]
+            live = OutboxRelay(client, taker, "live", block_ms=1)
+            assert await live.relay_once() == 3
+            assert [e.id for e in taker.sent] == ["id-1", "id-2", "id-3"]
             assert await client.xlen(keys.outbox_stream(0)) == 0
-            assert await _pending(client) == 0
-            for relay in (dead, waiting, live):
+            assert await live.relay_once() == 0
+            for relay in (dead, live):
                 await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_relay_reads_only_the_outboxes_of_the_partitions_it_serves(
+    redis_url: str, redis_client: Any
+) -> None:
+    """With its coordinator serving partition 1 of 2, a relay sends that outbox's entries and
+    leaves partition 0's on its outbox for that partition's holder."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            for p, n in ((0, 1), (1, 2)):
+                entry = _entry(n)
+                await client.xadd(keys.outbox_stream(p), entry.fields())  # type: ignore[arg-type]
+            publisher = _Recording()
+            relay = OutboxRelay(
+                client, publisher, "r1", block_ms=1, partitions=2, serving=lambda: {1}
+            )
+            assert await relay.relay_once() == 1
+            assert [e.id for e in publisher.sent] == ["id-2"]
+            assert await client.xlen(keys.outbox_stream(1)) == 0
+            assert await client.xlen(keys.outbox_stream(0)) == 1
+            await relay.close()
 
     asyncio.run(scenario())
 
@@ -194,8 +209,8 @@ def test_a_dead_relays_entries_are_taken_over_once_idle(redis_url: str, redis_cl
 def test_a_failed_send_leaves_the_rest_for_a_retry(
     redis_url: str, redis_client: Any, in_thread: bool
 ) -> None:
-    """A send failing mid-batch removes what went out and keeps the rest pending; the relay
-    sends those first on its next round, before anything new."""
+    """A send failing mid-batch removes what went out and keeps the rest on the outbox; the
+    relay sends those first on its next round, before anything new."""
 
     async def scenario() -> None:
         async with redis_client() as client:
@@ -203,16 +218,14 @@ def test_a_failed_send_leaves_the_rest_for_a_retry(
             relay = OutboxRelay(
                 client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1
             )
-            await relay.ensure_group()
             await _add(client, *map(_entry, range(3)))
             with pytest.raises(PublishError):
                 await relay.relay_once()
             assert [e.id for e in publisher.sent] == ["id-0"]
             assert await client.xlen(keys.outbox_stream(0)) == 2
-            assert await _pending(client) == 2
             await _add(client, _entry(9))
-            assert await relay.relay_once() == 2  # its own pending entries first
-            assert await relay.relay_once() == 1
+            assert await relay.relay_once() == 3  # the unsent ones first, then the new one
+            assert await relay.relay_once() == 0
             assert [e.id for e in publisher.sent] == ["id-0", "id-1", "id-2", "id-9"]
             assert await client.xlen(keys.outbox_stream(0)) == 0
             await relay.close()
@@ -231,12 +244,10 @@ def test_celery_publisher_failure_keeps_the_entry(redis_url: str, redis_client: 
             publisher.app.conf.task_publish_retry = False
             publisher.app.conf.broker_connection_max_retries = 0
             relay = OutboxRelay(client, publisher, "r1", block_ms=1)
-            await relay.ensure_group()
             await _add(client, _entry(1))
             with pytest.raises(PublishError, match=r"id-1 to orga\.reasoning failed"):
                 await relay.relay_once()
             assert await client.xlen(keys.outbox_stream(0)) == 1
-            assert await _pending(client) == 1
             await relay.close()
 
     asyncio.run(scenario())
@@ -250,7 +261,6 @@ def test_an_entry_lacking_fields_is_dead_lettered(redis_url: str, redis_client: 
         async with redis_client() as client:
             publisher = _Recording()
             relay = OutboxRelay(client, publisher, "r1", block_ms=1)
-            await relay.ensure_group()
             await client.xadd(keys.outbox_stream(0), {"task": "orga.reason"})
             await _add(client, _entry(1))
             assert await relay.relay_once() == 1

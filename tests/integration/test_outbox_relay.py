@@ -50,15 +50,12 @@ async def _start_without_relay(url: str) -> None:
 
 async def _sent_twice(url: str, outbox: str) -> None:
     """Relay ``dead`` reads the entry and sends it, then dies before removing it; relay
-    ``live`` takes it over and sends it again."""
+    ``live`` (the partition's next holder) reads it on the outbox and sends it again."""
     client = Redis.from_url(url)
     publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=url, partitions=PARTITIONS))
     dead = OutboxRelay(client, publisher, "dead", block_ms=1000, partitions=PARTITIONS)
-    live = OutboxRelay(
-        client, publisher, "live", block_ms=1, claim_idle_ms=0, partitions=PARTITIONS
-    )
+    live = OutboxRelay(client, publisher, "live", block_ms=1, partitions=PARTITIONS)
     try:
-        await dead.ensure_group()
         [(_stream, rows)] = await dead.read()
         assert len(rows) == 1, rows
         publisher.publish([OutboxEntry.from_fields(i, f) for i, f in rows])  # no removal

@@ -17,10 +17,10 @@ from shared.journal import (
     JournalWriter,
     journal_stream_entry,
 )
-from shared.keys import journal_stream
+from shared.keys import journal_sequence_key, journal_stream
 from shared.loop_types import TerminationReason
 from tests.conftest import RedisClientFactory
-from workers.journal import JournalReader, RedisStreamJournal, journal_sequence_key
+from workers.journal import JournalReader, RedisStreamJournal
 
 pytestmark = pytest.mark.redis
 
@@ -83,7 +83,7 @@ def test_stream_layout(redis_client: RedisClientFactory) -> None:
             assert [stream_id for stream_id, _ in messages] == ["0-1", "0-2"]
             assert messages[1][1]["sequence"] == "1"
             assert JournalEntry.model_validate_json(messages[1][1]["data"]) == _entry(1)
-            assert await client.get(journal_sequence_key(TASK, 0)) == "1"
+            assert await client.exists(journal_sequence_key(TASK, 0)) == 0  # the ids say it
             assert journal_stream(TASK, 0) == "orga:{p:00}:journal:task-1"
 
     asyncio.run(scenario())
@@ -169,6 +169,33 @@ def test_stream_is_trimmed_by_length_and_sequence_survives(
             assert kept == list(range(250 - length, 250))
             with pytest.raises(JournalSequenceError, match="trimmed"):
                 await journal.append(_entry(0))
+
+    asyncio.run(scenario())
+
+
+def test_a_commits_entry_of_several_records_sets_the_next_sequence(
+    redis_client: RedisClientFactory,
+) -> None:
+    """After a coordinator's entry of records 0-2 (id 0-3), the next sequence is 3 with no
+    companion key: a gap or a used sequence is refused, 3 is appended."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            records = [(n, _entry(n).model_dump_json()) for n in range(3)]
+            entry_id, fields = journal_stream_entry(records)
+            await client.xadd(
+                journal_stream(TASK, 0),
+                dict(zip(fields[::2], fields[1::2], strict=True)),
+                id=entry_id,
+            )
+            journal = RedisStreamJournal(client, TASK)
+            assert await journal.next_sequence() == 3
+            with pytest.raises(JournalSequenceError) as gap:
+                await journal.append(_entry(4))
+            assert (gap.value.expected, gap.value.actual) == (3, 4)
+            await journal.append(_entry(3))
+            assert [e.sequence for e in await journal.read()] == [0, 1, 2, 3]
+            assert await client.exists(journal_sequence_key(TASK, 0)) == 0
 
     asyncio.run(scenario())
 
