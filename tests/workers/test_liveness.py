@@ -115,3 +115,32 @@ def test_a_start_brings_a_far_look_at_its_task_to_one_timeout(
     assert due["far"] is not None and 29 < due["far"] < 35
     assert due["soon"] is not None and due["soon"] < 6
     assert due["ended"] is None
+
+
+def test_starts_are_counted_by_the_beat_in_one_incrby_per_queue(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Ten starts send no INCR: the next beat adds them at once (one INCRBY per queue), and
+    close adds the starts no beat added yet."""
+
+    async def run() -> tuple[object, object, object, object]:
+        async with redis_client() as redis:
+            counter = keys.queue_started_key(keys.reasoning_queue)
+            tools = keys.queue_started_key(keys.tools_queue)
+            liveness = Liveness(redis, interval_s=0.2)
+            fences = [FENCE.model_copy(update={"nonce": f"n{i}"}) for i in range(10)]
+            for fence in fences:
+                await liveness.started([fence], keys.reasoning_queue)
+            before = await redis.get(counter)
+            await asyncio.sleep(0.35)  # one beat
+            after_beat = await redis.get(counter)
+            liveness.finished(fences)
+            await liveness.started([FENCE.for_call("c1")], keys.tools_queue)
+            await liveness.close()  # before the next beat
+            return before, after_beat, await redis.get(counter), await redis.get(tools)
+
+    before, after_beat, after_close, tools = asyncio.run(run())
+    assert before is None
+    assert after_beat == b"10"
+    assert after_close == b"10"
+    assert tools == b"1"
