@@ -42,12 +42,14 @@ from shared import keys
 from shared.protocol import Fence
 from workers.broker import TRANSIENT_WRITE_ERRORS
 
-__all__ = ["START_REPLIES", "Liveness"]
+__all__ = ["LOOK_SLACK_S", "Liveness"]
 
 log = logging.getLogger("orga.worker.liveness")
 
-START_REPLIES = 2
-"""How many replies :meth:`Liveness.start` adds to its pipeline."""
+LOOK_SLACK_S = 5.0
+"""How far before the look its coordinator set a dispatch must start for the start to leave
+that look alone (:meth:`Liveness.start`): a worker's clock may be this far behind the
+coordinator's, which may have looked, and moved the look, already."""
 
 
 class Liveness:
@@ -74,21 +76,30 @@ class Liveness:
         """How many dispatches (liveness ids) run in this process now."""
         return len(self._running)
 
-    async def started(self, fences: Sequence[Fence], queue: str) -> None:
+    async def started(
+        self, fences: Sequence[Fence], queue: str, look_at: float | None = None
+    ) -> None:
         """Say that this process runs ``fences`` (one dispatch and what it answers for)."""
         pipe = self._redis.pipeline(transaction=False)
-        self.start(pipe, fences, queue)
-        self.check_start(await pipe.execute(raise_on_error=False))
+        sent = self.start(pipe, fences, queue, look_at)
+        self.check_start(await pipe.execute(raise_on_error=False), sent)
 
-    def start(self, pipe: Pipeline, fences: Sequence[Fence], queue: str) -> None:
+    def start(
+        self, pipe: Pipeline, fences: Sequence[Fence], queue: str, look_at: float | None = None
+    ) -> int:
         """:meth:`started` in ``pipe`` (not a transaction), which may read more in the same
-        round trip: its first :data:`START_REPLIES` replies go to :meth:`check_start`."""
+        round trip: its first replies, as many as this returns, go to :meth:`check_start`.
+
+        ``look_at``: when the coordinator looks at the dispatch first, as it set it at the
+        dispatch (None: unknown)."""
         ids = [f.liveness_id() for f in fences]
         self._running.update(ids)
         self._starts[queue] += 1
         self._ensure_beating()
         now = time.time()
         pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, now))
+        if self._look_is_near(look_at, now):
+            return 1
         # A dispatch that waited in a long queue has its next look far ahead: bring it to one
         # heartbeat timeout from now, so that a death from here on is noticed in time (XX: a
         # task no longer due is not added; LT: an earlier look is kept).
@@ -100,12 +111,23 @@ class Liveness:
             if keys.partition_of(f.task_id, self._partitions) == p
         }
         pipe.zadd(keys.deadlines_key(p), due, xx=True, lt=True)
+        return 2
+
+    def _look_is_near(self, look_at: float | None, now: float) -> bool:
+        """Whether the look the coordinator set at the dispatch is still the task's, and no
+        later than one heartbeat timeout from ``now``: then the start's ``ZADD ... XX LT``
+        would change nothing (issue 27: one command less per call). Still the task's: it has
+        not passed (with :data:`LOOK_SLACK_S` for the clocks), so the coordinator has not
+        looked and moved it (a queued dispatch's look goes as far as the queue is long)."""
+        if look_at is None:
+            return False
+        return now + LOOK_SLACK_S < look_at <= now + self._timeout_s
 
     @staticmethod
-    def check_start(replies: Sequence[object]) -> None:
-        """Raise the first error among :meth:`start`'s replies, but Redis refusing writes (out
-        of memory: the call runs anyway, logged)."""
-        for reply in replies[:START_REPLIES]:
+    def check_start(replies: Sequence[object], sent: int) -> None:
+        """Raise the first error among :meth:`start`'s ``sent`` replies (the first of
+        ``replies``), but Redis refusing writes (out of memory: the call runs anyway, logged)."""
+        for reply in replies[:sent]:
             if isinstance(reply, TRANSIENT_WRITE_ERRORS):
                 log.warning("heartbeat.failed", extra={"error": str(reply)[:300]})
                 return

@@ -718,6 +718,18 @@ def test_a_dispatch_whose_worker_stopped_heartbeating_is_re_sent_once() -> None:
     assert any(e["event"] == "dispatch_lost" for e in effects.events)
 
 
+def test_a_reasoning_request_carries_the_look_its_dispatch_set() -> None:
+    """The first look at a reasoning dispatch travels with it (a worker that starts it before
+    then leaves the task's look alone), on the first dispatch and on a re-send."""
+    record = _record()
+    first = _start(record).reason_dispatches[0]
+    assert record.awaiting is not None
+    assert first.look_at == record.awaiting.deadline == 1.0 + SETTINGS.observation_deadline_s
+    again = _apply(record, 100.0, lambda m: m.on_tick(_live(record, 2.0))).reason_dispatches[0]
+    assert again.fence != first.fence
+    assert again.look_at == record.awaiting.deadline == 100.0 + SETTINGS.observation_deadline_s
+
+
 def test_a_look_a_started_worker_brought_forward_is_taken() -> None:
     """Queued behind a long queue (next look at 212 s), then started: the worker brought the
     task's look to one timeout after its start, and that tick looks (a fresh beat: the next
