@@ -77,10 +77,13 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class LivenessSettings:
-    """The timeouts the verdicts use (``ORGA_HEARTBEAT_TIMEOUT_S``, ``ORGA_START_TO_CLOSE_S``)."""
+    """The timeouts the verdicts use (``ORGA_HEARTBEAT_TIMEOUT_S``, ``ORGA_START_TO_CLOSE_S``),
+    and how often workers beat (``ORGA_HEARTBEAT_INTERVAL_S``: they add their start counts
+    with each beat, so the drain rate is measured over two of them)."""
 
     heartbeat_timeout_s: float = 30.0
     start_to_close_s: float = 900.0
+    heartbeat_interval_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

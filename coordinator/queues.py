@@ -1,8 +1,11 @@
 """How deep the Celery queues are and how fast workers drain them, sampled by a coordinator.
 
-Workers count every dispatch they start on ``orga:started:{queue}`` (:mod:`workers.liveness`);
-the coordinator samples those counters with the queues' lengths at most once a second, when a
-task's deadline makes it look, and keeps an exponentially weighted drain rate per queue. The
+Workers count every dispatch they start on ``orga:started:{queue}`` (:mod:`workers.liveness`),
+adding a process's starts with its next heartbeat beat; the coordinator samples the queues'
+lengths at most once a second, when a task's deadline makes it look, and those counters at most
+once per ``rate_window_s`` (two heartbeat intervals: a window shorter than a beat would see a
+beat's starts in one sample and none in the next), and keeps an exponentially weighted drain
+rate per queue. The
 deadline of a dispatch that has not started grows with the queue it waits in
 (:mod:`coordinator.liveness`), and a queue that holds messages but drains nothing has no
 consumer: that is logged, once a minute per queue.
@@ -49,6 +52,10 @@ class QueueGauge:
     _rate: dict[str, float] = field(default_factory=dict)
     _started: dict[str, int] = field(default_factory=dict)
     _sampled_at: float = 0.0
+    _counted_at: float = 0.0
+    rate_window_s: float = SAMPLE_EVERY_S
+    """The shortest time over which the start counters are read again (the service: two
+    heartbeat intervals, as a worker adds its starts once per beat)."""
     _warned_at: dict[str, float] = field(default_factory=dict)
     partitions: int = 1
     """The deployment's partition count: the observations stream of each is sampled."""
@@ -82,31 +89,38 @@ class QueueGauge:
         return self._rate.get(queue, 0.0)
 
     async def sample(self, redis: Redis, now: float | None = None) -> None:
-        """Read the queues' lengths and start counters (at most once a second); the depths
-        come from the broker instead when it is not the state Redis (:attr:`broker`)."""
+        """Read the queues' lengths (at most once a second) and start counters (at most once
+        per :attr:`rate_window_s`); the depths come from the broker instead when it is not the
+        state Redis (:attr:`broker`)."""
         now = time.monotonic() if now is None else now
         if now - self._sampled_at < SAMPLE_EVERY_S:
             return
+        counting = not self._counted_at or now - self._counted_at >= self.rate_window_s
         pipe = redis.pipeline(transaction=False)
         _lengths(pipe)
-        for queue in QUEUES:
+        for queue in QUEUES if counting else ():
             pipe.get(keys.queue_started_key(queue))
         for p in range(self.partitions):  # each task is judged on its partition's stream
             pipe.xinfo_groups(keys.observations_stream(p))
             pipe.xpending(keys.observations_stream(p), keys.coordinator_group)
         replies = list(await pipe.execute(raise_on_error=False))
-        failed = [r for r in replies[: 2 * len(QUEUES)] if isinstance(r, Exception)]
+        ours = len(QUEUES) * (2 if counting else 1)
+        failed = [r for r in replies[:ours] if isinstance(r, Exception)]
         if failed:  # only the stream's replies may fail (no stream or group yet)
             raise failed[0]
         on_broker = await self._broker_depths(now)
-        elapsed = now - self._sampled_at if self._sampled_at else 0.0
+        elapsed = now - self._counted_at if self._counted_at else 0.0
         self._sampled_at = now
+        if counting:
+            self._counted_at = now
         for index, queue in enumerate(QUEUES):
-            depth, started = int(replies[index]), int(replies[len(QUEUES) + index] or 0)
+            depth = int(replies[index])
             if on_broker is not None:
                 depth = on_broker.get(queue, self._depth.get(queue, 0))
-            self._update(queue, depth, started, elapsed, now)
-        streams = replies[2 * len(QUEUES) :]
+            if counting:
+                self._count(queue, int(replies[len(QUEUES) + index] or 0), elapsed)
+            self._update(queue, depth, now)
+        streams = replies[ours:]
         self._progress = [_progress(*streams[2 * p : 2 * p + 2]) for p in range(self.partitions)]
 
     async def _broker_depths(self, now: float) -> dict[str, int] | None:
@@ -135,15 +149,18 @@ class QueueGauge:
         self._broker_call = None
         return None if depths is None else dict(depths)
 
-    def _update(self, queue: str, depth: int, started: int, elapsed: float, now: float) -> None:
+    def _count(self, queue: str, started: int, elapsed: float) -> None:
+        """A reading of ``queue``'s start counter, ``elapsed`` seconds after the last one."""
         previous = self._started.get(queue)
         self._started[queue] = started
-        self._depth[queue] = depth
         if previous is not None and elapsed > 0:
             rate = max(started - previous, 0) / elapsed
             old = self._rate.get(queue)
             self._rate[queue] = rate if old is None else SMOOTHING * rate + (1 - SMOOTHING) * old
-        idle = depth > 0 and self._rate.get(queue, 0.0) == 0.0 and previous is not None
+
+    def _update(self, queue: str, depth: int, now: float) -> None:
+        self._depth[queue] = depth
+        idle = depth > 0 and self._rate.get(queue, 0.0) == 0.0 and queue in self._rate
         if idle and now - self._warned_at.get(queue, -WARN_EVERY_S) >= WARN_EVERY_S:
             self._warned_at[queue] = now
             role = "reasoning" if queue == keys.reasoning_queue else "tools"

@@ -301,7 +301,11 @@ class Coordinator:
         self._last_renewal = 0.0
         self._stopping = asyncio.Event()
         depths = self.publisher if isinstance(self.publisher, QueueDepths) else None
-        self._queues = QueueGauge(partitions=self.settings.partitions, broker=depths)
+        self._queues = QueueGauge(
+            partitions=self.settings.partitions,
+            broker=depths,
+            rate_window_s=2 * self.settings.machine.liveness.heartbeat_interval_s,
+        )
         self._refusals = RateGate(self.settings.refusal_log_interval_s)
         self._starting: set[str] = set()
         """Tasks an intake read created whose start commit waits to be sent with the others

@@ -69,6 +69,7 @@ def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
             liveness=LivenessSettings(
                 heartbeat_timeout_s=settings.heartbeat_timeout_s,
                 start_to_close_s=settings.start_to_close_s,
+                heartbeat_interval_s=settings.heartbeat_interval_s,
             ),
         ),
     )

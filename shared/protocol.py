@@ -177,6 +177,10 @@ class ReasonRequest(BaseModel):
     """The W3C ``traceparent`` of the coordinator's span that sent this dispatch."""
     act: ActMode = ActMode.COORDINATOR
     """Who runs the calls this iteration's Gate approves (:class:`ActMode`)."""
+    look_at: float | None = None
+    """When the coordinator first looks at this dispatch (wall-clock seconds), as it set it at
+    the dispatch; None: not said. A worker that starts it well before then, and no more than
+    one heartbeat timeout before, leaves its task's look alone (:mod:`workers.liveness`)."""
 
     def tool_request(self, call: ToolCallAction) -> ToolRequest:
         """The request that runs one approved call of this iteration on a tool worker (built

@@ -11,7 +11,11 @@ The coordinator reads those scores only when a dispatch's deadline passes: a fre
 means the call is running (the deadline moves on), a stale one means its worker is gone (the
 call is re-sent), no entry means it has not started (still queued, or lost before it started).
 Each start also counts on ``orga:started:{queue}``, which tells the coordinator how fast a
-queue drains.
+queue drains: counted in the process and added by the next beat (one ``INCRBY`` per queue and
+beat, not one ``INCR`` per start: issue 27), so the counter lags the starts by at most one
+``heartbeat_interval_s``, and the coordinator measures the rate over at least two of them
+(:class:`coordinator.queues.QueueGauge`). Starts not yet added when the process dies are not
+counted: the rate is an estimate, and the next samples correct it.
 
 The same beat reads which of the tasks it runs calls for have ended (``orga:tasks:finished``,
 where the coordinator's commit puts a task that completed, failed or was aborted: cancelled by
@@ -38,12 +42,14 @@ from shared import keys
 from shared.protocol import Fence
 from workers.broker import TRANSIENT_WRITE_ERRORS
 
-__all__ = ["START_REPLIES", "Liveness"]
+__all__ = ["LOOK_SLACK_S", "Liveness"]
 
 log = logging.getLogger("orga.worker.liveness")
 
-START_REPLIES = 3
-"""How many replies :meth:`Liveness.start` adds to its pipeline."""
+LOOK_SLACK_S = 5.0
+"""How far before the look its coordinator set a dispatch must start for the start to leave
+that look alone (:meth:`Liveness.start`): a worker's clock may be this far behind the
+coordinator's, which may have looked, and moved the look, already."""
 
 
 class Liveness:
@@ -60,6 +66,8 @@ class Liveness:
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._running: Counter[str] = Counter()
+        self._starts: Counter[str] = Counter()
+        """Queue -> starts not yet added to ``orga:started:{queue}`` (the next beat adds them)."""
         self._watched: dict[str, set[asyncio.Future[Any]]] = {}
         self._beating: asyncio.Task[None] | None = None
 
@@ -68,21 +76,30 @@ class Liveness:
         """How many dispatches (liveness ids) run in this process now."""
         return len(self._running)
 
-    async def started(self, fences: Sequence[Fence], queue: str) -> None:
+    async def started(
+        self, fences: Sequence[Fence], queue: str, look_at: float | None = None
+    ) -> None:
         """Say that this process runs ``fences`` (one dispatch and what it answers for)."""
         pipe = self._redis.pipeline(transaction=False)
-        self.start(pipe, fences, queue)
-        self.check_start(await pipe.execute(raise_on_error=False))
+        sent = self.start(pipe, fences, queue, look_at)
+        self.check_start(await pipe.execute(raise_on_error=False), sent)
 
-    def start(self, pipe: Pipeline, fences: Sequence[Fence], queue: str) -> None:
+    def start(
+        self, pipe: Pipeline, fences: Sequence[Fence], queue: str, look_at: float | None = None
+    ) -> int:
         """:meth:`started` in ``pipe`` (not a transaction), which may read more in the same
-        round trip: its first :data:`START_REPLIES` replies go to :meth:`check_start`."""
+        round trip: its first replies, as many as this returns, go to :meth:`check_start`.
+
+        ``look_at``: when the coordinator looks at the dispatch first, as it set it at the
+        dispatch (None: unknown)."""
         ids = [f.liveness_id() for f in fences]
         self._running.update(ids)
+        self._starts[queue] += 1
         self._ensure_beating()
         now = time.time()
         pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, now))
-        pipe.incr(keys.queue_started_key(queue))
+        if self._look_is_near(look_at, now):
+            return 1
         # A dispatch that waited in a long queue has its next look far ahead: bring it to one
         # heartbeat timeout from now, so that a death from here on is noticed in time (XX: a
         # task no longer due is not added; LT: an earlier look is kept).
@@ -94,12 +111,23 @@ class Liveness:
             if keys.partition_of(f.task_id, self._partitions) == p
         }
         pipe.zadd(keys.deadlines_key(p), due, xx=True, lt=True)
+        return 2
+
+    def _look_is_near(self, look_at: float | None, now: float) -> bool:
+        """Whether the look the coordinator set at the dispatch is still the task's, and no
+        later than one heartbeat timeout from ``now``: then the start's ``ZADD ... XX LT``
+        would change nothing (issue 27: one command less per call). Still the task's: it has
+        not passed (with :data:`LOOK_SLACK_S` for the clocks), so the coordinator has not
+        looked and moved it (a queued dispatch's look goes as far as the queue is long)."""
+        if look_at is None:
+            return False
+        return now + LOOK_SLACK_S < look_at <= now + self._timeout_s
 
     @staticmethod
-    def check_start(replies: Sequence[object]) -> None:
-        """Raise the first error among :meth:`start`'s replies, but Redis refusing writes (out
-        of memory: the call runs anyway, logged)."""
-        for reply in replies[:START_REPLIES]:
+    def check_start(replies: Sequence[object], sent: int) -> None:
+        """Raise the first error among :meth:`start`'s ``sent`` replies (the first of
+        ``replies``), but Redis refusing writes (out of memory: the call runs anyway, logged)."""
+        for reply in replies[:sent]:
             if isinstance(reply, TRANSIENT_WRITE_ERRORS):
                 log.warning("heartbeat.failed", extra={"error": str(reply)[:300]})
                 return
@@ -152,10 +180,12 @@ class Liveness:
         while True:
             await asyncio.sleep(self._interval_s)
             if not self._running:
+                await self._add_starts()
                 continue
             watched = list(self._watched)
             pipe = self._redis.pipeline(transaction=False)
             pipe.zadd(keys.heartbeats_key, dict.fromkeys(self._running, time.time()))
+            starts = self._take_starts(pipe)
             by_partition: dict[int, list[str]] = {}
             for task_id in watched:  # each task's end is in its partition's index
                 p = keys.partition_of(task_id, self._partitions)
@@ -166,9 +196,32 @@ class Liveness:
                 replies = await pipe.execute()
             except RedisError as exc:  # the next beat tries again; the timeout allows a few
                 log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
+                self._starts.update(starts)
                 continue
-            for task_ids, finished in zip(by_partition.values(), replies[1:], strict=True):
+            finished_replies = replies[1 + len(starts) :]
+            for task_ids, finished in zip(by_partition.values(), finished_replies, strict=True):
                 self._cancel_ended(task_ids, finished)
+
+    def _take_starts(self, pipe: Pipeline) -> Counter[str]:
+        """Add the starts counted since the last beat to ``pipe`` (one ``INCRBY`` per queue);
+        the caller gives them back when the pipeline fails."""
+        starts, self._starts = self._starts, Counter()
+        for queue, count in starts.items():
+            pipe.incrby(keys.queue_started_key(queue), count)
+        return starts
+
+    async def _add_starts(self) -> None:
+        """Add the starts not added yet, with no dispatch left to beat (a failure keeps them
+        for the next beat)."""
+        if not self._starts:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        starts = self._take_starts(pipe)
+        try:
+            await pipe.execute()
+        except RedisError as exc:
+            log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
+            self._starts.update(starts)
 
     def _cancel_ended(self, task_ids: Sequence[str], finished: Sequence[float | None]) -> None:
         """Cancel the calls of the tasks that have ended."""
@@ -181,9 +234,10 @@ class Liveness:
                     work.cancel()
 
     async def close(self) -> None:
-        """Stop the heartbeat task."""
+        """Stop the heartbeat task and add the starts it had not added yet."""
         if self._beating is not None:
             self._beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._beating
             self._beating = None
+        await self._add_starts()

@@ -70,7 +70,7 @@ from workers.gates.factory import build_gate
 from workers.gates.server_start import refused_server_start
 from workers.http_pool import pooled_session
 from workers.knowledge import RedisKnowledgeStore, knowledge_tools
-from workers.liveness import START_REPLIES, Liveness
+from workers.liveness import Liveness
 from workers.providers.base import BaseUrlError, InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.rate_limit import (
@@ -606,8 +606,12 @@ class ProcessServices(WorkerCore):
         fresh, kept_hold = self._hold_reads.fresh(hold) if hold is not None else (False, None)
         read_hold = hold is not None and not fresh
 
+        look_at = request.look_at if isinstance(request, ReasonRequest) else None
+        sent = 0
+
         def build(pipe: Pipeline) -> None:
-            self.liveness.start(pipe, fences, queue)
+            nonlocal sent
+            sent = self.liveness.start(pipe, fences, queue, look_at)
             if lacking and ref is not None:
                 pipe.lrange(self._conversation_key(task_id), len(known), ref.length - 1)
             if read_hold and hold is not None:
@@ -615,7 +619,7 @@ class ProcessServices(WorkerCore):
 
         try:
             replies = await self.pipelines.run(build)
-            Liveness.check_start(replies)
+            Liveness.check_start(replies, sent)
             if hold is not None and not read_hold:
                 read_ahead(hold, kept_hold)
             elif hold is not None:
@@ -623,8 +627,8 @@ class ProcessServices(WorkerCore):
                 if held is None or isinstance(held, bytes):
                     self._hold_reads.saw(hold, held)
                     read_ahead(hold, held)
-            if ref is not None and len(replies) > START_REPLIES:
-                self._read_ahead(task_id, ref, known, replies[START_REPLIES])
+            if ref is not None and len(replies) > sent:
+                self._read_ahead(task_id, ref, known, replies[sent])
         except BaseException:
             self.liveness.finished(fences)
             raise

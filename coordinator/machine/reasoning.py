@@ -63,6 +63,9 @@ class Reasoning(Section):
         settings say so) only for ``act``: a plan's or a critic's is their own."""
         m, record = self.m, self.record
         by_reference = m.settings.conversation_by_reference and purpose == "act"
+        awaiting = record.awaiting  # its deadline was set with the dispatch: the worker's
+        # start then leaves the task's look alone (workers.liveness)
+        look_at = awaiting.deadline if awaiting is not None and awaiting.fence == fence else None
         return ReasonRequest(
             fence=fence,
             purpose=purpose,
@@ -85,6 +88,7 @@ class Reasoning(Section):
             recovery=record.spec.recovery,
             tool_recovery=record.spec.tool_recovery,
             act=self.act_mode(purpose),
+            look_at=look_at,
         )
 
     def act_mode(self, purpose: str) -> ActMode:

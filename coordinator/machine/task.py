@@ -217,10 +217,23 @@ class TaskMachine(MachineCore):
             return self._tick_held(awaiting, liveness)
         if record.status is TaskStatus.AWAITING_REVIEW and review is not None:
             return self._tick_review(review.default_decision, review.deadline)
-        if awaiting is None or awaiting.deadline > self.now:
+        early = awaiting is not None and awaiting.deadline > self.now
+        if awaiting is None or (early and not self._brought_forward(awaiting, liveness)):
             return self.ignored()
         self.redelivery.late(awaiting, liveness)
         return self.done()
+
+    def _brought_forward(self, awaiting: Awaiting, liveness: Liveness | None) -> bool:
+        """Whether a tick before the record's look is one a worker asked for: it started the
+        dispatch (a beat of its own), and a start brings its task's look to one heartbeat
+        timeout after it (:mod:`workers.liveness`), so that a death from then on is noticed in
+        time however far the look was (a queued dispatch's goes as far as its queue is long).
+        A task holding its dispatch for an outage, or waiting only on sub-agents, keeps its
+        look."""
+        if liveness is None or self.outages.holding() or awaiting.waits_only_on_children():
+            return False
+        scores = (liveness.scores.get(i) for i in self.liveness_ids())
+        return any(s is not None and s > 0 for s in scores)
 
     def _tick_review(self, default: ReviewDecision, deadline: float) -> Effects:
         """An open escalation: its default applied once its deadline passed."""
@@ -234,7 +247,8 @@ class TaskMachine(MachineCore):
         calls running beside them."""
         changed = self.approvals.expire(awaiting)
         current = self.record.awaiting
-        if current is awaiting and awaiting.in_flight() and awaiting.deadline <= self.now:
+        due = awaiting.deadline <= self.now or self._brought_forward(awaiting, liveness)
+        if current is awaiting and awaiting.in_flight() and due:
             self.redelivery.late(awaiting, liveness)
             changed = True
         return self.done() if changed else self.ignored()

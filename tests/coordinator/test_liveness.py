@@ -248,6 +248,33 @@ def test_the_queue_gauge_measures_depth_and_drain_rate() -> None:
     assert gauge.drain_per_s(keys.tools_queue) == 0.0
 
 
+def test_the_queue_gauge_reads_the_start_counters_once_per_window() -> None:
+    """Workers add their starts once per beat (5 s): with a 10 s window, samples a second
+    apart read the counters only every 10 s, so a beat's starts are never one sample's burst
+    and the next samples' zero; the depth is read every second."""
+    redis = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    gauge = QueueGauge(rate_window_s=10.0)
+    started = keys.queue_started_key(keys.reasoning_queue)
+    rates: list[float] = []
+
+    async def run() -> None:
+        await redis.set(started, 0)
+        await gauge.sample(redis, now=1.0)
+        for second in range(2, 22):
+            if second % 5 == 0:  # one beat adds the 5 s of starts at 4 per second
+                await redis.incrby(started, 20)
+            await redis.rpush(keys.reasoning_queue, b"m")
+            await gauge.sample(redis, now=float(second))
+            rates.append(gauge.drain_per_s(keys.reasoning_queue))
+
+    asyncio.run(run())
+    assert gauge.depth(keys.reasoning_queue) == 20
+    assert rates[:9] == [0.0] * 9  # 2 .. 10 s: no reading yet past the first
+    assert rates[9] == pytest.approx(4.0)  # at 11 s: 40 starts in 10 s
+    assert rates[10:19] == [pytest.approx(4.0)] * 9
+    assert rates[19] == pytest.approx(4.0)  # at 21 s: 40 more in 10 s
+
+
 def test_the_queue_gauge_reads_how_far_the_coordinators_got(
     redis_client: RedisClientFactory,
 ) -> None:

@@ -718,6 +718,46 @@ def test_a_dispatch_whose_worker_stopped_heartbeating_is_re_sent_once() -> None:
     assert any(e["event"] == "dispatch_lost" for e in effects.events)
 
 
+def test_a_reasoning_request_carries_the_look_its_dispatch_set() -> None:
+    """The first look at a reasoning dispatch travels with it (a worker that starts it before
+    then leaves the task's look alone), on the first dispatch and on a re-send."""
+    record = _record()
+    first = _start(record).reason_dispatches[0]
+    assert record.awaiting is not None
+    assert first.look_at == record.awaiting.deadline == 1.0 + SETTINGS.observation_deadline_s
+    again = _apply(record, 100.0, lambda m: m.on_tick(_live(record, 2.0))).reason_dispatches[0]
+    assert again.fence != first.fence
+    assert again.look_at == record.awaiting.deadline == 100.0 + SETTINGS.observation_deadline_s
+
+
+def test_a_look_a_started_worker_brought_forward_is_taken() -> None:
+    """Queued behind a long queue (next look at 212 s), then started: the worker brought the
+    task's look to one timeout after its start, and that tick looks (a fresh beat: the next
+    look one timeout after it; a stale one: re-sent), instead of waiting for 212 s."""
+    record = _start_and_get(_record())
+    _apply(record, 12.0, lambda m: m.on_tick(_live(record, None, depth=500, drain=5.0)))
+    assert record.awaiting is not None and record.awaiting.deadline == 212.0
+    timeout = SETTINGS.liveness.heartbeat_timeout_s
+    effects = _apply(record, 20.0 + timeout, lambda m: m.on_tick(_live(record, 48.0)))
+    assert effects.changed and effects.reason_dispatches == []
+    assert record.awaiting.deadline == 48.0 + timeout
+    fence = record.awaiting.fence
+    effects = _apply(record, 48.0 + timeout, lambda m: m.on_tick(_live(record, 48.0)))
+    assert [r.fence.attempt for r in effects.reason_dispatches] == [fence.attempt + 1]
+    assert any(e["event"] == "dispatch_lost" for e in effects.events)
+
+
+def test_an_early_tick_of_a_dispatch_not_started_changes_nothing() -> None:
+    """Due before its record's look with no beat of its own (another fence's start moved
+    the task's look): nothing is judged, no unstarted look is counted."""
+    record = _start_and_get(_record())
+    _apply(record, 12.0, lambda m: m.on_tick(_live(record, None, depth=500, drain=5.0)))
+    effects = _apply(record, 50.0, lambda m: m.on_tick(_live(record, None, depth=0)))
+    assert not effects.changed
+    assert record.awaiting is not None and record.awaiting.deadline == 212.0
+    assert record.awaiting.unstarted_looks == 0
+
+
 def _start_and_get(record: TaskRecord) -> TaskRecord:
     _start(record)
     return record

@@ -115,3 +115,64 @@ def test_a_start_brings_a_far_look_at_its_task_to_one_timeout(
     assert due["far"] is not None and 29 < due["far"] < 35
     assert due["soon"] is not None and due["soon"] < 6
     assert due["ended"] is None
+
+
+def test_starts_are_counted_by_the_beat_in_one_incrby_per_queue(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Ten starts send no INCR: the next beat adds them at once (one INCRBY per queue), and
+    close adds the starts no beat added yet."""
+
+    async def run() -> tuple[object, object, object, object]:
+        async with redis_client() as redis:
+            counter = keys.queue_started_key(keys.reasoning_queue)
+            tools = keys.queue_started_key(keys.tools_queue)
+            liveness = Liveness(redis, interval_s=0.2)
+            fences = [FENCE.model_copy(update={"nonce": f"n{i}"}) for i in range(10)]
+            for fence in fences:
+                await liveness.started([fence], keys.reasoning_queue)
+            before = await redis.get(counter)
+            await asyncio.sleep(0.35)  # one beat
+            after_beat = await redis.get(counter)
+            liveness.finished(fences)
+            await liveness.started([FENCE.for_call("c1")], keys.tools_queue)
+            await liveness.close()  # before the next beat
+            return before, after_beat, await redis.get(counter), await redis.get(tools)
+
+    before, after_beat, after_close, tools = asyncio.run(run())
+    assert before is None
+    assert after_beat == b"10"
+    assert after_close == b"10"
+    assert tools == b"1"
+
+
+def test_a_start_before_its_near_look_leaves_the_task_look_alone(redis_url: str) -> None:
+    """A dispatch whose look, as the coordinator set it, is still ahead and within one
+    timeout: the start is its heartbeat alone; a look passed (the coordinator may have moved
+    it), beyond one timeout, or not said: the start brings the task's look to one timeout."""
+    from redis.asyncio import Redis
+
+    async def run() -> tuple[dict[str, int], dict[str, float | None]]:
+        redis = Redis.from_url(redis_url)
+        liveness = Liveness(redis, interval_s=5.0, timeout_s=30.0)
+        now = time.time()
+        looks = {"near": now + 25, "passed": now - 1, "beyond": now + 120, "unsaid": None}
+        await redis.zadd(keys.deadlines_key(0), dict.fromkeys(looks, now + 600))
+        sent: dict[str, int] = {}
+        for task_id, look_at in looks.items():
+            pipe = redis.pipeline(transaction=False)
+            fence = FENCE.model_copy(update={"task_id": task_id})
+            sent[task_id] = liveness.start(pipe, [fence], keys.reasoning_queue, look_at)
+            assert len(pipe.command_stack) == sent[task_id]
+            Liveness.check_start(await pipe.execute(raise_on_error=False), sent[task_id])
+        scores = {t: await redis.zscore(keys.deadlines_key(0), t) for t in looks}
+        await liveness.close()
+        await redis.aclose()
+        return sent, {t: (s - now if s is not None else None) for t, s in scores.items()}
+
+    sent, due = asyncio.run(run())
+    assert sent == {"near": 1, "passed": 2, "beyond": 2, "unsaid": 2}
+    assert due["near"] == 600  # untouched (the coordinator's own look is near in truth)
+    for task_id in ("passed", "beyond", "unsaid"):
+        look = due[task_id]
+        assert look is not None and 29 < look < 35
