@@ -29,4 +29,3 @@ def test_a_server_env_that_carries_the_denied_command_is_refused(tmp_path: Path)
     refusal = asyncio.run(refused_server_start(gate, [server], context(tmp_path)))
     assert refusal is not None, "the server's env hides the denied command from the gate"
     assert "no-curl" in refusal
-
