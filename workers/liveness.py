@@ -198,6 +198,9 @@ class Liveness:
                 log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
                 self._starts.update(starts)
                 continue
+            except asyncio.CancelledError:  # close() adds them (a reply lost after Redis
+                self._starts.update(starts)  # applied them counts a beat's starts twice)
+                raise
             finished_replies = replies[1 + len(starts) :]
             for task_ids, finished in zip(by_partition.values(), finished_replies, strict=True):
                 self._cancel_ended(task_ids, finished)
@@ -222,6 +225,9 @@ class Liveness:
         except RedisError as exc:
             log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
             self._starts.update(starts)
+        except asyncio.CancelledError:
+            self._starts.update(starts)
+            raise
 
     def _cancel_ended(self, task_ids: Sequence[str], finished: Sequence[float | None]) -> None:
         """Cancel the calls of the tasks that have ended."""

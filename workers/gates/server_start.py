@@ -52,11 +52,14 @@ _FIX = (
 
 
 def start_action(spec: McpServerSpec) -> ToolCallAction:
-    """The ``run_command`` call a stdio server's start is judged as."""
+    """The ``run_command`` call a stdio server's start is judged as: its ``env`` written as the
+    assignments that prefix a typed command (``X='...' sh -c '$X'``), so a command moved into
+    a variable is shown to the gate as it runs."""
     assert spec.command is not None, "only a stdio server has a command to gate"
     program, *args = spec.command
     argv = ["python" if program == PYTHON_PLACEHOLDER else program, *args]
-    arguments: dict[str, str] = {"command": shlex.join(argv)}
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(spec.env.items())]
+    arguments: dict[str, str] = {"command": " ".join([*assignments, shlex.join(argv)])}
     if spec.cwd is not None:
         arguments["cwd"] = spec.cwd
     return ToolCallAction(
