@@ -113,6 +113,29 @@ def test_other_slots_are_other_questions() -> None:
     assert levels == {StagnationLevel.NONE}
 
 
+def test_two_items_asked_in_turn_each_keep_their_count() -> None:
+    """Re-asks of one item interleaved with re-asks of another (tau-bench trial2/1: the
+    reservation ID, then the airport code, then the reservation ID again) still climb: asking
+    for the other item between them is no news."""
+    detector = StagnationDetector()  # the default gate, as the replay runs it
+    texts = [
+        "I'll need your user ID and the reservation ID. Could you please provide those details?",
+        "To proceed, I need the reservation ID. You might find it in your email confirmation.",
+        "Unfortunately, I need the reservation ID to access and modify your flight details.",
+        "To check for flights, I'll need to know the origin airport in Texas and the date.",
+        "Could you please provide the airport code or name you are departing from?",
+        "To search for flights, I need the airport code. If you can find it, please tell me.",
+        "To cancel with travel insurance, I'll need your user ID and the reservation ID.",
+        "I need the reservation ID to proceed. Once you have it, please provide it.",
+    ]
+    verdicts = [detector.observe_turn(ModelTurn.from_message(t)) for t in texts]
+    assert [v.level for v in verdicts[:6]] == [StagnationLevel.NONE] * 6
+    assert verdicts[6].level is StagnationLevel.NUDGE
+    assert verdicts[7].level is StagnationLevel.REPLAN
+    assert ReasonCode.REASKED_SLOT in verdicts[7].reason_codes
+    assert "asked for the reservation ID 5 times" in verdicts[7].message
+
+
 def test_the_step_gate_holds_the_reasks_of_a_conversation_start() -> None:
     """Under the default gate (more than 4 turns), the first re-asks stay below NUDGE."""
     detector = StagnationDetector()
