@@ -29,9 +29,9 @@ Decisions:
   loopback, private, link-local, multicast, reserved or unspecified address refuses it with an
   :class:`McpConfigError` naming the URL (redacted), the address, its kind and the fix. The
   connection then goes to the checked addresses (:class:`~workers.tools.pinned_transport.
-  PinnedTransport`), not to a second DNS answer, refuses any other host (the SDK follows a same-origin 307/308,
-  which goes to the same checked address) and ignores the proxy
-  variables of the environment. The operator's servers (``ORGA_MCP_SERVERS``) are trusted and
+  PinnedTransport`), not to a second DNS answer, refuses any other host (the SDK follows a
+  same-origin 307/308, which goes to the same checked address) and ignores the proxy variables
+  of the environment. The operator's servers (``ORGA_MCP_SERVERS``) are trusted and
   not checked, nor is anything when ``ORGA_ALLOW_PRIVATE_NETWORK`` is set.
 - **Reuse.** One connection per task and server (by the server's declaration digest) in each
   worker process, kept between calls: with several tool workers a task's calls may reach

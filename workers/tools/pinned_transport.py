@@ -7,8 +7,8 @@ The MCP SDK's ``streamable_http_client`` takes the ``httpx2.AsyncClient`` it pos
 is that client's transport. Each request keeps its URL's host in the ``Host`` header and, over
 TLS, as the server name (``sni_hostname``), so certificates are checked against the name; only
 the TCP connection goes to the pinned address. A request to any other host is refused (the
-SDK follows a same-origin 307/308 only, which comes back here for the same host). Imported by the first HTTP connection only
-(``httpx2`` comes with the SDK).
+SDK follows a same-origin 307/308 only, which comes back here for the same host). Imported by
+the first HTTP connection only (``httpx2`` comes with the SDK).
 """
 
 from __future__ import annotations
