@@ -1,5 +1,5 @@
-"""Review of the server-start gate (branch review1): what the gate is shown of a task's stdio
-server must be what runs. These tests fail on ``stage`` and show the defects."""
+"""What the server-start gate is shown of a task's stdio server is what runs: its ``env`` too
+(a stranger's review found a command moved into a variable passed the gate)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def test_a_server_env_that_carries_the_denied_command_is_refused(tmp_path: Path)
     """A policy denying ``curl`` (a configured deny pattern) refuses the command typed with the
     variable it runs, ``X='curl ...' sh -c '$X'``; the same server declared with
     ``command: [sh, -c, $X]`` and ``env: {X: 'curl ...'}`` runs exactly that, but the gate is
-    shown ``sh -c '$X'`` only (start_action drops ``env``), so the start is allowed."""
+    shown it as ``X='curl ...' sh -c '$X'`` (the env as a typed command's assignments), so the
+    start is refused by the same rule."""
     gate = DefaultPolicyGate(extra_deny_patterns={"no-curl": "curl"})
     typed = f"X={shlex.quote(PAYLOAD)} sh -c '$X'"
     as_command = decide(gate, tool("run_command", {"command": typed}), context(tmp_path))

@@ -1,5 +1,5 @@
-"""Review of the in-process start counts (branch review1): a start counted by a process that
-closes cleanly must reach ``orga:started:{queue}``. Fails on ``stage``."""
+"""The in-process start counts: a start counted by a process that closes cleanly reaches
+``orga:started:{queue}`` (a stranger's review found a beat cancelled mid-send lost them)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,7 @@ class _Redis:
 def test_close_during_a_beat_still_adds_the_starts_that_beat_took() -> None:
     """Liveness.close says it adds the starts no beat added yet. A beat takes the counted
     starts out of ``_starts`` before its pipeline is sent; close cancels the beat while that
-    pipeline waits, the CancelledError is not the RedisError that gives them back, and close's
-    own ``_add_starts`` then finds nothing: the start is never counted."""
+    pipeline waits: the beat gives them back on its CancelledError, and close adds them."""
 
     async def run() -> int:
         redis = _Redis()
