@@ -9,7 +9,8 @@ worker is handed through a socket, and the connection URLs (``ORGA_REDIS_URL``,
 rejected (requeued) when their worker process dies; each process
 prefetches one message; reasoning and tools have their own queues so each scales on its own.
 The broker is ``ORGA_BROKER_URL`` (else ``ORGA_REDIS_URL``): on Redis, kombu's Redis transport
-as :mod:`workers.broker` extends it; on RabbitMQ, kombu's py-amqp transport and quorum queues.
+without ack emulation, as :mod:`workers.broker` configures it; on RabbitMQ, kombu's py-amqp
+transport and quorum queues.
 A worker refuses to start on a Redis that may evict keys (a bootstep of the worker's blueprint,
 :class:`~workers.redis_policy.EvictionCheck`).
 """
@@ -37,7 +38,13 @@ from orga.redis_client import RedisClients
 from shared import keys
 from shared.errors import ConfigError
 from shared.pricing import preload as preload_prices
-from shared.settings import OrgaSettings, TelemetrySettings, celery_broker_url, celery_config
+from shared.settings import (
+    OrgaSettings,
+    TelemetrySettings,
+    celery_broker_url,
+    celery_config,
+    is_amqp,
+)
 from workers import key_handoff
 from workers.app_config import WorkerConfig, worker_config
 from workers.app_config import register as register_worker_config
@@ -77,6 +84,13 @@ def create_app(settings: OrgaSettings | None = None) -> Celery:
     celery.conf.update(celery_config(settings, broker_url))
     # redis:// is workers.broker's transport (survives Redis out of memory); amqp:// is kombu's
     serve_redis_urls()
+    if "visibility_timeout_s" in settings.model_fields_set and not is_amqp(broker_url):
+        logging.getLogger("orga.worker.broker").warning(
+            "broker.visibility_timeout_ignored: ORGA_VISIBILITY_TIMEOUT_S=%s has no effect: the"
+            " Redis broker runs without kombu's ack emulation, and the coordinator re-sends a"
+            " lost dispatch after ORGA_OBSERVATION_DEADLINE_S; remove the setting",
+            settings.visibility_timeout_s,
+        )
     celery.conf.worker_concurrency = settings.worker_concurrency
     # The workers' state clients (a RedisCluster on ORGA_REDIS_CLUSTER), built in their process.
     # Kept beside the app, not in app.conf: `celery inspect conf` shows app.conf uncensored,

@@ -108,7 +108,10 @@ class OrgaSettings(BaseSettings):
     claim_idle_ms: int = Field(default=30_000, ge=100)
     visibility_timeout_s: int = Field(
         default=3600,
-        description="Celery/Redis visibility timeout: must exceed the longest iteration",
+        description="Deprecated, no effect: the workers' Redis broker runs without kombu's ack "
+        "emulation, so there is no visibility timeout; the coordinator re-sends a lost dispatch "
+        "(ORGA_OBSERVATION_DEADLINE_S). Accepted so that existing deployments still start; a "
+        "worker started with it set logs `broker.visibility_timeout_ignored`",
     )
     journal_maxlen: int = Field(default=10_000, ge=100)
     events_maxlen: int = Field(default=100_000, ge=1000)
@@ -454,11 +457,15 @@ def _amqp_transport_options() -> dict[str, Any]:
 
 
 def _redis_transport_options(settings: OrgaSettings) -> dict[str, Any]:
-    """kombu's Redis transport's. Socket timeouts: a half-open connection to the broker fails
+    """kombu's Redis transport's. No ack emulation (kombu's documented ``ack_emulation``
+    option): a fetch is one ``BRPOP`` and an ack sends nothing, with no unacked hash, no
+    index and no visibility timeout; what a worker loses (killed holding messages it fetched)
+    the coordinator re-sends, before any visibility timeout would have (docs/deploy.md §4.1,
+    ``workers/broker.py``). Socket timeouts: a half-open connection to the broker fails
     a command (which Celery and kombu retry on a new connection) instead of blocking its
     caller for the kernel's TCP timeout (about 15 minutes). kombu's BRPOP waits 1 s at most."""
     return {
-        "visibility_timeout": settings.visibility_timeout_s,
+        "ack_emulation": False,
         "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
         "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
         "socket_keepalive": True,

@@ -11,8 +11,9 @@ or raises what the coroutine did (:func:`ran_on_loop`); the runtime it reports (
 ``task-succeeded`` event's, which Flower shows) has the coroutine's time added. Everything
 Celery does around a task is thus unchanged: late acknowledgement after the tracer,
 ``autoretry_for`` and its retry message, FAILURE and its log line, the task signals. A
-message that dies with its process is still in kombu's unacked index and comes back after the
-visibility timeout.
+message that dies with its process (killed, never closing its channel) is gone from the broker
+(no ack emulation, :mod:`workers.broker`): the coordinator judges its dispatch lost and re-sends
+it (:mod:`coordinator.liveness`).
 
 A task that has no coroutine body (none of ours) runs in a thread, as in the thread pool.
 At most ``-c`` messages run at once, as with threads: Celery prefetches that many.

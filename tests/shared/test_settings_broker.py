@@ -54,14 +54,18 @@ def test_on_rabbitmq_both_queues_are_quorum_queues_with_confirmed_publishes() ->
     assert config["task_acks_late"] and config["task_reject_on_worker_lost"]
 
 
-def test_on_redis_the_queues_and_options_are_as_before() -> None:
-    """On a redis:// broker the queues are plain and kombu's Redis options are set."""
+def test_on_redis_the_queues_are_plain_and_kombus_ack_emulation_is_off() -> None:
+    """On a redis:// broker the queues are plain and kombu's Redis transport runs without ack
+    emulation: no visibility timeout is passed, whatever ORGA_VISIBILITY_TIMEOUT_S says."""
     config = celery_config(OrgaSettings(redis_url=REDIS, visibility_timeout_s=1234), REDIS)
     assert config["task_queues"][keys.tools_queue] == {
         "exchange": keys.tools_queue,
         "routing_key": keys.tools_queue,
     }
-    assert config["broker_transport_options"]["visibility_timeout"] == 1234
+    options = config["broker_transport_options"]
+    assert options["ack_emulation"] is False
+    assert "visibility_timeout" not in options
+    assert options["socket_timeout"] > 0 and options["socket_keepalive"] is True
 
 
 def _worker_transport(**env: str) -> str:
