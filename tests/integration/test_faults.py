@@ -3,6 +3,7 @@ its journal has no gap and no iteration is applied twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -172,3 +173,86 @@ def test_an_out_of_memory_redis_loses_no_submission_and_no_process(
     raw.close()
     assert worker.popen is not None and worker.popen.poll() is None, worker.tail()
     assert coordinator.popen is not None and coordinator.popen.poll() is None, coordinator.tail()
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, frontier = [pid], [pid]
+    while frontier:
+        below = [child for child, parent in parents.items() if parent in frontier]
+        tree += below
+        frontier = below
+    return tree
+
+
+def test_a_worker_killed_with_its_messages_is_recovered_by_the_coordinators_re_send(
+    fresh_cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGKILL to a whole worker (its consumer and pool) while it runs a tool call: without
+    kombu's ack emulation nothing of that message is left in Redis (no unacked hash, the queue
+    empty); the coordinator judges the dispatch lost once its heartbeats stop and re-sends it,
+    and a new worker completes the task, within the observation deadline plus the heartbeat
+    timeout (6 s + 3 s here) and a margin, not after any visibility timeout."""
+    marker = tmp_path / "ran-once"
+    command = f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 120; fi"
+    task = {
+        "goal": "survive a killed worker",
+        "provider": {"kind": "scripted", "replies": [
+            {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+            "finished"]},
+        "steps": [{"id": "work", "instruction": "run the command"}],
+        "limits": {"tool_timeout": "150s"},
+        "stagnation": {"enabled": False},
+    }  # fmt: skip
+    beats = {"ORGA_HEARTBEAT_INTERVAL_S": "0.5"}
+    worker = fresh_cluster.worker(name="wk5", concurrency=1, **beats)
+    fresh_cluster.coordinator(name="c5", ORGA_HEARTBEAT_TIMEOUT_S="3")
+    client = fresh_cluster.client()
+    task_id = client.submit(task)
+    wait_until(marker.exists, 60, "the tool call to start")
+    for pid in _process_tree(worker.pid):
+        os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert worker.popen is not None
+    worker.popen.wait(10)
+    raw = redis.Redis.from_url(fresh_cluster.redis_url)
+    assert raw.llen(keys.tools_queue) == 0
+    assert not raw.keys("unacked*"), raw.keys("unacked*")
+    raw.close()
+    fresh_cluster.worker(name="wk6", concurrency=1, **beats)
+    result = client.wait(task_id, timeout_s=60)
+    recovered_s = time.monotonic() - killed_at
+    assert result["status"] == "completed", fresh_cluster.logs()
+    assert recovered_s < 6 + 3 + 15, recovered_s
+    assert_journal_is_clean(client.journal(task_id))
+
+
+def test_a_warm_stop_pushes_back_a_message_fetched_and_not_started(
+    fresh_cluster: Cluster,
+) -> None:
+    """SIGTERM (Celery's warm shutdown) to a worker holding a message it fetched and has not
+    started (one sent with a countdown: the worker holds it until its ETA): without kombu's
+    ack emulation the worker's channel still pushes it back to its queue as it closes, at once,
+    not after the coordinator's re-send."""
+    from celery import Celery
+
+    worker = fresh_cluster.worker(name="wk7", concurrency=1)
+    sender = Celery("sender", broker=fresh_cluster.redis_url)
+    sent = sender.send_task(keys.tool_task_name, args=[{}], queue=keys.tools_queue, countdown=300)
+    raw = redis.Redis.from_url(fresh_cluster.redis_url)
+    wait_until(lambda: raw.llen(keys.tools_queue) == 0, 30, "the worker to fetch the message")
+    time.sleep(0.5)  # received and held for its ETA
+    assert worker.popen is not None
+    worker.popen.send_signal(signal.SIGTERM)
+    worker.popen.wait(30)
+    queued = raw.lrange(keys.tools_queue, 0, -1)
+    raw.close()
+    assert len(queued) == 1, worker.tail()
+    assert json.loads(queued[0])["headers"]["id"] == sent.id
