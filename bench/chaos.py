@@ -107,8 +107,8 @@ class ChaosPlan:
     land mid-run on a fast or a slow machine. The timings are short so that recovery is fast,
     with one rule: the observation deadline must exceed the longest wait of a dispatch in its
     queue (about 10 s at 200 tasks on two tool processes here), else work that is only queued
-    is re-dispatched; and it stays below the visibility timeout, so that the coordinator, not
-    the broker, recovers lost dispatches.
+    is re-dispatched. The coordinator recovers lost dispatches: the Redis broker has no
+    visibility timeout (no ack emulation, docs/reliability.md §3.7).
     """
 
     tasks: int = 200
@@ -137,7 +137,6 @@ class ChaosPlan:
     one's partition leases expire."""
     claim_idle_ms: int = 1500
     max_redeliveries: int = 3
-    visibility_timeout_s: int = 60
     partitions: int = 1
     """``ORGA_PARTITIONS`` of every process and of the client: the checks read every
     partition's streams (``tests/integration`` passes the suite's count)."""
@@ -158,7 +157,6 @@ class ChaosPlan:
                 "ORGA_PARTITION_LEASE_TTL_S": str(self.partition_lease_ttl_s),
                 "ORGA_CLAIM_IDLE_MS": str(self.claim_idle_ms),
                 "ORGA_MAX_REDELIVERIES": str(self.max_redeliveries),
-                "ORGA_VISIBILITY_TIMEOUT_S": str(self.visibility_timeout_s),
                 "ORGA_WORKER_CONCURRENCY": str(self.concurrency),
                 "ORGA_PARTITIONS": str(self.partitions),
             }
@@ -1063,10 +1061,7 @@ class ChaosReport:
         plan = self.plan
         lost = f"D {plan.observation_deadline_s:g}s + tick {plan.tick_interval_s:g}s"
         if kind == "worker":
-            return (
-                f"requeue: queue wait; a dispatch not requeued: {lost} "
-                f"(V {plan.visibility_timeout_s}s)"
-            )
+            return f"requeue: queue wait; a dispatch not requeued: {lost}"
         if kind == "coordinator":
             return (
                 f"restart, then the dead one's partition leases (TTL "
@@ -1115,8 +1110,8 @@ class ChaosReport:
             f"more than once to a task's {EFFECTS_FILE} (run_command is not idempotent: a "
             "call redelivered or re-dispatched after it ran runs again; file_write applies "
             f"once per call); {self.missing_side_effects} missing",
-            f"settings: observation deadline D {plan.observation_deadline_s:g}s, visibility "
-            f"timeout V {plan.visibility_timeout_s}s, lease TTL {plan.lease_ttl_s:g}s, claim "
+            f"settings: observation deadline D {plan.observation_deadline_s:g}s, "
+            f"lease TTL {plan.lease_ttl_s:g}s, claim "
             f"idle {plan.claim_idle_ms}ms, tick {plan.tick_interval_s:g}s; Redis "
             f"{plan.redis_signal}, down {plan.redis_down_s:g}s, "
             f"last {plan.redis_loss_s:g}s of writes lost",

@@ -100,8 +100,8 @@ class SlowChaosPlan:
     none for 3.4 to 8.5 s around its first calls (docs/reliability.md §6.3), so 2.5 s and even
     10 s declared live calls lost (``--heartbeat-timeout 2.5`` shows it); 20 s leaves twice
     that. The observation deadline exceeds the longest model call (``latency × (1 + jitter)``),
-    and the visibility timeout exceeds the run, so the coordinator's heartbeats, not the
-    broker, decide what is re-sent.
+    and the coordinator's heartbeats decide what is re-sent (the Redis broker has no
+    visibility timeout: no ack emulation, docs/reliability.md §3.7).
     """
 
     tasks: int = 100
@@ -116,7 +116,6 @@ class SlowChaosPlan:
     heartbeat_timeout_s: float = 20.0
     observation_deadline_s: float = 6.0
     tick_interval_s: float = 0.2
-    visibility_timeout_s: int = 900
     duration_s: float = 400.0
     partitions: int = 1
     """``ORGA_PARTITIONS`` of every process and of the client (the checks read every
@@ -136,7 +135,6 @@ class SlowChaosPlan:
             ORGA_HEARTBEAT_TIMEOUT_S=str(self.heartbeat_timeout_s),
             ORGA_OBSERVATION_DEADLINE_S=str(self.observation_deadline_s),
             ORGA_TICK_INTERVAL_S=str(self.tick_interval_s),
-            ORGA_VISIBILITY_TIMEOUT_S=str(self.visibility_timeout_s),
             ORGA_PARTITIONS=str(self.partitions),
         )
         return env

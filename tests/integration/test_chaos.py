@@ -27,7 +27,6 @@ SHORT = ChaosPlan(
     quiet_after_s=2.0,
     duration_s=100.0,
     observation_deadline_s=8.0,
-    visibility_timeout_s=30,
     partitions=PARTITIONS,
 )
 """Light load (20 tasks, about a second of queueing), so an 8 s observation deadline never fires
