@@ -3,6 +3,8 @@ detector; the production signals behind it give the detector's verdicts."""
 
 from __future__ import annotations
 
+import pytest
+
 from shared.stagnation import (
     ModelTurn,
     ReasonCode,
@@ -12,7 +14,9 @@ from shared.stagnation import (
     StagnationLevel,
     ToolEvent,
 )
-from shared.stagnation.signal import Evidence, Signal, SignalInput
+from shared.stagnation import detector as detector_module
+from shared.stagnation.fingerprint import EventFingerprint
+from shared.stagnation.signal import EventNotes, Evidence, Signal, SignalInput
 from shared.stagnation.signals import (
     CycleSignal,
     ErrorSignal,
@@ -141,3 +145,45 @@ def test_the_plan_signal_says_nothing_on_a_turn_that_was_not_stale() -> None:
         stale_turn=False,
     )
     assert PlanSignal().observe(step) is None
+
+
+class NotingSignal(SameToolSignal):
+    """A host signal that is told of every tool event (``EventNotes``), new ones too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noted: list[str] = []
+
+    def note(self, event: ToolEvent, fp: EventFingerprint, config: StagnationConfig) -> bool:
+        self.noted.append(event.tool_name)
+        return False
+
+
+def test_every_detector_tells_its_noting_signals_of_every_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal with ``note`` hears every event (the new one too) in every detector built or
+    restored with it; whether its class notes events is asked of the protocol once per class,
+    not once per detector (a coordinator builds one per task it starts or loads)."""
+    asked: list[type] = []
+
+    class CountingNotes:
+        """Stands in for the protocol in the detector's check, counting the checks."""
+
+        def __instancecheck__(self, instance: object) -> bool:
+            asked.append(type(instance))
+            return isinstance(instance, EventNotes)
+
+    monkeypatch.setattr(detector_module, "_NOTING_KINDS", {})
+    monkeypatch.setattr(detector_module, "EventNotes", CountingNotes())
+    noting = NotingSignal()
+    signals: list[Signal] = [noting, SameToolSignal()]
+    first = StagnationDetector(NO_GATE, signals=signals)
+    for event in _reread(2):
+        first.observe(event)
+    restored = StagnationDetector.from_state(None, first.to_state(), signals=signals)
+    restored.observe(_reread(1)[0])
+    another = StagnationDetector(NO_GATE, signals=[NotingSignal(), SameToolSignal()])
+    another.observe(_reread(1)[0])
+    assert noting.noted == ["file_read"] * 3
+    assert asked == [NotingSignal, SameToolSignal]
