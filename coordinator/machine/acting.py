@@ -106,6 +106,7 @@ class Acting(Section):
             recovery=spec.tool_recovery.get(call.name, spec.recovery),
             policy=spec.policy,
             allowed_tools=spec.tools,
+            trace_parent=self.m.trace_parent,
         )
 
     def remember_recovery(self, message: ToolObservedMessage) -> None:

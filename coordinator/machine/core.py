@@ -95,20 +95,16 @@ class Effects:
     changed: bool = True
 
     def stamped(self, epoch: int) -> None:
-        """Reasoning requests by reference read the stored conversation of ``epoch``."""
+        """Reasoning requests by reference read the stored conversation of ``epoch``. A request
+        is built with the record's epoch (:meth:`Reasoning.request`), so it is copied only when
+        the commit moved the epoch since (a compaction, or a store that had not seen the
+        conversation): two model copies per dispatch less in the common case."""
         self.reason_dispatches = [
             r.model_copy(update={"conversation_ref": r.conversation_ref.model_copy(
-                update={"epoch": epoch})}) if r.conversation_ref is not None else r
+                update={"epoch": epoch})})
+            if r.conversation_ref is not None and r.conversation_ref.epoch != epoch else r
             for r in self.reason_dispatches
         ]  # fmt: skip
-
-    def traced(self, parent: str | None) -> None:
-        """Every dispatch carries ``parent``, the ``traceparent`` of the span that decided it."""
-        if parent is None:
-            return
-        update = {"trace_parent": parent}
-        self.reason_dispatches = [r.model_copy(update=update) for r in self.reason_dispatches]
-        self.tool_dispatches = [t.model_copy(update=update) for t in self.tool_dispatches]
 
 
 _V = TypeVar("_V")
@@ -170,6 +166,10 @@ class MachineCore:
         self.now = now
         self.settings = settings
         self.effects = Effects()
+        self.trace_parent: str | None = None
+        """The ``traceparent`` of the span deciding this input, set by
+        :func:`coordinator.machine.task.decide` before the input is applied: every dispatch is
+        built carrying it (no copy of each request afterwards)."""
         self._tracker: ProgressTracker | None = None
         self._detector: StagnationDetector | None = None
 

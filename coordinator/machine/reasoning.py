@@ -72,7 +72,11 @@ class Reasoning(Section):
             agent_id=record.spec.agent_id,
             conversation=Conversation() if by_reference else conversation,
             conversation_ref=(
-                ConversationRef(length=len(conversation), created_at=record.created_at)
+                ConversationRef(
+                    length=len(conversation),
+                    epoch=record.conversation_epoch,  # the commit's, unless it moves it
+                    created_at=record.created_at,
+                )
                 if by_reference
                 else None
             ),
@@ -89,6 +93,7 @@ class Reasoning(Section):
             tool_recovery=record.spec.tool_recovery,
             act=self.act_mode(purpose),
             look_at=look_at,
+            trace_parent=m.trace_parent,
         )
 
     def act_mode(self, purpose: str) -> ActMode:

@@ -302,9 +302,8 @@ def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effe
     CPU per observation)."""
     record = machine.record
     if not tracing_installed():
-        effects = step(machine)
-        effects.traced(task_traceparent(record.task_id))
-        return effects
+        machine.trace_parent = task_traceparent(record.task_id)
+        return step(machine)
     was_terminal = record.terminal
     with phase_span(
         "decide",
@@ -314,8 +313,8 @@ def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effe
         agent_id=record.spec.agent_id,
         parent=task_context(record.task_id),
     ) as span:
+        machine.trace_parent = traceparent(span)
         effects = step(machine)
-        effects.traced(traceparent(span))
     if machine.record.terminal and not was_terminal:
         invoked(machine.record, machine.now)
     return effects

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from coordinator.liveness import Liveness
 from coordinator.machine import Effects, MachineSettings, TaskMachine, parse_plan
+from coordinator.machine import task as task_module
+from coordinator.machine.task import decide
 from coordinator.state import AwaitKind, StepStatus, TaskRecord, TaskStatus
 from shared.actions import Observation, RespondAction, ToolCallAction
 from shared.conversation import ConversationMessage
 from shared.inference import ToolCall, Usage
 from shared.protocol import ActMode, ReasonedMessage, ToolObservedMessage, WorkerFailedMessage
 from shared.task_spec import parse_task
+from shared.tracing import task_traceparent
 
 SETTINGS = MachineSettings(observation_deadline_s=10.0, max_redeliveries=2, workspace_root="/ws")
 
@@ -800,3 +804,54 @@ def test_the_live_detector_is_handed_on_only_while_the_record_holds_its_snapshot
     fourth = TaskMachine(reparsed, 4.0, SETTINGS)
     assert fourth.detector is not third.detector
     assert fourth.detector.to_state() == third.detector.to_state()
+
+
+def _decided(record: TaskRecord, now: float, step: Any, settings: MachineSettings) -> Effects:
+    return decide(TaskMachine(record, now, settings), step)
+
+
+def test_every_dispatch_is_built_carrying_the_deciding_spans_traceparent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reasoning and tool requests leave ``decide`` with the traceparent of the span that
+    decided them: the task root's without an SDK, the ``orga.decide`` span's with one."""
+    record = _record()
+    root = task_traceparent("t1")
+    assert root is not None
+    effects = _decided(record, 1.0, lambda m: m.start(), SETTINGS)
+    assert [r.trace_parent for r in effects.reason_dispatches] == [root]
+    monkeypatch.setattr(task_module, "tracing_installed", lambda: True)
+    monkeypatch.setattr(task_module, "traceparent", lambda span: "00-decide-span-01")
+    calls = [_call("c1", path="a.py"), _call("c2", path="b.py")]
+    message = _reasoned(
+        record,
+        new_messages=[
+            ConversationMessage.assistant_tool_calls(
+                [ToolCall(id=c.call_id, name=c.name, arguments=c.arguments) for c in calls]
+            )
+        ],
+        actions=calls,
+        approved_calls=calls,
+    )
+    effects = _decided(record, 2.0, lambda m: m.on_reasoned(message), SETTINGS)
+    assert [t.trace_parent for t in effects.tool_dispatches] == ["00-decide-span-01"] * 2
+
+
+def test_a_request_by_reference_is_built_with_the_epoch_and_copied_only_when_it_moves() -> None:
+    """A reasoning request that reads the stored conversation names the record's epoch when
+    built; ``stamped`` leaves it as it is when the commit keeps that epoch, and names the new
+    one (a copy) when the commit moved it."""
+    record = _record()
+    record.conversation_epoch = 3
+    settings = replace(SETTINGS, conversation_by_reference=True)
+    effects = _decided(record, 1.0, lambda m: m.start(), settings)
+    (request,) = effects.reason_dispatches
+    assert request.conversation_ref is not None and request.conversation_ref.epoch == 3
+    effects.stamped(3)
+    assert effects.reason_dispatches[0] is request
+    effects.stamped(4)
+    (moved,) = effects.reason_dispatches
+    assert moved.conversation_ref is not None and moved.conversation_ref.epoch == 4
+    assert moved.model_dump(exclude={"conversation_ref"}) == request.model_dump(
+        exclude={"conversation_ref"}
+    )
