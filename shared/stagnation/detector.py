@@ -252,6 +252,8 @@ class StagnationDetector:
                 worst = verdict
         if worst is None:
             return self._verdict(escalated=escalated)
+        if worst.escalated == escalated:  # a verdict of this call's own: no copy needed
+            return worst
         return worst.model_copy(update={"escalated": escalated})
 
     def _start_iteration(self) -> bool:

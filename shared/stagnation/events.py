@@ -118,20 +118,16 @@ class ToolEvent(BaseModel):
         With ``strict=False`` (a host reading third-party tools' metadata) a malformed kind
         reads as ``other`` and a malformed exit code as unknown instead.
         """
-        if not strict:
-            meta = observation.metadata
-            cleaned = {**meta, "kind": _lenient_kind(meta.get("kind"))}
+        meta = observation.metadata
+        if not strict:  # read as the action's answer, its metadata cleaned (no copy of it)
+            meta = {**meta, "kind": _lenient_kind(meta.get("kind"))}
             if _lenient_exit_code(meta.get("exit_code")) is None:
-                cleaned.pop("exit_code", None)
-            observation = observation.model_copy(
-                update={"metadata": cleaned, "call_id": action.call_id}
-            )
-        if observation.call_id is not None and observation.call_id != action.call_id:
+                meta.pop("exit_code", None)
+        elif observation.call_id is not None and observation.call_id != action.call_id:
             raise ValueError(
                 f"observation answers call {observation.call_id!r}, not {action.call_id!r}; "
                 "pair each observation with the ToolCallAction that has its call_id"
             )
-        meta = observation.metadata
         return cls(
             tool_name=action.name,
             arguments=_arguments(action),

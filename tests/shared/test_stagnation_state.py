@@ -283,3 +283,38 @@ def test_a_version_one_state_still_loads() -> None:
     restored = StagnationDetector.from_state(None, old)
     assert restored.to_state()["version"] == 2
     assert restored.observe(read("a.py", "x = 1")).stale_steps == 1
+
+
+def test_a_lenient_tool_event_reads_malformed_metadata_as_unknown_and_any_call_id() -> None:
+    """``strict=False`` (a host reading third-party tools): a malformed kind reads as other, a
+    malformed exit code as unknown, the rest of the metadata as given, and the observation is
+    taken as the action's answer whatever call id it carries; the observation is unchanged."""
+    action = ToolCallAction(call_id="c1", name="run", arguments='{"cmd": "ls"}')
+    metadata = {"kind": "delete", "exit_code": "zero", "path": "a.py", "output_hash": "ff"}
+    observation = Observation(source="run", content="out", call_id="c2", metadata=metadata)
+    event = ToolEvent.from_observation(action, observation, strict=False)
+    assert event == ToolEvent(
+        tool_name="run",
+        arguments={"cmd": "ls"},
+        output="out",
+        kind=ToolKind.OTHER,
+        path="a.py",
+        output_hash="ff",
+    )
+    assert observation.metadata == metadata and observation.call_id == "c2"
+    fine = Observation(source="run", content="", metadata={"kind": "command", "exit_code": " 2"})
+    event = ToolEvent.from_observation(action, fine, strict=False)
+    assert (event.kind, event.exit_code, event.failed) == (ToolKind.COMMAND, 2, True)
+
+
+def test_a_batch_verdict_says_escalated_when_any_event_of_it_escalated() -> None:
+    """The verdict of a batch is its highest level met, ``escalated`` when any event of the
+    batch (or the turn that opened it) raised the level, and not otherwise."""
+    detector = StagnationDetector(StagnationConfig(min_steps=0))
+    verdicts = [detector.observe_batch([read("a.py", "x = 1")]) for _ in range(6)]
+    assert [v.escalated for v in verdicts] == [
+        v.level > before.level
+        for before, v in zip([StagnationDetector().verdict(), *verdicts], verdicts, strict=False)
+    ]
+    assert any(v.escalated for v in verdicts) and not all(v.escalated for v in verdicts)
+    assert detector.observe_batch([]).escalated is False
