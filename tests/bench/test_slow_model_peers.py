@@ -9,6 +9,7 @@ import pytest
 
 from bench.fake_model_server import FakeModelServer, ScriptConfig
 from bench.slow_model_peers import PeerSettings, peer_missing, run_peer, split_peer
+from tests.ci import require
 
 PEERS = [
     "asyncio-aiohttp",
@@ -23,7 +24,7 @@ PEERS = [
 def test_a_peer_runs_every_loop_to_its_answer(peer: str, tmp_path: Path) -> None:
     """3 runs x 3 calls after one warm-up run: 12 calls, no duplicate, all completed."""
     if (missing := peer_missing(peer)) is not None:
-        pytest.skip(missing)
+        require(f"the {peer} peer", f"{missing} (make test installs the bench extra)")
     (tmp_path / "note.txt").write_text("".join(f"line {n}\n" for n in range(1, 11)))
 
     async def scenario() -> None:

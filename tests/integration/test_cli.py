@@ -235,6 +235,20 @@ def _unpaired_unix_sockets(pid: int) -> list[str]:
     return found
 
 
+def _terminate(process: subprocess.Popen[str]) -> int:
+    """SIGTERM to ``process`` (a warm stop): its exit code, within 30 s."""
+    process.send_signal(signal.SIGTERM)
+    return process.wait(30)
+
+
+def _assert_gone(pids: list[int], *, within_s: float) -> None:
+    """Every process of ``pids`` has exited, or does within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(not Path(f"/proc/{p}").exists() for p in pids)
+
+
 def _start_default_worker(
     tmp_path: Path, url: str, **extra: str
 ) -> tuple[subprocess.Popen[str], Path]:
@@ -283,10 +297,9 @@ def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its
         for pid in [tools, *pool]:
             assert not _unpaired_unix_sockets(pid), (pid, _unpaired_unix_sockets(pid))
     finally:
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(30)
+        code = _terminate(process)
     assert code == 0
-    assert all(not Path(f"/proc/{child}").exists() for child in children)
+    _assert_gone(children, within_s=0)
 
 
 def test_worker_started_apart_is_two_reasoning_processes_and_a_tool_worker_under_a_light_supervisor(
@@ -314,10 +327,9 @@ def test_worker_started_apart_is_two_reasoning_processes_and_a_tool_worker_under
             handed = b"ORGA_MODEL_KEYS_FD=" in environ
             assert handed == (argv[argv.index("-Q") + 1] == "orga.reasoning")
     finally:
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(30)
+        code = _terminate(process)
     assert code == 0
-    assert all(not Path(f"/proc/{child}").exists() for child in children)
+    _assert_gone(children, within_s=0)
 
 
 def test_default_worker_stops_all_when_one_worker_dies(
@@ -334,10 +346,7 @@ def test_default_worker_stops_all_when_one_worker_dies(
         _stop(process)
     assert code != 0
     assert "stopping the others" in log.read_text(errors="replace")
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(not Path(f"/proc/{c}").exists() for c in children)
+    _assert_gone(children, within_s=10)
 
 
 def _sighup_when_ready(process: subprocess.Popen[str], log: Path) -> tuple[int, str]:
@@ -474,10 +483,7 @@ def test_sighup_to_the_default_worker_stops_every_forked_worker_with_exit_code_1
     seen = log.read_text(errors="replace")
     assert code == 1, seen[-3000:]
     assert "orga worker: SIGHUP: warm shutdown of every worker" in seen
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(not Path(f"/proc/{c}").exists() for c in children)
+    _assert_gone(children, within_s=10)
 
 
 def test_sighup_to_a_forked_reasoning_worker_stops_it_warm_and_the_set_with_exit_code_1(
@@ -498,10 +504,7 @@ def test_sighup_to_a_forked_reasoning_worker_stops_it_warm_and_the_set_with_exit
     assert "worker: SIGHUP: warm shutdown, exit code 1" in seen, seen[-3000:]
     assert "Restarting celery worker" not in seen
     assert "stopping the others" in seen
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(not Path(f"/proc/{c}").exists() for c in children)
+    _assert_gone(children, within_s=10)
 
 
 def test_worker_refuses_an_option_celery_does_not_know(private_redis: EmbeddedRedis) -> None:

@@ -55,7 +55,9 @@ def _wait_for(path: Path, text: str, timeout_s: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_stop_waits_for_the_warm_shutdown_and_a_second_one_is_cold(tmp_path: Path) -> None:
+def _stopping_warm(tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A supervisor of two children that stop warm on SIGTERM (cold on SIGQUIT), sent one
+    SIGTERM once both are up: returned once both began their warm stop."""
     marks = [tmp_path / "a", tmp_path / "b"]
     process = _start(
         tmp_path / "log", *[[sys.executable, "-c", WARM_THEN_COLD, str(m)] for m in marks]
@@ -65,6 +67,11 @@ def test_a_stop_waits_for_the_warm_shutdown_and_a_second_one_is_cold(tmp_path: P
     process.send_signal(signal.SIGTERM)
     for mark in marks:
         _wait_for(mark, "warm")
+    return process
+
+
+def test_a_stop_waits_for_the_warm_shutdown_and_a_second_one_is_cold(tmp_path: Path) -> None:
+    process = _stopping_warm(tmp_path)
     time.sleep(1.0)
     assert process.poll() is None  # no deadline of its own: the children are still finishing
     process.send_signal(signal.SIGTERM)
@@ -74,15 +81,7 @@ def test_a_stop_waits_for_the_warm_shutdown_and_a_second_one_is_cold(tmp_path: P
 def test_a_sighup_after_a_stop_began_does_not_make_it_cold(tmp_path: Path) -> None:
     """systemd's ``SendSIGHUP=yes`` sends SIGHUP right after SIGTERM: the workers' warm
     shutdown goes on (no SIGQUIT); a second SIGTERM still makes it cold."""
-    marks = [tmp_path / "a", tmp_path / "b"]
-    process = _start(
-        tmp_path / "log", *[[sys.executable, "-c", WARM_THEN_COLD, str(m)] for m in marks]
-    )
-    for mark in marks:
-        _wait_for(mark, "up")
-    process.send_signal(signal.SIGTERM)
-    for mark in marks:
-        _wait_for(mark, "warm")
+    process = _stopping_warm(tmp_path)
     process.send_signal(signal.SIGHUP)
     time.sleep(1.5)
     assert process.poll() is None  # still warm: the children left only at SIGQUIT

@@ -18,6 +18,7 @@ from shared.stagnation import (
 )
 from shared.stagnation.novelty import MAX_SEEN_WORDS, NOVELTY_CHARS, WordNovelty
 from shared.stagnation.verdict import ReasonCode
+from tests.shared.stagnation_samples import REWORDED_REQUESTS
 
 NO_GATE = StagnationConfig(min_steps=0)
 OLD_RULE = NO_GATE.model_copy(update={"plan_novelty": 0})
@@ -38,16 +39,6 @@ FORM = (
     "customer support, track shipments, manage returns, schedule pickup, find locations."
 )
 
-# Who&When 23, shortened: the orchestrator rewords its request while the surfer fills the form
-REQUESTS = (
-    "Please look up the shipping rates for mailing a DVD from Hartford, Connecticut to "
-    "Colombia using USPS.",
-    "Please continue to look up the shipping rates for mailing a DVD from Hartford, "
-    "Connecticut to Colombia using USPS.",
-    "Look up the USPS shipping rates for mailing a DVD from Hartford, Connecticut to Colombia, "
-    "then revisit DHL.",
-    "Find the USPS rate for mailing one DVD from Hartford, Connecticut to Colombia.",
-)
 # what the surfer did, each time in the form's own words: the page begins differently (more
 # than a tenth of its first 600 characters) and shows nothing the form had not shown
 ACTIONS = (
@@ -127,7 +118,7 @@ def test_reworded_requests_while_the_same_form_comes_back_climb_the_plan_ladder(
     old = StagnationDetector(OLD_RULE)
     for each in (detector, old):
         each.observe(page("I clicked 'Calculate Shipping Rates - FedEx'."))
-    for request, action in zip(REQUESTS, (*ACTIONS, "I scrolled up."), strict=True):
+    for request, action in zip(REWORDED_REQUESTS, (*ACTIONS, "I scrolled up."), strict=True):
         for each in (detector, old):
             each.observe_turn(ModelTurn(text=request))
             each.observe(page(action))
@@ -193,9 +184,9 @@ def test_the_words_seen_survive_a_restore() -> None:
     assert "fedex" in state["result_words"]
     restored = StagnationDetector.from_state(None, state)
     for each in (detector, restored):
-        each.observe_turn(ModelTurn(text=REQUESTS[0]))
+        each.observe_turn(ModelTurn(text=REWORDED_REQUESTS[0]))
         each.observe(page(ACTIONS[1]))
-        each.observe_turn(ModelTurn(text=REQUESTS[1]))
+        each.observe_turn(ModelTurn(text=REWORDED_REQUESTS[1]))
     assert restored.counters() == detector.counters()
     assert restored.to_state() == detector.to_state()
     older = {key: value for key, value in state.items() if key != "result_words"}

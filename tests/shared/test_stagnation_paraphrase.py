@@ -7,20 +7,10 @@ import time
 from shared.stagnation import ModelTurn, StagnationConfig, StagnationDetector, StagnationLevel
 from shared.stagnation.paraphrase import content_words, paraphrase_similarity
 from shared.stagnation.verdict import ReasonCode
+from tests.shared.stagnation_samples import REWORDED_REQUESTS
 from tests.shared.test_stagnation_trajectories import read
 
 NO_GATE = StagnationConfig(min_steps=0)
-
-# the same request three times in other words (Who&When 23's USPS instructions, shortened)
-REWORDED = (
-    "Please look up the shipping rates for mailing a DVD from Hartford, Connecticut to "
-    "Colombia using USPS.",
-    "Please continue to look up the shipping rates for mailing a DVD from Hartford, "
-    "Connecticut to Colombia using USPS.",
-    "Look up the USPS shipping rates for mailing a DVD from Hartford, Connecticut to Colombia, "
-    "then revisit DHL.",
-    "Find the USPS rate for mailing one DVD from Hartford, Connecticut to Colombia.",
-)
 
 
 def test_content_words_drop_function_words_and_endings() -> None:
@@ -34,7 +24,7 @@ def test_content_words_drop_function_words_and_endings() -> None:
 def test_paraphrases_read_alike_and_batches_do_not() -> None:
     """Reworded requests share most content words; the same sentence about another film (a
     batch) shares only the instruction's words, and an empty text is like nothing."""
-    first, second, third, _ = (content_words(text) for text in REWORDED)
+    first, second, third, _ = (content_words(text) for text in REWORDED_REQUESTS)
     assert paraphrase_similarity(first, second) == 1.0
     assert paraphrase_similarity(first, third) >= 0.6
     munich = content_words("Please check the availability of 'Munich' on Netflix (US).")
@@ -47,7 +37,7 @@ def test_a_reworded_request_with_nothing_new_since_climbs_the_plan_ladder() -> N
     """Character similarity sees four plans; content words see one request asked four times
     with nothing new come back: the third re-issue reaches REPLAN, from ``reissued_plan``."""
     detector = StagnationDetector(NO_GATE)
-    levels = [detector.observe_turn(ModelTurn(text=text)).level for text in REWORDED]
+    levels = [detector.observe_turn(ModelTurn(text=text)).level for text in REWORDED_REQUESTS]
     assert levels == [
         StagnationLevel.NONE,
         StagnationLevel.NONE,
@@ -56,7 +46,7 @@ def test_a_reworded_request_with_nothing_new_since_climbs_the_plan_ladder() -> N
     ]
     assert detector.verdict().reason_codes == (ReasonCode.REISSUED_PLAN,)
     strict = StagnationDetector(NO_GATE.model_copy(update={"plan_paraphrase": 1.0}))
-    for text in REWORDED:
+    for text in REWORDED_REQUESTS:
         strict.observe_turn(ModelTurn(text=text))
     assert strict.counters()["stale_turns"] == 1, "only the same content words count then"
 
@@ -65,7 +55,7 @@ def test_a_reworded_request_after_news_is_a_new_plan() -> None:
     """The same request asked again after a page that says something new is fair: no count."""
     detector = StagnationDetector(NO_GATE)
     pages = ("Priority Mail International", "First-Class Package", "Global Express", "Flat Rate")
-    for text, page in zip(REWORDED, pages, strict=True):
+    for text, page in zip(REWORDED_REQUESTS, pages, strict=True):
         detector.observe_turn(ModelTurn(text=text))
         detector.observe(read(f"rates/{page}.html", f"USPS service offered: {page}"))
     assert detector.counters()["stale_turns"] == 0
@@ -102,7 +92,7 @@ def test_the_turn_mark_survives_a_restore() -> None:
 
 def test_content_words_cost_well_under_a_millisecond() -> None:
     """A 600-character plan against 16 remembered ones: well under 1 ms per turn."""
-    text = " ".join(REWORDED) * 3
+    text = " ".join(REWORDED_REQUESTS) * 3
     started = time.perf_counter()
     for _ in range(200):
         words = content_words(text[:600])

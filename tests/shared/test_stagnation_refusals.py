@@ -17,6 +17,7 @@ from shared.stagnation.fingerprint import fingerprint
 from shared.stagnation.memory import StaleWindow
 from shared.stagnation.signal import EventNotes, SignalInput, SignalMemory
 from shared.stagnation.signals import RefusalSignal, default_signals
+from tests.shared.stagnation_samples import reservation_lookup
 
 GIFT = "Error: gift card balance is not enough"
 CERTIFICATE = "Error: certificate cannot be used to update reservation"
@@ -39,12 +40,7 @@ RECORDS = [
 
 def _lookup(number: int) -> ToolEvent:
     """Distinct lookups (each answer another record), to open the step gate with news."""
-    return ToolEvent(
-        tool_name="get_reservation_details",
-        arguments={"reservation_id": f"RES{number}"},
-        output=RECORDS[number],
-        kind=ToolKind.READ,
-    )
+    return reservation_lookup(RECORDS, number)
 
 
 def _update(payment: str, output: str, cabin: str = "business") -> ToolEvent:

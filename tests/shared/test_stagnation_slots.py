@@ -14,11 +14,11 @@ from shared.stagnation import (
     StagnationKind,
     StagnationLevel,
     ToolEvent,
-    ToolKind,
 )
 from shared.stagnation.signal import SignalMemory
 from shared.stagnation.signals import SlotSignal, default_signals
 from shared.stagnation.signals.slot import MAX_SLOTS, asked_slots
+from tests.shared.stagnation_samples import reservation_lookup
 
 # tau-bench trial0/9, abridged: every reply asks again for the id the user said they lack
 REASKS = [
@@ -49,12 +49,7 @@ RECORDS = [
 
 def _lookup(number: int) -> ToolEvent:
     """A reservation the user named, looked up: each answer another record."""
-    return ToolEvent(
-        tool_name="get_reservation_details",
-        arguments={"reservation_id": f"RES{number}"},
-        output=RECORDS[number],
-        kind=ToolKind.READ,
-    )
+    return reservation_lookup(RECORDS, number)
 
 
 def test_slots_are_the_items_asked_of_the_reader() -> None:
