@@ -849,10 +849,33 @@ class Coordinator:
     async def _reclaim(
         self, stream: str, handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]]
     ) -> None:
-        _next, entries, *_ = await self.redis.xautoclaim(
+        """Claim the stream's entries pending longer than ``claim_idle_ms`` (a dead or stuck
+        coordinator's) and handle them; an entry delivered too often is dead-lettered. The
+        deliveries of entries deleted while pending (every observation applied or dropped: it
+        is deleted, not acknowledged) are dropped by the same ``XAUTOCLAIM``, whose count
+        includes them: it pages on while pages come back full, up to :data:`_CLAIM_PAGES`, and
+        until ``batch`` entries were claimed (as many as one page claimed before)."""
+        start, claimed = "0-0", 0
+        for _page in range(_CLAIM_PAGES):
+            start, full, got = await self._claim_page(stream, start, handle)
+            claimed += got
+            if not full or start == "0-0" or claimed >= self.settings.batch:
+                return
+
+    async def _claim_page(
+        self,
+        stream: str,
+        start: str,
+        handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]],
+    ) -> tuple[str, bool, int]:
+        """One ``XAUTOCLAIM`` page from ``start``: the next page's start, whether this one was
+        full (claimed and dropped entries), and how many entries it claimed and handled."""
+        count = self.settings.batch
+        next_id, entries, *rest = await self.redis.xautoclaim(
             stream, keys.coordinator_group, self.name,
-            min_idle_time=self.settings.claim_idle_ms, start_id="0-0", count=self.settings.batch,
+            min_idle_time=self.settings.claim_idle_ms, start_id=start, count=count,
         )  # fmt: skip
+        dropped = len(rest[0]) if rest and rest[0] else 0  # Redis 7: deleted while pending
 
         async def poison_or_handle(stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
             deliveries = await self._deliveries(stream, entry_id)
@@ -867,6 +890,7 @@ class Coordinator:
                 await self.redis.xack(stream, keys.coordinator_group, _text(raw_id))
         claimed = [(_text(i), f) for i, f in entries if f is not None]
         await self._handle_all(stream, claimed, poison_or_handle)
+        return _text(next_id), len(entries) + dropped >= count, len(claimed)
 
     async def _deliveries(self, stream: str, entry_id: str) -> int:
         pending = await self.redis.xpending_range(
@@ -1147,6 +1171,11 @@ async def check_layout(redis: Redis, partitions: int) -> int:
         raise legacy_layout_error(found)
     return partitions
 
+
+_CLAIM_PAGES = 16
+"""At most this many ``XAUTOCLAIM`` pages (of ``batch`` entries) per stream and tick: the
+deliveries of up to 16 x 64 observations deleted while pending dropped per tick (2,048 a
+second per partition at the default 0.5 s tick), far above a partition's observation rate."""
 
 _READ_LOOPS = (keys.intake_stream.__name__, keys.observations_stream.__name__,
                keys.control_stream.__name__)  # fmt: skip

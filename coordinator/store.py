@@ -1,7 +1,8 @@
 """Task state in Redis: created once, updated by compare-and-set together with its effects.
 
 ``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
-state, acknowledges the stream entry that caused the change, appends the commit's journal
+state, acknowledges the stream entry that caused the change (an observation: deletes it, its
+delivery dropped by the next claim), appends the commit's journal
 records (in one stream entry of id ``0-{last sequence+1}``,
 :func:`shared.journal.journal_stream_entry`), the lifecycle events, the review items and the
 dead letters, the sub-agent tasks it submits to the intake, a finished sub-agent's result for
@@ -10,7 +11,7 @@ control stream), and appends the dispatches the
 new state awaits to the outbox stream (:mod:`shared.outbox`; a relay sends them to Celery,
 :mod:`coordinator.relay`). A coordinator killed at any moment therefore leaves either the old
 state with the entry still pending (it is redelivered and applied) or the new state with the
-entry acknowledged and its work in the outbox: never half of it, and never twice.
+entry acknowledged (or deleted) and its work in the outbox: never half of it, and never twice.
 """
 
 from __future__ import annotations
@@ -69,9 +70,14 @@ end
 if ARGV[5] ~= '' then
   -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
   local acked = KEYS[tonumber(ARGV[6])]
-  redis.call('XACK', acked, ARGV[7], ARGV[5])
-  -- An applied observation (a tool output, maybe large) is in the conversation now.
-  if extra.delete_acked then redis.call('XDEL', acked, ARGV[5]) end
+  if extra.delete_acked then
+    -- An applied observation (a tool output, maybe large) is in the conversation now: deleted,
+    -- not acknowledged (one command less per call); the next claim past the idle time
+    -- (XAUTOCLAIM) drops its delivery, as it does for any entry deleted while pending.
+    redis.call('XDEL', acked, ARGV[5])
+  else
+    redis.call('XACK', acked, ARGV[7], ARGV[5])
+  end
 end
 -- The commit's journal records in one stream entry (shared.journal.journal_stream_entry).
 -- Its id 0-{last sequence+1} is the journal's last sequence: no companion key (Redis refuses
@@ -788,12 +794,9 @@ class TaskStore:
         await pipe.execute()
 
     async def drop_observation(self, entry_id: str, *, partition: int = 0) -> None:
-        """A stale or duplicate answer: acknowledged and deleted (nothing keeps its output)."""
-        stream = keys.observations_stream(partition)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xack(stream, keys.coordinator_group, entry_id)
-        pipe.xdel(stream, entry_id)
-        await pipe.execute()
+        """A stale or duplicate answer: deleted (nothing keeps its output); its delivery is
+        dropped by the next claim past the idle time, as an applied one's."""
+        await self.redis.xdel(keys.observations_stream(partition), entry_id)
 
     async def forget_heartbeats(self, older_than: float) -> None:
         """Heartbeat scores (running or answered) older than ``older_than`` (epoch seconds)."""

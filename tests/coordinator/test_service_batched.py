@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from redis.asyncio import Redis
@@ -86,9 +87,8 @@ def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
                 assert await client.get(keys.lease_key(task_id, 0)) is None
             versions = [(await client.hget(keys.task_key(t, 0), "version")) for t in ("t1", "t2")]
             assert versions == ["2", "3"]  # t2: started, touched by theirs, then answered
-            summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
-            assert summary["pending"] == 0
             assert await client.xlen(keys.observations_stream(0)) == 0
+            assert await _pending_ids(client) == []  # deleted: their deliveries swept later
             assert mine._held == set()
 
     asyncio.run(scenario())
@@ -109,9 +109,8 @@ def test_two_answers_of_one_task_in_one_read_are_decided_in_turn(
             record = await coordinator.store.load("t")
             assert record is not None and record.status is TaskStatus.COMPLETED
             assert record.model_calls == 1
-            summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
-            assert summary["pending"] == 0
             assert await client.xlen(keys.observations_stream(0)) == 0
+            assert await _pending_ids(client) == []
 
     asyncio.run(scenario())
 
@@ -137,10 +136,42 @@ def test_renewals_and_releases_go_in_one_pipeline(redis_client: RedisClientFacto
 
 
 async def _pending_ids(client: Redis) -> list[str]:
+    """The observations delivered and still to be applied: pending and still in the stream (an
+    entry applied or dropped is deleted, its delivery left to the next claim to drop)."""
     rows = await client.xpending_range(
-        keys.observations_stream(0), keys.coordinator_group, min="-", max="+", count=10
+        keys.observations_stream(0), keys.coordinator_group, min="-", max="+", count=100
     )
-    return [row["message_id"] for row in rows]
+    kept = {i for i, _f in await client.xrange(keys.observations_stream(0))}
+    return [row["message_id"] for row in rows if row["message_id"] in kept]
+
+
+def test_applied_entries_are_deleted_and_the_next_claims_drop_their_deliveries(
+    redis_client: RedisClientFactory,
+) -> None:
+    """An applied observation is deleted, not acknowledged (one command less per call): its
+    delivery stays pending until a claim past the idle time drops it, without applying it
+    again. One claim pages on while its pages are full of them."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            tasks = [f"t{n}" for n in range(7)]
+            await _submit(client, coordinator, *tasks)
+            for task_id in tasks:
+                await _answer(client, coordinator, task_id)
+            while await client.xlen(keys.observations_stream(0)):
+                await coordinator._observations_once()
+            stream = keys.observations_stream(0)
+            summary = await client.xpending(stream, keys.coordinator_group)
+            assert summary["pending"] == 7  # deleted, their deliveries not dropped yet
+            assert await _pending_ids(client) == []
+            versions = [await client.hget(keys.task_key(t, 0), "version") for t in tasks]
+            coordinator.settings = replace(SETTINGS, batch=2, claim_idle_ms=0)
+            await coordinator._reclaim(stream, coordinator._observation)  # pages of 2
+            assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
+            assert [await client.hget(keys.task_key(t, 0), "version") for t in tasks] == versions
+
+    asyncio.run(scenario())
 
 
 def test_an_entry_failing_on_its_own_does_not_hold_back_the_others(

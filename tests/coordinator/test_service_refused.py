@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -88,8 +89,13 @@ def test_wrong_observations_are_counted_logged_and_recorded(
             ]
             still = await coordinator.store.load("t")
             assert still is not None and still.output == "" and still.version == record.version
-            summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
-            assert summary["pending"] == 0
+            stream = keys.observations_stream(0)
+            assert await client.xlen(stream) == 0  # deleted, each delivery left to a claim
+            coordinator.settings = replace(SETTINGS, claim_idle_ms=0)  # a claim past the idle
+            await coordinator._reclaim(stream, coordinator._observation)
+            assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
+            again = await coordinator.store.load("t")
+            assert again is not None and again.version == record.version
 
     with caplog.at_level(logging.WARNING, logger="orga.coordinator"):
         asyncio.run(scenario())
