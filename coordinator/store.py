@@ -112,7 +112,8 @@ for i, head in ipairs(extra.outbox) do
   redis.call('XADD', KEYS[16], '*', 'payload', ARGV[8 + i], unpack(head))
 end
 local conversation = extra.conversation
-if conversation.rewrite then redis.call('DEL', KEYS[11]) end
+-- A record at version 0 was never committed: no commit wrote its conversation, nothing to delete.
+if conversation.rewrite and ARGV[1] ~= '0' then redis.call('DEL', KEYS[11]) end
 local first = 8 + #extra.outbox
 -- One RPUSH per 256 messages (unpack's stack stays small).
 for j = 1, conversation.count, 256 do
@@ -123,9 +124,9 @@ if extra.terminal then
   redis.call('ZADD', KEYS[10], extra.now, extra.task_id)
   redis.call('SREM', KEYS[7], extra.task_id)
   redis.call('ZREM', KEYS[8], extra.task_id)
-  if extra.lease_owner ~= '' and redis.call('GET', KEYS[15]) == extra.lease_owner then
-    redis.call('DEL', KEYS[15])
-  end
+  -- The lease of a task that ended guards nothing: deleted without reading who holds it (a
+  -- coordinator that holds it then finds the task inactive at its renewal and drops it).
+  if extra.lease_owner ~= '' then redis.call('DEL', KEYS[15]) end
 else
   -- A task is in the active set from its creation and from any commit that changed its
   -- status to a live one; only a terminal commit takes it out.
@@ -495,8 +496,8 @@ class TaskStore:
         """Write ``record`` (version + 1) with its effects and append ``dispatches`` to the
         outbox, atomically, with the conversation's new messages (``delta``, else
         :meth:`conversation_delta`).
-        A terminal record's lease is released in the same script when ``lease_owner`` holds
-        it (as :meth:`release_lease`, one round trip less).
+        A terminal record's lease is deleted in the same script when ``lease_owner`` is given
+        (the committer held it; whoever holds it now, it guards nothing once the task ended).
 
         Raises CommitConflictError when another coordinator committed first.
         """
