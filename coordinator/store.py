@@ -129,8 +129,11 @@ if extra.terminal then
   if extra.lease_owner ~= '' then redis.call('DEL', KEYS[15]) end
 else
   -- A task is in the active set from its creation and from any commit that changed its
-  -- status to a live one; only a terminal commit takes it out.
-  if previous ~= ARGV[4] then redis.call('SADD', KEYS[7], extra.task_id) end
+  -- status to a live one but its start (pending: its creation added it); only a terminal
+  -- commit takes it out.
+  if previous ~= ARGV[4] and previous ~= 'pending' then
+    redis.call('SADD', KEYS[7], extra.task_id)
+  end
   redis.call('ZADD', KEYS[8], extra.deadline, extra.task_id)
 end
 return {1, ARGV[2]}

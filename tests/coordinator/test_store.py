@@ -89,18 +89,25 @@ def test_the_active_set_is_written_only_when_the_status_changes(
     redis_url: str, redis_client: Any
 ) -> None:
     """A commit that keeps a live status sends no SADD (the task is in the set since its
-    creation); the task stays active, and the commit that ends it takes it out."""
+    creation), nor does the start (pending -> running), which deletes no conversation either
+    (a record at version 0 has none stored); the task stays active, and the commit that ends
+    it takes it out."""
 
-    async def sadds(client: Redis) -> int:
+    async def sadds(client: Redis, command: str = "sadd") -> int:
         stats = await client.info("commandstats")
-        return int(stats.get("cmdstat_sadd", {}).get("calls", 0))
+        return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
     async def body(client: Redis, store: TaskStore) -> None:
         record = _record("live")
         await store.create(record)
         machine = _machine(record)
+        before, deletes = await sadds(client), await sadds(client, "del")
         await store.commit(machine.record, machine.start())  # pending -> running
-        before = await sadds(client)
+        assert (await sadds(client), await sadds(client, "del")) == (before, deletes)
+        assert await store.still_active(["live"]) == [True]
+        stored = await store.load("live")
+        assert stored is not None and stored.conversation.messages  # the start's, written
+        assert stored.conversation.messages == machine.record.conversation.messages
         same = _machine(record, now=12.0)
         same.record.error = "touched"
         await store.commit(same.record, same.effects)  # still running
