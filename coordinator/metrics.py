@@ -439,7 +439,7 @@ class RedisStateCollector(Collector):
         pending, undelivered, lag_s = observation_backlog(client, partitions=self._partitions)
         yield _gauge(
             "orga_observation_pending",
-            "Observations delivered to a coordinator but not yet applied",
+            "Observations delivered to a coordinator but not yet applied (up to 10,000)",
             pending,
         )
         yield _gauge(
@@ -578,6 +578,10 @@ def observation_backlog(
 def _backlog(client: redis.Redis, stream: str, now: float | None) -> tuple[int, int, float]:
     """``(pending, undelivered, lag_s)`` of the coordinators' group on one observations stream.
 
+    ``pending`` counts the delivered entries still on the stream, up to 10,000: an observation
+    applied or dropped is deleted at once, its delivery left pending until a coordinator's
+    next claim drops it (the coordinators' tick, past ``claim_idle_ms``), so the group's
+    pending count also holds those applied in the last ``claim_idle_ms``.
     ``undelivered`` is counted from the group's last delivered id (Redis 6.2 has no ``lag``
     field), up to 10,000 entries; ``lag_s`` is the age of the oldest of them, read from its
     stream id (the time it was added), 0.0 when there is none.
@@ -595,7 +599,20 @@ def _backlog(client: redis.Redis, stream: str, now: float | None) -> tuple[int, 
     if behind:
         added_ms = int(str(behind[0][0]).split("-", 1)[0])
         lag_s = max((time.time() if now is None else now) - added_ms / 1000, 0.0)
-    return int(group.get("pending", 0)), len(behind), lag_s
+    return _still_pending(client, stream), len(behind), lag_s
+
+
+def _still_pending(client: redis.Redis, stream: str) -> int:
+    """How many of the group's pending entries (up to 10,000) are still on the stream."""
+    rows = cast(
+        "list[dict[str, Any]]",
+        client.xpending_range(stream, keys.coordinator_group, min="-", max="+", count=10_000),
+    )
+    if not rows:
+        return 0
+    ids = [str(row["message_id"]) for row in rows]
+    kept = cast("list[Any]", client.xrange(stream, min=ids[0], max=ids[-1], count=10_000))
+    return len({str(i) for i, _f in kept}.intersection(ids))
 
 
 def _total(values: Iterable[Any]) -> int:

@@ -117,18 +117,22 @@ def test_counters_and_gauges(redis_url: str, redis_client: Any) -> None:
 
 
 def test_observation_lag_and_pending(redis_url: str, redis_client: Any) -> None:
-    """Entries not yet read count as lag; read but unacknowledged ones as pending."""
+    """Entries not yet read count as lag; read and still on the stream ones as pending (one
+    applied is deleted at once, its delivery dropped by a later claim: not pending)."""
 
     async def scenario() -> None:
         async with redis_client() as client:
             await client.xgroup_create(
                 keys.observations_stream(0), keys.coordinator_group, mkstream=True
             )
-            for index in range(3):
+            ids = [
                 await client.xadd(keys.observations_stream(0), {"n": str(index)})
+                for index in range(4)
+            ]
             await client.xreadgroup(
-                keys.coordinator_group, "c", {keys.observations_stream(0): ">"}, count=1
+                keys.coordinator_group, "c", {keys.observations_stream(0): ">"}, count=2
             )
+            await client.xdel(keys.observations_stream(0), ids[0])  # applied
 
     asyncio.run(scenario())
     registry = CollectorRegistry()
