@@ -6,8 +6,9 @@ Seven loops share one Redis connection pool:
   its validation error and is acknowledged; a valid one is persisted (idempotency key honoured)
   and started.
 - **observations**: ``XREADGROUP`` on ``orga:observations``; each message is applied to its task
-  through the pure :class:`~coordinator.machine.TaskMachine` and committed with the ``XACK`` in
-  one atomic script. Entries left pending by a dead coordinator are reclaimed with
+  through the pure :class:`~coordinator.machine.TaskMachine` and committed with its ``XDEL``
+  in one atomic script (deleted, not acknowledged: the next ``XAUTOCLAIM`` past the idle time
+  drops its delivery). Entries left pending by a dead coordinator are reclaimed with
   ``XAUTOCLAIM``; an entry delivered too many times is dead-lettered.
 - **control**: review decisions and cancellations sent by the CLI.
 - **ticks**: lease renewal and takeover, observation deadlines, review deadlines.
