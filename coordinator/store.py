@@ -70,7 +70,7 @@ end
 if ARGV[5] ~= '' then
   -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
   local acked = KEYS[tonumber(ARGV[6])]
-  if extra.delete_acked then
+  if extra.delete_entry then
     -- An applied observation (a tool output, maybe large) is in the conversation now: deleted,
     -- not acknowledged (one command less per call); the next claim past the idle time
     -- (XAUTOCLAIM) drops its delivery, as it does for any entry deleted while pending.
@@ -533,7 +533,7 @@ class TaskStore:
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
         shared = self._partition_keys(p)
-        extra["delete_acked"] = stream == shared[9]
+        extra["delete_entry"] = stream == shared[9]  # an observation: deleted, not acknowledged
         extra["lease_owner"] = lease_owner
         # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
         # finished child tells and the children it cancels are all in this task's partition.
