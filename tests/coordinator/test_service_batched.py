@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from coordinator.liveness import ANSWER_SLACK_MS
 from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.service import Coordinator, CoordinatorSettings
 from coordinator.state import TaskStatus
@@ -143,6 +144,16 @@ async def _pending_ids(client: Redis) -> list[str]:
     )
     kept = {i for i, _f in await client.xrange(keys.observations_stream(0))}
     return [row["message_id"] for row in rows if row["message_id"] in kept]
+
+
+def test_an_applied_entry_left_pending_changes_no_liveness_verdict_by_default() -> None:
+    """The liveness judgement takes an answer younger than the group's oldest pending entry
+    (plus the clock slack) as maybe unapplied; an applied entry is pending up to the claim's
+    idle time, shorter by default than the age below which an answer is "on its way" anyway
+    (twice the heartbeat timeout)."""
+    settings = CoordinatorSettings()
+    lingering_s = settings.claim_idle_ms / 1000 + settings.tick_interval_s
+    assert lingering_s + ANSWER_SLACK_MS / 1000 < 2 * settings.machine.liveness.heartbeat_timeout_s
 
 
 def test_applied_entries_are_deleted_and_the_next_claims_drop_their_deliveries(
