@@ -99,6 +99,22 @@ PRE_FAULT_WINDOW_S = 5.0
 LOSS_WINDOW_S = 10.0
 
 
+_STILL_PENDING = """
+local n = 0
+for _, stream in ipairs(KEYS) do
+  local rows = redis.pcall('XPENDING', stream, ARGV[1], '-', '+', 10000)
+  if type(rows) == 'table' and not rows.err then  -- else no group yet: nothing read there
+    for _, row in ipairs(rows) do
+      if #redis.call('XRANGE', stream, row[1], row[1]) > 0 then n = n + 1 end
+    end
+  end
+end
+return n
+"""
+"""How many of the coordinators' pending observations (KEYS: the streams; ARGV[1]: the group)
+are still on their stream, i.e. read and not applied yet."""
+
+
 @dataclass(frozen=True)
 class ChaosPlan:
     """The load, the faults and the coordinator timings of one chaos run.
@@ -345,6 +361,7 @@ class ChaosCluster:
         self.rng = random.Random(self.plan.seed)
         self.env = self.plan.environment(self.server.url, self.root / "workspaces")
         self.redis = redis.Redis.from_url(self.server.url, socket_timeout=2)
+        self._still_pending = self.redis.register_script(_STILL_PENDING)
         self._numbers = itertools.count(1)
 
     def start(self) -> None:
@@ -452,18 +469,12 @@ class ChaosCluster:
         return keys.partition_streams(self.plan.partitions, keys.observations_stream)
 
     def _pending_count(self) -> int:
-        """Observations read by a coordinator and not acknowledged, over every partition, in
+        """Observations read by a coordinator and not applied yet, over every partition, in
         one round trip (the coordinator applies a batch in milliseconds: a poll of one
-        ``XPENDING`` per partition would mostly look after it)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for stream in self._observations_streams():
-            pipe.xpending(stream, keys.coordinator_group)
-        pending = 0
-        for summary in pipe.execute(raise_on_error=False):
-            if isinstance(summary, ResponseError):  # no group yet: no observation there yet
-                continue
-            pending += int(summary.get("pending") or 0) if summary else 0
-        return pending
+        ``XPENDING`` per partition would mostly look after it): the pending entries still on
+        their stream (an applied one is deleted, its delivery pending until the next claim)."""
+        streams = self._observations_streams()
+        return int(self._still_pending(keys=streams, args=[keys.coordinator_group]))
 
     def _pending_observations(self) -> dict[str, dict[Any, Any]]:
         """The observations read by a coordinator and not acknowledged yet, by entry id (the
