@@ -345,11 +345,18 @@ class Liveness:
     async def close(self) -> None:
         """Stop the heartbeat task, add the starts it had not added yet and write the answer
         marks still waiting."""
-        for task in (self._beating, self._flushing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._beating = self._flushing = None
+        await _stop(self._beating)
+        self._beating = None
+        await _stop(self._flushing)  # after the beat: a beat cancelled may have started it
+        self._flushing = None
         await self._add_starts()
         await self._write_marks(keep=False)
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (if any) and wait for it to end."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
