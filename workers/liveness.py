@@ -3,15 +3,15 @@
 Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
 (``orga:heartbeats``: the dispatch's liveness id scored with the time), refreshes the score of
 every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
-the dispatch answered (minus the time) with the publish of its observation (in its
-transaction, or right after a single write in the same pipeline: ``ProcessServices.publish``),
-with a mark of how the answer went out (on the observations stream, or inside the one call a
-reasoning chained: :func:`shared.keys.answered_via_member`).
-A direct answer's mark (its observation went to the stream) waits for the next write of
-``orga:heartbeats`` this process sends anyway, the start of another dispatch or a beat, and
-goes in the same ``ZADD``, or for its own ``ZADD`` at most :data:`MARK_DELAY_S` after the
-answer (issue 27: one command less per call); a chained answer's mark goes with its write, as
-before (:meth:`Liveness.answered`, :meth:`Liveness.answered_later`).
+the dispatch answered (minus the time) once it published its answer, with a mark of how the
+answer went out (on the observations stream, or inside the one call a reasoning chained:
+:func:`shared.keys.answered_via_member`). A direct answer's marks (its observation is in the
+stream) wait for the next ``ZADD`` of ``orga:heartbeats`` this process sends anyway, the start
+of another dispatch or a beat, or go in a ``ZADD`` of their own :data:`MARK_DELAY_S` after the
+answer (issue 27: about one command less per model call;
+:meth:`Liveness.answered_later`); a chained answer's mark goes with its write, in its
+transaction or right after it in its pipeline (:meth:`Liveness.answered`,
+``ProcessServices.publish``).
 The coordinator reads those scores only when a dispatch's deadline passes: a fresh heartbeat
 means the call is running (the deadline moves on), a stale one means its worker is gone (the
 call is re-sent), no entry means it has not started (still queued, or lost before it started).
