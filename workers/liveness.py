@@ -3,10 +3,15 @@
 Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
 (``orga:heartbeats``: the dispatch's liveness id scored with the time), refreshes the score of
 every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
-the dispatch answered (minus the time) with the publish of its observation (in its
-transaction, or right after a single write in the same pipeline: ``ProcessServices.publish``),
-with a mark of how the answer went out (on the observations stream, or inside the one call a
-reasoning chained: :func:`shared.keys.answered_via_member`).
+the dispatch answered (minus the time) once it published its answer, with a mark of how the
+answer went out (on the observations stream, or inside the one call a reasoning chained:
+:func:`shared.keys.answered_via_member`). A direct answer's marks (its observation is in the
+stream) wait for the next ``ZADD`` of ``orga:heartbeats`` this process sends anyway, the start
+of another dispatch or a beat, or go in a ``ZADD`` of their own :data:`MARK_DELAY_S` after the
+answer (issue 27: about one command less per model call;
+:meth:`Liveness.answered_later`); a chained answer's mark goes with its write, in its
+transaction or right after it in its pipeline (:meth:`Liveness.answered`,
+``ProcessServices.publish``).
 The coordinator reads those scores only when a dispatch's deadline passes: a fresh heartbeat
 means the call is running (the deadline moves on), a stale one means its worker is gone (the
 call is re-sent), no entry means it has not started (still queued, or lost before it started).
@@ -31,7 +36,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
@@ -42,7 +48,7 @@ from shared import keys
 from shared.protocol import Fence
 from workers.broker import TRANSIENT_WRITE_ERRORS
 
-__all__ = ["LOOK_SLACK_S", "Liveness"]
+__all__ = ["LOOK_SLACK_S", "MARK_DELAY_S", "Liveness", "StartWrite"]
 
 log = logging.getLogger("orga.worker.liveness")
 
@@ -50,6 +56,22 @@ LOOK_SLACK_S = 5.0
 """How far before the look its coordinator set a dispatch must start for the start to leave
 that look alone (:meth:`Liveness.start`): a worker's clock may be this far behind the
 coordinator's, which may have looked, and moved the look, already."""
+
+MARK_DELAY_S = 0.5
+"""How long a direct answer's mark may wait for a ``ZADD`` of ``orga:heartbeats`` this process
+sends anyway (a start's, a beat's) before it is written on its own. Until it is written the
+dispatch's score is its last beat, at most ``heartbeat_interval_s`` + this old, which the
+coordinator judges "running" (look again one timeout after that beat), never "lost"."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartWrite:
+    """What :meth:`Liveness.start` added to a pipeline: how many of its replies are the
+    start's (:meth:`Liveness.check_start`), and the answer marks its ``ZADD`` carried (given
+    back to be written later if the pipeline fails)."""
+
+    sent: int
+    marks: Mapping[str, float] = field(default_factory=dict)
 
 
 class Liveness:
@@ -70,6 +92,10 @@ class Liveness:
         """Queue -> starts not yet added to ``orga:started:{queue}`` (the next beat adds them)."""
         self._watched: dict[str, set[asyncio.Future[Any]]] = {}
         self._beating: asyncio.Task[None] | None = None
+        self._marks: dict[str, float] = {}
+        """Answer marks not written yet (member -> negative score): the next ``ZADD`` of
+        ``orga:heartbeats`` carries them (:meth:`answered_later`)."""
+        self._flushing: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> int:
@@ -81,14 +107,21 @@ class Liveness:
     ) -> None:
         """Say that this process runs ``fences`` (one dispatch and what it answers for)."""
         pipe = self._redis.pipeline(transaction=False)
-        sent = self.start(pipe, fences, queue, look_at)
-        self.check_start(await pipe.execute(raise_on_error=False), sent)
+        write = self.start(pipe, fences, queue, look_at)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except BaseException:
+            self.give_back(write)
+            raise
+        self.check_start(replies, write)
 
     def start(
         self, pipe: Pipeline, fences: Sequence[Fence], queue: str, look_at: float | None = None
-    ) -> int:
+    ) -> StartWrite:
         """:meth:`started` in ``pipe`` (not a transaction), which may read more in the same
-        round trip: its first replies, as many as this returns, go to :meth:`check_start`.
+        round trip: its first replies, as many as ``sent`` says, go to :meth:`check_start`;
+        a pipeline that raises gives the write back (:meth:`give_back`). The start's ``ZADD``
+        carries the answer marks waiting to be written (:meth:`answered_later`).
 
         ``look_at``: when the coordinator looks at the dispatch first, as it set it at the
         dispatch (None: unknown)."""
@@ -97,9 +130,10 @@ class Liveness:
         self._starts[queue] += 1
         self._ensure_beating()
         now = time.time()
-        pipe.zadd(keys.heartbeats_key, dict.fromkeys(ids, now))
+        marks = self._take_marks()
+        pipe.zadd(keys.heartbeats_key, {**marks, **dict.fromkeys(ids, now)})
         if self._look_is_near(look_at, now):
-            return 1
+            return StartWrite(1, marks)
         # A dispatch that waited in a long queue has its next look far ahead: bring it to one
         # heartbeat timeout from now, so that a death from here on is noticed in time (XX: a
         # task no longer due is not added; LT: an earlier look is kept).
@@ -111,7 +145,7 @@ class Liveness:
             if keys.partition_of(f.task_id, self._partitions) == p
         }
         pipe.zadd(keys.deadlines_key(p), due, xx=True, lt=True)
-        return 2
+        return StartWrite(2, marks)
 
     def _look_is_near(self, look_at: float | None, now: float) -> bool:
         """Whether the look the coordinator set at the dispatch is still the task's, and no
@@ -123,16 +157,28 @@ class Liveness:
             return False
         return now + LOOK_SLACK_S < look_at <= now + self._timeout_s
 
-    @staticmethod
-    def check_start(replies: Sequence[object], sent: int) -> None:
-        """Raise the first error among :meth:`start`'s ``sent`` replies (the first of
-        ``replies``), but Redis refusing writes (out of memory: the call runs anyway, logged)."""
-        for reply in replies[:sent]:
+    def check_start(self, replies: Sequence[object], write: StartWrite) -> None:
+        """Raise the first error among :meth:`start`'s replies (the first ``write.sent`` of
+        ``replies``), but Redis refusing writes (out of memory: the call runs anyway, logged);
+        on an error, the answer marks the start carried are given back (:meth:`give_back`)."""
+        for reply in replies[: write.sent]:
+            if not isinstance(reply, Exception):
+                continue
+            self.give_back(write)
             if isinstance(reply, TRANSIENT_WRITE_ERRORS):
                 log.warning("heartbeat.failed", extra={"error": str(reply)[:300]})
                 return
-            if isinstance(reply, Exception):
-                raise reply
+            raise reply
+
+    def give_back(self, write: StartWrite) -> None:
+        """The answer marks a start's ``ZADD`` carried, not written (its pipeline failed or
+        was not sent): they wait for the next write again. A mark taken again since (a newer
+        answer of the same member) is kept."""
+        if not write.marks:
+            return
+        for member, at in write.marks.items():
+            self._marks.setdefault(member, at)
+        self._ensure_flushing()
 
     def answered(self, pipe: Pipeline, fences: Iterable[Fence], *, chained: bool = False) -> None:
         """Mark ``fences`` answered in ``pipe``, which publishes the answer (its transaction, or
@@ -141,15 +187,69 @@ class Liveness:
         one call a reasoning chained (the coordinator then waits for the tools queue), else on
         the observations stream. Only a reasoning's fence (no call id) is marked so: the
         coordinator reads the marks of an awaited reasoning alone."""
+        marks = self._marks_of(fences, chained=chained)
+        if marks:
+            pipe.zadd(keys.heartbeats_key, marks)
+
+    def answered_later(self, fences: Iterable[Fence]) -> None:
+        """Mark ``fences`` answered "direct" (their answer is on the observations stream,
+        written already) with the next ``ZADD`` of ``orga:heartbeats`` this process sends: a
+        start's, a beat's, or its own at most :data:`MARK_DELAY_S` from now.
+
+        Until then the coordinator sees the dispatch's last beat (or none, for a call started
+        and answered within one pipeline of marks) and judges it running (or not started):
+        it looks again a heartbeat timeout later, by when the mark is in. Only a worker killed
+        in that window leaves no mark, as one killed right after a publish always could: the
+        coordinator has the answer, and a re-send is fenced."""
+        marks = self._marks_of(fences, chained=False)
+        if not marks:
+            return
+        self._marks.update(marks)
+        self._ensure_flushing()
+
+    @staticmethod
+    def _marks_of(fences: Iterable[Fence], *, chained: bool) -> dict[str, float]:
+        """The answer marks of ``fences`` now (:meth:`answered`)."""
         fences = list(fences)
         if not fences:
-            return
+            return {}
         at = -time.time()
         via = keys.ANSWERED_CHAINED if chained else keys.ANSWERED_DIRECT
         marks = {f.liveness_id(): at for f in fences}
         reasonings = (f.liveness_id() for f in fences if f.call_id is None)
         marks.update(dict.fromkeys((keys.answered_via_member(i, via) for i in reasonings), at))
-        pipe.zadd(keys.heartbeats_key, marks)
+        return marks
+
+    def _take_marks(self) -> dict[str, float]:
+        """The answer marks waiting, taken for a write (given back if it fails)."""
+        marks, self._marks = self._marks, {}
+        return marks
+
+    def _ensure_flushing(self) -> None:
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush_marks())
+
+    async def _flush_marks(self) -> None:
+        """Write the answer marks no start or beat carried within :data:`MARK_DELAY_S` (a
+        failure keeps them for the next try, one delay later)."""
+        while self._marks:
+            await asyncio.sleep(MARK_DELAY_S)
+            await self._write_marks(keep=True)
+
+    async def _write_marks(self, *, keep: bool) -> None:
+        """One ``ZADD`` of the marks waiting; on failure, ``keep`` gives them back."""
+        marks = self._take_marks()
+        if not marks:
+            return
+        try:
+            await self._redis.zadd(keys.heartbeats_key, marks)
+        except RedisError as exc:
+            log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
+            if keep:
+                self._marks = {**marks, **self._marks}
+        except asyncio.CancelledError:
+            self._marks = {**marks, **self._marks}
+            raise
 
     def finished(self, fences: Iterable[Fence]) -> None:
         """Stop heartbeating ``fences`` (answered, or given up on by this process)."""
@@ -184,7 +284,8 @@ class Liveness:
                 continue
             watched = list(self._watched)
             pipe = self._redis.pipeline(transaction=False)
-            pipe.zadd(keys.heartbeats_key, dict.fromkeys(self._running, time.time()))
+            marks = self._take_marks()  # newer than the beats of the same member: they win
+            pipe.zadd(keys.heartbeats_key, {**dict.fromkeys(self._running, time.time()), **marks})
             starts = self._take_starts(pipe)
             by_partition: dict[int, list[str]] = {}
             for task_id in watched:  # each task's end is in its partition's index
@@ -197,9 +298,11 @@ class Liveness:
             except RedisError as exc:  # the next beat tries again; the timeout allows a few
                 log.warning("heartbeat.failed", extra={"error": str(exc)[:300]})
                 self._starts.update(starts)
+                self.give_back(StartWrite(0, marks))
                 continue
             except asyncio.CancelledError:  # close() adds them (a reply lost after Redis
                 self._starts.update(starts)  # applied them counts a beat's starts twice)
+                self.give_back(StartWrite(0, marks))
                 raise
             finished_replies = replies[1 + len(starts) :]
             for task_ids, finished in zip(by_partition.values(), finished_replies, strict=True):
@@ -240,10 +343,20 @@ class Liveness:
                     work.cancel()
 
     async def close(self) -> None:
-        """Stop the heartbeat task and add the starts it had not added yet."""
-        if self._beating is not None:
-            self._beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beating
-            self._beating = None
+        """Stop the heartbeat task, add the starts it had not added yet and write the answer
+        marks still waiting."""
+        await _stop(self._beating)
+        self._beating = None
+        await _stop(self._flushing)  # after the beat: a beat cancelled may have started it
+        self._flushing = None
         await self._add_starts()
+        await self._write_marks(keep=False)
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (if any) and wait for it to end."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -2,8 +2,8 @@
 
 A reasoning worker holds 200 model calls in flight on one event loop. Each call's start
 (heartbeat, conversation read-ahead, rate-limit hold), each inline tool call's breaker check
-and each single-write publish (the observation and its answered mark, no ``MULTI``) is a
-pipeline of one to five commands of its own: a round trip each, paying redis-py's
+and each single-write publish (the observation, or a chained call and its mark: no
+``MULTI``) is a pipeline of one to five commands of its own: a round trip each, paying redis-py's
 per-pipeline overhead (a connection out of the pool and back, a socket write, the retry and
 metrics wrapping) for a handful of commands. :class:`CoalescedPipeline` sends every such
 pipeline asked for during one turn of the event loop as **one** pipeline, and hands each

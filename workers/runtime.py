@@ -70,7 +70,7 @@ from workers.gates.factory import build_gate
 from workers.gates.server_start import refused_server_start
 from workers.http_pool import pooled_session
 from workers.knowledge import RedisKnowledgeStore, knowledge_tools
-from workers.liveness import Liveness
+from workers.liveness import Liveness, StartWrite
 from workers.providers.base import BaseUrlError, InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.rate_limit import (
@@ -607,11 +607,11 @@ class ProcessServices(WorkerCore):
         read_hold = hold is not None and not fresh
 
         look_at = request.look_at if isinstance(request, ReasonRequest) else None
-        sent = 0
+        write: StartWrite | None = None
 
         def build(pipe: Pipeline) -> None:
-            nonlocal sent
-            sent = self.liveness.start(pipe, fences, queue, look_at)
+            nonlocal write
+            write = self.liveness.start(pipe, fences, queue, look_at)
             if lacking and ref is not None:
                 pipe.lrange(self._conversation_key(task_id), len(known), ref.length - 1)
             if read_hold and hold is not None:
@@ -619,7 +619,9 @@ class ProcessServices(WorkerCore):
 
         try:
             replies = await self.pipelines.run(build)
-            Liveness.check_start(replies, sent)
+            assert write is not None  # built before the pipeline went out
+            sent = write.sent
+            self.liveness.check_start(replies, write)
             if hold is not None and not read_hold:
                 read_ahead(hold, kept_hold)
             elif hold is not None:
@@ -630,6 +632,8 @@ class ProcessServices(WorkerCore):
             if ref is not None and len(replies) > sent:
                 self._read_ahead(task_id, ref, known, replies[sent])
         except BaseException:
+            if write is not None:  # the answer marks it carried wait for the next write
+                self.liveness.give_back(write)
             self.liveness.finished(fences)
             raise
 
@@ -758,19 +762,24 @@ class ProcessServices(WorkerCore):
         now ``answered`` (:class:`~workers.liveness.Liveness`).
 
         The answer's writes are the task's (one partition). Two or more (an observation and
-        the calls it chains, several chained calls) are one ``MULTI`` transaction, with the
-        marks in it (on a Redis Cluster, where a transaction stays in one slot, the marks
-        follow in a pipeline of their own). A single write is atomic on its own: it goes out
-        without ``MULTI``/``EXEC`` (two commands fewer per model call), first in a
-        non-transactional pipeline with the marks after it, shared with the other calls of
-        this loop turn (:class:`~workers.redis_batch.CoalescedPipeline`).
+        the calls it chains, several chained calls) are one ``MULTI`` transaction. A single
+        write is atomic on its own: it goes out without ``MULTI``/``EXEC`` (two commands fewer
+        per model call), in a non-transactional pipeline shared with the other calls of this
+        loop turn (:class:`~workers.redis_batch.CoalescedPipeline`).
 
-        Once the answer is written, an error of the marks is logged, never raised (a caller
-        retrying the publish would send the answer twice). A mark left unwritten is as a
-        worker dying right after a publish: the coordinator has the answer, and a re-sent
-        dispatch is fenced. The other way round, a mark written while its single write was
-        refused (Redis out of memory between the two commands, then not) makes the
-        coordinator wait for an answer that is not in the stream: the write's error is
+        The marks: an answer with an observation is on the stream once its write is in; its
+        "direct" marks then wait for the next heartbeat write this process sends (a start's
+        or a beat's ``ZADD``, or one of their own within
+        :data:`~workers.liveness.MARK_DELAY_S`: :meth:`Liveness.answered_later`), so they are
+        never written for an answer Redis refused. An answer carried by the calls it chained
+        (no observation) is marked "chained" with its write: in the transaction (on a Redis
+        Cluster, where a transaction stays in one slot, in a pipeline after it), or after the
+        single write in its pipeline. Once the answer is written, an error of those marks is
+        logged, never raised (a caller retrying the publish would send the answer twice). A
+        mark left unwritten is as a worker dying right after a publish: the coordinator has
+        the answer, and a re-sent dispatch is fenced. A chained mark written while its single
+        write was refused (Redis out of memory between the two commands, then not) makes the
+        coordinator wait for an answer that is not in the outbox: the write's error is
         raised, so the caller publishes again (:func:`workers.tasks._publish`), and if it
         never can, the coordinator judges the dispatch lost two heartbeat timeouts after the
         mark (``coordinator/liveness.py``) and sends it again."""
@@ -780,11 +789,14 @@ class ProcessServices(WorkerCore):
             return
         pipe = self.redis.pipeline(transaction=True)
         rest = self.redis.pipeline(transaction=False) if self._cluster else pipe
-        # A reasoning's lone chained call carries its answer (CompleteReasoning): no
-        # observation now, it is written once a tool worker has run that call.
-        self.liveness.answered(rest, answered, chained=message is None and bool(onward))
+        # With an observation the answer is on the stream: its mark waits for the next
+        # heartbeat write (Liveness.answered_later). Without one, the calls carry it.
+        if message is None:
+            self.liveness.answered(rest, answered, chained=bool(onward))
         self._add_writes(pipe, message, onward)
         await pipe.execute()
+        if message is not None:
+            self.liveness.answered_later(answered)
         if rest is not pipe and len(rest):
             try:
                 await rest.execute()
@@ -800,19 +812,24 @@ class ProcessServices(WorkerCore):
         onward: Sequence[ToolRequest],
         answered: Sequence[Fence],
     ) -> None:
-        """:meth:`publish` of at most one write: the write, then the marks, in a shared
-        non-transactional pipeline; the write's error is raised, the marks' logged."""
+        """:meth:`publish` of at most one write, in a shared non-transactional pipeline: a
+        lone chained call with its marks after it (the write's error is raised, the marks'
+        logged); an observation alone, its marks left to the next heartbeat write once it is
+        in (:meth:`~workers.liveness.Liveness.answered_later`)."""
         chained = message is None and bool(onward)
         writes = (message is not None) + len(onward)
 
         def build(pipe: Pipeline) -> None:
             self._add_writes(pipe, message, onward)
-            self.liveness.answered(pipe, answered, chained=chained)
+            if message is None:
+                self.liveness.answered(pipe, answered, chained=chained)
 
         replies = await self.pipelines.run(build)
         for reply in replies[:writes]:
             if isinstance(reply, Exception):
                 raise reply
+        if message is not None:
+            self.liveness.answered_later(answered)
         failed = [r for r in replies[writes:] if isinstance(r, Exception)]
         if failed:
             log.warning(

@@ -6,11 +6,13 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from shared import keys
 from shared.protocol import Fence
 from shared.settings import OrgaSettings
 from tests.redis_server import RedisClientFactory
-from workers.liveness import Liveness
+from workers.liveness import MARK_DELAY_S, Liveness
 from workers.providers.settings import ProviderSettings
 from workers.runtime import ProcessServices
 
@@ -162,9 +164,10 @@ def test_a_start_before_its_near_look_leaves_the_task_look_alone(redis_url: str)
         for task_id, look_at in looks.items():
             pipe = redis.pipeline(transaction=False)
             fence = FENCE.model_copy(update={"task_id": task_id})
-            sent[task_id] = liveness.start(pipe, [fence], keys.reasoning_queue, look_at)
+            write = liveness.start(pipe, [fence], keys.reasoning_queue, look_at)
+            sent[task_id] = write.sent
             assert len(pipe.command_stack) == sent[task_id]
-            Liveness.check_start(await pipe.execute(raise_on_error=False), sent[task_id])
+            liveness.check_start(await pipe.execute(raise_on_error=False), write)
         scores = {t: await redis.zscore(keys.deadlines_key(0), t) for t in looks}
         await liveness.close()
         await redis.aclose()
@@ -176,3 +179,83 @@ def test_a_start_before_its_near_look_leaves_the_task_look_alone(redis_url: str)
     for task_id in ("passed", "beyond", "unsaid"):
         look = due[task_id]
         assert look is not None and 29 < look < 35
+
+
+def test_a_direct_answers_mark_goes_with_the_next_heartbeat_write(redis_url: str) -> None:
+    """A direct answer's mark is not a command of its own: the next start's ``ZADD`` carries
+    it, or a beat's; with neither, it is written alone within MARK_DELAY_S; close writes what
+    waits."""
+    from redis.asyncio import Redis
+
+    def fence(nonce: str) -> Fence:
+        return FENCE.model_copy(update={"nonce": nonce})
+
+    async def zadds(redis: Redis) -> int:
+        stats = await redis.info("commandstats")
+        return int(stats.get("cmdstat_zadd", {}).get("calls", 0))
+
+    async def score(redis: Redis, nonce: str) -> float | None:
+        return await redis.zscore(keys.heartbeats_key, fence(nonce).liveness_id())
+
+    async def run() -> None:
+        redis = Redis.from_url(redis_url)
+        liveness = Liveness(redis, interval_s=0.05, timeout_s=30.0)
+        liveness.answered_later([fence("a")])
+        assert await score(redis, "a") is None
+        await redis.config_resetstat()
+        await liveness.started([fence("b")], keys.reasoning_queue, look_at=time.time() + 20)
+        assert await zadds(redis) == 1, "the start's ZADD carried the mark"
+        assert (await score(redis, "a") or 0) < 0 < (await score(redis, "b") or 0)
+        direct = keys.answered_via_member(fence("a").liveness_id(), keys.ANSWERED_DIRECT)
+        assert (await redis.zscore(keys.heartbeats_key, direct) or 0) < 0
+
+        liveness.answered_later([fence("c")])  # "b" runs: the next beat carries it
+        await asyncio.sleep(0.25)
+        assert (await score(redis, "c") or 0) < 0 < (await score(redis, "b") or 0)
+        liveness.finished([fence("b")])
+
+        liveness.answered_later([fence("d")])  # nothing runs: a ZADD of its own
+        await asyncio.sleep(MARK_DELAY_S + 0.3)
+        assert (await score(redis, "d") or 0) < 0
+
+        liveness.answered_later([fence("e")])
+        await liveness.close()
+        assert (await score(redis, "e") or 0) < 0
+        await redis.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_start_that_fails_gives_the_marks_it_carried_back(redis_url: str) -> None:
+    """The marks a start's ZADD carried are written later when its pipeline fails or is not
+    sent, and when one of its replies is an error (raised, as before)."""
+    from redis.asyncio import Redis
+    from redis.exceptions import ResponseError
+
+    async def run() -> tuple[float | None, float | None]:
+        redis = Redis.from_url(redis_url)
+        liveness = Liveness(redis, interval_s=5.0)
+        first, second = FENCE.model_copy(update={"nonce": "x"}), FENCE.for_call("c1")
+        liveness.answered_later([first])
+        write = liveness.start(redis.pipeline(transaction=False), [FENCE], keys.reasoning_queue)
+        assert first.liveness_id() in write.marks
+        liveness.give_back(write)  # its pipeline never went out
+        liveness.finished([FENCE])
+        liveness.answered_later([second])
+        refused = liveness.start(redis.pipeline(transaction=False), [FENCE], keys.tools_queue)
+        assert set(refused.marks) >= {first.liveness_id(), second.liveness_id()}
+        with pytest.raises(ResponseError):
+            liveness.check_start([ResponseError("refused"), 1], refused)
+        liveness.finished([FENCE])
+        await asyncio.sleep(MARK_DELAY_S + 0.3)
+        scores = (
+            await redis.zscore(keys.heartbeats_key, first.liveness_id()),
+            await redis.zscore(keys.heartbeats_key, second.liveness_id()),
+        )
+        await liveness.close()
+        await redis.aclose()
+        return scores
+
+    first, second = asyncio.run(run())
+    assert first is not None and first < 0
+    assert second is not None and second < 0

@@ -27,6 +27,7 @@ from shared.settings import OrgaSettings
 from shared.task_spec import ProviderSpec
 from tests.fakes.llm_server import FakeOpenAIServer
 from workers.handlers import live_fences, onward, run_reasoning, run_tool_calls
+from workers.liveness import MARK_DELAY_S
 from workers.providers.scripted import ScriptedProvider
 from workers.providers.settings import ProviderSettings
 from workers.runtime import LEDGERS_KEPT, ProcessServices, local_core
@@ -257,6 +258,8 @@ def test_the_answer_mark_says_whether_the_answer_went_out_in_its_chained_call(
     (call,) = calls
     answer = services.run(run_tool_calls(call, services))
     services.run(services.publish(answer, (), answered=live_fences(call)))
+    assert marks(reasoning)[keys.ANSWERED_DIRECT] is None, "a direct mark waits for a write"
+    _wait_for_marks(services)
     after = marks(reasoning)
     assert after[keys.ANSWERED_CHAINED] == answered_at
     assert after[keys.ANSWERED_DIRECT] is not None and after[keys.ANSWERED_DIRECT] <= answered_at
@@ -275,6 +278,7 @@ def test_the_answer_mark_says_whether_the_answer_went_out_in_its_chained_call(
     observation, calls = onward(plain, said)
     assert observation is not None and len(calls) == 1
     services.run(services.publish(observation, calls, answered=live_fences(plain)))
+    _wait_for_marks(services)
     direct = marks(plain.fence.liveness_id())
     assert direct[keys.ANSWERED_CHAINED] is None and direct[keys.ANSWERED_DIRECT] is not None
 
@@ -485,13 +489,13 @@ def test_the_mcp_reaper_reads_which_tasks_are_active(redis_url: str, redis_clien
     assert services.run(services.mcp.active_tasks(tasks)) == {"t-held", "t-other"}
 
 
-def test_on_a_cluster_a_failing_heartbeat_pipeline_never_sends_the_observation_twice(
+def test_on_a_cluster_a_refused_answer_mark_never_sends_the_observation_twice(
     redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a cluster the observation and chained calls are one transaction, the heartbeats a
-    pipeline after it. That pipeline refused once (ReadOnlyError, a transient write error the
-    task's publish retries): the committed transaction is not sent again, one observation and
-    one outbox entry."""
+    """On a cluster the observation and chained calls are one transaction; the answer's marks
+    go later in a write of their own. That write refused once (ReadOnlyError, a transient
+    write error): the committed transaction is not sent again (one observation, one outbox
+    entry), and the marks are written at the next try."""
     settings = OrgaSettings(redis_url=redis_url, redis_cluster=True)
     services = ProcessServices(settings, ProviderSettings(), redis_url)
     _OPEN.append(services)
@@ -503,27 +507,28 @@ def test_on_a_cluster_a_failing_heartbeat_pipeline_never_sends_the_observation_t
     observation, calls = onward(request, message)
     assert observation is message and len(calls) == 1
     refusals: list[str] = []
-    pipeline = services.redis.pipeline
+    zadd = services.redis.zadd
 
-    def refusing_once(transaction: bool = True, shard_hint: Any = None) -> Any:
-        pipe = pipeline(transaction=transaction, shard_hint=shard_hint)
-        if not transaction and not refusals:
+    async def refusing_once(*args: Any, **kwargs: Any) -> Any:
+        if not refusals:
+            refusals.append("marks")
+            raise ReadOnlyError("You can't write against a read only replica.")
+        return await zadd(*args, **kwargs)
 
-            async def refuse(raise_on_error: bool = True) -> Any:
-                refusals.append("heartbeats")
-                await pipe.reset()
-                raise ReadOnlyError("You can't write against a read only replica.")
-
-            monkeypatch.setattr(pipe, "execute", refuse)
-        return pipe
-
-    monkeypatch.setattr(services.redis, "pipeline", refusing_once)
+    monkeypatch.setattr(services.redis, "zadd", refusing_once)
     services.run(_publish(services, observation, calls, [request.fence]))
+    _wait_for_marks(services, tries=2)
 
-    assert refusals == ["heartbeats"]
+    assert refusals == ["marks"]
     with redis.Redis.from_url(redis_url) as client:
         assert client.xlen(keys.observations_stream(0)) == 1
         assert client.xlen(keys.outbox_stream(0)) == 1
+        assert (client.zscore(keys.heartbeats_key, request.fence.liveness_id()) or 0) < 0
+
+
+def _wait_for_marks(services: ProcessServices, tries: int = 1) -> None:
+    """Wait for ``tries`` of the answer marks' own write (:data:`MARK_DELAY_S` each)."""
+    services.run(asyncio.sleep(tries * MARK_DELAY_S + 0.3))
 
 
 def test_a_core_serves_model_calls_from_one_session_on_each_loop() -> None:
@@ -636,9 +641,10 @@ def test_a_start_reads_the_rate_limit_hold_at_most_once_per_fresh_window(
 
 
 def test_a_single_answer_goes_out_without_multi(redis_url: str, redis_client: Any) -> None:
-    """One observation (or one chained call) is one write, atomic on its own: no MULTI/EXEC,
-    the answer and its mark in one non-transactional pipeline. An observation with a chained
-    call is two writes: one transaction, all or nothing, as before."""
+    """One observation (or one chained call) is one write, atomic on its own: no MULTI/EXEC.
+    The observation's mark waits for the next heartbeat write: a start's ``ZADD`` carries it
+    (no command of its own), or its own ``ZADD`` within MARK_DELAY_S. An observation with a
+    chained call is two writes: one transaction, all or nothing, as before."""
     services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
     _OPEN.append(services)
     plain = redis.Redis.from_url(redis_url)
@@ -652,10 +658,34 @@ def test_a_single_answer_goes_out_without_multi(redis_url: str, redis_client: An
         "multi": 0,
         "exec": 0,
         "xadd": 1,
-        "zadd": 1,
+        "zadd": 0,
     }
     assert plain.xlen(keys.observations_stream(0)) == 1
+    assert plain.zscore(keys.heartbeats_key, request.fence.liveness_id()) is None
+    _wait_for_marks(services)
+    assert _commands(plain, "zadd") == {"zadd": 1}
     assert (plain.zscore(keys.heartbeats_key, request.fence.liveness_id()) or 0) < 0
+
+    # the next start carries the marks waiting: one ZADD for both
+    later = _request(ProviderSpec(kind="scripted", replies=["done"]))
+    later = later.model_copy(update={"fence": later.fence.model_copy(update={"nonce": "n3"})})
+    services.run(services.publish(message.model_copy(update={"fence": later.fence}), (),
+                                  answered=live_fences(later)))  # fmt: skip
+    started = _request(ProviderSpec(kind="scripted", replies=["done"]))
+    started = started.model_copy(  # its look near: the start is one ZADD, the heartbeat
+        update={
+            "fence": started.fence.model_copy(update={"nonce": "n4"}),
+            "look_at": time.time() + 20,
+        }
+    )
+    plain.config_resetstat()
+    services.run(services.started(started, [started.fence], keys.reasoning_queue))
+    services.liveness.finished([started.fence])
+    assert _commands(plain, "zadd") == {"zadd": 1}
+    assert (plain.zscore(keys.heartbeats_key, later.fence.liveness_id()) or 0) < 0
+    assert (plain.zscore(keys.heartbeats_key, started.fence.liveness_id()) or 0) > 0
+    _wait_for_marks(services)
+    assert _commands(plain, "zadd") == {"zadd": 1}, "nothing left for a write of its own"
 
     chaining = _request(ProviderSpec(kind="scripted", replies=[reply])).model_copy(
         update={"act": ActMode.CHAIN, "config": LoopConfig(max_concurrent_tools=1)}
