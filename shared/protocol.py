@@ -185,8 +185,11 @@ class ReasonRequest(BaseModel):
     def tool_request(self, call: ToolCallAction) -> ToolRequest:
         """The request that runs one approved call of this iteration on a tool worker (built
         without validation: every value comes from this validated request and the gated
-        call, of its field's type; the fields not given take their defaults)."""
+        call, of its field's type; the fields not given take their defaults, ``answer``'s
+        given: pydantic's ``model_construct`` inspects a default factory's signature each time
+        it calls one)."""
         return ToolRequest.model_construct(
+            answer=RunEach(),
             fence=self.fence.acting().for_call(call.call_id),
             purpose="act",
             agent_id=self.agent_id,

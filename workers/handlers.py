@@ -212,9 +212,12 @@ def failure_kind(exc: BaseException) -> ErrorKind:
 def _gate_context(request: ReasonRequest | ToolRequest, iteration: int) -> GateContext:
     """The gate's view of a request. Built without validation (``model_construct``): every
     value comes from the request, validated when it was decoded, and is of the field's type
-    (GateContext's validation was about 1.4 % of a reasoning worker's busy samples)."""
+    (GateContext's validation was about 1.4 % of a reasoning worker's busy samples). Every
+    field is given: pydantic's ``model_construct`` inspects the signature of a default factory
+    each time it calls one (``attributes``'s ``dict``: 14 µs of 20)."""
     fence = request.fence
     return GateContext.model_construct(
+        attributes={},
         agent_id=request.agent_id,
         workspace=Path(request.workspace),
         task_id=fence.task_id,

@@ -17,7 +17,12 @@ for a tool whose schema requires properties still fails, with the schema's own m
 (``'path' is a required property``), which tells the model what to send.
 
 Schemas are compiled once per distinct schema (keyed by its canonical JSON text). The
-validator class follows the schema's ``$schema`` keyword and defaults to Draft 2020-12.
+canonical text of a schema object already seen is remembered with the object itself (the
+registry's tools offer the same definitions call after call: 19 µs of a 72 µs check was
+putting file_read's schema in canonical JSON again), so a schema must not be changed in
+place once checked (a :class:`ToolDefinition` is frozen; its ``parameters`` are never
+written). The validator class follows the schema's ``$schema`` keyword and defaults to
+Draft 2020-12.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ def _check_against_schema(
 ) -> str | None:
     """The schema-validation reason, or the fail-closed reason for a broken schema."""
     try:
-        validator = _compiled_validator(_canonical(schema))
+        validator = _compiled_validator(_canonical_of(schema))
         errors = sorted(validator.iter_errors(arguments), key=_error_sort_key)
     except SchemaError as exc:
         return _invalid_schema(name, f"{_pointer_prefix(exc.path)}{exc.message}")
@@ -136,6 +141,25 @@ def _invalid_schema(name: str, error: str) -> str:
 
 def _canonical(schema: dict[str, Any]) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+_SEEN_SCHEMAS = 512
+_seen: dict[int, tuple[dict[str, Any], str]] = {}
+"""``id(schema)`` → the schema and its canonical text. The entry holds the schema, so its
+``id`` is not reused while it is here; a full memo starts again empty (a request's own
+schemas are new objects at every call and only pass through)."""
+
+
+def _canonical_of(schema: dict[str, Any]) -> str:
+    """:func:`_canonical` of ``schema``, remembered for this very object."""
+    seen = _seen.get(id(schema))
+    if seen is not None and seen[0] is schema:
+        return seen[1]
+    text = _canonical(schema)
+    if len(_seen) >= _SEEN_SCHEMAS:
+        _seen.clear()
+    _seen[id(schema)] = (schema, text)
+    return text
 
 
 @functools.lru_cache(maxsize=512)

@@ -595,24 +595,24 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
 
 
 def decode_json_object(response: HttpAnswer, endpoint: Endpoint, url: str) -> dict[str, Any]:
-    """The body as a JSON object, or ``ResponseParseError`` quoting the start of it."""
-    url = redact_url(url)
+    """The body as a JSON object, or ``ResponseParseError`` quoting the start of it (the URL
+    is redacted only then: an answer that reads costs no redaction)."""
     try:
         data = response.json()
     except ValueError:
         kind = response.headers.get("content-type", "no content-type")
         raise ResponseParseError(
-            f"{endpoint.provider} at {url} answered HTTP {response.status} with a body that "
-            f"is not JSON ({kind}): {_snippet(response.text, endpoint)!r}"
+            f"{endpoint.provider} at {redact_url(url)} answered HTTP {response.status} with a "
+            f"body that is not JSON ({kind}): {_snippet(response.text, endpoint)!r}"
         ) from None
     except RecursionError:
         raise ResponseParseError(
-            f"{endpoint.provider} at {url} answered HTTP {response.status} with JSON nested "
-            f"too deeply to read: {_snippet(response.text, endpoint)!r}"
+            f"{endpoint.provider} at {redact_url(url)} answered HTTP {response.status} with "
+            f"JSON nested too deeply to read: {_snippet(response.text, endpoint)!r}"
         ) from None
     if not isinstance(data, dict):
         raise ResponseParseError(
-            f"{endpoint.provider} at {url} answered a JSON {type(data).__name__}, "
+            f"{endpoint.provider} at {redact_url(url)} answered a JSON {type(data).__name__}, "
             f"expected an object: {_snippet(response.text, endpoint)!r}"
         )
     return data

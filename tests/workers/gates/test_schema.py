@@ -176,3 +176,17 @@ def test_messages_the_model_sees() -> None:
     """The feedback texts are exactly Symbiont's."""
     assert denial_message("no") == "[Policy denied] no"
     assert schema_failure_message("bad") == "[Schema validation failed] bad"
+
+
+def test_a_schema_checked_again_is_checked_against_itself() -> None:
+    """The same definitions checked call after call keep giving each schema's own verdict,
+    and so do many new schemas, past the memo of canonical texts (which then starts again)."""
+    for _ in range(3):
+        assert validate_tool_arguments(call("file_read", '{"path": "a.py"}'), DEFINITIONS) is None
+        assert validate_tool_arguments(call("file_read", "{}"), DEFINITIONS) is not None
+    for minimum in range(520):
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": minimum}}}
+        definitions = [ToolDefinition(name="count", parameters=schema)]
+        assert validate_tool_arguments(call("count", f'{{"n": {minimum}}}'), definitions) is None
+        reason = validate_tool_arguments(call("count", f'{{"n": {minimum - 1}}}'), definitions)
+        assert reason is not None and f"less than the minimum of {minimum}" in reason
