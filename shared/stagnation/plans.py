@@ -197,14 +197,17 @@ class PlanMemory:
         for (earlier, earlier_calls, since), earlier_words in zip(
             self._plans, self._words, strict=True
         ):
-            if calls != earlier_calls:
-                continue
-            near = Indel.normalized_similarity(text, earlier) >= threshold
-            alike = paraphrase_similarity(words, earlier_words)
-            if since == self.mark and (near or alike >= paraphrase):
-                found = Reissue.STALE
-                break
-            if echo and (near or alike >= echo):
+            at_mark = since == self.mark
+            if calls != earlier_calls or not (at_mark or (echo and found is Reissue.NEW)):
+                continue  # an echo needs one earlier plan: the rest are compared for staleness
+            # the content words first (a set intersection), the characters only when they fail
+            bar = paraphrase if at_mark else echo
+            if paraphrase_similarity(words, earlier_words) >= bar or (
+                Indel.normalized_similarity(text, earlier, score_cutoff=threshold) >= threshold
+            ):
+                if at_mark:
+                    found = Reissue.STALE
+                    break
                 found = Reissue.ECHO
         self._plans.append((text, calls, self.mark))
         self._words.append(words)
