@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from shared.stagnation import ModelTurn, StagnationConfig, StagnationDetector, StagnationLevel
@@ -89,3 +90,25 @@ def test_the_echo_test_stays_well_under_a_millisecond() -> None:
     per_plan = (time.process_time() - started) / rounds
     print(f"echo test: {per_plan * 1e6:.0f} µs of CPU per plan against 16")
     assert per_plan < 1e-3
+
+
+def test_an_echo_survives_a_restore_from_the_saved_state() -> None:
+    """Saved through JSON after the first news and restored, the detector still reads the
+    request asked again after more news as an echo (the remembered plans keep their marks):
+    it holds the count, 2 after the next loop report (1 without echoes), NUDGE."""
+    straight, no_echo = StagnationDetector(NO_GATE), StagnationDetector(NO_ECHO)
+    for detector in (straight, no_echo):
+        detector.observe_turn(STUCK)
+        detector.observe(read("form/0.html", "FedEx rate form, field From: Hartford"))
+        detector.observe_turn(ModelTurn(text=REWORDED_REQUESTS[0]))
+        detector.observe(read("form/0b.html", "FedEx rate form, now From: Hartford shown"))
+    state = json.loads(json.dumps(straight.to_state()))
+    restored = StagnationDetector.from_state(None, state)
+    for detector in (straight, restored, no_echo):
+        detector.observe_turn(STUCK)
+        detector.observe(read("form/1.html", "FedEx rate form, field To: Colombia"))
+        detector.observe_turn(ModelTurn(text=REWORDED_REQUESTS[1]))
+        detector.observe_turn(STUCK)
+    assert restored.counters()["stale_turns"] == straight.counters()["stale_turns"] == 2
+    assert restored.verdict().level is straight.verdict().level is StagnationLevel.NUDGE
+    assert no_echo.counters()["stale_turns"] == 1
