@@ -205,7 +205,9 @@ class StagnationDetector:
         sends the same instruction again while every page it gets back differs by OCR noise is
         not learning from those pages. Nor does a turn that follows no news: a reply with nothing
         new come back since the previous turn (an agent answering the user's side questions
-        between requests for the same missing id) neither adds nor takes off.
+        between requests for the same missing id) neither adds nor takes off; nor does an
+        *echo*, the same request as a plan made before the last news (content words at least
+        ``plan_echo`` alike, or near-identical): the news did not change what is asked.
         """
         self._climbed = False
         self._turn_open = True
