@@ -101,7 +101,10 @@ class StagnationConfig(BaseModel):
       ``plan_novelty`` content words no earlier result showed, or have a quarter of its own
       content words new; a shorter one must show such words or not be a near-duplicate
       (``plan_similarity``) of a recent one (``plan_novelty=0``: the near-duplicate rule for
-      every result, the first release's);
+      every result, the first release's). A turn that asks again what a plan made before the
+      last news asked (near-identical, or content words at least ``plan_echo`` alike: an
+      *echo*) neither adds nor takes off: the news did not change the request
+      (``plan_echo=0``: no echo, such a turn takes one off, as before);
     - ``refusal``: refusals of the same write on the same target (tool and path) since its last
       success, in the last ``history`` events, whatever the arguments; above NUDGE only when the
       refused call was re-sent unchanged after the same refusal
@@ -132,6 +135,7 @@ class StagnationConfig(BaseModel):
     plan_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
     plan_paraphrase: float = Field(default=0.6, gt=0.0, le=1.0)
     plan_novelty: int = Field(default=20, ge=0, le=1000)
+    plan_echo: float = Field(default=0.9, ge=0.0, le=1.0)
     plan_memory: int = Field(default=16, ge=1, le=256)
     plan_min_chars: int = Field(default=40, ge=1)
     max_period: int = Field(default=5, ge=2, le=10)

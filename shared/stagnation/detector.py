@@ -42,7 +42,7 @@ from shared.stagnation.events import ToolEvent, ToolKind
 from shared.stagnation.fingerprint import EventFingerprint, digest, fingerprint
 from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
-from shared.stagnation.plans import ModelTurn, PlanMemory, plan_of
+from shared.stagnation.plans import ModelTurn, PlanMemory, Reissue, plan_of
 from shared.stagnation.shell import as_shell_event
 from shared.stagnation.signal import (
     KIND_PRIORITY,
@@ -205,7 +205,9 @@ class StagnationDetector:
         sends the same instruction again while every page it gets back differs by OCR noise is
         not learning from those pages. Nor does a turn that follows no news: a reply with nothing
         new come back since the previous turn (an agent answering the user's side questions
-        between requests for the same missing id) neither adds nor takes off.
+        between requests for the same missing id) neither adds nor takes off; nor does an
+        *echo*, the same request as a plan made before the last news (content words at least
+        ``plan_echo`` alike, or near-identical): the news did not change what is asked.
         """
         self._climbed = False
         self._turn_open = True
@@ -215,16 +217,19 @@ class StagnationDetector:
         # a turn of calls alone, or a word ("TERMINATE"), is too short to say anything as a
         # plan: the output side judges its calls, and it neither adds nor takes off
         comparable = len(plan[0]) >= cfg.plan_min_chars
-        reissued = comparable and self._plans.reissue(
-            plan, cfg.plan_similarity, cfg.plan_paraphrase
+        reissue = (
+            self._plans.reissue(plan, cfg.plan_similarity, cfg.plan_paraphrase, cfg.plan_echo)
+            if comparable
+            else Reissue.NEW
         )
+        reissued = reissue is Reissue.STALE
         news = self._plans.mark != self._turn_mark
         self._turn_mark = self._plans.mark
         stale = reissued or turn.stuck is True
         if stale:
             self._plan_stale += 1
             self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
-        elif comparable and news:
+        elif comparable and news and reissue is not Reissue.ECHO:
             self._plan_stale = max(0, self._plan_stale - 1)
         # every turn reaches every signal (a re-asked slot is no stale turn of the plan rules)
         evidence = self._evidence(self._signal_input(turn=turn, stale_turn=stale))

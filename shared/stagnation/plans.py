@@ -17,6 +17,7 @@ import json
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
+from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz.distance import Indel
@@ -26,7 +27,15 @@ from shared.stagnation.fingerprint import canonical_json, digest, mask
 from shared.stagnation.novelty import WordNovelty
 from shared.stagnation.paraphrase import content_words, paraphrase_similarity
 
-__all__ = ["MAX_PLAN_CHARS", "ModelTurn", "Plan", "PlanMemory", "plan_of", "self_report"]
+__all__ = [
+    "MAX_PLAN_CHARS",
+    "ModelTurn",
+    "Plan",
+    "PlanMemory",
+    "Reissue",
+    "plan_of",
+    "self_report",
+]
 
 MAX_PLAN_CHARS = 600
 """A plan is compared on its first 600 masked characters: enough to tell two instructions or
@@ -130,6 +139,18 @@ def plan_of(turn: ModelTurn) -> Plan:
     return text, digest("calls", *(mask(call) for call in turn.calls))
 
 
+class Reissue(Enum):
+    """What a plan is to the remembered ones (:meth:`PlanMemory.reissue`)."""
+
+    NEW = "new"
+    """Not a re-issue: a plan of its own, or one made again after news that could explain it."""
+    ECHO = "echo"
+    """The same request, word for word or in the same content words, made again after news:
+    what came back did not change what is asked. Neither stale nor fresh."""
+    STALE = "stale"
+    """A re-issue of a plan made with nothing new come back since."""
+
+
 class PlanMemory:
     """The last ``capacity`` plans and results, and a mark that moves with new information.
 
@@ -159,24 +180,35 @@ class PlanMemory:
         self._novelty = WordNovelty(words)
         self.mark = mark
 
-    def reissue(self, plan: Plan, threshold: float, paraphrase: float = 1.0) -> bool:
-        """True when ``plan`` re-issues a plan made at the current mark with the same calls:
-        the text near-identical (Indel similarity at least ``threshold``) or the same request
-        in other words (content words at least ``paraphrase`` alike, Jaccard; 1.0: the same
-        words only); it is remembered either way."""
+    def reissue(
+        self, plan: Plan, threshold: float, paraphrase: float = 1.0, echo: float = 0.0
+    ) -> Reissue:
+        """Whether ``plan`` re-issues a remembered plan with the same calls, the text
+        near-identical (Indel similarity at least ``threshold``) or the same request in other
+        words (content words at least ``paraphrase`` alike, Jaccard; 1.0: the same words only):
+        :attr:`Reissue.STALE` when that plan was made at the current mark (nothing has come back
+        since); else :attr:`Reissue.ECHO` when a plan made before the mark was near-identical
+        or had content words at least ``echo`` alike (0: never an echo): the news since did
+        not change what is asked; else :attr:`Reissue.NEW`. The plan is remembered either way.
+        """
         text, calls = plan
         words = content_words(text)
-        found = any(
-            since == self.mark
-            and calls == earlier_calls
-            and (
-                Indel.normalized_similarity(text, earlier) >= threshold
-                or paraphrase_similarity(words, earlier_words) >= paraphrase
-            )
-            for (earlier, earlier_calls, since), earlier_words in zip(
-                self._plans, self._words, strict=True
-            )
-        )
+        found = Reissue.NEW
+        for (earlier, earlier_calls, since), earlier_words in zip(
+            self._plans, self._words, strict=True
+        ):
+            at_mark = since == self.mark
+            if calls != earlier_calls or not (at_mark or (echo and found is Reissue.NEW)):
+                continue  # an echo needs one earlier plan: the rest are compared for staleness
+            # the content words first (a set intersection), the characters only when they fail
+            bar = paraphrase if at_mark else echo
+            if paraphrase_similarity(words, earlier_words) >= bar or (
+                Indel.normalized_similarity(text, earlier, score_cutoff=threshold) >= threshold
+            ):
+                if at_mark:
+                    found = Reissue.STALE
+                    break
+                found = Reissue.ECHO
         self._plans.append((text, calls, self.mark))
         self._words.append(words)
         return found
