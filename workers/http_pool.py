@@ -64,6 +64,10 @@ def pooled_session(max_per_host: int) -> aiohttp.ClientSession:
     both per request (``workers/providers/_http.py``). aiohttp's ``trust_env`` stays off: it
     would also read ``~/.netrc`` in a thread for every request, and refuse a request with an
     ``Authorization`` header when that file names the host.
+
+    The session keeps no cookies (``aiohttp.DummyCookieJar``): one session serves every task's
+    calls to an endpoint, so a cookie a provider set on one task's reply would otherwise go
+    with every other task's calls (a model API authenticates by its key, not by cookies).
     """
     if max_per_host < 1:
         raise ValueError(
@@ -77,7 +81,10 @@ def pooled_session(max_per_host: int) -> aiohttp.ClientSession:
         keepalive_timeout=KEEPALIVE_S,
     )
     return aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None), trust_env=False
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None),
+        trust_env=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 

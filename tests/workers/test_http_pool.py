@@ -69,6 +69,40 @@ def test_the_session_serves_a_real_local_server_over_one_kept_connection() -> No
     asyncio.run(scenario())
 
 
+def test_a_cookie_one_reply_sets_goes_with_no_later_call() -> None:
+    """The pooled session serves every task's calls: a cookie a provider sets on one reply is
+    not sent with the next call (one task's cookie would otherwise reach another's calls)."""
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                seen.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nset-cookie: session=task-a; Path=/\r\n"
+                    b"content-length: 5\r\n\r\nhello"
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def scenario() -> None:
+        # A host name: aiohttp keeps no cookie for an IP address anyway.
+        server = await asyncio.start_server(handle, "localhost", 0)
+        port = server.sockets[0].getsockname()[1]
+        session = pooled_session(4)
+        async with server, session:
+            for _ in range(2):
+                async with session.get(f"http://localhost:{port}/") as response:
+                    assert await response.text() == "hello"
+
+    asyncio.run(scenario())
+    assert len(seen) == 2
+    assert b"cookie:" not in seen[1].lower(), seen[1]
+
+
 def test_connections_to_one_endpoint_are_capped_at_max_per_host() -> None:
     """Ten calls at once with a cap of 4 open at most 4 connections; the rest wait their turn
     and are all answered."""

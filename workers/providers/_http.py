@@ -419,7 +419,9 @@ class JsonPoster:
             yield self._session()
             return
         connector = aiohttp.TCPConnector(ssl=shared_ssl_context())
-        async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
+        async with aiohttp.ClientSession(
+            connector=connector, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+        ) as session:
             yield session
 
     async def _attempt(
