@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 
     from coordinator.webhooks import WebhookDeliverer
 
-__all__ = ["ERROR_EXIT_CODE", "coordinator_settings", "main", "webhook_deliverer"]
+__all__ = ["ERROR_EXIT_CODE", "PROCESS_NAME", "coordinator_settings", "main", "webhook_deliverer"]
+
+PROCESS_NAME = "orga-coordinator"
+"""The process's name (``/proc/PID/comm``): its command line is the interpreter's."""
 
 ERROR_EXIT_CODE = 1
 """The exit code of a coordinator refused at start (an ``OrgaError``: a cluster without
@@ -95,6 +98,8 @@ def webhook_deliverer(settings: OrgaSettings, redis: Redis) -> WebhookDeliverer 
 def main() -> int:
     """Run a coordinator against ``ORGA_REDIS_URL`` until SIGTERM; an ``OrgaError`` at start
     is said on stderr (``error: ...``), exit code :data:`ERROR_EXIT_CODE`."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(PROCESS_NAME)  # `ps -o comm`, `top`, `pgrep orga-coordinator` (Linux)
     settings = OrgaSettings()
     url = settings.redis_url
     if not url:
