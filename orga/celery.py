@@ -211,16 +211,19 @@ def _on_sighup(_signum: int, _frame: Any) -> None:
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]
-def _start_services(**_: Any) -> None:
-    # A prefork pool process ignores SIGHUP (Celery resets it to the default, which kills it:
-    # a terminal closed or a SIGHUP to the process group would end its call, to be delivered
-    # again); its main process decides (_stop_on_sighup). Unblocked, as it was held while the
-    # pool was forked (_hold_sighup); the commands' launcher restores the default for them.
+def _ignore_sighup_in_pool_process(**_: Any) -> None:
+    """A prefork pool process ignores SIGHUP (Celery resets it to the default, which kills it:
+    a terminal closed or a SIGHUP to the process group would end its call, to be delivered
+    again); its main process decides (:func:`_stop_on_sighup`). Unblocked, as it was held
+    while the pool was forked (:func:`_hold_sighup`); the commands' launcher restores the
+    default for them.
+
+    The process's services (:func:`workers.tasks.services`: its event loop thread, Redis
+    client, tool registry, tracing) are not built here but by its first task, as in a
+    thread-pool worker: a pool process that runs no tool call holds none of them (issue 27,
+    about 5 MB of PSS per idle tool pool process, docs/performance.md)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
-    from workers.tasks import services
-
-    services(app)
 
 
 @worker_process_shutdown.connect  # type: ignore[untyped-decorator]

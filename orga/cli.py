@@ -34,7 +34,6 @@ from coordinator.client import (
     TaskNotFoundError,
     TaskRejectedError,
 )
-from coordinator.logs import configure_logging, redact_url
 from coordinator.state import TERMINAL_STATUSES, TaskStatus
 from orga.cli_agents import agents_app
 from orga.cli_schedules import schedule_app
@@ -42,8 +41,6 @@ from orga.cli_tokens import TokenPrinter
 from orga.embedded import (
     EmbeddedRuntime,
     EmbeddedRuntimeError,
-    coordinator_settings,
-    webhook_deliverer,
 )
 from orga.redis_client import RedisClients
 from orga.topology import Role, supervisor_exec, worker_commands
@@ -874,63 +871,14 @@ def _exit_after_decision(decision: str, data: dict[str, Any]) -> None:
 @app.command()
 def coordinator() -> None:
     """Run a coordinator against ORGA_REDIS_URL (several may run at once)."""
-
-    from coordinator.metrics import serve_metrics
-    from coordinator.relay import CeleryPublisher
-    from coordinator.service import Coordinator
-
-    url = _require_url()
-    settings = _settings()
-    configure_logging(settings.log_level)
-    with _errors():
-        configure_tracing(TelemetrySettings(), "orga-coordinator")
-    port, host = settings.metrics_port, settings.metrics_host
-    with _errors():  # a cluster without ORGA_BROKER_URL is refused
-        clients = RedisClients.from_settings(settings)
-    metrics = None
-    if port:
-        # the queues' depths are asked of the broker, whichever it is (orga_queue_depth)
-        depths = CeleryPublisher.from_settings(
-            settings.model_copy(update={"redis_url": url}), broker_depths=True
-        )
-        metrics = serve_metrics(
-            port,
-            url,
-            host=host,
-            partitions=settings.partitions,
-            connect=clients.sync,
-            queue_depths=depths,
-        )
-
-    async def main_loop() -> None:
-        client = clients.asyncio()
-        node = Coordinator(
-            client,
-            settings=coordinator_settings(settings),
-            metrics=metrics,
-            publisher=CeleryPublisher.from_settings(settings.model_copy(update={"redis_url": url})),
-        )
-        where = f", metrics on http://{host}:{port}/metrics" if metrics else ""
-        webhooks = webhook_deliverer(settings, client)
-        if webhooks is not None:
-            where += f", {len(settings.webhooks)} webhook(s)"
-        _say(f"coordinator {node.name} on {redact_url(url)}{where}")
-        # SIGTERM (systemd, Kubernetes): finish the batches in hand and hand the partitions
-        # over at once (their leases released), instead of after ORGA_PARTITION_LEASE_TTL_S.
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, node.stop)
-        if webhooks is None:
-            await node.run()
-            return
-        delivering = asyncio.create_task(webhooks.run())
-        try:
-            await node.run()
-        finally:
-            webhooks.stop()
-            with contextlib.suppress(Exception):  # posts in flight stay pending for another
-                await asyncio.wait_for(delivering, 5)
-
-    with _errors():  # a Redis that evicts keys is refused at start (shared.eviction)
-        aio.run(main_loop())
+    _require_url()
+    _settings()  # invalid settings are refused here, in the command line's words
+    # The same process runs `python -m orga.coordinator_main` (execve, the same pid): the
+    # coordinator without this command line's imports (Typer, Rich, httpx: about 6 MB).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, "-m", "orga.coordinator_main"]
+    os.execv(sys.executable, argv)  # noqa: S606
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -23,17 +23,16 @@ from typing import IO, Any
 
 from redis.asyncio import Redis
 
-from coordinator.liveness import LivenessSettings
-from coordinator.machine import MachineSettings
 from coordinator.partition_leases import forget_holders
 from coordinator.relay import CeleryPublisher
-from coordinator.service import Coordinator, CoordinatorSettings
+from coordinator.service import Coordinator
 from coordinator.webhooks import WebhookDeliverer
 from orga import topology
+from orga.coordinator_main import coordinator_settings, webhook_deliverer
 from orga.embedded_redis import EmbeddedRedis
 from orga.topology import Role, worker_commands
 from shared.errors import OrgaError
-from shared.redaction import Redactor, redact_url, secret_values
+from shared.redaction import redact_url
 from shared.settings import OrgaSettings
 
 __all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings", "webhook_deliverer"]
@@ -41,53 +40,6 @@ __all__ = ["EmbeddedRuntime", "EmbeddedRuntimeError", "coordinator_settings", "w
 
 class EmbeddedRuntimeError(OrgaError):
     """The embedded runtime could not start."""
-
-
-def coordinator_settings(settings: OrgaSettings) -> CoordinatorSettings:
-    """The coordinator's timings from the process settings."""
-    return CoordinatorSettings(
-        lease_ttl_s=settings.lease_ttl_s,
-        partition_lease_ttl_s=settings.partition_lease_ttl_s,
-        tick_interval_s=settings.tick_interval_s,
-        claim_idle_ms=settings.claim_idle_ms,
-        journal_maxlen=settings.journal_maxlen,
-        events_maxlen=settings.events_maxlen,
-        retention_s=settings.retention_s,
-        partitions=settings.partitions,
-        machine=MachineSettings(
-            observation_deadline_s=settings.observation_deadline_s,
-            max_redeliveries=settings.max_redeliveries,
-            outage_deadline_s=settings.outage_deadline_s,
-            outage_backoff_s=settings.outage_backoff_s,
-            workspace_root=settings.workspace_root,
-            allow_inline_tools=settings.allow_inline_tools,
-            inline_read_tools=settings.inline_read_tools,
-            chain_tools=settings.chain_tools,
-            max_delegation_depth=settings.max_delegation_depth,
-            max_children_per_task=settings.max_children_per_task,
-            journal_redactor=Redactor(secret_values(settings)),
-            liveness=LivenessSettings(
-                heartbeat_timeout_s=settings.heartbeat_timeout_s,
-                start_to_close_s=settings.start_to_close_s,
-                heartbeat_interval_s=settings.heartbeat_interval_s,
-            ),
-        ),
-    )
-
-
-def webhook_deliverer(settings: OrgaSettings, redis: Redis) -> WebhookDeliverer | None:
-    """The deliverer of ``ORGA_WEBHOOKS`` that runs next to a coordinator (None: none set)."""
-    if not settings.webhooks:
-        return None
-    return WebhookDeliverer(
-        redis,
-        list(settings.webhooks),
-        partitions=settings.partitions,
-        deadline_s=settings.webhook_deadline_s,
-        timeout_s=settings.webhook_timeout_s,
-        claim_idle_ms=settings.webhook_claim_idle_ms,
-        redactor=Redactor(secret_values(settings)),
-    )
 
 
 @dataclass

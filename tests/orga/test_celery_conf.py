@@ -62,3 +62,28 @@ def test_the_workers_flush_task_events_once_per_window(monkeypatch: pytest.Monke
         OrgaSettings(redis_url="redis://127.0.0.1:1/0")
     )
     assert TaskEventWindows in app.steps["consumer"]
+
+
+def test_a_pool_process_starts_without_its_services_and_ignores_sighup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a prefork pool process does as it starts (``worker_process_init``): it ignores
+    SIGHUP, and builds no services (event loop thread, Redis client, tool registry): its first
+    task does, so an idle tool pool process holds none of them (issue 27, memory)."""
+    import signal
+
+    from celery.signals import worker_process_init
+
+    import workers.tasks
+
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    importlib.import_module("orga.celery")
+    built: list[object] = []
+    monkeypatch.setattr(workers.tasks, "ProcessServices", lambda *a, **k: built.append(a))
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        worker_process_init.send(sender=None)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert built == []

@@ -101,11 +101,11 @@ def _why(code: str, package: str) -> str:
             "worker",
             "import orga.worker_main, orga.celery, workers.tasks, celery.bin.worker",
         ),
-        # what `orga coordinator` imports: the CLI and the coordinator's modules
+        # what `orga coordinator` becomes (execve): the coordinator's modules, and the
+        # webhooks' deliverer, imported where ORGA_WEBHOOKS is set
         (
             "coordinator",
-            "import orga.cli, coordinator.service, coordinator.relay, coordinator.metrics, "
-            "coordinator.webhooks",
+            "import orga.coordinator_main, coordinator.webhooks",
         ),
     ],
 )
@@ -116,6 +116,16 @@ def test_a_long_running_process_imports_no_feature_it_does_not_use(process: str,
         f"the {process} process imports {found} at start: "
         + "; ".join(f"{name}: {_why(code, name)}" for name in found)
         + ". Import it where it is used (docs/performance.md, issue 27)"
+    )
+
+
+def test_the_coordinator_runs_without_the_command_line() -> None:
+    """``orga coordinator`` runs :mod:`orga.coordinator_main` in its place: none of the command
+    line's packages (Typer, Rich), and no httpx unless ORGA_WEBHOOKS is set."""
+    modules = _imported("import orga.coordinator_main")
+    found = _offending(modules, ("typer", "rich", "httpx", "orga.cli", "orga.embedded"))
+    assert not found, "; ".join(
+        f"{name}: {_why('import orga.coordinator_main', name)}" for name in found
     )
 
 
