@@ -182,6 +182,7 @@ class StagnationDetector:
         self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
         self._memories: tuple[SignalMemory, ...] | None = None
         self._notes: tuple[EventNotes, ...] | None = None
+        self._remembering: tuple[Signal, ...] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -301,6 +302,13 @@ class StagnationDetector:
         if self._memories is None:
             self._memories = tuple(s for s in self.signals if _keeps_memory(s))
         return self._memories
+
+    def _remembering_signals(self) -> tuple[Signal, ...]:
+        """The signals that keep a memory (:meth:`_signal_memories`), as signals, in order."""
+        if self._remembering is None:
+            memories = {id(memory) for memory in self._signal_memories()}
+            self._remembering = tuple(s for s in self.signals if id(s) in memories)
+        return self._remembering
 
     def _noting_signals(self) -> tuple[EventNotes, ...]:
         """The signals told of every tool event (:class:`EventNotes`), found once per detector
@@ -581,7 +589,16 @@ class StagnationDetector:
         )
 
     def _evidence(self, step: SignalInput) -> list[Evidence]:
-        """Every signal's evidence on ``step``, in the signals' order (ties go to the first)."""
+        """Every signal's evidence on ``step``, in the signals' order (ties go to the first).
+
+        Behind the closed step gate (or with the detector disabled) no evidence can raise the
+        level (:meth:`_climb`): only the signals that keep a memory are shown the step, for what
+        they remember of it; the others keep nothing, and are not asked (none).
+        """
+        if not self.config.enabled or not self._gate_open():
+            for signal in self._remembering_signals():
+                signal.observe(step)
+            return []
         return [e for signal in self.signals if (e := signal.observe(step)) is not None]
 
     def _gate_open(self) -> bool:
