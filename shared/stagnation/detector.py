@@ -237,7 +237,7 @@ class StagnationDetector:
             self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
         elif comparable and news:
             self._plan_stale = max(0, self._plan_stale - 1)
-        # every turn reaches every signal (a re-asked slot is no stale turn of the plan rules)
+        # every turn reaches the signals (a re-asked slot is no stale turn of the plan rules)
         evidence = self._evidence(self._signal_input(turn=turn, stale_turn=stale))
         if not evidence:
             return False
