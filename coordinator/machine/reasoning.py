@@ -173,11 +173,11 @@ class Reasoning(Section):
         turn = ModelTurn.from_conversation(message.new_messages)
         if turn is None:
             return False
-        verdict = self.m.detector.observe_turn(turn)
         calls = message.approved_calls or message.held_calls
         if calls and message.terminal_output is None:
+            self.m.detector.note_turn(turn)  # the results' verdict is applied: none built now
             return False
-        return self.m.observing.apply_verdict(verdict)
+        return self.m.observing.apply_verdict(self.m.detector.observe_turn(turn))
 
     def chained(
         self,

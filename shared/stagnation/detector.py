@@ -182,6 +182,7 @@ class StagnationDetector:
         self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
         self._memories: tuple[SignalMemory, ...] | None = None
         self._notes: tuple[EventNotes, ...] | None = None
+        self._remembering: tuple[Signal, ...] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -209,17 +210,27 @@ class StagnationDetector:
         *echo*, the same request as a plan made before the last news (content words at least
         ``plan_echo`` alike, or near-identical): the news did not change what is asked.
         """
+        return self._verdict(escalated=self._turn(turn))
+
+    def note_turn(self, turn: ModelTurn) -> None:
+        """Account for one assistant message as :meth:`observe_turn` does, without building its
+        verdict: for a host that applies the verdict of the results that follow instead (the
+        turn proposed calls; that verdict says ``escalated`` when this turn raised the level)."""
+        self._turn(turn)
+
+    def _turn(self, turn: ModelTurn) -> bool:
+        """The turn accounted for; True when it raised the level."""
         self._climbed = False
         self._turn_open = True
         self._turns_since_milestone += 1
         cfg = self.config
-        plan = plan_of(turn)
         # a turn of calls alone, or a word ("TERMINATE"), is too short to say anything as a
         # plan: the output side judges its calls, and it neither adds nor takes off
-        comparable = len(plan[0]) >= cfg.plan_min_chars
+        plan = plan_of(turn, cfg.plan_min_chars)
+        comparable = plan is not None
         reissue = (
             self._plans.reissue(plan, cfg.plan_similarity, cfg.plan_paraphrase, cfg.plan_echo)
-            if comparable
+            if plan is not None
             else Reissue.NEW
         )
         reissued = reissue is Reissue.STALE
@@ -231,12 +242,12 @@ class StagnationDetector:
             self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
         elif comparable and news and reissue is not Reissue.ECHO:
             self._plan_stale = max(0, self._plan_stale - 1)
-        # every turn reaches every signal (a re-asked slot is no stale turn of the plan rules)
+        # every turn reaches the signals (a re-asked slot is no stale turn of the plan rules)
         evidence = self._evidence(self._signal_input(turn=turn, stale_turn=stale))
         if not evidence:
-            return self._verdict(escalated=False)
+            return False
         strongest = max(evidence, key=Evidence.rank)
-        return self._escalate(strongest, {reason for e in evidence for reason in e.reasons})
+        return self._climb(strongest, {reason for e in evidence for reason in e.reasons})
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -296,6 +307,13 @@ class StagnationDetector:
         if self._memories is None:
             self._memories = tuple(s for s in self.signals if _keeps_memory(s))
         return self._memories
+
+    def _remembering_signals(self) -> tuple[Signal, ...]:
+        """The signals that keep a memory (:meth:`_signal_memories`), as signals, in order."""
+        if self._remembering is None:
+            memories = {id(memory) for memory in self._signal_memories()}
+            self._remembering = tuple(s for s in self.signals if id(s) in memories)
+        return self._remembering
 
     def _noting_signals(self) -> tuple[EventNotes, ...]:
         """The signals told of every tool event (:class:`EventNotes`), found once per detector
@@ -576,7 +594,16 @@ class StagnationDetector:
         )
 
     def _evidence(self, step: SignalInput) -> list[Evidence]:
-        """Every signal's evidence on ``step``, in the signals' order (ties go to the first)."""
+        """Every signal's evidence on ``step``, in the signals' order (ties go to the first).
+
+        Behind the closed step gate (or with the detector disabled) no evidence can raise the
+        level (:meth:`_climb`): only the signals that keep a memory are shown the step, for what
+        they remember of it; the others keep nothing, and are not asked (none).
+        """
+        if not self.config.enabled or not self._gate_open():
+            for signal in self._remembering_signals():
+                signal.observe(step)
+            return []
         return [e for signal in self.signals if (e := signal.observe(step)) is not None]
 
     def _gate_open(self) -> bool:
@@ -586,7 +613,12 @@ class StagnationDetector:
         return self._since_milestone > gate or self._turns_since_milestone > gate
 
     def _escalate(self, signal: Evidence, reasons: set[ReasonCode]) -> StagnationVerdict:
-        """Raise the episode's level toward the signal's, behind the step gate.
+        """:meth:`_climb`, and the verdict after it."""
+        return self._verdict(escalated=self._climb(signal, reasons))
+
+    def _climb(self, signal: Evidence, reasons: set[ReasonCode]) -> bool:
+        """Raise the episode's level toward the signal's, behind the step gate; True when it
+        rose.
 
         The level never goes down within an episode and climbs at most one rung per iteration,
         so the model always gets a NUDGE and a REPLAN before a human is asked, even when the
@@ -596,16 +628,16 @@ class StagnationDetector:
         """
         ep = self._episode
         if not self.config.enabled or not self._gate_open():
-            return self._verdict(escalated=False)
+            return False
         if signal.level is StagnationLevel.NONE:
-            return self._verdict(escalated=False)
+            return False
         escalated = signal.level > ep.level and not self._climbed
         if escalated:
             self._climbed = True  # kind and detail: those of the signal that raised the level
             ep.level, ep.kind = _LEVELS[ep.level.rank + 1], signal.kind
             ep.detail = signal.detail()[:MAX_DETAIL_CHARS]
         ep.reasons.update(reasons)
-        return self._verdict(escalated=escalated)
+        return escalated
 
     # -- verdicts ----------------------------------------------------------------------------
 
@@ -614,17 +646,21 @@ class StagnationDetector:
         level = ep.level if self.config.enabled else StagnationLevel.NONE
         reasons = tuple(sorted(ep.reasons, key=_reason_order)) if level.rank else ()
         kind = ep.kind if level.rank else None
-        message = render_message(
-            MessageContext(
-                level=level,
-                kind=kind,
-                steps_since_milestone=self._since_milestone,
-                new_state_changes=self._new_changes,
-                stale_steps=ep.stale_steps,
-                detail=ep.detail,
-                reasons=reasons,
-                milestones=list(self._milestones),
+        message = (
+            render_message(
+                MessageContext(
+                    level=level,
+                    kind=kind,
+                    steps_since_milestone=self._since_milestone,
+                    new_state_changes=self._new_changes,
+                    stale_steps=ep.stale_steps,
+                    detail=ep.detail,
+                    reasons=reasons,
+                    milestones=list(self._milestones),
+                )
             )
+            if level.rank
+            else ""  # render_message's text for NONE, without building what it would quote
         )
         # Every value is produced here, already valid: skip validation on this hot path.
         return StagnationVerdict.model_construct(

@@ -142,6 +142,8 @@ def without_echo(text: str, arguments: dict[str, Any], *, failed: bool = True) -
     """
     if not _is_short(text):
         return text
+    if not failed and '"' not in text and "'" not in text:  # no quote: no quoted echo to mask
+        return text
     words: set[str] = set()
     _argument_words(arguments, words)
     for word in sorted(words, key=len, reverse=True):

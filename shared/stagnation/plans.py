@@ -131,11 +131,18 @@ Plan = tuple[str, str]
 :data:`MAX_PLAN_CHARS`) and a digest of its calls (masked, in order)."""
 
 
-def plan_of(turn: ModelTurn) -> Plan:
+def plan_of(turn: ModelTurn, min_chars: int = 0) -> Plan | None:
     """The turn's :data:`Plan`: near-identical texts proposing the same calls are one plan;
-    the same words proposing other calls (a batch of lookups) are not."""
-    # masked from a prefix: a long message costs what its first lines cost
-    text = " ".join(mask(turn.text[: MAX_PLAN_CHARS * 4]).lower().split())[:MAX_PLAN_CHARS]
+    the same words proposing other calls (a batch of lookups) are not.
+
+    None when the plan's text is shorter than ``min_chars``: too short to be compared as a plan
+    (its calls are then not digested: most turns of calls alone have no text at all).
+    """
+    # masked from a prefix: a long message costs what its first lines cost (no text: nothing)
+    head = turn.text[: MAX_PLAN_CHARS * 4]
+    text = " ".join(mask(head).lower().split())[:MAX_PLAN_CHARS] if head else ""
+    if len(text) < min_chars:
+        return None
     return text, digest("calls", *(mask(call) for call in turn.calls))
 
 

@@ -19,7 +19,7 @@ from shared.stagnation import (
     ToolKind,
 )
 from shared.stagnation.novelty import MAX_SEEN_WORDS
-from shared.stagnation.plans import self_report
+from shared.stagnation.plans import plan_of, self_report
 from tests.shared.test_stagnation_trajectories import read
 
 NO_GATE = StagnationConfig(min_steps=0)
@@ -159,6 +159,32 @@ def test_a_turn_and_its_results_are_one_iteration() -> None:
     )
     batch = detector.observe_batch([loop] * 4)
     assert (batch.level, batch.escalated) == (StagnationLevel.REPLAN, True)
+
+
+def test_noting_a_turn_leaves_the_detector_as_observing_it_does() -> None:
+    """``note_turn`` (a host that applies only the results' verdict) changes the detector
+    exactly as ``observe_turn`` does, through re-issues that climb the ladder; the results'
+    verdict after a turn that raised the level says escalated either way."""
+    observed, noted = StagnationDetector(NO_GATE), StagnationDetector(NO_GATE)
+    for k in range(7):
+        turn = ModelTurn.from_message(ASK if k % 2 else ASK_AGAIN, [("browse", '{"page": 1}')])
+        observed.observe_turn(turn)
+        noted.note_turn(turn)
+        page = _page("abcdefghij"[k] * 6)
+        assert observed.observe_batch([page]) == noted.observe_batch([page])
+        assert observed.to_state() == noted.to_state()
+    assert noted.verdict().level is StagnationLevel.ASK_HUMAN
+
+
+def test_a_turn_too_short_to_compare_has_no_plan() -> None:
+    """``plan_of`` with ``min_chars``: None for a turn of calls alone or a short word (its
+    calls are not digested); otherwise the same plan as without it."""
+    calls_only = ModelTurn.from_message("", [("file_read", '{"path": "a.txt"}')])
+    assert plan_of(calls_only, 40) is None
+    assert plan_of(ModelTurn(text="TERMINATE"), 40) is None
+    turn = ModelTurn.from_message(ASK, [("file_read", '{"path": "a.txt"}')])
+    assert plan_of(turn, 40) == plan_of(turn)
+    assert plan_of(calls_only) is not None, "without min_chars every turn has a plan"
 
 
 def test_milestones_and_user_messages_forget_the_plans() -> None:

@@ -187,3 +187,33 @@ def test_every_detector_tells_its_noting_signals_of_every_event(
     another.observe(_reread(1)[0])
     assert noting.noted == ["file_read"] * 3
     assert asked == [NotingSignal, SameToolSignal]
+
+
+class RememberingSignal(SameToolSignal):
+    """A host signal with a memory of its own (``SignalMemory``): it counts the steps shown."""
+
+    name = "remembering"
+
+    def dump(self) -> int:
+        return len(self.seen)
+
+    def load(self, state: object) -> None:
+        pass
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+def test_behind_the_closed_gate_only_the_signals_with_a_memory_are_asked() -> None:
+    """No evidence can raise the level before ``min_steps`` steps: a signal that keeps nothing
+    is not asked then (its evidence would be dropped), one with a memory sees every step; once
+    the gate opens, both are asked, and the level climbs as it would have."""
+    plain, remembering = SameToolSignal(), RememberingSignal()
+    detector = StagnationDetector(
+        StagnationConfig(min_steps=3), signals=[plain, RememberingSignal(), remembering]
+    )
+    detector.observe_turn(ModelTurn(text="Read src/a.py again to see what it does."))
+    levels = [detector.observe(event).level for event in _reread(5)]
+    assert len(remembering.seen) == 5, "the turn and every stale read (the first is new)"
+    assert [s.event is not None for s in plain.seen] == [True, True]  # the 4th and 5th read
+    assert levels == [StagnationLevel.NONE] * 3 + [StagnationLevel.NUDGE, StagnationLevel.REPLAN]
