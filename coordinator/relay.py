@@ -1,38 +1,55 @@
-"""The outbox relay: dispatches committed to ``orga:outbox`` are sent to Celery, then removed.
+"""The outbox relay: dispatches committed to an outbox are sent to Celery, then removed.
 
-Every commit that dispatches work appends it to the outbox stream in the same atomic Redis
-operation as the state awaiting it (the coordinator's commit script; a reasoning worker's
-publish of the tool calls it chains, with its observation). A relay runs in each coordinator
-process (:meth:`coordinator.service.Coordinator.run`) and serves the outboxes of the partitions
-whose lease its coordinator holds (:mod:`coordinator.partition_leases`). It reads every entry
-still on them (``XREAD`` from ``0-0``, in batches, blocking while there are none), sends each
-through Celery's own API (:class:`CeleryPublisher`: ``Celery.send_task`` on one producer per
-batch; no message layout written here), then deletes the batch (one ``XDEL``).
+Every commit that dispatches work appends it to an outbox stream in the same atomic Redis
+operation as the state awaiting it: the coordinator's commit script to the commits' outbox
+(:func:`shared.keys.commit_outbox_stream`), a reasoning worker's publish of the tool calls it
+chains, with its observation, to the workers' outbox (:func:`shared.keys.outbox_stream`). A
+relay runs in each coordinator process (:meth:`coordinator.service.Coordinator.run`) and serves
+the outboxes of the partitions whose lease its coordinator holds
+(:mod:`coordinator.partition_leases`), in two loops:
 
-The outbox itself is the list of dispatches not yet sent: an entry leaves it only once sent,
-so there is no consumer group and no pending list to keep (one ``XREADGROUP``, one script
-with its ``XACK`` and ``XDEL``, and an ``XAUTOCLAIM`` a second per partition before issue 27;
-one ``XREAD`` and one ``XDEL`` now). The partition lease is what keeps two relays off one
-outbox: a handover overlaps no read (a drained partition's lease is released only once the
-relay has started a new round, :meth:`PartitionLeases.serving`), and a coordinator paused
-past its lease stops serving before, or as, another takes over.
+- **commits** (:data:`COMMITS_LOOP`): the commit script returns the ids of the entries it
+  appended, and the coordinator hands them to its relay in-process (:meth:`OutboxRelay.hand`,
+  through :attr:`coordinator.store.TaskStore.dispatched`): they are sent at once, with no read.
+  What a round (``flush_s``, 0.25 s) sent is removed at its end, one ``XDEL`` per partition.
+  The stream is read from ``0-0`` (a *sweep*) only in the relay's first round on a partition
+  (its start, a takeover), after a failed send, and every ``sweep_s`` (5 s): for a dead
+  coordinator's entries and any hand-off that did not come (a commit of a coordinator that
+  has lost the partition since). A hand-off of an entry a sweep already saw is not sent again
+  (ids are ordered: the sweep saw every id up to the last it read).
+- **chained calls** (:data:`CHAINED_LOOP`): the workers' outbox is read as before issue 27's
+  hand-off: every entry still on it (``XREAD`` from ``0-0``, in batches, blocking while there
+  are none), sent, then the batch deleted (one ``XDEL``). Apart from the commits' stream so
+  that this blocking read is not woken by every commit.
+
+Each entry is sent through Celery's own API (:class:`CeleryPublisher`: the message
+``Celery.send_task`` would send, on one producer per batch; no message layout written here).
+An outbox is the list of dispatches not yet sent (or sent in the last round): an entry leaves
+it only once sent, so there is no consumer group and no pending list to keep. The partition
+lease is what keeps two relays off one outbox: a handover overlaps no round (a drained
+partition's lease is released only once each loop has started a new round,
+:meth:`PartitionLeases.serving`), and a coordinator paused past its lease stops serving
+before, or as, another takes over.
 
 Delivery is at least once. A relay killed between the send and the removal leaves its entries
 on the outbox; the next relay to serve the partition (the coordinator that takes its lease, or
 the same one restarted) reads them first and sends them again, with the same Celery task id.
 The fences make the second copy harmless: its observation carries the iteration and attempt
 already applied and is ignored, and a tool that must apply once replays its kept result
-(:mod:`workers.applied_calls`). A send that fails (the broker unreachable) removes what went
-out and leaves the rest on the outbox, in front of anything newer: the relay reads them first
-again after a back-off. A relay whose lease lapses during a blocking read (at most
-``block_ms``) may send what it read while the new holder reads it too: two copies, as above.
+(:mod:`workers.applied_calls`). A send that fails (the broker unreachable) removes (or notes
+for removal) what went out and leaves the rest on the outbox, in front of anything newer:
+the relay reads them first again after a back-off, which both loops share (no loop asks the
+broker again before it ends). A relay whose lease lapses during a round may send what the new
+holder also sends: two copies, as above.
 
 The send is blocking (kombu's producer). By default it runs on the event loop, ``loop_chunk``
 (8) entries at a time with the loop let run between chunks (about 0.3 ms of CPU and one
 ``LPUSH`` round trip per entry): in the relay's own thread (``in_thread``) each of kombu's
 socket operations gave the GIL back and waited for it behind the coordinator's busy loop, and
 in ``bench/slow_model_bench.py`` the 200 first dispatches of a burst then reached the model
-0.7 s later than on the loop (docs/performance.md, "The transactional outbox").
+0.7 s later than on the loop (docs/performance.md, "The transactional outbox"). A commit never
+waits for a send (a hand-off is a queue append), but a send on the loop that the broker stalls
+stalls the loop, up to the broker's socket timeout, once per back-off.
 
 Everything that moves bytes to the broker is behind the one-method
 :class:`~coordinator.transport.Transport`: tests give the relay a transport of their own, the
@@ -249,10 +266,13 @@ class OutboxRelay:
         """Partitions whose commits' outbox is read from ``0-0`` next round (hand-offs of
         them ignored meanwhile: the sweep finds their entries)."""
         self._swept_upto: dict[int, tuple[int, int]] = {}
-        """Per partition, the last id a sweep saw: every entry up to it was seen then."""
+        """Per partition swept this round, the last id the sweep saw: every entry up to it
+        was seen then (a hand-off of one of them that comes in the round is not sent)."""
         self._sent: dict[int, list[str]] = {}
         """Committed entries sent and not removed yet, by partition (removed each round)."""
         self._next_sweep = 0.0
+        self._broker_paused_until = 0.0
+        self._broker_pause_s = 0.0
 
     @property
     def loops(self) -> tuple[str, str]:
@@ -297,6 +317,7 @@ class OutboxRelay:
             self._next_sweep = loop.time() + self.sweep_s
             self._sweep_due |= served
         sent = 0
+        self._swept_upto.clear()  # a hand-off a round late is sent twice, never skipped
         try:
             for partition in sorted(self._sweep_due & served):
                 sent += await self._sweep(partition)
@@ -370,8 +391,7 @@ class OutboxRelay:
         except BaseException:
             self._sweep_due.add(partition)
             raise
-        upto = _id(cursor)
-        self._swept_upto[partition] = max(upto, self._swept_upto.get(partition, upto))
+        self._swept_upto[partition] = _id(cursor)
         return sent
 
     async def _flush(self) -> None:
@@ -481,9 +501,30 @@ class OutboxRelay:
 
     async def _publish(self, entries: Sequence[OutboxEntry]) -> None:
         """Send ``entries``: in the relay's thread, or (``in_thread`` false) on the event loop,
-        ``loop_chunk`` at a time with the loop let run between chunks."""
+        ``loop_chunk`` at a time with the loop let run between chunks. After a failed send, no
+        loop of the relay asks the broker again for a back-off (``backoff_s`` doubling to
+        ``max_backoff_s``): a broker stall blocks the event loop once per back-off, not once
+        per loop."""
         if not entries:
             return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._broker_paused_until:
+            raise PublishError(
+                f"not sending {len(entries)} entries: the broker failed a send "
+                f"{self._broker_pause_s:g} s ago or less (back-off shared by the relay's loops)",
+                sent=0,
+            )
+        try:
+            await self._publish_now(entries)
+        except PublishError:
+            self._broker_pause_s = min(
+                max(self._broker_pause_s * 2, self.backoff_s), self.max_backoff_s
+            )
+            self._broker_paused_until = loop.time() + self._broker_pause_s
+            raise
+        self._broker_pause_s = 0.0
+
+    async def _publish_now(self, entries: Sequence[OutboxEntry]) -> None:
         if self.in_thread:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._thread, self.publisher.publish, entries)

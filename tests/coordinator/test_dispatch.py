@@ -11,12 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from _pytest.monkeypatch import MonkeyPatch
 from kombu import Connection
 from redis.asyncio import Redis
 
-from coordinator.machine import MachineSettings, TaskMachine
 from coordinator import relay as relay_module
+from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.relay import CeleryPublisher, OutboxRelay, PublishError
 from coordinator.state import TaskRecord
 from coordinator.store import CommitConflictError, TaskStore
@@ -219,8 +218,9 @@ def test_a_failed_send_leaves_the_rest_for_a_retry(
         async with redis_client() as client:
             publisher = _Recording(fail_after=1)
             relay = OutboxRelay(
-                client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1
-            )
+                client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1,
+                backoff_s=0,
+            )  # fmt: skip
             await _add(client, *map(_entry, range(3)))
             with pytest.raises(PublishError):
                 await relay.relay_once()
@@ -295,7 +295,7 @@ def test_a_coordinator_refuses_another_partition_count_and_an_unpartitioned_depl
     asyncio.run(scenario())
 
 
-def _counting_reads(monkeypatch: MonkeyPatch) -> list[list[str]]:
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The streams of each read the relay makes from now on."""
     reads: list[list[str]] = []
     real = relay_module.read_streams
@@ -309,7 +309,7 @@ def _counting_reads(monkeypatch: MonkeyPatch) -> list[list[str]]:
 
 
 def test_a_commits_entries_are_handed_to_the_relay_sent_unread_and_removed_together(
-    redis_url: str, redis_client: Any, monkeypatch: MonkeyPatch
+    redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After its first sweep, a relay sends what commits hand it without reading the outbox,
     and removes a round's entries together at the round's end (one ``XDEL``)."""
@@ -337,11 +337,12 @@ def test_a_commits_entries_are_handed_to_the_relay_sent_unread_and_removed_toget
 
 
 def test_a_dead_coordinators_committed_entries_are_sent_by_the_next_relays_sweep(
-    redis_url: str, redis_client: Any
+    redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A commit whose coordinator died before its relay sent the entry leaves it on the
     commits' outbox: the relay serving the partition next sends it at its first round, and a
-    later hand-off of the same entry (as a late reply would bring) is not sent again."""
+    hand-off of an entry that sweep saw (a commit's reply handled after the sweep's read) is
+    not sent again."""
 
     async def scenario() -> None:
         async with redis_client() as client:
@@ -350,9 +351,15 @@ def test_a_dead_coordinators_committed_entries_are_sent_by_the_next_relays_sweep
             ((entry_id, _fields),) = await client.xrange(keys.commit_outbox_stream(0))
             publisher = _Recording()
             relay = OutboxRelay(client, publisher, "r2", block_ms=1)
+            real = relay_module.read_streams
+
+            async def read_then_hand(redis: Redis, streams: Any, **options: Any) -> Any:
+                rows = await real(redis, streams, **options)
+                relay.hand(0, [(entry_id.decode(), lost)])
+                return rows
+
+            monkeypatch.setattr(relay_module, "read_streams", read_then_hand)
             assert await relay.commits_round() == 1
-            relay.hand(0, [(entry_id.decode(), lost)])
-            assert await relay.commits_round() == 0
             assert publisher.sent == [lost]
             assert await client.xlen(keys.commit_outbox_stream(0)) == 0
             await relay.close()
@@ -369,7 +376,7 @@ def test_a_failed_send_of_handed_entries_leaves_them_for_the_next_rounds_sweep(
     async def scenario() -> None:
         async with redis_client() as client:
             publisher = _Recording()
-            relay = OutboxRelay(client, publisher, "r1", block_ms=1, loop_chunk=1)
+            relay = OutboxRelay(client, publisher, "r1", block_ms=1, loop_chunk=1, backoff_s=0)
             store = TaskStore(client, dispatched=relay.hand)
             await relay.commits_round()
             first = [*await _started(store, "a"), *await _started(store, "b")]
@@ -408,6 +415,36 @@ def test_a_handed_entry_of_a_partition_not_served_is_left_to_its_server(
             assert await relay.commits_round() == 0
             assert publisher.sent == []
             assert await client.xlen(keys.commit_outbox_stream(1)) == 1
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_after_a_failed_send_neither_loop_asks_the_broker_before_the_back_off_ends(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A broker that failed a send is not asked again by the relay's other loop during the
+    back-off (a stalled broker blocks the event loop once per back-off, not once per loop);
+    once it ends, the entries left go out."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording(fail_after=0)
+            relay = OutboxRelay(client, publisher, "r1", block_ms=1, backoff_s=0.2)
+            store = TaskStore(client, dispatched=relay.hand)
+            await relay.commits_round()
+            (first,) = await _started(store, "a")
+            with pytest.raises(PublishError, match="broker unreachable"):
+                await relay.commits_round()
+            await _add(client, _entry(1))
+            publisher.fail_after = 0  # would fail again if asked
+            with pytest.raises(PublishError, match="back-off shared"):
+                await relay.chained_round(block=False)
+            assert publisher.fail_after == 0 and publisher.sent == []
+            publisher.fail_after = None
+            await asyncio.sleep(0.25)
+            assert await relay.relay_once() == 2
+            assert {e.id for e in publisher.sent} == {first.id, "id-1"}
             await relay.close()
 
     asyncio.run(scenario())
