@@ -396,7 +396,7 @@ class OutboxRelay:
 
     async def _flush(self) -> None:
         """Remove the committed entries sent (one ``XDEL`` per partition, one round trip)."""
-        pending = {p: ids for p, ids in self._sent.items() if ids}
+        pending = {p: list(ids) for p, ids in self._sent.items() if ids}
         if not pending:
             return
         pipe = self.redis.pipeline(transaction=False)
