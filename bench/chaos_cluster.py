@@ -169,6 +169,7 @@ class Run:
                 holder = self.client.redis.get(keys.partition_lease_key(p))
                 if holder is not None and f"-{coordinator.pid}-" in str(holder):
                     total += int(self.client.redis.xlen(keys.outbox_stream(p)))
+                    total += int(self.client.redis.xlen(keys.commit_outbox_stream(p)))
             except (RedisError, RedisClusterException):
                 continue
         return total

@@ -9,8 +9,10 @@ the worker's answers written straight to the observations stream in reads of ``-
 entries. Measured over the timed part (the intake and the starts are left out):
 
 - CPU per model call of the coordinator's work: the observations' reads, decisions and
-  commits, and the relay's read, send (a real ``CeleryPublisher`` to the same Redis) and
-  removal (``time.process_time`` around those calls only; the answers are built outside it);
+  commits, and the relay's send of what the commits hand it (a real ``CeleryPublisher`` to
+  the same Redis) and removal, one round of its commits' loop per read (the workers' outbox,
+  which this workload never writes, is not read) (``time.process_time`` around those calls
+  only; the answers are built outside it);
 - Redis commands per model call caused by that work (``INFO commandstats``, commands run by
   scripts included, the benchmark's own ``XADD``s of the answers left out);
 - the same by command, to see where they go.
@@ -169,7 +171,7 @@ async def one_run(url: str, plan: Plan, workspace: str) -> tuple[float, Counter[
             await pipe.execute()
             began = time.process_time()
             await coordinator._observations_once()
-            while await relay.relay_once():
+            while await relay.commits_round():  # as its loop in ``run``: no read
                 pass
             cpu += time.process_time() - began
             calls += len(ids[start : start + plan.batch])

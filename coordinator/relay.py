@@ -1,38 +1,55 @@
-"""The outbox relay: dispatches committed to ``orga:outbox`` are sent to Celery, then removed.
+"""The outbox relay: dispatches committed to an outbox are sent to Celery, then removed.
 
-Every commit that dispatches work appends it to the outbox stream in the same atomic Redis
-operation as the state awaiting it (the coordinator's commit script; a reasoning worker's
-publish of the tool calls it chains, with its observation). A relay runs in each coordinator
-process (:meth:`coordinator.service.Coordinator.run`) and serves the outboxes of the partitions
-whose lease its coordinator holds (:mod:`coordinator.partition_leases`). It reads every entry
-still on them (``XREAD`` from ``0-0``, in batches, blocking while there are none), sends each
-through Celery's own API (:class:`CeleryPublisher`: ``Celery.send_task`` on one producer per
-batch; no message layout written here), then deletes the batch (one ``XDEL``).
+Every commit that dispatches work appends it to an outbox stream in the same atomic Redis
+operation as the state awaiting it: the coordinator's commit script to the commits' outbox
+(:func:`shared.keys.commit_outbox_stream`), a reasoning worker's publish of the tool calls it
+chains, with its observation, to the workers' outbox (:func:`shared.keys.outbox_stream`). A
+relay runs in each coordinator process (:meth:`coordinator.service.Coordinator.run`) and serves
+the outboxes of the partitions whose lease its coordinator holds
+(:mod:`coordinator.partition_leases`), in two loops:
 
-The outbox itself is the list of dispatches not yet sent: an entry leaves it only once sent,
-so there is no consumer group and no pending list to keep (one ``XREADGROUP``, one script
-with its ``XACK`` and ``XDEL``, and an ``XAUTOCLAIM`` a second per partition before issue 27;
-one ``XREAD`` and one ``XDEL`` now). The partition lease is what keeps two relays off one
-outbox: a handover overlaps no read (a drained partition's lease is released only once the
-relay has started a new round, :meth:`PartitionLeases.serving`), and a coordinator paused
-past its lease stops serving before, or as, another takes over.
+- **commits** (:data:`COMMITS_LOOP`): the commit script returns the ids of the entries it
+  appended, and the coordinator hands them to its relay in-process (:meth:`OutboxRelay.hand`,
+  through :attr:`coordinator.store.TaskStore.dispatched`): they are sent at once, with no read.
+  What a round (``flush_s``, 0.25 s) sent is removed at its end, one ``XDEL`` per partition.
+  The stream is read from ``0-0`` (a *sweep*) only in the relay's first round on a partition
+  (its start, a takeover), after a failed send, and every ``sweep_s`` (5 s): for a dead
+  coordinator's entries and any hand-off that did not come (a commit of a coordinator that
+  has lost the partition since). A hand-off of an entry a sweep already saw is not sent again
+  (ids are ordered: the sweep saw every id up to the last it read).
+- **chained calls** (:data:`CHAINED_LOOP`): the workers' outbox is read as before issue 27's
+  hand-off: every entry still on it (``XREAD`` from ``0-0``, in batches, blocking while there
+  are none), sent, then the batch deleted (one ``XDEL``). Apart from the commits' stream so
+  that this blocking read is not woken by every commit.
+
+Each entry is sent through Celery's own API (:class:`CeleryPublisher`: the message
+``Celery.send_task`` would send, on one producer per batch; no message layout written here).
+An outbox is the list of dispatches not yet sent (or sent in the last round): an entry leaves
+it only once sent, so there is no consumer group and no pending list to keep. The partition
+lease is what keeps two relays off one outbox: a handover overlaps no round (a drained
+partition's lease is released only once each loop has started a new round,
+:meth:`PartitionLeases.serving`), and a coordinator paused past its lease stops serving
+before, or as, another takes over.
 
 Delivery is at least once. A relay killed between the send and the removal leaves its entries
 on the outbox; the next relay to serve the partition (the coordinator that takes its lease, or
 the same one restarted) reads them first and sends them again, with the same Celery task id.
 The fences make the second copy harmless: its observation carries the iteration and attempt
 already applied and is ignored, and a tool that must apply once replays its kept result
-(:mod:`workers.applied_calls`). A send that fails (the broker unreachable) removes what went
-out and leaves the rest on the outbox, in front of anything newer: the relay reads them first
-again after a back-off. A relay whose lease lapses during a blocking read (at most
-``block_ms``) may send what it read while the new holder reads it too: two copies, as above.
+(:mod:`workers.applied_calls`). A send that fails (the broker unreachable) removes (or notes
+for removal) what went out and leaves the rest on the outbox, in front of anything newer:
+the relay reads them first again after a back-off, which both loops share (no loop asks the
+broker again before it ends). A relay whose lease lapses during a round may send what the new
+holder also sends: two copies, as above.
 
 The send is blocking (kombu's producer). By default it runs on the event loop, ``loop_chunk``
 (8) entries at a time with the loop let run between chunks (about 0.3 ms of CPU and one
 ``LPUSH`` round trip per entry): in the relay's own thread (``in_thread``) each of kombu's
 socket operations gave the GIL back and waited for it behind the coordinator's busy loop, and
 in ``bench/slow_model_bench.py`` the 200 first dispatches of a burst then reached the model
-0.7 s later than on the loop (docs/performance.md, "The transactional outbox").
+0.7 s later than on the loop (docs/performance.md, "The transactional outbox"). A commit never
+waits for a send (a hand-off is a queue append), but a send on the loop that the broker stalls
+stalls the loop, up to the broker's socket timeout, once per back-off.
 
 Everything that moves bytes to the broker is behind the one-method
 :class:`~coordinator.transport.Transport`: tests give the relay a transport of their own, the
@@ -45,7 +62,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +78,7 @@ from shared.errors import ConfigError
 from shared.outbox import OutboxEntry, OutboxEntryError
 from shared.settings import OrgaSettings, celery_broker_url, celery_config
 
-__all__ = ["CeleryPublisher", "OutboxRelay", "PublishError"]
+__all__ = ["CHAINED_LOOP", "COMMITS_LOOP", "CeleryPublisher", "OutboxRelay", "PublishError"]
 
 log = logging.getLogger("orga.coordinator.relay")
 
@@ -204,9 +222,16 @@ def _ready(connection: Any, queue: str) -> int:
             channel.close()
 
 
+COMMITS_LOOP = "relay.commits"
+"""The relay's loop that sends what its coordinator's commits hand it (partition leases' name)."""
+CHAINED_LOOP = "relay"
+"""The relay's loop that reads the workers' outbox (partition leases' name)."""
+
+
 @dataclass
 class OutboxRelay:
-    """One relay (``name``, for its logs) of the outboxes of the partitions served."""
+    """One relay (``name``, for its logs) of the outboxes of the partitions served: two loops
+    (:data:`COMMITS_LOOP`, :data:`CHAINED_LOOP`), each asking ``serving`` with its name."""
 
     redis: Redis
     publisher: Transport
@@ -214,67 +239,233 @@ class OutboxRelay:
     batch: int = keys.outbox_batch
     partitions: int = 1
     """The deployment's partition count."""
-    serving: Callable[[], Collection[int]] | None = None
-    """The partitions whose outbox this relay reads, asked at the start of each
-    :meth:`relay_once` (the coordinator's partition leases); None: every partition."""
+    serving: Callable[[str], Collection[int]] | None = None
+    """The partitions whose outboxes this relay serves, asked with the loop's name at the start
+    of each round of that loop (the coordinator's partition leases); None: every partition."""
     block_ms: int = 1000
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
     in_thread: bool = False
     loop_chunk: int = 8
+    flush_s: float = keys.commit_outbox_flush_s
+    """A round of the commits' loop: the committed entries it sent are removed at its end."""
+    sweep_s: float = keys.commit_outbox_sweep_s
+    max_handed: int = 10_000
+    """Hand-offs kept waiting at most; beyond, the partition's are dropped and swept instead."""
     _thread: ThreadPoolExecutor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orga-relay")
         self._streams = {keys.outbox_stream(p): p for p in range(self.partitions)}
-        self._served: list[str] = list(self._streams)
+        self._streams.update({keys.commit_outbox_stream(p): p for p in range(self.partitions)})
+        self._served: list[str] = [keys.outbox_stream(p) for p in range(self.partitions)]
+        self._handed: deque[tuple[int, str, OutboxEntry]] = deque()
+        self._wake = asyncio.Event()
+        self._commits_served: frozenset[int] = frozenset()
+        self._sweep_due: set[int] = set()
+        """Partitions whose commits' outbox is read from ``0-0`` next round (hand-offs of
+        them ignored meanwhile: the sweep finds their entries)."""
+        self._swept_upto: dict[int, tuple[int, int]] = {}
+        """Per partition swept this round, the last id the sweep saw: every entry up to it
+        was seen then (a hand-off of one of them that comes in the round is not sent)."""
+        self._sent: dict[int, list[str]] = {}
+        """Committed entries sent and not removed yet, by partition (removed each round)."""
+        self._next_sweep = 0.0
+        self._broker_paused_until = 0.0
+        self._broker_pause_s = 0.0
 
-    def _outboxes(self) -> list[str]:
-        """The outbox streams of the partitions served now."""
+    @property
+    def loops(self) -> tuple[str, str]:
+        """The names its loops ask ``serving`` with (registered with the partition leases)."""
+        return (COMMITS_LOOP, CHAINED_LOOP)
+
+    def _serving(self, loop: str) -> frozenset[int]:
         if self.serving is None:
-            return list(self._streams)
-        return [keys.outbox_stream(p) for p in sorted(self.serving())]
+            return frozenset(range(self.partitions))
+        return frozenset(self.serving(loop))
+
+    # -- the commits' outbox: handed in-process ---------------------------------------------
+
+    def hand(self, partition: int, entries: Sequence[tuple[str, OutboxEntry]]) -> None:
+        """A commit of ``partition`` was written with these outbox entries (stream id, entry):
+        sent by the commits' loop at once (no read). Not blocking, never raising: an entry
+        not sent from here (a partition not served, a failed send, too many waiting) stays on
+        the commits' outbox for a sweep."""
+        if partition in self._sweep_due:
+            return
+        if len(self._handed) + len(entries) > self.max_handed:
+            self._drop_handed({partition})
+            return
+        self._handed.extend((partition, entry_id, entry) for entry_id, entry in entries)
+        self._wake.set()
+
+    def _drop_handed(self, partitions: set[int]) -> None:
+        """Forget the hand-offs of ``partitions``, swept next round instead."""
+        self._sweep_due |= partitions
+        self._handed = deque(h for h in self._handed if h[0] not in partitions)
+
+    async def commits_round(self, stopping: asyncio.Event | None = None) -> int:
+        """One round of the commits' loop: sweep the partitions due (just served, or every
+        ``sweep_s``), send what is handed until ``flush_s`` has passed (at once without
+        ``stopping``), then remove what was sent (one ``XDEL`` per partition); how many were
+        sent."""
+        served = self._serving(COMMITS_LOOP)
+        loop = asyncio.get_running_loop()
+        self._sweep_due |= served - self._commits_served
+        self._commits_served = served
+        if loop.time() >= self._next_sweep:
+            self._next_sweep = loop.time() + self.sweep_s
+            self._sweep_due |= served
+        sent = 0
+        self._swept_upto.clear()  # a hand-off a round late is sent twice, never skipped
+        try:
+            for partition in sorted(self._sweep_due & served):
+                sent += await self._sweep(partition)
+            deadline = loop.time() + self.flush_s
+            while True:
+                self._wake.clear()
+                sent += await self._send_handed(served)
+                remaining = deadline - loop.time()
+                if stopping is None or stopping.is_set() or remaining <= 0:
+                    break
+                if not self._handed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), remaining)
+        finally:
+            await self._flush()
+        return sent
+
+    async def _send_handed(self, served: frozenset[int]) -> int:
+        """Send the hand-offs waiting, partition by partition (each in commit order)."""
+        by_partition: dict[int, list[tuple[str, OutboxEntry]]] = {}
+        while self._handed:
+            partition, entry_id, entry = self._handed.popleft()
+            if partition not in served or partition in self._sweep_due:
+                continue  # another relay's now (its sweep), or swept here next round
+            swept = self._swept_upto.get(partition)
+            if swept is not None and _id(entry_id) <= swept:
+                continue  # seen (and sent) by the sweep already
+            by_partition.setdefault(partition, []).append((entry_id, entry))
+        sent = 0
+        try:
+            for partition, pairs in by_partition.items():
+                sent += await self._send_committed(partition, pairs)
+        except BaseException:
+            self._sweep_due |= set(by_partition)  # taken off the queue: swept instead
+            raise
+        return sent
+
+    async def _send_committed(self, partition: int, pairs: list[tuple[str, OutboxEntry]]) -> int:
+        """Publish committed entries; note those sent for removal. A failure drops the
+        waiting hand-offs of this partition (swept next round) and raises."""
+        noted = self._sent.setdefault(partition, [])
+        try:
+            await self._publish([entry for _id, entry in pairs])
+        except PublishError as exc:
+            noted += [entry_id for entry_id, _e in pairs[: exc.sent]]
+            self._drop_handed({partition, *(h[0] for h in self._handed)})
+            raise
+        noted += [entry_id for entry_id, _e in pairs]
+        return len(pairs)
+
+    async def _sweep(self, partition: int) -> int:
+        """Send every entry on the partition's commits' outbox not sent by this relay yet
+        (``XREAD`` from ``0-0``, ``batch`` at a time); the hand-offs waiting are covered by
+        it (committed, so on the stream or already removed)."""
+        self._handed = deque(h for h in self._handed if h[0] != partition)
+        self._sweep_due.discard(partition)  # hand-offs from now on are sent, or seen here
+        stream = keys.commit_outbox_stream(partition)
+        cursor, sent = "0-0", 0
+        try:
+            while True:
+                rows = await read_streams(self.redis, [stream], start=cursor, count=self.batch)
+                got = rows[0][1] if rows else []
+                if got:
+                    cursor = got[-1][0]
+                noted = set(self._sent.get(partition, ()))
+                fresh = [(entry_id, f) for entry_id, f in got if entry_id not in noted]
+                entries = await self._entries(fresh, stream)
+                sent += await self._send_committed(partition, entries)
+                if len(got) < self.batch:
+                    break
+        except BaseException:
+            self._sweep_due.add(partition)
+            raise
+        self._swept_upto[partition] = _id(cursor)
+        return sent
+
+    async def _flush(self) -> None:
+        """Remove the committed entries sent (one ``XDEL`` per partition, one round trip)."""
+        pending = {p: list(ids) for p, ids in self._sent.items() if ids}
+        if not pending:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for partition, ids in pending.items():
+            pipe.xdel(keys.commit_outbox_stream(partition), *ids)
+        await pipe.execute()
+        for partition, ids in pending.items():
+            del self._sent[partition][: len(ids)]
+
+    # -- the workers' outbox: read --------------------------------------------------------
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Relay until ``stopping`` is set; a failure backs off (Redis or the broker down)."""
-        failures = 0
+        """Relay until ``stopping`` is set, each loop backing off on its failures (Redis or the
+        broker down)."""
         try:
-            while not stopping.is_set():
-                try:
-                    await self.relay_once()
-                    failures = 0
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    failures += 1
-                    delay_s = min(self.backoff_s * 2 ** min(failures - 1, 10), self.max_backoff_s)
-                    log.warning(
-                        "relay.failed",
-                        extra={"relay": self.name, "error": str(exc)[:300], "retry_in_s": delay_s},
-                    )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stopping.wait(), delay_s)
+            await asyncio.gather(
+                self._loop(stopping, lambda: self.commits_round(stopping)),
+                self._loop(stopping, self.chained_round),
+            )
         finally:
+            with contextlib.suppress(Exception):
+                await self._flush()
             await self.close()
 
+    async def _loop(self, stopping: asyncio.Event, body: Callable[[], Awaitable[int]]) -> None:
+        failures = 0
+        while not stopping.is_set():
+            try:
+                await body()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                delay_s = min(self.backoff_s * 2 ** min(failures - 1, 10), self.max_backoff_s)
+                log.warning(
+                    "relay.failed",
+                    extra={"relay": self.name, "error": str(exc)[:300], "retry_in_s": delay_s},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), delay_s)
+
     async def relay_once(self) -> int:
-        """Send one batch of the outboxes served and remove what was sent; how many were sent.
-        The oldest entries come first: a failed send's rest, a dead relay's, then new ones
-        (waiting up to ``block_ms`` for one when the outboxes are empty)."""
-        self._served = self._outboxes()
+        """One round of each loop, without waiting for hand-offs: what is handed and due, then
+        one read of the workers' outbox (blocking only when the first sent nothing); how many
+        were sent."""
+        sent = await self.commits_round()
+        return sent + await self.chained_round(block=not sent)
+
+    async def chained_round(self, block: bool = True) -> int:
+        """Send one batch of the workers' outboxes served and remove what was sent; how many
+        were sent. The oldest entries come first: a failed send's rest, a dead relay's, then
+        new ones (waiting up to ``block_ms`` for one when the outboxes are empty)."""
+        self._served = [keys.outbox_stream(p) for p in sorted(self._serving(CHAINED_LOOP))]
         sent = 0
-        for stream, rows in await self.read():
+        for stream, rows in await self.read(block):
             sent += await self.send(rows, stream)
         return sent
 
-    async def read(self) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
-        """Up to ``batch`` entries still on each outbox served, oldest first (``XREAD`` from
-        ``0-0``), by stream."""
+    async def read(self, block: bool = True) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
+        """Up to ``batch`` entries still on each workers' outbox served, oldest first
+        (``XREAD`` from ``0-0``), by stream."""
+        block_ms = self.block_ms if block else None
         if not self._served:  # no partition served: wait as a blocking read would
-            await asyncio.sleep(self.block_ms / 1000)
+            if block_ms:
+                await asyncio.sleep(block_ms / 1000)
             return []
         return await read_streams(
-            self.redis, self._served, start="0-0", count=self.batch, block_ms=self.block_ms
+            self.redis, self._served, start="0-0", count=self.batch, block_ms=block_ms
         )
 
     async def send(self, rows: Sequence[tuple[str, dict[Any, Any]]], stream: str) -> int:
@@ -283,17 +474,10 @@ class OutboxRelay:
         on the outbox, the first ones the next read returns)."""
         if not rows:
             return 0
-        entries, sendable, malformed = [], [], []
-        for entry_id, fields in rows:
-            try:
-                entries.append(OutboxEntry.from_fields(entry_id, fields))
-                sendable.append(entry_id)
-            except OutboxEntryError as exc:
-                malformed.append((entry_id, fields, str(exc)))
-        if malformed:
-            await self._dead_letter(malformed, stream)
+        pairs = await self._entries(rows, stream)
+        sendable = [entry_id for entry_id, _e in pairs]
         try:
-            await self._publish(entries)
+            await self._publish([entry for _id, entry in pairs])
         except PublishError as exc:
             if exc.sent:
                 await self.remove(sendable[: exc.sent], stream)
@@ -301,9 +485,46 @@ class OutboxRelay:
         await self.remove(sendable, stream)
         return len(sendable)
 
+    async def _entries(
+        self, rows: Sequence[tuple[str, dict[Any, Any]]], stream: str
+    ) -> list[tuple[str, OutboxEntry]]:
+        """The entries of ``rows``; malformed ones dead-lettered (and removed)."""
+        entries, malformed = [], []
+        for entry_id, fields in rows:
+            try:
+                entries.append((entry_id, OutboxEntry.from_fields(entry_id, fields)))
+            except OutboxEntryError as exc:
+                malformed.append((entry_id, fields, str(exc)))
+        if malformed:
+            await self._dead_letter(malformed, stream)
+        return entries
+
     async def _publish(self, entries: Sequence[OutboxEntry]) -> None:
         """Send ``entries``: in the relay's thread, or (``in_thread`` false) on the event loop,
-        ``loop_chunk`` at a time with the loop let run between chunks."""
+        ``loop_chunk`` at a time with the loop let run between chunks. After a failed send, no
+        loop of the relay asks the broker again for a back-off (``backoff_s`` doubling to
+        ``max_backoff_s``): a broker stall blocks the event loop once per back-off, not once
+        per loop."""
+        if not entries:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._broker_paused_until:
+            raise PublishError(
+                f"not sending {len(entries)} entries: the broker failed a send "
+                f"{self._broker_pause_s:g} s ago or less (back-off shared by the relay's loops)",
+                sent=0,
+            )
+        try:
+            await self._publish_now(entries)
+        except PublishError:
+            self._broker_pause_s = min(
+                max(self._broker_pause_s * 2, self.backoff_s), self.max_backoff_s
+            )
+            self._broker_paused_until = loop.time() + self._broker_pause_s
+            raise
+        self._broker_pause_s = 0.0
+
+    async def _publish_now(self, entries: Sequence[OutboxEntry]) -> None:
         if self.in_thread:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._thread, self.publisher.publish, entries)
@@ -345,6 +566,12 @@ class OutboxRelay:
             )  # fmt: skip
         pipe.xdel(stream, *[entry_id for entry_id, _f, _e in malformed])
         await pipe.execute()
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    """A stream id as a pair that orders as Redis orders ids."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def _text(value: Any) -> str:

@@ -289,11 +289,13 @@ class Coordinator:
                 self.publisher,
                 self.name,
                 partitions=self.settings.partitions,
-                serving=lambda: self.serving("relay"),
+                serving=self.serving,
             )
             if self.publisher is not None
             else None
         )
+        if self.relay is not None:  # a commit's dispatches are handed to it, not read back
+            self.store.dispatched = self.relay.hand
         self._last_purge = 0.0
         self._held: set[str] = set()
         self._recreating = asyncio.Lock()
@@ -333,7 +335,7 @@ class Coordinator:
             ttl_s=self.settings.partition_lease_ttl_s,
             on_released=self._partitions_released,
         )
-        leases.register(*_READ_LOOPS, "tick", *(["relay"] if self.relay is not None else []))
+        leases.register(*_READ_LOOPS, "tick", *(self.relay.loops if self.relay is not None else ()))
         await leases.heartbeat()  # serve a share from the first read on
         # What is alive now (the modules, their schemas, the clients) lives as long as the
         # process: out of the collector's sight, a full collection no longer walks it each

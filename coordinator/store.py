@@ -8,8 +8,9 @@ records (in one stream entry of id ``0-{last sequence+1}``,
 dead letters, the sub-agent tasks it submits to the intake, a finished sub-agent's result for
 its parent (on the observations stream) and the cancellations of its running children (on the
 control stream), and appends the dispatches the
-new state awaits to the outbox stream (:mod:`shared.outbox`; a relay sends them to Celery,
-:mod:`coordinator.relay`). A coordinator killed at any moment therefore leaves either the old
+new state awaits to the commits' outbox stream (:mod:`shared.outbox`; a relay sends them to
+Celery, :mod:`coordinator.relay`, handed them in-process through
+:attr:`TaskStore.dispatched`). A coordinator killed at any moment therefore leaves either the old
 state with the entry still pending (it is redelivered and applied) or the new state with the
 entry acknowledged (or deleted) and its work in the outbox: never half of it, and never twice.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import operator
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -108,8 +109,9 @@ end
 for _, c in ipairs(extra.cancels) do
   redis.call('XADD', KEYS[14], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
 end
+local sent = {}  -- the outbox entries' ids, returned: the relay is handed them in-process
 for i, head in ipairs(extra.outbox) do
-  redis.call('XADD', KEYS[16], '*', 'payload', ARGV[8 + i], unpack(head))
+  sent[i] = redis.call('XADD', KEYS[16], '*', 'payload', ARGV[8 + i], unpack(head))
 end
 local conversation = extra.conversation
 -- A record at version 0 was never committed: no commit wrote its conversation, nothing to delete.
@@ -136,7 +138,7 @@ else
   end
   redis.call('ZADD', KEYS[8], extra.deadline, extra.task_id)
 end
-return {1, ARGV[2]}
+return {1, ARGV[2], sent}
 """
 
 _CREATE = """
@@ -277,6 +279,8 @@ class PendingCommit:
     """JSON size of the record and of the conversation it appends (what keeping it costs)."""
     stored: list[ConversationMessage] | None = None
     """The stored conversation remembered when it was prepared (its delta's base)."""
+    dispatches: Sequence[OutboxEntry] = ()
+    """The outbox entries the commit appends, in order."""
 
 
 @dataclass
@@ -315,6 +319,9 @@ class TaskStore:
     _partitions_keys: dict[int, tuple[str, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
+    dispatched: Callable[[int, Sequence[tuple[str, OutboxEntry]]], None] | None = None
+    """Told of each commit written with dispatches: the partition and each outbox entry with its
+    stream id (the coordinator's relay, :meth:`coordinator.relay.OutboxRelay.hand`)."""
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
@@ -342,7 +349,7 @@ class TaskStore:
                 keys.intake_stream(p),
                 keys.observations_stream(p),
                 keys.control_stream(p),
-                keys.outbox_stream(p),
+                keys.commit_outbox_stream(p),
             )
         return found
 
@@ -559,13 +566,15 @@ class TaskStore:
             *(d.payload for d in dispatches),
             *delta.messages,
         ]
-        return PendingCommit(record, effects, commit_keys, args, len(state) + delta.size, stored)
+        return PendingCommit(
+            record, effects, commit_keys, args, len(state) + delta.size, stored, dispatches
+        )
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
         """Send one prepared commit; CommitConflictError when another coordinator committed
         first."""
-        ok, _current = await self._commit(keys=pending.keys, args=pending.args)
-        if not self._settle(pending, bool(int(ok))):
+        reply = await self._commit(keys=pending.keys, args=pending.args)
+        if not self._settle(pending, bool(int(reply[0])), reply):
             record = pending.record
             raise CommitConflictError(
                 f"task {record.task_id} changed since version {record.version}"
@@ -591,7 +600,7 @@ class TaskStore:
                 self._stored.pop(commit.record.task_id, None)
                 outcomes.append(reply)
             else:
-                outcomes.append(self._settle(commit, bool(int(reply[0]))))
+                outcomes.append(self._settle(commit, bool(int(reply[0])), reply))
         return outcomes
 
     def _state_json(self, record: TaskRecord) -> bytes:
@@ -614,8 +623,10 @@ class TaskStore:
             return record.__pydantic_serializer__.to_json(record)
         return b"".join((head, b',"spec":', kept[1], rest[len(head) :]))
 
-    def _settle(self, pending: PendingCommit, written: bool) -> bool:
-        """Keep a written record; step a refused one back to the version it was read at."""
+    def _settle(self, pending: PendingCommit, written: bool, reply: Sequence[Any] = ()) -> bool:
+        """Keep a written record and tell :attr:`dispatched` of its outbox entries (their ids
+        are the script's reply's third item); step a refused one back to the version it was
+        read at."""
         record = pending.record
         if not written:
             record.version -= 1
@@ -624,6 +635,11 @@ class TaskStore:
             return False
         self._remember(record)
         self._keep(record, pending.size)
+        if pending.dispatches and self.dispatched is not None and len(reply) > 2:
+            ids = [_text(i) for i in reply[2]]
+            self.dispatched(
+                self.partition(record.task_id), list(zip(ids, pending.dispatches, strict=False))
+            )
         return True
 
     def _extra(self, record: TaskRecord, effects: Effects) -> dict[str, Any]:

@@ -25,8 +25,11 @@ Streams (one per partition)
                                  (``tokens_stream(task_id, p)``; ``MAXLEN ~ tokens_maxlen``,
                                  expires ``tokens_ttl_s`` after its last write)
     ``orga:P:control``           review decisions and cancellations sent by the CLI
-    ``orga:P:outbox``            dispatches committed and not yet published to Celery
+    ``orga:P:outbox``            dispatches a reasoning worker chained (and an older
+                                 coordinator's commits), not yet published to Celery
                                  (``outbox_stream(p)``; never trimmed: see ``outbox_maxlen``)
+    ``orga:P:outbox:commits``    dispatches a coordinator's commit wrote and no relay has
+                                 published yet (``commit_outbox_stream(p)``; never trimmed)
 
 Consumer groups
     ``orga-coordinators``        the coordinators reading the intake and observations streams
@@ -129,6 +132,9 @@ __all__ = [
     "breaker_key",
     "breaker_key_prefix",
     "breaker_ttl_s",
+    "commit_outbox_flush_s",
+    "commit_outbox_stream",
+    "commit_outbox_sweep_s",
     "control_maxlen",
     "control_stream",
     "conversation_key",
@@ -316,6 +322,15 @@ has it, so the stream holds only what waits for a relay: it is the relays' pendi
 outbox_batch: Final = 64
 """Entries a relay reads, publishes and removes at a time."""
 
+commit_outbox_flush_s: Final = 0.25
+"""A relay removes the committed entries it sent (one ``XDEL`` per partition) at most this long
+after sending them: what a relay killed in between leaves to be sent again by the next one."""
+
+commit_outbox_sweep_s: Final = 5.0
+"""A relay reads the commits' outbox of every partition it serves from ``0-0`` this often (and
+at start and takeover), for entries no hand-off brought (a commit of a coordinator that has
+since lost the partition, a hand-off dropped during a broker outage)."""
+
 # -- TTLs ----------------------------------------------------------------------------------
 
 lease_ttl_s: Final = 30
@@ -486,6 +501,15 @@ def control_stream(partition: int) -> str:
 def outbox_stream(partition: int) -> str:
     """Dispatches of one partition committed and not yet published: ``orga:{p:NN}:outbox``."""
     return _in(partition, "outbox")
+
+
+def commit_outbox_stream(partition: int) -> str:
+    """Dispatches of one partition a coordinator's commit wrote, not yet published:
+    ``orga:{p:NN}:outbox:commits``. Apart from :func:`outbox_stream` so that the relay's blocking
+    read of the workers' chained calls is not woken by every commit: the committing
+    coordinator hands its entries to its relay in-process, and the relay reads this stream only
+    at start, at a partition's takeover and on a slow sweep (``commit_outbox_sweep_s``)."""
+    return _in(partition, "outbox:commits")
 
 
 def active_tasks_key(partition: int) -> str:

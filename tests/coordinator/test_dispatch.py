@@ -1,6 +1,7 @@
 """Dispatches: appended to the outbox by the commit that awaits them, sent to Celery by a relay
 through ``send_task`` (read back by kombu), removed once sent, taken over from a dead relay,
-left for a retry when the send fails."""
+left for a retry when the send fails; a commit's handed to the relay in-process, read back only
+by a sweep."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from kombu import Connection
 from redis.asyncio import Redis
 
+from coordinator import relay as relay_module
 from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.relay import CeleryPublisher, OutboxRelay, PublishError
 from coordinator.state import TaskRecord
@@ -89,7 +91,7 @@ def test_a_commit_appends_its_dispatches_and_a_refused_one_nothing(
             effects = machine.start()
             (sent,) = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
             await store.commit(machine.record, effects, dispatches=[sent])
-            ((entry_id, fields),) = await client.xrange(keys.outbox_stream(0))
+            ((entry_id, fields),) = await client.xrange(keys.commit_outbox_stream(0))
             assert OutboxEntry.from_fields(entry_id.decode(), fields) == sent
             request = ReasonRequest.model_validate_json(sent.payload)
             assert request.fence.task_id == "t" and sent.queue == keys.reasoning_queue
@@ -100,7 +102,7 @@ def test_a_commit_appends_its_dispatches_and_a_refused_one_nothing(
             late = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
             with pytest.raises(CommitConflictError):
                 await store.commit(other.record, effects, dispatches=late)
-            assert await client.xlen(keys.outbox_stream(0)) == 1
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 1
 
     asyncio.run(scenario())
 
@@ -118,7 +120,7 @@ def test_the_relay_sends_through_send_task_and_removes_the_entry(
             publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=redis_url))
             relay = OutboxRelay(client, publisher, "r1")
             assert await relay.relay_once() == 1
-            assert await client.xlen(keys.outbox_stream(0)) == 0
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 0
             await relay.close()
             return dispatches
 
@@ -194,7 +196,7 @@ def test_a_relay_reads_only_the_outboxes_of_the_partitions_it_serves(
                 await client.xadd(keys.outbox_stream(p), entry.fields())  # type: ignore[arg-type]
             publisher = _Recording()
             relay = OutboxRelay(
-                client, publisher, "r1", block_ms=1, partitions=2, serving=lambda: {1}
+                client, publisher, "r1", block_ms=1, partitions=2, serving=lambda _loop: {1}
             )
             assert await relay.relay_once() == 1
             assert [e.id for e in publisher.sent] == ["id-2"]
@@ -216,8 +218,9 @@ def test_a_failed_send_leaves_the_rest_for_a_retry(
         async with redis_client() as client:
             publisher = _Recording(fail_after=1)
             relay = OutboxRelay(
-                client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1
-            )
+                client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1,
+                backoff_s=0,
+            )  # fmt: skip
             await _add(client, *map(_entry, range(3)))
             with pytest.raises(PublishError):
                 await relay.relay_once()
@@ -288,5 +291,160 @@ def test_a_coordinator_refuses_another_partition_count_and_an_unpartitioned_depl
             await client.sadd(keys.legacy_active_tasks_key, "old-task")
             with pytest.raises(ConfigError, match=r"orga:tasks:active .*drain"):
                 await check_layout(client, 4)
+
+    asyncio.run(scenario())
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The streams of each read the relay makes from now on."""
+    reads: list[list[str]] = []
+    real = relay_module.read_streams
+
+    async def counted(redis: Redis, streams: Any, **options: Any) -> Any:
+        reads.append(list(streams))
+        return await real(redis, streams, **options)
+
+    monkeypatch.setattr(relay_module, "read_streams", counted)
+    return reads
+
+
+def test_a_commits_entries_are_handed_to_the_relay_sent_unread_and_removed_together(
+    redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its first sweep, a relay sends what commits hand it without reading the outbox,
+    and removes a round's entries together at the round's end (one ``XDEL``)."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording()
+            relay = OutboxRelay(client, publisher, "r1", block_ms=1)
+            store = TaskStore(client, dispatched=relay.hand)
+            assert await relay.commits_round() == 0  # the first round sweeps: nothing there
+            reads = _counting_reads(monkeypatch)
+            sent = [*await _started(store, "a"), *await _started(store, "b")]
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 2
+            await client.config_resetstat()
+            assert await relay.commits_round() == 2
+            assert publisher.sent == sent
+            assert reads == []
+            stats = await client.info("commandstats")
+            assert stats["cmdstat_xdel"]["calls"] == 1
+            assert "cmdstat_xread" not in stats
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 0
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_coordinators_committed_entries_are_sent_by_the_next_relays_sweep(
+    redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit whose coordinator died before its relay sent the entry leaves it on the
+    commits' outbox: the relay serving the partition next sends it at its first round, and a
+    hand-off of an entry that sweep saw (a commit's reply handled after the sweep's read) is
+    not sent again."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            dead = TaskStore(client)  # no relay told: killed right after the commit
+            (lost,) = await _started(dead, "a")
+            ((entry_id, _fields),) = await client.xrange(keys.commit_outbox_stream(0))
+            publisher = _Recording()
+            relay = OutboxRelay(client, publisher, "r2", block_ms=1)
+            real = relay_module.read_streams
+
+            async def read_then_hand(redis: Redis, streams: Any, **options: Any) -> Any:
+                rows = await real(redis, streams, **options)
+                relay.hand(0, [(entry_id.decode(), lost)])
+                return rows
+
+            monkeypatch.setattr(relay_module, "read_streams", read_then_hand)
+            assert await relay.commits_round() == 1
+            assert publisher.sent == [lost]
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 0
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_send_of_handed_entries_leaves_them_for_the_next_rounds_sweep(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A handed entry the broker refused stays on the commits' outbox and is sent by the next
+    round's sweep, after the ones sent before the failure and without sending those twice."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording()
+            relay = OutboxRelay(client, publisher, "r1", block_ms=1, loop_chunk=1, backoff_s=0)
+            store = TaskStore(client, dispatched=relay.hand)
+            await relay.commits_round()
+            first = [*await _started(store, "a"), *await _started(store, "b")]
+            publisher.fail_after = 1
+            with pytest.raises(PublishError):
+                await relay.commits_round()
+            assert publisher.sent == first[:1]
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 1
+            (later,) = await _started(store, "c")  # not sent before the sweep
+            assert await relay.commits_round() == 2
+            assert publisher.sent == [*first, later]
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 0
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_handed_entry_of_a_partition_not_served_is_left_to_its_server(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A commit of a partition the relay no longer serves (its lease lost meanwhile) is not
+    sent from the hand-off: it stays on that partition's commits' outbox for its holder."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording()
+            served = {0, 1}
+            relay = OutboxRelay(
+                client, publisher, "r1", block_ms=1, partitions=2, serving=lambda _loop: served
+            )
+            store = TaskStore(client, partitions=2, dispatched=relay.hand)
+            await relay.commits_round()
+            task_id = next(t for t in ("a", "b", "c", "d") if store.partition(t) == 1)
+            served.discard(1)
+            await _started(store, task_id)
+            assert await relay.commits_round() == 0
+            assert publisher.sent == []
+            assert await client.xlen(keys.commit_outbox_stream(1)) == 1
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_after_a_failed_send_neither_loop_asks_the_broker_before_the_back_off_ends(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A broker that failed a send is not asked again by the relay's other loop during the
+    back-off (a stalled broker blocks the event loop once per back-off, not once per loop);
+    once it ends, the entries left go out."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            publisher = _Recording(fail_after=0)
+            relay = OutboxRelay(client, publisher, "r1", block_ms=1, backoff_s=0.2)
+            store = TaskStore(client, dispatched=relay.hand)
+            await relay.commits_round()
+            (first,) = await _started(store, "a")
+            with pytest.raises(PublishError, match="broker unreachable"):
+                await relay.commits_round()
+            await _add(client, _entry(1))
+            publisher.fail_after = 0  # would fail again if asked
+            with pytest.raises(PublishError, match="back-off shared"):
+                await relay.chained_round(block=False)
+            assert publisher.fail_after == 0 and publisher.sent == []
+            publisher.fail_after = None
+            await asyncio.sleep(0.25)
+            assert await relay.relay_once() == 2
+            assert {e.id for e in publisher.sent} == {first.id, "id-1"}
+            await relay.close()
 
     asyncio.run(scenario())

@@ -281,7 +281,7 @@ def test_the_starts_of_one_intake_read_go_in_one_pipeline_and_the_tick_waits_for
             for task_id in ("a", "b", "d"):
                 assert await client.hget(keys.task_key(task_id, 0), "version") == "1"
                 assert await client.hget(keys.task_key(task_id, 0), "status") == "running"
-            assert await client.xlen(keys.outbox_stream(0)) == 3
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 3
             # started by the intake's commits: their records are kept for the next answer
             assert all(coordinator.store.peek_kept(t) is not None for t in ("a", "b", "d"))
 

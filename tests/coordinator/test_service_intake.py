@@ -97,7 +97,7 @@ def test_a_task_is_started_once_when_two_coordinators_apply_its_start(
         assert await theirs._apply("t", lambda m: m.start())
         assert not await mine._apply("t", lambda m: m.start())  # its kept copy says pending
         assert len(await _events(client, "accepted")) == 1
-        assert await client.xlen(keys.outbox_stream(0)) == 1
+        assert await client.xlen(keys.commit_outbox_stream(0)) == 1
 
     _scenario(redis_client, body)
 
@@ -116,7 +116,7 @@ def test_intake_leaves_the_start_to_the_lease_holder(redis_client: RedisClientFa
         await theirs._tick_once()
         await mine._tick_once()
         assert len(await _events(client, "accepted")) == 1
-        assert await client.xlen(keys.outbox_stream(0)) == 1
+        assert await client.xlen(keys.commit_outbox_stream(0)) == 1
 
     _scenario(redis_client, body)
 

@@ -1,5 +1,6 @@
 """The outbox relay is at least once: a dispatch sent twice (its relay killed between the send
-and the removal, the entry taken over and sent again) runs twice and is applied once."""
+and the removal, the entry found by the next relay's sweep and sent again) runs twice and is
+applied once."""
 
 from __future__ import annotations
 
@@ -49,14 +50,14 @@ async def _start_without_relay(url: str) -> None:
 
 
 async def _sent_twice(url: str, outbox: str) -> None:
-    """Relay ``dead`` reads the entry and sends it, then dies before removing it; relay
-    ``live`` (the partition's next holder) reads it on the outbox and sends it again."""
+    """The committing coordinator's relay sends the entry it was handed, then dies before
+    removing it; relay ``live`` (the partition's next holder) finds it on the commits' outbox
+    at its first round and sends it again."""
     client = Redis.from_url(url)
     publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=url, partitions=PARTITIONS))
-    dead = OutboxRelay(client, publisher, "dead", block_ms=1000, partitions=PARTITIONS)
     live = OutboxRelay(client, publisher, "live", block_ms=1, partitions=PARTITIONS)
     try:
-        [(_stream, rows)] = await dead.read()
+        rows = [(i.decode(), f) for i, f in await client.xrange(outbox)]
         assert len(rows) == 1, rows
         publisher.publish([OutboxEntry.from_fields(i, f) for i, f in rows])  # no removal
         assert await client.xlen(outbox) == 1
@@ -80,7 +81,7 @@ def test_a_dispatch_sent_twice_is_applied_once(
         task_id = client.submit(TASK)
         asyncio.run(_start_without_relay(private_redis.url))
         p = keys.partition_of(task_id, PARTITIONS)
-        asyncio.run(_sent_twice(private_redis.url, keys.outbox_stream(p)))
+        asyncio.run(_sent_twice(private_redis.url, keys.commit_outbox_stream(p)))
         queued = [json.loads(m)["headers"]["id"] for m in raw.lrange(keys.reasoning_queue, 0, -1)]
         assert len(queued) == 2 and queued[0] == queued[1], queued
 
@@ -95,7 +96,7 @@ def test_a_dispatch_sent_twice_is_applied_once(
         # Both copies ran and answered; each answer was handled (applied, or ignored as a
         # duplicate: an observation is deleted once handled), and nothing else was sent.
         wait_until(answered_twice, 60, "both answers published and handled")
-        assert raw.llen(keys.reasoning_queue) == 0 and raw.xlen(keys.outbox_stream(p)) == 0
+        assert raw.llen(keys.reasoning_queue) == 0 and raw.xlen(keys.commit_outbox_stream(p)) == 0
         journal = client.journal(task_id)
         assert_journal_is_clean(journal)
         reasoned = [e for e in journal if e.event.type == "ReasoningComplete"]
