@@ -286,3 +286,36 @@ def test_the_starts_of_one_intake_read_go_in_one_pipeline_and_the_tick_waits_for
             assert all(coordinator.store.peek_kept(t) is not None for t in ("a", "b", "d"))
 
     asyncio.run(scenario())
+
+
+def test_a_claim_meets_observations_deleted_while_pending_as_redis_6_2_answers_them(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Redis 6.2 (deploy.md: "Redis 6.2 or later") answers ``XAUTOCLAIM`` with a nil in place
+    of an entry deleted while pending and keeps its delivery pending (``src/t_stream.c`` of
+    6.2.16: ``if (!emitted) addReplyNull(c)``, no list of deleted ids); redis-py parses that
+    nil as ``(None, None)``. Every applied observation is such an entry now: the tick's claim
+    must not fail on it (it did: ``XACK`` of the id ``"None"``, "Invalid stream ID", which
+    stops every tick, its lease renewals and deadlines, for as long as the entry is pending:
+    forever). On a real 6.2 server, test_applied_entries_are_deleted_and_the_next_claims_drop_
+    their_deliveries fails the same way; here the reply is shaped as 6.2's on any server."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await _submit(client, coordinator, "t")
+            await _answer(client, coordinator, "t")
+            while await client.xlen(keys.observations_stream(0)):
+                await coordinator._observations_once()
+            real = client.xautoclaim
+
+            async def as_redis_6_2(*args: object, **kwargs: object) -> list[object]:
+                next_id, entries, *rest = await real(*args, **kwargs)  # type: ignore[arg-type]
+                deleted = rest[0] if rest else []
+                return [next_id, [*entries, *((None, None) for _ in deleted)]]
+
+            coordinator.redis.xautoclaim = as_redis_6_2  # type: ignore[method-assign]
+            coordinator.settings = replace(SETTINGS, claim_idle_ms=0)
+            await coordinator._reclaim(keys.observations_stream(0), coordinator._observation)
+
+    asyncio.run(scenario())
