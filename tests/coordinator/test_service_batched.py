@@ -319,3 +319,33 @@ def test_a_claim_meets_observations_deleted_while_pending_as_redis_6_2_answers_t
             await coordinator._reclaim(keys.observations_stream(0), coordinator._observation)
 
     asyncio.run(scenario())
+
+
+def test_a_claim_over_many_observations_deleted_while_pending_leaves_redis_serving(
+    redis_client: RedisClientFactory,
+) -> None:
+    """More observations applied (deleted, their deliveries pending) than a claim's ``COUNT``:
+    the routine state of a busy partition now. Redis 7.0.0 to 7.0.3 write the ids of every
+    deleted entry the claim meets (up to ten times ``COUNT``) into a buffer of ``COUNT`` ids
+    (CVE-2022-31144, fixed in 7.0.4: ``src/t_stream.c``, ``deleted_ids``): its heap is
+    overwritten; a 7.0.3 built with libc malloc then hangs in a futex, serving no command.
+    Passes on 7.0.4 and later; run with ``ORGA_TEST_REDIS_URL`` on a 7.0.3 server to see it."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            tasks = [f"t{n}" for n in range(120)]
+            for first in range(0, len(tasks), 40):
+                await _submit(client, coordinator, *tasks[first : first + 40])
+            for task_id in tasks:
+                await _answer(client, coordinator, task_id)
+            while await client.xlen(keys.observations_stream(0)):
+                await coordinator._observations_once()
+            summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
+            assert summary["pending"] == len(tasks)  # deleted, their deliveries pending
+            coordinator.settings = replace(SETTINGS, batch=4)  # 40 deleted met, 4 ids' room
+            claim = coordinator._reclaim(keys.observations_stream(0), coordinator._observation)
+            await asyncio.wait_for(claim, 10)
+            assert await asyncio.wait_for(client.ping(), 5)
+
+    asyncio.run(scenario())
