@@ -386,6 +386,7 @@ class OutboxRelay:
                 fresh = [(entry_id, f) for entry_id, f in got if entry_id not in noted]
                 entries = await self._entries(fresh, stream)
                 sent += await self._send_committed(partition, entries)
+                await self._flush()  # a long sweep removes as it goes (``flush_s`` bound)
                 if len(got) < self.batch:
                     break
         except BaseException:
