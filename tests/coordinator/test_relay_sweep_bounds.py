@@ -114,3 +114,32 @@ def test_a_sweep_stops_sending_a_partition_whose_lease_was_lost(
             await relay.close()
 
     asyncio.run(scenario())
+
+
+def test_a_burst_of_hand_offs_is_removed_within_the_flush_bound(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The steady state's promise too: hand-offs that queue up behind a slow broker (a burst
+    of commits) are removed at most ``flush_s`` after they were sent, not only once the whole
+    queue (up to ``max_handed``, 10,000) has gone out."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            broker = _SlowBroker(redis_url, delay_s=0.1)
+            relay = OutboxRelay(client, broker, "r1", loop_chunk=1, flush_s=0.25)
+            assert await relay.commits_round() == 0  # the first round's sweep: empty
+            for n in range(6):  # six commits, handed before the relay's next round
+                entry = _entry(n)
+                entry_id = await client.xadd(keys.commit_outbox_stream(0), entry.fields())
+                relay.hand(0, [(entry_id.decode(), entry)])
+            assert await relay.commits_round() == 6
+            waited = broker.sent_at[5] - broker.sent_at[0]
+            assert waited > relay.flush_s
+            still = broker.on_stream[5]
+            assert 0 not in still, (
+                f"entry 0, sent {waited:.2f} s before entry 5, was still on the commits' "
+                f"outbox then (on it: {sorted(still)}): a relay killed there sends it again"
+            )
+            await relay.close()
+
+    asyncio.run(scenario())
