@@ -875,10 +875,16 @@ def coordinator() -> None:
     _settings()  # invalid settings are refused here, in the command line's words
     # The same process runs `python -m orga.coordinator_main` (execve, the same pid): the
     # coordinator without this command line's imports (Typer, Rich, httpx: about 6 MB).
+    # -P: not the working directory first on sys.path (as `python -m` would put it), which
+    # could hold a package named like one of ours; the directory this command's own `orga`
+    # came from goes first on PYTHONPATH instead, so the coordinator runs the same code.
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     sys.stdout.flush()
     sys.stderr.flush()
-    argv = [sys.executable, "-m", "orga.coordinator_main"]
-    os.execv(sys.executable, argv)  # noqa: S606
+    argv = [sys.executable, "-P", "-m", "orga.coordinator_main"]
+    os.execve(sys.executable, argv, env)  # noqa: S606
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -1,4 +1,4 @@
-"""``orga coordinator`` runs ``python -m orga.coordinator_main`` in its place (execve).
+"""``orga coordinator`` runs ``python -P -m orga.coordinator_main`` in its place (execve).
 
 ``python -m`` puts the working directory first on ``sys.path``; the ``orga`` console script
 does not. Run from a directory that holds a package named like one of the project's top-level
