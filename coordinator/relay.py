@@ -11,7 +11,9 @@ the outboxes of the partitions whose lease its coordinator holds
 - **commits** (:data:`COMMITS_LOOP`): the commit script returns the ids of the entries it
   appended, and the coordinator hands them to its relay in-process (:meth:`OutboxRelay.hand`,
   through :attr:`coordinator.store.TaskStore.dispatched`): they are sent at once, with no read.
-  What a round (``flush_s``, 0.25 s) sent is removed at its end, one ``XDEL`` per partition.
+  What a round (``flush_s``, 0.25 s) sent is removed at its end, one ``XDEL`` per partition,
+  or earlier, once the oldest of it went out more than ``flush_s`` ago (a long sweep, a burst
+  behind a slow broker).
   The stream is read from ``0-0`` (a *sweep*) only in the relay's first round on a partition
   (its start, a takeover), after a failed send, and every ``sweep_s`` (5 s): for a dead
   coordinator's entries and any hand-off that did not come (a commit of a coordinator that
@@ -39,8 +41,11 @@ already applied and is ignored, and a tool that must apply once replays its kept
 (:mod:`workers.applied_calls`). A send that fails (the broker unreachable) removes (or notes
 for removal) what went out and leaves the rest on the outbox, in front of anything newer:
 the relay reads them first again after a back-off, which both loops share (no loop asks the
-broker again before it ends). A relay whose lease lapses during a round may send what the new
-holder also sends: two copies, as above.
+broker again before it ends). Within a round the relay asks the leases held in memory again
+before each chunk it sends and each batch a sweep reads (no Redis command, and without telling
+a drain that the loop has moved on), and stops sending a partition whose lease is gone; a
+relay whose lease lapses during a chunk may still send what the new holder also sends: two
+copies, as above.
 
 The send is blocking (kombu's producer). By default it runs on the event loop, ``loop_chunk``
 (8) entries at a time with the loop let run between chunks (about 0.3 ms of CPU and one
@@ -239,16 +244,18 @@ class OutboxRelay:
     batch: int = keys.outbox_batch
     partitions: int = 1
     """The deployment's partition count."""
-    serving: Callable[[str], Collection[int]] | None = None
+    serving: Callable[[str | None], Collection[int]] | None = None
     """The partitions whose outboxes this relay serves, asked with the loop's name at the start
-    of each round of that loop (the coordinator's partition leases); None: every partition."""
+    of each round of that loop (the coordinator's partition leases), and with None (which tells
+    no drain the loop has moved on) between the sends of a round; None: every partition."""
     block_ms: int = 1000
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
     in_thread: bool = False
     loop_chunk: int = 8
     flush_s: float = keys.commit_outbox_flush_s
-    """A round of the commits' loop: the committed entries it sent are removed at its end."""
+    """A round of the commits' loop: the committed entries it sent are removed at its end (or
+    as soon as the oldest of them was sent more than this long ago)."""
     sweep_s: float = keys.commit_outbox_sweep_s
     max_handed: int = 10_000
     """Hand-offs kept waiting at most; beyond, the partition's are dropped and swept instead."""
@@ -270,6 +277,8 @@ class OutboxRelay:
         was seen then (a hand-off of one of them that comes in the round is not sent)."""
         self._sent: dict[int, list[str]] = {}
         """Committed entries sent and not removed yet, by partition (removed each round)."""
+        self._sent_since: float | None = None
+        """When the oldest entry of ``_sent`` was sent (loop time); None when it is empty."""
         self._next_sweep = 0.0
         self._broker_paused_until = 0.0
         self._broker_pause_s = 0.0
@@ -283,6 +292,15 @@ class OutboxRelay:
         if self.serving is None:
             return frozenset(range(self.partitions))
         return frozenset(self.serving(loop))
+
+    def _lost(self, partition: int) -> bool:
+        """Whether the lease of ``partition`` is gone since the round started (asked of the
+        leases held in memory: no Redis command); if so its hand-offs waiting are dropped and
+        it is swept when served again (its new holder sweeps what is left meanwhile)."""
+        if self.serving is None or partition in self.serving(None):
+            return False
+        self._drop_handed({partition})
+        return True
 
     # -- the commits' outbox: handed in-process ---------------------------------------------
 
@@ -349,24 +367,45 @@ class OutboxRelay:
         sent = 0
         try:
             for partition, pairs in by_partition.items():
-                sent += await self._send_committed(partition, pairs)
+                sent += await self._send_committed(partition, pairs)  # checks the lease first
         except BaseException:
             self._sweep_due |= set(by_partition)  # taken off the queue: swept instead
             raise
         return sent
 
     async def _send_committed(self, partition: int, pairs: list[tuple[str, OutboxEntry]]) -> int:
-        """Publish committed entries; note those sent for removal. A failure drops the
-        waiting hand-offs of this partition (swept next round) and raises."""
+        """Publish committed entries, ``loop_chunk`` at a time (``batch`` in the relay's
+        thread); note those sent for removal. Before each chunk, stop if the partition's lease
+        is gone (:meth:`_lost`); after it, remove what was sent (:meth:`_flush`) once the
+        oldest of it went out more than ``flush_s`` ago, so that a long send (a burst behind a
+        slow broker) keeps the ``flush_s`` bound. A failure drops the waiting hand-offs
+        (swept next round) and raises."""
         noted = self._sent.setdefault(partition, [])
-        try:
-            await self._publish([entry for _id, entry in pairs])
-        except PublishError as exc:
-            noted += [entry_id for entry_id, _e in pairs[: exc.sent]]
-            self._drop_handed({partition, *(h[0] for h in self._handed)})
-            raise
-        noted += [entry_id for entry_id, _e in pairs]
-        return len(pairs)
+        loop = asyncio.get_running_loop()
+        chunk = self.batch if self.in_thread else self.loop_chunk
+        sent = 0
+        for start in range(0, len(pairs), max(chunk, 1)):
+            if self._lost(partition):
+                break
+            part = pairs[start : start + chunk]
+            try:
+                await self._publish([entry for _id, entry in part])
+            except PublishError as exc:
+                self._note(noted, [entry_id for entry_id, _e in part[: exc.sent]], loop.time())
+                self._drop_handed({partition, *(h[0] for h in self._handed)})
+                raise
+            self._note(noted, [entry_id for entry_id, _e in part], loop.time())
+            sent += len(part)
+            if self._sent_since is not None and loop.time() - self._sent_since > self.flush_s:
+                await self._flush()  # empties ``noted`` (the same list) in place
+        return sent
+
+    def _note(self, noted: list[str], entry_ids: list[str], now: float) -> None:
+        """Note ``entry_ids`` (sent at ``now``) for removal."""
+        if entry_ids:
+            noted += entry_ids
+            if self._sent_since is None:
+                self._sent_since = now
 
     async def _sweep(self, partition: int) -> int:
         """Send every entry on the partition's commits' outbox not sent by this relay yet
@@ -378,6 +417,8 @@ class OutboxRelay:
         cursor, sent = "0-0", 0
         try:
             while True:
+                if cursor != "0-0" and self._lost(partition):
+                    return sent  # the new holder sweeps the rest (swept here when served again)
                 rows = await read_streams(self.redis, [stream], start=cursor, count=self.batch)
                 got = rows[0][1] if rows else []
                 if got:
@@ -406,6 +447,8 @@ class OutboxRelay:
         await pipe.execute()
         for partition, ids in pending.items():
             del self._sent[partition][: len(ids)]
+        if not any(self._sent.values()):
+            self._sent_since = None
 
     # -- the workers' outbox: read --------------------------------------------------------
 
