@@ -579,9 +579,10 @@ def _backlog(client: redis.Redis, stream: str, now: float | None) -> tuple[int, 
     """``(pending, undelivered, lag_s)`` of the coordinators' group on one observations stream.
 
     ``pending`` counts the delivered entries still on the stream, up to 10,000: an observation
-    applied or dropped is deleted at once, its delivery left pending until a coordinator's
-    next claim drops it (the coordinators' tick, past ``claim_idle_ms``), so the group's
-    pending count also holds those applied in the last ``claim_idle_ms``.
+    applied or dropped is deleted at once, on Redis 7.0.4 and later its delivery left pending
+    until a coordinator's next claim drops it (the coordinators' tick, whatever its idle time),
+    so the group's pending count also holds those applied since the last tick (before 7.0.4
+    it is acknowledged too: none).
     ``undelivered`` is counted from the group's last delivered id (Redis 6.2 has no ``lag``
     field), up to 10,000 entries; ``lag_s`` is the age of the oldest of them, read from its
     stream id (the time it was added), 0.0 when there is none.

@@ -7,9 +7,10 @@ Seven loops share one Redis connection pool:
   and started.
 - **observations**: ``XREADGROUP`` on ``orga:observations``; each message is applied to its task
   through the pure :class:`~coordinator.machine.TaskMachine` and committed with its ``XDEL``
-  in one atomic script (deleted, not acknowledged: the next ``XAUTOCLAIM`` past the idle time
-  drops its delivery). Entries left pending by a dead coordinator are reclaimed with
-  ``XAUTOCLAIM``; an entry delivered too many times is dead-lettered.
+  in one atomic script (deleted, not acknowledged: on Redis 7.0.4 and later the next
+  ``XAUTOCLAIM`` drops its delivery; before, acknowledged too, the version read at the start).
+  Entries left pending by a dead coordinator are reclaimed with ``XAUTOCLAIM``; an entry
+  delivered too many times is dead-lettered.
 - **control**: review decisions and cancellations sent by the CLI.
 - **ticks**: lease renewal and takeover, observation deadlines, review deadlines.
 - **schedules**: due schedules are submitted to the intake (:mod:`coordinator.schedules`).
@@ -92,7 +93,7 @@ from coordinator.state import (
     check_reviewer,
 )
 from coordinator.store import CommitConflictError, PendingCommit, TaskStore
-from coordinator.streams import is_cluster, read_group
+from coordinator.streams import claim_drops_deleted, is_cluster, read_group, redis_version
 from coordinator.transport import QueueDepths, Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
@@ -325,6 +326,7 @@ class Coordinator:
         all each time."""
         await check_redis_keeps_keys(self.redis)
         await check_cluster_mode(self.redis)
+        await self._learn_redis_version()
         await check_layout(self.redis, self.settings.partitions)
         await adopt_legacy_schedules(self.redis)
         await self._ensure_groups()
@@ -407,6 +409,21 @@ class Coordinator:
     async def _schedules_once(self) -> None:
         assert self.scheduler is not None
         await self.scheduler.fire_due()
+
+    async def _learn_redis_version(self) -> None:
+        """Read the server's version once (on a Redis Cluster the lowest of its primaries): on
+        Redis 7.0.4 and later an applied observation is deleted and not acknowledged (the
+        next claim drops its delivery); before, acknowledged as well (docs/performance.md)."""
+        version = await redis_version(self.redis)
+        self.store.acknowledge_deleted = not claim_drops_deleted(version)
+        log.info(
+            "coordinator.redis_version",
+            extra={
+                "coordinator": self.name,
+                "redis_version": version or "unread",
+                "acknowledge_deleted": self.store.acknowledge_deleted,
+            },
+        )
 
     async def _ensure_groups(self) -> int:
         """Create the consumer groups that do not exist yet; how many were created."""
@@ -853,11 +870,14 @@ class Coordinator:
         self, stream: str, handle: Callable[[str, str, dict[Any, Any]], Awaitable[None]]
     ) -> None:
         """Claim the stream's entries pending longer than ``claim_idle_ms`` (a dead or stuck
-        coordinator's) and handle them; an entry delivered too often is dead-lettered. The
-        deliveries of entries deleted while pending (every observation applied or dropped: it
-        is deleted, not acknowledged) are dropped by the same ``XAUTOCLAIM``, whose count
-        includes them: it pages on while pages come back full, up to :data:`_CLAIM_PAGES`, and
-        until ``batch`` entries were claimed (as many as one page claimed before)."""
+        coordinator's) and handle them; an entry delivered too often is dead-lettered. On Redis
+        7.0.4 and later the deliveries of entries deleted while pending (every observation
+        applied or dropped: it is deleted, not acknowledged) are dropped by the same
+        ``XAUTOCLAIM``, whatever their idle time, and its count includes them (before 7.0.4
+        they are acknowledged too; Redis 6.2 answers a nil, no id, for an entry trimmed while
+        pending: skipped, it stays pending). It pages on while pages come back full, up to
+        :data:`_CLAIM_PAGES`, and until ``batch`` entries were claimed (as many as one page
+        claimed before)."""
         start, claimed = "0-0", 0
         for _page in range(_CLAIM_PAGES):
             start, full, got = await self._claim_page(stream, start, handle)
@@ -888,10 +908,15 @@ class Coordinator:
             else:
                 await handle(stream, entry_id, fields)
 
-        for raw_id, fields in entries:  # deleted while pending (Redis 6.2 keeps it): forget it
-            if fields is None:
+        for raw_id, fields in entries:
+            if raw_id is None:  # Redis 6.2: an entry deleted or trimmed while pending, a nil
+                log.debug(  # no id to acknowledge it by: its delivery stays pending
+                    "coordinator.claim_met_deleted",
+                    extra={"coordinator": self.name, "stream": stream},
+                )
+            elif fields is None:  # deleted while pending, its id given: forget it
                 await self.redis.xack(stream, keys.coordinator_group, _text(raw_id))
-        claimed = [(_text(i), f) for i, f in entries if f is not None]
+        claimed = [(_text(i), f) for i, f in entries if i is not None and f is not None]
         await self._handle_all(stream, claimed, poison_or_handle)
         return _text(next_id), len(entries) + dropped >= count, len(claimed)
 

@@ -2,7 +2,8 @@
 
 ``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
 state, acknowledges the stream entry that caused the change (an observation: deletes it, its
-delivery dropped by the next claim), appends the commit's journal
+delivery dropped by the next claim on Redis 7.0.4 and later, acknowledged too before), appends
+the commit's journal
 records (in one stream entry of id ``0-{last sequence+1}``,
 :func:`shared.journal.journal_stream_entry`), the lifecycle events, the review items and the
 dead letters, the sub-agent tasks it submits to the intake, a finished sub-agent's result for
@@ -72,9 +73,11 @@ if ARGV[5] ~= '' then
   -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
   local acked = KEYS[tonumber(ARGV[6])]
   if extra.delete_entry then
-    -- An applied observation (a tool output, maybe large) is in the conversation now: deleted,
-    -- not acknowledged (one command less per call); the next claim past the idle time
-    -- (XAUTOCLAIM) drops its delivery, as it does for any entry deleted while pending.
+    -- An applied observation (a tool output, maybe large) is in the conversation now: deleted.
+    -- On Redis 7.0.4 and later not acknowledged (one command less per call): the next claim
+    -- (XAUTOCLAIM) drops its delivery, as it does for any entry deleted while pending. Older
+    -- Redis do not (6.2 keeps it pending for ever; 7.0.0-7.0.3 crash on many): acknowledged.
+    if extra.ack_deleted then redis.call('XACK', acked, ARGV[7], ARGV[5]) end
     redis.call('XDEL', acked, ARGV[5])
   else
     redis.call('XACK', acked, ARGV[7], ARGV[5])
@@ -319,6 +322,13 @@ class TaskStore:
     _partitions_keys: dict[int, tuple[str, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
+    acknowledge_deleted: bool = True
+    """Whether an observation applied or dropped is acknowledged as well as deleted: needed on a
+    Redis before 7.0.4, whose ``XAUTOCLAIM`` does not drop the delivery of an entry deleted
+    while pending (6.2 keeps it pending for ever, with no id to acknowledge it by; 7.0.0-7.0.3
+    overrun a buffer on many: CVE-2022-31144). The coordinator turns it off at its start on
+    7.0.4 and later (:func:`coordinator.streams.claim_drops_deleted`): one command less per
+    call. On (the default) for whoever does not know the server's version."""
     dispatched: Callable[[int, Sequence[tuple[str, OutboxEntry]]], None] | None = None
     """Told of each commit written with dispatches: the partition and each outbox entry with its
     stream id (the coordinator's relay, :meth:`coordinator.relay.OutboxRelay.hand`)."""
@@ -540,7 +550,8 @@ class TaskStore:
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
         shared = self._partition_keys(p)
-        extra["delete_entry"] = stream == shared[9]  # an observation: deleted, not acknowledged
+        extra["delete_entry"] = stream == shared[9]  # an observation: deleted
+        extra["ack_deleted"] = self.acknowledge_deleted  # and acknowledged (Redis < 7.0.4)
         extra["lease_owner"] = lease_owner
         # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
         # finished child tells and the children it cancels are all in this task's partition.
@@ -815,8 +826,16 @@ class TaskStore:
 
     async def drop_observation(self, entry_id: str, *, partition: int = 0) -> None:
         """A stale or duplicate answer: deleted (nothing keeps its output); its delivery is
-        dropped by the next claim past the idle time, as an applied one's."""
-        await self.redis.xdel(keys.observations_stream(partition), entry_id)
+        dropped by the next claim, as an applied one's (acknowledged too on a Redis before
+        7.0.4: :attr:`acknowledge_deleted`, one round trip)."""
+        stream = keys.observations_stream(partition)
+        if not self.acknowledge_deleted:
+            await self.redis.xdel(stream, entry_id)
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(stream, keys.coordinator_group, entry_id)
+        pipe.xdel(stream, entry_id)
+        await pipe.execute()
 
     async def forget_heartbeats(self, older_than: float) -> None:
         """Heartbeat scores (running or answered) older than ``older_than`` (epoch seconds)."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
 __all__ = ["CLUSTER_BLOCK_MS", "Rows", "is_cluster", "read_group", "read_streams"]
 
@@ -130,3 +132,54 @@ def _rows(response: Any) -> Rows:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+CLAIM_DROPS_DELETED = (7, 0, 4)
+"""The first Redis whose ``XAUTOCLAIM`` drops the delivery of an entry deleted while pending
+(and names it in its reply's third element). Redis 6.2 answers a nil in its place, no id, and
+keeps the delivery pending for ever; Redis 7.0.0 to 7.0.3 overrun a buffer (CVE-2022-31144) when
+a claim meets more such entries than its ``COUNT``. Before it, an applied observation is
+acknowledged as well as deleted (:attr:`coordinator.store.TaskStore.acknowledge_deleted`)."""
+
+
+_RELEASE = re.compile(r"\s*(\d+)\.(\d+)\.(\d+)")
+
+
+def parse_release(version: str) -> tuple[int, int, int] | None:
+    """``"7.0.15"`` as ``(7, 0, 15)``; None for what does not start with three numbers."""
+    match = _RELEASE.match(version)
+    if match is None:
+        return None
+    major, minor, patch = (int(part) for part in match.groups())
+    return major, minor, patch
+
+
+def claim_drops_deleted(version: str | None) -> bool:
+    """Whether the Redis of ``version`` (``INFO server`` ``redis_version``; None: unread) drops
+    the deliveries of entries deleted while pending in ``XAUTOCLAIM``: 7.0.4 and later. An
+    unread or unparsable version counts as older (the observation is then acknowledged too:
+    one command more per call, right on every Redis)."""
+    release = parse_release(version) if version is not None else None
+    return release is not None and release >= CLAIM_DROPS_DELETED
+
+
+async def redis_version(redis: Redis) -> str | None:
+    """The server's ``redis_version`` (``INFO server``); on a Redis Cluster the lowest over its
+    primaries (a replica promoted later runs the same release in any sane upgrade). None when
+    INFO is refused (renamed away) or names none."""
+    try:
+        if is_cluster(redis):
+            cluster = await cast(RedisCluster, redis).initialize()
+            versions = [
+                (await redis.info("server", target_nodes=node)).get("redis_version")
+                for node in cluster.get_primaries()
+            ]
+        else:
+            versions = [(await redis.info("server")).get("redis_version")]
+    except ResponseError as exc:
+        log.warning("coordinator.redis_version_unread", extra={"error": str(exc)[:300]})
+        return None
+    known = [str(v) for v in versions if v is not None]
+    if len(known) != len(versions) or not known:
+        return None
+    return min(known, key=lambda v: parse_release(v) or (0, 0, 0))

