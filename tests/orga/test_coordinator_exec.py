@@ -45,3 +45,44 @@ def test_the_coordinator_does_not_import_from_the_working_directory(tmp_path: Pa
         f"the coordinator imported {shadow} from its working directory "
         f"(exit {done.returncode}): {done.stdout[-300:]} {done.stderr[-300:]}"
     )
+
+
+def test_an_installed_coordinator_keeps_the_standard_library_first(tmp_path: Path) -> None:
+    """Installed (``pip install``: the project's packages in site-packages, next to every other
+    distribution's), the directory ``orga`` came from is site-packages: first on PYTHONPATH it
+    goes before the standard library, so any installed module named like a standard one (the
+    PyPI backports ``asyncio``, ``pathlib``, ``typing``, ``enum34``...) replaces it in the
+    coordinator alone. Here site-packages is a copy of the project's packages and a ``json``
+    module; it is on ``sys.path`` after the standard library, as site-packages is."""
+    import shutil
+
+    site = tmp_path / "site-packages"
+    for package in ("orga", "shared", "coordinator", "workers"):
+        shutil.copytree(
+            REPO / package, site / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    marker = tmp_path / "imported"
+    (site / "json.py").write_text(
+        f"import pathlib, sys\npathlib.Path({str(marker)!r}).write_text(' '.join(sys.orig_argv))\n"
+        "sys.exit(42)\n"
+    )
+    env = {**os.environ, "ORGA_REDIS_URL": "redis://127.0.0.1:1/0"}  # stops at its start
+    env.pop("PYTHONPATH", None)
+    env.pop("ORGA_METRICS_PORT", None)
+    start = (
+        f"import sys; sys.path.append({str(site)!r}); sys.argv = ['orga', 'coordinator']; "
+        "from orga.cli import main; main()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", start],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert not marker.exists(), (
+        f"{marker.read_text()!r} imported {site / 'json.py'} in place of the standard library's "
+        f"json (exit {done.returncode}): {done.stdout[-300:]} {done.stderr[-300:]}"
+    )
