@@ -456,3 +456,37 @@ def test_on_redis_6_2_applied_and_dropped_observations_leave_nothing_pending(
             assert [row["message_id"] for row in rows] == [trimmed]  # stays pending on 6.2
 
     asyncio.run(scenario())
+
+
+def test_on_redis_6_2_entries_deleted_while_pending_do_not_hide_a_dead_coordinators_answer(
+    redis_6_2: str,
+) -> None:
+    """On Redis 6.2 an entry deleted (or trimmed) while pending comes back from every
+    ``XAUTOCLAIM`` as a nil, no id: the claim skips it and its delivery stays pending, at the
+    head of the group's pending list, for ever (so do those the coordinator left before it
+    acknowledged on 6.2: every observation it applied). Each claim starts at ``0-0`` and
+    spends its pages on them again: with more of them than its pages hold, a dead
+    coordinator's answer behind them is never reclaimed, its task never completed."""
+
+    async def scenario() -> None:
+        async with RedisClientFactory(redis_6_2)(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            stream = keys.observations_stream(0)
+            for _ in range(40):  # deleted while pending (trimmed, or left by the old code)
+                ghost = await client.xadd(stream, {"junk": "x"})
+                await client.xreadgroup(keys.coordinator_group, "dead", {stream: ">"})
+                await client.xdel(stream, ghost)
+            await _submit(client, coordinator, "t")
+            await _answer(client, coordinator, "t")
+            await client.xreadgroup(keys.coordinator_group, "dead", {stream: ">"})  # then died
+            coordinator.settings = replace(SETTINGS, claim_idle_ms=0, batch=2)
+            for _tick in range(5):
+                await coordinator._reclaim(stream, coordinator._observation)
+            status = await client.hget(keys.task_key("t", 0), "status")
+            pending = (await client.xpending(stream, keys.coordinator_group))["pending"]
+            assert status == TaskStatus.COMPLETED.value, (
+                f"after 5 claims the dead coordinator's answer is still unapplied (task {status},"
+                f" {pending} deliveries pending, 40 of them entries deleted while pending)"
+            )
+
+    asyncio.run(scenario())
