@@ -485,7 +485,7 @@ def test_on_redis_6_2_entries_deleted_while_pending_do_not_hide_a_dead_coordinat
             status = await client.hget(keys.task_key("t", 0), "status")
             pending = (await client.xpending(stream, keys.coordinator_group))["pending"]
             assert status == TaskStatus.COMPLETED.value, (
-                f"after 5 claims the dead coordinator's answer is still unapplied (task {status},"
+                f"after 5 claims the dead coordinator's answer is still unapplied (task {status!r},"
                 f" {pending} deliveries pending, 40 of them entries deleted while pending)"
             )
 
