@@ -143,3 +143,33 @@ def test_a_burst_of_hand_offs_is_removed_within_the_flush_bound(
             await relay.close()
 
     asyncio.run(scenario())
+
+
+def test_a_burst_of_hand_offs_sent_in_the_relays_thread_is_removed_within_the_flush_bound(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The same promise with ``in_thread`` (the send in the relay's own thread): its chunk is
+    ``batch`` (64) entries, and what a chunk sent is noted, with the chunk's end as its time,
+    only once the whole chunk went out, so behind a slow broker the first entries of a chunk
+    stay on the outbox for the whole chunk's send, however long past ``flush_s``."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            broker = _SlowBroker(redis_url, delay_s=0.1)
+            relay = OutboxRelay(client, broker, "r1", in_thread=True, flush_s=0.25)
+            assert await relay.commits_round() == 0  # the first round's sweep: empty
+            for n in range(6):  # six commits, handed before the relay's next round
+                entry = _entry(n)
+                entry_id = await client.xadd(keys.commit_outbox_stream(0), entry.fields())
+                relay.hand(0, [(entry_id.decode(), entry)])
+            assert await relay.commits_round() == 6
+            waited = broker.sent_at[5] - broker.sent_at[0]
+            assert waited > relay.flush_s
+            still = broker.on_stream[5]
+            assert 0 not in still, (
+                f"entry 0, sent {waited:.2f} s before entry 5, was still on the commits' "
+                f"outbox then (on it: {sorted(still)}): a relay killed there sends it again"
+            )
+            await relay.close()
+
+    asyncio.run(scenario())
