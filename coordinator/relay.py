@@ -374,15 +374,16 @@ class OutboxRelay:
         return sent
 
     async def _send_committed(self, partition: int, pairs: list[tuple[str, OutboxEntry]]) -> int:
-        """Publish committed entries, ``loop_chunk`` at a time (``batch`` in the relay's
-        thread); note those sent for removal. Before each chunk, stop if the partition's lease
+        """Publish committed entries, ``loop_chunk`` at a time (in the relay's thread too: a
+        chunk's sends are noted when it is back, so a larger one would outlast ``flush_s``);
+        note those sent for removal. Before each chunk, stop if the partition's lease
         is gone (:meth:`_lost`); after it, remove what was sent (:meth:`_flush`) once the
         oldest of it went out more than ``flush_s`` ago, so that a long send (a burst behind a
         slow broker) keeps the ``flush_s`` bound. A failure drops the waiting hand-offs
         (swept next round) and raises."""
         noted = self._sent.setdefault(partition, [])
         loop = asyncio.get_running_loop()
-        chunk = self.batch if self.in_thread else self.loop_chunk
+        chunk = self.loop_chunk
         sent = 0
         for start in range(0, len(pairs), max(chunk, 1)):
             if self._lost(partition):

@@ -52,7 +52,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard, cast, get_args
 
@@ -908,17 +908,42 @@ class Coordinator:
             else:
                 await handle(stream, entry_id, fields)
 
+        if any(raw_id is None for raw_id, _ in entries):
+            await self._forget_deleted(stream, start, _text(next_id), entries)
         for raw_id, fields in entries:
-            if raw_id is None:  # Redis 6.2: an entry deleted or trimmed while pending, a nil
-                log.debug(  # no id to acknowledge it by: its delivery stays pending
-                    "coordinator.claim_met_deleted",
-                    extra={"coordinator": self.name, "stream": stream},
-                )
-            elif fields is None:  # deleted while pending, its id given: forget it
+            if raw_id is not None and fields is None:  # deleted while pending, its id given
                 await self.redis.xack(stream, keys.coordinator_group, _text(raw_id))
         claimed = [(_text(i), f) for i, f in entries if i is not None and f is not None]
         await self._handle_all(stream, claimed, poison_or_handle)
         return _text(next_id), len(entries) + dropped >= count, len(claimed)
+
+    async def _forget_deleted(
+        self, stream: str, start: str, end: str, entries: Sequence[tuple[Any, Any]]
+    ) -> None:
+        """Acknowledge the deliveries of a claim page's entries deleted or trimmed while
+        pending, which Redis 6.2 answers with a nil and no id: their ids are the page's pending
+        ids (``XPENDING`` over the page's range) whose entries are gone (an empty ``XRANGE``).
+        Left pending, they would come back in every claim and, once more of them than the
+        claim's pages hold, keep a dead coordinator's answers behind them from being claimed."""
+        claimed = {_text(i) for i, _ in entries if i is not None}
+        pending = await self.redis.xpending_range(
+            stream, keys.coordinator_group, min=start, max="+" if end == "0-0" else end,
+            count=10 * self.settings.batch,  # XAUTOCLAIM looks at up to 10 x COUNT entries
+        )  # fmt: skip
+        candidates = [i for i in (_text(p["message_id"]) for p in pending) if i not in claimed]
+        if not candidates:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for entry_id in candidates:
+            pipe.xrange(stream, min=entry_id, max=entry_id, count=1)
+        found = await pipe.execute()
+        gone = [i for i, rows in zip(candidates, found, strict=True) if not rows]
+        if gone:
+            await self.redis.xack(stream, keys.coordinator_group, *gone)
+            log.debug(
+                "coordinator.claim_forgot_deleted",
+                extra={"coordinator": self.name, "stream": stream, "entries": len(gone)},
+            )
 
     async def _deliveries(self, stream: str, entry_id: str) -> int:
         pending = await self.redis.xpending_range(

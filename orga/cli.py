@@ -868,6 +868,14 @@ def _exit_after_decision(decision: str, data: dict[str, Any]) -> None:
 # -- processes ------------------------------------------------------------------------------
 
 
+def _same_dir(entry: str, directory: Path) -> bool:
+    """Whether the ``sys.path`` entry ``entry`` names ``directory`` ("" is no directory)."""
+    try:
+        return bool(entry) and Path(entry).resolve() == directory
+    except OSError:
+        return False
+
+
 @app.command()
 def coordinator() -> None:
     """Run a coordinator against ORGA_REDIS_URL (several may run at once)."""
@@ -876,11 +884,14 @@ def coordinator() -> None:
     # The same process runs `python -m orga.coordinator_main` (execve, the same pid): the
     # coordinator without this command line's imports (Typer, Rich, httpx: about 6 MB).
     # -P: not the working directory first on sys.path (as `python -m` would put it), which
-    # could hold a package named like one of ours; the directory this command's own `orga`
-    # came from goes first on PYTHONPATH instead, so the coordinator runs the same code.
-    root = str(Path(__file__).resolve().parent.parent)
+    # could hold a package named like one of ours. The directory this command's own `orga`
+    # came from goes first on PYTHONPATH only when the new interpreter would not find it
+    # anyway (a checkout run from its own directory): an installed `orga` is in
+    # site-packages, which must stay behind the standard library.
+    root = Path(__file__).resolve().parent.parent
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    if not any(_same_dir(entry, root) for entry in sys.path[1:]):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
     sys.stdout.flush()
     sys.stderr.flush()
     argv = [sys.executable, "-P", "-m", "orga.coordinator_main"]

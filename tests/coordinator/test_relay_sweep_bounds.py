@@ -148,15 +148,16 @@ def test_a_burst_of_hand_offs_is_removed_within_the_flush_bound(
 def test_a_burst_of_hand_offs_sent_in_the_relays_thread_is_removed_within_the_flush_bound(
     redis_url: str, redis_client: Any
 ) -> None:
-    """The same promise with ``in_thread`` (the send in the relay's own thread): its chunk is
-    ``batch`` (64) entries, and what a chunk sent is noted, with the chunk's end as its time,
-    only once the whole chunk went out, so behind a slow broker the first entries of a chunk
-    stay on the outbox for the whole chunk's send, however long past ``flush_s``."""
+    """The same promise with ``in_thread`` (the send in the relay's own thread), at the same
+    granularity as on the loop (``loop_chunk`` entries, 1 here as in the test above): what a
+    chunk sent is noted only once the whole chunk went out, so a chunk of ``batch`` (64), as
+    the thread sent before, kept the first entries on the outbox for the whole chunk's send,
+    however long past ``flush_s``."""
 
     async def scenario() -> None:
         async with redis_client() as client:
             broker = _SlowBroker(redis_url, delay_s=0.1)
-            relay = OutboxRelay(client, broker, "r1", in_thread=True, flush_s=0.25)
+            relay = OutboxRelay(client, broker, "r1", in_thread=True, loop_chunk=1, flush_s=0.25)
             assert await relay.commits_round() == 0  # the first round's sweep: empty
             for n in range(6):  # six commits, handed before the relay's next round
                 entry = _entry(n)
