@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 import redis
 
 from coordinator.relay import OutboxRelay
@@ -72,14 +73,7 @@ def test_a_long_sweep_removes_what_it_sent_within_the_flush_bound(
             broker = _SlowBroker(redis_url, delay_s=0.1)
             relay = OutboxRelay(client, broker, "r1", batch=2, loop_chunk=1, flush_s=0.25)
             assert await relay.commits_round() == 6
-            # When entry 5 went out, entry 0 had been sent this long before:
-            waited = broker.sent_at[5] - broker.sent_at[0]
-            assert waited > relay.flush_s
-            still = broker.on_stream[5]
-            assert 0 not in still, (
-                f"entry 0, sent {waited:.2f} s before entry 5, was still on the commits' "
-                f"outbox then (on it: {sorted(still)}): a relay killed there sends it again"
-            )
+            _assert_removed_within_flush_s(broker, relay)
             await relay.close()
 
     asyncio.run(scenario())
@@ -116,61 +110,42 @@ def test_a_sweep_stops_sending_a_partition_whose_lease_was_lost(
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("in_thread", [False, True], ids=["on-the-loop", "in-its-thread"])
 def test_a_burst_of_hand_offs_is_removed_within_the_flush_bound(
-    redis_url: str, redis_client: Any
+    redis_url: str, redis_client: Any, in_thread: bool
 ) -> None:
     """The steady state's promise too: hand-offs that queue up behind a slow broker (a burst
     of commits) are removed at most ``flush_s`` after they were sent, not only once the whole
-    queue (up to ``max_handed``, 10,000) has gone out."""
+    queue (up to ``max_handed``, 10,000) has gone out. The same with ``in_thread`` (the send
+    in the relay's own thread), at the same granularity (``loop_chunk`` entries, 1 here): a
+    chunk's sends are noted once the whole chunk went out, so a chunk of ``batch`` (64), as
+    the thread sent before, kept the first entries on the outbox however long past
+    ``flush_s``."""
 
     async def scenario() -> None:
         async with redis_client() as client:
             broker = _SlowBroker(redis_url, delay_s=0.1)
-            relay = OutboxRelay(client, broker, "r1", loop_chunk=1, flush_s=0.25)
+            relay = OutboxRelay(
+                client, broker, "r1", in_thread=in_thread, loop_chunk=1, flush_s=0.25
+            )
             assert await relay.commits_round() == 0  # the first round's sweep: empty
             for n in range(6):  # six commits, handed before the relay's next round
                 entry = _entry(n)
                 entry_id = await client.xadd(keys.commit_outbox_stream(0), entry.fields())
                 relay.hand(0, [(entry_id.decode(), entry)])
             assert await relay.commits_round() == 6
-            waited = broker.sent_at[5] - broker.sent_at[0]
-            assert waited > relay.flush_s
-            still = broker.on_stream[5]
-            assert 0 not in still, (
-                f"entry 0, sent {waited:.2f} s before entry 5, was still on the commits' "
-                f"outbox then (on it: {sorted(still)}): a relay killed there sends it again"
-            )
+            _assert_removed_within_flush_s(broker, relay)
             await relay.close()
 
     asyncio.run(scenario())
 
 
-def test_a_burst_of_hand_offs_sent_in_the_relays_thread_is_removed_within_the_flush_bound(
-    redis_url: str, redis_client: Any
-) -> None:
-    """The same promise with ``in_thread`` (the send in the relay's own thread), at the same
-    granularity as on the loop (``loop_chunk`` entries, 1 here as in the test above): what a
-    chunk sent is noted only once the whole chunk went out, so a chunk of ``batch`` (64), as
-    the thread sent before, kept the first entries on the outbox for the whole chunk's send,
-    however long past ``flush_s``."""
-
-    async def scenario() -> None:
-        async with redis_client() as client:
-            broker = _SlowBroker(redis_url, delay_s=0.1)
-            relay = OutboxRelay(client, broker, "r1", in_thread=True, loop_chunk=1, flush_s=0.25)
-            assert await relay.commits_round() == 0  # the first round's sweep: empty
-            for n in range(6):  # six commits, handed before the relay's next round
-                entry = _entry(n)
-                entry_id = await client.xadd(keys.commit_outbox_stream(0), entry.fields())
-                relay.hand(0, [(entry_id.decode(), entry)])
-            assert await relay.commits_round() == 6
-            waited = broker.sent_at[5] - broker.sent_at[0]
-            assert waited > relay.flush_s
-            still = broker.on_stream[5]
-            assert 0 not in still, (
-                f"entry 0, sent {waited:.2f} s before entry 5, was still on the commits' "
-                f"outbox then (on it: {sorted(still)}): a relay killed there sends it again"
-            )
-            await relay.close()
-
-    asyncio.run(scenario())
+def _assert_removed_within_flush_s(broker: _SlowBroker, relay: OutboxRelay) -> None:
+    """Entry 0, sent more than ``flush_s`` before entry 5, was off the outbox when 5 went out."""
+    waited = broker.sent_at[5] - broker.sent_at[0]
+    assert waited > relay.flush_s
+    still = broker.on_stream[5]
+    assert 0 not in still, (
+        f"entry 0, sent {waited:.2f} s before entry 5, was still on the commits' "
+        f"outbox then (on it: {sorted(still)}): a relay killed there sends it again"
+    )

