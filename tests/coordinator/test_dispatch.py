@@ -6,7 +6,6 @@ by a sweep."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from shared.outbox import OutboxEntry, dispatch_entries
 from shared.protocol import ReasonRequest
 from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
+from tests.coordinator.outbox_samples import sample_entry
 
 SETTINGS = MachineSettings(workspace_root="/ws")
 
@@ -42,17 +42,6 @@ async def _started(store: TaskStore, task_id: str = "t") -> list[OutboxEntry]:
     dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
     await store.commit(machine.record, effects, dispatches=dispatches)
     return dispatches
-
-
-def _entry(n: int) -> OutboxEntry:
-    return OutboxEntry(
-        id=f"id-{n}",
-        task=keys.reason_task_name,
-        queue=keys.reasoning_queue,
-        argsrepr=f"(entry {n})",
-        shadow=f"reason {n}",
-        payload=json.dumps({"n": n}),
-    )
 
 
 async def _add(client: Redis, *entries: OutboxEntry) -> None:
@@ -145,7 +134,7 @@ def test_a_batch_is_read_sent_and_removed_together(redis_url: str, redis_client:
         async with redis_client() as client:
             publisher = _Recording()
             relay = OutboxRelay(client, publisher, "r1", batch=3, block_ms=1)
-            await _add(client, *map(_entry, range(5)))
+            await _add(client, *map(sample_entry, range(5)))
             assert await relay.relay_once() == 3
             assert await relay.relay_once() == 2
             assert [e.id for e in publisher.sent] == [f"id-{n}" for n in range(5)]
@@ -166,10 +155,10 @@ def test_a_dead_relays_entries_are_sent_by_the_next_relay(
     async def scenario() -> None:
         async with redis_client() as client:
             dead = OutboxRelay(client, _Recording(), "dead", block_ms=1)
-            await _add(client, _entry(1), _entry(2))
+            await _add(client, sample_entry(1), sample_entry(2))
             [(_stream, rows)] = await dead.read()
             assert len(rows) == 2  # read, then killed before sending
-            await _add(client, _entry(3))
+            await _add(client, sample_entry(3))
 
             taker = _Recording()
             live = OutboxRelay(client, taker, "live", block_ms=1)
@@ -192,7 +181,7 @@ def test_a_relay_reads_only_the_outboxes_of_the_partitions_it_serves(
     async def scenario() -> None:
         async with redis_client() as client:
             for p, n in ((0, 1), (1, 2)):
-                entry = _entry(n)
+                entry = sample_entry(n)
                 await client.xadd(keys.outbox_stream(p), entry.fields())  # type: ignore[arg-type]
             publisher = _Recording()
             relay = OutboxRelay(
@@ -221,12 +210,12 @@ def test_a_failed_send_leaves_the_rest_for_a_retry(
                 client, publisher, "r1", block_ms=1, in_thread=in_thread, loop_chunk=1,
                 backoff_s=0,
             )  # fmt: skip
-            await _add(client, *map(_entry, range(3)))
+            await _add(client, *map(sample_entry, range(3)))
             with pytest.raises(PublishError):
                 await relay.relay_once()
             assert [e.id for e in publisher.sent] == ["id-0"]
             assert await client.xlen(keys.outbox_stream(0)) == 2
-            await _add(client, _entry(9))
+            await _add(client, sample_entry(9))
             assert await relay.relay_once() == 3  # the unsent ones first, then the new one
             assert await relay.relay_once() == 0
             assert [e.id for e in publisher.sent] == ["id-0", "id-1", "id-2", "id-9"]
@@ -247,7 +236,7 @@ def test_celery_publisher_failure_keeps_the_entry(redis_url: str, redis_client: 
             publisher.app.conf.task_publish_retry = False
             publisher.app.conf.broker_connection_max_retries = 0
             relay = OutboxRelay(client, publisher, "r1", block_ms=1)
-            await _add(client, _entry(1))
+            await _add(client, sample_entry(1))
             with pytest.raises(PublishError, match=r"id-1 to orga\.reasoning failed"):
                 await relay.relay_once()
             assert await client.xlen(keys.outbox_stream(0)) == 1
@@ -265,7 +254,7 @@ def test_an_entry_lacking_fields_is_dead_lettered(redis_url: str, redis_client: 
             publisher = _Recording()
             relay = OutboxRelay(client, publisher, "r1", block_ms=1)
             await client.xadd(keys.outbox_stream(0), {"task": "orga.reason"})
-            await _add(client, _entry(1))
+            await _add(client, sample_entry(1))
             assert await relay.relay_once() == 1
             assert [e.id for e in publisher.sent] == ["id-1"]
             ((_id, fields),) = await client.xrange(keys.dead_letter_stream(0))
@@ -436,7 +425,7 @@ def test_after_a_failed_send_neither_loop_asks_the_broker_before_the_back_off_en
             (first,) = await _started(store, "a")
             with pytest.raises(PublishError, match="broker unreachable"):
                 await relay.commits_round()
-            await _add(client, _entry(1))
+            await _add(client, sample_entry(1))
             publisher.fail_after = 0  # would fail again if asked
             with pytest.raises(PublishError, match="back-off shared"):
                 await relay.chained_round(block=False)

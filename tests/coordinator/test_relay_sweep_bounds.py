@@ -17,17 +17,7 @@ import redis
 from coordinator.relay import OutboxRelay
 from shared import keys
 from shared.outbox import OutboxEntry
-
-
-def _entry(n: int) -> OutboxEntry:
-    return OutboxEntry(
-        id=f"id-{n}",
-        task=keys.reason_task_name,
-        queue=keys.reasoning_queue,
-        argsrepr=f"(entry {n})",
-        shadow=f"reason {n}",
-        payload=json.dumps({"n": n}),
-    )
+from tests.coordinator.outbox_samples import sample_entry
 
 
 class _SlowBroker:
@@ -55,7 +45,7 @@ class _SlowBroker:
 
 async def _backlog(client: Any, count: int) -> None:
     for n in range(count):
-        await client.xadd(keys.commit_outbox_stream(0), _entry(n).fields())
+        await client.xadd(keys.commit_outbox_stream(0), sample_entry(n).fields())
 
 
 def test_a_long_sweep_removes_what_it_sent_within_the_flush_bound(
@@ -130,7 +120,7 @@ def test_a_burst_of_hand_offs_is_removed_within_the_flush_bound(
             )
             assert await relay.commits_round() == 0  # the first round's sweep: empty
             for n in range(6):  # six commits, handed before the relay's next round
-                entry = _entry(n)
+                entry = sample_entry(n)
                 entry_id = await client.xadd(keys.commit_outbox_stream(0), entry.fields())
                 relay.hand(0, [(entry_id.decode(), entry)])
             assert await relay.commits_round() == 6
