@@ -116,6 +116,17 @@ class ConversationRef(BaseModel):
     epoch: int = Field(default=0, ge=0)
     created_at: float = 0.0
     """When the task was created: a task id reused after a purge is another conversation."""
+    tail: list[ConversationMessage] = Field(default_factory=list)
+    """The last ``len(tail)`` of the ``length`` messages, carried in the request (the
+    coordinator's builder sends what was appended since the task's previous reasoning turn,
+    when it is small): a worker that read the task up to where the tail starts reads nothing
+    from Redis, one that did not reads only the messages before it. Empty: read all it lacks.
+    An older worker ignores it and reads as before."""
+
+    @property
+    def tail_start(self) -> int:
+        """Where the tail starts among the ``length`` messages."""
+        return self.length - len(self.tail)
 
 
 class ActMode(StrEnum):

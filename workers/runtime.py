@@ -599,8 +599,8 @@ class ProcessServices(WorkerCore):
         nothing and calls :meth:`Liveness.finished` only for a dispatch that started."""
         ref = request.conversation_ref if isinstance(request, ReasonRequest) else None
         task_id = request.fence.task_id
-        known = self._kept(task_id, ref) if ref is not None else []
-        lacking = ref is not None and len(known) < ref.length
+        known, read_to = self._known(task_id, ref) if ref is not None else ([], 0)
+        lacking = len(known) < read_to
         hold = self._hold_key(request) if isinstance(request, ReasonRequest) else None
         # A hold this process read less than HOLD_FRESH_S ago is taken as it was read.
         fresh, kept_hold = self._hold_reads.fresh(hold) if hold is not None else (False, None)
@@ -612,8 +612,8 @@ class ProcessServices(WorkerCore):
         def build(pipe: Pipeline) -> None:
             nonlocal write
             write = self.liveness.start(pipe, fences, queue, look_at)
-            if lacking and ref is not None:
-                pipe.lrange(self._conversation_key(task_id), len(known), ref.length - 1)
+            if lacking:
+                pipe.lrange(self._conversation_key(task_id), len(known), read_to - 1)
             if read_hold and hold is not None:
                 pipe.get(hold)
 
@@ -648,8 +648,8 @@ class ProcessServices(WorkerCore):
             read = [ConversationMessage.model_validate_json(m) for m in raw]
         except ValueError:
             return
-        if len(known) + len(read) == ref.length:
-            self._keep(task_id, ref, known + read)
+        if len(known) + len(read) == ref.tail_start:
+            self._keep(task_id, ref, known + read + ref.tail)
 
     def _hold_key(self, request: ReasonRequest) -> str | None:
         """The rate-limit hold the request's model call will read (:class:`RedisThrottle`),
@@ -684,11 +684,13 @@ class ProcessServices(WorkerCore):
         if ref is None:
             return request.conversation
         task_id = request.fence.task_id
-        known = self._kept(task_id, ref)
-        if len(known) < ref.length:
+        known, read_to = self._known(task_id, ref)
+        if len(known) < read_to:
             key = self._conversation_key(task_id)
-            raw = await self.redis.lrange(key, len(known), ref.length - 1)
+            raw = await self.redis.lrange(key, len(known), read_to - 1)
             known = known + [ConversationMessage.model_validate_json(m) for m in raw]
+        if len(known) == ref.tail_start:
+            known = known + ref.tail
         if len(known) < ref.length:
             self._conversations.pop(task_id, None)
             raise StaleConversationError(
@@ -698,6 +700,19 @@ class ProcessServices(WorkerCore):
             )
         self._keep(task_id, ref, known)
         return Conversation(messages=list(known[: ref.length]))
+
+    def _known(
+        self, task_id: str, ref: ConversationRef
+    ) -> tuple[list[ConversationMessage], int]:
+        """What this process holds of the request's conversation, and up to where it must
+        read the rest from Redis: nothing when what it read before reaches the request's
+        tail (the request then carries the rest), else up to the tail, or to the end when
+        the request carries none."""
+        kept = self._kept(task_id, ref)
+        start = ref.tail_start
+        if ref.tail and len(kept) >= start:
+            return kept[:start] + ref.tail, 0
+        return kept, start
 
     def _kept(self, task_id: str, ref: ConversationRef) -> list[ConversationMessage]:
         """What this process read of the task's conversation before, if of the same epoch and

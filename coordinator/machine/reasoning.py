@@ -12,7 +12,7 @@ from coordinator.state import Awaiting, AwaitKind
 from shared.actions import Observation, ToolCallAction
 from shared.approval import HeldCall
 from shared.context_manager import DefaultContextManager
-from shared.conversation import Conversation
+from shared.conversation import Conversation, ConversationMessage, MessageRole
 from shared.events import (
     GateModified,
     ObservationsCollected,
@@ -31,7 +31,27 @@ from shared.protocol import (
 )
 from shared.stagnation import ModelTurn
 
-__all__ = ["Reasoning"]
+__all__ = ["TAIL_MAX_CHARS", "Reasoning", "conversation_tail"]
+
+TAIL_MAX_CHARS = 16_384
+"""The most text (contents and call arguments) a reasoning request carries of its stored
+conversation's tail; a longer tail stays in Redis only (the worker reads it there)."""
+
+
+def conversation_tail(messages: Sequence[ConversationMessage]) -> list[ConversationMessage]:
+    """What a reasoning request by reference carries of its conversation: the messages from
+    the last assistant turn on (the previous reasoning's answer and what was appended after
+    it: where a worker that ran the previous turn stopped reading), or none when they hold
+    more than TAIL_MAX_CHARS of text or there is no assistant turn."""
+    chars = 0
+    for start in range(len(messages) - 1, -1, -1):
+        message = messages[start]
+        chars += len(message.content) + sum(len(c.arguments) for c in message.tool_calls)
+        if chars > TAIL_MAX_CHARS:
+            return []
+        if message.role == MessageRole.ASSISTANT:
+            return list(messages[start:])
+    return []
 
 
 class Reasoning(Section):
@@ -76,6 +96,7 @@ class Reasoning(Section):
                     length=len(conversation),
                     epoch=record.conversation_epoch,  # the commit's, unless it moves it
                     created_at=record.created_at,
+                    tail=conversation_tail(conversation.messages),
                 )
                 if by_reference
                 else None

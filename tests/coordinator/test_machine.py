@@ -855,3 +855,30 @@ def test_a_request_by_reference_is_built_with_the_epoch_and_copied_only_when_it_
     assert moved.model_dump(exclude={"conversation_ref"}) == request.model_dump(
         exclude={"conversation_ref"}
     )
+
+
+def test_a_request_by_reference_carries_the_conversation_from_the_last_assistant_turn() -> None:
+    """The tail a reasoning request carries: the messages from the last assistant turn on
+    (where a worker that ran the previous turn stopped reading), none without an assistant
+    turn or when they hold more than TAIL_MAX_CHARS of text."""
+    from coordinator.machine.reasoning import TAIL_MAX_CHARS, conversation_tail
+
+    system, user = ConversationMessage.system("s"), ConversationMessage.user("goal")
+    turn = ConversationMessage.assistant_tool_calls([ToolCall(id="c1", name="file_read")])
+    result = ConversationMessage.tool_result("c1", "file_read", "text")
+    assert conversation_tail([system, user]) == []
+    assert conversation_tail([system, user, turn, result]) == [turn, result]
+    again = ConversationMessage.assistant("done")
+    assert conversation_tail([system, user, turn, result, again]) == [again]
+    big = ConversationMessage.tool_result("c1", "file_read", "x" * TAIL_MAX_CHARS)
+    assert conversation_tail([system, user, turn, big]) == []
+    record = _record()
+    settings = replace(SETTINGS, conversation_by_reference=True)
+    _decided(record, 1.0, lambda m: m.start(), settings)
+    record.conversation.push(turn)
+    record.conversation.push(result)
+    machine = TaskMachine(record, 2.0, settings)
+    request = machine.reasoning.request(machine.fence(), record.conversation, purpose="act")
+    ref = request.conversation_ref
+    assert ref is not None and ref.tail == [turn, result]
+    assert ref.tail_start == ref.length - 2

@@ -332,6 +332,43 @@ def test_a_worker_reads_only_the_messages_it_lacks(redis_url: str, redis_client:
     plain.close()
 
 
+def test_a_request_carrying_its_tail_is_read_only_before_it(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A request that carries the tail of its conversation: a process that read the task up
+    to the tail's start reads nothing from Redis (the list may even be gone), one that read
+    less reads only the messages before the tail, and the tail comes from the request."""
+    from shared.conversation import ConversationMessage
+    from shared.protocol import ConversationRef
+
+    plain = redis.Redis.from_url(redis_url)
+    key = keys.conversation_key("t", 0)
+    stored = [ConversationMessage.user(f"m{i}") for i in range(6)]
+    plain.rpush(key, *[m.model_dump_json() for m in stored[:4]])
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+
+    def read(length: int, tail: list[ConversationMessage], start: bool = False) -> list[str]:
+        ref = ConversationRef(length=length, epoch=1, created_at=1.0, tail=tail)
+        request = _request(ProviderSpec()).model_copy(update={"conversation_ref": ref})
+
+        async def both() -> list[str]:
+            if start:
+                await services.started(request, [request.fence], keys.reasoning_queue)
+                services.liveness.finished([request.fence])
+            return [m.content for m in (await services.conversation(request)).messages]
+
+        return services.run(both())
+
+    # Read m0..m1 from Redis, m2..m3 from the request (Redis's m2, m3 are not read).
+    plain.lset(key, 2, ConversationMessage.user("not read").model_dump_json())
+    assert read(4, stored[2:4]) == ["m0", "m1", "m2", "m3"]
+    plain.delete(key)  # what this process holds reaches the next tail: nothing to read
+    assert read(6, stored[4:6], start=True) == ["m0", "m1", "m2", "m3", "m4", "m5"]
+    assert read(6, stored[3:6]) == ["m0", "m1", "m2", "m3", "m4", "m5"]
+    plain.close()
+
+
 def _write(
     tmp_path: Path, content: str, *, iteration: int, attempt: int, nonce: str
 ) -> ToolRequest:
