@@ -41,8 +41,8 @@ conversation's tail; a longer tail stays in Redis only (the worker reads it ther
 def conversation_tail(messages: Sequence[ConversationMessage]) -> list[ConversationMessage]:
     """What a reasoning request by reference carries of its conversation: the messages from
     the last assistant turn on (the previous reasoning's answer and what was appended after
-    it: where a worker that ran the previous turn stopped reading), or none when they hold
-    more than TAIL_MAX_CHARS of text or there is no assistant turn."""
+    it: where a worker that ran the previous turn stopped reading), all of them before the
+    first turn, and none when that holds more than TAIL_MAX_CHARS of text."""
     chars = 0
     for start in range(len(messages) - 1, -1, -1):
         message = messages[start]
@@ -51,7 +51,7 @@ def conversation_tail(messages: Sequence[ConversationMessage]) -> list[Conversat
             return []
         if message.role == MessageRole.ASSISTANT:
             return list(messages[start:])
-    return []
+    return list(messages)
 
 
 class Reasoning(Section):

@@ -859,14 +859,15 @@ def test_a_request_by_reference_is_built_with_the_epoch_and_copied_only_when_it_
 
 def test_a_request_by_reference_carries_the_conversation_from_the_last_assistant_turn() -> None:
     """The tail a reasoning request carries: the messages from the last assistant turn on
-    (where a worker that ran the previous turn stopped reading), none without an assistant
-    turn or when they hold more than TAIL_MAX_CHARS of text."""
+    (where a worker that ran the previous turn stopped reading), all of them before the first
+    turn, none when that holds more than TAIL_MAX_CHARS of text."""
     from coordinator.machine.reasoning import TAIL_MAX_CHARS, conversation_tail
 
     system, user = ConversationMessage.system("s"), ConversationMessage.user("goal")
     turn = ConversationMessage.assistant_tool_calls([ToolCall(id="c1", name="file_read")])
     result = ConversationMessage.tool_result("c1", "file_read", "text")
-    assert conversation_tail([system, user]) == []
+    assert conversation_tail([system, user]) == [system, user]
+    assert conversation_tail([ConversationMessage.user("x" * TAIL_MAX_CHARS), user]) == []
     assert conversation_tail([system, user, turn, result]) == [turn, result]
     again = ConversationMessage.assistant("done")
     assert conversation_tail([system, user, turn, result, again]) == [again]
