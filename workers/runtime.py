@@ -701,9 +701,7 @@ class ProcessServices(WorkerCore):
         self._keep(task_id, ref, known)
         return Conversation(messages=list(known[: ref.length]))
 
-    def _known(
-        self, task_id: str, ref: ConversationRef
-    ) -> tuple[list[ConversationMessage], int]:
+    def _known(self, task_id: str, ref: ConversationRef) -> tuple[list[ConversationMessage], int]:
         """What this process holds of the request's conversation, and up to where it must
         read the rest from Redis: nothing when what it read before reaches the request's
         tail (the request then carries the rest), else up to the tail, or to the end when
