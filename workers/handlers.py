@@ -329,13 +329,14 @@ async def _act_or_chain(
     # A delegation is the coordinator's to decide: never run inline, never chained.
     delegates = any(is_delegate(c.name) for c in approved)
     starts = any(services.starts_processes(c.name) for c in approved)
+    offered = dispatching.config.tool_definitions
     match request.act:
         case ActMode.INLINE if not delegates and not starts:
             with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
-                return await _act_inline(request, approved, services), []
+                return await _act_inline(request, approved, services, offered), []
         case ActMode.AUTO if _reads_here(request, approved, services):
             with phase_span("act", task_id=request.fence.task_id, iteration=state.iteration):
-                return await _act_inline(request, approved, services), []
+                return await _act_inline(request, approved, services, offered), []
         case ActMode.CHAIN | ActMode.AUTO:
             runnable = [c for c in approved if not is_delegate(c.name)]
             return None, [c.call_id for c in runnable[: request.config.max_concurrent_tools]]
@@ -545,16 +546,24 @@ def _reads_here(
 
 
 async def _act_inline(
-    request: ReasonRequest, calls: Sequence[ToolCallAction], services: WorkerServices
+    request: ReasonRequest,
+    calls: Sequence[ToolCallAction],
+    services: WorkerServices,
+    offered: Sequence[ToolDefinition],
 ) -> list[ToolObservedMessage]:
     """Act in the reasoning worker (``ActMode.INLINE``): each call as the same ``ToolRequest`` a
     tool worker would run, through the same :func:`run_tool_call`, at most
-    ``max_concurrent_tools`` at a time."""
+    ``max_concurrent_tools`` at a time. Every call passed the gate's schema pre-check against
+    its ``offered`` definition: a tool whose own schema is that one (the registry's, offered
+    as it is) does not check the arguments again (:func:`checked_schemas`)."""
     limit = asyncio.Semaphore(request.config.max_concurrent_tools)
+    checked = checked_schemas(offered, services.tool_definitions())
 
     async def one(call: ToolCallAction) -> ToolObservedMessage:
         async with limit:
-            return await run_tool_call(request.tool_request(call), services)
+            return await run_tool_call(
+                request.tool_request(call), services, checked_schema=checked.get(call.name)
+            )
 
     return list(await asyncio.gather(*(one(call) for call in calls)))
 
@@ -614,8 +623,29 @@ async def _within(
     ]
 
 
-async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolObservedMessage:
-    """One tool call: gated first when it is a pre-hydration resolution."""
+def checked_schemas(
+    offered: Sequence[ToolDefinition], registered: Sequence[ToolDefinition]
+) -> dict[str, dict[str, Any]]:
+    """Tool name → the registry's ``parameters`` object, for the tools whose offered schema
+    is the registry's own (the same object, or an equal one): arguments that passed the
+    gate's pre-check against the offered schema fit the tool's."""
+    own = {d.name: d.parameters for d in registered}
+    return {
+        d.name: own[d.name]
+        for d in offered
+        if d.name in own and (d.parameters is own[d.name] or d.parameters == own[d.name])
+    }
+
+
+async def run_tool_call(
+    request: ToolRequest,
+    services: WorkerServices,
+    *,
+    checked_schema: dict[str, Any] | None = None,
+) -> ToolObservedMessage:
+    """One tool call: gated first when it is a pre-hydration resolution. ``checked_schema``:
+    the schema the call's arguments passed in this process (:attr:`ToolContext.checked_schema`;
+    only for a call that is run as it was checked)."""
     started = time.monotonic()
     if request.purpose == "prehydrate":
         arguments = resolution_arguments(
@@ -645,6 +675,7 @@ async def run_tool_call(request: ToolRequest, services: WorkerServices) -> ToolO
         task_id=request.fence.task_id,
         idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
         mcp=await _mcp_target(request, services),
+        checked_schema=checked_schema if not request.gated else None,
     )
     action = request.action
     with (

@@ -120,3 +120,31 @@ def test_inline_dispatch_never_runs_a_command_next_to_the_model_key(workspace: P
     message = _reason(inline)
     assert message.acted is None and message.chained == []
     assert not marker.exists()
+
+
+def test_a_read_run_inline_is_checked_against_its_schema_once(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An inline read passed the gate's schema pre-check against the registry's own schema:
+    the tool does not check it again; a schema the task offers in its place that differs
+    (or a tool run without that check) is checked by the tool."""
+    from workers.handlers import checked_schemas
+    from workers.tools.arguments import ArgumentCheck
+
+    checks: list[str] = []
+    real = ArgumentCheck.failure
+
+    def counted(self: ArgumentCheck, arguments: Any, **metadata: str) -> Any:
+        checks.append(str(arguments))
+        return real(self, arguments, **metadata)
+
+    monkeypatch.setattr(ArgumentCheck, "failure", counted)
+    message = _reason(_request(workspace, READ))
+    assert message.acted is not None and "first line" in message.acted[0].observation.content
+    assert checks == []
+    registry = default_registry().definitions()
+    read = next(d for d in registry if d.name == "file_read")
+    equal = read.model_copy(update={"parameters": dict(read.parameters)})
+    other = read.model_copy(update={"parameters": {**read.parameters, "required": []}})
+    assert checked_schemas([equal], registry) == {"file_read": read.parameters}
+    assert checked_schemas([other], registry) == {}

@@ -70,8 +70,11 @@ class BlockingTool(ABC):
         return self.DEFINITION
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
-        """Do the work, or explain why not as an ``is_error`` output."""
-        failure = self._check.failure(arguments, kind=self.KIND)
-        if failure is not None:
-            return failure
+        """Do the work, or explain why not as an ``is_error`` output. Arguments that passed
+        this very schema in this process (``context.checked_schema``: the gate's pre-check of
+        an inline call) are not checked again."""
+        if context.checked_schema is not self.DEFINITION.parameters:
+            failure = self._check.failure(arguments, kind=self.KIND)
+            if failure is not None:
+                return failure
         return await asyncio.to_thread(self.work, arguments, context)

@@ -29,6 +29,10 @@ class ToolContext(BaseModel):
     attempt and nonce, with the tool and a digest of its arguments); None outside a task."""
     mcp: McpTarget | None = None
     """For a call of an MCP tool (``<server>__<tool>``): the server and tool it goes to."""
+    checked_schema: Any = Field(default=None, repr=False, exclude=True)
+    """The ``parameters`` object of the tool definition these very arguments already passed
+    in this process (the gate's schema pre-check of a call run inline): a tool whose own
+    schema is that object need not check them again. None: not checked here."""
 
 
 class ToolOutput(BaseModel):
