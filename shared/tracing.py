@@ -99,7 +99,13 @@ def phase_span(
     Exceptions are recorded on the span and propagate.
 
     ``tracer_provider`` defaults to the global one (a no-op unless an SDK is installed).
+    With no SDK installed and no provider given, no span is opened at all (the API's no-op
+    would record nothing): the body runs under :data:`~opentelemetry.trace.INVALID_SPAN`, in
+    the caller's context.
     """
+    if tracer_provider is None and not tracing_installed():
+        yield trace.INVALID_SPAN
+        return
     tracer = (
         _GLOBAL_TRACER
         if tracer_provider is None

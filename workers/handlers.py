@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -47,7 +47,14 @@ from shared.protocol import (
     WorkerFailedMessage,
 )
 from shared.redaction import Redactor
-from shared.tracing import Phase, context_of, phase_span, traceparent
+from shared.tracing import (
+    Phase,
+    context_of,
+    phase_span,
+    task_traceparent,
+    traceparent,
+    tracing_installed,
+)
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.offered import OfferedToolsGate
 from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
@@ -441,7 +448,11 @@ async def run_dispatch(
             if isinstance(request, ReasonRequest):
                 message = await run_reasoning(request, services)
                 observation, chained = onward(request, message)
-                parent = {"trace_parent": traceparent(span) or request.trace_parent}
+                parent = {
+                    "trace_parent": traceparent(span)
+                    or request.trace_parent
+                    or task_traceparent(request.fence.task_id)
+                }
                 chained = [c.model_copy(update=parent) for c in chained]
                 return DispatchOutcome([observation] if observation else [], chained)
             observed = await run_tool_calls(request, services)
@@ -480,7 +491,10 @@ _TOOL_PHASES: dict[str, Phase] = {"act": "act", "prehydrate": "pre_hydrate", "ve
 
 
 def _span(request: ReasonRequest | ToolRequest) -> AbstractContextManager[trace.Span]:
-    """The span of one dispatch, in the task's trace, a child of the span that sent it."""
+    """The span of one dispatch, in the task's trace, a child of the span that sent it (none
+    without an SDK: :func:`~shared.tracing.phase_span`; nor is the parent decoded then)."""
+    if not tracing_installed():
+        return nullcontext(trace.INVALID_SPAN)
     reasoning = isinstance(request, ReasonRequest)
     return phase_span(
         "reason" if reasoning else _TOOL_PHASES[request.purpose],
