@@ -148,3 +148,56 @@ def test_a_read_run_inline_is_checked_against_its_schema_once(
     other = read.model_copy(update={"parameters": {**read.parameters, "required": []}})
     assert checked_schemas([equal], registry) == {"file_read": read.parameters}
     assert checked_schemas([other], registry) == {}
+
+
+def test_an_inline_call_is_checked_by_the_tool_under_the_draft_its_check_follows(
+    workspace: Path,
+) -> None:
+    """Review of branch ``worker``: the gate's pre-check follows a schema's ``$schema`` (draft-07
+    here, where a keyword beside ``$ref`` is ignored), the tool's own check is Draft 2020-12
+    (where it applies): the pre-check of the registry's own schema does not stand for the
+    tool's, and arguments the tool's schema refuses must not reach its ``work``."""
+    from collections.abc import Mapping
+
+    from shared.inference import ToolDefinition
+    from workers.tools.arguments import BlockingTool
+    from workers.tools.base import ToolContext, ToolOutput
+    from workers.tools.output import error_output
+
+    worked: list[Mapping[str, Any]] = []
+
+    class Named(BlockingTool):
+        DEFINITION = ToolDefinition(
+            name="named_read",
+            description="read a name that starts with a letter",
+            parameters={
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "type": "object",
+                "definitions": {"name": {"type": "string"}},
+                "properties": {"name": {"$ref": "#/definitions/name", "pattern": "^[a-z]"}},
+                "required": ["name"],
+            },
+        )
+        KIND = "named_read"
+        read_only = True
+
+        def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+            worked.append(dict(arguments))
+            return error_output("worked", error_type="worked")
+
+    registry = default_registry()
+    registry.register(Named())
+    call = {"name": "named_read", "arguments": {"name": "../../etc/passwd"}}
+    request = _request(workspace, call).model_copy(update={"act": ActMode.INLINE})
+
+    async def go() -> ReasonedMessage:
+        core = local_core(registry=registry)
+        try:
+            return await run_reasoning(request, core)
+        finally:
+            await core.aclose()
+
+    message = asyncio.run(go())
+    assert message.acted is not None, message
+    assert worked == [], worked
+    assert "does not match" in message.acted[0].observation.content
