@@ -57,7 +57,12 @@ from shared.tracing import (
 )
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.offered import OfferedToolsGate
-from workers.gates.schema import denial_message, schema_failure_message, validate_tool_arguments
+from workers.gates.schema import (
+    checks_as_draft_2020_12,
+    denial_message,
+    schema_failure_message,
+    validate_tool_arguments,
+)
 from workers.knowledge import KnowledgeBridge, bridge_config, is_knowledge_tool
 from workers.phases import LoopTermination, Reasoning, ToolDispatching
 from workers.providers.base import (
@@ -569,7 +574,8 @@ async def _act_inline(
     tool worker would run, through the same :func:`run_tool_call`, at most
     ``max_concurrent_tools`` at a time. Every call passed the gate's schema pre-check against
     its ``offered`` definition: a tool whose own schema is that one (the registry's, offered
-    as it is) does not check the arguments again (:func:`checked_schemas`)."""
+    as it is) and is checked under Draft 2020-12 by both does not check the arguments again
+    (:func:`checked_schemas`)."""
     limit = asyncio.Semaphore(request.config.max_concurrent_tools)
     checked = checked_schemas(offered, services.tool_definitions())
 
@@ -641,13 +647,16 @@ def checked_schemas(
     offered: Sequence[ToolDefinition], registered: Sequence[ToolDefinition]
 ) -> dict[str, dict[str, Any]]:
     """Tool name → the registry's ``parameters`` object, for the tools whose offered schema
-    is the registry's own (the same object, or an equal one): arguments that passed the
-    gate's pre-check against the offered schema fit the tool's."""
+    is the registry's own (the same object, or one of the same canonical JSON text) and is
+    checked by the gate under Draft 2020-12, as the tool checks it
+    (:func:`workers.gates.schema.checks_as_draft_2020_12`): arguments that passed the gate's
+    pre-check against the offered schema fit the tool's. A schema with another ``$schema``
+    draft is not listed: the tool checks it again."""
     own = {d.name: d.parameters for d in registered}
     return {
         d.name: own[d.name]
         for d in offered
-        if d.name in own and (d.parameters is own[d.name] or d.parameters == own[d.name])
+        if d.name in own and checks_as_draft_2020_12(d.parameters, own[d.name])
     }
 
 

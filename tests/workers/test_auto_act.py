@@ -201,3 +201,28 @@ def test_an_inline_call_is_checked_by_the_tool_under_the_draft_its_check_follows
     assert message.acted is not None, message
     assert worked == [], worked
     assert "does not match" in message.acted[0].observation.content
+
+
+def test_a_schema_is_the_tool_s_own_only_by_its_json_text_and_draft() -> None:
+    """``1 == True`` in Python, not in JSON Schema: an offered schema equal to the registry's
+    by ``==`` but not by its JSON text, or a registry schema under another ``$schema`` draft
+    than the tool's Draft 2020-12, is checked by the tool again."""
+    from shared.inference import ToolDefinition
+    from workers.handlers import checked_schemas
+
+    def tool(parameters: dict[str, Any]) -> ToolDefinition:
+        return ToolDefinition(name="t", description="t", parameters=parameters)
+
+    own = tool({"type": "object", "properties": {"n": {"const": 1}}})
+    as_true = tool({"type": "object", "properties": {"n": {"const": True}}})
+    assert as_true.parameters == own.parameters
+    assert checked_schemas([as_true], [own]) == {}
+    assert checked_schemas([own], [own]) == {"t": own.parameters}
+    for draft in (
+        "http://json-schema.org/draft-07/schema#",
+        "https://json-schema.org/draft/2019-09/schema",
+    ):
+        other = tool({"$schema": draft, "type": "object"})
+        assert checked_schemas([other], [other]) == {}, draft
+    latest = tool({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"})
+    assert checked_schemas([latest], [latest]) == {"t": latest.parameters}

@@ -43,6 +43,7 @@ from shared.inference import ToolDefinition
 __all__ = [
     "DENIAL_PREFIX",
     "SCHEMA_FAILURE_PREFIX",
+    "checks_as_draft_2020_12",
     "denial_message",
     "schema_failure_message",
     "validate_tool_arguments",
@@ -169,6 +170,23 @@ def _compiled_validator(schema_json: str) -> Validator:
     cls = validators.validator_for(schema, default=Draft202012Validator)
     cls.check_schema(schema)
     return cls(schema)
+
+
+def checks_as_draft_2020_12(offered: dict[str, Any], own: dict[str, Any]) -> bool:
+    """True when arguments that passed this pre-check against ``offered`` pass a Draft 2020-12
+    check against ``own`` (a tool's own check, :class:`workers.tools.arguments.ArgumentCheck`):
+    both schemas have the same canonical JSON text (not Python ``==``, for which ``1 == True``
+    and ``1 == 1.0``), and the pre-check validates that schema under Draft 2020-12 (it has no
+    ``$schema``, or 2020-12's: under another draft the same schema may accept what 2020-12
+    refuses, e.g. draft-07 ignores a keyword beside ``$ref``). False for a schema that is
+    itself invalid (the pre-check refused the call then)."""
+    canonical = _canonical_of(own)
+    if offered is not own and _canonical_of(offered) != canonical:
+        return False
+    try:
+        return type(_compiled_validator(canonical)) is Draft202012Validator
+    except (SchemaError, Unresolvable):
+        return False
 
 
 def _error_sort_key(error: ValidationError) -> tuple[list[str], str]:

@@ -31,8 +31,10 @@ class ToolContext(BaseModel):
     """For a call of an MCP tool (``<server>__<tool>``): the server and tool it goes to."""
     checked_schema: Any = Field(default=None, repr=False, exclude=True)
     """The ``parameters`` object of the tool definition these very arguments already passed
-    in this process (the gate's schema pre-check of a call run inline): a tool whose own
-    schema is that object need not check them again. None: not checked here."""
+    in this process under Draft 2020-12 (the gate's schema pre-check of a call run inline;
+    set only when the gate's check and the tool's are the same validation,
+    ``workers.handlers.checked_schemas``): a tool whose own schema is that object need not
+    check them again. None: not checked here."""
 
 
 class ToolOutput(BaseModel):
