@@ -31,23 +31,46 @@ from shared.protocol import (
 )
 from shared.stagnation import ModelTurn
 
-__all__ = ["TAIL_MAX_CHARS", "Reasoning", "conversation_tail"]
+__all__ = ["TAIL_MAX_BYTES", "Reasoning", "conversation_tail", "tail_wire_bytes"]
 
-TAIL_MAX_CHARS = 16_384
-"""The most text (contents and call arguments) a reasoning request carries of its stored
-conversation's tail; a longer tail stays in Redis only (the worker reads it there)."""
+TAIL_MAX_BYTES = 16_384
+"""The most bytes a reasoning request's conversation tail takes in the Celery message that
+carries the request (:func:`tail_wire_bytes`); a longer tail stays in Redis only (the worker
+reads it there)."""
+
+
+def tail_wire_bytes(message: ConversationMessage) -> int:
+    """The bytes ``message`` takes in the Celery message of a reasoning request: its JSON in
+    the request, escaped again as the JSON string that is the task's one argument (kombu's
+    JSON, ASCII-only: ``é`` is 6 bytes there, ``😀`` 12, ``"`` 4), and a comma after it; an
+    empty message costs its fields' names and quotes. Counted without encoding it again
+    (``json.dumps`` of the JSON text: 3 to 4 times as long): the message's JSON holds no raw
+    control character below space, so the second encoding escapes only its quotes and
+    backslashes (one byte more each) and writes DEL and each UTF-16 unit of a non-ASCII
+    character as ``\\uXXXX`` (six bytes)."""
+    text = message.model_dump_json()
+    size = len(text) + text.count('"') + text.count("\\") + 5 * text.count("\x7f") + 1
+    if text.isascii():
+        return size
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    utf16_units = len(text.encode("utf-16-le", "surrogatepass")) // 2
+    return size - (len(text) - ascii_chars) + 6 * (utf16_units - ascii_chars)
 
 
 def conversation_tail(messages: Sequence[ConversationMessage]) -> list[ConversationMessage]:
     """What a reasoning request by reference carries of its conversation: the messages from
     the last assistant turn on (the previous reasoning's answer and what was appended after
     it: where a worker that ran the previous turn stopped reading), all of them before the
-    first turn, and none when that holds more than TAIL_MAX_CHARS of text."""
-    chars = 0
+    first turn, and none when those take more than TAIL_MAX_BYTES in the Celery message
+    (:func:`tail_wire_bytes`; a message whose text alone is longer is not encoded to know)."""
+    size = 0
     for start in range(len(messages) - 1, -1, -1):
         message = messages[start]
-        chars += len(message.content) + sum(len(c.arguments) for c in message.tool_calls)
-        if chars > TAIL_MAX_CHARS:
+        chars = len(message.content) + sum(len(c.arguments) for c in message.tool_calls)
+        if size + chars > TAIL_MAX_BYTES:  # each character is at least a byte on the wire
+            return []
+        size += tail_wire_bytes(message)
+        if size > TAIL_MAX_BYTES:
             return []
         if message.role == MessageRole.ASSISTANT:
             return list(messages[start:])

@@ -860,18 +860,18 @@ def test_a_request_by_reference_is_built_with_the_epoch_and_copied_only_when_it_
 def test_a_request_by_reference_carries_the_conversation_from_the_last_assistant_turn() -> None:
     """The tail a reasoning request carries: the messages from the last assistant turn on
     (where a worker that ran the previous turn stopped reading), all of them before the first
-    turn, none when that holds more than TAIL_MAX_CHARS of text."""
-    from coordinator.machine.reasoning import TAIL_MAX_CHARS, conversation_tail
+    turn, none when those take more than TAIL_MAX_BYTES in the Celery message."""
+    from coordinator.machine.reasoning import TAIL_MAX_BYTES, conversation_tail
 
     system, user = ConversationMessage.system("s"), ConversationMessage.user("goal")
     turn = ConversationMessage.assistant_tool_calls([ToolCall(id="c1", name="file_read")])
     result = ConversationMessage.tool_result("c1", "file_read", "text")
     assert conversation_tail([system, user]) == [system, user]
-    assert conversation_tail([ConversationMessage.user("x" * TAIL_MAX_CHARS), user]) == []
+    assert conversation_tail([ConversationMessage.user("x" * TAIL_MAX_BYTES), user]) == []
     assert conversation_tail([system, user, turn, result]) == [turn, result]
     again = ConversationMessage.assistant("done")
     assert conversation_tail([system, user, turn, result, again]) == [again]
-    big = ConversationMessage.tool_result("c1", "file_read", "x" * TAIL_MAX_CHARS)
+    big = ConversationMessage.tool_result("c1", "file_read", "x" * TAIL_MAX_BYTES)
     assert conversation_tail([system, user, turn, big]) == []
     record = _record()
     settings = replace(SETTINGS, conversation_by_reference=True)
@@ -883,3 +883,68 @@ def test_a_request_by_reference_carries_the_conversation_from_the_last_assistant
     ref = request.conversation_ref
     assert ref is not None and ref.tail == [turn, result]
     assert ref.tail_start == ref.length - 2
+
+
+def _tail_wire_bytes(messages: list[ConversationMessage]) -> int:
+    """The tail's bytes in the Celery message the relay sends (the request's JSON is the one
+    argument of the task, serialized again by kombu's JSON)."""
+    from coordinator.machine.reasoning import conversation_tail
+    from shared.protocol import ConversationRef
+
+    tail = conversation_tail(messages)
+    ref = ConversationRef(length=len(messages), tail=tail)
+    return len(json.dumps([ref.model_dump_json()]).encode())
+
+
+@pytest.mark.parametrize("text", ["é" * 16_000, "😀" * 16_000])
+def test_a_tail_of_non_ascii_text_stays_within_16_kib(text: str) -> None:
+    """Review of branch ``worker``: docs/protocol.md and docs/performance.md say the tail is
+    bounded to 16 KiB. 16,000 characters of non-ASCII text are 32 or 64 KB of UTF-8, and 96 or
+    192 KB once the request is a task argument: the tail should not be carried then."""
+    from coordinator.machine.reasoning import TAIL_MAX_BYTES
+
+    messages = [
+        ConversationMessage.user("goal"),
+        ConversationMessage.assistant("reading"),
+        ConversationMessage.tool_result("call_1", "file_read", text),
+    ]
+    assert _tail_wire_bytes(messages) <= 2 * TAIL_MAX_BYTES
+
+
+def test_a_tail_of_many_empty_results_stays_within_16_kib() -> None:
+    """Review of branch ``worker``: empty contents count nothing in a bound on characters: a
+    turn of 2,000 calls whose results are empty is a 220 KB tail, carried whole."""
+    from coordinator.machine.reasoning import TAIL_MAX_BYTES
+
+    calls = [
+        ConversationMessage.tool_result(f"call_{i:04d}", "file_write", "") for i in range(2_000)
+    ]
+    messages = [ConversationMessage.user("goal"), ConversationMessage.assistant("writing"), *calls]
+    assert _tail_wire_bytes(messages) <= 2 * TAIL_MAX_BYTES
+
+
+def test_a_tail_s_size_is_what_its_messages_take_in_the_celery_message() -> None:
+    """``tail_wire_bytes`` is a message's share of the task's argument as kombu sends it (its
+    JSON, escaped again, and a comma after it: the last one's is a byte over), so a tail that
+    fits is carried however its text is written, and one a byte over is not."""
+    from coordinator.machine.reasoning import TAIL_MAX_BYTES, conversation_tail, tail_wire_bytes
+    from shared.protocol import ConversationRef
+
+    turn = ConversationMessage.assistant('say "é😀"\n\x01\\ \u2028\x7f')
+    results = [
+        ConversationMessage.tool_result(f"c{i}", "file_read", 'é😀"\t中\\' * i) for i in range(3)
+    ]
+    for message in [turn, *results]:
+        assert tail_wire_bytes(message) == len(json.dumps(message.model_dump_json())) - 1
+    tail = [turn, *results]
+    empty = len(json.dumps([ConversationRef(length=4).model_dump_json()]))
+    carried = len(json.dumps([ConversationRef(length=4, tail=tail).model_dump_json()]))
+    assert carried - empty == sum(tail_wire_bytes(m) for m in tail) - 1  # no comma after the last
+    assert conversation_tail(tail) == tail
+    pad = ConversationMessage.tool_result("c9", "file_read", "")
+    fill = TAIL_MAX_BYTES - sum(tail_wire_bytes(m) for m in tail) - tail_wire_bytes(pad)
+    fits = pad.model_copy(update={"content": "x" * fill})
+    assert sum(tail_wire_bytes(m) for m in [*tail, fits]) == TAIL_MAX_BYTES
+    assert conversation_tail([*tail, fits]) == [*tail, fits]
+    over = pad.model_copy(update={"content": "x" * (fill - 1) + "é"})
+    assert conversation_tail([*tail, over]) == []
