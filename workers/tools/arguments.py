@@ -71,8 +71,9 @@ class BlockingTool(ABC):
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> ToolOutput:
         """Do the work, or explain why not as an ``is_error`` output. Arguments that passed
-        this very schema in this process (``context.checked_schema``: the gate's pre-check of
-        an inline call) are not checked again."""
+        this very schema in this process under Draft 2020-12, as this check is
+        (``context.checked_schema``: the gate's pre-check of an inline call) are not checked
+        again."""
         if context.checked_schema is not self.DEFINITION.parameters:
             failure = self._check.failure(arguments, kind=self.KIND)
             if failure is not None:
