@@ -32,6 +32,7 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
+    worker_shutdown,
 )
 
 from orga.redis_client import RedisClients
@@ -227,7 +228,12 @@ def _ignore_sighup_in_pool_process(**_: Any) -> None:
 
 
 @worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
 def _stop_services(**_: Any) -> None:
+    """A process's services closed as it stops: a prefork pool process's as it exits
+    (``worker_process_shutdown``); a worker's own (``worker_shutdown``, once its pool stopped
+    and its running calls finished: a thread-pool tool worker's or a reasoning worker's; a
+    prefork main process has none, and only flushes its tracing)."""
     from workers.tasks import close_services
 
     close_services()

@@ -274,8 +274,9 @@ def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its
     workers' modules and forks two reasoning workers and a tool worker from itself (they share
     those pages), with distinct names, named by queue in ``/proc/PID/comm``, then runs again
     without those modules (no pydantic: a few MB, not the CLI's 45); no model key is in its
-    environment nor in any worker's, the model key sockets reached no tool process, and
-    SIGTERM stops them all."""
+    environment nor in any worker's, the model key sockets reached no tool process, the tool
+    worker is one process (Celery's thread pool: no pool process), and SIGTERM stops them
+    all."""
     process, log = _start_default_worker(tmp_path, private_redis.url)
     try:
         assert _argv(process.pid)[1:] == ["-m", "orga.supervisor"]
@@ -289,13 +290,12 @@ def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its
         ready = re.findall(r"\] (\S+@\S+) ready\.", log.read_text(errors="replace"))
         assert len(set(ready)) == 3, ready
         tools = next(c for c in children if _comm(c) == "orga-tools")
-        pool = _children(tools)
-        assert pool  # its prefork pool processes
-        for pid in [process.pid, *children, *pool]:
+        assert _children(tools) == []  # the thread pool: no pool process
+        assert "concurrency: 2 (thread)" in log.read_text(errors="replace")  # Celery's banner
+        for pid in [process.pid, *children]:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             assert b"sk-not-in-the-supervisor" not in environ
-        for pid in [tools, *pool]:
-            assert not _unpaired_unix_sockets(pid), (pid, _unpaired_unix_sockets(pid))
+        assert not _unpaired_unix_sockets(tools), (tools, _unpaired_unix_sockets(tools))
     finally:
         code = _terminate(process)
     assert code == 0
@@ -389,13 +389,13 @@ def test_a_sighup_to_a_pool_process_leaves_it_and_its_call_alive(
     """A SIGHUP to the process group (a terminal closed, ``kill -HUP -PGID``) reaches the
     prefork pool processes too, where Celery resets SIGHUP to its default action (death: the
     call would be delivered again): an orga pool process ignores it, and its main process
-    decides."""
+    decides. (A tool worker on its default thread pool has no pool process: prefork asked.)"""
     log = tmp_path / "worker.log"
     command = [str(ORGA), "worker", "--role", "tools", "-c", "2",
                "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     with log.open("w") as handle:
         process = subprocess.Popen(
-            command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
+            command, env=_env(ORGA_REDIS_URL=private_redis.url, ORGA_TOOL_POOL="prefork"), cwd=REPO,
             stdout=handle, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     try:

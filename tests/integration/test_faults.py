@@ -192,14 +192,16 @@ def _process_tree(pid: int) -> list[int]:
     return tree
 
 
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_worker_killed_with_its_messages_is_recovered_by_the_coordinators_re_send(
-    fresh_cluster: Cluster, tmp_path: Path
+    fresh_cluster: Cluster, tmp_path: Path, pool: str
 ) -> None:
     """SIGKILL to a whole worker (its consumer and pool) while it runs a tool call: without
     kombu's ack emulation nothing of that message is left in Redis (no unacked hash, the queue
     empty); the coordinator judges the dispatch lost once its heartbeats stop and re-sends it,
     and a new worker completes the task, within the observation deadline plus the heartbeat
-    timeout (6 s + 3 s here) and a margin, not after any visibility timeout."""
+    timeout (6 s + 3 s here) and a margin, not after any visibility timeout. The same for the
+    thread pool (the default tool worker's, issue 27): its one process is the whole worker."""
     marker = tmp_path / "ran-once"
     command = f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 120; fi"
     task = {
@@ -212,7 +214,7 @@ def test_a_worker_killed_with_its_messages_is_recovered_by_the_coordinators_re_s
         "stagnation": {"enabled": False},
     }  # fmt: skip
     beats = {"ORGA_HEARTBEAT_INTERVAL_S": "0.5"}
-    worker = fresh_cluster.worker(name="wk5", concurrency=1, **beats)
+    worker = fresh_cluster.worker(name="wk5", concurrency=1, pool=pool, **beats)
     fresh_cluster.coordinator(name="c5", ORGA_HEARTBEAT_TIMEOUT_S="3")
     client = fresh_cluster.client()
     task_id = client.submit(task)
@@ -226,7 +228,7 @@ def test_a_worker_killed_with_its_messages_is_recovered_by_the_coordinators_re_s
     assert raw.llen(keys.tools_queue) == 0
     assert not raw.keys("unacked*"), raw.keys("unacked*")
     raw.close()
-    fresh_cluster.worker(name="wk6", concurrency=1, **beats)
+    fresh_cluster.worker(name="wk6", concurrency=1, pool=pool, **beats)
     result = client.wait(task_id, timeout_s=60)
     recovered_s = time.monotonic() - killed_at
     assert result["status"] == "completed", fresh_cluster.logs()
