@@ -87,3 +87,19 @@ def test_a_pool_process_starts_without_its_services_and_ignores_sighup(
     finally:
         signal.signal(signal.SIGHUP, before)
     assert built == []
+
+
+def test_a_worker_closes_its_services_when_it_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``worker_shutdown`` (sent once the pool stopped and its calls finished) closes the
+    process's services: a thread-pool tool worker, which has no pool process to send
+    ``worker_process_shutdown``, does not exit with its loop, Redis client and tracing open."""
+    from celery.signals import worker_shutdown
+
+    import workers.tasks
+
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    importlib.import_module("orga.celery")
+    closed: list[str] = []
+    monkeypatch.setattr(workers.tasks, "close_services", lambda: closed.append("closed"))
+    worker_shutdown.send(sender=None)
+    assert closed == ["closed"]
