@@ -34,8 +34,10 @@ from tests.integration.harness import (
     PARTITIONS,
     PARTITIONS_VAR,
     REPO,
+    Cluster,
     clean_env,
     run_orga,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -663,3 +665,49 @@ def test_cancel_sends_only_for_a_task_that_still_runs(private_redis: EmbeddedRed
     assert refused.returncode == 1
     assert "already ended completed: nothing to cancel" in refused.stderr
     assert _cancels(url, "cli-done") == 0
+
+
+def test_a_second_sigterm_to_the_default_worker_stops_it_at_once_during_a_long_tool_call(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """`orga worker` told twice to stop while its tool worker (the thread pool) runs a long
+    command: the second SIGTERM is passed on as SIGQUIT, the cold shutdown, and every worker
+    and the supervisor exit at once, the command killed: not after the call's 150 s."""
+    raw = redis.Redis.from_url(private_redis.url)
+    raw.flushall()  # no other test's task left for this coordinator
+    raw.close()
+    marker = tmp_path / "started"
+    task = {
+        "goal": "a long command",
+        "provider": {"kind": "scripted", "replies": [
+            {"tool_calls": [{"name": "run_command",
+                             "arguments": {"command": f"touch {marker}; exec sleep 122"}}]},
+            "finished"]},
+        "steps": [{"id": "work", "instruction": "run the command"}],
+        "limits": {"tool_timeout": "150s"},
+        "stagnation": {"enabled": False},
+    }  # fmt: skip
+    process, log = _start_default_worker(tmp_path, private_redis.url)
+    children = _children(process.pid)
+    cluster = Cluster(private_redis.url, tmp_path)
+    try:
+        cluster.coordinator(name="c-cold")
+        cluster.client().submit(task)
+        wait_until(marker.exists, 60, "the tool call to start")
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the warm shutdown begun
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"orga worker still runs 30 s after a second SIGTERM:\n{log.read_text()}")
+    finally:
+        _stop(process)
+        cluster.stop()
+    _assert_gone(children, within_s=10)
+
+    def killed() -> bool:
+        found = subprocess.run(["pgrep", "-x", "-f", "sleep 122"], check=False, capture_output=True)
+        return found.returncode != 0
+
+    wait_until(killed, 10, "the call's command to be killed")
