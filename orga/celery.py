@@ -24,6 +24,7 @@ import signal
 from typing import Any
 
 from celery import Celery, platforms
+from celery.concurrency.thread import TaskPool as ThreadTaskPool
 from celery.signals import (
     after_setup_logger,
     celeryd_after_setup,
@@ -32,6 +33,7 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
+    worker_shutdown,
 )
 
 from orga.redis_client import RedisClients
@@ -210,6 +212,49 @@ def _on_sighup(_signum: int, _frame: Any) -> None:
     state.should_stop = SIGHUP_EXIT_CODE
 
 
+COLD_SHUTDOWN_MESSAGE = (
+    "worker: cold shutdown (thread pool): the running calls are cancelled, their commands "
+    "killed, their messages back in their queue\n"
+)
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _cold_shutdown_threads(sender: Any = None, **_: Any) -> None:
+    """In a thread-pool worker (the default tool worker, ``ORGA_TOOL_POOL=threads``), SIGQUIT
+    and a second SIGINT are a cold shutdown that stops the worker at once, as they do a
+    prefork worker: Celery's own would kill the pool's processes, which a thread pool has not
+    (its ``kill_job`` raises ``NotImplementedError``, and the worker then waits for the running
+    calls, minutes for a long command). Here the running calls are cancelled on the process's
+    event loop instead (:func:`workers.tasks.cancel_running_calls`: their launchers kill their
+    commands), then the worker stops with Celery's cold-shutdown exit code (1). A prefork
+    worker keeps Celery's handlers. Installed once the worker is ready, over Celery's."""
+    if not isinstance(getattr(sender, "pool", None), ThreadTaskPool):
+        return
+    platforms.signals["SIGQUIT"] = _on_cold_shutdown
+    celery_sigint = signal.getsignal(signal.SIGINT)
+
+    def first_sigint(signum: int, frame: Any) -> None:
+        # Celery's first SIGINT is a warm shutdown that installs its cold one for the second:
+        # ours replaces it.
+        try:
+            if callable(celery_sigint):
+                celery_sigint(signum, frame)
+        finally:
+            platforms.signals["SIGINT"] = _on_cold_shutdown
+
+    platforms.signals["SIGINT"] = first_sigint
+
+
+def _on_cold_shutdown(_signum: int, _frame: Any) -> None:
+    from celery.worker import state
+
+    from workers.tasks import cancel_running_calls
+
+    os.write(2, COLD_SHUTDOWN_MESSAGE.encode())
+    cancel_running_calls()
+    state.should_terminate = platforms.EX_FAILURE
+
+
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _ignore_sighup_in_pool_process(**_: Any) -> None:
     """A prefork pool process ignores SIGHUP (Celery resets it to the default, which kills it:
@@ -227,7 +272,12 @@ def _ignore_sighup_in_pool_process(**_: Any) -> None:
 
 
 @worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
 def _stop_services(**_: Any) -> None:
+    """A process's services closed as it stops: a prefork pool process's as it exits
+    (``worker_process_shutdown``); a worker's own (``worker_shutdown``, once its pool stopped
+    and its running calls finished: a thread-pool tool worker's or a reasoning worker's; a
+    prefork main process has none, and only flushes its tracing)."""
     from workers.tasks import close_services
 
     close_services()

@@ -323,7 +323,9 @@ def supervise(children: Sequence[Child], running: Sequence[Process] | None = Non
     wait for all of them with no deadline of its own, so that a long model call is not killed
     and paid for twice; the service manager's stop timeout (systemd's ``TimeoutStopSec``,
     compose's ``stop_grace_period``) bounds the wait. A second SIGTERM or SIGINT sends SIGQUIT,
-    Celery's cold shutdown (a SIGHUP once the stop has begun changes nothing); a SIGQUIT is
+    the cold shutdown, which stops each worker at once (a thread-pool tool worker's running
+    calls are cancelled by :mod:`orga.celery`'s own handler, as Celery's kills a prefork
+    worker's pool processes; a SIGHUP once the stop has begun changes nothing); a SIGQUIT is
     passed on as it is, at once (and then every later stop signal but SIGHUP). SIGHUP is a warm
     shutdown too, said on stderr, with exit code :data:`SIGHUP_EXIT_CODE`: the workers do not
     restart in place (their sockets are read and closed), the service manager starts ``orga

@@ -6,19 +6,23 @@ Reasoning is I/O-bound: a model call waits seconds on the network. A reasoning w
 event loop (:mod:`workers.runtime`): 200 model calls in flight cost one process and 200
 requests, no thread per call (``-P threads`` still works, at more CPU per call).
 
-Tool calls may burn CPU or block: a tool worker runs the prefork pool with
-``ORGA_TOOL_CONCURRENCY`` processes (2), and never sees a model key. No worker has a model key
-in its environment: each reasoning worker gets the keys through a socket of its own
-(:mod:`workers.key_handoff`), so neither the supervisor of ``--role all`` nor the ``orga run``
-that starts the embedded runtime, both ancestors of every agent command, holds one in its
-``/proc/PID/environ``. Nor does any worker's or the supervisor's environment hold the serving
-side's secrets (:data:`workers.key_handoff.PROCESS_SECRET_VARIABLES`: API tokens, webhooks,
-the inbox's credentials), which no worker needs, nor the connection URLs (``ORGA_REDIS_URL``,
-``ORGA_BROKER_URL``, a password in them): each worker gets them through a socket of its own
-(:data:`workers.key_handoff.CONNECTION_FD_VARIABLE`). That is not isolation from a process of the
-same user that may read the reasoning worker's memory (``ptrace``, when the system's Yama
-policy allows it): to keep a key from the agents' commands against that too, run the tool
-workers as another user or in another container, as the compose file does.
+A tool call's work runs outside the event loop (a command in processes of its own, a file tool
+in a worker thread: :mod:`workers.tools`): a tool worker runs Celery's thread pool with
+``ORGA_TOOL_CONCURRENCY`` threads (2) in one process, each handing its call to the process's
+event loop; ``ORGA_TOOL_POOL=prefork`` runs a process per call instead (tools that burn CPU in
+Python, or that may crash the interpreter: a dead pool process is replaced, the worker stays
+up), at about 35 MB more (docs/performance.md, issue 27). A tool worker never sees a model key.
+No worker has a model key in its environment: each reasoning worker gets the keys through a
+socket of its own (:mod:`workers.key_handoff`), so neither the supervisor of ``--role all`` nor
+the ``orga run`` that starts the embedded runtime, both ancestors of every agent command, holds
+one in its ``/proc/PID/environ``. Nor does any worker's or the supervisor's environment hold the
+serving side's secrets (:data:`workers.key_handoff.PROCESS_SECRET_VARIABLES`: API tokens,
+webhooks, the inbox's credentials), which no worker needs, nor the connection URLs
+(``ORGA_REDIS_URL``, ``ORGA_BROKER_URL``, a password in them): each worker gets them through a
+socket of its own (:data:`workers.key_handoff.CONNECTION_FD_VARIABLE`). That is not isolation
+from a process of the same user that may read the reasoning worker's memory (``ptrace``, when
+the system's Yama policy allows it): to keep a key from the agents' commands against that too,
+run the tool workers as another user or in another container, as the compose file does.
 
 This module builds the commands only (no Celery import): ``orga worker`` and the embedded
 runtime start them. Each is ``python -m orga.worker_main``, Celery's ``celery -A orga worker``
@@ -107,7 +111,7 @@ def worker_command(
     concurrency = settings.worker_concurrency or default
     argv = [
         sys.executable, "-m", "orga.worker_main", "-Q", queue,
-        "-P", "custom" if reasoning else "prefork", "-c", str(concurrency),
+        "-P", "custom" if reasoning else settings.tool_pool, "-c", str(concurrency),
         "--loglevel", "INFO",
     ]  # fmt: skip
     if name is not None:

@@ -27,6 +27,7 @@ PRELOAD = (
     "celery.apps.worker",
     "celery.worker.consumer",
     "celery.concurrency.prefork",
+    "celery.concurrency.thread",  # a tool worker's pool (ORGA_TOOL_POOL)
     # what Celery imports as the app is built and the worker starts, not at import
     "celery.app.amqp",
     "celery.app.control",

@@ -142,7 +142,16 @@ class OrgaSettings(BaseSettings):
     tool_concurrency: int = Field(
         default=2,
         ge=1,
-        description="Tool calls one tool worker runs at once (prefork: one process each)",
+        description="Tool calls one tool worker runs at once (threads of its one process; "
+        "prefork: one process each)",
+    )
+    tool_pool: Literal["threads", "prefork"] = Field(
+        default="threads",
+        description="The Celery pool of the tool worker `orga worker` starts (`-P`): threads, "
+        "one process whose ORGA_TOOL_CONCURRENCY threads hand each call to its event loop (a "
+        "call's work is a command's processes or a worker thread either way); prefork, one "
+        "process per call, for tools that burn CPU in Python or may crash the interpreter (a "
+        "pool process that dies is replaced, the tool worker stays up); about 35 MB more",
     )
     http_max_connections: int = Field(
         default=512,

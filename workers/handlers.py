@@ -82,6 +82,7 @@ from workers.workspaces import (
     SubagentsFolderGate,
     WorkspaceClaims,
     open_subagent_workspace,
+    open_task_workspace,
     prepare_workspace,
 )
 
@@ -731,7 +732,7 @@ async def open_workspace(
     workspace = Path(request.workspace)
     if request.workspace_base is None:
         if create:
-            workspace = prepare_workspace(workspace, request.workspace_template)
+            workspace = await open_task_workspace(workspace, request.workspace_template)
         return workspace, None
     return await open_subagent_workspace(
         workspace,

@@ -97,7 +97,7 @@ from workers.workspaces import (
     RedisWorkspaceClaims,
     WorkspaceClaims,
     open_subagent_workspace,
-    prepare_workspace,
+    open_task_workspace,
 )
 
 __all__ = [
@@ -420,7 +420,7 @@ class WorkerCore:
     async def _mcp_workspace(self, request: McpListRequest) -> Path:
         workspace = Path(request.workspace)
         if request.workspace_base is None:
-            return prepare_workspace(workspace, request.workspace_template)
+            return await open_task_workspace(workspace, request.workspace_template)
         opened, _identity = await open_subagent_workspace(
             workspace,
             Path(request.workspace_base),

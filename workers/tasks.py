@@ -13,16 +13,18 @@ import that app; a task reads the settings and the model keys from its own app's
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from celery import Celery, Task, current_app, shared_task
+from celery.exceptions import Reject
 from pydantic import ValidationError
 from redis.exceptions import AskError, ClusterError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -51,6 +53,7 @@ from workers.tools.registry import ToolRegistry, default_registry
 
 __all__ = [
     "DispatchFailedError",
+    "cancel_running_calls",
     "close_services",
     "handle",
     "reason",
@@ -77,6 +80,15 @@ RETRIED_REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, *SLOT
 back-off), not answered ``worker_failed``."""
 _services: ProcessServices | None = None
 _services_lock = threading.Lock()
+_calls: set[asyncio.Task[Any]] = set()
+"""The calls a thread of this process runs on its loop (:func:`_cancellable`), for
+:func:`cancel_running_calls`; touched on the loop thread only."""
+_cancelling = False
+"""Set by :func:`cancel_running_calls`: a call that starts later is cancelled at once."""
+COLD_SHUTDOWN_REJECT = (
+    "cold shutdown: the call was cancelled, its message goes back to its queue (as a prefork "
+    "worker's pool process killed: task_reject_on_worker_lost)"
+)
 
 
 class DispatchFailedError(Exception):
@@ -146,6 +158,49 @@ async def list_mcp_tools(payload: str) -> None:
     await runtime.answer_mcp_listing(request)
 
 
+def cancel_running_calls() -> None:
+    """Cancel the calls this process's threads run on its loop, and every later one: a cold
+    shutdown of a thread-pool worker (:mod:`orga.celery`), which has no pool process to kill.
+    A cancelled call's commands are killed by their launcher as it unwinds, and it answers
+    nothing (the coordinator sends it again); the thread waiting for it then returns. Callable
+    from any thread and from a signal handler; nothing to do when no call ever ran."""
+    global _cancelling  # noqa: PLW0603
+    _cancelling = True
+    runtime = _services
+    if runtime is not None and not runtime.loop.is_closed():
+        runtime.loop.call_soon_threadsafe(_cancel_calls)
+
+
+def _cancel_calls() -> None:
+    for call in list(_calls):
+        call.cancel()
+
+
+def _run_from_thread(app: Celery, coroutine: Coroutine[Any, Any, None]) -> None:
+    """``coroutine`` run on the process's loop from this pool thread, as a call that
+    :func:`cancel_running_calls` cancels; its message then goes back to its queue."""
+    try:
+        services(app).run(_cancellable(coroutine))
+    except concurrent.futures.CancelledError as exc:
+        if not _cancelling:
+            raise
+        raise Reject(COLD_SHUTDOWN_REJECT, requeue=True) from exc
+
+
+async def _cancellable(coroutine: Coroutine[Any, Any, None]) -> None:
+    """``coroutine`` run as a call :func:`cancel_running_calls` cancels."""
+    if _cancelling:
+        coroutine.close()
+        raise asyncio.CancelledError
+    call = asyncio.current_task()
+    assert call is not None
+    _calls.add(call)
+    try:
+        await coroutine
+    finally:
+        _calls.discard(call)
+
+
 def close_services() -> None:
     """Release the process's services."""
     global _services  # noqa: PLW0603
@@ -179,7 +234,7 @@ def _handle(task: Task, name: str, payload: str) -> None:
     if ran is not None:
         ran.result()  # raises what the coroutine raised
         return
-    services(task.app).run(handle(name, payload))
+    _run_from_thread(task.app, handle(name, payload))
 
 
 async def _answer(
@@ -305,7 +360,7 @@ def mcp_list(self: Task, payload: str) -> None:
     if ran is not None:
         ran.result()
         return
-    services(self.app).run(list_mcp_tools(payload))
+    _run_from_thread(self.app, list_mcp_tools(payload))
 
 
 ASYNC_BODIES[keys.mcp_list_task_name] = list_mcp_tools

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import os
 import shutil
@@ -56,6 +57,7 @@ __all__ = [
     "SubagentsFolderGate",
     "WorkspaceClaims",
     "open_subagent_workspace",
+    "open_task_workspace",
     "prepare_workspace",
 ]
 
@@ -129,6 +131,16 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+async def open_task_workspace(workspace: Path, template: str | None) -> Path:
+    """A task's own workspace, made when missing by :func:`prepare_workspace` in a thread, off
+    the event loop: a template's copy (a repository: seconds to minutes) would otherwise stall
+    every call and heartbeat that shares the loop (a thread-pool tool worker's). A workspace
+    already there is returned at once, without a thread."""
+    if workspace.exists():
+        return workspace
+    return await asyncio.to_thread(prepare_workspace, workspace, template)
+
+
 def prepare_workspace(workspace: Path, template: str | None) -> Path:
     """Create a task's own workspace; a template folder is copied in once, atomically.
 
@@ -174,13 +186,16 @@ async def open_subagent_workspace(
     :class:`SubagentWorkspaceError`.
 
     ``create=False`` (a reasoning worker, whose mount may be read-only) only checks: a missing
-    folder is then a :class:`FileNotFoundError`.
+    folder is then a :class:`FileNotFoundError`. With a ``template`` to copy, the walk runs in
+    a thread, off the event loop (the copy may take minutes, as :func:`open_task_workspace`'s).
     """
     parts = _components(workspace, base)
     if create:
         base.mkdir(parents=True, exist_ok=True)
         _check_template(template)
-    created, status = _walk(base, parts, workspace, template if create else None, create=create)
+    copied = template if create else None
+    walk = functools.partial(_walk, base, parts, workspace, copied, create=create)
+    created, status = walk() if copied is None else await asyncio.to_thread(walk)
     key, inode = str(workspace), str(status.st_ino)
     recorded = await claims.claim(key, inode) if created else await _recorded(claims, key)
     if recorded is None:

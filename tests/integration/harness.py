@@ -208,12 +208,14 @@ class Cluster:
     def workspaces(self) -> Path:
         return self.root / "workspaces"
 
-    def worker(self, concurrency: int = 3, name: str = "w1", **env: str) -> Process:
+    def worker(
+        self, concurrency: int = 3, name: str = "w1", pool: str = "prefork", **env: str
+    ) -> Process:
         command = [
             sys.executable, "-m", "celery", "-A", "orga", "worker",
             "-Q", "orga.reasoning,orga.tools", "-c", str(concurrency), "--loglevel", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"{name}-{os.getpid()}@%h",
+            "-n", f"{name}-{os.getpid()}@%h", "-P", pool,
         ]  # fmt: skip
         process = Process(name, command, self._env(env), self.root / f"{name}.log").start()
         process.wait_for_log("ready.")

@@ -34,8 +34,10 @@ from tests.integration.harness import (
     PARTITIONS,
     PARTITIONS_VAR,
     REPO,
+    Cluster,
     clean_env,
     run_orga,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -274,8 +276,9 @@ def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its
     workers' modules and forks two reasoning workers and a tool worker from itself (they share
     those pages), with distinct names, named by queue in ``/proc/PID/comm``, then runs again
     without those modules (no pydantic: a few MB, not the CLI's 45); no model key is in its
-    environment nor in any worker's, the model key sockets reached no tool process, and
-    SIGTERM stops them all."""
+    environment nor in any worker's, the model key sockets reached no tool process, the tool
+    worker is one process (Celery's thread pool: no pool process), and SIGTERM stops them
+    all."""
     process, log = _start_default_worker(tmp_path, private_redis.url)
     try:
         assert _argv(process.pid)[1:] == ["-m", "orga.supervisor"]
@@ -289,13 +292,12 @@ def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its
         ready = re.findall(r"\] (\S+@\S+) ready\.", log.read_text(errors="replace"))
         assert len(set(ready)) == 3, ready
         tools = next(c for c in children if _comm(c) == "orga-tools")
-        pool = _children(tools)
-        assert pool  # its prefork pool processes
-        for pid in [process.pid, *children, *pool]:
+        assert _children(tools) == []  # the thread pool: no pool process
+        assert "concurrency: 2 (thread)" in log.read_text(errors="replace")  # Celery's banner
+        for pid in [process.pid, *children]:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             assert b"sk-not-in-the-supervisor" not in environ
-        for pid in [tools, *pool]:
-            assert not _unpaired_unix_sockets(pid), (pid, _unpaired_unix_sockets(pid))
+        assert not _unpaired_unix_sockets(tools), (tools, _unpaired_unix_sockets(tools))
     finally:
         code = _terminate(process)
     assert code == 0
@@ -389,13 +391,13 @@ def test_a_sighup_to_a_pool_process_leaves_it_and_its_call_alive(
     """A SIGHUP to the process group (a terminal closed, ``kill -HUP -PGID``) reaches the
     prefork pool processes too, where Celery resets SIGHUP to its default action (death: the
     call would be delivered again): an orga pool process ignores it, and its main process
-    decides."""
+    decides. (A tool worker on its default thread pool has no pool process: prefork asked.)"""
     log = tmp_path / "worker.log"
     command = [str(ORGA), "worker", "--role", "tools", "-c", "2",
                "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
     with log.open("w") as handle:
         process = subprocess.Popen(
-            command, env=_env(ORGA_REDIS_URL=private_redis.url), cwd=REPO,
+            command, env=_env(ORGA_REDIS_URL=private_redis.url, ORGA_TOOL_POOL="prefork"), cwd=REPO,
             stdout=handle, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     try:
@@ -663,3 +665,49 @@ def test_cancel_sends_only_for_a_task_that_still_runs(private_redis: EmbeddedRed
     assert refused.returncode == 1
     assert "already ended completed: nothing to cancel" in refused.stderr
     assert _cancels(url, "cli-done") == 0
+
+
+def test_a_second_sigterm_to_the_default_worker_stops_it_at_once_during_a_long_tool_call(
+    tmp_path: Path, private_redis: EmbeddedRedis
+) -> None:
+    """`orga worker` told twice to stop while its tool worker (the thread pool) runs a long
+    command: the second SIGTERM is passed on as SIGQUIT, the cold shutdown, and every worker
+    and the supervisor exit at once, the command killed: not after the call's 150 s."""
+    raw = redis.Redis.from_url(private_redis.url)
+    raw.flushall()  # no other test's task left for this coordinator
+    raw.close()
+    marker = tmp_path / "started"
+    task = {
+        "goal": "a long command",
+        "provider": {"kind": "scripted", "replies": [
+            {"tool_calls": [{"name": "run_command",
+                             "arguments": {"command": f"touch {marker}; exec sleep 122"}}]},
+            "finished"]},
+        "steps": [{"id": "work", "instruction": "run the command"}],
+        "limits": {"tool_timeout": "150s"},
+        "stagnation": {"enabled": False},
+    }  # fmt: skip
+    process, log = _start_default_worker(tmp_path, private_redis.url)
+    children = _children(process.pid)
+    cluster = Cluster(private_redis.url, tmp_path)
+    try:
+        cluster.coordinator(name="c-cold")
+        cluster.client().submit(task)
+        wait_until(marker.exists, 60, "the tool call to start")
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # the warm shutdown begun
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"orga worker still runs 30 s after a second SIGTERM:\n{log.read_text()}")
+    finally:
+        _stop(process)
+        cluster.stop()
+    _assert_gone(children, within_s=10)
+
+    def killed() -> bool:
+        found = subprocess.run(["pgrep", "-x", "-f", "sleep 122"], check=False, capture_output=True)
+        return found.returncode != 0
+
+    wait_until(killed, 10, "the call's command to be killed")

@@ -192,14 +192,16 @@ def _process_tree(pid: int) -> list[int]:
     return tree
 
 
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_worker_killed_with_its_messages_is_recovered_by_the_coordinators_re_send(
-    fresh_cluster: Cluster, tmp_path: Path
+    fresh_cluster: Cluster, tmp_path: Path, pool: str
 ) -> None:
     """SIGKILL to a whole worker (its consumer and pool) while it runs a tool call: without
     kombu's ack emulation nothing of that message is left in Redis (no unacked hash, the queue
     empty); the coordinator judges the dispatch lost once its heartbeats stop and re-sends it,
     and a new worker completes the task, within the observation deadline plus the heartbeat
-    timeout (6 s + 3 s here) and a margin, not after any visibility timeout."""
+    timeout (6 s + 3 s here) and a margin, not after any visibility timeout. The same for the
+    thread pool (the default tool worker's, issue 27): its one process is the whole worker."""
     marker = tmp_path / "ran-once"
     command = f"if [ -e {marker} ]; then echo again; else touch {marker}; sleep 120; fi"
     task = {
@@ -212,7 +214,7 @@ def test_a_worker_killed_with_its_messages_is_recovered_by_the_coordinators_re_s
         "stagnation": {"enabled": False},
     }  # fmt: skip
     beats = {"ORGA_HEARTBEAT_INTERVAL_S": "0.5"}
-    worker = fresh_cluster.worker(name="wk5", concurrency=1, **beats)
+    worker = fresh_cluster.worker(name="wk5", concurrency=1, pool=pool, **beats)
     fresh_cluster.coordinator(name="c5", ORGA_HEARTBEAT_TIMEOUT_S="3")
     client = fresh_cluster.client()
     task_id = client.submit(task)
@@ -226,7 +228,7 @@ def test_a_worker_killed_with_its_messages_is_recovered_by_the_coordinators_re_s
     assert raw.llen(keys.tools_queue) == 0
     assert not raw.keys("unacked*"), raw.keys("unacked*")
     raw.close()
-    fresh_cluster.worker(name="wk6", concurrency=1, **beats)
+    fresh_cluster.worker(name="wk6", concurrency=1, pool=pool, **beats)
     result = client.wait(task_id, timeout_s=60)
     recovered_s = time.monotonic() - killed_at
     assert result["status"] == "completed", fresh_cluster.logs()
@@ -256,3 +258,60 @@ def test_a_warm_stop_pushes_back_a_message_fetched_and_not_started(
     raw.close()
     assert len(queued) == 1, worker.tail()
     assert json.loads(queued[0])["headers"]["id"] == sent.id
+
+
+@pytest.mark.parametrize(
+    ("pool", "sent"),
+    [
+        ("prefork", ["SIGQUIT"]),
+        ("threads", ["SIGQUIT"]),
+        ("threads", ["SIGTERM", "SIGQUIT"]),
+        ("threads", ["SIGINT", "SIGINT"]),
+    ],
+    ids=["prefork-SIGQUIT", "threads-SIGQUIT", "threads-SIGTERM-SIGQUIT", "threads-SIGINT-SIGINT"],
+)
+def test_a_cold_shutdown_stops_a_worker_running_a_long_call(
+    fresh_cluster: Cluster, tmp_path: Path, pool: str, sent: list[str]
+) -> None:
+    """SIGQUIT (Celery's cold shutdown: what the supervisor sends on a second SIGTERM or
+    SIGINT, docs/deploy.md), also during a warm shutdown, and a second SIGINT (Ctrl-C twice)
+    stop a worker at once, its running call abandoned and its command killed, whatever its
+    pool: not after the call's 150 s. The call's message goes back to its queue (a prefork
+    pool process killed; a thread-pool call cancelled and rejected)."""
+    raw = redis.Redis.from_url(fresh_cluster.redis_url)
+    raw.flushall()  # the other variant's task is still pending there
+    marker = tmp_path / "started"
+    task = {
+        "goal": "a long command",
+        "provider": {"kind": "scripted", "replies": [
+            {"tool_calls": [{"name": "run_command",
+                             "arguments": {"command": f"touch {marker}; exec sleep 121"}}]},
+            "finished"]},
+        "steps": [{"id": "work", "instruction": "run the command"}],
+        "limits": {"tool_timeout": "150s"},
+        "stagnation": {"enabled": False},
+    }  # fmt: skip
+    worker = fresh_cluster.worker(name="cold", concurrency=1, pool=pool)
+    fresh_cluster.coordinator(name="c1")
+    fresh_cluster.client().submit(task)
+    wait_until(marker.exists, 60, "the tool call to start")
+    assert worker.popen is not None
+    for name in sent:
+        worker.popen.send_signal(signal.Signals[name])
+        time.sleep(0.5)  # one signal handled before the next
+    try:
+        worker.popen.wait(20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the {pool} worker still runs 20 s after {sent}:\n{worker.tail()}")
+    wait_until(lambda: not _sleeping(121), 10, "the call's command to be killed")
+    queued = raw.lrange(keys.tools_queue, 0, -1)
+    raw.close()
+    assert len(queued) == 1, worker.tail()
+
+
+def _sleeping(seconds: int) -> bool:
+    """Whether a ``sleep {seconds}`` process runs on this machine."""
+    found = subprocess.run(
+        ["pgrep", "-x", "-f", f"sleep {seconds}"], check=False, capture_output=True
+    )
+    return found.returncode == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,105 @@ def test_a_pool_process_starts_without_its_services_and_ignores_sighup(
     finally:
         signal.signal(signal.SIGHUP, before)
     assert built == []
+
+
+def test_a_worker_closes_its_services_when_it_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``worker_shutdown`` (sent once the pool stopped and its calls finished) closes the
+    process's services: a thread-pool tool worker, which has no pool process to send
+    ``worker_process_shutdown``, does not exit with its loop, Redis client and tracing open."""
+    from celery.signals import worker_shutdown
+
+    import workers.tasks
+
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    importlib.import_module("orga.celery")
+    closed: list[str] = []
+    monkeypatch.setattr(workers.tasks, "close_services", lambda: closed.append("closed"))
+    worker_shutdown.send(sender=None)
+    assert closed == ["closed"]
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_thread_pool_workers_cold_shutdown_cancels_its_running_call(
+    monkeypatch: pytest.MonkeyPatch, pool: str
+) -> None:
+    """SIGQUIT to a thread-pool worker (its handler, installed once the worker is ready)
+    cancels the call a pool thread runs on the process's loop, which unwinds (its launcher
+    kills its command) and is rejected back to its queue, and stops the worker with exit code
+    1; a later call is refused at once. A prefork worker keeps Celery's handlers."""
+    import asyncio
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    from celery.concurrency.prefork import TaskPool as PreforkTaskPool
+    from celery.concurrency.thread import TaskPool as ThreadTaskPool
+    from celery.exceptions import Reject
+    from celery.signals import worker_ready
+    from celery.worker import state
+
+    import workers.tasks
+
+    monkeypatch.setenv("ORGA_REDIS_URL", "redis://127.0.0.1:1/0")  # orga.celery's own app
+    app = importlib.import_module("orga.celery").app
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+
+    def run(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+    monkeypatch.setattr(workers.tasks, "_services", SimpleNamespace(loop=loop, run=run))
+    monkeypatch.setattr(workers.tasks, "_cancelling", False)
+    monkeypatch.setattr(state, "should_terminate", None)
+    started, unwound = threading.Event(), threading.Event()
+
+    async def call() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            unwound.set()
+
+    raised: list[BaseException] = []
+
+    def pool_thread() -> None:
+        try:
+            workers.tasks._run_from_thread(app, call())
+        except BaseException as exc:  # what the pool thread's task raised
+            raised.append(exc)
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGQUIT, signal.SIGINT, signal.SIGHUP)}
+    thread = threading.Thread(target=pool_thread)
+    thread.start()
+    try:
+        assert started.wait(10)
+        pool_class = ThreadTaskPool if pool == "threads" else PreforkTaskPool
+        worker_ready.send(sender=_Consumer(pool_class(1)))
+        installed = signal.getsignal(signal.SIGQUIT)
+        if pool == "prefork":
+            assert installed is handlers[signal.SIGQUIT]
+            workers.tasks.cancel_running_calls()  # the thread must end; Celery's handler not run
+        else:
+            assert callable(installed) and installed is not handlers[signal.SIGQUIT]
+            installed(signal.SIGQUIT, None)
+            assert state.should_terminate == 1
+        thread.join(10)
+        assert unwound.is_set()
+        assert len(raised) == 1 and isinstance(raised[0], Reject), raised
+        assert raised[0].requeue
+        with pytest.raises(Reject):
+            workers.tasks._run_from_thread(app, call())  # a later call: refused at once
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+
+
+class _Consumer:
+    """What ``worker_ready`` is sent by: a worker's consumer, with its pool."""
+
+    def __init__(self, pool: object) -> None:
+        self.pool = pool

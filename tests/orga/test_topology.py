@@ -150,3 +150,24 @@ def test_every_worker_gets_the_connection_urls_through_a_socket_of_its_own() -> 
                 os.close(fd)
         if commands[-1].key_fd is not None:
             os.close(commands[-1].key_fd)
+
+
+def _pool(argv: list[str]) -> str:
+    return argv[argv.index("-P") + 1]
+
+
+def test_the_tool_worker_runs_the_thread_pool_unless_prefork_is_asked() -> None:
+    """The tool worker runs Celery's thread pool by default, ``ORGA_TOOL_POOL`` concurrency
+    threads in one process (issue 27's memory); ``prefork`` is still one setting away, and an
+    operator's ``-P`` wins over both. The reasoning workers keep their loop pool."""
+    keyless = {k: v for k, v in ENVIRON.items() if k != "ORGA_API_KEY"}
+    default = worker_commands(Role.ALL, _settings(), keyless)
+    assert [_pool(c.argv) for c in default] == ["custom", "custom", "threads"]
+    assert default[2].argv[default[2].argv.index("-c") + 1] == "2"
+    prefork = worker_commands(Role.TOOLS, _settings(tool_pool="prefork"), keyless)
+    assert [_pool(c.argv) for c in prefork] == ["prefork"]
+    given = worker_commands(Role.TOOLS, _settings(), keyless, ["-P", "solo"])
+    assert given[0].argv[-2:] == ["-P", "solo"]
+    with pytest.raises(ValueError, match="tool_pool"):
+        _settings(tool_pool="gevent")
+    _close([*default, *prefork, *given])

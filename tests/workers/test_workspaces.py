@@ -1,22 +1,30 @@
 """A sub-agent's workspace: a real folder the runtime made inside its parent's, checked on every
-open (workers/workspaces.py); and the ``delegate`` call refused when a link is in the way."""
+open (workers/workspaces.py); the ``delegate`` call refused when a link is in the way; and a
+workspace template copied off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
 
 import workers.tools.command
 from shared.actions import Allow, Deny, ToolCallAction
+from shared.loop_types import LoopConfig
+from shared.protocol import Fence, ToolRequest
 from workers.gates.base import GateContext
 from workers.gates.permissive import PermissiveGate
+from workers.handlers import run_tool_call
+from workers.runtime import local_core
 from workers.tools import RunCommandTool, ToolContext, ToolOutput
 from workers.tools.files import FileReadTool, FileWriteTool
 from workers.tools.workspace import expecting_workspace
@@ -313,3 +321,48 @@ def test_the_command_launcher_refuses_a_working_folder_that_is_not_the_checked_o
     with os.fdopen(read, "rb") as report:
         assert "the workspace folder was replaced" in json.loads(report.read())["error"]
     assert not (other / "ran-here").exists()
+
+
+@pytest.mark.parametrize("subagent", [False, True], ids=["task", "subagent"])
+def test_a_workspace_template_is_not_copied_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, subagent: bool
+) -> None:
+    """A task's first call copies its workspace template (``shutil.copytree``: a repository,
+    seconds to minutes), and so does a sub-agent's in its own folder: in a thread, not on the
+    event loop, which a thread-pool tool worker shares between all its calls and heartbeats
+    (docs/performance.md: no built-in tool blocks it)."""
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "a.txt").write_text("x\n")
+    copied_on: list[int] = []
+    real = shutil.copytree
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        copied_on.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copytree", recording)  # workers.workspaces calls it so
+    root = tmp_path / "workspaces" / "t"
+    request = ToolRequest(
+        fence=Fence(task_id="t", step_id="s", iteration=1, attempt=1, call_id="c1"),
+        agent_id="a",
+        action=ToolCallAction(
+            call_id="c1", name="file_read", arguments=json.dumps({"path": "a.txt"})
+        ),
+        workspace=str(root / "subagents" / "t.1" if subagent else root),
+        workspace_base=str(root) if subagent else None,
+        workspace_template=str(template),
+        config=LoopConfig(),
+    )
+
+    async def go() -> int:
+        core = local_core()
+        try:
+            message = await run_tool_call(request, core)
+            assert "x" in message.observation.content, message
+            return threading.get_ident()
+        finally:
+            await core.aclose()
+
+    loop_thread = asyncio.run(go())
+    assert copied_on and loop_thread not in copied_on
