@@ -78,6 +78,9 @@ class DetectorState(BaseModel):
     turns_since_milestone: int = Field(default=0, ge=0)
     turn_open: bool = False
     climbed: bool = False
+    # the last turn said the model is stuck and no tool result has answered it yet (a state
+    # saved before it loads False)
+    report_open: bool = False
     # the memories of signals that keep one (SignalMemory), by the signal's name, as it dumped
     # them; a state saved before them loads with none
     signal_memory: dict[str, Any] = Field(default_factory=dict)
