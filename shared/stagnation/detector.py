@@ -23,7 +23,7 @@ reached by the signals (see :class:`~shared.stagnation.config.StagnationConfig`)
 iteration (a turn with the results of its calls, one ``observe`` or one ``observe_batch``) at
 most, is never lowered within an episode, and, while no more than ``min_steps`` tool events
 and turns have passed since the last milestone, never above NONE on the tool side's evidence
-nor above NUDGE on the model's (its stale turns and re-asks): the composite
+nor above NUDGE on the model's stale turns (re-issued plans, self-reports): the composite
 trigger is *steps > N and no milestone since the window start and no new result in the window*
 (or stale turns on the model's side).
 A verified milestone (:meth:`StagnationDetector.milestone`) resets the step counter and the
@@ -107,6 +107,8 @@ class _Episode:
 
 
 _LEVELS = list(StagnationLevel)
+_STALE_TURN_REASONS = frozenset({ReasonCode.REISSUED_PLAN, ReasonCode.SELF_REPORTED_STALL})
+"""The evidence of the model's own stale turns, which may NUDGE behind the step gate."""
 _REASON_ORDER = {reason: index for index, reason in enumerate(ReasonCode)}
 
 
@@ -629,8 +631,8 @@ class StagnationDetector:
         With the detector disabled, or behind the closed step gate for a tool event, no evidence
         can raise the level (:meth:`_climb`): only the signals that keep a memory are shown the
         step, for what they remember of it; the others keep nothing, and are not asked (none).
-        The model's side (a turn, or a result that corroborates a self-report: no event) may
-        raise it to NUDGE behind the gate, so every signal is asked then.
+        The model's stale turns (a turn, or a result that corroborates a self-report: no event)
+        may raise it to NUDGE behind the gate, so every signal is asked then.
         """
         if not self.config.enabled or (step.event is not None and not self._gate_open()):
             for signal in self._remembering_signals():
@@ -656,16 +658,21 @@ class StagnationDetector:
         The level never goes down within an episode and climbs at most one rung per iteration,
         so the model always gets a NUDGE and a REPLAN before a human is asked, even when the
         gate opens on a loop that is already long or one response holds many stale calls.
-        Behind the closed step gate the tool side raises nothing, and the ``model_side`` (the
-        model's own stale turns and re-asks) raises the level to NUDGE at most: the advice may
-        come before ``min_steps`` steps, the alarm (REPLAN and above) not. The kind and the
-        detail line stay those of the signal that last raised the level, so an episode does not
-        flip between kinds while it holds a rung.
+        Behind the closed step gate nothing raises it but the model's own stale turns (a
+        ``model_side`` step whose evidence is a re-issued plan or a self-report), and those to
+        NUDGE at most: the advice may come before ``min_steps`` steps, the alarm (REPLAN and
+        above) not; the tool side and a re-asked slot (a conversation's start) wait for the
+        gate. The kind and the detail line stay those of the signal that last raised the level,
+        so an episode does not flip between kinds while it holds a rung.
         """
         ep = self._episode
         if not self.config.enabled or signal.level is StagnationLevel.NONE:
             return False
-        if not self._gate_open() and (not model_side or ep.level is not StagnationLevel.NONE):
+        if not self._gate_open() and (
+            not model_side
+            or ep.level is not StagnationLevel.NONE
+            or _STALE_TURN_REASONS.isdisjoint(signal.reasons)
+        ):
             return False
         escalated = signal.level > ep.level and not self._climbed
         if escalated:
