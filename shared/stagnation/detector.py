@@ -44,7 +44,7 @@ from shared.stagnation.fingerprint import EventFingerprint, digest, fingerprint
 from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
 from shared.stagnation.plans import ModelTurn, PlanMemory, Reissue, plan_of
-from shared.stagnation.shell import as_shell_event
+from shared.stagnation.shell import as_shell_event, is_restore
 from shared.stagnation.signal import (
     KIND_PRIORITY,
     EventNotes,
@@ -183,6 +183,12 @@ class StagnationDetector:
         self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
         self._report_open = False  # a self-report awaits the first result that answers it
+        # the comparison on a restored workspace (_compares): the after-state of the last
+        # successful write, whether it put back a state (a revert) and no result came since,
+        # and the last result's call, pair and the last write's after-state when it came
+        self._last_write: str | None = None
+        self._restored = False
+        self._last_result: tuple[str, str, str | None] | None = None
         self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
         self._memories: tuple[SignalMemory, ...] | None = None
         self._notes: tuple[EventNotes, ...] | None = None
@@ -403,6 +409,13 @@ class StagnationDetector:
         duplicate = self._batch_duplicate(fp, batch)
         if duplicate is None and fp.is_ack:
             return self._verdict(escalated=False)
+        if self._compares(event, fp, duplicate):
+            # the answer the changed workspace gave, given again once it is put back: what
+            # was asked (does this failure predate the edits?) is answered, which is news;
+            # what came back before it no longer counts as a retry
+            self._window.forget_recurrences()
+            self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
+            return self._new_result(fp)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
         self._window.note(recurrence_key(event, fp), world_error(event, fp))
         held = False
@@ -413,6 +426,41 @@ class StagnationDetector:
         if duplicate is not None:
             return self._stale(event, fp, first_seen, duplicate)
         return self._result(event, fp, first_seen)
+
+    def _compares(self, event: ToolEvent, fp: EventFingerprint, duplicate: str | None) -> bool:
+        """True for a **comparison on a restored workspace**: the same call as the last result,
+        with the same answer, run again right after writes whose last one put back a state (a
+        revert: a state already seen, or a ``git checkout|restore|stash|reset`` line), and the
+        workspace is not where it stood at that last result.
+
+        The agent asks whether what it sees predates its edits (Gemini ``astropy-13236`` runs a
+        test file with its fix, reverts, runs it again, gets the same failure: the failure is
+        not its doing). A stuck run's cycle (paste, run, clean, paste, run) re-runs on the
+        state it ran on before, and negative-result debugging runs after new edits, not after
+        a revert: neither is such a comparison, and nor is the same comparison made again
+        (the same call and answer on the same two states: a fix applied and reverted in
+        turn). Remembers what the next call needs.
+        """
+        if event.kind is ToolKind.WRITE:
+            if not event.failed and fp.after is not None:
+                command = event.arguments.get("command")
+                self._restored = (isinstance(command, str) and is_restore(command)) or (
+                    self._seen.get(fp.after) is not None
+                )
+                self._last_write = fp.after
+            return False
+        if duplicate is not None:
+            return False
+        last, restored = self._last_result, self._restored
+        self._last_result = (fp.call, fp.pair, self._last_write)
+        self._restored = False
+        if not restored or last is None or last[:2] != (fp.call, fp.pair):
+            return False
+        states = sorted((last[2] or "", self._last_write or ""))
+        if states[0] == states[1]:
+            return False
+        # the same comparison made again (fix, run, revert, run, fix, run...) answers nothing
+        return not self._remembered(digest("compared", fp.pair, *states))
 
     def _result(
         self, event: ToolEvent, fp: EventFingerprint, first_seen: tuple[int, int] | None
@@ -768,6 +816,9 @@ class StagnationDetector:
             "turn_open": self._turn_open,
             "climbed": self._climbed,
             "report_open": self._report_open,
+            "last_write": self._last_write,
+            "restored": self._restored,
+            "last_result": list(self._last_result) if self._last_result is not None else None,
             "signal_memory": {memory.name: memory.dump() for memory in self._signal_memories()},
         }
 
@@ -826,6 +877,9 @@ class StagnationDetector:
         detector._turn_open = saved.turn_open
         detector._climbed = saved.climbed
         detector._report_open = saved.report_open
+        detector._last_write = saved.last_write
+        detector._restored = saved.restored
+        detector._last_result = saved.last_result
         for memory in detector._signal_memories():
             memory.load(saved.signal_memory.get(memory.name))
         return detector
