@@ -78,7 +78,11 @@ def shell_kind(
     return ToolKind.COMMAND, None
 
 
-_RESTORE = re.compile(r"\bgit\s+(?:checkout|restore|stash|reset)\b")
+# ``git checkout -b``/``-B``/``--orphan`` makes a branch and ``git stash list``/``show`` reads:
+# neither puts a file back.
+_RESTORE = re.compile(
+    r"\bgit\s+(?:checkout(?!\s+(?:-[bB]|--orphan)\b)|restore|stash(?!\s+(?:list|show)\b)|reset)\b"
+)
 
 
 def is_restore(command: str) -> bool:

@@ -147,4 +147,7 @@ def test_restore_lines() -> None:
     assert is_restore("cd /repo && git stash")
     assert is_restore("git restore --staged a.py")
     assert not is_restore("git diff a.py")
+    assert not is_restore("git checkout -b fix-table")
+    assert not is_restore("git checkout --orphan scratch")
+    assert not is_restore("git stash list")
     assert not is_restore("cat <<'EOF' > notes.md\ngit checkout a.py\nEOF")
