@@ -21,8 +21,9 @@ on a leaky count of its own that new tool results do not drain (:meth:`observe_t
 Stale events and stale turns extend the current episode. The level follows the highest rung
 reached by the signals (see :class:`~shared.stagnation.config.StagnationConfig`), one rung per
 iteration (a turn with the results of its calls, one ``observe`` or one ``observe_batch``) at
-most, is never lowered within an episode, and never above NONE while no more than
-``min_steps`` tool events and turns have passed since the last milestone: the composite
+most, is never lowered within an episode, and, while no more than ``min_steps`` tool events
+and turns have passed since the last milestone, never above NONE on the tool side's evidence
+nor above NUDGE on the model's stale turns (re-issued plans, self-reports): the composite
 trigger is *steps > N and no milestone since the window start and no new result in the window*
 (or stale turns on the model's side).
 A verified milestone (:meth:`StagnationDetector.milestone`) resets the step counter and the
@@ -43,7 +44,7 @@ from shared.stagnation.fingerprint import EventFingerprint, digest, fingerprint
 from shared.stagnation.memory import BoundedLru, StaleWindow
 from shared.stagnation.messages import MessageContext, render_message
 from shared.stagnation.plans import ModelTurn, PlanMemory, Reissue, plan_of
-from shared.stagnation.shell import as_shell_event
+from shared.stagnation.shell import as_shell_event, is_restore
 from shared.stagnation.signal import (
     KIND_PRIORITY,
     EventNotes,
@@ -106,6 +107,8 @@ class _Episode:
 
 
 _LEVELS = list(StagnationLevel)
+_STALE_TURN_REASONS = frozenset({ReasonCode.REISSUED_PLAN, ReasonCode.SELF_REPORTED_STALL})
+"""The evidence of the model's own stale turns, which may NUDGE behind the step gate."""
 _REASON_ORDER = {reason: index for index, reason in enumerate(ReasonCode)}
 
 
@@ -179,6 +182,13 @@ class StagnationDetector:
         self._turns_since_milestone = 0
         self._turn_open = False  # a turn opened this iteration; its calls' results belong to it
         self._climbed = False  # the level rose in the current iteration
+        self._report_open = False  # a self-report awaits the first result that answers it
+        # the comparison on a restored workspace (_compares): the after-state of the last
+        # successful write, whether it put back a state (a revert) and no result came since,
+        # and the last result's call, pair and the last write's after-state when it came
+        self._last_write: str | None = None
+        self._restored = False
+        self._last_result: tuple[str, str, str | None] | None = None
         self._config_dump: tuple[StagnationConfig, dict[str, Any]] | None = None
         self._memories: tuple[SignalMemory, ...] | None = None
         self._notes: tuple[EventNotes, ...] | None = None
@@ -237,6 +247,7 @@ class StagnationDetector:
         news = self._plans.mark != self._turn_mark
         self._turn_mark = self._plans.mark
         stale = reissued or turn.stuck is True
+        self._report_open = turn.stuck is True
         if stale:
             self._plan_stale += 1
             self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
@@ -247,7 +258,8 @@ class StagnationDetector:
         if not evidence:
             return False
         strongest = max(evidence, key=Evidence.rank)
-        return self._climb(strongest, {reason for e in evidence for reason in e.reasons})
+        reasons = {reason for e in evidence for reason in e.reasons}
+        return self._climb(strongest, reasons, model_side=True)
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -297,6 +309,7 @@ class StagnationDetector:
     def _forget_plans(self) -> None:
         self._plans.clear()
         self._plan_stale = 0
+        self._report_open = False
         self._plan_kind = None
         for memory in self._signal_memories():
             memory.clear()
@@ -364,6 +377,31 @@ class StagnationDetector:
     # -- one event ---------------------------------------------------------------------------
 
     def _observe(self, event: ToolEvent, batch: dict[str, str] | None) -> StagnationVerdict:
+        """One tool event judged; then, if it is the first result after a self-report, whether
+        it corroborates the report (:meth:`_corroborate`)."""
+        report, self._report_open = self._report_open, False
+        mark, changes = self._plans.mark, self._new_changes
+        verdict = self._judge(event, batch)
+        if report and self._new_changes > changes and self._plans.mark == mark:
+            return self._corroborate(verdict)
+        return verdict
+
+    def _corroborate(self, verdict: StagnationVerdict) -> StagnationVerdict:
+        """The first result after the model said it is stuck is new to the output side (another
+        hash: a page re-rendered, the same link clicked again) but tells the model nothing new
+        (the plan memory's mark did not move): the tool side agrees with the report, so it adds
+        one to the count of stale turns, as a stale turn does, and the signals are asked again.
+        """
+        self._plan_stale += 1
+        evidence = self._evidence(self._signal_input(stale_turn=True))
+        if not evidence:
+            return verdict
+        strongest = max(evidence, key=Evidence.rank)
+        reasons = {reason for e in evidence for reason in e.reasons}
+        climbed = self._climb(strongest, reasons, model_side=True)
+        return self._verdict(escalated=climbed or verdict.escalated)
+
+    def _judge(self, event: ToolEvent, batch: dict[str, str] | None) -> StagnationVerdict:
         event = as_shell_event(event)
         fp = fingerprint(event, self.config.acknowledgements)
         self._total_steps += 1
@@ -371,6 +409,13 @@ class StagnationDetector:
         duplicate = self._batch_duplicate(fp, batch)
         if duplicate is None and fp.is_ack:
             return self._verdict(escalated=False)
+        if self._compares(event, fp, duplicate):
+            # the answer the changed workspace gave, given again once it is put back: what
+            # was asked (does this failure predate the edits?) is answered, which is news;
+            # what came back before it no longer counts as a retry
+            self._window.forget_recurrences()
+            self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
+            return self._new_result(fp)
         first_seen = self._seen.remember(fp.outcome, (self._epoch, self._total_steps))
         self._window.note(recurrence_key(event, fp), world_error(event, fp))
         held = False
@@ -381,6 +426,41 @@ class StagnationDetector:
         if duplicate is not None:
             return self._stale(event, fp, first_seen, duplicate)
         return self._result(event, fp, first_seen)
+
+    def _compares(self, event: ToolEvent, fp: EventFingerprint, duplicate: str | None) -> bool:
+        """True for a **comparison on a restored workspace**: the same call as the last result,
+        with the same answer, run again right after writes whose last one put back a state (a
+        revert: a state already seen, or a ``git checkout|restore|stash|reset`` line), and the
+        workspace is not where it stood at that last result.
+
+        The agent asks whether what it sees predates its edits (Gemini ``astropy-13236`` runs a
+        test file with its fix, reverts, runs it again, gets the same failure: the failure is
+        not its doing). A stuck run's cycle (paste, run, clean, paste, run) re-runs on the
+        state it ran on before, and negative-result debugging runs after new edits, not after
+        a revert: neither is such a comparison, and nor is the same comparison made again
+        (the same call and answer on the same two states: a fix applied and reverted in
+        turn). Remembers what the next call needs.
+        """
+        if event.kind is ToolKind.WRITE:
+            if not event.failed and fp.after is not None:
+                command = event.arguments.get("command")
+                self._restored = (isinstance(command, str) and is_restore(command)) or (
+                    self._seen.get(fp.after) is not None
+                )
+                self._last_write = fp.after
+            return False
+        if duplicate is not None:
+            return False
+        last, restored = self._last_result, self._restored
+        self._last_result = (fp.call, fp.pair, self._last_write)
+        self._restored = False
+        if not restored or last is None or last[:2] != (fp.call, fp.pair):
+            return False
+        states = sorted((last[2] or "", self._last_write or ""))
+        if states[0] == states[1]:
+            return False
+        # the same comparison made again (fix, run, revert, run, fix, run...) answers nothing
+        return not self._remembered(digest("compared", fp.pair, *states))
 
     def _result(
         self, event: ToolEvent, fp: EventFingerprint, first_seen: tuple[int, int] | None
@@ -596,11 +676,13 @@ class StagnationDetector:
     def _evidence(self, step: SignalInput) -> list[Evidence]:
         """Every signal's evidence on ``step``, in the signals' order (ties go to the first).
 
-        Behind the closed step gate (or with the detector disabled) no evidence can raise the
-        level (:meth:`_climb`): only the signals that keep a memory are shown the step, for what
-        they remember of it; the others keep nothing, and are not asked (none).
+        With the detector disabled, or behind the closed step gate for a tool event, no evidence
+        can raise the level (:meth:`_climb`): only the signals that keep a memory are shown the
+        step, for what they remember of it; the others keep nothing, and are not asked (none).
+        The model's stale turns (a turn, or a result that corroborates a self-report: no event)
+        may raise it to NUDGE behind the gate, so every signal is asked then.
         """
-        if not self.config.enabled or not self._gate_open():
+        if not self.config.enabled or (step.event is not None and not self._gate_open()):
             for signal in self._remembering_signals():
                 signal.observe(step)
             return []
@@ -616,20 +698,29 @@ class StagnationDetector:
         """:meth:`_climb`, and the verdict after it."""
         return self._verdict(escalated=self._climb(signal, reasons))
 
-    def _climb(self, signal: Evidence, reasons: set[ReasonCode]) -> bool:
-        """Raise the episode's level toward the signal's, behind the step gate; True when it
-        rose.
+    def _climb(
+        self, signal: Evidence, reasons: set[ReasonCode], *, model_side: bool = False
+    ) -> bool:
+        """Raise the episode's level toward the signal's; True when it rose.
 
         The level never goes down within an episode and climbs at most one rung per iteration,
         so the model always gets a NUDGE and a REPLAN before a human is asked, even when the
-        gate opens on a loop that is already long or one response holds many stale calls. The
-        kind and the detail line stay those of the signal that last raised the level, so an
-        episode does not flip between kinds while it holds a rung.
+        gate opens on a loop that is already long or one response holds many stale calls.
+        Behind the closed step gate nothing raises it but the model's own stale turns (a
+        ``model_side`` step whose evidence is a re-issued plan or a self-report), and those to
+        NUDGE at most: the advice may come before ``min_steps`` steps, the alarm (REPLAN and
+        above) not; the tool side and a re-asked slot (a conversation's start) wait for the
+        gate. The kind and the detail line stay those of the signal that last raised the level,
+        so an episode does not flip between kinds while it holds a rung.
         """
         ep = self._episode
-        if not self.config.enabled or not self._gate_open():
+        if not self.config.enabled or signal.level is StagnationLevel.NONE:
             return False
-        if signal.level is StagnationLevel.NONE:
+        if not self._gate_open() and (
+            not model_side
+            or ep.level is not StagnationLevel.NONE
+            or _STALE_TURN_REASONS.isdisjoint(signal.reasons)
+        ):
             return False
         escalated = signal.level > ep.level and not self._climbed
         if escalated:
@@ -724,6 +815,10 @@ class StagnationDetector:
             "turns_since_milestone": self._turns_since_milestone,
             "turn_open": self._turn_open,
             "climbed": self._climbed,
+            "report_open": self._report_open,
+            "last_write": self._last_write,
+            "restored": self._restored,
+            "last_result": list(self._last_result) if self._last_result is not None else None,
             "signal_memory": {memory.name: memory.dump() for memory in self._signal_memories()},
         }
 
@@ -781,6 +876,10 @@ class StagnationDetector:
         detector._turns_since_milestone = saved.turns_since_milestone
         detector._turn_open = saved.turn_open
         detector._climbed = saved.climbed
+        detector._report_open = saved.report_open
+        detector._last_write = saved.last_write
+        detector._restored = saved.restored
+        detector._last_result = saved.last_result
         for memory in detector._signal_memories():
             memory.load(saved.signal_memory.get(memory.name))
         return detector

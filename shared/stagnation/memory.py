@@ -151,6 +151,12 @@ class StaleWindow:
         if error is not None:
             self._errors[error] += 1
 
+    def forget_recurrences(self) -> None:
+        """Forget what came back in the last ``history`` events (the retries and the world's
+        errors counted across episodes): a comparison answered what they asked."""
+        self._results.clear()
+        self._world_errors.clear()
+
     def note(self, result: str | None, world_error: str | None = None) -> None:
         """Record every observed event (kept across episodes): its recurrence key and the error
         the world gave (None: none, or a harness's refusal of the model's reply)."""

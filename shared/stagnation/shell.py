@@ -78,6 +78,19 @@ def shell_kind(
     return ToolKind.COMMAND, None
 
 
+# ``git checkout -b``/``-B``/``--orphan`` makes a branch and ``git stash list``/``show`` reads:
+# neither puts a file back.
+_RESTORE = re.compile(
+    r"\bgit\s+(?:checkout(?!\s+(?:-[bB]|--orphan)\b)|restore|stash(?!\s+(?:list|show)\b)|reset)\b"
+)
+
+
+def is_restore(command: str) -> bool:
+    """Whether a shell line puts files back as git has them (``git checkout|restore|stash|
+    reset``): a revert, whatever bytes the host saw come back."""
+    return _RESTORE.search(strip_heredocs(command)) is not None
+
+
 def as_shell_event(event: ToolEvent) -> ToolEvent:
     """A ``kind=command`` event of a shell line, re-kinded by what the line does.
 

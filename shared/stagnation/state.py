@@ -78,6 +78,15 @@ class DetectorState(BaseModel):
     turns_since_milestone: int = Field(default=0, ge=0)
     turn_open: bool = False
     climbed: bool = False
+    # the last turn said the model is stuck and no tool result has answered it yet (a state
+    # saved before it loads False)
+    report_open: bool = False
+    # the comparison on a restored workspace: the last successful write's after-state, whether
+    # it was a revert with no result since, and the last result's call, pair and the last
+    # write's after-state then (a state saved before them loads with none)
+    last_write: str | None = None
+    restored: bool = False
+    last_result: tuple[str, str, str | None] | None = None
     # the memories of signals that keep one (SignalMemory), by the signal's name, as it dumped
     # them; a state saved before them loads with none
     signal_memory: dict[str, Any] = Field(default_factory=dict)

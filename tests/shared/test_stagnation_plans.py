@@ -238,8 +238,8 @@ def test_a_turn_is_read_from_the_assistant_message() -> None:
 
 
 def test_a_conversation_stall_opens_the_gate_by_its_turns() -> None:
-    """No tool at all: replies asking the user again for what they asked already still pass the
-    step gate (more than ``min_steps`` turns) and reach REPLAN."""
+    """No tool at all: replies asking the user again for what they asked already get their NUDGE
+    behind the step gate, and pass it (more than ``min_steps`` turns) to reach REPLAN."""
     detector = StagnationDetector()
     asks = (
         "To calculate the amount charged to your card, please give me the total cost and the "
@@ -248,6 +248,7 @@ def test_a_conversation_stall_opens_the_gate_by_its_turns() -> None:
         "gift cards' amounts.",
     )
     levels = [detector.observe_turn(ModelTurn(text=asks[k % 2])).level for k in range(6)]
-    assert levels[:4] == [StagnationLevel.NONE] * 4
-    assert levels[-1] is StagnationLevel.REPLAN
+    assert levels[:2] == [StagnationLevel.NONE] * 2
+    assert levels[2:4] == [StagnationLevel.NUDGE] * 2  # the second re-issue, behind the gate
+    assert levels[4] is StagnationLevel.REPLAN  # the fifth turn opens the gate
     assert detector.verdict().steps_since_milestone == 0

@@ -136,6 +136,10 @@ def _validated_state(detector: StagnationDetector) -> dict[str, Any]:
         turns_since_milestone=detector._turns_since_milestone,
         turn_open=detector._turn_open,
         climbed=detector._climbed,
+        report_open=detector._report_open,
+        last_write=detector._last_write,
+        restored=detector._restored,
+        last_result=detector._last_result,
         signal_memory={memory.name: memory.dump() for memory in detector._signal_memories()},
     )
     return state.model_dump(mode="json")

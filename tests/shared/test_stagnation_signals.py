@@ -205,9 +205,10 @@ class RememberingSignal(SameToolSignal):
 
 
 def test_behind_the_closed_gate_only_the_signals_with_a_memory_are_asked() -> None:
-    """No evidence can raise the level before ``min_steps`` steps: a signal that keeps nothing
-    is not asked then (its evidence would be dropped), one with a memory sees every step; once
-    the gate opens, both are asked, and the level climbs as it would have."""
+    """No tool-side evidence can raise the level before ``min_steps`` steps: a signal that
+    keeps nothing is not asked on a tool event then (its evidence would be dropped), one with a
+    memory sees every step; a turn is shown to both (the model's side may NUDGE behind the
+    gate); once the gate opens, both are asked, and the level climbs as it would have."""
     plain, remembering = SameToolSignal(), RememberingSignal()
     detector = StagnationDetector(
         StagnationConfig(min_steps=3), signals=[plain, RememberingSignal(), remembering]
@@ -215,5 +216,6 @@ def test_behind_the_closed_gate_only_the_signals_with_a_memory_are_asked() -> No
     detector.observe_turn(ModelTurn(text="Read src/a.py again to see what it does."))
     levels = [detector.observe(event).level for event in _reread(5)]
     assert len(remembering.seen) == 5, "the turn and every stale read (the first is new)"
-    assert [s.event is not None for s in plain.seen] == [True, True]  # the 4th and 5th read
+    # the turn, then the 4th and 5th read
+    assert [s.event is not None for s in plain.seen] == [False, True, True]
     assert levels == [StagnationLevel.NONE] * 3 + [StagnationLevel.NUDGE, StagnationLevel.REPLAN]
