@@ -342,7 +342,10 @@ class JsonPoster:
 
         With ``consume`` the answer is read as it streams (a ``text/event-stream`` 2xx); a
         server that answers one JSON body instead is read as without it."""
-        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        # Encoded at once: the call holds its request body once (bytes), not its text as well.
+        payload = json.dumps(
+            body, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+        ).encode()
         sent = dict(headers)
         if not any(name.lower() == "content-type" for name in sent):
             sent["content-type"] = "application/json"
@@ -353,7 +356,7 @@ class JsonPoster:
                 "it carries user:password@, which cannot be sent with the API key's "
                 "Authorization header; remove it",
             )
-        request = _Request(url, sent, payload.encode(), model, consume)
+        request = _Request(url, sent, payload, model, consume)
         started = self._clock()
         async with self._open_session() as session:
             attempt = 0
