@@ -92,7 +92,7 @@ from coordinator.state import (
     TaskRecord,
     check_reviewer,
 )
-from coordinator.store import CommitConflictError, PendingCommit, TaskStore
+from coordinator.store import CommitConflictError, CreateOutcome, PendingCommit, TaskStore
 from coordinator.streams import claim_drops_deleted, is_cluster, read_group, redis_version
 from coordinator.transport import QueueDepths, Transport
 from shared import keys
@@ -651,7 +651,7 @@ class Coordinator:
             return
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
-        outcome = await self.store.create(record, ack=ack, lease=(self.name, self._lease_ms))
+        outcome = await self._create(record, ack, started=link is None)
         if outcome.conflict:
             error = (
                 f"task id {task_id!r} is already a task, and idempotency key "
@@ -663,8 +663,9 @@ class Coordinator:
                 entry_id, task_id, text, error, event="resubmission_rejected", partition=p
             )
             return
-        if not outcome.created:
-            await self._duplicate(task_id, outcome.task_id)
+        if not outcome.created or outcome.started:
+            if not outcome.created:
+                await self._duplicate(task_id, outcome.task_id)
             return
         if outcome.leased:
             self._leased(task_id)
@@ -678,6 +679,57 @@ class Coordinator:
             if pending is not None:
                 starts.append(_Start(pending, step))
                 self._starting.add(task_id)
+
+    async def _create(
+        self, record: TaskRecord, ack: tuple[str, str, str], *, started: bool
+    ) -> CreateOutcome:
+        """Store a new task, leased to this coordinator if nobody holds its lease; with
+        ``started``, created with its start committed when it can be (:meth:`_create_started`)."""
+        if started:
+            fresh = TaskRecord(  # the machine changes the record it starts: not ``record``
+                task_id=record.task_id,
+                spec=record.spec,
+                created_at=record.created_at,
+                updated_at=record.updated_at,
+            )
+            outcome = await self._create_started(fresh, ack)
+            if outcome is not None:
+                return outcome
+        return await self.store.create(record, ack=ack, lease=(self.name, self._lease_ms))
+
+    async def _create_started(
+        self, record: TaskRecord, ack: tuple[str, str, str]
+    ) -> CreateOutcome | None:
+        """A task that is no sub-agent's, created with its start committed and its lease taken,
+        in one script (:meth:`TaskStore.create_started`): no record at version 0 is written,
+        read back and rewritten. None when nothing was written (its start decided nothing or
+        raised, or another owner holds its lease): create it apart, as a sub-agent's."""
+        task_id = record.task_id
+        machine = TaskMachine(record, record.created_at, self.settings.machine)
+        try:
+            effects = decide(machine, _start)
+        except Exception:
+            log.exception("task.start_failed", extra={"task_id": task_id})
+            return None  # created apart, its start judged (and failing) as before
+        if not effects.changed:
+            return None
+        delta = self.store.conversation_delta(machine.record)
+        effects.stamped(machine.record.conversation_epoch)
+        dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
+        pending = self.store.prepare(
+            machine.record,
+            effects,
+            ack,
+            dispatches,
+            delta=delta,
+            lease_owner=self.name,
+            create=(self.name, self._lease_ms),
+        )
+        outcome = await self.store.create_started(pending)
+        if outcome is not None and outcome.started:
+            self._leased(task_id)
+            self._committed(pending)
+        return outcome
 
     async def _parent_ended(self, record: TaskRecord) -> str | None:
         """For a sub-agent's task: why it must not start, its parent having ended (the parent's

@@ -54,15 +54,48 @@ class CommitConflictError(OrgaError):
 
 
 _COMMIT = """
-local held = redis.call('HMGET', KEYS[1], 'version', 'status')
-local current = held[1]
-if (current or '') ~= ARGV[1] then return {0, current or ''} end
-local previous = held[2]
+local extra = cjson.decode(ARGV[8])
+local previous
+local create = extra.create
+if create then
+  -- A new task created started (TaskStore.create_started): _CREATE's checks, then its start
+  -- commit as the record's first write (no version 0 written, read and rewritten).
+  -- KEYS[17]: the idempotency key, KEYS[18]: the task index.
+  if create.idem ~= '' then
+    local existing = redis.call('GET', KEYS[17])
+    if existing then
+      if existing ~= extra.task_id and redis.call('HGET', KEYS[1], 'alias_of') ~= existing then
+        if redis.call('EXISTS', KEYS[1]) == 1 then return {2, existing} end
+        redis.call('HSET', KEYS[1], 'alias_of', existing)
+        redis.call('EXPIRE', KEYS[1], create.idem_ttl)
+      end
+      if ARGV[5] ~= '' then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
+      return {0, existing}
+    end
+  end
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    if ARGV[5] ~= '' then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
+    return {0, extra.task_id}
+  end
+  -- Someone holds the lease of a task not created yet: nothing written (created apart).
+  if not redis.call('SET', KEYS[15], create.owner, 'NX', 'PX', create.lease_ms) then
+    return {3, extra.task_id}
+  end
+  if create.idem ~= '' then
+    redis.call('SET', KEYS[17], extra.task_id, 'EX', create.idem_ttl)
+  end
+  redis.call('ZADD', KEYS[18], create.created_at, extra.task_id)
+  previous = false  -- no status before: counted in ARGV[4], added to the active set below
+else
+  local held = redis.call('HMGET', KEYS[1], 'version', 'status')
+  local current = held[1]
+  if (current or '') ~= ARGV[1] then return {0, current or ''} end
+  previous = held[2]
+end
 if previous ~= ARGV[4] then
   if previous then redis.call('HINCRBY', KEYS[9], previous, -1) end
   redis.call('HINCRBY', KEYS[9], ARGV[4], 1)
 end
-local extra = cjson.decode(ARGV[8])
 if extra.terminal then  -- the end's time with the state: one HSET
   redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4],
              'finished_at', extra.now)
@@ -268,6 +301,8 @@ class CreateOutcome:
     conflict: bool = False
     leased: bool = False
     """The task was created and its lease taken for the ``lease`` owner given to ``create``."""
+    started: bool = False
+    """The task was created with its start committed (:meth:`TaskStore.create_started`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,9 +570,14 @@ class TaskStore:
         *,
         delta: ConversationDelta | None = None,
         lease_owner: str = "",
+        create: tuple[str, int] | None = None,
     ) -> PendingCommit:
         """The commit of :meth:`commit`, encoded and not sent yet (``record`` is at its new
-        version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`."""
+        version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`.
+
+        With ``create`` (lease owner, TTL in ms), ``record`` is a new task's at version 0 and
+        the commit creates it as well (its first write): send it with :meth:`create_started`.
+        """
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
         stored = self._stored.get(record.task_id)
@@ -565,6 +605,16 @@ class TaskStore:
             keys.lease_key(task_id, p),
             shared[11],
         ]
+        if create is not None:
+            idem = record.spec.idempotency_key or ""
+            extra["create"] = {
+                "idem": idem,
+                "idem_ttl": keys.idempotency_ttl_s,
+                "created_at": f"{record.created_at:.6f}",
+                "owner": create[0],
+                "lease_ms": create[1],
+            }
+            commit_keys += [keys.idempotency_key(idem or "-", p), keys.task_index_key(p)]
         args: list[str | bytes] = [
             expected,
             str(record.version),
@@ -590,6 +640,25 @@ class TaskStore:
             raise CommitConflictError(
                 f"task {record.task_id} changed since version {record.version}"
             )
+
+    async def create_started(self, pending: PendingCommit) -> CreateOutcome | None:
+        """Create a new task and commit its start in one script (prepared with ``create``): what
+        :meth:`create` then :meth:`commit` write, less what the start would overwrite (the
+        record at version 0, its deadline, its ``pending`` count) and the start's read of it.
+
+        None when nothing was written because another owner holds the new task's lease
+        (create it with :meth:`create`); else as :meth:`create` answers, ``started`` when the
+        task was created (the intake entry is acknowledged either way)."""
+        record = pending.record
+        reply = await self._commit(keys=pending.keys, args=pending.args)
+        code = int(reply[0])
+        if code == 1:
+            self._settle(pending, True, reply)
+            return CreateOutcome(True, record.task_id, leased=True, started=True)
+        self._settle(pending, False)
+        if code == 3:
+            return None
+        return CreateOutcome(False, _text(reply[1]), conflict=code == 2)
 
     async def commit_many(self, pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
         """Send prepared commits of different tasks in one pipeline, one round trip (not a

@@ -243,3 +243,50 @@ def test_on_several_partitions_an_entry_is_created_in_its_tasks_partition_only(
             assert {keys.partition_of(t, 4) for t in created} == {wrong}
 
     asyncio.run(run())
+
+
+def test_a_new_task_is_created_started_in_one_script(redis_client: RedisClientFactory) -> None:
+    """A task that is no sub-agent's is created with its start committed in one script call:
+    stored at version 1 and running (no version 0 written), counted once (``running``, never
+    ``pending``), active, indexed, due at its dispatch's deadline, leased to its starter, its
+    idempotency key taken and its intake entry acknowledged; the dispatch is on the outbox and
+    the record kept for the task's next answer."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        scripts: list[int] = []
+        sent = mine.store._commit.__call__
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            scripts.append(1)
+            return await sent(*args, **kwargs)
+
+        mine.store._commit = counted  # type: ignore[assignment,method-assign]
+        create = mine.store.create
+
+        async def refused(*_args: object, **_kwargs: object) -> None:
+            raise AssertionError("created apart from its start")
+
+        mine.store.create = refused  # type: ignore[assignment,method-assign]
+        await _submit(client, "t", _keyed("key-t"))
+        await mine._intake_once()
+        mine.store.create = create  # type: ignore[method-assign]
+        assert scripts == [1]
+        task = await client.hgetall(keys.task_key("t", 0))
+        assert task["version"] == "1" and task["status"] == "running"
+        assert await client.hgetall(keys.status_counts_key(0)) == {"running": "1"}
+        assert await client.smembers(keys.active_tasks_key(0)) == {"t"}
+        assert await client.zscore(keys.task_index_key(0), "t") is not None
+        record = mine.store.peek_kept("t")
+        assert record is not None and record.awaiting is not None
+        deadline = await client.zscore(keys.deadlines_key(0), "t")
+        assert deadline == round(record.awaiting.deadline, 6)
+        assert await client.get(keys.lease_key("t", 0)) == "mine"
+        assert "t" in mine._held
+        assert await client.get(keys.idempotency_key("key-t", 0)) == "t"
+        summary = await client.xpending(keys.intake_stream(0), keys.coordinator_group)
+        assert summary["pending"] == 0
+        assert len(await _events(client, "accepted")) == 1
+        assert await client.xlen(keys.commit_outbox_stream(0)) == 1
+        assert await client.xlen(keys.journal_stream("t", 0)) == 1
+
+    _scenario(redis_client, body)
