@@ -92,9 +92,10 @@ else
   if (current or '') ~= ARGV[1] then return {0, current or ''} end
   previous = held[2]
 end
+-- The status counts (keys.status_counts_key): a change of status is one HINCRBY of the field
+-- "{previous}>{status}" (read as -1 previous, +1 status); a new status alone is "{status}".
 if previous ~= ARGV[4] then
-  if previous then redis.call('HINCRBY', KEYS[9], previous, -1) end
-  redis.call('HINCRBY', KEYS[9], ARGV[4], 1)
+  redis.call('HINCRBY', KEYS[9], previous and (previous .. '>' .. ARGV[4]) or ARGV[4], 1)
 end
 if extra.terminal then  -- the end's time with the state: one HSET
   redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4],

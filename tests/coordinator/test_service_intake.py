@@ -273,7 +273,7 @@ def test_a_new_task_is_created_started_in_one_script(redis_client: RedisClientFa
         assert scripts == [1]
         task = await client.hgetall(keys.task_key("t", 0))
         assert task["version"] == "1" and task["status"] == "running"
-        assert await client.hgetall(keys.status_counts_key(0)) == {"running": "1"}
+        assert keys.status_counts(await client.hgetall(keys.status_counts_key(0))) == {"running": 1}
         assert await client.smembers(keys.active_tasks_key(0)) == {"t"}
         assert await client.zscore(keys.task_index_key(0), "t") is not None
         record = mine.store.peek_kept("t")
