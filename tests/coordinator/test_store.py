@@ -172,6 +172,108 @@ def test_status_counts_read_moves_as_minus_one_and_plus_one() -> None:
     assert keys.status_counts({}) == {}
 
 
+def test_a_commit_keeps_an_earlier_look_in_the_deadline_index_within_the_slack(
+    redis_url: str, redis_client: Any
+) -> None:
+    """With ``deadline_slack_s``: a commit whose next look is no earlier and at most the slack
+    later than the look the index holds from this store's commit of the previous version sends
+    no ``ZADD``; one that moves it further or earlier, one after another store's commit, one
+    whose look a worker's start may move (beyond ``pull_horizon_s``) and one after a look of
+    its own has passed write it; the end takes the task out."""
+
+    async def zadds(client: Redis) -> int:
+        stats = await client.info("commandstats")
+        return int(stats.get("cmdstat_zadd", {}).get("calls", 0))
+
+    async def score(client: Redis) -> float | None:
+        return await client.zscore(keys.deadlines_key(0), "t")
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        store.deadline_slack_s, store.pull_horizon_s = 5.0, 30.0
+        record = _record("t")
+        await store.create(record)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())
+        first = await score(client)
+        assert record.awaiting is not None and first == round(record.awaiting.deadline, 6)
+
+        async def commit(now: float, look: float, by: TaskStore = store) -> int:
+            assert record.awaiting is not None
+            record.updated_at, record.awaiting.deadline = now, look
+            before = await zadds(client)
+            await by.commit(record, _machine(record, now=now).effects)
+            return await zadds(client) - before
+
+        assert first == 41.0  # its look: 30 s (the observation deadline) after the start
+        assert await commit(12.0, 42.0) == 0  # kept: 1 s later
+        assert await score(client) == first
+        assert await commit(14.0, 44.0) == 0  # still within 5 s of the index's
+        assert await commit(16.5, 46.5) == 1  # further: written
+        assert await score(client) == 46.5
+        assert await commit(17.0, 46.0) == 1  # earlier: written
+        other = TaskStore(client)
+        assert await commit(18.0, 47.0, by=other) == 1  # another store's commit
+        assert await commit(19.0, 48.0) == 1  # after it: this store does not know the index
+        assert await commit(20.0, 49.0) == 0
+        assert await commit(21.0, 52.0) == 1  # beyond the horizon: a worker's start may move it
+        assert await commit(22.0, 52.0) == 1  # not known: written
+        assert await commit(23.0, 52.5) == 0
+        assert await commit(53.0, 53.1) == 1  # the index's look has passed: written
+        ended = _machine(record, now=54.0)
+        await store.commit(ended.record, ended.cancel("stop"))
+        assert await score(client) is None
+
+    _scenario(redis_url, body)
+
+
+def test_reindex_moves_a_kept_look_on_unless_anything_else_moved_it(
+    redis_url: str, redis_client: Any
+) -> None:
+    """After a tick's look that decided nothing, a look the index kept from a commit moves to
+    the task's real look; a look a worker's start brought forward is left, and the next commit
+    writes the index."""
+
+    async def score(client: Redis) -> float | None:
+        return await client.zscore(keys.deadlines_key(0), "t")
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        store.deadline_slack_s, store.pull_horizon_s = 5.0, 30.0
+        record = _record("t")
+        await store.create(record)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())
+        first = await score(client)
+        assert first is not None and record.awaiting is not None
+        assert first == 41.0
+
+        async def commit(now: float, look: float) -> None:
+            assert record.awaiting is not None
+            record.updated_at, record.awaiting.deadline = now, look
+            await store.commit(record, _machine(record, now=now).effects)
+
+        await commit(12.0, 42.0)
+        assert await score(client) == 41.0  # kept
+        assert await store.reindex("t", 41.5) is False  # not the index's look: left
+        assert await score(client) == 41.0
+        await commit(13.0, 42.5)  # forgotten by the reindex: written
+        assert await score(client) == 42.5
+        await commit(14.0, 43.0)
+        assert await score(client) == 42.5
+        assert await store.reindex("t", 42.5) is True
+        assert await score(client) == 43.0
+        assert await store.reindex("t", 43.0) is False  # the real look: nothing to move
+        await commit(15.0, 43.5)
+        assert await score(client) == 43.0  # kept again
+        # a worker's start brought the look forward: not undone, the next commit writes
+        await client.zadd(keys.deadlines_key(0), {"t": 42.0}, xx=True, lt=True)
+        assert await store.reindex("t", 42.0) is False
+        assert await score(client) == 42.0
+        await commit(16.0, 44.0)
+        assert await score(client) == 44.0
+
+    _scenario(redis_url, body)
+
+
 def test_commit_is_compare_and_set(redis_url: str, redis_client: Any) -> None:
     """A commit from a stale version is refused and writes nothing."""
 
