@@ -716,8 +716,7 @@ class Coordinator:
         machine = TaskMachine(record, record.created_at, self.settings.machine)
         try:
             effects = decide(machine, _start)
-        except Exception:
-            log.exception("task.start_failed", extra={"task_id": task_id})
+        except Exception:  # judged again apart, where it fails and is logged
             return None  # created apart, its start judged (and failing) as before
         if not effects.changed:
             return None
