@@ -245,12 +245,6 @@ class CoordinatorSettings:
     partition_lease_ttl_s: float = float(keys.partition_lease_ttl_s)
     """A dead coordinator's partitions are taken over this long after its last renewal
     (``ORGA_PARTITION_LEASE_TTL_S``)."""
-    deadline_index_slack_s: float = 5.0
-    """A commit whose task's next look is at most this much later than the look the deadline
-    index holds from this coordinator's previous commit of it leaves the index as it is (one
-    ``ZADD`` less per model call): the tick then may look at the task up to this much early,
-    and moves the look on if that look decides nothing (:attr:`TaskStore.deadline_slack_s`;
-    0: every commit writes the index)."""
     machine: MachineSettings = field(default_factory=MachineSettings)
 
 
@@ -282,8 +276,6 @@ class Coordinator:
             journal_maxlen=self.settings.journal_maxlen,
             events_maxlen=self.settings.events_maxlen,
             partitions=self.settings.partitions,
-            deadline_slack_s=self.settings.deadline_index_slack_s,
-            pull_horizon_s=machine.liveness.heartbeat_timeout_s,
         )
         self._stream_partition = {
             kind(p): p
@@ -1064,25 +1056,20 @@ class Coordinator:
             await self._reclaim(keys.control_stream(p), self._control)
         await self._renew_leases()
         await self._purge(served)
-        due = await self.store.due_tasks(time.time(), self.settings.batch * 4, served)
+        due = await self.store.due_task_ids(time.time(), self.settings.batch * 4, served)
         if due:
             await self._queues.sample(self.redis)
-        for task_id, score in due:
+        for task_id in due:
             if task_id in self._starting:
                 continue  # started by the intake read that created it
             if await self._hold(task_id):
-                await self._guarded_tick(task_id, score)
+                await self._guarded_tick(task_id)
 
-    async def _guarded_tick(self, task_id: str, score: float | None = None) -> None:
-        """One due task (``score``: its look in the deadline index); its failure is logged and
-        never stops the tick for the others. A look that decides nothing and was early because
-        a commit kept an earlier look in the index (:attr:`CoordinatorSettings.deadline_index_
-        slack_s`) moves the index to the task's real look."""
+    async def _guarded_tick(self, task_id: str) -> None:
+        """One due task; its failure is logged and never stops the tick for the others."""
         try:
             liveness = await self._liveness(task_id)
-            applied = await self._apply(task_id, lambda m: m.on_tick(liveness))
-            if not applied and score is not None:
-                await self.store.reindex(task_id, score)
+            await self._apply(task_id, lambda m: m.on_tick(liveness))
         except (RedisError, CommitConflictError):
             raise
         except Exception:

@@ -173,8 +173,7 @@ else
   if previous ~= ARGV[4] and previous ~= 'pending' then
     redis.call('SADD', KEYS[7], extra.task_id)
   end
-  -- "": the index keeps an earlier look this store wrote (TaskStore.deadline_slack_s)
-  if extra.deadline ~= '' then redis.call('ZADD', KEYS[8], extra.deadline, extra.task_id) end
+  redis.call('ZADD', KEYS[8], extra.deadline, extra.task_id)
 end
 return {1, ARGV[2], sent}
 """
@@ -218,20 +217,6 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[7])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
-
-_REINDEX = """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) == tonumber(ARGV[2]) then
-  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], ARGV[1])
-  return 1
-end
-return 0
-"""
-"""A task's look in the deadline index moved from ``ARGV[2]`` (an earlier look a commit kept) to
-``ARGV[3]``, only if nothing moved it since (a commit, a worker's start)."""
-
-INDEXED_KEPT: Final = 100_000
-"""Tasks whose deadline index score a store remembers (:attr:`TaskStore.deadline_slack_s`)."""
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -335,9 +320,6 @@ class PendingCommit:
     """The stored conversation remembered when it was prepared (its delta's base)."""
     dispatches: Sequence[OutboxEntry] = ()
     """The outbox entries the commit appends, in order."""
-    indexed: tuple[float, float] | None = None
-    """Once written: the task's score in the deadline index and its real next look (None: not
-    known, or a worker's start may move it)."""
 
 
 @dataclass
@@ -383,20 +365,6 @@ class TaskStore:
     overrun a buffer on many: CVE-2022-31144). The coordinator turns it off at its start on
     7.0.4 and later (:func:`coordinator.streams.claim_drops_deleted`): one command less per
     call. On (the default) for whoever does not know the server's version."""
-    deadline_slack_s: float = 0.0
-    """A commit leaves the task's score in the deadline index (no ``ZADD``) when the index
-    holds a look this store wrote at the task's previous version, still ahead, and the new
-    look is no earlier and at most this much later (0: every commit writes it). The tick may
-    then look at the task up to this much early: :meth:`reindex` moves such a look on. The
-    coordinator's ``deadline_index_slack_s``."""
-    pull_horizon_s: float = 0.0
-    """The workers' heartbeat timeout: a worker's start brings its task's look forward to one
-    timeout ahead (:mod:`workers.liveness`) only when the look is further than that, so a look
-    kept is one no further (a worker's start never moves it)."""
-    _indexed: dict[str, tuple[int, float, float]] = field(
-        default_factory=dict, init=False, repr=False
-    )
-    """Task -> (version, score this store wrote in the deadline index, the task's real look)."""
     dispatched: Callable[[int, Sequence[tuple[str, OutboxEntry]]], None] | None = None
     """Told of each commit written with dispatches: the partition and each outbox entry with its
     stream id (the coordinator's relay, :meth:`coordinator.relay.OutboxRelay.hand`)."""
@@ -409,7 +377,6 @@ class TaskStore:
         self._release = self.redis.register_script(_RELEASE)
         self._renew_held = self.redis.register_script(_RENEW_HELD)
         self._acquire = self.redis.register_script(_ACQUIRE)
-        self._reindex = self.redis.register_script(_REINDEX)
 
     def _partition_keys(self, p: int) -> tuple[str, ...]:
         """The keys of partition ``p`` every commit names, in the commit script's order
@@ -488,51 +455,6 @@ class TaskStore:
         """Drop every kept record (Redis lost its data: none of them is current any more)."""
         self._kept.clear()
         self._kept_bytes = 0
-        self._indexed.clear()
-
-    def _look(self, record: TaskRecord, expected: int) -> tuple[str, tuple[float, float] | None]:
-        """The score a commit of ``record`` (read at version ``expected``) writes in the
-        deadline index ("" for none: the earlier look this store wrote stays,
-        :attr:`deadline_slack_s`), and what the index then holds (score, real look; None
-        when not known, or a worker's start may bring it forward)."""
-        deadline = record.next_deadline()
-        written = f"{deadline:.6f}"
-        if self.deadline_slack_s <= 0:
-            return written, None
-        now = record.updated_at
-        near = deadline <= now + self.pull_horizon_s  # no worker's start moves it
-        known = self._indexed.get(record.task_id)
-        if (
-            near
-            and known is not None
-            and known[0] == expected
-            and now < known[1] <= deadline <= known[1] + self.deadline_slack_s
-        ):
-            return "", (known[1], deadline)
-        return written, ((float(written), deadline) if near else None)
-
-    async def reindex(self, task_id: str, score: float) -> bool:
-        """After a tick's look at ``task_id`` decided nothing: when ``score`` (the index's) is
-        an earlier look a commit of this store kept (:attr:`deadline_slack_s`) and the task's
-        real look is later, move the index to it (unless anything else moved it since); if
-        anything else moved the index (a worker's start), the next commit writes it. Whether it
-        was moved."""
-        known = self._indexed.get(task_id)
-        if known is None:
-            return False
-        version, kept, deadline = known
-        if kept != score:
-            self._indexed.pop(task_id, None)
-            return False
-        if deadline <= score:
-            return False
-        key = keys.deadlines_key(self.partition(task_id))
-        moved = await self._reindex(keys=[key], args=[task_id, repr(score), f"{deadline:.6f}"])
-        if not int(moved):
-            self._indexed.pop(task_id, None)
-            return False
-        self._indexed[task_id] = (version, float(f"{deadline:.6f}"), deadline)
-        return True
 
     def take_kept(self, task_id: str) -> TaskRecord | None:
         """The record kept from this store's last write of the task, unchecked; it is the
@@ -665,8 +587,6 @@ class TaskStore:
         record.version += 1
         state = self._state_json(record)
         extra = self._extra(record, effects)
-        look, indexed = self._look(record, int(expected))
-        extra["deadline"] = look
         extra["outbox"] = [d.head() for d in dispatches]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
@@ -709,9 +629,8 @@ class TaskStore:
             *delta.messages,
         ]
         return PendingCommit(
-            record, effects, commit_keys, args, len(state) + delta.size, stored, dispatches,
-            indexed,
-        )  # fmt: skip
+            record, effects, commit_keys, args, len(state) + delta.size, stored, dispatches
+        )
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
         """Send one prepared commit; CommitConflictError when another coordinator committed
@@ -790,12 +709,6 @@ class TaskStore:
         are the script's reply's third item); step a refused one back to the version it was
         read at."""
         record = pending.record
-        if not written or pending.indexed is None or record.terminal:
-            self._indexed.pop(record.task_id, None)
-        else:
-            self._indexed[record.task_id] = (record.version, *pending.indexed)
-            if len(self._indexed) > INDEXED_KEPT:
-                self._indexed.pop(next(iter(self._indexed)))
         if not written:
             record.version -= 1
             if self._stored.get(record.task_id) is pending.stored:  # not a newer commit's
@@ -816,6 +729,7 @@ class TaskStore:
         return {
             "task_id": record.task_id,
             "terminal": record.status in TERMINAL_STATUSES,
+            "deadline": f"{record.next_deadline():.6f}",
             "now": f"{record.updated_at:.6f}",
             "journal_maxlen": self.journal_maxlen,
             "events_maxlen": self.events_maxlen,
@@ -847,19 +761,13 @@ class TaskStore:
     ) -> list[str]:
         """Tasks whose next deadline has passed (observation, review or start), oldest first,
         merged over ``partitions`` (None: every partition)."""
-        return [task_id for task_id, _score in await self.due_tasks(now, limit, partitions)]
-
-    async def due_tasks(
-        self, now: float, limit: int, partitions: Iterable[int] | None = None
-    ) -> list[tuple[str, float]]:
-        """:meth:`due_task_ids` with each task's score in the deadline index."""
         pipe = self.redis.pipeline(transaction=False)
         for p in range(self.partitions) if partitions is None else partitions:
             pipe.zrangebyscore(
                 keys.deadlines_key(p), "-inf", now, start=0, num=limit, withscores=True
             )
         due = [(float(s), _text(d)) for rows in await pipe.execute() for d, s in rows]
-        return [(task_id, score) for score, task_id in sorted(due)[:limit]]
+        return [task_id for _score, task_id in sorted(due)[:limit]]
 
     async def open_reviews(self) -> list[ReviewItem]:
         """Escalations waiting for a decision, oldest first (every partition)."""

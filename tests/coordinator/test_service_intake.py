@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from coordinator.machine import Effects, MachineSettings, TaskMachine
+from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
 from coordinator.state import TaskRecord
 from shared import keys
@@ -288,37 +288,5 @@ def test_a_new_task_is_created_started_in_one_script(redis_client: RedisClientFa
         assert len(await _events(client, "accepted")) == 1
         assert await client.xlen(keys.commit_outbox_stream(0)) == 1
         assert await client.xlen(keys.journal_stream("t", 0)) == 1
-
-    _scenario(redis_client, body)
-
-
-def test_a_look_early_by_a_kept_deadline_moves_the_index_to_the_real_look(
-    redis_client: RedisClientFactory,
-) -> None:
-    """A commit that moves the task's look by less than ``deadline_index_slack_s`` leaves the
-    deadline index as it was; the tick's look at that earlier score, when the dispatch has not
-    started, decides nothing and moves the index to the task's real look (else the task would
-    be looked at again every tick until then)."""
-
-    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
-        await _submit(client, "t")
-        await mine._intake_once()
-        kept = await client.zscore(keys.deadlines_key(0), "t")
-        assert kept is not None
-
-        def later(machine: TaskMachine) -> Effects:
-            assert machine.record.awaiting is not None
-            machine.record.awaiting.deadline = machine.now + 30.0  # a new dispatch's look
-            return machine.done()
-
-        assert await mine._apply("t", later)
-        assert await client.zscore(keys.deadlines_key(0), "t") == kept
-        await mine._guarded_tick("t", kept)  # as the tick finds it once ``kept`` has passed
-        record = await mine.store.load("t")
-        assert record is not None and record.awaiting is not None
-        assert record.version == 2  # the look decided nothing: no commit
-        moved = await client.zscore(keys.deadlines_key(0), "t")
-        assert moved == round(record.awaiting.deadline, 6)
-        assert moved is not None and moved >= kept
 
     _scenario(redis_client, body)
