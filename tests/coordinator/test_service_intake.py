@@ -290,3 +290,51 @@ def test_a_new_task_is_created_started_in_one_script(redis_client: RedisClientFa
         assert await client.xlen(keys.journal_stream("t", 0)) == 1
 
     _scenario(redis_client, body)
+
+
+def test_a_resubmission_of_a_live_tasks_id_leaves_its_kept_record(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Review of branch ``coord``: a client retrying a submission with the id of a task that
+    is running (a duplicate) changes nothing of that task, nor of what this coordinator keeps
+    of it (the record for its next answer, the conversation stored, the deadline index's
+    look): on ``main`` the create script answered ``duplicate`` before anything was prepared;
+    ``_create_started`` prepares a commit of a fresh record under the live task's id, which
+    takes the live task's kept record and forgets its stored conversation."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _submit(client, "t")
+        await mine._intake_once()
+        kept = mine.store.peek_kept("t")
+        assert kept is not None and kept.version == 1
+        await _submit(client, "t")  # the client's retry
+        await mine._intake_once()
+        assert len(await _events(client, "duplicate")) == 1
+        assert mine.store.peek_kept("t") is kept, "the live task's kept record was dropped"
+
+    _scenario(redis_client, body)
+
+
+def test_a_task_naming_a_parent_in_yaml_is_not_started_when_its_parent_ended(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Review of branch ``coord``: whether a task is a sub-agent's is read from its text
+    (``parent_link``: JSON holding ``"delegation"``) to choose to create it started, while its
+    spec (YAML, or JSON with the key escaped) may name a parent all the same. On ``main`` such
+    a task is created, then checked against its parent (``_parent_ended``) and cancelled when
+    the parent ended; created started, it skips that check and runs."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        text = (
+            "goal: g\nsteps:\n  - id: s\n    instruction: do it\n"
+            "delegation:\n  task_id: gone\n  step_id: s\n  iteration: 0\n  call_id: c\n"
+        )
+        await client.xadd(keys.intake_stream(0), {"task_id": "gone.1", "task": text})
+        await mine._intake_once()
+        record = await mine.store.load("gone.1")
+        assert record is not None and record.spec.delegation is not None
+        assert record.status.value == "aborted", (
+            f"a task whose parent ended is {record.status.value}, not cancelled"
+        )
+
+    _scenario(redis_client, body)
