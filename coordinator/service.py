@@ -605,7 +605,7 @@ class Coordinator:
             log.exception("stream.entry_failed", extra={"stream": stream, "entry_id": entry_id})
             await self._poison(stream, entry_id, fields, f"{type(exc).__name__}: {exc}")
 
-    async def _intake(  # noqa: PLR0911 - one return per way an entry makes no task
+    async def _intake(  # noqa: PLR0911, PLR0912 - one return per way an entry makes no task
         self,
         stream: str,
         entry_id: str,
@@ -634,11 +634,7 @@ class Coordinator:
             return
         link = parent_link(text.get("task", ""))
         if link is not None and not await self._recorded_child(task_id, link):
-            error = (
-                f"task {task_id!r} names task {link.task_id!r} as its parent (delegation), "
-                "which did not create it: that field is set by the runtime; remove it"
-            )
-            await self._reject(entry_id, task_id, text, error, partition=p)
+            await self._reject(entry_id, task_id, text, _not_a_child(task_id, link), partition=p)
             return
         # A sub-agent's task is named as such (its parent's model reads the refusal).
         source = f"sub-agent task {task_id}" if link else f"intake entry {entry_id}"
@@ -649,9 +645,15 @@ class Coordinator:
                 await self._tell_parent(task_id, link, str(exc))
             await self._reject(entry_id, task_id, text, str(exc), partition=p)
             return
+        named = spec.delegation  # the parent the spec names, whatever its text's form
+        if named is not None and named != link and not await self._recorded_child(task_id, named):
+            # YAML, or JSON with the key escaped: ``parent_link`` reads neither, the spec does
+            await self._reject(entry_id, task_id, text, _not_a_child(task_id, named), partition=p)
+            return
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
-        outcome = await self._create(record, ack, started=link is None)
+        # a sub-agent's is created apart, its parent checked once it is stored (_parent_ended)
+        outcome = await self._create(record, ack, started=named is None)
         if outcome.conflict:
             error = (
                 f"task id {task_id!r} is already a task, and idempotency key "
@@ -1339,6 +1341,14 @@ def _from_entry(effects: Effects, entry_id: str) -> Effects:
 
 def _start(machine: TaskMachine) -> Effects:
     return machine.start()
+
+
+def _not_a_child(task_id: str, link: ParentLink) -> str:
+    """The intake's refusal of a task naming a parent that did not create it for that call."""
+    return (
+        f"task {task_id!r} names task {link.task_id!r} as its parent (delegation), "
+        "which did not create it: that field is set by the runtime; remove it"
+    )
 
 
 def _cancelled(reason: str) -> Callable[[TaskMachine], Effects]:

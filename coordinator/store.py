@@ -320,6 +320,8 @@ class PendingCommit:
     """The stored conversation remembered when it was prepared (its delta's base)."""
     dispatches: Sequence[OutboxEntry] = ()
     """The outbox entries the commit appends, in order."""
+    spec_json: tuple[TaskSpec, bytes] | None = None
+    """A new task's spec and its JSON (prepared with ``create``): cached once it is created."""
 
 
 @dataclass
@@ -578,14 +580,23 @@ class TaskStore:
 
         With ``create`` (lease owner, TTL in ms), ``record`` is a new task's at version 0 and
         the commit creates it as well (its first write): send it with :meth:`create_started`.
+        Its id may be a live task's (a resubmission, answered ``duplicate`` by the script), so
+        nothing this store keeps of that id (record, spec, stored conversation) is touched
+        until the script answers that it created the task.
         """
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
-        stored = self._stored.get(record.task_id)
+        stored = self._stored.get(record.task_id) if create is None else None
         delta = delta or self.conversation_delta(record)
-        self._take(record.task_id)
+        spec_json: tuple[TaskSpec, bytes] | None = None
+        if create is None:
+            self._take(record.task_id)
         record.version += 1
-        state = self._state_json(record)
+        if create is None:
+            state = self._state_json(record)
+        else:
+            spec_json = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
+            state = self._state_json(record, spec_json)
         extra = self._extra(record, effects)
         extra["outbox"] = [d.head() for d in dispatches]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
@@ -629,7 +640,14 @@ class TaskStore:
             *delta.messages,
         ]
         return PendingCommit(
-            record, effects, commit_keys, args, len(state) + delta.size, stored, dispatches
+            record,
+            effects,
+            commit_keys,
+            args,
+            len(state) + delta.size,
+            stored,
+            dispatches,
+            spec_json,
         )
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
@@ -654,9 +672,13 @@ class TaskStore:
         reply = await self._commit(keys=pending.keys, args=pending.args)
         code = int(reply[0])
         if code == 1:
+            if pending.spec_json is not None and not record.terminal:
+                self._cache_spec(record.task_id, pending.spec_json)
             self._settle(pending, True, reply)
             return CreateOutcome(True, record.task_id, leased=True, started=True)
-        self._settle(pending, False)
+        # Nothing written: the record steps back, and nothing kept of its id (a live task's,
+        # for a duplicate) is touched (not ``_settle``, which forgets the stored conversation).
+        record.version -= 1
         if code == 3:
             return None
         return CreateOutcome(False, _text(reply[1]), conflict=code == 2)
@@ -684,25 +706,41 @@ class TaskStore:
                 outcomes.append(self._settle(commit, bool(int(reply[0])), reply))
         return outcomes
 
-    def _state_json(self, record: TaskRecord) -> bytes:
+    def _state_json(
+        self, record: TaskRecord, spec_json: tuple[TaskSpec, bytes] | None = None
+    ) -> bytes:
         """``record.model_dump_json()`` as bytes, byte for byte, with the JSON of its spec (frozen,
-        about half of a short task's state) encoded once per task instead of once per commit."""
-        kept = self._specs.pop(record.task_id, None)
-        if kept is not None:
-            self._specs_bytes -= len(kept[1])
-        if kept is None or kept[0] is not record.spec:
-            kept = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
-        if not record.terminal and len(kept[1]) <= self.spec_cache_bytes:  # a task that ends
-            self._specs[record.task_id] = kept  # commits no more: its spec is not kept
-            self._specs_bytes += len(kept[1])
-            while self._specs_bytes > self.spec_cache_bytes:
-                _task_id, (_spec, evicted) = self._specs.popitem(last=False)
-                self._specs_bytes -= len(evicted)
+        about half of a short task's state) encoded once per task instead of once per commit.
+        With ``spec_json`` (a task being created), that JSON is used and the cache left alone."""
+        if spec_json is not None:
+            kept = spec_json
+        else:
+            cached = self._specs.pop(record.task_id, None)
+            if cached is not None:
+                self._specs_bytes -= len(cached[1])
+            if cached is None or cached[0] is not record.spec:
+                cached = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
+            kept = cached
+            if not record.terminal:  # a task that ends commits no more: its spec is not kept
+                self._cache_spec(record.task_id, kept)
         rest = record.__pydantic_serializer__.to_json(record, exclude={"spec"})
         head = b'{"task_id":' + _JSON_STRING.dump_json(record.task_id)
         if not rest.startswith(head + b","):  # the fields' order changed: encode it whole
             return record.__pydantic_serializer__.to_json(record)
         return b"".join((head, b',"spec":', kept[1], rest[len(head) :]))
+
+    def _cache_spec(self, task_id: str, kept: tuple[TaskSpec, bytes]) -> None:
+        """Keep a task's spec and its JSON for its next commits (least recently written out)."""
+        old = self._specs.pop(task_id, None)
+        if old is not None:
+            self._specs_bytes -= len(old[1])
+        if len(kept[1]) > self.spec_cache_bytes:
+            return
+        self._specs[task_id] = kept
+        self._specs_bytes += len(kept[1])
+        while self._specs_bytes > self.spec_cache_bytes:
+            _task_id, (_spec, evicted) = self._specs.popitem(last=False)
+            self._specs_bytes -= len(evicted)
 
     def _settle(self, pending: PendingCommit, written: bool, reply: Sequence[Any] = ()) -> bool:
         """Keep a written record and tell :attr:`dispatched` of its outbox entries (their ids
