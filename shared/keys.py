@@ -69,7 +69,9 @@ Keys
     ``orga:P:mcp_reply:{task_id}:{nonce}``  list: a tool worker's answer to one listing request
     ``orga:P:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
                                  decision, entry_id), set with the control entry by one script
-    ``orga:P:stats:status``      hash: number of tasks in each status (kept by the commit script)
+    ``orga:P:stats:status``      hash: ``{status}`` -> tasks added in it (create, purge) and
+                                 ``{from}>{to}`` -> tasks a commit moved (the commit script);
+                                 tasks in each status: :func:`status_counts`, never the fields
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write;
                                  with a reasoning's answer, its mark (how the answer went
