@@ -672,6 +672,7 @@ class TaskStore:
         reply = await self._commit(keys=pending.keys, args=pending.args)
         code = int(reply[0])
         if code == 1:
+            self._take(record.task_id)  # a stale one of a purged task of that id, if any
             if pending.spec_json is not None and not record.terminal:
                 self._cache_spec(record.task_id, pending.spec_json)
             self._settle(pending, True, reply)
