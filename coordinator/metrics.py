@@ -426,7 +426,7 @@ class RedisStateCollector(Collector):
         counts: dict[str, float] = {}
         for p in parts:
             stored = cast("dict[str, str]", client.hgetall(keys.status_counts_key(p)))
-            for status, count in stored.items():
+            for status, count in keys.status_counts(stored).items():
                 counts[status] = counts.get(status, 0.0) + float(count)
         for status, total in sorted(counts.items()):
             tasks.add_metric([status], total)

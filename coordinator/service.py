@@ -92,7 +92,7 @@ from coordinator.state import (
     TaskRecord,
     check_reviewer,
 )
-from coordinator.store import CommitConflictError, PendingCommit, TaskStore
+from coordinator.store import CommitConflictError, CreateOutcome, PendingCommit, TaskStore
 from coordinator.streams import claim_drops_deleted, is_cluster, read_group, redis_version
 from coordinator.transport import QueueDepths, Transport
 from shared import keys
@@ -605,7 +605,7 @@ class Coordinator:
             log.exception("stream.entry_failed", extra={"stream": stream, "entry_id": entry_id})
             await self._poison(stream, entry_id, fields, f"{type(exc).__name__}: {exc}")
 
-    async def _intake(  # noqa: PLR0911 - one return per way an entry makes no task
+    async def _intake(  # noqa: PLR0911, PLR0912 - one return per way an entry makes no task
         self,
         stream: str,
         entry_id: str,
@@ -634,11 +634,7 @@ class Coordinator:
             return
         link = parent_link(text.get("task", ""))
         if link is not None and not await self._recorded_child(task_id, link):
-            error = (
-                f"task {task_id!r} names task {link.task_id!r} as its parent (delegation), "
-                "which did not create it: that field is set by the runtime; remove it"
-            )
-            await self._reject(entry_id, task_id, text, error, partition=p)
+            await self._reject(entry_id, task_id, text, _not_a_child(task_id, link), partition=p)
             return
         # A sub-agent's task is named as such (its parent's model reads the refusal).
         source = f"sub-agent task {task_id}" if link else f"intake entry {entry_id}"
@@ -649,9 +645,15 @@ class Coordinator:
                 await self._tell_parent(task_id, link, str(exc))
             await self._reject(entry_id, task_id, text, str(exc), partition=p)
             return
+        named = spec.delegation  # the parent the spec names, whatever its text's form
+        if named is not None and named != link and not await self._recorded_child(task_id, named):
+            # YAML, or JSON with the key escaped: ``parent_link`` reads neither, the spec does
+            await self._reject(entry_id, task_id, text, _not_a_child(task_id, named), partition=p)
+            return
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
-        outcome = await self.store.create(record, ack=ack, lease=(self.name, self._lease_ms))
+        # a sub-agent's is created apart, its parent checked once it is stored (_parent_ended)
+        outcome = await self._create(record, ack, started=named is None)
         if outcome.conflict:
             error = (
                 f"task id {task_id!r} is already a task, and idempotency key "
@@ -663,8 +665,9 @@ class Coordinator:
                 entry_id, task_id, text, error, event="resubmission_rejected", partition=p
             )
             return
-        if not outcome.created:
-            await self._duplicate(task_id, outcome.task_id)
+        if not outcome.created or outcome.started:
+            if not outcome.created:
+                await self._duplicate(task_id, outcome.task_id)
             return
         if outcome.leased:
             self._leased(task_id)
@@ -678,6 +681,56 @@ class Coordinator:
             if pending is not None:
                 starts.append(_Start(pending, step))
                 self._starting.add(task_id)
+
+    async def _create(
+        self, record: TaskRecord, ack: tuple[str, str, str], *, started: bool
+    ) -> CreateOutcome:
+        """Store a new task, leased to this coordinator if nobody holds its lease; with
+        ``started``, created with its start committed when it can be (:meth:`_create_started`)."""
+        if started:
+            fresh = TaskRecord(  # the machine changes the record it starts: not ``record``
+                task_id=record.task_id,
+                spec=record.spec,
+                created_at=record.created_at,
+                updated_at=record.updated_at,
+            )
+            outcome = await self._create_started(fresh, ack)
+            if outcome is not None:
+                return outcome
+        return await self.store.create(record, ack=ack, lease=(self.name, self._lease_ms))
+
+    async def _create_started(
+        self, record: TaskRecord, ack: tuple[str, str, str]
+    ) -> CreateOutcome | None:
+        """A task that is no sub-agent's, created with its start committed and its lease taken,
+        in one script (:meth:`TaskStore.create_started`): no record at version 0 is written,
+        read back and rewritten. None when nothing was written (its start decided nothing or
+        raised, or another owner holds its lease): create it apart, as a sub-agent's."""
+        task_id = record.task_id
+        machine = TaskMachine(record, record.created_at, self.settings.machine)
+        try:
+            effects = decide(machine, _start)
+        except Exception:  # judged again apart, where it fails and is logged
+            return None  # created apart, its start judged (and failing) as before
+        if not effects.changed:
+            return None
+        delta = self.store.conversation_delta(machine.record)
+        effects.stamped(machine.record.conversation_epoch)
+        dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
+        pending = self.store.prepare(
+            machine.record,
+            effects,
+            ack,
+            dispatches,
+            delta=delta,
+            lease_owner=self.name,
+            create=(self.name, self._lease_ms),
+        )
+        outcome = await self.store.create_started(pending)
+        if outcome is not None and outcome.started:
+            self._leased(task_id)
+            self._committed(pending)
+        return outcome
 
     async def _parent_ended(self, record: TaskRecord) -> str | None:
         """For a sub-agent's task: why it must not start, its parent having ended (the parent's
@@ -1288,6 +1341,14 @@ def _from_entry(effects: Effects, entry_id: str) -> Effects:
 
 def _start(machine: TaskMachine) -> Effects:
     return machine.start()
+
+
+def _not_a_child(task_id: str, link: ParentLink) -> str:
+    """The intake's refusal of a task naming a parent that did not create it for that call."""
+    return (
+        f"task {task_id!r} names task {link.task_id!r} as its parent (delegation), "
+        "which did not create it: that field is set by the runtime; remove it"
+    )
 
 
 def _cancelled(reason: str) -> Callable[[TaskMachine], Effects]:

@@ -54,15 +54,49 @@ class CommitConflictError(OrgaError):
 
 
 _COMMIT = """
-local held = redis.call('HMGET', KEYS[1], 'version', 'status')
-local current = held[1]
-if (current or '') ~= ARGV[1] then return {0, current or ''} end
-local previous = held[2]
-if previous ~= ARGV[4] then
-  if previous then redis.call('HINCRBY', KEYS[9], previous, -1) end
-  redis.call('HINCRBY', KEYS[9], ARGV[4], 1)
-end
 local extra = cjson.decode(ARGV[8])
+local previous
+local create = extra.create
+if create then
+  -- A new task created started (TaskStore.create_started): _CREATE's checks, then its start
+  -- commit as the record's first write (no version 0 written, read and rewritten).
+  -- KEYS[17]: the idempotency key, KEYS[18]: the task index.
+  if create.idem ~= '' then
+    local existing = redis.call('GET', KEYS[17])
+    if existing then
+      if existing ~= extra.task_id and redis.call('HGET', KEYS[1], 'alias_of') ~= existing then
+        if redis.call('EXISTS', KEYS[1]) == 1 then return {2, existing} end
+        redis.call('HSET', KEYS[1], 'alias_of', existing)
+        redis.call('EXPIRE', KEYS[1], create.idem_ttl)
+      end
+      if ARGV[5] ~= '' then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
+      return {0, existing}
+    end
+  end
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    if ARGV[5] ~= '' then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
+    return {0, extra.task_id}
+  end
+  -- Someone holds the lease of a task not created yet: nothing written (created apart).
+  if not redis.call('SET', KEYS[15], create.owner, 'NX', 'PX', create.lease_ms) then
+    return {3, extra.task_id}
+  end
+  if create.idem ~= '' then
+    redis.call('SET', KEYS[17], extra.task_id, 'EX', create.idem_ttl)
+  end
+  redis.call('ZADD', KEYS[18], create.created_at, extra.task_id)
+  previous = false  -- no status before: counted in ARGV[4], added to the active set below
+else
+  local held = redis.call('HMGET', KEYS[1], 'version', 'status')
+  local current = held[1]
+  if (current or '') ~= ARGV[1] then return {0, current or ''} end
+  previous = held[2]
+end
+-- The status counts (keys.status_counts_key): a change of status is one HINCRBY of the field
+-- "{previous}>{status}" (read as -1 previous, +1 status); a new status alone is "{status}".
+if previous ~= ARGV[4] then
+  redis.call('HINCRBY', KEYS[9], previous and (previous .. '>' .. ARGV[4]) or ARGV[4], 1)
+end
 if extra.terminal then  -- the end's time with the state: one HSET
   redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4],
              'finished_at', extra.now)
@@ -268,6 +302,8 @@ class CreateOutcome:
     conflict: bool = False
     leased: bool = False
     """The task was created and its lease taken for the ``lease`` owner given to ``create``."""
+    started: bool = False
+    """The task was created with its start committed (:meth:`TaskStore.create_started`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +320,8 @@ class PendingCommit:
     """The stored conversation remembered when it was prepared (its delta's base)."""
     dispatches: Sequence[OutboxEntry] = ()
     """The outbox entries the commit appends, in order."""
+    spec_json: tuple[TaskSpec, bytes] | None = None
+    """A new task's spec and its JSON (prepared with ``create``): cached once it is created."""
 
 
 @dataclass
@@ -535,16 +573,30 @@ class TaskStore:
         *,
         delta: ConversationDelta | None = None,
         lease_owner: str = "",
+        create: tuple[str, int] | None = None,
     ) -> PendingCommit:
         """The commit of :meth:`commit`, encoded and not sent yet (``record`` is at its new
-        version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`."""
+        version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`.
+
+        With ``create`` (lease owner, TTL in ms), ``record`` is a new task's at version 0 and
+        the commit creates it as well (its first write): send it with :meth:`create_started`.
+        Its id may be a live task's (a resubmission, answered ``duplicate`` by the script), so
+        nothing this store keeps of that id (record, spec, stored conversation) is touched
+        until the script answers that it created the task.
+        """
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
-        stored = self._stored.get(record.task_id)
+        stored = self._stored.get(record.task_id) if create is None else None
         delta = delta or self.conversation_delta(record)
-        self._take(record.task_id)
+        spec_json: tuple[TaskSpec, bytes] | None = None
+        if create is None:
+            self._take(record.task_id)
         record.version += 1
-        state = self._state_json(record)
+        if create is None:
+            state = self._state_json(record)
+        else:
+            spec_json = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
+            state = self._state_json(record, spec_json)
         extra = self._extra(record, effects)
         extra["outbox"] = [d.head() for d in dispatches]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
@@ -565,6 +617,16 @@ class TaskStore:
             keys.lease_key(task_id, p),
             shared[11],
         ]
+        if create is not None:
+            idem = record.spec.idempotency_key or ""
+            extra["create"] = {
+                "idem": idem,
+                "idem_ttl": keys.idempotency_ttl_s,
+                "created_at": f"{record.created_at:.6f}",
+                "owner": create[0],
+                "lease_ms": create[1],
+            }
+            commit_keys += [keys.idempotency_key(idem or "-", p), keys.task_index_key(p)]
         args: list[str | bytes] = [
             expected,
             str(record.version),
@@ -578,7 +640,14 @@ class TaskStore:
             *delta.messages,
         ]
         return PendingCommit(
-            record, effects, commit_keys, args, len(state) + delta.size, stored, dispatches
+            record,
+            effects,
+            commit_keys,
+            args,
+            len(state) + delta.size,
+            stored,
+            dispatches,
+            spec_json,
         )
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
@@ -590,6 +659,30 @@ class TaskStore:
             raise CommitConflictError(
                 f"task {record.task_id} changed since version {record.version}"
             )
+
+    async def create_started(self, pending: PendingCommit) -> CreateOutcome | None:
+        """Create a new task and commit its start in one script (prepared with ``create``): what
+        :meth:`create` then :meth:`commit` write, less what the start would overwrite (the
+        record at version 0, its deadline, its ``pending`` count) and the start's read of it.
+
+        None when nothing was written because another owner holds the new task's lease
+        (create it with :meth:`create`); else as :meth:`create` answers, ``started`` when the
+        task was created (the intake entry is acknowledged either way)."""
+        record = pending.record
+        reply = await self._commit(keys=pending.keys, args=pending.args)
+        code = int(reply[0])
+        if code == 1:
+            self._take(record.task_id)  # a stale one of a purged task of that id, if any
+            if pending.spec_json is not None and not record.terminal:
+                self._cache_spec(record.task_id, pending.spec_json)
+            self._settle(pending, True, reply)
+            return CreateOutcome(True, record.task_id, leased=True, started=True)
+        # Nothing written: the record steps back, and nothing kept of its id (a live task's,
+        # for a duplicate) is touched (not ``_settle``, which forgets the stored conversation).
+        record.version -= 1
+        if code == 3:
+            return None
+        return CreateOutcome(False, _text(reply[1]), conflict=code == 2)
 
     async def commit_many(self, pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
         """Send prepared commits of different tasks in one pipeline, one round trip (not a
@@ -614,25 +707,41 @@ class TaskStore:
                 outcomes.append(self._settle(commit, bool(int(reply[0])), reply))
         return outcomes
 
-    def _state_json(self, record: TaskRecord) -> bytes:
+    def _state_json(
+        self, record: TaskRecord, spec_json: tuple[TaskSpec, bytes] | None = None
+    ) -> bytes:
         """``record.model_dump_json()`` as bytes, byte for byte, with the JSON of its spec (frozen,
-        about half of a short task's state) encoded once per task instead of once per commit."""
-        kept = self._specs.pop(record.task_id, None)
-        if kept is not None:
-            self._specs_bytes -= len(kept[1])
-        if kept is None or kept[0] is not record.spec:
-            kept = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
-        if not record.terminal and len(kept[1]) <= self.spec_cache_bytes:  # a task that ends
-            self._specs[record.task_id] = kept  # commits no more: its spec is not kept
-            self._specs_bytes += len(kept[1])
-            while self._specs_bytes > self.spec_cache_bytes:
-                _task_id, (_spec, evicted) = self._specs.popitem(last=False)
-                self._specs_bytes -= len(evicted)
+        about half of a short task's state) encoded once per task instead of once per commit.
+        With ``spec_json`` (a task being created), that JSON is used and the cache left alone."""
+        if spec_json is not None:
+            kept = spec_json
+        else:
+            cached = self._specs.pop(record.task_id, None)
+            if cached is not None:
+                self._specs_bytes -= len(cached[1])
+            if cached is None or cached[0] is not record.spec:
+                cached = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
+            kept = cached
+            if not record.terminal:  # a task that ends commits no more: its spec is not kept
+                self._cache_spec(record.task_id, kept)
         rest = record.__pydantic_serializer__.to_json(record, exclude={"spec"})
         head = b'{"task_id":' + _JSON_STRING.dump_json(record.task_id)
         if not rest.startswith(head + b","):  # the fields' order changed: encode it whole
             return record.__pydantic_serializer__.to_json(record)
         return b"".join((head, b',"spec":', kept[1], rest[len(head) :]))
+
+    def _cache_spec(self, task_id: str, kept: tuple[TaskSpec, bytes]) -> None:
+        """Keep a task's spec and its JSON for its next commits (least recently written out)."""
+        old = self._specs.pop(task_id, None)
+        if old is not None:
+            self._specs_bytes -= len(old[1])
+        if len(kept[1]) > self.spec_cache_bytes:
+            return
+        self._specs[task_id] = kept
+        self._specs_bytes += len(kept[1])
+        while self._specs_bytes > self.spec_cache_bytes:
+            _task_id, (_spec, evicted) = self._specs.popitem(last=False)
+            self._specs_bytes -= len(evicted)
 
     def _settle(self, pending: PendingCommit, written: bool, reply: Sequence[Any] = ()) -> bool:
         """Keep a written record and tell :attr:`dispatched` of its outbox entries (their ids

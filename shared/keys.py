@@ -69,7 +69,9 @@ Keys
     ``orga:P:mcp_reply:{task_id}:{nonce}``  list: a tool worker's answer to one listing request
     ``orga:P:review_claim:{review_id}``  string: the one decision sent for a review (JSON: by,
                                  decision, entry_id), set with the control entry by one script
-    ``orga:P:stats:status``      hash: number of tasks in each status (kept by the commit script)
+    ``orga:P:stats:status``      hash: ``{status}`` -> tasks added in it (create, purge) and
+                                 ``{from}>{to}`` -> tasks a commit moved (the commit script);
+                                 tasks in each status: :func:`status_counts`, never the fields
     ``orga:heartbeats``          sorted set: dispatch liveness id -> last heartbeat time (a
                                  running call), or minus its end time (answered); workers write;
                                  with a reasoning's answer, its mark (how the answer went
@@ -116,7 +118,7 @@ TTLs
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 __all__ = [
@@ -208,6 +210,7 @@ __all__ = [
     "schedules_due_key",
     "schedules_key",
     "schedules_queued_key",
+    "status_counts",
     "status_counts_key",
     "task_index_key",
     "task_key",
@@ -538,8 +541,25 @@ def open_reviews_key(partition: int) -> str:
 
 
 def status_counts_key(partition: int) -> str:
-    """Hash: tasks of the partition in each status, ``orga:{p:NN}:stats:status``."""
+    """Hash: tasks of the partition in each status, ``orga:{p:NN}:stats:status``: a field
+    ``{status}`` adds its value to the status, a field ``{from}>{to}`` (a commit's change of
+    status, one ``HINCRBY``) moves its value from one to the other (:func:`status_counts`)."""
     return _in(partition, "stats:status")
+
+
+def status_counts(stored: Mapping[str, str] | Mapping[bytes, bytes]) -> dict[str, int]:
+    """Tasks in each status, from a :func:`status_counts_key` hash (its ``{from}>{to}`` fields
+    moved from one status to the other); a status that no task ever reached is absent."""
+    counts: dict[str, int] = {}
+    for raw, value in stored.items():
+        name = raw.decode() if isinstance(raw, bytes) else raw
+        n = int(value)
+        source, moved, target = name.partition(">")
+        if moved:
+            counts[source] = counts.get(source, 0) - n
+            name = target
+        counts[name] = counts.get(name, 0) + n
+    return counts
 
 
 def partition_streams(partitions: int, stream: Callable[[int], str]) -> list[str]:

@@ -4,12 +4,13 @@ a cancel) applied to one task record, by the sections it is made of."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 
 from coordinator.liveness import Liveness
 from coordinator.machine.acting import Acting
 from coordinator.machine.approvals import Approvals
 from coordinator.machine.budget import Budget
-from coordinator.machine.core import Effects, MachineCore, MachineSettings
+from coordinator.machine.core import Effects, MachineCore
 from coordinator.machine.critics import Critics
 from coordinator.machine.delegation import Delegation
 from coordinator.machine.limits import Limits
@@ -69,22 +70,64 @@ class TaskMachine(MachineCore):
     :class:`Approvals` (tool calls the gate held for a human).
     """
 
-    def __init__(self, record: TaskRecord, now: float, settings: MachineSettings) -> None:
-        super().__init__(record, now, settings)
-        self.planning = Planning(self)
-        self.steps = Steps(self)
-        self.reasoning = Reasoning(self)
-        self.acting = Acting(self)
-        self.observing = Observing(self)
-        self.prehydration = PreHydration(self)
-        self.limits = Limits(self)
-        self.reviews = Reviews(self)
-        self.redelivery = Redelivery(self)
-        self.delegation = Delegation(self)
-        self.critics = Critics(self)
-        self.outages = Outages(self)
-        self.approvals = Approvals(self)
-        self.budget = Budget(self)
+    # The sections, each built on its first use: an input reaches a few of the fourteen (a
+    # machine is built per input the coordinator applies).
+
+    @cached_property
+    def planning(self) -> Planning:
+        return Planning(self)
+
+    @cached_property
+    def steps(self) -> Steps:
+        return Steps(self)
+
+    @cached_property
+    def reasoning(self) -> Reasoning:
+        return Reasoning(self)
+
+    @cached_property
+    def acting(self) -> Acting:
+        return Acting(self)
+
+    @cached_property
+    def observing(self) -> Observing:
+        return Observing(self)
+
+    @cached_property
+    def prehydration(self) -> PreHydration:
+        return PreHydration(self)
+
+    @cached_property
+    def limits(self) -> Limits:
+        return Limits(self)
+
+    @cached_property
+    def reviews(self) -> Reviews:
+        return Reviews(self)
+
+    @cached_property
+    def redelivery(self) -> Redelivery:
+        return Redelivery(self)
+
+    @cached_property
+    def delegation(self) -> Delegation:
+        return Delegation(self)
+
+    @cached_property
+    def critics(self) -> Critics:
+        return Critics(self)
+
+    @cached_property
+    def outages(self) -> Outages:
+        return Outages(self)
+
+    @cached_property
+    def approvals(self) -> Approvals:
+        return Approvals(self)
+
+    @cached_property
+    def budget(self) -> Budget:
+        return Budget(self)
 
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step (ignored when

@@ -11,13 +11,14 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
-from coordinator.state import TaskRecord
+from coordinator.state import ChildRef, TaskRecord, TaskStatus
 from shared import keys
-from shared.task_spec import parse_task
+from shared.task_spec import parse_task, parse_task_text
 from tests.redis_server import RedisClientFactory
 
 SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"), block_ms=10)
@@ -243,3 +244,150 @@ def test_on_several_partitions_an_entry_is_created_in_its_tasks_partition_only(
             assert {keys.partition_of(t, 4) for t in created} == {wrong}
 
     asyncio.run(run())
+
+
+def test_a_new_task_is_created_started_in_one_script(redis_client: RedisClientFactory) -> None:
+    """A task that is no sub-agent's is created with its start committed in one script call:
+    stored at version 1 and running (no version 0 written), counted once (``running``, never
+    ``pending``), active, indexed, due at its dispatch's deadline, leased to its starter, its
+    idempotency key taken and its intake entry acknowledged; the dispatch is on the outbox and
+    the record kept for the task's next answer."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        scripts: list[int] = []
+        sent = mine.store._commit.__call__
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            scripts.append(1)
+            return await sent(*args, **kwargs)
+
+        mine.store._commit = counted  # type: ignore[assignment,method-assign]
+        create = mine.store.create
+
+        async def refused(*_args: object, **_kwargs: object) -> None:
+            raise AssertionError("created apart from its start")
+
+        mine.store.create = refused  # type: ignore[assignment,method-assign]
+        await _submit(client, "t", _keyed("key-t"))
+        await mine._intake_once()
+        mine.store.create = create  # type: ignore[method-assign]
+        assert scripts == [1]
+        task = await client.hgetall(keys.task_key("t", 0))
+        assert task["version"] == "1" and task["status"] == "running"
+        assert keys.status_counts(await client.hgetall(keys.status_counts_key(0))) == {"running": 1}
+        assert await client.smembers(keys.active_tasks_key(0)) == {"t"}
+        assert await client.zscore(keys.task_index_key(0), "t") is not None
+        record = mine.store.peek_kept("t")
+        assert record is not None and record.awaiting is not None
+        deadline = await client.zscore(keys.deadlines_key(0), "t")
+        assert deadline == round(record.awaiting.deadline, 6)
+        assert await client.get(keys.lease_key("t", 0)) == "mine"
+        assert "t" in mine._held
+        assert await client.get(keys.idempotency_key("key-t", 0)) == "t"
+        summary = await client.xpending(keys.intake_stream(0), keys.coordinator_group)
+        assert summary["pending"] == 0
+        assert len(await _events(client, "accepted")) == 1
+        assert await client.xlen(keys.commit_outbox_stream(0)) == 1
+        assert await client.xlen(keys.journal_stream("t", 0)) == 1
+
+    _scenario(redis_client, body)
+
+
+def test_a_resubmission_of_a_live_tasks_id_leaves_its_kept_record(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Review of branch ``coord``: a client retrying a submission with the id of a task that
+    is running (a duplicate) changes nothing of that task, nor of what this coordinator keeps
+    of it (the record for its next answer, the conversation stored, its spec's JSON): on
+    ``main`` the create script answered ``duplicate`` before anything was prepared;
+    ``_create_started`` prepares a commit of a fresh record under the live task's id, which
+    takes the live task's kept record and forgets its stored conversation."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _submit(client, "t")
+        await mine._intake_once()
+        kept = mine.store.peek_kept("t")
+        assert kept is not None and kept.version == 1
+        stored, spec = mine.store._stored.get("t"), mine.store._specs.get("t")
+        assert stored is not None and spec is not None
+        await _submit(client, "t")  # the client's retry
+        await mine._intake_once()
+        assert len(await _events(client, "duplicate")) == 1
+        assert mine.store.peek_kept("t") is kept, "the live task's kept record was dropped"
+        assert mine.store._stored.get("t") is stored, "its stored conversation was forgotten"
+        assert mine.store._specs.get("t") is spec, "its spec's JSON was replaced"
+
+    _scenario(redis_client, body)
+
+
+async def _parent(client: Redis, task_id: str, status: TaskStatus, child: str = "") -> None:
+    """A parent task stored as its commits leave it, having created ``child`` for call ``c``."""
+    children = [ChildRef(task_id=child, agent="a", call_id="c", step_id="s", iteration=0)]
+    record = TaskRecord(
+        task_id=task_id,
+        spec=parse_task(TASK),
+        created_at=0.0,
+        updated_at=0.0,
+        status=status,
+        children=children if child else [],
+    )
+    await client.hset(
+        keys.task_key(task_id, 0),
+        mapping={"state": record.model_dump_json(), "status": status.value, "version": "1"},
+    )
+
+
+def _yaml_child(parent: str) -> str:
+    return (
+        "goal: g\nsteps:\n  - id: s\n    instruction: do it\n"
+        f"delegation:\n  task_id: {parent}\n  step_id: s\n  iteration: 0\n  call_id: c\n"
+    )
+
+
+def test_a_task_naming_a_parent_in_yaml_is_not_started_when_its_parent_ended(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Review of branch ``coord``: whether a task is a sub-agent's is read from its text
+    (``parent_link``: JSON holding ``"delegation"``) to choose to create it started, while its
+    spec (YAML, or JSON with the key escaped) may name a parent all the same. On ``main`` such
+    a task is created, then checked against its parent (``_parent_ended``) and cancelled when
+    the parent ended; created started, it skips that check and runs. (The parent recorded the
+    child: a parent that did not is refused, below.)"""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _parent(client, "gone", TaskStatus.COMPLETED, child="gone.1")
+        await client.xadd(keys.intake_stream(0), {"task_id": "gone.1", "task": _yaml_child("gone")})
+        await mine._intake_once()
+        record = await mine.store.load("gone.1")
+        assert record is not None and record.spec.delegation is not None
+        assert record.status.value == "aborted", (
+            f"a task whose parent ended is {record.status.value}, not cancelled"
+        )
+
+    _scenario(redis_client, body)
+
+
+ESCAPED = json.dumps(
+    {**TASK, "delegation": {"task_id": "p", "step_id": "s", "iteration": 0, "call_id": "c"}}
+).replace('"delegation"', '"\\u0064elegation"')
+
+
+@pytest.mark.parametrize("text", [_yaml_child("p"), ESCAPED], ids=["yaml", "escaped-json"])
+def test_a_task_naming_a_live_parent_that_did_not_create_it_is_refused_in_any_form(
+    redis_client: RedisClientFactory, text: str
+) -> None:
+    """A submitted task naming a live parent that did not record it as that call's child is
+    refused however its spec is written: before, the recorded-child check read the text as JSON
+    holding ``"delegation"`` (``parent_link``), so YAML or an escaped key made a sub-agent of any
+    live parent (on ``main`` too)."""
+
+    async def body(client: Redis, mine: Coordinator, _theirs: Coordinator) -> None:
+        await _parent(client, "p", TaskStatus.RUNNING)
+        assert parse_task_text(text).delegation is not None  # the spec does name the parent
+        await client.xadd(keys.intake_stream(0), {"task_id": "p.1", "task": text})
+        await mine._intake_once()
+        assert await mine.store.load("p.1") is None
+        rejected = await _events(client, "rejected")
+        assert len(rejected) == 1 and "which did not create it" in rejected[0]["error"], rejected
+
+    _scenario(redis_client, body)

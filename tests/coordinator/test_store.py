@@ -121,6 +121,57 @@ def test_the_active_set_is_written_only_when_the_status_changes(
     _scenario(redis_url, body)
 
 
+def test_a_change_of_status_is_one_count_and_the_purge_takes_it_out(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The status counts: a creation adds its status, a commit that changes the status sends
+    one ``HINCRBY`` (a ``{from}>{to}`` field), one that keeps it none; read as tasks per status
+    (the ``orga_tasks`` gauge), and a purged task leaves its status's count."""
+
+    async def hincrbys(client: Redis) -> int:
+        stats = await client.info("commandstats")
+        return int(stats.get("cmdstat_hincrby", {}).get("calls", 0))
+
+    async def counts(client: Redis) -> dict[str, int]:
+        return keys.status_counts(await client.hgetall(keys.status_counts_key(0)))
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("t")
+        await store.create(record)
+        assert await counts(client) == {"pending": 1}
+        machine = _machine(record)
+        before = await hincrbys(client)
+        await store.commit(machine.record, machine.start())
+        assert await hincrbys(client) == before + 1
+        assert await counts(client) == {"pending": 0, "running": 1}
+        same = _machine(record, now=12.0)
+        same.record.error = "touched"
+        await store.commit(same.record, same.effects)
+        assert await hincrbys(client) == before + 1
+        ended = _machine(record, now=13.0)
+        await store.commit(ended.record, ended.cancel("stop"))
+        assert await hincrbys(client) == before + 2
+        assert await counts(client) == {"pending": 0, "running": 0, "aborted": 1}
+        assert await store.purge_finished(100.0) == 1
+        assert await counts(client) == {"pending": 0, "running": 0, "aborted": 0}
+
+    _scenario(redis_url, body)
+
+
+def test_status_counts_read_moves_as_minus_one_and_plus_one() -> None:
+    """``{from}>{to}`` fields move their value; plain fields add theirs (an older version's
+    ``-1``/``+1`` pairs read the same), bytes or text."""
+    stored = {
+        b"pending": b"3",
+        b"pending>running": b"2",
+        b"running>completed": b"1",
+        b"running": b"-1",
+    }
+    assert keys.status_counts(stored) == {"pending": 1, "running": 0, "completed": 1}
+    assert keys.status_counts({"failed": "2"}) == {"failed": 2}
+    assert keys.status_counts({}) == {}
+
+
 def test_commit_is_compare_and_set(redis_url: str, redis_client: Any) -> None:
     """A commit from a stale version is refused and writes nothing."""
 
