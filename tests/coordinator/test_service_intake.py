@@ -391,3 +391,38 @@ def test_a_task_naming_a_live_parent_that_did_not_create_it_is_refused_in_any_fo
         assert len(rejected) == 1 and "which did not create it" in rejected[0]["error"], rejected
 
     _scenario(redis_client, body)
+
+
+def test_a_kept_record_of_a_purged_task_is_not_taken_for_its_ids_new_task(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Review of ``fixc`` (e4913dc covers a purged id reused by this coordinator): a record
+    this coordinator kept of a task it lost (its lease taken over; the task then ended there
+    and was purged after the retention) is confirmed by its version alone. A new task of that
+    id, created by another coordinator, that reaches the same version is answered with the
+    old task's record (``load``, ``_decide``'s unconfirmed copy whose commit the version's
+    compare-and-set then accepts). Nothing drops kept records when a lease is lost."""
+
+    async def body(client: Redis, mine: Coordinator, theirs: Coordinator) -> None:
+        await _submit(client, "t", {**TASK, "goal": "first"})
+        await mine._intake_once()
+        kept = mine.store.peek_kept("t")
+        assert kept is not None and kept.spec.goal == "first"
+        # elsewhere: its lease lost, the task ended by another coordinator and purged
+        await client.delete(
+            keys.task_key("t", 0),
+            keys.conversation_key("t", 0),
+            keys.lease_key("t", 0),
+            keys.journal_stream("t", 0),
+            keys.journal_sequence_key("t", 0),
+        )
+        await _submit(client, "t", {**TASK, "goal": "second"})
+        await theirs._intake_once()
+        stored = await theirs.store.load("t")
+        assert stored is not None and stored.spec.goal == "second"
+        assert stored.version == kept.version
+        record = await mine.store.load("t")
+        assert record is not None
+        assert record.spec.goal == "second", "the purged task's kept record was taken as current"
+
+    _scenario(redis_client, body)
