@@ -1136,6 +1136,10 @@ class Coordinator:
         lost, ended = await self.store.renew_held(sorted(self._held), self.name, self._lease_ms)
         self._held.difference_update(lost)
         self._held.difference_update(ended)
+        # what this coordinator kept of them is not kept current any more (another may commit
+        # them, or create a new task of the id once purged): loaded again when next needed
+        self.store.drop_kept(lost)
+        self.store.drop_kept(ended)
 
     async def _purge(self, partitions: list[int]) -> None:
         """Delete the served partitions' finished tasks older than the retention (state,
@@ -1230,7 +1234,7 @@ class Coordinator:
     async def _stale(self, record: TaskRecord, confirmed: bool) -> bool:
         """Whether a kept record's verdict must be redone: it was never confirmed current and
         Redis now holds another version."""
-        return not confirmed and not await self.store.is_current(record.task_id, record.version)
+        return not confirmed and not await self.store.is_current(record)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -1,6 +1,7 @@
 """Task state in Redis: created once, updated by compare-and-set together with its effects.
 
-``commit`` runs one Lua script that, atomically, checks the record's version, writes the new
+``commit`` runs one Lua script that, atomically, checks the record's version (and creation
+time: a task of that id created anew after a purge may reach the same version), writes the new
 state, acknowledges the stream entry that caused the change (an observation: deletes it, its
 delivery dropped by the next claim on Redis 7.0.4 and later, acknowledged too before), appends
 the commit's journal
@@ -56,6 +57,7 @@ class CommitConflictError(OrgaError):
 _COMMIT = """
 local extra = cjson.decode(ARGV[8])
 local previous
+local stamp = false  -- the record's created_at is written with it (its first write)
 local create = extra.create
 if create then
   -- A new task created started (TaskStore.create_started): _CREATE's checks, then its start
@@ -85,24 +87,35 @@ if create then
     redis.call('SET', KEYS[17], extra.task_id, 'EX', create.idem_ttl)
   end
   redis.call('ZADD', KEYS[18], create.created_at, extra.task_id)
+  stamp = true
   previous = false  -- no status before: counted in ARGV[4], added to the active set below
 else
-  local held = redis.call('HMGET', KEYS[1], 'version', 'status')
+  -- The version and the creation time: a task of this id created anew (the one this record
+  -- is of purged) may reach the same version. A record without created_at (written before it
+  -- was stored) is confirmed by its version alone, and has it written with this commit.
+  local held = redis.call('HMGET', KEYS[1], 'version', 'status', 'created_at')
   local current = held[1]
   if (current or '') ~= ARGV[1] then return {0, current or ''} end
+  if held[3] and held[3] ~= extra.created_at then return {0, current} end
   previous = held[2]
+  if not held[3] then stamp = true end
 end
 -- The status counts (keys.status_counts_key): a change of status is one HINCRBY of the field
 -- "{previous}>{status}" (read as -1 previous, +1 status); a new status alone is "{status}".
 if previous ~= ARGV[4] then
   redis.call('HINCRBY', KEYS[9], previous and (previous .. '>' .. ARGV[4]) or ARGV[4], 1)
 end
-if extra.terminal then  -- the end's time with the state: one HSET
-  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4],
-             'finished_at', extra.now)
-else
-  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4])
+-- One HSET: the state, with the end's time and the creation time when they are written.
+local fields = {'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4]}
+if extra.terminal then
+  fields[#fields + 1] = 'finished_at'
+  fields[#fields + 1] = extra.now
 end
+if stamp then
+  fields[#fields + 1] = 'created_at'
+  fields[#fields + 1] = extra.created_at
+end
+redis.call('HSET', KEYS[1], unpack(fields))
 if ARGV[5] ~= '' then
   -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
   local acked = KEYS[tonumber(ARGV[6])]
@@ -195,7 +208,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
   return {0, ARGV[2]}
 end
-redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4])
+redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4],
+           'created_at', ARGV[6])
 redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
 if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[5]) end
 redis.call('SADD', KEYS[3], ARGV[2])
@@ -330,9 +344,10 @@ class TaskStore:
 
     A record this store created or committed is kept parsed (up to ``record_cache_bytes`` of
     JSON, least recently written evicted first; terminal records are not kept): the next ``load``
-    of the task then reads only its ``version`` and, when no one committed since, hands that
-    record back instead of reading and parsing the whole state again, which is the largest part
-    of an apply for a long conversation. A record returned by ``load`` belongs to the caller;
+    of the task then reads only its ``version`` and ``created_at`` and, when no one committed
+    since (and the task was not purged and created anew), hands that record back instead of
+    reading and parsing the whole state again, which is the largest part of an apply for a
+    long conversation. A record returned by ``load`` belongs to the caller;
     it is kept again only once committed.
     """
 
@@ -410,10 +425,8 @@ class TaskStore:
         p = self.partition(task_id)
         key = keys.task_key(task_id, p)
         kept = self._take(task_id)
-        if kept is not None:
-            version = await self.redis.hget(key, "version")
-            if version is not None and _text(version) == str(kept.version):
-                return kept
+        if kept is not None and _confirms(kept, await self.redis.hmget(key, _IDENTITY)):
+            return kept
         pipe = self.redis.pipeline(transaction=True)
         pipe.hget(key, "state")
         pipe.lrange(keys.conversation_key(task_id, p), 0, -1)
@@ -458,10 +471,17 @@ class TaskStore:
         self._kept.clear()
         self._kept_bytes = 0
 
+    def drop_kept(self, task_ids: Iterable[str]) -> None:
+        """Drop the kept records of tasks this store's owner no longer holds (lease lost, or
+        ended elsewhere): nothing it writes of them any more keeps them current."""
+        for task_id in task_ids:
+            self._take(task_id)
+
     def take_kept(self, task_id: str) -> TaskRecord | None:
         """The record kept from this store's last write of the task, unchecked; it is the
         caller's now. It may be stale if another coordinator committed since: commit it (the
-        compare-and-set refuses a stale version) or confirm it with :meth:`is_current`."""
+        compare-and-set refuses a stale version, or another task of that id) or confirm it with
+        :meth:`is_current`."""
         return self._take(task_id)
 
     def peek_kept(self, task_id: str) -> TaskRecord | None:
@@ -469,10 +489,12 @@ class TaskStore:
         kept = self._kept.get(task_id)
         return kept[0] if kept is not None else None
 
-    async def is_current(self, task_id: str, version: int) -> bool:
-        """Whether ``version`` is still the stored version of the task."""
-        stored = await self.redis.hget(keys.task_key(task_id, self.partition(task_id)), "version")
-        return stored is not None and _text(stored) == str(version)
+    async def is_current(self, record: TaskRecord) -> bool:
+        """Whether ``record`` is still the stored one: its version, of the same task (its
+        ``created_at``: a task of that id created anew may reach the same version)."""
+        task_id = record.task_id
+        key = keys.task_key(task_id, self.partition(task_id))
+        return _confirms(record, await self.redis.hmget(key, _IDENTITY))
 
     def _take(self, task_id: str) -> TaskRecord | None:
         kept = self._kept.pop(task_id, None)
@@ -767,6 +789,7 @@ class TaskStore:
         closed = [e["review_id"] for e in effects.events if e.get("event") in closing]
         return {
             "task_id": record.task_id,
+            "created_at": f"{record.created_at:.6f}",  # the task's identity with its id
             "terminal": record.status in TERMINAL_STATUSES,
             "deadline": f"{record.next_deadline():.6f}",
             "now": f"{record.updated_at:.6f}",
@@ -1063,3 +1086,20 @@ def _key_index(script_keys: list[str], stream: str) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_IDENTITY: Final = ("version", "created_at")
+"""The fields that confirm a kept record is the stored one (``HMGET``, in this order)."""
+
+
+def _confirms(record: TaskRecord, stored: Sequence[Any]) -> bool:
+    """Whether the stored ``version`` and ``created_at`` (:data:`_IDENTITY`) are ``record``'s:
+    its version, of the same task (a task of that id created anew may reach that version). A
+    task stored without ``created_at`` (created before it was stored) is confirmed by its
+    version alone, until its next commit writes it."""
+    version, created_at = stored
+    return (
+        version is not None
+        and _text(version) == str(record.version)
+        and (created_at is None or _text(created_at) == f"{record.created_at:.6f}")
+    )

@@ -396,12 +396,10 @@ def test_a_task_naming_a_live_parent_that_did_not_create_it_is_refused_in_any_fo
 def test_a_kept_record_of_a_purged_task_is_not_taken_for_its_ids_new_task(
     redis_client: RedisClientFactory,
 ) -> None:
-    """Review of ``fixc`` (e4913dc covers a purged id reused by this coordinator): a record
-    this coordinator kept of a task it lost (its lease taken over; the task then ended there
-    and was purged after the retention) is confirmed by its version alone. A new task of that
-    id, created by another coordinator, that reaches the same version is answered with the
-    old task's record (``load``, ``_decide``'s unconfirmed copy whose commit the version's
-    compare-and-set then accepts). Nothing drops kept records when a lease is lost."""
+    """A record this coordinator kept of a task it lost (its lease taken over; the task then
+    ended there and was purged after the retention) is not taken for a new task of that id
+    created by another coordinator at the same version: ``load`` (and the commit's
+    compare-and-set) confirm a kept record by its ``created_at`` as well as its version."""
 
     async def body(client: Redis, mine: Coordinator, theirs: Coordinator) -> None:
         await _submit(client, "t", {**TASK, "goal": "first"})
@@ -424,5 +422,23 @@ def test_a_kept_record_of_a_purged_task_is_not_taken_for_its_ids_new_task(
         record = await mine.store.load("t")
         assert record is not None
         assert record.spec.goal == "second", "the purged task's kept record was taken as current"
+
+    _scenario(redis_client, body)
+
+
+def test_a_lease_lost_drops_the_kept_record_of_its_task(redis_client: RedisClientFactory) -> None:
+    """The renewal that finds a held task's lease taken over (or the task ended elsewhere)
+    drops what this coordinator kept of it: another coordinator commits it from then on."""
+
+    async def body(client: Redis, mine: Coordinator, theirs: Coordinator) -> None:
+        await _submit(client, "lost")
+        await _submit(client, "kept")
+        await mine._intake_once()
+        assert mine.store.peek_kept("lost") is not None
+        await client.set(keys.lease_key("lost", 0), "theirs")
+        mine._last_renewal = float("-inf")  # due now
+        await mine._renew_leases()
+        assert mine.store.peek_kept("lost") is None
+        assert mine.store.peek_kept("kept") is not None
 
     _scenario(redis_client, body)

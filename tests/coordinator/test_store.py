@@ -191,6 +191,51 @@ def test_commit_is_compare_and_set(redis_url: str, redis_client: Any) -> None:
     _scenario(redis_url, body)
 
 
+def test_a_record_of_another_task_of_that_id_at_the_same_version_is_refused(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A commit is checked on the task's creation time as well as its version: the record of
+    a purged task is refused on a new task of that id at the same version (nothing written),
+    and neither ``is_current`` nor ``load`` takes it for the stored one."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        old = _record("t")
+        await store.create(old)
+        await client.delete(keys.task_key("t", 0))  # purged; a new task of that id created
+        other = TaskStore(client)
+        new = _record("t").model_copy(update={"created_at": 20.0})
+        await other.create(new)
+        assert old.version == new.version == 0
+        assert not await store.is_current(old)
+        machine = _machine(old)
+        with pytest.raises(CommitConflictError):
+            await store.commit(machine.record, machine.start())
+        assert await client.xlen(keys.journal_stream("t", 0)) == 0
+        loaded = await store.load("t")
+        assert loaded is not None and loaded.created_at == 20.0
+
+    _scenario(redis_url, body)
+
+
+def test_a_task_stored_without_its_creation_time_is_confirmed_by_version_then_stamped(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A task created before ``created_at`` was stored in its hash is committed as before
+    (confirmed by its version alone); that commit writes its ``created_at``."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        record = _record("t")
+        await store.create(record)
+        await client.hdel(keys.task_key("t", 0), "created_at")
+        assert await store.is_current(record)
+        machine = _machine(record)
+        await store.commit(machine.record, machine.start())
+        assert await client.hget(keys.task_key("t", 0), "created_at") == b"10.000000"
+        assert await store.is_current(machine.record)
+
+    _scenario(redis_url, body)
+
+
 def test_leases_are_exclusive_and_renewable(redis_url: str, redis_client: Any) -> None:
     """Only one coordinator holds a lease; only the holder renews or releases it."""
 
