@@ -406,3 +406,38 @@ def test_two_calls_opening_a_new_workspace_together_copy_its_template_once(
     asyncio.run(both())
     assert (workspace / "a.txt").read_text() == "a"
     assert len(copies) == 1, f"the template was copied {len(copies)} times: {copies}"
+
+
+def test_calls_opening_a_new_workspace_together_each_get_its_copy_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared copy's failure is raised to every call that awaited it, and the next call
+    tries again (nothing of the failed copy is kept)."""
+    import workers.workspaces
+
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "a.txt").write_text("a")
+    real_copytree = shutil.copytree
+    copies: list[str] = []
+
+    def copytree(src: Any, dst: Any, **kwargs: Any) -> Any:
+        copies.append(str(dst))
+        if len(copies) == 1:
+            raise OSError(28, "No space left on device")
+        return real_copytree(src, dst, **kwargs)
+
+    monkeypatch.setattr(workers.workspaces.shutil, "copytree", copytree)
+    workspace = tmp_path / "ws" / "t"
+
+    async def go() -> list[Any]:
+        def open_it() -> Any:
+            return workers.workspaces.open_task_workspace(workspace, str(template))
+
+        failed = await asyncio.gather(open_it(), open_it(), return_exceptions=True)
+        return [*failed, await open_it()]
+
+    first, second, third = asyncio.run(go())
+    assert isinstance(first, OSError) and isinstance(second, OSError)
+    assert third == workspace and (workspace / "a.txt").read_text() == "a"
+    assert len(copies) == 2
