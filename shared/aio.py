@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["new_event_loop", "run"]
+__all__ = ["finish_uncancelled", "new_event_loop", "run"]
 
 _T = TypeVar("_T")
 
@@ -30,3 +30,21 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
     """``asyncio.run(main)`` on :func:`new_event_loop`'s loop."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(main)
+
+
+async def finish_uncancelled(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """``coroutine`` run to its end even when the caller is cancelled meanwhile (a write whose
+    effect must be complete or absent, never half there); the cancellation is then raised, after
+    it. A cancellation of ``coroutine`` itself is raised at once."""
+    work = asyncio.ensure_future(coroutine)
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if work.cancelled():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return work.result()

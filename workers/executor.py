@@ -41,6 +41,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from shared.actions import Observation, ToolCallAction
+from shared.aio import finish_uncancelled
 from shared.durations import format_duration
 from shared.events import RecoveryTriggered
 from shared.inference import ToolDefinition
@@ -298,7 +299,9 @@ class _Batch:
             return self._answered(tool_name, call_id, replayed)
         attempt = await self._run_in(tool_name, tool, call_id, arguments, context)
         if attempt.outcome is CallOutcome.SUCCEEDED and not attempt.observation.is_error:
-            await applied.put(key, _output_of(attempt.observation))
+            # The tool applied: its record is written whole even when the call is cancelled
+            # now (a cold shutdown), so a redelivery replays it instead of applying it again.
+            await finish_uncancelled(applied.put(key, _output_of(attempt.observation)))
         return attempt
 
     async def _run_in(

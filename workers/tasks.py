@@ -162,8 +162,10 @@ def cancel_running_calls() -> None:
     """Cancel the calls this process's threads run on its loop, and every later one: a cold
     shutdown of a thread-pool worker (:mod:`orga.celery`), which has no pool process to kill.
     A cancelled call's commands are killed by their launcher as it unwinds, and it answers
-    nothing (the coordinator sends it again); the thread waiting for it then returns. Callable
-    from any thread and from a signal handler; nothing to do when no call ever ran."""
+    nothing (its message goes back to its queue); the thread waiting for it then returns. Only
+    a call's work is cancelled: a call whose work has ended publishes its answer and is acked
+    (:func:`_answer`), lest the answer be written and its command run again on redelivery.
+    Callable from any thread and from a signal handler; nothing to do when no call ever ran."""
     global _cancelling  # noqa: PLW0603
     _cancelling = True
     runtime = _services
@@ -256,19 +258,29 @@ async def _answer(
         work = asyncio.ensure_future(
             run_dispatch(request, runtime, passthrough=RETRIED_REDIS_ERRORS)
         )
+    current = asyncio.current_task()
     try:
         with runtime.liveness.watching(request.fence.task_id, work):
             outcome = await work
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if not work.cancelled() or (current is not None and current.cancelling()):
+        if _cancelling and work.done() and not work.cancelled() and current is not None:
+            # A cold shutdown's cancellation reached the call as its work ended: the work's
+            # effects are done, so its answer is published and its message acked.
+            current.uncancel()
+            outcome = work.result()
+        elif not work.cancelled() or (current is not None and current.cancelling()):
             raise
-        # The task ended (cancelled, or with its parent): its commands were killed, and no
-        # one waits for an answer.
-        log.info("dispatch.abandoned", extra={"task_id": request.fence.task_id})
-        return None
+        else:
+            # The task ended (cancelled, or with its parent): its commands were killed, and no
+            # one waits for an answer.
+            log.info("dispatch.abandoned", extra={"task_id": request.fence.task_id})
+            return None
     finally:
         runtime.liveness.finished(fences)
+    # From here on the call only publishes what its work did: a cold shutdown does not cancel
+    # it (:func:`cancel_running_calls`), lest the answer be written AND the message requeued.
+    if current is not None:
+        _calls.discard(current)
     if not outcome.answers:
         await _publish(runtime, None, outcome.chained, fences)
     for index, each in enumerate(outcome.answers):

@@ -135,10 +135,32 @@ async def open_task_workspace(workspace: Path, template: str | None) -> Path:
     """A task's own workspace, made when missing by :func:`prepare_workspace` in a thread, off
     the event loop: a template's copy (a repository: seconds to minutes) would otherwise stall
     every call and heartbeat that shares the loop (a thread-pool tool worker's). A workspace
-    already there is returned at once, without a thread."""
+    already there is returned at once, without a thread.
+
+    Calls opening the same new workspace together (a turn's parallel tool calls) share one
+    copy: the first starts it, the others await it (its error too); a caller cancelled does
+    not cancel the copy the others wait for."""
     if workspace.exists():
         return workspace
-    return await asyncio.to_thread(prepare_workspace, workspace, template)
+    loop = asyncio.get_running_loop()
+    opening = _opening.get(workspace)
+    if opening is None or opening.get_loop() is not loop:
+        opening = loop.create_task(asyncio.to_thread(prepare_workspace, workspace, template))
+        _opening[workspace] = opening
+        opening.add_done_callback(functools.partial(_opened, workspace))
+    return await asyncio.shield(opening)
+
+
+_opening: dict[Path, asyncio.Task[Path]] = {}
+"""The workspaces being made by :func:`open_task_workspace`, each with the copy its callers
+await; an entry leaves when its copy ends."""
+
+
+def _opened(workspace: Path, opening: asyncio.Task[Path]) -> None:
+    if _opening.get(workspace) is opening:
+        del _opening[workspace]
+    if not opening.cancelled():
+        opening.exception()  # retrieved: every caller may have been cancelled meanwhile
 
 
 def prepare_workspace(workspace: Path, template: str | None) -> Path:

@@ -3,8 +3,11 @@ which ``celery inspect conf`` and Flower's configuration view show."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -183,6 +186,158 @@ def test_a_thread_pool_workers_cold_shutdown_cancels_its_running_call(
         loop.call_soon_threadsafe(loop.stop)
         runner.join(10)
         loop.close()
+
+
+def test_a_call_whose_answer_is_being_written_is_not_requeued_by_a_cold_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread-pool worker's cold shutdown cancels only a call's work: a call whose command
+    ran and whose answer is being written (its ``MULTI``/``EXEC`` sent, the reply not yet read)
+    writes it and is acked, not requeued, lest its command run a second time on redelivery."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from celery import Celery
+    from celery.exceptions import Reject
+
+    import workers.tasks
+    from shared.protocol import Fence, LoopConfig, ToolCallAction, ToolRequest
+    from workers.handlers import DispatchOutcome
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    written, reply = threading.Event(), asyncio.Event()
+
+    async def started(*_: Any) -> None:
+        return None
+
+    async def publish(_message: Any, _calls: Any, answered: Any = ()) -> None:
+        written.set()  # the transaction reached Redis: the answer is there
+        await reply.wait()  # its reply on the way back
+
+    async def dispatch(*_: Any, **__: Any) -> DispatchOutcome:
+        return DispatchOutcome(answers=[object()])  # type: ignore[list-item]  # the command ran
+
+    def run(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+    runtime = SimpleNamespace(
+        loop=loop,
+        run=run,
+        redis=None,
+        settings=SimpleNamespace(partitions=1),
+        started=started,
+        publish=publish,
+        liveness=_Liveness(),
+    )
+    monkeypatch.setattr(workers.tasks, "_services", runtime)
+    monkeypatch.setattr(workers.tasks, "_cancelling", False)
+    monkeypatch.setattr(workers.tasks, "run_dispatch", dispatch)
+    fence = Fence(task_id="t", step_id="s", iteration=1, attempt=1, nonce="n", call_id="c1")
+    request = ToolRequest(
+        fence=fence,
+        agent_id="a",
+        action=ToolCallAction(call_id="c1", name="shell", arguments="{}"),
+        workspace="/ws",
+        config=LoopConfig(),
+    )
+    raised: list[BaseException] = []
+
+    def pool_thread() -> None:
+        try:
+            workers.tasks._run_from_thread(
+                Celery(),
+                workers.tasks._answer(request, runtime, "tools"),  # type: ignore[arg-type]
+            )
+        except BaseException as exc:  # what the pool thread's task raised
+            raised.append(exc)
+
+    thread = threading.Thread(target=pool_thread)
+    thread.start()
+    try:
+        assert written.wait(10)
+        workers.tasks.cancel_running_calls()  # the SIGQUIT handler's work
+        loop.call_soon_threadsafe(reply.set)  # the reply arrives right after
+        thread.join(10)
+        assert not thread.is_alive()
+        requeued = [e for e in raised if isinstance(e, Reject) and e.requeue]
+        assert not requeued, (
+            "a call whose answer was written was rejected with requeue: its command runs again"
+        )
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+
+
+def test_a_cold_shutdown_reaching_a_call_as_its_work_ends_lets_it_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cold shutdown's cancellation that reaches a call once its work has ended (the work
+    done, the call not yet resumed) is withdrawn: the answer is published and the call ends
+    normally (acked), not requeued to run its command again."""
+    import asyncio
+
+    from celery import Celery
+
+    import workers.tasks
+    from shared.protocol import Fence, LoopConfig, ToolCallAction, ToolRequest
+    from workers.handlers import DispatchOutcome
+
+    published: list[object] = []
+
+    async def started(*_: Any) -> None:
+        return None
+
+    async def publish(message: Any, _calls: Any, answered: Any = ()) -> None:
+        published.append(message)
+
+    async def dispatch(*_: Any, **__: Any) -> DispatchOutcome:
+        workers.tasks.cancel_running_calls()  # lands before the call resumes from its work
+        return DispatchOutcome(answers=["ran"])  # type: ignore[list-item]
+
+    loop = asyncio.new_event_loop()
+    runtime = SimpleNamespace(
+        loop=loop,
+        run=loop.run_until_complete,
+        redis=None,
+        settings=SimpleNamespace(partitions=1),
+        started=started,
+        publish=publish,
+        liveness=_Liveness(),
+    )
+    monkeypatch.setattr(workers.tasks, "_services", runtime)
+    monkeypatch.setattr(workers.tasks, "_cancelling", False)
+    monkeypatch.setattr(workers.tasks, "run_dispatch", dispatch)
+    fence = Fence(task_id="t", step_id="s", iteration=1, attempt=1, nonce="n", call_id="c1")
+    request = ToolRequest(
+        fence=fence,
+        agent_id="a",
+        action=ToolCallAction(call_id="c1", name="shell", arguments="{}"),
+        workspace="/ws",
+        config=LoopConfig(),
+    )
+    try:
+        workers.tasks._run_from_thread(
+            Celery(),
+            workers.tasks._answer(request, runtime, "tools"),  # type: ignore[arg-type]
+        )
+    finally:
+        loop.close()
+    assert published == ["ran"]
+
+
+class _Liveness:
+    """A worker's liveness that watches nothing."""
+
+    @contextlib.contextmanager
+    def watching(self, _task_id: str, _work: Any) -> Iterator[None]:
+        yield
+
+    def finished(self, _fences: Any) -> None:
+        return None
 
 
 class _Consumer:

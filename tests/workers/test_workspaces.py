@@ -366,3 +366,78 @@ def test_a_workspace_template_is_not_copied_on_the_event_loop(
 
     loop_thread = asyncio.run(go())
     assert copied_on and loop_thread not in copied_on
+
+
+def test_two_calls_opening_a_new_workspace_together_copy_its_template_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of ``fixm``: the template copy moved to a thread, so the calls of one turn that
+    open a task's new workspace together (parallel tool calls) each see it missing and each
+    copy the whole template (a repository: minutes of I/O each) before one rename wins; on
+    the loop the second call found the first's copy. The copy should be shared (one per
+    workspace in flight)."""
+    import workers.workspaces
+
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "a.txt").write_text("a")
+    copies: list[str] = []
+    release = threading.Event()
+    real_copytree = shutil.copytree
+
+    def copytree(src: Any, dst: Any, **kwargs: Any) -> Any:
+        copies.append(str(dst))
+        release.wait(10)  # held until both calls have looked at the workspace
+        return real_copytree(src, dst, **kwargs)
+
+    monkeypatch.setattr(workers.workspaces.shutil, "copytree", copytree)
+    workspace = tmp_path / "ws" / "t"
+
+    async def both() -> None:
+        async def open_it() -> Path:
+            return await workers.workspaces.open_task_workspace(workspace, str(template))
+
+        async def let_go() -> None:
+            await asyncio.sleep(0)  # both calls have run up to their first await
+            release.set()
+
+        await asyncio.gather(open_it(), open_it(), let_go())
+
+    asyncio.run(both())
+    assert (workspace / "a.txt").read_text() == "a"
+    assert len(copies) == 1, f"the template was copied {len(copies)} times: {copies}"
+
+
+def test_calls_opening_a_new_workspace_together_each_get_its_copy_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared copy's failure is raised to every call that awaited it, and the next call
+    tries again (nothing of the failed copy is kept)."""
+    import workers.workspaces
+
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "a.txt").write_text("a")
+    real_copytree = shutil.copytree
+    copies: list[str] = []
+
+    def copytree(src: Any, dst: Any, **kwargs: Any) -> Any:
+        copies.append(str(dst))
+        if len(copies) == 1:
+            raise OSError(28, "No space left on device")
+        return real_copytree(src, dst, **kwargs)
+
+    monkeypatch.setattr(workers.workspaces.shutil, "copytree", copytree)
+    workspace = tmp_path / "ws" / "t"
+
+    async def go() -> list[Any]:
+        def open_it() -> Any:
+            return workers.workspaces.open_task_workspace(workspace, str(template))
+
+        failed = await asyncio.gather(open_it(), open_it(), return_exceptions=True)
+        return [*failed, await open_it()]
+
+    first, second, third = asyncio.run(go())
+    assert isinstance(first, OSError) and isinstance(second, OSError)
+    assert third == workspace and (workspace / "a.txt").read_text() == "a"
+    assert len(copies) == 2
