@@ -23,7 +23,8 @@ reached by the signals (see :class:`~shared.stagnation.config.StagnationConfig`)
 iteration (a turn with the results of its calls, one ``observe`` or one ``observe_batch``) at
 most, is never lowered within an episode, and, while no more than ``min_steps`` tool events
 and turns have passed since the last milestone, never above NONE on the tool side's evidence
-nor above NUDGE on the model's stale turns (re-issued plans, self-reports): the composite
+nor above NUDGE on the model's stale turns (re-issued plans, self-reports; and those only
+after at least one tool result since the last milestone or the task's start): the composite
 trigger is *steps > N and no milestone since the window start and no new result in the window*
 (or stale turns on the model's side).
 A verified milestone (:meth:`StagnationDetector.milestone`) resets the step counter and the
@@ -707,9 +708,11 @@ class StagnationDetector:
         so the model always gets a NUDGE and a REPLAN before a human is asked, even when the
         gate opens on a loop that is already long or one response holds many stale calls.
         Behind the closed step gate nothing raises it but the model's own stale turns (a
-        ``model_side`` step whose evidence is a re-issued plan or a self-report), and those to
+        ``model_side`` step whose evidence is a re-issued plan or a self-report, once at least
+        one tool result came in since the last milestone or the task's start), and those to
         NUDGE at most: the advice may come before ``min_steps`` steps, the alarm (REPLAN and
-        above) not; the tool side and a re-asked slot (a conversation's start) wait for the
+        above) not; a progress ledger's "no progress yet" before any tool ran is not a stall;
+        the tool side and a re-asked slot (a conversation's start) wait for the
         gate. The kind and the detail line stay those of the signal that last raised the level,
         so an episode does not flip between kinds while it holds a rung.
         """
@@ -718,6 +721,7 @@ class StagnationDetector:
             return False
         if not self._gate_open() and (
             not model_side
+            or self._since_milestone == 0
             or ep.level is not StagnationLevel.NONE
             or _STALE_TURN_REASONS.isdisjoint(signal.reasons)
         ):

@@ -107,6 +107,41 @@ def test_the_model_side_nudges_behind_the_step_gate_but_never_alarms() -> None:
     assert detector.observe_turn(STUCK).level is StagnationLevel.REPLAN
 
 
+LEDGER = (
+    '{"is_request_satisfied": {"reason": "nothing done yet", "answer": false}, '
+    '"is_in_loop": {"reason": "we have just started", "answer": false}, '
+    '"is_progress_being_made": {"reason": "no step has run yet", "answer": false}, '
+    '"next_speaker": {"reason": "%s", "answer": "WebSurfer"}}'
+)
+
+
+def test_no_nudge_reaches_the_model_before_any_tool_result() -> None:
+    """A Magentic-One style progress ledger answers ``is_progress_being_made: false`` while
+    nothing has been done yet ("we have just started"), which :func:`self_report` reads as
+    stuck. Two such turns at a task's start, before any tool ran, give no NUDGE: the model's
+    stale turns may NUDGE behind the gate only after a tool result since the last milestone or
+    the task's start (``58``'s reports at 9 and 13 all follow tool results)."""
+    detector = StagnationDetector()
+    verdicts = [
+        detector.observe_turn(ModelTurn.from_message(LEDGER % reason))
+        for reason in ("search the web for the paper", "open the first result")
+    ]
+    assert detector.counters()["total_steps"] == 0  # no tool event at all
+    nudged = [v for v in verdicts if v.escalated and v.level is not StagnationLevel.NONE]
+    assert not nudged, f"a NUDGE in the task's first turns, before any tool ran: {nudged}"
+
+
+def test_after_a_milestone_the_nudge_waits_for_a_tool_result_again() -> None:
+    """Behind the gate the model's stale turns NUDGE only once a tool result came in since the
+    last milestone: reports right after one raise nothing, the first result lets them."""
+    detector = StagnationDetector()
+    detector.observe(_news(0))
+    detector.milestone("found the paper")
+    assert [detector.observe_turn(STUCK).level for _ in range(2)] == [StagnationLevel.NONE] * 2
+    detector.observe(_news(1))
+    assert detector.observe_turn(STUCK).level is StagnationLevel.NUDGE
+
+
 def test_the_tool_side_raises_nothing_behind_the_gate() -> None:
     """The same page re-read exactly (stale to the output side) for four steps: NONE."""
     detector = StagnationDetector()

@@ -238,8 +238,9 @@ def test_a_turn_is_read_from_the_assistant_message() -> None:
 
 
 def test_a_conversation_stall_opens_the_gate_by_its_turns() -> None:
-    """No tool at all: replies asking the user again for what they asked already get their NUDGE
-    behind the step gate, and pass it (more than ``min_steps`` turns) to reach REPLAN."""
+    """No tool at all: replies asking the user again for what they asked already pass the step
+    gate (more than ``min_steps`` turns) and reach REPLAN; behind it they get no NUDGE, since no
+    tool result has come in (rule 12 wants one since the last milestone or the task's start)."""
     detector = StagnationDetector()
     asks = (
         "To calculate the amount charged to your card, please give me the total cost and the "
@@ -248,7 +249,7 @@ def test_a_conversation_stall_opens_the_gate_by_its_turns() -> None:
         "gift cards' amounts.",
     )
     levels = [detector.observe_turn(ModelTurn(text=asks[k % 2])).level for k in range(6)]
-    assert levels[:2] == [StagnationLevel.NONE] * 2
-    assert levels[2:4] == [StagnationLevel.NUDGE] * 2  # the second re-issue, behind the gate
-    assert levels[4] is StagnationLevel.REPLAN  # the fifth turn opens the gate
+    assert levels[:4] == [StagnationLevel.NONE] * 4  # behind the gate, no tool result yet
+    assert levels[4] is StagnationLevel.NUDGE  # the fifth turn opens the gate
+    assert levels[5] is StagnationLevel.REPLAN  # one rung per iteration
     assert detector.verdict().steps_since_milestone == 0
