@@ -120,7 +120,6 @@ def test_a_thread_pool_workers_cold_shutdown_cancels_its_running_call(
     import asyncio
     import signal
     import threading
-    from types import SimpleNamespace
 
     from celery.concurrency.prefork import TaskPool as PreforkTaskPool
     from celery.concurrency.thread import TaskPool as ThreadTaskPool
@@ -196,22 +195,17 @@ def test_a_call_whose_answer_is_being_written_is_not_requeued_by_a_cold_shutdown
     writes it and is acked, not requeued, lest its command run a second time on redelivery."""
     import asyncio
     import threading
-    from types import SimpleNamespace
 
     from celery import Celery
     from celery.exceptions import Reject
 
     import workers.tasks
-    from shared.protocol import Fence, LoopConfig, ToolCallAction, ToolRequest
     from workers.handlers import DispatchOutcome
 
     loop = asyncio.new_event_loop()
     runner = threading.Thread(target=loop.run_forever, daemon=True)
     runner.start()
     written, reply = threading.Event(), asyncio.Event()
-
-    async def started(*_: Any) -> None:
-        return None
 
     async def publish(_message: Any, _calls: Any, answered: Any = ()) -> None:
         written.set()  # the transaction reached Redis: the answer is there
@@ -223,26 +217,8 @@ def test_a_call_whose_answer_is_being_written_is_not_requeued_by_a_cold_shutdown
     def run(coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
-    runtime = SimpleNamespace(
-        loop=loop,
-        run=run,
-        redis=None,
-        settings=SimpleNamespace(partitions=1),
-        started=started,
-        publish=publish,
-        liveness=_Liveness(),
-    )
-    monkeypatch.setattr(workers.tasks, "_services", runtime)
-    monkeypatch.setattr(workers.tasks, "_cancelling", False)
-    monkeypatch.setattr(workers.tasks, "run_dispatch", dispatch)
-    fence = Fence(task_id="t", step_id="s", iteration=1, attempt=1, nonce="n", call_id="c1")
-    request = ToolRequest(
-        fence=fence,
-        agent_id="a",
-        action=ToolCallAction(call_id="c1", name="shell", arguments="{}"),
-        workspace="/ws",
-        config=LoopConfig(),
-    )
+    runtime = _tool_worker(monkeypatch, loop, run, publish, dispatch)
+    request = _shell_request()
     raised: list[BaseException] = []
 
     def pool_thread() -> None:
@@ -283,13 +259,9 @@ def test_a_cold_shutdown_reaching_a_call_as_its_work_ends_lets_it_answer(
     from celery import Celery
 
     import workers.tasks
-    from shared.protocol import Fence, LoopConfig, ToolCallAction, ToolRequest
     from workers.handlers import DispatchOutcome
 
     published: list[object] = []
-
-    async def started(*_: Any) -> None:
-        return None
 
     async def publish(message: Any, _calls: Any, answered: Any = ()) -> None:
         published.append(message)
@@ -299,9 +271,33 @@ def test_a_cold_shutdown_reaching_a_call_as_its_work_ends_lets_it_answer(
         return DispatchOutcome(answers=["ran"])  # type: ignore[list-item]
 
     loop = asyncio.new_event_loop()
+    runtime = _tool_worker(monkeypatch, loop, loop.run_until_complete, publish, dispatch)
+    request = _shell_request()
+    try:
+        workers.tasks._run_from_thread(
+            Celery(),
+            workers.tasks._answer(request, runtime, "tools"),  # type: ignore[arg-type]
+        )
+    finally:
+        loop.close()
+    assert published == ["ran"]
+
+
+def _tool_worker(
+    monkeypatch: pytest.MonkeyPatch, loop: Any, run: Any, publish: Any, dispatch: Any
+) -> Any:
+    """A thread-pool tool worker's services as ``workers.tasks`` sees them: ``loop`` its event
+    loop, ``run`` how a pool thread runs a coroutine there, ``publish`` its answers' write and
+    ``dispatch`` the call's work."""
+
+    import workers.tasks
+
+    async def started(*_: Any) -> None:
+        return None
+
     runtime = SimpleNamespace(
         loop=loop,
-        run=loop.run_until_complete,
+        run=run,
         redis=None,
         settings=SimpleNamespace(partitions=1),
         started=started,
@@ -311,22 +307,21 @@ def test_a_cold_shutdown_reaching_a_call_as_its_work_ends_lets_it_answer(
     monkeypatch.setattr(workers.tasks, "_services", runtime)
     monkeypatch.setattr(workers.tasks, "_cancelling", False)
     monkeypatch.setattr(workers.tasks, "run_dispatch", dispatch)
+    return runtime
+
+
+def _shell_request() -> Any:
+    """A tool call of ``shell`` on its own fence."""
+    from shared.protocol import Fence, LoopConfig, ToolCallAction, ToolRequest
+
     fence = Fence(task_id="t", step_id="s", iteration=1, attempt=1, nonce="n", call_id="c1")
-    request = ToolRequest(
+    return ToolRequest(
         fence=fence,
         agent_id="a",
         action=ToolCallAction(call_id="c1", name="shell", arguments="{}"),
         workspace="/ws",
         config=LoopConfig(),
     )
-    try:
-        workers.tasks._run_from_thread(
-            Celery(),
-            workers.tasks._answer(request, runtime, "tools"),  # type: ignore[arg-type]
-        )
-    finally:
-        loop.close()
-    assert published == ["ran"]
 
 
 class _Liveness:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.stagnation import ToolEvent, ToolKind
+from shared.stagnation import (
+    StagnationConfig,
+    StagnationDetector,
+    StagnationLevel,
+    ToolEvent,
+    ToolKind,
+)
 
-__all__ = ["REWORDED_REQUESTS", "reservation_lookup"]
+__all__ = ["REWORDED_REQUESTS", "grep_read", "reservation_lookup", "warmed_detector"]
 
 REWORDED_REQUESTS = (
     "Please look up the shipping rates for mailing a DVD from Hartford, Connecticut to "
@@ -29,3 +35,21 @@ def reservation_lookup(records: Sequence[str], number: int) -> ToolEvent:
         output=records[number],
         kind=ToolKind.READ,
     )
+
+
+def grep_read(word: str) -> ToolEvent:
+    """A ``grep`` for the definition of ``word``: a read whose answer is new for each word."""
+    return ToolEvent(
+        tool_name="bash",
+        arguments={"command": f"grep -n 'def {word}' app.py"},
+        output=f"app.py: def {word}(self, request, obj): handles the {word} step",
+        kind=ToolKind.READ,
+    )
+
+
+def warmed_detector() -> StagnationDetector:
+    """A detector with the defaults, past its step gate on five new reads."""
+    detector = StagnationDetector(StagnationConfig())
+    for word in ("alpha", "beta", "gamma", "delta", "epsilon"):
+        assert detector.observe(grep_read(word)).level is StagnationLevel.NONE
+    return detector

@@ -6,33 +6,17 @@ on before, and the same comparison made again, stay stale."""
 from __future__ import annotations
 
 from shared.stagnation import (
-    StagnationConfig,
     StagnationDetector,
     StagnationLevel,
     ToolEvent,
     ToolKind,
 )
 from shared.stagnation.shell import is_restore
+from tests.shared.stagnation_samples import grep_read, warmed_detector
 
 FAILURE = (
     "==== test session starts ====\ntests/{name}.py ..F..\nFAILED test_repr - TypeError\n1 failed"
 )
-
-
-def _read(word: str) -> ToolEvent:
-    return ToolEvent(
-        tool_name="bash",
-        arguments={"command": f"grep -n 'def {word}' app.py"},
-        output=f"app.py: def {word}(self, request, obj): handles the {word} step",
-        kind=ToolKind.READ,
-    )
-
-
-def _detector() -> StagnationDetector:
-    detector = StagnationDetector(StagnationConfig())
-    for word in ("alpha", "beta", "gamma", "delta", "epsilon"):
-        assert detector.observe(_read(word)).level is StagnationLevel.NONE
-    return detector
 
 
 def _test(name: str) -> ToolEvent:
@@ -74,8 +58,8 @@ def test_a_failure_compared_on_the_restored_workspace_is_news() -> None:
     # re-applied; then each other test file run with the fix, reverted (with the test file),
     # run again, the fix re-applied and the main file run again. Before this rule the main
     # file's fourth failure reached REPLAN (retried failure), then ASK_HUMAN.
-    detector = _detector()
-    events = [_fix(), _test("test_main"), _revert(), _test("test_main"), _fix(), _read("zeta")]
+    detector = warmed_detector()
+    events = [_fix(), _test("test_main"), _revert(), _test("test_main"), _fix(), grep_read("zeta")]
     events.append(_test("test_main"))
     for name in ("test_table", "test_operations"):
         events += [
@@ -90,7 +74,7 @@ def test_a_failure_compared_on_the_restored_workspace_is_news() -> None:
 
 
 def test_a_comparison_counts_as_a_new_result() -> None:
-    detector = _detector()
+    detector = warmed_detector()
     detector.observe(_fix())
     detector.observe(_test("test_table"))
     detector.observe(_revert())
@@ -101,7 +85,7 @@ def test_a_comparison_counts_as_a_new_result() -> None:
 
 def test_the_same_comparison_made_again_is_no_news() -> None:
     # a fix applied and reverted in turn, the same test after each: one comparison, then a loop
-    detector = _detector()
+    detector = warmed_detector()
     levels = []
     for _ in range(5):
         for event in (_fix(), _test("test_main"), _revert(), _test("test_main")):
@@ -112,7 +96,7 @@ def test_the_same_comparison_made_again_is_no_news() -> None:
 def test_a_cycle_that_reruns_on_the_same_state_stays_a_loop() -> None:
     # paste, run, clean, paste, run (SWE-agent doubao databind-4189): the run after each paste
     # is on the state the previous run saw, so it is no comparison
-    detector = _detector()
+    detector = warmed_detector()
     levels = []
     for _ in range(6):
         for event in (_fix("pasted"), _test("test_main"), _fix("cleaned")):
@@ -122,7 +106,7 @@ def test_a_cycle_that_reruns_on_the_same_state_stays_a_loop() -> None:
 
 def test_negative_results_after_new_edits_are_no_comparison() -> None:
     # new edits, no revert: the same failure each time stays a retried failure
-    detector = _detector()
+    detector = warmed_detector()
     levels = [
         detector.observe(event).level
         for place in range(6)
@@ -132,7 +116,7 @@ def test_negative_results_after_new_edits_are_no_comparison() -> None:
 
 
 def test_a_comparison_survives_a_restore_from_the_saved_state() -> None:
-    detector = _detector()
+    detector = warmed_detector()
     detector.observe(_fix())
     detector.observe(_test("test_table"))
     detector.observe(_revert())

@@ -6,32 +6,15 @@ from __future__ import annotations
 
 from shared.stagnation import (
     ReasonCode,
-    StagnationConfig,
-    StagnationDetector,
     StagnationLevel,
     ToolEvent,
     ToolKind,
 )
 from shared.stagnation.signal import occurrences
+from tests.shared.stagnation_samples import warmed_detector
 
 PLACES = ("parse", "load", "render", "save", "close", "flush", "merge")
 REPRO = "Initial state: Book one by Author one\nAfter save: Book one by Author one\nBug present"
-
-
-def _read(word: str) -> ToolEvent:
-    return ToolEvent(
-        tool_name="bash",
-        arguments={"command": f"grep -n 'def {word}' app.py"},
-        output=f"app.py: def {word}(self, request, obj): handles the {word} step",
-        kind=ToolKind.READ,
-    )
-
-
-def _detector() -> StagnationDetector:
-    detector = StagnationDetector(StagnationConfig())
-    for word in ("alpha", "beta", "gamma", "delta", "epsilon"):
-        assert detector.observe(_read(word)).level is StagnationLevel.NONE
-    return detector
 
 
 def _debug_print(place: str) -> ToolEvent:
@@ -57,7 +40,7 @@ def _run(output: str) -> ToolEvent:
 
 
 def _edit_and_run(output: str, places: tuple[str, ...]) -> list[StagnationLevel]:
-    detector = _detector()
+    detector = warmed_detector()
     detector.observe(_run(output))
     levels = []
     for place in places:
@@ -82,7 +65,7 @@ def test_the_stale_window_still_counts_negative_results() -> None:
 
 def test_a_silent_answer_after_each_new_edit_is_still_a_repeat() -> None:
     # doubao databind-4186: println edits, then a script that prints nothing, every time
-    detector = _detector()
+    detector = warmed_detector()
     detector.observe(_run(""))
     verdict = None
     for place in PLACES[:3]:
@@ -94,7 +77,7 @@ def test_a_silent_answer_after_each_new_edit_is_still_a_repeat() -> None:
 
 def test_the_same_answer_after_a_re_applied_edit_is_still_a_repeat() -> None:
     # gpt-4o-mini databind-4249: the same edit re-applied, the same mock output each time
-    detector = _detector()
+    detector = warmed_detector()
     detector.observe(_run(REPRO))
     detector.observe(_debug_print("parse"))
     levels = [detector.observe(_run(REPRO)).level]
@@ -117,7 +100,7 @@ def _refused_edit() -> ToolEvent:
 
 def test_an_identical_refused_edit_reaches_replan_at_its_fifth_refusal() -> None:
     # gpt-4o-mini core-380: the same edit refused four times, then a fix: no REPLAN
-    detector = _detector()
+    detector = warmed_detector()
     levels = [detector.observe(_refused_edit()).level for _ in range(5)]
     assert levels[0] is StagnationLevel.NONE
     assert levels[1:4] == [StagnationLevel.NUDGE] * 3
