@@ -21,6 +21,52 @@ def test_content_words_drop_function_words_and_endings() -> None:
     assert content_words("a to of") == frozenset()
 
 
+def test_a_plural_in_ies_is_the_word_itself() -> None:
+    """A plural in -ies is its -y word, "families" is "family" (cutting the -s left "familie");
+    a short word ("ties") keeps the plain plural rule."""
+    assert content_words("families cities") == content_words("family city")
+    assert content_words("family city") == frozenset({"family", "city"})
+    assert content_words("ties") == frozenset({"tie"})
+
+
+# Who&When 38, shortened: the orchestrator asks again for the same page while WebSurfer clicks
+# the same search result and stays on the results page.
+HIKES_REQUESTS = (
+    "Please visit the '10 Best Yellowstone Kid Friendly Hikes - Tales of a Mountain Mama' page "
+    "and gather the list of top recommended family-friendly hikes.",
+    "Please click on and explore the '10 Best Yellowstone Kid Friendly Hikes - Tales of a "
+    "Mountain Mama' link to gather the names of the specific hikes recommended for families.",
+)
+
+
+def test_a_request_reworded_with_a_plural_is_a_reissue() -> None:
+    """The same page asked for again, "family" become "families" and "visit" become "click
+    on and explore": the same request, so with nothing new since it is a stale turn."""
+    first, second = (content_words(text) for text in HIKES_REQUESTS)
+    assert paraphrase_similarity(first, second) >= 0.6
+    detector = StagnationDetector(NO_GATE)
+    for text in HIKES_REQUESTS:
+        detector.observe_turn(ModelTurn(text=text))
+    assert detector.counters()["stale_turns"] == 1
+
+
+def test_a_batch_over_plural_names_stays_apart() -> None:
+    """A batch asks the same question of other entities whose names share a plural
+    ("companies"): the entities differ, so no request re-issues another, with no news between."""
+    batch = (
+        "Please list the bus companies serving Albany.",
+        "Please list the ferry companies serving Galveston Island.",
+        "Please list the rail companies serving Burlington, Vermont.",
+        "Please list the taxi companies serving Savannah airport.",
+    )
+    words = [content_words(text) for text in batch]
+    assert all(paraphrase_similarity(words[0], other) < 0.6 for other in words[1:])
+    detector = StagnationDetector(NO_GATE)
+    levels = [detector.observe_turn(ModelTurn(text=text)).level for text in batch]
+    assert levels == [StagnationLevel.NONE] * 4
+    assert detector.counters()["stale_turns"] == 0
+
+
 def test_paraphrases_read_alike_and_batches_do_not() -> None:
     """Reworded requests share most content words; the same sentence about another film (a
     batch) shares only the instruction's words, and an empty text is like nothing."""
