@@ -38,27 +38,29 @@ _WORD = re.compile(r"[a-z][a-z0-9']+")
 _SUFFIXES = ("ing", "ed", "s")
 
 
-def _stem(word: str) -> str:
-    """``word`` with a plural ``-ies`` read as ``-y`` ("families" is "family"), else one
-    ``-ing``, ``-ed`` or plural ``-s`` (not ``-ss``) cut, when a stem of three letters or more
-    is left."""
-    if word.endswith("ies") and len(word) > 4:
-        return word[:-3] + "y"
-    for suffix in _SUFFIXES:
-        if word.endswith(suffix) and not word.endswith("ss") and len(word) > len(suffix) + 2:
-            return word[: -len(suffix)]
-    return word
-
-
 def content_words(text: str) -> frozenset[str]:
     """The content words of ``text``: lower-cased, three letters or more, not in
-    :data:`STOP_WORDS`, stemmed (:func:`_stem`: a plural ``-ies`` read as ``-y``, else one
-    ``-ing``, ``-ed`` or plural ``-s`` cut)."""
-    return frozenset(
-        _stem(found)
-        for found in set(_WORD.findall(text.lower()))  # a long page repeats its words
-        if len(found) >= 3 and found not in STOP_WORDS
-    )
+    :data:`STOP_WORDS`, with a plural ``-ies`` read as ``-y`` ("families" is "family"), else one
+    ``-ing``, ``-ed`` or plural ``-s`` (not ``-ss``) cut, when a stem of three letters or more is
+    left."""
+    words = set()
+    for found in set(_WORD.findall(text.lower())):  # a long page repeats its words
+        if len(found) < 3 or found in STOP_WORDS:
+            continue
+        stem = found
+        if found.endswith("ies") and len(found) > 4:
+            stem = found[:-3] + "y"
+        else:
+            for suffix in _SUFFIXES:
+                if (
+                    found.endswith(suffix)
+                    and not found.endswith("ss")
+                    and len(found) > len(suffix) + 2
+                ):
+                    stem = found[: -len(suffix)]
+                    break
+        words.add(stem)
+    return frozenset(words)
 
 
 def paraphrase_similarity(first: frozenset[str], second: frozenset[str]) -> float:
