@@ -1175,6 +1175,8 @@ def sweep_configs() -> dict[str, StagnationConfig]:
         "plan_paraphrase 0.5": base.model_copy(update={"plan_paraphrase": 0.5}),
         "plan_paraphrase 0.7": base.model_copy(update={"plan_paraphrase": 0.7}),
         "plan_paraphrase 1.0": base.model_copy(update={"plan_paraphrase": 1.0}),
+        "plan_target 0.25": base.model_copy(update={"plan_target": 0.25}),
+        "plan_target 1.0 (off)": base.model_copy(update={"plan_target": 1.0}),
         "model side off": base.model_copy(update={"plan": _ladder(*[10**6] * 4)}),
     }
 

@@ -93,7 +93,9 @@ class StagnationConfig(BaseModel):
     - ``plan``: the model's stale turns (:meth:`StagnationDetector.observe_turn`), a leaky
       count: a turn that re-issues one of the last ``plan_memory`` plans (similarity at least
       ``plan_similarity`` on the masked text, or content words at least ``plan_paraphrase``
-      alike: the same request in other words; plans of ``plan_min_chars`` or more) with nothing
+      alike: the same request in other words, or at least ``plan_target`` alike when both name
+      the same quoted target (:mod:`shared.stagnation.targets`; ``plan_target`` at or above
+      ``plan_paraphrase``: no lower bar); plans of ``plan_min_chars`` or more) with nothing
       new since, or that says the model is stuck, adds one; any other turn of at least
       ``plan_min_chars`` takes one off. New tool results do not drain it (they are the output
       side's); a milestone resets it. "Nothing new since" means no result that told the model
@@ -136,6 +138,7 @@ class StagnationConfig(BaseModel):
     plan_paraphrase: float = Field(default=0.6, gt=0.0, le=1.0)
     plan_novelty: int = Field(default=20, ge=0, le=1000)
     plan_echo: float = Field(default=0.9, ge=0.0, le=1.0)
+    plan_target: float = Field(default=0.4, ge=0.0, le=1.0)
     plan_memory: int = Field(default=16, ge=1, le=256)
     plan_min_chars: int = Field(default=40, ge=1)
     max_period: int = Field(default=5, ge=2, le=10)

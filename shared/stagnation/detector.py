@@ -240,7 +240,9 @@ class StagnationDetector:
         plan = plan_of(turn, cfg.plan_min_chars)
         comparable = plan is not None
         reissue = (
-            self._plans.reissue(plan, cfg.plan_similarity, cfg.plan_paraphrase, cfg.plan_echo)
+            self._plans.reissue(
+                plan, cfg.plan_similarity, cfg.plan_paraphrase, cfg.plan_echo, cfg.plan_target
+            )
             if plan is not None
             else Reissue.NEW
         )

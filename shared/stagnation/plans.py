@@ -26,6 +26,7 @@ from shared.conversation import ConversationMessage, MessageRole
 from shared.stagnation.fingerprint import canonical_json, digest, mask
 from shared.stagnation.novelty import WordNovelty
 from shared.stagnation.paraphrase import content_words, paraphrase_similarity
+from shared.stagnation.targets import quoted_targets
 
 __all__ = [
     "MAX_PLAN_CHARS",
@@ -179,20 +180,31 @@ class PlanMemory:
         words: Sequence[str] = (),
     ) -> None:
         self._plans: deque[tuple[str, str, int]] = deque(plans, maxlen=capacity)
-        # the content words of each remembered plan, computed once (not persisted)
+        # the content words and quoted targets of each remembered plan, computed once (not
+        # persisted: both are read again from the plans' texts on a restore)
         self._words: deque[frozenset[str]] = deque(
             (content_words(text) for text, _, _ in plans), maxlen=capacity
+        )
+        self._targets: deque[frozenset[str]] = deque(
+            (quoted_targets(text) for text, _, _ in plans), maxlen=capacity
         )
         self._gists: deque[str] = deque(gists, maxlen=capacity)
         self._novelty = WordNovelty(words)
         self.mark = mark
 
     def reissue(
-        self, plan: Plan, threshold: float, paraphrase: float = 1.0, echo: float = 0.0
+        self,
+        plan: Plan,
+        threshold: float,
+        paraphrase: float = 1.0,
+        echo: float = 0.0,
+        target: float = 1.0,
     ) -> Reissue:
         """Whether ``plan`` re-issues a remembered plan with the same calls, the text
         near-identical (Indel similarity at least ``threshold``) or the same request in other
-        words (content words at least ``paraphrase`` alike, Jaccard; 1.0: the same words only):
+        words (content words at least ``paraphrase`` alike, Jaccard; 1.0: the same words only;
+        at least ``target`` alike when both name the same quoted target,
+        :func:`~shared.stagnation.targets.quoted_targets`; 1.0: no lower bar for them):
         :attr:`Reissue.STALE` when that plan was made at the current mark (nothing has come back
         since); else :attr:`Reissue.ECHO` when a plan made before the mark was near-identical
         or had content words at least ``echo`` alike (0: never an echo): the news since did
@@ -200,15 +212,18 @@ class PlanMemory:
         """
         text, calls = plan
         words = content_words(text)
+        targets = quoted_targets(text)
         found = Reissue.NEW
-        for (earlier, earlier_calls, since), earlier_words in zip(
-            self._plans, self._words, strict=True
+        for (earlier, earlier_calls, since), earlier_words, earlier_targets in zip(
+            self._plans, self._words, self._targets, strict=True
         ):
             at_mark = since == self.mark
             if calls != earlier_calls or not (at_mark or (echo and found is Reissue.NEW)):
                 continue  # an echo needs one earlier plan: the rest are compared for staleness
             # the content words first (a set intersection), the characters only when they fail
             bar = paraphrase if at_mark else echo
+            if at_mark and targets & earlier_targets:
+                bar = min(bar, target)  # the same object asked for: fewer words need agree
             if paraphrase_similarity(words, earlier_words) >= bar or (
                 Indel.normalized_similarity(text, earlier, score_cutoff=threshold) >= threshold
             ):
@@ -218,6 +233,7 @@ class PlanMemory:
                 found = Reissue.ECHO
         self._plans.append((text, calls, self.mark))
         self._words.append(words)
+        self._targets.append(targets)
         return found
 
     def result(self, gist: str, threshold: float, text: str = "", novelty: int = 0) -> None:
@@ -241,6 +257,7 @@ class PlanMemory:
         """Forget every plan and result (a milestone, a genuine user message)."""
         self._plans.clear()
         self._words.clear()
+        self._targets.clear()
         self._gists.clear()
         self._novelty.clear()
 

@@ -12,7 +12,14 @@ from shared.stagnation import (
     ToolKind,
 )
 
-__all__ = ["REWORDED_REQUESTS", "grep_read", "reservation_lookup", "warmed_detector"]
+__all__ = [
+    "OTHER_TARGET_REQUEST",
+    "REWORDED_REQUESTS",
+    "SAME_TARGET_REQUESTS",
+    "grep_read",
+    "reservation_lookup",
+    "warmed_detector",
+]
 
 REWORDED_REQUESTS = (
     "Please look up the shipping rates for mailing a DVD from Hartford, Connecticut to "
@@ -24,6 +31,25 @@ REWORDED_REQUESTS = (
     "Find the USPS rate for mailing one DVD from Hartford, Connecticut to Colombia.",
 )
 """Who&When 23, shortened: the orchestrator's USPS request four times in other words."""
+
+SAME_TARGET_REQUESTS = (
+    "Please visit the '10 Best Yellowstone Kid Friendly Hikes - Tales of a Mountain Mama' page "
+    "and gather the list of top recommended family-friendly hikes in Yellowstone.",
+    "Please click on and explore the '10 Best Yellowstone Kid Friendly Hikes - Tales of a "
+    "Mountain Mama' link to gather the names of the specific hikes recommended for families "
+    "with kids.",
+    "Please visit the '10 Best Yellowstone Kid Friendly Hikes - Tales of a Mountain Mama' page "
+    "directly by using the link and gather the recommended hikes.",
+)
+"""Who&When 38: the same page asked for three times (rounds 9, 13, 21), the second in other
+words (content words 0.56 alike with the first, under ``plan_paraphrase``)."""
+
+OTHER_TARGET_REQUEST = (
+    "Please visit the 'Best Hikes Near Bozeman - Montana Trail Guide' page and gather the list "
+    "of top recommended family-friendly hikes in Yellowstone."
+)
+"""The first of :data:`SAME_TARGET_REQUESTS` about another page: a batch's next request
+(content words 0.44 alike with it, another quoted target)."""
 
 
 def reservation_lookup(records: Sequence[str], number: int) -> ToolEvent:
