@@ -36,13 +36,15 @@ SAME_TARGET_REQUESTS = (
     "Please visit the '10 Best Yellowstone Kid Friendly Hikes - Tales of a Mountain Mama' page "
     "and gather the list of top recommended family-friendly hikes in Yellowstone.",
     "Please click on and explore the '10 Best Yellowstone Kid Friendly Hikes - Tales of a "
-    "Mountain Mama' link to gather the names of the specific hikes recommended for families "
-    "with kids.",
+    "Mountain Mama' link to gather the names of the specific hikes recommended for young kids.",
     "Please visit the '10 Best Yellowstone Kid Friendly Hikes - Tales of a Mountain Mama' page "
     "directly by using the link and gather the recommended hikes.",
 )
 """Who&When 38: the same page asked for three times (rounds 9, 13, 21), the second in other
-words (content words 0.56 alike with the first, under ``plan_paraphrase``)."""
+words (content words 0.56 alike with the first, under ``plan_paraphrase``). The run's second
+request ends "recommended for families with kids", which rule 20 (a plural in ``-ies`` read as
+its ``-y`` word) already makes 0.67 alike; here it ends "for young kids", so that only the
+quoted target joins the two."""
 
 OTHER_TARGET_REQUEST = (
     "Please visit the 'Best Hikes Near Bozeman - Montana Trail Guide' page and gather the list "
