@@ -6,9 +6,12 @@ Seven loops share one Redis connection pool:
   its validation error and is acknowledged; a valid one is persisted (idempotency key honoured)
   and started.
 - **observations**: ``XREADGROUP`` on ``orga:observations``; each message is applied to its task
-  through the pure :class:`~coordinator.machine.TaskMachine` and committed with its ``XDEL``
-  in one atomic script (deleted, not acknowledged: on Redis 7.0.4 and later the next
+  through the pure :class:`~coordinator.machine.TaskMachine` and committed in one atomic
+  script; the entries applied are deleted together, one ``XDEL`` per partition, at most
+  ``delete_applied_s`` later (not acknowledged: on Redis 7.0.4 and later the next
   ``XAUTOCLAIM`` drops its delivery; before, acknowledged too, the version read at the start).
+  A coordinator killed in between leaves them pending: claimed, they are duplicate answers,
+  which the fences ignore.
   Entries left pending by a dead coordinator are reclaimed with ``XAUTOCLAIM``; an entry
   delivered too many times is dead-lettered.
 - **control**: review decisions and cancellations sent by the CLI.
@@ -229,6 +232,11 @@ class CoordinatorSettings:
     transient_backoff_ms: int = 1000
     """An entry whose handling Redis refused (see :func:`is_transient`) gets its delivery back
     and may be claimed again this long after, instead of after ``claim_idle_ms``."""
+    delete_applied_s: float = 0.25
+    """The observations applied are deleted together (one ``XDEL`` per partition) once the
+    oldest of them was applied this long ago, or when a read finds none (issue 27: one command
+    less per model call); at most a quarter of ``claim_idle_ms``, so that no claim takes one
+    of them first."""
     max_loop_backoff_s: float = 8.0
     refusal_log_interval_s: float = 60.0
     """A wrong observation is logged and written as an event at most once per task and reason
@@ -356,6 +364,8 @@ class Coordinator:
         try:
             await asyncio.gather(*loops)
         finally:
+            with contextlib.suppress(Exception):  # unreachable: a claim finds them applied
+                await self._delete_applied(at_once=True)
             with contextlib.suppress(Exception):  # unreachable: the leases expire instead
                 await self._partitions_released(leases.held)  # its tasks, then the partitions
                 await leases.leave()
@@ -651,7 +661,9 @@ class Coordinator:
             await self._reject(entry_id, task_id, text, _not_a_child(task_id, named), partition=p)
             return
         now = time.time()
-        record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
+        record = TaskRecord(
+            task_id=task_id, spec=spec, created_at=now, updated_at=now, breakers_clean=True
+        )
         # a sub-agent's is created apart, its parent checked once it is stored (_parent_ended)
         outcome = await self._create(record, ack, started=named is None)
         if outcome.conflict:
@@ -693,6 +705,7 @@ class Coordinator:
                 spec=record.spec,
                 created_at=record.created_at,
                 updated_at=record.updated_at,
+                breakers_clean=record.breakers_clean,
             )
             outcome = await self._create_started(fresh, ack)
             if outcome is not None:
@@ -814,8 +827,10 @@ class Coordinator:
                 _own_failure(exc, stream, entry_id, failures)
 
         try:
-            await self._handle_read(await self._read(keys.observations_stream), observe)
+            read = await self._read(keys.observations_stream)
+            await self._handle_read(read, observe)
             await self._commit_decided(waiting, failures)
+            await self._delete_applied(at_once=not read)
         except RedisError as exc:
             if is_transient(exc) and waiting:
                 for stream in {d.stream for d in waiting}:
@@ -824,6 +839,13 @@ class Coordinator:
             raise
         if failures:
             raise failures[0]
+
+    async def _delete_applied(self, *, at_once: bool = False) -> None:
+        """Delete the observations applied (:meth:`TaskStore.delete_applied`): those applied
+        ``delete_applied_s`` ago or more, or all of them ``at_once``."""
+        settings = self.settings
+        after_s = min(settings.delete_applied_s, settings.claim_idle_ms / 4000)
+        await self.store.delete_applied(0.0 if at_once else after_s)
 
     async def _commit_decided(self, waiting: list[_Decided], failures: list[Exception]) -> None:
         """Send the waiting commits in one pipeline. An entry whose commit was written is

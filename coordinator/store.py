@@ -2,8 +2,8 @@
 
 ``commit`` runs one Lua script that, atomically, checks the record's version (and creation
 time: a task of that id created anew after a purge may reach the same version), writes the new
-state, acknowledges the stream entry that caused the change (an observation: deletes it, its
-delivery dropped by the next claim on Redis 7.0.4 and later, acknowledged too before), appends
+state, acknowledges the stream entry that caused the change (an observation: left pending,
+deleted with others once the commit is written, :meth:`TaskStore.delete_applied`), appends
 the commit's journal
 records (in one stream entry of id ``0-{last sequence+1}``,
 :func:`shared.journal.journal_stream_entry`), the lifecycle events, the review items and the
@@ -14,7 +14,8 @@ new state awaits to the commits' outbox stream (:mod:`shared.outbox`; a relay se
 Celery, :mod:`coordinator.relay`, handed them in-process through
 :attr:`TaskStore.dispatched`). A coordinator killed at any moment therefore leaves either the old
 state with the entry still pending (it is redelivered and applied) or the new state with the
-entry acknowledged (or deleted) and its work in the outbox: never half of it, and never twice.
+entry acknowledged and its work in the outbox: never half of it, and never twice (an
+observation applied and not deleted yet is claimed again, a duplicate the fences ignore).
 """
 
 from __future__ import annotations
@@ -116,19 +117,13 @@ if stamp then
   fields[#fields + 1] = extra.created_at
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-if ARGV[5] ~= '' then
-  -- ARGV[6]: which of KEYS is the acknowledged stream (every key in KEYS: Redis Cluster)
-  local acked = KEYS[tonumber(ARGV[6])]
-  if extra.delete_entry then
-    -- An applied observation (a tool output, maybe large) is in the conversation now: deleted.
-    -- On Redis 7.0.4 and later not acknowledged (one command less per call): the next claim
-    -- (XAUTOCLAIM) drops its delivery, as it does for any entry deleted while pending. Older
-    -- Redis do not (6.2 keeps it pending for ever; 7.0.0-7.0.3 crash on many): acknowledged.
-    if extra.ack_deleted then redis.call('XACK', acked, ARGV[7], ARGV[5]) end
-    redis.call('XDEL', acked, ARGV[5])
-  else
-    redis.call('XACK', acked, ARGV[7], ARGV[5])
-  end
+-- An applied observation (a tool output, maybe large) is in the conversation now: it is not
+-- touched here, the store deletes the observations applied in one XDEL per partition a little
+-- later (TaskStore.delete_applied); until then it stays pending, and a claim of it (its
+-- coordinator killed meanwhile) is a duplicate answer the fences ignore. Any other entry
+-- (ARGV[6]: which of KEYS is its stream, every key in KEYS: Redis Cluster) is acknowledged.
+if ARGV[5] ~= '' and not extra.delete_entry then
+  redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5])
 end
 -- The commit's journal records in one stream entry (shared.journal.journal_stream_entry).
 -- Its id 0-{last sequence+1} is the journal's last sequence: no companion key (Redis refuses
@@ -336,6 +331,9 @@ class PendingCommit:
     """The outbox entries the commit appends, in order."""
     spec_json: tuple[TaskSpec, bytes] | None = None
     """A new task's spec and its JSON (prepared with ``create``): cached once it is created."""
+    applied_entry: str = ""
+    """The observation the commit applies (its stream id), deleted once the commit is written
+    (:meth:`TaskStore.delete_applied`); empty for a commit of anything else."""
 
 
 @dataclass
@@ -382,6 +380,10 @@ class TaskStore:
     overrun a buffer on many: CVE-2022-31144). The coordinator turns it off at its start on
     7.0.4 and later (:func:`coordinator.streams.claim_drops_deleted`): one command less per
     call. On (the default) for whoever does not know the server's version."""
+    _applied: dict[int, list[str]] = field(default_factory=dict, init=False, repr=False)
+    """The observations applied (committed) and not deleted yet, by partition."""
+    _applied_since: float | None = field(default=None, init=False, repr=False)
+    """When the oldest of ``_applied`` was noted (``time.monotonic``); None when none waits."""
     dispatched: Callable[[int, Sequence[tuple[str, OutboxEntry]]], None] | None = None
     """Told of each commit written with dispatches: the partition and each outbox entry with its
     stream id (the coordinator's relay, :meth:`coordinator.relay.OutboxRelay.hand`)."""
@@ -624,8 +626,8 @@ class TaskStore:
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
         shared = self._partition_keys(p)
-        extra["delete_entry"] = stream == shared[9]  # an observation: deleted
-        extra["ack_deleted"] = self.acknowledge_deleted  # and acknowledged (Redis < 7.0.4)
+        observation = stream == shared[9]  # deleted once written, with others (delete_applied)
+        extra["delete_entry"] = observation
         extra["lease_owner"] = lease_owner
         # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
         # finished child tells and the children it cancels are all in this task's partition.
@@ -670,6 +672,7 @@ class TaskStore:
             stored,
             dispatches,
             spec_json,
+            entry_id if observation else "",
         )
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
@@ -777,6 +780,8 @@ class TaskStore:
             return False
         self._remember(record)
         self._keep(record, pending.size)
+        if pending.applied_entry:
+            self._note_applied(self.partition(record.task_id), pending.applied_entry)
         if pending.dispatches and self.dispatched is not None and len(reply) > 2:
             ids = [_text(i) for i in reply[2]]
             self.dispatched(
@@ -968,6 +973,37 @@ class TaskStore:
         pipe.xack(stream, keys.coordinator_group, entry_id)
         pipe.xdel(stream, entry_id)
         await pipe.execute()
+
+    def _note_applied(self, partition: int, entry_id: str) -> None:
+        self._applied.setdefault(partition, []).append(entry_id)
+        if self._applied_since is None:
+            self._applied_since = time.monotonic()
+
+    async def delete_applied(self, older_than_s: float = 0.0) -> int:
+        """Delete the observations applied since the last call, once the oldest of them was
+        noted ``older_than_s`` ago (0: at once): one ``XDEL`` per partition (with its ``XACK``
+        on a Redis before 7.0.4, :attr:`acknowledge_deleted`), one round trip; how many were
+        deleted. Their deliveries stay pending until the next claim drops them, as an entry
+        deleted in the commit's script did. A failure keeps them for the next call and raises.
+        """
+        since = self._applied_since
+        if since is None or time.monotonic() - since < older_than_s:
+            return 0
+        taken, self._applied, self._applied_since = self._applied, {}, None
+        pipe = self.redis.pipeline(transaction=False)
+        for partition, ids in taken.items():
+            stream = keys.observations_stream(partition)
+            if self.acknowledge_deleted:
+                pipe.xack(stream, keys.coordinator_group, *ids)
+            pipe.xdel(stream, *ids)
+        try:
+            await pipe.execute()
+        except BaseException:
+            for partition, ids in taken.items():  # in front of those noted meanwhile
+                self._applied[partition] = ids + self._applied.get(partition, [])
+            self._applied_since = since
+            raise
+        return sum(len(ids) for ids in taken.values())
 
     async def forget_heartbeats(self, older_than: float) -> None:
         """Heartbeat scores (running or answered) older than ``older_than`` (epoch seconds)."""

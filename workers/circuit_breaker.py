@@ -71,6 +71,7 @@ __all__ = [
     "CircuitOpenError",
     "CircuitState",
     "InMemoryBreakerStore",
+    "KnownClean",
     "RedisBreakerStore",
     "breaker_scope_of",
     "format_remaining",
@@ -207,6 +208,22 @@ class BreakerStateStore(Protocol):
         """The breaker of ``tool``, or None when there is none."""
         ...
 
+    def assume_clean(self, tool: str) -> None:
+        """A call of ``tool`` goes ahead without a check: its breaker is known to be missing
+        (closed, no failure), so a success after it leaves it so (:class:`KnownClean`)."""
+        ...
+
+
+@dataclass(slots=True)
+class KnownClean:
+    """A dispatch's task's own breakers, known clean when it was sent: the coordinator applied
+    no failed call of the task (``ReasonRequest.breakers_clean``), so none holds a failure.
+    Checks of them go ahead without a read (issue 27: one ``HMGET`` less per inline call)
+    until a call of the dispatch fails (``clean`` is then False: the next checks read). Shared
+    by the calls of one dispatch (mutable, on purpose)."""
+
+    clean: bool = True
+
 
 # -- the state machine, as pure functions (the Lua scripts below mirror them) ---------------
 
@@ -272,6 +289,9 @@ class InMemoryBreakerStore:
     async def get_state(self, tool: str) -> BreakerState | None:
         """The breaker of ``tool``, or None."""
         return self._states.get(tool)
+
+    def assume_clean(self, tool: str) -> None:
+        """Nothing to remember: a success in memory resets the breaker anyway."""
 
 
 # -- Redis ---------------------------------------------------------------------------------
@@ -380,6 +400,8 @@ class RedisBreakerStore:
       since: the success would leave it as that check found it. Otherwise one ``DEL``
       (closed, no failure, no probe).
     * **failure**: one Lua script (the count, the opening, the TTL).
+    * **assume_clean**: nothing, for a task's own breaker a dispatch knows clean
+      (:class:`KnownClean`): as a check that found it clean, its success then writes nothing.
 
     With ``pipelines`` (a worker's :class:`~workers.redis_batch.CoalescedPipeline`), a
     check's ``HMGET`` goes out in the pipeline of its loop turn, with the other calls' checks
@@ -432,6 +454,11 @@ class RedisBreakerStore:
         args = [self._ttl_ms(config), recovery_ms, config.half_open_max_calls]
         allowed, failures, remaining_ms = await self._check_script(keys=[key], args=args)
         return BreakerVerdict(bool(allowed), int(failures), int(remaining_ms) / 1000)
+
+    def assume_clean(self, tool: str) -> None:
+        """A call of ``tool`` goes ahead unchecked, its breaker known clean: as a check that
+        found it so, with no ``HMGET`` (its success then writes nothing, for a task's own)."""
+        self._remember_clean(tool)
 
     def _remember_clean(self, tool: str) -> None:
         if tool not in self._clean and len(self._clean) >= CLEAN_CHECKS_KEPT:
@@ -546,6 +573,10 @@ class Breaker:
                 verdict.recovery_remaining_s,
                 self.task_id,
             )
+
+    def assume_clean(self) -> None:
+        """The call goes ahead unchecked: this breaker is known clean (:class:`KnownClean`)."""
+        self.registry.store.assume_clean(self.name)
 
     async def record_success(self) -> None:
         """The call succeeded."""

@@ -948,3 +948,67 @@ def test_a_tail_s_size_is_what_its_messages_take_in_the_celery_message() -> None
     assert conversation_tail([*tail, fits]) == [*tail, fits]
     over = pad.model_copy(update={"content": "x" * (fill - 1) + "é"})
     assert conversation_tail([*tail, over]) == []
+
+
+def _inline_turn(record: TaskRecord, content: str, is_error: bool = False) -> ReasonedMessage:
+    """A reasoned message that ran one ``file_read`` inline, its outcome ``content``."""
+    assert record.awaiting is not None
+    call = _call("c1", path="a.py")
+    observation = Observation(source="file_read", content=content, call_id="c1", is_error=is_error)
+    acted = ToolObservedMessage(fence=record.awaiting.fence.for_call("c1"), observation=observation)
+    return _reasoned(
+        record,
+        new_messages=[
+            ConversationMessage.assistant_tool_calls([ToolCall(id="c1", name="file_read")])
+        ],
+        actions=[call],
+        approved_calls=[call],
+        acted=[acted],
+    )
+
+
+def test_reasoning_dispatches_say_the_tasks_breakers_are_clean_until_a_call_fails() -> None:
+    """A task created with ``breakers_clean`` says so in its reasoning dispatches while every
+    call it applied succeeded; an error outcome turns it off for good; a record that does not
+    know (written before the field) never says so."""
+    record = _record(tool_dispatch="inline").model_copy(update={"breakers_clean": True})
+    effects = _start(record)
+    assert effects.reason_dispatches[0].breakers_clean
+    effects = _apply(record, 2.0, lambda m: m.on_answer(_inline_turn(record, "x")))
+    assert effects.reason_dispatches[0].breakers_clean
+    failed = _inline_turn(record, "Tool 'file_read' timed out after 30s", is_error=True)
+    effects = _apply(record, 3.0, lambda m: m.on_answer(failed))
+    assert not record.breakers_clean and not effects.reason_dispatches[0].breakers_clean
+    effects = _apply(record, 4.0, lambda m: m.on_answer(_inline_turn(record, "y")))
+    assert not effects.reason_dispatches[0].breakers_clean
+    unknown = _record(tool_dispatch="inline")
+    assert not _start(unknown).reason_dispatches[0].breakers_clean
+
+
+def test_a_late_answer_with_a_failure_is_ignored_but_turns_breakers_clean_off() -> None:
+    """An answer of an earlier attempt (a call re-sent meanwhile) is not applied; when it
+    reports a failure, the task's breakers are no longer said clean, and that is committed
+    (the effects changed) though nothing else is; a worker failure counts as one."""
+    record = _record(tool_dispatch="inline").model_copy(update={"breakers_clean": True})
+    _start(record)
+    assert record.awaiting is not None
+    late = _inline_turn(record, "boom", is_error=True)
+    late = late.model_copy(update={"fence": late.fence.model_copy(update={"attempt": 7})})
+    effects = _apply(record, 2.0, lambda m: m.on_answer(late))
+    assert effects.changed and not effects.reason_dispatches
+    assert not record.breakers_clean
+    assert record.awaiting is not None and record.awaiting.kind is AwaitKind.REASON
+    stale_ok = _inline_turn(record, "fine")
+    stale_ok = stale_ok.model_copy(
+        update={"fence": stale_ok.fence.model_copy(update={"attempt": 7})}
+    )
+    assert not _apply(record, 2.5, lambda m: m.on_answer(stale_ok)).changed
+    other = _record(tool_dispatch="inline").model_copy(update={"breakers_clean": True})
+    _start(other)
+    assert other.awaiting is not None
+    _apply(
+        other,
+        2.0,
+        lambda m: m.on_answer(WorkerFailedMessage(fence=other.awaiting.fence, error="x")),
+    )  # type: ignore[union-attr]
+    assert not other.breakers_clean

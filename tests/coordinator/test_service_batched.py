@@ -93,6 +93,8 @@ def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
                 assert await client.get(keys.lease_key(task_id, 0)) is None
             versions = [(await client.hget(keys.task_key(t, 0), "version")) for t in ("t1", "t2")]
             assert versions == ["2", "3"]  # t2: started, touched by theirs, then answered
+            assert await client.xlen(keys.observations_stream(0)) == 2  # deleted together:
+            await mine._observations_once()  # by the next read that finds none
             assert await client.xlen(keys.observations_stream(0)) == 0
             assert await _pending_ids(client) == []  # deleted: their deliveries swept later
             assert mine._held == set()
@@ -115,6 +117,7 @@ def test_two_answers_of_one_task_in_one_read_are_decided_in_turn(
             record = await coordinator.store.load("t")
             assert record is not None and record.status is TaskStatus.COMPLETED
             assert record.model_calls == 1
+            await coordinator._observations_once()  # a read finding none deletes the applied
             assert await client.xlen(keys.observations_stream(0)) == 0
             assert await _pending_ids(client) == []
 
@@ -219,6 +222,7 @@ def test_an_entry_failing_on_its_own_does_not_hold_back_the_others(
             for task_id in ("t1", "t3"):
                 record = await coordinator.store.load(task_id)
                 assert record is not None and record.status is TaskStatus.COMPLETED
+            await coordinator._observations_once()  # a read finding none deletes the applied
             assert await _pending_ids(client) == [entries[1][0]]  # t2's, handled again later
 
     asyncio.run(scenario())
@@ -254,6 +258,7 @@ def test_an_error_reply_to_an_earlier_commit_does_not_drop_the_entry_deciding_af
             record = await coordinator.store.load("t")
             assert record is not None and record.status is TaskStatus.COMPLETED
             assert record.model_calls == 1
+            await coordinator._observations_once()  # a read finding none deletes the applied
             assert await _pending_ids(client) == [entries[0][0]]
 
     asyncio.run(scenario())
@@ -498,5 +503,62 @@ def test_on_redis_6_2_entries_deleted_while_pending_do_not_hide_a_dead_coordinat
                 f"after 5 claims the dead coordinator's answer is still unapplied (task {status!r},"
                 f" {pending} deliveries pending, 40 of them entries deleted while pending)"
             )
+
+    asyncio.run(scenario())
+
+
+def test_observations_applied_are_deleted_by_a_later_read_and_a_claim_of_them_applies_nothing(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The answers applied stay in the stream until ``delete_applied_s`` has passed (or a read
+    finds none), then go in one ``XDEL``. A coordinator stopped in between (killed) leaves
+    them pending: another's claim finds duplicate answers, applies none again and deletes
+    them."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            stream = keys.observations_stream(0)
+            settings = replace(SETTINGS, delete_applied_s=0.2)
+            dead = Coordinator(client, settings=settings, name="dead")
+            await dead._ensure_groups()
+            await dead._learn_redis_version()
+            await _submit(client, dead, "t1", "t2", "t4")
+            await _answer(client, dead, "t1")
+            await dead._observations_once()
+            await _answer(client, dead, "t2")
+            await dead._observations_once()
+            assert await client.xlen(stream) == 2  # applied; the first 0.2 s old at most
+            await asyncio.sleep(0.25)
+            await _answer(client, dead, "t4")
+            await dead._observations_once()
+            assert await client.xlen(stream) == 0  # the applied three, in one XDEL
+            await _submit(client, dead, "t3")
+            await _answer(client, dead, "t3")
+            await dead._observations_once()
+            assert await client.xlen(stream) == 1  # applied; its coordinator now killed
+            version = await client.hget(keys.task_key("t3", 0), "version")
+            heir = await _coordinator(client)
+            heir.settings = replace(SETTINGS, claim_idle_ms=0)
+            await heir._reclaim(stream, heir._observation)
+            assert await client.hget(keys.task_key("t3", 0), "version") == version
+            assert await client.xlen(stream) == 0
+            await heir._reclaim(stream, heir._observation)  # drops the deleted's deliveries
+            assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_task_the_intake_creates_has_its_breakers_said_clean(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A new task's record starts with ``breakers_clean`` (no call failed yet), stored."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await _submit(client, coordinator, "t")
+            coordinator.store.forget_kept()
+            record = await coordinator.store.load("t")
+            assert record is not None and record.breakers_clean
 
     asyncio.run(scenario())

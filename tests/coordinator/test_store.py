@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from coordinator.machine import MachineSettings, TaskMachine
 from coordinator.state import TaskRecord
@@ -527,3 +529,83 @@ def test_on_16_partitions_each_script_touches_one_slot_and_the_views_merge(
             await client.aclose()
 
     asyncio.run(run())
+
+
+async def _observed(client: Redis, store: TaskStore, task_id: str) -> str:
+    """Create and start ``task_id``, then commit a change applying an observation entry read
+    by the coordinators' group; the entry's id."""
+    stream = keys.observations_stream(0)
+    with contextlib.suppress(ResponseError):  # the group exists already
+        await client.xgroup_create(stream, keys.coordinator_group, id="0", mkstream=True)
+    record = _record(task_id)
+    await store.create(record)
+    machine = _machine(record)
+    await store.commit(machine.record, machine.start())
+    entry_id = (await client.xadd(stream, {"x": "1"})).decode()
+    await client.xreadgroup(keys.coordinator_group, "c", {stream: ">"})
+    touched = _machine(machine.record)
+    touched.record.error = "touched"
+    ack = (stream, keys.coordinator_group, entry_id)
+    await store.commit(touched.record, touched.effects, ack=ack)
+    return entry_id
+
+
+@pytest.mark.parametrize("acknowledge", [True, False])
+def test_observations_applied_are_deleted_together_once_due(
+    redis_url: str, redis_client: Any, acknowledge: bool
+) -> None:
+    """A commit applying an observation leaves it in the stream (pending); ``delete_applied``
+    deletes those applied, one ``XDEL`` for all of them, once the oldest is ``older_than_s``
+    old (acknowledged too when ``acknowledge_deleted``)."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        stream = keys.observations_stream(0)
+        store.acknowledge_deleted = acknowledge
+        for task_id in ("t1", "t2", "t3"):
+            await _observed(client, store, task_id)
+        assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 3
+        assert await client.xlen(stream) == 3  # applied, not deleted yet
+        assert await store.delete_applied(older_than_s=3600) == 0
+        assert await client.xlen(stream) == 3
+        before = (await client.info("commandstats")).get("cmdstat_xdel", {}).get("calls", 0)
+        assert await store.delete_applied() == 3
+        after = (await client.info("commandstats"))["cmdstat_xdel"]["calls"]
+        assert after - before == 1
+        assert await client.xlen(stream) == 0
+        left = 0 if acknowledge else 3  # 7.0.4 and later: the next claim drops them
+        assert (await client.xpending(stream, keys.coordinator_group))["pending"] == left
+        assert await store.delete_applied() == 0  # nothing waits
+
+    _scenario(redis_url, body)
+
+
+def test_a_failed_deletion_keeps_the_applied_observations_for_the_next(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Redis refusing the deletion raises and keeps the observations applied, deleted by the
+    next call."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        stream = keys.observations_stream(0)
+        await _observed(client, store, "t1")
+        pipeline = store.redis.pipeline
+
+        class Refusing:
+            def __init__(self, pipe: Any) -> None:
+                self.pipe = pipe
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.pipe, name)
+
+            async def execute(self) -> None:
+                raise ConnectionError("refused")
+
+        store.redis.pipeline = lambda **kw: Refusing(pipeline(**kw))  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await store.delete_applied()
+        store.redis.pipeline = pipeline  # type: ignore[method-assign]
+        assert await client.xlen(stream) == 1
+        assert await store.delete_applied() == 1
+        assert await client.xlen(stream) == 0
+
+    _scenario(redis_url, body)
