@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.actions import GateModification, Observation, ProposedAction, ToolCallAction
 from shared.approval import HeldCall
-from shared.conversation import Conversation, ConversationMessage
+from shared.conversation import Conversation, ConversationMessage, SharedMessage
 from shared.errors import WireFormatError
 from shared.events import RecoveryTriggered
 from shared.identical import SharedWhenIdentical
@@ -125,7 +125,7 @@ class ConversationRef(BaseModel):
     epoch: int = Field(default=0, ge=0)
     created_at: float = 0.0
     """When the task was created: a task id reused after a purge is another conversation."""
-    tail: list[ConversationMessage] = Field(default_factory=list)
+    tail: list[SharedMessage] = Field(default_factory=list)
     """The last ``len(tail)`` of the ``length`` messages, carried in the request (the
     coordinator's builder sends what was appended since the task's previous reasoning turn,
     when it is small): a worker that read the task up to where the tail starts reads nothing

@@ -7,9 +7,10 @@ from typing import Annotated
 import pytest
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from shared.conversation import ConversationMessage, shared_message
 from shared.identical import SharedWhenIdentical, shared_default
 from shared.loop_types import LoopConfig
-from shared.protocol import Fence, ReasonRequest
+from shared.protocol import ConversationRef, Fence, ReasonRequest
 from shared.task_spec import TaskSpec, parse_task
 
 
@@ -120,3 +121,27 @@ def test_a_shared_default_is_built_once() -> None:
     default = shared_default(build)
     assert default() is default()
     assert len(built) == 1
+
+
+def test_messages_of_the_same_json_are_shared() -> None:
+    """The system prompt every task repeats, carried in two requests' tails or read from
+    Redis, is one instance; the tasks' own messages are not mixed up."""
+    system = ConversationMessage.system("You are an agent.", pin=True)
+
+    def carried(task_id: str) -> ConversationRef:
+        tail = [system, ConversationMessage.user(f"Goal of {task_id}", pin=True)]
+        request = ReasonRequest(
+            fence=Fence(task_id=task_id, step_id="s", iteration=0, attempt=0),
+            agent_id="agent",
+            config=LoopConfig(),
+            workspace="/w",
+            conversation_ref=ConversationRef(length=2, tail=tail),
+        )
+        ref = ReasonRequest.model_validate_json(request.model_dump_json()).conversation_ref
+        assert ref is not None
+        return ref
+
+    first, second = carried("t1"), carried("t2")
+    assert second.tail[0] is first.tail[0]
+    assert [m.content for m in second.tail] == ["You are an agent.", "Goal of t2"]
+    assert shared_message(system.model_dump_json()) is first.tail[0]
