@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter
 
+from shared.identical import SharedWhenIdentical
 from shared.inference import ToolCall
 
 __all__ = [
@@ -26,8 +27,10 @@ __all__ = [
     "Conversation",
     "ConversationMessage",
     "MessageRole",
+    "SharedMessage",
     "estimate_message_tokens",
     "pins_group",
+    "shared_message",
     "tool_groups",
 ]
 
@@ -112,6 +115,18 @@ def estimate_message_tokens(message: ConversationMessage) -> int:
     if message.tool_call_id is not None:
         chars += len(message.tool_call_id.encode()) + 20
     return max(chars * 10 // 33, 1) + 7
+
+
+SharedMessage = Annotated[ConversationMessage, SharedWhenIdentical()]
+"""A message parsed from JSON that is the same instance as the recently parsed ones of the same
+JSON (:mod:`shared.identical`): the system prompt and the step's instruction that every task of
+a kind repeats are held once by a worker's kept conversations, not once per task."""
+_SHARED_MESSAGE: TypeAdapter[ConversationMessage] = TypeAdapter(SharedMessage)
+
+
+def shared_message(text: str | bytes) -> ConversationMessage:
+    """The message whose JSON is ``text`` (:data:`SharedMessage`)."""
+    return _SHARED_MESSAGE.validate_json(text)
 
 
 class Conversation(BaseModel):

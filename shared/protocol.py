@@ -17,9 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shared.actions import GateModification, Observation, ProposedAction, ToolCallAction
 from shared.approval import HeldCall
-from shared.conversation import Conversation, ConversationMessage
+from shared.conversation import Conversation, ConversationMessage, SharedMessage
 from shared.errors import WireFormatError
 from shared.events import RecoveryTriggered
+from shared.identical import SharedWhenIdentical
 from shared.inference import ModelCall, ProviderWait, Usage
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry, TerminationReason
 from shared.policy import PolicySpec
@@ -63,6 +64,14 @@ ErrorKind = Literal["config", "transient", "internal", "provider_unavailable", "
   may be tried again (as ``internal``);
 - ``internal``: anything else (a bug, a crash in the library); retried, then dead-lettered.
 """
+
+
+_Config = Annotated[LoopConfig, SharedWhenIdentical()]
+_Provider = Annotated[ProviderSpec, SharedWhenIdentical()]
+_Policy = Annotated[PolicySpec, SharedWhenIdentical()]
+_Recovery = Annotated[RecoveryStrategy, SharedWhenIdentical()]
+"""A request's settings, the same in every request of a task (and often of every task): each
+distinct value parsed once per process and shared (:mod:`shared.identical`)."""
 
 
 class Fence(BaseModel):
@@ -116,7 +125,7 @@ class ConversationRef(BaseModel):
     epoch: int = Field(default=0, ge=0)
     created_at: float = 0.0
     """When the task was created: a task id reused after a purge is another conversation."""
-    tail: list[ConversationMessage] = Field(default_factory=list)
+    tail: list[SharedMessage] = Field(default_factory=list)
     """The last ``len(tail)`` of the ``length`` messages, carried in the request (the
     coordinator's builder sends what was appended since the task's previous reasoning turn,
     when it is small): a worker that read the task up to where the tail starts reads nothing
@@ -169,9 +178,9 @@ class ReasonRequest(BaseModel):
     conversation_ref: ConversationRef | None = None
     """Set by the coordinators: the conversation is not in the request but in Redis, and the
     worker reads what it lacks (the request stays the same size however long the task runs)."""
-    config: LoopConfig
-    provider: ProviderSpec = Field(default_factory=ProviderSpec)
-    policy: PolicySpec = Field(default_factory=PolicySpec)
+    config: _Config
+    provider: _Provider = Field(default_factory=ProviderSpec)
+    policy: _Policy = Field(default_factory=PolicySpec)
     workspace: str
     usage: Usage = Field(default_factory=Usage)
     allowed_tools: list[str] | None = None
@@ -182,7 +191,7 @@ class ReasonRequest(BaseModel):
     its delegation tree's root. Every folder from there down to ``workspace`` must be a real
     directory (no link) that the runtime created itself; a worker checks that each time it
     opens the workspace (:mod:`workers.workspaces`)."""
-    recovery: RecoveryStrategy = Field(default_factory=Retry)
+    recovery: _Recovery = Field(default_factory=Retry)
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
     trace_parent: str | None = None
     """The W3C ``traceparent`` of the coordinator's span that sent this dispatch."""
@@ -266,9 +275,9 @@ class ToolRequest(BaseModel):
     its delegation tree's root. Every folder from there down to ``workspace`` must be a real
     directory (no link) that the runtime created itself; a worker checks that each time it
     opens the workspace (:mod:`workers.workspaces`)."""
-    config: LoopConfig
-    recovery: RecoveryStrategy = Field(default_factory=Retry)
-    policy: PolicySpec = Field(default_factory=PolicySpec)
+    config: _Config
+    recovery: _Recovery = Field(default_factory=Retry)
+    policy: _Policy = Field(default_factory=PolicySpec)
     allowed_tools: list[str] | None = None
     trace_parent: str | None = None
     """The W3C ``traceparent`` of the span that sent this call (a coordinator's, or the

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -23,6 +23,7 @@ from shared.conventions import KnowledgeSpec
 from shared.delegation import ParentLink, WorkspaceMode
 from shared.durations import Duration, DurationDefaultsSchema
 from shared.errors import OrgaError
+from shared.identical import SharedWhenIdentical, shared_default
 from shared.loop_types import LoopConfig, RecoveryStrategy, Retry
 from shared.mcp import McpServerSpec, check_no_credentials, check_unique_names
 from shared.policy import PolicySpec
@@ -230,21 +231,37 @@ class TaskSpec(_Strict):
     agent_id: str = Field(default="agent", min_length=1, max_length=128)
     system_prompt: str | None = None
     steps: list[StepSpec] = Field(default_factory=list)
-    provider: ProviderSpec = Field(default_factory=ProviderSpec)
+    provider: Annotated[ProviderSpec, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(ProviderSpec)
+    )
     tools: list[str] | None = None
     tool_profile: ToolProfile | None = None
     mcp_servers: list[McpServerSpec] = Field(default_factory=list)
     """MCP tool servers whose tools the agent may call as ``<server>__<tool>`` (shared.mcp)."""
-    policy: PolicySpec = Field(default_factory=PolicySpec)
-    step_iteration: StepIterationConfig = Field(default_factory=StepIterationConfig)
+    policy: Annotated[PolicySpec, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(PolicySpec)
+    )
+    step_iteration: Annotated[StepIterationConfig, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(StepIterationConfig)
+    )
     pre_hydration: PreHydrationConfig | None = None
     knowledge: KnowledgeSpec | None = None
-    stagnation: StagnationConfig = Field(default_factory=StagnationConfig)
-    context: ContextStrategy = Field(default_factory=SlidingWindow)
-    recovery: RecoveryStrategy = Field(default_factory=Retry)
+    stagnation: Annotated[StagnationConfig, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(StagnationConfig)
+    )
+    context: Annotated[ContextStrategy, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(SlidingWindow)
+    )
+    recovery: Annotated[RecoveryStrategy, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(Retry)
+    )
     tool_recovery: dict[str, RecoveryStrategy] = Field(default_factory=dict)
-    limits: TaskLimits = Field(default_factory=TaskLimits)
-    review: ReviewSpec = Field(default_factory=ReviewSpec)
+    limits: Annotated[TaskLimits, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(TaskLimits)
+    )
+    review: Annotated[ReviewSpec, SharedWhenIdentical()] = Field(
+        default_factory=shared_default(ReviewSpec)
+    )
     workspace: str | None = None
     workspace_template: str | None = None
     tool_dispatch: Literal["auto", "queue", "inline"] = "auto"

@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from shared import keys
 from shared.aio import new_event_loop
 from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
-from shared.conversation import Conversation, ConversationMessage
+from shared.conversation import Conversation, ConversationMessage, shared_message
 from shared.errors import ConfigError, OrgaError
 from shared.inference import ToolDefinition
 from shared.loop_types import LoopConfig
@@ -645,7 +645,7 @@ class ProcessServices(WorkerCore):
         if not isinstance(raw, list):
             return
         try:
-            read = [ConversationMessage.model_validate_json(m) for m in raw]
+            read = [shared_message(m) for m in raw]
         except ValueError:
             return
         if len(known) + len(read) == ref.tail_start:
@@ -688,7 +688,7 @@ class ProcessServices(WorkerCore):
         if len(known) < read_to:
             key = self._conversation_key(task_id)
             raw = await self.redis.lrange(key, len(known), read_to - 1)
-            known = known + [ConversationMessage.model_validate_json(m) for m in raw]
+            known = known + [shared_message(m) for m in raw]
         if len(known) == ref.tail_start:
             known = known + ref.tail
         if len(known) < ref.length:
