@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import pytest
@@ -145,3 +146,76 @@ def test_messages_of_the_same_json_are_shared() -> None:
     assert second.tail[0] is first.tail[0]
     assert [m.content for m in second.tail] == ["You are an agent.", "Goal of t2"]
     assert shared_message(system.model_dump_json()) is first.tail[0]
+
+
+# -- review (branch revm): where a shared value is not what this parse would have built ------
+
+
+def _request_text(task_id: str, config: dict[str, object]) -> str:
+    """A request's JSON whose config is ``config`` as given (keys the model does not know,
+    non-finite floats written as ``Infinity``/``NaN``, as Python's json and pydantic read)."""
+    body = json.loads(_request(task_id))
+    body["config"] = {**body["config"], **config}
+    return json.dumps(body)
+
+
+def test_a_strict_parse_is_not_answered_by_an_earlier_lax_one() -> None:
+    """``model_validate_json(..., strict=True)`` is JSON mode without a context, so it is
+    shared, but the key does not see ``strict``: a config a strict parse refuses
+    (``"max_iterations": "9101"``, a string) is accepted when a lax parse of the same text
+    came first. The module promises "the same input under the same validation"."""
+    text = _request_text("strict", {"max_iterations": "9101"})
+    with pytest.raises(ValidationError, match="max_iterations"):
+        ReasonRequest.model_validate_json(
+            _request_text("strict", {"max_iterations": "9102"}), strict=True
+        )  # a fresh parse refuses it
+    ReasonRequest.model_validate_json(text)  # a lax parse of the same text, kept
+    with pytest.raises(ValidationError, match="max_iterations"):
+        ReasonRequest.model_validate_json(text, strict=True)
+
+
+def test_a_forbidding_parse_is_not_answered_by_an_earlier_ignoring_one() -> None:
+    """``extra="forbid"`` given to ``model_validate_json`` (the docstring names exactly this
+    override as what the key cannot see, but guards it only in Python mode): a config with an
+    unknown key is refused by a fresh forbidding parse, accepted once an ignoring parse of the
+    same text was kept."""
+    text = _request_text("extra", {"max_iterations": 9201, "unknown_setting": 1})
+    with pytest.raises(ValidationError, match="unknown_setting"):
+        ReasonRequest.model_validate_json(
+            _request_text("extra", {"max_iterations": 9202, "unknown_setting": 1}),
+            extra="forbid",
+        )
+    ReasonRequest.model_validate_json(text)
+    with pytest.raises(ValidationError, match="unknown_setting"):
+        ReasonRequest.model_validate_json(text, extra="forbid")
+
+
+def test_infinity_and_null_are_different_values() -> None:
+    """The key is ``orjson.dumps`` of the parsed value, and orjson writes ``inf`` and ``nan``
+    as ``null``: a request whose ``max_cost_usd`` is ``null`` (no money limit) gets the config
+    parsed from an earlier ``Infinity`` (a limit, so an unpriced model is refused by
+    ``workers.handlers._price``)."""
+    limited = ReasonRequest.model_validate_json(
+        _request_text("inf", {"max_iterations": 9301, "max_cost_usd": float("inf")})
+    )
+    assert limited.config.max_cost_usd == float("inf")
+    unlimited = ReasonRequest.model_validate_json(
+        _request_text("null", {"max_iterations": 9301, "max_cost_usd": None})
+    )
+    assert unlimited.config.max_cost_usd is None
+
+
+def test_a_nan_is_refused_even_after_a_null() -> None:
+    """``NaN`` fails ``max_cost_usd``'s ``ge=0`` on a fresh parse; after a config with
+    ``null`` there, it shares that config's key (``null``) and is accepted as ``None``."""
+    with pytest.raises(ValidationError, match="max_cost_usd"):
+        ReasonRequest.model_validate_json(
+            _request_text("nan", {"max_iterations": 9401, "max_cost_usd": float("nan")})
+        )
+    ReasonRequest.model_validate_json(
+        _request_text("null", {"max_iterations": 9402, "max_cost_usd": None})
+    )
+    with pytest.raises(ValidationError, match="max_cost_usd"):
+        ReasonRequest.model_validate_json(
+            _request_text("nan", {"max_iterations": 9402, "max_cost_usd": float("nan")})
+        )
