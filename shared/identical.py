@@ -22,13 +22,20 @@ same models' defaults (a task that sets no stagnation thresholds shares the defa
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import ValidationInfo, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import (
+    BaseModel,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 
 __all__ = ["SHARED_KEPT", "SharedWhenIdentical", "shared_default"]
 
@@ -74,13 +81,43 @@ def SharedWhenIdentical(kept: int = SHARED_KEPT) -> WrapValidator:  # noqa: N802
             key = orjson.dumps(value)
         except orjson.JSONEncodeError:  # an integer beyond 64 bits: validated, not shared
             return handler(value)
+        if b"null" in key and _non_finite(value):
+            return handler(value)  # NaN and Infinity are written null: the key names another value
         found = table.get(key)
         if found is None:
             found = handler(value)
-            table.put(key, found)
+            if _same_under_every_override(found, key):
+                table.put(key, found)
         return found
 
     return WrapValidator(share)
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether a float NaN or infinity is anywhere in ``value`` (parsed JSON)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_non_finite(item) for item in value)
+    return False
+
+
+def _same_under_every_override(found: Any, key: bytes) -> bool:
+    """Whether ``found`` is what any validation of the JSON ``key`` builds, whatever the
+    caller's overrides (``strict``, ``extra``, ``by_alias``/``by_name``, which the validator
+    cannot see): true when the strictest of them, strict and forbidding extra keys under the
+    model's own aliases, accepts it. A value that only a lax parse accepts (a number given as a
+    string, an unknown key ignored) is not kept: a later strict or forbidding parse of the same
+    text must fail as it would have, not be answered with the lax one's instance."""
+    if not isinstance(found, BaseModel):
+        return False
+    try:
+        type(found).model_validate_json(key, strict=True, extra="forbid")
+    except ValidationError:
+        return False
+    return True
 
 
 def shared_default(model: Callable[[], T]) -> Callable[[], T]:
