@@ -661,9 +661,7 @@ class Coordinator:
             await self._reject(entry_id, task_id, text, _not_a_child(task_id, named), partition=p)
             return
         now = time.time()
-        record = TaskRecord(
-            task_id=task_id, spec=spec, created_at=now, updated_at=now, breakers_clean=True
-        )
+        record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
         # a sub-agent's is created apart, its parent checked once it is stored (_parent_ended)
         outcome = await self._create(record, ack, started=named is None)
         if outcome.conflict:
@@ -705,7 +703,6 @@ class Coordinator:
                 spec=record.spec,
                 created_at=record.created_at,
                 updated_at=record.updated_at,
-                breakers_clean=record.breakers_clean,
             )
             outcome = await self._create_started(fresh, ack)
             if outcome is not None:

@@ -368,11 +368,6 @@ class TaskRecord(BaseModel):
     """The task's workspace folder, fixed when the task starts (its ``workspace``, else
     ``{ORGA_WORKSPACE_ROOT}/{task_id}`` of the coordinator that started it) and used by every
     later dispatch, whichever coordinator or CLI makes it."""
-    breakers_clean: bool = False
-    """No failed call of this task was applied since it was created (an error observation, a
-    recovery, a worker failure): its own circuit breakers hold no failure the coordinator was
-    told of, and its reasoning dispatches say so (``ReasonRequest.breakers_clean``). True from
-    the intake's creation on; False for a record written before it was stored (not known)."""
 
     def restore_conversation(self, stored: Sequence[str | bytes]) -> bool:
         """Put the conversation read from ``orga:conversation:{task_id}`` in place. False when

@@ -201,12 +201,6 @@ class ReasonRequest(BaseModel):
     """When the coordinator first looks at this dispatch (wall-clock seconds), as it set it at
     the dispatch; None: not said. A worker that starts it well before then, and no more than
     one heartbeat timeout before, leaves its task's look alone (:mod:`workers.liveness`)."""
-    breakers_clean: bool = False
-    """The coordinator applied no failed call of this task (no error observation, no recovery,
-    no worker failure): none of the task's own circuit breakers holds a failure it was told
-    of, and the calls this iteration runs inline check them without a read until one of them
-    fails (issue 27). False: not known (an older coordinator, a task with a failed call):
-    every check reads."""
 
     def tool_request(self, call: ToolCallAction) -> ToolRequest:
         """The request that runs one approved call of this iteration on a tool worker (built

@@ -71,7 +71,6 @@ __all__ = [
     "CircuitOpenError",
     "CircuitState",
     "InMemoryBreakerStore",
-    "KnownClean",
     "RedisBreakerStore",
     "breaker_scope_of",
     "format_remaining",
@@ -208,22 +207,6 @@ class BreakerStateStore(Protocol):
         """The breaker of ``tool``, or None when there is none."""
         ...
 
-    def assume_clean(self, tool: str) -> None:
-        """A call of ``tool`` goes ahead without a check: its breaker is known to be missing
-        (closed, no failure), so a success after it leaves it so (:class:`KnownClean`)."""
-        ...
-
-
-@dataclass(slots=True)
-class KnownClean:
-    """A dispatch's task's own breakers, known clean when it was sent: the coordinator applied
-    no failed call of the task (``ReasonRequest.breakers_clean``), so none holds a failure.
-    Checks of them go ahead without a read (issue 27: one ``HMGET`` less per inline call)
-    until a call of the dispatch fails (``clean`` is then False: the next checks read). Shared
-    by the calls of one dispatch (mutable, on purpose)."""
-
-    clean: bool = True
-
 
 # -- the state machine, as pure functions (the Lua scripts below mirror them) ---------------
 
@@ -289,9 +272,6 @@ class InMemoryBreakerStore:
     async def get_state(self, tool: str) -> BreakerState | None:
         """The breaker of ``tool``, or None."""
         return self._states.get(tool)
-
-    def assume_clean(self, tool: str) -> None:
-        """Nothing to remember: a success in memory resets the breaker anyway."""
 
 
 # -- Redis ---------------------------------------------------------------------------------
@@ -455,11 +435,6 @@ class RedisBreakerStore:
         allowed, failures, remaining_ms = await self._check_script(keys=[key], args=args)
         return BreakerVerdict(bool(allowed), int(failures), int(remaining_ms) / 1000)
 
-    def assume_clean(self, tool: str) -> None:
-        """A call of ``tool`` goes ahead unchecked, its breaker known clean: as a check that
-        found it so, with no ``HMGET`` (its success then writes nothing, for a task's own)."""
-        self._remember_clean(tool)
-
     def _remember_clean(self, tool: str) -> None:
         if tool not in self._clean and len(self._clean) >= CLEAN_CHECKS_KEPT:
             self._clean.clear()  # forgotten checks only make their successes write
@@ -573,10 +548,6 @@ class Breaker:
                 verdict.recovery_remaining_s,
                 self.task_id,
             )
-
-    def assume_clean(self) -> None:
-        """The call goes ahead unchecked: this breaker is known clean (:class:`KnownClean`)."""
-        self.registry.store.assume_clean(self.name)
 
     async def record_success(self) -> None:
         """The call succeeded."""

@@ -261,13 +261,9 @@ class _Batch:
         if tool is None:
             return Attempt(self._unknown_tool(tool_name, call_id), CallOutcome.INVALID)
         breaker = self.executor.breaker(tool_name, self.context)
-        known = self.context.known_clean
         async with self.semaphore:
             try:
-                if known is not None and known.clean and breaker.task_id is not None:
-                    breaker.assume_clean()  # the task's own, known clean: no read
-                else:
-                    await breaker.check()
+                await breaker.check()
             except CircuitOpenError as error:
                 return Attempt(_circuit_open(tool_name, call_id, error), CallOutcome.REJECTED)
             attempt = await self._run_tool(tool_name, tool, call_id, arguments)
@@ -348,8 +344,6 @@ class _Batch:
         self, breaker: Breaker, tool_name: str, arguments: Mapping[str, Any], attempt: Attempt
     ) -> None:
         if attempt.outcome is CallOutcome.FAILED:
-            if self.context.known_clean is not None:
-                self.context.known_clean.clean = False  # the dispatch's next checks read
             await breaker.record_failure()
             return
         await breaker.record_success()

@@ -55,7 +55,6 @@ from shared.tracing import (
     traceparent,
     tracing_installed,
 )
-from workers.circuit_breaker import KnownClean
 from workers.gates.base import GateContext, ReasoningPolicyGate
 from workers.gates.offered import OfferedToolsGate
 from workers.gates.schema import (
@@ -580,17 +579,11 @@ async def _act_inline(
     (:func:`checked_schemas`)."""
     limit = asyncio.Semaphore(request.config.max_concurrent_tools)
     checked = checked_schemas(offered, services.tool_definitions())
-    # The coordinator applied no failed call of the task: its own breakers need no read until
-    # one of these calls fails (one object for all of them).
-    known = KnownClean() if request.breakers_clean else None
 
     async def one(call: ToolCallAction) -> ToolObservedMessage:
         async with limit:
             return await run_tool_call(
-                request.tool_request(call),
-                services,
-                checked_schema=checked.get(call.name),
-                known_clean=known,
+                request.tool_request(call), services, checked_schema=checked.get(call.name)
             )
 
     return list(await asyncio.gather(*(one(call) for call in calls)))
@@ -673,7 +666,6 @@ async def run_tool_call(
     services: WorkerServices,
     *,
     checked_schema: dict[str, Any] | None = None,
-    known_clean: KnownClean | None = None,
 ) -> ToolObservedMessage:
     """One tool call: gated first when it is a pre-hydration resolution. ``checked_schema``:
     the schema the call's arguments passed in this process (:attr:`ToolContext.checked_schema`;
@@ -708,7 +700,6 @@ async def run_tool_call(
         idempotency_key=None if request.purpose == "verify" else request.fence.call_key(),
         mcp=await _mcp_target(request, services),
         checked_schema=checked_schema if not request.gated else None,
-        known_clean=known_clean,
     )
     action = request.action
     with (

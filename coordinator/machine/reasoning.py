@@ -138,7 +138,6 @@ class Reasoning(Section):
             act=self.act_mode(purpose),
             look_at=look_at,
             trace_parent=m.trace_parent,
-            breakers_clean=record.breakers_clean,
         )
 
     def act_mode(self, purpose: str) -> ActMode:

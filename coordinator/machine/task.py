@@ -154,21 +154,7 @@ class TaskMachine(MachineCore):
         self,
         message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | ChildFinishedMessage,
     ) -> Effects:
-        """Any answer of a worker (or of a sub-agent's task), routed by its kind. One that may
-        have counted a failure in a breaker of the task turns ``breakers_clean`` off, committed
-        even when the answer itself is ignored (a late answer of a call re-sent meanwhile)."""
-        dirty = self.record.breakers_clean and _may_have_failed(message)
-        if dirty:
-            self.record.breakers_clean = False
-        effects = self._route(message)
-        if dirty and not effects.changed and not self.record.terminal:
-            effects.changed = True
-        return effects
-
-    def _route(
-        self,
-        message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | ChildFinishedMessage,
-    ) -> Effects:
+        """Any answer of a worker (or of a sub-agent's task), routed by its kind."""
         if isinstance(message, ReasonedMessage):
             return self.on_reasoned(message)
         if isinstance(message, ToolObservedMessage):
@@ -348,22 +334,6 @@ class TaskMachine(MachineCore):
             return self.ignored()
         self.steps.finish(TaskStatus.ABORTED, f"cancelled: {reason}")
         return self.done()
-
-
-def _may_have_failed(
-    message: ReasonedMessage | ToolObservedMessage | WorkerFailedMessage | ChildFinishedMessage,
-) -> bool:
-    """Whether a call this answer reports may have counted a failure in one of its task's
-    circuit breakers: a call that raised or timed out (the executor's failures) answers with an
-    error observation, or recovered from it (a recovery event), and a worker that failed may
-    have run calls before; a sub-agent's end is another task's."""
-    if isinstance(message, WorkerFailedMessage):
-        return True
-    if isinstance(message, ToolObservedMessage):
-        return message.observation.is_error or bool(message.recovery_events)
-    if isinstance(message, ReasonedMessage):
-        return any(_may_have_failed(acted) for acted in message.acted or ())
-    return False
 
 
 def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:

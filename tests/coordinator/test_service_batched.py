@@ -546,19 +546,3 @@ def test_observations_applied_are_deleted_by_a_later_read_and_a_claim_of_them_ap
             assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
 
     asyncio.run(scenario())
-
-
-def test_a_task_the_intake_creates_has_its_breakers_said_clean(
-    redis_client: RedisClientFactory,
-) -> None:
-    """A new task's record starts with ``breakers_clean`` (no call failed yet), stored."""
-
-    async def scenario() -> None:
-        async with redis_client(decode_responses=True) as client:
-            coordinator = await _coordinator(client)
-            await _submit(client, coordinator, "t")
-            coordinator.store.forget_kept()
-            record = await coordinator.store.load("t")
-            assert record is not None and record.breakers_clean
-
-    asyncio.run(scenario())

@@ -25,7 +25,6 @@ from workers.circuit_breaker import (
     CircuitBreakerRegistry,
     CircuitState,
     InMemoryBreakerStore,
-    KnownClean,
     RedisBreakerStore,
 )
 from workers.executor import ExecutionReport, ToolExecutor
@@ -759,49 +758,5 @@ def test_executor_on_redis_breakers_and_cache(redis_client: RedisClientFactory) 
             rejected = await worker_a.execute([call("search", "a2")], config(), context())
             assert rejected.observations[0].metadata["error_type"] == "circuit_open"
             assert len(good.calls) == 1
-
-    asyncio.run(scenario())
-
-
-async def _calls(client: Any, command: str) -> int:
-    """How many times Redis ran ``command`` (``INFO commandstats``)."""
-    stats = await client.info("commandstats")
-    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
-
-
-@pytest.mark.redis
-def test_a_task_breaker_known_clean_is_not_read_until_a_call_of_the_dispatch_fails(
-    redis_client: RedisClientFactory,
-) -> None:
-    """With ``known_clean`` (the coordinator applied no failed call of the task), a call's
-    check of its task's own breaker sends no ``HMGET`` and its success writes nothing; once a
-    call of the dispatch fails, the next checks read again, and a deployment-wide breaker
-    (``web_fetch``) is always read."""
-
-    async def scenario() -> None:
-        async with redis_client() as client:
-            flaky_tool = FakeTool("run_command", flaky(1))
-            runner = ToolExecutor(
-                {"file_read": FakeTool("file_read", echo), "run_command": flaky_tool,
-                 "web_fetch": FakeTool("web_fetch", echo)},
-                CircuitBreakerRegistry(RedisBreakerStore(client)),
-                sleep=RecordingSleep(),
-            )  # fmt: skip
-            known = KnownClean()
-            in_task = _in_task("A").model_copy(update={"known_clean": known})
-            hmget, deleted = await _calls(client, "hmget"), await _calls(client, "del")
-            report = await runner.execute([call("file_read", "r1")], config(), in_task)
-            assert not report.observations[0].is_error
-            assert await _calls(client, "hmget") == hmget  # no read
-            assert await _calls(client, "del") == deleted  # no write
-            await runner.execute([call("web_fetch", "w1")], config(), in_task)
-            assert await _calls(client, "hmget") == hmget + 1  # deployment-wide: read
-            failed = await runner.execute([call("run_command", "c1")], config(), in_task)
-            assert failed.observations[0].is_error and not known.clean
-            hmget = await _calls(client, "hmget")
-            await runner.execute([call("file_read", "r2")], config(), in_task)
-            assert await _calls(client, "hmget") == hmget + 1  # a call failed: read again
-            state = await runner.breakers.get_state("run_command:task:A")
-            assert state is not None and state.failure_count == 1
 
     asyncio.run(scenario())

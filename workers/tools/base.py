@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.inference import ToolDefinition
 from shared.mcp import McpTarget
-from workers.circuit_breaker import KnownClean
 
 __all__ = ["Tool", "ToolContext", "ToolOutput", "reads_only"]
 
@@ -36,10 +35,6 @@ class ToolContext(BaseModel):
     set only when the gate's check and the tool's are the same validation,
     ``workers.handlers.checked_schemas``): a tool whose own schema is that object need not
     check them again. None: not checked here."""
-    known_clean: KnownClean | None = Field(default=None, repr=False, exclude=True)
-    """The task's own breakers known clean when the dispatch was sent (the calls of one
-    dispatch share it): a call's check of its task's breaker then skips its read until a call
-    of the dispatch fails (:class:`~workers.circuit_breaker.KnownClean`). None: checked."""
 
 
 class ToolOutput(BaseModel):
