@@ -380,8 +380,6 @@ class RedisBreakerStore:
       since: the success would leave it as that check found it. Otherwise one ``DEL``
       (closed, no failure, no probe).
     * **failure**: one Lua script (the count, the opening, the TTL).
-    * **assume_clean**: nothing, for a task's own breaker a dispatch knows clean
-      (:class:`KnownClean`): as a check that found it clean, its success then writes nothing.
 
     With ``pipelines`` (a worker's :class:`~workers.redis_batch.CoalescedPipeline`), a
     check's ``HMGET`` goes out in the pipeline of its loop turn, with the other calls' checks
