@@ -21,7 +21,7 @@ from coordinator.state import TaskStatus
 from coordinator.store import CommitConflictError, PendingCommit
 from orga.embedded_redis import RedisBinary
 from shared import keys
-from shared.protocol import ReasonedMessage, encode_entry
+from shared.protocol import ReasonedMessage, WorkerFailedMessage, encode_entry
 from tests.ci import require
 from tests.redis_server import RedisClientFactory, RedisServer, RedisUnavailableError
 
@@ -544,5 +544,87 @@ def test_observations_applied_are_deleted_by_a_later_read_and_a_claim_of_them_ap
             assert await client.xlen(stream) == 0
             await heir._reclaim(stream, heir._observation)  # drops the deleted's deliveries
             assert (await client.xpending(stream, keys.coordinator_group))["pending"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_an_outage_report_applied_and_not_deleted_yet_is_not_applied_again_by_a_claim(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Review of branch ``cmds``: an applied observation is now deleted up to
+    ``delete_applied_s`` after its commit, and one left pending by a coordinator killed in
+    between is claimed by another "as a duplicate the fences ignore". An outage report
+    (``provider_unavailable``) does not change the awaited fence (the dispatch is held, same
+    fence), so the claim applies it a second time: a second report counted (the back-off
+    doubled, the retry pushed later), its DispatchFailed/ServiceUnavailable journaled twice.
+    Before the branch the report's XDEL was in its commit: never applied twice."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            stream = keys.observations_stream(0)
+            dead = Coordinator(client, settings=SETTINGS, name="dead")
+            await dead._ensure_groups()
+            await dead._learn_redis_version()
+            await _submit(client, dead, "t")
+            record = dead.store.peek_kept("t")
+            assert record is not None and record.awaiting is not None
+            report = WorkerFailedMessage(
+                fence=record.awaiting.fence,
+                error="ProviderUnavailableError: 503",
+                error_kind="provider_unavailable",
+                service="openai",
+            )
+            await client.xadd(stream, encode_entry(report))  # type: ignore[arg-type]
+            await dead._observations_once()  # applied; its deletion not due yet: killed now
+            dead.store.forget_kept()
+            applied = await dead.store.load("t")
+            assert applied is not None and applied.outage is not None
+            assert applied.outage.reports == 1
+            heir = await _coordinator(client)
+            heir.settings = replace(SETTINGS, claim_idle_ms=0)
+            await heir._reclaim(stream, heir._observation)
+            heir.store.forget_kept()
+            again = await heir.store.load("t")
+            assert again is not None and again.outage is not None
+            assert again.version == applied.version  # the duplicate applied nothing
+            assert again.outage.reports == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_live_coordinator_s_claim_does_not_take_an_observation_it_applied(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Review of branch ``cmds``: ``delete_applied_s`` is capped at a quarter of
+    ``claim_idle_ms`` "so that no claim takes one of them first", but when no other
+    observation comes the applied ones wait for the next read's block (``block_ms``, 1 s)
+    to end. ``ORGA_CLAIM_IDLE_MS`` may be as low as 100: with 400, the tick's own
+    ``XAUTOCLAIM`` takes an observation applied 0.6 s before and applies it again, here an
+    outage report (the same fence while held): counted twice with no coordinator killed."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            stream = keys.observations_stream(0)
+            coordinator = await _coordinator(client)
+            coordinator.settings = replace(SETTINGS, block_ms=1000, claim_idle_ms=400)
+            await _submit(client, coordinator, "t")
+            record = coordinator.store.peek_kept("t")
+            assert record is not None and record.awaiting is not None
+            report = WorkerFailedMessage(
+                fence=record.awaiting.fence,
+                error="ProviderUnavailableError: 503",
+                error_kind="provider_unavailable",
+                service="openai",
+            )
+            await client.xadd(stream, encode_entry(report))  # type: ignore[arg-type]
+            await coordinator._observations_once()  # applied
+            reading = asyncio.ensure_future(coordinator._observations_once())  # none comes
+            await asyncio.sleep(0.6)
+            await coordinator._reclaim(stream, coordinator._observation)  # the tick
+            await reading
+            coordinator.store.forget_kept()
+            stored = await coordinator.store.load("t")
+            assert stored is not None and stored.outage is not None
+            assert stored.outage.reports == 1
 
     asyncio.run(scenario())
