@@ -579,10 +579,12 @@ def _backlog(client: redis.Redis, stream: str, now: float | None) -> tuple[int, 
     """``(pending, undelivered, lag_s)`` of the coordinators' group on one observations stream.
 
     ``pending`` counts the delivered entries still on the stream, up to 10,000: an observation
-    applied or dropped is deleted at once, on Redis 7.0.4 and later its delivery left pending
-    until a coordinator's next claim drops it (the coordinators' tick, whatever its idle time),
-    so the group's pending count also holds those applied since the last tick (before 7.0.4
-    it is acknowledged too: none).
+    dropped (or an outage report applied) is deleted at once, the others applied together
+    about ``delete_applied_s`` (0.25 s) after their commit, so ``pending`` also holds those
+    applied in the last quarter-second; on Redis 7.0.4 and later a deleted entry's delivery
+    is left pending until a coordinator's next claim drops it (the coordinators' tick,
+    whatever its idle time), so the group's pending count also holds those deleted since the
+    last tick (before 7.0.4 it is acknowledged too: none).
     ``undelivered`` is counted from the group's last delivered id (Redis 6.2 has no ``lag``
     field), up to 10,000 entries; ``lag_s`` is the age of the oldest of them, read from its
     stream id (the time it was added), 0.0 when there is none.

@@ -8,10 +8,11 @@ Seven loops share one Redis connection pool:
 - **observations**: ``XREADGROUP`` on ``orga:observations``; each message is applied to its task
   through the pure :class:`~coordinator.machine.TaskMachine` and committed in one atomic
   script; the entries applied are deleted together, one ``XDEL`` per partition, at most
-  ``delete_applied_s`` later (not acknowledged: on Redis 7.0.4 and later the next
-  ``XAUTOCLAIM`` drops its delivery; before, acknowledged too, the version read at the start).
-  A coordinator killed in between leaves them pending: claimed, they are duplicate answers,
-  which the fences ignore.
+  ``delete_applied_s`` later (the read waiting for more blocks no longer; not acknowledged:
+  on Redis 7.0.4 and later the next ``XAUTOCLAIM`` drops its delivery; before, acknowledged
+  too, the version read at the start). A coordinator killed in between leaves them pending:
+  claimed, they are duplicate answers, which the fences ignore. An outage report, which the
+  machine would count again (the dispatch it holds keeps its fence), is deleted by its commit.
   Entries left pending by a dead coordinator are reclaimed with ``XAUTOCLAIM``; an entry
   delivered too many times is dead-lettered.
 - **control**: review decisions and cancellations sent by the CLI.
@@ -50,6 +51,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import re
 import socket
@@ -83,6 +85,7 @@ from coordinator.liveness import Liveness
 from coordinator.logs import RateGate
 from coordinator.machine import PLAN_FENCE_STEP, Effects, MachineSettings, TaskMachine, decide
 from coordinator.machine.delegation import rejected_child
+from coordinator.machine.outages import OUTAGE_KINDS
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.partition_leases import PartitionLeases
 from coordinator.queues import QueueGauge
@@ -113,6 +116,7 @@ from shared.partitions import check_partitions, legacy_layout_error
 from shared.protocol import (
     AnyMessage,
     Fence,
+    WorkerFailedMessage,
     decode_entry,
     encode_entry,
 )
@@ -235,8 +239,10 @@ class CoordinatorSettings:
     delete_applied_s: float = 0.25
     """The observations applied are deleted together (one ``XDEL`` per partition) once the
     oldest of them was applied this long ago, or when a read finds none (issue 27: one command
-    less per model call); at most a quarter of ``claim_idle_ms``, so that no claim takes one
-    of them first."""
+    less per model call); the read blocks no longer than that while some wait; at most a
+    quarter of ``claim_idle_ms``, so that no claim takes one of them first (and a claim of
+    one is a duplicate the fences ignore; an outage report, which is not, is deleted by its
+    commit)."""
     max_loop_backoff_s: float = 8.0
     refusal_log_interval_s: float = 60.0
     """A wrong observation is logged and written as an event at most once per task and reason
@@ -480,15 +486,17 @@ class Coordinator:
         return [kind(p) for p in sorted(self.serving(kind.__name__))]
 
     async def _read(
-        self, kind: Callable[[int], str]
+        self, kind: Callable[[int], str], block_ms: int | None = None
     ) -> list[tuple[str, list[tuple[str, dict[Any, Any]]]]]:
         """One read of a stream of each served partition: the entries of each stream that had
         some, by stream (one multi-stream ``XREADGROUP``; one per partition on a Redis Cluster,
-        :func:`coordinator.streams.read_group`); none served: a pause instead."""
+        :func:`coordinator.streams.read_group`), blocking ``block_ms`` at most (default: the
+        settings'); none served: a pause instead."""
+        block_ms = self.settings.block_ms if block_ms is None else block_ms
         streams = self._streams(kind)
         if not streams:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.settings.block_ms / 1000)
+                await asyncio.wait_for(self._stopping.wait(), block_ms / 1000)
             return []
         return await read_group(
             self.redis,
@@ -496,7 +504,7 @@ class Coordinator:
             self.name,
             streams,
             count=self.settings.batch,
-            block_ms=self.settings.block_ms,
+            block_ms=block_ms,
         )
 
     # -- intake ---------------------------------------------------------------------------
@@ -824,7 +832,7 @@ class Coordinator:
                 _own_failure(exc, stream, entry_id, failures)
 
         try:
-            read = await self._read(keys.observations_stream)
+            read = await self._read(keys.observations_stream, self._observations_block_ms())
             await self._handle_read(read, observe)
             await self._commit_decided(waiting, failures)
             await self._delete_applied(at_once=not read)
@@ -837,12 +845,27 @@ class Coordinator:
         if failures:
             raise failures[0]
 
+    def _delete_after_s(self) -> float:
+        """How long the observations applied wait to be deleted together: ``delete_applied_s``,
+        at most a quarter of ``claim_idle_ms``."""
+        settings = self.settings
+        return min(settings.delete_applied_s, settings.claim_idle_ms / 4000)
+
+    def _observations_block_ms(self) -> int:
+        """The observations read's block: ``block_ms``, or less when observations applied
+        are due to be deleted sooner (the read that ends then deletes them): no applied one
+        waits past :meth:`_delete_after_s` for a read to end, so its own claim never takes it.
+        At least 1 ms (``BLOCK 0`` would wait for ever)."""
+        block_ms = self.settings.block_ms
+        due_in = self.store.applied_due_in(self._delete_after_s())
+        if due_in is None:
+            return block_ms
+        return max(min(block_ms, math.ceil(due_in * 1000)), 1)
+
     async def _delete_applied(self, *, at_once: bool = False) -> None:
         """Delete the observations applied (:meth:`TaskStore.delete_applied`): those applied
-        ``delete_applied_s`` ago or more, or all of them ``at_once``."""
-        settings = self.settings
-        after_s = min(settings.delete_applied_s, settings.claim_idle_ms / 4000)
-        await self.store.delete_applied(0.0 if at_once else after_s)
+        :meth:`_delete_after_s` ago or more, or all of them ``at_once``."""
+        await self.store.delete_applied(0.0 if at_once else self._delete_after_s())
 
     async def _commit_decided(self, waiting: list[_Decided], failures: list[Exception]) -> None:
         """Send the waiting commits in one pipeline. An entry whose commit was written is
@@ -887,6 +910,9 @@ class Coordinator:
             await self._poison(stream, entry_id, fields, str(exc))
             return
         task_id = message.fence.task_id
+        # An outage report applied again would be counted again (the dispatch it holds keeps
+        # its fence): deleted in its commit, not later with the others (delete_applied).
+        now = isinstance(message, WorkerFailedMessage) and message.error_kind in OUTAGE_KINDS
         wrong: list[str | None] = ["unknown_task"]  # what the last look at the record said
         dispatched_at: list[float | None] = [None]  # when the dispatch it answers went out
 
@@ -898,14 +924,14 @@ class Coordinator:
             return effects
 
         if waiting is None:
-            applied = await self._apply(task_id, route, ack=ack)
+            applied = await self._apply(task_id, route, ack=ack, delete_now=now)
             if applied and self.metrics is not None:
                 self.metrics.observed(message, dispatched_at[0])
         else:
             if any(d.commit.record.task_id == task_id for d in waiting):
                 # decided on the record it commits
                 await self._commit_decided(waiting, [] if failures is None else failures)
-            pending = await self._decide(task_id, route, ack)
+            pending = await self._decide(task_id, route, ack, delete_now=now)
             if pending is not None:
                 waiting.append(
                     _Decided(stream, entry_id, fields, message, dispatched_at[0], pending)
@@ -1185,13 +1211,15 @@ class Coordinator:
         task_id: str,
         step: Callable[[TaskMachine], Effects],
         ack: tuple[str, str, str] | None = None,
+        *,
+        delete_now: bool = False,
     ) -> bool:
         """Load, transition, then commit with the dispatches (retrying on conflict).
 
         False: no such task, or the machine ignored the input.
         """
         for _ in range(20):
-            pending = await self._decide(task_id, step, ack)
+            pending = await self._decide(task_id, step, ack, delete_now=delete_now)
             if pending is None:
                 return False
             try:
@@ -1207,9 +1235,13 @@ class Coordinator:
         task_id: str,
         step: Callable[[TaskMachine], Effects],
         ack: tuple[str, str, str] | None = None,
+        *,
+        delete_now: bool = False,
     ) -> PendingCommit | None:
         """Load and transition: the commit to send (the record at its new version, with the
         dispatches), or None when there is no such task or the machine ignored the input.
+        ``delete_now``: the observation ``ack`` names is deleted by the commit
+        (:meth:`TaskStore.prepare`).
 
         The record kept from this coordinator's last commit of the task is used without asking
         Redis whether it is still current: the commit's compare-and-set refuses it if it is
@@ -1241,7 +1273,13 @@ class Coordinator:
             dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
             owner = self.name if task_id in self._held else ""  # a task that ends is released
             return self.store.prepare(
-                machine.record, effects, ack, dispatches, delta=delta, lease_owner=owner
+                machine.record,
+                effects,
+                ack,
+                dispatches,
+                delta=delta,
+                lease_owner=owner,
+                delete_now=delete_now,
             )
         raise CommitConflictError(f"task {task_id}: judged 20 times on records changed since")
 

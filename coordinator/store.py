@@ -3,7 +3,8 @@
 ``commit`` runs one Lua script that, atomically, checks the record's version (and creation
 time: a task of that id created anew after a purge may reach the same version), writes the new
 state, acknowledges the stream entry that caused the change (an observation: left pending,
-deleted with others once the commit is written, :meth:`TaskStore.delete_applied`), appends
+deleted with others once the commit is written, :meth:`TaskStore.delete_applied`; an outage
+report, which a second application would count again, deleted by the script), appends
 the commit's journal
 records (in one stream entry of id ``0-{last sequence+1}``,
 :func:`shared.journal.journal_stream_entry`), the lifecycle events, the review items and the
@@ -120,10 +121,20 @@ redis.call('HSET', KEYS[1], unpack(fields))
 -- An applied observation (a tool output, maybe large) is in the conversation now: it is not
 -- touched here, the store deletes the observations applied in one XDEL per partition a little
 -- later (TaskStore.delete_applied); until then it stays pending, and a claim of it (its
--- coordinator killed meanwhile) is a duplicate answer the fences ignore. Any other entry
--- (ARGV[6]: which of KEYS is its stream, every key in KEYS: Redis Cluster) is acknowledged.
-if ARGV[5] ~= '' and not extra.delete_entry then
-  redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5])
+-- coordinator killed meanwhile) is a duplicate answer the fences ignore. One whose second
+-- application is no duplicate (an outage report: the held dispatch keeps its fence) is deleted
+-- here (delete_now), not acknowledged on Redis 7.0.4 and later: the next claim (XAUTOCLAIM)
+-- drops its delivery; older Redis do not (6.2 keeps it pending for ever; 7.0.0-7.0.3 crash on
+-- many): acknowledged too. Any other entry (ARGV[6]: which of KEYS is its stream, every key in
+-- KEYS: Redis Cluster) is acknowledged.
+if ARGV[5] ~= '' then
+  local acked = KEYS[tonumber(ARGV[6])]
+  if extra.delete_now then
+    if extra.ack_deleted then redis.call('XACK', acked, ARGV[7], ARGV[5]) end
+    redis.call('XDEL', acked, ARGV[5])
+  elseif not extra.delete_entry then
+    redis.call('XACK', acked, ARGV[7], ARGV[5])
+  end
 end
 -- The commit's journal records in one stream entry (shared.journal.journal_stream_entry).
 -- Its id 0-{last sequence+1} is the journal's last sequence: no companion key (Redis refuses
@@ -598,6 +609,7 @@ class TaskStore:
         delta: ConversationDelta | None = None,
         lease_owner: str = "",
         create: tuple[str, int] | None = None,
+        delete_now: bool = False,
     ) -> PendingCommit:
         """The commit of :meth:`commit`, encoded and not sent yet (``record`` is at its new
         version from now on); send it with :meth:`commit_prepared` or :meth:`commit_many`.
@@ -607,6 +619,11 @@ class TaskStore:
         Its id may be a live task's (a resubmission, answered ``duplicate`` by the script), so
         nothing this store keeps of that id (record, spec, stored conversation) is touched
         until the script answers that it created the task.
+
+        An observation ``ack`` names is deleted after the commit is written, with others
+        (:meth:`delete_applied`); with ``delete_now`` by the commit's script itself: one
+        applied a second time (claimed before its deletion) would not be a duplicate the
+        fences ignore (an outage report: the dispatch it holds keeps its fence).
         """
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
@@ -628,6 +645,9 @@ class TaskStore:
         shared = self._partition_keys(p)
         observation = stream == shared[9]  # deleted once written, with others (delete_applied)
         extra["delete_entry"] = observation
+        if observation and delete_now:  # deleted by the script itself
+            extra["delete_now"] = True
+            extra["ack_deleted"] = self.acknowledge_deleted  # and acknowledged (Redis < 7.0.4)
         extra["lease_owner"] = lease_owner
         # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
         # finished child tells and the children it cancels are all in this task's partition.
@@ -672,7 +692,7 @@ class TaskStore:
             stored,
             dispatches,
             spec_json,
-            entry_id if observation else "",
+            entry_id if observation and not delete_now else "",
         )
 
     async def commit_prepared(self, pending: PendingCommit) -> None:
@@ -978,6 +998,14 @@ class TaskStore:
         self._applied.setdefault(partition, []).append(entry_id)
         if self._applied_since is None:
             self._applied_since = time.monotonic()
+
+    def applied_due_in(self, older_than_s: float) -> float | None:
+        """How long until :meth:`delete_applied` with ``older_than_s`` deletes the
+        observations applied (seconds, 0 when due now); None when none waits."""
+        since = self._applied_since
+        if since is None:
+            return None
+        return max(since + older_than_s - time.monotonic(), 0.0)
 
     async def delete_applied(self, older_than_s: float = 0.0) -> int:
         """Delete the observations applied since the last call, once the oldest of them was

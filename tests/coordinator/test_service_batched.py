@@ -211,10 +211,10 @@ def test_an_entry_failing_on_its_own_does_not_hold_back_the_others(
             entries = await client.xrange(keys.observations_stream(0))
             decide = coordinator._decide
 
-            async def failing(task_id: str, *args: object) -> PendingCommit | None:
+            async def failing(task_id: str, *args: object, **kwargs: bool) -> PendingCommit | None:
                 if task_id == "t2":
                     raise CommitConflictError("task t2: gave up after 20 conflicting commits")
-                return await decide(task_id, *args)  # type: ignore[arg-type]
+                return await decide(task_id, *args, **kwargs)  # type: ignore[arg-type]
 
             coordinator._decide = failing  # type: ignore[method-assign]
             with pytest.raises(CommitConflictError):
@@ -626,5 +626,32 @@ def test_a_live_coordinator_s_claim_does_not_take_an_observation_it_applied(
             stored = await coordinator.store.load("t")
             assert stored is not None and stored.outage is not None
             assert stored.outage.reports == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_read_after_an_applied_observation_ends_when_its_deletion_is_due(
+    redis_client: RedisClientFactory,
+) -> None:
+    """An observation whose second application is a duplicate (here a reasoning answer) is
+    deleted with others, at most ``delete_applied_s`` (capped at a quarter of
+    ``claim_idle_ms``) after its commit even when no other comes: the read waiting for more
+    blocks until then only, not ``block_ms``, so its own coordinator's claim never finds it."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            stream = keys.observations_stream(0)
+            coordinator = await _coordinator(client)
+            coordinator.settings = replace(SETTINGS, block_ms=5000, claim_idle_ms=400)
+            await _submit(client, coordinator, "t")
+            await _answer(client, coordinator, "t")
+            await coordinator._observations_once()  # applied, left in the stream
+            assert await client.xlen(stream) == 1
+            reading = asyncio.ensure_future(coordinator._observations_once())  # none comes
+            await asyncio.sleep(1.0)  # the cap is 0.1 s; the read would block 5 s
+            assert reading.done()
+            await reading
+            assert await client.xlen(stream) == 0
+            assert coordinator._observations_block_ms() == 5000  # nothing waits: full block
 
     asyncio.run(scenario())

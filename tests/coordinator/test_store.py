@@ -531,9 +531,11 @@ def test_on_16_partitions_each_script_touches_one_slot_and_the_views_merge(
     asyncio.run(run())
 
 
-async def _observed(client: Redis, store: TaskStore, task_id: str) -> str:
+async def _observed(
+    client: Redis, store: TaskStore, task_id: str, *, delete_now: bool = False
+) -> str:
     """Create and start ``task_id``, then commit a change applying an observation entry read
-    by the coordinators' group; the entry's id."""
+    by the coordinators' group (deleted by the commit with ``delete_now``); the entry's id."""
     stream = keys.observations_stream(0)
     with contextlib.suppress(ResponseError):  # the group exists already
         await client.xgroup_create(stream, keys.coordinator_group, id="0", mkstream=True)
@@ -546,7 +548,8 @@ async def _observed(client: Redis, store: TaskStore, task_id: str) -> str:
     touched = _machine(machine.record)
     touched.record.error = "touched"
     ack = (stream, keys.coordinator_group, entry_id)
-    await store.commit(touched.record, touched.effects, ack=ack)
+    pending = store.prepare(touched.record, touched.effects, ack, delete_now=delete_now)
+    await store.commit_prepared(pending)
     return entry_id
 
 
@@ -607,5 +610,31 @@ def test_a_failed_deletion_keeps_the_applied_observations_for_the_next(
         assert await client.xlen(stream) == 1
         assert await store.delete_applied() == 1
         assert await client.xlen(stream) == 0
+
+    _scenario(redis_url, body)
+
+
+@pytest.mark.parametrize("acknowledge", [True, False])
+def test_an_observation_committed_with_delete_now_is_deleted_by_its_commit(
+    redis_url: str, redis_client: Any, acknowledge: bool
+) -> None:
+    """``delete_now`` (an outage report, which a second application would count again): the
+    commit's script deletes the observation (acknowledged too when ``acknowledge_deleted``),
+    and ``delete_applied`` has nothing of it to delete; the others still wait for it."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        stream = keys.observations_stream(0)
+        store.acknowledge_deleted = acknowledge
+        now_id = await _observed(client, store, "t1", delete_now=True)
+        assert await client.xrange(stream) == []  # deleted by its commit
+        assert store.applied_due_in(3600) is None  # nothing waits
+        left = 0 if acknowledge else 1  # 7.0.4 and later: the next claim drops it
+        assert (await client.xpending(stream, keys.coordinator_group))["pending"] == left
+        later_id = await _observed(client, store, "t2")
+        assert [i.decode() for i, _f in await client.xrange(stream)] == [later_id]
+        assert store.applied_due_in(3600) is not None
+        assert await store.delete_applied() == 1
+        assert await client.xlen(stream) == 0
+        assert now_id != later_id
 
     _scenario(redis_url, body)

@@ -48,7 +48,7 @@ def test_outputs_are_stored_once_and_purged_with_the_task(cluster: Cluster) -> N
     assert len(outputs) == 4 and all(len(m) > 20_000 for m in outputs)
     assert len(raw.hget(keys.task_key(task_id, p), "state") or b"") < 20_000
     assert all(size < 20_000 for size in seen_requests), seen_requests
-    # the observations applied are deleted together, within a read's block once none come
+    # the observations applied are deleted together, delete_applied_s (0.25 s) after the commit
     wait_until(
         lambda: raw.xlen(keys.observations_stream(p)) == 0, timeout_s=5, what="the stream emptied"
     )
