@@ -548,6 +548,20 @@ def test_observations_applied_are_deleted_by_a_later_read_and_a_claim_of_them_ap
     asyncio.run(scenario())
 
 
+def _outage_report(coordinator: Coordinator, task_id: str) -> dict[str, str]:
+    """The stream entry of a ``provider_unavailable`` report answering the dispatch the
+    coordinator's kept record of ``task_id`` awaits."""
+    record = coordinator.store.peek_kept(task_id)
+    assert record is not None and record.awaiting is not None
+    report = WorkerFailedMessage(
+        fence=record.awaiting.fence,
+        error="ProviderUnavailableError: 503",
+        error_kind="provider_unavailable",
+        service="openai",
+    )
+    return encode_entry(report)
+
+
 def test_an_outage_report_applied_and_not_deleted_yet_is_not_applied_again_by_a_claim(
     redis_client: RedisClientFactory,
 ) -> None:
@@ -566,15 +580,7 @@ def test_an_outage_report_applied_and_not_deleted_yet_is_not_applied_again_by_a_
             await dead._ensure_groups()
             await dead._learn_redis_version()
             await _submit(client, dead, "t")
-            record = dead.store.peek_kept("t")
-            assert record is not None and record.awaiting is not None
-            report = WorkerFailedMessage(
-                fence=record.awaiting.fence,
-                error="ProviderUnavailableError: 503",
-                error_kind="provider_unavailable",
-                service="openai",
-            )
-            await client.xadd(stream, encode_entry(report))  # type: ignore[arg-type]
+            await client.xadd(stream, _outage_report(dead, "t"))  # type: ignore[arg-type]
             await dead._observations_once()  # applied; its deletion not due yet: killed now
             dead.store.forget_kept()
             applied = await dead.store.load("t")
@@ -608,15 +614,7 @@ def test_a_live_coordinator_s_claim_does_not_take_an_observation_it_applied(
             coordinator = await _coordinator(client)
             coordinator.settings = replace(SETTINGS, block_ms=1000, claim_idle_ms=400)
             await _submit(client, coordinator, "t")
-            record = coordinator.store.peek_kept("t")
-            assert record is not None and record.awaiting is not None
-            report = WorkerFailedMessage(
-                fence=record.awaiting.fence,
-                error="ProviderUnavailableError: 503",
-                error_kind="provider_unavailable",
-                service="openai",
-            )
-            await client.xadd(stream, encode_entry(report))  # type: ignore[arg-type]
+            await client.xadd(stream, _outage_report(coordinator, "t"))  # type: ignore[arg-type]
             await coordinator._observations_once()  # applied
             reading = asyncio.ensure_future(coordinator._observations_once())  # none comes
             await asyncio.sleep(0.6)
