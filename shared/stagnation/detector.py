@@ -238,6 +238,12 @@ class StagnationDetector:
         # a turn of calls alone, or a word ("TERMINATE"), is too short to say anything as a
         # plan: the output side judges its calls, and it neither adds nor takes off
         plan = plan_of(turn, cfg.plan_min_chars)
+        # a self-report that no result answered, and the model speaks again, a plan that says
+        # nothing of its progress: nothing came back to contradict the report (_report_stands)
+        unanswered = (
+            self._report_open and cfg.plan_unanswered and turn.stuck is None and plan is not None
+        )
+        raised = self._report_stands() if unanswered else False
         comparable = plan is not None
         reissue = (
             self._plans.reissue(
@@ -259,10 +265,10 @@ class StagnationDetector:
         # every turn reaches the signals (a re-asked slot is no stale turn of the plan rules)
         evidence = self._evidence(self._signal_input(turn=turn, stale_turn=stale))
         if not evidence:
-            return False
+            return raised
         strongest = max(evidence, key=Evidence.rank)
         reasons = {reason for e in evidence for reason in e.reasons}
-        return self._climb(strongest, reasons, model_side=True)
+        return self._climb(strongest, reasons, model_side=True) or raised
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -395,14 +401,31 @@ class StagnationDetector:
         (the plan memory's mark did not move): the tool side agrees with the report, so it adds
         one to the count of stale turns, as a stale turn does, and the signals are asked again.
         """
+        climbed = self._report_stands()
+        return self._verdict(escalated=climbed or verdict.escalated)
+
+    def _report_stands(self) -> bool:
+        """A self-report is corroborated: one more stale turn, and the signals asked again on
+        it; True when the level rose.
+
+        By its first result, when that result is new to the output side but tells the model
+        nothing new (:meth:`_corroborate`), or by no result at all: the model speaks again
+        (another agent answers in its place, a new ledger follows a replan) before anything
+        came back, in a plan that says nothing of its progress (``plan_unanswered``; a report,
+        which counts by itself, or a word too short to compare, does not). A reply from a model
+        shows nothing of the world (turns never move the plan memory's mark), so nothing
+        contradicted the report. Hard Who&When ``37``: the ledger reports a loop and hands
+        the search to the Assistant, which can only say it will search ("Please hold on a
+        moment"); the ledger reports again.
+        """
+        self._report_open = False
         self._plan_stale += 1
         evidence = self._evidence(self._signal_input(stale_turn=True))
         if not evidence:
-            return verdict
+            return False
         strongest = max(evidence, key=Evidence.rank)
         reasons = {reason for e in evidence for reason in e.reasons}
-        climbed = self._climb(strongest, reasons, model_side=True)
-        return self._verdict(escalated=climbed or verdict.escalated)
+        return self._climb(strongest, reasons, model_side=True)
 
     def _judge(self, event: ToolEvent, batch: dict[str, str] | None) -> StagnationVerdict:
         event = as_shell_event(event)
