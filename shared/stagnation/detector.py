@@ -219,7 +219,9 @@ class StagnationDetector:
         new come back since the previous turn (an agent answering the user's side questions
         between requests for the same missing id) neither adds nor takes off; nor does an
         *echo*, the same request as a plan made before the last news (content words at least
-        ``plan_echo`` alike, or near-identical): the news did not change what is asked.
+        ``plan_echo`` alike, or near-identical): the news did not change what is asked. A turn
+        that follows a self-report with no result between, and says nothing of its progress,
+        first counts that report once more (``plan_unanswered``, :meth:`_report_stands`).
         """
         return self._verdict(escalated=self._turn(turn))
 
