@@ -108,8 +108,9 @@ class StagnationConfig(BaseModel):
       *echo*) neither adds nor takes off: the news did not change the request
       (``plan_echo=0``: no echo, such a turn takes one off, as before). A self-report adds one
       more when the first result after it tells the model nothing new, or, with
-      ``plan_unanswered``, when the model speaks again before any result came back without
-      saying it progresses (``plan_unanswered=False``: the first case only, as before);
+      ``plan_unanswered``, when the model speaks again before any result came back, with no
+      call, without saying it progresses (a turn with calls leaves the report to their first
+      result; ``plan_unanswered=False``: the first case only, as before);
     - ``refusal``: refusals of the same write on the same target (tool and path) since its last
       success, in the last ``history`` events, whatever the arguments; above NUDGE only when the
       refused call was re-sent unchanged after the same refusal

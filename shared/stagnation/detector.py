@@ -220,8 +220,10 @@ class StagnationDetector:
         between requests for the same missing id) neither adds nor takes off; nor does an
         *echo*, the same request as a plan made before the last news (content words at least
         ``plan_echo`` alike, or near-identical): the news did not change what is asked. A turn
-        that follows a self-report with no result between, and says nothing of its progress,
-        first counts that report once more (``plan_unanswered``, :meth:`_report_stands`).
+        that follows a self-report with no result between, proposes no call and says nothing
+        of its progress, first counts that report once more (``plan_unanswered``,
+        :meth:`_report_stands`); one that proposes calls leaves the report open for their first
+        result, and :meth:`report_answered` closes it.
         """
         return self._verdict(escalated=self._turn(turn))
 
@@ -241,10 +243,12 @@ class StagnationDetector:
         # plan: the output side judges its calls, and it neither adds nor takes off
         plan = plan_of(turn, cfg.plan_min_chars)
         # a self-report that no result answered, and the model speaks again, a plan that says
-        # nothing of its progress: nothing came back to contradict the report (_report_stands)
-        unanswered = (
-            self._report_open and cfg.plan_unanswered and turn.stuck is None and plan is not None
-        )
+        # nothing of its progress: nothing came back to contradict the report (_report_stands).
+        # A turn that proposes calls does not count it: the report stays open through that
+        # turn, and the first of its results decides (_observe)
+        pending = self._report_open and cfg.plan_unanswered and turn.stuck is None
+        awaits_result = pending and bool(turn.calls)
+        unanswered = pending and not awaits_result and plan is not None
         raised = self._report_stands() if unanswered else False
         comparable = plan is not None
         reissue = (
@@ -258,7 +262,7 @@ class StagnationDetector:
         news = self._plans.mark != self._turn_mark
         self._turn_mark = self._plans.mark
         stale = reissued or turn.stuck is True
-        self._report_open = turn.stuck is True
+        self._report_open = turn.stuck is True or awaits_result
         if stale:
             self._plan_stale += 1
             self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
@@ -346,6 +350,15 @@ class StagnationDetector:
             self._notes = tuple(s for s in self.signals if _notes_events(s))
         return self._notes
 
+    def report_answered(self) -> None:
+        """The host answered the model's last self-report itself: it injected a message of
+        its own (the ladder's NUDGE or REPLAN) or started a step, so the model's next turn
+        answers that message, and the report no longer stands (``plan_unanswered`` does not
+        count it at that turn, nor does its first result corroborate it). The counts and the
+        level stay: unlike :meth:`reset_window`, a runtime message may call this.
+        """
+        self._report_open = False
+
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
 
@@ -413,8 +426,10 @@ class StagnationDetector:
         By its first result, when that result is new to the output side but tells the model
         nothing new (:meth:`_corroborate`), or by no result at all: the model speaks again
         (another agent answers in its place, a new ledger follows a replan) before anything
-        came back, in a plan that says nothing of its progress (``plan_unanswered``; a report,
-        which counts by itself, or a word too short to compare, does not). A reply from a model
+        came back, in a plan with no call that says nothing of its progress
+        (``plan_unanswered``; a report, which counts by itself, a word too short to compare,
+        or a turn after the host answered the report, :meth:`report_answered`, does not; a turn
+        that proposes calls leaves it to their first result). A reply from a model
         shows nothing of the world (turns never move the plan memory's mark), so nothing
         contradicted the report. Hard Who&When ``37``: the ledger reports a loop and hands
         the search to the Assistant, which can only say it will search ("Please hold on a

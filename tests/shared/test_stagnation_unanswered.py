@@ -129,3 +129,63 @@ def test_the_unanswered_report_costs_well_under_a_millisecond() -> None:
     assert all(detector.counters()["stale_turns"] == 2 for detector in detectors)
     print(f"unanswered report: {per_turn * 1e6:.0f} µs of CPU per turn")
     assert per_turn < 1e-3
+
+
+def _call_turn(text: str) -> ModelTurn:
+    return ModelTurn.from_message(text, [("WebSurfer", '{"request": "transcript"}')])
+
+
+def _same_page_again() -> ToolEvent:
+    """Another hash of the first page (a re-render): new to the output side, nothing new to
+    the model (the plan memory's mark does not move)."""
+    return ToolEvent(
+        tool_name="WebSurfer",
+        arguments={"request": "transcript"},
+        output="Search results: Human Origins 101 National Geographic video, 4.1M views .",
+        kind=ToolKind.READ,
+    )
+
+
+def test_a_turn_with_calls_keeps_the_report_open_for_its_first_result() -> None:
+    """Report, then a turn that proposes a call (the coordinator's order: a report with no
+    call is followed by a turn before any result): that turn does not count the report; the
+    call's result decides. A result that tells nothing new corroborates the report (one more
+    stale turn); with the rule off the call's turn closes the report, as before."""
+    counts = {}
+    for name, config in (("on", NO_GATE), ("off", OFF)):
+        detector = StagnationDetector(config)
+        detector.observe(_page())
+        detector.observe_turn(STUCK)
+        detector.note_turn(_call_turn(REPLY.text))
+        assert detector.counters()["stale_turns"] == 1, name  # not counted at the turn
+        detector.observe(_same_page_again())
+        counts[name] = detector.counters()["stale_turns"]
+    assert counts == {"on": 2, "off": 1}
+
+
+def test_a_turn_of_calls_alone_keeps_the_report_open_too() -> None:
+    """A turn too short to compare that proposes a call also leaves the report to its result."""
+    detector = StagnationDetector(NO_GATE)
+    detector.observe(_page())
+    detector.observe_turn(STUCK)
+    detector.note_turn(_call_turn(""))
+    assert detector.counters()["stale_turns"] == 1
+    detector.observe(_same_page_again())
+    assert detector.counters()["stale_turns"] == 2
+
+
+def test_a_report_the_host_answered_does_not_stand() -> None:
+    """The host injected its own message after the report (a NUDGE, a new step) and says so
+    (``report_answered``): the model's next plan, with no call, answers that message, and the
+    report is not counted once more; the counts and the level stay."""
+    detector = StagnationDetector(NO_GATE)
+    detector.observe(_page())
+    detector.observe_turn(STUCK)
+    before = detector.counters()
+    detector.report_answered()
+    assert detector.counters() == before
+    verdict = detector.observe_turn(REPLY)
+    assert detector.counters()["stale_turns"] == 1
+    assert not verdict.escalated
+    restored = StagnationDetector.from_state(NO_GATE, detector.to_state())
+    assert restored.counters() == detector.counters()
