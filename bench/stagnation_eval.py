@@ -1177,6 +1177,7 @@ def sweep_configs() -> dict[str, StagnationConfig]:
         "plan_paraphrase 1.0": base.model_copy(update={"plan_paraphrase": 1.0}),
         "plan_target 0.25": base.model_copy(update={"plan_target": 0.25}),
         "plan_target 1.0 (off)": base.model_copy(update={"plan_target": 1.0}),
+        "plan_unanswered off": base.model_copy(update={"plan_unanswered": False}),
         "model side off": base.model_copy(update={"plan": _ladder(*[10**6] * 4)}),
     }
 

@@ -79,6 +79,8 @@ class Observing(Section):
         if verdict.level in (StagnationLevel.NUDGE, StagnationLevel.REPLAN):
             if verdict.escalated:
                 self.record.conversation.push(ConversationMessage.user(verdict.message))
+                # the model's next turn answers this message, not its own last report
+                m.detector.report_answered()
             return False
         if verdict.level is StagnationLevel.ASK_HUMAN:
             m.reviews.escalate("detector", verdict.message)

@@ -26,6 +26,9 @@ class Steps(Section):
         m.tracker.begin_step(step.spec.id)
         if index > 0:
             record.conversation.unpin(self.message(index - 1))
+            # the step's first turn answers its instruction, not a report made in the last
+            # step (the first step has none: its start does not restore the detector)
+            m.detector.report_answered()
         record.conversation.push(ConversationMessage.user(self.message(index), pin=True))
         m.journal(Started(agent_id=record.spec.agent_id, config=m.config()))
         m.event("step_started", step_id=step.spec.id)

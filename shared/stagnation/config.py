@@ -106,7 +106,11 @@ class StagnationConfig(BaseModel):
       every result, the first release's). A turn that asks again what a plan made before the
       last news asked (near-identical, or content words at least ``plan_echo`` alike: an
       *echo*) neither adds nor takes off: the news did not change the request
-      (``plan_echo=0``: no echo, such a turn takes one off, as before);
+      (``plan_echo=0``: no echo, such a turn takes one off, as before). A self-report adds one
+      more when the first result after it tells the model nothing new, or, with
+      ``plan_unanswered``, when the model speaks again before any result came back, with no
+      call, without saying it progresses (a turn with calls leaves the report to their first
+      result; ``plan_unanswered=False``: the first case only, as before);
     - ``refusal``: refusals of the same write on the same target (tool and path) since its last
       success, in the last ``history`` events, whatever the arguments; above NUDGE only when the
       refused call was re-sent unchanged after the same refusal
@@ -139,6 +143,7 @@ class StagnationConfig(BaseModel):
     plan_novelty: int = Field(default=20, ge=0, le=1000)
     plan_echo: float = Field(default=0.9, ge=0.0, le=1.0)
     plan_target: float = Field(default=0.4, ge=0.0, le=1.0)
+    plan_unanswered: bool = True
     plan_memory: int = Field(default=16, ge=1, le=256)
     plan_min_chars: int = Field(default=40, ge=1)
     max_period: int = Field(default=5, ge=2, le=10)

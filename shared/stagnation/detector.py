@@ -219,7 +219,11 @@ class StagnationDetector:
         new come back since the previous turn (an agent answering the user's side questions
         between requests for the same missing id) neither adds nor takes off; nor does an
         *echo*, the same request as a plan made before the last news (content words at least
-        ``plan_echo`` alike, or near-identical): the news did not change what is asked.
+        ``plan_echo`` alike, or near-identical): the news did not change what is asked. A turn
+        that follows a self-report with no result between, proposes no call and says nothing
+        of its progress, first counts that report once more (``plan_unanswered``,
+        :meth:`_report_stands`); one that proposes calls leaves the report open for their first
+        result, and :meth:`report_answered` closes it.
         """
         return self._verdict(escalated=self._turn(turn))
 
@@ -238,6 +242,14 @@ class StagnationDetector:
         # a turn of calls alone, or a word ("TERMINATE"), is too short to say anything as a
         # plan: the output side judges its calls, and it neither adds nor takes off
         plan = plan_of(turn, cfg.plan_min_chars)
+        # a self-report that no result answered, and the model speaks again, a plan that says
+        # nothing of its progress: nothing came back to contradict the report (_report_stands).
+        # A turn that proposes calls does not count it: the report stays open through that
+        # turn, and the first of its results decides (_observe)
+        pending = self._report_open and cfg.plan_unanswered and turn.stuck is None
+        awaits_result = pending and bool(turn.calls)
+        unanswered = pending and not awaits_result and plan is not None
+        raised = self._report_stands() if unanswered else False
         comparable = plan is not None
         reissue = (
             self._plans.reissue(
@@ -250,7 +262,7 @@ class StagnationDetector:
         news = self._plans.mark != self._turn_mark
         self._turn_mark = self._plans.mark
         stale = reissued or turn.stuck is True
-        self._report_open = turn.stuck is True
+        self._report_open = turn.stuck is True or awaits_result
         if stale:
             self._plan_stale += 1
             self._plan_kind = StagnationKind.REPEAT if reissued else StagnationKind.NO_GRADIENT
@@ -259,10 +271,10 @@ class StagnationDetector:
         # every turn reaches the signals (a re-asked slot is no stale turn of the plan rules)
         evidence = self._evidence(self._signal_input(turn=turn, stale_turn=stale))
         if not evidence:
-            return False
+            return raised
         strongest = max(evidence, key=Evidence.rank)
         reasons = {reason for e in evidence for reason in e.reasons}
-        return self._climb(strongest, reasons, model_side=True)
+        return self._climb(strongest, reasons, model_side=True) or raised
 
     def observe_batch(self, events: Sequence[ToolEvent]) -> StagnationVerdict:
         """Account for the events of one model response (one iteration).
@@ -338,6 +350,15 @@ class StagnationDetector:
             self._notes = tuple(s for s in self.signals if _notes_events(s))
         return self._notes
 
+    def report_answered(self) -> None:
+        """The host answered the model's last self-report itself: it injected a message of
+        its own (the ladder's NUDGE or REPLAN) or started a step, so the model's next turn
+        answers that message, and the report no longer stands (``plan_unanswered`` does not
+        count it at that turn, nor does its first result corroborate it). The counts and the
+        level stay: unlike :meth:`reset_window`, a runtime message may call this.
+        """
+        self._report_open = False
+
     def reset_window(self) -> None:
         """Start a new episode after a genuine user message (a reviewer's hint, say).
 
@@ -395,14 +416,33 @@ class StagnationDetector:
         (the plan memory's mark did not move): the tool side agrees with the report, so it adds
         one to the count of stale turns, as a stale turn does, and the signals are asked again.
         """
+        climbed = self._report_stands()
+        return self._verdict(escalated=climbed or verdict.escalated)
+
+    def _report_stands(self) -> bool:
+        """A self-report is corroborated: one more stale turn, and the signals asked again on
+        it; True when the level rose.
+
+        By its first result, when that result is new to the output side but tells the model
+        nothing new (:meth:`_corroborate`), or by no result at all: the model speaks again
+        (another agent answers in its place, a new ledger follows a replan) before anything
+        came back, in a plan with no call that says nothing of its progress
+        (``plan_unanswered``; a report, which counts by itself, a word too short to compare,
+        or a turn after the host answered the report, :meth:`report_answered`, does not; a turn
+        that proposes calls leaves it to their first result). A reply from a model
+        shows nothing of the world (turns never move the plan memory's mark), so nothing
+        contradicted the report. Hard Who&When ``37``: the ledger reports a loop and hands
+        the search to the Assistant, which can only say it will search ("Please hold on a
+        moment"); the ledger reports again.
+        """
+        self._report_open = False
         self._plan_stale += 1
         evidence = self._evidence(self._signal_input(stale_turn=True))
         if not evidence:
-            return verdict
+            return False
         strongest = max(evidence, key=Evidence.rank)
         reasons = {reason for e in evidence for reason in e.reasons}
-        climbed = self._climb(strongest, reasons, model_side=True)
-        return self._verdict(escalated=climbed or verdict.escalated)
+        return self._climb(strongest, reasons, model_side=True)
 
     def _judge(self, event: ToolEvent, batch: dict[str, str] | None) -> StagnationVerdict:
         event = as_shell_event(event)
