@@ -15,7 +15,8 @@ The CLI that builds the workers' commands has imported Typer, pydantic and the s
 45 MB that a process doing nothing but wait on its children would keep for its whole life. So
 ``orga worker`` builds the commands, then replaces itself (``execve``, the same process id, so
 the signals an operator or a service manager sends still reach it) with ``python -m
-orga.supervisor``, which holds about 10 MB.
+orga.supervisor``, which holds about 6 MB (the standard library modules it runs: no ``typing``,
+``dataclasses`` or ``subprocess`` once its workers are forked).
 
 The commands reach it in the environment variable :data:`COMMANDS_VARIABLE`, as JSON: each
 child's argv, the variables of the supervisor's environment it must not inherit, the few it
@@ -33,12 +34,19 @@ import gc
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import NoReturn, Protocol
+
+# The supervisor's own image holds what it runs and no more (issue 27): ``typing``,
+# ``dataclasses`` (which imports ``inspect``, ``ast``, ``dis``...) and ``subprocess`` are
+# about 2.5 MB of a process that only waits on its children. So the names used only in
+# annotations are imported for the type checker alone, and ``subprocess`` where a worker is
+# started (:func:`start`, :func:`stop`), not when the supervisor waits on forked workers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Mapping, Sequence
+    from typing import NoReturn, Protocol
 
 __all__ = [
     "COMMANDS_VARIABLE",
@@ -79,14 +87,30 @@ POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True, slots=True)
 class Child:
     """One process to start: its argv, its whole environment, and the file descriptors it
-    inherits (handed over: :func:`start` closes them in this process once it started)."""
+    inherits (handed over: :func:`start` closes them in this process once it started).
+    Compared by value; read-only by convention (not a dataclass: see the imports)."""
 
-    argv: list[str]
-    env: dict[str, str]
-    pass_fds: tuple[int, ...] = ()
+    __slots__ = ("argv", "env", "pass_fds")
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()
+    ) -> None:
+        self.argv = argv
+        self.env = env
+        self.pass_fds = pass_fds
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Child):
+            return NotImplemented
+        return (self.argv, self.env, self.pass_fds) == (other.argv, other.env, other.pass_fds)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable fields, as the dataclass had
+
+    def __repr__(self) -> str:
+        env = f"<{len(self.env)} variables>"
+        return f"Child(argv={self.argv!r}, env={env}, pass_fds={self.pass_fds!r})"
 
 
 def encode(children: Sequence[Child], environ: Mapping[str, str]) -> str:
@@ -131,15 +155,18 @@ def decode(text: str, environ: Mapping[str, str]) -> list[Child]:
     return children
 
 
-class Process(Protocol):
-    """What the supervisor needs of a child: a :class:`subprocess.Popen`, or :class:`Forked`."""
+if TYPE_CHECKING:
 
-    @property
-    def returncode(self) -> int | None: ...
+    class Process(Protocol):
+        """What the supervisor needs of a child: a :class:`subprocess.Popen`, or
+        :class:`Forked`."""
 
-    def poll(self) -> int | None: ...
+        @property
+        def returncode(self) -> int | None: ...
 
-    def send_signal(self, sig: int) -> None: ...
+        def poll(self) -> int | None: ...
+
+        def send_signal(self, sig: int) -> None: ...
 
 
 class Forked:
@@ -278,6 +305,8 @@ def start(children: Sequence[Child], output: int | None = None) -> list[subproce
     """Start ``children`` in order; ``output`` (a file descriptor) receives their stdout and
     stderr. A child's ``pass_fds`` are closed here once it has started (and all of them when a
     start fails), so that no later child, nor anything it starts, inherits them."""
+    import subprocess
+
     stderr = subprocess.STDOUT if output is not None else None
     started = []
     try:
@@ -303,6 +332,8 @@ def _close(fds: Sequence[int]) -> None:
 def stop(processes: Sequence[subprocess.Popen[bytes]], timeout_s: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM (Celery's warm shutdown) each process, SIGKILL those still alive after
     ``timeout_s``."""
+    import subprocess
+
     _send(processes, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     for process in processes:

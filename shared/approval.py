@@ -19,14 +19,15 @@ inbox, the HTTP API): one model, validated once where it enters.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from jsonschema import ValidationError, validators
-from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.actions import ToolCallAction
 from shared.errors import OrgaError
+
+if TYPE_CHECKING:
+    from jsonschema import ValidationError
 
 __all__ = [
     "CALL_DECISIONS",
@@ -118,6 +119,12 @@ def check_arguments(tool: str, arguments: Any, schema: dict[str, Any] | None) ->
         )
     if schema is None:
         return arguments
+    # jsonschema (with attrs, referencing and its metaschemas, about 4 MB) is imported here,
+    # at the first edited call, not by every process that imports this module: the
+    # coordinator checks an edit only when a reviewer makes one (issue 27).
+    from jsonschema import validators
+    from jsonschema.exceptions import SchemaError
+
     try:
         cls = validators.validator_for(schema)
         cls.check_schema(schema)

@@ -129,6 +129,14 @@ def test_the_coordinator_runs_without_the_command_line() -> None:
     )
 
 
+def test_the_coordinator_imports_jsonschema_only_when_it_checks_an_edited_call() -> None:
+    """jsonschema (with attrs, referencing and its metaschemas, about 4 MB) checks a reviewer's
+    edit of a held call (:func:`shared.approval.check_arguments`): not imported at start."""
+    code = "import orga.coordinator_main"
+    found = _offending(_imported(code), ("jsonschema", "attrs", "referencing"))
+    assert not found, "; ".join(f"{name}: {_why(code, name)}" for name in found)
+
+
 def test_the_supervisor_imports_the_standard_library_only() -> None:
     modules = _imported("import orga.supervisor")
     ours = {m.split(".")[0] for m in modules} & {"shared", "workers", "coordinator", "celery"}

@@ -260,3 +260,30 @@ def test_a_forked_process_reports_its_exit_code_and_its_signal_as_popen_does() -
         time.sleep(0.01)
     assert second.returncode == -signal.SIGKILL
     second.send_signal(signal.SIGTERM)  # gone: nothing is sent
+
+
+def test_the_supervisor_imports_neither_typing_nor_dataclasses_nor_subprocess() -> None:
+    """The supervisor's own image (``python -m orga.supervisor`` once it has forked its
+    workers) waits on its children: it holds none of the modules only annotations or a start
+    of a worker need (about 2.5 MB of PSS, issue 27). ``subprocess`` comes with :func:`start`."""
+    probe = (
+        "import sys; before = set(sys.modules); import orga.supervisor; "
+        "print(' '.join(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert "orga.supervisor" in out
+    assert not {"typing", "dataclasses", "inspect", "subprocess"} & set(out), out
+
+
+def test_children_compare_by_value_and_keep_their_defaults() -> None:
+    child = supervisor.Child(["python", "-c", "pass"], {"PATH": "/usr/bin"})
+    assert child.pass_fds == ()
+    assert child == supervisor.Child(["python", "-c", "pass"], {"PATH": "/usr/bin"}, ())
+    assert child != supervisor.Child(["python", "-c", "pass"], {"PATH": "/usr/bin"}, (3,))
+    assert child != ("python",)
+    assert "PATH" not in repr(child) and "1 variables" in repr(child)
+    env = {"PATH": "/usr/bin", "HOME": "/root"}
+    (back,) = supervisor.decode(supervisor.encode([supervisor.Child(["a"], env, (5,))], env), env)
+    assert back == supervisor.Child(["a"], env, (5,))
