@@ -142,10 +142,11 @@ class MountTable:
 _MOUNTS = MountTable()
 
 
-def reads_on_loop(workspace: Path, user_path: str, mounts: MountTable = _MOUNTS) -> bool:
+def reads_on_loop(workspace: Path, user_path: str, mounts: MountTable | None = None) -> bool:
     """Whether reading ``user_path`` in ``workspace`` waits for nothing but the local kernel
-    and disk (the module's three conditions), so that it may run on the event loop."""
-    table = mounts.current()
+    and disk (the module's three conditions), so that it may run on the event loop
+    (``mounts``: the process's own table by default)."""
+    table = (mounts or _MOUNTS).current()
     root = os.fspath(workspace)
     if table is None or "\x00" in user_path or not os.path.isabs(root):
         return False
