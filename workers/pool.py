@@ -11,9 +11,10 @@ which Flower shows) has the coroutine's time added. Where the tracer runs: on th
 after the coroutine, when the coroutine succeeded and the broker's acknowledgement sends
 nothing (kombu's Redis transport without ack emulation, what ``orga worker`` runs:
 :func:`acks_send_nothing`), so that a call costs no hand-off to a thread and back; else (a
-failure, whose retry publishes a message; RabbitMQ, whose ack is a write on the broker's
-socket) in one of :data:`TRACER_THREADS` threads, so that a slow or unreachable broker stalls
-acknowledgements, never the calls in flight. Everything
+failure, whose retry publishes a message; a broker whose ack is a write, RabbitMQ or Redis with
+ack emulation: Celery 5.7 hands an ack to the consumer's hub when there is one, but the pool
+does not rely on it) in one of :data:`TRACER_THREADS` threads, so that a slow or unreachable
+broker stalls acknowledgements, never the calls in flight. Everything
 Celery does around a task is thus unchanged: late acknowledgement after the tracer,
 ``autoretry_for`` and its retry message, FAILURE and its log line, the task signals. A
 message that dies with its process (killed, never closing its channel) is gone from the broker

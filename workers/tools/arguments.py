@@ -48,8 +48,7 @@ class ArgumentCheck:
 
 class BlockingTool(ABC):
     """A tool whose work is a blocking function of (arguments, context): the arguments are
-    checked against the tool's own schema, then ``work`` runs in a worker thread (on the event
-    loop when :meth:`waits_for_nothing` says it may).
+    checked against the tool's own schema, then ``work`` runs in a worker thread.
 
     Subclasses set ``DEFINITION`` and ``KIND`` (the detector's kind reported on argument
     errors) and implement ``work``.
@@ -61,12 +60,6 @@ class BlockingTool(ABC):
     @abstractmethod
     def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
         """The blocking work, on arguments that fit the schema."""
-
-    def waits_for_nothing(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
-        """Whether ``work`` on these arguments can wait on nothing slow, so that it runs on the
-        event loop rather than in a thread (``file_read`` of a small local file:
-        :func:`workers.tools.on_loop.reads_on_loop`). No, unless a tool says so."""
-        return False
 
     def __init__(self) -> None:
         self._check = ArgumentCheck(self.DEFINITION)
@@ -85,6 +78,4 @@ class BlockingTool(ABC):
             failure = self._check.failure(arguments, kind=self.KIND)
             if failure is not None:
                 return failure
-        if self.waits_for_nothing(arguments, context):
-            return self.work(arguments, context)
         return await asyncio.to_thread(self.work, arguments, context)

@@ -1,9 +1,7 @@
 """The file tools: ``file_read``, ``file_write`` and ``file_list``, confined to the workspace.
 
 Each tool runs its blocking file work in a thread, so concurrent tool calls do not stall the
-event loop; ``file_read`` of a small file on a local file system, reached without a link, runs
-on the loop (:mod:`workers.tools.on_loop`: the same work, without the hand-off). Metadata for
-the stagnation detector (all strings):
+event loop. Metadata for the stagnation detector (all strings):
 
 - ``file_read``: ``kind=read``, ``path``, ``content_hash`` (SHA-256 of the *whole* file, whatever
   line range was returned), ``total_lines``;
@@ -46,7 +44,6 @@ from workers.tools.confined import (
     walk_at,
 )
 from workers.tools.errors import PathOutsideWorkspaceError, WorkspacePathError
-from workers.tools.on_loop import reads_on_loop
 from workers.tools.output import (
     BINARY_SNIFF_BYTES,
     cap_bytes,
@@ -194,13 +191,8 @@ class FileReadTool(BlockingTool):
     read_only = True
 
     def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
-        """Run ``_read_file`` (in a worker thread, or on the loop: :meth:`waits_for_nothing`)."""
+        """Run ``_read_file`` (in a worker thread)."""
         return _read_file(arguments, context)
-
-    def waits_for_nothing(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
-        """A small regular file on a local file system, reached without a link
-        (:func:`workers.tools.on_loop.reads_on_loop`): read on the loop, without a thread."""
-        return reads_on_loop(context.workspace, str(arguments["path"]))
 
 
 @dataclass(frozen=True, slots=True)
