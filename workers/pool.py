@@ -80,9 +80,12 @@ def acks_send_nothing(app: Any) -> bool:
     ``ack_emulation`` off (``shared.settings.celery_config``). Then the tracer of a task that
     succeeded makes no broker call: the ack drops the message from kombu's in-memory
     ``QoS``, and the ``task-succeeded`` event goes to the dispatcher's buffer, which the
-    consumer's hub flushes (``workers.events``)."""
+    consumer's hub flushes (``workers.events``); and no result backend stores a success (none,
+    or ``task_ignore_result``)."""
     if app.conf.broker_transport_options.get("ack_emulation", True) is not False:
         return False
+    if app.conf.result_backend and not app.conf.task_ignore_result:
+        return False  # a success's result is stored: a backend write
     with app.connection_for_read() as connection:
         return isinstance(connection.transport, kombu_redis.Transport)
 

@@ -168,6 +168,17 @@ def test_the_ack_sends_nothing_only_on_redis_without_ack_emulation(
     assert acks_send_nothing(app) is expected
 
 
+def test_a_result_backend_that_stores_successes_sends_the_tracer_to_a_thread() -> None:
+    """A backend write per success is a broker-like call: not on the loop."""
+    app = Celery("tests.pool.backend", broker="redis://localhost:6390/0", set_as_current=False)
+    app.conf.broker_transport_options = {"ack_emulation": False}
+    app.conf.result_backend = "redis://localhost:6390/1"
+    app.conf.task_ignore_result = False
+    assert not acks_send_nothing(app)
+    app.conf.task_ignore_result = True
+    assert acks_send_nothing(app)
+
+
 def test_orga_workers_ack_in_memory() -> None:
     """What ``orga worker`` configures (shared.settings.celery_config) is the case traced on
     the loop."""
