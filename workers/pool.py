@@ -5,10 +5,16 @@ to the process's one event loop and waits on it (:meth:`ProcessServices.run`): t
 switches and a wake-up of the loop per task, and 200 threads. :class:`LoopPool` skips them:
 the consumer hands each message to the loop (one ``call_soon_threadsafe``), where an asyncio
 task awaits the task's coroutine (its :data:`ASYNC_BODIES` entry, given the message's single
-argument) and then runs Celery's own tracer in one of :data:`TRACER_THREADS` threads (its
-acknowledgement is a blocking broker call, kept off the loop), whose task body only returns
-or raises what the coroutine did (:func:`ran_on_loop`); the runtime it reports (the
-``task-succeeded`` event's, which Flower shows) has the coroutine's time added. Everything
+argument) and then runs Celery's own tracer, whose task body only returns or raises what the
+coroutine did (:func:`ran_on_loop`); the runtime it reports (the ``task-succeeded`` event's,
+which Flower shows) has the coroutine's time added. Where the tracer runs: on the loop, right
+after the coroutine, when the coroutine succeeded and the broker's acknowledgement sends
+nothing (kombu's Redis transport without ack emulation, what ``orga worker`` runs:
+:func:`acks_send_nothing`), so that a call costs no hand-off to a thread and back; else (a
+failure, whose retry publishes a message; a broker whose ack is a write, RabbitMQ or Redis with
+ack emulation: Celery 5.7 hands an ack to the consumer's hub when there is one, but the pool
+does not rely on it) in one of :data:`TRACER_THREADS` threads, so that a slow or unreachable
+broker stalls acknowledgements, never the calls in flight. Everything
 Celery does around a task is thus unchanged: late acknowledgement after the tracer,
 ``autoretry_for`` and its retry message, FAILURE and its log line, the task signals. A
 message that dies with its process (killed, never closing its channel) is gone from the broker
@@ -36,15 +42,17 @@ from typing import Any
 
 from celery.concurrency.base import BasePool, apply_target
 from kombu.serialization import loads, prepare_accept_content
+from kombu.transport import redis as kombu_redis
 
-__all__ = ["ASYNC_BODIES", "TRACER_THREADS", "LoopPool", "ran_on_loop"]
+__all__ = ["ASYNC_BODIES", "TRACER_THREADS", "LoopPool", "acks_send_nothing", "ran_on_loop"]
 
 log = logging.getLogger("orga.worker.pool")
 
 TRACER_THREADS = 4
 """Threads that run Celery's tracer (and so the late acknowledgement, a retry's publish) once a
-task's coroutine is done: those are blocking broker calls, kept off the event loop so that a
-slow or unreachable broker stalls acknowledgements, never the calls in flight or their
+task's coroutine is done, when that may be a blocking broker call (a failure, whose retry
+publishes; any acknowledgement on a broker where it is a write): kept off the event loop so
+that a slow or unreachable broker stalls acknowledgements, never the calls in flight or their
 heartbeats."""
 
 ASYNC_BODIES: dict[str, Callable[[str], Awaitable[None]]] = {}
@@ -64,6 +72,22 @@ def ran_on_loop(payload: str) -> Future[None] | None:
     if ran is None or ran[0] != payload:
         return None
     return ran[1]
+
+
+def acks_send_nothing(app: Any) -> bool:
+    """Whether ``app``'s broker acknowledges a message in the worker's memory alone: kombu's
+    Redis transport (``workers.broker``'s, or kombu's own) with its documented transport option
+    ``ack_emulation`` off (``shared.settings.celery_config``). Then the tracer of a task that
+    succeeded makes no broker call: the ack drops the message from kombu's in-memory
+    ``QoS``, and the ``task-succeeded`` event goes to the dispatcher's buffer, which the
+    consumer's hub flushes (``workers.events``); and no result backend stores a success (none,
+    or ``task_ignore_result``)."""
+    if app.conf.broker_transport_options.get("ack_emulation", True) is not False:
+        return False
+    if app.conf.result_backend and not app.conf.task_ignore_result:
+        return False  # a success's result is stored: a backend write
+    with app.connection_for_read() as connection:
+        return isinstance(connection.transport, kombu_redis.Transport)
 
 
 def _with_call_time(callback: Callable[..., Any], call_s: float) -> Callable[[Any], Any]:
@@ -106,6 +130,7 @@ class LoopPool(BasePool):  # type: ignore[misc]
         self._accept: set[str] = set()
         self._running: set[asyncio.Task[None]] = set()
         self._tracers = ThreadPoolExecutor(TRACER_THREADS, thread_name_prefix="orga-tracer")
+        self._trace_success_on_loop = False
 
     def on_start(self) -> None:
         """Build the process's services (and their loop) now, not at the first task."""
@@ -113,6 +138,7 @@ class LoopPool(BasePool):  # type: ignore[misc]
 
         conf = self.app.conf  # the worker's app, which Celery hands its pool
         self._accept = prepare_accept_content(conf.accept_content)  # type: ignore[no-untyped-call]
+        self._trace_success_on_loop = acks_send_nothing(self.app)
         self._loop = services(self.app).loop
 
     def on_stop(self) -> None:
@@ -191,11 +217,15 @@ class LoopPool(BasePool):  # type: ignore[misc]
             outcome.set_exception(exc)
         except asyncio.CancelledError:  # a failure the tracer reports (and acknowledges)
             outcome.set_exception(RuntimeError("the task's coroutine was cancelled"))
-        # The tracer, in a thread of its own, sees this outcome through a copied context.
+        # The tracer sees this outcome through a copied context (in a thread, or on the loop).
         context = contextvars.copy_context()
         context.run(_ran.set, (payload, outcome))
         if callback is not None:
             callback = _with_call_time(callback, time.monotonic() - started)
+        if self._trace_success_on_loop and outcome.exception() is None:
+            # No broker call in it (acks_send_nothing): no hand-off to a thread and back.
+            context.run(apply_target, target, args, kwargs, callback)
+            return
         await asyncio.get_running_loop().run_in_executor(
             self._tracers, context.run, apply_target, target, args, kwargs, callback
         )

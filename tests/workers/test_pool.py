@@ -1,6 +1,7 @@
 """The reasoning worker's ``LoopPool``: a task's coroutine runs on the event loop, and Celery's
-tracer (with its blocking acknowledgement) in a thread, so a slow broker never stalls the loop;
-a cancelled coroutine is a failure the tracer reports."""
+tracer in a thread when it may make a broker call (a failure's retry, an ack that is a broker
+write), so a slow broker never stalls the loop, else on the loop; a cancelled coroutine is a
+failure the tracer reports."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+from celery import Celery
 
-from workers.pool import ASYNC_BODIES, LoopPool, ran_on_loop
+from shared.settings import OrgaSettings, celery_config
+from workers.pool import ASYNC_BODIES, LoopPool, acks_send_nothing, ran_on_loop
 
 NAME = "tests.pool.body"
 
@@ -101,3 +104,85 @@ def test_the_reported_runtime_is_the_calls_not_the_tracers(pool: LoopPool) -> No
     failed, retval, runtime = reported[0]
     assert (failed, retval) == (0, "ok")
     assert 0.3 <= runtime < 5, runtime
+
+
+def _where_traced(pool: LoopPool, payload: str, body: Any) -> tuple[int, int]:
+    """(the loop's thread, the thread the tracer ran in) for one task."""
+    assert pool._loop is not None
+    loop_thread = asyncio.run_coroutine_threadsafe(_thread_id(), pool._loop).result(5)
+    traced: list[int] = []
+    ASYNC_BODIES[NAME] = body
+    pool.on_apply(lambda *args: traced.append(threading.get_ident()), args=_args(payload)).wait(5)
+    assert len(traced) == 1
+    return loop_thread, traced[0]
+
+
+async def _thread_id() -> int:
+    return threading.get_ident()
+
+
+async def _succeeds(payload: str) -> None:
+    await asyncio.sleep(0)
+
+
+async def _fails(payload: str) -> None:
+    raise ValueError("the call failed")
+
+
+def test_a_success_is_traced_on_the_loop_when_the_ack_sends_nothing(pool: LoopPool) -> None:
+    """No hand-off to a thread: the tracer of a task that succeeded makes no broker call when
+    the ack is kombu's in-memory one (Redis without ack emulation)."""
+    pool._trace_success_on_loop = True
+    loop_thread, tracer_thread = _where_traced(pool, "p4", _succeeds)
+    assert tracer_thread == loop_thread
+
+
+def test_a_failure_is_traced_in_a_thread_as_before(pool: LoopPool) -> None:
+    """A failure's tracer may publish a retry (a blocking broker call): never on the loop."""
+    pool._trace_success_on_loop = True
+    loop_thread, tracer_thread = _where_traced(pool, "p5", _fails)
+    assert tracer_thread != loop_thread
+
+
+def test_without_the_in_memory_ack_every_tracer_runs_in_a_thread(pool: LoopPool) -> None:
+    assert pool._trace_success_on_loop is False  # before on_start, and on RabbitMQ
+    loop_thread, tracer_thread = _where_traced(pool, "p6", _succeeds)
+    assert tracer_thread != loop_thread
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "expected"),
+    [
+        ("redis://localhost:6390/0", {"ack_emulation": False}, True),
+        ("rediss://localhost:6390/0", {"ack_emulation": False}, True),
+        ("redis://localhost:6390/0", {}, False),  # kombu's default: the ack is a Redis write
+        ("redis://localhost:6390/0", {"ack_emulation": True}, False),
+        ("amqp://guest@localhost:5690//", {"ack_emulation": False}, False),
+    ],
+)
+def test_the_ack_sends_nothing_only_on_redis_without_ack_emulation(
+    broker: str, options: dict[str, Any], expected: bool
+) -> None:
+    app = Celery("tests.pool", broker=broker, set_as_current=False)
+    app.conf.broker_transport_options = options
+    assert acks_send_nothing(app) is expected
+
+
+def test_a_result_backend_that_stores_successes_sends_the_tracer_to_a_thread() -> None:
+    """A backend write per success is a broker-like call: not on the loop."""
+    app = Celery("tests.pool.backend", broker="redis://localhost:6390/0", set_as_current=False)
+    app.conf.broker_transport_options = {"ack_emulation": False}
+    app.conf.result_backend = "redis://localhost:6390/1"
+    app.conf.task_ignore_result = False
+    assert not acks_send_nothing(app)
+    app.conf.task_ignore_result = True
+    assert acks_send_nothing(app)
+
+
+def test_orga_workers_ack_in_memory() -> None:
+    """What ``orga worker`` configures (shared.settings.celery_config) is the case traced on
+    the loop."""
+    settings = OrgaSettings()
+    app = Celery("tests.pool.orga", set_as_current=False)
+    app.conf.update(celery_config(settings, "redis://localhost:6390/0"))
+    assert acks_send_nothing(app)
