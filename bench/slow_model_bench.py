@@ -96,15 +96,20 @@ PEERS = (
     "langgraph-httpx20",
     "arq-default",
     "arq-fast",
+    "arq-fast-2",
 )
 """The peers, as a competent user would set each up (``bench/slow_model_peers.py``,
-``bench/slow_model_arq.py``)."""
+``bench/slow_model_arq.py``). arq runs as many worker processes as the runtime's reasoning
+processes by default (the issue's rule); ``arq-fast-2`` runs two whatever the runtime's
+default, so that a change of that default cannot take a process from the peer."""
 FOOTNOTE_PEERS = ("asyncio-httpx200", "asyncio-orgapool")
 """Set-ups printed as footnotes only: one httpx client of 200 connections (the handicapped
 peer of the benchmark before issue 27), and plain asyncio on the runtime's own HTTP client."""
-ZERO_LATENCY_SYSTEMS = ("orga", "arq-fast", "arq-default", "asyncio-aiohttp")
-ARQ_POLLS = {"arq-default": 0.5, "arq-fast": 0.05}
+ZERO_LATENCY_SYSTEMS = ("orga", "arq-fast", "arq-fast-2", "arq-default", "asyncio-aiohttp")
+ARQ_POLLS = {"arq-default": 0.5, "arq-fast": 0.05, "arq-fast-2": 0.05}
 """arq's default ``poll_delay`` and a fast one."""
+ARQ_WORKERS = {"arq-fast-2": 2}
+"""arq set-ups whose worker count is fixed (the others: the runtime's reasoning processes)."""
 FAIRNESS_BOUND_S = 300.0
 """How long the fairness batch may run (``--timeout`` overrides it)."""
 
@@ -779,11 +784,16 @@ PEER_SYSTEMS = {
     "asyncio-orgapool": "footnote: plain asyncio, the runtime's HTTP path (JsonPoster, aiohttp)",
     "arq-default": "arq, a job per iteration, default poll (0.5 s)",
     "arq-fast": "arq, a job per iteration, poll 0.05 s",
+    "arq-fast-2": "arq, a job per iteration, poll 0.05 s, 2 worker processes",
 }
 
 
 def result_key(system: str) -> str:
-    """``asyncio-aiohttp`` -> ``asyncio_aiohttp``; ``arq-fast`` -> ``arq_fast_poll``."""
+    """``asyncio-aiohttp`` -> ``asyncio_aiohttp``; ``arq-fast`` -> ``arq_fast_poll``;
+    ``arq-fast-2`` -> ``arq_fast_poll_2_workers``."""
+    if system in ARQ_WORKERS:
+        poll = system.removeprefix("arq-").rsplit("-", 1)[0]
+        return f"arq_{poll}_poll_{ARQ_WORKERS[system]}_workers"
     if system.startswith("arq-"):
         return f"arq_{system.removeprefix('arq-')}_poll"
     return system.replace("-", "_")
@@ -832,9 +842,10 @@ def measure_peer(setting: Setting, peer: str) -> Measurement | str:
 
 def measure_arq(setting: Setting, peer: str) -> Measurement | str:
     """arq: a private Redis, as many arq workers as the runtime starts reasoning processes
-    (``ORGA_REASONING_PROCESSES``' default), each holding ``ORGA_REASONING_CONCURRENCY``'s
-    default jobs at once; one warm-up run, then the batch. CPU and memory of the workers and
-    their Redis over the batch, Redis commands from ``INFO commandstats``."""
+    (``ORGA_REASONING_PROCESSES``' default; :data:`ARQ_WORKERS` fixes it for a set-up),
+    each holding ``ORGA_REASONING_CONCURRENCY``'s default jobs at once; one warm-up run, then
+    the batch. CPU and memory of the workers and their Redis over the batch, Redis commands
+    from ``INFO commandstats``."""
     import redis as redis_py
 
     from bench.slow_model_arq import arq_missing
@@ -845,7 +856,8 @@ def measure_arq(setting: Setting, peer: str) -> Measurement | str:
     if missing is not None:
         return f"{peer}: {missing}"
     plan, server, latency, bound_s = setting.plan, setting.server, setting.latency, setting.bound_s
-    processes = int(OrgaSettings.model_fields["reasoning_processes"].default)
+    default_processes = int(OrgaSettings.model_fields["reasoning_processes"].default)
+    processes = ARQ_WORKERS.get(peer, default_processes)
     max_jobs = int(OrgaSettings.model_fields["reasoning_concurrency"].default)
     root = setting.root / f"{peer}-{latency:g}s-{uuid.uuid4().hex[:4]}"
     root.mkdir(parents=True)

@@ -127,11 +127,12 @@ class OrgaSettings(BaseSettings):
         "one event loop; each waiting call costs its request, not a thread or a process)",
     )
     reasoning_processes: int = Field(
-        default=2,
+        default=1,
         ge=1,
         description="Reasoning worker processes `orga worker` starts (for --role all or "
         "reasoning, and the embedded runtime): each holds ORGA_REASONING_CONCURRENCY calls in "
-        "flight on one event loop and can use one CPU",
+        "flight on one event loop and can use one CPU; one by default (200 calls in flight at "
+        "about 2.5 ms of its CPU each), more when its CPU saturates (docs/deploy.md)",
     )
     worker_fork: bool = Field(
         default=True,

@@ -28,6 +28,7 @@ import yaml
 from coordinator.state import TaskRecord, TaskStatus
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
+from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
 from tests.integration.harness import (
     ORGA,
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.integration
 
 
 WANDERER = REPO / "examples" / "wanderer" / "task.yaml"
+DEFAULT_REASONING_PROCESSES = int(OrgaSettings.model_fields["reasoning_processes"].default)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -261,25 +263,27 @@ def _start_default_worker(
             env=_env(ORGA_REDIS_URL=url, ORGA_API_KEY="sk-not-in-the-supervisor", **extra),
             cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+    reasoning = extra.get("ORGA_REASONING_PROCESSES")
+    workers = (int(reasoning) if reasoning else DEFAULT_REASONING_PROCESSES) + 1  # and the tools
     deadline = time.monotonic() + 90
-    while log.read_text(errors="replace").count("ready.") < 3:
+    while log.read_text(errors="replace").count("ready.") < workers:
         assert process.poll() is None, log.read_text(errors="replace")[-3000:]
         assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
         time.sleep(0.2)
     return process, log
 
 
-def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its_supervisor(
+def test_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its_supervisor(
     tmp_path: Path, private_redis: EmbeddedRedis
 ) -> None:
-    """`orga worker` with no option: the process becomes a supervisor that imports the
-    workers' modules and forks two reasoning workers and a tool worker from itself (they share
-    those pages), with distinct names, named by queue in ``/proc/PID/comm``, then runs again
-    without those modules (no pydantic: a few MB, not the CLI's 45); no model key is in its
-    environment nor in any worker's, the model key sockets reached no tool process, the tool
-    worker is one process (Celery's thread pool: no pool process), and SIGTERM stops them
+    """`orga worker` with ORGA_REASONING_PROCESSES=2: the process becomes a supervisor that
+    imports the workers' modules and forks two reasoning workers and a tool worker from itself
+    (they share those pages), with distinct names, named by queue in ``/proc/PID/comm``, then
+    runs again without those modules (no pydantic: a few MB, not the CLI's 45); no model key is
+    in its environment nor in any worker's, the model key sockets reached no tool process, the
+    tool worker is one process (Celery's thread pool: no pool process), and SIGTERM stops them
     all."""
-    process, log = _start_default_worker(tmp_path, private_redis.url)
+    process, log = _start_default_worker(tmp_path, private_redis.url, ORGA_REASONING_PROCESSES="2")
     try:
         assert _argv(process.pid)[1:] == ["-m", "orga.supervisor"]
         assert "pydantic_core" not in Path(f"/proc/{process.pid}/maps").read_text()
@@ -307,11 +311,14 @@ def test_default_worker_forks_two_reasoning_processes_and_a_tool_worker_from_its
 def test_worker_started_apart_is_two_reasoning_processes_and_a_tool_worker_under_a_light_supervisor(
     tmp_path: Path, private_redis: EmbeddedRedis
 ) -> None:
-    """`orga worker` with ORGA_WORKER_FORK=false: the process becomes a supervisor that
-    imports no pydantic (it costs a few MB, not the CLI's 45), runs two reasoning workers and a
-    tool worker with distinct names, has no model key in its environment nor in any worker's
-    (the reasoning workers get it through a socket), and stops them all on SIGTERM."""
-    process, _ = _start_default_worker(tmp_path, private_redis.url, ORGA_WORKER_FORK="false")
+    """`orga worker` with ORGA_WORKER_FORK=false and ORGA_REASONING_PROCESSES=2: the process
+    becomes a supervisor that imports no pydantic (it costs a few MB, not the CLI's 45), runs
+    two reasoning workers and a tool worker with distinct names, has no model key in its
+    environment nor in any worker's (the reasoning workers get it through a socket), and stops
+    them all on SIGTERM."""
+    process, _ = _start_default_worker(
+        tmp_path, private_redis.url, ORGA_WORKER_FORK="false", ORGA_REASONING_PROCESSES="2"
+    )
     try:
         assert _argv(process.pid)[1:] == ["-m", "orga.supervisor"]
         maps = Path(f"/proc/{process.pid}/maps").read_text()
@@ -338,9 +345,11 @@ def test_default_worker_stops_all_when_one_worker_dies(
     tmp_path: Path, private_redis: EmbeddedRedis
 ) -> None:
     """A worker that dies takes the others down with it and the exit code says so: a service
-    manager restarts the whole set instead of running on without a reasoning process."""
+    manager restarts the whole set instead of running on without a reasoning process. With no
+    option the set is one reasoning worker and one tool worker (ORGA_REASONING_PROCESSES, 1)."""
     process, log = _start_default_worker(tmp_path, private_redis.url)
     children = _children(process.pid)
+    assert sorted(_comm(c) for c in children) == ["orga-reasoning", "orga-tools"]
     try:
         os.kill(children[0], signal.SIGKILL)
         code = process.wait(60)

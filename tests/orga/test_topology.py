@@ -33,8 +33,16 @@ def _close(commands: Sequence[WorkerCommand]) -> None:
             os.close(fd)
 
 
-def test_all_starts_the_reasoning_processes_and_one_tool_worker() -> None:
+def test_by_default_all_is_one_reasoning_process_and_one_tool_worker() -> None:
+    """One reasoning process by default: on the 2-core box it holds 200 calls in flight at a
+    fraction of one CPU, and a second costs its memory for nothing (docs/performance.md)."""
     commands = worker_commands(Role.ALL, _settings(), ENVIRON)
+    assert [c.role for c in commands] == [Role.REASONING, Role.TOOLS]
+    _close(commands)
+
+
+def test_all_starts_the_reasoning_processes_and_one_tool_worker() -> None:
+    commands = worker_commands(Role.ALL, _settings(reasoning_processes=2), ENVIRON)
     roles = [c.role for c in commands]
     assert roles == [Role.REASONING, Role.REASONING, Role.TOOLS]
     names = [_name(c.argv) for c in commands]
@@ -56,11 +64,12 @@ def test_no_socket_without_a_key_and_given_sockets_are_used() -> None:
     """Without keys no socket is made; the sockets a process kept for its reasoning workers
     (after it dropped its keys) go one to each, and a count that does not match is refused."""
     keyless = {k: v for k, v in ENVIRON.items() if k != "ORGA_API_KEY"}
-    assert all(c.key_fd is None for c in worker_commands(Role.ALL, _settings(), keyless))
-    commands = worker_commands(Role.ALL, _settings(), keyless, key_fds=[7, 9])
+    two = _settings(reasoning_processes=2)
+    assert all(c.key_fd is None for c in worker_commands(Role.ALL, two, keyless))
+    commands = worker_commands(Role.ALL, two, keyless, key_fds=[7, 9])
     assert [c.key_fd for c in commands] == [7, 9, None]
     with pytest.raises(ValueError, match="1 model key sockets for 2 reasoning workers"):
-        worker_commands(Role.ALL, _settings(), keyless, key_fds=[7])
+        worker_commands(Role.ALL, two, keyless, key_fds=[7])
 
 
 def test_one_reasoning_process_keeps_the_names_of_before() -> None:
@@ -162,8 +171,8 @@ def test_the_tool_worker_runs_the_thread_pool_unless_prefork_is_asked() -> None:
     operator's ``-P`` wins over both. The reasoning workers keep their loop pool."""
     keyless = {k: v for k, v in ENVIRON.items() if k != "ORGA_API_KEY"}
     default = worker_commands(Role.ALL, _settings(), keyless)
-    assert [_pool(c.argv) for c in default] == ["custom", "custom", "threads"]
-    assert default[2].argv[default[2].argv.index("-c") + 1] == "2"
+    assert [_pool(c.argv) for c in default] == ["custom", "threads"]
+    assert default[1].argv[default[1].argv.index("-c") + 1] == "2"
     prefork = worker_commands(Role.TOOLS, _settings(tool_pool="prefork"), keyless)
     assert [_pool(c.argv) for c in prefork] == ["prefork"]
     given = worker_commands(Role.TOOLS, _settings(), keyless, ["-P", "solo"])
