@@ -55,6 +55,9 @@ publishes; any acknowledgement on a broker where it is a write): kept off the ev
 that a slow or unreachable broker stalls acknowledgements, never the calls in flight or their
 heartbeats."""
 
+LINKED = ("callbacks", "errbacks", "chain", "chord")
+"""The keys of a Celery message's embed whose value the tracer publishes on success."""
+
 ASYNC_BODIES: dict[str, Callable[[str], Awaitable[None]]] = {}
 """Task name → the coroutine function of its body, given the task's single argument (filled by
 :mod:`workers.tasks`)."""
@@ -80,12 +83,15 @@ def acks_send_nothing(app: Any) -> bool:
     ``ack_emulation`` off (``shared.settings.celery_config``). Then the tracer of a task that
     succeeded makes no broker call: the ack drops the message from kombu's in-memory
     ``QoS``, and the ``task-succeeded`` event goes to the dispatcher's buffer, which the
-    consumer's hub flushes (``workers.events``); and no result backend stores a success (none,
-    or ``task_ignore_result``)."""
+    consumer's hub flushes (``workers.events``; a flush of its own at 512 buffered events is a
+    publish, which 200 calls in flight per process do not reach); and no result backend is
+    configured (a task or a message may ask for its result stored even under
+    ``task_ignore_result``). A message with callbacks, errbacks, a chain or a chord publishes
+    them on success: :meth:`LoopPool._job` traces those in a thread, message by message."""
     if app.conf.broker_transport_options.get("ack_emulation", True) is not False:
         return False
-    if app.conf.result_backend and not app.conf.task_ignore_result:
-        return False  # a success's result is stored: a backend write
+    if app.conf.result_backend:
+        return False  # a task or a message may still ask for its result stored: a backend write
     with app.connection_for_read() as connection:
         return isinstance(connection.transport, kombu_redis.Transport)
 
@@ -200,9 +206,9 @@ class LoopPool(BasePool):  # type: ignore[misc]
         if accept_callback is not None:
             accept_callback(os.getpid(), time.monotonic())
         try:
-            body, payload = self._async_body(args)
+            body, payload, quiet = self._async_body(args)
         except Exception:  # a body that does not decode: the tracer says so, in a thread
-            body, payload = None, None
+            body, payload, quiet = None, None, False
         if body is None or payload is None:  # not ours: a thread runs it, as Celery's would
             await asyncio.get_running_loop().run_in_executor(
                 self._tracers, apply_target, target, args, kwargs, callback
@@ -222,8 +228,9 @@ class LoopPool(BasePool):  # type: ignore[misc]
         context.run(_ran.set, (payload, outcome))
         if callback is not None:
             callback = _with_call_time(callback, time.monotonic() - started)
-        if self._trace_success_on_loop and outcome.exception() is None:
-            # No broker call in it (acks_send_nothing): no hand-off to a thread and back.
+        if self._trace_success_on_loop and quiet and outcome.exception() is None:
+            # No broker call in it (acks_send_nothing, and nothing linked to publish): no
+            # hand-off to a thread and back.
             context.run(apply_target, target, args, kwargs, callback)
             return
         await asyncio.get_running_loop().run_in_executor(
@@ -232,22 +239,25 @@ class LoopPool(BasePool):  # type: ignore[misc]
 
     def _async_body(
         self, args: tuple[Any, ...]
-    ) -> tuple[Callable[[str], Awaitable[None]] | None, str | None]:
-        """The coroutine body of the traced task and its single argument, if it has one.
+    ) -> tuple[Callable[[str], Awaitable[None]] | None, str | None, bool]:
+        """The coroutine body of the traced task and its single argument, if it has one, and
+        whether the message links nothing the tracer would publish on success (no callbacks,
+        errbacks, chain or chord in its embed: Celery's ``link``, ``chain``, a chord's body).
 
         ``args`` are the tracer's: task name, id, request, body, content type, encoding.
         """
         if len(args) < 6 or args[0] not in ASYNC_BODIES:
-            return None, None
+            return None, None, False
         body, content_type, encoding = args[3], args[4], args[5]
         if content_type:
             decoded = loads(body, content_type, encoding, accept=self._accept)  # type: ignore[no-untyped-call]
-            positional, named, _embed = decoded
+            positional, named, embed = decoded
         else:
-            positional, named, _embed = body
+            positional, named, embed = body
         if named or len(positional) != 1 or not isinstance(positional[0], str):
-            return None, None
-        return ASYNC_BODIES[args[0]], positional[0]
+            return None, None, False
+        quiet = isinstance(embed, dict) and not any(embed.get(k) for k in LINKED)
+        return ASYNC_BODIES[args[0]], positional[0], quiet
 
     def _get_info(self) -> dict[str, Any]:
         info: dict[str, Any] = super()._get_info()

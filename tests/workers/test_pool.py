@@ -175,8 +175,8 @@ def test_a_result_backend_that_stores_successes_sends_the_tracer_to_a_thread() -
     app.conf.result_backend = "redis://localhost:6390/1"
     app.conf.task_ignore_result = False
     assert not acks_send_nothing(app)
-    app.conf.task_ignore_result = True
-    assert acks_send_nothing(app)
+    app.conf.task_ignore_result = True  # a task or a message may still ask for its result
+    assert not acks_send_nothing(app)
 
 
 def test_orga_workers_ack_in_memory() -> None:
