@@ -25,7 +25,8 @@ Everything is real and on this machine (127.0.0.1 only):
   LangGraph two-node graph with its in-memory checkpointer, each with ``aiohttp`` and with
   ``httpx`` in pools of 20 (``bench/slow_model_peers.py``), and arq, the distributed peer: one
   arq job per iteration, as many arq worker processes as the runtime's reasoning processes,
-  with arq's default poll (0.5 s) and a fast one (0.05 s) (``bench/slow_model_arq.py``). The
+  with arq's default poll (0.5 s) and a fast one (0.05 s), and ``arq-fast-2``, the fast poll on
+  two workers whatever that default (``bench/slow_model_arq.py``). The
   footnote set-ups (:data:`FOOTNOTE_PEERS`: one httpx client of 200 connections, the peer
   before issue 27; plain asyncio on the runtime's own HTTP client) are printed apart.
 
@@ -132,6 +133,9 @@ class Plan:
     fairness_tasks: int = 2000
     fairness_iterations: int = 2
     fairness_latency: float = 1.0
+    reasoning_processes: int | None = None
+    """``ORGA_REASONING_PROCESSES`` for the runtime (None: its default; the arq peers follow
+    the default, not this: ``--reasoning-processes`` compares the runtime's own set-ups)."""
 
     def bound_s(self, latency: float, iterations: int) -> float:
         """How long one batch may run: ``--timeout``, else ten times its ideal time (one
@@ -292,6 +296,8 @@ class OrgaStack(Stack):
     """``ORGA_TASK_EVENTS`` for the workers (None: not set, the default)."""
     stream_tokens: bool | None = None
     """``ORGA_STREAM_TOKENS`` for the workers (None: not set, the default)."""
+    reasoning_processes: int | None = None
+    """``ORGA_REASONING_PROCESSES`` for ``orga worker`` (None: not set, the default)."""
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORGA_")}
@@ -307,6 +313,8 @@ class OrgaStack(Stack):
             env["ORGA_TASK_EVENTS"] = "true" if self.task_events else "false"
         if self.stream_tokens is not None:
             env["ORGA_STREAM_TOKENS"] = "true" if self.stream_tokens else "false"
+        if self.reasoning_processes is not None:
+            env["ORGA_REASONING_PROCESSES"] = str(self.reasoning_processes)
         return env
 
     def start(self) -> OrgaStack:
@@ -354,11 +362,13 @@ def orga_stack(
     server: ModelServer,
     task_events: bool | None = None,
     stream_tokens: bool | None = None,
+    reasoning_processes: int | None = None,
 ) -> Iterator[OrgaStack]:
     """The runtime's processes, stopped afterwards."""
     root.mkdir(parents=True, exist_ok=True)
     stack = OrgaStack(root, concurrency=0, model_url=server.url, task_events=task_events)
     stack.stream_tokens = stream_tokens
+    stack.reasoning_processes = reasoning_processes
     try:
         yield stack.start()
     finally:
@@ -695,7 +705,7 @@ def measure_orga(
     label = "" if task_events is None else f"-events-{'on' if task_events else 'off'}"
     label += "" if stream_tokens is None else f"-stream-{'on' if stream_tokens else 'off'}"
     root = setting.root / f"orga-{latency:g}s{label}"
-    with orga_stack(root, server, task_events, stream_tokens) as stack:
+    with orga_stack(root, server, task_events, stream_tokens, plan.reasoning_processes) as stack:
         client = OrgaClient(stack.url)
         try:
             print(f"-- orga-queue at {latency:g} s: starting ({stack.describe()})", flush=True)
@@ -840,6 +850,15 @@ def measure_peer(setting: Setting, peer: str) -> Measurement | str:
     return peer_measurement(setting, peer, outcome, observed)
 
 
+def arq_workers(peer: str) -> int:
+    """How many arq worker processes ``peer`` runs: :data:`ARQ_WORKERS`' count, else as many
+    as the runtime's default reasoning processes."""
+    from shared.settings import OrgaSettings
+
+    default = int(OrgaSettings.model_fields["reasoning_processes"].default)
+    return ARQ_WORKERS.get(peer, default)
+
+
 def measure_arq(setting: Setting, peer: str) -> Measurement | str:
     """arq: a private Redis, as many arq workers as the runtime starts reasoning processes
     (``ORGA_REASONING_PROCESSES``' default; :data:`ARQ_WORKERS` fixes it for a set-up),
@@ -856,8 +875,7 @@ def measure_arq(setting: Setting, peer: str) -> Measurement | str:
     if missing is not None:
         return f"{peer}: {missing}"
     plan, server, latency, bound_s = setting.plan, setting.server, setting.latency, setting.bound_s
-    default_processes = int(OrgaSettings.model_fields["reasoning_processes"].default)
-    processes = ARQ_WORKERS.get(peer, default_processes)
+    processes = arq_workers(peer)
     max_jobs = int(OrgaSettings.model_fields["reasoning_concurrency"].default)
     root = setting.root / f"{peer}-{latency:g}s-{uuid.uuid4().hex[:4]}"
     root.mkdir(parents=True)
@@ -1280,6 +1298,7 @@ def parse_plan(args: argparse.Namespace) -> Plan:
         "fairness_tasks": args.fairness_tasks,
         "fairness_iterations": args.fairness_iterations,
         "jitter": args.jitter,
+        "reasoning_processes": args.reasoning_processes,
     }
     if args.latency:
         chosen["latencies"] = tuple(float(v) for v in args.latency.split(",") if v)
@@ -1344,7 +1363,8 @@ def run_comparison(root: Path, plan: Plan) -> None:
               f"{m.cpu_ms_per_call:.2f} ms CPU per call")  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="50 tasks, 1 s only (smoke run)")
     parser.add_argument("--fairness", action="store_true", help="run the fairness test only")
@@ -1364,11 +1384,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fairness-iterations", type=int, help="calls per fairness task (2)")
     parser.add_argument("--keep", action="store_true", help="keep the logs' folder")
     parser.add_argument(
+        "--reasoning-processes",
+        type=int,
+        help="ORGA_REASONING_PROCESSES for the runtime (its default when not given)",
+    )
+    parser.add_argument(
         "--events", action="store_true", help="task events on and off only (CPU per call)"
     )
     parser.add_argument(
         "--streaming", action="store_true", help="token streaming off and on only (CPU per call)"
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     plan = parse_plan(args)
     started = time.monotonic()

@@ -4,10 +4,11 @@ the standard library, until it forks its workers.
 
 By default (``ORGA_WORKER_FORK``, :data:`FORK_VARIABLE`) it does not start each worker as a
 new interpreter: it imports what every worker imports, freezes it (:func:`gc.freeze`), and
-forks the workers from itself (:func:`fork_workers`), so that the two reasoning workers, the
-tool worker and its pool processes share those modules' pages instead of holding a copy each
-(docs/performance.md, issue 27). Each forked worker builds its own Celery app from its own
-environment and reads its own model key socket, as a started one would. The supervisor then
+forks the workers from itself (:func:`fork_workers`), so that the reasoning workers
+(``ORGA_REASONING_PROCESSES``), the tool worker and its pool processes share those modules'
+pages instead of holding a copy each (docs/performance.md, issue 27). Each forked worker builds
+its own Celery app from its own environment and reads its own model key socket, as a started
+one would. The supervisor then
 runs again as itself (``execve``, the same pid: the workers stay its children), told their
 pids by :data:`PIDS_VARIABLE`, with the standard library only.
 
@@ -204,7 +205,7 @@ def fork_workers(children: Sequence[Child]) -> list[Forked]:
     this one, after importing what every worker imports (:func:`orga.worker_main.preload`)
     and freezing it (:func:`gc.freeze`, Python's recipe for ``fork`` without ``exec``): the
     workers share those modules' pages, as a prefork pool's processes share their parent's
-    (issue 27: about 80 MB less for ``orga worker``'s default of three workers). The app is
+    (issue 27: about 80 MB less measured with three workers; less with the default two). The app is
     not built here: each worker builds it from its own environment, as a started one would,
     reading its model keys from its own socket; the supervisor never reads them.
 

@@ -153,9 +153,10 @@ def worker_commands(
     """The workers ``role`` stands for: ``ORGA_REASONING_PROCESSES`` reasoning workers for
     ``reasoning``, one tool worker for ``tools``, both for ``all``; the reasoning workers first.
 
-    One worker of one role is named ``name`` (Celery's default when None). Otherwise each is
+    One worker of one role is named ``name``. Otherwise (and when ``name`` is None) each is
     named ``<prefix><role>[<n>]-<pid>@%h``, ``<n>`` numbering the reasoning workers when there
-    are several: node names must differ for Celery's remote control and for Flower.
+    are several: node names must differ for Celery's remote control and for Flower (two
+    unnamed workers of one host would both be Celery's ``celery@host``).
 
     No command's environment holds a model key. Each reasoning worker gets one socket of
     ``key_fds`` (one per reasoning worker: what a process that dropped the keys from its
@@ -166,7 +167,8 @@ def worker_commands(
     reasoning = counts[Role.REASONING] if Role.REASONING in roles else 0
     fds = _key_fds(environ, reasoning, key_fds)
     if role is not Role.ALL and counts[role] == 1:
-        return [worker_command(role, settings, environ, extra, name, key_fd=next(iter(fds), None))]
+        named = name if name is not None else f"{prefix}{role.value}-{os.getpid()}@%h"
+        return [worker_command(role, settings, environ, extra, named, key_fd=next(iter(fds), None))]
     return [
         worker_command(
             each,

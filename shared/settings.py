@@ -132,7 +132,7 @@ class OrgaSettings(BaseSettings):
         description="Reasoning worker processes `orga worker` starts (for --role all or "
         "reasoning, and the embedded runtime): each holds ORGA_REASONING_CONCURRENCY calls in "
         "flight on one event loop and can use one CPU; one by default (200 calls in flight at "
-        "about 2.5 ms of its CPU each), more when its CPU saturates (docs/deploy.md)",
+        "2.5 to 3 ms of its CPU each), more when its CPU saturates (docs/deploy.md)",
     )
     worker_fork: bool = Field(
         default=True,

@@ -278,8 +278,9 @@ def passworded_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
 def test_orga_worker_keeps_the_key_from_every_ancestor_of_a_command(
     tmp_path: Path, model: FakeOpenAIServer, passworded_redis: EmbeddedRedis
 ) -> None:
-    """`ORGA_API_KEY=… ORGA_REDIS_URL=redis://:password@… orga worker` (its supervisor, two
-    reasoning workers and a tool worker): no ancestor of a command, the supervisor among them,
+    """`ORGA_API_KEY=… ORGA_REDIS_URL=redis://:password@… orga worker` with
+    ORGA_REASONING_PROCESSES=2 (its supervisor, two reasoning workers, each with a key socket
+    of its own, and a tool worker): no ancestor of a command, the supervisor among them,
     has the key or the Redis password in its environment, and the command cannot talk to Redis
     without it; the reasoning workers still call the model with the key; Redis's files do not
     hold it."""
@@ -293,6 +294,7 @@ def test_orga_worker_keeps_the_key_from_every_ancestor_of_a_command(
         ORGA_PROVIDER="openai",
         ORGA_BASE_URL=model.base_url,
         ORGA_API_KEY=KEY,
+        ORGA_REASONING_PROCESSES="2",
     )
     log = tmp_path / "worker.log"
     with log.open("w") as handle:

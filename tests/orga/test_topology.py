@@ -78,6 +78,16 @@ def test_one_reasoning_process_keeps_the_names_of_before() -> None:
     assert [(_name(c.argv) or "").split("-")[0] for c in commands] == ["reasoning", "tools"]
     single = worker_commands(Role.REASONING, _settings(reasoning_processes=1), ENVIRON, name="r@h")
     assert [_name(c.argv) for c in single] == ["r@h"]
+    # unnamed, one worker of one role still gets a name of its own, not Celery's celery@host
+    # (a reasoning and a tool worker started apart on one host must differ)
+    unnamed = [
+        *worker_commands(Role.REASONING, _settings(), ENVIRON),
+        *worker_commands(Role.TOOLS, _settings(), ENVIRON),
+    ]
+    names = [_name(c.argv) or "" for c in unnamed]
+    assert names[0].startswith("reasoning-") and names[1].startswith("tools-"), names
+    assert all(n.endswith("@%h") for n in names)
+    _close(unnamed)
     _close([*commands, *single])
 
 
@@ -91,7 +101,7 @@ def test_the_reasoning_role_starts_as_many_processes_as_asked() -> None:
 
 
 def test_the_supervisor_gets_the_commands_but_no_secret() -> None:
-    commands = worker_commands(Role.ALL, _settings(), ENVIRON)
+    commands = worker_commands(Role.ALL, _settings(reasoning_processes=2), ENVIRON)
     argv, env = supervisor_exec(commands, ENVIRON)
     assert argv[1:] == ["-m", "orga.supervisor"]
     assert "ORGA_API_KEY" not in env and "sk-very-secret" not in "".join(env.values())
@@ -104,7 +114,7 @@ def test_the_supervisor_gets_the_commands_but_no_secret() -> None:
 
 
 def test_the_supervisor_forks_the_workers_only_when_asked_and_all_are_workers() -> None:
-    commands = worker_commands(Role.ALL, _settings(), ENVIRON)
+    commands = worker_commands(Role.ALL, _settings(reasoning_processes=2), ENVIRON)
     _, forked = supervisor_exec(commands, ENVIRON, fork=True)
     _, started = supervisor_exec(commands, ENVIRON, fork=False)
     assert forked[supervisor.FORK_VARIABLE] == "1"
