@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -18,22 +17,6 @@ from shared.settings import OrgaSettings, celery_config
 from workers.pool import ASYNC_BODIES, LoopPool, acks_send_nothing, ran_on_loop
 
 NAME = "tests.pool.body"
-
-
-@pytest.fixture
-def pool() -> Iterator[LoopPool]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    pool = LoopPool(limit=10)
-    pool._loop = loop
-    try:
-        yield pool
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()
-        ASYNC_BODIES.pop(NAME, None)
 
 
 def _args(payload: str) -> tuple[Any, ...]:

@@ -35,22 +35,6 @@ def silent_broker() -> Iterator[int]:
         server.close()
 
 
-@pytest.fixture
-def pool() -> Iterator[LoopPool]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    pool = LoopPool(limit=10)
-    pool._loop = loop
-    try:
-        yield pool
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()
-        ASYNC_BODIES.pop(NAME, None)
-
-
 def _app(port: int) -> Celery:
     app = Celery("tests.pool_review", broker=f"redis://127.0.0.1:{port}/0", set_as_current=False)
     app.conf.update(
