@@ -264,3 +264,50 @@ def test_redis_refusing_one_create_of_a_chunk_gives_that_entry_back_and_keeps_th
             assert len(await _events(client, "accepted")) == 3
 
     asyncio.run(run())
+
+
+class _Recorded:
+    """A transport that keeps what it is asked to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[OutboxEntry] = []
+
+    def publish(self, entries: Sequence[OutboxEntry]) -> None:
+        self.sent.extend(entries)
+
+
+def test_a_chunks_dispatches_are_published_by_the_relay_before_the_next_chunk_is_sent(
+    redis_client: RedisClientFactory,
+) -> None:
+    """With the coordinator's relay running beside the intake, each chunk's dispatches are
+    published (not only handed) before the next chunk's scripts are sent: the intake lets the
+    relay run between chunks, and the relay wakes at the loop's next turn."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            transport = _Recorded()
+            coordinator = Coordinator(client, publisher=transport, settings=SETTINGS, name="c")
+            await coordinator._ensure_groups()
+            await coordinator._learn_redis_version()
+            assert coordinator.relay is not None
+            relay = asyncio.create_task(coordinator.relay.run(coordinator._stopping))
+            await asyncio.sleep(0.05)  # its first round's sweep done: it waits for hand-offs
+            sent = coordinator.store.create_started_many
+            published: list[int] = []
+
+            async def spy(
+                pending: Sequence[PendingCommit],
+            ) -> list[CreateOutcome | RedisError | None]:
+                published.append(len(transport.sent))
+                return await sent(pending)
+
+            coordinator.store.create_started_many = spy  # type: ignore[method-assign]
+            for n in range(20):
+                await _submit(client, f"t{n:02d}")
+            await coordinator._intake_once()
+            coordinator._stopping.set()
+            await asyncio.wait_for(relay, 5)
+            assert published == [0, 8, 16]
+            assert len(transport.sent) == 20
+
+    asyncio.run(run())
