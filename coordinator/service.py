@@ -789,7 +789,7 @@ class Coordinator:
         if named is None and creates is not None:
             pending = self._prepare_started(record, ack)
             if pending is not None:  # sent with others (_send_creates), then _created
-                creates.append(_Create(stream, entry_id, fields, text, record, ack, pending))
+                creates.append(_Create(entry_id, fields, text, record, ack, pending))
                 return
         if creates:  # created apart after the creates waiting before it: ids and keys in order
             await self._send_creates(stream, creates, starts if starts is not None else [])
@@ -1452,9 +1452,8 @@ class _Decided:
 @dataclass(frozen=True, slots=True, eq=False)
 class _Create:
     """An intake entry's task, its create with its start committed prepared, waiting to be sent
-    with others of its read (:meth:`Coordinator._send_creates`)."""
+    with others of its read (:meth:`Coordinator._send_creates`, which names the stream)."""
 
-    stream: str
     entry_id: str
     fields: dict[Any, Any]
     text: dict[str, str]
