@@ -173,3 +173,26 @@ def test_an_unexpected_error_after_one_create_dead_letters_that_entry_alone(
             assert raised is None
 
     asyncio.run(run())
+
+
+def test_an_idempotency_key_stays_with_the_first_submission_when_its_lease_is_held(
+    redis_client: RedisClientFactory,
+) -> None:
+    """``a`` then ``b``, both with key ``k``, in one read, ``a``'s lease held by another
+    coordinator (a purged task's lease still live, a peer's claim). Main: ``a`` is created
+    apart before ``b`` is handled, ``a`` owns ``k`` and ``b`` is its duplicate. Chunked: ``a``'s
+    script writes nothing (lease held), ``b``'s script after it in the pipeline takes ``k``,
+    and ``a``, created apart only when the chunk is answered, becomes an alias of ``b``."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await client.set(keys.lease_key("a", 0), "other", px=60_000)
+            await _submit(client, "a", {**TASK, "idempotency_key": "k"})
+            await _submit(client, "b", {**TASK, "idempotency_key": "k"})
+            await coordinator._intake_once()
+            assert await _deliveries(client) == {}
+            assert await client.hget(keys.task_key("a", 0), "alias_of") is None
+            assert await client.hgetall(keys.task_key("b", 0)) == {"alias_of": "a"}
+
+    asyncio.run(run())
