@@ -541,10 +541,13 @@ class Coordinator:
     ) -> None:
         """:meth:`_handle_read` for the intake: each entry in turn (:meth:`_intake`, an
         unexpected error dead-letters that entry alone), the creates it prepares sent
-        ``intake_chunk`` at a time and at the end of each partition's entries. When Redis
-        refuses (a transient error), every entry not handled gets its delivery back: those
-        not reached, those whose create is prepared and not sent, and those of the chunk in
-        flight that Redis did not answer for (:meth:`_send_creates`)."""
+        ``intake_chunk`` at a time, at the end of each partition's entries, and before an
+        entry that repeats a task id or an idempotency key of one waiting (:meth:`_intake`):
+        no answer in a chunk depends on another's. When Redis refuses (a transient error), the
+        read stops as when each create is sent alone: the refused entry and every entry not
+        sent get their delivery back (those not reached, and those of the chunk in flight that
+        Redis did not answer for, :meth:`_send_creates`); the chunk's entries after the
+        refused one ran, and are answered."""
         chunk = max(self.settings.intake_chunk, 1)
         for index, (stream, entries) in enumerate(batches):
             creates: list[_Create] = []
@@ -577,8 +580,9 @@ class Coordinator:
         outcomes: list[CreateOutcome | RedisError | None],
     ) -> tuple[list[tuple[_Create, CreateOutcome | None]], RedisError | None]:
         """The creates Redis answered: those created started leased and counted (no command),
-        those that failed logged (a transient failure's entry given its delivery back); the
-        others, to finish, and the first failure."""
+        each under its entry's guard (:meth:`_guarded`: an unexpected error dead-letters that
+        entry alone); those that failed logged (a transient failure's entry given its delivery
+        back). Returns the others, to finish, and the first failure."""
         rest: list[tuple[_Create, CreateOutcome | None]] = []
         failed: list[str] = []
         failure: RedisError | None = None
@@ -592,7 +596,17 @@ class Coordinator:
                 if is_transient(outcome):
                     failed.append(create.entry_id)
             elif outcome is not None and outcome.started:
-                self._started(create.pending, outcome)
+
+                async def started(
+                    _stream: str,
+                    _entry_id: str,
+                    _fields: dict[Any, Any],
+                    create: _Create = create,
+                    outcome: CreateOutcome = outcome,
+                ) -> None:
+                    self._started(create.pending, outcome)
+
+                await self._guarded(stream, create.entry_id, create.fields, started)
             else:
                 rest.append((create, outcome))
         if failed:
@@ -603,12 +617,16 @@ class Coordinator:
         self, stream: str, creates: list[_Create], starts: list[_Start]
     ) -> None:
         """Send the creates prepared (:meth:`TaskStore.create_started_many`, one round trip),
-        tell the relay of the tasks created at once and let it run, then finish each of the
-        others as :meth:`_intake` does after a create sent alone (a conflict refused, a
-        duplicate told, a task whose lease another coordinator holds created apart), an
-        unexpected error dead-lettering that entry alone. The first error Redis answered for
-        one of them is raised once the others are done; a transient one, and a connection
-        lost, give the entries Redis did not answer for their delivery back."""
+        count those created started and let the relay send their dispatches, then finish each
+        of the others as :meth:`_intake` does after a create sent alone (a conflict refused, a
+        duplicate told, a task whose lease another coordinator holds created apart). Each
+        entry's answer is handled under its own guard (:meth:`_guarded`): an unexpected error
+        dead-letters that entry alone, never another of the chunk nor the entry that flushed
+        it. The first error Redis answered for one of them is raised once the others are done
+        (the read stops there); a transient one, and a connection lost, give the entries Redis
+        did not answer for their delivery back. No two creates of a chunk share a task id or
+        an idempotency key (:meth:`_intake` sends the chunk first), so the entries after one
+        refused, which ran, answer as they would have sent alone."""
         if not creates:
             return
         waiting = list(creates)
@@ -787,6 +805,10 @@ class Coordinator:
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
         if named is None and creates is not None:
+            if any(_shares_key(c.record, record) for c in creates):
+                # a second submission of an id or a key: the first's create fully answered
+                # first (refused, or created apart), as when each is sent alone
+                await self._send_creates(stream, creates, starts if starts is not None else [])
             pending = self._prepare_started(record, ack)
             if pending is not None:  # sent with others (_send_creates), then _created
                 creates.append(_Create(entry_id, fields, text, record, ack, pending))
@@ -1447,6 +1469,15 @@ class _Decided:
     message: AnyMessage
     dispatched_at: float | None
     commit: PendingCommit
+
+
+def _shares_key(first: TaskRecord, second: TaskRecord) -> bool:
+    """Whether two new tasks name the same task id or the same idempotency key: the answer to
+    the second's create depends on what the first's wrote."""
+    key = first.spec.idempotency_key
+    return first.task_id == second.task_id or (
+        key is not None and key == second.spec.idempotency_key
+    )
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -311,3 +311,36 @@ def test_a_chunks_dispatches_are_published_by_the_relay_before_the_next_chunk_is
             assert len(transport.sent) == 20
 
     asyncio.run(run())
+
+
+def test_an_error_after_a_create_lands_on_its_entry_not_on_the_one_that_sent_the_chunk(
+    redis_client: RedisClientFactory,
+) -> None:
+    """``a`` then ``b`` with ``a``'s key: ``b`` sends the chunk holding ``a`` before its own
+    create is prepared. The bookkeeping after ``a``'s create raises: ``a`` is dead-lettered
+    (its task created and running), ``b`` is answered as ``a``'s duplicate, not dead-lettered
+    for an error that was ``a``'s."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            committed = coordinator._committed
+
+            def failing(pending: PendingCommit) -> None:
+                if pending.record.task_id == "a":
+                    raise ValueError("bookkeeping failed for a")
+                committed(pending)
+
+            coordinator._committed = failing  # type: ignore[method-assign]
+            await _submit(client, "a", {**TASK, "idempotency_key": "k"})
+            await _submit(client, "b", {**TASK, "idempotency_key": "k"})
+            await coordinator._intake_once()
+            assert await _running(client, "a")
+            assert await client.hgetall(keys.task_key("b", 0)) == {"alias_of": "a"}
+            dead = [f for _i, f in await client.xrange(keys.dead_letter_stream(0))]
+            assert [d["raw_task_id"] for d in dead] == ["a"]
+            duplicates = await _events(client, "duplicate")
+            assert [(d["task_id"], d["existing_task_id"]) for d in duplicates] == [("b", "a")]
+            assert await _deliveries(client) == {}
+
+    asyncio.run(run())
