@@ -267,7 +267,9 @@ class OutboxRelay:
         self._streams.update({keys.commit_outbox_stream(p): p for p in range(self.partitions)})
         self._served: list[str] = [keys.outbox_stream(p) for p in range(self.partitions)]
         self._handed: deque[tuple[int, str, OutboxEntry]] = deque()
-        self._wake = asyncio.Event()
+        self._waiting: asyncio.Future[None] | None = None
+        """What the commits' loop awaits while nothing is handed: a hand-off resolves it, so
+        the loop runs at the event loop's next turn (a ``wait_for`` on an event took three)."""
         self._commits_served: frozenset[int] = frozenset()
         self._sweep_due: set[int] = set()
         """Partitions whose commits' outbox is read from ``0-0`` next round (hand-offs of
@@ -315,7 +317,7 @@ class OutboxRelay:
             self._drop_handed({partition})
             return
         self._handed.extend((partition, entry_id, entry) for entry_id, entry in entries)
-        self._wake.set()
+        _wake(self._waiting)
 
     def _drop_handed(self, partitions: set[int]) -> None:
         """Forget the hand-offs of ``partitions``, swept next round instead."""
@@ -341,17 +343,26 @@ class OutboxRelay:
                 sent += await self._sweep(partition)
             deadline = loop.time() + self.flush_s
             while True:
-                self._wake.clear()
                 sent += await self._send_handed(served)
                 remaining = deadline - loop.time()
                 if stopping is None or stopping.is_set() or remaining <= 0:
                     break
                 if not self._handed:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), remaining)
+                    await self._handed_within(remaining)
         finally:
             await self._flush()
         return sent
+
+    async def _handed_within(self, timeout_s: float) -> None:
+        """Wait for a hand-off, ``timeout_s`` at most."""
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting = loop.create_future()
+        timer = loop.call_later(timeout_s, _wake, waiting)
+        try:
+            await waiting
+        finally:
+            timer.cancel()
+            self._waiting = None
 
     async def _send_handed(self, served: frozenset[int]) -> int:
         """Send the hand-offs waiting, partition by partition (each in commit order)."""
@@ -611,6 +622,12 @@ class OutboxRelay:
             )  # fmt: skip
         pipe.xdel(stream, *[entry_id for entry_id, _f, _e in malformed])
         await pipe.execute()
+
+
+def _wake(waiting: asyncio.Future[None] | None) -> None:
+    """Resolve the commits' loop's wait, if it waits."""
+    if waiting is not None and not waiting.done():
+        waiting.set_result(None)
 
 
 def _id(entry_id: str) -> tuple[int, int]:

@@ -231,6 +231,10 @@ class CoordinatorSettings:
     tick_interval_s: float = 0.5
     block_ms: int = 1000
     batch: int = 64
+    intake_chunk: int = 8
+    """New tasks of one intake read whose create scripts are sent together (one pipeline, one
+    round trip): fewer round trips, and the first dispatches of a burst sent while its later
+    tasks are still parsed and decided."""
     claim_idle_ms: int = 30_000
     max_deliveries: int = 5
     transient_backoff_ms: int = 1000
@@ -510,17 +514,17 @@ class Coordinator:
     # -- intake ---------------------------------------------------------------------------
 
     async def _intake_once(self) -> None:
-        """One read of the intake. The tasks it creates are started together: their start
-        commits are sent in one round trip once every entry of the read is handled (a task
-        created and not started yet is started by the tick when due, as after a crash between
-        the two); a start that conflicts is applied again on its own."""
+        """One read of the intake. A task that is no sub-agent's is created with its start
+        committed (:meth:`_prepare_started`), the scripts of up to ``intake_chunk`` of them in
+        one pipeline (:meth:`_send_creates`): the first dispatches are handed to the relay, and
+        sent, while the read's later entries are still handled. The tasks created apart (a
+        sub-agent's, one whose lease another coordinator held) are started together: their
+        start commits are sent in one round trip once every entry of the read is handled (a
+        task created and not started yet is started by the tick when due, as after a crash
+        between the two); a start that conflicts is applied again on its own."""
         starts: list[_Start] = []
-
-        async def intake(stream: str, entry_id: str, fields: dict[Any, Any]) -> None:
-            await self._intake(stream, entry_id, fields, starts)
-
         try:
-            await self._handle_read(await self._read(keys.intake_stream), intake)
+            await self._intake_read(await self._read(keys.intake_stream), starts)
         except Exception:
             with contextlib.suppress(Exception):  # the tick starts what is left
                 await self._start_all(starts)
@@ -531,6 +535,133 @@ class Coordinator:
             self._starting.difference_update(s.commit.record.task_id for s in starts)
             raise
         await self._start_all(starts)
+
+    async def _intake_read(
+        self, batches: list[tuple[str, list[tuple[str, dict[Any, Any]]]]], starts: list[_Start]
+    ) -> None:
+        """:meth:`_handle_read` for the intake: each entry in turn (:meth:`_intake`, an
+        unexpected error dead-letters that entry alone), the creates it prepares sent
+        ``intake_chunk`` at a time, at the end of each partition's entries, and before an
+        entry that repeats a task id or an idempotency key of one waiting (:meth:`_intake`):
+        no answer in a chunk depends on another's. When Redis refuses (a transient error), the
+        read stops as when each create is sent alone: the refused entry and every entry not
+        sent get their delivery back (those not reached, and those of the chunk in flight that
+        Redis did not answer for, :meth:`_send_creates`); the chunk's entries after the
+        refused one ran, and are answered."""
+        chunk = max(self.settings.intake_chunk, 1)
+        for index, (stream, entries) in enumerate(batches):
+            creates: list[_Create] = []
+
+            async def intake(
+                stream: str, entry_id: str, fields: dict[Any, Any], creates: list[_Create] = creates
+            ) -> None:
+                await self._intake(stream, entry_id, fields, starts, creates)
+
+            reached = 0
+            try:
+                for entry_id, fields in entries:
+                    await self._guarded(stream, entry_id, fields, intake)
+                    reached += 1
+                    if len(creates) >= chunk:
+                        await self._send_creates(stream, creates, starts)
+                await self._send_creates(stream, creates, starts)
+            except RedisError as exc:
+                if is_transient(exc):
+                    unsent = [c.entry_id for c in creates]  # the chunk in flight: given back there
+                    await self._give_back(stream, unsent + [e for e, _f in entries[reached:]])
+                    for later, rest in batches[index + 1 :]:
+                        await self._give_back(later, [e for e, _f in rest])
+                raise
+
+    async def _answered(
+        self,
+        stream: str,
+        waiting: list[_Create],
+        outcomes: list[CreateOutcome | RedisError | None],
+    ) -> tuple[list[tuple[_Create, CreateOutcome | None]], RedisError | None]:
+        """The creates Redis answered: those created started leased and counted (no command),
+        each under its entry's guard (:meth:`_guarded`: an unexpected error dead-letters that
+        entry alone); those that failed logged (a transient failure's entry given its delivery
+        back). Returns the others, to finish, and the first failure."""
+        rest: list[tuple[_Create, CreateOutcome | None]] = []
+        failed: list[str] = []
+        failure: RedisError | None = None
+        for create, outcome in zip(waiting, outcomes, strict=True):
+            if isinstance(outcome, RedisError):
+                log.warning(
+                    "task.create_failed",
+                    extra={"task_id": create.record.task_id, "error": str(outcome)[:300]},
+                )
+                failure = failure or outcome
+                if is_transient(outcome):
+                    failed.append(create.entry_id)
+            elif outcome is not None and outcome.started:
+
+                async def started(
+                    _stream: str,
+                    _entry_id: str,
+                    _fields: dict[Any, Any],
+                    create: _Create = create,
+                    outcome: CreateOutcome = outcome,
+                ) -> None:
+                    self._started(create.pending, outcome)
+
+                await self._guarded(stream, create.entry_id, create.fields, started)
+            else:
+                rest.append((create, outcome))
+        if failed:
+            await self._give_back(stream, failed)
+        return rest, failure
+
+    async def _send_creates(
+        self, stream: str, creates: list[_Create], starts: list[_Start]
+    ) -> None:
+        """Send the creates prepared (:meth:`TaskStore.create_started_many`, one round trip),
+        count those created started and let the relay send their dispatches, then finish each
+        of the others as :meth:`_intake` does after a create sent alone (a conflict refused, a
+        duplicate told, a task whose lease another coordinator holds created apart). Each
+        entry's answer is handled under its own guard (:meth:`_guarded`): an unexpected error
+        dead-letters that entry alone, never another of the chunk nor the entry that flushed
+        it. The first error Redis answered for one of them is raised once the others are done
+        (the read stops there); a transient one, and a connection lost, give the entries Redis
+        did not answer for their delivery back. No two creates of a chunk share a task id or
+        an idempotency key (:meth:`_intake` sends the chunk first), so the entries after one
+        refused, which ran, answer as they would have sent alone."""
+        if not creates:
+            return
+        waiting = list(creates)
+        creates.clear()
+        try:
+            outcomes = await self.store.create_started_many([c.pending for c in waiting])
+        except RedisError as exc:
+            if is_transient(exc):
+                await self._give_back(stream, [c.entry_id for c in waiting])
+            raise
+        rest, failure = await self._answered(stream, waiting, outcomes)
+        await asyncio.sleep(0)  # the relay sends these dispatches before the next chunk's prepared
+        for position, (create, outcome) in enumerate(rest):
+
+            async def finish(
+                _stream: str,
+                _entry_id: str,
+                _fields: dict[Any, Any],
+                create: _Create = create,
+                outcome: CreateOutcome | None = outcome,
+            ) -> None:
+                if outcome is None:  # another coordinator holds its lease: created apart
+                    outcome = await self.store.create(
+                        create.record, ack=create.ack, lease=(self.name, self._lease_ms)
+                    )
+                await self._created(create.entry_id, create.text, create.record, outcome, starts)
+
+            try:
+                await self._guarded(stream, create.entry_id, create.fields, finish)
+            except RedisError as exc:
+                if is_transient(exc):
+                    await self._give_back(stream, [c.entry_id for c, _o in rest[position:]])
+                raise
+        if failure is not None:
+            raise failure
 
     async def _start_all(self, starts: list[_Start]) -> None:
         """Send the start commits of a read in one pipeline; one that conflicted is applied
@@ -623,15 +754,18 @@ class Coordinator:
             log.exception("stream.entry_failed", extra={"stream": stream, "entry_id": entry_id})
             await self._poison(stream, entry_id, fields, f"{type(exc).__name__}: {exc}")
 
-    async def _intake(  # noqa: PLR0911, PLR0912 - one return per way an entry makes no task
+    async def _intake(
         self,
         stream: str,
         entry_id: str,
         fields: dict[Any, Any],
         starts: list[_Start] | None = None,
+        creates: list[_Create] | None = None,
     ) -> None:
-        """Create the task of one intake entry and start it; with ``starts``, its start commit
-        joins the ones sent together (:meth:`_start_all`)."""
+        """Create the task of one intake entry and start it; with ``starts``, the start commit
+        of a task created apart joins the ones sent together (:meth:`_start_all`); with
+        ``creates``, a task created started is prepared and added there, sent with others
+        (:meth:`_send_creates`)."""
         ack = (stream, keys.coordinator_group, entry_id)
         p = self._stream_partition[stream]
         text = {_text(k): _text(v) for k, v in fields.items()}
@@ -670,8 +804,33 @@ class Coordinator:
             return
         now = time.time()
         record = TaskRecord(task_id=task_id, spec=spec, created_at=now, updated_at=now)
+        if named is None and creates is not None:
+            if any(_shares_key(c.record, record) for c in creates):
+                # a second submission of an id or a key: the first's create fully answered
+                # first (refused, or created apart), as when each is sent alone
+                await self._send_creates(stream, creates, starts if starts is not None else [])
+            pending = self._prepare_started(record, ack)
+            if pending is not None:  # sent with others (_send_creates), then _created
+                creates.append(_Create(entry_id, fields, text, record, ack, pending))
+                return
+        if creates:  # created apart after the creates waiting before it: ids and keys in order
+            await self._send_creates(stream, creates, starts if starts is not None else [])
         # a sub-agent's is created apart, its parent checked once it is stored (_parent_ended)
-        outcome = await self._create(record, ack, started=named is None)
+        outcome = await self._create(record, ack, started=named is None and creates is None)
+        await self._created(entry_id, text, record, outcome, starts)
+
+    async def _created(
+        self,
+        entry_id: str,
+        text: dict[str, str],
+        record: TaskRecord,
+        outcome: CreateOutcome,
+        starts: list[_Start] | None,
+    ) -> None:
+        """What follows the create of a submitted task: a conflict refused, a duplicate told,
+        a task created apart started (its commit joins ``starts`` when given)."""
+        task_id, spec = record.task_id, record.spec
+        p = self.store.partition(task_id)
         if outcome.conflict:
             error = (
                 f"task id {task_id!r} is already a task, and idempotency key "
@@ -704,38 +863,41 @@ class Coordinator:
         self, record: TaskRecord, ack: tuple[str, str, str], *, started: bool
     ) -> CreateOutcome:
         """Store a new task, leased to this coordinator if nobody holds its lease; with
-        ``started``, created with its start committed when it can be (:meth:`_create_started`)."""
+        ``started``, created with its start committed when it can be (:meth:`_prepare_started`)."""
         if started:
-            fresh = TaskRecord(  # the machine changes the record it starts: not ``record``
-                task_id=record.task_id,
-                spec=record.spec,
-                created_at=record.created_at,
-                updated_at=record.updated_at,
-            )
-            outcome = await self._create_started(fresh, ack)
-            if outcome is not None:
-                return outcome
+            pending = self._prepare_started(record, ack)
+            if pending is not None:
+                outcome = await self.store.create_started(pending)
+                if outcome is not None:
+                    self._started(pending, outcome)
+                    return outcome
         return await self.store.create(record, ack=ack, lease=(self.name, self._lease_ms))
 
-    async def _create_started(
+    def _prepare_started(
         self, record: TaskRecord, ack: tuple[str, str, str]
-    ) -> CreateOutcome | None:
-        """A task that is no sub-agent's, created with its start committed and its lease taken,
-        in one script (:meth:`TaskStore.create_started`): no record at version 0 is written,
-        read back and rewritten. None when nothing was written (its start decided nothing or
-        raised, or another owner holds its lease): create it apart, as a sub-agent's."""
-        task_id = record.task_id
-        machine = TaskMachine(record, record.created_at, self.settings.machine)
+    ) -> PendingCommit | None:
+        """A task that is no sub-agent's, its create with its start committed and its lease
+        taken, in one script (:meth:`TaskStore.create_started`), prepared on a copy of
+        ``record`` (the machine changes the record it starts): no record at version 0 is
+        written, read back and rewritten. None when its start decides nothing or raises:
+        create it apart, as a sub-agent's (its start judged, and failing, as before)."""
+        fresh = TaskRecord(
+            task_id=record.task_id,
+            spec=record.spec,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+        machine = TaskMachine(fresh, fresh.created_at, self.settings.machine)
         try:
             effects = decide(machine, _start)
         except Exception:  # judged again apart, where it fails and is logged
-            return None  # created apart, its start judged (and failing) as before
+            return None
         if not effects.changed:
             return None
         delta = self.store.conversation_delta(machine.record)
         effects.stamped(machine.record.conversation_epoch)
         dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
-        pending = self.store.prepare(
+        return self.store.prepare(
             machine.record,
             effects,
             ack,
@@ -744,11 +906,14 @@ class Coordinator:
             lease_owner=self.name,
             create=(self.name, self._lease_ms),
         )
-        outcome = await self.store.create_started(pending)
-        if outcome is not None and outcome.started:
-            self._leased(task_id)
+
+    def _started(self, pending: PendingCommit, outcome: CreateOutcome) -> None:
+        """A create prepared by :meth:`_prepare_started` was answered: a task created started
+        is leased to this coordinator and its commit counted (its dispatches are the relay's
+        already, :attr:`TaskStore.dispatched`). Nothing for a duplicate or a conflict."""
+        if outcome.started:
+            self._leased(pending.record.task_id)
             self._committed(pending)
-        return outcome
 
     async def _parent_ended(self, record: TaskRecord) -> str | None:
         """For a sub-agent's task: why it must not start, its parent having ended (the parent's
@@ -1304,6 +1469,29 @@ class _Decided:
     message: AnyMessage
     dispatched_at: float | None
     commit: PendingCommit
+
+
+def _shares_key(first: TaskRecord, second: TaskRecord) -> bool:
+    """Whether two new tasks name the same task id or the same idempotency key: the answer to
+    the second's create depends on what the first's wrote."""
+    key = first.spec.idempotency_key
+    return first.task_id == second.task_id or (
+        key is not None and key == second.spec.idempotency_key
+    )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Create:
+    """An intake entry's task, its create with its start committed prepared, waiting to be sent
+    with others of its read (:meth:`Coordinator._send_creates`, which names the stream)."""
+
+    entry_id: str
+    fields: dict[Any, Any]
+    text: dict[str, str]
+    record: TaskRecord
+    """The task as submitted (created apart from it if another coordinator holds its lease)."""
+    ack: tuple[str, str, str]
+    pending: PendingCommit
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -713,8 +713,41 @@ class TaskStore:
         None when nothing was written because another owner holds the new task's lease
         (create it with :meth:`create`); else as :meth:`create` answers, ``started`` when the
         task was created (the intake entry is acknowledged either way)."""
-        record = pending.record
         reply = await self._commit(keys=pending.keys, args=pending.args)
+        return self._created(pending, reply)
+
+    async def create_started_many(
+        self, pending: Sequence[PendingCommit]
+    ) -> list[CreateOutcome | RedisError | None]:
+        """:meth:`create_started` for several new tasks, their scripts in one pipeline, one round
+        trip (not a transaction: each script is atomic on its own and runs in the order given,
+        so a later one sees what an earlier one created: a second submission of an id or a key
+        is a duplicate as when sent apart).
+
+        Per commit: as :meth:`create_started` answers, or the error Redis answered for it (one
+        Redis had lost the script for is sent again on its own, which loads it). A connection
+        lost raises, each script run or not.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for commit in pending:
+            pipe.evalsha(self._commit.sha, len(commit.keys), *commit.keys, *commit.args)
+        replies = await pipe.execute(raise_on_error=False)
+        outcomes: list[CreateOutcome | RedisError | None] = []
+        for commit, reply in zip(pending, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                try:
+                    outcomes.append(await self.create_started(commit))
+                except RedisError as exc:
+                    outcomes.append(exc)
+            elif isinstance(reply, RedisError):
+                outcomes.append(reply)  # nothing of it kept: the record is the intake's alone
+            else:
+                outcomes.append(self._created(commit, reply))
+        return outcomes
+
+    def _created(self, pending: PendingCommit, reply: Sequence[Any]) -> CreateOutcome | None:
+        """What :meth:`create_started`'s script answered: the new task kept, or nothing kept."""
+        record = pending.record
         code = int(reply[0])
         if code == 1:
             self._take(record.task_id)  # a stale one of a purged task of that id, if any

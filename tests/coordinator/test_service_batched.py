@@ -277,10 +277,10 @@ def test_the_starts_of_one_intake_read_go_in_one_pipeline_and_the_tick_waits_for
         async with redis_client(decode_responses=True) as client:
             coordinator = await _coordinator(client)
 
-            async def apart(*_args: object) -> None:
-                return None
+            def apart(*_args: object) -> None:
+                return None  # no create with its start prepared: created apart
 
-            coordinator._create_started = apart  # type: ignore[method-assign,assignment]
+            coordinator._prepare_started = apart  # type: ignore[method-assign,assignment]
             sent = coordinator.store.commit_many
             batches: list[list[str]] = []
             ticked: list[set[str]] = []

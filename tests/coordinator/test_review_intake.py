@@ -1,0 +1,198 @@
+"""Review of the intake's pipelined creates (branch ``intake``): guarantees a create sent alone
+kept on ``main`` that a chunk of creates must keep too.
+
+Each test injects its fault below the coordinator (a Redis reply, a failing bookkeeping step),
+so the same test runs on ``main`` (creates sent one by one) and on the chunked intake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import OutOfMemoryError
+
+from coordinator.machine import MachineSettings
+from coordinator.service import Coordinator, CoordinatorSettings
+from coordinator.store import PendingCommit
+from shared import keys
+from tests.redis_server import RedisClientFactory
+
+TASK = {"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]}
+SETTINGS = CoordinatorSettings(
+    machine=MachineSettings(workspace_root="/ws"),
+    block_ms=10,
+    claim_idle_ms=100,
+    transient_backoff_ms=100,
+)
+OOM = "OOM command not allowed when used memory > 'maxmemory'."
+
+
+async def _coordinator(client: Redis) -> Coordinator:
+    coordinator = Coordinator(client, settings=SETTINGS, name="c")
+    await coordinator._ensure_groups()
+    await coordinator._learn_redis_version()
+    return coordinator
+
+
+async def _submit(client: Redis, task_id: str, task: dict[str, Any] | None = None) -> str:
+    entry_id = await client.xadd(
+        keys.intake_stream(0), {"task_id": task_id, "task": json.dumps(task or TASK)}
+    )
+    return str(entry_id)
+
+
+async def _deliveries(client: Redis) -> dict[str, int]:
+    rows = await client.xpending_range(
+        keys.intake_stream(0), keys.coordinator_group, min="-", max="+", count=1000
+    )
+    return {str(r["message_id"]): int(r["times_delivered"]) for r in rows}
+
+
+async def _running(client: Redis, task_id: str) -> bool:
+    task = await client.hgetall(keys.task_key(task_id, 0))
+    return task.get("version") == "1" and task.get("status") == "running"
+
+
+def _refuse_once(client: Redis, task_key: str) -> list[str]:
+    """Redis answers OOM, once, to the first script sent that writes ``task_key`` (a script
+    refused runs nothing), whether it is sent alone or in a pipeline; the rest run as sent.
+    Returns the list the refusals are recorded in."""
+    refused: list[str] = []
+
+    def targets(args: tuple[Any, ...]) -> bool:
+        return (
+            not refused
+            and str(args[0]).upper() == "EVALSHA"
+            and task_key in [a if isinstance(a, str) else str(a) for a in args]
+        )
+
+    execute_command = client.execute_command
+
+    async def alone(*args: Any, **options: Any) -> Any:
+        if targets(args):
+            refused.append("alone")
+            raise OutOfMemoryError(OOM)
+        return await execute_command(*args, **options)
+
+    client.execute_command = alone  # type: ignore[method-assign]
+    pipeline = client.pipeline
+
+    def piped(*args: Any, **kwargs: Any) -> Pipeline:
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        async def run(raise_on_error: bool = True) -> list[Any]:
+            stack = pipe.command_stack
+            hit = next((i for i, (a, _o) in enumerate(stack) if targets(a)), None)
+            if hit is None:
+                return await execute(raise_on_error=raise_on_error)
+            refused.append("piped")
+            del stack[hit]
+            replies = await execute(raise_on_error=False) if stack else []
+            replies.insert(hit, OutOfMemoryError(OOM))
+            if raise_on_error:
+                raise replies[hit]
+            return replies
+
+        pipe.execute = run  # type: ignore[method-assign]
+        return pipe
+
+    client.pipeline = piped  # type: ignore[method-assign]
+    return refused
+
+
+def test_an_idempotency_key_stays_with_the_first_submission_when_its_create_is_refused(
+    redis_client: RedisClientFactory,
+) -> None:
+    """``a`` then ``b``, both with key ``k``, in one read; Redis refuses ``a``'s create once
+    (OOM, transient). Sent alone (main), ``b`` is not handled before ``a`` is retried: ``a``
+    owns ``k``, ``b`` is its duplicate, as with no fault. Chunked, ``b``'s script runs after
+    the refused one in the same pipeline: ``b`` is created owning ``k`` and the retried ``a``
+    becomes an alias of ``b`` - the submission order the keys promise is inverted."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            refused = _refuse_once(client, keys.task_key("a", 0))
+            await _submit(client, "a", {**TASK, "idempotency_key": "k"})
+            await _submit(client, "b", {**TASK, "idempotency_key": "k"})
+            with contextlib.suppress(OutOfMemoryError):
+                await coordinator._intake_once()
+            assert refused
+            for _ in range(5):  # claimable again after transient_backoff_ms
+                if not await _deliveries(client):
+                    break
+                await asyncio.sleep(0.12)
+                await coordinator._tick_once()
+            assert await _deliveries(client) == {}
+            assert await _running(client, "a"), await client.hgetall(keys.task_key("a", 0))
+            assert await client.hgetall(keys.task_key("b", 0)) == {"alias_of": "a"}
+
+    asyncio.run(run())
+
+
+def test_an_unexpected_error_after_one_create_dead_letters_that_entry_alone(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Ten entries in one read; the bookkeeping after ``t03``'s create raises (a bug, a metrics
+    exporter failing). Main: ``t03`` is dead-lettered alone, every other task is created,
+    leased and its entry acknowledged (``_guarded``). Chunked: the error escapes the chunk's
+    send outside any entry's guard: nothing is dead-lettered, ``t04``-``t07`` are created but
+    never counted as held, and ``t08``, ``t09`` are left pending unhandled."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            committed = coordinator._committed
+
+            def failing(pending: PendingCommit) -> None:
+                if pending.record.task_id == "t03":
+                    raise ValueError("bookkeeping failed for t03")
+                committed(pending)
+
+            coordinator._committed = failing  # type: ignore[method-assign]
+            ids = [f"t{n:02d}" for n in range(10)]
+            for task_id in ids:
+                await _submit(client, task_id)
+            raised: BaseException | None = None
+            try:
+                await coordinator._intake_once()
+            except ValueError as exc:
+                raised = exc
+            for task_id in ids:
+                assert await _running(client, task_id), task_id
+            assert coordinator._held >= set(ids) - {"t03"}
+            dead = [f for _i, f in await client.xrange(keys.dead_letter_stream(0))]
+            assert [d["raw_task_id"] for d in dead] == ["t03"]
+            assert await _deliveries(client) == {}
+            assert raised is None
+
+    asyncio.run(run())
+
+
+def test_an_idempotency_key_stays_with_the_first_submission_when_its_lease_is_held(
+    redis_client: RedisClientFactory,
+) -> None:
+    """``a`` then ``b``, both with key ``k``, in one read, ``a``'s lease held by another
+    coordinator (a purged task's lease still live, a peer's claim). Main: ``a`` is created
+    apart before ``b`` is handled, ``a`` owns ``k`` and ``b`` is its duplicate. Chunked: ``a``'s
+    script writes nothing (lease held), ``b``'s script after it in the pipeline takes ``k``,
+    and ``a``, created apart only when the chunk is answered, becomes an alias of ``b``."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await client.set(keys.lease_key("a", 0), "other", px=60_000)
+            await _submit(client, "a", {**TASK, "idempotency_key": "k"})
+            await _submit(client, "b", {**TASK, "idempotency_key": "k"})
+            await coordinator._intake_once()
+            assert await _deliveries(client) == {}
+            assert await client.hget(keys.task_key("a", 0), "alias_of") is None
+            assert await client.hgetall(keys.task_key("b", 0)) == {"alias_of": "a"}
+
+    asyncio.run(run())
