@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
@@ -60,16 +60,16 @@ async def _duplicates(client: Redis) -> list[str]:
     return [f["task_id"] for _i, f in events if f.get("event") == "duplicate"]
 
 
-def _refuse_event_once(client: Redis, event: str) -> list[str]:
-    """Redis answers OOM, once, to the XADD of a lifecycle event named ``event`` (a write
-    refused at maxmemory, transient); every other command runs as sent."""
+def _refuse_event_once(client: Redis, event: str, error: RedisError | None = None) -> list[str]:
+    """Redis answers ``error`` (default OOM: a write refused at maxmemory, transient), once,
+    to the XADD of a lifecycle event named ``event``; every other command runs as sent."""
     refused: list[str] = []
     execute_command = client.execute_command
 
     async def refusing(*args: Any, **options: Any) -> Any:
         if not refused and str(args[0]).upper() == "XADD" and event in [str(a) for a in args]:
             refused.append(event)
-            raise OutOfMemoryError(OOM)
+            raise error or OutOfMemoryError(OOM)
         return await execute_command(*args, **options)
 
     client.execute_command = refusing  # type: ignore[method-assign]
@@ -82,7 +82,7 @@ async def _drain(client: Redis, coordinator: Coordinator) -> None:
         if not await _deliveries(client):
             return
         await asyncio.sleep(0.12)
-        with contextlib.suppress(OutOfMemoryError):
+        with contextlib.suppress(RedisError):
             await coordinator._tick_once()
             await coordinator._intake_once()
 
@@ -110,6 +110,35 @@ def test_a_refusal_while_telling_a_duplicate_loses_no_later_entrys_answer(
             await _submit(client, "a")
             await _submit(client, "b")
             with contextlib.suppress(OutOfMemoryError):
+                await coordinator._intake_once()
+            assert refused
+            await _drain(client, coordinator)
+            assert await _deliveries(client) == {}
+            assert "b" in await _duplicates(client)
+
+    asyncio.run(run())
+
+
+def test_a_non_transient_error_while_telling_a_duplicate_loses_no_later_entrys_answer(
+    redis_client: RedisClientFactory,
+) -> None:
+    """As above, the error non-transient (a reply Redis gives to that command alone, here
+    WRONGTYPE-like). Main: the read stops at ``a``; ``b`` stays pending, is reclaimed once
+    idle ``claim_idle_ms`` and its duplicate told. Chunked: ``b``'s script acknowledged it in
+    the chunk, and the error raised by ``a``'s answer skips ``b``'s: ``b``'s answer is never
+    given, and nothing pending is left to reclaim it from."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await _submit(client, "a")
+            await _submit(client, "b")
+            await coordinator._intake_once()
+            error = ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+            refused = _refuse_event_once(client, "duplicate", error)
+            await _submit(client, "a")
+            await _submit(client, "b")
+            with contextlib.suppress(ResponseError):
                 await coordinator._intake_once()
             assert refused
             await _drain(client, coordinator)
