@@ -60,7 +60,7 @@ async def _duplicates(client: Redis) -> list[str]:
     return [f["task_id"] for _i, f in events if f.get("event") == "duplicate"]
 
 
-def _refuse_event_once(client: Redis, event: str, error: RedisError | None = None) -> list[str]:
+def _refuse_event_once(client: Redis, event: str, error: BaseException | None = None) -> list[str]:
     """Redis answers ``error`` (default OOM: a write refused at maxmemory, transient), once,
     to the XADD of a lifecycle event named ``event``; every other command runs as sent."""
     refused: list[str] = []
@@ -142,6 +142,37 @@ def test_a_non_transient_error_while_telling_a_duplicate_loses_no_later_entrys_a
                 await coordinator._intake_once()
             assert refused
             await _drain(client, coordinator)
+            assert await _deliveries(client) == {}
+            assert "b" in await _duplicates(client)
+
+    asyncio.run(run())
+
+
+def test_a_stop_while_telling_a_duplicate_loses_no_later_entrys_answer(
+    redis_client: RedisClientFactory,
+) -> None:
+    """As above, the coordinator stopped (cancelled, a deploy) while it tells ``a``'s duplicate,
+    and a second coordinator takes over its pending entries. Main: ``b``'s create was never
+    sent, ``b`` stays pending, the second coordinator claims it and tells its duplicate.
+    Chunked: ``b``'s script ran and acknowledged it in the chunk: nobody ever answers ``b``."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await _submit(client, "a")
+            await _submit(client, "b")
+            await coordinator._intake_once()
+            refused = _refuse_event_once(client, "duplicate", asyncio.CancelledError())
+            await _submit(client, "a")
+            await _submit(client, "b")
+            with contextlib.suppress(asyncio.CancelledError):
+                await coordinator._intake_once()
+            assert refused
+            async with redis_client(decode_responses=True) as other_client:
+                other = Coordinator(other_client, settings=SETTINGS, name="d")
+                await other._ensure_groups()
+                await other._learn_redis_version()
+                await _drain(other_client, other)
             assert await _deliveries(client) == {}
             assert "b" in await _duplicates(client)
 
