@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from coordinator.machine import MachineSettings
@@ -73,6 +74,54 @@ def _refuse_event_once(client: Redis, event: str, error: BaseException | None = 
         return await execute_command(*args, **options)
 
     client.execute_command = refusing  # type: ignore[method-assign]
+    return refused
+
+
+def _refuse_once(client: Redis, task_key: str) -> list[str]:
+    """Redis answers OOM, once, to the first script sent that writes ``task_key`` (a script
+    refused runs nothing), whether it is sent alone or in a pipeline; the rest run as sent.
+    Returns the list the refusals are recorded in."""
+    refused: list[str] = []
+
+    def targets(args: tuple[Any, ...]) -> bool:
+        return (
+            not refused
+            and str(args[0]).upper() == "EVALSHA"
+            and task_key in [a if isinstance(a, str) else str(a) for a in args]
+        )
+
+    execute_command = client.execute_command
+
+    async def alone(*args: Any, **options: Any) -> Any:
+        if targets(args):
+            refused.append("alone")
+            raise OutOfMemoryError(OOM)
+        return await execute_command(*args, **options)
+
+    client.execute_command = alone  # type: ignore[method-assign]
+    pipeline = client.pipeline
+
+    def piped(*args: Any, **kwargs: Any) -> Pipeline:
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        async def run(raise_on_error: bool = True) -> list[Any]:
+            stack = pipe.command_stack
+            hit = next((i for i, (a, _o) in enumerate(stack) if targets(a)), None)
+            if hit is None:
+                return await execute(raise_on_error=raise_on_error)
+            refused.append("piped")
+            del stack[hit]
+            replies = await execute(raise_on_error=False) if stack else []
+            replies.insert(hit, OutOfMemoryError(OOM))
+            if raise_on_error:
+                raise replies[hit]
+            return replies
+
+        pipe.execute = run  # type: ignore[method-assign]
+        return pipe
+
+    client.pipeline = piped  # type: ignore[method-assign]
     return refused
 
 
@@ -175,5 +224,80 @@ def test_a_stop_while_telling_a_duplicate_loses_no_later_entrys_answer(
                 await _drain(other_client, other)
             assert await _deliveries(client) == {}
             assert "b" in await _duplicates(client)
+
+    asyncio.run(run())
+
+
+def test_on_two_partitions_a_refused_create_leaves_no_task_lost_or_created_twice(
+    redis_client: RedisClientFactory,
+) -> None:
+    """Two partitions, one read of both intakes: ten new tasks and two resubmissions on each;
+    Redis refuses (OOM, once) the create of the fourth new task of partition 0. Every entry is
+    answered once all are claimed again: each task created once (version 1, running, one
+    dispatch), each resubmission told as a duplicate, nothing left pending."""
+    settings = CoordinatorSettings(
+        machine=MachineSettings(workspace_root="/ws"),
+        block_ms=10,
+        claim_idle_ms=100,
+        transient_backoff_ms=100,
+        partitions=2,
+    )
+
+    def ids(partition: int, count: int, prefix: str) -> list[str]:
+        found = []
+        n = 0
+        while len(found) < count:
+            if keys.partition_of(f"{prefix}{n}", 2) == partition:
+                found.append(f"{prefix}{n}")
+            n += 1
+        return found
+
+    async def pending(client: Redis) -> int:
+        total = 0
+        for p in range(2):
+            info = await client.xpending(keys.intake_stream(p), keys.coordinator_group)
+            total += int(info["pending"])
+        return total
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = Coordinator(client, settings=settings, name="c")
+            await coordinator._ensure_groups()
+            await coordinator._learn_redis_version()
+            old = {p: ids(p, 2, "old") for p in range(2)}
+            new = {p: ids(p, 10, "t") for p in range(2)}
+            for p in range(2):
+                for task_id in old[p]:
+                    await client.xadd(
+                        keys.intake_stream(p), {"task_id": task_id, "task": json.dumps(TASK)}
+                    )
+            await coordinator._intake_once()
+            assert await pending(client) == 0
+            refused = _refuse_once(client, keys.task_key(new[0][3], 0))
+            for p in range(2):
+                for task_id in new[p][:5] + old[p] + new[p][5:]:
+                    await client.xadd(
+                        keys.intake_stream(p), {"task_id": task_id, "task": json.dumps(TASK)}
+                    )
+            with contextlib.suppress(OutOfMemoryError):
+                await coordinator._intake_once()
+            assert refused  # in a chunk's pipeline on the chunked intake, alone on main
+            for _ in range(10):
+                if not await pending(client):
+                    break
+                await asyncio.sleep(0.12)
+                with contextlib.suppress(RedisError):
+                    await coordinator._tick_once()
+                    await coordinator._intake_once()
+            assert await pending(client) == 0
+            for p in range(2):
+                for task_id in new[p] + old[p]:
+                    task = await client.hgetall(keys.task_key(task_id, p))
+                    assert (task.get("version"), task.get("status")) == ("1", "running"), task_id
+            events = []
+            for p in range(2):
+                events += [f for _i, f in await client.xrange(keys.events_stream(p))]
+            dup = sorted(e["task_id"] for e in events if e.get("event") == "duplicate")
+            assert dup == sorted(old[0] + old[1])
 
     asyncio.run(run())
