@@ -18,6 +18,7 @@ from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from coordinator.machine import MachineSettings
 from coordinator.service import Coordinator, CoordinatorSettings
+from coordinator.store import CommitConflictError
 from shared import keys
 from tests.redis_server import RedisClientFactory
 
@@ -299,5 +300,44 @@ def test_on_two_partitions_a_refused_create_leaves_no_task_lost_or_created_twice
                 events += [f for _i, f in await client.xrange(keys.events_stream(p))]
             dup = sorted(e["task_id"] for e in events if e.get("event") == "duplicate")
             assert dup == sorted(old[0] + old[1])
+
+    asyncio.run(run())
+
+
+def test_a_commit_conflict_answering_one_entry_of_a_chunk_loses_no_later_entrys_answer(
+    redis_client: RedisClientFactory,
+) -> None:
+    """One read: ``a`` (its lease held by another coordinator: created apart once the chunk is
+    answered) then ``b`` resubmitted (a duplicate). ``a``'s bookkeeping after its create (here
+    taking its lease, injected) raises ``CommitConflictError`` (as ``_decide`` and ``_apply``
+    do), which every entry's guard lets through (the entry stays pending, to be claimed again).
+    Main: the read stops at ``a``; ``b``'s create was never sent, ``b`` is claimed again and
+    its duplicate told. Chunked: ``b``'s script ran and acknowledged it in ``a``'s chunk, and
+    the conflict skips ``b``'s answer: never told."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await _submit(client, "b")
+            await coordinator._intake_once()
+            await client.set(keys.lease_key("a", 0), "other", px=60_000)
+            hold = coordinator._hold
+            conflicts: list[str] = []
+
+            async def conflicting(task_id: str) -> bool:
+                if task_id == "a" and not conflicts:
+                    conflicts.append(task_id)
+                    raise CommitConflictError("task a: gave up after 20 conflicting commits")
+                return await hold(task_id)
+
+            coordinator._hold = conflicting  # type: ignore[method-assign]
+            await _submit(client, "a")
+            await _submit(client, "b")
+            with contextlib.suppress(CommitConflictError):
+                await coordinator._intake_once()
+            assert conflicts
+            await _drain(client, coordinator)
+            assert await _deliveries(client) == {}
+            assert "b" in await _duplicates(client)
 
     asyncio.run(run())
