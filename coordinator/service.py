@@ -547,7 +547,8 @@ class Coordinator:
         read stops as when each create is sent alone: the refused entry and every entry not
         sent get their delivery back (those not reached, and those of the chunk in flight that
         Redis did not answer for, :meth:`_send_creates`); the chunk's entries after the
-        refused one ran, and are answered."""
+        refused one ran, and are answered, as are those after one whose answer failed (a
+        duplicate's script acknowledged its entry: its answer skipped would be lost)."""
         chunk = max(self.settings.intake_chunk, 1)
         for index, (stream, entries) in enumerate(batches):
             creates: list[_Create] = []
@@ -578,11 +579,12 @@ class Coordinator:
         stream: str,
         waiting: list[_Create],
         outcomes: list[CreateOutcome | RedisError | None],
-    ) -> tuple[list[tuple[_Create, CreateOutcome | None]], RedisError | None]:
+    ) -> tuple[list[tuple[_Create, CreateOutcome | None]], RedisError | None, list[str]]:
         """The creates Redis answered: those created started leased and counted (no command),
         each under its entry's guard (:meth:`_guarded`: an unexpected error dead-letters that
-        entry alone); those that failed logged (a transient failure's entry given its delivery
-        back). Returns the others, to finish, and the first failure."""
+        entry alone); those that failed logged. Returns the others, to finish, the first
+        failure, and the entries of a transient failure (their script did not run), to give
+        back (:meth:`_send_creates`, once the chunk is answered)."""
         rest: list[tuple[_Create, CreateOutcome | None]] = []
         failed: list[str] = []
         failure: RedisError | None = None
@@ -609,9 +611,7 @@ class Coordinator:
                 await self._guarded(stream, create.entry_id, create.fields, started)
             else:
                 rest.append((create, outcome))
-        if failed:
-            await self._give_back(stream, failed)
-        return rest, failure
+        return rest, failure, failed
 
     async def _send_creates(
         self, stream: str, creates: list[_Create], starts: list[_Start]
@@ -619,14 +619,22 @@ class Coordinator:
         """Send the creates prepared (:meth:`TaskStore.create_started_many`, one round trip),
         count those created started and let the relay send their dispatches, then finish each
         of the others as :meth:`_intake` does after a create sent alone (a conflict refused, a
-        duplicate told, a task whose lease another coordinator holds created apart). Each
-        entry's answer is handled under its own guard (:meth:`_guarded`): an unexpected error
-        dead-letters that entry alone, never another of the chunk nor the entry that flushed
-        it. The first error Redis answered for one of them is raised once the others are done
-        (the read stops there); a transient one, and a connection lost, give the entries Redis
-        did not answer for their delivery back. No two creates of a chunk share a task id or
-        an idempotency key (:meth:`_intake` sends the chunk first), so the entries after one
-        refused, which ran, answer as they would have sent alone."""
+        duplicate told, a task whose lease another coordinator holds created apart).
+
+        Every entry whose script ran is answered, each under its own guard (:meth:`_guarded`:
+        an unexpected error dead-letters that entry alone, never another of the chunk nor the
+        entry that flushed it): a duplicate's script acknowledged its entry, so an answer
+        skipped would be lost for good. The first error (one Redis answered for a script, or
+        a ``RedisError`` or ``CommitConflictError`` finishing an entry) is raised once the
+        whole chunk is answered (the read stops there); a transient one gives back, once, the
+        entries whose script did not run and those whose finishing failed before their entry
+        was acknowledged (a refusal not written, a task not created apart). A connection lost
+        on the pipeline gives every entry of the chunk back (each script run or not). A
+        cancellation (the coordinator stopping) while answering still tells the duplicates
+        not told yet (an event each; a second cancellation stops at once), then propagates;
+        the other entries not finished are not acknowledged, and are claimed again. No two
+        creates of a chunk share a task id or an idempotency key (:meth:`_intake` sends the
+        chunk first), so each entry answers as it would have sent alone."""
         if not creates:
             return
         waiting = list(creates)
@@ -637,9 +645,37 @@ class Coordinator:
             if is_transient(exc):
                 await self._give_back(stream, [c.entry_id for c in waiting])
             raise
-        rest, failure = await self._answered(stream, waiting, outcomes)
-        await asyncio.sleep(0)  # the relay sends these dispatches before the next chunk's prepared
-        for position, (create, outcome) in enumerate(rest):
+        rest, failure, given_back = await self._answered(stream, waiting, outcomes)
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            await asyncio.sleep(0)  # the relay sends these dispatches before the next chunk's
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+        first = await self._finish_creates(stream, rest, starts, given_back, cancelled)
+        if given_back:  # each failed transiently, its entry not acknowledged
+            await self._give_back(stream, given_back)
+        error = failure or first  # the first: a script's refusal comes before any finishing
+        if error is not None:
+            raise error
+
+    async def _finish_creates(
+        self,
+        stream: str,
+        rest: list[tuple[_Create, CreateOutcome | None]],
+        starts: list[_Start],
+        given_back: list[str],
+        cancelled: asyncio.CancelledError | None,
+    ) -> RedisError | CommitConflictError | None:
+        """Finish every create of a chunk :meth:`_answered` left (:meth:`_send_creates`), each
+        under its own guard; returns the first ``RedisError`` or ``CommitConflictError`` once
+        all are done, the entries a transient one left unacknowledged added to ``given_back``.
+        Cancelled (or ``cancelled`` already): only the duplicates not told yet are told (their
+        scripts acknowledged them), then the cancellation propagates."""
+        first: RedisError | CommitConflictError | None = None
+        for create, outcome in rest:
+            duplicate = outcome is not None and not outcome.created and not outcome.conflict
+            if cancelled is not None and not duplicate:
+                continue  # not acknowledged: claimed again, by this coordinator or another
 
             async def finish(
                 _stream: str,
@@ -656,12 +692,17 @@ class Coordinator:
 
             try:
                 await self._guarded(stream, create.entry_id, create.fields, finish)
-            except RedisError as exc:
-                if is_transient(exc):
-                    await self._give_back(stream, [c.entry_id for c, _o in rest[position:]])
-                raise
-        if failure is not None:
-            raise failure
+            except (RedisError, CommitConflictError) as exc:
+                first = first or exc
+                if isinstance(exc, RedisError) and is_transient(exc) and not duplicate:
+                    given_back.append(create.entry_id)  # a duplicate's script acknowledged it
+            except asyncio.CancelledError as exc:
+                if cancelled is not None:
+                    raise  # a second cancellation: stop at once
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
+        return first
 
     async def _start_all(self, starts: list[_Start]) -> None:
         """Send the start commits of a read in one pipeline; one that conflicted is applied

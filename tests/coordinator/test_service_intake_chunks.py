@@ -344,3 +344,45 @@ def test_an_error_after_a_create_lands_on_its_entry_not_on_the_one_that_sent_the
             assert await _deliveries(client) == {}
 
     asyncio.run(run())
+
+
+def test_a_stop_while_telling_a_duplicate_still_tells_the_chunks_later_duplicates(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The coordinator's intake task is cancelled (a stop) while the event telling the first
+    duplicate of a chunk is in flight: the later duplicates of that chunk, whose scripts
+    acknowledged their entries, are told before the cancellation propagates, and the
+    cancellation is not swallowed."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            for task_id in ("a", "b", "c"):
+                await _submit(client, task_id)
+            await coordinator._intake_once()
+            entered = asyncio.Event()
+            execute_command = client.execute_command
+
+            async def stalling(*args: Any, **options: Any) -> Any:
+                if str(args[0]).upper() == "XADD" and "duplicate" in args and "a" in args:
+                    entered.set()
+                    await asyncio.get_running_loop().create_future()  # until cancelled
+                return await execute_command(*args, **options)
+
+            client.execute_command = stalling  # type: ignore[method-assign]
+            for task_id in ("a", "b", "n", "c"):
+                await _submit(client, task_id)
+            intake = asyncio.create_task(coordinator._intake_once())
+            await asyncio.wait_for(entered.wait(), 5)
+            intake.cancel()
+            try:
+                await intake
+            except asyncio.CancelledError:
+                pass
+            else:
+                raise AssertionError("the cancellation was swallowed")
+            assert sorted(e["task_id"] for e in await _events(client, "duplicate")) == ["b", "c"]
+            assert await _deliveries(client) == {}
+            assert await client.hget(keys.task_key("n", 0), "status") == "running"
+
+    asyncio.run(run())
