@@ -22,6 +22,17 @@ Semantics, as each caller's own ``pipe.execute(raise_on_error=False)`` had them:
   task of its own); no command is ever sent twice by the batch (redis-py's own retry on a
   connection error, configured on the client, applies as it did to each pipeline).
 
+Shared ``ZADD``: a caller may hand :meth:`CoalescedPipeline.run` members for a sorted set
+(:class:`SharedZadd`, a plain ``ZADD``: no flag) apart from its commands; the batch sends the
+members of every caller for the same key as **one** ``ZADD`` (issue 27: a reasoning worker's
+starts of one loop turn, each a ``ZADD`` of ``orga:heartbeats``, are one command), written
+where the first of them was, and each of those callers gets that command's reply as its first.
+Nothing of the order on that key changes: a caller whose own commands name the key ends the
+merge, and the members of the callers after it go in a ``ZADD`` of their own after those
+commands; within one ``ZADD`` a member given twice takes the later caller's score, as two
+``ZADD`` in a row would leave it. Its reply (how many members were new) is the merged
+command's, an error reply every contributor's (as each would have had it alone).
+
 Commands of different callers are not atomic together, nor were they: none of this is for
 ``MULTI`` transactions (a worker's publish of two writes or more keeps its own, all or
 nothing per task).
@@ -36,7 +47,7 @@ builder of the worker runs a script since issue 27: the breaker check is an ``HM
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -44,7 +55,13 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import DataError
 
-__all__ = ["MAX_BATCH_COMMANDS", "CoalescedPipeline", "OwnPipeline", "PipelineRunner"]
+__all__ = [
+    "MAX_BATCH_COMMANDS",
+    "CoalescedPipeline",
+    "OwnPipeline",
+    "PipelineRunner",
+    "SharedZadd",
+]
 
 MAX_BATCH_COMMANDS: Final = 512
 """A batch with this many commands goes out at once, without waiting for the loop's turn to
@@ -54,12 +71,23 @@ Build = Callable[[Pipeline], object]
 """Adds a caller's commands to a non-transactional pipeline (what it returns is ignored)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SharedZadd:
+    """Members a caller adds to the sorted set ``key`` with a plain ``ZADD`` (no flag), which
+    a :class:`CoalescedPipeline` may send together with other callers' members for ``key``
+    (one command); its reply comes first in the caller's replies. No members: no command."""
+
+    key: str
+    members: Mapping[str, float]
+
+
 class PipelineRunner(Protocol):
     """Runs a caller's commands in a non-transactional pipeline."""
 
-    async def run(self, build: Build) -> list[Any]:
-        """The replies of the commands ``build`` adds, in order; an error reply is the
-        exception in its place (``raise_on_error=False``); a failure of the pipeline raises."""
+    async def run(self, build: Build, zadd: SharedZadd | None = None) -> list[Any]:
+        """The replies of the commands ``build`` adds, in order, after the reply of ``zadd``
+        (when it has members); an error reply is the exception in its place
+        (``raise_on_error=False``); a failure of the pipeline raises."""
         ...
 
 
@@ -69,9 +97,10 @@ class OwnPipeline:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
 
-    async def run(self, build: Build) -> list[Any]:
-        """``build``'s commands in a pipeline of their own."""
+    async def run(self, build: Build, zadd: SharedZadd | None = None) -> list[Any]:
+        """``zadd``'s ``ZADD`` and ``build``'s commands in a pipeline of their own."""
         pipe = self._redis.pipeline(transaction=False)
+        _add_zadd(pipe, zadd)
         build(pipe)
         return list(await pipe.execute(raise_on_error=False))
 
@@ -84,6 +113,8 @@ class _Caller:
     commands: list[Any]
     """The (args, options) entries ``build`` put on the pipeline's command stack."""
     replies: asyncio.Future[list[Any]]
+    zadd: SharedZadd | None = None
+    """Members for a ``ZADD`` the batch may share with other callers (None: none)."""
 
 
 @dataclass(slots=True)
@@ -114,8 +145,12 @@ class CoalescedPipeline:
         self.batches_sent = 0
         """How many pipelines went out (for tests and benchmarks)."""
 
-    async def run(self, build: Build) -> list[Any]:
-        """``build``'s commands in the batch of this loop turn; their replies once it is back."""
+    async def run(self, build: Build, zadd: SharedZadd | None = None) -> list[Any]:
+        """``build``'s commands in the batch of this loop turn, after ``zadd``'s members (in a
+        ``ZADD`` shared with the batch's other callers for the same key: see the module); the
+        replies once it is back, the ``ZADD``'s first."""
+        if zadd is not None and not zadd.members:
+            zadd = None
         loop = asyncio.get_running_loop()
         batch = self._open
         if batch is None:
@@ -127,11 +162,11 @@ class CoalescedPipeline:
         finally:  # the caller's commands, kept apart until the batch goes out
             commands = stack[:]
             stack.clear()
-        if not commands:
+        if not commands and zadd is None:
             return []
-        caller = _Caller(commands, loop.create_future())
+        caller = _Caller(commands, loop.create_future(), zadd)
         batch.callers.append(caller)
-        batch.size += len(commands)
+        batch.size += len(commands) + (zadd is not None)
         if batch.size >= self._max_commands:
             self._send(batch)
         return await caller.replies
@@ -146,13 +181,14 @@ class CoalescedPipeline:
         live = [c for c in batch.callers if not c.replies.done()]  # cancelled: not sent
         if not live:
             return
-        for caller in live:
-            batch.pipe.command_stack.extend(caller.commands)
-        task = asyncio.get_running_loop().create_task(self._execute(batch.pipe, live))
+        layout = _lay_out(batch.pipe, live)
+        task = asyncio.get_running_loop().create_task(self._execute(batch.pipe, live, layout))
         self._flushing.add(task)
         task.add_done_callback(self._flushing.discard)
 
-    async def _execute(self, pipe: Pipeline, callers: list[_Caller]) -> None:
+    async def _execute(
+        self, pipe: Pipeline, callers: list[_Caller], layout: list[tuple[int | None, int]]
+    ) -> None:
         self.batches_sent += 1
         try:
             replies = await pipe.execute(raise_on_error=False)
@@ -168,16 +204,16 @@ class CoalescedPipeline:
                 if not caller.replies.done():
                     caller.replies.set_exception(exc)
             return
-        start = 0
-        for caller in callers:
-            end = start + len(caller.commands)
-            if not caller.replies.done():
-                caller.replies.set_result(replies[start:end])
-            start = end
+        for caller, (shared, start) in zip(callers, layout, strict=True):
+            if caller.replies.done():
+                continue
+            own = replies[start : start + len(caller.commands)]
+            caller.replies.set_result(own if shared is None else [replies[shared], *own])
 
     async def _alone(self, caller: _Caller) -> None:
         """``caller``'s commands in a pipeline of their own (its own error its own)."""
         pipe = self._redis.pipeline(transaction=False)
+        _add_zadd(pipe, caller.zadd)
         pipe.command_stack.extend(caller.commands)
         try:
             replies = await pipe.execute(raise_on_error=False)
@@ -194,3 +230,42 @@ class CoalescedPipeline:
             self._send(self._open)
         if self._flushing:
             await asyncio.gather(*self._flushing, return_exceptions=True)
+
+
+def _add_zadd(pipe: Pipeline, zadd: SharedZadd | None) -> None:
+    """``zadd``'s ``ZADD`` on ``pipe``, if it has members."""
+    if zadd is not None and zadd.members:
+        pipe.zadd(zadd.key, dict(zadd.members))
+
+
+def _lay_out(pipe: Pipeline, callers: list[_Caller]) -> list[tuple[int | None, int]]:
+    """Put ``callers``' commands on ``pipe``, their shared ``ZADD`` merged per key (see the
+    module): for each caller, the index of the ``ZADD`` reply it shares (None: none) and of
+    its first own command's."""
+    stack = pipe.command_stack
+    merged: dict[str, tuple[int, dict[str, float]]] = {}
+    """Key -> the index of its open ``ZADD`` in the stack and its members."""
+    shares: list[tuple[int, SharedZadd]] = []
+    layout: list[tuple[int | None, int]] = []
+    for caller in callers:
+        shared: int | None = None
+        if caller.zadd is not None:
+            key = caller.zadd.key
+            if key not in merged:  # a placeholder, filled once every member is known
+                merged[key] = (len(stack), {})
+                stack.append(((), {}))
+            shared, members = merged[key]
+            members.update(caller.zadd.members)
+            shares.append((shared, SharedZadd(key, members)))
+        layout.append((shared, len(stack)))
+        stack.extend(caller.commands)
+        if merged:  # a command of the caller's own on a key ends that key's shared ZADD
+            for args, _options in caller.commands:
+                for key in [k for k in merged if k in args]:
+                    del merged[key]
+    scratch = pipe.command_stack = []
+    for at, zadd in dict(shares).items():
+        _add_zadd(pipe, zadd)
+        stack[at] = scratch.pop()
+    pipe.command_stack = stack
+    return layout
