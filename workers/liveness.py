@@ -1,7 +1,9 @@
 """Liveness of the dispatches a worker process runs: started, heartbeating, answered.
 
 Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
-(``orga:heartbeats``: the dispatch's liveness id scored with the time), refreshes the score of
+(``orga:heartbeats``: the dispatch's liveness id scored with the time; the starts asked for in
+one turn of the event loop go out as one ``ZADD`` at that turn's end, issue 27, and each
+dispatch runs only once its start is written: :meth:`Liveness.starting`), refreshes the score of
 every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
 the dispatch answered (minus the time) once it published its answer, with a mark of how the
 answer went out (on the observations stream, or inside the one call a reasoning chained:
