@@ -2,8 +2,11 @@
 
 Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
 (``orga:heartbeats``: the dispatch's liveness id scored with the time; the starts asked for in
-one turn of the event loop go out as one ``ZADD`` at that turn's end, issue 27, and each
-dispatch runs only once its start is written: :meth:`Liveness.starting`), refreshes the score of
+one turn of the event loop share one ``ZADD``, issue 27, sent at that turn's end or earlier,
+once the batch holds :data:`~workers.redis_batch.MAX_BATCH_COMMANDS` commands, and split where
+a caller of the batch writes the key itself; each dispatch runs only once its start is
+written, or refused by a Redis that takes no writes, out of memory or a read-only replica,
+which is logged and the dispatch runs anyway: :meth:`Liveness.starting`), refreshes the score of
 every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
 the dispatch answered (minus the time) once it published its answer, with a mark of how the
 answer went out (on the observations stream, or inside the one call a reasoning chained:
@@ -151,7 +154,9 @@ class Liveness:
         share with other starts of the same loop turn: one ``ZADD`` for all, issue 27,
         :class:`~workers.redis_batch.SharedZadd`), then :meth:`StartWrite.pull`; their replies
         (``write.sent``) go to :meth:`check_start`. Each start still waits for its write
-        before its dispatch runs: a call that runs has its heartbeat in Redis."""
+        before its dispatch runs: a call that runs has its heartbeat in Redis, unless Redis
+        refused the write as it takes no writes (out of memory, a read-only replica): then
+        :meth:`check_start` logs it and the call runs anyway, as before issue 27."""
         ids = [f.liveness_id() for f in fences]
         self._running.update(ids)
         self._starts[queue] += 1

@@ -30,8 +30,13 @@ where the first of them was, and each of those callers gets that command's reply
 Nothing of the order on that key changes: a caller whose own commands name the key ends the
 merge, and the members of the callers after it go in a ``ZADD`` of their own after those
 commands; within one ``ZADD`` a member given twice takes the later caller's score, as two
-``ZADD`` in a row would leave it. Its reply (how many members were new) is the merged
-command's, an error reply every contributor's (as each would have had it alone).
+``ZADD`` in a row would leave it. Keys and members are compared as redis-py sends them
+(``"k"`` and ``b"k"`` are one key, ``str`` encoded as the client encodes it, utf-8 by
+default). Its reply (how many members were new) is the merged command's, an error reply every
+contributor's (as each would have had it alone). A caller's members with a score Redis may
+refuse (NaN; anything but a ``float`` or a short ``int``) or a name redis-py cannot encode
+are not merged: they go in a ``ZADD`` of the caller's own, in its place, which is a write of
+the key by that caller (it ends the merge), so that its error reaches it only.
 
 Commands of different callers are not atomic together, nor were they: none of this is for
 ``MULTI`` transactions (a worker's publish of two writes or more keeps its own, all or
@@ -47,6 +52,7 @@ builder of the worker runs a script since issue 27: the breaker check is an ``HM
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -75,10 +81,11 @@ Build = Callable[[Pipeline], object]
 class SharedZadd:
     """Members a caller adds to the sorted set ``key`` with a plain ``ZADD`` (no flag), which
     a :class:`CoalescedPipeline` may send together with other callers' members for ``key``
-    (one command); its reply comes first in the caller's replies. No members: no command."""
+    (one command); its reply comes first in the caller's replies. No members: no command.
+    Names are compared as redis-py sends them: ``"k"`` and ``b"k"`` are one key (or member)."""
 
-    key: str
-    members: Mapping[str, float]
+    key: str | bytes
+    members: Mapping[str, float] | Mapping[bytes, float]
 
 
 class PipelineRunner(Protocol):
@@ -187,7 +194,7 @@ class CoalescedPipeline:
         task.add_done_callback(self._flushing.discard)
 
     async def _execute(
-        self, pipe: Pipeline, callers: list[_Caller], layout: list[tuple[int | None, int]]
+        self, pipe: Pipeline, callers: list[_Caller], layout: list[tuple[int | None, int, int]]
     ) -> None:
         self.batches_sent += 1
         try:
@@ -204,10 +211,10 @@ class CoalescedPipeline:
                 if not caller.replies.done():
                     caller.replies.set_exception(exc)
             return
-        for caller, (shared, start) in zip(callers, layout, strict=True):
+        for caller, (shared, start, count) in zip(callers, layout, strict=True):
             if caller.replies.done():
                 continue
-            own = replies[start : start + len(caller.commands)]
+            own = replies[start : start + count]
             caller.replies.set_result(own if shared is None else [replies[shared], *own])
 
     async def _alone(self, caller: _Caller) -> None:
@@ -235,37 +242,87 @@ class CoalescedPipeline:
 def _add_zadd(pipe: Pipeline, zadd: SharedZadd | None) -> None:
     """``zadd``'s ``ZADD`` on ``pipe``, if it has members."""
     if zadd is not None and zadd.members:
-        pipe.zadd(zadd.key, dict(zadd.members))
+        members: dict[Any, float] = dict(zadd.members)
+        pipe.zadd(zadd.key, members)
 
 
-def _lay_out(pipe: Pipeline, callers: list[_Caller]) -> list[tuple[int | None, int]]:
+_SURE_INT: Final = 2**63
+"""An ``int`` score below this in magnitude is one Redis takes (a longer one may be refused)."""
+
+
+def _sure_score(score: object) -> bool:
+    """Whether Redis takes ``score`` as redis-py sends it (its ``repr``): a ``float`` but NaN
+    (``inf`` is valid), or a short ``int``; anything else may be refused (a ``str``, a
+    ``float`` subclass, whose ``repr`` is not a number)."""
+    if type(score) is float:
+        return not math.isnan(score)
+    return type(score) is int and -_SURE_INT < score < _SURE_INT
+
+
+def _encoded(encoder: Any, value: object) -> bytes | None:
+    """``value`` as redis-py sends it (``str`` in the client's encoding, utf-8 by default;
+    ``bytes`` as is; ``int`` and ``float`` by ``repr``), None if it cannot be encoded."""
+    try:
+        return bytes(encoder.encode(value))
+    except DataError:
+        return None
+
+
+def _merged_form(encoder: Any, zadd: SharedZadd) -> tuple[bytes, dict[bytes, Any]] | None:
+    """``zadd``'s key and members as sent (one key, one member, however spelt; a member given
+    twice keeps its later score), or None if it must go in a ``ZADD`` of its own: a score
+    Redis may refuse (it would refuse the whole command) or a name that cannot be encoded."""
+    key = _encoded(encoder, zadd.key)
+    members: dict[bytes, Any] = {}
+    for member, score in zadd.members.items():
+        name = _encoded(encoder, member)
+        if name is None or not _sure_score(score):
+            return None
+        members[name] = score
+    return None if key is None else (key, members)
+
+
+def _lay_out(pipe: Pipeline, callers: list[_Caller]) -> list[tuple[int | None, int, int]]:
     """Put ``callers``' commands on ``pipe``, their shared ``ZADD`` merged per key (see the
-    module): for each caller, the index of the ``ZADD`` reply it shares (None: none) and of
-    its first own command's."""
+    module): for each caller, the index of the ``ZADD`` reply it shares (None: none), and the
+    index and count of its own commands' (a ``ZADD`` of its own first, when it is not merged).
+    Keys and members are compared as sent (:func:`_encoded`): ``"k"`` and ``b"k"`` are one."""
+    encoder = pipe.get_encoder()  # type: ignore[no-untyped-call]
     stack = pipe.command_stack
-    merged: dict[str, tuple[int, dict[str, float]]] = {}
+    merged: dict[bytes, tuple[int, dict[bytes, Any]]] = {}
     """Key -> the index of its open ``ZADD`` in the stack and its members."""
-    shares: list[tuple[int, SharedZadd]] = []
-    layout: list[tuple[int | None, int]] = []
+    shares: dict[int, tuple[bytes, dict[bytes, Any]]] = {}
+    """The index of each merged ``ZADD`` in the stack -> its key and members."""
+    layout: list[tuple[int | None, int, int]] = []
     for caller in callers:
         shared: int | None = None
+        commands = caller.commands
         if caller.zadd is not None:
-            key = caller.zadd.key
-            if key not in merged:  # a placeholder, filled once every member is known
-                merged[key] = (len(stack), {})
-                stack.append(((), {}))
-            shared, members = merged[key]
-            members.update(caller.zadd.members)
-            shares.append((shared, SharedZadd(key, members)))
-        layout.append((shared, len(stack)))
-        stack.extend(caller.commands)
+            form = _merged_form(encoder, caller.zadd)
+            if form is None:  # its own ZADD, its own reply: its error reaches no one else
+                pipe.command_stack = []
+                _add_zadd(pipe, caller.zadd)
+                commands = [*pipe.command_stack, *commands]
+                pipe.command_stack = stack
+            else:
+                key, members = form
+                if key not in merged:  # a placeholder, filled once every member is known
+                    merged[key] = (len(stack), {})
+                    shares[len(stack)] = (key, merged[key][1])
+                    stack.append(((), {}))
+                shared = merged[key][0]
+                merged[key][1].update(members)
+        layout.append((shared, len(stack), len(commands)))
+        stack.extend(commands)
         if merged:  # a command of the caller's own on a key ends that key's shared ZADD
-            for args, _options in caller.commands:
-                for key in [k for k in merged if k in args]:
-                    del merged[key]
+            for args, _options in commands:
+                for arg in args:
+                    name = _encoded(encoder, arg)
+                    if name is not None:
+                        merged.pop(name, None)
     scratch = pipe.command_stack = []
-    for at, zadd in dict(shares).items():
-        _add_zadd(pipe, zadd)
+    for at, (key, members) in shares.items():
+        pipe.zadd(key, members)
         stack[at] = scratch.pop()
     pipe.command_stack = stack
     return layout

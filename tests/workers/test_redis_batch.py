@@ -402,3 +402,48 @@ def test_shared_zadd_without_members_sends_no_command(redis_client: RedisClientF
         assert await client.exists("beats") == 0
 
     _run(redis_client, scenario)
+
+
+def test_names_spelt_as_str_or_bytes_are_one_key_and_one_member_in_one_zadd(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A key (or member) given as ``str`` by one caller and as ``bytes`` by another is one
+    key (one member), as Redis sees it: one ``ZADD``, the last caller's score staying, and an
+    infinite score (which Redis takes) merged with the others."""
+
+    async def scenario(client: Redis) -> None:
+        runner = CoalescedPipeline(client)
+        await client.config_resetstat()
+        await asyncio.gather(
+            runner.run(lambda p: None, SharedZadd("beats", {b"m": 1.0, b"x": float("inf")})),
+            runner.run(lambda p: None, SharedZadd(b"beats", {"m": 2.0})),
+            runner.run(lambda p: None, SharedZadd("beats", {b"m": 3.0})),
+        )
+        assert await _zadds_sent(client) == 1
+        assert await client.zscore("beats", "m") == 3.0
+        assert await client.zscore("beats", "x") == float("inf")
+
+    _run(redis_client, scenario)
+
+
+def test_a_score_redis_refuses_goes_in_a_zadd_of_its_own(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A caller's NaN score is that caller's error reply, in its place before its own
+    commands' replies; the other callers' members are written. Its ``ZADD`` of its own is a
+    write of the key by that caller: it ends the merge, as a command of its own would."""
+
+    async def scenario(client: Redis) -> None:
+        runner = CoalescedPipeline(client)
+        await client.config_resetstat()
+        first, refused, last = await asyncio.gather(
+            runner.run(lambda p: None, SharedZadd("beats", {"a": 1.0})),
+            runner.run(lambda p: p.incr("n"), SharedZadd("beats", {"b": float("nan")})),
+            runner.run(lambda p: p.incr("n"), SharedZadd("beats", {"c": 2})),
+        )
+        assert len(refused) == 2 and isinstance(refused[0], ResponseError) and refused[1] == 1
+        assert first == [1] and last == [1, 2]
+        assert await _zadds_sent(client) == 3
+        assert await client.zrange("beats", 0, -1, withscores=True) == [(b"a", 1.0), (b"c", 2.0)]
+
+    _run(redis_client, scenario)
