@@ -261,7 +261,15 @@ def _sure_score(score: object) -> bool:
 
 def _encoded(encoder: Any, value: object) -> bytes | None:
     """``value`` as redis-py sends it (``str`` in the client's encoding, utf-8 by default;
-    ``bytes`` as is; ``int`` and ``float`` by ``repr``), None if it cannot be encoded."""
+    ``bytes`` as is; ``int`` and ``float`` by ``repr``), None if it cannot be encoded: the
+    common types first, as redis-py's ``Encoder.encode`` does them (which is slower, and every
+    argument of a batch's callers may be encoded here)."""
+    if isinstance(value, str):
+        return value.encode(encoder.encoding, encoder.encoding_errors)
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value).encode()
     try:
         return bytes(encoder.encode(value))
     except DataError:
@@ -316,7 +324,7 @@ def _lay_out(pipe: Pipeline, callers: list[_Caller]) -> list[tuple[int | None, i
         stack.extend(commands)
         if merged:  # a command of the caller's own on a key ends that key's shared ZADD
             for args, _options in commands:
-                for arg in args:
+                for arg in args[1:]:  # after the command's name
                     name = _encoded(encoder, arg)
                     if name is not None:
                         merged.pop(name, None)
