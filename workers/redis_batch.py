@@ -261,18 +261,19 @@ def _sure_score(score: object) -> bool:
 
 def _encoded(encoder: Any, value: object) -> bytes | None:
     """``value`` as redis-py sends it (``str`` in the client's encoding, utf-8 by default;
-    ``bytes`` as is; ``int`` and ``float`` by ``repr``), None if it cannot be encoded: the
-    common types first, as redis-py's ``Encoder.encode`` does them (which is slower, and every
-    argument of a batch's callers may be encoded here)."""
-    if isinstance(value, str):
-        return value.encode(encoder.encoding, encoder.encoding_errors)
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(value).encode()
+    ``bytes`` as is; ``int`` and ``float`` by ``repr``), None if it cannot be encoded (a
+    ``DataError``, or a ``str`` the encoding refuses: redis-py raises either once it sends):
+    the common types first, as redis-py's ``Encoder.encode`` does them (which is slower, and
+    every argument of a batch's callers may be encoded here)."""
     try:
+        if isinstance(value, str):
+            return value.encode(encoder.encoding, encoder.encoding_errors)
+        if isinstance(value, bytes):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return repr(value).encode()
         return bytes(encoder.encode(value))
-    except DataError:
+    except (DataError, UnicodeError):
         return None
 
 

@@ -447,3 +447,25 @@ def test_a_score_redis_refuses_goes_in_a_zadd_of_its_own(
         assert await client.zrange("beats", 0, -1, withscores=True) == [(b"a", 1.0), (b"c", 2.0)]
 
     _run(redis_client, scenario)
+
+
+def test_a_shared_member_the_encoding_refuses_fails_its_batch_as_it_would_alone(
+    redis_client: RedisClientFactory,
+) -> None:
+    """A member ``str`` the client's encoding refuses (a lone surrogate in utf-8) does not
+    break laying the batch out: it goes in a ``ZADD`` of its own, and redis-py's error when
+    it encodes the batch reaches every caller of it, as any caller's such argument did."""
+
+    async def scenario(client: Redis) -> None:
+        runner = CoalescedPipeline(client)
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                runner.run(lambda p: None, SharedZadd("beats", {"a": 1.0})),
+                runner.run(lambda p: None, SharedZadd("beats", {"\ud800": 1.0})),
+                return_exceptions=True,
+            ),
+            timeout=5,
+        )
+        assert all(isinstance(o, UnicodeEncodeError) for o in outcomes), outcomes
+
+    _run(redis_client, scenario)
