@@ -1,7 +1,12 @@
 """Liveness of the dispatches a worker process runs: started, heartbeating, answered.
 
 Temporal's activity timeouts are the model. A worker that starts a dispatch says so at once
-(``orga:heartbeats``: the dispatch's liveness id scored with the time), refreshes the score of
+(``orga:heartbeats``: the dispatch's liveness id scored with the time; the starts asked for in
+one turn of the event loop share one ``ZADD``, issue 27, sent at that turn's end or earlier,
+once the batch holds :data:`~workers.redis_batch.MAX_BATCH_COMMANDS` commands, and split where
+a caller of the batch writes the key itself; each dispatch runs only once its start is
+written, or refused by a Redis that takes no writes, out of memory or a read-only replica,
+which is logged and the dispatch runs anyway: :meth:`Liveness.starting`), refreshes the score of
 every call it runs every ``heartbeat_interval_s`` from one task on its event loop, and marks
 the dispatch answered (minus the time) once it published its answer, with a mark of how the
 answer went out (on the observations stream, or inside the one call a reasoning chained:
@@ -66,12 +71,23 @@ coordinator judges "running" (look again one timeout after that beat), never "lo
 
 @dataclass(frozen=True, slots=True)
 class StartWrite:
-    """What :meth:`Liveness.start` added to a pipeline: how many of its replies are the
-    start's (:meth:`Liveness.check_start`), and the answer marks its ``ZADD`` carried (given
-    back to be written later if the pipeline fails)."""
+    """What a start writes (:meth:`Liveness.starting`): how many of its pipeline's replies are
+    the start's (:meth:`Liveness.check_start`), the answer marks its ``ZADD`` carries (given
+    back to be written later if the pipeline fails), the members of that ``ZADD`` of
+    ``orga:heartbeats`` (the marks and the start), and the task's look brought forward, if it
+    must be (:meth:`pull`)."""
 
     sent: int
     marks: Mapping[str, float] = field(default_factory=dict)
+    beats: Mapping[str, float] = field(default_factory=dict)
+    due: tuple[str, Mapping[str, float]] | None = None
+    """The deadline index and its members for ``ZADD ... XX LT`` (None: the look is near)."""
+
+    def pull(self, pipe: Pipeline) -> None:
+        """Bring the task's look forward in ``pipe`` (``ZADD ... XX LT`` of its deadline
+        index), when the start must (:meth:`Liveness.starting`)."""
+        if self.due is not None:
+            pipe.zadd(self.due[0], dict(self.due[1]), xx=True, lt=True)
 
 
 class Liveness:
@@ -125,15 +141,31 @@ class Liveness:
 
         ``look_at``: when the coordinator looks at the dispatch first, as it set it at the
         dispatch (None: unknown)."""
+        write = self.starting(fences, queue, look_at)
+        pipe.zadd(keys.heartbeats_key, dict(write.beats))
+        write.pull(pipe)
+        return write
+
+    def starting(
+        self, fences: Sequence[Fence], queue: str, look_at: float | None = None
+    ) -> StartWrite:
+        """:meth:`start` with nothing added to a pipeline yet: the caller sends, in this order
+        and in one pipeline, a ``ZADD`` of ``write.beats`` to ``orga:heartbeats`` (which it may
+        share with other starts of the same loop turn: one ``ZADD`` for all, issue 27,
+        :class:`~workers.redis_batch.SharedZadd`), then :meth:`StartWrite.pull`; their replies
+        (``write.sent``) go to :meth:`check_start`. Each start still waits for its write
+        before its dispatch runs: a call that runs has its heartbeat in Redis, unless Redis
+        refused the write as it takes no writes (out of memory, a read-only replica): then
+        :meth:`check_start` logs it and the call runs anyway, as before issue 27."""
         ids = [f.liveness_id() for f in fences]
         self._running.update(ids)
         self._starts[queue] += 1
         self._ensure_beating()
         now = time.time()
         marks = self._take_marks()
-        pipe.zadd(keys.heartbeats_key, {**marks, **dict.fromkeys(ids, now)})
+        beats = {**marks, **dict.fromkeys(ids, now)}
         if self._look_is_near(look_at, now):
-            return StartWrite(1, marks)
+            return StartWrite(1, marks, beats)
         # A dispatch that waited in a long queue has its next look far ahead: bring it to one
         # heartbeat timeout from now, so that a death from here on is noticed in time (XX: a
         # task no longer due is not added; LT: an earlier look is kept).
@@ -144,8 +176,7 @@ class Liveness:
             for f in fences
             if keys.partition_of(f.task_id, self._partitions) == p
         }
-        pipe.zadd(keys.deadlines_key(p), due, xx=True, lt=True)
-        return StartWrite(2, marks)
+        return StartWrite(2, marks, beats, (keys.deadlines_key(p), due))
 
     def _look_is_near(self, look_at: float | None, now: float) -> bool:
         """Whether the look the coordinator set at the dispatch is still the task's, and no

@@ -70,7 +70,7 @@ from workers.gates.factory import build_gate
 from workers.gates.server_start import refused_server_start
 from workers.http_pool import pooled_session
 from workers.knowledge import RedisKnowledgeStore, knowledge_tools
-from workers.liveness import Liveness, StartWrite
+from workers.liveness import Liveness
 from workers.providers.base import BaseUrlError, InferenceProvider
 from workers.providers.factory import build_provider
 from workers.providers.rate_limit import (
@@ -84,7 +84,7 @@ from workers.providers.rate_limit import (
 from workers.providers.scripted import Script, ScriptedProvider, load_script, parse_script
 from workers.providers.settings import PROVIDER_DEFAULTS, ProviderKind, ProviderSettings
 from workers.recovery import DeadLetterRecord, RecoveryLedger
-from workers.redis_batch import CoalescedPipeline, OwnPipeline
+from workers.redis_batch import CoalescedPipeline, OwnPipeline, SharedZadd
 from workers.redis_driver import DRIVER_INFO
 from workers.result_cache import InMemoryResultCache, RedisResultCache
 from workers.tools.base import Tool, ToolContext, reads_only, starts_processes
@@ -607,19 +607,19 @@ class ProcessServices(WorkerCore):
         read_hold = hold is not None and not fresh
 
         look_at = request.look_at if isinstance(request, ReasonRequest) else None
-        write: StartWrite | None = None
+        # The start's ZADD of orga:heartbeats is shared with the other starts of this loop
+        # turn (one ZADD for all: SharedZadd); the look's pull, if any, goes with its reads.
+        write = self.liveness.starting(fences, queue, look_at)
 
         def build(pipe: Pipeline) -> None:
-            nonlocal write
-            write = self.liveness.start(pipe, fences, queue, look_at)
+            write.pull(pipe)
             if lacking:
                 pipe.lrange(self._conversation_key(task_id), len(known), read_to - 1)
             if read_hold and hold is not None:
                 pipe.get(hold)
 
         try:
-            replies = await self.pipelines.run(build)
-            assert write is not None  # built before the pipeline went out
+            replies = await self.pipelines.run(build, SharedZadd(keys.heartbeats_key, write.beats))
             sent = write.sent
             self.liveness.check_start(replies, write)
             if hold is not None and not read_hold:
@@ -632,8 +632,7 @@ class ProcessServices(WorkerCore):
             if ref is not None and len(replies) > sent:
                 self._read_ahead(task_id, ref, known, replies[sent])
         except BaseException:
-            if write is not None:  # the answer marks it carried wait for the next write
-                self.liveness.give_back(write)
+            self.liveness.give_back(write)  # the answer marks it carried wait for the next write
             self.liveness.finished(fences)
             raise
 

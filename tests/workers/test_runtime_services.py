@@ -775,3 +775,50 @@ def test_requests_built_without_validation_equal_validated_ones() -> None:
 
     assert context == GateContext.model_validate(context.model_dump())
     assert context.allowed_tools == frozenset({"file_read"}) and context.attributes == {}
+
+
+def test_the_starts_of_one_loop_turn_are_one_zadd_written_before_each_call_runs(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Concurrent starts share one ``ZADD`` of ``orga:heartbeats`` (with the answer marks
+    waiting): each start returns only once its heartbeat is in Redis, and a start whose look
+    is far still brings its task's look forward in the same round trip."""
+    services = ProcessServices(OrgaSettings(redis_url=redis_url), ProviderSettings(), redis_url)
+    _OPEN.append(services)
+    now = time.time()
+    requests = [
+        _request(ProviderSpec(replies=[])).model_copy(
+            update={
+                "fence": Fence(task_id=f"t{i}", step_id="s", iteration=0, attempt=1),
+                "look_at": now + 20 if i < 6 else now + 600,  # the last two: a far look
+            }
+        )
+        for i in range(8)
+    ]
+    answered = Fence(task_id="done", step_id="s", iteration=0, attempt=1)
+    plain = redis.Redis.from_url(redis_url)
+    for request in requests[6:]:
+        task_id = request.fence.task_id
+        plain.zadd(keys.deadlines_key(keys.partition_of(task_id, 1)), {task_id: now + 600})
+    seen: list[float | None] = []
+
+    async def start(request: ReasonRequest) -> None:
+        await services.started(request, [request.fence], keys.reasoning_queue)
+        seen.append(await services.redis.zscore(keys.heartbeats_key, request.fence.liveness_id()))
+        services.liveness.finished([request.fence])
+
+    async def all_starts() -> None:
+        services.liveness.answered_later([answered])
+        await services.redis.config_resetstat()
+        await asyncio.gather(*(start(r) for r in requests))
+
+    services.run(all_starts())
+    assert len(seen) == len(requests) and all(s is not None and s > 0 for s in seen)
+    stats = plain.info("commandstats")
+    assert stats["cmdstat_zadd"]["calls"] == 1 + 2  # the starts and the mark; two pulls
+    assert (plain.zscore(keys.heartbeats_key, answered.liveness_id()) or 0) < 0
+    for request in requests[6:]:
+        task_id = request.fence.task_id
+        look = plain.zscore(keys.deadlines_key(keys.partition_of(task_id, 1)), task_id)
+        assert look is not None and look < now + 60  # brought to one timeout from the start
+    plain.close()
