@@ -50,6 +50,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from shared import keys
+from shared.aio import cancel_and_wait
 from shared.protocol import Fence
 from workers.broker import TRANSIENT_WRITE_ERRORS
 
@@ -385,9 +386,9 @@ class Liveness:
 
 
 async def _stop(task: asyncio.Task[None] | None) -> None:
-    """Cancel ``task`` (if any) and wait for it to end."""
+    """Cancel ``task`` (if any) and wait for it to end, cancelling it again while it runs on (a
+    beat's pipeline may drop a cancel on Python 3.11: :func:`shared.aio.cancel_and_wait`; its
+    clean-up on cancellation awaits nothing)."""
     if task is None:
         return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait(task)

@@ -13,7 +13,6 @@ circuit breakers, the result cache and the heartbeats of running calls live on t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -30,7 +29,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from shared import keys
-from shared.aio import new_event_loop
+from shared.aio import cancel_and_wait, new_event_loop
 from shared.conventions import InMemoryKnowledgeStore, KnowledgeSpec, KnowledgeStore
 from shared.conversation import Conversation, ConversationMessage, shared_message
 from shared.errors import ConfigError, OrgaError
@@ -753,9 +752,7 @@ class ProcessServices(WorkerCore):
 
     async def _aclose(self) -> None:
         if self._mcp_reaper is not None:
-            self._mcp_reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._mcp_reaper
+            await cancel_and_wait(self._mcp_reaper)
         await self.liveness.close()
         await self.aclose()
         await self.pipelines.aclose()

@@ -259,3 +259,30 @@ def test_a_start_that_fails_gives_the_marks_it_carried_back(redis_url: str) -> N
     first, second = asyncio.run(run())
     assert first is not None and first < 0
     assert second is not None and second < 0
+
+
+def test_a_beating_liveness_closes_on_a_client_with_a_socket_timeout(redis_url: str) -> None:
+    """The runtime's clients have a ``socket_timeout``, so each command runs in Python 3.11's
+    ``asyncio.wait_for``, which drops a cancel that arrives as the command completes: a close
+    while the beat's pipeline runs must still end the beat (40 closes at random moments)."""
+    import random
+
+    from redis.asyncio import Redis
+
+    rng = random.Random(11)
+
+    async def run() -> int:
+        closed = 0
+        redis = Redis.from_url(redis_url, socket_timeout=5)
+        try:
+            for _ in range(40):
+                liveness = Liveness(redis, interval_s=0.001)
+                await liveness.started([FENCE], keys.reasoning_queue)
+                await asyncio.sleep(rng.random() * 0.01)
+                await asyncio.wait_for(liveness.close(), 5)
+                closed += 1
+        finally:
+            await redis.aclose()
+        return closed
+
+    assert asyncio.run(run()) == 40
