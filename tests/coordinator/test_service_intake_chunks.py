@@ -10,7 +10,6 @@ unreachable giving every entry not handled its delivery back, and each task crea
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,52 +17,20 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, RedisError
 
-from coordinator.machine import MachineSettings
-from coordinator.service import Coordinator, CoordinatorSettings
+from coordinator.service import Coordinator
 from coordinator.store import CreateOutcome, PendingCommit
 from shared import keys
 from shared.outbox import OutboxEntry
+from tests.coordinator.intake_harness import SETTINGS, TASK
+from tests.coordinator.intake_harness import coordinator as _coordinator
+from tests.coordinator.intake_harness import deliveries as _deliveries
+from tests.coordinator.intake_harness import running as _running
+from tests.coordinator.intake_harness import submit as _submit
 from tests.redis_server import RedisClientFactory
-
-TASK = {"goal": "g", "steps": [{"id": "s", "instruction": "do it"}]}
-SETTINGS = CoordinatorSettings(
-    machine=MachineSettings(workspace_root="/ws"),
-    block_ms=10,
-    intake_chunk=8,
-    claim_idle_ms=100,
-    transient_backoff_ms=100,
-)
-
-
-async def _coordinator(client: Redis) -> Coordinator:
-    coordinator = Coordinator(client, settings=SETTINGS, name="c")
-    await coordinator._ensure_groups()
-    await coordinator._learn_redis_version()
-    return coordinator
-
-
-async def _submit(client: Redis, task_id: str, task: dict[str, Any] | None = None) -> str:
-    entry_id = await client.xadd(
-        keys.intake_stream(0), {"task_id": task_id, "task": json.dumps(task or TASK)}
-    )
-    return str(entry_id)
 
 
 async def _events(client: Redis, name: str) -> list[dict[str, str]]:
     return [f for _i, f in await client.xrange(keys.events_stream(0)) if f.get("event") == name]
-
-
-async def _deliveries(client: Redis) -> dict[str, int]:
-    """The intake entries pending, and how often each was delivered."""
-    rows = await client.xpending_range(
-        keys.intake_stream(0), keys.coordinator_group, min="-", max="+", count=1000
-    )
-    return {str(r["message_id"]): int(r["times_delivered"]) for r in rows}
-
-
-async def _running(client: Redis, task_id: str) -> bool:
-    task = await client.hgetall(keys.task_key(task_id, 0))
-    return task.get("version") == "1" and task.get("status") == "running"
 
 
 def test_a_burst_is_created_in_chunks_each_handed_to_the_relay_before_the_next_is_sent(
