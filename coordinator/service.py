@@ -944,7 +944,6 @@ class Coordinator:
             ack,
             dispatches,
             delta=delta,
-            lease_owner=self.name,
             create=(self.name, self._lease_ms),
         )
 
@@ -1406,7 +1405,8 @@ class Coordinator:
             log.info("tasks.purged", extra={"count": purged, "coordinator": self.name})
 
     def _released(self, record: TaskRecord) -> None:
-        """A task that ended is no longer held (its commit released the lease)."""
+        """A task that ended is no longer held: its lease, left in Redis by the commit, is
+        not renewed again and expires by its TTL (nothing to release)."""
         if record.terminal:
             self._held.discard(record.task_id)
 
@@ -1477,15 +1477,8 @@ class Coordinator:
             delta = self.store.conversation_delta(machine.record)
             effects.stamped(machine.record.conversation_epoch)
             dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
-            owner = self.name if task_id in self._held else ""  # a task that ends is released
             return self.store.prepare(
-                machine.record,
-                effects,
-                ack,
-                dispatches,
-                delta=delta,
-                lease_owner=owner,
-                delete_now=delete_now,
+                machine.record, effects, ack, dispatches, delta=delta, delete_now=delete_now
             )
         raise CommitConflictError(f"task {task_id}: judged 20 times on records changed since")
 

@@ -182,9 +182,9 @@ if extra.terminal then
   redis.call('ZADD', KEYS[10], extra.now, extra.task_id)
   redis.call('SREM', KEYS[7], extra.task_id)
   redis.call('ZREM', KEYS[8], extra.task_id)
-  -- The lease of a task that ended guards nothing: deleted without reading who holds it (a
-  -- coordinator that holds it then finds the task inactive at its renewal and drops it).
-  if extra.lease_owner ~= '' then redis.call('DEL', KEYS[15]) end
+  -- The lease of a task that ended guards nothing (no deadline is left to look at): not
+  -- deleted, it expires by its TTL (its holder stops renewing it; one taken over meanwhile
+  -- is dropped by its holder's next renewal, which finds the task inactive).
 else
   -- A task is in the active set from its creation and from any commit that changed its
   -- status to a live one but its start (pending: its creation added it); only a terminal
@@ -583,20 +583,16 @@ class TaskStore:
         ack: tuple[str, str, str] | None = None,
         dispatches: Sequence[OutboxEntry] = (),
         delta: ConversationDelta | None = None,
-        *,
-        lease_owner: str = "",
     ) -> None:
         """Write ``record`` (version + 1) with its effects and append ``dispatches`` to the
         outbox, atomically, with the conversation's new messages (``delta``, else
         :meth:`conversation_delta`).
-        A terminal record's lease is deleted in the same script when ``lease_owner`` is given
-        (the committer held it; whoever holds it now, it guards nothing once the task ended).
+        A terminal record's lease is left to expire by its TTL (it guards nothing once the
+        task ended, and whoever held it stops renewing it): no command for it.
 
         Raises CommitConflictError when another coordinator committed first.
         """
-        pending = self.prepare(
-            record, effects, ack, dispatches, delta=delta, lease_owner=lease_owner
-        )
+        pending = self.prepare(record, effects, ack, dispatches, delta=delta)
         await self.commit_prepared(pending)
 
     def prepare(
@@ -607,7 +603,6 @@ class TaskStore:
         dispatches: Sequence[OutboxEntry] = (),
         *,
         delta: ConversationDelta | None = None,
-        lease_owner: str = "",
         create: tuple[str, int] | None = None,
         delete_now: bool = False,
     ) -> PendingCommit:
@@ -648,7 +643,6 @@ class TaskStore:
         if observation and delete_now:  # deleted by the script itself
             extra["delete_now"] = True
             extra["ack_deleted"] = self.acknowledge_deleted  # and acknowledged (Redis < 7.0.4)
-        extra["lease_owner"] = lease_owner
         # One slot: a child's id is ``{parent}.{n}``, so the children it submits, the parent a
         # finished child tells and the children it cancels are all in this task's partition.
         task_id = record.task_id

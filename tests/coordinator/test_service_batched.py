@@ -1,11 +1,13 @@
 """The commits of one read of observations go out together (one pipeline): a commit that
 conflicts is applied again on its own, and two answers of one task in a read are decided one
-after the other; leases are taken by the create and released by the task's last commit."""
+after the other; leases are taken by the create and left to expire after the task's last
+commit, blocking nothing meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -63,7 +65,7 @@ def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
 ) -> None:
     """Two answers in one read: the one whose kept record another coordinator changed since
     conflicts and is applied again on the stored record; both tasks complete, their entries
-    are acknowledged and deleted, and their leases (taken at creation) released."""
+    are acknowledged and deleted, and their leases (taken at creation) left to expire."""
 
     async def scenario() -> None:
         async with redis_client(decode_responses=True) as client:
@@ -90,7 +92,9 @@ def test_a_read_commits_together_and_a_conflicting_commit_is_applied_again(
                 record = await mine.store.load(task_id)
                 assert record is not None and record.status is TaskStatus.COMPLETED
                 assert record.output == f"{task_id} done"
-                assert await client.get(keys.lease_key(task_id, 0)) is None
+                lease = keys.lease_key(task_id, 0)
+                assert await client.get(lease) == "mine"  # not deleted: it expires
+                assert 0 < await client.pttl(lease) <= SETTINGS.lease_ttl_s * 1000
             versions = [(await client.hget(keys.task_key(t, 0), "version")) for t in ("t1", "t2")]
             assert versions == ["2", "3"]  # t2: started, touched by theirs, then answered
             assert await client.xlen(keys.observations_stream(0)) == 2  # deleted together:
@@ -140,6 +144,127 @@ def test_renewals_and_releases_go_in_one_pipeline(redis_client: RedisClientFacto
             assert await client.pttl(keys.lease_key("a", 0)) > 1000
             assert await client.get(keys.lease_key("b", 0)) == "other"
             assert await client.get(keys.lease_key("d", 0)) is None
+
+    asyncio.run(scenario())
+
+
+def test_an_ended_task_s_lingering_lease_blocks_nothing_a_user_does(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The commit that ends a task sends no ``DEL`` of its lease: the lease stays until its TTL
+    and nothing renews or releases it meanwhile (its holder no longer counts the task held).
+    While it lingers, another coordinator answers at once what a user (or a late worker) sends
+    for the ended task: a resubmission of its id is a duplicate, a late answer is dropped
+    (deleted, nothing left pending, the task unchanged), a cancel is refused."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            mine = await _coordinator(client)
+            theirs = Coordinator(client, settings=SETTINGS, name="theirs")
+            await theirs._learn_redis_version()
+            await _submit(client, mine, "t")
+            kept = mine.store.peek_kept("t")
+            assert kept is not None and kept.awaiting is not None
+            late = ReasonedMessage(fence=kept.awaiting.fence, terminal_output="late")
+            await _answer(client, mine, "t")
+            await client.config_resetstat()
+            await mine._observations_once()
+            assert "cmdstat_del" not in await client.info("commandstats")
+            lease = keys.lease_key("t", 0)
+            assert await client.get(lease) == "c"
+            assert 0 < await client.pttl(lease) <= SETTINGS.lease_ttl_s * 1000
+            assert mine._held == set()
+            mine._last_renewal = float("-inf")  # due now: nothing of the ended task to send
+            await client.config_resetstat()
+            await mine._renew_leases()
+            assert "cmdstat_evalsha" not in await client.info("commandstats")
+            version = await client.hget(keys.task_key("t", 0), "version")
+
+            await client.xadd(keys.intake_stream(0), {"task_id": "t", "task": TASK})
+            await theirs._intake_once()
+            duplicates = [
+                f for _i, f in await client.xrange(keys.events_stream(0))
+                if f.get("event") == "duplicate"
+            ]  # fmt: skip
+            assert [d["existing_task_id"] for d in duplicates] == ["t"]
+
+            stream = keys.observations_stream(0)
+            late_id = await client.xadd(stream, encode_entry(late))  # type: ignore[arg-type]
+            await theirs._observations_once()
+            assert await client.xrange(stream, min=late_id, max=late_id) == []  # dropped
+            assert late_id not in await _pending_ids(client)
+
+            await client.xadd(
+                keys.control_stream(0), {"task_id": "t", "action": "cancel", "reason": "late"}
+            )
+            await theirs._control_once()
+            refused = [
+                f for _i, f in await client.xrange(keys.events_stream(0))
+                if f.get("event") == "control_rejected"
+            ]  # fmt: skip
+            assert [r["task_id"] for r in refused] == ["t"]
+
+            record = await theirs.store.load("t")
+            assert record is not None and record.status is TaskStatus.COMPLETED
+            assert record.output == "t done" and record.model_calls == 1
+            assert await client.hget(keys.task_key("t", 0), "version") == version
+            assert await client.get(lease) == "c", "the lease stopped lingering mid-test"
+            assert theirs._held == set()
+
+    asyncio.run(scenario())
+
+
+def test_an_ended_task_s_lease_expires_and_its_id_created_anew_starts(
+    redis_client: RedisClientFactory,
+) -> None:
+    """An ended task's lease expires by its TTL. A task of its id created anew after a purge
+    while the old lease still lingers (only possible with ``ORGA_LEASE_TTL_S`` above
+    ``ORGA_RETENTION_S``, at least 60 s) starts at once when its coordinator is the old
+    lease's holder, and, when another coordinator serves its partition by then, is created
+    pending and started by that coordinator's tick once the old lease has expired."""
+
+    async def scenario() -> None:
+        async with redis_client(decode_responses=True) as client:
+            mine = await _coordinator(client)
+            mine.settings = replace(SETTINGS, lease_ttl_s=1.0)
+            theirs = Coordinator(client, settings=SETTINGS, name="theirs")
+            lease = keys.lease_key("e", 0)
+            await _submit(client, mine, "e")
+            assert 0 < await client.pttl(lease) <= 1000
+            await _answer(client, mine, "e")
+            await mine._observations_once()
+            assert await client.get(lease) == "c"
+            for _ in range(100):  # expires within its TTL (1 s)
+                if not await client.exists(lease):
+                    break
+                await asyncio.sleep(0.05)
+            assert not await client.exists(lease)
+            assert await mine.store.purge_finished(time.time() + 1) == 1  # "e"
+
+            mine.settings = SETTINGS
+            for task_id, holder in (("r", mine), ("s", theirs)):
+                await _submit(client, mine, task_id)
+                await _answer(client, mine, task_id)
+                await mine._observations_once()
+                old = keys.lease_key(task_id, 0)
+                assert await client.get(old) == "c"  # lingering
+                assert await mine.store.purge_finished(time.time() + 1) == 1
+                await client.xadd(keys.intake_stream(0), {"task_id": task_id, "task": TASK})
+                await holder._intake_once()
+                status = keys.task_key(task_id, 0)
+                if holder is mine:  # its own lingering lease: taken again, started at once
+                    assert await client.hget(status, "status") == TaskStatus.RUNNING.value
+                    assert "r" in mine._held
+                    assert await client.pttl(old) > 1000
+                    continue
+                assert await client.hget(status, "status") == TaskStatus.PENDING.value
+                await client.pexpire(old, 200)  # what is left of the old lease's TTL
+                await theirs._tick_once()
+                assert await client.hget(status, "status") == TaskStatus.PENDING.value
+                await asyncio.sleep(0.3)
+                await theirs._tick_once()
+                assert await client.hget(status, "status") == TaskStatus.RUNNING.value
+                assert await client.get(old) == "theirs"
 
     asyncio.run(scenario())
 

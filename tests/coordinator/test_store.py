@@ -465,13 +465,12 @@ def test_the_state_written_is_the_records_json_byte_for_byte(
     _scenario(redis_url, body)
 
 
-def test_create_takes_the_lease_and_the_last_commit_releases_it(
+def test_create_takes_the_lease_and_the_last_commit_leaves_it_to_expire(
     redis_url: str, redis_client: Any
 ) -> None:
     """``create`` with a lease takes it only for a task it creates and nobody holds; the
-    terminal commit of a coordinator that held it deletes it, whoever holds it now (it guards
-    nothing once the task ended: one ``GET`` less per task); one without ``lease_owner``
-    leaves it."""
+    terminal commit leaves the lease as it is, whoever holds it, to expire by its TTL (it
+    guards nothing once the task ended: no ``DEL``, one command less per task)."""
 
     async def body(client: Redis, store: TaskStore) -> None:
         first = await store.create(_record("a"), lease=("c1", 10_000))
@@ -479,16 +478,18 @@ def test_create_takes_the_lease_and_the_last_commit_releases_it(
         assert first.created and first.leased
         assert not again.created and not again.leased
         assert await client.get(keys.lease_key("a", 0)) == b"c1"
-        await client.set(keys.lease_key("b", 0), "c1")  # held before the task exists
-        assert not (await store.create(_record("b"), lease=("c2", 10_000))).leased
-        await client.set(keys.lease_key("d", 0), "c1")
-        await store.create(_record("d"))
-        for task_id, owner, left in (("a", "c2", None), ("b", "c1", None), ("d", "", b"c1")):
+        await client.set(keys.lease_key("b", 0), "c2", px=10_000)  # held before the task exists
+        assert not (await store.create(_record("b"), lease=("c1", 10_000))).leased
+        for task_id, holder in (("a", b"c1"), ("b", b"c2")):
             record = await store.load(task_id)
             assert record is not None
             machine = _machine(record)
-            await store.commit(machine.record, machine.cancel("stop"), lease_owner=owner)
-            assert await client.get(keys.lease_key(task_id, 0)) == left
+            await client.config_resetstat()
+            await store.commit(machine.record, machine.cancel("stop"))
+            stats = await client.info("commandstats")
+            assert "cmdstat_del" not in stats, "the terminal commit deleted the lease"
+            assert await client.get(keys.lease_key(task_id, 0)) == holder
+            assert 0 < await client.pttl(keys.lease_key(task_id, 0)) <= 10_000
 
     _scenario(redis_url, body)
 
