@@ -41,7 +41,8 @@ Consumer groups
 Keys
     ``orga:partitions``          string: the number of partitions (``partitions_key``)
     ``orga:P:task:{task_id}``    hash: the persisted state of a task (``task_key``)
-    ``orga:P:lease:{task_id}``   string: the coordinator holding a task (``lease_key``)
+    ``orga:P:lease:{task_id}``   string: the coordinator holding a task (``lease_key``); left
+                                 to expire once the task ended
     ``orga:P:partition_lease``   string: the coordinator serving the partition's streams and
                                  relay (``partition_lease_key``)
     ``orga:coordinators``        sorted set: coordinator name -> its last membership heartbeat
@@ -103,6 +104,7 @@ Celery (the Redis broker stores each queue as a list under its name)
 
 TTLs
     ``lease_ttl_s``              a task lease not renewed within this time may be taken over
+                                 (an ended task's lease lingers up to this long)
     ``partition_lease_ttl_s``    a partition lease (and a coordinator's membership) not renewed
                                  within this time may be taken over
     ``idempotency_ttl_s``        how long a resubmission with the same key returns the same task
