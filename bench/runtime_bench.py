@@ -93,7 +93,7 @@ KEPT_BOUND = {
     "orga:journal:*": "deleted with the task",
     "orga:tasks:index (zset)": "entry deleted with the task",
     "orga:lease:*": "expire after the lease TTL",
-    "orga:tasks:active (set)": "active tasks only",
+    "orga:tasks:deadlines (zset)": "active tasks only",
     "celery-task-meta-* (raw results)": "the benchmark's raw task only (expire after a day)",
 }
 TERMINAL = frozenset({"completed", "failed", "aborted"})
@@ -588,7 +588,7 @@ def kept_keys(client: OrgaClient) -> dict[str, int]:
         for label, pattern in families.items()
     }
     counts["orga:tasks:index (zset)"] = int(client.redis.zcard(keys.task_index_key(0)))
-    counts["orga:tasks:active (set)"] = int(client.redis.scard(keys.active_tasks_key(0)))
+    counts["orga:tasks:deadlines (zset)"] = int(client.redis.zcard(keys.deadlines_key(0)))
     counts["celery-task-meta-* (raw results)"] = sum(
         1 for _ in client.redis.scan_iter(match="celery-task-meta-*", count=5000)
     )

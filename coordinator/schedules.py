@@ -14,8 +14,9 @@ looking at once submit the same fire twice, and again the intake keeps one.
 
 Overlap (``Schedule.overlap``). Before submitting a fire of a schedule whose policy is not
 ``allow``, the scheduler asks whether the schedule's last run is still going: its task is active
-(``orga:tasks:active``), or it is not a task yet because its intake entry is still unread or
-being read (an entry rejected, or acknowledged as a duplicate, has nothing running). If so,
+(in ``orga:{p:NN}:tasks:deadlines``, which holds a task from its creation to its end), or it is
+not a task yet because its intake entry is still unread or being read (an entry rejected, or
+acknowledged as a duplicate, has nothing running). If so,
 ``skip`` drops the fire and ``queue`` keeps it in ``orga:{schedules}:queued`` unless a fire waits
 there already (one is kept: the first), both in the compare-and-set that moves the due time, so
 one coordinator decides. Every look also submits the queued fires whose run has ended, under
@@ -351,10 +352,10 @@ class Scheduler:
         task_id = fire["task_id"]
         p = keys.partition_of(task_id, self.partitions)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.sismember(keys.active_tasks_key(p), task_id)
+        pipe.zscore(keys.deadlines_key(p), task_id)  # a score: not ended
         pipe.exists(keys.task_key(task_id, p))
         active, exists = await pipe.execute()
-        if active:
+        if active is not None:
             return fire
         if exists:  # a task that ended
             return None

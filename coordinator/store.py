@@ -64,9 +64,9 @@ local create = extra.create
 if create then
   -- A new task created started (TaskStore.create_started): _CREATE's checks, then its start
   -- commit as the record's first write (no version 0 written, read and rewritten).
-  -- KEYS[17]: the idempotency key, KEYS[18]: the task index.
+  -- KEYS[16]: the idempotency key, KEYS[17]: the task index.
   if create.idem ~= '' then
-    local existing = redis.call('GET', KEYS[17])
+    local existing = redis.call('GET', KEYS[16])
     if existing then
       if existing ~= extra.task_id and redis.call('HGET', KEYS[1], 'alias_of') ~= existing then
         if redis.call('EXISTS', KEYS[1]) == 1 then return {2, existing} end
@@ -82,15 +82,15 @@ if create then
     return {0, extra.task_id}
   end
   -- Someone holds the lease of a task not created yet: nothing written (created apart).
-  if not redis.call('SET', KEYS[15], create.owner, 'NX', 'PX', create.lease_ms) then
+  if not redis.call('SET', KEYS[14], create.owner, 'NX', 'PX', create.lease_ms) then
     return {3, extra.task_id}
   end
   if create.idem ~= '' then
-    redis.call('SET', KEYS[17], extra.task_id, 'EX', create.idem_ttl)
+    redis.call('SET', KEYS[16], extra.task_id, 'EX', create.idem_ttl)
   end
-  redis.call('ZADD', KEYS[18], create.created_at, extra.task_id)
+  redis.call('ZADD', KEYS[17], create.created_at, extra.task_id)
   stamp = true
-  previous = false  -- no status before: counted in ARGV[4], added to the active set below
+  previous = false  -- no status before: counted in ARGV[4], indexed below
 else
   -- The version and the creation time: a task of this id created anew (the one this record
   -- is of purged) may reach the same version. A record without created_at (written before it
@@ -105,7 +105,7 @@ end
 -- The status counts (keys.status_counts_key): a change of status is one HINCRBY of the field
 -- "{previous}>{status}" (read as -1 previous, +1 status); a new status alone is "{status}".
 if previous ~= ARGV[4] then
-  redis.call('HINCRBY', KEYS[9], previous and (previous .. '>' .. ARGV[4]) or ARGV[4], 1)
+  redis.call('HINCRBY', KEYS[8], previous and (previous .. '>' .. ARGV[4]) or ARGV[4], 1)
 end
 -- One HSET: the state, with the end's time and the creation time when they are written.
 local fields = {'version', ARGV[2], 'state', ARGV[3], 'status', ARGV[4]}
@@ -157,42 +157,37 @@ for _, d in ipairs(extra.dead_letters) do
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', extra.events_maxlen, '*', unpack(d))
 end
 for _, c in ipairs(extra.children) do
-  redis.call('XADD', KEYS[12], 'MAXLEN', '~', extra.intake_maxlen, '*', unpack(c))
+  redis.call('XADD', KEYS[11], 'MAXLEN', '~', extra.intake_maxlen, '*', unpack(c))
 end
 for _, o in ipairs(extra.child_results) do
-  redis.call('XADD', KEYS[13], 'MAXLEN', '~', extra.observations_maxlen, '*', unpack(o))
+  redis.call('XADD', KEYS[12], 'MAXLEN', '~', extra.observations_maxlen, '*', unpack(o))
 end
 for _, c in ipairs(extra.cancels) do
-  redis.call('XADD', KEYS[14], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
+  redis.call('XADD', KEYS[13], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
 end
 local sent = {}  -- the outbox entries' ids, returned: the relay is handed them in-process
 for i, head in ipairs(extra.outbox) do
-  sent[i] = redis.call('XADD', KEYS[16], '*', 'payload', ARGV[8 + i], unpack(head))
+  sent[i] = redis.call('XADD', KEYS[15], '*', 'payload', ARGV[8 + i], unpack(head))
 end
 local conversation = extra.conversation
 -- A record at version 0 was never committed: no commit wrote its conversation, nothing to delete.
-if conversation.rewrite and ARGV[1] ~= '0' then redis.call('DEL', KEYS[11]) end
+if conversation.rewrite and ARGV[1] ~= '0' then redis.call('DEL', KEYS[10]) end
 local first = 8 + #extra.outbox
 -- One RPUSH per 256 messages (unpack's stack stays small).
 for j = 1, conversation.count, 256 do
   local last = first + math.min(j + 255, conversation.count)
-  redis.call('RPUSH', KEYS[11], unpack(ARGV, first + j, last))
+  redis.call('RPUSH', KEYS[10], unpack(ARGV, first + j, last))
 end
 if extra.terminal then
-  redis.call('ZADD', KEYS[10], extra.now, extra.task_id)
-  redis.call('SREM', KEYS[7], extra.task_id)
-  redis.call('ZREM', KEYS[8], extra.task_id)
+  redis.call('ZADD', KEYS[9], extra.now, extra.task_id)
+  redis.call('ZREM', KEYS[7], extra.task_id)
   -- The lease of a task that ended guards nothing (no deadline is left to look at): not
   -- deleted, it expires by its TTL (its holder stops renewing it; one taken over meanwhile
   -- is dropped by its holder's next renewal, which finds the task inactive).
 else
-  -- A task is in the active set from its creation and from any commit that changed its
-  -- status to a live one but its start (pending: its creation added it); only a terminal
-  -- commit takes it out.
-  if previous ~= ARGV[4] and previous ~= 'pending' then
-    redis.call('SADD', KEYS[7], extra.task_id)
-  end
-  redis.call('ZADD', KEYS[8], extra.deadline, extra.task_id)
+  -- The deadline index holds the task from its creation (or this commit, for a task created
+  -- started) to its end: a task is active if and only if it is indexed (keys.deadlines_key).
+  redis.call('ZADD', KEYS[7], extra.deadline, extra.task_id)
 end
 return {1, ARGV[2], sent}
 """
@@ -206,24 +201,23 @@ if ARGV[1] ~= '' then
       redis.call('HSET', KEYS[1], 'alias_of', existing)
       redis.call('EXPIRE', KEYS[1], ARGV[5])
     end
-    if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
+    if ARGV[7] ~= '' then redis.call('XACK', KEYS[7], ARGV[9], ARGV[7]) end
     return {0, existing}
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
+  if ARGV[7] ~= '' then redis.call('XACK', KEYS[7], ARGV[9], ARGV[7]) end
   return {0, ARGV[2]}
 end
 redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4],
            'created_at', ARGV[6])
-redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
+redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
 if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[5]) end
-redis.call('SADD', KEYS[3], ARGV[2])
-redis.call('ZADD', KEYS[4], ARGV[6], ARGV[2])
-redis.call('ZADD', KEYS[5], ARGV[6], ARGV[2])
-if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
+redis.call('ZADD', KEYS[3], ARGV[6], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[6], ARGV[2])  -- active from now: in the deadline index
+if ARGV[7] ~= '' then redis.call('XACK', KEYS[7], ARGV[9], ARGV[7]) end
 local leased = 0
-if ARGV[10] ~= '' and redis.call('SET', KEYS[7], ARGV[10], 'NX', 'PX', ARGV[11]) then leased = 1 end
+if ARGV[10] ~= '' and redis.call('SET', KEYS[6], ARGV[10], 'NX', 'PX', ARGV[11]) then leased = 1 end
 return {1, ARGV[2], leased}
 """
 
@@ -246,12 +240,12 @@ return 0
 """
 
 _RENEW_HELD = """
-local active = redis.call('SMISMEMBER', KEYS[1], unpack(ARGV, 3))
+local active = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3))
 local owners = redis.call('MGET', unpack(KEYS, 2))
 local out = {}
 for i = 1, #ARGV - 2 do
   local mine = owners[i] == ARGV[1]
-  if active[i] == 0 then
+  if not active[i] then
     if mine then redis.call('DEL', KEYS[i + 1]) end
     out[i] = 2
   elseif mine then
@@ -263,11 +257,11 @@ for i = 1, #ARGV - 2 do
 end
 return out
 """
-"""The leases of one partition's held tasks in one call (KEYS: the partition's active set, then
-the tasks' leases; ARGV: owner, TTL in ms, then the task ids): which are active and who holds
-each lease read with one ``SMISMEMBER`` and one ``MGET``; each task still active has its lease
-renewed if ``owner`` holds it (1) or is reported lost (0); each task that has ended has its
-lease released if ``owner`` holds it (2)."""
+"""The leases of one partition's held tasks in one call (KEYS: the partition's deadline index,
+then the tasks' leases; ARGV: owner, TTL in ms, then the task ids): which are active (indexed:
+a score, not nil) and who holds each lease read with one ``ZMSCORE`` and one ``MGET``; each
+task still active has its lease renewed if ``owner`` holds it (1) or is reported lost (0);
+each task that has ended has its lease released if ``owner`` holds it (2)."""
 
 RENEW_HELD_CHUNK: Final = 256
 """At most this many tasks per call of the batched renewal (a Lua ``unpack`` stays small)."""
@@ -418,7 +412,6 @@ class TaskStore:
                 keys.review_stream(p),
                 keys.open_reviews_key(p),
                 keys.dead_letter_stream(p),
-                keys.active_tasks_key(p),
                 keys.deadlines_key(p),
                 keys.status_counts_key(p),
                 keys.finished_tasks_key(p),
@@ -543,7 +536,6 @@ class TaskStore:
             keys=[
                 keys.task_key(record.task_id, p),
                 keys.idempotency_key(idem or "-", p),
-                keys.active_tasks_key(p),
                 keys.task_index_key(p),
                 keys.deadlines_key(p),
                 keys.status_counts_key(p),
@@ -558,7 +550,7 @@ class TaskStore:
                 keys.idempotency_ttl_s,
                 f"{record.created_at:.6f}",
                 entry_id,
-                "8" if stream else "",  # KEYS[8] (the stream is in KEYS)
+                "7" if stream else "",  # KEYS[7] (the stream is in KEYS)
                 group,
                 owner,
                 ttl_ms,
@@ -638,7 +630,7 @@ class TaskStore:
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
         shared = self._partition_keys(p)
-        observation = stream == shared[9]  # deleted once written, with others (delete_applied)
+        observation = stream == shared[8]  # deleted once written, with others (delete_applied)
         extra["delete_entry"] = observation
         if observation and delete_now:  # deleted by the script itself
             extra["delete_now"] = True
@@ -649,11 +641,11 @@ class TaskStore:
         commit_keys = [
             keys.task_key(task_id, p),
             keys.journal_stream(task_id, p),
-            *shared[:8],
+            *shared[:7],
             keys.conversation_key(task_id, p),
-            *shared[8:11],
+            *shared[7:10],
             keys.lease_key(task_id, p),
-            shared[11],
+            shared[10],
         ]
         if create is not None:
             idem = record.spec.idempotency_key or ""
@@ -864,10 +856,11 @@ class TaskStore:
         }
 
     async def active_task_ids(self) -> list[str]:
-        """Tasks that have not reached a terminal state (every partition)."""
+        """Tasks that have not reached a terminal state (every partition): the deadline
+        indexes' members."""
         pipe = self.redis.pipeline(transaction=False)
         for p in range(self.partitions):
-            pipe.smembers(keys.active_tasks_key(p))
+            pipe.zrange(keys.deadlines_key(p), 0, -1)
         return sorted(_text(m) for members in await pipe.execute() for m in members)
 
     async def due_task_ids(
@@ -893,13 +886,14 @@ class TaskStore:
         return sorted(reviews, key=lambda r: r.created_at)
 
     async def still_active(self, task_ids: list[str]) -> list[bool]:
-        """Whether each task is still active (not completed, failed or aborted)."""
+        """Whether each task is still active (not completed, failed or aborted): in the
+        deadline index, which holds a task from its creation to its end."""
         if not task_ids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for task_id in task_ids:
-            pipe.sismember(keys.active_tasks_key(self.partition(task_id)), task_id)
-        return [bool(int(f)) for f in await pipe.execute()]
+            pipe.zscore(keys.deadlines_key(self.partition(task_id)), task_id)
+        return [score is not None for score in await pipe.execute()]
 
     async def purge_finished(
         self, finished_before: float, batch: int = 500, partitions: Iterable[int] | None = None
@@ -1097,8 +1091,9 @@ class TaskStore:
     ) -> tuple[list[str], list[str]]:
         """The periodic renewal of the leases ``owner`` holds, batched per partition: one
         script call per partition (and per :data:`RENEW_HELD_CHUNK` tasks) reads which tasks
-        are still active (``SMISMEMBER``) and who holds their leases (``MGET``), renews the
-        leases of those ``owner`` still holds and releases those of the tasks that have ended.
+        are still active (in the deadline index: ``ZMSCORE``) and who holds their leases
+        (``MGET``), renews the leases of those ``owner`` still holds and releases those of the
+        tasks that have ended.
         Returns the tasks whose lease was lost (held by another owner, or expired) and the
         tasks that have ended; each call is atomic on its own, the calls together are not a
         transaction (as :meth:`renew_leases`)."""
@@ -1110,7 +1105,7 @@ class TaskStore:
             for start in range(0, len(ids), RENEW_HELD_CHUNK):
                 chunk = ids[start : start + RENEW_HELD_CHUNK]
                 leases = [keys.lease_key(t, p) for t in chunk]
-                calls.append((chunk, [keys.active_tasks_key(p), *leases], [owner, str(ttl_ms)]))
+                calls.append((chunk, [keys.deadlines_key(p), *leases], [owner, str(ttl_ms)]))
         if not calls:
             return [], []
         script = self._renew_held

@@ -55,9 +55,13 @@ Keys
                                  versions before issue 27 only (the journal stream's last id
                                  ``0-{last+1}`` holds it now); the retention purge deletes it
     ``orga:P:conversation:{task_id}``  list: a task's conversation (message JSON)
-    ``orga:P:tasks:active``      set: tasks not yet completed, failed or aborted
+    ``orga:P:tasks:active``      set: tasks not yet ended, written by versions before issue 27's
+                                 branch ``actset`` only (the deadline index says which tasks are
+                                 active now); unused, deleted by hand once no older version runs
     ``orga:P:tasks:index``       sorted set: every task by creation time
-    ``orga:P:tasks:deadlines``   sorted set: active tasks by the time they must be looked at
+    ``orga:P:tasks:deadlines``   sorted set: active tasks by the time they must be looked at; a
+                                 task is in it from its creation to its end, and only then
+                                 (what says whether a task is active: ``deadlines_key``)
     ``orga:P:tasks:finished``    sorted set: finished tasks by the time they ended (retention)
     ``orga:P:reviews:open``      hash: review id -> open escalation (JSON)
     ``orga:applied:{sha256}``    string: the result of a writing tool call applied once, by its
@@ -127,7 +131,6 @@ __all__ = [
     "ANSWERED_CHAINED",
     "ANSWERED_DIRECT",
     "ANSWERED_VIAS",
-    "active_tasks_key",
     "agents_key",
     "answered_via_member",
     "applied_call_key",
@@ -517,18 +520,18 @@ def commit_outbox_stream(partition: int) -> str:
     return _in(partition, "outbox:commits")
 
 
-def active_tasks_key(partition: int) -> str:
-    """Set: the partition's tasks not yet ended, ``orga:{p:NN}:tasks:active``."""
-    return _in(partition, "tasks:active")
-
-
 def task_index_key(partition: int) -> str:
     """Sorted set: the partition's tasks by creation time, ``orga:{p:NN}:tasks:index``."""
     return _in(partition, "tasks:index")
 
 
 def deadlines_key(partition: int) -> str:
-    """Sorted set: active tasks by when they must be looked at, ``orga:{p:NN}:tasks:deadlines``."""
+    """Sorted set: active tasks by when they must be looked at, ``orga:{p:NN}:tasks:deadlines``.
+
+    A task is in it from its creation to its end (its terminal commit removes it), and only
+    then: whether a task is active is whether it has a score here (``ZSCORE``, ``ZMSCORE``).
+    Only the create and commit scripts add members; a worker's start pulls a look forward
+    with ``ZADD XX LT``, which never adds one."""
     return _in(partition, "tasks:deadlines")
 
 

@@ -914,15 +914,15 @@ class ProcessServices(WorkerCore):
             self._mcp_reaper = asyncio.get_running_loop().create_task(self._reap_mcp())
 
     async def _active_tasks(self, task_ids: list[str]) -> set[str]:
-        """Those of ``task_ids`` that have not ended (``orga:P:tasks:active``; a task awaiting
-        a review is active)."""
+        """Those of ``task_ids`` that have not ended (in ``orga:{p:NN}:tasks:deadlines``, which
+        holds a task from its creation to its end; a task awaiting a review is active)."""
         by_partition: dict[int, list[str]] = {}
         for task_id in task_ids:
             by_partition.setdefault(self._partition(task_id), []).append(task_id)
         active: set[str] = set()
         for partition, members in by_partition.items():
-            found = await self.redis.smismember(keys.active_tasks_key(partition), members)
-            active.update(t for t, is_member in zip(members, found, strict=True) if is_member)
+            found = await self.redis.zmscore(keys.deadlines_key(partition), members)
+            active.update(t for t, score in zip(members, found, strict=True) if score is not None)
         return active
 
     async def _reap_mcp(self) -> None:

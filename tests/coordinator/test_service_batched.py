@@ -137,7 +137,7 @@ def test_renewals_and_releases_go_in_one_pipeline(redis_client: RedisClientFacto
             coordinator = await _coordinator(client)
             await _submit(client, coordinator, "a", "b", "d")
             await client.set(keys.lease_key("b", 0), "other")  # lost (expired, taken over)
-            await client.srem(keys.active_tasks_key(0), "d")  # finished by another coordinator
+            await client.zrem(keys.deadlines_key(0), "d")  # finished by another coordinator
             await client.pexpire(keys.lease_key("a", 0), 1000)
             await coordinator._renew_leases()
             assert coordinator._held == {"a"}

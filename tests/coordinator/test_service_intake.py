@@ -234,12 +234,12 @@ def test_on_several_partitions_an_entry_is_created_in_its_tasks_partition_only(
             for _ in range(3):
                 await node._intake_once()
             assert await client.hget(keys.task_key("root-1", home), "status") is not None
-            assert await client.sismember(keys.active_tasks_key(home), "root-1")
+            assert await client.zscore(keys.deadlines_key(home), "root-1") is not None
             rejected = [f for _i, f in await client.xrange(keys.rejected_stream(wrong))]
             assert [r["task_id"] for r in rejected] == ["root-1.x"]
             assert f"partition {home} of 4" in rejected[0]["error"]
             assert keys.intake_stream(home) in rejected[0]["error"]
-            created = await client.smembers(keys.active_tasks_key(wrong))
+            created = await client.zrange(keys.deadlines_key(wrong), 0, -1)
             assert len(created) == 1
             assert {keys.partition_of(t, 4) for t in created} == {wrong}
 
@@ -274,7 +274,7 @@ def test_a_new_task_is_created_started_in_one_script(redis_client: RedisClientFa
         task = await client.hgetall(keys.task_key("t", 0))
         assert task["version"] == "1" and task["status"] == "running"
         assert keys.status_counts(await client.hgetall(keys.status_counts_key(0))) == {"running": 1}
-        assert await client.smembers(keys.active_tasks_key(0)) == {"t"}
+        assert await client.zrange(keys.deadlines_key(0), 0, -1) == ["t"]  # active
         assert await client.zscore(keys.task_index_key(0), "t") is not None
         record = mine.store.peek_kept("t")
         assert record is not None and record.awaiting is not None

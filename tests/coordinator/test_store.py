@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from coordinator.machine import MachineSettings, TaskMachine
-from coordinator.state import TaskRecord
+from coordinator.state import TaskRecord, TaskStatus
 from coordinator.store import RENEW_HELD_CHUNK, CommitConflictError, TaskStore
 from shared import keys
 from shared.events import ObservationsCollected
@@ -87,25 +87,26 @@ def test_a_commits_journal_records_share_one_stream_entry(
     _scenario(redis_url, body)
 
 
-def test_the_active_set_is_written_only_when_the_status_changes(
+def test_a_commit_writes_no_active_set_and_the_start_deletes_no_conversation(
     redis_url: str, redis_client: Any
 ) -> None:
-    """A commit that keeps a live status sends no SADD (the task is in the set since its
-    creation), nor does the start (pending -> running), which deletes no conversation either
-    (a record at version 0 has none stored); the task stays active, and the commit that ends
-    it takes it out."""
+    """Which tasks are active is the deadline index's membership: no commit writes a set
+    (no SADD, no SREM: issue 27, branch ``actset``), and the start (pending -> running)
+    deletes no conversation (a record at version 0 has none stored); the task stays active
+    while it runs, and the commit that ends it takes it out."""
 
-    async def sadds(client: Redis, command: str = "sadd") -> int:
+    async def calls(client: Redis, command: str) -> int:
         stats = await client.info("commandstats")
         return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
     async def body(client: Redis, store: TaskStore) -> None:
         record = _record("live")
+        sets = (await calls(client, "sadd"), await calls(client, "srem"))  # the session's so far
         await store.create(record)
         machine = _machine(record)
-        before, deletes = await sadds(client), await sadds(client, "del")
+        deletes = await calls(client, "del")
         await store.commit(machine.record, machine.start())  # pending -> running
-        assert (await sadds(client), await sadds(client, "del")) == (before, deletes)
+        assert await calls(client, "del") == deletes
         assert await store.still_active(["live"]) == [True]
         stored = await store.load("live")
         assert stored is not None and stored.conversation.messages  # the start's, written
@@ -113,12 +114,75 @@ def test_the_active_set_is_written_only_when_the_status_changes(
         same = _machine(record, now=12.0)
         same.record.error = "touched"
         await store.commit(same.record, same.effects)  # still running
-        assert await sadds(client) == before
         assert await store.still_active(["live"]) == [True]
         ended = _machine(record, now=13.0)
         await store.commit(ended.record, ended.cancel("stop"))
         assert ended.record.terminal
         assert await store.still_active(["live"]) == [False]
+        assert (await calls(client, "sadd"), await calls(client, "srem")) == sets
+        assert await client.exists(f"orga:{keys.partition_tag(0)}:tasks:active") == 0  # unused
+
+    _scenario(redis_url, body)
+
+
+def test_a_task_is_in_the_deadline_index_from_its_creation_to_its_end(
+    redis_url: str, redis_client: Any
+) -> None:
+    """The deadline index holds every active task and only those (it says which are active:
+    ``still_active``, ``active_task_ids``, the held leases' renewal): a task created started,
+    a sub-agent's created apart (pending until its start), one awaiting a human review (no
+    dispatch awaited) are in it from their creation; each leaves it at its end, a worker's
+    late pull (``ZADD XX LT``) does not put it back, and the renewal reports each ended
+    (releasing a lease its end left, when the renewing owner holds it)."""
+
+    async def body(client: Redis, store: TaskStore) -> None:
+        await client.config_resetstat()
+        sets = (0, 0)  # counted from here
+        lease = ("c1", 60_000)
+        root = _record("root")
+        started = _machine(root)
+        created = await store.create_started(
+            store.prepare(started.record, started.start(), create=lease)
+        )
+        assert created is not None and created.started
+        child = _record("root.1")  # a sub-agent's: created apart, pending
+        assert (await store.create(child, lease=lease)).leased
+        reviewed = _record("reviewed")
+        assert (await store.create(reviewed, lease=lease)).leased
+        ids = ["reviewed", "root", "root.1"]
+        assert await store.active_task_ids() == ids
+        assert await store.still_active(ids) == [True] * 3
+        assert await client.zscore(keys.deadlines_key(0), "root.1") == 10.0  # to be started
+        assert await store.due_task_ids(now=10.0, limit=10) == ["reviewed", "root.1"]
+        for record in (child, reviewed):
+            machine = _machine(record)
+            await store.commit(machine.record, machine.start())
+        machine = _machine(reviewed, now=12.0)
+        machine.reviews.escalate("tracker", "a human decides")
+        await store.commit(machine.record, machine.done())
+        assert reviewed.status is TaskStatus.AWAITING_REVIEW and reviewed.awaiting is None
+        assert reviewed.review is not None
+        assert await client.zscore(keys.deadlines_key(0), "reviewed") == reviewed.review.deadline
+        assert await store.still_active(ids) == [True] * 3
+        assert await store.renew_held(ids, "c1", 60_000) == ([], [])
+
+        records = {"reviewed": reviewed, "root": root, "root.1": child}
+        for n, task_id in enumerate(ids):
+            ending = _machine(records[task_id], now=20.0 + n)
+            await store.commit(ending.record, ending.cancel("stop"))  # its lease left to expire
+            assert ending.record.terminal
+            assert await store.still_active([task_id]) == [False]
+        assert await store.active_task_ids() == []
+        assert await client.zadd(keys.deadlines_key(0), {"root": 1.0}, xx=True, lt=True) == 0
+        assert await client.zscore(keys.deadlines_key(0), "root") is None  # XX added nothing
+        assert await store.still_active(ids) == [False] * 3
+        assert await client.get(keys.lease_key("root", 0)) == b"c1"
+        assert await store.renew_held(ids, "c1", 60_000) == ([], ids)
+        for task_id in ids:  # the renewal released the leases the ends left
+            assert await client.exists(keys.lease_key(task_id, 0)) == 0
+        stats = await client.info("commandstats")
+        after = tuple(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("sadd", "srem"))
+        assert after == sets  # no set written by this scenario
 
     _scenario(redis_url, body)
 
@@ -302,13 +366,13 @@ def test_held_leases_are_renewed_in_one_call_per_partition(
             store = TaskStore(client, partitions=2)
             ids = [f"t{n}" for n in range(2 * RENEW_HELD_CHUNK + 100)]
             for task_id in ids:
-                await client.sadd(keys.active_tasks_key(store.partition(task_id)), task_id)
+                await client.zadd(keys.deadlines_key(store.partition(task_id)), {task_id: 1e12})
                 assert await store.acquire_lease(task_id, "c1", 1_000)
             lost, ended, foreign_end = ids[0], ids[1], ids[2]
             await client.set(keys.lease_key(lost, store.partition(lost)), "c2")
             await client.set(keys.lease_key(foreign_end, store.partition(foreign_end)), "c2")
             for task_id in (ended, foreign_end):
-                await client.srem(keys.active_tasks_key(store.partition(task_id)), task_id)
+                await client.zrem(keys.deadlines_key(store.partition(task_id)), task_id)
             await client.delete(keys.lease_key(ids[3], store.partition(ids[3])))  # expired
             assert await store.renew_held(ids[-1:], "c1", 1_000) == ([], [])  # loads the script
             await client.config_resetstat()

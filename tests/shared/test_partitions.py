@@ -31,7 +31,7 @@ def test_every_partitioned_key_carries_its_hash_tag() -> None:
         keys.intake_stream, keys.rejected_stream, keys.observations_stream, keys.events_stream,
         keys.review_stream, keys.dead_letter_stream, keys.control_stream, keys.outbox_stream,
         keys.commit_outbox_stream,
-        keys.active_tasks_key, keys.task_index_key, keys.deadlines_key, keys.finished_tasks_key,
+        keys.task_index_key, keys.deadlines_key, keys.finished_tasks_key,
         keys.open_reviews_key, keys.status_counts_key,
     ]  # fmt: skip
     per_task = [

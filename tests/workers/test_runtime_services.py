@@ -513,7 +513,8 @@ def test_a_start_that_fails_or_is_cancelled_stops_heartbeating(
 
 def test_the_mcp_reaper_reads_which_tasks_are_active(redis_url: str, redis_client: Any) -> None:
     """A worker process's MCP sessions keep idle connections of the tasks in the partitions'
-    active sets (a task awaiting a reviewer is there) and close those of the others."""
+    deadline indexes, which hold every active task (a task awaiting a reviewer is there), and
+    close those of the others."""
     services = ProcessServices(
         OrgaSettings(redis_url=redis_url, partitions=2), ProviderSettings(), redis_url
     )
@@ -522,7 +523,7 @@ def test_the_mcp_reaper_reads_which_tasks_are_active(redis_url: str, redis_clien
     tasks = ["t-held", "t-ended", "t-other"]
     with redis.Redis.from_url(redis_url) as client:
         for task_id in ("t-held", "t-other"):
-            client.sadd(keys.active_tasks_key(services._partition(task_id)), task_id)
+            client.zadd(keys.deadlines_key(services._partition(task_id)), {task_id: 1e12})
     assert services.run(services.mcp.active_tasks(tasks)) == {"t-held", "t-other"}
 
 
