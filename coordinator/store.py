@@ -215,21 +215,29 @@ return {1, ARGV[2], sent}
 """
 
 _CREATE = """
+-- 4: the task exists, created by this very intake entry (_COMMIT's field entry), delivered
+-- again after its acknowledgement was lost (TaskStore.create_started_many): no duplicate.
 if ARGV[1] ~= '' then
   local existing = redis.call('GET', KEYS[2])
   if existing then
+    local code = 0
     if existing ~= ARGV[2] and redis.call('HGET', KEYS[1], 'alias_of') ~= existing then
       if redis.call('EXISTS', KEYS[1]) == 1 then return {2, existing} end
       redis.call('HSET', KEYS[1], 'alias_of', existing)
       redis.call('EXPIRE', KEYS[1], ARGV[5])
+    elseif existing == ARGV[2] and ARGV[7] ~= ''
+        and redis.call('HGET', KEYS[1], 'entry') == ARGV[7] then
+      code = 4
     end
     if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
-    return {0, existing}
+    return {code, existing}
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
+  local code = 0
+  if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'entry') == ARGV[7] then code = 4 end
   if ARGV[7] ~= '' then redis.call('XACK', KEYS[8], ARGV[9], ARGV[7]) end
-  return {0, ARGV[2]}
+  return {code, ARGV[2]}
 end
 redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4],
            'created_at', ARGV[6])
@@ -594,6 +602,7 @@ class TaskStore:
             task_id=_text(task_id),
             conflict=code == 2,
             leased=bool(leased and int(leased[0])),
+            redelivered=code == 4,
         )
         if outcome.created:
             self._take(record.task_id)

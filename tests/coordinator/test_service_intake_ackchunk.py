@@ -164,3 +164,40 @@ def test_a_lost_chunk_xack_then_the_same_coordinator_reads_on(
                 assert await _running(client, task_id)
 
     asyncio.run(run())
+
+
+def test_an_entry_delivered_again_and_created_apart_finds_its_own_task(
+    redis_client: RedisClientFactory,
+) -> None:
+    """The entry of a task its chunk created, its ``XACK`` lost, claimed again by a
+    coordinator that creates it apart (``TaskStore.create``, as when its start is not
+    prepared): answered as its own task too, acknowledged, no ``duplicate`` told."""
+
+    async def run() -> None:
+        async with redis_client(decode_responses=True) as client:
+            coordinator = await _coordinator(client)
+            await _submit(client, "a")
+            xack = client.xack
+
+            async def lost(*_args: Any) -> int:
+                raise RedisConnectionError("connection lost")
+
+            client.xack = lost  # type: ignore[method-assign]
+            with pytest.raises(RedisConnectionError):
+                await coordinator._intake_once()
+            client.xack = xack  # type: ignore[method-assign]
+            other = Coordinator(client, settings=SETTINGS, name="c2")
+            await other._learn_redis_version()
+
+            def apart(*_args: object) -> None:
+                return None  # no create with its start prepared: created apart
+
+            other._prepare_started = apart  # type: ignore[method-assign,assignment]
+            await asyncio.sleep(SETTINGS.claim_idle_ms / 1000 + 0.05)
+            await other._reclaim(keys.intake_stream(0), other._intake)
+            assert await _deliveries(client) == {}
+            assert await _events(client, "duplicate") == []
+            assert await _outbox_tasks(client) == ["a"]
+            assert await _running(client, "a")
+
+    asyncio.run(run())
