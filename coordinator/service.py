@@ -548,7 +548,8 @@ class Coordinator:
         sent get their delivery back (those not reached, and those of the chunk in flight that
         Redis did not answer for, :meth:`_send_creates`); the chunk's entries after the
         refused one ran, and are answered, as are those after one whose answer failed (a
-        duplicate's script acknowledged its entry: its answer skipped would be lost)."""
+        duplicate's entry was acknowledged, by its script or the chunk's ``XACK``: its answer
+        skipped would be lost)."""
         chunk = max(self.settings.intake_chunk, 1)
         for index, (stream, entries) in enumerate(batches):
             creates: list[_Create] = []
@@ -623,7 +624,7 @@ class Coordinator:
 
         Every entry whose script ran is answered, each under its own guard (:meth:`_guarded`:
         an unexpected error dead-letters that entry alone, never another of the chunk nor the
-        entry that flushed it): a duplicate's script acknowledged its entry, so an answer
+        entry that flushed it): a duplicate's entry was acknowledged with the chunk, so an answer
         skipped would be lost for good. The first error (one Redis answered for a script, or
         a ``RedisError`` or ``CommitConflictError`` finishing an entry) is raised once the
         whole chunk is answered (the read stops there); a transient one gives back, once, the
@@ -670,7 +671,7 @@ class Coordinator:
         under its own guard; returns the first ``RedisError`` or ``CommitConflictError`` once
         all are done, the entries a transient one left unacknowledged added to ``given_back``.
         Cancelled (or ``cancelled`` already): only the duplicates not told yet are told (their
-        scripts acknowledged them), then the cancellation propagates."""
+        entries were acknowledged), then the cancellation propagates."""
         first: RedisError | CommitConflictError | None = None
         for create, outcome in rest:
             duplicate = outcome is not None and not outcome.created and not outcome.conflict
@@ -695,7 +696,7 @@ class Coordinator:
             except (RedisError, CommitConflictError) as exc:
                 first = first or exc
                 if isinstance(exc, RedisError) and is_transient(exc) and not duplicate:
-                    given_back.append(create.entry_id)  # a duplicate's script acknowledged it
+                    given_back.append(create.entry_id)  # a duplicate's entry is acknowledged
             except asyncio.CancelledError as exc:
                 if cancelled is not None:
                     raise  # a second cancellation: stop at once
@@ -850,7 +851,12 @@ class Coordinator:
                 # a second submission of an id or a key: the first's create fully answered
                 # first (refused, or created apart), as when each is sent alone
                 await self._send_creates(stream, creates, starts if starts is not None else [])
+            # Acknowledged after the chunk's scripts, in one XACK (TaskStore.create_started_many),
+            # when the entry names its task: delivered again (that XACK lost), it finds the task
+            # it created. An id drawn here is drawn anew then: its script acknowledges it.
             pending = self._prepare_started(record, ack)
+            if pending is not None and text.get("task_id"):
+                pending = self.store.ack_after(pending)
             if pending is not None:  # sent with others (_send_creates), then _created
                 creates.append(_Create(entry_id, fields, text, record, ack, pending))
                 return
@@ -884,7 +890,7 @@ class Coordinator:
             )
             return
         if not outcome.created or outcome.started:
-            if not outcome.created:
+            if not outcome.created and not outcome.redelivered:  # redelivered: its own task
                 await self._duplicate(task_id, outcome.task_id)
             return
         if outcome.leased:

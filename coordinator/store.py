@@ -25,7 +25,7 @@ import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import orjson
@@ -61,25 +61,38 @@ local extra = cjson.decode(ARGV[8])
 local previous
 local stamp = false  -- the record's created_at is written with it (its first write)
 local create = extra.create
+-- ARGV[5]: the entry acknowledged here, if any ('' for a create whose acknowledgement is
+-- deferred: TaskStore.create_started_many acknowledges a chunk's entries in one XACK after it).
+local ack = ARGV[5] ~= ''
 if create then
   -- A new task created started (TaskStore.create_started): _CREATE's checks, then its start
   -- commit as the record's first write (no version 0 written, read and rewritten).
-  -- KEYS[16]: the idempotency key, KEYS[17]: the task index.
+  -- KEYS[16]: the idempotency key, KEYS[17]: the task index. The record keeps the intake
+  -- entry that created it (field entry): that entry delivered again (its acknowledgement
+  -- deferred and lost) is answered 4, acknowledged and nothing else, not told a duplicate.
   if create.idem ~= '' then
     local existing = redis.call('GET', KEYS[16])
     if existing then
+      local code = 0
       if existing ~= extra.task_id and redis.call('HGET', KEYS[1], 'alias_of') ~= existing then
         if redis.call('EXISTS', KEYS[1]) == 1 then return {2, existing} end
         redis.call('HSET', KEYS[1], 'alias_of', existing)
         redis.call('EXPIRE', KEYS[1], create.idem_ttl)
+      elseif existing == extra.task_id and create.entry ~= ''
+          and redis.call('HGET', KEYS[1], 'entry') == create.entry then
+        code = 4
       end
-      if ARGV[5] ~= '' then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
-      return {0, existing}
+      if ack then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
+      return {code, existing}
     end
   end
   if redis.call('EXISTS', KEYS[1]) == 1 then
-    if ARGV[5] ~= '' then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
-    return {0, extra.task_id}
+    local code = 0
+    if create.entry ~= '' and redis.call('HGET', KEYS[1], 'entry') == create.entry then
+      code = 4
+    end
+    if ack then redis.call('XACK', KEYS[tonumber(ARGV[6])], ARGV[7], ARGV[5]) end
+    return {code, extra.task_id}
   end
   -- Someone holds the lease of a task not created yet: nothing written (created apart).
   if not redis.call('SET', KEYS[14], create.owner, 'NX', 'PX', create.lease_ms) then
@@ -117,6 +130,10 @@ if stamp then
   fields[#fields + 1] = 'created_at'
   fields[#fields + 1] = extra.created_at
 end
+if create and create.entry ~= '' then
+  fields[#fields + 1] = 'entry'
+  fields[#fields + 1] = create.entry
+end
 redis.call('HSET', KEYS[1], unpack(fields))
 -- An applied observation (a tool output, maybe large) is in the conversation now: it is not
 -- touched here, the store deletes the observations applied in one XDEL per partition a little
@@ -127,7 +144,7 @@ redis.call('HSET', KEYS[1], unpack(fields))
 -- drops its delivery; older Redis do not (6.2 keeps it pending for ever; 7.0.0-7.0.3 crash on
 -- many): acknowledged too. Any other entry (ARGV[6]: which of KEYS is its stream, every key in
 -- KEYS: Redis Cluster) is acknowledged.
-if ARGV[5] ~= '' then
+if ack then
   local acked = KEYS[tonumber(ARGV[6])]
   if extra.delete_now then
     if extra.ack_deleted then redis.call('XACK', acked, ARGV[7], ARGV[5]) end
@@ -193,21 +210,29 @@ return {1, ARGV[2], sent}
 """
 
 _CREATE = """
+-- 4: the task exists, created by this very intake entry (_COMMIT's field entry), delivered
+-- again after its acknowledgement was lost (TaskStore.create_started_many): no duplicate.
 if ARGV[1] ~= '' then
   local existing = redis.call('GET', KEYS[2])
   if existing then
+    local code = 0
     if existing ~= ARGV[2] and redis.call('HGET', KEYS[1], 'alias_of') ~= existing then
       if redis.call('EXISTS', KEYS[1]) == 1 then return {2, existing} end
       redis.call('HSET', KEYS[1], 'alias_of', existing)
       redis.call('EXPIRE', KEYS[1], ARGV[5])
+    elseif existing == ARGV[2] and ARGV[7] ~= ''
+        and redis.call('HGET', KEYS[1], 'entry') == ARGV[7] then
+      code = 4
     end
     if ARGV[7] ~= '' then redis.call('XACK', KEYS[7], ARGV[9], ARGV[7]) end
-    return {0, existing}
+    return {code, existing}
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
+  local code = 0
+  if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'entry') == ARGV[7] then code = 4 end
   if ARGV[7] ~= '' then redis.call('XACK', KEYS[7], ARGV[9], ARGV[7]) end
-  return {0, ARGV[2]}
+  return {code, ARGV[2]}
 end
 redis.call('HSET', KEYS[1], 'version', '0', 'state', ARGV[3], 'status', ARGV[4],
            'created_at', ARGV[6])
@@ -318,6 +343,10 @@ class CreateOutcome:
     """The task was created and its lease taken for the ``lease`` owner given to ``create``."""
     started: bool = False
     """The task was created with its start committed (:meth:`TaskStore.create_started`)."""
+    redelivered: bool = False
+    """Not created: the task exists, created by this very intake entry, delivered again (its
+    acknowledgement deferred, :meth:`TaskStore.create_started_many`, and not made): no
+    duplicate, nothing to tell; the entry is acknowledged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +368,9 @@ class PendingCommit:
     applied_entry: str = ""
     """The observation the commit applies (its stream id), deleted once the commit is written
     (:meth:`TaskStore.delete_applied`); empty for a commit of anything else."""
+    ack_after: tuple[str, str, str] | None = None
+    """A create whose intake entry (stream, group, id) its script does not acknowledge
+    (prepared with ``ack_after``): :meth:`TaskStore.create_started_many` does, once answered."""
 
 
 @dataclass
@@ -562,6 +594,7 @@ class TaskStore:
             task_id=_text(task_id),
             conflict=code == 2,
             leased=bool(leased and int(leased[0])),
+            redelivered=code == 4,
         )
         if outcome.created:
             self._take(record.task_id)
@@ -611,6 +644,10 @@ class TaskStore:
         (:meth:`delete_applied`); with ``delete_now`` by the commit's script itself: one
         applied a second time (claimed before its deletion) would not be a duplicate the
         fences ignore (an outage report: the dispatch it holds keeps its fence).
+
+        With ``create``, the new record keeps the id of the intake entry ``ack`` names (field
+        ``entry``): that entry delivered again finds its own task, not a duplicate
+        (:meth:`ack_after`).
         """
         stream, group, entry_id = ack or ("", "", "")
         expected = str(record.version)
@@ -655,6 +692,7 @@ class TaskStore:
                 "created_at": f"{record.created_at:.6f}",
                 "owner": create[0],
                 "lease_ms": create[1],
+                "entry": entry_id,
             }
             commit_keys += [keys.idempotency_key(idem or "-", p), keys.task_index_key(p)]
         args: list[str | bytes] = [
@@ -681,6 +719,22 @@ class TaskStore:
             entry_id if observation and not delete_now else "",
         )
 
+    @staticmethod
+    def ack_after(pending: PendingCommit) -> PendingCommit:
+        """A create prepared (``create``, with ``ack``) whose script does not acknowledge its
+        intake entry: :meth:`create_started_many` does, with the others of its pipeline, in
+        one ``XACK`` once the scripts answered. Only for an entry that names its task's id:
+        delivered again (that ``XACK`` not made), it finds the task it created (answered
+        ``redelivered``, the record's ``entry``) or its key's (a duplicate, told then); an id
+        drawn by the coordinator would be drawn anew, a second task."""
+        stream, group, entry_id = pending.args[5], pending.args[6], pending.args[4]
+        if not entry_id:
+            return pending
+        index = int(stream)  # the stream's place in KEYS, 1-based (ARGV[6])
+        acked = (pending.keys[index - 1], str(group), str(entry_id))
+        args = [*pending.args[:4], "", *pending.args[5:]]
+        return replace(pending, args=args, ack_after=acked)
+
     async def commit_prepared(self, pending: PendingCommit) -> None:
         """Send one prepared commit; CommitConflictError when another coordinator committed
         first."""
@@ -698,7 +752,8 @@ class TaskStore:
 
         None when nothing was written because another owner holds the new task's lease
         (create it with :meth:`create`); else as :meth:`create` answers, ``started`` when the
-        task was created (the intake entry is acknowledged either way)."""
+        task was created (the intake entry is acknowledged either way, by the script unless
+        prepared with ``ack_after``; ``redelivered`` when that entry created the task already)."""
         reply = await self._commit(keys=pending.keys, args=pending.args)
         return self._created(pending, reply)
 
@@ -713,6 +768,16 @@ class TaskStore:
         Per commit: as :meth:`create_started` answers, or the error Redis answered for it (one
         Redis had lost the script for is sent again on its own, which loads it). A connection
         lost raises, each script run or not.
+
+        The intake entries of the commits prepared with ``ack_after`` whose script answered
+        (created, a duplicate, an alias, the entry delivered again) are acknowledged with one
+        ``XACK`` per stream after the pipeline, before this returns: one command per chunk
+        instead of one per script. An entry whose script was refused (an error, a conflict,
+        a lease held elsewhere) stays pending. That ``XACK`` failing raises as a connection
+        lost on the pipeline does: an entry still pending delivered again finds the task it
+        created (answered ``redelivered``) or is a duplicate told then, once; an ``XACK`` that
+        Redis applied but whose reply was lost leaves its duplicates acknowledged and never
+        told, as a pipeline whose reply was lost does.
         """
         pipe = self.redis.pipeline(transaction=False)
         for commit in pending:
@@ -729,6 +794,14 @@ class TaskStore:
                 outcomes.append(reply)  # nothing of it kept: the record is the intake's alone
             else:
                 outcomes.append(self._created(commit, reply))
+        done: dict[tuple[str, str], list[str]] = {}
+        for commit, outcome in zip(pending, outcomes, strict=True):
+            answered = isinstance(outcome, CreateOutcome) and not outcome.conflict
+            if commit.ack_after is not None and answered:
+                stream, group, entry_id = commit.ack_after
+                done.setdefault((stream, group), []).append(entry_id)
+        for (stream, group), entry_ids in done.items():
+            await self.redis.xack(stream, group, *entry_ids)
         return outcomes
 
     def _created(self, pending: PendingCommit, reply: Sequence[Any]) -> CreateOutcome | None:
@@ -746,7 +819,7 @@ class TaskStore:
         record.version -= 1
         if code == 3:
             return None
-        return CreateOutcome(False, _text(reply[1]), conflict=code == 2)
+        return CreateOutcome(False, _text(reply[1]), conflict=code == 2, redelivered=code == 4)
 
     async def commit_many(self, pending: Sequence[PendingCommit]) -> list[bool | RedisError]:
         """Send prepared commits of different tasks in one pipeline, one round trip (not a
