@@ -55,7 +55,7 @@ end
 return current
 """
 
-HOLD_FRESH_S: Final = 0.1
+HOLD_FRESH_S: Final = 0.5
 """How long a worker process takes the hold it last read of a key as current (seconds)."""
 HOLDS_KEPT: Final = 256
 """How many keys' last reads :class:`HoldReads` keeps (the oldest forgotten first)."""
