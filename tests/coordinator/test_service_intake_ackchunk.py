@@ -40,6 +40,22 @@ async def _outbox_tasks(client: Redis) -> list[str]:
     return [json.loads(f["payload"])["fence"]["task_id"] for _i, f in entries]
 
 
+async def _intake_losing_the_xack(client: Redis, coordinator: Coordinator) -> None:
+    """One intake read whose chunk's ``XACK`` never reaches Redis (the connection lost): the
+    read raises, the chunk's scripts ran, its named entries stay pending."""
+    xack = client.xack
+
+    async def lost(*_args: Any) -> int:
+        raise RedisConnectionError("connection lost")
+
+    client.xack = lost  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RedisConnectionError):
+            await coordinator._intake_once()
+    finally:
+        client.xack = xack  # type: ignore[method-assign]
+
+
 def test_a_burst_of_named_entries_is_acknowledged_once_per_chunk(
     redis_client: RedisClientFactory,
 ) -> None:
@@ -101,15 +117,7 @@ def test_a_lost_chunk_xack_creates_nothing_twice_when_the_entries_come_back(
             await _submit(client, "a")
             await _submit(client, "keyed", {**TASK, "idempotency_key": "k"})
             await _submit(client, "old")
-            xack = client.xack
-
-            async def lost(*_args: Any) -> int:
-                raise RedisConnectionError("connection lost")
-
-            client.xack = lost  # type: ignore[method-assign]
-            with pytest.raises(RedisConnectionError):
-                await coordinator._intake_once()
-            client.xack = xack  # type: ignore[method-assign]
+            await _intake_losing_the_xack(client, coordinator)
             assert len(await _deliveries(client)) == 3
             for task_id in ("a", "keyed"):
                 assert await _running(client, task_id)
@@ -146,15 +154,7 @@ def test_a_lost_chunk_xack_then_the_same_coordinator_reads_on(
             coordinator = await _coordinator(client)
             for task_id in ("a", "b"):
                 await _submit(client, task_id)
-            xack = client.xack
-
-            async def lost(*_args: Any) -> int:
-                raise RedisConnectionError("connection lost")
-
-            client.xack = lost  # type: ignore[method-assign]
-            with pytest.raises(RedisConnectionError):
-                await coordinator._intake_once()
-            client.xack = xack  # type: ignore[method-assign]
+            await _intake_losing_the_xack(client, coordinator)
             await asyncio.sleep(SETTINGS.claim_idle_ms / 1000 + 0.05)
             await coordinator._reclaim(keys.intake_stream(0), coordinator._intake)
             assert await _deliveries(client) == {}
@@ -177,15 +177,7 @@ def test_an_entry_delivered_again_and_created_apart_finds_its_own_task(
         async with redis_client(decode_responses=True) as client:
             coordinator = await _coordinator(client)
             await _submit(client, "a")
-            xack = client.xack
-
-            async def lost(*_args: Any) -> int:
-                raise RedisConnectionError("connection lost")
-
-            client.xack = lost  # type: ignore[method-assign]
-            with pytest.raises(RedisConnectionError):
-                await coordinator._intake_once()
-            client.xack = xack  # type: ignore[method-assign]
+            await _intake_losing_the_xack(client, coordinator)
             other = Coordinator(client, settings=SETTINGS, name="c2")
             await other._learn_redis_version()
 
