@@ -536,10 +536,17 @@ def wait_ready(stack: OrgaStack, client: OrgaClient, workspace: Path, run: str) 
 @dataclass(frozen=True)
 class Waits:
     """Schedule-to-start of reasoning requests; ``unstarted`` of them never reached the model
-    before the batch ended and count with the time they had waited by then (a lower bound)."""
+    before the batch ended and count with the time they had waited by then (a lower bound).
+
+    The submission burst split in two, for each run whose first request reached the model:
+    ``first_dispatch``, the batch's start to the run's first dispatch (the coordinator's pace
+    through the burst's creates), and ``first_wait``, that dispatch to its model call (the
+    relay, the broker and the reasoning worker)."""
 
     seconds: tuple[float, ...] = ()
     unstarted: int = 0
+    first_dispatch: tuple[float, ...] = ()
+    first_wait: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -664,6 +671,8 @@ def schedule_to_start(client: OrgaClient, batch: Batch, records: list[dict[str, 
     starts = first_starts(records)
     waits: list[float] = []
     unstarted = 0
+    first_dispatch: list[float] = []
+    first_wait: list[float] = []
     for task_id, marker in zip(batch.ids, batch.markers, strict=True):
         dispatched = dispatch_times(client.journal(task_id))
         if task_id in batch.statuses:
@@ -672,7 +681,10 @@ def schedule_to_start(client: OrgaClient, batch: Batch, records: list[dict[str, 
             start = starts.get((marker, turn))
             waits.append((batch.end if start is None else start) - at)
             unstarted += start is None
-    return Waits(tuple(waits), unstarted)
+            if turn == 1 and start is not None:
+                first_dispatch.append(at - batch.started)
+                first_wait.append(start - at)
+    return Waits(tuple(waits), unstarted, tuple(first_dispatch), tuple(first_wait))
 
 
 @dataclass(frozen=True)
@@ -1178,6 +1190,12 @@ def notes(measurements: Sequence[Measurement]) -> list[str]:
                 f"- {m.system}, {m.latency_s:g} s: submission -> a run's first model call: "
                 f"{spread_text(m.gaps.first_call)}; a reply -> the run's next model call: "
                 f"{spread_text(m.gaps.between_calls)}"
+            )
+        if m.waits.first_dispatch:
+            lines.append(
+                f"- {m.system}, {m.latency_s:g} s: the burst, submission -> a run's first "
+                f"dispatch (the coordinator's creates): {spread_text(m.waits.first_dispatch)}; "
+                f"that dispatch -> its model call: {spread_text(m.waits.first_wait)}"
             )
     return lines
 

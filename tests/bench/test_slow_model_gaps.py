@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bench.slow_model_bench import gaps
+from datetime import UTC, datetime, timedelta
+
+from bench.slow_model_bench import Batch, gaps, schedule_to_start
+from shared.events import JournalEntry, Started, ToolsDispatched
+from shared.loop_types import LoopConfig
 
 
 def _record(task: str, turn: int, start: float, end: float) -> dict[str, object]:
@@ -21,3 +25,40 @@ def test_gaps_count_the_first_answer_of_each_turn_of_the_runs_asked_for() -> Non
     measured = gaps(records, ["a", "b"], submitted_at=100.0)
     assert sorted(measured.first_call) == [0.25, 0.5]
     assert measured.between_calls == (0.25,)
+
+
+def _entry(at: float, event: Started | ToolsDispatched) -> JournalEntry:
+    return JournalEntry(
+        sequence=0, timestamp=datetime.fromtimestamp(at, UTC), agent_id="a", event=event
+    )
+
+
+class _Journals:
+    """The benchmark's client, as far as ``schedule_to_start`` reads it: each task's journal."""
+
+    def __init__(self, journals: dict[str, list[JournalEntry]]) -> None:
+        self.journals = journals
+
+    def journal(self, task_id: str) -> list[JournalEntry]:
+        return self.journals[task_id]
+
+
+def test_the_burst_is_split_at_each_runs_first_dispatch() -> None:
+    started = Started(agent_id="a", config=LoopConfig())
+    later = ToolsDispatched(iteration=1, tool_count=1, duration=timedelta(milliseconds=1))
+    client = _Journals(
+        {
+            "t-a": [_entry(100.25, started), _entry(101.75, later)],
+            "t-b": [_entry(100.5, started)],  # its first call never reached the model
+        }
+    )
+    batch = Batch(
+        ids=["t-a", "t-b"], markers=["a", "b"], started=100.0, submitted=100.01, end=110.0,
+        statuses={},
+    )  # fmt: skip
+    records = [_record("a", 1, 100.375, 101.5), _record("a", 2, 102.0, 0.0)]
+    waits = schedule_to_start(client, batch, records)  # type: ignore[arg-type]
+    assert waits.first_dispatch == (0.25,)  # the run that started only
+    assert waits.first_wait == (0.125,)
+    assert sorted(waits.seconds) == [0.125, 0.25, 9.5]  # b's first request waited to the end
+    assert waits.unstarted == 1
