@@ -539,9 +539,11 @@ class Waits:
     before the batch ended and count with the time they had waited by then (a lower bound).
 
     The submission burst split in two, for each run whose first request reached the model:
-    ``first_dispatch``, the batch's start to the run's first dispatch (the coordinator's pace
-    through the burst's creates), and ``first_wait``, that dispatch to its model call (the
-    relay, the broker and the reasoning worker)."""
+    ``first_dispatch``, the batch's start to the run's ``Started`` journal time (when the
+    coordinator prepared its create: its pace through the burst), and ``first_wait``, that time
+    to the request's first arrival at the model (its chunk's create script, the relay, the
+    broker and the reasoning worker). The arrival is the model server's first of the request,
+    answered or not, as for schedule-to-start; :class:`Gaps` counts answered calls only."""
 
     seconds: tuple[float, ...] = ()
     unstarted: int = 0
@@ -1193,9 +1195,9 @@ def notes(measurements: Sequence[Measurement]) -> list[str]:
             )
         if m.waits.first_dispatch:
             lines.append(
-                f"- {m.system}, {m.latency_s:g} s: the burst, submission -> a run's first "
-                f"dispatch (the coordinator's creates): {spread_text(m.waits.first_dispatch)}; "
-                f"that dispatch -> its model call: {spread_text(m.waits.first_wait)}"
+                f"- {m.system}, {m.latency_s:g} s: the burst, submission -> a run's Started "
+                f"(its create prepared): {spread_text(m.waits.first_dispatch)}; Started -> its "
+                f"first model call: {spread_text(m.waits.first_wait)}"
             )
     return lines
 

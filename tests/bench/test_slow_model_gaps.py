@@ -43,22 +43,28 @@ class _Journals:
         return self.journals[task_id]
 
 
-def test_the_burst_is_split_at_each_runs_first_dispatch() -> None:
+def test_the_burst_is_split_at_each_runs_started() -> None:
     started = Started(agent_id="a", config=LoopConfig())
     later = ToolsDispatched(iteration=1, tool_count=1, duration=timedelta(milliseconds=1))
+    final = ToolsDispatched(iteration=2, tool_count=0, duration=timedelta(0))  # the answer's
     client = _Journals(
         {
-            "t-a": [_entry(100.25, started), _entry(101.75, later)],
+            "t-a": [_entry(100.25, started), _entry(101.75, later), _entry(103.0, final)],
             "t-b": [_entry(100.5, started)],  # its first call never reached the model
         }
     )
     batch = Batch(
         ids=["t-a", "t-b"], markers=["a", "b"], started=100.0, submitted=100.01, end=110.0,
-        statuses={},
+        statuses={"t-a": "completed"},
     )  # fmt: skip
-    records = [_record("a", 1, 100.375, 101.5), _record("a", 2, 102.0, 0.0)]
+    records = [
+        _record("a", 1, 100.375, 101.5),
+        _record("a", 1, 100.5, 101.625),  # a duplicate call: the first arrival counts
+        _record("a", 2, 102.0, 102.9),
+    ]
     waits = schedule_to_start(client, batch, records)  # type: ignore[arg-type]
-    assert waits.first_dispatch == (0.25,)  # the run that started only
+    assert waits.first_dispatch == (0.25,)  # from the batch's start, the run that started only
     assert waits.first_wait == (0.125,)
-    assert sorted(waits.seconds) == [0.125, 0.25, 9.5]  # b's first request waited to the end
+    # a's two requests (its final answer dispatched nothing), b's one, which waited to the end
+    assert sorted(waits.seconds) == [0.125, 0.25, 9.5]
     assert waits.unstarted == 1
