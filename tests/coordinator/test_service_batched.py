@@ -182,10 +182,7 @@ def test_an_ended_task_s_lingering_lease_blocks_nothing_a_user_does(
 
             await client.xadd(keys.intake_stream(0), {"task_id": "t", "task": TASK})
             await theirs._intake_once()
-            duplicates = [
-                f for _i, f in await client.xrange(keys.events_stream(0))
-                if f.get("event") == "duplicate"
-            ]  # fmt: skip
+            duplicates = await _events(client, "duplicate")
             assert [d["existing_task_id"] for d in duplicates] == ["t"]
 
             stream = keys.observations_stream(0)
@@ -198,10 +195,7 @@ def test_an_ended_task_s_lingering_lease_blocks_nothing_a_user_does(
                 keys.control_stream(0), {"task_id": "t", "action": "cancel", "reason": "late"}
             )
             await theirs._control_once()
-            refused = [
-                f for _i, f in await client.xrange(keys.events_stream(0))
-                if f.get("event") == "control_rejected"
-            ]  # fmt: skip
+            refused = await _events(client, "control_rejected")
             assert [r["task_id"] for r in refused] == ["t"]
 
             record = await theirs.store.load("t")
@@ -270,6 +264,11 @@ def test_an_ended_task_s_lease_expires_and_its_id_created_anew_starts(
                 assert await client.get(old) == "theirs"
 
     asyncio.run(scenario())
+
+
+async def _events(client: Redis, name: str) -> list[dict[str, str]]:
+    """The partition's lifecycle events named ``name``."""
+    return [f for _i, f in await client.xrange(keys.events_stream(0)) if f.get("event") == name]
 
 
 async def _pending_ids(client: Redis) -> list[str]:
