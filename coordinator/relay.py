@@ -56,6 +56,11 @@ in ``bench/slow_model_bench.py`` the 200 first dispatches of a burst then reache
 waits for a send (a hand-off is a queue append), but a send on the loop that the broker stalls
 stalls the loop, up to the broker's socket timeout, once per back-off.
 
+When the broker is the state Redis, a commit pushes its dispatches onto their queues itself
+(:meth:`CeleryPublisher.inline_messages` lays each message out,
+:attr:`coordinator.store.TaskStore.inline`): nothing of those reaches the commits' outbox, and
+this relay sends only the workers' chained calls and what a sweep finds.
+
 Everything that moves bytes to the broker is behind the one-method
 :class:`~coordinator.transport.Transport`: tests give the relay a transport of their own, the
 coordinator never imports worker code.
@@ -73,7 +78,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from kombu.entity import maybe_delivery_mode
+from kombu.serialization import dumps as serialize
+from kombu.utils.json import dumps as dumps_json
+from kombu.utils.uuid import uuid as delivery_tag
 from redis.asyncio import Redis
 
 from coordinator.streams import read_streams
@@ -101,9 +110,12 @@ class CeleryPublisher:
     Redis transport), on a connection of its own.
     """
 
-    def __init__(self, app: Celery, broker_depths: bool = False) -> None:
+    def __init__(self, app: Celery, broker_depths: bool = False, inline: bool = False) -> None:
         self.app = app
         self.broker_depths = broker_depths
+        self._inline = inline
+        self._channel: Any = None
+        """A kombu channel of the broker (untyped), for :meth:`inline_messages`'s encoding."""
         self._depths_lock = threading.Lock()
         self._depths_connection: Any = None
         """A ``kombu.Connection`` (untyped) to the broker, for :meth:`queue_depths` only."""
@@ -135,9 +147,91 @@ class CeleryPublisher:
             )
         app = Celery("orga-relay", set_as_current=False)
         app.conf.update(celery_config(settings, celery_broker_url(settings)))
+        own_broker = settings.broker_url not in (None, settings.redis_url)
         if broker_depths is None:
-            broker_depths = settings.broker_url not in (None, settings.redis_url)
-        return cls(app, broker_depths=broker_depths)
+            broker_depths = own_broker
+        inline = settings.inline_dispatch and not own_broker and not settings.redis_cluster
+        return cls(app, broker_depths=broker_depths, inline=inline)
+
+    @property
+    def inline(self) -> bool:
+        """Whether a commit may push its dispatches onto the queues itself
+        (:class:`~coordinator.transport.InlineQueues`): the broker is the state Redis
+        (``ORGA_INLINE_DISPATCH``, on by default), and nothing a send through Celery adds is
+        configured: no compression, no ``task-sent`` event, no key prefix on the broker, no
+        receiver of Celery's publish signals (an instrumentation that writes headers there)."""
+        conf = self.app.conf
+        return (
+            self._inline
+            and not conf.task_compression
+            and not conf.task_send_sent_event
+            and not conf.broker_transport_options.get("global_keyprefix")
+            and not signals.before_task_publish.receivers
+            and not signals.after_task_publish.receivers
+        )
+
+    def inline_messages(self, entries: Sequence[OutboxEntry]) -> list[tuple[str, bytes]]:
+        """For each entry, its queue's list and the message kombu's Redis transport would push
+        there for :meth:`publish`'s send of it, the same fields and values (the delivery tag
+        aside, a new one each send; ``tests/coordinator/test_inline_dispatch.py`` compares the
+        two): Celery's ``app.amqp.create_task_message``, with the route :meth:`publish` uses;
+        the body serialized by kombu's serializer registry (``kombu.serialization.dumps``);
+        the transport's envelope made by the broker channel's own ``prepare_message`` and
+        ``encode_body``; what the transport's publish adds itself (where it delivered it: the
+        default exchange, the queue's name as the routing key, which Celery picks for a direct
+        exchange; a delivery tag) added here, and the whole as kombu's JSON. Priority 0 (no
+        entry has one): the queue's own list."""
+        app = self.app
+        amqp = app.amqp
+        conf = app.conf
+        channel = self._encoding_channel()
+        reply_to = app.thread_oid
+        messages: list[tuple[str, bytes]] = []
+        for entry in entries:
+            options = self._route(entry.task, entry.queue)
+            queue = options.pop("queue")
+            if queue.exchange.type != "direct" or options.get("exchange"):
+                raise PublishError(
+                    f"{entry.task} routes to queue {queue.name!r} through exchange "
+                    f"{options.get('exchange') or queue.exchange.name!r} "
+                    f"({queue.exchange.type}): only a direct route, which Celery sends to the "
+                    "queue itself, is pushed inline",
+                    sent=len(messages),
+                )
+            headers, properties, body, _sent_event = amqp.create_task_message(
+                entry.id,
+                entry.task,
+                [entry.payload],
+                {},
+                reply_to=reply_to,
+                create_sent_event=False,
+                shadow=entry.shadow,
+                argsrepr=entry.argsrepr,
+                kwargsrepr="{}",
+                ignore_result=None,
+                **options,
+            )
+            properties.update(argsrepr=entry.argsrepr, kwargsrepr="{}")
+            properties["delivery_mode"] = maybe_delivery_mode(  # type: ignore[no-untyped-call]
+                queue.exchange.delivery_mode or conf.task_default_delivery_mode
+            )
+            content_type, encoding, data = serialize(body, serializer=conf.task_serializer)  # type: ignore[no-untyped-call]
+            message = channel.prepare_message(data, 0, content_type, encoding, headers, properties)
+            message["body"], body_encoding = channel.encode_body(
+                message["body"], channel.body_encoding
+            )
+            sent = message["properties"]
+            sent.update(body_encoding=body_encoding, delivery_tag=delivery_tag())
+            sent["delivery_info"].update(exchange="", routing_key=queue.name)
+            messages.append((queue.name, dumps_json(message).encode()))  # type: ignore[no-untyped-call]
+        return messages
+
+    def _encoding_channel(self) -> Any:
+        """A channel of the broker's transport, opened once: :meth:`inline_messages` asks it
+        only to lay out and encode messages (its connection is not used for them)."""
+        if self._channel is None:
+            self._channel = self.app.connection_for_write().default_channel
+        return self._channel
 
     def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
         """Messages ready in each queue on the broker (a queue not declared yet: 0); None on
@@ -207,6 +301,10 @@ class CeleryPublisher:
 
     def close(self) -> None:
         """Release the broker connections."""
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                self._channel.connection.client.release()
+            self._channel = None
         with self._depths_lock:
             if self._depths_connection is not None:
                 self._depths_connection.release()

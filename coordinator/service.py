@@ -100,7 +100,7 @@ from coordinator.state import (
 )
 from coordinator.store import CommitConflictError, CreateOutcome, PendingCommit, TaskStore
 from coordinator.streams import claim_drops_deleted, is_cluster, read_group, redis_version
-from coordinator.transport import QueueDepths, Transport
+from coordinator.transport import InlineQueues, QueueDepths, Transport
 from shared import keys
 from shared.delegation import ParentLink, parent_link
 from shared.errors import ConfigError, WireFormatError
@@ -315,6 +315,9 @@ class Coordinator:
         )
         if self.relay is not None:  # a commit's dispatches are handed to it, not read back
             self.store.dispatched = self.relay.hand
+        if isinstance(self.publisher, InlineQueues) and self.publisher.inline:
+            # the broker is this Redis: a commit pushes its dispatches onto the queues itself
+            self.store.inline = self.publisher.inline_messages
         self._last_purge = 0.0
         self._held: set[str] = set()
         self._recreating = asyncio.Lock()

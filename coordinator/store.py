@@ -13,14 +13,17 @@ its parent (on the observations stream) and the cancellations of its running chi
 control stream), and appends the dispatches the
 new state awaits to the commits' outbox stream (:mod:`shared.outbox`; a relay sends them to
 Celery, :mod:`coordinator.relay`, handed them in-process through
-:attr:`TaskStore.dispatched`). A coordinator killed at any moment therefore leaves either the old
-state with the entry still pending (it is redelivered and applied) or the new state with the
-entry acknowledged and its work in the outbox: never half of it, and never twice (an
-observation applied and not deleted yet is claimed again, a duplicate the fences ignore).
+:attr:`TaskStore.dispatched`), or, when the broker is this Redis (:attr:`TaskStore.inline`),
+pushes them onto their Celery queues itself. A coordinator killed at any moment therefore
+leaves either the old state with the entry still pending (it is redelivered and applied) or
+the new state with the entry acknowledged and its work in the outbox (or on its queue): never
+half of it, and never twice (an observation applied and not deleted yet is claimed again, a
+duplicate the fences ignore).
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 from collections import OrderedDict
@@ -50,6 +53,9 @@ __all__ = [
     "PendingCommit",
     "TaskStore",
 ]
+
+
+log = logging.getLogger("orga.coordinator.store")
 
 
 class CommitConflictError(OrgaError):
@@ -183,8 +189,13 @@ for _, c in ipairs(extra.cancels) do
   redis.call('XADD', KEYS[13], 'MAXLEN', '~', extra.control_maxlen, '*', unpack(c))
 end
 local sent = {}  -- the outbox entries' ids, returned: the relay is handed them in-process
+local inline = extra.inline  -- per dispatch, its queue's place in KEYS: pushed there itself
 for i, head in ipairs(extra.outbox) do
-  sent[i] = redis.call('XADD', KEYS[15], '*', 'payload', ARGV[8 + i], unpack(head))
+  if inline then
+    redis.call('LPUSH', KEYS[inline[i]], ARGV[8 + i])
+  else
+    sent[i] = redis.call('XADD', KEYS[15], '*', 'payload', ARGV[8 + i], unpack(head))
+  end
 end
 local conversation = extra.conversation
 -- A record at version 0 was never committed: no commit wrote its conversation, nothing to delete.
@@ -371,6 +382,9 @@ class PendingCommit:
     ack_after: tuple[str, str, str] | None = None
     """A create whose intake entry (stream, group, id) its script does not acknowledge
     (prepared with ``ack_after``): :meth:`TaskStore.create_started_many` does, once answered."""
+    inline: bool = False
+    """Its dispatches are pushed onto their queues by the script itself (:attr:`TaskStore.inline`),
+    not appended to the outbox: nothing to hand to the relay."""
 
 
 @dataclass
@@ -424,6 +438,12 @@ class TaskStore:
     dispatched: Callable[[int, Sequence[tuple[str, OutboxEntry]]], None] | None = None
     """Told of each commit written with dispatches: the partition and each outbox entry with its
     stream id (the coordinator's relay, :meth:`coordinator.relay.OutboxRelay.hand`)."""
+    inline: Callable[[Sequence[OutboxEntry]], list[tuple[str, bytes]]] | None = None
+    """When the broker is this Redis (:class:`coordinator.transport.InlineQueues`): each
+    dispatch's queue and broker message, which the commit script pushes there (``LPUSH``) in
+    the same atomic step as the state, instead of appending it to the commits' outbox for the
+    relay: a dispatch is on its queue once, exactly when its commit is written. A dispatch this
+    cannot lay out goes through the outbox (logged)."""
 
     def __post_init__(self) -> None:
         self._commit = self.redis.register_script(_COMMIT)
@@ -663,7 +683,13 @@ class TaskStore:
             spec_json = (record.spec, record.spec.__pydantic_serializer__.to_json(record.spec))
             state = self._state_json(record, spec_json)
         extra = self._extra(record, effects)
-        extra["outbox"] = [d.head() for d in dispatches]
+        queued = self._inline_messages(record.task_id, dispatches)
+        if queued is None:
+            extra["outbox"] = [d.head() for d in dispatches]
+            payloads: list[str | bytes] = [d.payload for d in dispatches]
+        else:
+            extra["outbox"] = [[] for _ in dispatches]
+            payloads = [message for _queue, message in queued]
         extra["conversation"] = {"rewrite": delta.rewrite, "count": len(delta.messages)}
         p = self.partition(record.task_id)
         shared = self._partition_keys(p)
@@ -695,6 +721,9 @@ class TaskStore:
                 "entry": entry_id,
             }
             commit_keys += [keys.idempotency_key(idem or "-", p), keys.task_index_key(p)]
+        if queued is not None:  # each dispatch's queue in KEYS (never a cluster: the broker)
+            extra["inline"] = list(range(len(commit_keys) + 1, len(commit_keys) + len(queued) + 1))
+            commit_keys += [queue for queue, _message in queued]
         args: list[str | bytes] = [
             expected,
             str(record.version),
@@ -704,7 +733,7 @@ class TaskStore:
             _key_index(commit_keys, stream),
             group,
             orjson.dumps(extra),
-            *(d.payload for d in dispatches),
+            *payloads,
             *delta.messages,
         ]
         return PendingCommit(
@@ -717,7 +746,25 @@ class TaskStore:
             dispatches,
             spec_json,
             entry_id if observation and not delete_now else "",
+            inline=queued is not None,
         )
+
+    def _inline_messages(
+        self, task_id: str, dispatches: Sequence[OutboxEntry]
+    ) -> list[tuple[str, bytes]] | None:
+        """The dispatches' queues and messages for the script to push (:attr:`inline`); None
+        for the outbox: no dispatch, no inline transport, or one it cannot lay out (logged: the
+        relay's send of it then says what is wrong, or sends it)."""
+        if not dispatches or self.inline is None:
+            return None
+        try:
+            return self.inline(dispatches)
+        except Exception as exc:
+            log.warning(
+                "dispatch.inline_failed",
+                extra={"task_id": task_id, "error": f"{type(exc).__name__}: {exc}"[:300]},
+            )
+            return None
 
     @staticmethod
     def ack_after(pending: PendingCommit) -> PendingCommit:
@@ -894,9 +941,10 @@ class TaskStore:
         self._keep(record, pending.size)
         if pending.applied_entry:
             self._note_applied(self.partition(record.task_id), pending.applied_entry)
-        if pending.dispatches and self.dispatched is not None and len(reply) > 2:
+        dispatched = None if pending.inline else self.dispatched
+        if pending.dispatches and dispatched is not None and len(reply) > 2:
             ids = [_text(i) for i in reply[2]]
-            self.dispatched(
+            dispatched(
                 self.partition(record.task_id), list(zip(ids, pending.dispatches, strict=False))
             )
         return True

@@ -17,6 +17,13 @@ How deep the task queues are is the broker's to say too: a transport that can te
 :class:`QueueDepths` (``CeleryPublisher`` does on a broker of its own, RabbitMQ through a
 passive ``queue_declare``), and the coordinator's queue gauge asks it instead of reading the
 queues' lists on the state Redis, which only the Redis broker keeps there.
+
+When the broker is the state Redis itself, its task queues are lists beside the state: a commit
+script can push a dispatch onto its queue in the same atomic step as the state that awaits it,
+and the outbox (an entry written, relayed, then removed) has nothing left to do. A transport
+that can say what to push implements :class:`InlineQueues`; the coordinator's store then
+writes dispatches there instead of to the commits' outbox (:class:`coordinator.store.TaskStore`,
+``inline``).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Protocol, runtime_checkable
 from shared.errors import OrgaError
 from shared.outbox import OutboxEntry
 
-__all__ = ["OutboxEntry", "PublishError", "QueueDepths", "Transport"]
+__all__ = ["InlineQueues", "OutboxEntry", "PublishError", "QueueDepths", "Transport"]
 
 
 class PublishError(OrgaError):
@@ -55,4 +62,22 @@ class QueueDepths(Protocol):
     def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
         """Messages ready in each of ``queues`` (blocking; a queue not declared yet: 0); None
         when the broker is the state Redis, whose lists the caller reads itself."""
+        ...
+
+
+@runtime_checkable
+class InlineQueues(Transport, Protocol):
+    """A transport to a broker that is the state Redis: the message of each dispatch, for a
+    commit script to push onto its queue's list itself (no outbox entry, no relay, no second
+    send)."""
+
+    @property
+    def inline(self) -> bool:
+        """Whether dispatches may go inline (the broker is the state Redis, and nothing a
+        send would add to the message, a publish signal's receivers say, is configured)."""
+        ...
+
+    def inline_messages(self, entries: Sequence[OutboxEntry]) -> list[tuple[str, bytes]]:
+        """For each entry, in order, the broker's list to push it on (``LPUSH``) and the
+        message's bytes: what the broker's own publish of it would push."""
         ...

@@ -172,6 +172,14 @@ class OrgaSettings(BaseSettings):
         "list tasks and show their runtimes; false saves the events' broker messages, about "
         "1.5 ms of CPU per model call (`make bench` measures it; docs/performance.md)",
     )
+    inline_dispatch: bool = Field(
+        default=True,
+        description="When the broker is the state Redis (no ORGA_BROKER_URL of its own), the "
+        "coordinator's commit pushes each dispatch onto its Celery queue itself, in the script "
+        "that writes the state awaiting it, instead of through the outbox and its relay: one "
+        "Redis command and the relay's send less per model call (docs/performance.md); false: "
+        "through the outbox, as with any other broker",
+    )
     log_each_task: bool = Field(
         default=False,
         description="Workers log Celery's two INFO lines per task (received, succeeded or "
