@@ -59,7 +59,8 @@ stalls the loop, up to the broker's socket timeout, once per back-off.
 When the broker is the state Redis, a commit pushes its dispatches onto their queues itself
 (:meth:`CeleryPublisher.inline_messages` lays each message out,
 :attr:`coordinator.store.TaskStore.inline`): nothing of those reaches the commits' outbox, and
-this relay sends only the workers' chained calls and what a sweep finds.
+this relay sends the workers' chained calls, what a sweep finds, and the dispatches of a commit
+that could not lay them out (handed to it as without inline dispatch).
 
 Everything that moves bytes to the broker is behind the one-method
 :class:`~coordinator.transport.Transport`: tests give the relay a transport of their own, the
@@ -79,6 +80,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery, signals
+from kombu.connection import Connection
 from kombu.entity import maybe_delivery_mode
 from kombu.serialization import dumps as serialize
 from kombu.utils.json import dumps as dumps_json
@@ -114,8 +116,9 @@ class CeleryPublisher:
         self.app = app
         self.broker_depths = broker_depths
         self._inline = inline
-        self._channel: Any = None
-        """A kombu channel of the broker (untyped), for :meth:`inline_messages`'s encoding."""
+        self._layout: Any = None
+        """A kombu channel (untyped) of kombu's in-memory transport, which lays a message out
+        as its Redis transport does (:meth:`inline_messages`), never touching the network."""
         self._depths_lock = threading.Lock()
         self._depths_connection: Any = None
         """A ``kombu.Connection`` (untyped) to the broker, for :meth:`queue_depths` only."""
@@ -159,15 +162,20 @@ class CeleryPublisher:
         (:class:`~coordinator.transport.InlineQueues`): the broker is the state Redis
         (``ORGA_INLINE_DISPATCH``, on by default), and nothing a send through Celery adds is
         configured: no compression, no ``task-sent`` event, no key prefix on the broker, no
-        receiver of Celery's publish signals (an instrumentation that writes headers there)."""
+        receiver of Celery's publish signals (an instrumentation that writes headers there), no
+        message priority; checked when the coordinator is built."""
         conf = self.app.conf
+        options = conf.broker_transport_options
         return (
             self._inline
             and not conf.task_compression
             and not conf.task_send_sent_event
-            and not conf.broker_transport_options.get("global_keyprefix")
+            and conf.task_default_priority is None
+            and conf.task_queue_max_priority is None
+            and not options.get("global_keyprefix")
             and not signals.before_task_publish.receivers
             and not signals.after_task_publish.receivers
+            and not signals.task_sent.receivers
         )
 
     def inline_messages(self, entries: Sequence[OutboxEntry]) -> list[tuple[str, bytes]]:
@@ -176,15 +184,19 @@ class CeleryPublisher:
         aside, a new one each send; ``tests/coordinator/test_inline_dispatch.py`` compares the
         two): Celery's ``app.amqp.create_task_message``, with the route :meth:`publish` uses;
         the body serialized by kombu's serializer registry (``kombu.serialization.dumps``);
-        the transport's envelope made by the broker channel's own ``prepare_message`` and
-        ``encode_body``; what the transport's publish adds itself (where it delivered it: the
-        default exchange, the queue's name as the routing key, which Celery picks for a direct
-        exchange; a delivery tag) added here, and the whole as kombu's JSON. Priority 0 (no
-        entry has one): the queue's own list."""
+        the envelope made by ``prepare_message`` and ``encode_body`` of a channel of kombu's
+        in-memory transport (the Redis transport's own: both are kombu's virtual transport,
+        given the broker's transport options; no connection, no network); what the
+        transport's publish adds itself (where it delivered it: the default exchange, the
+        queue's name as the routing key, which Celery picks for a direct exchange; the body's
+        encoding; a delivery tag) added here, as are the three properties Celery's
+        ``send_task_message`` adds (``delivery_mode``, ``argsrepr``, ``kwargsrepr``), and the
+        whole as kombu's JSON. Priority 0 (:attr:`inline` requires no priority): the queue's
+        own list."""
         app = self.app
         amqp = app.amqp
         conf = app.conf
-        channel = self._encoding_channel()
+        channel = self._layout_channel()
         reply_to = app.thread_oid
         messages: list[tuple[str, bytes]] = []
         for entry in entries:
@@ -226,12 +238,14 @@ class CeleryPublisher:
             messages.append((queue.name, dumps_json(message).encode()))  # type: ignore[no-untyped-call]
         return messages
 
-    def _encoding_channel(self) -> Any:
-        """A channel of the broker's transport, opened once: :meth:`inline_messages` asks it
-        only to lay out and encode messages (its connection is not used for them)."""
-        if self._channel is None:
-            self._channel = self.app.connection_for_write().default_channel
-        return self._channel
+    def _layout_channel(self) -> Any:
+        """The in-memory channel :meth:`inline_messages` lays messages out with, made once."""
+        channel = self._layout
+        if channel is None:
+            options = dict(self.app.conf.broker_transport_options)
+            connection = Connection("memory://", transport_options=options)  # type: ignore[no-untyped-call]
+            channel = self._layout = connection.default_channel
+        return channel
 
     def queue_depths(self, queues: Sequence[str]) -> Mapping[str, int] | None:
         """Messages ready in each queue on the broker (a queue not declared yet: 0); None on
@@ -301,10 +315,10 @@ class CeleryPublisher:
 
     def close(self) -> None:
         """Release the broker connections."""
-        if self._channel is not None:
+        layout, self._layout = self._layout, None
+        if layout is not None:
             with contextlib.suppress(Exception):
-                self._channel.connection.client.release()
-            self._channel = None
+                layout.connection.client.release()
         with self._depths_lock:
             if self._depths_connection is not None:
                 self._depths_connection.release()

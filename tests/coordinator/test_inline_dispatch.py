@@ -136,8 +136,9 @@ def test_a_commit_pushes_its_dispatch_and_a_refused_one_nothing(
     redis_url: str, redis_client: RedisClientFactory, publisher: CeleryPublisher
 ) -> None:
     """With the publisher inline, a commit's dispatch is on its queue when the commit returns,
-    with nothing on the outbox and nothing handed to a relay; a stale commit refused pushes
-    nothing."""
+    with nothing on the outbox and nothing handed to a relay, and the conversation the commit
+    writes after it (its messages follow the dispatches among the script's arguments) is the
+    one written without inline dispatch; a stale commit refused pushes nothing."""
     handed: list[Sequence[tuple[str, OutboxEntry]]] = []
 
     async def scenario() -> None:
@@ -154,6 +155,10 @@ def test_a_commit_pushes_its_dispatch_and_a_refused_one_nothing(
             await store.commit(machine.record, effects, dispatches=dispatches)
             assert await client.llen(keys.reasoning_queue) == 1
             assert await client.xlen(keys.commit_outbox_stream(0)) == 0
+            written = await client.lrange(keys.conversation_key("t", 0), 0, -1)
+            assert written and written == [
+                m.model_dump_json().encode() for m in machine.record.conversation.messages
+            ]
 
             other = TaskMachine(stale, 3.0, MACHINE)
             effects = other.start()
@@ -167,6 +172,42 @@ def test_a_commit_pushes_its_dispatch_and_a_refused_one_nothing(
     client = redis.Redis.from_url(redis_url)
     try:
         assert _queued_requests(client) == ["t"]
+    finally:
+        client.delete(keys.reasoning_queue)
+        client.close()
+
+
+def test_commits_sent_together_push_each_its_own_dispatch(
+    redis_url: str, redis_client: RedisClientFactory, publisher: CeleryPublisher
+) -> None:
+    """Commits of several tasks in one pipeline (``commit_many``) each push their dispatch
+    when written; after Redis lost the script, none is written and none pushes, and the
+    commit sent again alone (which loads the script) pushes its own."""
+
+    async def scenario() -> None:
+        async with redis_client() as client:
+            await client.delete(keys.reasoning_queue)
+            store = TaskStore(client, inline=publisher.inline_messages)
+            pending = []
+            for task_id in ("a", "b", "c"):
+                record = _record(task_id)
+                await store.create(record)
+                machine = TaskMachine(record, 2.0, MACHINE)
+                effects = machine.start()
+                dispatches = dispatch_entries(effects.reason_dispatches, effects.tool_dispatches)
+                pending.append(store.prepare(machine.record, effects, dispatches=dispatches))
+            assert await store.commit_many(pending[:2]) == [True, True]
+            await client.script_flush()
+            assert await store.commit_many(pending[2:]) == [False]
+            assert await client.llen(keys.reasoning_queue) == 2
+            again = pending[2]
+            await store.commit(again.record, again.effects, dispatches=again.dispatches)
+            assert await client.xlen(keys.commit_outbox_stream(0)) == 0
+
+    asyncio.run(scenario())
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert _queued_requests(client) == ["a", "b", "c"]
     finally:
         client.delete(keys.reasoning_queue)
         client.close()
@@ -259,19 +300,45 @@ def test_a_publisher_goes_inline_only_where_nothing_it_adds_is_lost() -> None:
     def listening(**_kwargs: Any) -> None:
         return None
 
-    signals.before_task_publish.connect(listening)
-    try:
-        assert not inline()
-    finally:
-        signals.before_task_publish.disconnect(listening)
+    for signal in (signals.before_task_publish, signals.after_task_publish, signals.task_sent):
+        signal.connect(listening)
+        try:
+            assert not inline(), signal.name
+        finally:
+            signal.disconnect(listening)
     assert inline()
 
-    made = CeleryPublisher.from_settings(OrgaSettings(redis_url=state))
+    changes: list[dict[str, Any]] = [
+        {"task_compression": "zlib"},
+        {"task_send_sent_event": True},
+        {"task_default_priority": 5},
+        {"task_queue_max_priority": 10},
+        {"broker_transport_options": {"global_keyprefix": "x:"}},
+    ]
+    for change in changes:
+        made = CeleryPublisher.from_settings(OrgaSettings(redis_url=state))
+        try:
+            made.app.conf.update(change)
+            assert not made.inline, change
+        finally:
+            made.close()
+
+
+def test_laying_a_message_out_needs_no_broker() -> None:
+    """The layout is kombu's in-memory channel's: a publisher whose broker refuses every
+    connection lays messages out at once, the same as any other's, and closing it twice is
+    harmless."""
+    made = CeleryPublisher.from_settings(OrgaSettings(redis_url="redis://127.0.0.1:1/0"))
     try:
-        made.app.conf.task_compression = "zlib"
-        assert not made.inline
-        made.app.conf.task_compression = None
-        made.app.conf.broker_transport_options = {"global_keyprefix": "x:"}
-        assert not made.inline
+        entries = _entries()
+        laid_out = made.inline_messages(entries)
+        assert [queue for queue, _m in laid_out] == [e.queue for e in entries]
+        first = json.loads(laid_out[0][1])
+        assert first["headers"]["id"] == entries[0].id
+        assert first["properties"]["delivery_info"] == {
+            "exchange": "",
+            "routing_key": keys.reasoning_queue,
+        }
     finally:
+        made.close()
         made.close()
