@@ -73,8 +73,9 @@ class InlineQueues(Transport, Protocol):
 
     @property
     def inline(self) -> bool:
-        """Whether dispatches may go inline (the broker is the state Redis, and nothing a
-        send would add to the message, a publish signal's receivers say, is configured)."""
+        """Whether dispatches may go inline: the broker is the state Redis, and nothing that a
+        send through the broker's client would add to a message (or that would hear of it: a
+        receiver of its publish signals) is configured."""
         ...
 
     def inline_messages(self, entries: Sequence[OutboxEntry]) -> list[tuple[str, bytes]]:
