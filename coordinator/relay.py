@@ -194,7 +194,6 @@ class CeleryPublisher:
         whole as kombu's JSON. Priority 0 (:attr:`inline` requires no priority): the queue's
         own list."""
         app = self.app
-        amqp = app.amqp
         conf = app.conf
         channel = self._layout_channel()
         reply_to = app.thread_oid
@@ -210,19 +209,8 @@ class CeleryPublisher:
                     "queue itself, is pushed inline",
                     sent=len(messages),
                 )
-            headers, properties, body, _sent_event = amqp.create_task_message(
-                entry.id,
-                entry.task,
-                [entry.payload],
-                {},
-                reply_to=reply_to,
-                create_sent_event=False,
-                shadow=entry.shadow,
-                argsrepr=entry.argsrepr,
-                kwargsrepr="{}",
-                ignore_result=None,
-                **options,
-            )
+            message = self._task_message(entry, options, reply_to, sent_event=False)
+            headers, properties, body, _sent_event = message
             properties.update(argsrepr=entry.argsrepr, kwargsrepr="{}")
             properties["delivery_mode"] = maybe_delivery_mode(  # type: ignore[no-untyped-call]
                 queue.exchange.delivery_mode or conf.task_default_delivery_mode
@@ -237,6 +225,26 @@ class CeleryPublisher:
             sent["delivery_info"].update(exchange="", routing_key=queue.name)
             messages.append((queue.name, dumps_json(message).encode()))  # type: ignore[no-untyped-call]
         return messages
+
+    def _task_message(
+        self, entry: OutboxEntry, options: dict[str, Any], reply_to: str, sent_event: bool
+    ) -> Any:
+        """The message ``Celery.send_task`` builds for ``entry`` (``app.amqp.create_task_message``,
+        with its route's ``options``): what :meth:`publish` sends and :meth:`inline_messages`
+        lays out."""
+        return self.app.amqp.create_task_message(
+            entry.id,
+            entry.task,
+            [entry.payload],
+            {},
+            reply_to=reply_to,
+            create_sent_event=sent_event,
+            shadow=entry.shadow,
+            argsrepr=entry.argsrepr,
+            kwargsrepr="{}",
+            ignore_result=None,
+            **options,
+        )
 
     def _layout_channel(self) -> Any:
         """The in-memory channel :meth:`inline_messages` lays messages out with, made once."""
@@ -284,19 +292,7 @@ class CeleryPublisher:
             for index, entry in enumerate(entries):
                 try:
                     options = self._route(entry.task, entry.queue)
-                    message = amqp.create_task_message(
-                        entry.id,
-                        entry.task,
-                        [entry.payload],
-                        {},
-                        reply_to=reply_to,
-                        create_sent_event=sent_event,
-                        shadow=entry.shadow,
-                        argsrepr=entry.argsrepr,
-                        kwargsrepr="{}",
-                        ignore_result=None,
-                        **options,
-                    )
+                    message = self._task_message(entry, options, reply_to, sent_event)
                     amqp.send_task_message(
                         producer,
                         entry.task,

@@ -29,6 +29,7 @@ from shared.outbox import dispatch_entries
 from shared.protocol import ReasonRequest
 from shared.settings import OrgaSettings
 from shared.task_spec import parse_task
+from tests.coordinator.outbox_samples import both_queues
 from tests.redis_server import RedisClientFactory
 
 MACHINE = MachineSettings(workspace_root="/ws")
@@ -44,25 +45,6 @@ def publisher(redis_url: str) -> Iterator[CeleryPublisher]:
         made.close()
 
 
-def _entries() -> list[OutboxEntry]:
-    """A reasoning and a tool dispatch, twice, one payload not ASCII."""
-    return [
-        OutboxEntry(
-            id=f"id-{n}-{queue}",
-            task=task,
-            queue=queue,
-            argsrepr=f"(task=t{n} step=s iteration={n})",
-            shadow=f"reason t{n} s #{n} act",
-            payload=json.dumps({"fence": {"task_id": f"t{n}"}, "text": "é" * n}),
-        )
-        for n in (1, 2)
-        for task, queue in (
-            (keys.reason_task_name, keys.reasoning_queue),
-            (keys.tool_task_name, keys.tools_queue),
-        )
-    ]
-
-
 def _without_tag(message: bytes) -> dict[str, Any]:
     stored: dict[str, Any] = json.loads(message)
     stored["properties"].pop("delivery_tag")
@@ -74,7 +56,7 @@ def test_an_inline_message_is_what_the_relays_publish_pushes(
 ) -> None:
     """For each dispatch, the queue and the bytes a commit pushes are those kombu's Redis
     transport pushes for the relay's publish of it (the delivery tag aside: a fresh one each)."""
-    entries = _entries()
+    entries = both_queues()
     client = redis.Redis.from_url(redis_url)
     queues = (keys.reasoning_queue, keys.tools_queue)
     try:
@@ -96,7 +78,7 @@ def test_an_inline_message_is_what_the_relays_publish_pushes(
 def test_kombu_reads_an_inline_message_back(redis_url: str, publisher: CeleryPublisher) -> None:
     """Pushed as a commit script would, the message is a Celery task message to kombu: the
     task, the id fixed in the entry, Flower's texts and the one argument."""
-    (entry, *_rest) = _entries()
+    (entry, *_rest) = both_queues()
     ((queue, message),) = publisher.inline_messages([entry])
     client = redis.Redis.from_url(redis_url)
     try:
@@ -330,7 +312,7 @@ def test_laying_a_message_out_needs_no_broker() -> None:
     harmless."""
     made = CeleryPublisher.from_settings(OrgaSettings(redis_url="redis://127.0.0.1:1/0"))
     try:
-        entries = _entries()
+        entries = both_queues()
         laid_out = made.inline_messages(entries)
         assert [queue for queue, _m in laid_out] == [e.queue for e in entries]
         first = json.loads(laid_out[0][1])

@@ -16,6 +16,7 @@ from coordinator.transport import OutboxEntry, Transport
 from shared import keys
 from shared.protocol import ReasonRequest
 from shared.settings import OrgaSettings
+from tests.coordinator.outbox_samples import both_queues
 from tests.redis_server import RedisClientFactory
 
 SETTINGS = CoordinatorSettings(machine=MachineSettings(workspace_root="/ws"), block_ms=10)
@@ -82,21 +83,7 @@ def test_the_publisher_sends_the_message_send_task_sends(redis_url: str) -> None
     dispatch, exactly what ``Celery.send_task`` with the same arguments sends (headers,
     properties, body), on the same list, the second dispatch of a pair as the first."""
     publisher = CeleryPublisher.from_settings(OrgaSettings(redis_url=redis_url))
-    entries = [
-        OutboxEntry(
-            id=f"id-{n}-{queue}",
-            task=task,
-            queue=queue,
-            argsrepr=f"(task=t{n} step=s iteration={n})",
-            shadow=f"reason t{n} s #{n} act",
-            payload=json.dumps({"fence": {"task_id": f"t{n}"}, "text": "é" * n}),
-        )
-        for n in (1, 2)
-        for task, queue in (
-            (keys.reason_task_name, keys.reasoning_queue),
-            (keys.tool_task_name, keys.tools_queue),
-        )
-    ]
+    entries = both_queues()
     client = redis.Redis.from_url(redis_url)
     try:
         client.delete(keys.reasoning_queue, keys.tools_queue)
