@@ -22,7 +22,6 @@ same models' defaults (a task that sets no stagnation thresholds shares the defa
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -81,8 +80,10 @@ def SharedWhenIdentical(kept: int = SHARED_KEPT) -> WrapValidator:  # noqa: N802
             key = orjson.dumps(value)
         except orjson.JSONEncodeError:  # an integer beyond 64 bits: validated, not shared
             return handler(value)
-        if b"null" in key and _non_finite(value):
-            return handler(value)  # NaN and Infinity are written null: the key names another value
+        if b"null" in key and orjson.loads(key) != value:
+            # NaN and Infinity are written null: the key names another value. Read back, the
+            # key equals ``value`` unless one was there (a float in it reads back as itself).
+            return handler(value)
         found = table.get(key)
         if found is None:
             found = handler(value)
@@ -91,17 +92,6 @@ def SharedWhenIdentical(kept: int = SHARED_KEPT) -> WrapValidator:  # noqa: N802
         return found
 
     return WrapValidator(share)
-
-
-def _non_finite(value: Any) -> bool:
-    """Whether a float NaN or infinity is anywhere in ``value`` (parsed JSON)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_non_finite(item) for item in value.values())
-    if isinstance(value, list):
-        return any(_non_finite(item) for item in value)
-    return False
 
 
 def _same_under_every_override(found: Any, key: bytes) -> bool:
