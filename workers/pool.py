@@ -206,9 +206,9 @@ class LoopPool(BasePool):  # type: ignore[misc]
         if accept_callback is not None:
             accept_callback(os.getpid(), time.monotonic())
         try:
-            body, payload, quiet = self._async_body(args)
+            body, payload, quiet, decoded = self._async_body(args)
         except Exception:  # a body that does not decode: the tracer says so, in a thread
-            body, payload, quiet = None, None, False
+            body, payload, quiet, decoded = None, None, False, None
         if body is None or payload is None:  # not ours: a thread runs it, as Celery's would
             await asyncio.get_running_loop().run_in_executor(
                 self._tracers, apply_target, target, args, kwargs, callback
@@ -223,6 +223,9 @@ class LoopPool(BasePool):  # type: ignore[misc]
             outcome.set_exception(exc)
         except asyncio.CancelledError:  # a failure the tracer reports (and acknowledges)
             outcome.set_exception(RuntimeError("the task's coroutine was cancelled"))
+        # The tracer is given the body decoded above, with no content type: what Celery's own
+        # request hands it for a message it decoded already (its tracers then decode nothing).
+        args = (*args[:3], decoded, None, None, *args[6:])
         # The tracer sees this outcome through a copied context (in a thread, or on the loop).
         context = contextvars.copy_context()
         context.run(_ran.set, (payload, outcome))
@@ -239,25 +242,25 @@ class LoopPool(BasePool):  # type: ignore[misc]
 
     def _async_body(
         self, args: tuple[Any, ...]
-    ) -> tuple[Callable[[str], Awaitable[None]] | None, str | None, bool]:
-        """The coroutine body of the traced task and its single argument, if it has one, and
+    ) -> tuple[Callable[[str], Awaitable[None]] | None, str | None, bool, Any]:
+        """The coroutine body of the traced task and its single argument, if it has one;
         whether the message links nothing the tracer would publish on success (no callbacks,
-        errbacks, chain or chord in its embed: Celery's ``link``, ``chain``, a chord's body).
+        errbacks, chain or chord in its embed: Celery's ``link``, ``chain``, a chord's body);
+        and the decoded body (positional arguments, named arguments, embed).
 
-        ``args`` are the tracer's: task name, id, request, body, content type, encoding.
+        ``args`` are the tracer's: task name, id, request, body, content type, encoding (no
+        content type: a body Celery decoded already).
         """
         if len(args) < 6 or args[0] not in ASYNC_BODIES:
-            return None, None, False
+            return None, None, False, None
         body, content_type, encoding = args[3], args[4], args[5]
         if content_type:
-            decoded = loads(body, content_type, encoding, accept=self._accept)  # type: ignore[no-untyped-call]
-            positional, named, embed = decoded
-        else:
-            positional, named, embed = body
+            body = loads(body, content_type, encoding, accept=self._accept)  # type: ignore[no-untyped-call]
+        positional, named, embed = body
         if named or len(positional) != 1 or not isinstance(positional[0], str):
-            return None, None, False
+            return None, None, False, None
         quiet = isinstance(embed, dict) and not any(embed.get(k) for k in LINKED)
-        return ASYNC_BODIES[args[0]], positional[0], quiet
+        return ASYNC_BODIES[args[0]], positional[0], quiet, body
 
     def _get_info(self) -> dict[str, Any]:
         info: dict[str, Any] = super()._get_info()

@@ -6,12 +6,16 @@ failure the tracer reports."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import threading
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.app.trace import trace_task_ret
+from kombu.serialization import prepare_accept_content, register, unregister
 
 from shared.settings import OrgaSettings, celery_config
 from workers.pool import ASYNC_BODIES, LoopPool, acks_send_nothing, ran_on_loop
@@ -169,3 +173,50 @@ def test_orga_workers_ack_in_memory() -> None:
     app = Celery("tests.pool.orga", set_as_current=False)
     app.conf.update(celery_config(settings, "redis://localhost:6390/0"))
     assert acks_send_nothing(app)
+
+
+COUNTED = "application/x-orga-counted"
+
+
+def test_a_message_body_is_decoded_once_for_the_coroutine_and_the_tracer(
+    pool: LoopPool,
+) -> None:
+    """The pool decodes a message's body to find the coroutine's argument; Celery's own tracer
+    (``trace_task_ret``) is then given that decoded body with no content type, as Celery's
+    request gives it a body it decoded already, and decodes nothing again. The body here is
+    in a serializer that counts its decodes (kombu's public ``register``)."""
+    decodes: list[bytes] = []
+
+    def decode(data: bytes) -> Any:
+        decodes.append(data)
+        return json.loads(data)
+
+    register(COUNTED, json.dumps, decode, content_type=COUNTED, content_encoding="utf-8")  # type: ignore[no-untyped-call]
+    try:
+        app = Celery("tests.pool.decode", set_as_current=False)
+        app.conf.update(result_backend=None, task_ignore_result=True, accept_content=[COUNTED])
+        pool._accept = prepare_accept_content([COUNTED])  # type: ignore[no-untyped-call]
+        seen: list[str] = []
+
+        @app.task(name=NAME, shared=False)  # type: ignore[untyped-decorator]
+        def task_body(payload: str) -> str:
+            ran = ran_on_loop(payload)
+            assert ran is not None, "the tracer ran the coroutine again"
+            ran.result()
+            seen.append(payload)
+            return "done"
+
+        async def coroutine(payload: str) -> None:
+            await asyncio.sleep(0)
+
+        ASYNC_BODIES[NAME] = coroutine
+        body = json.dumps([["p-once"], {}, {}]).encode()
+        reported: list[Any] = []
+        target = functools.partial(trace_task_ret, app=app)
+        args = (NAME, "id-once", {"id": "id-once"}, body, COUNTED, "utf-8")
+        pool.on_apply(target, args=args, callback=reported.append).wait(5)
+    finally:
+        unregister(COUNTED)  # type: ignore[no-untyped-call]
+    assert seen == ["p-once"]
+    assert len(reported) == 1 and reported[0][0] == 0, f"the tracer reported {reported}"
+    assert decodes == [body], f"the body was decoded {len(decodes)} times"
