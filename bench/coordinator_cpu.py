@@ -18,14 +18,18 @@ entries. Measured over the timed part (the intake and the starts are left out):
 - the same by command, to see where they go.
 
 Run: ``.venv/bin/python bench/coordinator_cpu.py`` (``--quick``: 50 tasks, ``--repeats N``:
-best and median of N timed runs). Prints ``RESULT coordinator_cpu_ms_per_call <ms>`` (the
-median) and ``RESULT coordinator_redis_commands_per_call <n>``.
+best and median of N timed runs; ``--count-calls``: one more run, untimed, that counts the
+Python frames entered and C functions called per model call, a measure of the coordinator's
+work that the machine's load does not move). Prints ``RESULT coordinator_cpu_ms_per_call <ms>``
+(the median), ``RESULT coordinator_redis_commands_per_call <n>`` and, counted,
+``RESULT coordinator_python_calls_per_call <n>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -133,8 +137,35 @@ async def commandstats(redis: Redis) -> Counter[str]:
     return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()})
 
 
-async def one_run(url: str, plan: Plan, workspace: str) -> tuple[float, Counter[str], int]:
-    """CPU seconds, Redis commands by name and model calls of one timed run."""
+class CallCounter:
+    """Python frames entered (a coroutine's each resumption counted) and C functions called in
+    this thread while on (``sys.setprofile``): the interpreter's work, counted, not timed, so
+    that the same run gives the same count on a quiet machine and a loaded one. The profile
+    hook slows what it counts many times over: a counted run's CPU is not measured."""
+
+    def __init__(self) -> None:
+        self.python = 0
+        self.native = 0
+
+    def _event(self, _frame: object, event: str, _arg: object) -> None:
+        if event == "call":
+            self.python += 1
+        elif event == "c_call":
+            self.native += 1
+
+    def __enter__(self) -> CallCounter:
+        sys.setprofile(self._event)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        sys.setprofile(None)
+
+
+async def one_run(
+    url: str, plan: Plan, workspace: str, counter: CallCounter | None = None
+) -> tuple[float, Counter[str], int]:
+    """CPU seconds, Redis commands by name and model calls of one timed run (with ``counter``:
+    the coordinator's work counted there instead, and its CPU not meaningful)."""
     settings = OrgaSettings(redis_url=url, workspace_root=workspace)
     redis = Redis.from_url(url)
     feeder = Redis.from_url(url)
@@ -170,9 +201,10 @@ async def one_run(url: str, plan: Plan, workspace: str) -> tuple[float, Counter[
                 fed += 1
             await pipe.execute()
             began = time.process_time()
-            await coordinator._observations_once()
-            while await relay.commits_round():  # as its loop in ``run``: no read
-                pass
+            with counter if counter is not None else contextlib.nullcontext():
+                await coordinator._observations_once()
+                while await relay.commits_round():  # as its loop in ``run``: no read
+                    pass
             cpu += time.process_time() - began
             calls += len(ids[start : start + plan.batch])
     after = await commandstats(feeder)
@@ -196,6 +228,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=Plan.batch, help="answers per read")
     parser.add_argument("--repeats", type=int, default=Plan.repeats)
     parser.add_argument("--quick", action="store_true", help="50 tasks, one run")
+    parser.add_argument(
+        "--count-calls",
+        action="store_true",
+        help="one more run, untimed, counting the Python and C calls per model call",
+    )
     args = parser.parse_args()
     plan = Plan(args.tasks, args.iterations, args.batch, args.repeats)
     if args.quick:
@@ -213,6 +250,9 @@ def main() -> None:
         server.start()
         try:
             results = [run(one_run(server.url, plan, workspace)) for _ in range(plan.repeats)]
+            counter = CallCounter() if args.count_calls else None
+            if counter is not None:
+                counted = run(one_run(server.url, plan, workspace, counter))[2]
         finally:
             server.close()
     per_call = [1000 * cpu / calls for cpu, _spent, calls in results]
@@ -226,6 +266,12 @@ def main() -> None:
     print(f"RESULT coordinator_cpu_ms_per_call {statistics.median(per_call):.3f}")
     print(f"RESULT coordinator_cpu_ms_per_call_best {min(per_call):.3f}")
     print(f"RESULT coordinator_redis_commands_per_call {total / calls:.2f}")
+    if counter is not None:
+        print(
+            f"Python frames entered per call {counter.python / counted:.0f}, "
+            f"C functions called per call {counter.native / counted:.0f} (a counted run)"
+        )
+        print(f"RESULT coordinator_python_calls_per_call {counter.python / counted:.0f}")
 
 
 if __name__ == "__main__":
