@@ -58,6 +58,11 @@ def normalize_volatile(text: str, *, numbers: bool = True) -> str:
     for pattern, placeholder, needs in _RULES:
         if not numbers and pattern is _NUMBERS:
             continue
-        if not needs or any(part in text for part in needs):
-            text = pattern.sub(placeholder, text)
+        if needs:
+            for part in needs:  # a loop, not any() over a generator: this runs on every output
+                if part in text:
+                    break
+            else:
+                continue  # none of its substrings is there: the pattern cannot match
+        text = pattern.sub(placeholder, text)
     return text
