@@ -75,6 +75,8 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) bench/slow_model_bench.py --streaming
 	$(PY) bench/conversation_cost.py
 	$(PY) bench/scale_bench.py
+	$(PY) bench/coordinator_cpu.py --count-calls
+	$(PY) bench/reasoning_cpu.py --count-calls
 
 # Fault injection under load: worker processes, the coordinator and Redis are killed while
 # 200 tasks run (docs/reliability.md). `make chaos CHAOS_ARGS="--tasks 50"` for a shorter run.
