@@ -20,9 +20,11 @@ entries. Measured over the timed part (the intake and the starts are left out):
 Run: ``.venv/bin/python bench/coordinator_cpu.py`` (``--quick``: 50 tasks, ``--repeats N``:
 best and median of N timed runs; ``--count-calls``: one more run, untimed, that counts the
 Python frames entered and C functions called per model call, a measure of the coordinator's
-work that the machine's load does not move). Prints ``RESULT coordinator_cpu_ms_per_call <ms>``
-(the median), ``RESULT coordinator_redis_commands_per_call <n>`` and, counted,
-``RESULT coordinator_python_calls_per_call <n>``.
+work that the machine's load moves far less than the CPU: a few per cent, as the applied
+observations are deleted on a timer and the profile slows the run; compare counts of the same
+plan only). Prints ``RESULT coordinator_cpu_ms_per_call <ms>`` (the median),
+``RESULT coordinator_redis_commands_per_call <n>`` and, counted,
+``RESULT coordinator_python_frames_per_call <n>``.
 """
 
 from __future__ import annotations
@@ -139,9 +141,12 @@ async def commandstats(redis: Redis) -> Counter[str]:
 
 class CallCounter:
     """Python frames entered (a coroutine's each resumption counted) and C functions called in
-    this thread while on (``sys.setprofile``): the interpreter's work, counted, not timed, so
-    that the same run gives the same count on a quiet machine and a loaded one. The profile
-    hook slows what it counts many times over: a counted run's CPU is not measured."""
+    this thread while on (``sys.setprofile``, which replaces any profiler already on and sees
+    no other thread): the interpreter's work, counted, not timed. "C functions" are the
+    builtins and methods Python calls by name; C work reached through a type's slots (``d[k]``,
+    ``==``, iteration) is not an event. The profile hook slows what it counts many times over:
+    a counted run's CPU is not measured, and code that looks at the clock may do a little more
+    or less work in it."""
 
     def __init__(self) -> None:
         self.python = 0
@@ -271,7 +276,7 @@ def main() -> None:
             f"Python frames entered per call {counter.python / counted:.0f}, "
             f"C functions called per call {counter.native / counted:.0f} (a counted run)"
         )
-        print(f"RESULT coordinator_python_calls_per_call {counter.python / counted:.0f}")
+        print(f"RESULT coordinator_python_frames_per_call {counter.python / counted:.0f}")
 
 
 if __name__ == "__main__":

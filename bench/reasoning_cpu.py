@@ -17,17 +17,19 @@ measured) applies the last answers and pushes the next requests onto the reasoni
 Measured over the worker's part only:
 
 - CPU per model call (``time.process_time``: the loop's thread and the file reads' threads;
-  the fake model server is another process);
+  the fake model server is another process), after one untimed warm-up run;
 - with ``--count-calls``, one more run, untimed: the Python frames entered and the C functions
-  called per model call on the loop's thread (``sys.setprofile``), a measure of the work that
-  the machine's load does not move.
+  called per model call on the loop's thread (``bench.coordinator_cpu.CallCounter``), a
+  measure of the work that the machine's load moves far less than the CPU (a few per cent: the
+  writes of calls that run together are batched, and the profile slows the run); compare
+  counts of the same plan only.
 
 Not measured: Celery's consumer (fetching and decoding the message, the ``task-received``
 event), its tracer (the ack, ``task-succeeded``), and the hand-offs between those threads.
 
 Run: ``.venv/bin/python bench/reasoning_cpu.py`` (``--tasks N``, ``--iterations N``,
 ``--repeats N``, ``--count-calls``). Prints ``RESULT reasoning_cpu_ms_per_call <ms>`` (the
-median) and, counted, ``RESULT reasoning_python_calls_per_call <n>``.
+median) and, counted, ``RESULT reasoning_python_frames_per_call <n>``.
 """
 
 from __future__ import annotations
@@ -163,11 +165,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     plan = Plan(args.tasks, args.iterations, args.repeats)
-    with tempfile.TemporaryDirectory(prefix="orga-reasoncpu-") as folder:
-        root = Path(folder)
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="orga-reasoncpu-")))
         server = EmbeddedRedis(directory=root / "redis")
+        stack.callback(server.close)  # registered before it starts: a failed start is stopped too
         server.start()
         model = ModelServer.start(root, 0.0, 0.0, plan.iterations)
+        stack.callback(model.stop)
         os.environ.update(
             ORGA_REDIS_URL=server.url,
             ORGA_WORKSPACE_ROOT=str(root),
@@ -178,30 +182,27 @@ def main() -> None:
         )
         from orga.celery import create_app  # after the environment it reads is set
 
-        try:
-            runtime = services(create_app())
-            results = [
-                asyncio.run(one_run(server.url, plan, root, runtime)) for _ in range(plan.repeats)
-            ]
-            counter = CallCounter() if args.count_calls else None
-            counted = 0
-            if counter is not None:
-                counted = asyncio.run(one_run(server.url, plan, root, runtime, counter))[1]
-        finally:
-            close_services()
-            model.stop()
-            server.close()
+        runtime = services(create_app())
+        stack.callback(close_services)
+        asyncio.run(one_run(server.url, plan, root, runtime))  # warm-up: connections, imports
+        results = [
+            asyncio.run(one_run(server.url, plan, root, runtime)) for _ in range(plan.repeats)
+        ]
+        counter = CallCounter() if args.count_calls else None
+        counted = 0
+        if counter is not None:
+            counted = asyncio.run(one_run(server.url, plan, root, runtime, counter))[1]
     per_call = [1000 * cpu / calls for cpu, calls in results]
     print(f"{plan.tasks} tasks x {plan.iterations} model calls at zero latency")
     print("CPU ms per call, each run: " + ", ".join(f"{v:.3f}" for v in per_call))
     print(f"RESULT reasoning_cpu_ms_per_call {statistics.median(per_call):.3f}")
     print(f"RESULT reasoning_cpu_ms_per_call_best {min(per_call):.3f}")
-    if counter is not None:
+    if counter is not None and counted:
         print(
             f"Python frames entered per call {counter.python / counted:.0f}, "
             f"C functions called per call {counter.native / counted:.0f} (a counted run)"
         )
-        print(f"RESULT reasoning_python_calls_per_call {counter.python / counted:.0f}")
+        print(f"RESULT reasoning_python_frames_per_call {counter.python / counted:.0f}")
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ class LoopPool(BasePool):  # type: ignore[misc]
             accept_callback(os.getpid(), time.monotonic())
         try:
             body, payload, quiet, decoded = self._async_body(args)
-        except Exception:  # a body that does not decode: the tracer says so, in a thread
+        except Exception:  # Celery's consumer rejects such a body first; here, a thread traces it
             body, payload, quiet, decoded = None, None, False, None
         if body is None or payload is None:  # not ours: a thread runs it, as Celery's would
             await asyncio.get_running_loop().run_in_executor(
