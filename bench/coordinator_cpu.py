@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +167,26 @@ class CallCounter:
         sys.setprofile(None)
 
 
+async def started(
+    redis: Redis, settings: OrgaSettings, texts: Sequence[str]
+) -> tuple[Coordinator, CeleryPublisher, list[str]]:
+    """A coordinator on ``redis`` (emptied first) with a task taken in and started for each of
+    ``texts``; its publisher (to close) and the tasks' ids."""
+    await redis.flushall()
+    publisher = CeleryPublisher.from_settings(settings)
+    coordinator = Coordinator(
+        redis, publisher=publisher, settings=coordinator_settings(settings), name="bench"
+    )
+    await coordinator._ensure_groups()
+    for text in texts:
+        await redis.xadd(keys.intake_stream(0), {"task": text})
+    ids = await coordinator.store.active_task_ids()
+    while len(ids) < len(texts):
+        await coordinator._intake_once()
+        ids = await coordinator.store.active_task_ids()
+    return coordinator, publisher, ids
+
+
 async def one_run(
     url: str, plan: Plan, workspace: str, counter: CallCounter | None = None
 ) -> tuple[float, Counter[str], int]:
@@ -174,21 +195,11 @@ async def one_run(
     settings = OrgaSettings(redis_url=url, workspace_root=workspace)
     redis = Redis.from_url(url)
     feeder = Redis.from_url(url)
-    await redis.flushall()
-    publisher = CeleryPublisher.from_settings(settings)
-    coordinator = Coordinator(
-        redis, publisher=publisher, settings=coordinator_settings(settings), name="bench"
-    )
+    texts = [task_text(n, workspace) for n in range(plan.tasks)]
+    coordinator, publisher, ids = await started(redis, settings, texts)
     relay = coordinator.relay
     assert relay is not None
     relay.block_ms = 1
-    await coordinator._ensure_groups()
-    for n in range(plan.tasks):
-        await feeder.xadd(keys.intake_stream(0), {"task": task_text(n, workspace)})
-    ids = await coordinator.store.active_task_ids()
-    while len(ids) < plan.tasks:
-        await coordinator._intake_once()
-        ids = await coordinator.store.active_task_ids()
     while await relay.relay_once():
         pass
     cpu = 0.0

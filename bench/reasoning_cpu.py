@@ -52,11 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from redis.asyncio import Redis
 
-from bench.coordinator_cpu import CallCounter
+from bench.coordinator_cpu import CallCounter, started
 from bench.slow_model_bench import API_KEY, MODEL, ModelServer, make_workspace, task_spec
-from coordinator.relay import CeleryPublisher
-from coordinator.service import Coordinator
-from orga.embedded import coordinator_settings
 from orga.embedded_redis import EmbeddedRedis
 from shared import keys
 from shared.settings import OrgaSettings
@@ -116,21 +113,10 @@ async def one_run(
     workspace = make_workspace(root)
     settings = OrgaSettings(redis_url=url, workspace_root=str(root))
     redis = Redis.from_url(url)
-    await redis.flushall()
-    publisher = CeleryPublisher.from_settings(settings)
-    coordinator = Coordinator(
-        redis, publisher=publisher, settings=coordinator_settings(settings), name="bench"
-    )
-    assert coordinator.store.inline is not None, "the benchmark reads the requests off the queue"
-    await coordinator._ensure_groups()
     marker = f"{time.monotonic_ns()}"
-    for n in range(plan.tasks):
-        text = json.dumps(task_spec(f"{marker}-{n}", workspace))
-        await redis.xadd(keys.intake_stream(0), {"task": text})
-    ids = await coordinator.store.active_task_ids()
-    while len(ids) < plan.tasks:
-        await coordinator._intake_once()
-        ids = await coordinator.store.active_task_ids()
+    texts = [json.dumps(task_spec(f"{marker}-{n}", workspace)) for n in range(plan.tasks)]
+    coordinator, publisher, ids = await started(redis, settings, texts)
+    assert coordinator.store.inline is not None, "the benchmark reads the requests off the queue"
     cpu, calls = 0.0, 0
     for _turn in range(plan.iterations):
         requests = await take_queued(redis)
