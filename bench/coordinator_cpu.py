@@ -51,6 +51,7 @@ from coordinator.service import Coordinator
 from coordinator.state import TaskRecord
 from orga.embedded import coordinator_settings
 from orga.embedded_redis import EmbeddedRedis
+from orga.redis_client import RedisClients
 from shared import keys
 from shared.actions import Observation, ToolCallAction
 from shared.conversation import ConversationMessage
@@ -193,7 +194,7 @@ async def one_run(
     """CPU seconds, Redis commands by name and model calls of one timed run (with ``counter``:
     the coordinator's work counted there instead, and its CPU not meaningful)."""
     settings = OrgaSettings(redis_url=url, workspace_root=workspace)
-    redis = Redis.from_url(url)
+    redis = RedisClients(url).asyncio()  # the coordinator's client, as orga coordinator builds it
     feeder = Redis.from_url(url)
     texts = [task_text(n, workspace) for n in range(plan.tasks)]
     coordinator, publisher, ids = await started(redis, settings, texts)

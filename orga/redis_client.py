@@ -23,16 +23,24 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import hiredis
 import redis
 import redis.cluster
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
+from redis.typing import EncodableT
 
 from shared.errors import ConfigError
 from shared.settings import OrgaSettings, celery_broker_url, node_urls
 
-__all__ = ["COMMAND_TIMEOUT_S", "CONNECT_TIMEOUT_S", "RedisClients"]
+__all__ = ["COMMAND_TIMEOUT_S", "CONNECT_TIMEOUT_S", "PackedConnection", "RedisClients"]
 
 CONNECT_TIMEOUT_S = 5.0
 """On a cluster, how long connecting to a node may take (unless the caller says)."""
@@ -43,6 +51,59 @@ to a master as it failed was seen to wait for its reply for good (redis-py 8.2's
 ``RedisCluster``); the timeout makes it fail, the client re-reads the topology and the caller's
 retry reaches the promoted replica. Every stream read blocks at most 50 ms on a cluster
 (:mod:`coordinator.streams`), far below it."""
+
+
+_PLAIN_ARGUMENTS = frozenset({bytes, str, int, float})
+"""The argument types hiredis packs exactly as redis-py's encoder does (``bool``, a subclass of
+``int`` that redis-py refuses, is not among them: a type is compared, not tested)."""
+
+
+class _HiredisPacking:
+    """``pack_command`` in one call to ``hiredis.pack_command`` when every argument is of a
+    plain type: redis-py 8's own hiredis packer encodes the arguments one by one in Python
+    first (two generator steps and its ``Encoder.encode`` per argument: about 100 of the
+    coordinator's 710 Python frames per model call; docs/performance.md). Anything else (a
+    ``memoryview``, a command name of two words such as ``CLIENT SETINFO``, a ``bool`` to refuse,
+    an encoding other than strict UTF-8) goes to redis-py's own ``pack_command``, unchanged."""
+
+    encoder: Any
+
+    def pack_command(self, *args: EncodableT) -> list[bytes]:
+        first = args[0] if args else None
+        encoder = self.encoder
+        if (
+            type(first) is str
+            and " " not in first
+            and _PLAIN_ARGUMENTS.issuperset(map(type, args))
+            and encoder.encoding == "utf-8"
+            and encoder.encoding_errors == "strict"
+        ):
+            # hiredis's stub types its argument as a tuple of one item; it takes any length
+            return [hiredis.pack_command(args)]  # type: ignore[arg-type]
+        return super().pack_command(*args)  # type: ignore[misc, no-any-return]
+
+
+class PackedConnection(_HiredisPacking, Connection):
+    """redis-py's asyncio TCP connection, its commands packed by :class:`_HiredisPacking`."""
+
+
+class _PackedSSLConnection(_HiredisPacking, SSLConnection):
+    """The same over TLS (``rediss://``)."""
+
+
+class _PackedUnixConnection(_HiredisPacking, UnixDomainSocketConnection):
+    """The same on a Unix socket (``unix://``)."""
+
+
+def packed_connection_class(url: str) -> type[AbstractConnection]:
+    """The packed connection class for ``url``'s scheme, as redis-py would pick its own
+    (``connection_class`` given to ``from_url`` overrides the scheme's)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "rediss":
+        return _PackedSSLConnection
+    if scheme == "unix":
+        return _PackedUnixConnection
+    return PackedConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +139,7 @@ class RedisClients:
             if others:
                 options["startup_nodes"] = [AsyncClusterNode(h, p) for h, p in others]
             return cast("Redis", RedisCluster.from_url(first, **options))
+        options.setdefault("connection_class", packed_connection_class(self.url))
         return Redis.from_url(self.url, **options)
 
     def sync(self, **options: Any) -> redis.Redis:
