@@ -78,4 +78,12 @@ class BlockingTool(ABC):
             failure = self._check.failure(arguments, kind=self.KIND)
             if failure is not None:
                 return failure
+        if self.runs_inline(arguments, context):
+            return self.work(arguments, context)
         return await asyncio.to_thread(self.work, arguments, context)
+
+    def runs_inline(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
+        """Whether this call's work is short enough to do on the event loop itself, sparing
+        the hand-off to a thread and back (a wake-up of the thread, the GIL passed twice, a
+        wake-up of the loop). No call is, unless a subclass says so."""
+        return False

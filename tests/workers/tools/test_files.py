@@ -6,12 +6,15 @@ import asyncio
 import hashlib
 import os
 import stat
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from workers.tools import FileListTool, FileReadTool, FileWriteTool, Tool, ToolContext, ToolOutput
+from workers.tools.files import INLINE_READ_BYTES
 
 TEXT = "".join(f"line {n}\n" for n in range(1, 11))
 
@@ -108,6 +111,63 @@ def test_read_missing_and_directory(workspace: Path, path: str, error_type: str)
     assert output.is_error
     assert output.metadata["error_type"] == error_type
     assert "file_list" in output.content
+
+
+class _WhereRead(FileReadTool):
+    """file_read, noting the thread each read ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[int] = []
+
+    def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+        self.threads.append(threading.get_ident())
+        return super().work(arguments, context)
+
+
+def test_a_small_file_is_read_on_the_loop_and_a_big_one_in_a_thread(workspace: Path) -> None:
+    """A regular file of at most INLINE_READ_BYTES is read on the event loop's own thread (no
+    hand-off to a thread and back); a bigger one, and a path that is no regular file, in a
+    thread. Either way the output is the same read."""
+    (workspace / "big.txt").write_text("x" * INLINE_READ_BYTES + "\n")
+    (workspace / "edge.txt").write_text("y" * (INLINE_READ_BYTES - 1) + "\n")
+    os.mkfifo(workspace / "pipe")
+    tool = _WhereRead()
+    context = ToolContext(workspace=workspace, max_output_bytes=2 * INLINE_READ_BYTES)
+
+    async def reads() -> tuple[int, list[ToolOutput]]:
+        paths = ["notes.txt", "edge.txt", "big.txt", "pipe", "absent.txt"]
+        return threading.get_ident(), [await tool.run({"path": p}, context) for p in paths]
+
+    loop_thread, (small, edge, big, pipe, absent) = asyncio.run(reads())
+    assert tool.threads[:2] == [loop_thread, loop_thread]
+    assert all(thread != loop_thread for thread in tool.threads[2:])
+    assert small.content == TEXT
+    assert edge.metadata["content_hash"] == _sha(b"y" * (INLINE_READ_BYTES - 1) + b"\n")
+    assert big.metadata["content_hash"] == _sha(b"x" * INLINE_READ_BYTES + b"\n")
+    assert pipe.metadata["error_type"] == "not_a_file"
+    assert absent.metadata["error_type"] == "not_found"
+
+
+def test_a_small_link_out_of_the_workspace_is_refused_on_the_loop_too(
+    tmp_path: Path,
+) -> None:
+    """The probe that picks the loop follows the link (a stat); the read itself still checks
+    the path and refuses it: where a read runs never decides whether it may."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (tmp_path / "secret.txt").write_text("the secret content\n")
+    (workspace / "link.txt").symlink_to(tmp_path / "secret.txt")
+    tool = _WhereRead()
+
+    async def read() -> tuple[int, ToolOutput]:
+        context = ToolContext(workspace=workspace)
+        return threading.get_ident(), await tool.run({"path": "link.txt"}, context)
+
+    loop_thread, output = asyncio.run(read())
+    assert tool.threads == [loop_thread]
+    assert output.is_error
+    assert "the secret content" not in output.content
 
 
 def test_read_refuses_a_fifo(workspace: Path) -> None:
