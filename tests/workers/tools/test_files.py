@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import os
+import random
 import stat
 import threading
 from collections.abc import Mapping
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from workers.tools import FileListTool, FileReadTool, FileWriteTool, Tool, ToolContext, ToolOutput
-from workers.tools.files import INLINE_READ_BYTES
+from workers.tools.files import INLINE_READ_BYTES, _LineWindow, _scan, line_pieces
 
 TEXT = "".join(f"line {n}\n" for n in range(1, 11))
 
@@ -351,3 +353,40 @@ def test_list_empty_directory(tmp_path: Path) -> None:
     output = _run(FileListTool(), {"path": "empty"}, tmp_path)
     assert output.content == "[empty is empty]"
     assert output.metadata["entries"] == "0"
+
+
+def _scan_line_by_line(data: bytes, window: Any, keep_bytes: int) -> tuple[str, int, int, bytes]:
+    """The scan as it was before it read by blocks (a piece per line), as the oracle."""
+    hasher = hashlib.sha256()
+    kept = bytearray()
+    selected_bytes = total_lines = 0
+    for line_no, piece in line_pieces(io.BytesIO(data)):
+        hasher.update(piece)
+        total_lines = line_no
+        if window.contains(line_no):
+            selected_bytes += len(piece)
+            if len(kept) <= keep_bytes:
+                kept += piece
+    return hasher.hexdigest(), total_lines, selected_bytes, bytes(kept)
+
+
+def test_the_block_scan_reads_what_the_line_scan_read() -> None:
+    """Reading by blocks gives the hash, the line count, the window's size and the bytes the
+    output is cut from that reading line by line gave: 3,000 random files (empty, with or
+    without a final newline, lines longer than a block, a window inside, across or past the
+    end) and windows, every output limit."""
+    rng = random.Random(27)
+    for _ in range(3_000):
+        count = rng.choice([0, 1, 2, 10, 300])
+        widths = [0, 1, 5, 40] + ([40_000] if count <= 10 else [])  # 80 KB: longer than a block
+        lines = ["é" * rng.choice(widths) + "x" * rng.randint(0, 3) for _ in range(count)]
+        data = "\n".join(lines).encode() + (b"\n" if rng.random() < 0.5 else b"")
+        first = rng.randint(1, 320)
+        window = _LineWindow(first, rng.choice([None, first, first + rng.randint(0, 50)]))
+        keep = rng.choice([0, 1, 100, 64_000, 200_000])
+        scan = _scan(io.BytesIO(data), window, keep)
+        assert scan is not None
+        digest, total, selected, kept = _scan_line_by_line(data, window, keep)
+        assert (scan.digest, scan.total_lines, scan.selected_bytes) == (digest, total, selected)
+        assert scan.selected == kept[: keep + 1]
+        assert len(kept) <= keep or len(scan.selected) == keep + 1
