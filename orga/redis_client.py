@@ -57,14 +57,21 @@ _PLAIN_ARGUMENTS = frozenset({bytes, str, int, float})
 """The argument types hiredis packs exactly as redis-py's encoder does (``bool``, a subclass of
 ``int`` that redis-py refuses, is not among them: a type is compared, not tested)."""
 
+_INT_BITS = 64
+"""An ``int`` of more bits goes to redis-py's packer: hiredis 3.x writes an ``int`` with
+``repr`` and does not check that it succeeded, and ``repr`` of an ``int`` beyond 4,300 digits
+fails (Python's limit on ``int``-to-text conversion): the process would crash where redis-py
+raises ``ValueError``."""
+
 
 class _HiredisPacking:
     """``pack_command`` in one call to ``hiredis.pack_command`` when every argument is of a
     plain type: redis-py 8's own hiredis packer encodes the arguments one by one in Python
     first (two generator steps and its ``Encoder.encode`` per argument: about 100 of the
-    coordinator's 710 Python frames per model call; docs/performance.md). Anything else (a
-    ``memoryview``, a command name of two words such as ``CLIENT SETINFO``, a ``bool`` to refuse,
-    an encoding other than strict UTF-8) goes to redis-py's own ``pack_command``, unchanged."""
+    coordinator's 710 Python frames per model call; docs/performance.md). Anything else goes
+    to redis-py's own ``pack_command``, unchanged: a ``memoryview``; a command name redis-py
+    would split (``CLIENT SETINFO``: any whitespace) or that is empty; a ``bool`` to refuse; an
+    ``int`` beyond 64 bits (:data:`_INT_BITS`); an encoding other than strict UTF-8."""
 
     encoder: Any
 
@@ -73,14 +80,26 @@ class _HiredisPacking:
         encoder = self.encoder
         if (
             type(first) is str
+            and first.isprintable()  # no tab, newline... (what bytes.split() splits on)
             and " " not in first
-            and _PLAIN_ARGUMENTS.issuperset(map(type, args))
+            and first
             and encoder.encoding == "utf-8"
             and encoder.encoding_errors == "strict"
         ):
-            # hiredis's stub types its argument as a tuple of one item; it takes any length
-            return [hiredis.pack_command(args)]  # type: ignore[arg-type]
+            types = set(map(type, args))
+            if types <= _PLAIN_ARGUMENTS and (int not in types or _small_ints(args)):
+                # hiredis's stub types its argument as a tuple of one item; it takes any length
+                return [hiredis.pack_command(args)]  # type: ignore[arg-type]
         return super().pack_command(*args)  # type: ignore[misc, no-any-return]
+
+
+def _small_ints(args: tuple[EncodableT, ...]) -> bool:
+    """Whether every ``int`` of ``args`` fits in :data:`_INT_BITS` bits (a loop, not ``all()``
+    over a generator: no Python frame per argument)."""
+    for arg in args:  # noqa: SIM110
+        if type(arg) is int and arg.bit_length() > _INT_BITS:
+            return False
+    return True
 
 
 class PackedConnection(_HiredisPacking, Connection):

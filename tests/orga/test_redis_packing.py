@@ -10,8 +10,14 @@ import random
 import struct
 from typing import Any
 
+import hiredis
 import pytest
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.exceptions import DataError
 
 from orga.redis_client import PackedConnection, RedisClients, packed_connection_class
@@ -28,6 +34,11 @@ ARGUMENT_LISTS: list[tuple[Any, ...]] = [
     (b"CONFIG GET", b"maxmemory"),
     ("SET", "key", memoryview(b"a view")),
     ("SET", "key", bytearray(b"an array")),
+    ("GET\tkey",),  # redis-py splits a command name on any whitespace, and drops it at the ends
+    ("CLIENT\tSETINFO", "LIB-NAME", "x"),
+    ("GET\n", "key"),
+    ("",),
+    ("SET", "key", 2**64 - 1, -(2**64) + 1, 2**64, 10**300),  # within 64 bits, and beyond
 ]
 
 
@@ -60,6 +71,42 @@ def test_what_redis_py_refuses_is_refused_alike() -> None:
         assert str(mine.value) == str(its.value)
     with pytest.raises(UnicodeEncodeError):
         ours.pack_command("SET", "key", "\udc80")  # a lone surrogate: strict UTF-8, as redis-py
+    # An int beyond Python's 4,300 digits: hiredis would crash the process writing it; redis-py
+    # raises ValueError, and so does the packed connection.
+    with pytest.raises(ValueError, match="4300 digits"):
+        ours.pack_command("SET", "key", 10**4300)
+
+
+def test_plain_arguments_are_packed_by_hiredis_in_one_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The point of the packed connection: plain arguments reach ``hiredis.pack_command`` in
+    one call, with none of redis-py's per-argument encoding; anything else reaches redis-py's."""
+    packed: list[tuple[object, ...]] = []
+    real_pack = hiredis.pack_command
+
+    def counting_pack(args: tuple[Any, ...]) -> bytes:
+        packed.append(args)
+        result: bytes = real_pack(args)
+        return result
+
+    monkeypatch.setattr(hiredis, "pack_command", counting_pack)
+    theirs: list[tuple[object, ...]] = []
+    real_theirs = AbstractConnection.pack_command
+
+    def counting_theirs(self: AbstractConnection, *args: Any) -> list[bytes]:
+        theirs.append(args)
+        return real_theirs(self, *args)
+
+    monkeypatch.setattr(AbstractConnection, "pack_command", counting_theirs)
+    connection = PackedConnection()
+    connection.pack_command("XADD", b"stream", "*", "field", 12, 1.5)
+    assert packed == [("XADD", b"stream", "*", "field", 12, 1.5)]
+    assert theirs == []
+    connection.pack_command("SET", "key", memoryview(b"v"))
+    connection.pack_command("SET", "key", 2**70)
+    assert [args[-1] for args in theirs][1:] == [2**70]
+    assert len(theirs) == 2
 
 
 def test_another_encoding_is_left_to_redis_py() -> None:

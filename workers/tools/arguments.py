@@ -78,12 +78,15 @@ class BlockingTool(ABC):
             failure = self._check.failure(arguments, kind=self.KIND)
             if failure is not None:
                 return failure
-        if self.runs_inline(arguments, context):
-            return self.work(arguments, context)
+        inline = self.work_inline(arguments, context)
+        if inline is not None:
+            return inline
         return await asyncio.to_thread(self.work, arguments, context)
 
-    def runs_inline(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
-        """Whether this call's work is short enough to do on the event loop itself, sparing
-        the hand-off to a thread and back (a wake-up of the thread, the GIL passed twice, a
-        wake-up of the loop). No call is, unless a subclass says so."""
-        return False
+    def work_inline(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput | None:
+        """The work done on the event loop itself, when it is short enough to spare the
+        hand-off to a thread and back (a wake-up of the thread, the GIL passed twice, a wake-up
+        of the loop); None when it is not, and ``work`` then runs in a thread. A subclass that
+        does work here must bound it: the call's timeout cannot interrupt the loop. None
+        unless a subclass says otherwise."""
+        return None

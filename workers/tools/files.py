@@ -168,11 +168,12 @@ FILE_LIST_DEFINITION = ToolDefinition(
 _PIECE_BYTES = 64 * 1024
 
 INLINE_READ_BYTES = 64 * 1024
-"""``file_read`` of a regular file at most this big runs on the worker's event loop rather than
-in a thread (:meth:`FileReadTool.runs_inline`): opening, hashing and reading it take tens of
-microseconds from the page cache, less than the hand-off to a thread and back, which cost
-the reasoning process about 0.3 ms of CPU per call (docs/performance.md). A bigger file, or a
-path that is not a regular file, is read in a thread, as every read was before."""
+"""``file_read`` of a file of at most this many bytes runs on the worker's event loop rather
+than in a thread (:meth:`FileReadTool.work_inline`): opening, hashing and reading it take tens
+of microseconds from the page cache, less than the hand-off to a thread and back
+(docs/performance.md). The bound is enforced, not predicted: a file found bigger when opened,
+or that grows past it while it is read, is dropped and read again in a thread, where the
+call's timeout applies."""
 _NEW_FILE_MODE = 0o644
 _TEMP_NAME_CHARS = 200
 _DEFAULT_MAX_ENTRIES = 500
@@ -199,19 +200,25 @@ class FileReadTool(BlockingTool):
     read_only = True
 
     def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
-        """Run ``_read_file`` (in a worker thread, or inline: :meth:`runs_inline`)."""
+        """Run ``_read_file`` (in a worker thread)."""
         return _read_file(arguments, context)
 
-    def runs_inline(self, arguments: Mapping[str, Any], context: ToolContext) -> bool:
-        """A read of a regular file of at most :data:`INLINE_READ_BYTES` runs on the loop. The
-        probe is one ``stat`` of the path as given, under the workspace; it decides only where
-        the read runs, never whether it may: the read checks and opens the path as always,
-        and a file that grew since is still read whole."""
+    def work_inline(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput | None:
+        """A read of at most :data:`INLINE_READ_BYTES`, on the loop; None (a thread then
+        reads) for a bigger file, and for a path that is absolute or climbs (``..``), whose
+        resolution may reach any filesystem of the host (a hung network mount): those are
+        checked and refused, or read, in a thread as before."""
+        path = str(arguments.get("path", ""))
+        if os.path.isabs(path) or ".." in path.split(os.sep):
+            return None
         try:
-            info = os.stat(os.path.join(context.workspace, str(arguments["path"])))
-        except (OSError, ValueError, KeyError):
-            return False
-        return stat.S_ISREG(info.st_mode) and info.st_size <= INLINE_READ_BYTES
+            return _read_file(arguments, context, limit=INLINE_READ_BYTES)
+        except _OverLimitError:
+            return None
+
+
+class _OverLimitError(Exception):
+    """The file has more bytes than an inline read may take (:data:`INLINE_READ_BYTES`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,12 +272,17 @@ def line_pieces(handle: BinaryIO) -> Iterator[tuple[int, bytes]]:
             line_no += 1
 
 
-def _scan(handle: BinaryIO, window: _LineWindow, keep_bytes: int) -> _Scan | None:
+def _scan(
+    handle: BinaryIO, window: _LineWindow, keep_bytes: int, limit: int | None = None
+) -> _Scan | None:
     """Hash the whole file and keep the window's first ``keep_bytes`` + 1 bytes (what
     :func:`~workers.tools.output.cap_bytes` looks at); None when binary. The file is read in
     blocks of ``_PIECE_BYTES`` and the window's edges found with C calls (``bytes.split``,
     ``bytes.count``), never line by line in Python: a 40-line file took about 80 Python frames,
-    a 20,000-line one 40,000."""
+    a 20,000-line one 40,000. With ``limit``: :class:`_OverLimitError` once the file is found
+    to have more bytes (its size when opened, or what the reads return: a file that grows)."""
+    if limit is not None and os.fstat(handle.fileno()).st_size > limit:
+        raise _OverLimitError
     if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
         return None
     handle.seek(0)
@@ -278,7 +290,11 @@ def _scan(handle: BinaryIO, window: _LineWindow, keep_bytes: int) -> _Scan | Non
     kept = bytearray()
     selected_bytes = newlines = 0
     last_byte = b""
+    read = 0
     for block in iter(partial(handle.read, _PIECE_BYTES), b""):
+        read += len(block)
+        if limit is not None and read > limit:
+            raise _OverLimitError
         hasher.update(block)
         start, end = _window_in_block(block, newlines, window)
         if end > start:
@@ -310,17 +326,21 @@ def _after_newline(block: bytes, count: int) -> int:
     return len(block) - len(pieces[-1]) if len(pieces) > count else len(block)
 
 
-def _read_file(arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
+def _read_file(
+    arguments: Mapping[str, Any], context: ToolContext, limit: int | None = None
+) -> ToolOutput:
     window = _line_window(arguments)
     if isinstance(window, str):
         return error_output(f"file_read: {window}", error_type="invalid_arguments", kind="read")
     try:
-        return attempts(lambda: _read_once(str(arguments["path"]), window, context))
+        return attempts(lambda: _read_once(str(arguments["path"]), window, context, limit))
     except WorkspacePathError as exc:
         return path_failure(exc, kind="read")
 
 
-def _read_once(user_path: str, window: _LineWindow, context: ToolContext) -> ToolOutput:
+def _read_once(
+    user_path: str, window: _LineWindow, context: ToolContext, limit: int | None = None
+) -> ToolOutput:
     target = check_path(context.workspace, user_path, reuse=True)
     rel = target.rel
     try:
@@ -328,7 +348,7 @@ def _read_once(user_path: str, window: _LineWindow, context: ToolContext) -> Too
         if isinstance(fd, ToolOutput):
             return fd
         with os.fdopen(fd, "rb") as handle:
-            scan = _scan(handle, window, context.max_output_bytes)
+            scan = _scan(handle, window, context.max_output_bytes, limit)
     except (FileNotFoundError, NotADirectoryError):
         return _read_refusal(rel, "not_found")
     except OSError as exc:  # a name too long, a permission denied on a parent...

@@ -11,12 +11,19 @@ import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import pytest
 
 from workers.tools import FileListTool, FileReadTool, FileWriteTool, Tool, ToolContext, ToolOutput
-from workers.tools.files import INLINE_READ_BYTES, _LineWindow, _scan, line_pieces
+from workers.tools.files import (
+    INLINE_READ_BYTES,
+    _LineWindow,
+    _OverLimitError,
+    _scan,
+    line_pieces,
+)
+from workers.tools.output import BINARY_SNIFF_BYTES
 
 TEXT = "".join(f"line {n}\n" for n in range(1, 11))
 
@@ -116,35 +123,46 @@ def test_read_missing_and_directory(workspace: Path, path: str, error_type: str)
 
 
 class _WhereRead(FileReadTool):
-    """file_read, noting the thread each read ran in."""
+    """file_read, noting where each read was done: ``("loop", thread)`` for a read answered on
+    the loop, ``("thread", thread)`` for one handed to a thread."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.threads: list[int] = []
+        self.reads: list[tuple[str, int]] = []
 
     def work(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput:
-        self.threads.append(threading.get_ident())
+        self.reads.append(("thread", threading.get_ident()))
         return super().work(arguments, context)
+
+    def work_inline(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput | None:
+        output = super().work_inline(arguments, context)
+        if output is not None:
+            self.reads.append(("loop", threading.get_ident()))
+        return output
 
 
 def test_a_small_file_is_read_on_the_loop_and_a_big_one_in_a_thread(workspace: Path) -> None:
-    """A regular file of at most INLINE_READ_BYTES is read on the event loop's own thread (no
-    hand-off to a thread and back); a bigger one, and a path that is no regular file, in a
-    thread. Either way the output is the same read."""
+    """A file of at most INLINE_READ_BYTES is read on the event loop's own thread (no hand-off
+    to a thread and back), and so is a refusal that reads nothing (a pipe, a missing file); a
+    bigger file, an absolute path and a path that climbs (``..``) go to a thread. Either way the
+    output is the same read."""
     (workspace / "big.txt").write_text("x" * INLINE_READ_BYTES + "\n")
     (workspace / "edge.txt").write_text("y" * (INLINE_READ_BYTES - 1) + "\n")
+    (workspace / "sub").mkdir()
     os.mkfifo(workspace / "pipe")
     tool = _WhereRead()
     context = ToolContext(workspace=workspace, max_output_bytes=2 * INLINE_READ_BYTES)
+    paths = ["notes.txt", "edge.txt", "pipe", "absent.txt", "big.txt",
+             str(workspace / "notes.txt"), "sub/../notes.txt"]  # fmt: skip
 
     async def reads() -> tuple[int, list[ToolOutput]]:
-        paths = ["notes.txt", "edge.txt", "big.txt", "pipe", "absent.txt"]
         return threading.get_ident(), [await tool.run({"path": p}, context) for p in paths]
 
-    loop_thread, (small, edge, big, pipe, absent) = asyncio.run(reads())
-    assert tool.threads[:2] == [loop_thread, loop_thread]
-    assert all(thread != loop_thread for thread in tool.threads[2:])
-    assert small.content == TEXT
+    loop, (small, edge, pipe, absent, big, absolute, climbing) = asyncio.run(reads())
+    assert tool.reads[:4] == [("loop", loop)] * 4
+    assert [where for where, _ in tool.reads[4:]] == ["thread"] * 3
+    assert all(thread != loop for _, thread in tool.reads[4:])
+    assert small.content == absolute.content == climbing.content == TEXT
     assert edge.metadata["content_hash"] == _sha(b"y" * (INLINE_READ_BYTES - 1) + b"\n")
     assert big.metadata["content_hash"] == _sha(b"x" * INLINE_READ_BYTES + b"\n")
     assert pipe.metadata["error_type"] == "not_a_file"
@@ -154,8 +172,8 @@ def test_a_small_file_is_read_on_the_loop_and_a_big_one_in_a_thread(workspace: P
 def test_a_small_link_out_of_the_workspace_is_refused_on_the_loop_too(
     tmp_path: Path,
 ) -> None:
-    """The probe that picks the loop follows the link (a stat); the read itself still checks
-    the path and refuses it: where a read runs never decides whether it may."""
+    """A read on the loop checks the path as one in a thread does: a link out of the workspace
+    is refused, and where a read runs never decides whether it may."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (tmp_path / "secret.txt").write_text("the secret content\n")
@@ -166,10 +184,55 @@ def test_a_small_link_out_of_the_workspace_is_refused_on_the_loop_too(
         context = ToolContext(workspace=workspace)
         return threading.get_ident(), await tool.run({"path": "link.txt"}, context)
 
-    loop_thread, output = asyncio.run(read())
-    assert tool.threads == [loop_thread]
+    loop, output = asyncio.run(read())
+    assert tool.reads == [("loop", loop)]
     assert output.is_error
     assert "the secret content" not in output.content
+
+
+class _GrowingFile:
+    """A small file's handle whose first read finds it grown by 1 MiB (a command writing to it
+    while it is read): what the size seen when it was opened cannot bound."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle = path.open("rb")
+        self.grown = False
+        self.read_bytes = 0
+
+    def fileno(self) -> int:
+        return self.handle.fileno()
+
+    def seek(self, offset: int) -> int:
+        return self.handle.seek(offset)
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.grown:
+            with self.path.open("ab") as writer:
+                writer.write(b"more\n" * (1024 * 1024 // 5))
+            self.grown = True
+        data = self.handle.read(size)
+        self.read_bytes += len(data)
+        return data
+
+
+def test_a_file_growing_while_it_is_read_inline_stops_the_inline_read(tmp_path: Path) -> None:
+    """The inline bound is enforced on the bytes read, not predicted from the size when
+    opened: a file that grows past it is dropped after at most one more block (and read again
+    in a thread, where the call's timeout applies)."""
+    path = tmp_path / "log.txt"
+    path.write_text("start\n")
+    growing = _GrowingFile(path)
+    try:
+        with pytest.raises(_OverLimitError):
+            _scan(cast("BinaryIO", growing), _LineWindow(), 1000, limit=INLINE_READ_BYTES)
+    finally:
+        growing.handle.close()
+    assert growing.read_bytes <= 2 * INLINE_READ_BYTES + BINARY_SNIFF_BYTES
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"z\n" * INLINE_READ_BYTES)
+    with big.open("rb") as handle, pytest.raises(_OverLimitError):
+        _scan(handle, _LineWindow(), 1000, limit=INLINE_READ_BYTES)  # too big when opened
 
 
 def test_read_refuses_a_fifo(workspace: Path) -> None:
