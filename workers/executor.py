@@ -231,12 +231,18 @@ class _Batch:
         self.semaphore = asyncio.Semaphore(config.max_concurrent_tools)
         self.events: list[RecoveryTriggered] = []
         self.on_event = on_event
-        self.environment = RecoveryEnvironment(
+
+    def _environment(self) -> RecoveryEnvironment:
+        """What a recovery may do, built for a failed call only: held by the batch, its bound
+        methods would make a reference cycle of every batch, freed by the garbage collector
+        rather than when the batch ends (docs/performance.md, "Garbage")."""
+        executor = self.executor
+        return RecoveryEnvironment(
             invoke=self.invoke,
             sleep=executor.sleep,
             emit=self.emit,
             dead_letter=executor.dead_letter,
-            ledger=ledger,
+            ledger=self.ledger,
             cache=executor.cache,
         )
 
@@ -253,7 +259,7 @@ class _Batch:
             return RecoveryOutcome(attempt.observation)
         strategy = resolve_strategy(action.name, self.config, self.recovery, self.tool_recovery)
         failed = FailedCall(action, arguments, attempt, self.iteration, self.context)
-        return await apply_recovery(strategy, failed, self.environment)
+        return await apply_recovery(strategy, failed, self._environment())
 
     async def invoke(self, tool_name: str, call_id: str, arguments: Mapping[str, Any]) -> Attempt:
         """One attempt: breaker check, the tool under its timeout, then the records."""

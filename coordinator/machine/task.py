@@ -10,7 +10,7 @@ from coordinator.liveness import Liveness
 from coordinator.machine.acting import Acting
 from coordinator.machine.approvals import Approvals
 from coordinator.machine.budget import Budget
-from coordinator.machine.core import Effects, MachineCore
+from coordinator.machine.core import Effects, MachineCore, Section
 from coordinator.machine.critics import Critics
 from coordinator.machine.delegation import Delegation
 from coordinator.machine.limits import Limits
@@ -128,6 +128,15 @@ class TaskMachine(MachineCore):
     @cached_property
     def budget(self) -> Budget:
         return Budget(self)
+
+    def release_sections(self) -> None:
+        """Drop the sections built for this input (:func:`decide` does, once it is applied):
+        each holds the machine (``Section.m``), a reference cycle that left every machine,
+        its sections and its effects to the garbage collector rather than freed at once
+        (docs/performance.md, "Garbage"). A section used later is built again."""
+        built = [name for name, value in vars(self).items() if isinstance(value, Section)]
+        for name in built:
+            del self.__dict__[name]
 
     def start(self) -> Effects:
         """A new task: plan it when it has no steps, else start its first step (ignored when
@@ -343,6 +352,13 @@ def decide(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effe
     Without an SDK installed the span would be the task root's no-op: the dispatches carry
     the root's ``traceparent`` and no span is opened (it cost about 5 % of the coordinator's
     CPU per observation)."""
+    try:
+        return _decide_traced(machine, step)
+    finally:
+        machine.release_sections()
+
+
+def _decide_traced(machine: TaskMachine, step: Callable[[TaskMachine], Effects]) -> Effects:
     record = machine.record
     if not tracing_installed():
         machine.trace_parent = task_traceparent(record.task_id)
