@@ -224,7 +224,8 @@ class RecoveryOutcome:
 
 @dataclass(frozen=True, slots=True)
 class RecoveryEnvironment:
-    """What the strategies act with; the executor builds one per batch."""
+    """What the strategies act with; the executor builds one per failed call, on its batch's
+    ledger, cache and sinks."""
 
     invoke: ToolInvoker
     sleep: Callable[[float], Awaitable[None]]

@@ -47,14 +47,22 @@ def test_a_task_leaves_no_machine_or_batch_to_the_collector(
     (tmp_path / "notes.txt").write_text("a line\n" * 40)
     read = {"name": "file_read", "arguments": {"path": "notes.txt"}}
     write = {"name": "file_write", "arguments": {"path": "out.txt", "content": "x"}}
+    # A command past its timeout is a failed call: its batch builds a recovery environment.
+    slow = {"name": "run_command", "arguments": {"command": "sleep 30"}}
     task = {
         "goal": "read and write",
         "workspace": str(tmp_path),
         "provider": {
             "kind": "scripted",
-            "replies": [{"tool_calls": [read]}, {"tool_calls": [write]}, "done"],
+            "replies": [
+                {"tool_calls": [read]},
+                {"tool_calls": [write]},
+                {"tool_calls": [slow]},
+                "done",
+            ],
         },
         "steps": [{"id": "s", "instruction": "x"}],
+        "limits": {"tool_timeout": "1s"},
     }
     settings = MachineSettings(workspace_root=str(tmp_path))
     run = asyncio.run(InProcessDriver(local_core(), settings).run(task))

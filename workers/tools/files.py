@@ -205,16 +205,38 @@ class FileReadTool(BlockingTool):
 
     def work_inline(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolOutput | None:
         """A read of at most :data:`INLINE_READ_BYTES`, on the loop; None (a thread then
-        reads) for a bigger file, and for a path that is absolute or climbs (``..``), whose
-        resolution may reach any filesystem of the host (a hung network mount): those are
-        checked and refused, or read, in a thread as before."""
+        reads) for a bigger file, and for a path that is absolute, climbs (``..``) or passes
+        through a symbolic link, whose resolution may reach any filesystem of the host (a hung
+        network mount): those are checked and refused, or read, in a thread as before."""
         path = str(arguments.get("path", ""))
-        if os.path.isabs(path) or ".." in path.split(os.sep):
+        if (
+            os.path.isabs(path)
+            or ".." in path.split(os.sep)
+            or _through_link(context.workspace, path)
+        ):
             return None
         try:
             return _read_file(arguments, context, limit=INLINE_READ_BYTES)
         except _OverLimitError:
             return None
+
+
+def _through_link(workspace: os.PathLike[str], path: str) -> bool:
+    """Whether a part of ``path`` below ``workspace`` is a symbolic link: its resolution may
+    reach any filesystem of the host (a link to a hung network mount), so the read goes to a
+    thread. One ``lstat`` per part, on the loop; a part that cannot be looked at (missing, a
+    NUL byte) is left to the read, which reports it at once."""
+    current = os.fspath(workspace)
+    for part in path.split(os.sep):
+        if part in ("", "."):
+            continue
+        current = os.path.join(current, part)
+        try:
+            if stat.S_ISLNK(os.lstat(current).st_mode):
+                return True
+        except (OSError, ValueError):
+            return False
+    return False
 
 
 class _OverLimitError(Exception):
@@ -322,6 +344,8 @@ def _after_newline(block: bytes, count: int) -> int:
     block's length when it has fewer newlines."""
     if count <= 0:
         return 0
+    if count >= len(block):  # more newlines than bytes: none so far (and a bounded split)
+        return len(block)
     pieces = block.split(b"\n", count)
     return len(block) - len(pieces[-1]) if len(pieces) > count else len(block)
 

@@ -169,25 +169,46 @@ def test_a_small_file_is_read_on_the_loop_and_a_big_one_in_a_thread(workspace: P
     assert absent.metadata["error_type"] == "not_found"
 
 
-def test_a_small_link_out_of_the_workspace_is_refused_on_the_loop_too(
+def test_a_path_through_a_link_is_read_in_a_thread_and_refused_out_of_the_workspace(
     tmp_path: Path,
 ) -> None:
-    """A read on the loop checks the path as one in a thread does: a link out of the workspace
-    is refused, and where a read runs never decides whether it may."""
+    """A path that passes through a symbolic link may resolve to any filesystem of the host (a
+    hung network mount): it is read in a thread, never on the loop; a link out of the workspace
+    is refused there as always. A link's target inside the workspace reads as itself."""
     workspace = tmp_path / "ws"
-    workspace.mkdir()
+    (workspace / "real").mkdir(parents=True)
+    (workspace / "real" / "inside.txt").write_text("inside\n")
     (tmp_path / "secret.txt").write_text("the secret content\n")
     (workspace / "link.txt").symlink_to(tmp_path / "secret.txt")
+    (workspace / "dir").symlink_to(workspace / "real")
     tool = _WhereRead()
 
-    async def read() -> tuple[int, ToolOutput]:
+    async def read() -> tuple[int, list[ToolOutput]]:
         context = ToolContext(workspace=workspace)
-        return threading.get_ident(), await tool.run({"path": "link.txt"}, context)
+        paths = ["link.txt", "dir/inside.txt", "real/inside.txt"]
+        return threading.get_ident(), [await tool.run({"path": p}, context) for p in paths]
 
-    loop, output = asyncio.run(read())
-    assert tool.reads == [("loop", loop)]
-    assert output.is_error
-    assert "the secret content" not in output.content
+    loop, (outside, through, direct) = asyncio.run(read())
+    assert [where for where, _ in tool.reads] == ["thread", "thread", "loop"]
+    assert tool.reads[0][1] != loop and tool.reads[2][1] == loop
+    assert outside.is_error
+    assert "the secret content" not in outside.content
+    assert through.content == direct.content == "inside\n"
+
+
+def test_a_window_beyond_any_line_number_reads_as_before(workspace: Path) -> None:
+    """Line numbers past what a block could hold (the schema sets no maximum) read as past the
+    end, as the line-by-line scan read them, not as an overflow."""
+    huge = 10**20
+    cases = [
+        ({"start_line": 1, "end_line": huge}, TEXT + "[lines 1-10 of 10]"),
+        ({"offset": 8, "limit": 2**63}, "line 9\nline 10\n[lines 9-10 of 10]"),
+        ({"start_line": huge}, f"[notes.txt has 10 lines; line {huge} is past the end]"),
+    ]
+    for arguments, expected in cases:
+        output = _run(FileReadTool(), {"path": "notes.txt", **arguments}, workspace)
+        assert not output.is_error
+        assert output.content == expected
 
 
 class _GrowingFile:
