@@ -235,7 +235,7 @@ class _Batch:
     def _environment(self) -> RecoveryEnvironment:
         """What a recovery may do, built for a failed call only: held by the batch, its bound
         methods would make a reference cycle of every batch, freed by the garbage collector
-        rather than when the batch ends (docs/performance.md, "Garbage")."""
+        rather than when the batch ends (docs/performance.md, "no reference cycle per call")."""
         executor = self.executor
         return RecoveryEnvironment(
             invoke=self.invoke,

@@ -133,7 +133,8 @@ class TaskMachine(MachineCore):
         """Drop the sections built for this input (:func:`decide` does, once it is applied):
         each holds the machine (``Section.m``), a reference cycle that left every machine,
         its sections and its effects to the garbage collector rather than freed at once
-        (docs/performance.md, "Garbage"). A section used later is built again."""
+        (docs/performance.md, "no reference cycle per call"). A section used later is built
+        again."""
         built = [name for name, value in vars(self).items() if isinstance(value, Section)]
         for name in built:
             del self.__dict__[name]

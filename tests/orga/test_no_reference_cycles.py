@@ -2,7 +2,8 @@
 coordinator's machine (the machine, its sections, its effects) and of one batch of tool calls
 (the executor's batch, its recovery environment) are freed when they are dropped, not left to
 the garbage collector, whose collections took 0.17-0.23 ms of CPU per model call in each of
-the coordinator and the reasoning worker with them (docs/performance.md, "Garbage").
+the coordinator and the reasoning worker with them (docs/performance.md, "no reference cycle
+per call").
 
 A whole task runs on the in-process driver (the coordinator's machine and the workers'
 ``run_dispatch``), reading a file and writing one, with the collector off and every object

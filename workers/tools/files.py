@@ -301,10 +301,9 @@ def _scan(
     :func:`~workers.tools.output.cap_bytes` looks at); None when binary. The file is read in
     blocks of ``_PIECE_BYTES`` and the window's edges found with C calls (``bytes.split``,
     ``bytes.count``), never line by line in Python: a 40-line file took about 80 Python frames,
-    a 20,000-line one 40,000. With ``limit``: :class:`_OverLimitError` once the file is found
-    to have more bytes (its size when opened, or what the reads return: a file that grows)."""
-    if limit is not None and os.fstat(handle.fileno()).st_size > limit:
-        raise _OverLimitError
+    a 20,000-line one 40,000. With ``limit``: :class:`_OverLimitError` once the reads return
+    more bytes (a file that grew since it was opened: :func:`_open_for_reading` checked its
+    size then)."""
     if looks_binary(handle.read(BINARY_SNIFF_BYTES)):
         return None
     handle.seek(0)
@@ -368,7 +367,7 @@ def _read_once(
     target = check_path(context.workspace, user_path, reuse=True)
     rel = target.rel
     try:
-        fd = _open_for_reading(target)
+        fd = _open_for_reading(target, limit)
         if isinstance(fd, ToolOutput):
             return fd
         with os.fdopen(fd, "rb") as handle:
@@ -387,8 +386,9 @@ def _read_once(
     return _read_output(rel, window, scan, context.max_output_bytes)
 
 
-def _open_for_reading(target: CheckedPath) -> int | ToolOutput:
-    """A descriptor of the regular file at ``target``, or the refusal to read it."""
+def _open_for_reading(target: CheckedPath, limit: int | None = None) -> int | ToolOutput:
+    """A descriptor of the regular file at ``target``, or the refusal to read it;
+    :class:`_OverLimitError` when it has more than ``limit`` bytes as opened."""
     if not target.parts:
         return _read_refusal(target.rel, "is_directory")
     with directory_fd(target, -1) as parent:
@@ -404,6 +404,9 @@ def _open_for_reading(target: CheckedPath) -> int | ToolOutput:
     if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
         os.close(fd)
         raise target.changed()
+    if limit is not None and opened.st_size > limit:
+        os.close(fd)
+        raise _OverLimitError
     return fd
 
 

@@ -253,7 +253,7 @@ def test_a_file_growing_while_it_is_read_inline_stops_the_inline_read(tmp_path: 
     big = tmp_path / "big.txt"
     big.write_bytes(b"z\n" * INLINE_READ_BYTES)
     with big.open("rb") as handle, pytest.raises(_OverLimitError):
-        _scan(handle, _LineWindow(), 1000, limit=INLINE_READ_BYTES)  # too big when opened
+        _scan(handle, _LineWindow(), 1000, limit=INLINE_READ_BYTES)  # too big: stops reading
 
 
 def test_read_refuses_a_fifo(workspace: Path) -> None:
